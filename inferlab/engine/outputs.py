@@ -1,0 +1,139 @@
+"""The contracts between scheduler, model runner and caller.
+
+The scheduler decides, per step, how many tokens each request computes; the model
+runner turns that into one flat batch and returns sampled tokens; the engine turns
+finished steps into RequestOutputs for the caller.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferlab.engine.request import Request
+
+
+@dataclass
+class ScheduledChunk:
+    """One request's share of a step."""
+
+    request: Request
+    # Tokens already in the KV cache before this step (prefix-cache hits included).
+    num_computed_tokens: int
+    # Tokens computed this step: request.all_token_ids[num_computed_tokens:][:num_new_tokens].
+    num_new_tokens: int
+
+    @property
+    def samples(self) -> bool:
+        """True when this chunk reaches the request's newest token, so a token is sampled."""
+        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+
+
+@dataclass
+class SchedulerOutput:
+    """What the model runner computes this step."""
+
+    # Running requests first, then newly admitted or resumed ones; this is the batch order.
+    chunks: list[ScheduledChunk]
+    # Sum of num_new_tokens over chunks; never above max_num_batched_tokens.
+    total_num_scheduled_tokens: int
+    # Requests preempted this step (their blocks are already freed).
+    preempted_request_ids: list[str] = field(default_factory=list)
+    # Requests finished or aborted since the last step; the runner drops any state it keeps.
+    finished_request_ids: list[str] = field(default_factory=list)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.chunks
+
+
+@dataclass
+class TokenLogprobs:
+    """The chosen token's logprob and the top-k alternatives at one position."""
+
+    token_id: int
+    logprob: float
+    rank: int  # 1 = the most likely token
+    top: list[tuple[int, float]]  # (token id, logprob), most likely first
+
+
+@dataclass
+class ModelRunnerOutput:
+    """What one step of the model runner produced."""
+
+    # request_id -> sampled token, for chunks whose `samples` is True.
+    sampled_token_ids: dict[str, int]
+    # request_id -> logprobs of the sampled token, where the request asked for logprobs.
+    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> logprobs of the prompt tokens computed this step (first prompt token: None).
+    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+
+
+@dataclass
+class CompletionOutput:
+    """One of a request's n completions."""
+
+    index: int
+    text: str  # the whole text so far (stop string excluded)
+    token_ids: list[int]
+    finish_reason: str | None  # "stop", "length", "abort", or None while running
+    stop_reason: int | str | None = None
+    logprobs: list[TokenLogprobs] | None = None
+    # Streaming: what is new since the previous RequestOutput of this request.
+    text_delta: str = ""
+    token_ids_delta: list[int] = field(default_factory=list)
+    logprobs_delta: list[TokenLogprobs] | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class RequestMetrics:
+    """Per-request timestamps (time.monotonic seconds) and derived latencies."""
+
+    arrival_time: float
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+    last_token_time: float | None = None
+    finished_time: float | None = None
+    num_generation_tokens: int = 0
+
+    @property
+    def queue_time_s(self) -> float | None:
+        if self.first_scheduled_time is None:
+            return None
+        return self.first_scheduled_time - self.arrival_time
+
+    @property
+    def ttft_s(self) -> float | None:
+        if self.first_token_time is None:
+            return None
+        return self.first_token_time - self.arrival_time
+
+    @property
+    def e2e_latency_s(self) -> float | None:
+        if self.finished_time is None:
+            return None
+        return self.finished_time - self.arrival_time
+
+    @property
+    def mean_itl_s(self) -> float | None:
+        if self.num_generation_tokens < 2 or self.first_token_time is None:
+            return None
+        assert self.last_token_time is not None
+        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
+
+
+@dataclass
+class RequestOutput:
+    """What the caller sees of a request: all its completions so far."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    outputs: list[CompletionOutput]
+    finished: bool
+    num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    metrics: RequestMetrics | None = None

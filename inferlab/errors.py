@@ -1,0 +1,9 @@
+"""User-facing errors: the CLI prints them as one line, the server maps them to 400."""
+
+
+class InferlabError(Exception):
+    """A problem with the user's input (a file, a flag, a request); never a bug."""
+
+
+class ModelLoadError(InferlabError):
+    """A model file or directory that cannot be loaded; the message names the file."""

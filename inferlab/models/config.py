@@ -1,0 +1,122 @@
+"""The shape of a Llama-family model: pure Python, shared by the models, the engine and the planner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferlab.errors import ModelLoadError
+
+SUPPORTED_ARCHITECTURES = (
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+)
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear" or "llama3"
+    tie_word_embeddings: bool = False
+    attention_bias: bool = False  # Qwen2: bias on q, k, v
+    qk_norm: bool = False  # Qwen3: RMSNorm per head on q and k
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+    sliding_window: int | None = None
+    extra: dict[str, Any] = field(default_factory=dict, compare=False)
+
+    def __post_init__(self) -> None:
+        if self.architecture not in SUPPORTED_ARCHITECTURES:
+            raise ModelLoadError(
+                f"architecture {self.architecture!r} is not supported "
+                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+            )
+        positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
+                    "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ModelLoadError(f"config: {name} must be positive, got {getattr(self, name)}")
+        if self.num_heads % self.num_kv_heads:
+            raise ModelLoadError(
+                f"config: num_attention_heads ({self.num_heads}) is not a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+
+    @property
+    def q_size(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_size(self) -> int:
+        return self.num_kv_heads * self.head_dim
+
+    def num_parameters(self) -> int:
+        """Parameter count from the shapes alone (what the weight files must hold)."""
+        h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
+        attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
+        if self.attention_bias:
+            attn += self.q_size + 2 * self.kv_size
+        if self.qk_norm:
+            attn += 2 * self.head_dim
+        layer = attn + 3 * h * i + 2 * h
+        embeddings = v * h * (1 if self.tie_word_embeddings else 2)
+        return self.num_layers * layer + embeddings + h
+
+    @classmethod
+    def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
+        """Build from a Hugging Face config.json dict; errors name `source`."""
+        archs = cfg.get("architectures") or []
+        if not archs:
+            raise ModelLoadError(f"{source}: no 'architectures' entry")
+        try:
+            num_heads = int(cfg["num_attention_heads"])
+            hidden = int(cfg["hidden_size"])
+            eos = cfg.get("eos_token_id")
+            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            rope_scaling = cfg.get("rope_scaling")
+            rope_theta = cfg.get("rope_theta")
+            rope_params = cfg.get("rope_parameters")  # transformers >= 5 keeps theta and scaling here
+            if isinstance(rope_params, dict):
+                rope_theta = rope_params.get("rope_theta", rope_theta)
+                if rope_params.get("rope_type", "default") != "default":
+                    rope_scaling = rope_params
+            if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+                rope_scaling = None
+            return cls(
+                architecture=archs[0],
+                vocab_size=int(cfg["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(cfg["intermediate_size"]),
+                num_layers=int(cfg["num_hidden_layers"]),
+                num_heads=num_heads,
+                num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
+                head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rope_theta=float(rope_theta or 10000.0),
+                rope_scaling=dict(rope_scaling) if rope_scaling else None,
+                tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+                attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+                qk_norm=archs[0] == "Qwen3ForCausalLM",
+                bos_token_id=cfg.get("bos_token_id"),
+                eos_token_ids=eos_ids,
+                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window") else None,
+                extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
+                       "quantization_config": cfg.get("quantization_config")},
+            )
+        except KeyError as e:
+            raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
+        except (TypeError, ValueError) as e:
+            raise ModelLoadError(f"{source}: invalid value ({e})") from None
