@@ -1,0 +1,79 @@
+"""Paged attention in plain torch: the CPU path, and the oracle other kernels are tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from inferlab.kernels.attention.metadata import AttentionMetadata
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """Store new K/V at their slots. k, v: [N, Hkv, D]; caches: [blocks, block_size, Hkv, D]."""
+    num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
+    v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Write this step's K/V, then attend every new token over its sequence's cache.
+
+    q: [N, Hq, D]; k, v: [N, Hkv, D]. Returns [N, Hq, D].
+    """
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty_like(q)
+    decode_rows = [b for b, n in enumerate(meta.query_lens_cpu) if n == 1]
+    if decode_rows:
+        _decode(q, k_cache, v_cache, meta, scale, decode_rows, out)
+    if len(decode_rows) < meta.num_seqs:
+        _prefill(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+            meta: AttentionMetadata, scale: float, rows: list[int], out: torch.Tensor) -> None:
+    """All single-token sequences at once: one gather of their blocks, one masked SDPA."""
+    block_size = k_cache.shape[1]
+    rows_t = torch.tensor(rows, device=q.device)
+    token_idx = meta.query_start_loc[rows_t].long()  # [Bd] flat row of each decode token
+    max_len = max(meta.seq_lens_cpu[b] for b in rows)
+    num_blocks = -(-max_len // block_size)
+    tables = meta.block_tables[rows_t, :num_blocks].long()  # [Bd, nb]
+    keys = k_cache[tables].flatten(1, 2)[:, :max_len]  # [Bd, L, Hkv, D]
+    values = v_cache[tables].flatten(1, 2)[:, :max_len]
+    lens = meta.seq_lens[rows_t].unsqueeze(1)  # [Bd, 1]
+    valid = torch.arange(max_len, device=q.device).unsqueeze(0) < lens  # [Bd, L]
+    attn = F.scaled_dot_product_attention(
+        q[token_idx].unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
+        keys.transpose(1, 2), values.transpose(1, 2),  # [Bd, Hkv, L, D]
+        attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True,
+    )  # [Bd, Hq, 1, D]
+    out[token_idx] = attn.squeeze(2).to(out.dtype)
+
+
+def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+    """Sequences with several new tokens, one at a time: causal over cache + new tokens."""
+    block_size = k_cache.shape[1]
+    num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
+    start = 0
+    for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
+        end = start + q_len
+        if q_len > 1:
+            blocks = meta.block_tables[b, : -(-seq_len // block_size)].long()
+            keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # [S, Hkv, D]
+            values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
+            context = seq_len - q_len
+            mask = None
+            if context:  # new token i sees cache positions <= context + i
+                mask = (torch.arange(seq_len, device=q.device)[None, :]
+                        <= context + torch.arange(q_len, device=q.device)[:, None])
+            attn = F.scaled_dot_product_attention(
+                q[start:end].transpose(0, 1).unsqueeze(0).to(keys.dtype),  # [1, Hq, q_len, D]
+                keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
+                attn_mask=mask, is_causal=not context, scale=scale, enable_gqa=True,
+            )  # [1, Hq, q_len, D]
+            out[start:end] = attn[0].transpose(0, 1).to(out.dtype)
+        start = end

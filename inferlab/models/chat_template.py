@@ -1,0 +1,43 @@
+"""Chat templates rendered in a sandboxed Jinja environment, as transformers renders them."""
+
+from __future__ import annotations
+
+import functools
+import json
+from datetime import datetime
+from typing import Any
+
+from jinja2 import TemplateError
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from inferlab.errors import InferlabError
+
+
+def _raise_exception(message: str) -> None:
+    raise TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
+            separators: Any = None, sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators,
+                      sort_keys=sort_keys)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(template: str):
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                       extensions=["jinja2.ext.loopcontrols"])
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    return env.from_string(template)
+
+
+def render_chat(template: str, messages: list[dict[str, Any]], add_generation_prompt: bool,
+                **variables: Any) -> str:
+    """Render `messages`; a template error (e.g. roles out of order) is the user's error."""
+    try:
+        return _compile(template).render(messages=messages,
+                                         add_generation_prompt=add_generation_prompt, **variables)
+    except TemplateError as e:
+        raise InferlabError(f"chat template: {e}") from None

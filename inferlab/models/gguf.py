@@ -1,0 +1,131 @@
+"""GGUF files: hyper-parameters, tokenizer and weights, mapped onto the Hugging Face layout.
+
+Reading the config does not import torch (the planner uses it); weights are dequantized to the run
+dtype by the `gguf` package, and the Q/K row permutation that llama.cpp's converter applies is undone
+so the model sees Hugging Face's rotate-half layout.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from typing import Any
+
+from inferlab.errors import ModelLoadError
+from inferlab.models.config import ModelConfig
+from inferlab.models.gguf_reader import GGUFFile
+
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
+                 "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
+SUPPORTED_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q5_K", "Q6_K")
+
+_LAYER_NAMES = {
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj", "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm", "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
+}
+_GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+
+
+def open_gguf(path: str) -> GGUFFile:
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path}: no such file")
+    return GGUFFile(path)
+
+
+def field(reader: GGUFFile, key: str, default: Any = None) -> Any:
+    return reader.get(key, default)
+
+
+def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
+    """Model shape from GGUF metadata."""
+    reader = reader or open_gguf(path)
+    arch = field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported "
+                             f"(supported: {', '.join(ARCHITECTURES)})")
+    names = {t.name for t in reader.tensors}
+
+    def meta(key: str, default: Any = None) -> Any:
+        value = field(reader, f"{arch}.{key}", default)
+        if value is None:
+            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is missing")
+        return value
+
+    hidden = int(meta("embedding_length"))
+    num_heads = int(meta("attention.head_count"))
+    head_dim = int(field(reader, f"{arch}.attention.key_length", 0) or hidden // num_heads)
+    vocab = field(reader, f"{arch}.vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
+    scaling_type = field(reader, f"{arch}.rope.scaling.type")
+    rope_scaling = None
+    if scaling_type == "linear":
+        rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    return ModelConfig(
+        architecture=ARCHITECTURES[arch],
+        vocab_size=int(vocab),
+        hidden_size=hidden,
+        intermediate_size=int(meta("feed_forward_length")),
+        num_layers=int(meta("block_count")),
+        num_heads=num_heads,
+        num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
+        head_dim=head_dim,
+        max_position_embeddings=int(meta("context_length")),
+        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
+        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        rope_scaling=rope_scaling,
+        tie_word_embeddings="output.weight" not in names,
+        attention_bias="blk.0.attn_q.bias" in names,
+        qk_norm="blk.0.attn_q_norm.weight" in names,
+        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
+        eos_token_ids=() if eos is None else (int(eos),),
+    )
+
+
+def hf_name(gguf_name: str) -> str | None:
+    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None for unknown tensors."""
+    base, _, suffix = gguf_name.rpartition(".")
+    parts = base.split(".")
+    if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
+        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
+    if base in _GLOBAL_NAMES:
+        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+    return None
+
+
+def iter_gguf_weights(path: str, cfg: ModelConfig, dtype, reader: GGUFFile | None = None) -> Iterator[tuple[str, Any]]:
+    """Yield (HF name, tensor in `dtype`) for every weight, Q/K rows un-permuted."""
+    import gguf
+    import torch
+
+    reader = reader or open_gguf(path)
+    for tensor in reader.tensors:
+        name = hf_name(tensor.name)
+        if name is None:
+            if tensor.name == "rope_freqs.weight":
+                raise ModelLoadError(f"{path}: rope_freqs (llama3 RoPE scaling in GGUF) is not supported")
+            continue
+        kind = tensor.type_name
+        if kind not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"{path}: tensor {tensor.name} has type {kind} "
+                                 f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        array = gguf.quants.dequantize(tensor.raw(), gguf.GGMLQuantizationType(tensor.type_id))
+        if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping
+            array = array.copy()
+        weight = torch.from_numpy(array.reshape(tuple(reversed(tensor.shape))))
+        permuted = cfg.architecture in ("LlamaForCausalLM", "MistralForCausalLM")
+        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
+            weight = unpermute_rows(weight, cfg.num_heads)
+        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
+            weight = unpermute_rows(weight, cfg.num_kv_heads)
+        yield name, weight.to(dtype)
+
+
+def unpermute_rows(weight, num_heads: int):
+    """Undo llama.cpp's interleaving of each head's rotary halves. weight: [heads*D, ...]."""
+    rest = weight.shape[1:]
+    head_dim = weight.shape[0] // num_heads
+    return (weight.reshape(num_heads, head_dim // 2, 2, *rest)
+            .transpose(1, 2).reshape(weight.shape))

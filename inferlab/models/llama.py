@@ -1,0 +1,175 @@
+"""The Llama family (Llama, Mistral, Qwen2, Qwen3) over a flat token batch and a paged KV cache.
+
+Parameters carry Hugging Face names, except that q/k/v are fused into `qkv_proj` and gate/up into
+`gate_up_proj` (one matmul each); `load_weights` maps the unfused names onto their slices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from inferlab.errors import ModelLoadError
+from inferlab.kernels.attention import AttentionMetadata, paged_attention
+from inferlab.models.config import ModelConfig
+from inferlab.models.layers import RMSNorm, RotaryEmbedding, silu_and_mul
+
+KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
+
+# unfused checkpoint name -> (fused parameter name, shard index)
+STACKED_PARAMS = {
+    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
+    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
+}
+
+
+class LlamaAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
+        self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
+        self.rotary = rotary
+        self.scale = cfg.head_dim ** -0.5
+        self.split_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        n = x.shape[0]
+        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
+        q = q.view(n, self.num_heads, self.head_dim)  # [N, Hq, D]
+        k = k.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
+        v = v.view(n, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary(positions, q, k)
+        out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [N, Hq, D]
+        return self.o_proj(out.view(n, -1))
+
+
+class LlamaMLP(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.gate_up_proj = nn.Linear(cfg.hidden_size, 2 * cfg.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(cfg.intermediate_size, cfg.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(silu_and_mul(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    def __init__(self, cfg: ModelConfig, rotary: RotaryEmbedding) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(cfg, rotary)
+        self.mlp = LlamaMLP(cfg)
+        self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor, kv_cache: KVCache,
+                meta: AttentionMetadata) -> torch.Tensor:
+        x = x + self.self_attn(positions, self.input_layernorm(x), kv_cache, meta)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
+                                 cfg.rope_scaling)
+        self.layers = nn.ModuleList(LlamaDecoderLayer(cfg, rotary) for _ in range(cfg.num_layers))
+        self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
+        x = self.embed_tokens(input_ids)  # [N, hidden]
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            x = layer(positions, x, kv_cache, meta)
+        return self.norm(x)
+
+
+class LlamaForCausalLM(nn.Module):
+    """Serves every supported architecture: they differ only in config flags."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.config = cfg
+        self.model = LlamaModel(cfg)
+        self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        if cfg.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
+                kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
+        """input_ids, positions: [N] -> final hidden states [N, hidden]."""
+        return self.model(input_ids, positions, kv_caches, meta)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """[M, hidden] -> fp32 logits [M, vocab]; call only on the rows that need logits."""
+        return self.lm_head(hidden).float()
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+        """Take checkpoint tensors (HF names) as the parameters, fusing q/k/v and gate/up.
+
+        The model may live on the meta device: tensors are assigned, not copied, so loading costs
+        one copy of the weights. Errors (unexpected, missing or misshapen tensors) name `source`.
+        """
+        state = fuse_checkpoint(weights, self.config, source)
+        params = dict(self.named_parameters())
+        unexpected = sorted(set(state) - set(params))
+        if unexpected:
+            raise ModelLoadError(f"{source}: unexpected tensor {unexpected[0]!r} for "
+                                 f"{self.config.architecture}")
+        for name, tensor in state.items():
+            if tensor.shape != params[name].shape:
+                raise ModelLoadError(f"{source}: {name} has shape {tuple(tensor.shape)}, the "
+                                     f"config implies {tuple(params[name].shape)}")
+        if self.config.tie_word_embeddings:
+            state.pop("lm_head.weight", None)
+        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
+        missing = sorted(set(params) - set(state) - optional)
+        if missing:
+            more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
+            raise ModelLoadError(f"{source}: missing tensors {', '.join(missing[:3])}{more}")
+        self.load_state_dict(state, strict=False, assign=True)
+        if self.config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+
+def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
+                    source: str) -> dict[str, torch.Tensor]:
+    """HF-named tensors -> this model's parameter names, shards concatenated along rows."""
+    state: dict[str, torch.Tensor] = {}
+    shards: dict[str, dict[int, torch.Tensor]] = {}
+    for name, tensor in weights:
+        if "rotary_emb.inv_freq" in name:
+            continue
+        target, shard = _resolve(name)
+        if shard is None:
+            state[target] = tensor
+        else:
+            shards.setdefault(target, {})[shard] = tensor
+    for target, parts in shards.items():
+        count = 3 if ".qkv_proj." in target else 2
+        if len(parts) != count:
+            names = ("q_proj", "k_proj", "v_proj") if count == 3 else ("gate_proj", "up_proj")
+            absent = [names[i] for i in range(count) if i not in parts]
+            raise ModelLoadError(f"{source}: missing tensors {target} parts {', '.join(absent)}")
+        if len({parts[i].shape[1:] for i in range(count)}) > 1:
+            raise ModelLoadError(f"{source}: the parts of {target} disagree in shape")
+        state[target] = torch.cat([parts[i] for i in range(count)], dim=0)
+    return state
+
+
+def _resolve(name: str) -> tuple[str, int | None]:
+    """Checkpoint name -> (parameter name, shard of a fused parameter or None)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part in STACKED_PARAMS:
+            fused, shard = STACKED_PARAMS[part]
+            return ".".join(parts[:i] + [fused] + parts[i + 1:]), shard
+    return name, None

