@@ -1,0 +1,134 @@
+"""One device's memory: weights, activations, runtime overhead, and what is left for the KV cache."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab.errors import InferlabError
+from inferlab.models.config import ModelConfig
+from inferlab.planner.memory import (
+    DTYPE_BYTES,
+    WeightBytes,
+    dtype_bytes,
+    kv_cache_bytes_per_token,
+    num_kv_blocks,
+)
+from inferlab.planner.names import unknown_name_message
+from inferlab.planner.units import format_bytes
+
+KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+LOGITS_BYTES = 4  # logits and probabilities are kept in fp32 for sampling
+
+
+@dataclass(frozen=True)
+class MemoryConfig:
+    """What the user chose; everything is per device unless the name says otherwise."""
+
+    device_memory_bytes: int
+    gpu_memory_utilization: float = 0.9  # share of device memory the server may take
+    tensor_parallel: int = 1
+    kv_dtype: str = "bf16"
+    block_size: int = 16  # tokens per KV block
+    max_num_seqs: int = 256  # sequences in one step: sets the logits buffer
+    max_num_batched_tokens: int = 8192  # tokens in one step: sets the activation peak
+    runtime_overhead_bytes: int = 0  # CUDA context, graphs, workspaces, allocator slack
+    kv_cache_bytes: int | None = None  # a fixed KV budget (the engine's kv_cache_memory)
+
+    def __post_init__(self) -> None:
+        if self.device_memory_bytes <= 0:
+            raise InferlabError(f"device memory must be positive, got {self.device_memory_bytes} bytes")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InferlabError(
+                f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.kv_dtype not in KV_DTYPES:
+            raise InferlabError(unknown_name_message("KV dtype", self.kv_dtype, KV_DTYPES))
+        for name in ("tensor_parallel", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+            if getattr(self, name) < 1:
+                raise InferlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
+            raise InferlabError(f"KV cache memory must be positive, got {self.kv_cache_bytes} bytes")
+
+
+def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
+    """KV heads split across devices; with more devices than KV heads each holds a copy of one."""
+    if model.num_heads % tp:
+        raise InferlabError(
+            f"tensor parallel {tp} does not divide the model's {model.num_heads} attention heads")
+    if model.num_kv_heads % tp == 0:
+        return model.num_kv_heads // tp
+    if tp % model.num_kv_heads == 0:
+        return 1
+    raise InferlabError(
+        f"tensor parallel {tp} and the model's {model.num_kv_heads} KV heads do not divide each other")
+
+
+def activation_bytes(model: ModelConfig, cfg: MemoryConfig, act_bytes: int) -> int:
+    """Peak activations of one step: the residual stream and its normed copy (2 × hidden), the
+    MLP's gate, up and gated product (3 × intermediate / tp) for every batched token, plus fp32
+    logits and probabilities for every sequence sampled."""
+    per_token = 2 * model.hidden_size + 3 * model.intermediate_size // cfg.tensor_parallel
+    logits = 2 * cfg.max_num_seqs * model.vocab_size * LOGITS_BYTES
+    return cfg.max_num_batched_tokens * per_token * act_bytes + logits
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """Per device. `kv_cache_bytes` = usable − weights − activations − overhead (or fixed)."""
+
+    device_memory_bytes: int
+    usable_bytes: int  # device memory × utilization
+    weight_bytes: int
+    activation_bytes: int
+    overhead_bytes: int
+    kv_cache_bytes: int
+    kv_bytes_per_token: int  # 2 × layers × KV heads per device × head dim × KV dtype bytes
+    kv_heads: int  # per device
+    block_size: int
+    num_blocks: int
+    fixed_kv_budget: bool
+
+    @property
+    def kv_tokens(self) -> int:
+        return self.num_blocks * self.block_size
+
+    @property
+    def block_bytes(self) -> int:
+        return self.block_size * self.kv_bytes_per_token
+
+    def max_sequences(self, context_len: int) -> int:
+        """Sequences of `context_len` tokens that fit at once: each holds whole blocks."""
+        return self.num_blocks // -(-context_len // self.block_size)
+
+
+def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
+                act_dtype: str = "bf16", hardware_name: str = "the device") -> MemoryPlan:
+    tp = cfg.tensor_parallel
+    heads = kv_heads_per_device(model, tp)
+    per_token = kv_cache_bytes_per_token(model.num_layers, heads, model.head_dim,
+                                         DTYPE_BYTES[cfg.kv_dtype])
+    usable = int(cfg.device_memory_bytes * cfg.gpu_memory_utilization)
+    weights_per_device = -(-weights.total_bytes // tp)
+    activations = activation_bytes(model, cfg, dtype_bytes(act_dtype))
+    taken = weights_per_device + activations + cfg.runtime_overhead_bytes
+    kv = usable - taken if cfg.kv_cache_bytes is None else cfg.kv_cache_bytes
+    if cfg.kv_cache_bytes is not None and taken + kv > cfg.device_memory_bytes:
+        raise InferlabError(
+            f"does not fit: weights {format_bytes(weights_per_device)} + activations "
+            f"{format_bytes(activations)} + overhead {format_bytes(cfg.runtime_overhead_bytes)} + "
+            f"KV cache {format_bytes(kv)} exceed {format_bytes(cfg.device_memory_bytes)} on {hardware_name}")
+    blocks = num_kv_blocks(max(kv, 0), cfg.block_size, per_token)
+    if blocks == 0:
+        short = (f"leave {format_bytes(kv)}, less than one KV block ({format_bytes(cfg.block_size * per_token)})"
+                 if kv > 0 else f"= {format_bytes(taken)}")
+        raise InferlabError(
+            f"does not fit: weights {format_bytes(weights_per_device)} + activations "
+            f"{format_bytes(activations)} + overhead {format_bytes(cfg.runtime_overhead_bytes)} {short} "
+            f"of the {format_bytes(usable)} usable on {hardware_name}; try a larger --tensor-parallel, "
+            f"a smaller --weight-format (int4-g128) or other hardware")
+    return MemoryPlan(
+        device_memory_bytes=cfg.device_memory_bytes, usable_bytes=usable,
+        weight_bytes=weights_per_device, activation_bytes=activations,
+        overhead_bytes=cfg.runtime_overhead_bytes, kv_cache_bytes=kv,
+        kv_bytes_per_token=per_token, kv_heads=heads, block_size=cfg.block_size,
+        num_blocks=blocks, fixed_kv_budget=cfg.kv_cache_bytes is not None,
+    )

@@ -1,0 +1,156 @@
+"""`--compare-bench RESULT.json`: a measured `inferlab bench` result beside the planner's
+prediction for the same workload, as measured / predicted ratios.
+
+The reader is tolerant of the result's layout: it looks for runs (a list of dicts that carry a
+TTFT figure, or the whole file as one run) and, in each, for numbers whose key path names the
+metric (ttft / time_to_first_token, itl / inter_token / tpot, output throughput) and, for latency,
+the median (p50 / median). Paths naming errors or cancelled requests are skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from inferlab.errors import InferlabError
+from inferlab.planner.capacity import Workload, replica_point
+from inferlab.planner.plan import Plan
+
+TTFT = re.compile(r"ttft|time_to_first_token")
+ITL = re.compile(r"itl|inter_token|tpot|time_per_output_token")
+THROUGHPUT = re.compile(r"output.*(throughput|tokens_per_s|tok_per_s|tps)|output_throughput")
+MEDIAN = re.compile(r"^(p50|median|50|p50_ms|median_ms)$")
+EXCLUDED = re.compile(r"error|cancel|fail|incomplete|aborted")
+PROMPT = re.compile(r"^(mean_)?(prompt|input)_(tokens|len)(_mean)?$")
+OUTPUT = re.compile(r"^(mean_)?(output|completion)_(tokens|len)(_mean)?$|^max_tokens$")
+CONCURRENCY = re.compile(r"concurrency|num_streams|streams")
+RATE = re.compile(r"^(request_)?rate(_per_s)?$|^requests_per_s_target$")
+
+
+def _leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
+    """Numeric leaves of nested dicts with their lower-cased key paths (lists are not entered:
+    they hold per-request samples or other runs)."""
+    if isinstance(obj, dict):
+        for key, value in obj.items():
+            yield from _leaves(value, (*path, str(key).lower()))
+    elif isinstance(obj, int | float) and not isinstance(obj, bool):
+        yield path, float(obj)
+
+
+def _metric(run: dict[str, Any], name: re.Pattern[str], median: bool) -> float | None:
+    for path, value in _leaves(run):
+        if any(EXCLUDED.search(p) for p in path):
+            continue
+        hits = [i for i, p in enumerate(path) if name.search(p)]
+        if not hits:
+            continue
+        rest = path[hits[0]:]
+        if not median or re.search(r"p50|median", rest[0]) or any(MEDIAN.match(p) for p in rest[1:]):
+            return value
+    return None
+
+
+def _setting(run: dict[str, Any], name: re.Pattern[str]) -> float | None:
+    """A workload setting: a leaf whose own key matches, or that sits under such a key (a
+    statistics dict: the mean, else the first number)."""
+    found = [(path, value) for path, value in _leaves(run) if any(name.search(p) for p in path)
+             and not any(EXCLUDED.search(p) for p in path)]
+    for path, value in found:
+        if name.search(path[-1]) or path[-1] in ("mean", "avg", "value"):
+            return value
+    return found[0][1] if found else None
+
+
+def find_runs(result: Any) -> list[dict[str, Any]]:
+    """The runs in a bench result: dicts in a list that carry a TTFT figure, else the file itself."""
+    def carries_ttft(obj: Any) -> bool:
+        return isinstance(obj, dict) and any(TTFT.search(p) for path, _ in _leaves(obj) for p in path)
+
+    if isinstance(result, dict):
+        for value in result.values():
+            if isinstance(value, list) and any(carries_ttft(v) for v in value):
+                return [v for v in value if carries_ttft(v)]
+    if isinstance(result, list):
+        return [v for v in result if carries_ttft(v)]
+    return [result] if carries_ttft(result) else []
+
+
+@dataclass(frozen=True)
+class Comparison:
+    label: str  # the run: its concurrency or rate
+    workload: Workload
+    concurrency: int
+    measured: dict[str, float | None]  # ttft_ms, itl_ms, output_tokens_per_s
+    predicted: dict[str, float]
+
+    def ratio(self, key: str) -> float | None:
+        measured = self.measured.get(key)
+        return None if measured is None else measured / self.predicted[key]
+
+
+def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload) -> tuple[int, str]:
+    """Sequences decoding together: the run's concurrency, or from its request rate by Little's
+    law (in flight = rate × time in system), iterated to a fixed point."""
+    cost, hw, tp = plan.cost, plan.inputs.hardware, plan.inputs.memory.tensor_parallel
+    concurrency = _setting(run, CONCURRENCY)
+    if concurrency is not None:
+        return max(1, min(round(concurrency), plan.max_batch)), f"concurrency {concurrency:g}"
+    rate = _setting(run, RATE)
+    if rate is None:
+        return 1, "single stream (no concurrency or rate found)"
+    batch = 1
+    for _ in range(20):
+        point = replica_point(cost, hw, workload, batch, tp)
+        latency_s = (point.ttft_ms + (workload.output_tokens - 1) * point.itl_ms) / 1e3
+        batch = max(1, min(round(rate * latency_s), plan.max_batch))
+    return batch, f"rate {rate:g} req/s"
+
+
+def compare(plan: Plan, result: Any) -> list[Comparison]:
+    runs = find_runs(result)
+    if not runs:
+        raise InferlabError("--compare-bench: no run with a TTFT figure found in the result")
+    comparisons = []
+    for run in runs:
+        prompt = _setting(run, PROMPT) or plan.inputs.workload.prompt_tokens
+        output = _setting(run, OUTPUT) or plan.inputs.workload.output_tokens
+        workload = Workload(max(1, round(prompt)), max(1, round(output)))
+        batch, label = _concurrency(plan, run, workload)
+        point = replica_point(plan.cost, plan.inputs.hardware, workload, batch,
+                              plan.inputs.memory.tensor_parallel)
+        comparisons.append(Comparison(
+            label=label, workload=workload, concurrency=batch,
+            measured={"ttft_ms": _metric(run, TTFT, median=True),
+                      "itl_ms": _metric(run, ITL, median=True),
+                      "output_tokens_per_s": _metric(run, THROUGHPUT, median=False)},
+            predicted={"ttft_ms": point.ttft_ms, "itl_ms": point.itl_ms,
+                       "output_tokens_per_s": point.requests_per_s * workload.output_tokens},
+        ))
+    return comparisons
+
+
+def load_bench_result(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise InferlabError(f"--compare-bench: cannot read {path}: {e.strerror}") from None
+    except json.JSONDecodeError as e:
+        raise InferlabError(f"--compare-bench: {path} is not JSON ({e.msg} at line {e.lineno})") from None
+
+
+def render_comparisons(comparisons: list[Comparison]) -> str:
+    lines = ["Measured (bench) vs predicted (planner)",
+             f"  {'run':<34} {'metric':<20} {'measured':>10} {'predicted':>10} {'ratio':>7}"]
+    for c in comparisons:
+        label = f"{c.label}, {c.workload.prompt_tokens}+{c.workload.output_tokens} tok"
+        for key in ("ttft_ms", "itl_ms", "output_tokens_per_s"):
+            measured, ratio = c.measured[key], c.ratio(key)
+            m_text = "n/a" if measured is None else f"{measured:,.2f}"
+            r_text = "n/a" if ratio is None else f"{ratio:.2f}"
+            lines.append(f"  {label:<34} {key:<20} {m_text:>10} {c.predicted[key]:>10,.2f} {r_text:>7}")
+            label = ""
+    return "\n".join(lines) + "\n"

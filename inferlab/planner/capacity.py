@@ -1,0 +1,169 @@
+"""Capacity and cost: how many replicas serve a request rate within a latency SLO.
+
+A replica with continuous batching keeps `b` sequences decoding; each new request's prompt is
+prefilled inside the same steps (chunked prefill). In one second it spends r × T_prefill on
+prompts and the rest on decode steps of b tokens, so serving r requests of O output tokens needs
+r × O = b × (1 − r × T_prefill) / t_step(b), that is
+
+    r(b)   = b / (O × t_step(b) + b × T_prefill)        requests/s per replica
+    ITL(b) = t_step(b) + b × T_prefill / O              each prompt's prefill, spread over O steps
+    TTFT(b)= T_prefill + t_step(b)                      a new prompt waits at most one step
+
+The planner takes the batch with the highest r(b) that meets both SLOs and fits in memory.
+Queueing near saturation adds to TTFT; these figures are for a replica at its capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from inferlab.errors import InferlabError
+from inferlab.planner.hardware import Hardware
+from inferlab.planner.roofline import ModelCost, decode_step, prefill
+
+
+def _parse_pairs(text: str, keys: tuple[str, ...], what: str) -> dict[str, float]:
+    """`prompt=1024,output=256` -> {'prompt': 1024.0, 'output': 256.0}; unknown keys are errors."""
+    values: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        key, sep, value = part.partition("=")
+        if not sep or key.strip() not in keys:
+            raise InferlabError(f"{what}: cannot read {part!r}; expected {','.join(k + '=N' for k in keys)}")
+        try:
+            values[key.strip()] = float(value)
+        except ValueError:
+            raise InferlabError(f"{what}: {key.strip()}={value!r} is not a number") from None
+    return values
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompt_tokens: int = 1024
+    output_tokens: int = 256
+
+    def __post_init__(self) -> None:
+        if self.prompt_tokens < 1 or self.output_tokens < 1:
+            raise InferlabError(f"workload: prompt and output must be at least 1 token, got "
+                                f"prompt={self.prompt_tokens},output={self.output_tokens}")
+
+    @classmethod
+    def parse(cls, text: str) -> Workload:
+        values = _parse_pairs(text, ("prompt", "output"), "--workload")
+        return cls(int(values.get("prompt", cls.prompt_tokens)), int(values.get("output", cls.output_tokens)))
+
+    @property
+    def context_len(self) -> int:
+        """Tokens a sequence holds when it finishes."""
+        return self.prompt_tokens + self.output_tokens
+
+    @property
+    def mean_decode_context(self) -> int:
+        """Context the average decode step attends to."""
+        return self.prompt_tokens + self.output_tokens // 2
+
+
+@dataclass(frozen=True)
+class SLO:
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("ttft_ms", "itl_ms"):
+            value = getattr(self, name)
+            if value is not None and value <= 0:
+                raise InferlabError(f"--slo: {name} must be positive, got {value}")
+
+    @classmethod
+    def parse(cls, text: str) -> SLO:
+        values = _parse_pairs(text, ("ttft_ms", "itl_ms"), "--slo")
+        return cls(values.get("ttft_ms"), values.get("itl_ms"))
+
+
+@dataclass(frozen=True)
+class ReplicaPoint:
+    batch: int
+    step_ms: float
+    ttft_ms: float
+    itl_ms: float
+    requests_per_s: float
+
+
+def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int, tp: int) -> ReplicaPoint:
+    step_s = decode_step(cost, hw, batch, workload.mean_decode_context, tp).time_s
+    prefill_s = prefill(cost, hw, workload.prompt_tokens, tp).time_s
+    out = workload.output_tokens
+    return ReplicaPoint(
+        batch=batch, step_ms=step_s * 1e3,
+        ttft_ms=(prefill_s + step_s) * 1e3,
+        itl_ms=(step_s + batch * prefill_s / out) * 1e3,
+        requests_per_s=batch / (out * step_s + batch * prefill_s),
+    )
+
+
+@dataclass(frozen=True)
+class CapacityPlan:
+    best: ReplicaPoint  # the batch each replica runs at
+    max_batch: int  # the most sequences memory and max_num_seqs allow
+    limited_by: str  # what stopped the batch growing: memory, max_num_seqs, itl_ms or ttft_ms
+    request_rate: float | None
+    replicas: int | None
+    gpus: int | None
+    price_per_gpu_hour: float | None
+    gpus_per_replica: int  # the tensor-parallel degree
+    output_tokens_per_request: int
+
+    @property
+    def output_tokens_per_s_per_replica(self) -> float:
+        return self.best.requests_per_s * self.output_tokens_per_request
+
+    @property
+    def cost_per_million_output_tokens(self) -> float | None:
+        """What the replicas cost per hour over the output tokens they serve per hour at the
+        target rate (a partly idle last replica still costs)."""
+        if self.price_per_gpu_hour is None or self.request_rate is None or self.gpus is None:
+            return None
+        tokens_per_hour = self.request_rate * self.output_tokens_per_request * 3600
+        return self.gpus * self.price_per_gpu_hour / tokens_per_hour * 1e6
+
+    @property
+    def cost_per_million_at_capacity(self) -> float | None:
+        """The floor: a replica kept busy at its capacity."""
+        if self.price_per_gpu_hour is None:
+            return None
+        tokens_per_hour = self.output_tokens_per_s_per_replica * 3600
+        return self.gpus_per_replica * self.price_per_gpu_hour / tokens_per_hour * 1e6
+
+
+def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, max_batch: int,
+                  limited_by_memory: bool, tp: int = 1, request_rate: float | None = None,
+                  price_per_gpu_hour: float | None = None) -> CapacityPlan:
+    """The best batch per replica within the SLO, then replicas for `request_rate`."""
+    if request_rate is not None and request_rate <= 0:
+        raise InferlabError(f"--request-rate must be positive, got {request_rate}")
+    if price_per_gpu_hour is not None and price_per_gpu_hour <= 0:
+        raise InferlabError(f"--price-per-hour must be positive, got {price_per_gpu_hour}")
+    best, limited_by = None, "memory" if limited_by_memory else "max_num_seqs"
+    for batch in range(1, max_batch + 1):
+        point = replica_point(cost, hw, workload, batch, tp)
+        broken = [name for name, limit, value in (("ttft_ms", slo.ttft_ms, point.ttft_ms),
+                                                  ("itl_ms", slo.itl_ms, point.itl_ms))
+                  if limit is not None and value > limit]
+        if broken:
+            if best is None:
+                name = broken[0]
+                raise InferlabError(
+                    f"the SLO cannot be met on {hw.name}: even at batch 1 {name} is "
+                    f"{getattr(point, name):.1f} > {getattr(slo, name):g}")
+            limited_by = broken[0]
+            break
+        if best is None or point.requests_per_s >= best.requests_per_s:
+            best = point
+    assert best is not None  # max_batch >= 1
+    replicas = None if request_rate is None else math.ceil(request_rate / best.requests_per_s)
+    return CapacityPlan(
+        best=best, max_batch=max_batch, limited_by=limited_by, request_rate=request_rate,
+        replicas=replicas, gpus=None if replicas is None else replicas * tp,
+        price_per_gpu_hour=price_per_gpu_hour, gpus_per_replica=tp,
+        output_tokens_per_request=workload.output_tokens,
+    )

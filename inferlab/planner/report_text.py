@@ -1,0 +1,116 @@
+"""The console report: every figure next to the factors it came from."""
+
+from __future__ import annotations
+
+from inferlab.planner.memory import DTYPE_BYTES
+from inferlab.planner.plan import Plan
+from inferlab.planner.roofline import StepEstimate
+from inferlab.planner.units import format_bytes, format_rate
+
+
+def _header(plan: Plan) -> list[str]:
+    i = plan.inputs
+    m, hw = i.model.config, i.hardware
+    peak, used = hw.flops_for(i.weight_format.compute_dtype)
+    return [
+        f"inferlab plan: {i.model.name} on {hw.name} ({i.weight_format.name} weights, "
+        f"{i.memory.kv_dtype} KV cache, tensor parallel {i.memory.tensor_parallel})",
+        f"  model     {m.num_layers} layers, hidden {m.hidden_size}, MLP {m.intermediate_size}, "
+        f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}, vocab {m.vocab_size}, "
+        f"{m.num_parameters() / 1e9:.3g} B params  [{i.model.source}]",
+        f"  hardware  {format_rate(hw.memory_bytes, 'B')} memory, {format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
+        f" × {hw.bandwidth_efficiency:g}, {used} {format_rate(peak, 'FLOP/s')} × {hw.compute_efficiency:g}"
+        f"  [{hw.source}]",
+    ]
+
+
+def _memory(plan: Plan) -> list[str]:
+    i, w, mem = plan.inputs, plan.weights, plan.memory
+    m, cfg, fmt = i.model.config, i.memory, i.weight_format
+    tp = f" / {cfg.tensor_parallel} devices" if cfg.tensor_parallel > 1 else ""
+    scales = (f" + {w.num_scales:,} scales × {fmt.scale_bytes} B" if w.num_scales else "")
+    group = f" (group {fmt.group_size})" if fmt.group_size else ""
+    kv_source = ("fixed by --kv-cache-memory" if mem.fixed_kv_budget else
+                 f"{format_bytes(mem.usable_bytes)} usable ({format_bytes(mem.device_memory_bytes)} × "
+                 f"{cfg.gpu_memory_utilization:g}) − the above")
+    ctx_blocks = -(-plan.context_len // mem.block_size)
+    lines = [
+        "Memory (per device)",
+        f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
+        f"{fmt.bits} bits{group}{scales} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B{tp}",
+        f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
+        f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
+        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × 4 B",
+        f"  runtime overhead  {format_bytes(mem.overhead_bytes):>12}   context, graphs, workspaces",
+        f"  KV cache          {format_bytes(mem.kv_cache_bytes):>12}   {kv_source}",
+        f"    per token       {mem.kv_bytes_per_token:>10,} B   2 × {m.num_layers} layers × {mem.kv_heads} KV heads"
+        f" × {m.head_dim} head dim × {DTYPE_BYTES[cfg.kv_dtype]} B ({cfg.kv_dtype})",
+        f"    blocks          {mem.num_blocks:>12,}   of {mem.block_size} tokens ({format_bytes(mem.block_bytes)}"
+        f" each): {mem.kv_tokens:,} tokens",
+        f"    sequences       {mem.max_sequences(plan.context_len):>12,}   of {plan.context_len:,} tokens "
+        f"({ctx_blocks} blocks each) at once; batch limit {plan.max_batch} "
+        f"(max_num_seqs {cfg.max_num_seqs})",
+    ]
+    return lines
+
+
+def _step_factors(step: StepEstimate, plan: Plan) -> str:
+    hw = plan.inputs.hardware
+    peak, _ = hw.flops_for(plan.cost.compute_dtype)
+    if step.bound == "compute":
+        why = (f"{format_rate(step.flops, 'FLOP')} / ({format_rate(peak, 'FLOP/s')} × "
+               f"{hw.compute_efficiency:g})")
+    else:
+        why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
+               f" × {hw.bandwidth_efficiency:g})")
+    comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""
+    return f"{step.bound}-bound: {why}{comm}"
+
+
+def _speed(plan: Plan) -> list[str]:
+    wl = plan.inputs.workload
+    lines = [
+        f"Speed (roofline; decode attends to {wl.mean_decode_context} tokens, the workload's mean)",
+        f"  TTFT   {plan.prefill.time_s * 1e3:10.2f} ms   prefill of {wl.prompt_tokens} tokens, "
+        f"{_step_factors(plan.prefill, plan)}",
+        f"  ITL    {plan.decode_batch1.time_s * 1e3:10.2f} ms   decode step at batch 1, "
+        f"{_step_factors(plan.decode_batch1, plan)}",
+        f"  {'batch':>7} {'ITL ms':>10} {'tokens/s':>12}  bound",
+    ]
+    lines += [f"  {p.batch:>7} {p.itl_ms:>10.2f} {p.output_tokens_per_s:>12,.0f}  {p.step.bound}"
+              for p in plan.curve]
+    if plan.crossover_batch is None:
+        lines.append("  decode stays memory-bound at every batch: each sequence's KV reads cost more "
+                     "time than its FLOPs")
+    else:
+        lines.append(f"  decode turns compute-bound at batch ≈ {plan.crossover_batch:.0f}")
+    return lines
+
+
+def _capacity(plan: Plan) -> list[str]:
+    i, cap = plan.inputs, plan.capacity
+    slo = ", ".join(f"{k}={v:g}" for k, v in (("ttft_ms", i.slo.ttft_ms), ("itl_ms", i.slo.itl_ms))
+                    if v is not None) or "none"
+    best = cap.best
+    lines = [
+        f"Capacity (workload prompt={i.workload.prompt_tokens},output={i.workload.output_tokens}; SLO {slo})",
+        f"  per replica  batch {best.batch} (limited by {cap.limited_by}): {best.requests_per_s:.3g} req/s, "
+        f"{cap.output_tokens_per_s_per_replica:,.0f} output tokens/s, TTFT {best.ttft_ms:.1f} ms, "
+        f"ITL {best.itl_ms:.2f} ms",
+    ]
+    if cap.replicas is not None:
+        lines.append(f"  for {cap.request_rate:g} req/s  {cap.replicas} replica(s) × {cap.gpus_per_replica} "
+                     f"device(s) = {cap.gpus} device(s)")
+    if cap.cost_per_million_at_capacity is not None:
+        at_rate = cap.cost_per_million_output_tokens
+        rate_text = "" if at_rate is None else f"${at_rate:.3f} at {cap.request_rate:g} req/s; "
+        lines.append(f"  cost         {rate_text}${cap.cost_per_million_at_capacity:.3f} at full load "
+                     f"(per million output tokens, ${cap.price_per_gpu_hour:g}/device-hour)")
+    return lines
+
+
+def render_text(plan: Plan) -> str:
+    sections = [_header(plan), _memory(plan), _speed(plan), _capacity(plan)]
+    if plan.notes:
+        sections.append(["Notes", *(f"  {n}" for n in plan.notes)])
+    return "\n\n".join("\n".join(s) for s in sections) + "\n"

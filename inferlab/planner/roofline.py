@@ -1,0 +1,140 @@
+"""Speed from the roofline: a step takes as long as the slower of reading its bytes at the
+memory bandwidth and doing its FLOPs at the matmul rate (plus tensor-parallel all-reduces).
+
+Decode reads every weight once per step whatever the batch, plus each sequence's KV cache, so
+small batches are memory-bound; FLOPs grow with the batch, so past some batch decode turns
+compute-bound. Prefill does a whole prompt's FLOPs against one read of the weights: compute-bound.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab.models.config import ModelConfig
+from inferlab.planner.budget import MemoryPlan
+from inferlab.planner.hardware import Hardware
+from inferlab.planner.memory import WeightBytes, WeightFormat, dtype_bytes
+
+# one small all-reduce on NVLink/Infinity Fabric: the latency floor NCCL and custom
+# all-reduce kernels show for decode-sized messages
+ALLREDUCE_LATENCY_S = 10e-6
+
+
+@dataclass(frozen=True)
+class ModelCost:
+    """Per device and per token, the numbers every step estimate is built from."""
+
+    weight_bytes_per_step: int  # all weights but an untied embedding table (only rows are read)
+    matmul_flops_per_token: int  # 2 × (block linear params + lm_head params) / tp
+    attention_flops_per_context_token: int  # 4 × heads × head dim × layers / tp (QKᵀ and PV)
+    kv_bytes_per_token: int
+    allreduce_bytes_per_token: int  # 2 per layer of one hidden vector; 0 without tensor parallel
+    num_allreduces: int  # per step
+    compute_dtype: str
+
+
+def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memory: MemoryPlan,
+               tp: int) -> ModelCost:
+    lm_head_params = model.vocab_size * model.hidden_size
+    dense_bytes = dtype_bytes(fmt.dense_dtype)
+    unread = 0 if model.tie_word_embeddings else lm_head_params * dense_bytes  # embedding gather
+    layers = model.num_layers
+    return ModelCost(
+        weight_bytes_per_step=(weights.total_bytes - unread) // tp,
+        matmul_flops_per_token=2 * (weights.quantized_params + lm_head_params) // tp,
+        attention_flops_per_context_token=4 * model.num_heads * model.head_dim * layers // tp,
+        kv_bytes_per_token=memory.kv_bytes_per_token,
+        allreduce_bytes_per_token=0 if tp == 1 else model.hidden_size * dense_bytes,
+        num_allreduces=0 if tp == 1 else 2 * layers,
+        compute_dtype=fmt.compute_dtype,
+    )
+
+
+@dataclass(frozen=True)
+class StepEstimate:
+    tokens: int  # tokens computed in the step
+    bytes_moved: int
+    flops: int
+    memory_s: float  # bytes / (bandwidth × efficiency)
+    compute_s: float  # flops / (peak × efficiency)
+    comm_s: float  # tensor-parallel all-reduces
+    flops_dtype: str  # whose peak was used
+
+    @property
+    def time_s(self) -> float:
+        return max(self.memory_s, self.compute_s) + self.comm_s
+
+    @property
+    def bound(self) -> str:
+        return "compute" if self.compute_s > self.memory_s else "memory"
+
+
+def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flops: int,
+              tp: int) -> StepEstimate:
+    peak, used = hw.flops_for(cost.compute_dtype)
+    ring = 2 * (tp - 1) / tp  # a ring all-reduce sends and receives this share of the message
+    comm = cost.num_allreduces * (ALLREDUCE_LATENCY_S + ring * tokens * cost.allreduce_bytes_per_token
+                                  / hw.interconnect_bytes_per_s)
+    return StepEstimate(
+        tokens=tokens, bytes_moved=bytes_moved, flops=flops,
+        memory_s=bytes_moved / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency),
+        compute_s=flops / (peak * hw.compute_efficiency),
+        comm_s=comm, flops_dtype=used,
+    )
+
+
+def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp: int = 1) -> StepEstimate:
+    """One token for each of `batch` sequences holding `context_len` tokens: weights read once,
+    every sequence's KV read and one new KV entry written."""
+    kv = batch * (context_len + 1) * cost.kv_bytes_per_token
+    flops = batch * (cost.matmul_flops_per_token + context_len * cost.attention_flops_per_context_token)
+    return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
+
+
+def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1) -> StepEstimate:
+    """A whole prompt in one step; causal attention: token i attends to i tokens."""
+    attention = cost.attention_flops_per_context_token * prompt_len * (prompt_len + 1) // 2
+    flops = prompt_len * cost.matmul_flops_per_token + attention
+    bytes_moved = cost.weight_bytes_per_step + prompt_len * cost.kv_bytes_per_token
+    return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp)
+
+
+def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | None:
+    """The batch where decode's compute time reaches its memory time, or None if it never does
+    (when each sequence's KV reads grow faster than its FLOPs)."""
+    peak, _ = hw.flops_for(cost.compute_dtype)
+    bw = hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
+    compute_per_seq = (cost.matmul_flops_per_token
+                       + context_len * cost.attention_flops_per_context_token) / (peak * hw.compute_efficiency)
+    memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / bw
+    if compute_per_seq <= memory_per_seq:
+        return None
+    return cost.weight_bytes_per_step / bw / (compute_per_seq - memory_per_seq)
+
+
+@dataclass(frozen=True)
+class CurvePoint:
+    batch: int
+    step: StepEstimate
+
+    @property
+    def itl_ms(self) -> float:
+        return self.step.time_s * 1e3
+
+    @property
+    def output_tokens_per_s(self) -> float:
+        return self.batch / self.step.time_s
+
+
+def batch_sizes(max_batch: int) -> list[int]:
+    """Powers of two up to `max_batch`, and `max_batch` itself."""
+    sizes, b = [], 1
+    while b < max_batch:
+        sizes.append(b)
+        b *= 2
+    return [*sizes, max_batch]
+
+
+def throughput_curve(cost: ModelCost, hw: Hardware, context_len: int, max_batch: int,
+                     tp: int = 1) -> list[CurvePoint]:
+    return [CurvePoint(b, decode_step(cost, hw, b, context_len, tp)) for b in batch_sizes(max_batch)]
