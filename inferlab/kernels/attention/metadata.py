@@ -40,24 +40,29 @@ class AttentionMetadata:
     def build(cls, query_lens: list[int], seq_lens: list[int], block_tables: list[list[int]],
               block_size: int, device: torch.device | str = "cpu") -> AttentionMetadata:
         """From per-sequence host lists; new tokens occupy the last query_lens[b] positions."""
-        width = max((len(t) for t in block_tables), default=1) or 1
-        table = torch.zeros(len(block_tables), width, dtype=torch.int32)
-        for b, blocks in enumerate(block_tables):
-            table[b, : len(blocks)] = torch.tensor(blocks, dtype=torch.int32)
+        width = max(max((len(t) for t in block_tables), default=1), 1)
+        table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
+                             dtype=torch.int32).view(len(block_tables), width)
         starts = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         starts[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
-        slots = []
-        for q, s, blocks in zip(query_lens, seq_lens, block_tables, strict=True):
-            pos = torch.arange(s - q, s)
-            blk = torch.tensor(blocks, dtype=torch.int64)[pos // block_size]
-            slots.append(blk * block_size + pos % block_size)
-        slot_mapping = torch.cat(slots) if slots else torch.zeros(0, dtype=torch.int64)
+        seq_of_token, positions = token_positions(query_lens, seq_lens)
+        blocks = table[seq_of_token, positions // block_size].long()  # [N]
         return cls(
             query_start_loc=starts.to(device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=table.to(device),
-            slot_mapping=slot_mapping.to(device),
+            slot_mapping=(blocks * block_size + positions % block_size).to(device),
             query_lens_cpu=list(query_lens),
             seq_lens_cpu=list(seq_lens),
             block_size=block_size,
         )
+
+
+def token_positions(query_lens: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """For every new token: its sequence index and its position in that sequence, [N] int64 each."""
+    q_lens = torch.tensor(query_lens, dtype=torch.int64)
+    seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)  # [N]
+    first_position = torch.tensor(seq_lens, dtype=torch.int64) - q_lens  # [B]
+    first_row = torch.cumsum(q_lens, 0) - q_lens  # [B]
+    rows = torch.arange(int(q_lens.sum()))
+    return seq_of_token, first_position[seq_of_token] + rows - first_row[seq_of_token]

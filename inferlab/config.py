@@ -1,0 +1,49 @@
+"""The engine's settings: one frozen dataclass, validated when built; CLI defaults come from here."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from inferlab.errors import InferlabError
+
+_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def parse_bytes(text: str | int) -> int:
+    """'2GiB', '512MiB', '1.5GB', 1048576 -> bytes."""
+    if isinstance(text, int):
+        return text
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
+    if not match or match.group(2).lower() not in _UNITS:
+        raise InferlabError(f"cannot read {text!r} as a size (examples: 2GiB, 512MiB, 1.5GB)")
+    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    model: str | None = None  # HF directory or .gguf file; None: the embedded SmolLM2-135M
+    dtype: str = "auto"  # auto: bf16 on CPUs with AMX/AVX512-BF16 and on GPUs, else fp32
+    device: str = "auto"  # auto: cuda when available, else cpu
+    kv_cache_memory_bytes: int = 2 * 2**30
+    block_size: int = 16
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 2048
+    max_model_len: int | None = None  # None: the model's context length
+    enable_prefix_caching: bool = True
+    num_threads: int | None = None  # CPU threads for torch; None: torch's default
+    seed: int = 0  # for requests without their own seed
+
+    def __post_init__(self) -> None:
+        if self.dtype not in DTYPES:
+            raise InferlabError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        if self.device not in ("auto", "cpu", "cuda"):
+            raise InferlabError(f"device must be auto, cpu or cuda, got {self.device!r}")
+        if self.kv_cache_memory_bytes <= 0:
+            raise InferlabError("kv_cache_memory must be positive")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
+        if self.num_threads is not None and self.num_threads < 1:
+            raise InferlabError(f"num_threads must be at least 1, got {self.num_threads}")

@@ -1,0 +1,57 @@
+"""Incremental detokenization and stop strings for one completion."""
+
+from __future__ import annotations
+
+from inferlab.models.tokenizer import TextTokenizer
+
+# tokens decoded before the new ones, so merges across the boundary come out right
+_CONTEXT_TOKENS = 5
+
+
+class IncrementalDetokenizer:
+    """Turns a growing list of token ids into text, never emitting half a UTF-8 character.
+
+    Stop strings are searched across token boundaries; the text that could still be the start of
+    a stop string is held back until it is known not to be.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int], stop: list[str]) -> None:
+        self.tokenizer = tokenizer
+        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        self.prefix_offset = 0
+        self.read_offset = len(self.ids)
+        self.stop = stop
+        self.hold = max((len(s) for s in stop), default=1) - 1
+        self.text = ""  # all decoded output text (stop string and after it excluded)
+        self.emitted = 0  # characters of self.text already returned as deltas
+
+    def add(self, token_ids: list[int], finished: bool) -> tuple[str, str | None]:
+        """Append tokens; return (new text safe to show, the stop string hit or None)."""
+        self.ids.extend(token_ids)
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+            searched_from = max(len(self.text) - self.hold, 0)
+            self.text += full[len(prefix):]
+            self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
+            hit = self._find_stop(searched_from)
+            if hit is not None:
+                return self._delta(len(self.text)), hit
+        end = len(self.text) if finished else max(len(self.text) - self.hold, self.emitted)
+        return self._delta(end), None
+
+    def _find_stop(self, start: int) -> str | None:
+        best: tuple[int, str] | None = None
+        for s in self.stop:
+            i = self.text.find(s, start)
+            if i != -1 and (best is None or i < best[0]):
+                best = (i, s)
+        if best is None:
+            return None
+        self.text = self.text[:best[0]]
+        return best[1]
+
+    def _delta(self, end: int) -> str:
+        end = min(end, len(self.text))
+        delta, self.emitted = self.text[self.emitted:end], max(end, self.emitted)
+        return delta

@@ -1,0 +1,207 @@
+"""The engine: add_request / step / abort, and the offline `LLM` API on top.
+
+step() is schedule -> run -> postprocess; everything else here is setting that loop up.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from inferlab.config import EngineConfig, parse_bytes
+from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.model_runner import ModelRunner, RunnerConfig
+from inferlab.engine.output_processor import OutputProcessor
+from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.platform import resolve_device, resolve_dtype
+from inferlab.engine.request import Request, RequestStatus
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.scheduler import Scheduler
+from inferlab.engine.scheduler_config import SchedulerConfig
+from inferlab.errors import InferlabError
+from inferlab.models.loader import LoadedModel, load_model
+from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
+
+logger = logging.getLogger("inferlab.engine")
+
+
+@dataclass
+class EngineCounters:
+    """Totals since start, for /metrics."""
+
+    prompt_tokens: int = 0
+    generation_tokens: int = 0
+    requests_finished: dict[str, int] = dataclasses.field(default_factory=dict)  # by finish reason
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
+        self.config = config
+        if config.num_threads:
+            torch.set_num_threads(config.num_threads)
+        self.device = resolve_device(config.device)
+        self.dtype = resolve_dtype(config.dtype, self.device)
+        self.loaded = loaded or load_model(config.model, self.dtype, self.device)
+        self.model_config = self.loaded.config
+        self.tokenizer = self.loaded.tokenizer
+        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
+                                 self.model_config.max_position_embeddings)
+        self.kv_bytes_per_token = kv_cache_bytes_per_token(
+            self.model_config.num_layers, self.model_config.num_kv_heads,
+            self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
+        self.num_kv_blocks = num_kv_blocks(config.kv_cache_memory_bytes, config.block_size,
+                                           self.kv_bytes_per_token)
+        cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
+                                   enable_prefix_caching=config.enable_prefix_caching)
+        self.scheduler = Scheduler(
+            SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
+                            max_num_batched_tokens=config.max_num_batched_tokens),
+            cache_config)
+        self.runner = ModelRunner(self.loaded.model, RunnerConfig(
+            self.num_kv_blocks, config.block_size, self.dtype, self.device, config.seed))
+        self.outputs = OutputProcessor(self.tokenizer)
+        self.counters = EngineCounters()
+        self._ids = itertools.count()
+
+    # -- requests -------------------------------------------------------------------------------
+
+    def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+        if isinstance(prompt, str):
+            return prompt, self.tokenizer.encode(prompt)
+        ids = [int(t) for t in prompt]
+        vocab = self.model_config.vocab_size
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+        return None, ids
+
+    def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
+                    request_id: str | None = None, arrival_time: float | None = None) -> str:
+        """Queue a request (n completions); raises InferlabError if it can never be served."""
+        request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        if request_id in self.outputs.parents:
+            raise InferlabError(f"request id {request_id!r} is already in use")
+        text, ids = self.tokenize_prompt(prompt)
+        if not ids:
+            raise InferlabError("the prompt is empty")
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
+                                f"{self.max_model_len}: no room for output")
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if len(ids) + max_tokens > self.max_model_len:
+            raise InferlabError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+                f"is over the context length {self.max_model_len}")
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        children = []
+        for i in range(params.n):
+            child_params = params
+            if params.n > 1:
+                seed = None if params.seed is None else params.seed + i
+                child_params = dataclasses.replace(params, n=1, seed=seed)
+            child_id = request_id if params.n == 1 else f"{request_id}#{i}"
+            children.append(Request(child_id, ids, child_params, self._eos_id(), max_tokens,
+                                    arrival_time=arrival))
+        for child in children:
+            self.scheduler.add_request(child)  # the first raises before anything is queued
+        self.outputs.add(request_id, text, children)
+        self.counters.prompt_tokens += len(ids)
+        return request_id
+
+    def _eos_id(self) -> int | None:
+        if self.tokenizer.eos_token_id is not None:
+            return self.tokenizer.eos_token_id
+        eos = self.model_config.eos_token_ids
+        return eos[0] if eos else None
+
+    def abort_request(self, request_id: str) -> RequestOutput | None:
+        """Finish a request as aborted; its KV blocks are free when this returns."""
+        children = self.outputs.child_ids(request_id)
+        self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
+        output = self.outputs.abort(request_id)
+        if output is not None:
+            self._count_finished(output)
+        return output
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    # -- the loop -------------------------------------------------------------------------------
+
+    def step(self) -> list[RequestOutput]:
+        sched = self.scheduler.schedule()
+        if sched.is_empty:
+            return []
+        runner_output = self.runner.execute(sched)
+        updated = self.scheduler.update_from_output(sched, runner_output)
+        outputs, stopped = self.outputs.process(updated, runner_output)
+        if stopped:
+            self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
+        self.counters.generation_tokens += len(runner_output.sampled_token_ids)
+        for out in outputs:
+            if out.finished:
+                self._count_finished(out)
+        return outputs
+
+    def _count_finished(self, output: RequestOutput) -> None:
+        for completion in output.outputs:
+            reason = completion.finish_reason or "abort"
+            self.counters.requests_finished[reason] = self.counters.requests_finished.get(reason, 0) + 1
+
+
+def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
+    """EngineConfig from keyword arguments; kv_cache_memory may be a string like '2GiB'."""
+    if "kv_cache_memory" in kwargs:
+        kwargs["kv_cache_memory_bytes"] = parse_bytes(kwargs.pop("kv_cache_memory"))
+    try:
+        return EngineConfig(model=model, **kwargs)
+    except TypeError as e:
+        raise InferlabError(f"unknown engine option: {e}") from None
+
+
+class LLM:
+    """Offline batch inference: `LLM(model).generate(prompts, SamplingParams(...))`."""
+
+    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
+        self.engine = LLMEngine(engine_config(model, **engine_args))
+        self.tokenizer = self.engine.tokenizer
+
+    @property
+    def num_kv_blocks(self) -> int:
+        return self.engine.num_kv_blocks
+
+    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        params = params or SamplingParams()
+        all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        if len(all_params) != len(prompts):
+            raise InferlabError(f"{len(prompts)} prompts but {len(all_params)} sampling params")
+        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
+        return self._run(ids)
+
+    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
+             params: SamplingParams | None = None) -> list[RequestOutput]:
+        if conversations and isinstance(conversations[0], dict):
+            conversations = [conversations]  # type: ignore[list-item]
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True)
+                   for c in conversations]
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self.generate(ids, params)
+
+    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+        final: dict[str, RequestOutput] = {}
+        while self.engine.has_unfinished_requests():
+            for out in self.engine.step():
+                if out.finished:
+                    final[out.request_id] = out
+        return [final[i] for i in request_ids]

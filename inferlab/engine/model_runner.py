@@ -1,0 +1,99 @@
+"""SchedulerOutput -> one flat batch (ids, positions, slots, block tables) -> sampled tokens."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferlab.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
+from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
+from inferlab.models.llama import KVCache, LlamaForCausalLM
+
+
+@dataclass(frozen=True)
+class RunnerConfig:
+    num_blocks: int
+    block_size: int
+    kv_dtype: torch.dtype
+    device: torch.device
+    seed: int = 0
+
+
+class ModelRunner:
+    def __init__(self, model: LlamaForCausalLM, config: RunnerConfig) -> None:
+        self.model = model
+        self.config = config
+        cfg = model.config
+        shape = (config.num_blocks, config.block_size, cfg.num_kv_heads, cfg.head_dim)
+        self.kv_caches: list[KVCache] = [
+            (torch.zeros(shape, dtype=config.kv_dtype, device=config.device),
+             torch.zeros(shape, dtype=config.kv_dtype, device=config.device))
+            for _ in range(cfg.num_layers)
+        ]
+        self.generators: dict[str, torch.Generator] = {}
+        torch.manual_seed(config.seed)
+
+    @torch.inference_mode()
+    def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
+        for request_id in sched.finished_request_ids:
+            self.generators.pop(request_id, None)
+        chunks = sched.chunks
+        query_lens = [c.num_new_tokens for c in chunks]
+        seq_lens = [c.num_computed_tokens + c.num_new_tokens for c in chunks]
+        input_ids = [t for c in chunks
+                     for t in c.request.all_token_ids[c.num_computed_tokens:c.num_computed_tokens + c.num_new_tokens]]
+        device = self.config.device
+        meta = AttentionMetadata.build(query_lens, seq_lens, [c.request.block_ids for c in chunks],
+                                       self.config.block_size, device)
+        _, positions = token_positions(query_lens, seq_lens)
+        hidden = self.model(torch.tensor(input_ids, device=device), positions.to(device),
+                            self.kv_caches, meta)  # [N, hidden]
+        ends = meta.query_start_loc[1:].long() - 1  # last new token of each chunk
+        sampling = [i for i, c in enumerate(chunks) if c.samples]
+        output = ModelRunnerOutput(sampled_token_ids={})
+        if sampling:
+            logits = self.model.compute_logits(hidden[ends[sampling]])  # [S, V]
+            tokens, logprobs = sample(logits, self._sampling_batch([chunks[i] for i in sampling]))
+            for i, token, lp in zip(sampling, tokens.tolist(), logprobs, strict=True):
+                rid = chunks[i].request.request_id
+                output.sampled_token_ids[rid] = token
+                if lp is not None:
+                    output.logprobs[rid] = lp
+        self._prompt_logprobs(chunks, hidden, meta, output)
+        return output
+
+    def _sampling_batch(self, chunks) -> SamplingBatch:
+        generators = []
+        for c in chunks:
+            request, seed = c.request, c.request.sampling_params.seed
+            if seed is not None and request.request_id not in self.generators:
+                self.generators[request.request_id] = torch.Generator(self.config.device).manual_seed(seed)
+            generators.append(self.generators.get(request.request_id))
+        return SamplingBatch(
+            params=[c.request.sampling_params for c in chunks],
+            generators=generators,
+            prompt_ids=[c.request.prompt_token_ids for c in chunks],
+            output_ids=[c.request.output_token_ids for c in chunks],
+        )
+
+    def _prompt_logprobs(self, chunks, hidden: torch.Tensor, meta: AttentionMetadata,
+                         output: ModelRunnerOutput) -> None:
+        """Logprob of each prompt token given the ones before it, for requests that ask."""
+        starts = meta.query_start_loc.tolist() if chunks else []
+        for i, c in enumerate(chunks):
+            request = c.request
+            top_n = request.sampling_params.prompt_logprobs
+            first = c.num_computed_tokens
+            if top_n is None or first >= request.num_prompt_tokens:
+                continue
+            # rows of this chunk that predict a prompt token (positions first..P-2)
+            last = min(first + c.num_new_tokens, request.num_prompt_tokens - 1)
+            entries: list[TokenLogprobs | None] = [None] if first == 0 else []
+            if last > first:
+                rows = hidden[starts[i]:starts[i] + last - first]
+                logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
+                targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=rows.device)
+                entries += gather_logprobs(logprobs, targets, [top_n] * len(targets))
+            output.prompt_logprobs[request.request_id] = entries

@@ -1,0 +1,170 @@
+"""Turns requests updated by a step into RequestOutputs: text deltas, stop strings, n copies."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from inferlab.engine.detokenizer import IncrementalDetokenizer
+from inferlab.engine.outputs import (
+    CompletionOutput,
+    ModelRunnerOutput,
+    RequestMetrics,
+    RequestOutput,
+    TokenLogprobs,
+)
+from inferlab.engine.request import Request
+from inferlab.models.tokenizer import TextTokenizer
+
+
+@dataclass
+class _Completion:
+    request: Request
+    detokenizer: IncrementalDetokenizer | None
+    emitted_tokens: int = 0
+    logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None
+    stop_reason: int | str | None = None
+
+
+@dataclass
+class _Parent:
+    """A caller's request: n completions (child requests) that share one prompt."""
+
+    request_id: str
+    prompt: str | None
+    prompt_ids: list[int]
+    children: list[_Completion]
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
+    pending: set[int] = field(default_factory=set)  # children updated since the last output
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self.parents: dict[str, _Parent] = {}
+        self.child_of: dict[str, tuple[_Parent, int]] = {}
+
+    def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
+        first = children[0]
+        params = first.sampling_params
+        parent = _Parent(request_id, prompt, first.prompt_token_ids, [],
+                         [] if params.prompt_logprobs is not None else None)
+        for index, child in enumerate(children):
+            detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params.stop)
+                     if params.detokenize else None)
+            parent.children.append(_Completion(child, detok, logprobs=[] if params.logprobs is not None else None))
+            self.child_of[child.request_id] = (parent, index)
+        self.parents[request_id] = parent
+
+    def child_ids(self, request_id: str) -> list[str]:
+        parent = self.parents.get(request_id)
+        return [] if parent is None else [c.request.request_id for c in parent.children]
+
+    def process(self, updated: list[Request], runner_output: ModelRunnerOutput
+                ) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the outputs, and the child ids that hit a stop string (to finish in the scheduler)."""
+        touched: dict[str, _Parent] = {}
+        stopped: list[str] = []
+        for rid, entries in runner_output.prompt_logprobs.items():
+            parent, index = self.child_of[rid]
+            if index == 0 and parent.prompt_logprobs is not None:
+                parent.prompt_logprobs.extend(entries)
+        for request in updated:
+            parent, index = self.child_of[request.request_id]
+            completion = parent.children[index]
+            if completion.logprobs is not None and request.request_id in runner_output.logprobs:
+                completion.logprobs.append(runner_output.logprobs[request.request_id])
+            if request.finished:
+                completion.finish_reason = request.status.finish_reason
+                completion.stop_reason = request.stop_reason
+            parent.pending.add(index)
+            touched[parent.request_id] = parent
+        outputs = []
+        for parent in touched.values():
+            out = self._make_output(parent, stopped)
+            outputs.append(out)
+        return outputs, stopped
+
+    def abort(self, request_id: str) -> RequestOutput | None:
+        """Mark every unfinished completion aborted; returns the final output."""
+        parent = self.parents.get(request_id)
+        if parent is None:
+            return None
+        for index, completion in enumerate(parent.children):
+            if completion.finish_reason is None:
+                completion.finish_reason = "abort"
+                parent.pending.add(index)
+        return self._make_output(parent, [])
+
+    def _make_output(self, parent: _Parent, stopped: list[str]) -> RequestOutput:
+        completions = []
+        for index, completion in enumerate(parent.children):
+            delta = self._advance(completion, stopped) if index in parent.pending else None
+            completions.append(self._completion_output(index, completion, delta))
+        parent.pending.clear()
+        finished = all(c.finish_reason is not None for c in parent.children)
+        if finished:
+            self.parents.pop(parent.request_id, None)
+            for c in parent.children:
+                self.child_of.pop(c.request.request_id, None)
+        first = parent.children[0].request
+        return RequestOutput(
+            request_id=parent.request_id, prompt=parent.prompt, prompt_token_ids=parent.prompt_ids,
+            outputs=completions, finished=finished,
+            num_cached_tokens=max(first.num_cached_tokens, 0),
+            prompt_logprobs=parent.prompt_logprobs, metrics=_metrics(parent),
+        )
+
+    def _advance(self, completion: _Completion, stopped: list[str]) -> tuple[str, list[int], int]:
+        """Detokenize new tokens; returns (text delta, token delta, logprob start index)."""
+        request = completion.request
+        new_ids = request.output_token_ids[completion.emitted_tokens:]
+        start = completion.emitted_tokens
+        completion.emitted_tokens = request.num_output_tokens
+        text = ""
+        if completion.detokenizer is not None:
+            finishing = completion.finish_reason is not None
+            text, hit = completion.detokenizer.add(new_ids, finishing)
+            if hit is not None and completion.finish_reason is None:
+                completion.finish_reason, completion.stop_reason = "stop", hit
+                request.finished_time = time.monotonic()  # the scheduler frees it right after
+                stopped.append(request.request_id)
+        return text, new_ids, start
+
+    @staticmethod
+    def _completion_output(index: int, c: _Completion, delta: tuple[str, list[int], int] | None
+                           ) -> CompletionOutput:
+        text_delta, ids_delta, start = delta if delta else ("", [], c.emitted_tokens)
+        return CompletionOutput(
+            index=index,
+            text=c.detokenizer.text if c.detokenizer else "",
+            token_ids=list(c.request.output_token_ids),
+            finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+            logprobs=c.logprobs,
+            text_delta=text_delta, token_ids_delta=ids_delta,
+            logprobs_delta=None if c.logprobs is None else c.logprobs[start:],
+        )
+
+
+def _metrics(parent: _Parent) -> RequestMetrics:
+    requests = [c.request for c in parent.children]
+    first = requests[0]
+
+    def earliest(values):
+        values = [v for v in values if v is not None]
+        return min(values) if values else None
+
+    def latest(values):
+        values = [v for v in values if v is not None]
+        return max(values) if values else None
+
+    return RequestMetrics(
+        arrival_time=first.arrival_time,
+        first_scheduled_time=earliest(r.first_scheduled_time for r in requests),
+        first_token_time=earliest(r.first_token_time for r in requests),
+        last_token_time=latest(r.last_token_time for r in requests),
+        finished_time=latest(r.finished_time for r in requests)
+        if all(c.finish_reason for c in parent.children) else None,
+        num_generation_tokens=sum(r.num_output_tokens for r in requests),
+    )

@@ -1,0 +1,40 @@
+"""Which device and dtype to run on, decided once at start-up."""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+_TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_has_fast_bf16() -> bool:
+    """AMX or AVX512-BF16: bf16 matmuls run faster than fp32 here."""
+    return bool(cpu_flags() & {"amx_bf16", "avx512_bf16"})
+
+
+def resolve_device(device: str) -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    if dtype != "auto":
+        return _TORCH_DTYPES[dtype]
+    if device.type == "cuda" or cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32

@@ -1,0 +1,127 @@
+"""Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs.
+
+One pass over the whole batch with per-row parameter tensors; the only per-request loop draws
+noise for seeded requests from their own generators, so a seed gives the same tokens whatever
+else is in the batch.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferlab.engine.outputs import TokenLogprobs
+from inferlab.engine.sampling_params import SamplingParams
+
+
+@dataclass
+class SamplingBatch:
+    """The sampling rows of one step, in logits-row order."""
+
+    params: list[SamplingParams]
+    generators: list[torch.Generator | None]  # a request's own generator when it has a seed
+    prompt_ids: list[list[int]]  # for the repetition penalty
+    output_ids: list[list[int]]  # for all three penalties
+
+
+def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
+    """logits [B, V] fp32 -> (token ids [B], per-row logprobs where asked).
+
+    Logprobs describe the model's own distribution (before penalties and temperature), as the
+    OpenAI API reports them.
+    """
+    params = batch.params
+    raw_logprobs = None
+    if any(p.logprobs is not None for p in params):
+        raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if any(p.has_penalties for p in params):
+        logits = apply_penalties(logits, batch)
+    greedy = torch.tensor([p.greedy for p in params], device=logits.device)
+    tokens = logits.argmax(dim=-1)
+    if not bool(greedy.all()):
+        random_tokens = _sample_random(logits, params, batch.generators)
+        tokens = torch.where(greedy, tokens, random_tokens)
+    logprobs: list[TokenLogprobs | None] = [None] * len(params)
+    if raw_logprobs is not None:
+        logprobs = gather_logprobs(raw_logprobs, tokens, [p.logprobs for p in params])
+    return tokens, logprobs
+
+
+def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Repetition (prompt and output), presence and frequency (output) penalties, as vLLM does."""
+    rows, vocab = logits.shape
+    device = logits.device
+    counts = _token_counts(batch.output_ids, rows, vocab, device)  # [B, V]
+    seen = _token_counts(batch.prompt_ids, rows, vocab, device) > 0
+    seen |= counts > 0
+    rep = torch.tensor([p.repetition_penalty for p in batch.params], device=device)[:, None]
+    freq = torch.tensor([p.frequency_penalty for p in batch.params], device=device)[:, None]
+    pres = torch.tensor([p.presence_penalty for p in batch.params], device=device)[:, None]
+    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    logits = torch.where(seen, penalised, logits)
+    return logits - freq * counts - pres * (counts > 0).float()
+
+
+def _token_counts(token_lists: list[list[int]], rows: int, vocab: int,
+                  device: torch.device) -> torch.Tensor:
+    width = max((len(t) for t in token_lists), default=0)
+    counts = torch.zeros(rows, vocab + 1, device=device)  # column `vocab` absorbs the padding
+    if width:
+        ids = torch.tensor([t + [vocab] * (width - len(t)) for t in token_lists], device=device)
+        counts.scatter_add_(1, ids, torch.ones_like(ids, dtype=counts.dtype))
+    return counts[:, :vocab]
+
+
+def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
+                   generators: list[torch.Generator | None]) -> torch.Tensor:
+    device = logits.device
+    temperature = torch.tensor([p.temperature or 1.0 for p in params], device=device)[:, None]
+    logits = logits / temperature
+    if any(p.top_k or p.top_p < 1.0 for p in params):
+        logits = _top_k_top_p(logits, params)
+    probs = torch.softmax(logits, dim=-1)  # [B, V]
+    if any(p.min_p > 0 for p in params):
+        min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    # Exponential race: argmax(p / E) with E ~ Exp(1) draws from p, and needs no renormalising.
+    noise = torch.empty_like(probs).exponential_()
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            noise[row].exponential_(generator=generator)
+    return (probs / noise).argmax(dim=-1)
+
+
+def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    device = logits.device
+    vocab = logits.shape[-1]
+    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)
+    top_p = torch.tensor([p.top_p for p in params], device=device)
+    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
+    ranks = torch.arange(vocab, device=device)[None, :]
+    drop = ranks >= top_k[:, None]
+    probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
+    # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+    mass_before = torch.cumsum(probs, dim=-1) - probs
+    drop |= mass_before >= top_p[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+
+
+def gather_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor,
+                    top_ns: list[int | None]) -> list[TokenLogprobs | None]:
+    """logprobs [B, V], tokens [B] -> each asking row's chosen logprob, rank and top-n."""
+    max_n = max((n for n in top_ns if n is not None), default=0)
+    chosen = logprobs.gather(1, tokens[:, None]).squeeze(1)  # [B]
+    ranks = (logprobs > chosen[:, None]).sum(dim=-1) + 1
+    top_values, top_ids = logprobs.topk(max(max_n, 1), dim=-1)
+    chosen_l, ranks_l = chosen.tolist(), ranks.tolist()
+    tokens_l, values_l, ids_l = tokens.tolist(), top_values.tolist(), top_ids.tolist()
+    result: list[TokenLogprobs | None] = []
+    for row, n in enumerate(top_ns):
+        if n is None:
+            result.append(None)
+            continue
+        top = list(zip(ids_l[row][:n], values_l[row][:n], strict=True))
+        result.append(TokenLogprobs(tokens_l[row], chosen_l[row], ranks_l[row], top))
+    return result
