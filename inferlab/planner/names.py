@@ -14,7 +14,11 @@ T = TypeVar("T")
 def closest_names(name: str, valid: Iterable[str], n: int = 3) -> list[str]:
     """Up to `n` valid names close to `name`, compared case-insensitively."""
     by_lower = {v.lower(): v for v in valid}
-    hits = difflib.get_close_matches(name.lower(), list(by_lower), n=n, cutoff=0.5)
+    query = name.lower()
+    # names that start with what was typed ("a100" -> A100-40GB) come before spelling neighbours
+    prefixed = [v for v in by_lower if v.startswith(query)]
+    similar = difflib.get_close_matches(query, list(by_lower), n=n, cutoff=0.5)
+    hits = list(dict.fromkeys(prefixed + similar))[:n]
     return [by_lower[h] for h in hits]
 
 

@@ -1,0 +1,140 @@
+"""`inferlab plan` end to end through the real CLI entry point."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from inferlab.cli import main
+from inferlab.planner.measure import cpu_name
+
+# what `--measure` writes, with round figures, so these tests need no micro-benchmark
+FIGURES = {"cpu": "", "threads": 2, "torch": "test", "memory_bandwidth_bytes_per_s": 25e9,
+           "peak_flops": {"bf16": 1.5e12, "fp32": 3e11}, "memory_bytes": 24 * 2**30,
+           "measured_at": "2026-01-01T00:00:00+00:00"}
+
+
+@pytest.fixture
+def cache(tmp_path: Path) -> Path:
+    path = tmp_path / "cpu-local.json"
+    path.write_text(json.dumps(FIGURES | {"cpu": cpu_name()}))
+    return path
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["plan", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_is_the_embedded_model_on_cpu_local(capsys, cache):
+    code, out, _ = _run(capsys, "--cache", str(cache), "--json")
+    plan = json.loads(out)
+    assert code == 0
+    assert plan["model"]["name"].startswith("SmolLM2-135M")
+    assert plan["hardware"]["name"] == "cpu-local" and plan["hardware"]["measured"]
+    assert plan["memory"]["kv_bytes_per_token"] == 23_040
+    # weights 269,030,016 B (tied: all read) + KV of 1,153 tokens (1,024 prompt + 128 output on
+    # average + the new one) × 23,040 B = 295,595,136 B at 25 GB/s = 11.824 ms
+    assert plan["decode_batch1"]["time_ms"] == pytest.approx(11.8238, abs=1e-3)
+
+
+def test_console_report_shows_factors(capsys, cache):
+    code, out, _ = _run(capsys, "Llama-3.1-8B", "--hardware", "h100-sxm", "--slo", "itl_ms=30",
+                        "--request-rate", "20", "--price-per-hour", "2.5")
+    assert code == 0
+    assert "131,072 B   2 × 32 layers × 8 KV heads × 128 head dim × 2 B" in out
+    assert "replica(s)" in out and "per million output tokens" in out
+
+
+@pytest.mark.parametrize(("argv", "expected"), [
+    (["Lama-3.1-8B", "--hardware", "h100-sxm"], "did you mean Llama-3.1-8B"),
+    (["Llama-3.1-8B", "--hardware", "H100-SMX"], "did you mean H100-SXM"),
+    (["Llama-3.1-8B", "--hardware", "a100", "--memory", "0GB"], "did you mean A100-40GB"),
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory", "0GB"], "--memory must be positive"),
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--gpu-memory-utilization", "0"],
+     "--gpu-memory-utilization must be in (0, 1]"),
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--weight-format", "int4g128"], "did you mean int4-g128"),
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--kv-dtype", "bf61"], "did you mean bf16"),
+    (["Llama-3.1-70B", "--hardware", "L4"], "does not fit"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--memory", "lots"], "cannot read 'lots' as a size"),
+])
+def test_bad_input_is_one_line_with_exit_code_2(capsys, argv, expected):
+    code, out, err = _run(capsys, *argv)
+    assert code == 2 and out == ""
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert expected in err
+
+
+def test_list_names_presets_and_hardware(capsys):
+    code, out, _ = _run(capsys, "--list")
+    assert code == 0
+    for name in ("Llama-3.1-70B", "Qwen3-32B", "H200", "MI300X", "cpu-local"):
+        assert name in out
+
+
+def test_model_directory_and_gguf_file(capsys, tmp_path, cache):
+    # a Hugging Face config.json of Llama-2-7B's shape, read from a directory
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+              "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+              "vocab_size": 32000, "max_position_embeddings": 4096}
+    (tmp_path / "llama2").mkdir()
+    (tmp_path / "llama2" / "config.json").write_text(json.dumps(config))
+    code, out, _ = _run(capsys, str(tmp_path / "llama2"), "--hardware", "h100-sxm",
+                        "--kv-dtype", "fp16", "--json")
+    assert code == 0 and json.loads(out)["memory"]["kv_bytes_per_token"] == 524_288
+
+
+class _SVGCounter(HTMLParser):
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: dict[str, int] = {}
+
+    def handle_starttag(self, tag, attrs):
+        self.tags[tag] = self.tags.get(tag, 0) + 1
+
+
+def test_html_report_is_self_contained(capsys, tmp_path, cache):
+    html = tmp_path / "plan.html"
+    code, _, _ = _run(capsys, "Qwen3-8B", "--hardware", "l40s", "--html", str(html))
+    text = html.read_text()
+    parser = _SVGCounter()
+    parser.feed(text)
+    assert code == 0
+    assert parser.tags["svg"] == 2 and parser.tags["polyline"] == 2 and parser.tags["rect"] >= 5
+    assert "<script" not in text and "http" not in text.split("<pre>")[0].replace(
+        'xmlns="http://www.w3.org/2000/svg"', "")
+
+
+@pytest.mark.skipif(shutil.which("chromium") is None, reason="no chromium to render the report")
+def test_html_report_renders_in_a_real_browser(capsys, tmp_path):
+    html = tmp_path / "plan.html"
+    code, _, _ = _run(capsys, "Llama-3.1-8B", "--hardware", "h100-sxm", "--html", str(html))
+    assert code == 0
+    done = subprocess.run(
+        ["chromium", "--headless", "--no-sandbox", "--disable-gpu", "--dump-dom", html.as_uri()],
+        capture_output=True, text=True, timeout=120)
+    dom = done.stdout
+    # the browser parsed both charts into SVG elements with their data points
+    assert dom.count("<svg") == 2 and dom.count("<circle") >= 2 * 9
+    assert "Decode throughput and inter-token latency" in dom
+
+
+def test_planner_never_imports_torch():
+    code = (
+        "import sys, pkgutil, importlib, inferlab.planner as p\n"
+        "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('inferlab.planner.' + m.name)\n"
+        "from inferlab.cli import main\n"
+        "assert main(['plan', '--hardware', 'h100-sxm', '--json']) == 0\n"
+        "assert main(['plan', 'Qwen3-8B', '--hardware', 'b200', '--html', '/dev/null']) == 0\n"
+        "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stderr.strip().endswith("NO-TORCH")

@@ -1,0 +1,119 @@
+"""Hand-computed memory figures from the models' public config.json (and the embedded GGUF)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferlab.errors import InferlabError
+from inferlab.models.gguf_reader import GGUFFile
+from inferlab.planner.budget import MemoryConfig, kv_heads_per_device, plan_memory
+from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks, weight_bytes, weight_format
+from inferlab.planner.model_shapes import embedded_gguf_path, resolve_model
+
+GiB = 2**30
+
+
+def _plan(model: str | None, kv_dtype: str = "bf16", fmt: str = "bf16", **kw):
+    spec = resolve_model(model)
+    cfg = MemoryConfig(device_memory_bytes=kw.pop("memory", 80 * 10**9), kv_dtype=kv_dtype, **kw)
+    return plan_memory(spec.config, weight_bytes(spec.config, weight_format(fmt)), cfg)
+
+
+@pytest.mark.parametrize(("model", "kv_dtype", "expected"), [
+    ("Llama-2-7B", "fp16", 524_288),  # 2 × 32 layers × 32 KV heads × 128 × 2 bytes
+    ("Llama-3.1-8B", "bf16", 131_072),  # 2 × 32 × 8 × 128 × 2
+    ("Llama-3.1-8B", "fp8", 65_536),  # 2 × 32 × 8 × 128 × 1
+    (None, "bf16", 23_040),  # embedded SmolLM2-135M from its GGUF: 2 × 30 × 3 × 64 × 2
+    ("Qwen3-32B", "bf16", 262_144),  # 2 × 64 × 8 × 128 × 2
+])
+def test_kv_bytes_per_token_hand_counts(model, kv_dtype, expected):
+    assert _plan(model, kv_dtype).kv_bytes_per_token == expected
+
+
+def test_engine_formula_signature_is_the_planners():
+    # the engine calls these two directly; same figures as the hand counts above
+    per_token = kv_cache_bytes_per_token(30, 3, 64, 2)
+    assert per_token == 23_040
+    assert num_kv_blocks(64 * 2**20, 16, per_token) == 182  # 67,108,864 // 368,640
+
+
+# hand counts (see the derivations): bf16 = published parameter count × 2;
+# int4-g128 = block linears × 4 bits + one bf16 scale per row per 128 input columns
+# (a partial last group still has one) + embeddings, lm_head, norms in bf16
+HAND_WEIGHT_BYTES = {
+    # 6,738,415,616 params (Meta's model card: 6.7B)
+    ("Llama-2-7B", "bf16"): 13_476_831_232,
+    # linears 6,476,005,376 / 2 + 50,593,792 scales × 2 + 262,410,240 dense × 2
+    ("Llama-2-7B", "int4-g128"): 3_864_010_752,
+    # 8,030,261,248 params (Meta's model card: 8.0B)
+    ("Llama-3.1-8B", "bf16"): 16_060_522_496,
+    # linears 6,979,321,856 / 2 + 54,525,952 scales × 2 + 1,050,939,392 dense × 2 (untied lm_head)
+    ("Llama-3.1-8B", "int4-g128"): 5_700_591_616,
+    # 134,515,008 params (tied embeddings)
+    (None, "bf16"): 269_030_016,
+    # linears 106,168,320 / 2 + 898,560 scales × 2 (576 = 4.5 groups of 128 -> 5) + 28,346,688 × 2
+    (None, "int4-g128"): 111_574_656,
+}
+
+
+@pytest.mark.parametrize(("model", "fmt"), list(HAND_WEIGHT_BYTES))
+def test_weight_bytes_within_one_percent_of_hand_counts(model, fmt):
+    spec = resolve_model(model)
+    got = weight_bytes(spec.config, weight_format(fmt)).total_bytes
+    hand = HAND_WEIGHT_BYTES[(model, fmt)]
+    assert abs(got - hand) / hand < 0.01, (got, hand)
+
+
+def test_embedded_bf16_weights_match_the_gguf_tensor_count():
+    # an independent reference: the elements of every tensor in the shipped file
+    reader = GGUFFile(str(embedded_gguf_path()))
+    elements = sum(math.prod(t.shape) for t in reader.tensors)
+    spec = resolve_model(None)
+    assert weight_bytes(spec.config, weight_format("bf16")).total_bytes == 2 * elements
+
+
+def test_weight_formats_order_by_size():
+    cfg = resolve_model("Llama-3.1-8B").config
+    sizes = [weight_bytes(cfg, weight_format(f)).total_bytes
+             for f in ("fp32", "bf16", "int8", "int4-g32", "int4-g128")]
+    assert sizes == sorted(sizes, reverse=True)
+    # 8-bit linears with one scale per output row: about half of bf16 plus the dense part
+    int8 = weight_bytes(cfg, weight_format("int8"))
+    assert int8.packed_bytes == 6_979_321_856 and int8.num_scales == 32 * (4096 + 1024 + 1024 + 4096
+                                                                           + 14336 * 2 + 4096)
+
+
+def test_fixed_kv_budget_gives_the_engines_block_count():
+    plan = _plan(None, kv_cache_bytes=64 * 2**20)
+    assert plan.num_blocks == 182 and plan.kv_tokens == 182 * 16
+    # sequences of 1,280 tokens take 80 blocks each
+    assert plan.max_sequences(1280) == 2
+
+
+def test_budget_left_for_kv_on_an_80gb_device():
+    # Llama-3.1-8B bf16 on 80 GB at 0.9: 72e9 usable − 16,060,522,496 weights − activations
+    # (8192 × (2×4096 + 3×14336) × 2 + 2 × 256 × 128256 × 4 = 838,860,800 + 262,668,288)
+    # − 1 GiB overhead = 53,764,206,592 bytes -> // (16 × 131,072) = 25,636 blocks
+    plan = _plan("Llama-3.1-8B", runtime_overhead_bytes=GiB)
+    assert plan.activation_bytes == 1_101_529_088
+    assert plan.kv_cache_bytes == 53_764_206_592
+    assert plan.num_blocks == 25_636
+
+
+def test_tensor_parallel_splits_kv_heads_and_replicates_past_them():
+    cfg = resolve_model("Llama-3.1-70B").config  # 64 heads, 8 KV heads
+    assert kv_heads_per_device(cfg, 4) == 2
+    assert kv_heads_per_device(cfg, 16) == 1  # each device keeps a copy of one KV head
+    with pytest.raises(InferlabError, match="does not divide"):
+        kv_heads_per_device(cfg, 3)
+    tp4 = _plan("Llama-3.1-70B", tensor_parallel=4)
+    assert tp4.kv_bytes_per_token == 2 * 80 * 2 * 128 * 2
+
+
+def test_a_model_that_does_not_fit_says_so_in_one_line():
+    with pytest.raises(InferlabError) as e:
+        _plan("Llama-3.1-70B", memory=24 * 10**9)
+    message = str(e.value)
+    assert "does not fit" in message and "\n" not in message and "--tensor-parallel" in message

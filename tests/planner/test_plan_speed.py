@@ -1,0 +1,120 @@
+"""Roofline and capacity on a round-number accelerator, checked against hand arithmetic."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferlab.errors import InferlabError
+from inferlab.planner.budget import MemoryConfig
+from inferlab.planner.capacity import SLO, Workload, plan_capacity, replica_point
+from inferlab.planner.hardware import Hardware
+from inferlab.planner.memory import weight_format
+from inferlab.planner.model_shapes import resolve_model
+from inferlab.planner.plan import PlanInputs, build_plan
+from inferlab.planner.roofline import crossover_batch, decode_step, prefill
+
+# 1 TB/s, 1 PFLOP/s, reached in full: times are bytes / 1e12 and FLOPs / 1e15
+ROUND = Hardware("round", 80 * 10**9, 1e12, {"bf16": 1e15}, 1e11, "test figures",
+                 runtime_overhead_bytes=0, bandwidth_efficiency=1.0, compute_efficiency=1.0)
+
+
+def _plan(model: str | None, hw: Hardware = ROUND, tp: int = 1, fmt: str = "bf16", **kw):
+    memory = MemoryConfig(hw.memory_bytes, tensor_parallel=tp, kv_dtype="bf16",
+                          runtime_overhead_bytes=hw.runtime_overhead_bytes)
+    return build_plan(PlanInputs(resolve_model(model), hw, weight_format(fmt), memory,
+                                 kw.pop("workload", Workload()), kw.pop("slo", SLO()), **kw))
+
+
+def test_decode_step_llama2_7b_hand_count():
+    # bytes: 13,476,831,232 weights − 262,144,000 untied embedding table (only rows are read)
+    #        + 1,024 KV entries × 524,288 = 13,751,558,144 -> 13.7516 ms at 1 TB/s
+    # FLOPs: 2 × (6,476,005,376 + 131,072,000 lm_head) + 1,023 × 4 × 32 × 128 × 32 = 13,750,501,376
+    step = decode_step(_plan("Llama-2-7B").cost, ROUND, batch=1, context_len=1023)
+    assert step.bytes_moved == 13_751_558_144
+    assert step.flops == 13_750_501_376
+    assert step.bound == "memory"
+    assert step.time_s == pytest.approx(13.751558144e-3)
+
+
+def test_prefill_llama2_7b_hand_count():
+    # FLOPs: 4,000 × 13,214,154,752 + 524,288 × (4,000 × 4,001 / 2) = 57,051,971,584,000
+    step = prefill(_plan("Llama-2-7B").cost, ROUND, prompt_len=4000)
+    assert step.flops == 57_051_971_584_000
+    assert step.bound == "compute"
+    assert step.time_s == pytest.approx(57.051971584e-3)
+
+
+def test_tensor_parallel_adds_allreduces():
+    # Llama-3.1-70B over 2 devices: 2 all-reduces × 80 layers of one 8,192 × 2-byte vector,
+    # a ring moves 2 × (2 − 1) / 2 of it at 1e11 B/s, plus 10 µs each: 160 × 10.16384 µs
+    step = decode_step(_plan("Llama-3.1-70B", tp=2).cost, ROUND, 1, 100, tp=2)
+    assert step.comm_s == pytest.approx(160 * (10e-6 + 16384 / 1e11))
+
+
+def test_decode_turns_compute_bound_past_the_crossover():
+    # a short context and a compute-poor device, so the batch FLOPs catch up with the weight reads
+    hw = Hardware("slow-compute", 80 * 10**9, 1e12, {"bf16": 2e13}, 1e11, "test",
+                  runtime_overhead_bytes=0, bandwidth_efficiency=1.0, compute_efficiency=1.0)
+    cost = _plan("Llama-3.1-8B", hw).cost
+    b = crossover_batch(cost, hw, context_len=128)
+    assert b is not None and 1 < b < 256
+    assert decode_step(cost, hw, math.floor(b), 128).bound == "memory"
+    assert decode_step(cost, hw, math.ceil(b) + 1, 128).bound == "compute"
+
+
+def test_throughput_grows_and_itl_grows_with_batch():
+    plan = _plan("Llama-3.1-8B")
+    tps = [p.output_tokens_per_s for p in plan.curve]
+    itl = [p.itl_ms for p in plan.curve]
+    assert tps == sorted(tps) and itl == sorted(itl)
+    assert plan.curve[-1].batch == plan.max_batch
+
+
+def test_capacity_respects_the_itl_slo():
+    slo = SLO(itl_ms=20)
+    plan = _plan("Llama-3.1-8B", slo=slo, request_rate=50)
+    cap, wl = plan.capacity, plan.inputs.workload
+    assert cap.limited_by == "itl_ms"
+    assert cap.best.itl_ms <= 20
+    beyond = replica_point(plan.cost, ROUND, wl, cap.best.batch + 1, 1)
+    assert beyond.itl_ms > 20
+    assert cap.replicas == math.ceil(50 / cap.best.requests_per_s)
+
+
+def test_tighter_slo_needs_more_replicas():
+    loose = _plan("Llama-3.1-8B", slo=SLO(itl_ms=40), request_rate=100).capacity
+    tight = _plan("Llama-3.1-8B", slo=SLO(itl_ms=16), request_rate=100).capacity
+    assert tight.best.batch < loose.best.batch
+    assert tight.replicas > loose.replicas
+
+
+def test_cost_per_million_tokens_hand_case():
+    # 1 request/s of 100 output tokens = 360,000 tokens an hour; one $3.60 device-hour -> $10
+    plan = _plan(None, workload=Workload(100, 100), request_rate=1.0, price_per_gpu_hour=3.6)
+    assert plan.capacity.replicas == 1
+    assert plan.capacity.cost_per_million_output_tokens == pytest.approx(10.0)
+    assert plan.capacity.cost_per_million_at_capacity < 10.0
+
+
+def test_unreachable_slo_is_one_line():
+    cost = _plan("Llama-2-7B").cost
+    with pytest.raises(InferlabError) as e:
+        plan_capacity(cost, ROUND, Workload(), SLO(itl_ms=1), max_batch=8, limited_by_memory=False)
+    assert "itl_ms" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_workload_and_slo_parsing():
+    assert Workload.parse("prompt=512,output=64") == Workload(512, 64)
+    assert SLO.parse("ttft_ms=500,itl_ms=50") == SLO(500, 50)
+    for bad in ("promt=512", "prompt=abc", "prompt"):
+        with pytest.raises(InferlabError, match="--workload"):
+            Workload.parse(bad)
+    with pytest.raises(InferlabError, match="positive"):
+        SLO.parse("itl_ms=0")
+
+
+def test_context_beyond_the_model_is_refused():
+    with pytest.raises(InferlabError, match="exceeds"):
+        _plan("Llama-2-7B", workload=Workload(4000, 200))
