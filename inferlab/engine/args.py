@@ -1,0 +1,38 @@
+"""Engine options on the command line, named as vLLM names them; defaults come from EngineConfig."""
+
+from __future__ import annotations
+
+import argparse
+
+from inferlab.config import DTYPES, EngineConfig, parse_bytes
+
+_DEFAULTS = EngineConfig()
+
+
+def add_engine_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("model", nargs="?", default=None,
+                        help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+    group = parser.add_argument_group("engine")
+    group.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS.dtype)
+    group.add_argument("--device", choices=("auto", "cpu", "cuda"), default=_DEFAULTS.device)
+    group.add_argument("--kv-cache-memory", default="2GiB",
+                       help="bytes for the KV cache, e.g. 2GiB, 512MiB (default: 2GiB)")
+    group.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
+    group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    group.add_argument("--max-num-batched-tokens", type=int, default=_DEFAULTS.max_num_batched_tokens)
+    group.add_argument("--max-model-len", type=int, default=None,
+                       help="context length (default: the model's)")
+    group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
+                       default=_DEFAULTS.enable_prefix_caching)
+    group.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch")
+    group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        model=args.model, dtype=args.dtype, device=args.device,
+        kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory), block_size=args.block_size,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        num_threads=args.num_threads, seed=args.seed,
+    )

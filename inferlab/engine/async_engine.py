@@ -1,0 +1,206 @@
+"""AsyncEngine: the engine loop in its own thread, driven from many asyncio coroutines.
+
+Coroutines never touch the engine directly: they post operations (add, abort) to a queue that
+the engine thread drains before each step, and receive outputs through per-request asyncio
+queues, so the event loop never waits for a forward pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import queue
+import threading
+import time
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab.config import EngineConfig
+from inferlab.engine.llm_engine import LLMEngine
+from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError
+
+logger = logging.getLogger("inferlab.engine")
+
+_IDLE_WAIT_S = 0.2  # how often an idle loop wakes to refresh its heartbeat
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics; token and request totals count since start."""
+
+    num_running: int
+    num_waiting: int
+    kv_cache_usage: float  # fraction of KV blocks in use, [0, 1]
+    num_kv_blocks: int
+    num_free_kv_blocks: int
+    prefix_cache_queried_tokens: int
+    prefix_cache_hit_tokens: int
+    num_preemptions_total: int
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished: dict[str, int]  # by finish reason: stop, length, abort
+
+
+class AsyncEngine:
+    def __init__(self, engine: LLMEngine) -> None:
+        self.engine = engine
+        self.tokenizer = engine.tokenizer
+        self.model_config = engine.model_config
+        self.max_model_len = engine.max_model_len
+        self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._stats = self._snapshot()
+        self.heartbeat = time.monotonic()  # last time the loop went round; /health reads it
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._loop, name="inferlab-engine", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def from_config(cls, config: EngineConfig) -> AsyncEngine:
+        return cls(LLMEngine(config))
+
+    # -- called from coroutines ---------------------------------------------------------------
+
+    async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
+                       request_id: str) -> AsyncIterator[RequestOutput]:
+        """Stream outputs; closing the iterator early (client gone) aborts the request."""
+        if self._stop.is_set():
+            raise InferlabError("the engine is shutting down")
+        loop = asyncio.get_running_loop()
+        outputs: asyncio.Queue = asyncio.Queue()
+        _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
+        text = prompt if isinstance(prompt, str) else None
+        await self._call(lambda: self._add(request_id, text, ids, params, loop, outputs))
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
+                if isinstance(out, BaseException):
+                    raise out
+                finished = out.finished
+                yield out
+        finally:
+            if not finished:
+                self._post(lambda: self._abort(request_id))
+
+    async def abort(self, request_id: str) -> None:
+        self._post(lambda: self._abort(request_id))
+
+    def stats(self) -> EngineStats:
+        return self._stats
+
+    def is_healthy(self, max_silence_s: float = 5.0) -> bool:
+        return (self.error is None and self._thread.is_alive()
+                and time.monotonic() - self.heartbeat < max_silence_s)
+
+    @property
+    def num_unfinished(self) -> int:
+        return len(self._streams)
+
+    async def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Let in-flight requests finish for up to timeout_s, abort the rest, stop the thread."""
+        deadline = time.monotonic() + timeout_s
+        while self._streams and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for request_id in list(self._streams):
+            self._post(lambda rid=request_id: self._abort(rid))
+        await asyncio.to_thread(self._drain_and_stop)
+
+    # -- the engine thread ----------------------------------------------------------------------
+
+    async def _call(self, fn: Callable[[], Any]) -> Any:
+        """Run fn on the engine thread and return its result (or raise its error) here."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def run() -> None:
+            try:
+                result = fn()
+            except BaseException as e:  # handed to the caller, which decides
+                loop.call_soon_threadsafe(_settle, future, None, e)
+            else:
+                loop.call_soon_threadsafe(_settle, future, result, None)
+
+        self._post(run)
+        return await future
+
+    def _post(self, fn: Callable[[], None]) -> None:
+        self._ops.put(fn)
+        self._wake.set()
+
+    def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
+             loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue) -> None:
+        self.engine.add_request(ids, params, request_id)
+        self.engine.outputs.parents[request_id].prompt = text
+        self._streams[request_id] = (loop, outputs)
+
+    def _abort(self, request_id: str) -> None:
+        output = self.engine.abort_request(request_id)
+        stream = self._streams.pop(request_id, None)
+        if stream is not None and output is not None:
+            stream[0].call_soon_threadsafe(stream[1].put_nowait, output)
+
+    def _loop(self) -> None:
+        try:
+            while not self._stop.is_set():
+                self.heartbeat = time.monotonic()
+                while not self._ops.empty():
+                    self._ops.get()()
+                if self.engine.has_unfinished_requests():
+                    self._deliver(self.engine.step())
+                else:
+                    self._wake.wait(_IDLE_WAIT_S)
+                    self._wake.clear()
+                self._stats = self._snapshot()
+        except BaseException as e:  # a bug: fail every stream rather than hang them
+            logger.exception("engine loop died")
+            self.error = e
+            for loop, outputs in self._streams.values():
+                loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"engine failed: {e}"))
+
+    def _deliver(self, outputs: list[RequestOutput]) -> None:
+        for out in outputs:
+            stream = self._streams.get(out.request_id)
+            if stream is None:
+                continue
+            if out.finished:
+                del self._streams[out.request_id]
+            stream[0].call_soon_threadsafe(stream[1].put_nowait, out)
+
+    def _drain_and_stop(self) -> None:
+        deadline = time.monotonic() + 5.0
+        while not self._ops.empty() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        self._stop.set()
+        self._wake.set()
+        self._thread.join(timeout=5.0)
+
+    def _snapshot(self) -> EngineStats:
+        s = self.engine.scheduler.stats()
+        c = self.engine.counters
+        return EngineStats(
+            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
+            num_kv_blocks=self.engine.num_kv_blocks, num_free_kv_blocks=s.num_free_blocks,
+            prefix_cache_queried_tokens=s.prefix_cache_queried_tokens,
+            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
+            num_preemptions_total=s.num_preemptions_total,
+            prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
+            requests_finished=dict(c.requests_finished),
+        )
+
+
+def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
+
+
+

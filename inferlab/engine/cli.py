@@ -1,0 +1,87 @@
+"""`inferlab generate "prompt"` and `inferlab chat` (a streaming REPL)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from inferlab.engine.args import add_engine_args, engine_config_from_args
+from inferlab.engine.sampling_params import SamplingParams
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    gen = subparsers.add_parser("generate", help="complete one prompt and print the text")
+    gen.add_argument("prompt")
+    _add_sampling_args(gen)
+    add_engine_args(gen)
+    gen.set_defaults(func=run_generate)
+    chat = subparsers.add_parser("chat", help="chat with the model in the terminal (streaming)")
+    chat.add_argument("--system", default=None, help="system message")
+    chat.add_argument("--message", action="append", default=None,
+                      help="send this user message and exit (repeatable); without it, a REPL")
+    _add_sampling_args(chat)
+    add_engine_args(chat)
+    chat.set_defaults(func=run_chat)
+
+
+def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--top-k", type=int, default=0)
+    parser.add_argument("--sampling-seed", type=int, default=None)
+
+
+def _sampling(args: argparse.Namespace) -> SamplingParams:
+    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
+                          top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed)
+
+
+def _engine(args: argparse.Namespace):
+    from inferlab.engine.llm_engine import LLMEngine
+
+    return LLMEngine(engine_config_from_args(args))
+
+
+def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
+    request_id = engine.add_request(prompt_ids, params)
+    text = ""
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.request_id == request_id:
+                delta = out.outputs[0].text_delta
+                text += delta
+                sys.stdout.write(delta)
+                sys.stdout.flush()
+    sys.stdout.write("\n")
+    return text
+
+
+def run_generate(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    _stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args))
+    return 0
+
+
+def run_chat(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    params = _sampling(args)
+    messages = [{"role": "system", "content": args.system}] if args.system else []
+    scripted = list(args.message) if args.message else None
+    while True:
+        if scripted is not None:
+            if not scripted:
+                return 0
+            user = scripted.pop(0)
+            print(f"> {user}")
+        else:
+            try:
+                user = input("> ")
+            except EOFError:
+                return 0
+            if user.strip() in ("/exit", "/quit"):
+                return 0
+        messages.append({"role": "user", "content": user})
+        prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
+        messages.append({"role": "assistant", "content": reply})
