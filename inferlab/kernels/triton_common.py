@@ -13,6 +13,8 @@ therefore swaps interpreted twins of those helpers into `triton.language` for it
 
 The interpreter stores bfloat16 as raw uint16 and does arithmetic on those bits, so kernels
 upcast to float32 before any arithmetic, and `dot_dtype` says which dtype tl.dot may be fed.
+It also truncates fp32 -> bf16 casts where a GPU rounds to nearest: bf16 results from the
+interpreter can be one or two ulps off torch's, fp16 and fp32 ones are exact.
 """
 
 from __future__ import annotations
