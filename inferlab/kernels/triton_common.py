@@ -86,6 +86,12 @@ def dot_dtype(dtype: torch.dtype, device: torch.device) -> tl.dtype:
     return {torch.float16: tl.float16, torch.float32: tl.float32}[dtype]
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """fp32 inputs get exact fp32 products (a GPU would use tf32 by default); this is the
+    path for checking against references, not for speed. 16-bit inputs ignore it."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
 def check_device(*tensors: torch.Tensor) -> torch.device:
     """All tensors on one device, CUDA or CPU (the interpreter); returns that device."""
     device = tensors[0].device

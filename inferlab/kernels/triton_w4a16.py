@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from inferlab.kernels.triton_common import check_device, dot_dtype, dual_jit
+from inferlab.kernels.triton_common import check_device, dot_dtype, dot_precision, dual_jit
 
 
 @dual_jit
@@ -29,7 +29,7 @@ def _w4a16_kernel(
     M, N, K, x_row_stride, num_groups, steps_per_split,
     GROUP_SIZE: tl.constexpr, HAS_ZP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    DOT_DTYPE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     pid_m = tl.program_id(0)
     pid_n = tl.program_id(1)
@@ -58,7 +58,8 @@ def _w4a16_kernel(
             zp = tl.load(zp_ptr + offs_n * num_groups + group, mask=n_ok, other=0)
             q = q - zp[None, :].to(tl.int32)
         w = q.to(tl.float32) * scale.to(tl.float32)[None, :]  # [BLOCK_K, BLOCK_N]
-        acc += tl.dot(x.to(tl.float32).to(DOT_DTYPE), w.to(DOT_DTYPE))
+        acc += tl.dot(x.to(tl.float32).to(DOT_DTYPE), w.to(DOT_DTYPE),
+                      input_precision=DOT_PRECISION)
     out = out_ptr + (split * M + offs_m[:, None]).to(tl.int64) * N + offs_n[None, :]
     tl.store(out, acc, mask=m_ok[:, None] & n_ok[None, :])
 
@@ -113,6 +114,7 @@ def w4a16_linear(x: torch.Tensor, weight_packed: torch.Tensor, weight_scale: tor
         m, n, k, x2.stride(0), k // group_size, steps_per_split,
         GROUP_SIZE=group_size, HAS_ZP=weight_zero_point is not None,
         BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, DOT_DTYPE=dot_dtype(x.dtype, device),
+        DOT_PRECISION=dot_precision(x.dtype),
     )
     out = partial[0] if splits == 1 else partial.sum(0)  # [M, N] fp32
     if bias is not None:

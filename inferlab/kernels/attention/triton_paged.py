@@ -28,7 +28,7 @@ import triton.language as tl
 
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.triton_cache_ops import write_kv_cache
-from inferlab.kernels.triton_common import check_device, dot_dtype, dual_jit
+from inferlab.kernels.triton_common import check_device, dot_dtype, dot_precision, dual_jit
 
 _LOG2E = 1.4426950408889634
 _MAX_SPLITS = 16
@@ -48,7 +48,7 @@ def _paged_attention_kernel(
     GROUP: tl.constexpr, GROUP_PAD: tl.constexpr,
     BLOCK_Q: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr,
+    NUM_SPLITS: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -107,7 +107,8 @@ def _paged_attention_kernel(
                    + kv_head * HEAD_DIM)  # [BLOCK_N]
         kt = tl.load(k_cache_ptr + kv_rows[None, :] + offs_d[:, None],
                      mask=n_ok[None, :] & d_ok[:, None], other=0.0)  # [D, BLOCK_N]
-        s = tl.dot(q, kt.to(tl.float32).to(DOT_DTYPE)) * qk_scale  # [BLOCK_M, BLOCK_N]
+        s = tl.dot(q, kt.to(tl.float32).to(DOT_DTYPE),
+                   input_precision=DOT_PRECISION) * qk_scale  # [BLOCK_M, BLOCK_N]
         visible = (offs_n[None, :] <= query_pos[:, None]) & n_ok[None, :]
         s = tl.where(visible, s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, 1))
@@ -118,7 +119,8 @@ def _paged_attention_kernel(
         l_i = l_i * alpha + tl.sum(p, 1)
         v = tl.load(v_cache_ptr + kv_rows[:, None] + offs_d[None, :],
                     mask=n_ok[:, None] & d_ok[None, :], other=0.0)  # [BLOCK_N, D]
-        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(tl.float32).to(DOT_DTYPE))
+        acc = acc * alpha[:, None] + tl.dot(p.to(DOT_DTYPE), v.to(tl.float32).to(DOT_DTYPE),
+                                            input_precision=DOT_PRECISION)
         m_i = m_new
 
     tok = (q_start + q_idx).to(tl.int64)
@@ -197,6 +199,7 @@ def paged_attention_from_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n or (64 if device.type == "cuda" else 16),
         HEAD_DIM=d, HEAD_DIM_PAD=max(16, triton.next_power_of_2(d)),
         NUM_SPLITS=splits, DOT_DTYPE=dot_dtype(q.dtype, device),
+        DOT_PRECISION=dot_precision(q.dtype),
     )
     if splits > 1:
         _merge_splits(part_acc, part_m, part_l, out)
