@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferlab.config import EngineConfig
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import (
@@ -17,6 +18,7 @@ from inferlab.planner.names import unknown_name_message
 from inferlab.planner.units import format_bytes
 
 KV_DTYPES = ("bf16", "fp16", "fp8", "fp32")
+ENGINE = EngineConfig()  # plan for inferlab's own engine: its scheduling defaults are ours
 LOGITS_BYTES = 4  # logits and probabilities are kept in fp32 for sampling
 
 
@@ -28,9 +30,9 @@ class MemoryConfig:
     gpu_memory_utilization: float = 0.9  # share of device memory the server may take
     tensor_parallel: int = 1
     kv_dtype: str = "bf16"
-    block_size: int = 16  # tokens per KV block
-    max_num_seqs: int = 256  # sequences in one step: sets the logits buffer
-    max_num_batched_tokens: int = 8192  # tokens in one step: sets the activation peak
+    block_size: int = ENGINE.block_size  # tokens per KV block
+    max_num_seqs: int = ENGINE.max_num_seqs  # sequences in one step: sets the logits buffer
+    max_num_batched_tokens: int = ENGINE.max_num_batched_tokens  # sets the activation peak
     runtime_overhead_bytes: int = 0  # CUDA context, graphs, workspaces, allocator slack
     kv_cache_bytes: int | None = None  # a fixed KV budget (the engine's kv_cache_memory)
 

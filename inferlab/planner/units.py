@@ -1,28 +1,17 @@
-"""Byte sizes in and out: `64MiB`, `80GB`, `1.5 GiB` -> int; int -> `1.50 GiB`."""
+"""Byte sizes in and out: `64MiB`, `80GB` -> int; int -> `1.50 GiB`; rates with SI prefixes."""
 
 from __future__ import annotations
 
-import re
-
+from inferlab.config import parse_bytes as config_parse_bytes
 from inferlab.errors import InferlabError
-
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*$")
 
 
 def parse_bytes(text: str | int, what: str = "size") -> int:
-    """`64MiB` -> 67108864; decimal units (GB) are powers of 10, binary ones (GiB) powers of 2."""
-    if isinstance(text, int):
-        return text
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise InferlabError(f"{what}: cannot read {text!r} as a size (examples: 64MiB, 80GB, 1.5GiB)")
-    return int(float(match.group(1)) * _UNITS[unit])
+    """`64MiB` -> 67108864, with the engine's parser (one grammar for sizes); errors name `what`."""
+    try:
+        return config_parse_bytes(text)
+    except InferlabError as e:
+        raise InferlabError(f"{what}: {e}") from None
 
 
 def format_bytes(n: float) -> str:

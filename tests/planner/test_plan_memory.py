@@ -9,7 +9,12 @@ import pytest
 from inferlab.errors import InferlabError
 from inferlab.models.gguf_reader import GGUFFile
 from inferlab.planner.budget import MemoryConfig, kv_heads_per_device, plan_memory
-from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks, weight_bytes, weight_format
+from inferlab.planner.memory import (
+    kv_cache_bytes_per_token,
+    num_kv_blocks,
+    weight_bytes,
+    weight_format,
+)
 from inferlab.planner.model_shapes import embedded_gguf_path, resolve_model
 
 GiB = 2**30
@@ -96,7 +101,7 @@ def test_budget_left_for_kv_on_an_80gb_device():
     # Llama-3.1-8B bf16 on 80 GB at 0.9: 72e9 usable − 16,060,522,496 weights − activations
     # (8192 × (2×4096 + 3×14336) × 2 + 2 × 256 × 128256 × 4 = 838,860,800 + 262,668,288)
     # − 1 GiB overhead = 53,764,206,592 bytes -> // (16 × 131,072) = 25,636 blocks
-    plan = _plan("Llama-3.1-8B", runtime_overhead_bytes=GiB)
+    plan = _plan("Llama-3.1-8B", runtime_overhead_bytes=GiB, max_num_batched_tokens=8192)
     assert plan.activation_bytes == 1_101_529_088
     assert plan.kv_cache_bytes == 53_764_206_592
     assert plan.num_blocks == 25_636

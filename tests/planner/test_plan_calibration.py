@@ -1,0 +1,97 @@
+"""`--compare-bench`: bench results in several layouts, read and set beside the prediction."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferlab.cli import main
+from inferlab.errors import InferlabError
+from inferlab.planner.budget import MemoryConfig
+from inferlab.planner.calibration import compare, find_runs
+from inferlab.planner.capacity import SLO, Workload
+from inferlab.planner.hardware import datasheet_hardware
+from inferlab.planner.memory import weight_format
+from inferlab.planner.model_shapes import resolve_model
+from inferlab.planner.plan import PlanInputs, build_plan
+
+# statistics dicts per metric, a list of runs at two concurrencies, error latencies present
+NESTED = {"runs": [
+    {"profile": "concurrent", "concurrency": 1, "prompt_tokens": {"mean": 512, "p50": 500},
+     "output_tokens": {"mean": 128}, "ttft_ms": {"mean": 30.0, "p50": 25.0, "p99": 80.0},
+     "itl_ms": {"mean": 9.0, "p50": 8.0}, "output_tokens_per_s": 110.0,
+     "errors": {"ttft_ms": {"p50": 999.0}}},
+    {"profile": "concurrent", "concurrency": 16, "prompt_tokens": {"mean": 512},
+     "output_tokens": {"mean": 128}, "ttft_ms": {"p50": 90.0}, "itl_ms": {"p50": 14.0},
+     "output_tokens_per_s": 1100.0},
+]}
+# flat keys with the statistic in the name, one run, a request rate instead of a concurrency
+FLAT = {"request_rate": 2.0, "prompt_tokens": 256, "output_tokens": 64, "median_ttft_ms": 40.0,
+        "p50_itl_ms": 7.5, "output_throughput": 120.0}
+# guidellm-like: metrics under successful / errored
+GUIDELLM_LIKE = {"benchmarks": [{"concurrency": 4, "metrics": {
+    "time_to_first_token_ms": {"successful": {"median": 33.0}, "errored": {"median": 1.0}},
+    "inter_token_latency_ms": {"successful": {"median": 6.0}},
+    "output_tokens_per_second": {"successful": {"mean": 500.0}}}}]}
+
+
+@pytest.fixture(scope="module")
+def plan():
+    hw = datasheet_hardware("L4")
+    return build_plan(PlanInputs(resolve_model("Qwen3-0.6B"), hw, weight_format("bf16"),
+                                 MemoryConfig(hw.memory_bytes, runtime_overhead_bytes=2**30),
+                                 Workload(), SLO()))
+
+
+def test_nested_runs_take_medians_and_skip_errors(plan):
+    first, second = compare(plan, NESTED)
+    assert first.measured == {"ttft_ms": 25.0, "itl_ms": 8.0, "output_tokens_per_s": 110.0}
+    assert first.workload == Workload(512, 128) and first.concurrency == 1
+    assert second.concurrency == 16 and second.measured["itl_ms"] == 14.0
+    # the same workload at 16 streams is predicted slower per token and faster overall
+    assert second.predicted["itl_ms"] > first.predicted["itl_ms"]
+    assert second.predicted["output_tokens_per_s"] > first.predicted["output_tokens_per_s"]
+    assert first.ratio("ttft_ms") == pytest.approx(25.0 / first.predicted["ttft_ms"])
+
+
+def test_flat_keys_and_a_request_rate(plan):
+    (run,) = compare(plan, FLAT)
+    assert run.measured == {"ttft_ms": 40.0, "itl_ms": 7.5, "output_tokens_per_s": 120.0}
+    assert run.workload == Workload(256, 64)
+    assert run.label == "rate 2 req/s" and run.concurrency >= 1
+
+
+def test_guidellm_like_layout(plan):
+    (run,) = compare(plan, GUIDELLM_LIKE)
+    assert run.measured == {"ttft_ms": 33.0, "itl_ms": 6.0, "output_tokens_per_s": 500.0}
+    assert run.concurrency == 4
+
+
+def test_a_result_without_ttft_is_refused(plan):
+    assert find_runs({"foo": [1, 2]}) == []
+    with pytest.raises(InferlabError, match="no run with a TTFT"):
+        compare(plan, {"foo": 1})
+
+
+def test_cli_prints_ratios(tmp_path, capsys):
+    result = tmp_path / "bench.json"
+    result.write_text(json.dumps(NESTED))
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(result)]) == 0
+    out = capsys.readouterr().out
+    assert "Measured (bench) vs predicted (planner)" in out
+    assert out.count("ttft_ms") >= 2 and "concurrency 16" in out
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--json", "--compare-bench", str(result)]) == 0
+    runs = json.loads(capsys.readouterr().out)["compare_bench"]
+    assert [r["concurrency"] for r in runs] == [1, 16]
+
+
+def test_cli_unreadable_result_is_one_line(tmp_path, capsys):
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert "is not JSON" in err and err.count("\n") == 1
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench",
+                 str(tmp_path / "missing.json")]) == 2
+    assert "cannot read" in capsys.readouterr().err

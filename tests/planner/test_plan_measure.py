@@ -1,0 +1,41 @@
+"""cpu-local: the micro-benchmark's figures and its cache."""
+
+from __future__ import annotations
+
+import json
+
+from inferlab.planner.measure import (
+    cpu_local_hardware,
+    cpu_name,
+    load_or_measure,
+    physical_memory_bytes,
+)
+
+
+def test_measures_once_then_reads_the_cache(tmp_path):
+    cache = tmp_path / "sub" / "cpu-local.json"
+    figures = load_or_measure(cache)
+    # plausible for any machine that runs this: 0.5 GB/s .. 2 TB/s, 1 GFLOP/s .. 100 TFLOP/s
+    assert 5e8 < figures["memory_bandwidth_bytes_per_s"] < 2e12
+    for dtype in ("bf16", "fp32"):
+        assert 1e9 < figures["peak_flops"][dtype] < 1e14
+    assert figures["memory_bytes"] == physical_memory_bytes() and figures["cpu"] == cpu_name()
+    assert json.loads(cache.read_text()) == figures
+    # a second call returns the cached figures as they were written, without measuring
+    assert load_or_measure(cache) == figures
+    hw = cpu_local_hardware(figures)
+    assert hw.measured and hw.bandwidth_efficiency == 1.0 and hw.flops_for("fp8") == (
+        figures["peak_flops"]["bf16"], "bf16")
+
+
+def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
+    cache = tmp_path / "cpu-local.json"
+    stale = {"cpu": "some other CPU", "peak_flops": {"bf16": 1.0, "fp32": 1.0},
+             "memory_bandwidth_bytes_per_s": 1.0, "memory_bytes": 1, "threads": 1, "torch": "x",
+             "measured_at": "2020-01-01T00:00:00+00:00"}
+    cache.write_text(json.dumps(stale))
+    calls = []
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu",
+                        lambda: calls.append(1) or stale | {"cpu": cpu_name()})
+    figures = load_or_measure(cache)
+    assert calls == [1] and figures["cpu"] == cpu_name()
