@@ -8,9 +8,16 @@ from pathlib import Path
 
 from inferlab.errors import InferlabError
 from inferlab.planner.budget import KV_DTYPES, MemoryConfig
+from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
 from inferlab.planner.capacity import SLO, Workload
 from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
+from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
+from inferlab.planner.memory import weight_format
+from inferlab.planner.model_shapes import resolve_model
+from inferlab.planner.plan import PlanInputs, build_plan
 from inferlab.planner.presets import PRESETS
+from inferlab.planner.report_html import render_html
+from inferlab.planner.report_text import render_text
 from inferlab.planner.units import format_rate, parse_bytes
 
 DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
@@ -56,9 +63,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def resolve_hardware(args: argparse.Namespace) -> Hardware:
-    if args.measure or args.hardware.lower() == CPU_LOCAL:
-        from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
-
+    if args.measure and args.hardware.lower() != CPU_LOCAL:
+        raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
+                            f"not {args.hardware}")
+    if args.hardware.lower() == CPU_LOCAL:
         hw = cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
     else:
         hw = datasheet_hardware(args.hardware)
@@ -72,11 +80,7 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
                              compute_efficiency=args.compute_efficiency)
 
 
-def build_inputs(args: argparse.Namespace):  # -> PlanInputs
-    from inferlab.planner.memory import weight_format
-    from inferlab.planner.model_shapes import resolve_model
-    from inferlab.planner.plan import PlanInputs
-
+def build_inputs(args: argparse.Namespace) -> PlanInputs:
     hw = resolve_hardware(args)
     kv_bytes = None if args.kv_cache_memory is None else parse_bytes(args.kv_cache_memory,
                                                                     "--kv-cache-memory")
@@ -113,10 +117,6 @@ def run_plan(args: argparse.Namespace) -> int:
         return 0
     if args.context_len is not None and args.context_len < 1:
         raise InferlabError(f"--context-len must be at least 1, got {args.context_len}")
-    from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
-    from inferlab.planner.plan import build_plan
-    from inferlab.planner.report_html import render_html
-    from inferlab.planner.report_text import render_text
 
     plan = build_plan(build_inputs(args))
     comparisons = [] if args.compare_bench is None else compare(plan, load_bench_result(args.compare_bench))
