@@ -71,23 +71,31 @@ class LoadedModel:
 def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> LoadedModel:
     path = resolve_model_path(model)
+    net, cfg = load_network(path, dtype, device)
+    if os.path.isdir(path):
+        tokenizer = load_hf_tokenizer(path)
+    else:
+        tokenizer = load_gguf_tokenizer(gguf.open_gguf(path), path)
+    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path)
+
+
+def load_network(path: str, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "cpu") -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The network alone (no tokenizer), from a model directory or a GGUF file."""
     if os.path.isdir(path):
         cfg = read_model_config(path)
-        tokenizer = load_hf_tokenizer(path)
         weights = _iter_safetensors(path)
         quant_config = cfg.extra.get("quantization_config")
     else:
         reader = gguf.open_gguf(path)
         cfg = gguf.read_gguf_config(path, reader)
-        tokenizer = load_gguf_tokenizer(reader, path)
         weights = gguf.iter_gguf_weights(path, cfg, dtype, reader)
         quant_config = None
     if quant_config:
         net = _load_quantized(cfg, quant_config, weights, path, dtype, device)
     else:
         net = _materialize(cfg, weights, path, dtype, device)
-    net.eval()
-    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path)
+    return net.eval(), cfg
 
 
 def _materialize(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], path: str,

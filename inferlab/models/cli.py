@@ -1,0 +1,75 @@
+"""`inferlab info [MODEL]`: what a model is and what it costs in memory."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from inferlab.planner.memory import kv_cache_bytes_per_token
+
+_DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("info", help="architecture, parameters, weight and KV-cache bytes")
+    parser.add_argument("model", nargs="?", default=None,
+                        help="HF model directory or .gguf file (default: the embedded model)")
+    parser.add_argument("--dtype", choices=tuple(_DTYPE_BYTES), default="bfloat16",
+                        help="dtype the byte counts are given for (default: bfloat16)")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(func=run_info)
+
+
+def model_info(model: str | None, dtype: str) -> dict:
+    from inferlab.models.gguf import open_gguf
+    from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
+
+    path = resolve_model_path(model)
+    cfg = read_model_config(path)
+    if path.endswith(".gguf"):
+        template = open_gguf(path).get("tokenizer.chat_template")
+    else:
+        from inferlab.models.tokenizer import load_hf_tokenizer
+
+        template = load_hf_tokenizer(path).chat_template
+    nbytes = _DTYPE_BYTES[dtype]
+    params = cfg.num_parameters()
+    return {
+        "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
+        "parameters": params, "dtype": dtype, "weight_bytes": params * nbytes,
+        "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
+        "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
+        "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
+                                                       cfg.head_dim, nbytes),
+        "context_length": cfg.max_position_embeddings,
+        "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
+    }
+
+
+def run_info(args: argparse.Namespace) -> int:
+    info = model_info(args.model, args.dtype)
+    if args.json:
+        print(json.dumps(info, indent=2))
+        return 0
+    nbytes = _DTYPE_BYTES[args.dtype]
+    rows = [
+        ("model", f"{info['name']} ({info['path']})"),
+        ("architecture", info["architecture"]),
+        ("parameters", f"{info['parameters']:,}"),
+        (f"weight bytes ({args.dtype})", f"{info['weight_bytes']:,} ({info['weight_bytes'] / 2**20:.1f} MiB)"),
+        ("layers", info["layers"]),
+        ("hidden size", info["hidden_size"]),
+        ("attention heads", f"{info['attention_heads']} ({info['kv_heads']} KV heads)"),
+        ("head dim", info["head_dim"]),
+        ("vocab size", f"{info['vocab_size']:,}"),
+        (f"KV cache per token ({args.dtype})",
+         f"2 × {info['layers']} layers × {info['kv_heads']} KV heads × {info['head_dim']} head dim × "
+         f"{nbytes} bytes = {info['kv_bytes_per_token']:,} bytes"),
+        ("context length", f"{info['context_length']:,}"),
+        ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
+        ("chat template", "present" if info["chat_template"] else "absent"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    return 0

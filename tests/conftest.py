@@ -1,0 +1,60 @@
+"""Fixtures shared across the suite: the embedded model, its transformers twin, the data folder."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+PROJECT_ROOT = Path(__file__).resolve().parent.parent
+SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
+
+
+def _shared_file(relative: str) -> Path:
+    path = SHARED_DATA / relative
+    if not path.is_file():
+        pytest.skip(f"{path} is absent (the shared data folder sits beside the project)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def shared_file():
+    """shared_file("wikitext-2-raw/wiki.test.raw"): a file under ../shared/data, or skip the test."""
+    return _shared_file
+
+
+@pytest.fixture(scope="session")
+def embedded_gguf() -> str:
+    from inferlab.models.loader import embedded_model_path
+
+    return embedded_model_path()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm(embedded_gguf):
+    """transformers' own loading of the embedded GGUF file, fp32: the numerical reference."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        os.path.dirname(embedded_gguf), gguf_file=os.path.basename(embedded_gguf),
+        dtype=torch.float32)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def hf_smollm_tokenizer(embedded_gguf):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.path.dirname(embedded_gguf),
+                                         gguf_file=os.path.basename(embedded_gguf))
+
+
+@pytest.fixture(scope="session")
+def smollm_fp32(embedded_gguf):
+    import torch
+
+    from inferlab.models.loader import load_model
+
+    return load_model(None, torch.float32)

@@ -1,0 +1,115 @@
+"""Bad model files give one line naming the file and what is wrong."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from inferlab.errors import ModelLoadError
+from inferlab.models.loader import load_network
+
+from .tiny_models import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("tiny")
+    make_tiny_model("llama", directory)
+    return directory
+
+
+def _copy(src, dst):
+    dst.mkdir()
+    for f in src.iterdir():
+        (dst / f.name).write_bytes(f.read_bytes())
+    return dst
+
+
+def test_unsupported_architecture(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["architectures"] = ["GPT2LMHeadModel"]
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match="architecture 'GPT2LMHeadModel' is not supported"):
+        load_network(str(d))
+
+
+def test_missing_weights_file(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    with pytest.raises(ModelLoadError, match="no model.safetensors"):
+        load_network(str(d))
+
+
+def test_truncated_weights_file(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    data = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError, match=r"model\.safetensors: cannot be read"):
+        load_network(str(d))
+
+
+def test_config_contradicting_weights(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["intermediate_size"] = 128
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError, match=r"m: model.layers.0.mlp.down_proj.weight has shape \(64, 96\), the config implies \(64, 128\)"):
+        load_network(str(d))
+
+
+def test_missing_tensor(tiny_dir, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    del tensors["model.norm.weight"]
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(ModelLoadError, match="missing tensors model.norm.weight"):
+        load_network(str(d))
+
+
+def test_truncated_gguf(embedded_gguf, tmp_path):
+    path = tmp_path / "cut.gguf"
+    with open(embedded_gguf, "rb") as f:
+        path.write_bytes(f.read(50_000_000))
+    with pytest.raises(ModelLoadError, match="runs past the end of the file"):
+        load_network(str(path))
+
+
+def test_not_a_gguf(tmp_path):
+    path = tmp_path / "x.gguf"
+    path.write_bytes(b"hello world, not a model")
+    with pytest.raises(ModelLoadError, match="bad magic"):
+        load_network(str(path))
+
+
+def test_no_pickle_checkpoints(tiny_dir, tmp_path):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors").unlink()
+    torch.save({}, d / "pytorch_model.bin")
+    with pytest.raises(ModelLoadError, match="pickled .bin checkpoints are never loaded"):
+        load_network(str(d))
+
+
+def test_cli_prints_one_line_without_traceback(tmp_path):
+    result = subprocess.run([sys.executable, "-m", "inferlab.cli", "info", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: no such file or directory"]
+
+
+def test_info_on_the_embedded_model():
+    result = subprocess.run([sys.executable, "-m", "inferlab.cli", "info", "--json"],
+                            capture_output=True, text=True, timeout=120)
+    info = json.loads(result.stdout)
+    assert (info["layers"], info["kv_heads"], info["head_dim"]) == (30, 3, 64)
+    assert info["kv_bytes_per_token"] == 23_040
+    text = subprocess.run([sys.executable, "-m", "inferlab.cli", "info"], capture_output=True,
+                          text=True, timeout=120).stdout
+    assert "2 × 30 layers × 3 KV heads × 64 head dim × 2 bytes = 23,040 bytes" in text
+    assert "chat template                  present" in text or "present" in text

@@ -1,0 +1,87 @@
+"""Tokenizers and chat templates agree with transformers; detokenization is UTF-8 safe."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.engine.detokenizer import IncrementalDetokenizer
+from inferlab.models.tokenizer import load_hf_tokenizer
+
+UNICODE_CASES = [
+    "", " ", "  leading spaces", "trailing spaces   ", "tabs\tand\nnewlines\r\n",
+    "naïve café – “quotes” — ellipsis…", "日本語のテキストと中文", "emoji 🤖🚀👩‍👩‍👧 flags 🇫🇷",
+    "combining e\u0301 and a\u0308", "math ∑∫√∞ ≠ ≤", "Ж Щ Ю", "مرحبا بالعالم", "12345678901234567890",
+    "<|im_start|>user\nhi<|im_end|>", "don't won't y'all", "\u200b zero width",
+]
+
+CONVERSATIONS = [
+    [{"role": "user", "content": "Hello!"}],
+    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
+    [{"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"},
+     {"role": "user", "content": "and 3+3?"}],
+    [{"role": "system", "content": "Be kind."}, {"role": "user", "content": "Tell me a joke"},
+     {"role": "assistant", "content": "Why did the chicken cross the road?"},
+     {"role": "user", "content": "Why?"}],
+    [{"role": "user", "content": "Unicode: café 🤖"}],
+]
+
+
+def test_ids_match_transformers_on_wikitext(smollm_fp32, hf_smollm_tokenizer, shared_file):
+    path = shared_file("wikitext-2-raw/wiki.test.raw")
+    lines = path.read_text(encoding="utf-8").splitlines()[:500]
+    ours = smollm_fp32.tokenizer
+    mismatches = [line for line in lines
+                  if ours.encode(line) != hf_smollm_tokenizer(line).input_ids]
+    assert not mismatches, mismatches[:3]
+
+
+@pytest.mark.parametrize("text", UNICODE_CASES)
+def test_ids_match_transformers_on_unicode(smollm_fp32, hf_smollm_tokenizer, text):
+    assert smollm_fp32.tokenizer.encode(text) == hf_smollm_tokenizer(text).input_ids
+    ids = smollm_fp32.tokenizer.encode(text)
+    assert smollm_fp32.tokenizer.decode(ids, skip_special_tokens=False) == text
+
+
+@pytest.mark.parametrize("generation_prompt", [True, False])
+def test_chat_template_renders_like_transformers(smollm_fp32, hf_smollm_tokenizer, generation_prompt):
+    for conversation in CONVERSATIONS:
+        ours = smollm_fp32.tokenizer.apply_chat_template(conversation, generation_prompt)
+        expected = hf_smollm_tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=generation_prompt)
+        assert ours == expected
+
+
+def test_hf_directory_tokenizer(tmp_path, hf_smollm_tokenizer):
+    hf_smollm_tokenizer.save_pretrained(tmp_path)
+    ours = load_hf_tokenizer(str(tmp_path))
+    for text in UNICODE_CASES:
+        assert ours.encode(text) == hf_smollm_tokenizer(text).input_ids
+    assert ours.apply_chat_template(CONVERSATIONS[1]) == hf_smollm_tokenizer.apply_chat_template(
+        CONVERSATIONS[1], tokenize=False, add_generation_prompt=True)
+    assert ours.eos_token_id == hf_smollm_tokenizer.eos_token_id
+
+
+def test_incremental_detokenization_never_splits_a_character(smollm_fp32):
+    tokenizer = smollm_fp32.tokenizer
+    text = "emoji 🤖🚀 and 日本語, then plain words again 👩‍👩‍👧."
+    ids = tokenizer.encode(text)
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[])
+    deltas = [detok.add([t], finished=i == len(ids) - 1)[0] for i, t in enumerate(ids)]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text
+    # at least one token alone is half a character, so the holding back was exercised
+    assert any("\ufffd" in tokenizer.decode([t]) for t in ids)
+
+
+def test_stop_string_across_token_boundaries(smollm_fp32):
+    tokenizer = smollm_fp32.tokenizer
+    ids = tokenizer.encode("alpha beta gamma delta")
+    detok = IncrementalDetokenizer(tokenizer, [], stop=["ta gam"])
+    shown, hit = "", None
+    for t in ids:
+        delta, hit = detok.add([t], finished=False)
+        shown += delta
+        if hit:
+            break
+    assert hit == "ta gam"
+    assert shown == "alpha be" and detok.text == "alpha be"
