@@ -3,8 +3,9 @@ PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+PORT ?= 8000
 
-.PHONY: install serve chat test lint bench clean
+.PHONY: install serve chat test lint browser bench clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)
@@ -17,12 +18,18 @@ $(STAMP): pyproject.toml
 install: $(STAMP)
 
 serve: $(STAMP)
-	$(BIN)/inferlab serve
+	$(BIN)/inferlab serve --port $(PORT)
 
 chat: $(STAMP)
 	$(BIN)/inferlab chat
 
-test: $(STAMP)
+# Headless Chromium for the HTML-report tests; skipped quietly where apt is not ours to use.
+browser:
+	@command -v chromium >/dev/null 2>&1 || { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+		&& (apt-get update -qq && apt-get install -y -qq chromium >/dev/null) \
+		|| echo "chromium not installed: browser tests will skip"; }
+
+test: $(STAMP) browser
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
