@@ -106,9 +106,10 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return CachedPrefix()
         max_blocks = (request.num_tokens - 1) // self.block_size
+        hashes = self._block_hashes(request, max_blocks)
         hits: list[int] = []
-        for block_hash in self._block_hashes(request, max_blocks):
-            block_id = self._hash_to_block.get(block_hash)
+        for i in range(max_blocks):
+            block_id = self._hash_to_block.get(hashes[i])
             if block_id is None:
                 break
             hits.append(block_id)
@@ -197,6 +198,8 @@ class BlockManager:
                               num_tokens: int) -> None:
         """Offer the request's full blocks within its first `num_tokens` to the hash table."""
         num_full = num_tokens // self.block_size
+        if num_full <= state.num_registered_blocks:
+            return  # the common decode step: no block filled up
         hashes = self._block_hashes(request, num_full)
         for i in range(state.num_registered_blocks, num_full):
             block_id = request.block_ids[i]
@@ -204,10 +207,10 @@ class BlockManager:
             if hashes[i] not in self._hash_to_block and self._block_hash[block_id] is None:
                 self._hash_to_block[hashes[i]] = block_id
                 self._block_hash[block_id] = hashes[i]
-        state.num_registered_blocks = max(state.num_registered_blocks, num_full)
+        state.num_registered_blocks = num_full
 
     def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
-        """Chained hashes of the request's first `num_blocks` full blocks (memoized)."""
+        """The memoized chained hashes of the request's full blocks, at least `num_blocks`."""
         state = self._requests.setdefault(request.request_id, _RequestBlocks())
         hashes = state.block_hashes
         tokens = request.all_token_ids
@@ -216,4 +219,4 @@ class BlockManager:
             i = len(hashes)
             parent = hashes[-1] if hashes else _ROOT_HASH
             hashes.append(hash_block(parent, tokens[i * size:(i + 1) * size]))
-        return hashes[:num_blocks]
+        return hashes

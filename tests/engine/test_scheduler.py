@@ -1,0 +1,410 @@
+"""Scheduler: hand-computed steps on small pools, and a randomized run against a shadow KV cache."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.outputs import ModelRunnerOutput
+from inferlab.engine.request import RequestStatus
+from inferlab.engine.scheduler_config import SchedulerConfig
+from inferlab.errors import InferlabError
+
+from .factories import chunk_sizes, make_request, make_scheduler, run_output
+
+
+def step(scheduler, token_id: int = 7):
+    """One engine step with a runner that samples `token_id`; returns (output, changed)."""
+    output = scheduler.schedule()
+    return output, scheduler.update_from_output(output, run_output(output, token_id))
+
+
+def test_long_prompt_is_chunked_within_the_token_budget() -> None:
+    s = make_scheduler(block_size=4, max_num_batched_tokens=10)
+    r = make_request("r", 25, max_tokens=3)
+    s.add_request(r)
+    sizes = []
+    for _ in range(5):
+        output = s.schedule()
+        sizes.append(chunk_sizes(output)["r"])
+        assert output.total_num_scheduled_tokens == sizes[-1]
+        assert [c.samples for c in output.chunks] == [len(sizes) >= 3]
+        changed = s.update_from_output(output, run_output(output))
+        assert changed == ([r] if len(sizes) >= 3 else [])
+    assert sizes == [10, 10, 5, 1, 1]
+    assert r.status is RequestStatus.FINISHED_LENGTH and r.output_token_ids == [7, 7, 7]
+    assert s.block_manager.num_free_blocks == 64
+
+
+def test_running_decodes_go_before_admission_and_share_the_budget() -> None:
+    s = make_scheduler(max_num_batched_tokens=10)
+    s.add_request(make_request("a", 6, max_tokens=5))
+    assert chunk_sizes(step(s)[0]) == {"a": 6}
+    s.add_request(make_request("b", 20, max_tokens=5))
+    steps = [step(s)[0] for _ in range(3)]
+    assert [chunk_sizes(o) for o in steps] == [{"a": 1, "b": 9}, {"a": 1, "b": 9},
+                                               {"a": 1, "b": 2}]
+    assert [c.request.request_id for c in steps[0].chunks] == ["a", "b"]
+    assert [o.total_num_scheduled_tokens for o in steps] == [10, 10, 3]
+
+
+def test_max_num_seqs_caps_the_batch() -> None:
+    s = make_scheduler(max_num_seqs=2)
+    for name in "abc":
+        s.add_request(make_request(name, 3, max_tokens=2))
+    assert chunk_sizes(step(s)[0]) == {"a": 3, "b": 3}
+    assert chunk_sizes(step(s)[0]) == {"a": 1, "b": 1}  # both finish here
+    assert chunk_sizes(step(s)[0]) == {"c": 3}
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room() -> None:
+    s = make_scheduler(max_num_batched_tokens=16, max_model_len=16,
+                       enable_chunked_prefill=False)
+    s.add_request(make_request("a", 10, max_tokens=4))
+    s.add_request(make_request("b", 10, max_tokens=4))
+    assert chunk_sizes(step(s)[0]) == {"a": 10}  # 6 tokens left: not enough for b
+    assert chunk_sizes(step(s)[0]) == {"a": 1, "b": 10}
+
+
+def test_head_of_line_blocks_admission_strictly_fcfs() -> None:
+    s = make_scheduler(num_blocks=8, block_size=4)
+    s.add_request(make_request("big", 20, max_tokens=3))  # 5 blocks
+    s.add_request(make_request("next", 16, max_tokens=2))  # 4 blocks: only 3 left
+    s.add_request(make_request("small", 4, max_tokens=1))  # would fit, but waits its turn
+    assert chunk_sizes(step(s)[0]) == {"big": 20}
+    assert chunk_sizes(step(s)[0]) == {"big": 1}  # 21 tokens: a 6th block, 2 free
+    assert chunk_sizes(step(s)[0]) == {"big": 1}  # big finishes, frees 6 blocks
+    assert chunk_sizes(step(s)[0]) == {"next": 16, "small": 4}
+
+
+def test_admission_needs_the_whole_remaining_prompt_not_only_the_chunk() -> None:
+    s = make_scheduler(num_blocks=6, block_size=4, max_num_batched_tokens=8)
+    s.add_request(make_request("a", 12, max_tokens=4))  # 3 blocks for its prompt
+    s.add_request(make_request("b", 16, max_tokens=4))  # 4 blocks; its first chunk needs 0
+    assert chunk_sizes(step(s)[0]) == {"a": 8}
+    assert chunk_sizes(step(s)[0]) == {"a": 4}  # b's 4-token chunk would fit, its prompt not
+    assert s.num_waiting == 1
+
+
+def test_preemption_frees_the_latest_request_and_resumes_it_from_the_prefix_cache() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4)
+    a = make_request("a", 7, max_tokens=4)
+    b = make_request("b", 7, max_tokens=4)
+    s.add_request(a)
+    s.add_request(b)
+    assert chunk_sizes(step(s)[0]) == {"a": 7, "b": 7}  # 2 blocks each: pool full
+    assert chunk_sizes(step(s)[0]) == {"a": 1, "b": 1}  # the 8th tokens fill those blocks
+    b_blocks = list(b.block_ids)
+
+    output, _ = step(s)  # a needs a 3rd block: b, admitted last, is preempted
+    assert chunk_sizes(output) == {"a": 1} and output.preempted_request_ids == ["b"]
+    assert b.status is RequestStatus.PREEMPTED and b.num_computed_tokens == 0
+    assert b.block_ids == [] and b.output_token_ids == [7, 7] and b.num_preemptions == 1
+    assert a.block_ids[2] == b_blocks[1]  # b's blocks were freed tail first
+    s.add_request(make_request("c", 2, max_tokens=1))  # fits, but b is ahead of it
+    assert [r.request_id for r in s.waiting] == ["b", "c"]
+
+    # b's first block is still cached, its second was reused; 3 blocks > 1 free: b waits
+    assert chunk_sizes(step(s)[0]) == {"a": 1}  # a finishes (4 tokens)
+    output, _ = step(s)
+    assert chunk_sizes(output) == {"b": 5, "c": 2}
+    assert output.chunks[0].num_computed_tokens == 4  # the cached first block
+    assert output.finished_request_ids == ["a"]
+    assert b.num_cached_tokens == 0  # recorded at first admission only
+    step(s)
+    assert b.status is RequestStatus.FINISHED_LENGTH and b.output_token_ids == [7] * 4
+    stats = s.stats()
+    assert stats.num_preemptions_total == 1
+    assert stats.prefix_cache_queried_tokens == 7 + 7 + 9 + 2
+    assert stats.prefix_cache_hit_tokens == 4
+    assert stats.num_free_blocks == 4 and stats.kv_cache_usage == 0.0
+
+
+def test_a_request_that_is_the_latest_preempts_itself() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4)
+    a = make_request("a", 7, max_tokens=4)
+    b = make_request("b", 8, max_tokens=4)
+    s.add_request(a)
+    s.add_request(b)
+    assert chunk_sizes(step(s)[0]) == {"a": 7, "b": 8}
+    output, _ = step(s)  # a's 8th token fits its blocks; b's 9th needs a block
+    assert chunk_sizes(output) == {"a": 1} and output.preempted_request_ids == ["b"]
+    assert b.status is RequestStatus.PREEMPTED and s.running == [a]
+
+
+def test_a_preempted_request_goes_back_ahead_of_newer_ones() -> None:
+    s = make_scheduler(num_blocks=5, block_size=4)
+    a = make_request("a", 7, max_tokens=4)
+    b = make_request("b", 7, max_tokens=4)
+    s.add_request(a)
+    s.add_request(b)
+    step(s)
+    step(s)
+    s.add_request(make_request("tiny", 1, max_tokens=1))  # one block; one is free
+    output, _ = step(s)  # a takes the free block; b needs one more: b is preempted
+    assert chunk_sizes(output) == {"a": 1} and output.preempted_request_ids == ["b"]
+    assert [r.request_id for r in s.waiting] == ["b", "tiny"]
+
+
+def test_siblings_with_the_same_prompt_share_its_blocks_in_one_step() -> None:
+    s = make_scheduler(num_blocks=64, block_size=4)
+    prompt = list(range(9))
+    kids = [make_request(f"p#{i}", prompt, max_tokens=2) for i in range(3)]
+    for kid in kids:
+        s.add_request(kid)
+    output, _ = step(s)
+    assert chunk_sizes(output) == {"p#0": 9, "p#1": 1, "p#2": 1}
+    assert [c.num_computed_tokens for c in output.chunks] == [0, 8, 8]
+    assert kids[0].block_ids[:2] == kids[1].block_ids[:2] == kids[2].block_ids[:2]
+    assert s.block_manager.ref_count(kids[0].block_ids[0]) == 3
+    assert s.block_manager.num_free_blocks == 64 - 5
+    assert [k.num_cached_tokens for k in kids] == [0, 8, 8]
+
+
+@pytest.mark.parametrize("prompt_len, cached", [(8, 4), (9, 8), (4, 0), (3, 0)])
+def test_prefix_hits_skip_whole_blocks_but_never_the_last_token(prompt_len: int,
+                                                                 cached: int) -> None:
+    s = make_scheduler(block_size=4)
+    prompt = list(range(prompt_len))
+    s.add_request(make_request("first", prompt, max_tokens=1))
+    step(s)
+    again = make_request("again", prompt, max_tokens=1)
+    s.add_request(again)
+    output, _ = step(s)
+    assert output.chunks[0].num_computed_tokens == cached
+    assert chunk_sizes(output) == {"again": prompt_len - cached}
+    assert again.num_cached_tokens == cached
+
+
+def test_prefix_caching_off_never_hits() -> None:
+    s = make_scheduler(block_size=4, enable_prefix_caching=False)
+    s.add_request(make_request("first", list(range(9)), max_tokens=1))
+    step(s)
+    s.add_request(make_request("again", list(range(9)), max_tokens=1))
+    assert chunk_sizes(step(s)[0]) == {"again": 9}
+
+
+def test_abort_frees_every_block_and_reports_the_ids_next_step() -> None:
+    s = make_scheduler(num_blocks=6, block_size=4)
+    running = make_request("running", 12, max_tokens=8)
+    waiting = make_request("waiting", 16, max_tokens=8)  # 4 blocks, 3 free: waits
+    s.add_request(running)
+    s.add_request(waiting)
+    step(s)
+    assert s.num_running == 1 and s.num_waiting == 1
+    done = s.finish_requests(["running", "waiting", "unknown"], RequestStatus.FINISHED_ABORTED)
+    assert sorted(r.request_id for r in done) == ["running", "waiting"]
+    assert running.status is waiting.status is RequestStatus.FINISHED_ABORTED
+    assert running.finished_time is not None and running.block_ids == []
+    assert s.block_manager.num_free_blocks == 6 and not s.has_unfinished_requests()
+    output = s.schedule()
+    assert output.is_empty and sorted(output.finished_request_ids) == ["running", "waiting"]
+    assert s.schedule().finished_request_ids == []
+    assert s.finish_requests("running", RequestStatus.FINISHED_ABORTED) == []
+
+
+def test_a_request_aborted_between_schedule_and_update_is_left_alone() -> None:
+    s = make_scheduler()
+    r = make_request("r", 5, max_tokens=4)
+    s.add_request(r)
+    output = s.schedule()
+    s.finish_requests(["r"], RequestStatus.FINISHED_ABORTED)
+    assert s.update_from_output(output, run_output(output)) == []
+    assert r.output_token_ids == [] and r.status is RequestStatus.FINISHED_ABORTED
+    assert s.block_manager.num_free_blocks == 64
+
+
+def finish_after(token_ids: list[int], **request_args):
+    """Feed a request these sampled tokens one step at a time; return it when it stops."""
+    s = make_scheduler()
+    r = make_request("r", 3, **request_args)
+    s.add_request(r)
+    for token_id in token_ids:
+        _, changed = step(s, token_id)
+        assert changed == [r]
+        if r.finished:
+            return r
+    return r
+
+
+def test_stop_conditions() -> None:
+    eos = finish_after([5, 2, 5], max_tokens=8, eos_token_id=2)
+    assert eos.status is RequestStatus.FINISHED_STOPPED and eos.stop_reason is None
+    assert eos.output_token_ids == [5, 2]
+
+    ignored = finish_after([2, 2, 2], max_tokens=3, eos_token_id=2, ignore_eos=True)
+    assert ignored.status is RequestStatus.FINISHED_LENGTH
+    assert ignored.output_token_ids == [2, 2, 2]
+
+    held = finish_after([2, 9, 2], max_tokens=8, eos_token_id=2, min_tokens=3,
+                        stop_token_ids=[9])
+    assert held.output_token_ids == [2, 9, 2] and held.stop_reason is None
+
+    stop_id = finish_after([4, 9], max_tokens=8, stop_token_ids=[9])
+    assert stop_id.status is RequestStatus.FINISHED_STOPPED and stop_id.stop_reason == 9
+
+    last = finish_after([4, 9], max_tokens=2, stop_token_ids=[9])
+    assert last.status is RequestStatus.FINISHED_STOPPED  # a stop token wins over length
+
+    length = finish_after([4, 4, 4, 4], max_tokens=3)
+    assert length.status is RequestStatus.FINISHED_LENGTH and length.output_token_ids == [4] * 3
+    assert length.finished_time is not None and length.first_scheduled_time is not None
+
+
+def test_requests_that_can_never_fit_are_rejected_with_the_numbers() -> None:
+    s = make_scheduler(num_blocks=4, block_size=4, max_model_len=64)
+    with pytest.raises(InferlabError, match=r"prompt \(60 tokens\) \+ max_tokens \(5\) = 65 "
+                                            r"exceeds max_model_len \(64\)"):
+        s.add_request(make_request("long", 60, max_tokens=5))
+    with pytest.raises(InferlabError, match="20 tokens need 5 KV blocks of 4 tokens but the "
+                                            "cache has only 4"):
+        s.add_request(make_request("big", 16, max_tokens=5))
+    with pytest.raises(InferlabError, match="prompt is empty"):
+        s.add_request(make_request("empty", [], max_tokens=1))
+    s.add_request(make_request("ok", 12, max_tokens=5))  # 16 tokens of K/V: exactly 4 blocks
+    with pytest.raises(InferlabError, match="already in use"):
+        s.add_request(make_request("ok", 1, max_tokens=1))
+    assert s.num_waiting == 1
+
+
+def test_configs_reject_bad_values() -> None:
+    with pytest.raises(InferlabError, match="max_num_seqs must be at least 1"):
+        SchedulerConfig(max_model_len=16, max_num_seqs=0)
+    with pytest.raises(InferlabError, match=r"max_num_batched_tokens \(8\) must be at least "
+                                            r"max_model_len \(16\)"):
+        SchedulerConfig(max_model_len=16, max_num_batched_tokens=8, enable_chunked_prefill=False)
+    with pytest.raises(InferlabError, match="power of two"):
+        CacheConfig(block_size=12, num_blocks=4)
+    with pytest.raises(InferlabError, match="at least one block"):
+        CacheConfig(num_blocks=0)
+
+
+def test_update_without_a_sampled_token_for_a_sampling_chunk_is_a_bug() -> None:
+    s = make_scheduler()
+    s.add_request(make_request("r", 3))
+    output = s.schedule()
+    with pytest.raises(KeyError):
+        s.update_from_output(output, ModelRunnerOutput({}))
+
+
+# -- randomized workloads ------------------------------------------------------------------------
+
+PROMPT_HEADS = [[], [1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 7], [8] * 9]
+
+workload_requests = st.lists(
+    st.tuples(st.sampled_from(PROMPT_HEADS), st.lists(st.integers(0, 2), max_size=6),
+              st.integers(1, 6),  # max_tokens
+              st.integers(1, 3),  # n: siblings with the same prompt
+              st.integers(0, 6),  # arrival step
+              st.one_of(st.none(), st.integers(0, 12))),  # abort step
+    min_size=1, max_size=6)
+
+
+def fake_token(request) -> int:
+    """A deterministic 'model': siblings and resumed requests sample the same tokens."""
+    return sum(request.all_token_ids) % 3
+
+
+class ShadowKV:
+    """Which token each KV slot holds: what attention would read back."""
+
+    def __init__(self, scheduler) -> None:
+        self.s = scheduler
+        self.slots: dict[tuple[int, int], int] = {}
+
+    def write_then_read(self, output) -> None:
+        """A write that clobbers another request's K/V fails that request's next read.
+
+        Writing a block another request holds is legal only in one case: a sibling admitted
+        in the same step hit the block before it was computed (same tokens, same K/V).
+        """
+        size = self.s.cache_config.block_size
+        for c in output.chunks:  # every layer writes all new K/V first ...
+            for pos in range(c.num_computed_tokens, c.num_computed_tokens + c.num_new_tokens):
+                block = c.request.block_ids[pos // size]
+                self.slots[(block, pos % size)] = c.request.all_token_ids[pos]
+        for c in output.chunks:  # ... then attention reads each sequence's whole context
+            for pos in range(c.num_computed_tokens + c.num_new_tokens):
+                block = c.request.block_ids[pos // size]
+                assert self.slots.get((block, pos % size)) == c.request.all_token_ids[pos]
+
+
+def check_step(s, output, running_before: set[str], waiting_before: list[str]) -> None:
+    config = s.config
+    ids = [c.request.request_id for c in output.chunks]
+    assert len(ids) == len(set(ids)) <= config.max_num_seqs
+    assert output.total_num_scheduled_tokens == sum(c.num_new_tokens for c in output.chunks)
+    assert output.total_num_scheduled_tokens <= config.max_num_batched_tokens
+    admitted = [i for i in ids if i not in running_before]
+    assert admitted == waiting_before[:len(admitted)], "admission is strictly FCFS"
+    if output.preempted_request_ids:
+        assert not admitted
+    for c in output.chunks:
+        assert c.num_new_tokens >= 1
+        assert c.num_computed_tokens + c.num_new_tokens <= c.request.num_tokens
+        if not config.enable_chunked_prefill and c.request.request_id in admitted:
+            assert c.samples, "without chunked prefill a prompt is computed in one step"
+
+
+def check_blocks(s) -> None:
+    bm = s.block_manager
+    held = [b for r in s.running for b in r.block_ids]
+    for block in range(bm.num_blocks):
+        assert bm.ref_count(block) == held.count(block)
+    assert bm.num_free_blocks == bm.num_blocks - len(set(held))
+    assert all(not r.block_ids for r in s.waiting)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(4, 20),
+       budget=st.integers(1, 24), max_num_seqs=st.integers(1, 5), chunked=st.booleans(),
+       caching=st.booleans(), workload=workload_requests)
+def test_random_workloads_finish_with_correct_kv_and_no_leaked_block(
+        block_size, num_blocks, budget, max_num_seqs, chunked, caching, workload) -> None:
+    max_model_len = 24
+    if not chunked:
+        budget = max(budget, max_model_len)
+    s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+                       max_num_batched_tokens=budget, max_model_len=max_model_len,
+                       enable_chunked_prefill=chunked, enable_prefix_caching=caching)
+    kv = ShadowKV(s)
+    accepted, aborted = [], set()
+    for step_index in range(400):
+        for k, (head, tail, max_tokens, n, arrival, _) in enumerate(workload):
+            if arrival != step_index:
+                continue
+            for i in range(n):
+                request = make_request(f"{k}#{i}", head + tail or [0], max_tokens=max_tokens)
+                try:
+                    s.add_request(request)
+                except InferlabError:
+                    needed = -(-(request.num_prompt_tokens + max_tokens - 1) // block_size)
+                    assert (request.num_prompt_tokens + max_tokens > max_model_len
+                            or needed > num_blocks)
+                    continue
+                accepted.append(request)
+        for k, (*_, abort_at) in enumerate(workload):
+            if abort_at == step_index:
+                ids = [r.request_id for r in accepted if r.request_id.startswith(f"{k}#")]
+                aborted.update(r.request_id for r in s.finish_requests(
+                    ids, RequestStatus.FINISHED_ABORTED))
+        running_before = {r.request_id for r in s.running}
+        waiting_before = [r.request_id for r in s.waiting]
+        output = s.schedule()
+        check_step(s, output, running_before, waiting_before)
+        kv.write_then_read(output)
+        sampled = {c.request.request_id: fake_token(c.request) for c in output.chunks if c.samples}
+        s.update_from_output(output, ModelRunnerOutput(sampled))
+        check_blocks(s)
+        if not s.has_unfinished_requests() and step_index > 6:
+            break
+    assert not s.has_unfinished_requests(), "every request finishes (no livelock)"
+    assert s.block_manager.num_free_blocks == num_blocks
+    for request in accepted:
+        if request.request_id in aborted:
+            assert request.status is RequestStatus.FINISHED_ABORTED
+            continue
+        assert request.status is RequestStatus.FINISHED_LENGTH
+        assert request.num_output_tokens == request.max_tokens
