@@ -1,0 +1,62 @@
+"""Run-wide warnings: things a reader of the numbers must know before trusting them."""
+
+from __future__ import annotations
+
+from inferlab.bench.metrics import dispatch_lag_ms
+from inferlab.bench.runner import StageResult
+
+RATE_TOLERANCE = 0.02  # achieved vs asked send rate
+TOKEN_TOLERANCE = 0.02  # server usage vs tokenizer count, beyond one token
+DISPATCH_LAG_WARN_MS = 5.0  # p99 lag above this means the client fell behind its schedule
+
+
+def run_warnings(stages: list[StageResult], tokenizer: bool) -> list[str]:
+    warnings: list[str] = []
+    for stage in stages:
+        label = stage.summary.info.label
+        warnings += [f"{label}: {w}" for w in stage.summary.warnings]
+        warnings += [f"{label}: {w}" for w in stage_warnings(stage, tokenizer)]
+    return warnings
+
+
+def stage_warnings(stage: StageResult, tokenizer: bool) -> list[str]:
+    out = []
+    summary, ok = stage.summary, [r for r in stage.records if r.outcome == "ok"]
+    if summary.info.stop_reason == "max_error_rate":
+        out.append("stopped early: the error rate passed --max-error-rate")
+    if stage.spec.rate_based and summary.sent_rate and summary.scheduled_rate:
+        error = summary.sent_rate / summary.scheduled_rate - 1
+        if abs(error) > RATE_TOLERANCE:
+            out.append(f"scheduled {summary.scheduled_rate:.4g} req/s but sent "
+                       f"{summary.sent_rate:.4g} ({error:+.1%}); the client could not keep "
+                       "the schedule")
+    lag = summary.metrics["dispatch_lag_ms"]["ok"]
+    if stage.spec.rate_based and lag.p99 is not None and lag.p99 > DISPATCH_LAG_WARN_MS:
+        late = sum((dispatch_lag_ms(r) or 0) > DISPATCH_LAG_WARN_MS for r in stage.records)
+        out.append(f"{late} requests were sent more than {DISPATCH_LAG_WARN_MS:g} ms late "
+                   f"(p99 lag {lag.p99:.1f} ms); latency from the intended time shows the cost")
+    no_usage = sum(r.output_tokens_source != "usage" for r in ok)
+    if no_usage:
+        out.append(f"{no_usage} of {len(ok)} successful requests had no usage in their stream; "
+                   "their output tokens were counted from chunks")
+    short = sum(r.output_tokens_asked is not None and r.output_tokens != r.output_tokens_asked
+                for r in ok)
+    if short:
+        out.append(f"{short} of {len(ok)} successful requests did not return the asked "
+                   "number of output tokens (does the server honour ignore_eos?)")
+    if tokenizer:
+        out += _token_mismatch(ok)
+    return out
+
+
+def _token_mismatch(ok: list) -> list[str]:
+    checked = [r for r in ok if r.tokenizer_output_tokens is not None
+               and r.output_tokens_source == "usage"]
+    bad = [r for r in checked if abs(r.tokenizer_output_tokens - r.output_tokens)
+           > max(1, TOKEN_TOLERANCE * r.output_tokens)]
+    if not bad:
+        return []
+    r = bad[0]
+    return [f"{len(bad)} of {len(checked)} requests: the server's usage and the tokenizer "
+            f"disagree on output tokens (e.g. usage {r.output_tokens}, tokenizer "
+            f"{r.tokenizer_output_tokens}); is --tokenizer the served model's?"]

@@ -1,0 +1,212 @@
+"""The benchmark's settings: one dataclass per concern, each checked when built."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from inferlab.errors import InferlabError
+
+PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
+SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+@dataclass(frozen=True)
+class Span:
+    """A warmup or cooldown: seconds, or a fraction of the stage's duration."""
+
+    seconds: float = 0.0
+    fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.seconds < 0 or not 0 <= self.fraction < 1:
+            raise InferlabError("warmup/cooldown must be >= 0 seconds or a fraction in [0, 1)")
+
+    @classmethod
+    def parse(cls, text: str) -> Span:
+        """'5' or '5s': seconds; '0.1' (below 1) or '10%': a fraction of the stage."""
+        text = text.strip()
+        try:
+            if text.endswith("%"):
+                return cls(fraction=float(text[:-1]) / 100)
+            if text.endswith("s"):
+                return cls(seconds=float(text[:-1]))
+            value = float(text)
+        except ValueError:
+            raise InferlabError(f"bad warmup/cooldown {text!r}: use 5, 5s, 0.1 or 10%") from None
+        return cls(fraction=value) if 0 < value < 1 else cls(seconds=value)
+
+    def resolve_s(self, duration_s: float) -> float:
+        return self.seconds + self.fraction * duration_s
+
+
+@dataclass(frozen=True)
+class StageLimits:
+    """When one stage stops, and which part of it the statistics use."""
+
+    max_seconds: float | None = None  # stop sending after this long
+    max_requests: int | None = None  # stop after sending this many
+    max_error_rate: float | None = None  # stop once this fraction of finished requests failed
+    warmup: Span = field(default_factory=Span)
+    cooldown: Span = field(default_factory=Span)
+    drain_seconds: float = 10.0  # after max_seconds, how long in-flight requests may finish
+    request_timeout_s: float = 120.0  # a request still running after this is an error
+
+    def __post_init__(self) -> None:
+        if self.max_seconds is None and self.max_requests is None:
+            raise InferlabError("each stage needs a bound: set --max-seconds or --max-requests")
+        if self.max_seconds is not None and not self.max_seconds > 0:
+            raise InferlabError(f"--max-seconds must be > 0, got {self.max_seconds}")
+        if self.max_requests is not None and self.max_requests < 1:
+            raise InferlabError(f"--max-requests must be >= 1, got {self.max_requests}")
+        if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
+            raise InferlabError(f"--max-error-rate must be in [0, 1], got {self.max_error_rate}")
+        if self.drain_seconds < 0 or not self.request_timeout_s > 0:
+            raise InferlabError("--drain-seconds must be >= 0 and --request-timeout > 0")
+
+
+@dataclass(frozen=True)
+class Slo:
+    """Service-level objective: per-request bounds in ms (None: not bounded)."""
+
+    ttft_ms: float | None = None
+    itl_ms: float | None = None
+    tpot_ms: float | None = None
+    e2e_ms: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in SLO_METRICS:
+            value = getattr(self, name)
+            if value is not None and not value > 0:
+                raise InferlabError(f"--slo {name} must be > 0 ms, got {value}")
+
+    @classmethod
+    def parse(cls, text: str) -> Slo:
+        values: dict[str, float] = {}
+        for item in filter(None, (part.strip() for part in text.split(","))):
+            key, sep, value = item.partition("=")
+            if not sep or key.strip() not in SLO_METRICS:
+                raise InferlabError(f"bad --slo item {item!r}: use "
+                                    f"{'=..,'.join(SLO_METRICS)}=.. (milliseconds)")
+            try:
+                values[key.strip()] = float(value)
+            except ValueError:
+                raise InferlabError(f"bad --slo value {value!r} for {key}") from None
+        if not values:
+            raise InferlabError("--slo needs at least one bound, e.g. ttft_ms=500")
+        return cls(**values)
+
+    def bounds(self) -> dict[str, float]:
+        return {name: getattr(self, name) for name in SLO_METRICS
+                if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class LoadConfig:
+    """What load to put on the server: the profile and its rates."""
+
+    profile: str
+    rates: tuple[float, ...] = ()  # req/s (constant, poisson) or streams (concurrent)
+    max_concurrency: int | None = None  # in-flight bound (throughput; optional for rates)
+    sweep_size: int = 6  # constant rates between the synchronous and throughput rates
+    sync_max_seconds: float = 15.0  # a sweep's synchronous stage never runs longer
+    ramp_up_s: float = 0.0  # streams start spread evenly over this many seconds
+    seed: int = 0
+    slo_search: bool = False
+    slo_search_steps: int = 5
+
+    def __post_init__(self) -> None:
+        if self.profile not in PROFILES:
+            raise InferlabError(f"unknown --profile {self.profile!r}; one of {PROFILES}")
+        needs_rate = self.profile in ("concurrent", "constant", "poisson")
+        if needs_rate and not self.rates:
+            raise InferlabError(f"--profile {self.profile} needs --rate")
+        if not needs_rate and self.rates:
+            what = "--max-concurrency" if self.profile == "throughput" else "no rate"
+            raise InferlabError(f"--profile {self.profile} takes {what}, not --rate")
+        if any(not (r > 0 and math.isfinite(r)) for r in self.rates):
+            raise InferlabError(f"--rate values must be positive, got {list(self.rates)}")
+        if self.profile == "concurrent" and any(r != int(r) for r in self.rates):
+            raise InferlabError("--profile concurrent takes whole numbers of streams as --rate")
+        if self.max_concurrency is not None and self.max_concurrency < 1:
+            raise InferlabError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.sweep_size < 1 or self.slo_search_steps < 1:
+            raise InferlabError("--sweep-size and --slo-search-steps must be >= 1")
+        if self.ramp_up_s < 0 or not self.sync_max_seconds > 0:
+            raise InferlabError("--ramp-up must be >= 0")
+
+
+@dataclass(frozen=True)
+class TargetConfig:
+    """The server under test and how to talk to it."""
+
+    url: str
+    model: str | None = None  # None: the first model the server lists
+    chat: bool = False  # /v1/chat/completions instead of /v1/completions
+    api_key: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
+    extra_body: tuple[tuple[str, object], ...] = ()  # merged into every request body
+    continuous_usage: bool = False  # ask for usage in every chunk (vLLM extension)
+
+    def __post_init__(self) -> None:
+        if not self.url.strip():
+            raise InferlabError("--target needs a URL, e.g. http://127.0.0.1:8000")
+
+    def request_headers(self) -> dict[str, str]:
+        headers = dict(self.headers)
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        return headers
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    """Where prompts come from."""
+
+    data: str = "prompt_tokens=256,output_tokens=128"  # a synthetic spec or a file
+    data_file: str | None = None  # text synthetic prompts are cut from
+    tokenizer: str | None = None  # tokenizer.json for exact lengths and the cross-check
+    force_length: bool | None = None  # ignore_eos; None: yes for synthetic data only
+    default_output_tokens: int = 256  # max_tokens for file records that give none
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.default_output_tokens < 1:
+            raise InferlabError("--max-tokens must be >= 1")
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How the client runs and checks itself."""
+
+    workers: int | None = None  # None: auto
+    calibration_seconds: float = 2.0  # per stage against the zero-latency mock; 0: skip
+    scrape_interval_s: float | None = 1.0  # /metrics polling; None: off
+
+    def __post_init__(self) -> None:
+        if self.workers is not None and self.workers < 1:
+            raise InferlabError(f"--workers must be >= 1, got {self.workers}")
+        if self.calibration_seconds < 0:
+            raise InferlabError("--calibration-seconds must be >= 0")
+        if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
+            raise InferlabError("--scrape-interval must be > 0")
+
+
+@dataclass(frozen=True)
+class BenchConfig:
+    target: TargetConfig
+    load: LoadConfig
+    limits: StageLimits
+    data: DataConfig = field(default_factory=DataConfig)
+    measure: MeasureConfig = field(default_factory=MeasureConfig)
+    slo: Slo | None = None
+    outputs: tuple[str, ...] = ()  # .json, .csv, .html paths
+
+    def __post_init__(self) -> None:
+        if self.load.slo_search and self.slo is None:
+            raise InferlabError("--slo-search needs --slo")
+        if self.load.slo_search and self.load.profile != "sweep":
+            raise InferlabError("--slo-search runs on top of --profile sweep")
+        for path in self.outputs:
+            if not path.endswith((".json", ".csv", ".html")):
+                raise InferlabError(f"--output {path}: use a .json, .csv or .html name")

@@ -1,0 +1,358 @@
+"""A mock OpenAI-compatible server with injected latency and failure modes.
+
+`inferlab bench mock-server` runs it on its own; the benchmark starts one with zero
+latency to measure its own floor. It is a real HTTP/1.1 server on asyncio sockets:
+keep-alive, chunked SSE streams, `/v1/completions`, `/v1/chat/completions`,
+`/v1/models`, `/health` and a `/metrics` page with vLLM's metric names.
+
+Token k of a request is written at `arrival + ttft + k * itl` on an absolute schedule,
+so timer jitter does not accumulate along a stream. A "token" is a word: prompts are
+counted in whitespace-separated words, and the output is common one-token words.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from inferlab.bench import mock_format as fmt
+from inferlab.errors import InferlabError
+
+PREFIX_BLOCK_WORDS = 16  # the mock's prefix cache works on blocks of this many words
+PREFIX_CACHE_BLOCKS = 100_000  # LRU bound on remembered block hashes
+
+
+@dataclass(frozen=True)
+class MockConfig:
+    """Latency and failures to inject; rates are fractions of requests, drawn per request."""
+
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port
+    model: str = "mock-model"
+    ttft_ms: float = 0.0  # from the request's arrival to its first content chunk
+    itl_ms: float = 0.0  # between consecutive tokens
+    tokens_per_chunk: int = 1  # tokens carried by each SSE content chunk
+    default_max_tokens: int = 16  # when a request does not say
+    max_running: int = 0  # streams served at once; the rest wait (0: no limit)
+    error_rate: float = 0.0  # answer HTTP 500 with an OpenAI error body
+    hang_rate: float = 0.0  # stop sending halfway through the stream, forever
+    close_rate: float = 0.0  # close the connection halfway through the stream
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.ttft_ms < 0 or self.itl_ms < 0:
+            raise InferlabError("mock latencies must be >= 0 ms")
+        if self.tokens_per_chunk < 1 or self.default_max_tokens < 1 or self.max_running < 0:
+            raise InferlabError("tokens_per_chunk and default_max_tokens must be >= 1, "
+                                "max_running >= 0")
+        rates = (self.error_rate, self.hang_rate, self.close_rate)
+        if min(rates) < 0 or sum(rates) > 1:
+            raise InferlabError("error, hang and close rates must be >= 0 and sum to <= 1")
+
+
+class _PrefixCache:
+    """Chained hashes of full word blocks, to report prefix-cache hits like vLLM does."""
+
+    def __init__(self) -> None:
+        self.blocks: OrderedDict[int, None] = OrderedDict()
+        self.queries = 0  # prompt words looked up
+        self.hits = 0  # prompt words found cached
+
+    def lookup(self, words: list[str]) -> None:
+        self.queries += len(words)
+        parent, hit = 0, True
+        for start in range(0, len(words) - PREFIX_BLOCK_WORDS + 1, PREFIX_BLOCK_WORDS):
+            parent = hash((parent, tuple(words[start:start + PREFIX_BLOCK_WORDS])))
+            if hit and parent in self.blocks:
+                self.hits += PREFIX_BLOCK_WORDS
+                self.blocks.move_to_end(parent)
+            else:
+                hit = False
+                self.blocks[parent] = None
+        while len(self.blocks) > PREFIX_CACHE_BLOCKS:
+            self.blocks.popitem(last=False)
+
+
+class MockServer:
+    """The server state: counters for /metrics and the failure-mode draw."""
+
+    def __init__(self, config: MockConfig) -> None:
+        self.config = config
+        self.rng = random.Random(config.seed)
+        self.requests = 0
+        self.running = 0
+        self.waiting = 0
+        self.running_tokens = 0  # prompt + output words of running streams, for KV usage
+        self.prefix = _PrefixCache()
+        self.slots = asyncio.Semaphore(config.max_running) if config.max_running else None
+        self.server: asyncio.Server | None = None
+
+    async def start(self) -> str:
+        loop = asyncio.get_running_loop()
+        self.server = await loop.create_server(lambda: _MockConnection(self), self.config.host,
+                                               self.config.port, backlog=4096)
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return f"http://{host}:{port}"
+
+    async def close(self) -> None:
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+    async def handle(self, request: _Request, conn: _MockConnection) -> bool:
+        """Answer one request; False when the connection must not be reused."""
+        method, path = request.method, request.path.split("?", 1)[0]
+        if method == "GET" and path == "/health":
+            conn.write(fmt.json_response(200, {"status": "ok"}))
+        elif method == "GET" and path == "/v1/models":
+            model = {"id": self.config.model, "object": "model", "owned_by": "inferlab"}
+            conn.write(fmt.json_response(200, {"object": "list", "data": [model]}))
+        elif method == "GET" and path == "/metrics":
+            conn.write(self._metrics())
+        elif method == "POST" and path in ("/v1/completions", "/v1/chat/completions"):
+            return await self._completion(path.endswith("chat/completions"), request, conn)
+        else:
+            conn.write(fmt.error_response(404, f"no route for {method} {path}"))
+        return True
+
+    def _metrics(self) -> bytes:
+        capacity = max(1, (self.config.max_running or 64) * 2048)
+        text = fmt.prometheus_text(self.running, self.waiting,
+                                   min(1.0, self.running_tokens / capacity),
+                                   self.prefix.queries, self.prefix.hits, self.config.model)
+        return fmt.response_head(200, "text/plain; version=0.0.4", len(text)) + text
+
+    async def _completion(self, chat: bool, raw: _Request, conn: _MockConnection) -> bool:
+        try:
+            request = json.loads(raw.body)
+            prompt_words = _prompt_words(request, chat)
+            max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens")
+                             or self.config.default_max_tokens)
+        except (ValueError, TypeError, AttributeError) as e:
+            conn.write(fmt.error_response(400, f"bad request body: {e}"))
+            return True
+        self.requests += 1
+        mode = self._draw_mode()
+        if mode == "error":
+            conn.write(fmt.error_response(500, "injected error"))
+            return True
+        self.waiting += 1
+        if self.slots is not None:
+            await self.slots.acquire()
+        self.waiting -= 1
+        self.running += 1
+        self.running_tokens += len(prompt_words)
+        self.prefix.lookup(prompt_words)
+        try:
+            stream = _StreamJob(self, request, chat, len(prompt_words), max_tokens, mode)
+            return await stream.run(raw.arrival, conn)
+        finally:
+            self.running -= 1
+            self.running_tokens -= len(prompt_words)
+            if self.slots is not None:
+                self.slots.release()
+
+    def _draw_mode(self) -> str:
+        u, c = self.rng.random(), self.config
+        for mode, rate in (("error", c.error_rate), ("hang", c.hang_rate),
+                           ("close", c.close_rate)):
+            if u < rate:
+                return mode
+            u -= rate
+        return "ok"
+
+
+class _StreamJob:
+    """Writes one completion's tokens on schedule (or fails as drawn)."""
+
+    def __init__(self, server: MockServer, request: dict, chat: bool, prompt_tokens: int,
+                 max_tokens: int, mode: str) -> None:
+        self.server, self.chat, self.mode = server, chat, mode
+        self.stream = bool(request.get("stream", False))
+        options = request.get("stream_options") or {}
+        self.include_usage = bool(options.get("include_usage", False))
+        self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
+        self.encoder = fmt.StreamEncoder(server.requests, server.config.model, chat)
+
+    async def run(self, arrival: float, conn: _MockConnection) -> bool:
+        loop = asyncio.get_running_loop()
+        config = self.server.config
+        ttft_s, itl_s = config.ttft_ms / 1000, config.itl_ms / 1000
+        if not self.stream:
+            await asyncio.sleep(max(0.0, arrival + ttft_s + (self.max_tokens - 1) * itl_s
+                                    - loop.time()))
+            conn.write(fmt.json_response(200, self._whole_response()))
+            return True
+        conn.write(fmt.response_head(200, "text/event-stream", None))
+        if self.chat:
+            conn.write(self.encoder.role())
+        # timer callbacks, not a sleeping coroutine: a token costs one write and no task switch
+        self.chunks = self._encode_chunks(config.tokens_per_chunk)
+        self.dues = [arrival + ttft_s + (last - 1) * itl_s for last, _ in self.chunks]
+        self.stop_at = self.max_tokens // 2 if self.mode in ("hang", "close") else self.max_tokens
+        self.conn, self.loop, self.next = conn, loop, 0
+        self.finished: asyncio.Future[str] = loop.create_future()  # "done", "gone" or "fail"
+        loop.call_at(self.dues[0], self._emit)
+        outcome = await self.finished
+        if outcome == "fail":
+            await self._fail(conn)
+        if outcome != "done":
+            return False
+        conn.write(self.encoder.finish("length"))
+        if self.include_usage:
+            conn.write(self.encoder.usage(self.prompt_tokens, self.max_tokens))
+        conn.write(fmt.http_chunk(fmt.DONE_EVENT) + b"0\r\n\r\n")
+        return True
+
+    def _encode_chunks(self, per_chunk: int) -> list[tuple[int, bytes]]:
+        """(tokens sent once this chunk is out, its bytes) for every content chunk."""
+        cache: dict[tuple[int, int], bytes] = {}  # the words cycle, so few distinct chunks
+        chunks = []
+        for first in range(0, self.max_tokens, per_chunk):
+            count = min(per_chunk, self.max_tokens - first)
+            key = (count, first % len(fmt.WORDS))
+            if key not in cache:
+                cache[key] = self.encoder.content(fmt.token_text(count, first))
+            chunks.append((first + count, cache[key]))
+        return chunks
+
+    def _emit(self) -> None:
+        """Write every chunk that is due, then set a timer for the next one."""
+        now = self.loop.time()
+        while self.next < len(self.chunks) and self.dues[self.next] <= now:
+            if self.conn.closed:
+                self.finished.set_result("gone")
+                return
+            sent_after, data = self.chunks[self.next]
+            if sent_after > self.stop_at:
+                self.finished.set_result("fail")
+                return
+            self.conn.write(data)
+            self.next += 1
+        if self.next == len(self.chunks):
+            self.finished.set_result("done")
+        else:
+            self.loop.call_at(self.dues[self.next], self._emit)
+
+    async def _fail(self, conn: _MockConnection) -> None:
+        if self.mode == "close":
+            conn.abort()
+        else:  # hang: send nothing more until the client gives up
+            await conn.lost
+
+    def _whole_response(self) -> dict:
+        text = fmt.token_text(self.max_tokens)
+        usage = {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.max_tokens,
+                 "total_tokens": self.prompt_tokens + self.max_tokens}
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text},
+                      "finish_reason": "length"}
+        else:
+            choice = {"index": 0, "text": text, "finish_reason": "length"}
+        return {**self.encoder.head, "object": "chat.completion" if self.chat
+                else "text_completion", "choices": [choice], "usage": usage}
+
+
+@dataclass
+class _Request:
+    method: str
+    path: str
+    headers: dict[str, str]
+    body: bytes
+    arrival: float  # loop.time() when its last byte was read: the latency schedule's origin
+
+
+class _MockConnection(asyncio.Protocol):
+    """Reads requests off one connection, stamping their arrival before any parsing."""
+
+    def __init__(self, server: MockServer) -> None:
+        self.server = server
+        self.buf = bytearray()
+        self.pending: asyncio.Queue[_Request | None] = asyncio.Queue()
+        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.transport: asyncio.Transport | None = None
+        self.task: asyncio.Task[None] | None = None
+
+    @property
+    def closed(self) -> bool:
+        return self.lost.done()
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.task = asyncio.get_running_loop().create_task(self._serve())
+
+    def data_received(self, data: bytes) -> None:
+        arrival = asyncio.get_running_loop().time()
+        self.buf += data
+        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
+            try:
+                method, path, headers = _parse_head(bytes(self.buf[:end]))
+                length = int(headers.get("content-length", "0"))
+            except ValueError:
+                self.abort()
+                return
+            if len(self.buf) < end + 4 + length:
+                return
+            body = bytes(self.buf[end + 4:end + 4 + length])
+            del self.buf[:end + 4 + length]
+            self.pending.put_nowait(_Request(method, path, headers, body, arrival))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.lost.done():
+            self.lost.set_result(None)
+        self.pending.put_nowait(None)
+
+    def write(self, data: bytes) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.write(data)
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
+
+    async def _serve(self) -> None:
+        while (request := await self.pending.get()) is not None:
+            keep_open = await self.server.handle(request, self)
+            if not keep_open or "close" in request.headers.get("connection", "").lower():
+                if self.transport is not None:
+                    self.transport.close()
+                return
+
+
+def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
+    lines = head.decode("latin-1").split("\r\n")
+    method, path, _version = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        if line:
+            name, sep, value = line.partition(":")
+            if not sep:
+                raise ValueError(f"bad header line {line!r}")
+            headers[name.strip().lower()] = value.strip()
+    return method, path, headers
+
+
+def _prompt_words(request: dict, chat: bool) -> list[str]:
+    if chat:
+        messages = request["messages"]
+        text = " ".join(str(m.get("content") or "") for m in messages)
+    else:
+        prompt = request["prompt"]
+        text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
+    return text.split()
+
+
+async def serve_forever(config: MockConfig, ready: asyncio.Future[str] | None = None) -> None:
+    """Run until cancelled; prints nothing (the CLI prints the URL)."""
+    server = MockServer(config)
+    url = await server.start()
+    if ready is not None:
+        ready.set_result(url)
+    try:
+        await asyncio.Event().wait()
+    finally:
+        await server.close()
+

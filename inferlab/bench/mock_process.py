@@ -1,0 +1,57 @@
+"""A mock server in a child process, so it never shares an event loop with a client."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import multiprocessing as mp
+from multiprocessing.connection import Connection
+
+from inferlab.bench.mock import MockConfig, serve_forever
+
+
+def _process_main(conn: Connection, config: MockConfig) -> None:
+    """Entry point of a mock server in its own process: sends its URL, runs until told."""
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        ready: asyncio.Future[str] = loop.create_future()
+        server = loop.create_task(serve_forever(config, ready))
+        conn.send(await ready)
+        stop = asyncio.Event()
+        loop.add_reader(conn.fileno(), stop.set)  # any message, or the parent's exit
+        await stop.wait()
+        server.cancel()
+
+    asyncio.run(main())
+
+
+class MockProcess:
+    """Starts on construction; `url` is where it listens. Use as a context manager."""
+
+    def __init__(self, config: MockConfig) -> None:
+        context = mp.get_context("spawn")
+        self._conn, child = context.Pipe()
+        self._proc = context.Process(target=_process_main, args=(child, config), daemon=True,
+                                     name="bench-mock-server")
+        self._proc.start()
+        child.close()
+        if not self._conn.poll(30):
+            self.close()
+            raise RuntimeError("the mock server did not start within 30 s")
+        self.url: str = self._conn.recv()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # already gone
+            self._conn.send("exit")
+        self._proc.join(timeout=5)
+        if self._proc.is_alive():
+            self._proc.terminate()
+            self._proc.join(timeout=2)
+        self._conn.close()
+
+    def __enter__(self) -> MockProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,109 @@
+"""The worker processes of a run, and how a stage is split between them."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import multiprocessing as mp
+import os
+from multiprocessing.connection import Connection, wait
+
+from inferlab.bench.plans import WorkerReport, WorkerSetup, WorkerStage
+from inferlab.bench.profiles import StageSpec, send_offsets_ns
+from inferlab.bench.worker import EXIT, READY, STOP, worker_main
+
+WORKER_START_TIMEOUT_S = 60.0
+
+
+def auto_workers() -> int:
+    """One event loop paces hundreds of requests/s; more help only with spare cores."""
+    cores = os.cpu_count() or 1
+    return 1 if cores <= 2 else min(4, cores // 2)
+
+
+class WorkerPool:
+    """Worker processes (spawned: no inherited threads or sockets), one pipe each."""
+
+    def __init__(self, setups: list[WorkerSetup]) -> None:
+        context = mp.get_context("spawn")
+        self.conns: list[Connection] = []
+        self.procs = []
+        for setup in setups:
+            parent, child = context.Pipe(duplex=True)
+            proc = context.Process(target=worker_main, args=(child,), daemon=True,
+                                   name=f"bench-worker-{setup.worker_id}")
+            proc.start()
+            child.close()
+            parent.send(setup)
+            self.conns.append(parent)
+            self.procs.append(proc)
+        for conn in self.conns:  # a stage's schedule must not start before its workers
+            if not conn.poll(WORKER_START_TIMEOUT_S) or conn.recv() != READY:
+                self.close()
+                raise RuntimeError("a benchmark worker process did not start")
+
+    @property
+    def size(self) -> int:
+        return len(self.conns)
+
+    def send_stage(self, plans: list[WorkerStage]) -> None:
+        for conn, plan in zip(self.conns, plans, strict=True):
+            conn.send(plan)
+
+    def broadcast(self, message: str) -> None:
+        for conn in self.conns:
+            with contextlib.suppress(OSError):  # a dead worker is reported by receive()
+                conn.send(message)
+
+    def stop(self) -> None:
+        self.broadcast(STOP)
+
+    def receive(self, timeout_s: float) -> list[WorkerReport]:
+        """Reports that arrived within `timeout_s`; raises if a worker died."""
+        reports = []
+        for conn in wait(self.conns, timeout=timeout_s):
+            try:
+                reports.append(conn.recv())  # type: ignore[union-attr]
+            except EOFError:
+                raise RuntimeError("a benchmark worker process died; see its error above") \
+                    from None
+        return reports
+
+    def close(self) -> None:
+        self.broadcast(EXIT)
+        for proc in self.procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+                proc.join(timeout=2)
+        for conn in self.conns:
+            conn.close()
+
+
+def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
+                ramp_up_s: float) -> list[WorkerStage]:
+    """Each worker's share: rate stages deal scheduled sends round-robin, closed-loop
+    stages deal streams in contiguous blocks and the request cap in equal parts."""
+    limits = spec.limits
+    stop_ns = None if limits.max_seconds is None else start_ns + round(limits.max_seconds * 1e9)
+    hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * 1e9)
+    common = {"stage": stage, "start_ns": start_ns, "stop_issuing_ns": stop_ns,
+              "hard_stop_ns": hard_ns, "request_timeout_s": limits.request_timeout_s}
+    if spec.rate_based:
+        offsets = send_offsets_ns(spec)
+        cap = None if spec.max_concurrency is None else math.ceil(spec.max_concurrency / workers)
+        return [WorkerStage(**common, offsets_ns=tuple(offsets[w::workers]),
+                            indices=tuple(range(w, len(offsets), workers)), max_in_flight=cap)
+                for w in range(workers)]
+    streams = spec.streams
+    plans = []
+    for w in range(workers):
+        lo, hi = streams * w // workers, streams * (w + 1) // workers
+        share = None  # the request cap, dealt in proportion to streams
+        if limits.max_requests is not None:
+            share = limits.max_requests * hi // streams - limits.max_requests * lo // streams
+        plans.append(WorkerStage(
+            **common, streams=hi - lo, max_requests=share, index_base=w, index_stride=workers,
+            queued_at_start=spec.kind == "throughput" and limits.max_requests is not None,
+            ramp_up_ns=round(ramp_up_s * 1e9), stream_offset=lo, total_streams=streams))
+    return plans

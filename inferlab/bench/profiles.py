@@ -1,0 +1,111 @@
+"""Load profiles as stages, and the send schedule of each stage.
+
+A stage is one steady load: one request at a time (synchronous), N streams
+(concurrent), everything at once under a concurrency cap (throughput), or a rate of
+new requests (constant, poisson). A sweep and an SLO search are sequences of stages
+whose rates depend on what earlier stages measured; the pure logic for that is here,
+the running is in `runner.py`.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+from inferlab.bench.config import LoadConfig, StageLimits
+
+STAGE_KINDS = ("synchronous", "concurrent", "throughput", "constant", "poisson")
+DEFAULT_THROUGHPUT_CONCURRENCY = 256
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One stage to run."""
+
+    kind: str  # one of STAGE_KINDS
+    rate: float | None  # req/s (constant, poisson); streams (concurrent); None otherwise
+    max_concurrency: int | None  # in-flight cap; for throughput, the number of streams
+    limits: StageLimits
+    seed: int = 0  # for poisson gaps
+
+    def __post_init__(self) -> None:
+        if self.kind not in STAGE_KINDS:
+            raise ValueError(f"unknown stage kind {self.kind!r}")
+        if (self.kind in ("concurrent", "constant", "poisson")) != (self.rate is not None):
+            raise ValueError(f"stage {self.kind} rate {self.rate}: rate given iff it has one")
+
+    @property
+    def label(self) -> str:
+        if self.kind == "concurrent":
+            return f"concurrent@{int(self.rate or 0)}"
+        if self.kind in ("constant", "poisson"):
+            return f"{self.kind}@{self.rate:.4g}/s"
+        if self.kind == "throughput":
+            return f"throughput@{self.streams}"
+        return self.kind
+
+    @property
+    def rate_based(self) -> bool:
+        return self.kind in ("constant", "poisson")
+
+    @property
+    def streams(self) -> int:
+        """Closed-loop stream count (synchronous, concurrent, throughput)."""
+        if self.kind == "synchronous":
+            return 1
+        if self.kind == "concurrent":
+            return int(self.rate or 1)
+        if self.kind == "throughput":
+            return self.max_concurrency or DEFAULT_THROUGHPUT_CONCURRENCY
+        raise ValueError(f"a {self.kind} stage has no streams")
+
+
+def fixed_stages(load: LoadConfig, limits: StageLimits) -> list[StageSpec]:
+    """The stages of a profile whose rates are known up front (not sweep)."""
+    if load.profile in ("synchronous", "throughput"):
+        return [StageSpec(load.profile, None, load.max_concurrency, limits, load.seed)]
+    return [StageSpec(load.profile, rate, load.max_concurrency, limits, load.seed + i)
+            for i, rate in enumerate(load.rates)]
+
+
+def send_offsets_ns(stage: StageSpec) -> list[int]:
+    """Intended send times of a rate-based stage, in ns from its start.
+
+    The schedule is fixed before the stage runs: a late send never shifts the next
+    one, so the achieved rate is the asked rate unless the client truly falls behind.
+    """
+    rate = stage.rate or 0.0
+    limits = stage.limits
+    horizon_ns = None if limits.max_seconds is None else limits.max_seconds * 1e9
+    cap = limits.max_requests if limits.max_requests is not None else math.inf
+    offsets: list[int] = []
+    rng = random.Random(stage.seed)
+    t_ns = 0.0
+    while len(offsets) < cap:
+        if horizon_ns is not None and t_ns >= horizon_ns:
+            break
+        offsets.append(round(t_ns))
+        gap_s = rng.expovariate(rate) if stage.kind == "poisson" else 1.0 / rate
+        t_ns += gap_s * 1e9
+    return offsets
+
+
+def sweep_rates(sync_rate: float, throughput_rate: float, size: int) -> list[float]:
+    """`size` constant rates evenly spaced strictly between the two measured rates."""
+    low, high = sorted((sync_rate, throughput_rate))
+    step = (high - low) / (size + 1)
+    return [low + step * (i + 1) for i in range(size)]
+
+
+def bisect_next(passing: float, failing: float) -> float:
+    """The next rate an SLO search tries: midway between the best pass and worst fail."""
+    return (passing + failing) / 2
+
+
+def search_bounds(results: list[tuple[float, bool]]) -> tuple[float, float | None]:
+    """Highest passing rate below the lowest failing one, and that failing rate."""
+    failing = min((rate for rate, ok in results if not ok), default=None)
+    passing = max((rate for rate, ok in results
+                   if ok and (failing is None or rate < failing)), default=0.0)
+    return passing, failing

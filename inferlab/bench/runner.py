@@ -1,0 +1,134 @@
+"""Runs one stage: hands it to the workers, collects and parses what they send back,
+and stops it early when too many requests fail or the user presses Ctrl-C."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from inferlab.bench.client import now_ns
+from inferlab.bench.pool import WorkerPool, split_stage
+from inferlab.bench.profiles import StageSpec
+from inferlab.bench.records import RequestRecord, to_record
+from inferlab.bench.summary import StageInfo, StageSummary, summarize
+from inferlab.bench.templates import RequestTemplate
+from inferlab.bench.tokens import TokenCounter
+
+START_LEAD_S = 0.25  # time for every worker to receive its plan before the stage starts
+ERROR_RATE_MIN_FINISHED = 10  # finished requests before --max-error-rate may stop a stage
+INTERRUPT_GRACE_S = 15.0  # after Ctrl-C, how long workers get to hand back their records
+
+
+@dataclass
+class Snapshot:
+    """Live numbers for the progress display."""
+
+    label: str
+    elapsed_s: float
+    max_seconds: float | None
+    max_requests: int | None
+    sent: int
+    in_flight: int
+    counts: dict[str, int]
+    recent: list[RequestRecord]  # the last few finished requests
+
+
+class Progress(Protocol):
+    def stage_started(self, stage: int, label: str) -> None: ...
+    def update(self, snapshot: Snapshot) -> None: ...
+    def stage_finished(self, summary: StageSummary) -> None: ...
+
+
+@dataclass
+class StageResult:
+    spec: StageSpec
+    summary: StageSummary
+    records: list[RequestRecord]
+    floor: StageSummary | None = None  # the same stage against the zero-latency mock
+
+
+@dataclass
+class StageRunner:
+    pool: WorkerPool
+    templates: tuple[RequestTemplate, ...]
+    counter: TokenCounter | None
+    progress: Progress
+    slo: dict[str, float] | None
+    ramp_up_s: float = 0.0
+    label_prefix: str = ""  # "floor " for calibration stages
+    epoch_ns: int | None = None  # the first stage's start; every record's time is from here
+    interrupted: bool = False
+
+    def run(self, spec: StageSpec, stage: int) -> StageResult:
+        start_ns = now_ns() + round(START_LEAD_S * 1e9)
+        if self.epoch_ns is None:
+            self.epoch_ns = start_ns
+        plans = split_stage(spec, stage, self.pool.size, start_ns, self.ramp_up_s)
+        self.pool.send_stage(plans)
+        self.progress.stage_started(stage, self.label_prefix + spec.label)
+        records: list[RequestRecord] = []
+        stop_reason = self._collect(spec, stage, start_ns, records)
+        scheduled = (sum(len(p.offsets_ns or ()) for p in plans) if spec.rate_based
+                     else sum(r.start_ns is not None for r in records))
+        info = StageInfo(stage, spec.label, spec.kind, spec.rate, start_ns - self.epoch_ns,
+                         stop_reason, scheduled)
+        summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo)
+        self.progress.stage_finished(summary)
+        return StageResult(spec, summary, records)
+
+    def _collect(self, spec: StageSpec, stage: int, start_ns: int,
+                 records: list[RequestRecord]) -> str:
+        """Gather reports until every worker is done; returns why the stage stopped."""
+        done: set[int] = set()
+        sent: dict[int, int] = {}
+        in_flight: dict[int, int] = {}
+        counts = {"ok": 0, "error": 0, "cancelled": 0}
+        stop_reason = ""
+        give_up_at = None
+        while len(done) < self.pool.size:
+            try:
+                reports = self.pool.receive(0.1)
+            except KeyboardInterrupt:
+                self.interrupted, stop_reason = True, "interrupted"
+                self.pool.stop()
+                give_up_at = time.monotonic() + INTERRUPT_GRACE_S
+                continue
+            for report in reports:
+                parsed = self._parse(report.exchanges, stage, report.worker_id)
+                for record in parsed:
+                    counts[record.outcome] += 1
+                records.extend(parsed)
+                sent[report.worker_id], in_flight[report.worker_id] = report.sent, report.in_flight
+                if report.done:
+                    done.add(report.worker_id)
+            if not stop_reason and self._too_many_errors(spec, counts):
+                stop_reason = "max_error_rate"
+                self.pool.stop()
+            if give_up_at is not None and time.monotonic() > give_up_at:
+                break
+            self.progress.update(Snapshot(
+                self.label_prefix + spec.label, max(0.0, (now_ns() - start_ns) / 1e9), spec.limits.max_seconds,
+                spec.limits.max_requests, sum(sent.values()), sum(in_flight.values()),
+                dict(counts), records[-64:]))
+        return stop_reason or self._natural_stop(spec, start_ns)
+
+    def _parse(self, exchanges: list, stage: int, worker: int) -> list[RequestRecord]:
+        assert self.epoch_ns is not None
+        return [to_record(raw, stage, worker, self.epoch_ns, self.templates[raw.template],
+                          self.counter) for raw in exchanges]
+
+    @staticmethod
+    def _too_many_errors(spec: StageSpec, counts: dict[str, int]) -> bool:
+        limit = spec.limits.max_error_rate
+        finished = counts["ok"] + counts["error"]
+        if limit is None or finished < ERROR_RATE_MIN_FINISHED:
+            return False
+        return counts["error"] / finished > limit
+
+    @staticmethod
+    def _natural_stop(spec: StageSpec, start_ns: int) -> str:
+        limits = spec.limits
+        if limits.max_seconds is not None and now_ns() - start_ns >= limits.max_seconds * 1e9:
+            return "max_seconds"
+        return "max_requests" if limits.max_requests is not None else "completed"

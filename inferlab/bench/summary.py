@@ -1,0 +1,208 @@
+"""Aggregate one stage's request records into the numbers the report shows."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from inferlab.bench.config import Span
+from inferlab.bench.metrics import PER_REQUEST, PER_SAMPLE, SLO_SOURCES, meets_slo
+from inferlab.bench.records import OUTCOMES, RequestRecord
+from inferlab.bench.stats import Distribution
+
+NS = 1e9
+
+
+@dataclass
+class StageInfo:
+    """What the runner knows about a stage besides its records."""
+
+    stage: int
+    label: str
+    kind: str
+    rate: float | None  # asked: req/s (constant, poisson) or streams (concurrent)
+    start_ns: int  # scheduled start, ns since the run's epoch
+    stop_reason: str  # why it ended: completed, max_seconds, max_requests, error_rate...
+    scheduled: int  # requests it meant to send (rate stages), or sent (closed loops)
+
+
+@dataclass
+class StageSummary:
+    info: StageInfo
+    end_ns: int  # the last request's end
+    window_start_ns: int  # statistics cover requests started in [window_start, window_end]
+    window_end_ns: int
+    counts: dict[str, int]  # requests in the window by outcome
+    sent_rate: float | None  # achieved send rate, req/s
+    scheduled_rate: float | None  # the same requests' rate by their intended send times
+    request_throughput: float
+    output_token_throughput: float
+    total_token_throughput: float
+    goodput: float | None  # None without --slo
+    slo_fraction: float | None  # fraction of measured requests meeting the SLO
+    concurrency_mean: float
+    concurrency_max: int
+    metrics: dict[str, dict[str, Distribution]]  # metric -> outcome -> distribution
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def window_s(self) -> float:
+        return max(0.0, (self.window_end_ns - self.window_start_ns) / NS)
+
+    def to_dict(self) -> dict:
+        data = asdict(self)
+        data["metrics"] = {m: {o: d.to_dict() for o, d in per.items()}
+                           for m, per in self.metrics.items()}
+        data["window_s"] = self.window_s
+        return data
+
+    @classmethod
+    def from_dict(cls, data: dict) -> StageSummary:
+        data = dict(data)
+        data.pop("window_s", None)
+        data["info"] = StageInfo(**data["info"])
+        data["metrics"] = {m: {o: Distribution.from_dict(d) for o, d in per.items()}
+                           for m, per in data["metrics"].items()}
+        return cls(**data)
+
+
+def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, cooldown: Span,
+              slo: dict[str, float] | None) -> StageSummary:
+    ends = [r.end_ns for r in records if r.end_ns is not None]
+    end_ns = max(ends, default=info.start_ns)
+    duration_s = (end_ns - info.start_ns) / NS
+    w0 = info.start_ns + round(warmup.resolve_s(duration_s) * NS)
+    w1 = end_ns - round(cooldown.resolve_s(duration_s) * NS)
+    warnings = []
+    if w1 <= w0:
+        warnings.append("warmup + cooldown cover the whole stage; statistics use all of it")
+        w0, w1 = info.start_ns, end_ns
+    measured = [r for r in records if w0 <= _started(r) <= w1]
+    window_s = max((w1 - w0) / NS, 1e-9)
+    ok = [r for r in measured if r.outcome == "ok"]
+    summary = StageSummary(
+        info=info, end_ns=end_ns, window_start_ns=w0, window_end_ns=w1,
+        counts={o: sum(r.outcome == o for r in measured) for o in OUTCOMES},
+        sent_rate=_rate([r.start_ns for r in measured if r.start_ns is not None]),
+        scheduled_rate=_rate([r.intended_ns for r in measured if r.start_ns is not None]),
+        request_throughput=sum(r.end_ns is not None and w0 <= r.end_ns <= w1 for r in ok)
+        / window_s,
+        output_token_throughput=_tokens_in(ok, w0, w1) / window_s,
+        total_token_throughput=(_tokens_in(ok, w0, w1) + _prompt_tokens_in(ok, w0, w1))
+        / window_s,
+        goodput=None, slo_fraction=None,
+        concurrency_mean=_concurrency_mean(records, w0, w1),
+        concurrency_max=_concurrency_max(records),
+        metrics=_distributions(measured), warnings=warnings)
+    if slo:
+        good = [r for r in ok if meets_slo(r, slo)]
+        summary.goodput = sum(r.end_ns is not None and w0 <= r.end_ns <= w1
+                              for r in good) / window_s
+        summary.slo_fraction = len(good) / len(measured) if measured else None
+    return summary
+
+
+def _started(r: RequestRecord) -> int:
+    return r.start_ns if r.start_ns is not None else r.intended_ns
+
+
+def _rate(times_ns: list[int]) -> float | None:
+    """Events per second between the first and the last of them."""
+    if len(times_ns) < 2 or max(times_ns) == min(times_ns):
+        return None
+    return (len(times_ns) - 1) / ((max(times_ns) - min(times_ns)) / NS)
+
+
+def _tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:
+    return sum(tokens for r in records for t, tokens in zip(r.chunk_ns, r.chunk_tokens,
+                                                             strict=False) if w0 <= t <= w1)
+
+
+def _prompt_tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:
+    total = 0
+    for r in records:
+        if r.first_token_ns is not None and w0 <= r.first_token_ns <= w1:
+            total += r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_sent
+    return total
+
+
+def _distributions(records: list[RequestRecord]) -> dict[str, dict[str, Distribution]]:
+    out: dict[str, dict[str, Distribution]] = {}
+    for name, fn in PER_REQUEST.items():
+        out[name] = {o: Distribution.of([v for r in records if r.outcome == o
+                                         and (v := fn(r)) is not None]) for o in OUTCOMES}
+    for name, sample_fn in PER_SAMPLE.items():
+        out[name] = {o: Distribution.of([v for r in records if r.outcome == o
+                                         for v in sample_fn(r)]) for o in OUTCOMES}
+    return out
+
+
+def _intervals(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    pairs = [(r.start_ns, r.end_ns) for r in records
+             if r.start_ns is not None and r.end_ns is not None]
+    if not pairs:
+        return np.zeros(0), np.zeros(0)
+    starts, ends = np.array(pairs, dtype=np.float64).T
+    return np.sort(starts), np.sort(ends)
+
+
+def busy_integral(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Integral over [-inf, t] of the number of requests in flight (request-seconds * 1e9)."""
+    def ramp(points: np.ndarray) -> np.ndarray:
+        k = np.searchsorted(points, t, side="right")
+        csum = np.concatenate([[0.0], np.cumsum(points)])
+        return k * t - csum[k]
+
+    return ramp(starts) - ramp(ends)
+
+
+def _concurrency_mean(records: list[RequestRecord], w0: int, w1: int) -> float:
+    starts, ends = _intervals(records)
+    if starts.size == 0 or w1 <= w0:
+        return 0.0
+    area = busy_integral(starts, ends, np.array([w0, w1], dtype=np.float64))
+    return float((area[1] - area[0]) / (w1 - w0))
+
+
+def _concurrency_max(records: list[RequestRecord]) -> int:
+    events = sorted([(r.start_ns, 1) for r in records if r.start_ns is not None and r.end_ns]
+                    + [(r.end_ns, -1) for r in records if r.start_ns is not None and r.end_ns])
+    level = peak = 0
+    for _, step in events:  # at equal times ends (-1) sort first: back-to-back is not overlap
+        level += step
+        peak = max(peak, level)
+    return peak
+
+
+def slo_percentile_check(records: list[RequestRecord], bounds: dict[str, float],
+                         percentile: float = 95.0) -> tuple[bool, dict[str, float]]:
+    """Does the p-th percentile of each bounded latency meet its bound?
+
+    Failed, cancelled and never-sent requests count as infinitely slow, so a stage
+    cannot pass by dropping the requests it could not serve in time.
+    """
+    observed: dict[str, float] = {}
+    for name in bounds:
+        values = []
+        for r in records:
+            value = SLO_SOURCES[name](r) if r.outcome == "ok" else math.inf
+            if value is not None:
+                values.append(value)
+        observed[name] = _percentile_inf(values, percentile)
+    return all(observed[n] <= b for n, b in bounds.items()), observed
+
+
+def _percentile_inf(values: list[float], percentile: float) -> float:
+    if not values:
+        return math.inf
+    ordered = sorted(values)
+    rank = percentile / 100 * (len(ordered) - 1)
+    low, high = math.floor(rank), math.ceil(rank)
+    a, b = ordered[low], ordered[high]
+    if math.isinf(b) and high != low:
+        return math.inf
+    if math.isinf(a):
+        return math.inf
+    return a + (b - a) * (rank - low)

@@ -1,0 +1,120 @@
+"""Profiles whose later stages depend on earlier ones: the sweep and the SLO search."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field, replace
+
+from inferlab.bench.config import LoadConfig, StageLimits
+from inferlab.bench.profiles import (
+    StageSpec,
+    bisect_next,
+    fixed_stages,
+    search_bounds,
+    sweep_rates,
+)
+from inferlab.bench.records import RequestRecord
+from inferlab.bench.runner import StageResult, StageRunner
+from inferlab.bench.summary import slo_percentile_check
+
+SLO_PERCENTILE = 95.0
+
+
+@dataclass
+class SloProbe:
+    rate: float  # constant req/s tried
+    passed: bool
+    observed: dict[str, float | None]  # p95 of each bounded metric (None: infinite)
+
+
+@dataclass
+class SloSearch:
+    bounds: dict[str, float]
+    percentile: float
+    probes: list[SloProbe] = field(default_factory=list)
+    best_rate: float | None = None  # highest rate that met the SLO; None: none did
+    note: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def measured(result: StageResult) -> list[RequestRecord]:
+    s = result.summary
+    return [r for r in result.records
+            if s.window_start_ns <= (r.start_ns if r.start_ns is not None else r.intended_ns)
+            <= s.window_end_ns]
+
+
+def run_profile(runner: StageRunner, load: LoadConfig, limits: StageLimits,
+                slo: dict[str, float] | None) -> tuple[list[StageResult], SloSearch | None]:
+    if load.profile != "sweep":
+        results = []
+        for i, spec in enumerate(fixed_stages(load, limits)):
+            if runner.interrupted:
+                break
+            results.append(runner.run(spec, i))
+        return results, None
+    results = _sweep(runner, load, limits)
+    search = None
+    if load.slo_search and slo and len(results) >= 2 and not runner.interrupted:
+        search = _slo_search(runner, load, limits, slo, results)
+    return results, search
+
+
+def _sweep(runner: StageRunner, load: LoadConfig, limits: StageLimits) -> list[StageResult]:
+    """Synchronous (time-bounded), throughput, then constant rates between the two."""
+    sync_seconds = min(limits.max_seconds or math.inf, load.sync_max_seconds)
+    sync = runner.run(StageSpec("synchronous", None, None,
+                                replace(limits, max_seconds=sync_seconds)), 0)
+    results = [sync]
+    if runner.interrupted:
+        return results
+    results.append(runner.run(StageSpec("throughput", None, load.max_concurrency, limits), 1))
+    low, high = (r.summary.request_throughput for r in results)
+    if runner.interrupted or low <= 0 or high <= 0:
+        return results
+    for i, rate in enumerate(sweep_rates(low, high, load.sweep_size)):
+        if runner.interrupted:
+            break
+        results.append(runner.run(StageSpec("constant", rate, load.max_concurrency, limits,
+                                             load.seed + i), len(results)))
+    return results
+
+
+def _slo_search(runner: StageRunner, load: LoadConfig, limits: StageLimits,
+                bounds: dict[str, float], results: list[StageResult]) -> SloSearch:
+    """Bisection over constant rates for the highest one meeting the SLO at p95."""
+    search = SloSearch(bounds, SLO_PERCENTILE)
+    sync_ok, _ = slo_percentile_check(measured(results[0]), bounds, SLO_PERCENTILE)
+    if not sync_ok:
+        search.note = "the SLO is not met even one request at a time"
+        return search
+    ceiling = results[1].summary.request_throughput  # no constant rate can beat it
+    tested = [(r.spec.rate, _probe(search, r)) for r in results
+              if r.spec.kind == "constant" and r.spec.rate is not None]
+    floor_rate = results[0].summary.request_throughput
+    for _ in range(load.slo_search_steps):
+        passing, failing = search_bounds(tested)
+        if failing is None:
+            if any(rate >= ceiling for rate, _ in tested):
+                break  # passes at the server's maximum rate
+            rate = ceiling
+        else:
+            rate = bisect_next(max(passing, floor_rate), failing)
+        if runner.interrupted:
+            break
+        result = runner.run(StageSpec("constant", rate, load.max_concurrency, limits,
+                                      load.seed + len(results)), len(results))
+        results.append(result)
+        tested.append((rate, _probe(search, result)))
+    passing, _ = search_bounds(tested)
+    search.best_rate = passing if passing > 0 else floor_rate
+    return search
+
+
+def _probe(search: SloSearch, result: StageResult) -> bool:
+    passed, observed = slo_percentile_check(measured(result), search.bounds, search.percentile)
+    search.probes.append(SloProbe(result.spec.rate or 0.0, passed,
+                                  {k: (None if math.isinf(v) else v) for k, v in observed.items()}))
+    return passed
