@@ -170,8 +170,10 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
 class LLM:
     """Offline batch inference: `LLM(model).generate(prompts, SamplingParams(...))`."""
 
-    def __init__(self, model: str | None = None, **engine_args: Any) -> None:
-        self.engine = LLMEngine(engine_config(model, **engine_args))
+    def __init__(self, model: str | None = None, loaded: LoadedModel | None = None,
+                 **engine_args: Any) -> None:
+        """`loaded` reuses weights already in memory (several engines over one model)."""
+        self.engine = LLMEngine(engine_config(model, **engine_args), loaded)
         self.tokenizer = self.engine.tokenizer
 
     @property

@@ -1,0 +1,53 @@
+"""Continuous batching, chunked prefill, preemption and prefix caching never change the tokens."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.engine.sampling_params import SamplingParams
+
+
+def _prompts(llm, text: str, count: int, min_len: int, max_len: int) -> list[list[int]]:
+    ids = llm.tokenizer.encode(text[:200_000])
+    prompts, start = [], 0
+    for i in range(count):
+        n = min_len + (i * 37) % (max_len - min_len)
+        prompts.append(ids[start:start + n])
+        start += n
+    return prompts
+
+
+def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
+    # 40 blocks of 16 tokens cannot hold 32 requests of 20-100 tokens: preemption must happen
+    small = make_llm(kv_cache_memory=40 * 16 * 46080, max_num_batched_tokens=64)
+    alone = make_llm()
+    prompts = _prompts(small, wiki_text, 32, 20, 100)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    together = small.generate(prompts, params)
+    stats = small.engine.scheduler.stats()
+    assert stats.num_preemptions_total > 0
+    assert stats.num_free_blocks == small.num_kv_blocks
+    for prompt, out in zip(prompts, together, strict=True):
+        assert out.outputs[0].token_ids == alone.generate([prompt], params)[0].outputs[0].token_ids
+
+
+def test_prefix_cache_on_and_off_agree(make_llm, wiki_text):
+    shared = _prompts(make_llm(), wiki_text, 1, 200, 201)[0]
+    prompts = [shared + [100 + i, 200 + i] for i in range(6)]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    on = make_llm(enable_prefix_caching=True).generate(prompts, params)
+    off = make_llm(enable_prefix_caching=False).generate(prompts, params)
+    assert [o.outputs[0].token_ids for o in on] == [o.outputs[0].token_ids for o in off]
+    assert all(o.num_cached_tokens == 0 for o in off)
+    assert all(o.num_cached_tokens == 192 for o in on[1:])  # 12 full blocks of the 200 shared
+
+
+@pytest.mark.slow
+def test_prefix_cache_serves_a_shared_512_token_prefix(make_llm, wiki_text):
+    llm = make_llm(kv_cache_memory="256MiB")
+    prefix = _prompts(llm, wiki_text, 1, 512, 513)[0]
+    prompts = [prefix + llm.tokenizer.encode(f" Question {i}: why?") for i in range(32)]
+    llm.generate(prompts, SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    stats = llm.engine.scheduler.stats()
+    shareable = 31 * 512
+    assert stats.prefix_cache_hit_tokens >= 0.9 * shareable

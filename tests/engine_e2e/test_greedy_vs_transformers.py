@@ -1,0 +1,56 @@
+"""fp32 greedy generation equals transformers `generate`, token for token."""
+
+from __future__ import annotations
+
+import torch
+
+from inferlab.engine.sampling_params import SamplingParams
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):",
+    "Once upon a time, in a land far away,",
+    "1, 2, 3, 4, 5,",
+    "What is the boiling point of water?",
+    "Les chats sont",
+    "The quick brown fox jumps over the lazy dog. The quick brown fox",
+    "In 1905, Albert Einstein published",
+]
+
+
+def test_eight_prompts_token_identical(make_llm, hf_smollm):
+    llm = make_llm()
+    outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32))
+    for prompt, out in zip(PROMPTS, outputs, strict=True):
+        ids = llm.tokenizer.encode(prompt)
+        with torch.no_grad():
+            expected = hf_smollm.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=32,
+                                          attention_mask=torch.ones(1, len(ids), dtype=torch.long))
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist(), prompt
+
+
+def test_logprobs_are_the_reference_distribution(make_llm, hf_smollm):
+    llm = make_llm()
+    out = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=6, logprobs=3))[0]
+    ids = llm.tokenizer.encode(PROMPTS[0]) + out.outputs[0].token_ids
+    with torch.no_grad():
+        reference = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), dim=-1)
+    prompt_len = len(ids) - 6
+    for i, entry in enumerate(out.outputs[0].logprobs):
+        row = reference[prompt_len - 1 + i]
+        assert entry.token_id == out.outputs[0].token_ids[i]
+        assert abs(entry.logprob - row[entry.token_id].item()) < 1e-3
+        assert entry.rank == 1  # greedy picks the most likely token
+        assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
+
+
+def test_prompt_logprobs_match_reference(make_llm, hf_smollm):
+    llm = make_llm(max_num_batched_tokens=8)  # chunked: the prompt spans several steps
+    prompt = "The quick brown fox jumps over the lazy dog again and again."
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0))[0]
+    ids = out.prompt_token_ids
+    with torch.no_grad():
+        reference = torch.log_softmax(hf_smollm(torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
+    for i in range(1, len(ids)):
+        assert abs(out.prompt_logprobs[i].logprob - reference[i - 1, ids[i]].item()) < 1e-3

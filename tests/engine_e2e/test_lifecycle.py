@@ -1,0 +1,44 @@
+"""Aborts free every block; requests carry their timestamps; impossible requests fail at once."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError
+
+
+def test_abort_mid_generation_returns_every_block(make_llm):
+    engine = make_llm().engine
+    params = SamplingParams(temperature=0, max_tokens=50, ignore_eos=True)
+    ids = [engine.add_request("word " * (10 + 7 * i), params) for i in range(3)]
+    for _ in range(4):
+        engine.step()
+    assert engine.scheduler.stats().num_free_blocks < engine.num_kv_blocks
+    out = engine.abort_request(ids[1])
+    assert out.finished and out.outputs[0].finish_reason == "abort"
+    for request_id in (ids[0], ids[2]):
+        engine.abort_request(request_id)
+    assert not engine.has_unfinished_requests()
+    assert engine.scheduler.stats().num_free_blocks == engine.num_kv_blocks
+
+
+def test_timestamps_in_order(make_llm):
+    out = make_llm().generate(["Hello there"], SamplingParams(temperature=0, max_tokens=5,
+                                                                ignore_eos=True))[0]
+    m = out.metrics
+    assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
+    assert m.last_token_time <= m.finished_time
+    assert m.num_generation_tokens == 5 and m.mean_itl_s > 0
+
+
+def test_requests_that_can_never_fit_are_rejected(make_llm):
+    llm = make_llm(max_model_len=64)
+    with pytest.raises(InferlabError, match=r"prompt \(3 tokens\) \+ max_tokens \(100\) = 103 is over the context length 64"):
+        llm.generate([[1, 2, 3]], SamplingParams(max_tokens=100))
+    with pytest.raises(InferlabError, match="outside the vocabulary"):
+        llm.generate([[1, 2, 99999]], SamplingParams(max_tokens=1))
+    tiny = make_llm(kv_cache_memory=2 * 16 * 46080)  # two blocks
+    with pytest.raises(InferlabError):
+        tiny.generate([list(range(1, 40))], SamplingParams(max_tokens=2))
+    assert not tiny.engine.has_unfinished_requests()

@@ -1,0 +1,109 @@
+"""Sampling features, each against a case worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from inferlab.engine.sampler import SamplingBatch, apply_penalties, sample
+from inferlab.engine.sampling_params import SamplingParams
+
+
+def _batch(params, prompt=None, output=None, generators=None):
+    n = len(params)
+    return SamplingBatch(params, generators or [None] * n, prompt or [[]] * n, output or [[]] * n)
+
+
+def test_penalties_by_hand():
+    logits = torch.tensor([[2.0, 1.0, -1.0, 0.5]])
+    params = [SamplingParams(repetition_penalty=2.0, frequency_penalty=0.5, presence_penalty=0.1)]
+    # token 0 seen twice in output, token 2 once, token 3 only in the prompt, token 1 never
+    got = apply_penalties(logits, _batch(params, prompt=[[3]], output=[[0, 0, 2]]))
+    # 0: 2/2 - 2*0.5 - 0.1; 1: untouched; 2: -1*2 - 0.5 - 0.1; 3: 0.5/2
+    assert torch.allclose(got, torch.tensor([[-0.1, 1.0, -2.6, 0.25]]))
+
+
+def test_top_p_top_k_min_p_by_hand():
+    probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
+    logits = probs.log().repeat(400, 1)
+    cases = [(SamplingParams(top_p=0.7), {0, 1}), (SamplingParams(top_k=1), {0}),
+             (SamplingParams(top_k=3), {0, 1, 2}), (SamplingParams(min_p=0.2), {0, 1, 2}),
+             (SamplingParams(min_p=0.5), {0, 1})]
+    for params, allowed in cases:
+        tokens, _ = sample(logits, _batch([params] * 400))
+        assert set(tokens.tolist()) == allowed, params
+
+
+def test_temperature_sampling_follows_the_distribution():
+    probs = torch.tensor([0.6, 0.3, 0.1])
+    logits = probs.log().repeat(6000, 1)
+    tokens, _ = sample(logits, _batch([SamplingParams(temperature=1.0)] * 6000))
+    freq = torch.bincount(tokens, minlength=3).float() / 6000
+    assert torch.allclose(freq, probs, atol=0.03)
+
+
+def test_logprobs_by_hand():
+    logits = torch.tensor([[math.log(0.5), math.log(0.3), math.log(0.2)]])
+    tokens, logprobs = sample(logits, _batch([SamplingParams(temperature=0, logprobs=2)]))
+    entry = logprobs[0]
+    assert tokens.tolist() == [0] and entry.rank == 1
+    assert abs(entry.logprob - math.log(0.5)) < 1e-6
+    assert [t for t, _ in entry.top] == [0, 1] and abs(entry.top[1][1] - math.log(0.3)) < 1e-6
+
+
+def test_seeded_sampling_ignores_the_rest_of_the_batch(make_llm):
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
+    alone = make_llm().generate(["Tell me a story"], params)[0].outputs[0].token_ids
+    others = [SamplingParams(temperature=0.8, max_tokens=10 + i, ignore_eos=True) for i in range(5)]
+    mixed = make_llm().generate(["Hello", "Tell me a story", "Why", "A", "B", "C"],
+                                [others[0], params, *others[1:]])
+    assert mixed[1].outputs[0].token_ids == alone
+
+
+def test_stop_string_truncates_where_the_text_first_contains_it(make_llm):
+    llm = make_llm()
+    full = llm.generate(["The capital of France is"], SamplingParams(temperature=0, max_tokens=24,
+                                                                      ignore_eos=True))[0]
+    text = full.outputs[0].text
+    stop = text[8:12]  # a piece in the middle, likely spanning a token boundary
+    out = llm.generate(["The capital of France is"],
+                       SamplingParams(temperature=0, max_tokens=24, stop=[stop]))[0].outputs[0]
+    assert out.text == text[:text.index(stop)]
+    assert out.finish_reason == "stop" and out.stop_reason == stop
+
+
+def test_stop_token_ids_and_min_tokens(make_llm):
+    llm = make_llm()
+    greedy = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(temperature=0, max_tokens=10))[0]
+    ids = greedy.outputs[0].token_ids
+    out = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(temperature=0, max_tokens=10,
+                                                           stop_token_ids=[ids[2]]))[0].outputs[0]
+    first = ids.index(ids[2])
+    assert out.token_ids == ids[:first + 1] and out.stop_reason == ids[2]
+    late = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(
+        temperature=0, max_tokens=10, stop_token_ids=[ids[0]], min_tokens=3))[0].outputs[0]
+    assert len(late.token_ids) > 3 or late.finish_reason == "length"
+    assert ids[0] not in late.token_ids[1:3] or len(late.token_ids) > 3
+
+
+def test_n_completions_share_the_prompt_blocks(make_llm):
+    llm = make_llm()
+    prompt = llm.tokenizer.encode("word " * 40)
+    out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5,
+                                                ignore_eos=True))[0]
+    assert [c.index for c in out.outputs] == [0, 1, 2]
+    assert all(len(c.token_ids) == 5 for c in out.outputs)
+    assert len({tuple(c.token_ids) for c in out.outputs}) > 1
+    full_blocks = (len(prompt) - 1) // 16 * 16
+    assert llm.engine.scheduler.stats().prefix_cache_hit_tokens == 2 * full_blocks
+
+
+def test_eos_ends_a_request_unless_ignored(make_llm):
+    llm = make_llm()
+    chat = llm.chat([{"role": "user", "content": "Say hi"}], SamplingParams(temperature=0, max_tokens=64))
+    out = chat[0].outputs[0]
+    assert out.finish_reason == "stop" and out.token_ids[-1] == llm.tokenizer.eos_token_id
+    forced = llm.chat([{"role": "user", "content": "Say hi"}],
+                      SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0].outputs[0]
+    assert forced.finish_reason == "length" and len(forced.token_ids) == 64
