@@ -71,7 +71,7 @@ class StageRunner:
         stop_reason = self._collect(spec, stage, start_ns, records)
         scheduled = (sum(len(p.offsets_ns or ()) for p in plans) if spec.rate_based
                      else sum(r.start_ns is not None for r in records))
-        info = StageInfo(stage, spec.label, spec.kind, spec.rate, start_ns - self.epoch_ns,
+        info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate, start_ns - self.epoch_ns,
                          stop_reason, scheduled)
         summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo)
         self.progress.stage_finished(summary)

@@ -1,0 +1,220 @@
+"""`inferlab bench`, `inferlab bench mock-server` and `inferlab bench compare`."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+
+from inferlab.bench.config import (
+    PROFILES,
+    BenchConfig,
+    DataConfig,
+    LoadConfig,
+    MeasureConfig,
+    Slo,
+    Span,
+    StageLimits,
+    TargetConfig,
+)
+from inferlab.errors import InferlabError
+
+DEFAULT_DATA = "prompt_tokens=256,output_tokens=128"
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    bench = subparsers.add_parser(
+        "bench", help="load-test an OpenAI-compatible server (TTFT, ITL, throughput)",
+        description="Load-test any OpenAI-compatible server. Subcommands: mock-server, "
+                    "compare.")
+    _add_run_arguments(bench)
+    bench.set_defaults(func=run_bench)
+    sub = bench.add_subparsers(dest="bench_command", metavar="{mock-server,compare}")
+    mock = sub.add_parser("mock-server", help="a mock OpenAI server with injected latency")
+    _add_mock_arguments(mock)
+    mock.set_defaults(func=run_mock_server)
+    cmp = sub.add_parser("compare", help="compare JSON reports; a CI regression gate")
+    cmp.add_argument("runs", nargs="+", help="JSON reports; the first is the baseline")
+    cmp.add_argument("--fail-on-regression", type=float, metavar="PCT",
+                     help="exit 1 if a median/p95 latency or a throughput is worse by more "
+                          "than PCT percent (latencies: and significant at --alpha)")
+    cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    cmp.add_argument("--output", action="append", default=[], metavar="PATH",
+                     help="write the comparison to PATH (.html)")
+    cmp.set_defaults(func=run_compare)
+
+
+def _add_run_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("target")
+    g.add_argument("--target", help="server base URL, e.g. http://127.0.0.1:8000")
+    g.add_argument("--model", help="model name to ask for (default: the first listed)")
+    g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
+    g.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
+    g.add_argument("--header", action="append", default=[], metavar="NAME:VALUE")
+    g.add_argument("--extra-body", metavar="JSON", help="fields merged into every request")
+    g.add_argument("--continuous-usage", action="store_true",
+                   help="ask for usage in every chunk (vLLM's continuous_usage_stats)")
+    g = p.add_argument_group("load")
+    g.add_argument("--profile", choices=PROFILES, default="sweep")
+    g.add_argument("--rate", type=float, nargs="+", default=[],
+                   help="req/s (constant, poisson) or streams (concurrent); several values "
+                        "run one stage each")
+    g.add_argument("--max-concurrency", type=int, help="in-flight cap (throughput: streams)")
+    g.add_argument("--sweep-size", type=int, default=6)
+    g.add_argument("--sweep-sync-seconds", type=float, default=15.0,
+                   help="time bound of a sweep's synchronous stage")
+    g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
+                   help="start closed-loop streams spread over this many seconds")
+    g.add_argument("--seed", type=int, default=0)
+    g = p.add_argument_group("limits per stage")
+    g.add_argument("--max-seconds", type=float)
+    g.add_argument("--max-requests", type=int)
+    g.add_argument("--max-error-rate", type=float)
+    g.add_argument("--warmup", default="0", help="seconds (5, 5s) or fraction (0.1, 10%%)")
+    g.add_argument("--cooldown", default="0", help="seconds (5, 5s) or fraction (0.1, 10%%)")
+    g.add_argument("--drain-seconds", type=float, default=10.0,
+                   help="after --max-seconds, how long in-flight requests may finish")
+    g.add_argument("--request-timeout", type=float, default=120.0)
+    g = p.add_argument_group("data")
+    g.add_argument("--data", default=DEFAULT_DATA,
+                   help="synthetic spec (prompt_tokens=N,output_tokens=N[,_stdev,_min,_max]"
+                        "[,prefix_tokens=N]) or a .jsonl / ShareGPT .json file")
+    g.add_argument("--data-file", help="text to cut synthetic prompts from "
+                                       "(default: ../shared/data WikiText-2 test)")
+    g.add_argument("--tokenizer", help="tokenizer.json: exact lengths, output cross-check")
+    g.add_argument("--max-tokens", type=int, default=256,
+                   help="max_tokens for file records that give no output length")
+    g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
+                   help="force output lengths (default: on for synthetic data)")
+    g = p.add_argument_group("measurement and output")
+    g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput")
+    g.add_argument("--slo-search", action="store_true",
+                   help="after a sweep, bisect for the highest rate meeting --slo at p95")
+    g.add_argument("--slo-search-steps", type=int, default=5)
+    g.add_argument("--workers", type=int, help="client processes (default: auto)")
+    g.add_argument("--calibration-seconds", type=float, default=2.0,
+                   help="per stage, replay against a zero-latency mock (0: skip)")
+    g.add_argument("--scrape-interval", type=float, default=1.0,
+                   help="seconds between /metrics scrapes (0: off)")
+    g.add_argument("--output", action="append", default=[], metavar="PATH",
+                   help="write .json, .csv or .html (repeatable)")
+    g.add_argument("--quiet", action="store_true", help="no live progress display")
+
+
+def _add_mock_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
+    p.add_argument("--model", default="mock-model")
+    p.add_argument("--ttft-ms", type=float, default=0.0)
+    p.add_argument("--itl-ms", type=float, default=0.0)
+    p.add_argument("--tokens-per-chunk", type=int, default=1)
+    p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--max-running", type=int, default=0, help="0: no limit")
+    p.add_argument("--error-rate", type=float, default=0.0)
+    p.add_argument("--hang-rate", type=float, default=0.0)
+    p.add_argument("--close-rate", type=float, default=0.0)
+    p.add_argument("--seed", type=int, default=0)
+
+
+def config_from_args(args: argparse.Namespace) -> BenchConfig:
+    if not args.target:
+        raise InferlabError("inferlab bench needs --target URL (or a subcommand: "
+                            "mock-server, compare)")
+    headers = []
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        if not sep or not name.strip():
+            raise InferlabError(f"bad --header {item!r}: use NAME:VALUE")
+        headers.append((name.strip(), value.strip()))
+    extra = ()
+    if args.extra_body:
+        try:
+            parsed = json.loads(args.extra_body)
+        except json.JSONDecodeError as e:
+            raise InferlabError(f"--extra-body is not JSON: {e.msg}") from None
+        if not isinstance(parsed, dict):
+            raise InferlabError("--extra-body must be a JSON object")
+        extra = tuple(parsed.items())
+    return BenchConfig(
+        target=TargetConfig(args.target, args.model, args.endpoint == "chat", args.api_key,
+                            tuple(headers), extra, args.continuous_usage),
+        load=LoadConfig(args.profile, tuple(args.rate), args.max_concurrency, args.sweep_size,
+                        args.sweep_sync_seconds, args.ramp_up, args.seed, args.slo_search,
+                        args.slo_search_steps),
+        limits=StageLimits(args.max_seconds, args.max_requests, args.max_error_rate,
+                           Span.parse(args.warmup), Span.parse(args.cooldown),
+                           args.drain_seconds, args.request_timeout),
+        data=DataConfig(args.data, args.data_file, args.tokenizer, args.ignore_eos,
+                        args.max_tokens, args.seed),
+        measure=MeasureConfig(args.workers, args.calibration_seconds,
+                              args.scrape_interval if args.scrape_interval > 0 else None),
+        slo=Slo.parse(args.slo) if args.slo else None,
+        outputs=tuple(args.output))
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from inferlab.bench.console import print_summary
+    from inferlab.bench.outputs import check_output_paths, write_outputs
+    from inferlab.bench.progress import LiveProgress, NullProgress
+    from inferlab.bench.session import run_benchmark
+
+    config = config_from_args(args)
+    check_output_paths(config.outputs)  # before the run, so a typo does not lose it
+    progress = NullProgress() if args.quiet else LiveProgress()
+    result = run_benchmark(config, progress)
+    print_summary(result, Console())
+    for path in write_outputs(result, config.outputs):
+        print(f"wrote {path}", file=sys.stderr)
+    return 130 if result.interrupted else 0
+
+
+def run_mock_server(args: argparse.Namespace) -> int:
+    from inferlab.bench.mock import MockConfig, serve_forever
+
+    config = MockConfig(args.host, args.port, args.model, args.ttft_ms, args.itl_ms,
+                        args.tokens_per_chunk, args.default_max_tokens, args.max_running,
+                        args.error_rate, args.hang_rate, args.close_rate, args.seed)
+
+    async def main() -> None:
+        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        server = asyncio.ensure_future(serve_forever(config, ready))
+        print(f"mock server listening on {await ready}", flush=True)
+        await server
+
+    try:
+        asyncio.run(main())
+    except OSError as e:
+        raise InferlabError(f"cannot listen on {args.host}:{args.port}: {e.strerror}") from None
+    return 0
+
+
+def run_compare(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from inferlab.bench.compare import compare, regressions
+    from inferlab.bench.compare_report import print_comparison, write_comparison_html
+    from inferlab.bench.report_json import load_run
+
+    if len(args.runs) < 2:
+        raise InferlabError("compare needs at least two JSON reports")
+    for path in args.output:
+        if not path.endswith(".html"):
+            raise InferlabError(f"compare --output {path}: use an .html name")
+    runs = [load_run(path) for path in args.runs]
+    comparisons = [compare(runs[0], other) for other in runs[1:]]
+    console = Console()
+    failures = []
+    for comparison in comparisons:
+        print_comparison(comparison, console, args.alpha)
+        if args.fail_on_regression is not None:
+            failures += regressions(comparison, args.fail_on_regression, args.alpha)
+    for path in args.output:
+        write_comparison_html(comparisons, path, args.alpha, failures)
+        print(f"wrote {path}", file=sys.stderr)
+    for row in failures:
+        console.print(f"[red]regression: {row.stage} {row.metric} {row.stat} "
+                      f"{row.base:.3f} -> {row.other:.3f} ({row.change:+.1%})[/]")
+    return 1 if failures else 0

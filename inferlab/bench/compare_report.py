@@ -1,0 +1,91 @@
+"""How a comparison is shown: a console table and a self-contained HTML page."""
+
+from __future__ import annotations
+
+from html import escape
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from inferlab.bench.compare import Comparison, Row, pair_stages
+from inferlab.bench.html_page import bullet_list, num, page, table
+from inferlab.bench.metrics import itl_ms, ttft_ms
+from inferlab.bench.svg import histogram
+
+CONSOLE_STATS = ("", "median", "p95", "p99")  # the rest is in the HTML
+
+
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.1%}"
+
+
+def _p(value: float | None) -> str:
+    return "-" if value is None else (f"{value:.2g}" if value >= 1e-4 else "<1e-4")
+
+
+def print_comparison(comparison: Comparison, console: Console, alpha: float) -> None:
+    table = Table(title=f"{comparison.base.path} -> {comparison.other.path}")
+    for name in ("stage", "metric", "base", "other", "change", "p"):
+        table.add_column(name, justify="left" if name in ("stage", "metric") else "right")
+    for row in comparison.rows:
+        if row.stat not in CONSOLE_STATS:
+            continue
+        worse = row.worse_by
+        style = ""
+        if worse is not None and abs(worse) > 0.02 and (row.p_value is None
+                                                        or row.p_value < alpha):
+            style = "red" if worse > 0 else "green"
+        table.add_row(row.stage, _name(row), _v(row.base), _v(row.other),
+                      _pct(row.change), _p(row.p_value), style=style)
+    console.print(table)
+
+
+def _name(row: Row) -> str:
+    return f"{row.metric} {row.stat}".strip()
+
+
+def _v(value: float | None) -> str:
+    return "-" if value is None else f"{value:,.3f}"
+
+
+def write_comparison_html(comparisons: list[Comparison], path: str | Path, alpha: float,
+                          failures: list[Row]) -> None:
+    parts = ["<h1>inferlab bench compare</h1>",
+             f"<p>Baseline: {escape(comparisons[0].base.path)}. Change = (other - base) / "
+             f"base. p: two-sided Mann-Whitney U over per-request samples of successful "
+             f"requests; differences with p &lt; {alpha:g} are coloured.</p>",
+             bullet_list([f"regression: {r.stage} {_name(r)} {_pct(r.change)}"
+                          for r in failures], "warn")]
+    for comparison in comparisons:
+        parts.append(f"<h2>{escape(comparison.base.path)} vs "
+                     f"{escape(comparison.other.path)}</h2>")
+        parts.append(_rows_table(comparison, alpha))
+        parts.append(_histograms(comparison))
+    Path(path).write_text(page("inferlab bench compare", "".join(parts), script=""),
+                          encoding="utf-8")
+
+
+def _rows_table(comparison: Comparison, alpha: float) -> str:
+    rows = []
+    for row in comparison.rows:
+        worse = row.worse_by
+        css = ""
+        if worse is not None and (row.p_value is None or row.p_value < alpha):
+            css = "worse" if worse > 0.02 else "better" if worse < -0.02 else ""
+        rows.append([escape(row.stage), escape(_name(row)), num(row.base, 3),
+                     num(row.other, 3), f'<span class="{css}">{_pct(row.change)}</span>',
+                     _p(row.p_value)])
+    return table(["stage", "metric", "base", "other", "change", "p"], rows, left=2)
+
+
+def _histograms(comparison: Comparison) -> str:
+    charts = []
+    for a, b in pair_stages(comparison.base, comparison.other):
+        for name, fn in (("TTFT", ttft_ms), ("ITL", itl_ms)):
+            samples = {
+                "base": [v for r in a.records if r.outcome == "ok" and (v := fn(r)) is not None],
+                "other": [v for r in b.records if r.outcome == "ok" and (v := fn(r)) is not None],
+            }
+            charts.append(histogram(f"{name}, {a.label}", samples, "ms"))
+    return f'<div class="charts">{"".join(charts)}</div>'

@@ -1,0 +1,73 @@
+"""The summary printed at the end of a run."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
+from inferlab.bench.session import RunResult
+
+SHOWN = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+def _n(value: float | None, digits: int = 1) -> str:
+    return "-" if value is None else f"{value:,.{digits}f}"
+
+
+def load_table(result: RunResult) -> Table:
+    """What each stage asked and achieved: rates, throughput, outcomes."""
+    table = Table(title=f"{result.meta['model']} at {result.meta['target']} "
+                        f"({result.meta['profile']}): load")
+    for name in ("stage", "asked", "sent req/s", "req/s", "out tok/s", "total tok/s",
+                 "concurrency", "ok/err/canc", "goodput"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
+    for stage in result.stages:
+        s = stage.summary
+        table.add_row(s.info.label, _n(s.info.rate, 2), _n(s.sent_rate, 2),
+                      _n(s.request_throughput, 2), _n(s.output_token_throughput),
+                      _n(s.total_token_throughput), _n(s.concurrency_mean),
+                      f"{s.counts['ok']}/{s.counts['error']}/{s.counts['cancelled']}",
+                      _n(s.goodput, 2))
+    return table
+
+
+def latency_table(result: RunResult) -> Table:
+    """Latency percentiles of successful requests, with the client's floor beside them."""
+    table = Table(title="latency (ms)")
+    for name in ("stage", "TTFT p50/p95/p99", "ITL p50/p95/p99", "TPOT p50", "E2E p50/p95",
+                 "floor TTFT/ITL p50"):
+        table.add_column(name, justify="left" if name == "stage" else "right")
+    for stage in result.stages:
+        m = stage.summary.metrics
+        ttft, itl = m["ttft_ms"]["ok"], m["itl_ms"]["ok"]
+        e2e, tpot = m["e2e_ms"]["ok"], m["tpot_ms"]["ok"]
+        floor = "-"
+        if stage.floor is not None:
+            f = stage.floor.metrics
+            floor = f"{_n(f['ttft_ms']['ok'].median, 2)} / {_n(f['itl_ms']['ok'].median, 3)}"
+        table.add_row(stage.summary.info.label,
+                      f"{_n(ttft.median)}/{_n(ttft.p95)}/{_n(ttft.p99)}",
+                      f"{_n(itl.median, 2)}/{_n(itl.p95, 2)}/{_n(itl.p99, 2)}",
+                      _n(tpot.median, 2), f"{_n(e2e.median)}/{_n(e2e.p95)}", floor)
+    return table
+
+
+def print_summary(result: RunResult, console: Console) -> None:
+    console.print(load_table(result))
+    console.print(latency_table(result))
+    if result.slo_search is not None:
+        search = result.slo_search
+        best = "no rate" if search.best_rate is None else f"{search.best_rate:.3f} req/s"
+        console.print(f"SLO search ({search.bounds} at p{search.percentile:g}): {best} "
+                      f"{search.note}")
+    for note in result.meta.get("notes", []):
+        console.print(f"[dim]note: {note}[/]")
+    for warning in result.warnings:
+        console.print(f"[yellow]warning: {warning}[/]")
+    console.print("[dim]Latencies in ms over successful requests. The floor is the same "
+                  "load against a zero-latency mock: the client's own share.[/]")
+    for name in SHOWN:
+        console.print(f"[dim]{name}: {DEFINITIONS[name]}[/]")
+    for name in ("request_throughput", "output_token_throughput", "goodput"):
+        console.print(f"[dim]{name}: {THROUGHPUT_DEFINITIONS[name]}[/]")

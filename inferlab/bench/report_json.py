@@ -1,0 +1,69 @@
+"""The JSON report: every request's record and every aggregate, and how to read it back."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
+from inferlab.bench.records import RequestRecord
+from inferlab.bench.session import RunResult
+from inferlab.bench.summary import StageSummary
+from inferlab.errors import InferlabError
+
+FORMAT = "inferlab-bench/1"
+
+
+def run_to_dict(result: RunResult) -> dict:
+    return {
+        "format": FORMAT,
+        "meta": result.meta,
+        "definitions": {**DEFINITIONS, **THROUGHPUT_DEFINITIONS},
+        "stages": [{"spec": asdict(s.spec), "summary": s.summary.to_dict(),
+                    "floor": s.floor.to_dict() if s.floor else None,
+                    "requests": [r.to_dict() for r in s.records]} for s in result.stages],
+        "timeline": result.timeline.to_dict(),
+        "server": result.server.to_dict(),
+        "slo_search": result.slo_search.to_dict() if result.slo_search else None,
+        "warnings": result.warnings,
+        "interrupted": result.interrupted,
+    }
+
+
+def write_json(result: RunResult, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(run_to_dict(result), separators=(",", ":")) + "\n")
+
+
+@dataclass
+class LoadedStage:
+    label: str
+    summary: StageSummary
+    floor: StageSummary | None
+    records: list[RequestRecord]
+
+
+@dataclass
+class LoadedRun:
+    path: str
+    meta: dict
+    stages: list[LoadedStage]
+
+
+def load_run(path: str | Path) -> LoadedRun:
+    """Read a JSON report written by `inferlab bench --output X.json`."""
+    try:
+        data = json.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise InferlabError(f"no such report: {path}") from None
+    except json.JSONDecodeError as e:
+        raise InferlabError(f"{path} is not JSON ({e.msg})") from None
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise InferlabError(f"{path} is not an inferlab bench report ({FORMAT})")
+    stages = []
+    for stage in data["stages"]:
+        summary = StageSummary.from_dict(stage["summary"])
+        floor = StageSummary.from_dict(stage["floor"]) if stage.get("floor") else None
+        stages.append(LoadedStage(summary.info.label, summary, floor,
+                                  [RequestRecord.from_dict(r) for r in stage["requests"]]))
+    return LoadedRun(str(path), data["meta"], stages)
