@@ -102,9 +102,10 @@ class BlockManager:
 
         Stops at the first miss; never covers the request's last token, which must be
         recomputed to produce logits. Changes nothing (stats are counted on allocation).
+        Requests asking for prompt logprobs never hit: their prompt must be computed.
         """
-        if not self.enable_prefix_caching:
-            return CachedPrefix()
+        if not self.enable_prefix_caching or request.sampling_params.prompt_logprobs is not None:
+            return CachedPrefix()  # prompt logprobs need every prompt position computed
         max_blocks = (request.num_tokens - 1) // self.block_size
         hashes = self._block_hashes(request, max_blocks)
         hits: list[int] = []

@@ -96,4 +96,4 @@ class ModelRunner:
                 logprobs = torch.log_softmax(self.model.compute_logits(rows), dim=-1)
                 targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=rows.device)
                 entries += gather_logprobs(logprobs, targets, [top_n] * len(targets))
-            output.prompt_logprobs[request.request_id] = entries
+            output.prompt_logprobs[request.request_id] = (0 if first == 0 else first + 1, entries)

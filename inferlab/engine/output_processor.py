@@ -66,10 +66,10 @@ class OutputProcessor:
         """Returns the outputs, and the child ids that hit a stop string (to finish in the scheduler)."""
         touched: dict[str, _Parent] = {}
         stopped: list[str] = []
-        for rid, entries in runner_output.prompt_logprobs.items():
+        for rid, (start, entries) in runner_output.prompt_logprobs.items():
             parent, index = self.child_of[rid]
             if index == 0 and parent.prompt_logprobs is not None:
-                parent.prompt_logprobs.extend(entries)
+                parent.prompt_logprobs[start:start + len(entries)] = entries
         for request in updated:
             parent, index = self.child_of[request.request_id]
             completion = parent.children[index]

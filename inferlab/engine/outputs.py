@@ -64,8 +64,9 @@ class ModelRunnerOutput:
     sampled_token_ids: dict[str, int]
     # request_id -> logprobs of the sampled token, where the request asked for logprobs.
     logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
-    # request_id -> logprobs of the prompt tokens computed this step (first prompt token: None).
-    prompt_logprobs: dict[str, list[TokenLogprobs | None]] = field(default_factory=dict)
+    # request_id -> (position of the first entry, logprobs of the prompt tokens computed this
+    # step); position 0 has no logprob (None). A resumed request may send positions again.
+    prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs | None]]] = field(default_factory=dict)
 
 
 @dataclass
