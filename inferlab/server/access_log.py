@@ -1,0 +1,55 @@
+"""One log line per request: id, route, status, prompt and output tokens, TTFT, total time.
+
+A plain ASGI middleware (not Starlette's BaseHTTPMiddleware, which would buffer streams and
+hide disconnects): it logs when the app returns, which for a stream is after its last byte.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+logger = logging.getLogger("inferlab.server.access")
+
+CLIENT_GONE = 499  # nginx's status for "the client closed the connection first"
+
+
+class AccessLogMiddleware:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.monotonic()
+        request_id = uuid.uuid4().hex[:16]
+        state = scope.setdefault("state", {})
+        state["request_id"] = request_id
+        status: list[int] = []
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                message["headers"] = [*message.get("headers", []),
+                                      (b"x-request-id", request_id.encode())]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            _log(scope, state, status[0] if status else 500, started)
+
+
+def _log(scope: Scope, state: dict, status: int, started: float) -> None:
+    gen = state.get("generation")
+    fields = [f"id={state['request_id']}", f"{scope['method']} {scope['path']}", f"status={status}"]
+    if gen is not None:
+        fields += [f"prompt_tokens={gen.prompt_tokens}", f"output_tokens={gen.output_tokens}"]
+        if gen.first_output_at is not None:
+            fields.append(f"ttft_ms={(gen.first_output_at - started) * 1e3:.1f}")
+    fields.append(f"total_ms={(time.monotonic() - started) * 1e3:.1f}")
+    logger.info(" ".join(fields))

@@ -1,0 +1,92 @@
+"""The OpenAI-compatible HTTP app over an AsyncEngine: routes, auth, errors, logging.
+
+The app never starts or stops the engine (several apps may share one); `runner.py` does.
+"""
+
+from __future__ import annotations
+
+import hmac
+import importlib.metadata
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.server.access_log import CLIENT_GONE, AccessLogMiddleware
+from inferlab.server.chat import create_chat_completion
+from inferlab.server.completions import create_completion
+from inferlab.server.context import ServerContext
+from inferlab.server.disconnect import ClientDisconnected
+from inferlab.server.errors import APIError, error_response, install_error_handlers
+from inferlab.server.protocol import ModelCard, ModelList
+from inferlab.server.settings import ServerSettings
+from inferlab.server.tokenize import detokenize, tokenize
+
+
+def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    ctx = ServerContext(engine, settings)
+    app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.inferlab = ctx
+    install_error_handlers(app)
+    app.add_exception_handler(ClientDisconnected, _client_gone)
+    app.add_middleware(AccessLogMiddleware)
+    keyed = [Depends(_key_checker(settings.api_key))]
+
+    @app.post("/v1/completions", dependencies=keyed)
+    async def completions(request: Request) -> Response:
+        return await create_completion(request, ctx)
+
+    @app.post("/v1/chat/completions", dependencies=keyed)
+    async def chat_completions(request: Request) -> Response:
+        return await create_chat_completion(request, ctx)
+
+    @app.get("/v1/models", dependencies=keyed)
+    async def models() -> ModelList:
+        path = engine.engine.config.model or "embedded"
+        return ModelList(data=[ModelCard(id=ctx.model_name, created=ctx.created, root=path,
+                                         max_model_len=engine.max_model_len)])
+
+    @app.post("/tokenize", dependencies=keyed)
+    async def tokenize_route(request: Request) -> dict:
+        return await tokenize(request, ctx)
+
+    @app.post("/detokenize", dependencies=keyed)
+    async def detokenize_route(request: Request) -> dict:
+        return await detokenize(request, ctx)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if ctx.is_healthy():
+            return Response(status_code=200)
+        reason = "shutting down" if ctx.draining else "the engine loop is not making progress"
+        return error_response(APIError(503, f"unhealthy: {reason}"))
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/version")
+    async def version() -> dict:
+        return {"version": importlib.metadata.version("inferlab")}
+
+    return app
+
+
+def _key_checker(api_key: str | None):
+    expected = api_key.encode() if api_key is not None else None
+
+    async def check(request: Request) -> None:
+        if expected is None:
+            return
+        scheme, _, token = request.headers.get("authorization", "").partition(" ")
+        # compare_digest: the time taken does not depend on how much of the key was right
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.strip().encode(), expected):
+            raise APIError(401, "missing or invalid API key (send 'Authorization: Bearer <key>')",
+                           code="invalid_api_key")
+
+    return check
+
+
+async def _client_gone(_: Request, __: Exception) -> Response:
+    return Response(status_code=CLIENT_GONE)

@@ -1,0 +1,94 @@
+"""Request bodies: read within a size limit, decode as UTF-8 JSON, validate into a model.
+
+Bodies are parsed here rather than by FastAPI so that every way a body can be wrong (too big,
+not UTF-8, not JSON, not an object, a field of the wrong type) is a 400 or 413 with a message
+that says which, never a 422 or a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, TypeVar
+
+from fastapi import Request
+from pydantic import BaseModel, ValidationError
+
+from inferlab.server.errors import APIError, bad_request
+
+ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# Past the limit a body is read on (and dropped) this far, so that the client, which sends its
+# whole body before reading, gets the 413 rather than a reset connection.
+_DRAIN_BYTES = 16 * 2**20
+# pydantic's names for the member types of a union, which it puts in an error's location
+_UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
+
+
+async def read_json_body(request: Request, limit_bytes: int) -> dict[str, Any]:
+    raw = await _read_limited(request, limit_bytes)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise bad_request(f"the request body is not valid UTF-8 (bad byte at offset {e.start})") from None
+    try:
+        body = json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as e:
+        raise bad_request(f"the request body is not valid JSON: {e.msg} (line {e.lineno}, "
+                          f"column {e.colno})") from None
+    except (ValueError, RecursionError) as e:
+        raise bad_request(f"the request body is not valid JSON: {e}") from None
+    if not isinstance(body, dict):
+        raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
+    return body
+
+
+async def _read_limited(request: Request, limit_bytes: int) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit_bytes + _DRAIN_BYTES:
+        raise _too_large(int(declared), limit_bytes)
+    chunks: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit_bytes + _DRAIN_BYTES:
+            raise _too_large(size, limit_bytes)
+        if size <= limit_bytes:
+            chunks.append(chunk)
+    if size > limit_bytes:
+        raise _too_large(size, limit_bytes)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit_bytes: int) -> APIError:
+    return APIError(413, f"the request body ({size} bytes or more) is over the limit of "
+                         f"{limit_bytes} bytes", code="request_too_large")
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_body(model: type[ModelT], body: dict[str, Any]) -> ModelT:
+    try:
+        return model.model_validate(body)
+    except ValidationError as e:
+        raise _validation_error(e) from None
+
+
+def _validation_error(error: ValidationError) -> APIError:
+    errors = error.errors()
+    first = errors[0]
+    param = _param(first["loc"])
+    if first["type"] == "missing":
+        return bad_request(f"'{param}' is required", param)
+    if len(errors) > 1 and all(_param(e["loc"]) == param for e in errors):
+        # a union field: every alternative failed, so no single alternative's message fits
+        got = type(first.get("input")).__name__
+        return bad_request(f"'{param}' has the wrong type ({got}) or an invalid value", param)
+    return bad_request(f"'{param}': {first['msg']}", param)
+
+
+def _param(loc: tuple[int | str, ...]) -> str:
+    parts = [str(p) for p in loc
+             if isinstance(p, int) or (p.lower() not in _UNION_TAGS and "[" not in p)]
+    return ".".join(parts)

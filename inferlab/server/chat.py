@@ -1,0 +1,127 @@
+"""POST /v1/chat/completions: messages through the model's chat template, reply whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inferlab.engine.outputs import RequestOutput, TokenLogprobs
+from inferlab.models.tokenizer import TextTokenizer
+from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.context import ServerContext
+from inferlab.server.disconnect import unless_disconnected
+from inferlab.server.errors import bad_request
+from inferlab.server.generation import Generation
+from inferlab.server.logprobs import chat_logprobs
+from inferlab.server.protocol import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    ChatMessage,
+    Usage,
+)
+from inferlab.server.sampling import chat_params
+from inferlab.server.sse import EventStreamResponse, event
+from inferlab.server.unsupported import reject_unsupported
+
+
+async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
+    reject_unsupported(body)
+    req = parse_body(ChatCompletionRequest, body)
+    ctx.check_model(req.model)
+    params = chat_params(req)
+    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages)
+    gen = await ctx.generate(request, [prompt_ids], params)
+    fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
+    if req.stream:
+        return EventStreamResponse(fmt.stream(), on_close=gen.close)
+    try:
+        finals = await unless_disconnected(request, gen.final_outputs())
+    finally:
+        await gen.close()
+    return JSONResponse(fmt.whole(finals[0]).model_dump())
+
+
+def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
+                    add_generation_prompt: bool = True) -> list[int]:
+    if not messages:
+        raise bad_request("'messages' must not be empty", "messages")
+    plain = [{"role": m.role, "content": _message_text(m, i)} for i, m in enumerate(messages)]
+    text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    return tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
+
+
+def _message_text(message: ChatMessage, index: int) -> str:
+    if message.content is None or isinstance(message.content, str):
+        return message.content or ""
+    texts = []
+    for part in message.content:
+        if part.type != "text" or part.text is None:
+            raise bad_request(f"content part type {part.type!r} is not supported (only 'text' "
+                              "parts with a 'text' field)", f"messages.{index}.content")
+        texts.append(part.text)
+    return "\n".join(texts)
+
+
+class _Formatter:
+    def __init__(self, ctx: ServerContext, req: ChatCompletionRequest, gen: Generation,
+                 response_id: str) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.gen = gen
+        self.id = response_id
+        self.created = int(time.time())
+        self.num_top = req.top_logprobs or 0
+
+    def whole(self, final: RequestOutput) -> ChatCompletion:
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+                              logprobs=self._logprobs(c.logprobs), finish_reason=c.finish_reason,
+                              stop_reason=c.stop_reason)
+                   for c in final.outputs]
+        return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
+                              choices=choices, usage=self._usage())
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        options = self.req.stream_options
+        continuous = options is not None and options.continuous_usage_stats
+        for i in range(self.gen.params.n):
+            yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
+                              continuous)
+        finished: set[int] = set()
+        async for _, out in self.gen.outputs():
+            for c in out.outputs:
+                if c.index in finished:
+                    continue
+                logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
+                if c.text_delta or (logprobs is not None and logprobs.content):
+                    yield self._chunk(ChatChunkChoice(index=c.index, delta={"content": c.text_delta},
+                                                      logprobs=logprobs), continuous)
+                if c.finished:
+                    finished.add(c.index)
+                    yield self._chunk(ChatChunkChoice(index=c.index, delta={},
+                                                      finish_reason=c.finish_reason), continuous)
+        if options is not None and options.include_usage:
+            yield event(ChatCompletionChunk(id=self.id, created=self.created,
+                                            model=self.ctx.model_name, choices=[],
+                                            usage=self._usage()))
+
+    def _chunk(self, choice: ChatChunkChoice, continuous: bool) -> bytes:
+        return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
+                                         choices=[choice], usage=self._usage() if continuous else None))
+
+    def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
+        if entries is None or not self.req.logprobs:
+            return None
+        return ChatLogprobs(content=chat_logprobs(entries, self.ctx.token_texts, self.num_top))
+
+    def _usage(self) -> Usage:
+        prompt, output = self.gen.prompt_tokens, self.gen.output_tokens
+        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)

@@ -1,0 +1,64 @@
+"""`inferlab serve [MODEL]`: the OpenAI-compatible server; defaults come from ServerSettings."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import logging
+import os
+import sys
+
+from inferlab.config import parse_bytes
+from inferlab.engine.args import add_engine_args, engine_config_from_args
+from inferlab.server.settings import ServerSettings
+
+_DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
+    add_engine_args(parser)
+    group = parser.add_argument_group("server")
+    group.add_argument("--host", default=_DEFAULTS["host"])
+    group.add_argument("--port", type=int, default=_DEFAULTS["port"], help="0: any free port")
+    group.add_argument("--api-key", default=None,
+                       help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY)")
+    group.add_argument("--served-model-name", default=None,
+                       help="the model name clients use (default: the model's file or folder name)")
+    group.add_argument("--max-queued-requests", type=int, default=_DEFAULTS["max_queued_requests"],
+                       help="sequences waiting for the engine before new requests get 503")
+    group.add_argument("--max-request-body", default=str(_DEFAULTS["max_request_body_bytes"]),
+                       help="larger request bodies get 413, e.g. 8MiB")
+    group.add_argument("--shutdown-timeout", type=float, default=_DEFAULTS["shutdown_timeout_s"],
+                       help="seconds in-flight requests get on SIGTERM before they are aborted")
+    group.add_argument("--health-max-silence", type=float,
+                       default=_DEFAULTS["health_max_silence_s"],
+                       help="/health is 503 when the engine loop has been stuck this many seconds")
+    parser.set_defaults(func=run_serve)
+
+
+def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    from inferlab.models.loader import model_display_name
+
+    return ServerSettings(
+        served_model_name=args.served_model_name or model_display_name(args.model),
+        host=args.host, port=args.port,
+        api_key=args.api_key if args.api_key is not None else (os.environ.get("INFERLAB_API_KEY") or None),
+        max_queued_requests=args.max_queued_requests,
+        max_request_body_bytes=parse_bytes(args.max_request_body),
+        shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
+    )
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from inferlab.engine.async_engine import AsyncEngine
+    from inferlab.server.runner import bind, serve
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = settings_from_args(args)
+    bind(settings.host, settings.port).close()  # a taken port fails now, not after the model loads
+    print(f"inferlab: loading {settings.served_model_name}...", file=sys.stderr, flush=True)
+    engine = AsyncEngine.from_config(engine_config_from_args(args))
+    asyncio.run(serve(engine, settings))
+    return 0

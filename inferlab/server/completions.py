@@ -1,0 +1,125 @@
+"""POST /v1/completions: prompts in, text out, whole or streamed."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+
+from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.context import ServerContext
+from inferlab.server.disconnect import unless_disconnected
+from inferlab.server.errors import bad_request
+from inferlab.server.generation import Generation
+from inferlab.server.logprobs import append_completion_logprobs
+from inferlab.server.protocol import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Usage,
+)
+from inferlab.server.sampling import completion_params
+from inferlab.server.sse import EventStreamResponse, event
+from inferlab.server.unsupported import reject_unsupported
+
+
+async def create_completion(request: Request, ctx: ServerContext) -> Response:
+    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
+    reject_unsupported(body)
+    req = parse_body(CompletionRequest, body)
+    ctx.check_model(req.model)
+    prompts = _prompts(req.prompt)
+    gen = await ctx.generate(request, prompts, completion_params(req))
+    fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
+    if req.stream:
+        return EventStreamResponse(fmt.stream(), on_close=gen.close)
+    try:
+        finals = await unless_disconnected(request, gen.final_outputs())
+    finally:
+        await gen.close()
+    return JSONResponse(fmt.whole(finals).model_dump())
+
+
+def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
+    if isinstance(prompt, str):
+        return [prompt]
+    if not prompt:
+        raise bad_request("'prompt' must not be an empty list", "prompt")
+    if isinstance(prompt[0], int):
+        return [list(prompt)]  # type: ignore[arg-type]
+    return list(prompt)  # type: ignore[arg-type]
+
+
+@dataclass
+class _ChoiceState:
+    started: bool = False  # the echoed prompt has been sent
+    text_offset: int = 0  # characters of this choice's text so far, for logprobs.text_offset
+
+
+class _Formatter:
+    def __init__(self, ctx: ServerContext, req: CompletionRequest, gen: Generation,
+                 response_id: str) -> None:
+        self.ctx = ctx
+        self.req = req
+        self.gen = gen
+        self.id = response_id
+        self.created = int(time.time())
+        self.states: dict[tuple[int, int], _ChoiceState] = {}
+
+    def whole(self, finals: list[RequestOutput]) -> Completion:
+        choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
+                   for p, out in enumerate(finals) for c in out.outputs]
+        return Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+                          choices=choices, usage=self._usage())
+
+    async def stream(self) -> AsyncIterator[bytes]:
+        options = self.req.stream_options
+        continuous = options is not None and options.continuous_usage_stats
+        finished: set[tuple[int, int]] = set()
+        async for p, out in self.gen.outputs():
+            for c in out.outputs:
+                key = (p, c.index)
+                if key in finished or not self._has_news(key, c):
+                    continue
+                if c.finished:
+                    finished.add(key)
+                choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
+                yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+                                       choices=[choice], usage=self._usage() if continuous else None))
+        if options is not None and options.include_usage:
+            yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+                                   choices=[], usage=self._usage()))
+
+    def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
+        if c.text_delta or c.finished or (self.req.echo and key not in self.states):
+            return True
+        return self.req.logprobs is not None and bool(c.token_ids_delta)
+
+    def _choice(self, p: int, out: RequestOutput, c: CompletionOutput, text: str,
+                token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> CompletionChoice:
+        state = self.states.setdefault((p, c.index), _ChoiceState())
+        logprobs = CompletionLogprobs() if self.req.logprobs is not None else None
+        if not state.started:
+            state.started = True
+            if self.req.echo:
+                prompt_text = out.prompt if out.prompt is not None else \
+                    self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
+                if logprobs is not None and out.prompt_logprobs is not None:
+                    append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
+                                               self.ctx.token_texts, 0)
+                text = prompt_text + text
+                state.text_offset = len(prompt_text)
+        if logprobs is not None and entries:
+            state.text_offset = append_completion_logprobs(
+                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset)
+        return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+
+    def _usage(self) -> Usage:
+        prompt, output = self.gen.prompt_tokens, self.gen.output_tokens
+        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)

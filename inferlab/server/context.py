@@ -1,0 +1,63 @@
+"""What every route shares: the engine, the settings, admission, metrics, the drain flag."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from fastapi import Request
+
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.server.admission import Admission
+from inferlab.server.disconnect import unless_disconnected
+from inferlab.server.errors import APIError
+from inferlab.server.generation import Generation
+from inferlab.server.logprobs import TokenTexts
+from inferlab.server.metrics import ServerMetrics
+from inferlab.server.settings import ServerSettings
+
+
+class ServerContext:
+    def __init__(self, engine: AsyncEngine, settings: ServerSettings) -> None:
+        self.engine = engine
+        self.settings = settings
+        self.model_name = settings.served_model_name
+        self.created = int(time.time())
+        self.admission = Admission(engine, settings.max_queued_requests)
+        self.metrics = ServerMetrics(engine, self.model_name, lambda: self.admission.in_flight)
+        self.token_texts = TokenTexts(engine.tokenizer)
+        self.draining = False  # set on SIGTERM: no new work, /health 503
+
+    def check_model(self, name: str | None) -> None:
+        if name is not None and name != self.model_name:
+            raise APIError(404, f"the model {name!r} does not exist; this server serves "
+                                f"{self.model_name!r}", param="model", code="model_not_found")
+
+    def is_healthy(self) -> bool:
+        return not self.draining and self.engine.is_healthy(self.settings.health_max_silence_s)
+
+    def _unavailable(self, reason: str, message: str) -> APIError:
+        self.metrics.reject(reason)
+        return APIError(503, message, code=reason,
+                        headers={"Retry-After": str(self.settings.retry_after_s)})
+
+    async def generate(self, request: Request, prompts: Sequence[str | list[int]],
+                       params: SamplingParams) -> Generation:
+        """Admit, hand to the engine, and wait for every prompt's first output."""
+        if self.draining:
+            raise self._unavailable("shutting_down", "the server is shutting down")
+        num_seqs = len(prompts) * params.n
+        if not self.admission.try_admit(num_seqs):
+            raise self._unavailable("queue_full", f"the server is busy: "
+                                    f"{self.admission.max_queued} sequences are already waiting; "
+                                    "retry later")
+        gen = Generation(self.engine, prompts, params, request.state.request_id, self.metrics,
+                         on_close=lambda: self.admission.release(num_seqs))
+        request.state.generation = gen  # the access log reads its token counts and TTFT
+        try:
+            await unless_disconnected(request, gen.start())
+        except BaseException:
+            await gen.close()
+            raise
+        return gen

@@ -1,0 +1,121 @@
+"""One API request's engine requests (one per prompt), started together and read as one stream.
+
+Each prompt's engine stream is drained by a pump task into one queue, so prompts run side by
+side in the engine's batches. `start()` returns once every prompt has its first output, which
+is the moment the engine has accepted all of them: an invalid request fails there, before any
+response has been sent, and becomes a 400. `close()` is the single exit: whatever has not
+finished is aborted (its KV blocks are freed on the engine's next turn) and the admission
+places are handed back.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError
+from inferlab.server.errors import APIError, bad_request
+from inferlab.server.metrics import InterTokenTimer, ServerMetrics
+
+_Item = tuple[int, RequestOutput | BaseException]
+
+
+class Generation:
+    def __init__(self, engine: AsyncEngine, prompts: Sequence[str | list[int]],
+                 params: SamplingParams, request_id: str, metrics: ServerMetrics,
+                 on_close: Callable[[], None]) -> None:
+        self.engine = engine
+        self.prompts = list(prompts)
+        self.params = params
+        self.request_ids = [f"{request_id}-{i}" for i in range(len(self.prompts))]
+        self.metrics = metrics
+        self._itl = InterTokenTimer(metrics)
+        self._on_close = on_close
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._buffer: deque[_Item] = deque()  # outputs read by start(), not yet handed out
+        self._pumps: list[asyncio.Task] = []
+        self._latest: dict[int, RequestOutput] = {}
+        self._finished: set[int] = set()
+        self._closed = False
+        self.first_output_at: float | None = None  # time.monotonic(), for the access log
+
+    @property
+    def prompt_tokens(self) -> int:
+        return sum(len(out.prompt_token_ids) for out in self._latest.values())
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(len(c.token_ids) for out in self._latest.values() for c in out.outputs)
+
+    async def start(self) -> None:
+        """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""
+        self._pumps = [asyncio.create_task(self._pump(i, rid, prompt))
+                       for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))]
+        started: set[int] = set()
+        while len(started) < len(self._pumps):
+            index, item = await self._queue.get()
+            if isinstance(item, BaseException):
+                await self.close()
+                raise _start_error(item)
+            if self.first_output_at is None:
+                self.first_output_at = time.monotonic()
+            started.add(index)
+            self._latest[index] = item  # usage counts are right from the first chunk on
+            self._buffer.append((index, item))
+
+    async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
+        """(prompt index, output) until every prompt has finished."""
+        while len(self._finished) < len(self.prompts):
+            index, item = self._buffer.popleft() if self._buffer else await self._queue.get()
+            if isinstance(item, BaseException):
+                raise APIError(500, f"the engine failed: {item}")
+            self._record(index, item)
+            yield index, item
+
+    async def final_outputs(self) -> list[RequestOutput]:
+        async for _ in self.outputs():
+            pass
+        return [self._latest[i] for i in range(len(self.prompts))]
+
+    async def close(self) -> None:
+        """Abort what has not finished and release the admission; safe to call twice."""
+        if self._closed:
+            return
+        self._closed = True
+        for pump in self._pumps:
+            pump.cancel()
+        for index, request_id in enumerate(self.request_ids):
+            if index not in self._finished:
+                # also covers a prompt whose add was still queued for the engine thread when
+                # its pump was cancelled: the abort is queued behind it
+                await self.engine.abort(request_id)
+        self._on_close()
+        await asyncio.gather(*self._pumps, return_exceptions=True)
+
+    async def _pump(self, index: int, request_id: str, prompt: str | list[int]) -> None:
+        try:
+            async for out in self.engine.generate(prompt, self.params, request_id):
+                self._queue.put_nowait((index, out))
+        except Exception as e:  # handed to the reader, which knows whether it is a 400 or a 500
+            self._queue.put_nowait((index, e))
+
+    def _record(self, index: int, out: RequestOutput) -> None:
+        if self.first_output_at is None:
+            self.first_output_at = time.monotonic()
+        self._latest[index] = out
+        for completion in out.outputs:
+            self._itl.tokens_arrived((index, completion.index), len(completion.token_ids_delta))
+        if out.finished:
+            self._finished.add(index)
+            self.metrics.observe_finished(out)
+
+
+def _start_error(error: BaseException) -> APIError:
+    if isinstance(error, InferlabError | ValueError):
+        return bad_request(str(error))
+    return APIError(500, f"the engine failed: {error}")

@@ -1,0 +1,56 @@
+"""Engine TokenLogprobs -> the two OpenAI logprob shapes (legacy completions, chat)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from inferlab.engine.outputs import TokenLogprobs
+from inferlab.models.tokenizer import TextTokenizer
+from inferlab.server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+
+
+class TokenTexts:
+    """Each token's text on its own, cached (a token's text never changes)."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            self._cache[token_id] = text
+        return text
+
+
+def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int],
+                               entries: Sequence[TokenLogprobs | None], texts: TokenTexts,
+                               text_offset: int) -> int:
+    """Add one entry per token (None entries: the first prompt token); returns the new offset."""
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        text = texts(token_id)
+        into.tokens.append(text)
+        into.text_offset.append(text_offset)
+        text_offset += len(text)
+        if entry is None:
+            into.token_logprobs.append(None)
+            into.top_logprobs.append(None)
+            continue
+        into.token_logprobs.append(entry.logprob)
+        top = {texts(t): lp for t, lp in entry.top}
+        top.setdefault(text, entry.logprob)  # the chosen token is always listed, as OpenAI does
+        into.top_logprobs.append(top)
+    return text_offset
+
+
+def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts,
+                  num_top: int) -> list[TokenLogprob]:
+    out = []
+    for entry in entries:
+        text = texts(entry.token_id)
+        top = [TopLogprob(token=texts(t), logprob=lp, bytes=list(texts(t).encode()))
+               for t, lp in entry.top[:num_top]]
+        out.append(TokenLogprob(token=text, logprob=entry.logprob, bytes=list(text.encode()),
+                                top_logprobs=top))
+    return out

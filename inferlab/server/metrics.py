@@ -1,0 +1,132 @@
+"""/metrics in Prometheus text, under vLLM's metric names so existing dashboards work.
+
+Gauges and totals are read from the engine's stats snapshot at scrape time; latency histograms
+are observed by the server as requests finish. Our own series are prefixed `inferlab:`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.outputs import RequestOutput
+
+# seconds; log-spaced from what a GPU does to what a loaded CPU does
+_LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0,
+                      10.0, 20.0, 40.0, 80.0, 160.0, 320.0, 640.0)
+_ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
+                  0.75, 1.0, 2.5, 5.0, 10.0)
+_TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+
+
+class ServerMetrics:
+    def __init__(self, engine: AsyncEngine, model_name: str, in_flight: Callable[[], int]) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.registry.register(_EngineCollector(engine, model_name, in_flight))
+        labels = ["model_name"]
+
+        def histogram(name: str, doc: str, buckets: tuple[float, ...]):
+            return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(model_name)
+
+        self.ttft_s = histogram("vllm:time_to_first_token_seconds",
+                                "Arrival in the engine to the first output token.", _LATENCY_BUCKETS_S)
+        self.itl_s = histogram("vllm:inter_token_latency_seconds",
+                               "Time between two output tokens of one completion, as the server "
+                               "receives them.", _ITL_BUCKETS_S)
+        self.e2e_s = histogram("vllm:e2e_request_latency_seconds",
+                               "Arrival in the engine to the last token.", _LATENCY_BUCKETS_S)
+        self.queue_s = histogram("vllm:request_queue_time_seconds",
+                                 "Arrival in the engine to first being scheduled.", _LATENCY_BUCKETS_S)
+        self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt length of finished "
+                                    "requests.", _TOKEN_BUCKETS)
+        self.output_len = histogram("vllm:request_generation_tokens", "Output tokens of finished "
+                                    "requests (all n completions).", _TOKEN_BUCKETS)
+        self._rejected = Counter("inferlab:requests_rejected", "Requests refused with 503, by "
+                                 "reason.", ["model_name", "reason"], registry=self.registry)
+        self._model_name = model_name
+
+    def observe_finished(self, out: RequestOutput) -> None:
+        m = out.metrics
+        if m is None or any(c.finish_reason == "abort" for c in out.outputs):
+            return
+        for hist, value in ((self.ttft_s, m.ttft_s), (self.e2e_s, m.e2e_latency_s),
+                            (self.queue_s, m.queue_time_s)):
+            if value is not None:
+                hist.observe(value)
+        self.prompt_len.observe(len(out.prompt_token_ids))
+        self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
+
+    def reject(self, reason: str) -> None:
+        self._rejected.labels(self._model_name, reason).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class InterTokenTimer:
+    """Per completion, the time since its previous token reached the server."""
+
+    def __init__(self, metrics: ServerMetrics) -> None:
+        self.metrics = metrics
+        self._last_s: dict[tuple[int, int], float] = {}
+
+    def tokens_arrived(self, key: tuple[int, int], num_tokens: int) -> None:
+        if num_tokens == 0:
+            return
+        now = time.monotonic()
+        last = self._last_s.get(key)
+        if last is not None:  # tokens that arrive together share the gap
+            for _ in range(num_tokens):
+                self.metrics.itl_s.observe((now - last) / num_tokens)
+        self._last_s[key] = now
+
+
+class _EngineCollector(Collector):
+    def __init__(self, engine: AsyncEngine, model_name: str, in_flight: Callable[[], int]) -> None:
+        self.engine = engine
+        self.model_name = model_name
+        self.in_flight = in_flight
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.engine.stats()
+        name = [self.model_name]
+
+        def gauge(metric: str, doc: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(metric, doc, labels=["model_name"])
+            family.add_metric(name, value)
+            return family
+
+        def counter(metric: str, doc: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(metric, doc, labels=["model_name"])
+            family.add_metric(name, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Sequences holding KV blocks.", s.num_running)
+        yield gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled (preempted "
+                    "ones included).", s.num_waiting)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).",
+                    s.kv_cache_usage)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      s.prefix_cache_queried_tokens)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix cache.",
+                      s.prefix_cache_hit_tokens)
+        yield counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions_total)
+        yield counter("vllm:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens_total)
+        yield counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total)
+        success = CounterMetricFamily("vllm:request_success", "Finished sequences by finish "
+                                      "reason.", labels=["model_name", "finished_reason"])
+        for reason in sorted({"stop", "length", "abort", *s.requests_finished}):
+            success.add_metric([self.model_name, reason], s.requests_finished.get(reason, 0))
+        yield success
+        yield gauge("inferlab:kv_cache_blocks", "KV blocks in the cache.", s.num_kv_blocks)
+        yield gauge("inferlab:kv_cache_free_blocks", "Free KV blocks (evictable cached ones "
+                    "included).", s.num_free_kv_blocks)
+        yield gauge("inferlab:num_requests_in_flight", "Sequences admitted by the server and not "
+                    "yet finished.", self.in_flight())
+        yield gauge("inferlab:engine_heartbeat_age_seconds", "Time since the engine loop last "
+                    "went round.", time.monotonic() - self.engine.heartbeat)

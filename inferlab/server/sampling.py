@@ -1,0 +1,48 @@
+"""API request fields -> SamplingParams; its ValueErrors become 400s naming the field."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.server.errors import APIError, bad_request
+from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
+
+
+def completion_params(req: CompletionRequest) -> SamplingParams:
+    if req.echo and req.logprobs is not None:
+        return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                      prompt_logprobs=req.logprobs)
+    return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+
+
+def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+    if req.top_logprobs is not None and not req.logprobs:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
+    logprobs = (req.top_logprobs or 0) if req.logprobs else None
+    return _build(req, max_tokens=max_tokens, logprobs=logprobs)
+
+
+def _build(req: SamplingFields, **fields: Any) -> SamplingParams:
+    if req.stream_options is not None and not req.stream:
+        raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+    given = {
+        "n": req.n, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
+        "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
+        "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
+        "repetition_penalty": req.repetition_penalty, "ignore_eos": req.ignore_eos,
+        "min_tokens": req.min_tokens, **fields,
+    }
+    # None means "the default" everywhere except max_tokens, where it means "to the context end"
+    kwargs = {k: v for k, v in given.items() if v is not None or k == "max_tokens"}
+    try:
+        return SamplingParams(**kwargs)
+    except ValueError as e:
+        raise _param_error(str(e)) from None
+
+
+def _param_error(message: str) -> APIError:
+    # SamplingParams messages start with the field's name ("top_p must be in (0, 1], got 2")
+    field = message.split(" ", 1)[0]
+    return bad_request(message, field if field.isidentifier() else None)

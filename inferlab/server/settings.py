@@ -1,0 +1,41 @@
+"""The server's own settings (the engine's live in EngineConfig), validated when built."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab.errors import InferlabError
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str  # the one name /v1/models lists and requests must use
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: an ephemeral port, printed when ready
+    api_key: str | None = None  # None: no authentication
+    # Sequences (prompts x n) admitted beyond those the engine is running; more get 503.
+    max_queued_requests: int = 256
+    max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413
+    shutdown_timeout_s: float = 10.0  # on SIGTERM: in-flight requests get this long, then abort
+    # /health is 503 when the engine loop has not gone round for this long (a stalled step).
+    health_max_silence_s: float = 30.0
+    retry_after_s: int = 1  # the Retry-After header on 503s
+
+    def __post_init__(self) -> None:
+        checks = [
+            (bool(self.served_model_name), "served model name must not be empty"),
+            (0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}"),
+            (self.api_key is None or bool(self.api_key), "the API key must not be empty"),
+            (self.max_queued_requests >= 1,
+             f"max queued requests must be at least 1, got {self.max_queued_requests}"),
+            (self.max_request_body_bytes > 0,
+             f"max request body must be positive, got {self.max_request_body_bytes}"),
+            (self.shutdown_timeout_s >= 0,
+             f"shutdown timeout must be >= 0 s, got {self.shutdown_timeout_s}"),
+            (self.health_max_silence_s > 0,
+             f"health max silence must be > 0 s, got {self.health_max_silence_s}"),
+            (self.retry_after_s >= 0, f"retry-after must be >= 0 s, got {self.retry_after_s}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InferlabError(message)

@@ -1,0 +1,36 @@
+"""POST /tokenize and /detokenize, as vLLM answers them."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from inferlab.errors import InferlabError
+from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.chat import chat_prompt_ids
+from inferlab.server.context import ServerContext
+from inferlab.server.errors import bad_request
+from inferlab.server.protocol import DetokenizeRequest, TokenizeRequest
+
+
+async def tokenize(request: Request, ctx: ServerContext) -> dict:
+    req = parse_body(TokenizeRequest, await read_json_body(request, ctx.settings.max_request_body_bytes))
+    ctx.check_model(req.model)
+    tokenizer = ctx.engine.tokenizer
+    if (req.prompt is None) == (req.messages is None):
+        raise bad_request("give exactly one of 'prompt' and 'messages'")
+    if req.prompt is not None:
+        tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
+    else:
+        assert req.messages is not None
+        tokens = chat_prompt_ids(tokenizer, req.messages, req.add_generation_prompt)
+    return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
+
+
+async def detokenize(request: Request, ctx: ServerContext) -> dict:
+    req = parse_body(DetokenizeRequest, await read_json_body(request, ctx.settings.max_request_body_bytes))
+    ctx.check_model(req.model)
+    try:
+        ctx.engine.engine.tokenize_prompt(req.tokens)  # checks every id is in the vocabulary
+    except InferlabError as e:
+        raise bad_request(str(e), "tokens") from None
+    return {"prompt": ctx.engine.tokenizer.decode(req.tokens)}

@@ -1,0 +1,49 @@
+"""OpenAI fields this server does not implement: refused by name rather than silently ignored.
+
+A field is refused only when its value would change the answer; a client library that sends the
+neutral value (tools=[], tool_choice="none", best_of=1...) is served.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from inferlab.server.errors import bad_request
+
+
+def _empty(value: Any, _: dict[str, Any]) -> bool:
+    return value is None or value in ("", [], {})
+
+
+def _always(_: Any, __: dict[str, Any]) -> bool:
+    return True
+
+
+# field -> is this value neutral (safe to ignore)?
+_NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
+    "tools": _empty,
+    "functions": _empty,
+    "function_call": lambda v, _: _empty(v, _) or v == "none",
+    "tool_choice": lambda v, _: _empty(v, _) or v == "none",
+    "parallel_tool_calls": _always,  # meaningless without tools
+    "suffix": _empty,
+    "logit_bias": _empty,
+    "response_format": lambda v, _: _empty(v, _) or v == {"type": "text"},
+    "best_of": lambda v, body: v is None or v == 1 or v == body.get("n", 1),
+    "audio": _empty,
+    "modalities": lambda v, _: _empty(v, _) or v == ["text"],
+    "prediction": _empty,
+    "guided_json": _empty,
+    "guided_regex": _empty,
+    "guided_choice": _empty,
+    "guided_grammar": _empty,
+    "structured_outputs": _empty,
+    "use_beam_search": lambda v, _: not v,
+}
+
+
+def reject_unsupported(body: dict[str, Any]) -> None:
+    for name, neutral in _NEUTRAL.items():
+        if name in body and not neutral(body[name], body):
+            raise bad_request(f"'{name}' is not supported by this server", name)

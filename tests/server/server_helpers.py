@@ -1,0 +1,63 @@
+"""Helpers for the server tests: a real uvicorn server in a thread, /metrics parsing, clients."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import httpx
+
+API_KEY = "sk-inferlab-test"
+MODEL_NAME = "smollm2-test"
+MAX_MODEL_LEN = 512
+
+
+@dataclass
+class RunningServer:
+    url: str
+    api_key: str | None
+    engine: object  # the AsyncEngine behind it
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+
+    def metrics(self) -> dict[str, float]:
+        """Series (name plus labels, as printed) -> value, from GET /metrics."""
+        text = httpx.get(f"{self.url}/metrics", timeout=10).text
+        values = {}
+        for line in text.splitlines():
+            match = re.fullmatch(r"([^#\s][^\s{]*(?:\{[^}]*\})?)\s+(\S+)", line.strip())
+            if match:
+                values[match.group(1)] = float(match.group(2))
+        return values
+
+    def metric(self, name: str, **labels: str) -> float:
+        wanted = {"model_name": MODEL_NAME, **labels}
+        label_text = ",".join(f'{k}="{v}"' for k, v in sorted(wanted.items()))
+        return self.metrics()[f"{name}{{{label_text}}}"]
+
+
+def start_server(engine, api_key: str | None = None, **settings) -> Iterator[RunningServer]:
+    """Serve `engine` on an ephemeral port until the generator is closed."""
+    from inferlab.server.app import create_app
+    from inferlab.server.runner import ServerThread
+    from inferlab.server.settings import ServerSettings
+
+    app = create_app(engine, ServerSettings(served_model_name=MODEL_NAME, api_key=api_key,
+                                            **settings))
+    thread = ServerThread(app)
+    url = thread.start()
+    try:
+        yield RunningServer(url, api_key, engine)
+    finally:
+        thread.stop()
+
+
+def async_client(server: RunningServer):
+    """An AsyncOpenAI client; make one per asyncio.run (its connections belong to one loop)."""
+    import openai
+
+    return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key or "none",
+                              max_retries=0, timeout=120)

@@ -1,0 +1,164 @@
+"""Every error the server can give: its status and the OpenAI error JSON shape, checked together."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import httpx
+import openai
+import pytest
+from server_helpers import MAX_MODEL_LEN, MODEL_NAME
+
+ERROR_KEYS = {"message", "type", "param", "code"}
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+         405: "invalid_request_error", 413: "invalid_request_error"}
+
+
+def check_error(r: httpx.Response, status: int, param: str | None = None) -> str:
+    """Assert the status and the shape; returns the message."""
+    assert r.status_code == status, r.text
+    assert r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"error"} and set(body["error"]) == ERROR_KEYS
+    error = body["error"]
+    assert error["type"] == TYPES[status]
+    assert isinstance(error["message"], str) and error["message"] and "\n" not in error["message"]
+    assert error["param"] == param
+    return error["message"]
+
+
+def post(server, path: str, **kwargs) -> httpx.Response:
+    headers = {**server.headers, **kwargs.pop("headers", {})}
+    return httpx.post(f"{server.url}{path}", headers=headers, timeout=60, **kwargs)
+
+
+def completion(server, **fields) -> httpx.Response:
+    return post(server, "/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", **fields})
+
+
+def chat(server, **fields) -> httpx.Response:
+    body = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}], **fields}
+    return post(server, "/v1/chat/completions", json=body)
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"max_tokens": 0}, "max_tokens", "at least 1"),
+    ({"max_tokens": -3}, "max_tokens", "-3"),
+    ({"temperature": -0.5}, "temperature", ">= 0"),
+    ({"top_p": 0.0}, "top_p", "(0, 1]"),
+    ({"top_p": 1.5}, "top_p", "1.5"),
+    ({"max_tokens": "5"}, "max_tokens", "integer"),
+    ({"temperature": "hot"}, "temperature", "number"),
+    ({"stream": "yes"}, "stream", "boolean"),
+    ({"n": 1.5}, "n", "integer"),
+    ({"stop": 7}, "stop", "wrong type"),
+    ({"prompt": []}, "prompt", "empty"),
+    ({"prompt": {"text": "Hi"}}, "prompt", "wrong type"),
+    ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
+    ({"suffix": "and then"}, "suffix", "not supported"),
+    ({"logit_bias": {"50": 10}}, "logit_bias", "not supported"),
+    ({"best_of": 3}, "best_of", "not supported"),
+])
+def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param, words):
+    assert words in check_error(completion(server, **fields), 400, param)
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"messages": []}, "messages", "empty"),
+    ({"messages": [{"role": "user", "content": 5}]}, "messages.0.content", "wrong type"),
+    ({"messages": [{"content": "Hi"}]}, "messages.0.role", "required"),
+    ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
+     "messages.0.content", "image_url"),
+    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "not supported"),
+    ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
+    ({"max_completion_tokens": 0}, "max_tokens", "at least 1"),
+])
+def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, words):
+    assert words in check_error(chat(server, **fields), 400, param)
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(server):
+    r = chat(server, tools=[], tool_choice="none", response_format={"type": "text"}, max_tokens=2,
+             store=False, metadata={"who": "test"})
+    assert r.status_code == 200, r.text
+
+
+def test_prompt_over_the_context_is_400_with_the_numbers(server):
+    prompt = "hello " * 100
+    count = post(server, "/tokenize", json={"prompt": prompt}).json()["count"]
+    message = check_error(completion(server, prompt=prompt, max_tokens=500), 400)
+    for number in (count, 500, count + 500, MAX_MODEL_LEN):
+        assert str(number) in message
+    long_ids = [1000] * (MAX_MODEL_LEN + 10)
+    assert str(MAX_MODEL_LEN + 10) in check_error(completion(server, prompt=long_ids), 400)
+
+
+def test_token_ids_outside_the_vocabulary_are_400(server):
+    assert "vocabulary" in check_error(completion(server, prompt=[1, 2, 10**9]), 400)
+    assert "vocabulary" in check_error(post(server, "/detokenize", json={"tokens": [-1]}), 400,
+                                       "tokens")
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"model": "x", "prompt": ', "not valid JSON"),
+    (b'{"prompt": "caf\xe9"}', "not valid UTF-8"),
+    (b'["prompt", "Hi"]', "JSON object"),
+    (b'{"prompt": "Hi", "temperature": NaN}', "NaN"),
+    (b"", "not valid JSON"),
+    (b"[" * 100_000, "not valid JSON"),
+])
+def test_malformed_bodies_are_400_never_500(server, body, words):
+    r = post(server, "/v1/completions", content=body, headers={"content-type": "application/json"})
+    assert words in check_error(r, 400)
+
+
+def test_missing_field_is_400(server):
+    r = post(server, "/v1/completions", json={"model": MODEL_NAME})
+    assert "'prompt' is required" in check_error(r, 400, "prompt")
+
+
+def test_missing_or_wrong_api_key_is_401(server):
+    url = f"{server.url}/v1/completions"
+    body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 1}
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": server.api_key},
+                    {"Authorization": f"Basic {server.api_key}"}):
+        check_error(httpx.post(url, json=body, headers=headers, timeout=30), 401)
+    check_error(httpx.get(f"{server.url}/v1/models", timeout=30), 401)
+    # the unauthenticated endpoints stay open
+    assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+    with pytest.raises(openai.AuthenticationError):
+        openai.OpenAI(base_url=f"{server.url}/v1", api_key="wrong", max_retries=0).models.list()
+
+
+def test_unknown_model_and_route_are_404(server, client):
+    message = check_error(completion(server, model="gpt-4"), 404, "model")
+    assert "gpt-4" in message and MODEL_NAME in message
+    check_error(post(server, "/v1/embeddings", json={"input": "Hi"}), 404)
+    check_error(httpx.get(f"{server.url}/no/such/page", timeout=30), 404)
+    check_error(httpx.get(f"{server.url}/v1/completions", headers=server.headers, timeout=30), 405)
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="gpt-4", messages=[{"role": "user", "content": "Hi"}])
+
+
+def test_body_over_the_limit_is_413(server):
+    big = "x" * (2**20 + 10)
+    check_error(completion(server, prompt=big), 413)
+    # declared too big to read at all: refused from the header, before any body is sent
+    host, port = server.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                     f"Authorization: Bearer {server.api_key}\r\n"
+                     f"Content-Length: {100 * 2**20}\r\n\r\n".encode())
+        reply = sock.makefile("rb").read()
+    head, _, body = reply.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 413 ")
+    assert json.loads(body)["error"]["type"] == "invalid_request_error"
+
+
+def test_openai_client_raises_bad_request(client):
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(model=MODEL_NAME, prompt="Hi", max_tokens=-1)
+    assert caught.value.status_code == 400
+    assert caught.value.body["param"] == "max_tokens"

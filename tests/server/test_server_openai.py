@@ -1,0 +1,217 @@
+"""The server through the official `openai` client: completions and chat, whole and streamed.
+
+References are independent of the code under test: streamed text must equal the whole text,
+token counts must match /tokenize, stop strings are cut where str.find says, sampled-token
+logprobs must match the same tokens' prompt logprobs computed by a prefill, and the chat
+prompt must be the SmolLM2 template written out by hand.
+"""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from server_helpers import MAX_MODEL_LEN, MODEL_NAME
+
+PROMPT = "The capital of France is"
+GREEDY = {"temperature": 0.0}
+
+
+def _tokenize(server, **body) -> list[int]:
+    r = httpx.post(f"{server.url}/tokenize", json=body, headers=server.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]
+
+
+def test_models_lists_the_served_name(client, server):
+    models = client.models.list().data
+    assert [m.id for m in models] == [MODEL_NAME]
+    assert models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    version = httpx.get(f"{server.url}/version", timeout=10).json()
+    assert version["version"].count(".") == 2
+
+
+def test_completion_stream_equals_whole_and_usage_matches_tokenize(client, server):
+    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12,
+                                      extra_body={"ignore_eos": True}, **GREEDY)
+    assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
+    assert whole.choices[0].finish_reason == "length"
+    assert whole.usage.prompt_tokens == len(_tokenize(server, prompt=PROMPT))
+    assert whole.usage.completion_tokens == 12
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens + 12
+
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12,
+                                            stream=True, stream_options={"include_usage": True},
+                                            extra_body={"ignore_eos": True}, **GREEDY))
+    *content, last = chunks
+    assert "".join(c.choices[0].text for c in content) == whole.choices[0].text
+    assert [c.choices[0].finish_reason for c in content][-1] == "length"
+    assert all(c.choices[0].finish_reason is None for c in content[:-1])
+    assert all(c.usage is None for c in content)
+    assert last.choices == [] and last.usage == whole.usage
+
+
+def test_continuous_usage_stats_count_up_in_every_chunk(client):
+    chunks = list(client.completions.create(
+        model=MODEL_NAME, prompt=PROMPT, max_tokens=6, stream=True,
+        stream_options={"include_usage": True, "continuous_usage_stats": True},
+        extra_body={"ignore_eos": True}, **GREEDY))
+    counts = [c.usage.completion_tokens for c in chunks]
+    assert counts == sorted(counts) and counts[-1] == 6
+    assert {c.usage.prompt_tokens for c in chunks} == {chunks[-1].usage.prompt_tokens}
+
+
+def test_n_and_seed_are_reproducible_and_independent(client):
+    def sample(seed: int):
+        out = client.completions.create(model=MODEL_NAME, prompt="Once upon a time", n=3,
+                                        max_tokens=12, temperature=1.0, seed=seed,
+                                        extra_body={"ignore_eos": True})
+        assert [c.index for c in out.choices] == [0, 1, 2]
+        assert out.usage.completion_tokens == 3 * 12
+        return [c.text for c in out.choices]
+
+    first = sample(seed=7)
+    assert sample(seed=7) == first  # same seed, same samples
+    assert len(set(first)) > 1  # the n completions are independent draws
+    assert sample(seed=8) != first
+
+
+def test_stop_string_cuts_where_it_first_occurs(client):
+    full = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16,
+                                     extra_body={"ignore_eos": True}, **GREEDY).choices[0].text
+    middle = len(full) // 2
+    stop = full[middle:middle + 2]
+    assert stop.strip(), f"pick a visible stop string from {full!r}"
+    expected = full[:full.find(stop)]
+
+    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16, stop=[stop],
+                                      extra_body={"ignore_eos": True}, **GREEDY).choices[0]
+    assert (whole.text, whole.finish_reason) == (expected, "stop")
+    assert whole.model_extra["stop_reason"] == stop
+    streamed = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16,
+                                              stop=stop, stream=True,
+                                              extra_body={"ignore_eos": True}, **GREEDY))
+    assert "".join(c.choices[0].text for c in streamed) == expected
+    assert streamed[-1].choices[0].finish_reason == "stop"
+
+
+def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=6, logprobs=2,
+                                    extra_body={"ignore_eos": True}, **GREEDY).choices[0]
+    lp = out.logprobs
+    assert "".join(lp.tokens) == out.text and len(lp.tokens) == 6
+    for token, logprob, top in zip(lp.tokens, lp.token_logprobs, lp.top_logprobs, strict=True):
+        assert token in top and top[token] == logprob
+        assert logprob == max(top.values())  # greedy picks the most likely token
+        assert len(top) == 2  # the chosen token is one of the top 2
+    offsets = [sum(len(t) for t in lp.tokens[:i]) for i in range(len(lp.tokens))]
+    assert lp.text_offset == offsets
+
+    # Echo the prompt plus those 6 tokens: a prefill scores the same tokens again.
+    ids = _tokenize(server, prompt=PROMPT)
+    both = _tokenize(server, prompt=PROMPT + out.text)
+    assert both[:len(ids)] == ids and len(both) == len(ids) + 6
+    echo = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=1, logprobs=1,
+                                     echo=True, **GREEDY).choices[0]
+    assert echo.text.startswith(PROMPT + out.text)
+    prompt_lp = echo.logprobs
+    assert prompt_lp.token_logprobs[0] is None and prompt_lp.top_logprobs[0] is None
+    assert "".join(prompt_lp.tokens[:len(both)]) == PROMPT + out.text
+    assert prompt_lp.token_logprobs[len(ids):len(both)] == pytest.approx(lp.token_logprobs,
+                                                                          abs=2e-3)
+
+
+def test_prompt_forms_give_the_same_completions(client, server):
+    single = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
+                                       extra_body={"ignore_eos": True}, **GREEDY).choices[0].text
+    other = "My favourite colour is"
+    both = client.completions.create(model=MODEL_NAME, prompt=[PROMPT, other], max_tokens=8,
+                                     extra_body={"ignore_eos": True}, **GREEDY)
+    assert [c.index for c in both.choices] == [0, 1]
+    assert both.choices[0].text == single
+    ids = _tokenize(server, prompt=PROMPT)
+    by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=8,
+                                       extra_body={"ignore_eos": True}, **GREEDY)
+    assert by_ids.choices[0].text == single
+    nested = client.completions.create(model=MODEL_NAME, prompt=[ids, _tokenize(server, prompt=other)],
+                                       max_tokens=8, extra_body={"ignore_eos": True}, **GREEDY)
+    assert [c.text for c in nested.choices] == [c.text for c in both.choices]
+    assert nested.usage.prompt_tokens == both.usage.prompt_tokens
+
+
+# SmolLM2-Instruct's chat template, written out by hand: default system turn, then the user.
+SMOLLM2_CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
+                "Hugging Face<|im_end|>\n<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_chat_uses_the_model_template(client, server):
+    messages = [{"role": "user", "content": "Say hi"}]
+    ids = _tokenize(server, messages=messages)
+    r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
+                   timeout=30)
+    decoded = r.json()["prompt"]
+    assert decoded.replace("<|im_start|>", "").replace("<|im_end|>", "") == \
+        SMOLLM2_CHAT.replace("<|im_start|>", "").replace("<|im_end|>", "")
+    assert ids == _tokenize(server, prompt=SMOLLM2_CHAT, add_special_tokens=False)
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
+                                           **GREEDY)
+    assert reply.usage.prompt_tokens == len(ids)
+
+
+def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
+    messages = [{"role": "system", "content": "You answer briefly."},
+                {"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}]
+    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages,
+                                           max_completion_tokens=10, **GREEDY)
+    choice = whole.choices[0]
+    assert whole.object == "chat.completion" and choice.message.role == "assistant"
+    assert choice.message.content and choice.finish_reason in ("stop", "length")
+    assert whole.usage.completion_tokens <= 10
+
+    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=messages,
+                                                 max_completion_tokens=10, stream=True,
+                                                 stream_options={"include_usage": True}, **GREEDY))
+    with_choices = [c for c in chunks if c.choices]
+    assert with_choices[0].choices[0].delta.role == "assistant"
+    assert with_choices[-1].choices[0].finish_reason == choice.finish_reason
+    assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
+    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == choice.message.content
+    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+
+    as_string = [messages[0], {"role": "user", "content": "Name a fruit."}]
+    same = client.chat.completions.create(model=MODEL_NAME, messages=as_string,
+                                          max_tokens=10, **GREEDY)
+    assert same.choices[0].message.content == choice.message.content
+
+
+def test_chat_logprobs_and_n(client):
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
+        logprobs=True, top_logprobs=3, n=2, **GREEDY, extra_body={"ignore_eos": True})
+    assert [c.index for c in out.choices] == [0, 1]
+    assert out.choices[0].message.content == out.choices[1].message.content  # greedy twice
+    content = out.choices[0].logprobs.content
+    assert len(content) == 6
+    for entry in content:
+        assert len(entry.top_logprobs) == 3
+        assert entry.token == entry.top_logprobs[0].token  # greedy: the most likely token
+        assert entry.logprob == entry.top_logprobs[0].logprob <= 0
+        assert bytes(entry.bytes) == entry.token.encode()
+    assert "".join(e.token for e in content).startswith(out.choices[0].message.content)
+
+    streamed = list(client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
+        logprobs=True, top_logprobs=3, stream=True, **GREEDY, extra_body={"ignore_eos": True}))
+    tokens = [e.token for c in streamed if c.choices and c.choices[0].logprobs
+              for e in c.choices[0].logprobs.content]
+    assert tokens == [e.token for e in content]
+
+
+def test_tokenize_detokenize_round_trip(server):
+    text = "Paged attention, continuous batching: 42 tokens/s."
+    ids = _tokenize(server, prompt=text, add_special_tokens=False)
+    r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
+                   timeout=30)
+    assert r.status_code == 200 and r.json() == {"prompt": text}
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=server.headers,
+                   timeout=30)
+    assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == MAX_MODEL_LEN
