@@ -1,0 +1,169 @@
+"""compressed-tensors checkpoints: the tensors of one quantized linear, both ways, and the config.
+
+Per linear layer `X` (local names as compressed-tensors writes them):
+* pack-quantized (W4A16, W8A16): X.weight_packed int32 [N, ceil(K*b/32)], X.weight_scale [N, G],
+  X.weight_shape int64 [2], and when asymmetric X.weight_zero_point int32 [ceil(N*b/32), G];
+* int-quantized (W8A8) / float-quantized (FP8_DYNAMIC) / naive-quantized: X.weight int8 or
+  float8_e4m3fn [N, K] and X.weight_scale [N, 1] (G columns when grouped, [1] per tensor).
+Reading checks every shape and dtype against the config, so a checkpoint whose config
+contradicts its tensors fails with one line naming the tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from inferlab.errors import InferlabError
+from inferlab.quant.formats.int_pack import (
+    pack_int32,
+    pack_zero_points,
+    unpack_int32,
+    unpack_zero_points,
+)
+from inferlab.quant.qparams import QuantizedWeight, num_groups
+from inferlab.quant.scheme import FLOAT, PACK_QUANTIZED, READABLE_FORMATS, GROUP, QuantScheme
+
+QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
+                  "input_scale", "input_zero_point", "weight_global_scale", "weight_g_idx")
+COMPRESSED_TENSORS_VERSION = "0.20.1"  # the library release whose format this follows
+
+
+def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
+    """One layer's quantized weight -> its checkpoint tensors (local names)."""
+    out: dict[str, torch.Tensor] = {"weight_scale": qw.scale.contiguous()}
+    if fmt == PACK_QUANTIZED:
+        out["weight_packed"] = pack_int32(qw.codes, qw.args.num_bits)
+        out["weight_shape"] = torch.tensor(qw.shape, dtype=torch.int64)
+        if qw.zero_point is not None:
+            out["weight_zero_point"] = pack_zero_points(qw.zero_point, qw.args.num_bits)
+    else:
+        out["weight"] = qw.codes.contiguous()
+        if qw.zero_point is not None:
+            out["weight_zero_point"] = qw.zero_point.contiguous()
+    return out
+
+
+def quantization_config(scheme: QuantScheme | None, ignore: list[str],
+                        sparsity: dict[str, Any] | None = None) -> dict[str, Any]:
+    """config.json's `quantization_config` (the shape compressed-tensors' ModelCompressor writes)."""
+    groups = {} if scheme is None else {"group_0": scheme.to_ct_group(["Linear"])}
+    return {
+        "config_groups": groups,
+        "format": "dense" if scheme is None else scheme.format,
+        "global_compression_ratio": None,
+        "ignore": list(ignore),
+        "kv_cache_scheme": None,
+        "quant_method": "compressed-tensors",
+        "quantization_status": "compressed",
+        "sparsity_config": sparsity or {},
+        "transform_config": {},
+        "version": COMPRESSED_TENSORS_VERSION,
+    }
+
+
+def _need(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+    if name not in tensors:
+        raise InferlabError(f"checkpoint: the config quantizes {name.rsplit('.', 1)[0]} "
+                            f"but {name} is missing")
+    return tensors[name]
+
+
+def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name: str) -> torch.Tensor:
+    """weight_scale in any of compressed-tensors' shapes -> [N, G], checked against the config."""
+    w = scheme.weights
+    if not scale.is_floating_point():
+        raise InferlabError(f"checkpoint: {name} must be floating point, got {scale.dtype}")
+    if w.strategy == "tensor":
+        if scale.numel() != 1:
+            raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, a per-tensor "
+                                "scale is one value")
+        return scale.reshape(1, 1).expand(n, 1).contiguous()
+    groups = num_groups(k, w, name.removesuffix(".weight_scale"))
+    if scale.numel() != n * groups or (scale.dim() == 2 and scale.shape[0] != n):
+        raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, the config "
+                            f"({w.strategy}{f' {w.group_size}' if w.strategy == GROUP else ''}) "
+                            f"implies [{n}, {groups}]")
+    return scale.reshape(n, groups)
+
+
+def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme,
+                          fmt: str) -> QuantizedWeight:
+    """The tensors of layer `prefix` -> QuantizedWeight, validated against `scheme` and `fmt`."""
+    if fmt not in READABLE_FORMATS:
+        raise InferlabError(f"checkpoint: format {fmt!r} of {prefix} is not supported "
+                            f"(supported: {', '.join(READABLE_FORMATS)})")
+    w = scheme.weights
+    if fmt == PACK_QUANTIZED:
+        codes = _read_packed(tensors, prefix, w.num_bits)
+    else:
+        codes = _need(tensors, f"{prefix}.weight")
+        want = torch.float8_e4m3fn if w.kind == FLOAT else torch.int8
+        if codes.dtype != want or codes.dim() != 2:
+            raise InferlabError(f"checkpoint: {prefix}.weight is {codes.dim()}-d {codes.dtype}, "
+                                f"the config ({w.num_bits}-bit {w.kind}) implies 2-d {want}")
+        if w.kind != FLOAT and codes.numel() and not w.qmin <= int(codes.min()) <= int(codes.max()) <= w.qmax:
+            raise InferlabError(f"checkpoint: {prefix}.weight holds values outside the "
+                                f"{w.num_bits}-bit range [{w.qmin}, {w.qmax}]")
+    n, k = codes.shape
+    scale = _scale_matrix(_need(tensors, f"{prefix}.weight_scale"), n, k, scheme,
+                          f"{prefix}.weight_scale")
+    zero_point = None
+    if not w.symmetric:
+        zero_point = _read_zero_point(tensors, prefix, scheme, fmt, n, scale.shape[1])
+    elif f"{prefix}.weight_zero_point" in tensors and tensors[f"{prefix}.weight_zero_point"].any():
+        raise InferlabError(f"checkpoint: {prefix}.weight_zero_point is non-zero but the config "
+                            "says the weights are symmetric")
+    return QuantizedWeight(codes, scale, zero_point, w)
+
+
+def _read_packed(tensors: dict[str, torch.Tensor], prefix: str, num_bits: int) -> torch.Tensor:
+    packed = _need(tensors, f"{prefix}.weight_packed")
+    shape = _need(tensors, f"{prefix}.weight_shape")
+    if packed.dtype != torch.int32 or packed.dim() != 2:
+        raise InferlabError(f"checkpoint: {prefix}.weight_packed must be 2-d int32, got "
+                            f"{packed.dim()}-d {packed.dtype}")
+    if shape.numel() != 2:
+        raise InferlabError(f"checkpoint: {prefix}.weight_shape must hold two sizes")
+    n, k = (int(v) for v in shape.reshape(-1))
+    words = -(-k * num_bits // 32)
+    if tuple(packed.shape) != (n, words):
+        raise InferlabError(f"checkpoint: {prefix}.weight_packed has shape {tuple(packed.shape)}, "
+                            f"a [{n}, {k}] weight of {num_bits}-bit values packs to [{n}, {words}]")
+    try:
+        return unpack_int32(packed, num_bits, k)
+    except ValueError as e:
+        raise InferlabError(f"checkpoint: {prefix}.weight_packed: {e}") from None
+
+
+def _read_zero_point(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme, fmt: str,
+                     n: int, groups: int) -> torch.Tensor:
+    name = f"{prefix}.weight_zero_point"
+    zp = _need(tensors, name)
+    w = scheme.weights
+    if fmt == PACK_QUANTIZED and w.strategy != "tensor":
+        rows = -(-n * w.num_bits // 32)
+        if zp.dtype != torch.int32 or tuple(zp.shape) != (rows, groups):
+            raise InferlabError(f"checkpoint: {name} is {zp.dtype} {tuple(zp.shape)}, the config "
+                                f"implies int32 [{rows}, {groups}] (packed along the outputs)")
+        return unpack_zero_points(zp, w.num_bits, n)
+    if zp.numel() == 1:
+        zp = zp.reshape(1, 1).expand(n, groups)
+    if zp.numel() != n * groups:
+        raise InferlabError(f"checkpoint: {name} has shape {tuple(zp.shape)}, expected [{n}, {groups}]")
+    zp = zp.reshape(n, groups).round().to(torch.int8) if zp.is_floating_point() else zp.reshape(n, groups)
+    return zp.to(torch.int8).contiguous()
+
+
+def cat_rows(parts: list[QuantizedWeight], where: str) -> QuantizedWeight:
+    """Shards along the output dimension (q|k|v, gate|up) -> one weight; exact, since every scale
+    and zero point belongs to one output row."""
+    first = parts[0]
+    for p in parts[1:]:
+        if p.args != first.args or p.shape[1] != first.shape[1] or p.scale.shape[1] != first.scale.shape[1]:
+            raise InferlabError(f"checkpoint: the parts of {where} are quantized differently")
+    zps = [p.zero_point for p in parts]
+    zero_point = None if zps[0] is None else torch.cat(zps, dim=0)
+    scale = torch.cat([p.scale.to(first.scale.dtype) for p in parts], dim=0)
+    return QuantizedWeight(torch.cat([p.codes for p in parts], dim=0), scale, zero_point, first.args)

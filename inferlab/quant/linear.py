@@ -1,0 +1,226 @@
+"""Quantized linear layers: weights resident at their compressed size, a kernel chosen per call.
+
+Every layer keeps only its compressed weight (int8, packed int4 or fp8 codes plus small scales)
+and picks its arithmetic by the number of rows in the call:
+
+* weight-only int8/int4 (W8A16, W4A16): torch's CPU weight-only kernels read a quarter to half
+  of bf16's bytes, which is what a decode step is bound by, but they do not tile well: measured
+  on this 2-core AMX CPU (SmolLM2 shapes 576x1536, 3072x576 and a 4096x4096 layer, bf16, min of
+  25 runs) `_weight_int8pack_mm` is 1.2-2.9x bf16 `F.linear` at 1-4 rows, ~0.6x at 8 and
+  0.3-0.4x from 16 rows, and `_weight_int4pack_mm_for_cpu` behaves the same up to 8 rows and
+  falls to ~0.1x at 512 rows. Dequantizing the weight to the activation dtype and calling the
+  bf16 GEMM costs a fixed ~1-3 weight passes, so it wins from about 16 rows on (0.4-0.5x at 16,
+  0.6-1.2x at 512). Hence the row thresholds below.
+* W8A8 (int8 weights, int8 activations per token): `torch._int_mm` at every size; the
+  activations are quantized with in-place ops, because fresh allocations (page faults) cost
+  more than the arithmetic on this machine.
+* FP8_DYNAMIC: this CPU has no fast fp8 GEMM (`torch._scaled_mm` measured at ~0.02x bf16), so
+  activations are rounded to fp8 per token and both operands, exact in bf16, go through the
+  bf16 GEMM; the fp8 weight is widened per call, never kept wide.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from inferlab.quant.formats import int4_cpu
+from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
+from inferlab.quant.scheme import GROUP, INT, ActivationArgs
+
+# Largest row count that takes the weight-only kernels (see the module docstring).
+INT8_KERNEL_MAX_ROWS = 8
+INT4_KERNEL_MAX_ROWS = 8
+INT8_MAX = 127.0
+
+
+class QuantLinear(nn.Module):
+    """y = x W^T + b over [..., in_features]; subclasses implement `_matmul` on [M, K] rows."""
+
+    def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:
+        super().__init__()
+        self.in_features, self.out_features, self.dtype = in_features, out_features, dtype
+        self.register_buffer("bias", None if bias is None else bias.to(dtype))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        x2 = x.reshape(-1, self.in_features).to(self.dtype)  # [M, K]
+        y = self._matmul(x2)  # [M, N]
+        if self.bias is not None:
+            y = y + self.bias
+        return y.reshape(*lead, self.out_features)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def resident_bytes(self) -> int:
+        """Bytes this layer keeps in memory (weights, scales, bias)."""
+        return sum(b.numel() * b.element_size() for b in self.buffers())
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}"
+
+
+class Int8WeightOnlyLinear(QuantLinear):
+    """W8A16 per output channel: int8 codes [N, K], scale [N], optional zero point."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("qweight", qw.codes.contiguous())  # int8 [N, K]
+        scale = qw.scale.reshape(n).float()
+        self.asymmetric = qw.zero_point is not None
+        # asymmetric: y = x (q s)^T - sum(x) (zp s); computed in fp32 so the subtraction is exact enough
+        self.register_buffer("scale", scale.to(torch.float32 if self.asymmetric else dtype))
+        zero_scale = None if qw.zero_point is None else qw.zero_point.reshape(n).float() * scale
+        self.register_buffer("zero_scale", zero_scale)
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        xs = x.float() if self.asymmetric else x
+        if x.shape[0] <= INT8_KERNEL_MAX_ROWS and x.device.type == "cpu":
+            y = torch.ops.aten._weight_int8pack_mm(xs, self.qweight, self.scale)  # [M, N]
+        else:
+            y = F.linear(xs, self.qweight.to(xs.dtype)).mul_(self.scale)
+        if self.asymmetric:
+            y = y - xs.sum(dim=-1, keepdim=True) * self.zero_scale
+        return y.to(self.dtype)
+
+
+class Int4WeightOnlyLinear(QuantLinear):
+    """W4A16 in torch's CPU int4 layout: packed nibbles [N, K/2] and scales+zeros [K/G, N, 2].
+
+    The kernel computes w = (u - 8) * scale + zero from unsigned nibbles u = q + 8, so
+    compressed-tensors' (q - zp) * scale becomes zero = -zp * scale.
+    """
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.group_size = kernel_group_size(qw)
+        scale = qw.scale.float().repeat_interleave(_group_of(qw) // self.group_size, dim=1)  # [N, K/g]
+        zp = torch.zeros_like(scale) if qw.zero_point is None else qw.zero_point.float().repeat_interleave(
+            _group_of(qw) // self.group_size, dim=1)
+        scales_and_zeros = torch.stack([scale, -zp * scale], dim=-1).transpose(0, 1)  # [K/g, N, 2]
+        self.register_buffer("packed", int4_cpu.to_int4pack(qw.codes))  # uint8 [N, K/2]
+        self.register_buffer("scales_and_zeros", scales_and_zeros.to(dtype).contiguous())
+        self.can_unpack = int4_cpu.layout_is_known()
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= INT4_KERNEL_MAX_ROWS or not self.can_unpack:
+            return torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x, self.packed, self.group_size, self.scales_and_zeros)
+        return F.linear(x, self.dequantized_weight())
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[N, K] in the compute dtype, from the packed nibbles: u * scale + (zero - 8 * scale)."""
+        n, k, g = self.out_features, self.in_features, self.group_size
+        u = int4_cpu.unpack_nibbles(self.packed, n, k).view(n, k // g, g).to(self.dtype)
+        scale = self.scales_and_zeros[..., 0].t().unsqueeze(-1)  # [N, K/g, 1]
+        offset = (self.scales_and_zeros[..., 1] - 8 * self.scales_and_zeros[..., 0]).t().unsqueeze(-1)
+        return u.mul_(scale).add_(offset).view(n, k)
+
+
+class DequantLinear(QuantLinear):
+    """Any weight-only layout the fast kernels do not take: int codes kept as int8 (or fp8 codes),
+    dequantized per call. Used for grouped int8, int4 shapes the CPU kernel refuses, and off-CPU."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("codes", qw.codes.contiguous())
+        self.register_buffer("scale", qw.scale.to(dtype))  # [N, G]
+        self.register_buffer("zero_point", qw.zero_point)  # int8 [N, G] or None
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.dequantized_weight())
+
+    def dequantized_weight(self) -> torch.Tensor:
+        n, k = self.codes.shape
+        groups = self.scale.shape[1]
+        w = self.codes.to(self.dtype).view(n, groups, k // groups)
+        if self.zero_point is not None:
+            w = w - self.zero_point.to(self.dtype).unsqueeze(-1)
+        return (w * self.scale.unsqueeze(-1)).view(n, k)
+
+
+class Int8DynamicLinear(QuantLinear):
+    """W8A8: int8 weights per channel, activations quantized per token at run time, int32 GEMM."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("qweight", qw.codes.contiguous())  # int8 [N, K]
+        self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            from inferlab.kernels.scaled_mm import int8_w8a8_linear
+
+            return int8_w8a8_linear(x, self.qweight, self.scale)
+        x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(INT8_MAX)  # [M, 1]
+        xq = x.to(torch.float32, copy=True).div_(x_scale)
+        xq = xq.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # [M, K]
+        acc = torch._int_mm(xq, self.qweight.t())  # int32 [M, N], exact
+        return acc.to(torch.float32).mul_(x_scale).mul_(self.scale).to(self.dtype)
+
+
+class Fp8DynamicLinear(QuantLinear):
+    """FP8_DYNAMIC: fp8 e4m3 weights per channel, activations rounded to fp8 per token."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("qweight", qw.codes.contiguous())  # float8_e4m3fn [N, K]
+        self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != "cpu":
+            from inferlab.kernels.scaled_mm import fp8_w8a8_linear
+
+            return fp8_w8a8_linear(x, self.qweight, self.scale)
+        x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(FP8_MAX)  # [M, 1]
+        xq = x.to(torch.float32, copy=True).div_(x_scale).clamp_(-FP8_MAX, FP8_MAX)
+        # fp8 values are exact in bf16 and fp32; bf16 runs the fast GEMM, fp32 models stay exact
+        mm_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+        xq = xq.to(torch.float8_e4m3fn).to(mm_dtype)
+        y = F.linear(xq, self.qweight.to(mm_dtype)).float()  # [M, N], fp32 accumulation inside
+        return y.mul_(x_scale).mul_(self.scale).to(self.dtype)
+
+
+def _group_of(qw: QuantizedWeight) -> int:
+    """Inputs per scale column."""
+    return qw.shape[1] // qw.scale.shape[1]
+
+
+def kernel_group_size(qw: QuantizedWeight) -> int:
+    """The CPU int4 kernel's group size for this weight: its own, or for per-channel scales the
+    largest supported size dividing K (the scale is repeated, which changes nothing)."""
+    group = _group_of(qw)
+    if group in int4_cpu.SUPPORTED_GROUP_SIZES:
+        return group
+    fits = [g for g in int4_cpu.SUPPORTED_GROUP_SIZES if group % g == 0]
+    return max(fits) if fits else 0
+
+
+def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
+                       bias: torch.Tensor | None, dtype: torch.dtype,
+                       device: torch.device | str = "cpu") -> QuantLinear:
+    """The fastest layer for this weight on `device`; tensors are moved there first."""
+    device = torch.device(device)
+    qw = QuantizedWeight(qw.codes.to(device), qw.scale.to(device),
+                         None if qw.zero_point is None else qw.zero_point.to(device), qw.args)
+    bias = None if bias is None else bias.to(device)
+    args = qw.args
+    if activations is not None:
+        cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
+        return cls(qw, bias, dtype)
+    on_cpu = device.type == "cpu"
+    if args.kind == INT and args.num_bits == 8 and args.strategy != GROUP and on_cpu:
+        return Int8WeightOnlyLinear(qw, bias, dtype)
+    n, k = qw.shape
+    if (args.kind == INT and args.num_bits == 4 and on_cpu and kernel_group_size(qw)
+            and int4_cpu.can_pack(n, k, kernel_group_size(qw))):
+        return Int4WeightOnlyLinear(qw, bias, dtype)
+    return DequantLinear(qw, bias, dtype)

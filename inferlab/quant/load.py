@@ -1,0 +1,170 @@
+"""Load a compressed-tensors checkpoint into a model: quantized layers built from the codes.
+
+`apply_compressed_tensors` swaps every linear layer the config quantizes for a QuantLinear built
+straight from the checkpoint's packed codes and scales (never a dequantized fp weight), and
+returns the tensors it did not use (norms, embeddings, unquantized linears) for the ordinary
+loader. A fused layer (qkv_proj, gate_up_proj) takes its shards' codes concatenated along the
+output dimension, which is exact because every scale belongs to one output row.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from inferlab.errors import InferlabError
+from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
+from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.scheme import QuantScheme, scheme_from_ct_group
+
+# fused module name -> its checkpoint shards, in output-row order
+FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
+DENSE_SPARSITY_FORMATS = ("dense", None)
+
+
+@dataclass(frozen=True)
+class ConfigGroup:
+    name: str
+    scheme: QuantScheme
+    targets: tuple[str, ...]
+    format: str
+
+
+@dataclass(frozen=True)
+class ParsedConfig:
+    groups: tuple[ConfigGroup, ...]
+    ignore: tuple[str, ...]
+
+    def group_for(self, name: str) -> ConfigGroup | None:
+        """The group quantizing linear layer `name` (HF name), or None when it stays dense."""
+        if any(_matches(name, pattern) for pattern in self.ignore):
+            return None
+        return next((g for g in self.groups if any(_matches(name, t) for t in g.targets)), None)
+
+
+def _matches(name: str, target: str) -> bool:
+    """compressed-tensors' matching: 're:' regex from the start, the class 'Linear', or the name."""
+    if target.startswith("re:"):
+        return re.match(target[3:], name) is not None
+    return target == "Linear" or target == name
+
+
+def parse_quantization_config(qc: Mapping, source: str = "quantization_config") -> ParsedConfig:
+    """Validate config.json's quantization_config; anything we cannot run raises one line."""
+    if qc.get("quant_method") != "compressed-tensors":
+        raise InferlabError(f"{source}: quant_method {qc.get('quant_method')!r} is not supported "
+                            "(supported: compressed-tensors)")
+    for key in ("kv_cache_scheme", "transform_config"):
+        if qc.get(key):
+            raise InferlabError(f"{source}: {key} is not supported")
+    sparsity = qc.get("sparsity_config") or {}
+    if sparsity.get("format") not in DENSE_SPARSITY_FORMATS:
+        raise InferlabError(f"{source}: sparsity format {sparsity.get('format')!r} is not supported "
+                            "(sparse weights must be stored dense)")
+    groups_raw = qc.get("config_groups") or {}
+    if not isinstance(groups_raw, Mapping):
+        raise InferlabError(f"{source}: config_groups must be an object")
+    groups = []
+    for name, group in groups_raw.items():
+        where = f"{source}: config_groups.{name}"
+        scheme = scheme_from_ct_group(group, where)
+        fmt = group.get("format") or qc.get("format")
+        if fmt in (None, "mixed-precision", "dense"):
+            fmt = scheme.format
+        targets = group.get("targets") or []
+        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
+            raise InferlabError(f"{where}: targets must be a list of names")
+        groups.append(ConfigGroup(name, scheme, tuple(targets), fmt))
+    ignore = qc.get("ignore") or []
+    return ParsedConfig(tuple(groups), tuple(ignore))
+
+
+def checkpoint_names(module_name: str) -> list[str]:
+    """Our module name -> the HF names its weight is stored under (shards for fused layers)."""
+    parent, _, leaf = module_name.rpartition(".")
+    if leaf in FUSED_SHARDS:
+        return [f"{parent}.{shard}" if parent else shard for shard in FUSED_SHARDS[leaf]]
+    return [module_name]
+
+
+def apply_compressed_tensors(model: nn.Module, quant_config: Mapping,
+                             tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
+                             device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
+    """Swap the quantized linears of `model` for QuantLinears built from `tensors`; return the rest.
+
+    `model` may live on the meta device; quantized layers are built on `device` and compute in
+    `dtype` (default: the model's parameter dtype).
+    """
+    parsed = parse_quantization_config(quant_config)
+    dtype = dtype or next(model.parameters()).dtype
+    rest = dict(tensors)
+    linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
+    for name, module in linears:
+        shards = checkpoint_names(name)
+        if not any(_has_any(rest, s) for s in shards):
+            continue  # not in the checkpoint (a tied lm_head): the loader decides
+        group = _shard_group(parsed, shards, rest, name)
+        if group is None:
+            continue
+        parts = [read_quantized_weight(rest, s, group.scheme, group.format) for s in shards]
+        qw = parts[0] if len(parts) == 1 else cat_rows(parts, name)
+        if qw.shape != (module.out_features, module.in_features):
+            raise InferlabError(f"checkpoint: {name} is [{qw.shape[0]}, {qw.shape[1]}], the model "
+                                f"expects [{module.out_features}, {module.in_features}]")
+        bias = _take_bias(rest, shards, name)
+        layer = build_quant_linear(qw, group.scheme.activations, bias, dtype, device)
+        _set_submodule(model, name, layer)
+        for s in shards:
+            for key in [k for k in rest if k.startswith(f"{s}.")]:
+                del rest[key]
+    leftover = sorted(k for k in rest if k.rsplit(".", 1)[-1] in QUANT_SUFFIXES)
+    if leftover:
+        raise InferlabError(f"checkpoint: {leftover[0]} belongs to no quantized linear layer of "
+                            "this model (the config and the tensors disagree)")
+    return rest
+
+
+def _has_any(tensors: Mapping[str, torch.Tensor], prefix: str) -> bool:
+    return any(f"{prefix}.{s}" in tensors for s in ("weight", *QUANT_SUFFIXES))
+
+
+def _is_quantized(tensors: Mapping[str, torch.Tensor], prefix: str) -> bool:
+    return f"{prefix}.weight_scale" in tensors or f"{prefix}.weight_packed" in tensors
+
+
+def _shard_group(parsed: ParsedConfig, shards: list[str], tensors: Mapping[str, torch.Tensor],
+                 name: str) -> ConfigGroup | None:
+    """The one group all shards of `name` share; config and tensors must agree on each shard."""
+    groups = []
+    for shard in shards:
+        group = parsed.group_for(shard)
+        if group is None and _is_quantized(tensors, shard):
+            raise InferlabError(f"checkpoint: {shard} has quantized tensors but the config leaves "
+                                "it unquantized (ignored or untargeted)")
+        if group is not None and not _is_quantized(tensors, shard):
+            raise InferlabError(f"checkpoint: the config quantizes {shard} ({group.name}) but "
+                                f"{shard}.weight_scale is missing")
+        groups.append(group)
+    if len(set(groups)) > 1:
+        raise InferlabError(f"checkpoint: the shards of {name} ({', '.join(shards)}) are quantized "
+                            "differently, so they cannot run as one fused layer")
+    return groups[0]
+
+
+def _take_bias(tensors: dict[str, torch.Tensor], shards: list[str], name: str) -> torch.Tensor | None:
+    biases = [tensors.get(f"{s}.bias") for s in shards]
+    if all(b is None for b in biases):
+        return None
+    if any(b is None for b in biases):
+        raise InferlabError(f"checkpoint: only some shards of {name} have a bias")
+    return torch.cat(biases)
+
+
+def _set_submodule(model: nn.Module, name: str, layer: nn.Module) -> None:
+    parent_name, _, leaf = name.rpartition(".")
+    parent = model.get_submodule(parent_name) if parent_name else model
+    setattr(parent, leaf, layer)

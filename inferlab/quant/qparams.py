@@ -1,0 +1,120 @@
+"""Scales, zero points, codes: the arithmetic every algorithm and every format shares.
+
+A quantized weight is `codes` [N, K] plus `scale` [N, G] (G = 1 per channel, K/group_size per
+group) and, when asymmetric, an integer `zero_point` [N, G]; the weight it stands for is
+(codes - zero_point) * scale, the formula compressed-tensors and vLLM use. Symmetric int scales
+map each group's absolute maximum to the top code (qmax); fp8 maps it to 448.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from inferlab.errors import InferlabError
+from inferlab.quant.scheme import FLOAT, GROUP, WeightArgs
+
+FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
+
+
+@dataclass
+class QuantizedWeight:
+    codes: torch.Tensor  # int8 [N, K] (int schemes) or float8_e4m3fn [N, K]
+    scale: torch.Tensor  # [N, G], in the dtype the checkpoint stores
+    zero_point: torch.Tensor | None  # int8 [N, G] when asymmetric
+    args: WeightArgs
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return tuple(self.codes.shape)
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return dequantize(self.codes, self.scale, self.zero_point, self.args).to(dtype)
+
+    def rows(self, start: int, end: int) -> QuantizedWeight:
+        """Output channels start:end (a q/k/v or gate/up shard of a fused weight)."""
+        zp = None if self.zero_point is None else self.zero_point[start:end]
+        return QuantizedWeight(self.codes[start:end], self.scale[start:end], zp, self.args)
+
+
+def num_groups(in_features: int, args: WeightArgs, where: str = "weight") -> int:
+    if args.strategy != GROUP:
+        return 1
+    if in_features % args.group_size:
+        divisors = [g for g in (256, 128, 64, 32, 16) if in_features % g == 0]
+        hint = f" (try --group-size {divisors[0]})" if divisors else ""
+        raise InferlabError(f"{where}: group size {args.group_size} does not divide its "
+                            f"{in_features} inputs{hint}")
+    return in_features // args.group_size
+
+
+def _grouped(x: torch.Tensor, groups: int) -> torch.Tensor:
+    """[N, K] -> [N, G, K/G] view."""
+    return x.reshape(x.shape[0], groups, x.shape[1] // groups)
+
+
+def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype = torch.float32,
+                    clip: float | torch.Tensor = 1.0, groups: int | None = None
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Min-max scale (and zero point) per row and group of `w` [N, K] -> ([N, G], [N, G] | None).
+
+    `clip` (a float, or [N, G]) shrinks the range first, as AWQ's clipping search does. Scales
+    are rounded to `scale_dtype` here, so codes are computed against the scale that is stored.
+    """
+    g = num_groups(w.shape[1], args) if groups is None else groups
+    wg = _grouped(w.float(), g)  # [N, G, K/G]
+    if args.symmetric:
+        top = wg.abs().amax(dim=-1) * clip  # [N, G]
+        scale = top / (FP8_MAX if args.kind == FLOAT else args.qmax)
+        zero_point = None
+    else:
+        lo = wg.amin(dim=-1).clamp(max=0) * clip  # zero must stay representable
+        hi = wg.amax(dim=-1).clamp(min=0) * clip
+        scale = (hi - lo) / (args.qmax - args.qmin)
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scale_dtype)
+    if not args.symmetric:
+        zero_point = (args.qmin - lo / scale.float()).round().clamp(args.qmin, args.qmax)
+        zero_point = zero_point.to(torch.int8)
+    return scale, zero_point
+
+
+def _expand(p: torch.Tensor, k: int) -> torch.Tensor:
+    """[N, G] -> [N, K], each group's value repeated over its inputs."""
+    return p.repeat_interleave(k // p.shape[1], dim=1)
+
+
+def quantize(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+             args: WeightArgs) -> torch.Tensor:
+    """w [N, K] -> codes [N, K]: int8 round-to-nearest and clamp, or fp8 e4m3 rounding."""
+    s = _expand(scale.float(), w.shape[1])
+    x = w.float() / s
+    if args.kind == FLOAT:
+        return x.clamp(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn)
+    if zero_point is not None:
+        x = x + _expand(zero_point.float(), w.shape[1])
+    return x.round().clamp(args.qmin, args.qmax).to(torch.int8)
+
+
+def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+               args: WeightArgs) -> torch.Tensor:
+    """codes [N, K] -> fp32 [N, K] = (codes - zero_point) * scale."""
+    k = codes.shape[1]
+    x = codes.float()
+    if zero_point is not None:
+        x = x - _expand(zero_point.float(), k)
+    return x * _expand(scale.float(), k)
+
+
+def fake_quantize(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
+                  args: WeightArgs) -> torch.Tensor:
+    """Round trip w [N, K] through the codes: what the quantized layer will compute with."""
+    return dequantize(quantize(w, scale, zero_point, args), scale, zero_point, args)
+
+
+def quantize_rtn(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype = torch.float32,
+                 where: str = "weight") -> QuantizedWeight:
+    """Round-to-nearest with min-max scales: the baseline every other method is measured against."""
+    num_groups(w.shape[1], args, where)
+    scale, zero_point = compute_qparams(w, args, scale_dtype)
+    return QuantizedWeight(quantize(w, scale, zero_point, args), scale, zero_point, args)

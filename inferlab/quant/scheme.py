@@ -1,0 +1,156 @@
+"""What a quantized linear layer stores and computes: weight and activation arguments, by scheme name.
+
+The names follow llm-compressor: W8A16, W8A8, W4A16, FP8_DYNAMIC. A scheme is also what a
+compressed-tensors `config_groups` entry describes, so checkpoints we did not write map onto the
+same dataclass (`scheme_from_ct_group`) and anything it cannot express is refused in one line.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab.errors import InferlabError
+
+INT = "int"
+FLOAT = "float"
+CHANNEL, GROUP, TENSOR = "channel", "group", "tensor"
+
+PACK_QUANTIZED = "pack-quantized"  # sub-byte ints packed into int32 (weight-only schemes)
+INT_QUANTIZED = "int-quantized"  # int8 weights stored as int8 (with int8 activations)
+FLOAT_QUANTIZED = "float-quantized"  # fp8 e4m3 weights stored as float8_e4m3fn
+NAIVE_QUANTIZED = "naive-quantized"  # like the two above, chosen by the weight dtype
+READABLE_FORMATS = (PACK_QUANTIZED, INT_QUANTIZED, FLOAT_QUANTIZED, NAIVE_QUANTIZED)
+
+
+@dataclass(frozen=True)
+class WeightArgs:
+    """How weights are quantized: one scale per output channel, per group of inputs, or per tensor."""
+
+    num_bits: int  # 4 or 8
+    kind: str = INT  # "int" or "float" (fp8 e4m3)
+    strategy: str = CHANNEL
+    group_size: int | None = None  # inputs per scale, for strategy "group"
+    symmetric: bool = True  # False: an integer zero point per scale (int only)
+
+    def __post_init__(self) -> None:
+        if self.kind not in (INT, FLOAT):
+            raise InferlabError(f"weight type must be int or float, got {self.kind!r}")
+        allowed_bits = (4, 8) if self.kind == INT else (8,)
+        if self.num_bits not in allowed_bits:
+            raise InferlabError(f"{self.num_bits}-bit {self.kind} weights are not supported "
+                                f"(supported: {', '.join(map(str, allowed_bits))})")
+        if self.strategy not in (CHANNEL, GROUP, TENSOR):
+            raise InferlabError(f"weight strategy {self.strategy!r} is not supported "
+                                "(supported: channel, group, tensor)")
+        if self.strategy == GROUP and (self.group_size is None or self.group_size <= 0):
+            raise InferlabError(f"group size must be a positive integer, got {self.group_size}")
+        if self.strategy != GROUP and self.group_size not in (None, -1):
+            raise InferlabError(f"a group size ({self.group_size}) needs the group strategy")
+        if self.kind == FLOAT and not self.symmetric:
+            raise InferlabError("fp8 weights are symmetric only")
+
+    @property
+    def qmin(self) -> int:
+        return -(2 ** (self.num_bits - 1))
+
+    @property
+    def qmax(self) -> int:
+        return 2 ** (self.num_bits - 1) - 1
+
+
+@dataclass(frozen=True)
+class ActivationArgs:
+    """Activations quantized at run time, per token (row), symmetric, 8 bits."""
+
+    kind: str  # "int" (int8) or "float" (fp8 e4m3)
+
+    def __post_init__(self) -> None:
+        if self.kind not in (INT, FLOAT):
+            raise InferlabError(f"activation type must be int or float, got {self.kind!r}")
+
+
+@dataclass(frozen=True)
+class QuantScheme:
+    name: str
+    weights: WeightArgs
+    activations: ActivationArgs | None = None
+
+    @property
+    def format(self) -> str:
+        """The compressed-tensors storage format vLLM expects for this scheme."""
+        if self.weights.kind == FLOAT:
+            return FLOAT_QUANTIZED
+        return INT_QUANTIZED if self.activations is not None else PACK_QUANTIZED
+
+    def to_ct_group(self, targets: list[str]) -> dict[str, Any]:
+        """The `config_groups` entry compressed-tensors and vLLM read."""
+        w = self.weights
+        weights = {"num_bits": w.num_bits, "type": w.kind, "symmetric": w.symmetric,
+                   "group_size": w.group_size if w.strategy == GROUP else None,
+                   "strategy": w.strategy, "dynamic": False, "actorder": None, "observer": "minmax"}
+        acts = None
+        if self.activations is not None:
+            acts = {"num_bits": 8, "type": self.activations.kind, "symmetric": True,
+                    "group_size": None, "strategy": "token", "dynamic": True, "actorder": None,
+                    "observer": None}
+        return {"targets": targets, "weights": weights, "input_activations": acts,
+                "output_activations": None, "format": self.format}
+
+
+SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC")
+
+
+def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> QuantScheme:
+    """A scheme by llm-compressor's name; `group_size` and `asymmetric` apply to W4A16 and W8A16."""
+    key = name.upper()
+    if key not in SCHEME_NAMES:
+        raise InferlabError(f"unknown scheme {name!r} (known: {', '.join(SCHEME_NAMES)})")
+    if asymmetric and key not in ("W4A16", "W8A16"):
+        raise InferlabError(f"--asymmetric applies to the weight-only schemes W4A16 and W8A16, "
+                            f"not {key}")
+    if key == "W4A16":
+        return QuantScheme(key, WeightArgs(4, INT, GROUP, group_size, not asymmetric))
+    if key == "W8A16":
+        return QuantScheme(key, WeightArgs(8, INT, CHANNEL, None, not asymmetric))
+    if key == "W8A8":
+        return QuantScheme(key, WeightArgs(8, INT, CHANNEL), ActivationArgs(INT))
+    return QuantScheme(key, WeightArgs(8, FLOAT, CHANNEL), ActivationArgs(FLOAT))
+
+
+def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
+    """A compressed-tensors `config_groups` entry -> QuantScheme; unsupported parts raise, naming `where`."""
+    if not isinstance(group, dict):
+        raise InferlabError(f"{where}: expected an object, got {type(group).__name__}")
+    weights = group.get("weights")
+    if not isinstance(weights, dict):
+        raise InferlabError(f"{where}: no weight quantization (only weight-quantized linears load)")
+    if group.get("output_activations"):
+        raise InferlabError(f"{where}: output activation quantization is not supported")
+    if weights.get("dynamic"):
+        raise InferlabError(f"{where}: dynamic weight quantization is not supported")
+    strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
+    if strategy not in (CHANNEL, GROUP, TENSOR):
+        raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "
+                            "(supported: channel, group, tensor)")
+    try:
+        w = WeightArgs(num_bits=int(weights.get("num_bits", 8)), kind=weights.get("type", INT),
+                       strategy=strategy,
+                       group_size=weights.get("group_size") if strategy == GROUP else None,
+                       symmetric=bool(weights.get("symmetric", True)))
+    except InferlabError as e:
+        raise InferlabError(f"{where}: {e}") from None
+    acts = group.get("input_activations")
+    if not acts:
+        return QuantScheme("custom", w)
+    if not acts.get("dynamic") or acts.get("strategy") != "token":
+        raise InferlabError(f"{where}: only dynamic per-token activation quantization is supported "
+                            f"(got strategy {acts.get('strategy')!r}, dynamic {acts.get('dynamic')!r})")
+    if int(acts.get("num_bits", 8)) != 8 or not acts.get("symmetric", True):
+        raise InferlabError(f"{where}: activations must be 8-bit symmetric")
+    if w.num_bits != 8 or w.strategy == GROUP or not w.symmetric:
+        raise InferlabError(f"{where}: quantized activations need 8-bit symmetric per-channel weights")
+    kind = acts.get("type", INT)
+    if kind != w.kind:
+        raise InferlabError(f"{where}: {kind} activations with {w.kind} weights are not supported")
+    return QuantScheme("custom", w, ActivationArgs(kind))
