@@ -104,12 +104,14 @@ def _materialize(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], 
     with torch.device("meta"):
         net = LlamaForCausalLM(cfg)
     net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in weights), path)
-    _materialize_buffers(net, device)
+    materialize_buffers(net, device)
     return net
 
 
-def _materialize_buffers(net: LlamaForCausalLM, device: str | torch.device) -> None:
-    rotary = net.model.layers[0].self_attn.rotary
+def materialize_buffers(net: LlamaForCausalLM, device: str | torch.device) -> None:
+    """Allocate and fill the non-parameter buffers (RoPE tables) of a model built on meta or with
+    the default dtype; they stay fp32 whatever the weights' dtype."""
+    rotary = net.model.rotary
     rotary.cos = torch.empty(rotary.cos.shape, device=device)
     rotary.sin = torch.empty(rotary.sin.shape, device=device)
     rotary.reset_buffers()
@@ -127,7 +129,7 @@ def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dt
         net = LlamaForCausalLM(cfg)
     rest = apply_compressed_tensors(net, quant_config, dict(weights), dtype, device)
     net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in rest.items()), path)
-    _materialize_buffers(net, device)
+    materialize_buffers(net, device)
     return net
 
 

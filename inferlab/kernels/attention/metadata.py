@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -23,6 +24,8 @@ class AttentionMetadata:
     query_lens_cpu: list[int]  # host copies, so the torch path never syncs with the device
     seq_lens_cpu: list[int]
     block_size: int
+    # What a backend derives once per forward and reuses in every layer (e.g. gather indices).
+    backend_cache: dict[str, Any] = field(default_factory=dict, repr=False)
 
     @property
     def num_seqs(self) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
@@ -32,25 +34,45 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     return out
 
 
+@dataclass
+class _DecodePlan:
+    """Gather indices for the single-token sequences, the same in every layer of a forward."""
+
+    token_idx: torch.Tensor  # [Bd] flat row of each decode token
+    tables: torch.Tensor  # [Bd, nb] their blocks
+    valid: torch.Tensor  # [Bd, 1, 1, L] bool: key position < sequence length
+    max_len: int
+
+
+def _decode_plan(meta: AttentionMetadata, rows: list[int], block_size: int) -> _DecodePlan:
+    plan = meta.backend_cache.get("torch_decode")
+    if plan is None:
+        device = meta.seq_lens.device
+        rows_t = torch.tensor(rows, device=device)
+        max_len = max(meta.seq_lens_cpu[b] for b in rows)
+        lens = meta.seq_lens[rows_t].unsqueeze(1)  # [Bd, 1]
+        plan = _DecodePlan(
+            token_idx=meta.query_start_loc[rows_t].long(),
+            tables=meta.block_tables[rows_t, : -(-max_len // block_size)].long(),
+            valid=(torch.arange(max_len, device=device).unsqueeze(0) < lens)[:, None, None, :],
+            max_len=max_len,
+        )
+        meta.backend_cache["torch_decode"] = plan
+    return plan
+
+
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
             meta: AttentionMetadata, scale: float, rows: list[int], out: torch.Tensor) -> None:
     """All single-token sequences at once: one gather of their blocks, one masked SDPA."""
-    block_size = k_cache.shape[1]
-    rows_t = torch.tensor(rows, device=q.device)
-    token_idx = meta.query_start_loc[rows_t].long()  # [Bd] flat row of each decode token
-    max_len = max(meta.seq_lens_cpu[b] for b in rows)
-    num_blocks = -(-max_len // block_size)
-    tables = meta.block_tables[rows_t, :num_blocks].long()  # [Bd, nb]
-    keys = k_cache[tables].flatten(1, 2)[:, :max_len]  # [Bd, L, Hkv, D]
-    values = v_cache[tables].flatten(1, 2)[:, :max_len]
-    lens = meta.seq_lens[rows_t].unsqueeze(1)  # [Bd, 1]
-    valid = torch.arange(max_len, device=q.device).unsqueeze(0) < lens  # [Bd, L]
+    plan = _decode_plan(meta, rows, k_cache.shape[1])
+    keys = k_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]  # [Bd, L, Hkv, D]
+    values = v_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]
     attn = F.scaled_dot_product_attention(
-        q[token_idx].unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
+        q[plan.token_idx].unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
         keys.transpose(1, 2), values.transpose(1, 2),  # [Bd, Hkv, L, D]
-        attn_mask=valid[:, None, None, :], scale=scale, enable_gqa=True,
+        attn_mask=plan.valid, scale=scale, enable_gqa=True,
     )  # [Bd, Hq, 1, D]
-    out[token_idx] = attn.squeeze(2).to(out.dtype)
+    out[plan.token_idx] = attn.squeeze(2).to(out.dtype)
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
