@@ -74,8 +74,9 @@ def main() -> None:
           f"{step_floor_s * 1e3:.1f} ms -> {args.requests / step_floor_s:.0f} tok/s bound")
 
     if not args.skip_transformers:
-        from transformers import AutoModelForCausalLM
         import os
+
+        from transformers import AutoModelForCausalLM
         path = llm.engine.loaded.path
         hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
                                                   dtype=dtype).eval()
