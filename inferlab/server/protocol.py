@@ -25,7 +25,7 @@ class SamplingFields(_Request):
     """What completions and chat share; None means the default."""
 
     model: str | None = None
-    n: int = 1
+    n: int = Field(1, le=128)  # OpenAI's cap; each copy is a sequence in the engine
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None

@@ -1,0 +1,118 @@
+"""`inferlab serve` as a user runs it: a real process, its printed URL, SIGTERM while streaming."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+
+
+def serve_command(port: int) -> list[str]:
+    return [sys.executable, "-m", "inferlab.cli", "serve", "--port", str(port), "--dtype", "float32",
+            "--kv-cache-memory", "64MiB", "--max-model-len", "512", "--served-model-name", "cli-model"]
+
+
+def _read_lines(stream, into: list[str]) -> threading.Thread:
+    def pump():
+        for line in stream:
+            into.append(line)
+
+    thread = threading.Thread(target=pump, daemon=True)
+    thread.start()
+    return thread
+
+
+def _wait_for(lines: list[str], pattern: str, timeout_s: float) -> re.Match | None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for line in list(lines):
+            match = re.search(pattern, line)
+            if match:
+                return match
+        time.sleep(0.05)
+    return None
+
+
+def test_serve_prints_its_url_and_drains_on_sigterm():
+    env = {**os.environ, "INFERLAB_API_KEY": "sk-from-env"}
+    proc = subprocess.Popen([*serve_command(0), "--shutdown-timeout", "2"], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [_read_lines(proc.stdout, out), _read_lines(proc.stderr, err)]
+    try:
+        match = _wait_for(out, r"serving cli-model at (http://127\.0\.0\.1:\d+)", 180)
+        if match is None and proc.poll() is not None and "embedded model is not installed" in "".join(err):
+            pytest.skip("the embedded model is not installed")
+        assert match, f"no URL printed; stderr: {''.join(err)[-2000:]}"
+        url = match.group(1)
+        key = {"Authorization": "Bearer sk-from-env"}
+        assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401  # the env key is on
+        assert httpx.get(f"{url}/v1/models", headers=key, timeout=30).json()["data"][0]["id"] == "cli-model"
+
+        events: list[str] = []
+        first = threading.Event()
+
+        def stream() -> None:
+            body = {"prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
+            with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=key, timeout=60) as r:
+                for line in r.iter_lines():
+                    if line.startswith("data: "):
+                        events.append(line.removeprefix("data: "))
+                        first.set()
+
+        streamer = threading.Thread(target=stream)
+        streamer.start()
+        assert first.wait(60)
+        proc.send_signal(signal.SIGTERM)
+
+        # new connections are refused at once, while the in-flight stream carries on
+        host, port = url.removeprefix("http://").split(":")
+
+        def refused() -> bool:
+            try:
+                socket.create_connection((host, int(port)), timeout=1).close()
+                return False
+            except OSError:
+                return True
+
+        deadline = time.monotonic() + 5
+        while not refused() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert refused() and streamer.is_alive()
+
+        # after --shutdown-timeout the unfinished request is aborted, its stream closed properly
+        streamer.join(timeout=30)
+        assert events[-1] == "[DONE]"
+        last = json.loads(events[-2])["choices"][0]
+        assert last["finish_reason"] == "abort"
+        assert proc.wait(timeout=30) == 0
+        access = [line for line in err if "POST /v1/completions" in line]
+        assert re.search(r"status=200 prompt_tokens=\d+ output_tokens=\d+ ttft_ms=[\d.]+ "
+                         r"total_ms=[\d.]+", access[-1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+
+
+def test_serve_on_a_taken_port_fails_with_one_line():
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = subprocess.run(serve_command(port), capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: cannot listen on 127.0.0.1:")
+    assert len(result.stderr.strip().splitlines()) == 1

@@ -1,0 +1,209 @@
+"""Disconnects, overload, a stalled engine, and many concurrent streams, checked from outside.
+
+KV blocks and running requests are read through /metrics, as an operator would read them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from server_helpers import MODEL_NAME, async_client, start_server
+
+LONG = {"max_tokens": 400, "ignore_eos": True}  # far longer than any test waits for
+
+
+def wait_until(condition, timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
+
+
+def engine_idle(server) -> bool:
+    """No request running or queued, every KV block free, nothing admitted."""
+    m = server.metrics()
+    label = f'{{model_name="{MODEL_NAME}"}}'
+    return (m[f"vllm:num_requests_running{label}"] == 0
+            and m[f"vllm:num_requests_waiting{label}"] == 0
+            and m[f"vllm:kv_cache_usage_perc{label}"] == 0
+            and m[f"inferlab:kv_cache_free_blocks{label}"] == m[f"inferlab:kv_cache_blocks{label}"]
+            and m[f"inferlab:num_requests_in_flight{label}"] == 0)
+
+
+def aborted(server) -> float:
+    return server.metric("vllm:request_success_total", finished_reason="abort")
+
+
+_STREAMING_CLIENT = """
+import sys, httpx
+url, key = sys.argv[1], sys.argv[2]
+body = {"prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
+with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120,
+                  headers={"Authorization": "Bearer " + key}) as r:
+    for line in r.iter_lines():
+        if line.startswith("data: "):
+            print("streaming", flush=True)
+            sys.stdin.read()  # hold the connection open until killed
+"""
+
+
+def test_client_killed_mid_stream_frees_its_request_and_blocks(server):
+    assert wait_until(lambda: engine_idle(server), 10)
+    before = aborted(server)
+    client = subprocess.Popen([sys.executable, "-c", _STREAMING_CLIENT, server.url, server.api_key],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "streaming"
+        label = f'{{model_name="{MODEL_NAME}"}}'
+        assert server.metrics()[f"vllm:num_requests_running{label}"] == 1
+        assert server.metrics()[f"vllm:kv_cache_usage_perc{label}"] > 0
+    finally:
+        client.kill()  # SIGKILL: no goodbye, the socket just closes
+        client.wait()
+    assert wait_until(lambda: engine_idle(server), 10)
+    assert aborted(server) == before + 1  # aborted, not run to its 400 tokens
+
+
+def test_abandoned_whole_request_is_aborted(server):
+    assert wait_until(lambda: engine_idle(server), 10)
+    before = aborted(server)
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=1.5,
+                   json={"prompt": "Once upon a time", **LONG})
+    assert wait_until(lambda: engine_idle(server), 10)
+    assert aborted(server) == before + 1
+
+
+def _gate_engine(engine, monkeypatch) -> threading.Event:
+    """Hold every engine step until the returned event is set (a busy engine, on demand)."""
+    gate = threading.Event()
+    step = engine.engine.step
+
+    def gated_step():
+        gate.wait(timeout=60)
+        return step()
+
+    monkeypatch.setattr(engine.engine, "step", gated_step)
+    return gate
+
+
+def test_overload_gets_503_while_admitted_requests_complete(engine, server, monkeypatch):
+    body = {"model": MODEL_NAME, "prompt": "The three primary colours are", "max_tokens": 8,
+            "temperature": 0.0, "ignore_eos": True}
+    expected = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers,
+                          timeout=60).json()["choices"][0]["text"]
+    servers = start_server(engine, max_queued_requests=2)
+    busy = next(servers)
+    try:
+        gate = _gate_engine(engine, monkeypatch)
+
+        async def burst() -> list[httpx.Response]:
+            async with httpx.AsyncClient(timeout=60) as http:
+                tasks = [asyncio.create_task(http.post(f"{busy.url}/v1/completions", json=body))
+                         for _ in range(8)]  # 4x what the queue holds
+                deadline = time.monotonic() + 30
+                while sum(t.done() for t in tasks) < 6 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.05)
+                gate.set()  # the engine gets going again; the admitted ones must complete
+                return await asyncio.gather(*tasks)
+
+        responses = asyncio.run(burst())
+        ok = [r for r in responses if r.status_code == 200]
+        refused = [r for r in responses if r.status_code == 503]
+        assert (len(ok), len(refused)) == (2, 6)
+        assert all(r.json()["choices"][0]["text"] == expected for r in ok)
+        for r in refused:
+            assert r.headers["retry-after"] == "1"
+            error = r.json()["error"]
+            assert set(error) == {"message", "type", "param", "code"}
+            assert error["code"] == "queue_full" and "retry" in error["message"]
+        assert busy.metric("inferlab:requests_rejected_total", reason="queue_full") == 6
+        assert httpx.get(f"{busy.url}/health", timeout=10).status_code == 200
+        assert wait_until(lambda: engine_idle(busy), 10)
+    finally:
+        servers.close()
+
+
+def test_health_turns_503_while_the_engine_loop_is_stalled(engine, monkeypatch):
+    servers = start_server(engine, health_max_silence_s=1.0)
+    watched = next(servers)
+    try:
+        assert httpx.get(f"{watched.url}/health", timeout=10).status_code == 200
+        step = engine.engine.step
+        stalled = threading.Event()
+
+        def stalling_step():
+            if not stalled.is_set():
+                stalled.set()
+                time.sleep(4.0)  # a step that hangs, as a wedged kernel or deadlock would
+            return step()
+
+        monkeypatch.setattr(engine.engine, "step", stalling_step)
+        result: list[httpx.Response] = []
+        request = threading.Thread(target=lambda: result.append(httpx.post(
+            f"{watched.url}/v1/completions", timeout=60,
+            json={"prompt": "Hi", "max_tokens": 2, "ignore_eos": True})))
+        request.start()
+        statuses = []
+        wait_until(lambda: statuses.append(httpx.get(f"{watched.url}/health", timeout=10))
+                   or statuses[-1].status_code == 503, 6)
+        assert statuses[-1].status_code == 503
+        assert statuses[-1].json()["error"]["type"] == "service_unavailable"
+        request.join(timeout=60)
+        assert result and result[0].status_code == 200  # the stalled request still completes
+        assert wait_until(lambda: httpx.get(f"{watched.url}/health", timeout=10).status_code == 200, 5)
+    finally:
+        servers.close()
+
+
+# 4 prompts x 8 copies: the copies also share prompt blocks through the prefix cache
+PROMPTS = ["The capital of France is", "Water boils at", "My favourite book is",
+           "To bake bread you need"]
+
+
+def test_32_concurrent_streams_match_one_at_a_time(server):
+    async def stream_text(client, prompt: str) -> str:
+        chunks = await client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=10,
+                                                 temperature=0.0, stream=True,
+                                                 extra_body={"ignore_eos": True})
+        return "".join([c.choices[0].text async for c in chunks])
+
+    async def one_at_a_time() -> dict[str, str]:
+        async with async_client(server) as client:
+            return {p: await stream_text(client, p) for p in PROMPTS}
+
+    async def all_at_once() -> tuple[list[str], float]:
+        peak = 0.0
+        done = asyncio.Event()
+
+        async def watch_running() -> None:
+            nonlocal peak
+            async with httpx.AsyncClient(timeout=10) as http:
+                while not done.is_set():
+                    text = (await http.get(f"{server.url}/metrics")).text
+                    for line in text.splitlines():
+                        if line.startswith("vllm:num_requests_running{"):
+                            peak = max(peak, float(line.split()[-1]))
+                    await asyncio.sleep(0.05)
+
+        async with async_client(server) as client:
+            watcher = asyncio.create_task(watch_running())
+            texts = await asyncio.gather(*(stream_text(client, PROMPTS[i % len(PROMPTS)])
+                                           for i in range(32)))
+            done.set()
+            await watcher
+        return texts, peak
+
+    reference = asyncio.run(one_at_a_time())
+    texts, peak_running = asyncio.run(all_at_once())
+    assert texts == [reference[PROMPTS[i % len(PROMPTS)]] for i in range(32)]
+    assert all(len(t) > 0 for t in texts)
+    assert peak_running >= 16  # they really ran side by side in the engine
