@@ -1,0 +1,99 @@
+"""`inferlab eval` end to end: the JSON result, the engine path, and one-line errors with exit 2."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from eval_helpers import MAX_POSITIONS, make_char_model
+
+from inferlab.cli import main
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(["eval", *argv])
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def test_json_result_of_a_quick_run(char_models, char_text_file, tmp_path, capsys):
+    (base_dir, _), _ = char_models
+    out = tmp_path / "result.json"
+    code, stdout, _ = _run(capsys, str(base_dir), "--dataset", str(char_text_file), "--seq-len", "16",
+                           "--limit", "3", "--dtype", "float32", "--output", str(out))
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert {k: result[k] for k in ("model", "dataset", "seq_len", "windows", "tokens")} == {
+        "model": "base", "dataset": str(char_text_file), "seq_len": 16, "windows": 3, "tokens": 45}
+    assert f"perplexity {result['ppl']:.4f}" in stdout
+    assert "kl_mean" not in result
+
+
+def test_json_result_against_a_baseline(char_models, char_text_file, tmp_path, capsys):
+    (base_dir, _), (other_dir, _) = char_models
+    out = tmp_path / "result.json"
+    code, stdout, _ = _run(capsys, str(other_dir), "--baseline", str(base_dir), "--dataset",
+                           str(char_text_file), "--seq-len", "16", "--limit", "2", "--dtype",
+                           "float32", "--output", str(out))
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert result["baseline"] == "base" and result["model"] == "perturbed"
+    assert result["kl_mean"] > 0 and result["kl_p99"] >= result["kl_median"]
+    assert 0 <= result["top1_agreement"] <= 1 and result["baseline_ppl"] > 1
+    assert "top-1 agreement" in stdout
+
+
+def test_engine_path_gives_the_direct_perplexity(char_models, char_text_file, tmp_path, capsys):
+    (base_dir, _), _ = char_models
+    results = []
+    for extra in ([], ["--via-engine"]):
+        out = tmp_path / f"r{len(extra)}.json"
+        code, _, _ = _run(capsys, str(base_dir), "--dataset", str(char_text_file), "--seq-len", "64",
+                          "--dtype", "float32", "--output", str(out), *extra)
+        assert code == 0
+        results.append(json.loads(out.read_text()))
+    direct, engine = results
+    assert engine["via_engine"] and engine["tokens"] == direct["tokens"] == 7 * 63
+    assert engine["ppl"] == pytest.approx(direct["ppl"], rel=1e-5)
+
+
+@pytest.fixture(scope="module")
+def other_vocab_model(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("eval_vocab") / "reversed"
+    make_char_model(directory, seed=0, reverse_vocab=True)
+    return directory
+
+
+@pytest.mark.parametrize(("case", "message"), [
+    ("missing_dataset", "no such dataset file"),
+    ("seq_len_1", "--seq-len must be at least 2"),
+    ("unknown_model", "no such file or directory"),
+    ("limit_0", "--limit must be at least 1"),
+    ("engine_and_baseline", "--via-engine gives only the prompt tokens' logprobs"),
+    ("text_too_short", "fewer than one window of --seq-len 120"),
+    ("window_too_long", f"--seq-len {MAX_POSITIONS + 1} is longer than base can take"),
+    ("engine_window_too_long", "the engine needs one position"),
+    ("other_vocabulary", "have different vocabularies"),
+])
+def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
+                                          other_vocab_model, tmp_path, capsys):
+    (base_dir, _), _ = char_models
+    short = tmp_path / "short.txt"
+    short.write_text("just a few words\n")
+    data = ["--dataset", str(char_text_file), "--seq-len", "16"]  # a later --seq-len wins
+    argv = {
+        "missing_dataset": [str(base_dir), "--dataset", str(tmp_path / "absent.raw")],
+        "seq_len_1": [str(base_dir), *data, "--seq-len", "1"],
+        "unknown_model": [str(tmp_path / "no-such-model"), *data],
+        "limit_0": [str(base_dir), *data, "--limit", "0"],
+        "engine_and_baseline": [str(base_dir), *data, "--via-engine", "--baseline", str(base_dir)],
+        "text_too_short": [str(base_dir), "--dataset", str(short), "--seq-len", "120"],
+        "window_too_long": [str(base_dir), *data, "--seq-len", str(MAX_POSITIONS + 1)],
+        "engine_window_too_long": [str(base_dir), *data, "--seq-len", str(MAX_POSITIONS),
+                                   "--via-engine"],
+        "other_vocabulary": [str(base_dir), *data, "--baseline", str(other_vocab_model)],
+    }[case]
+    code, stdout, stderr = _run(capsys, *argv)
+    assert code == 2
+    assert stderr.startswith("error: ") and message in stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr
