@@ -59,7 +59,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     if weight.shape != (hidden,):
         raise ValueError(f"weight has shape {tuple(weight.shape)}, expected ({hidden},)")
     x2 = _rows(x, hidden)  # [M, H]
-    out = torch.empty(x2.shape, dtype=x.dtype, device=device)
+    out = x2.new_empty(x2.shape)
     has_res = residual is not None
     res2 = _rows(residual, hidden) if has_res else x2
     res_out = torch.empty_like(out) if has_res else out
@@ -67,7 +67,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _rms_norm_kernel.on(device)[(x2.shape[0],)](
             x2, res2, weight, out, res_out, x2.stride(0), res2.stride(0), out.stride(0),
             res_out.stride(0), eps, H=hidden, BLOCK=triton.next_power_of_2(hidden),
-            HAS_RESIDUAL=has_res,
+            HAS_RESIDUAL=has_res, num_warps=8 if hidden >= 4096 else 4,
         )
     out = out.view(x.shape)
     return (out, res_out.view(x.shape)) if has_res else out

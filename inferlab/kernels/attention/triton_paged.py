@@ -147,6 +147,18 @@ def _merge_splits(acc: torch.Tensor, m: torch.Tensor, denom: torch.Tensor,
     out.copy_(merged)
 
 
+def _block_n(dtype: torch.dtype, device: torch.device, decode: bool) -> int:
+    """KV positions per inner step. sm_90, 8 warps (ptxas, head dim 128): a decode tile of 128
+    keys takes ~80 registers and keeps 64 KiB of K/V loads in flight; a 64-row prefill tile
+    takes ~140 at 64 keys, ~200 at 128; exact fp32 dots spill above 32. The interpreter: small,
+    so that the tests loop more."""
+    if device.type != "cuda":
+        return 16
+    if dtype == torch.float32:
+        return 32
+    return 128 if decode else 64
+
+
 def _num_kv_splits(meta: AttentionMetadata, num_kv_heads: int, device: torch.device) -> int:
     """Split the KV range only for decode batches too small to give every SM two programs."""
     if device.type != "cuda" or meta.max_query_len > 1:
@@ -173,21 +185,22 @@ def paged_attention_from_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
                          f"{tuple(v_cache.shape)}")
     if not (k_cache.is_contiguous() and v_cache.is_contiguous()) or q.stride(2) != 1:
         raise ValueError("the KV cache must be contiguous and q contiguous in its last dim")
-    out = torch.empty(n, hq, d, dtype=q.dtype, device=device)
+    out = q.new_empty(n, hq, d)  # allocations follow q; `device` only picks the launch
     if n == 0:
         return out
     group = hq // hkv
     group_pad = triton.next_power_of_2(group)
     # Decode: one query per sequence, so one token per tile; prefill chunks: ~64 rows per tile.
-    block_q = 1 if meta.max_query_len == 1 else max(1, 64 // group_pad)
+    decode = meta.max_query_len == 1
+    block_q = 1 if decode else max(1, 64 // group_pad)
     block_m = max(16, block_q * group_pad)
     splits = num_kv_splits or _num_kv_splits(meta, hkv, device)
     num_tiles = n // block_q + meta.num_seqs
     if splits > 1:
         # Every (split, token, head) row is written by exactly one program, even an empty split.
-        part_acc = torch.empty(splits, n, hq, d, dtype=torch.float32, device=device)
-        part_m = torch.empty(splits, n, hq, dtype=torch.float32, device=device)
-        part_l = torch.empty(splits, n, hq, dtype=torch.float32, device=device)
+        part_acc = q.new_empty(splits, n, hq, d, dtype=torch.float32)
+        part_m = q.new_empty(splits, n, hq, dtype=torch.float32)
+        part_l = q.new_empty(splits, n, hq, dtype=torch.float32)
     else:
         part_acc = part_m = part_l = out  # never touched when NUM_SPLITS == 1
     _paged_attention_kernel.on(device)[(num_tiles, hkv, splits)](
@@ -196,10 +209,10 @@ def paged_attention_from_cache(q: torch.Tensor, k_cache: torch.Tensor, v_cache: 
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), meta.block_tables.stride(0),
         n, hq,
         NUM_KV_HEADS=hkv, BLOCK_SIZE=block_size, GROUP=group, GROUP_PAD=group_pad,
-        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n or (64 if device.type == "cuda" else 16),
+        BLOCK_Q=block_q, BLOCK_M=block_m, BLOCK_N=block_n or _block_n(q.dtype, device, decode),
         HEAD_DIM=d, HEAD_DIM_PAD=max(16, triton.next_power_of_2(d)),
         NUM_SPLITS=splits, DOT_DTYPE=dot_dtype(q.dtype, device),
-        DOT_PRECISION=dot_precision(q.dtype),
+        DOT_PRECISION=dot_precision(q.dtype), num_warps=8,
     )
     if splits > 1:
         _merge_splits(part_acc, part_m, part_l, out)
