@@ -25,15 +25,19 @@ def hf_norm(hidden: int, weight: torch.Tensor, eps: float) -> torch.nn.Module:
 
 
 TOLERANCE = {torch.float32: 1e-6, torch.float16: 1e-3, torch.bfloat16: 2e-2}
+# CPU runs the kernels in the interpreter; where a GPU exists they also run compiled (-m gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("dtype", "hidden"), [(torch.float32, 96), (torch.float16, 128),
                                                (torch.bfloat16, 128)])
-def test_rms_norm_matches_transformers(dtype: torch.dtype, hidden: int) -> None:
+def test_rms_norm_matches_transformers(dtype: torch.dtype, hidden: int, device: str) -> None:
     x = (torch.randn(3, 5, hidden, generator=GEN) * 3).to(dtype)
     weight = torch.rand(hidden, generator=GEN).to(dtype) + 0.5
     expected = hf_norm(hidden, weight, 1e-5)(x)
-    out = rms_norm(x, weight, 1e-5)
+    out = rms_norm(x.to(device), weight.to(device), 1e-5).cpu()
     assert out.shape == x.shape and out.dtype == dtype
     # the same rounding steps as transformers; rsqrt vs 1/sqrt may move the last bit
     tol = TOLERANCE[dtype]
@@ -55,22 +59,24 @@ def random_tables(positions: int, dim: int) -> tuple[torch.Tensor, torch.Tensor]
     return angles.cos(), angles.sin()
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
-def test_rope_matches_transformers_on_strided_qkv(dtype: torch.dtype) -> None:
+def test_rope_matches_transformers_on_strided_qkv(dtype: torch.dtype, device: str) -> None:
     n, hq, hkv, d = 6, 6, 2, 64
     qkv = torch.randn(n, hq + 2 * hkv, d, generator=GEN).to(dtype)  # one fused projection
-    q, k = qkv[:, :hq], qkv[:, hq:hq + hkv]  # strided views, rotated in place
-    v_before = qkv[:, hq + hkv:].clone()
     positions = torch.tensor([0, 5, 17, 3, 3, 30])
     cos, sin = random_tables(32, d)
     # transformers wants [batch, heads, seq, D] and cos/sin [batch, seq, D]
     q_ref, k_ref = llama.apply_rotary_pos_emb(
-        q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
+        qkv[:, :hq].float().transpose(0, 1)[None], qkv[:, hq:hq + hkv].float().transpose(0, 1)[None],
         cos[positions][None], sin[positions][None])
-    rotary_embedding(positions, q, k, cos, sin)
+    qkv = qkv.to(device)
+    q, k = qkv[:, :hq], qkv[:, hq:hq + hkv]  # strided views, rotated in place
+    v_before = qkv[:, hq + hkv:].clone()
+    rotary_embedding(positions.to(device), q, k, cos.to(device), sin.to(device))
     tol = TOLERANCE[dtype]
-    torch.testing.assert_close(q.float(), q_ref[0].transpose(0, 1), atol=tol, rtol=tol)
-    torch.testing.assert_close(k.float(), k_ref[0].transpose(0, 1), atol=tol, rtol=tol)
+    torch.testing.assert_close(q.cpu().float(), q_ref[0].transpose(0, 1), atol=tol, rtol=tol)
+    torch.testing.assert_close(k.cpu().float(), k_ref[0].transpose(0, 1), atol=tol, rtol=tol)
     assert torch.equal(qkv[:, hq + hkv:], v_before)  # v untouched
 
 

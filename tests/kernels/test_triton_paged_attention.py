@@ -20,6 +20,9 @@ from inferlab.kernels.attention.triton_paged import paged_attention  # noqa: E40
 from inferlab.kernels.triton_cache_ops import write_kv_cache  # noqa: E402
 
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}
+# CPU runs the kernels in the interpreter; where a GPU exists they also run compiled (-m gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
 
 
 @dataclass
@@ -32,6 +35,12 @@ class Batch:
     meta: AttentionMetadata
     full_k: list[torch.Tensor]  # per sequence [seq_len, Hkv, D]: context + new, in order
     full_v: list[torch.Tensor]
+
+    def to(self, device: str) -> Batch:
+        meta = AttentionMetadata.build(self.meta.query_lens_cpu, self.meta.seq_lens_cpu,
+                                       self.meta.block_tables.tolist(), self.meta.block_size, device)
+        return Batch(self.q.to(device), self.k.to(device), self.v.to(device),
+                     self.k_cache.to(device), self.v_cache.to(device), meta, self.full_k, self.full_v)
 
 
 def make_batch(query_lens: list[int], context_lens: list[int], num_heads: int, num_kv_heads: int,
@@ -71,7 +80,7 @@ def dense_attention(batch: Batch, scale: float) -> torch.Tensor:
     outs, start = [], 0
     group = batch.q.shape[1] // batch.full_k[0].shape[1]
     for ql, kk, vv in zip(batch.meta.query_lens_cpu, batch.full_k, batch.full_v, strict=True):
-        q = batch.q[start:start + ql].double()  # [ql, Hq, D]
+        q = batch.q[start:start + ql].cpu().double()  # [ql, Hq, D]
         k = kk.double().repeat_interleave(group, dim=1)  # [S, Hq, D]
         v = vv.double().repeat_interleave(group, dim=1)
         s = kk.shape[0]
@@ -86,28 +95,31 @@ def dense_attention(batch: Batch, scale: float) -> torch.Tensor:
 MIXED = ([1, 5, 1, 7], [9, 0, 2, 6])  # decodes, a fresh prefill, a chunk continuing a prefill
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("group", "head_dim"), [(1, 64), (3, 64), (4, 128)])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_mixed_batch_matches_dense_attention(group: int, head_dim: int,
-                                             dtype: torch.dtype) -> None:
+def test_mixed_batch_matches_dense_attention(group: int, head_dim: int, dtype: torch.dtype,
+                                             device: str) -> None:
     batch = make_batch(*MIXED, num_heads=2 * group, num_kv_heads=2, head_dim=head_dim,
-                       dtype=dtype)
+                       dtype=dtype).to(device)
     scale = head_dim ** -0.5
     out = paged_attention(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache,
                           batch.meta, scale)
     assert out.shape == batch.q.shape and out.dtype == dtype
-    torch.testing.assert_close(out.double(), dense_attention(batch, scale),
+    torch.testing.assert_close(out.cpu().double(), dense_attention(batch, scale),
                                atol=TOLERANCE[dtype], rtol=TOLERANCE[dtype])
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("splits", [2, 5])
-def test_kv_splits_match_dense_attention(splits: int) -> None:
+def test_kv_splits_match_dense_attention(splits: int, device: str) -> None:
     """Split-KV (flash-decoding) partials merge to the same answer, empty splits included."""
     batch = make_batch([1, 1, 3], [20, 2, 11], num_heads=4, num_kv_heads=1, head_dim=64,
-                       dtype=torch.float16, seed=1)
+                       dtype=torch.float16, seed=1).to(device)
     out = paged_attention(batch.q, batch.k, batch.v, batch.k_cache, batch.v_cache,
                           batch.meta, 0.125, num_kv_splits=splits)
-    torch.testing.assert_close(out.double(), dense_attention(batch, 0.125), atol=2e-3, rtol=2e-3)
+    torch.testing.assert_close(out.cpu().double(), dense_attention(batch, 0.125), atol=2e-3,
+                               rtol=2e-3)
 
 
 def test_long_prefill_spans_several_query_tiles() -> None:

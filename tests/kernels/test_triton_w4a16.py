@@ -18,6 +18,10 @@ from compressed_tensors.quantization.lifecycle.forward import dequantize  # noqa
 
 from inferlab.kernels.triton_w4a16 import w4a16_linear  # noqa: E402
 
+# CPU runs the kernel in the interpreter; where a GPU exists it also runs compiled (-m gpu)
+DEVICES = ["cpu", pytest.param("cuda", marks=[
+    pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")])]
+
 
 def quantized_weight(n: int, k: int, group: int, asym: bool, seed: int = 0
                      ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
@@ -36,17 +40,19 @@ def reference(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, zp: torch.T
     return x.double() @ w.T
 
 
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize(("m", "group", "asym", "dtype"), [
     (1, 128, False, torch.float32),  # decode row, split over K
     (5, 32, True, torch.float16),  # asymmetric, small groups
     (33, 256, False, torch.bfloat16),  # per-channel (one group spans K), several M tiles
 ])
 def test_matches_compressed_tensors_dequantize(m: int, group: int, asym: bool,
-                                               dtype: torch.dtype) -> None:
+                                               dtype: torch.dtype, device: str) -> None:
     n, k = 80, 256  # N not a multiple of the 64/128-wide tiles
     q, scale, zp = quantized_weight(n, k, group, asym)
     x = torch.randn(m, k, generator=torch.Generator().manual_seed(1)).to(dtype)
-    out = w4a16_linear(x, pack_to_int32(q, 4), scale.to(dtype), group, weight_zero_point=zp)
+    out = w4a16_linear(x.to(device), pack_to_int32(q, 4).to(device), scale.to(dtype).to(device),
+                       group, weight_zero_point=None if zp is None else zp.to(device)).cpu()
     assert out.shape == (m, n) and out.dtype == dtype
     tol = {torch.float32: 1e-5, torch.float16: 2e-3, torch.bfloat16: 2e-2}[dtype]
     expected = reference(x, q, scale.to(dtype).float(), zp, group)
