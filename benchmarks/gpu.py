@@ -15,10 +15,12 @@
 Without CUDA it prints "no CUDA device" and exits 0; `--smoke` runs the whole script on CPU
 with a tiny model instead, to check the script itself (its figures mean nothing there).
 
-On the lent H200 (its python3 has torch, triton, transformers; the embedded GGUF is 94 MB, over
-one call's 64 MiB, so without it step 3 uses a random-weight SmolLM2-135M-shaped model):
+On the lent H200 (its python3 has torch, triton, transformers, pytest; the embedded GGUF is
+94 MB, over one call's 64 MiB, so without it step 3 uses a random-weight SmolLM2-135M-shaped
+model), the kernel tests compiled on the GPU, then this script:
 
-    PYTHONPATH=. PYTHONUNBUFFERED=1 python3 benchmarks/gpu.py --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
+    export PYTHONPATH=. PYTHONUNBUFFERED=1; python3 -m pytest -q -m gpu tests/kernels 2>&1 |
+      tee $OUT/gpu-tests.log; python3 benchmarks/gpu.py --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
 
 `--embedded-gguf PATH` points step 3 at the real file where one has been brought over.
 """
@@ -302,7 +304,12 @@ def time_attention_case(s: Settings, report: Report, ceilings: Ceilings, name: s
                         s.device)
     t_torch = bench_ms(lambda: torch_paged.paged_attention(q, k, v, kc, vc, meta, 0.088),
                        s.device)
-    report.add("attention", f"{name}: Triton", t_triton, "ms")
+    sweep = {bn: bench_ms(lambda bn=bn: triton_paged.paged_attention(q, k, v, kc, vc, meta, 0.088,
+                                                                     block_n=bn), s.device)
+             for bn in (32, 64, 128)}
+    best = min(sweep, key=sweep.get)
+    report.add("attention", f"{name}: Triton (default tiles)", t_triton, "ms")
+    report.add("attention", f"{name}: best block_n {best} / default", t_triton / sweep[best], "x")
     report.add("attention", f"{name}: torch path / Triton", t_torch / t_triton, "x")
     if q_lens[0] == 1:
         kv_bytes = 2 * sum(meta.seq_lens_cpu) * 8 * 128 * 2  # K and V, 8 heads x 128, bf16
