@@ -12,7 +12,10 @@ from __future__ import annotations
 
 import argparse
 import random
+import statistics
 import time
+
+import torch
 
 from inferlab.engine.llm_engine import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -22,6 +25,7 @@ from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
 from inferlab.planner.roofline import decode_step, model_cost
 
+MEAN_KEYS = ("memory_bandwidth_bytes_per_s", "copy_bandwidth_bytes_per_s", "op_overhead_s")
 WARMUP_STEPS = 3  # after the prefill step: first decode steps warm caches and kernels
 
 
@@ -35,14 +39,15 @@ def time_decode_steps(llm: LLM, batch: int, prompt_len: int, steps: int) -> floa
     llm.engine.step()  # prefill of every prompt in one step (batch × prompt_len within budget)
     for _ in range(WARMUP_STEPS):
         llm.engine.step()
-    start = time.perf_counter()
+    times = []
     for _ in range(steps):
+        start = time.perf_counter()
         outputs = llm.engine.step()
+        times.append(time.perf_counter() - start)
         assert len(outputs) == batch, f"expected {batch} sequences decoding, got {len(outputs)}"
-    elapsed = time.perf_counter() - start
     while llm.engine.has_unfinished_requests():
         llm.engine.step()
-    return elapsed / steps
+    return statistics.median(times)  # robust to the odd step another process preempts
 
 
 def main() -> None:
@@ -50,19 +55,21 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads for both the micro-benchmark and the engine")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     before = measure_cpu()
-    llm = LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=max(args.batches))
+    llm = LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=max(args.batches),
+              num_threads=args.threads)
     measured = {b: time_decode_steps(llm, b, args.prompt_len, args.steps) for b in args.batches}
     after = measure_cpu()
 
-    figures = before | {
-        "memory_bandwidth_bytes_per_s": (before["memory_bandwidth_bytes_per_s"]
-                                         + after["memory_bandwidth_bytes_per_s"]) / 2,
+    figures = before | {k: (before[k] + after[k]) / 2 for k in MEAN_KEYS} | {
         "peak_flops": {k: (before["peak_flops"][k] + after["peak_flops"][k]) / 2
-                       for k in before["peak_flops"]},
-    }
+                       for k in before["peak_flops"]}}
     hw = cpu_local_hardware(figures)
     spec = resolve_model(None)
     fmt = weight_format("bf16")
@@ -73,18 +80,21 @@ def main() -> None:
 
     print(f"cpu-local: {figures['cpu']}, {figures['threads']} threads")
     for name, fig in (("before", before), ("after", after)):
-        print(f"  {name:<6} bandwidth {fig['memory_bandwidth_bytes_per_s'] / 1e9:6.1f} GB/s, "
-              f"bf16 matmul {fig['peak_flops']['bf16'] / 1e9:6.0f} GFLOP/s, "
-              f"fp32 {fig['peak_flops']['fp32'] / 1e9:5.0f} GFLOP/s")
+        print(f"  {name:<6} matmul stream {fig['memory_bandwidth_bytes_per_s'] / 1e9:5.1f} GB/s "
+              f"(copy {fig['copy_bandwidth_bytes_per_s'] / 1e9:5.1f}), bf16 matmul "
+              f"{fig['peak_flops']['bf16'] / 1e9:5.0f} GFLOP/s, fp32 {fig['peak_flops']['fp32'] / 1e9:4.0f}"
+              f", op overhead {fig['op_overhead_s'] * 1e6:4.1f} µs")
     print(f"embedded SmolLM2-135M, bf16, {weights.total_bytes:,} weight bytes; "
           f"prompt {args.prompt_len} tokens, {args.steps} timed steps, mean context {context}")
-    print(f"{'batch':>6} {'predicted ms':>13} {'measured ms':>12} {'ratio':>7}  bound")
+    print(f"{'batch':>6} {'predicted ms':>13} {'(memory':>8} {'compute':>8} {'ops)':>6} "
+          f"{'measured ms':>12} {'ratio':>6}")
     for batch, seconds in measured.items():
         step = decode_step(cost, hw, batch, context)
         ratio = seconds / step.time_s
         verdict = "within ±30%" if 0.7 <= ratio <= 1.3 else "OUTSIDE ±30%"
-        print(f"{batch:>6} {step.time_s * 1e3:>13.2f} {seconds * 1e3:>12.2f} {ratio:>7.2f}  "
-              f"{step.bound}  {verdict}")
+        print(f"{batch:>6} {step.time_s * 1e3:>13.2f} {step.memory_s * 1e3:>8.2f} "
+              f"{step.compute_s * 1e3:>8.2f} {step.overhead_s * 1e3:>6.2f} {seconds * 1e3:>12.2f} "
+              f"{ratio:>6.2f}  {verdict}")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,8 @@ TTFT = re.compile(r"ttft|time_to_first_token")
 ITL = re.compile(r"itl|inter_token|tpot|time_per_output_token")
 THROUGHPUT = re.compile(r"output.*(throughput|tokens_per_s|tok_per_s|tps)|output_throughput")
 MEDIAN = re.compile(r"^(p50|median|50|p50_ms|median_ms)$")
-EXCLUDED = re.compile(r"error|cancel|fail|incomplete|aborted")
+# failed requests, the bench's one-request "floor" baseline, latencies from intended send times
+EXCLUDED = re.compile(r"error|cancel|fail|incomplete|aborted|floor|intended")
 PROMPT = re.compile(r"^(mean_)?(prompt|input)_(tokens|len)(_mean)?$")
 OUTPUT = re.compile(r"^(mean_)?(output|completion)_(tokens|len)(_mean)?$|^max_tokens$")
 CONCURRENCY = re.compile(r"concurrency|num_streams|streams")
@@ -98,7 +99,7 @@ def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload) -> tuple[i
     cost, hw, tp = plan.cost, plan.inputs.hardware, plan.inputs.memory.tensor_parallel
     concurrency = _setting(run, CONCURRENCY)
     if concurrency is not None:
-        return max(1, min(round(concurrency), plan.max_batch)), f"concurrency {concurrency:g}"
+        return max(1, min(round(concurrency), plan.max_batch)), f"concurrency {concurrency:.3g}"
     rate = _setting(run, RATE)
     if rate is None:
         return 1, "single stream (no concurrency or rate found)"

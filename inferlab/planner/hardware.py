@@ -9,7 +9,7 @@ and 0.6) are typical of what tuned servers reach on large models (decode streams
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from inferlab.errors import InferlabError
 from inferlab.planner.names import unknown_name_message
@@ -32,14 +32,16 @@ class Hardware:
     runtime_overhead_bytes: int = GPU_RUNTIME_OVERHEAD_BYTES
     bandwidth_efficiency: float = 0.8
     compute_efficiency: float = 0.6
+    op_overhead_s: float = 0.0  # host time per operator launched; GPU servers replay CUDA graphs
     measured: bool = False
-    notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:
             raise InferlabError(f"hardware {self.name}: memory must be positive, got {self.memory_bytes}")
         if self.memory_bandwidth_bytes_per_s <= 0 or not self.peak_flops:
             raise InferlabError(f"hardware {self.name}: bandwidth and peak FLOP/s must be positive")
+        if self.op_overhead_s < 0:
+            raise InferlabError(f"hardware {self.name}: op overhead must be >= 0")
         for name in ("bandwidth_efficiency", "compute_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InferlabError(f"{name} must be in (0, 1], got {getattr(self, name)}")

@@ -64,7 +64,9 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
         why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
                f" × {hw.bandwidth_efficiency:g})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""
-    return f"{step.bound}-bound: {why}{comm}"
+    ops = (f" + {plan.cost.ops_per_step:,} ops × {hw.op_overhead_s * 1e6:.1f} µs"
+           if step.overhead_s else "")
+    return f"{step.bound}-bound: {why}{comm}{ops}"
 
 
 def _speed(plan: Plan) -> list[str]:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 
 import pytest
 
@@ -95,3 +97,30 @@ def test_cli_unreadable_result_is_one_line(tmp_path, capsys):
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench",
                  str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+
+
+def test_a_real_inferlab_bench_result(tmp_path, capsys):
+    """`inferlab bench` against its mock server (50 ms TTFT, 10 ms ITL) at 1 and 4 streams."""
+    inferlab = [sys.executable, "-m", "inferlab.cli"]
+    mock = subprocess.Popen([*inferlab, "bench", "mock-server", "--port", "0", "--ttft-ms", "50",
+                             "--itl-ms", "10"], stdout=subprocess.PIPE, text=True)
+    try:
+        url = mock.stdout.readline().split()[-1]
+        result = tmp_path / "bench.json"
+        done = subprocess.run(
+            [*inferlab, "bench", "--target", url, "--profile", "concurrent", "--rate", "1", "4",
+             "--max-requests", "8", "--max-tokens", "16", "--calibration-seconds", "0",
+             "--data", "prompt_tokens=64,output_tokens=16", "--output", str(result), "--quiet"],
+            capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0, done.stderr
+    finally:
+        mock.terminate()
+        mock.wait(timeout=30)
+    assert main(["plan", "--hardware", "L4", "--json", "--compare-bench", str(result)]) == 0
+    runs = json.loads(capsys.readouterr().out)["compare_bench"]
+    assert [r["concurrency"] for r in runs] == [1, 4]
+    for run in runs:
+        assert run["measured"]["ttft_ms"] == pytest.approx(50, rel=0.3)
+        assert run["measured"]["itl_ms"] == pytest.approx(10, rel=0.3)
+        assert run["measured"]["output_tokens_per_s"] > 0
+        assert run["workload"]["output_tokens"] == 16
