@@ -1,4 +1,9 @@
-"""`inferlab eval [MODEL] [--baseline MODEL]`: perplexity, and KL divergence against a baseline."""
+"""`inferlab eval [MODEL] [--baseline MODEL]`: perplexity, and KL divergence against a baseline.
+
+As the GPTQ and AWQ papers measure it: the text is tokenized whole (a BOS token only where the
+tokenizer adds one), cut into non-overlapping windows of --seq-len tokens (the partial tail
+dropped), each window scored on its own; perplexity = exp(mean NLL of all predicted tokens).
+"""
 
 from __future__ import annotations
 
