@@ -32,7 +32,7 @@ class Hardware:
     runtime_overhead_bytes: int = GPU_RUNTIME_OVERHEAD_BYTES
     bandwidth_efficiency: float = 0.8
     compute_efficiency: float = 0.6
-    op_overhead_s: float = 0.0  # host time per operator launched; GPU servers replay CUDA graphs
+    layer_overhead_s: float = 0.0  # host time to launch one layer's operators; 0: CUDA graphs
     measured: bool = False
 
     def __post_init__(self) -> None:
@@ -40,8 +40,8 @@ class Hardware:
             raise InferlabError(f"hardware {self.name}: memory must be positive, got {self.memory_bytes}")
         if self.memory_bandwidth_bytes_per_s <= 0 or not self.peak_flops:
             raise InferlabError(f"hardware {self.name}: bandwidth and peak FLOP/s must be positive")
-        if self.op_overhead_s < 0:
-            raise InferlabError(f"hardware {self.name}: op overhead must be >= 0")
+        if self.layer_overhead_s < 0:
+            raise InferlabError(f"hardware {self.name}: layer overhead must be >= 0")
         for name in ("bandwidth_efficiency", "compute_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise InferlabError(f"{name} must be in (0, 1], got {getattr(self, name)}")

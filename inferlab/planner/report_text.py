@@ -64,7 +64,7 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
         why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
                f" × {hw.bandwidth_efficiency:g})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""
-    ops = (f" + {plan.cost.ops_per_step:,} ops × {hw.op_overhead_s * 1e6:.1f} µs"
+    ops = (f" + {plan.cost.num_layers} layers × {hw.layer_overhead_s * 1e6:.0f} µs launch overhead"
            if step.overhead_s else "")
     return f"{step.bound}-bound: {why}{comm}{ops}"
 

@@ -18,11 +18,6 @@ from inferlab.planner.memory import WeightBytes, WeightFormat, dtype_bytes
 # one small all-reduce on NVLink/Infinity Fabric: the latency floor NCCL and custom
 # all-reduce kernels show for decode-sized messages
 ALLREDUCE_LATENCY_S = 10e-6
-# torch operators inferlab's engine launches per step, counted with torch.profiler on the
-# embedded 30-layer model: 2,132 top-level aten ops at batch 1 (norms, rotary, KV write,
-# attention gather, fused linears, residuals, casts and views), 2,102 at batch 16
-OPS_PER_LAYER = 70
-OPS_PER_STEP = 30  # embedding, final norm, lm_head, sampling
 
 
 @dataclass(frozen=True)
@@ -35,7 +30,7 @@ class ModelCost:
     kv_bytes_per_token: int
     allreduce_bytes_per_token: int  # 2 per layer of one hidden vector; 0 without tensor parallel
     num_allreduces: int  # per step
-    ops_per_step: int  # operators launched per step, each costing the hardware's op overhead
+    num_layers: int  # each costs the hardware's layer overhead (operator launches) per step
     compute_dtype: str
 
 
@@ -52,7 +47,7 @@ def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memo
         kv_bytes_per_token=memory.kv_bytes_per_token,
         allreduce_bytes_per_token=0 if tp == 1 else model.hidden_size * dense_bytes,
         num_allreduces=0 if tp == 1 else 2 * layers,
-        ops_per_step=layers * OPS_PER_LAYER + OPS_PER_STEP,
+        num_layers=layers,
         compute_dtype=fmt.compute_dtype,
     )
 
@@ -65,7 +60,7 @@ class StepEstimate:
     memory_s: float  # bytes / (bandwidth × efficiency)
     compute_s: float  # flops / (peak × efficiency)
     comm_s: float  # tensor-parallel all-reduces
-    overhead_s: float  # operators launched × the hardware's host time per operator
+    overhead_s: float  # layers × the hardware's host time to launch one layer
     flops_dtype: str  # whose peak was used
 
     @property
@@ -87,7 +82,7 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
         memory_s=bytes_moved / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency),
         compute_s=flops / (peak * hw.compute_efficiency),
-        comm_s=comm, overhead_s=cost.ops_per_step * hw.op_overhead_s, flops_dtype=used,
+        comm_s=comm, overhead_s=cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
     )
 
 
