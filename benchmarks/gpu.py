@@ -48,6 +48,7 @@ from inferlab.config import EngineConfig  # noqa: E402
 from inferlab.engine.llm_engine import LLMEngine  # noqa: E402
 from inferlab.engine.sampling_params import SamplingParams  # noqa: E402
 from inferlab.models.config import ModelConfig  # noqa: E402
+from inferlab.models.layers import RotaryEmbedding  # noqa: E402
 from inferlab.models.llama import LlamaForCausalLM  # noqa: E402
 from inferlab.models.loader import LoadedModel  # noqa: E402
 from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo  # noqa: E402
@@ -224,7 +225,7 @@ def check_attention(s: Settings, report: Report) -> None:
 
 def check_norm_rope(s: Settings, report: Report) -> None:
     from inferlab.kernels.triton_norm_rope import rms_norm, rotary_embedding
-    from inferlab.models.layers import RMSNorm, RotaryEmbedding
+    from inferlab.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
     x = torch.randn(300, 4096, dtype=torch.bfloat16, device=s.device)
     res = torch.randn_like(x)
@@ -238,53 +239,57 @@ def check_norm_rope(s: Settings, report: Report) -> None:
     pos = torch.randint(0, 4096, (300,), device=s.device)
     q = torch.randn(300, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(300, 8, 128, dtype=torch.bfloat16, device=s.device)
-    q_ref, k_ref = rope(pos, q.float(), k.float())
+    q_ref, k_ref = apply_rotary(q.float(), k.float(), *rope.tables(pos, torch.float32))
     rotary_embedding(pos, q, k, rope.cos, rope.sin)
     err = max(rel_error(q, q_ref), rel_error(k, k_ref))
     report.check("kernels", "RoPE in place bf16", err < 1e-2, f"rel err {err:.1e}")
 
 
-def quantize_int4(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """RTN symmetric int4 per group -> (int32 [N, K/8] pack-quantized layout, bf16 scales)."""
-    n, k = w.shape
-    wg = w.float().view(n, k // group, group)
-    scale = (wg.abs().amax(-1) / 7.5).clamp(min=1e-8)  # [N, K/G]
-    scale = scale.to(torch.bfloat16)
-    q = (wg / scale.float()[..., None]).round().clamp(-8, 7).to(torch.int64) + 8  # 0..15
-    words = (q.view(n, k // 8, 8) << (4 * torch.arange(8, device=w.device))).sum(-1)  # [N, K/8]
-    words = torch.where(words >= 2**31, words - 2**32, words)  # the int32 bit pattern
-    return words.to(torch.int32), scale
+def rtn(w: torch.Tensor, scheme: str):
+    """Round-to-nearest quantization through inferlab.quant (what `inferlab quantize` writes)."""
+    from inferlab.quant.qparams import quantize_rtn
+    from inferlab.quant.scheme import FLOAT, GROUP, INT, WeightArgs
+
+    args = {"W4A16": WeightArgs(4, INT, GROUP, 128), "W8A8": WeightArgs(8, INT),
+            "FP8_DYNAMIC": WeightArgs(8, FLOAT)}[scheme]
+    return quantize_rtn(w.float(), args, scale_dtype=torch.bfloat16 if scheme == "W4A16"
+                        else torch.float32)
 
 
-def dequantize_int4(words: torch.Tensor, scale: torch.Tensor, group: int) -> torch.Tensor:
-    shifts = 4 * torch.arange(8, device=words.device)
-    q = ((words.to(torch.int64)[..., None] >> shifts) & 0xF) - 8  # [N, K/8, 8]
-    q = q.flatten(1).float()  # [N, K]
-    return q * scale.float().repeat_interleave(group, dim=1)
+class TritonW4A16Linear(nn.Module):
+    """W4A16 on the GPU: pack-quantized int4 weights through the Triton dequantizing matmul."""
+
+    def __init__(self, qw, bias: torch.Tensor | None) -> None:
+        from inferlab.quant.formats.int_pack import pack_int32
+
+        super().__init__()
+        self.packed = pack_int32(qw.codes, 4)  # int32 [N, K/8]
+        self.scale, self.zero_point, self.bias = qw.scale, qw.zero_point, bias
+        self.group_size = qw.codes.shape[1] // qw.scale.shape[1]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from inferlab.kernels.triton_w4a16 import w4a16_linear
+
+        return w4a16_linear(x, self.packed, self.scale, self.group_size, self.bias,
+                            self.zero_point)
 
 
 def check_quant_kernels(s: Settings, report: Report) -> None:
-    from inferlab.kernels.scaled_mm import (
-        fp8_w8a8_linear,
-        int8_w8a8_linear,
-        quantize_weight_per_channel,
-    )
-    from inferlab.kernels.triton_w4a16 import w4a16_linear
+    from inferlab.kernels.scaled_mm import fp8_w8a8_linear, int8_w8a8_linear
 
     w = torch.randn(1024, 4096, device=s.device) * 0.02
+    int4, int8, fp8 = rtn(w, "W4A16"), rtn(w, "W8A8"), rtn(w, "FP8_DYNAMIC")
     for m in (1, 300):
         x = torch.randn(m, 4096, dtype=torch.bfloat16, device=s.device)
-        words, scale = quantize_int4(w, 128)
-        ref = x.float() @ dequantize_int4(words, scale, 128).T
-        err = rel_error(w4a16_linear(x, words, scale, 128), ref)
+        ref = x.float() @ int4.dequantize().T
+        err = rel_error(TritonW4A16Linear(int4, None)(x), ref)
         report.check("kernels", f"W4A16 Triton vs dequantize+matmul, M={m}", err < 1e-2,
                      f"rel err {err:.1e}")
-        for dtype, fn, bound in ((torch.int8, int8_w8a8_linear, 0.02),
-                                 (torch.float8_e4m3fn, fp8_w8a8_linear, 0.06)):
-            wq, ws = quantize_weight_per_channel(w, dtype)
-            err = rel_error(fn(x, wq, ws), x.float() @ w.T)
-            report.check("kernels", f"W8A8 {str(dtype).split('.')[-1]} vs bf16 matmul, M={m}",
-                         err < bound, f"rel err {err:.1e}")
+        for name, qw, fn, bound in (("int8", int8, int8_w8a8_linear, 0.02),
+                                    ("fp8", fp8, fp8_w8a8_linear, 0.06)):
+            err = rel_error(fn(x, qw.codes, qw.scale.reshape(-1)), x.float() @ w.T)
+            report.check("kernels", f"W8A8 {name} vs bf16 matmul, M={m}", err < bound,
+                         f"rel err {err:.1e}")
 
 
 def time_attention(s: Settings, report: Report, ceilings: Ceilings) -> None:
@@ -322,30 +327,16 @@ def time_attention_case(s: Settings, report: Report, ceilings: Ceilings, name: s
 
 
 def time_linears(s: Settings, report: Report) -> None:
-    from inferlab.kernels.scaled_mm import quantize_weight_per_channel
-
     n, k = 14336, 4096  # an 8B gate (or up) projection
-    w = (torch.randn(n, k, device=s.device) * 0.02).to(torch.bfloat16)
-    weights = {"bf16": (w,), "W4A16 Triton": quantize_int4(w, 128),
-               "W8A8 int8": quantize_weight_per_channel(w, torch.int8),
-               "W8A8 fp8": quantize_weight_per_channel(w, torch.float8_e4m3fn)}
+    linear = nn.Linear(k, n, bias=False, device=s.device, dtype=torch.bfloat16)
+    layers = {name: quantized_layer(linear, name, s.device) for name in QUANT_VARIANTS}
     for m in (1, 16, 256):
-        time_linear_rows(s, report, weights, m, f"{n}x{k}")
-
-
-def time_linear_rows(s: Settings, report: Report, weights: dict[str, tuple], m: int,
-                     shape: str) -> None:
-    from inferlab.kernels.scaled_mm import fp8_w8a8_linear, int8_w8a8_linear
-    from inferlab.kernels.triton_w4a16 import w4a16_linear
-
-    x = torch.randn(m, weights["bf16"][0].shape[1], dtype=torch.bfloat16, device=s.device)
-    base = bench_ms(lambda: torch.nn.functional.linear(x, *weights["bf16"]), s.device)
-    report.add("linear", f"{shape} bf16 F.linear, M={m}", base, "ms")
-    kernels = {"W4A16 Triton": lambda: w4a16_linear(x, *weights["W4A16 Triton"], 128),
-               "W8A8 int8": lambda: int8_w8a8_linear(x, *weights["W8A8 int8"]),
-               "W8A8 fp8": lambda: fp8_w8a8_linear(x, *weights["W8A8 fp8"])}
-    for name, fn in kernels.items():
-        report.add("linear", f"{name}, M={m}: speed-up over bf16", base / bench_ms(fn, s.device), "x")
+        x = torch.randn(m, k, dtype=torch.bfloat16, device=s.device)
+        base = bench_ms(lambda x=x: linear(x), s.device)
+        report.add("linear", f"{n}x{k} bf16 F.linear, M={m}", base, "ms")
+        for name, layer in layers.items():
+            ms = bench_ms(lambda layer=layer, x=x: layer(x), s.device)
+            report.add("linear", f"{name}, M={m}: speed-up over bf16", base / ms, "x")
 
 
 def time_norm_rope(s: Settings, report: Report) -> None:
@@ -355,7 +346,7 @@ def time_norm_rope(s: Settings, report: Report) -> None:
 
 def time_norm_rope_tokens(s: Settings, report: Report, n: int) -> None:
     from inferlab.kernels.triton_norm_rope import rms_norm, rotary_embedding
-    from inferlab.models.layers import RMSNorm, RotaryEmbedding
+    from inferlab.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
 
     norm = RMSNorm(4096, 1e-5).to(s.device, torch.bfloat16)
     rope = RotaryEmbedding(128, 8192, 500000.0, None).to(s.device)
@@ -367,7 +358,7 @@ def time_norm_rope_tokens(s: Settings, report: Report, n: int) -> None:
     pos = torch.randint(0, 8192, (n,), device=s.device)
     q = torch.randn(n, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(n, 8, 128, dtype=torch.bfloat16, device=s.device)
-    eager = bench_ms(lambda: rope(pos, q, k), s.device)
+    eager = bench_ms(lambda: apply_rotary(q, k, *rope.tables(pos, q.dtype)), s.device)
     fused = bench_ms(lambda: rotary_embedding(pos, q, k, rope.cos, rope.sin), s.device)
     report.add("norm/rope", f"RoPE, {n} tokens: eager / fused", eager / fused, "x")
 
@@ -407,10 +398,11 @@ def random_model(fields: dict, dtype: torch.dtype, device: torch.device) -> Load
             model = LlamaForCausalLM(cfg)
     finally:
         torch.set_default_dtype(previous)
-    rotary = model.model.layers[0].self_attn.rotary
-    rotary.cos = torch.empty(rotary.cos.shape, device=device)  # the tables stay fp32
-    rotary.sin = torch.empty(rotary.sin.shape, device=device)
-    rotary.reset_buffers()
+    for rotary in model.modules():  # the cos/sin tables stay fp32 whatever the weights' dtype
+        if isinstance(rotary, RotaryEmbedding):
+            rotary.cos = torch.empty(rotary.cos.shape, device=device)
+            rotary.sin = torch.empty(rotary.sin.shape, device=device)
+            rotary.reset_buffers()
     return LoadedModel(model.eval(), cfg, ids_only_tokenizer(), name="random", path="")
 
 
@@ -654,43 +646,38 @@ def transformers_section(s: Settings, report: Report, loaded: LoadedModel,
 
 # --- 5. quantized decode --------------------------------------------------------------------------
 
-class QuantizedLinear(nn.Module):
-    """A bf16 linear layer re-quantized (RTN) into one of the GPU kernels' formats."""
+# name -> (scheme, planner weight format for its roofline); layers built as the product builds
+# them (inferlab.quant.linear), plus W4A16 through the Triton kernel
+QUANT_VARIANTS = {"W8A8 int8": ("W8A8", "int8"), "FP8_DYNAMIC": ("FP8_DYNAMIC", "fp8"),
+                  "W4A16 Triton": ("W4A16", "int4-g128"),
+                  "W4A16 quant.linear (dequantize per call)": ("W4A16", "int4-g128")}
 
-    def __init__(self, linear: nn.Linear, fmt: str) -> None:
-        from inferlab.kernels.scaled_mm import quantize_weight_per_channel
 
-        super().__init__()
-        self.fmt, self.bias = fmt, linear.bias
-        w = linear.weight.detach()
-        if fmt == "int4-g128":
-            self.weight, self.scale = quantize_int4(w, 128)
-        else:
-            dtype = torch.int8 if fmt == "int8" else torch.float8_e4m3fn
-            self.weight, self.scale = quantize_weight_per_channel(w, dtype)
+def quantized_layer(linear: nn.Linear, name: str, device: torch.device) -> nn.Module:
+    from inferlab.quant.linear import build_quant_linear
+    from inferlab.quant.scheme import FLOAT, INT, ActivationArgs
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from inferlab.kernels.scaled_mm import fp8_w8a8_linear, int8_w8a8_linear
-        from inferlab.kernels.triton_w4a16 import w4a16_linear
-
-        if self.fmt == "int4-g128":
-            return w4a16_linear(x, self.weight, self.scale, 128, self.bias)
-        linear = int8_w8a8_linear if self.fmt == "int8" else fp8_w8a8_linear
-        return linear(x, self.weight, self.scale, self.bias)
+    scheme = QUANT_VARIANTS[name][0]
+    qw = rtn(linear.weight.detach(), scheme)
+    if name == "W4A16 Triton":
+        return TritonW4A16Linear(qw, linear.bias)
+    activations = {"W8A8": ActivationArgs(INT), "FP8_DYNAMIC": ActivationArgs(FLOAT)}.get(scheme)
+    return build_quant_linear(qw, activations, linear.bias, torch.bfloat16, device)
 
 
 BLOCK_LINEARS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
                  ("mlp", "down_proj"))
 
 
-def swap_linears(model: LlamaForCausalLM, fmt: str) -> list[tuple[nn.Module, str, nn.Module]]:
+def swap_linears(model: LlamaForCausalLM, name: str, device: torch.device
+                 ) -> list[tuple[nn.Module, str, nn.Module]]:
     """Quantize every block linear in place (lm_head stays bf16); returns what to restore."""
     swapped = []
     for layer in model.model.layers:
         for owner_name, attr in BLOCK_LINEARS:
             owner = getattr(layer, owner_name)
             original = getattr(owner, attr)
-            setattr(owner, attr, QuantizedLinear(original, fmt))
+            setattr(owner, attr, quantized_layer(original, name, device))
             swapped.append((owner, attr, original))
     return swapped
 
@@ -701,8 +688,8 @@ def quant_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Loade
     batch_work = random_workload(s.quant_batch, (s.single_prompt, s.single_prompt),
                                  (s.single_output, s.single_output), cfg.vocab_size, 3)
     base: tuple[float, float] | None = None
-    for fmt in ("bf16", "int8", "fp8", "int4-g128"):
-        swapped = swap_linears(loaded.model, fmt) if fmt != "bf16" else []
+    for name in ("bf16", *QUANT_VARIANTS):
+        swapped = swap_linears(loaded.model, name, s.device) if name != "bf16" else []
         try:
             engine = make_engine(loaded, "bfloat16", s.device, kv_bytes, s.quant_batch, 2048)
             warm_up(engine, s, cfg.vocab_size)
@@ -713,15 +700,17 @@ def quant_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Loade
             for owner, attr, original in swapped:
                 setattr(owner, attr, original)
             del swapped
+        fmt = QUANT_VARIANTS[name][1] if name != "bf16" else "bf16"
         floor = cost_of(cfg, fmt).weight_bytes_per_step / ceilings.bandwidth_bytes_per_s * 1e3
-        report.add("quantized", f"{fmt}: single-stream decode", single, "ms/token")
-        report.add("quantized", f"{fmt}: single stream / its HBM roofline", floor / single)
-        report.add("quantized", f"{fmt}: decode step at batch {s.quant_batch}", batched, "ms")
+        report.add("quantized", f"{name}: single-stream decode", single, "ms/token")
+        report.add("quantized", f"{name}: single stream / {fmt} HBM roofline", floor / single)
+        report.add("quantized", f"{name}: decode step at batch {s.quant_batch}", batched, "ms")
         if base is None:
             base = (single, batched)
         else:
-            report.add("quantized", f"{fmt}: decode speed-up over bf16, batch 1", base[0] / single, "x")
-            report.add("quantized", f"{fmt}: decode speed-up over bf16, batch {s.quant_batch}",
+            report.add("quantized", f"{name}: decode speed-up over bf16, batch 1",
+                       base[0] / single, "x")
+            report.add("quantized", f"{name}: decode speed-up over bf16, batch {s.quant_batch}",
                        base[1] / batched, "x")
 
 

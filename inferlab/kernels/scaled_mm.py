@@ -1,7 +1,8 @@
 """W8A8 matmuls on torch's low-precision GEMMs: int8 via torch._int_mm, fp8 via torch._scaled_mm.
 
 Both quantize the activations per token at run time (dynamic, symmetric) and take weights
-quantized per output channel offline: out[m, n] = sum_k xq[m, k] wq[n, k] * sx[m] * sw[n].
+quantized per output channel offline (inferlab.quant makes them):
+out[m, n] = sum_k xq[m, k] wq[n, k] * sx[m] * sw[n].
 This is the arithmetic of compressed-tensors' W8A8 (int8) and FP8_DYNAMIC schemes. Both ops
 run on CPU and CUDA; CUDA's int8 GEMM wants more than 16 rows, so small batches are padded.
 """
@@ -68,15 +69,3 @@ def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     if bias is not None:
         out = out.float() + bias.float()
     return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])
-
-
-def quantize_weight_per_channel(weight: torch.Tensor, dtype: torch.dtype
-                                ) -> tuple[torch.Tensor, torch.Tensor]:
-    """weight [N, K] -> (int8 or float8_e4m3fn [N, K], fp32 scale [N]) for the two linears above."""
-    if dtype == torch.int8:
-        q, scale = quantize_rows_int8(weight)
-    elif dtype == torch.float8_e4m3fn:
-        q, scale = quantize_rows_fp8(weight)
-    else:
-        raise ValueError(f"W8A8 weights are int8 or float8_e4m3fn, not {dtype}")
-    return q, scale.squeeze(1)

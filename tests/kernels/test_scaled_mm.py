@@ -10,11 +10,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferlab.kernels.scaled_mm import (
-    fp8_w8a8_linear,
-    int8_w8a8_linear,
-    quantize_weight_per_channel,
-)
+from inferlab.kernels.scaled_mm import fp8_w8a8_linear, int8_w8a8_linear
+from inferlab.quant.qparams import quantize_rtn
+from inferlab.quant.scheme import FLOAT, INT, WeightArgs
+
+
+def quantize_weight_per_channel(w: torch.Tensor, dtype: torch.dtype
+                                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel symmetric weights as inferlab.quant makes them: (codes [N, K], scale [N])."""
+    args = WeightArgs(8, INT) if dtype == torch.int8 else WeightArgs(8, FLOAT)
+    qw = quantize_rtn(w, args)
+    return qw.codes, qw.scale.reshape(-1)
 
 
 def test_int8_is_exact_when_rows_are_scaled_integer_codes() -> None:
