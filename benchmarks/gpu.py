@@ -441,7 +441,11 @@ def hf_twin(model: LlamaForCausalLM) -> nn.Module:
                 state[name.replace("gate_up_proj", part)] = piece
         else:
             state[name] = t
-    hf.load_state_dict(state, strict=False, assign=True)
+    result = hf.load_state_dict(state, strict=False, assign=True)
+    missing = set(result.missing_keys) - {"lm_head.weight"}  # tied: set just below
+    if missing or result.unexpected_keys:
+        raise RuntimeError(f"weights do not map onto transformers: missing {sorted(missing)[:3]}, "
+                           f"unexpected {result.unexpected_keys[:3]}")
     if cfg.tie_word_embeddings:
         hf.lm_head.weight = hf.model.embed_tokens.weight
     with torch.device(weight.device):  # its inv_freq buffers were left on the meta device
