@@ -9,6 +9,8 @@ and 0.6) are typical of what tuned servers reach on large models (decode streams
 
 from __future__ import annotations
 
+import itertools
+import math
 from dataclasses import dataclass, replace
 
 from inferlab.errors import InferlabError
@@ -33,6 +35,8 @@ class Hardware:
     bandwidth_efficiency: float = 0.8
     compute_efficiency: float = 0.6
     layer_overhead_s: float = 0.0  # host time to launch one layer's operators; 0: CUDA graphs
+    # measured hardware: streaming rate of one-row matmuls by layer width (hidden size)
+    bandwidth_by_width: dict[int, float] | None = None
     measured: bool = False
 
     def __post_init__(self) -> None:
@@ -53,6 +57,19 @@ class Hardware:
             if candidate in self.peak_flops:
                 return self.peak_flops[candidate], candidate
         raise InferlabError(f"hardware {self.name} has no peak FLOP/s for {dtype}")
+
+    def bandwidth_for(self, width: int) -> float:
+        """Bytes/s decode reads weights at for layers of hidden size `width`: the measured
+        curve, interpolated on log width and clamped at its ends, else the datasheet figure."""
+        if not self.bandwidth_by_width:
+            return self.memory_bandwidth_bytes_per_s
+        points = sorted(self.bandwidth_by_width.items())
+        if width <= points[0][0]:
+            return points[0][1]
+        for (w0, b0), (w1, b1) in itertools.pairwise(points):
+            if width <= w1:
+                return b0 + (b1 - b0) * math.log(width / w0) / math.log(w1 / w0)
+        return points[-1][1]
 
     def with_overrides(self, **changes: object) -> Hardware:
         """The same hardware with some values replaced (--memory, --*-efficiency)."""

@@ -3,8 +3,9 @@ short PyTorch micro-benchmark and cached as JSON. The only planner module that t
 and only inside `measure_cpu`.
 
 Three things set a CPU decode step, so three are measured:
-- the rate one-row bf16 matmuls stream weights from DRAM: decode's memory roof (a plain copy
-  is measured too, and shown, but the matmul kernel is what decode waits on);
+- the rate one-row bf16 matmuls stream weights from DRAM, through Llama-shaped layers of
+  several widths: decode's memory roof (a plain copy is measured too, and shown, but the matmul
+  kernel is what decode waits on, and on a CPU it is slower per byte on narrow layers);
 - the square-matmul rate in bf16 and fp32: the compute roof (prefill);
 - the host time of one eager transformer layer with tiny data: an eager engine launches dozens
   of operators per layer, each with a fixed cost (GPU servers hide it with CUDA graphs), and for
@@ -29,9 +30,12 @@ DEFAULT_CACHE_PATH = Path.home() / ".cache" / "inferlab" / "cpu-local.json"
 # working sets beyond the last-level cache (300 MiB L3 on this project's machines), so both
 # stream from DRAM as a decode step of any but the smallest models does
 COPY_BYTES = 512 * 2**20
-STREAM_MATRICES = 64  # 2048 × 2048 bf16 each: 512 MiB of weights
+STREAM_BYTES = 512 * 2**20  # weights per streaming pass (at least one layer's)
+# one-row bf16 matmuls are slower per byte on narrow layers, so the rate is measured by width
+STREAM_WIDTHS = (512, 1024, 2048, 4096)
 MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms each
-MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "peak_flops", "layer_overhead_s", "memory_bytes")
+MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s_by_width", "peak_flops",
+                 "layer_overhead_s", "memory_bytes")
 CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
 
 
@@ -59,14 +63,23 @@ def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
     return best
 
 
-def _stream_bytes_per_s(repeats: int) -> float:
-    """Weight bytes per second that one-row bf16 matmuls read, as in a decode step."""
+def layer_linear_shapes(width: int) -> list[tuple[int, int]]:
+    """(in, out) of a Llama layer's linears at hidden size `width`, MLP 8/3 as wide: fused QKV,
+    output, fused gate-up, down."""
+    mlp = 8 * width // 3
+    return [(width, 2 * width), (width, width), (width, 2 * mlp), (mlp, width)]
+
+
+def _stream_bytes_per_s(width: int, repeats: int) -> float:
+    """Weight bytes per second that one-row bf16 matmuls read through layers of this width."""
     import torch
     import torch.nn.functional as F
 
-    weights = [torch.full((2048, 2048), 0.01, dtype=torch.bfloat16) for _ in range(STREAM_MATRICES)]
-    x = torch.randn(1, 2048, dtype=torch.bfloat16)  # [1, in]
-    seconds = _best_seconds(lambda: [F.linear(x, w) for w in weights], repeats)
+    shapes = layer_linear_shapes(width)
+    layers = max(1, STREAM_BYTES // (2 * sum(i * o for i, o in shapes)))
+    weights = [torch.full((o, i), 0.01, dtype=torch.bfloat16) for _ in range(layers) for i, o in shapes]
+    rows = {i: torch.randn(1, i, dtype=torch.bfloat16) for i, _ in shapes}  # [1, in]
+    seconds = _best_seconds(lambda: [F.linear(rows[w.shape[1]], w) for w in weights], repeats)
     return sum(w.numel() * w.element_size() for w in weights) / seconds
 
 
@@ -146,17 +159,20 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
         n = MATMUL_N[name]
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
         flops[name] = 2 * n**3 / _best_seconds(lambda a=a, b=b: torch.mm(a, b), repeats)
-    return {
+    figures = {
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "memory_bandwidth_bytes_per_s": _stream_bytes_per_s(repeats),
+        "stream_bytes_per_s_by_width": {str(w): _stream_bytes_per_s(w, repeats) for w in STREAM_WIDTHS},
         "copy_bandwidth_bytes_per_s": 2 * COPY_BYTES / copy_s,  # a copy reads and writes each byte
         "peak_flops": flops,
         "layer_overhead_s": _layer_overhead_s(repeats),
         "memory_bytes": physical_memory_bytes(),
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
+    # the headline figure: the widest layers, closest to the memory system's own rate
+    figures["memory_bandwidth_bytes_per_s"] = max(figures["stream_bytes_per_s_by_width"].values())
+    return figures
 
 
 def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3) -> dict[str, Any]:
@@ -183,6 +199,7 @@ def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:
         name=CPU_LOCAL,
         memory_bytes=int(figures["memory_bytes"]),
         memory_bandwidth_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
+        bandwidth_by_width={int(w): float(b) for w, b in figures["stream_bytes_per_s_by_width"].items()},
         peak_flops={k: float(v) for k, v in figures["peak_flops"].items()},
         interconnect_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         source=(f"measured on {figures['cpu']} with {figures['threads']} threads, "

@@ -31,6 +31,7 @@ class ModelCost:
     allreduce_bytes_per_token: int  # 2 per layer of one hidden vector; 0 without tensor parallel
     num_allreduces: int  # per step
     num_layers: int  # each costs the hardware's layer overhead (operator launches) per step
+    hidden_size: int  # picks the measured streaming rate on hardware that has a curve
     compute_dtype: str
 
 
@@ -48,6 +49,7 @@ def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memo
         allreduce_bytes_per_token=0 if tp == 1 else model.hidden_size * dense_bytes,
         num_allreduces=0 if tp == 1 else 2 * layers,
         num_layers=layers,
+        hidden_size=model.hidden_size,
         compute_dtype=fmt.compute_dtype,
     )
 
@@ -80,7 +82,7 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
                                   / hw.interconnect_bytes_per_s)
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
-        memory_s=bytes_moved / (hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency),
+        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size) * hw.bandwidth_efficiency),
         compute_s=flops / (peak * hw.compute_efficiency),
         comm_s=comm, overhead_s=cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
     )
@@ -106,7 +108,7 @@ def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | 
     """The batch where decode's compute time reaches its memory time, or None if it never does
     (when each sequence's KV reads grow faster than its FLOPs)."""
     peak, _ = hw.flops_for(cost.compute_dtype)
-    bw = hw.memory_bandwidth_bytes_per_s * hw.bandwidth_efficiency
+    bw = hw.bandwidth_for(cost.hidden_size) * hw.bandwidth_efficiency
     compute_per_seq = (cost.matmul_flops_per_token
                        + context_len * cost.attention_flops_per_context_token) / (peak * hw.compute_efficiency)
     memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / bw

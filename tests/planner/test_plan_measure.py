@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 
+from inferlab.planner.hardware import Hardware
 from inferlab.planner.measure import (
     cpu_local_hardware,
     cpu_name,
+    layer_linear_shapes,
     load_or_measure,
     physical_memory_bytes,
 )
@@ -18,6 +20,7 @@ def test_measures_once_then_reads_the_cache(tmp_path):
     # positive and below any hardware's: this machine is shared, so no lower bound of interest
     assert 0 < figures["memory_bandwidth_bytes_per_s"] < 2e12
     assert 0 < figures["copy_bandwidth_bytes_per_s"] < 2e12
+    assert [int(w) for w in figures["stream_bytes_per_s_by_width"]] == [512, 1024, 2048, 4096]
     assert 0 < figures["layer_overhead_s"] < 1.0
     for dtype in ("bf16", "fp32"):
         assert 0 < figures["peak_flops"][dtype] < 1e14
@@ -41,3 +44,16 @@ def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
                         lambda repeats: calls.append(repeats) or stale | {"cpu": cpu_name()})
     figures = load_or_measure(cache)
     assert calls == [3] and figures["cpu"] == cpu_name()
+
+
+def test_streaming_rate_is_interpolated_on_log_width():
+    hw = Hardware("curve", 10**9, 1e9, {"bf16": 1e12}, 1e9, "test",
+                  bandwidth_by_width={512: 10e9, 2048: 30e9})
+    assert hw.bandwidth_for(1024) == 20e9  # halfway between 512 and 2048 in log width
+    assert hw.bandwidth_for(256) == 10e9 and hw.bandwidth_for(8192) == 30e9  # clamped
+    assert Hardware("flat", 10**9, 7e9, {"bf16": 1e12}, 1e9, "test").bandwidth_for(576) == 7e9
+
+
+def test_stream_layers_have_llama_proportions():
+    # SmolLM2's layer: hidden 576, MLP 1536 = 8/3 × 576
+    assert layer_linear_shapes(576) == [(576, 1152), (576, 576), (576, 3072), (1536, 576)]
