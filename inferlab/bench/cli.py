@@ -165,24 +165,27 @@ def run_bench(args: argparse.Namespace) -> int:
     check_output_paths(config.outputs)  # before the run, so a typo does not lose it
     progress = NullProgress() if args.quiet else LiveProgress()
     result = run_benchmark(config, progress)
-    print_summary(result, Console())
+    # piped to a file, rich would wrap at 80 columns: a report table is wider than that
+    print_summary(result, Console() if sys.stdout.isatty() else Console(width=200))
     for path in write_outputs(result, config.outputs):
         print(f"wrote {path}", file=sys.stderr)
     return 130 if result.interrupted else 0
 
 
 def run_mock_server(args: argparse.Namespace) -> int:
-    from inferlab.bench.mock import MockConfig, serve_forever
+    from inferlab.bench.mock import MockConfig, MockServer
 
     config = MockConfig(args.host, args.port, args.model, args.ttft_ms, args.itl_ms,
                         args.tokens_per_chunk, args.default_max_tokens, args.max_running,
                         args.error_rate, args.hang_rate, args.close_rate, args.seed)
 
     async def main() -> None:
-        ready: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-        server = asyncio.ensure_future(serve_forever(config, ready))
-        print(f"mock server listening on {await ready}", flush=True)
-        await server
+        server = MockServer(config)
+        print(f"mock server listening on {await server.start()}", flush=True)
+        try:
+            await asyncio.Event().wait()  # until Ctrl-C or SIGTERM
+        finally:
+            await server.close()
 
     try:
         asyncio.run(main())
@@ -205,7 +208,7 @@ def run_compare(args: argparse.Namespace) -> int:
             raise InferlabError(f"compare --output {path}: use an .html name")
     runs = [load_run(path) for path in args.runs]
     comparisons = [compare(runs[0], other) for other in runs[1:]]
-    console = Console()
+    console = Console() if sys.stdout.isatty() else Console(width=200)
     failures = []
     for comparison in comparisons:
         print_comparison(comparison, console, args.alpha)

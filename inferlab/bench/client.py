@@ -105,9 +105,11 @@ class _Connection(asyncio.Protocol):
                 self._finish(ConnectionError(f"connection closed mid-response{reason}"))
 
     def begin(self, parser: ResponseParser, request: bytes) -> asyncio.Future[None]:
+        assert self.transport is not None
+        if self.closed or self.transport.is_closing():
+            raise ConnectionError("connection already closed")
         self.parser, self.received_any = parser, False
         self.waiter = asyncio.get_running_loop().create_future()
-        assert self.transport is not None
         self.transport.write(request)
         return self.waiter
 
@@ -174,9 +176,9 @@ async def exchange(pool: ConnectionPool, request: bytes, record: RawExchange,
                 record.new_connection = True
                 conn = await pool.open()
             parser = ResponseParser()
-            waiter = conn.begin(parser, request)
-            record.sent_ns = now_ns()
             try:
+                waiter = conn.begin(parser, request)
+                record.sent_ns = now_ns()
                 await asyncio.wait_for(waiter, max(0.0, deadline_s - time.monotonic()))
                 break
             except ConnectionError:

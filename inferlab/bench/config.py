@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from inferlab.errors import InferlabError
 
@@ -173,6 +174,17 @@ class DataConfig:
     def __post_init__(self) -> None:
         if self.default_output_tokens < 1:
             raise InferlabError("--max-tokens must be >= 1")
+        # bad data fails here, before the server is contacted
+        from inferlab.bench.dataspec import SyntheticSpec, is_synthetic, resolve_corpus
+
+        if is_synthetic(self.data):
+            SyntheticSpec.parse(self.data)
+            resolve_corpus(self.data_file)
+        elif not Path(self.data).is_file():
+            raise InferlabError(f"--data {self.data!r} is neither a synthetic spec "
+                                "(prompt_tokens=N,output_tokens=N) nor an existing file")
+        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+            raise InferlabError(f"tokenizer file not found: {self.tokenizer}")
 
 
 @dataclass(frozen=True)

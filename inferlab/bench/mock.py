@@ -343,16 +343,3 @@ def _prompt_words(request: dict, chat: bool) -> list[str]:
         prompt = request["prompt"]
         text = prompt if isinstance(prompt, str) else " ".join(map(str, prompt))
     return text.split()
-
-
-async def serve_forever(config: MockConfig, ready: asyncio.Future[str] | None = None) -> None:
-    """Run until cancelled; prints nothing (the CLI prints the URL)."""
-    server = MockServer(config)
-    url = await server.start()
-    if ready is not None:
-        ready.set_result(url)
-    try:
-        await asyncio.Event().wait()
-    finally:
-        await server.close()
-

@@ -7,21 +7,24 @@ import contextlib
 import multiprocessing as mp
 from multiprocessing.connection import Connection
 
-from inferlab.bench.mock import MockConfig, serve_forever
+from inferlab.bench.mock import MockConfig, MockServer
+from inferlab.errors import InferlabError
 
 
 def _process_main(conn: Connection, config: MockConfig) -> None:
     """Entry point of a mock server in its own process: sends its URL, runs until told."""
 
     async def main() -> None:
-        loop = asyncio.get_running_loop()
-        ready: asyncio.Future[str] = loop.create_future()
-        server = loop.create_task(serve_forever(config, ready))
-        conn.send(await ready)
+        server = MockServer(config)
+        try:
+            conn.send(await server.start())
+        except OSError as e:
+            conn.send(OSError(e.errno, e.strerror))
+            return
         stop = asyncio.Event()
-        loop.add_reader(conn.fileno(), stop.set)  # any message, or the parent's exit
+        asyncio.get_running_loop().add_reader(conn.fileno(), stop.set)  # a message, or EOF
         await stop.wait()
-        server.cancel()
+        await server.close()
 
     asyncio.run(main())
 
@@ -39,7 +42,12 @@ class MockProcess:
         if not self._conn.poll(30):
             self.close()
             raise RuntimeError("the mock server did not start within 30 s")
-        self.url: str = self._conn.recv()
+        answer = self._conn.recv()
+        if isinstance(answer, OSError):
+            self.close()
+            raise InferlabError(f"the mock server cannot listen on {config.host}:{config.port}: "
+                                f"{answer.strerror}")
+        self.url: str = answer
 
     def close(self) -> None:
         with contextlib.suppress(OSError):  # already gone

@@ -29,8 +29,9 @@ class Timeline:
 def build_timeline(records: list[RequestRecord], end_ns: int) -> Timeline:
     duration_s = max(end_ns / 1e9, MIN_BIN_S)
     bin_s = max(MIN_BIN_S, duration_s / MAX_BINS)
-    bins = int(np.ceil(duration_s / bin_s))
-    edges_ns = np.arange(bins + 1, dtype=np.float64) * bin_s * 1e9
+    bin_ns = round(bin_s * 1e9)
+    bins = -(-end_ns // bin_ns) if end_ns > 0 else 1  # ceiling, in exact integers
+    edges_ns = (np.arange(bins + 1, dtype=np.int64) * bin_ns).astype(np.float64)
     token_times = np.array([t for r in records for t in r.chunk_ns], dtype=np.float64)
     token_counts = np.array([k for r in records for k in r.chunk_tokens[:len(r.chunk_ns)]],
                             dtype=np.float64)

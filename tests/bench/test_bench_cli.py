@@ -1,0 +1,88 @@
+"""`inferlab bench` from the command line: a mock server and a run as real processes,
+and one-line errors with exit code 2 for bad input."""
+
+from __future__ import annotations
+
+import csv
+import json
+import subprocess
+import sys
+
+import pytest
+
+from inferlab.bench.report_csv import header
+from inferlab.cli import main
+
+
+@pytest.fixture
+def mock_cli():
+    """`inferlab bench mock-server --port 0` as a subprocess; yields its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferlab.cli", "bench", "mock-server", "--port", "0",
+         "--ttft-ms", "10", "--itl-ms", "2"], stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line.startswith("mock server listening on http://127.0.0.1:"), line
+        yield line.split()[-1]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_run_from_the_command_line_writes_json_and_csv(mock_cli, corpus, tmp_path):
+    out_json, out_csv = tmp_path / "run.json", tmp_path / "run.csv"
+    done = subprocess.run(
+        [sys.executable, "-m", "inferlab.cli", "bench", "--target", mock_cli,
+         "--profile", "constant", "--rate", "10", "20", "--max-seconds", "1",
+         "--data", "prompt_tokens=16,output_tokens=4", "--data-file", str(corpus),
+         "--calibration-seconds", "0.5", "--quiet", "--output", str(out_json),
+         "--output", str(out_csv)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "constant@10/s" in done.stdout and "ttft_ms: time to first token" in done.stdout
+    report = json.loads(out_json.read_text())
+    assert report["meta"]["model"] == "mock-model"  # taken from /v1/models
+    assert [len(s["requests"]) for s in report["stages"]] == [10, 20]
+    assert all(s["floor"] is not None for s in report["stages"])
+    assert "itl_ms" in report["definitions"]
+    with out_csv.open() as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == header()
+    assert [r["label"] for r in rows] == ["constant@10/s", "constant@20/s"]
+    assert [int(r["ok"]) for r in rows] == [10, 20]
+    assert float(rows[1]["floor_ttft_ms_median"]) < float(rows[1]["ttft_ms_median"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["bench"], "needs --target"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "constant"], "needs --rate"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--data",
+      "prompt_tokens=8"], "output_tokens"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--output", "r.txt"],
+     "use a .json, .csv or .html name"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous"],
+     "--max-seconds or --max-requests"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
+      "--max-requests", "1"], "cannot reach http://127.0.0.1:9/v1/models"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--slo-search"],
+     "--slo-search needs --slo"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--warmup", "soon"],
+     "bad warmup/cooldown"),
+])
+def test_bad_input_is_a_one_line_error(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
+def test_missing_data_file_is_named(mock_server, tmp_path, capsys):
+    url = mock_server()
+    argv = ["bench", "--target", url, "--profile", "synchronous", "--max-requests", "1",
+            "--data-file", str(tmp_path / "none.txt"), "--quiet"]
+    assert main(argv) == 2
+    assert "--data-file not found" in capsys.readouterr().err
+
+
+def test_mock_server_port_in_use_is_a_user_error(mock_server, capsys):
+    port = mock_server().rsplit(":", 1)[1]
+    assert main(["bench", "mock-server", "--port", port]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err

@@ -1,0 +1,133 @@
+"""Metrics on hand-built request timelines whose answers were worked out on paper."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from inferlab.bench.config import Span
+from inferlab.bench.metrics import (
+    chunk_gap_samples_ms,
+    dispatch_lag_ms,
+    e2e_intended_ms,
+    e2e_ms,
+    itl_ms,
+    itl_token_samples_ms,
+    tpot_ms,
+    ttft_intended_ms,
+    ttft_ms,
+)
+from inferlab.bench.records import RequestRecord
+from inferlab.bench.stats import Distribution
+from inferlab.bench.summary import StageInfo, slo_percentile_check, summarize
+from inferlab.bench.timeline import build_timeline
+
+MS = 1_000_000  # ns
+
+
+def rec(outcome: str, intended: float, start: float | None, end: float | None,
+        chunks: list[float] = (), tokens: list[int] = (), output: int = 0,
+        prompt: int | None = None) -> RequestRecord:
+    """A record with times given in ms."""
+    def ns(ms: float | None) -> int | None:
+        return None if ms is None else round(ms * MS)
+
+    return RequestRecord(
+        stage=0, index=0, outcome=outcome, error="" if outcome == "ok" else "x", status=200,
+        intended_ns=ns(intended), start_ns=ns(start),
+        first_token_ns=ns(chunks[0]) if chunks else None, end_ns=ns(end),
+        chunk_ns=[ns(c) for c in chunks], chunk_tokens=list(tokens), output_tokens=output,
+        output_tokens_source="usage", prompt_tokens=prompt)
+
+
+# A: on time; four one-token chunks 10 ms apart.
+A = rec("ok", 0, 0, 135, [100, 110, 120, 130], [1, 1, 1, 1], output=4, prompt=10)
+# B: sent 10 ms late; two chunks of two tokens each.
+B = rec("ok", 50, 60, 310, [260, 300], [2, 2], output=4, prompt=20)
+# C: failed after 50 ms without a token; D: scheduled but never sent.
+C = rec("error", 100, 100, 150)
+D = rec("cancelled", 120, None, None)
+INFO = StageInfo(stage=0, label="constant@20/s", kind="constant", rate=20.0, start_ns=0,
+                 stop_reason="max_seconds", scheduled=4)
+
+
+def test_per_request_latencies():
+    assert ttft_ms(A) == 100 and ttft_intended_ms(A) == 100
+    assert itl_ms(A) == pytest.approx(10.0)  # (130 - 100) / (4 - 1)
+    assert tpot_ms(A) == pytest.approx(33.75)  # 135 / 4
+    assert e2e_ms(A) == 135
+    assert ttft_ms(B) == 200 and ttft_intended_ms(B) == 210
+    assert itl_ms(B) == pytest.approx(40 / 3)  # (300 - 260) / (4 - 1)
+    assert tpot_ms(B) == pytest.approx(62.5)  # (310 - 60) / 4
+    assert (e2e_ms(B), e2e_intended_ms(B), dispatch_lag_ms(B)) == (250, 260, 10)
+    assert ttft_ms(C) is None and itl_ms(C) is None
+    assert dispatch_lag_ms(D) is None and e2e_ms(D) is None
+
+
+def test_per_token_and_per_chunk_samples():
+    assert itl_token_samples_ms(A) == pytest.approx([10, 10, 10])
+    assert itl_token_samples_ms(B) == pytest.approx([20, 20])  # a 40 ms gap carried 2 tokens
+    assert chunk_gap_samples_ms(B) == pytest.approx([40])
+
+
+def test_distribution_percentiles_of_one_to_ten():
+    d = Distribution.of(list(range(1, 11)))
+    assert (d.count, d.mean, d.median, d.min, d.max) == (10, 5.5, 5.5, 1, 10)
+    assert d.p90 == pytest.approx(9.1) and d.p95 == pytest.approx(9.55)
+    assert d.p99 == pytest.approx(9.91) and d.p999 == pytest.approx(9.991)
+    assert d.stdev == pytest.approx(math.sqrt(55 / 6))
+    assert Distribution.of([]).count == 0 and Distribution.of([]).median is None
+
+
+def test_stage_summary_without_warmup():
+    s = summarize(INFO, [A, B, C, D], Span(), Span(), slo={"ttft_ms": 150.0})
+    assert (s.window_start_ns, s.window_end_ns, s.end_ns) == (0, 310 * MS, 310 * MS)
+    assert s.counts == {"ok": 2, "error": 1, "cancelled": 1}
+    assert s.request_throughput == pytest.approx(2 / 0.31)
+    assert s.output_token_throughput == pytest.approx(8 / 0.31)
+    assert s.total_token_throughput == pytest.approx((8 + 30) / 0.31)
+    assert s.sent_rate == pytest.approx(20.0)  # 3 starts over 100 ms
+    assert s.scheduled_rate == pytest.approx(20.0)  # intended 0, 50, 100 ms
+    assert s.concurrency_mean == pytest.approx(435 / 310)  # busy 135 + 250 + 50 ms
+    assert s.concurrency_max == 3  # A, B and C overlap in 100..135 ms
+    assert s.goodput == pytest.approx(1 / 0.31)  # only A meets TTFT <= 150 from intended
+    assert s.slo_fraction == pytest.approx(1 / 4)
+    ttft = s.metrics["ttft_ms"]["ok"]
+    assert (ttft.count, ttft.mean, ttft.p90) == (2, 150, pytest.approx(190))
+    per_token = s.metrics["itl_token_ms"]["ok"]
+    assert (per_token.count, per_token.mean, per_token.median) == (5, pytest.approx(14), 10)
+    assert s.metrics["e2e_ms"]["error"].mean == 50
+    assert s.metrics["dispatch_lag_ms"]["ok"].max == 10
+
+
+def test_warmup_drops_requests_started_before_it():
+    s = summarize(INFO, [A, B, C, D], Span(seconds=0.05), Span(), slo=None)
+    assert s.window_start_ns == 50 * MS
+    assert s.counts == {"ok": 1, "error": 1, "cancelled": 1}  # A started at 0: out
+    assert s.request_throughput == pytest.approx(1 / 0.26)
+    assert s.output_token_throughput == pytest.approx(4 / 0.26)
+
+
+def test_cooldown_as_a_fraction_of_the_stage():
+    s = summarize(INFO, [A, B, C, D], Span(), Span(fraction=0.5), slo=None)
+    assert s.window_end_ns == 155 * MS  # 310 ms stage, last half dropped
+    assert s.counts == {"ok": 2, "error": 1, "cancelled": 1}  # all started before 155 ms
+    assert s.request_throughput == pytest.approx(1 / 0.155)  # only A ended by then
+
+
+def test_slo_percentile_counts_failures_as_infinitely_slow():
+    passed, observed = slo_percentile_check([A, B], {"ttft_ms": 205.0})
+    assert passed and observed["ttft_ms"] == pytest.approx(204.5)  # 100 + 0.95 * 110
+    passed, observed = slo_percentile_check([A, B, C, D], {"ttft_ms": 1e9})
+    assert not passed and math.isinf(observed["ttft_ms"])
+
+
+def test_timeline_bins():
+    tl = build_timeline([A, B, C, D], end_ns=310 * MS)
+    assert tl.bin_s == pytest.approx(0.1) and len(tl.t_s) == 4
+    assert tl.output_tokens_per_s == pytest.approx([0, 40, 20, 20])
+    assert tl.completed_per_s == pytest.approx([0, 10, 0, 10])  # A ends at 135, B at 310
+    assert tl.errors_per_s == pytest.approx([0, 10, 0, 0])
+    # bin 0: A 100 ms + B 40 ms busy; bin 1: A 35 + B 100 + C 50
+    assert tl.concurrency[:2] == pytest.approx([1.4, 1.85])

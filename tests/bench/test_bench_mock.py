@@ -1,0 +1,115 @@
+"""The mock server, checked with an independent HTTP client (httpx) and the openai SDK."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from inferlab.bench.server_metrics import canonical, parse_prometheus
+
+
+def sse_payloads(response: httpx.Response) -> list[str]:
+    return [line[6:] for line in response.iter_lines() if line.startswith("data: ")]
+
+
+def test_streamed_completion_format(mock_server):
+    url = mock_server(tokens_per_chunk=2)
+    body = {"model": "m", "prompt": "one two three", "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as response:
+        assert response.status_code == 200
+        assert response.headers["content-type"] == "text/event-stream"
+        payloads = sse_payloads(response)
+    assert payloads[-1] == "[DONE]"
+    chunks = [json.loads(p) for p in payloads[:-1]]
+    texts = [c["choices"][0]["text"] for c in chunks if c["choices"]]
+    assert texts == [" the of", " and to", " in", ""]  # 5 tokens, 2 per chunk, then finish
+    assert chunks[-2]["choices"][0]["finish_reason"] == "length"
+    assert chunks[-1]["usage"] == {"prompt_tokens": 3, "completion_tokens": 5,
+                                   "total_tokens": 8}
+
+
+def test_openai_sdk_reads_the_chat_stream(mock_server):
+    import openai
+
+    url = mock_server()
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="none", max_retries=0)
+    stream = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=3, stream=True,
+        stream_options={"include_usage": True})
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == \
+        " the of and"
+    assert chunks[-1].usage.completion_tokens == 3
+    assert client.models.list().data[0].id == "mock-model"
+
+
+def test_non_streamed_completion_and_health(mock_server):
+    url = mock_server(default_max_tokens=4)
+    response = httpx.post(f"{url}/v1/completions", json={"model": "m", "prompt": "a b"})
+    assert response.json()["choices"][0]["text"] == " the of and to"
+    assert httpx.get(f"{url}/health").status_code == 200
+    assert httpx.get(f"{url}/nope").status_code == 404
+
+
+def test_injected_error_is_an_openai_error(mock_server):
+    url = mock_server(error_rate=1.0)
+    response = httpx.post(f"{url}/v1/completions", json={"prompt": "x", "stream": True})
+    assert response.status_code == 500
+    assert response.json()["error"]["message"] == "injected error"
+
+
+def test_injected_close_cuts_the_stream(mock_server):
+    url = mock_server(close_rate=1.0)
+    body = {"prompt": "x", "max_tokens": 8, "stream": True}
+    with pytest.raises(httpx.HTTPError), httpx.stream(
+            "POST", f"{url}/v1/completions", json=body, timeout=10) as response:
+        list(response.iter_lines())
+
+
+def test_injected_hang_stops_sending(mock_server):
+    url = mock_server(hang_rate=1.0)
+    body = {"prompt": "x", "max_tokens": 8, "stream": True}
+    with pytest.raises(httpx.ReadTimeout), httpx.stream(
+            "POST", f"{url}/v1/completions", json=body,
+            timeout=httpx.Timeout(10, read=0.5)) as response:
+        list(response.iter_lines())
+
+
+def test_bad_request_body_is_a_400(mock_server):
+    url = mock_server()
+    response = httpx.post(f"{url}/v1/completions", content=b"{not json")
+    assert response.status_code == 400
+
+
+def test_metrics_page_counts_prefix_cache_hits_by_blocks(mock_server):
+    url = mock_server()
+    shared = " ".join(f"w{i}" for i in range(32))  # two full 16-word blocks
+    for tail in ("alpha beta", "gamma delta"):
+        httpx.post(f"{url}/v1/completions", json={"prompt": f"{shared} {tail}",
+                                                   "max_tokens": 1})
+    values = canonical(parse_prometheus(httpx.get(f"{url}/metrics").text))
+    assert values["prefix_cache_queries"] == 68  # 34 words, twice
+    assert values["prefix_cache_hits"] == 32  # the second request hit both shared blocks
+    assert values["running"] == 0 and values["waiting"] == 0
+
+
+def test_prometheus_parsing_sums_label_sets_and_maps_names():
+    text = """# HELP x
+vllm:num_requests_running{model_name="a"} 3
+vllm:num_requests_running{model_name="b"} 2
+vllm:num_requests_waiting 4.0
+llamacpp:kv_cache_usage_ratio 0.5
+vllm:prefix_cache_hits_total{model_name="a"} 10 1700000000000
+bad line
+nan_metric NaN
+"""
+    values = parse_prometheus(text)
+    assert values["vllm:num_requests_running"] == 5
+    assert values["vllm:prefix_cache_hits_total"] == 10
+    assert "nan_metric" not in values
+    assert canonical(values) == {"running": 5, "waiting": 4.0, "kv_cache_usage": 0.5,
+                                 "prefix_cache_hits": 10}
