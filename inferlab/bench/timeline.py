@@ -9,7 +9,7 @@ import numpy as np
 from inferlab.bench.records import RequestRecord
 from inferlab.bench.summary import busy_integral
 
-MAX_BINS = 400
+MAX_BINS = 150
 MIN_BIN_S = 0.1
 
 

@@ -18,7 +18,7 @@ TTFT_MS, ITL_MS = 50.0, 10.0
 def test_ttft_and_itl_match_the_injected_latency_at_1_16_64_streams(mock_server, corpus):
     url = mock_server(ttft_ms=TTFT_MS, itl_ms=ITL_MS)
     # streams start spread over one ITL, as a real server's requests drift apart
-    config = bench_config(url, corpus, "concurrent", (1, 16, 64), max_seconds=1.5,
+    config = bench_config(url, corpus, "concurrent", (1, 16, 64), max_seconds=1.2,
                           data="prompt_tokens=32,output_tokens=16", ramp_up_s=0.01)
     result = run(config)
     assert [s.summary.info.label for s in result.stages] == [
