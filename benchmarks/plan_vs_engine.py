@@ -59,8 +59,8 @@ def best_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return rounds[0] | {
         "memory_bandwidth_bytes_per_s": max(r["memory_bandwidth_bytes_per_s"] for r in rounds),
         "copy_bandwidth_bytes_per_s": max(r["copy_bandwidth_bytes_per_s"] for r in rounds),
-        "stream_bytes_per_s_by_width": {w: max(r["stream_bytes_per_s_by_width"][w] for r in rounds)
-                                        for w in rounds[0]["stream_bytes_per_s_by_width"]},
+        "stream_bytes_per_s": {n: {w: max(r["stream_bytes_per_s"][n][w] for r in rounds) for w in by_width}
+                               for n, by_width in rounds[0]["stream_bytes_per_s"].items()},
         "peak_flops": {k: max(r["peak_flops"][k] for r in rounds) for k in rounds[0]["peak_flops"]},
         "layer_overhead_s": min(r["layer_overhead_s"] for r in rounds),
     }
@@ -98,9 +98,11 @@ def main() -> None:
 
     print(f"cpu-local: {figures['cpu']}, {figures['threads']} threads, load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; best of {args.rounds} rounds:")
-    curve = ", ".join(f"{w}: {b / 1e9:.1f}" for w, b in figures["stream_bytes_per_s_by_width"].items())
-    print(f"  matmul stream by width GB/s {curve}; at {spec.config.hidden_size}: "
-          f"{hw.bandwidth_for(spec.config.hidden_size) / 1e9:.1f} (copy "
+    for rows, by_width in figures["stream_bytes_per_s"].items():
+        curve = ", ".join(f"{w}: {b / 1e9:.1f}" for w, b in by_width.items())
+        print(f"  {rows:>2}-row matmul stream GB/s by width {curve}; at {spec.config.hidden_size}: "
+              f"{hw.bandwidth_for(spec.config.hidden_size, int(rows)) / 1e9:.1f}")
+    print(f"  (copy "
           f"{figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f}), bf16 matmul "
           f"{figures['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s, fp32 {figures['peak_flops']['fp32'] / 1e9:.0f}"
           f", layer launch {figures['layer_overhead_s'] * 1e6:.0f} µs")

@@ -35,8 +35,8 @@ class Hardware:
     bandwidth_efficiency: float = 0.8
     compute_efficiency: float = 0.6
     layer_overhead_s: float = 0.0  # host time to launch one layer's operators; 0: CUDA graphs
-    # measured hardware: streaming rate of one-row matmuls by layer width (hidden size)
-    bandwidth_by_width: dict[int, float] | None = None
+    # measured hardware: bytes/s matmuls stream weights at, by rows (tokens) then layer width
+    stream_rates: dict[int, dict[int, float]] | None = None
     measured: bool = False
 
     def __post_init__(self) -> None:
@@ -58,22 +58,29 @@ class Hardware:
                 return self.peak_flops[candidate], candidate
         raise InferlabError(f"hardware {self.name} has no peak FLOP/s for {dtype}")
 
-    def bandwidth_for(self, width: int) -> float:
-        """Bytes/s decode reads weights at for layers of hidden size `width`: the measured
-        curve, interpolated on log width and clamped at its ends, else the datasheet figure."""
-        if not self.bandwidth_by_width:
+    def bandwidth_for(self, width: int, rows: int = 1) -> float:
+        """Bytes/s a step reads weights at, for layers of hidden size `width` and `rows` tokens:
+        the measured grid, interpolated on log scales and clamped at its edges, else the
+        datasheet figure."""
+        if not self.stream_rates:
             return self.memory_bandwidth_bytes_per_s
-        points = sorted(self.bandwidth_by_width.items())
-        if width <= points[0][0]:
-            return points[0][1]
-        for (w0, b0), (w1, b1) in itertools.pairwise(points):
-            if width <= w1:
-                return b0 + (b1 - b0) * math.log(width / w0) / math.log(w1 / w0)
-        return points[-1][1]
+        by_rows = {r: interpolate_log(by_width, width) for r, by_width in self.stream_rates.items()}
+        return interpolate_log(by_rows, rows)
 
     def with_overrides(self, **changes: object) -> Hardware:
         """The same hardware with some values replaced (--memory, --*-efficiency)."""
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
+
+
+def interpolate_log(points: dict[int, float], x: float) -> float:
+    """Piecewise-linear in log(x) through `points`, constant beyond the first and last."""
+    ordered = sorted(points.items())
+    if x <= ordered[0][0]:
+        return ordered[0][1]
+    for (x0, y0), (x1, y1) in itertools.pairwise(ordered):
+        if x <= x1:
+            return y0 + (y1 - y0) * math.log(x / x0) / math.log(x1 / x0)
+    return ordered[-1][1]
 
 
 def _gpu(name: str, memory_gb: float, bandwidth_tb_s: float, bf16: float, fp8: float | None,

@@ -31,10 +31,12 @@ DEFAULT_CACHE_PATH = Path.home() / ".cache" / "inferlab" / "cpu-local.json"
 # stream from DRAM as a decode step of any but the smallest models does
 COPY_BYTES = 512 * 2**20
 STREAM_BYTES = 512 * 2**20  # weights per streaming pass (at least one layer's)
-# one-row bf16 matmuls are slower per byte on narrow layers, so the rate is measured by width
+# CPU matmul kernels stream weights slower on narrow layers and change with the number of rows
+# (one decode token per sequence), so the rate is measured on a grid of both
 STREAM_WIDTHS = (512, 1024, 2048, 4096)
+STREAM_ROWS = (1, 16)
 MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms each
-MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s_by_width", "peak_flops",
+MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s", "peak_flops",
                  "layer_overhead_s", "memory_bytes")
 CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
 
@@ -70,17 +72,27 @@ def layer_linear_shapes(width: int) -> list[tuple[int, int]]:
     return [(width, 2 * width), (width, width), (width, 2 * mlp), (mlp, width)]
 
 
-def _stream_bytes_per_s(width: int, repeats: int) -> float:
-    """Weight bytes per second that one-row bf16 matmuls read through layers of this width."""
+def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
+    """Weight bytes per second bf16 matmuls of 1 and 16 rows read through layers of this width."""
     import torch
     import torch.nn.functional as F
 
     shapes = layer_linear_shapes(width)
     layers = max(1, STREAM_BYTES // (2 * sum(i * o for i, o in shapes)))
     weights = [torch.full((o, i), 0.01, dtype=torch.bfloat16) for _ in range(layers) for i, o in shapes]
-    rows = {i: torch.randn(1, i, dtype=torch.bfloat16) for i, _ in shapes}  # [1, in]
-    seconds = _best_seconds(lambda: [F.linear(rows[w.shape[1]], w) for w in weights], repeats)
-    return sum(w.numel() * w.element_size() for w in weights) / seconds
+    total = sum(w.numel() * w.element_size() for w in weights)
+    rates = {}
+    for n in STREAM_ROWS:
+        x = {i: torch.randn(n, i, dtype=torch.bfloat16) for i, _ in shapes}  # [rows, in]
+        rates[str(n)] = total / _best_seconds(lambda x=x: [F.linear(x[w.shape[1]], w) for w in weights],
+                                              repeats)
+    return rates
+
+
+def _stream_grid(repeats: int) -> dict[str, dict[str, float]]:
+    """rows -> width -> bytes/s, with JSON's string keys."""
+    by_width = {str(w): _stream_bytes_per_s(w, repeats) for w in STREAM_WIDTHS}
+    return {str(n): {w: rates[str(n)] for w, rates in by_width.items()} for n in STREAM_ROWS}
 
 
 def _tiny_layer_stack(num_layers: int, batch: int):  # -> a callable running the stack once
@@ -163,15 +175,16 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "stream_bytes_per_s_by_width": {str(w): _stream_bytes_per_s(w, repeats) for w in STREAM_WIDTHS},
+        "stream_bytes_per_s": _stream_grid(repeats),
         "copy_bandwidth_bytes_per_s": 2 * COPY_BYTES / copy_s,  # a copy reads and writes each byte
         "peak_flops": flops,
         "layer_overhead_s": _layer_overhead_s(repeats),
         "memory_bytes": physical_memory_bytes(),
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
-    # the headline figure: the widest layers, closest to the memory system's own rate
-    figures["memory_bandwidth_bytes_per_s"] = max(figures["stream_bytes_per_s_by_width"].values())
+    # the headline figure: the best of the grid, closest to the memory system's own rate
+    figures["memory_bandwidth_bytes_per_s"] = max(
+        rate for by_width in figures["stream_bytes_per_s"].values() for rate in by_width.values())
     return figures
 
 
@@ -199,7 +212,8 @@ def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:
         name=CPU_LOCAL,
         memory_bytes=int(figures["memory_bytes"]),
         memory_bandwidth_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
-        bandwidth_by_width={int(w): float(b) for w, b in figures["stream_bytes_per_s_by_width"].items()},
+        stream_rates={int(n): {int(w): float(b) for w, b in by_width.items()}
+                      for n, by_width in figures["stream_bytes_per_s"].items()},
         peak_flops={k: float(v) for k, v in figures["peak_flops"].items()},
         interconnect_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         source=(f"measured on {figures['cpu']} with {figures['threads']} threads, "

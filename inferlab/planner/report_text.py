@@ -61,8 +61,8 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
         why = (f"{format_rate(step.flops, 'FLOP')} / ({format_rate(peak, 'FLOP/s')} × "
                f"{hw.compute_efficiency:g})")
     else:
-        bandwidth = hw.bandwidth_for(plan.cost.hidden_size)
-        width = f" at width {plan.cost.hidden_size}" if hw.bandwidth_by_width else ""
+        bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens)
+        width = (f" at width {plan.cost.hidden_size}, {step.tokens} rows" if hw.stream_rates else "")
         why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(bandwidth, 'B/s')}{width}"
                f" × {hw.bandwidth_efficiency:g})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""

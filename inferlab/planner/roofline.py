@@ -82,7 +82,7 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
                                   / hw.interconnect_bytes_per_s)
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
-        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size) * hw.bandwidth_efficiency),
+        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, tokens) * hw.bandwidth_efficiency),
         compute_s=flops / (peak * hw.compute_efficiency),
         comm_s=comm, overhead_s=cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
     )
@@ -106,9 +106,10 @@ def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1) -> Step
 
 def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | None:
     """The batch where decode's compute time reaches its memory time, or None if it never does
-    (when each sequence's KV reads grow faster than its FLOPs)."""
+    (when each sequence's KV reads grow faster than its FLOPs). Measured streaming rates that
+    vary with the batch are taken at their largest-batch value."""
     peak, _ = hw.flops_for(cost.compute_dtype)
-    bw = hw.bandwidth_for(cost.hidden_size) * hw.bandwidth_efficiency
+    bw = hw.bandwidth_for(cost.hidden_size, rows=2**20) * hw.bandwidth_efficiency
     compute_per_seq = (cost.matmul_flops_per_token
                        + context_len * cost.attention_flops_per_context_token) / (peak * hw.compute_efficiency)
     memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / bw

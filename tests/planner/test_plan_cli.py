@@ -16,7 +16,7 @@ from inferlab.planner.measure import cpu_name
 
 # what `--measure` writes, with round figures, so these tests need no micro-benchmark
 FIGURES = {"cpu": "", "threads": 2, "torch": "test", "memory_bandwidth_bytes_per_s": 25e9,
-           "stream_bytes_per_s_by_width": {"512": 25e9, "4096": 25e9},
+           "stream_bytes_per_s": {"1": {"512": 25e9, "4096": 25e9}, "16": {"512": 25e9}},
            "peak_flops": {"bf16": 1.5e12, "fp32": 3e11}, "layer_overhead_s": 100e-6, "memory_bytes": 24 * 2**30,
            "measured_at": "2026-01-01T00:00:00+00:00"}
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.measure import (
     cpu_local_hardware,
@@ -20,7 +22,9 @@ def test_measures_once_then_reads_the_cache(tmp_path):
     # positive and below any hardware's: this machine is shared, so no lower bound of interest
     assert 0 < figures["memory_bandwidth_bytes_per_s"] < 2e12
     assert 0 < figures["copy_bandwidth_bytes_per_s"] < 2e12
-    assert [int(w) for w in figures["stream_bytes_per_s_by_width"]] == [512, 1024, 2048, 4096]
+    grid = figures["stream_bytes_per_s"]
+    assert list(grid) == ["1", "16"] and list(grid["1"]) == ["512", "1024", "2048", "4096"]
+    assert figures["memory_bandwidth_bytes_per_s"] == max(max(g.values()) for g in grid.values())
     assert 0 < figures["layer_overhead_s"] < 1.0
     for dtype in ("bf16", "fp32"):
         assert 0 < figures["peak_flops"][dtype] < 1e14
@@ -46,11 +50,14 @@ def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
     assert calls == [3] and figures["cpu"] == cpu_name()
 
 
-def test_streaming_rate_is_interpolated_on_log_width():
-    hw = Hardware("curve", 10**9, 1e9, {"bf16": 1e12}, 1e9, "test",
-                  bandwidth_by_width={512: 10e9, 2048: 30e9})
-    assert hw.bandwidth_for(1024) == 20e9  # halfway between 512 and 2048 in log width
+def test_streaming_rate_is_interpolated_on_log_scales():
+    hw = Hardware("grid", 10**9, 1e9, {"bf16": 1e12}, 1e9, "test",
+                  stream_rates={1: {512: 10e9, 2048: 30e9}, 16: {512: 2e9, 2048: 6e9}})
+    assert hw.bandwidth_for(1024) == pytest.approx(20e9)  # halfway between 512 and 2048 in log width
     assert hw.bandwidth_for(256) == 10e9 and hw.bandwidth_for(8192) == 30e9  # clamped
+    assert hw.bandwidth_for(1024, rows=16) == pytest.approx(4e9)
+    assert hw.bandwidth_for(1024, rows=4) == pytest.approx(12e9)  # halfway in log rows, 1 to 16
+    assert hw.bandwidth_for(1024, rows=64) == pytest.approx(4e9)
     assert Hardware("flat", 10**9, 7e9, {"bf16": 1e12}, 1e9, "test").bandwidth_for(576) == 7e9
 
 
