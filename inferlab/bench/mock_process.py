@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import multiprocessing as mp
+import signal
 from multiprocessing.connection import Connection
 
 from inferlab.bench.mock import MockConfig, MockServer
@@ -13,6 +14,7 @@ from inferlab.errors import InferlabError
 
 def _process_main(conn: Connection, config: MockConfig) -> None:
     """Entry point of a mock server in its own process: sends its URL, runs until told."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
     async def main() -> None:
         server = MockServer(config)

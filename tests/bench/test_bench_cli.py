@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import json
+import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -50,6 +52,26 @@ def test_run_from_the_command_line_writes_json_and_csv(mock_cli, corpus, tmp_pat
     assert [r["label"] for r in rows] == ["constant@10/s", "constant@20/s"]
     assert [int(r["ok"]) for r in rows] == [10, 20]
     assert float(rows[1]["floor_ttft_ms_median"]) < float(rows[1]["ttft_ms_median"])
+
+
+def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_path):
+    out_json = tmp_path / "run.json"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "inferlab.cli", "bench", "--target", mock_cli,
+         "--profile", "constant", "--rate", "20", "--max-seconds", "60",
+         "--data", "prompt_tokens=16,output_tokens=4", "--data-file", str(corpus),
+         "--quiet", "--output", str(out_json)],
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(4)  # the stage is running by now
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    report = json.loads(out_json.read_text())
+    assert report["interrupted"] is True
+    (stage,) = report["stages"]
+    assert stage["summary"]["info"]["stop_reason"] == "interrupted"
+    assert stage["summary"]["counts"]["ok"] >= 10
+    assert report["stages"][0]["floor"] is None  # no calibration after an interrupt
 
 
 @pytest.mark.parametrize("argv, message", [
