@@ -140,7 +140,10 @@ class ConnectionPool:
         loop = asyncio.get_running_loop()
         coro = loop.create_connection(_Connection, self.target.host, self.target.port,
                                       ssl=self.ssl_context)
-        _, conn = await asyncio.wait_for(coro, self.connect_timeout_s)
+        try:
+            _, conn = await asyncio.wait_for(coro, self.connect_timeout_s)
+        except TimeoutError:
+            raise ConnectionError(f"no connection within {self.connect_timeout_s:g} s") from None
         return conn
 
     def take_idle(self) -> _Connection | None:

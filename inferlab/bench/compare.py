@@ -9,6 +9,7 @@ from inferlab.bench.metrics import PER_REQUEST
 from inferlab.bench.report_json import LoadedRun, LoadedStage
 from inferlab.bench.significance import mann_whitney_u
 from inferlab.bench.stats import STAT_NAMES
+from inferlab.bench.summary import measured
 from inferlab.errors import InferlabError
 
 LATENCY_METRICS = ("ttft_ms", "ttft_intended_ms", "itl_ms", "tpot_ms", "e2e_ms",
@@ -83,10 +84,8 @@ def compare(base: LoadedRun, other: LoadedRun) -> Comparison:
 
 def _samples(stage: LoadedStage, metric: str) -> list[float]:
     fn = PER_REQUEST[metric]
-    s = stage.summary
-    return [v for r in stage.records if r.outcome == "ok"
-            and s.window_start_ns <= (r.start_ns or 0) <= s.window_end_ns
-            and (v := fn(r)) is not None]
+    return [v for r in measured(stage.summary, stage.records)
+            if r.outcome == "ok" and (v := fn(r)) is not None]
 
 
 def _error_rate(stage: LoadedStage) -> float | None:

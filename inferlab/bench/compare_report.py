@@ -11,6 +11,7 @@ from rich.table import Table
 from inferlab.bench.compare import Comparison, Row, pair_stages
 from inferlab.bench.html_page import bullet_list, num, page, table
 from inferlab.bench.metrics import itl_ms, ttft_ms
+from inferlab.bench.summary import measured
 from inferlab.bench.svg import histogram
 
 CONSOLE_STATS = ("", "median", "p95", "p99")  # the rest is in the HTML
@@ -83,9 +84,8 @@ def _histograms(comparison: Comparison) -> str:
     charts = []
     for a, b in pair_stages(comparison.base, comparison.other):
         for name, fn in (("TTFT", ttft_ms), ("ITL", itl_ms)):
-            samples = {
-                "base": [v for r in a.records if r.outcome == "ok" and (v := fn(r)) is not None],
-                "other": [v for r in b.records if r.outcome == "ok" and (v := fn(r)) is not None],
-            }
+            samples = {name: [v for r in measured(s.summary, s.records)
+                              if r.outcome == "ok" and (v := fn(r)) is not None]
+                       for name, s in (("base", a), ("other", b))}
             charts.append(histogram(f"{name}, {a.label}", samples, "ms"))
     return f'<div class="charts">{"".join(charts)}</div>'

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from inferlab.errors import InferlabError
 
-DEFAULT_CORPUS = Path(__file__).resolve().parents[2].parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
 
 
 @dataclass(frozen=True)

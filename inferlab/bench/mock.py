@@ -189,14 +189,10 @@ class _StreamJob:
         conn.write(fmt.response_head(200, "text/event-stream", None))
         if self.chat:
             conn.write(self.encoder.role())
-        # timer callbacks, not a sleeping coroutine: a token costs one write and no task switch
-        self.chunks = self._encode_chunks(config.tokens_per_chunk)
-        self.dues = [arrival + ttft_s + (last - 1) * itl_s for last, _ in self.chunks]
-        self.stop_at = self.max_tokens // 2 if self.mode in ("hang", "close") else self.max_tokens
-        self.conn, self.loop, self.next = conn, loop, 0
-        self.finished: asyncio.Future[str] = loop.create_future()  # "done", "gone" or "fail"
-        loop.call_at(self.dues[0], self._emit)
-        outcome = await self.finished
+        chunks = self._encode_chunks(config.tokens_per_chunk)
+        dues = [arrival + ttft_s + (last - 1) * itl_s for last, _ in chunks]
+        stop_at = self.max_tokens // 2 if self.mode in ("hang", "close") else self.max_tokens
+        outcome = await _Emitter(conn, loop, chunks, dues, stop_at).finished
         if outcome == "fail":
             await self._fail(conn)
         if outcome != "done":
@@ -219,24 +215,6 @@ class _StreamJob:
             chunks.append((first + count, cache[key]))
         return chunks
 
-    def _emit(self) -> None:
-        """Write every chunk that is due, then set a timer for the next one."""
-        now = self.loop.time()
-        while self.next < len(self.chunks) and self.dues[self.next] <= now:
-            if self.conn.closed:
-                self.finished.set_result("gone")
-                return
-            sent_after, data = self.chunks[self.next]
-            if sent_after > self.stop_at:
-                self.finished.set_result("fail")
-                return
-            self.conn.write(data)
-            self.next += 1
-        if self.next == len(self.chunks):
-            self.finished.set_result("done")
-        else:
-            self.loop.call_at(self.dues[self.next], self._emit)
-
     async def _fail(self, conn: _MockConnection) -> None:
         if self.mode == "close":
             conn.abort()
@@ -254,6 +232,38 @@ class _StreamJob:
             choice = {"index": 0, "text": text, "finish_reason": "length"}
         return {**self.encoder.head, "object": "chat.completion" if self.chat
                 else "text_completion", "choices": [choice], "usage": usage}
+
+
+class _Emitter:
+    """Writes a stream's chunks at their due times from timer callbacks, not a sleeping
+    coroutine: a token costs one write and no task switch. `finished` resolves to
+    "done", "gone" (the client left) or "fail" (the drawn failure point was reached)."""
+
+    def __init__(self, conn: _MockConnection, loop: asyncio.AbstractEventLoop,
+                 chunks: list[tuple[int, bytes]], dues: list[float], stop_at: int) -> None:
+        self.conn, self.loop, self.chunks, self.dues = conn, loop, chunks, dues
+        self.stop_at = stop_at  # tokens sent before failing (all of them: no failure)
+        self.next = 0
+        self.finished: asyncio.Future[str] = loop.create_future()
+        loop.call_at(dues[0], self._emit)
+
+    def _emit(self) -> None:
+        """Write every chunk that is due, then set a timer for the next one."""
+        now = self.loop.time()
+        while self.next < len(self.chunks) and self.dues[self.next] <= now:
+            if self.conn.closed:
+                self.finished.set_result("gone")
+                return
+            sent_after, data = self.chunks[self.next]
+            if sent_after > self.stop_at:
+                self.finished.set_result("fail")
+                return
+            self.conn.write(data)
+            self.next += 1
+        if self.next == len(self.chunks):
+            self.finished.set_result("done")
+        else:
+            self.loop.call_at(self.dues[self.next], self._emit)
 
 
 @dataclass

@@ -9,6 +9,7 @@ from inferlab.bench.html_page import bullet_list, definitions, num, page, table
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS, itl_ms, ttft_ms
 from inferlab.bench.runner import StageResult
 from inferlab.bench.session import RunResult
+from inferlab.bench.summary import measured
 from inferlab.bench.svg import Band, Series, empty_chart, histogram, line_chart
 
 SUMMARY_HEADERS = [
@@ -98,7 +99,7 @@ def _distributions(stages: list[StageResult]) -> str:
                       for i, s in enumerate(stages))
     panels = []
     for i, stage in enumerate(stages):
-        ok = [r for r in stage.records if r.outcome == "ok"]
+        ok = [r for r in measured(stage.summary, stage.records) if r.outcome == "ok"]
         ttft = [v for r in ok if (v := ttft_ms(r)) is not None]
         itl = [v for r in ok if (v := itl_ms(r)) is not None]
         panels.append(

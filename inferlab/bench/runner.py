@@ -4,13 +4,14 @@ and stops it early when too many requests fail or the user presses Ctrl-C."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferlab.bench.client import now_ns
+from inferlab.bench.plans import WorkerReport
 from inferlab.bench.pool import WorkerPool, split_stage
 from inferlab.bench.profiles import StageSpec
-from inferlab.bench.records import RequestRecord, to_record
+from inferlab.bench.records import OUTCOMES, RequestRecord, to_record
 from inferlab.bench.summary import StageInfo, StageSummary, summarize
 from inferlab.bench.templates import RequestTemplate
 from inferlab.bench.tokens import TokenCounter
@@ -49,6 +50,30 @@ class StageResult:
 
 
 @dataclass
+class _Tally:
+    """Running counts of a stage, per worker where workers report totals."""
+
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(OUTCOMES, 0))
+    sent: dict[int, int] = field(default_factory=dict)
+    in_flight: dict[int, int] = field(default_factory=dict)
+    done: set[int] = field(default_factory=set)
+
+    def add(self, report: WorkerReport, parsed: list[RequestRecord]) -> None:
+        for record in parsed:
+            self.counts[record.outcome] += 1
+        self.sent[report.worker_id] = report.sent
+        self.in_flight[report.worker_id] = report.in_flight
+        if report.done:
+            self.done.add(report.worker_id)
+
+    def snapshot(self, label: str, spec: StageSpec, start_ns: int,
+                 records: list[RequestRecord]) -> Snapshot:
+        return Snapshot(label, max(0.0, (now_ns() - start_ns) / 1e9), spec.limits.max_seconds,
+                        spec.limits.max_requests, sum(self.sent.values()),
+                        sum(self.in_flight.values()), dict(self.counts), records[-64:])
+
+
+@dataclass
 class StageRunner:
     pool: WorkerPool
     templates: tuple[RequestTemplate, ...]
@@ -71,8 +96,8 @@ class StageRunner:
         stop_reason = self._collect(spec, stage, start_ns, records)
         scheduled = (sum(len(p.offsets_ns or ()) for p in plans) if spec.rate_based
                      else sum(r.start_ns is not None for r in records))
-        info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate, start_ns - self.epoch_ns,
-                         stop_reason, scheduled)
+        info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate,
+                         start_ns - self.epoch_ns, stop_reason, scheduled)
         summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo)
         self.progress.stage_finished(summary)
         return StageResult(spec, summary, records)
@@ -80,13 +105,10 @@ class StageRunner:
     def _collect(self, spec: StageSpec, stage: int, start_ns: int,
                  records: list[RequestRecord]) -> str:
         """Gather reports until every worker is done; returns why the stage stopped."""
-        done: set[int] = set()
-        sent: dict[int, int] = {}
-        in_flight: dict[int, int] = {}
-        counts = {"ok": 0, "error": 0, "cancelled": 0}
+        tally = _Tally()
         stop_reason = ""
         give_up_at = None
-        while len(done) < self.pool.size:
+        while len(tally.done) < self.pool.size:
             try:
                 reports = self.pool.receive(0.1)
             except KeyboardInterrupt:
@@ -96,21 +118,15 @@ class StageRunner:
                 continue
             for report in reports:
                 parsed = self._parse(report.exchanges, stage, report.worker_id)
-                for record in parsed:
-                    counts[record.outcome] += 1
+                tally.add(report, parsed)
                 records.extend(parsed)
-                sent[report.worker_id], in_flight[report.worker_id] = report.sent, report.in_flight
-                if report.done:
-                    done.add(report.worker_id)
-            if not stop_reason and self._too_many_errors(spec, counts):
+            if not stop_reason and self._too_many_errors(spec, tally.counts):
                 stop_reason = "max_error_rate"
                 self.pool.stop()
             if give_up_at is not None and time.monotonic() > give_up_at:
                 break
-            self.progress.update(Snapshot(
-                self.label_prefix + spec.label, max(0.0, (now_ns() - start_ns) / 1e9), spec.limits.max_seconds,
-                spec.limits.max_requests, sum(sent.values()), sum(in_flight.values()),
-                dict(counts), records[-64:]))
+            self.progress.update(tally.snapshot(self.label_prefix + spec.label, spec, start_ns,
+                                                records))
         return stop_reason or self._natural_stop(spec, start_ns)
 
     def _parse(self, exchanges: list, stage: int, worker: int) -> list[RequestRecord]:

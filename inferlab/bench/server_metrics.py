@@ -74,7 +74,8 @@ class ServerTimeline:
 
     def prefix_hit_rate(self) -> list[float | None]:
         """Hits / queries between consecutive scrapes (None where nothing was looked up)."""
-        hits, queries = self.series.get("prefix_cache_hits"), self.series.get("prefix_cache_queries")
+        hits = self.series.get("prefix_cache_hits")
+        queries = self.series.get("prefix_cache_queries")
         if not hits or not queries:
             return []
         out: list[float | None] = [None]

@@ -79,7 +79,7 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
     if w1 <= w0:
         warnings.append("warmup + cooldown cover the whole stage; statistics use all of it")
         w0, w1 = info.start_ns, end_ns
-    measured = [r for r in records if w0 <= _started(r) <= w1]
+    measured = [r for r in records if w0 <= started_ns(r) <= w1]
     window_s = max((w1 - w0) / NS, 1e-9)
     ok = [r for r in measured if r.outcome == "ok"]
     summary = StageSummary(
@@ -104,8 +104,15 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
     return summary
 
 
-def _started(r: RequestRecord) -> int:
+def started_ns(r: RequestRecord) -> int:
+    """When a request counts as begun: its start, or its intended time if never sent."""
     return r.start_ns if r.start_ns is not None else r.intended_ns
+
+
+def measured(summary: StageSummary, records: list[RequestRecord]) -> list[RequestRecord]:
+    """The requests a stage's statistics cover: those begun inside its window."""
+    return [r for r in records
+            if summary.window_start_ns <= started_ns(r) <= summary.window_end_ns]
 
 
 def _rate(times_ns: list[int]) -> float | None:

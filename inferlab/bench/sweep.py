@@ -13,9 +13,8 @@ from inferlab.bench.profiles import (
     search_bounds,
     sweep_rates,
 )
-from inferlab.bench.records import RequestRecord
 from inferlab.bench.runner import StageResult, StageRunner
-from inferlab.bench.summary import slo_percentile_check
+from inferlab.bench.summary import measured, slo_percentile_check
 
 SLO_PERCENTILE = 95.0
 
@@ -37,13 +36,6 @@ class SloSearch:
 
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def measured(result: StageResult) -> list[RequestRecord]:
-    s = result.summary
-    return [r for r in result.records
-            if s.window_start_ns <= (r.start_ns if r.start_ns is not None else r.intended_ns)
-            <= s.window_end_ns]
 
 
 def run_profile(runner: StageRunner, load: LoadConfig, limits: StageLimits,
@@ -86,7 +78,9 @@ def _slo_search(runner: StageRunner, load: LoadConfig, limits: StageLimits,
                 bounds: dict[str, float], results: list[StageResult]) -> SloSearch:
     """Bisection over constant rates for the highest one meeting the SLO at p95."""
     search = SloSearch(bounds, SLO_PERCENTILE)
-    sync_ok, _ = slo_percentile_check(measured(results[0]), bounds, SLO_PERCENTILE)
+    sync = results[0]
+    sync_ok, _ = slo_percentile_check(measured(sync.summary, sync.records), bounds,
+                                      SLO_PERCENTILE)
     if not sync_ok:
         search.note = "the SLO is not met even one request at a time"
         return search
@@ -114,7 +108,8 @@ def _slo_search(runner: StageRunner, load: LoadConfig, limits: StageLimits,
 
 
 def _probe(search: SloSearch, result: StageResult) -> bool:
-    passed, observed = slo_percentile_check(measured(result), search.bounds, search.percentile)
+    passed, observed = slo_percentile_check(measured(result.summary, result.records),
+                                            search.bounds, search.percentile)
     search.probes.append(SloProbe(result.spec.rate or 0.0, passed,
                                   {k: (None if math.isinf(v) else v) for k, v in observed.items()}))
     return passed

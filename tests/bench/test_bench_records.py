@@ -65,7 +65,8 @@ def test_reasoning_content_counts_as_generated_text():
 
 
 def test_comments_and_multiline_data_are_handled():
-    block = b": keep-alive\ndata: {\"choices\": [{\"text\": \"x\",\ndata: \"finish_reason\": null}]}"
+    block = (b': keep-alive\ndata: {"choices": [{"text": "x",\n'
+             b'data: "finish_reason": null}]}')
     stream = parse_events([7], [block])
     assert stream.texts == ["x"]
 
