@@ -13,9 +13,10 @@ from inferlab.bench.summary import measured
 from inferlab.bench.svg import Band, Series, empty_chart, histogram, line_chart
 
 SUMMARY_HEADERS = [
-    "stage", "asked", "sent req/s", "req/s", "output tok/s", "concurrency", "ok / err / canc",
-    "TTFT p50", "TTFT p95", "TTFT p99", "ITL p50", "ITL p95", "ITL p99", "TPOT p50",
-    "E2E p50", "E2E p95", "goodput", "floor TTFT p50", "floor ITL p50"]
+    "stage", "asked", "sent req/s", "lag p99", "req/s", "output tok/s", "concurrency",
+    "ok / err / canc", "TTFT p50", "TTFT p95", "TTFT p99", "TTFT p99 from intended", "ITL p50",
+    "ITL p95", "ITL p99", "TPOT p50", "E2E p50", "E2E p95", "goodput", "floor TTFT p50",
+    "floor ITL p50"]
 
 
 def write_html(result: RunResult, path: str | Path) -> None:
@@ -56,10 +57,11 @@ def _summary_table(stages: list[StageResult]) -> str:
         floor = stage.floor
         rows.append([
             escape(s.info.label), num(s.info.rate, 2), num(s.sent_rate, 2),
-            num(s.request_throughput, 2), num(s.output_token_throughput),
-            num(s.concurrency_mean), f"{s.counts['ok']} / {s.counts['error']} / "
-            f"{s.counts['cancelled']}",
+            num(m["dispatch_lag_ms"]["ok"].p99, 2), num(s.request_throughput, 2),
+            num(s.output_token_throughput), num(s.concurrency_mean),
+            f"{s.counts['ok']} / {s.counts['error']} / {s.counts['cancelled']}",
             num(ok["ttft_ms"].median), num(ok["ttft_ms"].p95), num(ok["ttft_ms"].p99),
+            num(m["ttft_intended_ms"]["ok"].p99),
             num(ok["itl_ms"].median, 2), num(ok["itl_ms"].p95, 2), num(ok["itl_ms"].p99, 2),
             num(ok["tpot_ms"].median, 2), num(ok["e2e_ms"].median), num(ok["e2e_ms"].p95),
             num(s.goodput, 2),
