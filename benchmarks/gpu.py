@@ -239,7 +239,8 @@ def check_norm_rope(s: Settings, report: Report) -> None:
     pos = torch.randint(0, 4096, (300,), device=s.device)
     q = torch.randn(300, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(300, 8, 128, dtype=torch.bfloat16, device=s.device)
-    q_ref, k_ref = apply_rotary(q.float(), k.float(), *rope.tables(pos, torch.float32))
+    tables = rope.tables(pos, torch.float32)
+    q_ref, k_ref = apply_rotary(q.float(), *tables), apply_rotary(k.float(), *tables)
     rotary_embedding(pos, q, k, rope.cos, rope.sin)
     err = max(rel_error(q, q_ref), rel_error(k, k_ref))
     report.check("kernels", "RoPE in place bf16", err < 1e-2, f"rel err {err:.1e}")
@@ -358,7 +359,7 @@ def time_norm_rope_tokens(s: Settings, report: Report, n: int) -> None:
     pos = torch.randint(0, 8192, (n,), device=s.device)
     q = torch.randn(n, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(n, 8, 128, dtype=torch.bfloat16, device=s.device)
-    eager = bench_ms(lambda: apply_rotary(q, k, *rope.tables(pos, q.dtype)), s.device)
+    eager = bench_ms(lambda: apply_rotary(torch.cat([q, k], 1), *rope.tables(pos, q.dtype)), s.device)
     fused = bench_ms(lambda: rotary_embedding(pos, q, k, rope.cos, rope.sin), s.device)
     report.add("norm/rope", f"RoPE, {n} tokens: eager / fused", eager / fused, "x")
 

@@ -17,11 +17,9 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # Normalise in fp32 and cast back before the weight, as the reference does for bf16.
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        # One fused kernel (fp32 accumulation inside); for bf16 it differs from the reference's
+        # cast-then-scale order by at most one rounding.
+        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -72,10 +70,9 @@ class RotaryEmbedding(nn.Module):
                 self.sin[positions].unsqueeze(1).to(dtype))
 
 
-def apply_rotary(q: torch.Tensor, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """q [N, Hq, D], k [N, Hkv, D], cos/sin [N, 1, D]."""
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [N, H, D] (query and key heads alike), cos/sin [N, 1, D]."""
+    return x * cos + _rotate_half(x) * sin
 
 
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:

@@ -37,18 +37,17 @@ class LlamaAttention(nn.Module):
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.k_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
         self.scale = cfg.head_dim ** -0.5
-        self.split_sizes = [cfg.q_size, cfg.kv_size, cfg.kv_size]
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        n = x.shape[0]
-        q, k, v = self.qkv_proj(x).split(self.split_sizes, dim=-1)
-        q = q.view(n, self.num_heads, self.head_dim)  # [N, Hq, D]
-        k = k.view(n, self.num_kv_heads, self.head_dim)  # [N, Hkv, D]
-        v = v.view(n, self.num_kv_heads, self.head_dim)
+        n, heads = x.shape[0], self.num_heads + self.num_kv_heads
+        qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hkv) * D]
+        qk = qkv[:, : heads * self.head_dim].view(n, heads, self.head_dim)  # [N, Hq + Hkv, D]
+        v = qkv[:, heads * self.head_dim:].view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k = apply_rotary(q, k, *rope)
+            qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads:])], 1)
+        qk = apply_rotary(qk, *rope)  # q and k rotated in one pass
+        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [N, Hq, D]
         return self.o_proj(out.view(n, -1))
 
