@@ -65,7 +65,8 @@ class Hardware:
         if not self.stream_rates:
             return self.memory_bandwidth_bytes_per_s
         by_rows = {r: interpolate_log(by_width, width) for r, by_width in self.stream_rates.items()}
-        return interpolate_log(by_rows, rows)
+        # never faster with more rows: a step of more tokens could always be run as fewer
+        return min(interpolate_log(by_rows, n) for n in [rows, *(r for r in by_rows if r <= rows)])
 
     def with_overrides(self, **changes: object) -> Hardware:
         """The same hardware with some values replaced (--memory, --*-efficiency)."""

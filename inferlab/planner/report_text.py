@@ -62,7 +62,8 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
                f"{hw.compute_efficiency:g})")
     else:
         bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens)
-        width = (f" at width {plan.cost.hidden_size}, {step.tokens} rows" if hw.stream_rates else "")
+        rows = f"{step.tokens} row{'s' if step.tokens > 1 else ''}"
+        width = f" at width {plan.cost.hidden_size}, {rows}" if hw.stream_rates else ""
         why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(bandwidth, 'B/s')}{width}"
                f" × {hw.bandwidth_efficiency:g})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""

@@ -58,6 +58,10 @@ def test_streaming_rate_is_interpolated_on_log_scales():
     assert hw.bandwidth_for(1024, rows=16) == pytest.approx(4e9)
     assert hw.bandwidth_for(1024, rows=4) == pytest.approx(12e9)  # halfway in log rows, 1 to 16
     assert hw.bandwidth_for(1024, rows=64) == pytest.approx(4e9)
+    # a faster many-row kernel does not make a bigger batch's step shorter than a smaller one's
+    faster = Hardware("grid", 10**9, 1e9, {"bf16": 1e12}, 1e9, "test",
+                      stream_rates={1: {512: 10e9}, 16: {512: 20e9}})
+    assert faster.bandwidth_for(512, rows=16) == 10e9
     assert Hardware("flat", 10**9, 7e9, {"bf16": 1e12}, 1e9, "test").bandwidth_for(576) == 7e9
 
 

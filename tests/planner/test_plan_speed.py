@@ -72,6 +72,16 @@ def test_throughput_grows_and_itl_grows_with_batch():
     assert plan.curve[-1].batch == plan.max_batch
 
 
+def test_measured_grid_keeps_itl_growing_with_batch():
+    # a CPU-like grid where the 16-row kernel streams faster than the one-row one
+    grid = Hardware("grid", 24 * 2**30, 8e9, {"bf16": 4e11}, 8e9, "test", runtime_overhead_bytes=0,
+                    bandwidth_efficiency=1.0, compute_efficiency=1.0, layer_overhead_s=3e-4,
+                    stream_rates={1: {512: 3e9, 4096: 6e9}, 16: {512: 5e9, 4096: 8e9}})
+    plan = _plan(None, grid)
+    itl = [p.itl_ms for p in plan.curve]
+    assert itl == sorted(itl)
+
+
 def test_capacity_respects_the_itl_slo():
     slo = SLO(itl_ms=20)
     plan = _plan("Llama-3.1-8B", slo=slo, request_rate=50)
