@@ -1,0 +1,28 @@
+"""Two worker processes share a stage: every scheduled request is sent once, by one of them."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from bench_helpers import bench_config, run
+
+
+def with_workers(config, workers: int):
+    return dataclasses.replace(config, measure=dataclasses.replace(config.measure,
+                                                                   workers=workers))
+
+
+def test_two_workers_split_a_rate_stage_and_a_closed_loop(mock_server, corpus):
+    url = mock_server(ttft_ms=5, itl_ms=1)
+    rate = run(with_workers(bench_config(url, corpus, "constant", (40.0,), max_seconds=1.0), 2))
+    (stage,) = rate.stages
+    assert sorted(r.index for r in stage.records) == list(range(40))
+    assert {r.worker for r in stage.records} == {0, 1}
+    assert all(r.worker == r.index % 2 for r in stage.records)  # dealt round-robin
+    assert stage.summary.counts["ok"] == 40
+    loops = run(with_workers(bench_config(url, corpus, "concurrent", (3,), max_requests=30,
+                                          max_seconds=None), 2))
+    (stage,) = loops.stages
+    assert len(stage.records) == 30 and len({r.index for r in stage.records}) == 30
+    assert stage.summary.concurrency_max == 3
+    assert stage.summary.info.stop_reason == "max_requests"
