@@ -48,6 +48,7 @@ class _Worker:
         self.finished: list[RawExchange] = []
         self.in_flight = 0
         self.sent = 0
+        self.next_n = 0  # stream mode: requests this worker has taken in the stage
 
     async def serve(self) -> None:
         loop = asyncio.get_running_loop()
@@ -87,7 +88,7 @@ class _Worker:
         if plan.hard_stop_ns is not None:
             hard_stop = loop.call_later(max(0.0, (plan.hard_stop_ns - clock_ns()) / 1e9),
                                         self._stop)
-        self.next_n = 0  # stream mode: this worker's requests taken so far
+        self.next_n = 0
         if plan.offsets_ns is not None:
             self._track(loop.create_task(self._issue_on_schedule(plan)))
         else:
