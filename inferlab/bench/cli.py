@@ -153,9 +153,14 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         outputs=tuple(args.output))
 
 
-def run_bench(args: argparse.Namespace) -> int:
+def _console():  # type: ignore[no-untyped-def]
     from rich.console import Console
 
+    # piped to a file, rich would wrap at 80 columns: the report tables are wider
+    return Console() if sys.stdout.isatty() else Console(width=200)
+
+
+def run_bench(args: argparse.Namespace) -> int:
     from inferlab.bench.console import print_summary
     from inferlab.bench.outputs import check_output_paths, write_outputs
     from inferlab.bench.progress import LiveProgress, NullProgress
@@ -165,8 +170,7 @@ def run_bench(args: argparse.Namespace) -> int:
     check_output_paths(config.outputs)  # before the run, so a typo does not lose it
     progress = NullProgress() if args.quiet else LiveProgress()
     result = run_benchmark(config, progress)
-    # piped to a file, rich would wrap at 80 columns: a report table is wider than that
-    print_summary(result, Console() if sys.stdout.isatty() else Console(width=200))
+    print_summary(result, _console())
     for path in write_outputs(result, config.outputs):
         print(f"wrote {path}", file=sys.stderr)
     return 130 if result.interrupted else 0
@@ -195,8 +199,6 @@ def run_mock_server(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
-    from rich.console import Console
-
     from inferlab.bench.compare import compare, regressions
     from inferlab.bench.compare_report import print_comparison, write_comparison_html
     from inferlab.bench.report_json import load_run
@@ -208,7 +210,7 @@ def run_compare(args: argparse.Namespace) -> int:
             raise InferlabError(f"compare --output {path}: use an .html name")
     runs = [load_run(path) for path in args.runs]
     comparisons = [compare(runs[0], other) for other in runs[1:]]
-    console = Console() if sys.stdout.isatty() else Console(width=200)
+    console = _console()
     failures = []
     for comparison in comparisons:
         print_comparison(comparison, console, args.alpha)
