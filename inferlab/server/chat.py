@@ -6,13 +6,11 @@ import time
 from collections.abc import AsyncIterator, Sequence
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from inferlab.engine.outputs import RequestOutput, TokenLogprobs
 from inferlab.models.tokenizer import TextTokenizer
-from inferlab.server.body import parse_body, read_json_body
 from inferlab.server.context import ServerContext
-from inferlab.server.disconnect import unless_disconnected
 from inferlab.server.errors import bad_request
 from inferlab.server.generation import Generation
 from inferlab.server.logprobs import chat_logprobs
@@ -25,29 +23,19 @@ from inferlab.server.protocol import (
     ChatCompletionRequest,
     ChatLogprobs,
     ChatMessage,
-    Usage,
 )
+from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import chat_params
-from inferlab.server.sse import EventStreamResponse, event
-from inferlab.server.unsupported import reject_unsupported
+from inferlab.server.sse import event
 
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
-    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
-    reject_unsupported(body)
-    req = parse_body(ChatCompletionRequest, body)
-    ctx.check_model(req.model)
+    req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req)
     prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages)
     gen = await ctx.generate(request, [prompt_ids], params)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
-    if req.stream:
-        return EventStreamResponse(fmt.stream(), on_close=gen.close)
-    try:
-        finals = await unless_disconnected(request, gen.final_outputs())
-    finally:
-        await gen.close()
-    return JSONResponse(fmt.whole(finals[0]).model_dump())
+    return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
@@ -81,13 +69,14 @@ class _Formatter:
         self.created = int(time.time())
         self.num_top = req.top_logprobs or 0
 
-    def whole(self, final: RequestOutput) -> ChatCompletion:
+    def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
+        (final,) = finals  # chat has one prompt
         choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
                               logprobs=self._logprobs(c.logprobs), finish_reason=c.finish_reason,
                               stop_reason=c.stop_reason)
                    for c in final.outputs]
         return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
-                              choices=choices, usage=self._usage())
+                              choices=choices, usage=self.gen.usage())
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
@@ -111,17 +100,13 @@ class _Formatter:
         if options is not None and options.include_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
                                             model=self.ctx.model_name, choices=[],
-                                            usage=self._usage()))
+                                            usage=self.gen.usage()))
 
     def _chunk(self, choice: ChatChunkChoice, continuous: bool) -> bytes:
         return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
-                                         choices=[choice], usage=self._usage() if continuous else None))
+                                         choices=[choice], usage=self.gen.usage() if continuous else None))
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
         if entries is None or not self.req.logprobs:
             return None
         return ChatLogprobs(content=chat_logprobs(entries, self.ctx.token_texts, self.num_top))
-
-    def _usage(self) -> Usage:
-        prompt, output = self.gen.prompt_tokens, self.gen.output_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)

@@ -7,12 +7,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from fastapi import Request
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import Response
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from inferlab.server.body import parse_body, read_json_body
 from inferlab.server.context import ServerContext
-from inferlab.server.disconnect import unless_disconnected
 from inferlab.server.errors import bad_request
 from inferlab.server.generation import Generation
 from inferlab.server.logprobs import append_completion_logprobs
@@ -21,28 +19,18 @@ from inferlab.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
-    Usage,
 )
+from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import completion_params
-from inferlab.server.sse import EventStreamResponse, event
-from inferlab.server.unsupported import reject_unsupported
+from inferlab.server.sse import event
 
 
 async def create_completion(request: Request, ctx: ServerContext) -> Response:
-    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
-    reject_unsupported(body)
-    req = parse_body(CompletionRequest, body)
-    ctx.check_model(req.model)
+    req = await read_request(request, ctx, CompletionRequest)
     prompts = _prompts(req.prompt)
     gen = await ctx.generate(request, prompts, completion_params(req))
     fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
-    if req.stream:
-        return EventStreamResponse(fmt.stream(), on_close=gen.close)
-    try:
-        finals = await unless_disconnected(request, gen.final_outputs())
-    finally:
-        await gen.close()
-    return JSONResponse(fmt.whole(finals).model_dump())
+    return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 
 
 def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str | list[int]]:
@@ -75,7 +63,7 @@ class _Formatter:
         choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
                    for p, out in enumerate(finals) for c in out.outputs]
         return Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                          choices=choices, usage=self._usage())
+                          choices=choices, usage=self.gen.usage())
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
@@ -90,10 +78,10 @@ class _Formatter:
                     finished.add(key)
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
                 yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                                       choices=[choice], usage=self._usage() if continuous else None))
+                                       choices=[choice], usage=self.gen.usage() if continuous else None))
         if options is not None and options.include_usage:
             yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                                   choices=[], usage=self._usage()))
+                                   choices=[], usage=self.gen.usage()))
 
     def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
         if c.text_delta or c.finished or (self.req.echo and key not in self.states):
@@ -119,7 +107,3 @@ class _Formatter:
                 logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason)
-
-    def _usage(self) -> Usage:
-        prompt, output = self.gen.prompt_tokens, self.gen.output_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)

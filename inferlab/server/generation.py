@@ -21,6 +21,7 @@ from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.server.errors import APIError, bad_request
 from inferlab.server.metrics import InterTokenTimer, ServerMetrics
+from inferlab.server.protocol import Usage
 
 _Item = tuple[int, RequestOutput | BaseException]
 
@@ -51,6 +52,10 @@ class Generation:
     @property
     def output_tokens(self) -> int:
         return sum(len(c.token_ids) for out in self._latest.values() for c in out.outputs)
+
+    def usage(self) -> Usage:
+        prompt, output = self.prompt_tokens, self.output_tokens
+        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)
 
     async def start(self) -> None:
         """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""

@@ -1,0 +1,42 @@
+"""The steps every generation route shares: read the request, then answer whole or streamed."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable
+from typing import TypeVar
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel
+
+from inferlab.engine.outputs import RequestOutput
+from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.context import ServerContext
+from inferlab.server.disconnect import unless_disconnected
+from inferlab.server.generation import Generation
+from inferlab.server.protocol import SamplingFields
+from inferlab.server.sse import EventStreamResponse
+from inferlab.server.unsupported import reject_unsupported
+
+RequestT = TypeVar("RequestT", bound=SamplingFields)
+
+
+async def read_request(request: Request, ctx: ServerContext, model: type[RequestT]) -> RequestT:
+    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
+    reject_unsupported(body)
+    req = parse_body(model, body)
+    ctx.check_model(req.model)
+    return req
+
+
+async def respond(request: Request, gen: Generation, stream: bool,
+                  events: Callable[[], AsyncIterator[bytes]],
+                  whole: Callable[[list[RequestOutput]], BaseModel]) -> Response:
+    """Stream the events, or wait for every prompt to finish and send `whole(outputs)`."""
+    if stream:
+        return EventStreamResponse(events(), on_close=gen.close)
+    try:
+        finals = await unless_disconnected(request, gen.final_outputs())
+    finally:
+        await gen.close()
+    return JSONResponse(whole(finals).model_dump())
