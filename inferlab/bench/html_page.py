@@ -9,7 +9,7 @@ from inferlab.bench.svg import CHART_CSS
 PAGE_CSS = """
 body { font: 14px/1.45 sans-serif; margin: 24px; color: #222; max-width: 1400px; }
 h1 { font-size: 22px; } h2 { font-size: 18px; margin-top: 28px; border-bottom: 1px solid #ddd; }
-table { border-collapse: collapse; margin: 8px 0; }
+table { border-collapse: collapse; margin: 8px 0; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: right; }
 th { background: #f4f4f4; } td.l, th.l { text-align: left; }
 .warn { color: #8a4b00; } .note { color: #555; }
