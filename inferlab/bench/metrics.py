@@ -34,7 +34,8 @@ THROUGHPUT_DEFINITIONS = {
                               "arrived in the window, plus output tokens, / window length",
     "goodput": "successful requests ending in the window that met every --slo bound "
                "(latencies from the intended send time) / window length (req/s)",
-    "sent_rate": "achieved send rate: (requests started - 1) / (last start - first start)",
+    "sent_rate": "achieved send rate (req/s): 1 / the least-squares slope of the sorted "
+                 "start times against their rank",
     "scheduled_rate": "the same requests' rate by their intended send times (a poisson "
                       "schedule's own rate differs from the asked mean)",
     "concurrency": "requests in flight, averaged over time",

@@ -116,10 +116,15 @@ def measured(summary: StageSummary, records: list[RequestRecord]) -> list[Reques
 
 
 def _rate(times_ns: list[int]) -> float | None:
-    """Events per second between the first and the last of them."""
+    """Events per second, fitted to all their times: the least-squares slope of the
+    sorted times against their rank, so one late event at either end cannot skew it
+    the way (n - 1) / (last - first) would."""
     if len(times_ns) < 2 or max(times_ns) == min(times_ns):
         return None
-    return (len(times_ns) - 1) / ((max(times_ns) - min(times_ns)) / NS)
+    t = np.sort(np.asarray(times_ns, dtype=np.float64)) / NS
+    k = np.arange(t.size, dtype=np.float64)
+    slope_s = float(np.sum((k - k.mean()) * (t - t.mean())) / np.sum((k - k.mean()) ** 2))
+    return 1.0 / slope_s if slope_s > 0 else None
 
 
 def _tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:

@@ -101,6 +101,18 @@ def test_stage_summary_without_warmup():
     assert s.metrics["dispatch_lag_ms"]["ok"].max == 10
 
 
+def test_sent_rate_is_not_skewed_by_one_late_send():
+    # 100 sends every 20 ms, the last one 100 ms late: (n - 1) / (last - first) would say
+    # 99 / 2.08 s = 47.6 req/s. The fitted slope moves by 100 ms * 49.5 / 83325 (the
+    # last rank's distance from the mean rank over the sum of squared distances).
+    intended = [20.0 * i for i in range(100)]
+    starts = intended[:-1] + [intended[-1] + 100]
+    records = [rec("ok", i, s, s + 5) for i, s in zip(intended, starts, strict=True)]
+    s = summarize(INFO, records, Span(), Span(), slo=None)
+    assert s.scheduled_rate == pytest.approx(50.0)
+    assert s.sent_rate == pytest.approx(1000 / (20 + 100 * 49.5 / 83325))  # 49.85 req/s
+
+
 def test_warmup_drops_requests_started_before_it():
     s = summarize(INFO, [A, B, C, D], Span(seconds=0.05), Span(), slo=None)
     assert s.window_start_ns == 50 * MS
