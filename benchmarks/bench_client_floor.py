@@ -32,6 +32,7 @@ from inferlab.bench.config import (
     DataConfig,
     LoadConfig,
     MeasureConfig,
+    Span,
     StageLimits,
     TargetConfig,
 )
@@ -44,6 +45,7 @@ from inferlab.bench.summary import StageSummary
 TTFT_MS, ITL_MS = 50.0, 10.0
 OUTPUT_TOKENS = 32
 RATE_TOLERANCE, LAG_LIMIT_MS, ACCURACY_MS = 0.02, 10.0, 2.0
+WARMUP_S = 0.5  # each stage's first half second is left out: fresh connections, cold paths
 
 
 def corpus_file() -> str:
@@ -61,7 +63,8 @@ def config(url: str, profile: str, rates: tuple[float, ...], seconds: float, wor
     return BenchConfig(
         target=TargetConfig(url),
         load=LoadConfig(profile, rates, max_concurrency=max_concurrency, ramp_up_s=ramp_up_s),
-        limits=StageLimits(max_seconds=seconds, drain_seconds=5.0, request_timeout_s=30.0),
+        limits=StageLimits(max_seconds=seconds, drain_seconds=5.0, request_timeout_s=30.0,
+                           warmup=Span(seconds=WARMUP_S)),
         data=DataConfig(f"prompt_tokens=64,output_tokens={OUTPUT_TOKENS}", corpus_file()),
         measure=MeasureConfig(workers=workers, calibration_seconds=0, scrape_interval_s=None))
 
