@@ -7,7 +7,9 @@ once; the offline engine (`LLM.generate`) gets the same 16 requests in this proc
 from a worker thread as the server's engine loop is (on a loaded 2-core machine, torch stepping
 from the main thread was measured 3-5x slower than from a worker thread, which would flatter the
 server). Rounds alternate offline / server so drift in the machine's load hits both. Goal: the
-server keeps at least 90% of the offline throughput.
+server keeps at least 90% of the offline throughput. Wall-clock ratios on a shared machine are
+noisy (other jobs come and go), so it also compares CPU seconds per output token, which the
+neighbours disturb far less, and shows the share of the server's event-loop thread.
 
     .venv/bin/python benchmarks/serve_overhead.py [--rounds 2] [--streams 16] [--dtype auto]
 """
@@ -17,6 +19,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import re
 import signal
 import statistics
@@ -24,6 +27,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 
 import httpx
 from workloads import wikitext_prompts
@@ -70,6 +74,17 @@ async def run_server(url: str, prompts: list[list[int]], output_tokens: int) -> 
     return elapsed, [text for text, _ in results]
 
 
+def thread_cpu_s(pid: int) -> dict[int, float]:
+    """CPU seconds (user + system) of each thread of a process, from /proc (Linux)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    out = {}
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        out[int(tid)] = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+    return out
+
+
 def start_server(engine_args: list[str]) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen([sys.executable, "-m", "inferlab.cli", "serve", "--port", "0",
                              *engine_args], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
@@ -82,9 +97,56 @@ def start_server(engine_args: list[str]) -> tuple[subprocess.Popen, str]:
     sys.exit(f"the server exited ({proc.wait()}) before printing its URL")
 
 
+@dataclass
+class Round:
+    offline_s: float  # wall time of the offline run
+    server_s: float  # wall time of the HTTP run
+    offline_cpu_s: float  # CPU of this process during the offline run (the engine alone)
+    server_cpu_s: float  # CPU of the server process during the HTTP run
+    loop_cpu_s: float  # of which its main thread: the event loop (HTTP, JSON, SSE)
+    same_texts: int  # requests whose greedy text came out identical on both paths
+
+
+def run_round(llm_thread: ThreadPoolExecutor, llm: LLM, server: subprocess.Popen, url: str,
+              prompts: list[list[int]], output_tokens: int) -> Round:
+    cpu = time.process_time()
+    offline_s, offline_texts = llm_thread.submit(run_offline, llm, prompts, output_tokens).result()
+    offline_cpu_s = time.process_time() - cpu
+    before = thread_cpu_s(server.pid)
+    server_s, server_texts = asyncio.run(run_server(url, prompts, output_tokens))
+    after = thread_cpu_s(server.pid)
+    return Round(offline_s, server_s, offline_cpu_s,
+                 server_cpu_s=sum(after.values()) - sum(before.get(t, 0.0) for t in after),
+                 loop_cpu_s=after[server.pid] - before[server.pid],
+                 same_texts=sum(a == b for a, b in zip(offline_texts, server_texts, strict=True)))
+
+
+def report(rounds: list[Round], args: argparse.Namespace) -> None:
+    tokens = args.streams * args.output_tokens
+    print(f"serve overhead: {args.streams} streams x {args.prompt_tokens} prompt tokens -> "
+          f"{args.output_tokens} output tokens, dtype {args.dtype}, {len(rounds)} rounds")
+    print("| round | offline tok/s | server tok/s | server / offline |")
+    print("|---|---|---|---|")
+    for i, r in enumerate(rounds, 1):
+        print(f"| {i} | {tokens / r.offline_s:.1f} | {tokens / r.server_s:.1f} | "
+              f"{r.offline_s / r.server_s:.3f} |")
+    ratio = statistics.median(r.offline_s / r.server_s for r in rounds)
+    print(f"throughput, server / offline: median {ratio:.3f} (goal >= 0.90)")
+    offline_cpu = sum(r.offline_cpu_s for r in rounds)
+    server_cpu = sum(r.server_cpu_s for r in rounds)
+    loop_cpu = sum(r.loop_cpu_s for r in rounds)
+    per_k = 1000 / (tokens * len(rounds))
+    print(f"CPU per 1000 output tokens: offline {offline_cpu * per_k:.2f} s, server process "
+          f"{server_cpu * per_k:.2f} s (ratio {server_cpu / offline_cpu:.3f}); the server's event "
+          f"loop (HTTP, JSON, SSE) took {loop_cpu / server_cpu:.1%} of its CPU")
+    # in bf16 a different batch composition rounds differently, so long greedy texts may diverge
+    print(f"greedy texts identical on both paths: {sum(r.same_texts for r in rounds)} / "
+          f"{args.streams * len(rounds)}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--streams", type=int, default=16)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=128)
@@ -100,40 +162,18 @@ def main() -> None:
               num_threads=args.num_threads)
     prompts = wikitext_prompts(llm.tokenizer, args.streams, args.prompt_tokens)
     server, url = start_server(engine_args)
-    engine_thread = ThreadPoolExecutor(max_workers=1)  # one long-lived thread, like the server's
-
-    def offline(batch: list[list[int]], output_tokens: int) -> tuple[float, list[str]]:
-        return engine_thread.submit(run_offline, llm, batch, output_tokens).result()
-
+    llm_thread = ThreadPoolExecutor(max_workers=1)  # one long-lived thread, like the server's
     try:
-        offline(prompts[:2], 4)  # warm-up: first forwards allocate and pick kernels
+        # warm-up: first forwards allocate and pick kernels
+        llm_thread.submit(run_offline, llm, prompts[:2], 4).result()
         asyncio.run(run_server(url, prompts[:2], 4))
-        offline_s, server_s, same = [], [], 0
-        for _ in range(args.rounds):
-            elapsed, offline_texts = offline(prompts, args.output_tokens)
-            offline_s.append(elapsed)
-            elapsed, server_texts = asyncio.run(run_server(url, prompts, args.output_tokens))
-            server_s.append(elapsed)
-            same += sum(a == b for a, b in zip(offline_texts, server_texts, strict=True))
+        rounds = [run_round(llm_thread, llm, server, url, prompts, args.output_tokens)
+                  for _ in range(args.rounds)]
     finally:
-        engine_thread.shutdown()
+        llm_thread.shutdown()
         server.send_signal(signal.SIGTERM)
         server.wait(timeout=60)
-
-    tokens = args.streams * args.output_tokens
-    offline_tps = [tokens / s for s in offline_s]
-    server_tps = [tokens / s for s in server_s]
-    print(f"serve overhead: {args.streams} streams x {args.prompt_tokens} prompt tokens -> "
-          f"{args.output_tokens} output tokens, dtype {args.dtype}, {args.rounds} rounds")
-    print("| path | output tok/s per round | mean |")
-    print("|---|---|---|")
-    for name, tps in (("offline LLM.generate", offline_tps), ("HTTP server, streaming", server_tps)):
-        print(f"| {name} | {', '.join(f'{t:.1f}' for t in tps)} | {statistics.mean(tps):.1f} |")
-    ratio = statistics.mean(server_tps) / statistics.mean(offline_tps)
-    print(f"server / offline throughput: {ratio:.3f} (goal >= 0.90); per round: "
-          f"{', '.join(f'{s / o:.3f}' for s, o in zip(server_tps, offline_tps, strict=True))}")
-    # in bf16 a different batch composition rounds differently, so long greedy texts may diverge
-    print(f"greedy texts identical on both paths: {same} / {args.rounds * args.streams}")
+    report(rounds, args)
 
 
 if __name__ == "__main__":
