@@ -29,15 +29,19 @@ def embedded_model_path() -> str:
     return os.path.join(list(spec.submodule_search_locations)[0], _EMBEDDED_FILE)
 
 
+EMBEDDED_ALIAS = "embedded"  # names the embedded model where a path is expected
+
+
 def resolve_model_path(model: str | None) -> str:
-    path = embedded_model_path() if model is None else os.path.expanduser(model)
+    embedded = model is None or (model == EMBEDDED_ALIAS and not os.path.exists(model))
+    path = embedded_model_path() if embedded else os.path.expanduser(model)
     if not os.path.exists(path):
         raise ModelLoadError(f"{path}: no such file or directory")
     return path
 
 
 def model_display_name(model: str | None) -> str:
-    if model is None:
+    if model is None or model == EMBEDDED_ALIAS:
         return EMBEDDED_MODEL_NAME
     return os.path.basename(os.path.normpath(model))
 

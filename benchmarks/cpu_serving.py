@@ -1,0 +1,117 @@
+"""Serving on this CPU: `inferlab serve` driven by `inferlab bench` vs transformers `generate`.
+
+Workload W: the embedded model, ~300-token prompts cut from the WikiText-2 test text, 128 output
+tokens (ignore_eos), through the HTTP server at 1, 4, 16 and 64 concurrent streams. Beside it, in
+the same run, transformers `generate` with static batches of 16 on the same number of requests and
+the same dtype. Prints output throughput, TTFT and ITL per concurrency, the ratios to transformers,
+and the fraction of the machine's roofline each point reaches.
+
+    .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--dtype bfloat16]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import torch
+from offline_throughput import run_transformers
+from workloads import WIKITEXT, machine_roofline, wikitext_prompts
+
+PYTHON = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(port: int, dtype: str, max_seqs: int) -> subprocess.Popen:
+    server = subprocess.Popen(
+        [PYTHON, "-m", "inferlab.cli", "serve", "--port", str(port), "--dtype", dtype,
+         "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 300
+    while time.time() < deadline:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+                if r.status == 200:
+                    return server
+        except OSError:
+            time.sleep(1)
+    server.kill()
+    sys.exit("the server did not become healthy in 300 s")
+
+
+def bench(port: int, concurrency: int, requests: int, out: Path) -> dict:
+    subprocess.run(
+        [PYTHON, "-m", "inferlab.cli", "bench", "--target", f"http://127.0.0.1:{port}",
+         "--profile", "concurrent", "--rate", str(concurrency), "--max-requests", str(requests),
+         "--data", "prompt_tokens=300,output_tokens=128", "--data-file", str(WIKITEXT),
+         "--max-seconds", "900", "--output", str(out), "--quiet"],
+        check=True, stdout=subprocess.DEVNULL)
+    summary = json.loads(out.read_text())["stages"][0]["summary"]
+    ok = summary["metrics"]
+    return {"output_tok_s": summary["output_token_throughput"],
+            "ttft_p50_ms": ok["ttft_ms"]["ok"]["median"], "itl_p50_ms": ok["itl_ms"]["ok"]["median"],
+            "requests_ok": summary["counts"].get("ok", 0)}
+
+
+def transformers_rate(dtype: torch.dtype, requests: int) -> float:
+    from transformers import AutoModelForCausalLM
+
+    from inferlab.models.loader import embedded_model_path, load_model
+
+    path = embedded_model_path()
+    tokenizer = load_model(None, torch.float32).tokenizer  # the same tokenizer the server uses
+    prompts = wikitext_prompts(tokenizer, requests, 300)
+    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                              dtype=dtype).eval()
+    seconds = run_transformers(hf, prompts, 128, 16, tokenizer.eos_token_id)
+    return requests * 128 / seconds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
+    parser.add_argument("--hf-requests", type=int, default=32)
+    args = parser.parse_args()
+    roof = machine_roofline()
+    bandwidth = roof["memory_bandwidth_bytes_per_s"]
+    print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
+          f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16")
+    weight_bytes = 2 * 134_515_008 + 2 * 49152 * 576  # bf16 weights + the packed lm_head copy
+    port = free_port()
+    server = start_server(port, args.dtype, max(args.concurrency))
+    results = {}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for c in args.concurrency:
+                results[c] = bench(port, c, max(2 * c, 8), Path(tmp) / f"c{c}.json")
+                step_floor_ms = weight_bytes / bandwidth * 1e3
+                r = results[c]
+                print(f"concurrency {c:3d}: {r['output_tok_s']:7.1f} output tok/s, TTFT p50 "
+                      f"{r['ttft_p50_ms']:7.0f} ms, ITL p50 {r['itl_p50_ms']:6.1f} ms "
+                      f"(weights-read floor {step_floor_ms:.1f} ms/step: "
+                      f"{step_floor_ms / r['itl_p50_ms']:.0%} of the bandwidth roofline)")
+    finally:
+        server.terminate()
+        server.wait(timeout=60)
+    hf = transformers_rate(getattr(torch, args.dtype), args.hf_requests)
+    print(f"transformers generate, static batches of 16: {hf:.1f} output tok/s")
+    for c, r in results.items():
+        print(f"RATIO concurrency {c} / transformers: {r['output_tok_s'] / hf:.2f}x")
+
+
+if __name__ == "__main__":
+    main()
