@@ -75,15 +75,19 @@ class AsyncEngine:
         outputs: asyncio.Queue = asyncio.Queue()
         _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
         text = prompt if isinstance(prompt, str) else None
-        await self._call(lambda: self._add(request_id, text, ids, params, loop, outputs))
         finished = False
         try:
+            # inside the try: a caller cancelled while the add is queued still aborts it
+            await self._call(lambda: self._add(request_id, text, ids, params, loop, outputs))
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
                     raise out
                 finished = out.finished
                 yield out
+        except InferlabError:
+            finished = True  # refused at add: nothing to abort
+            raise
         finally:
             if not finished:
                 self._post(lambda: self._abort(request_id))
