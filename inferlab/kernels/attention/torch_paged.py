@@ -67,12 +67,16 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     plan = _decode_plan(meta, rows, k_cache.shape[1])
     keys = k_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]  # [Bd, L, Hkv, D]
     values = v_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]
+    only_decodes = len(rows) == q.shape[0]  # then rows are the tokens, in order: no gather
     attn = F.scaled_dot_product_attention(
-        q[plan.token_idx].unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
+        (q if only_decodes else q[plan.token_idx]).unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
         keys.transpose(1, 2), values.transpose(1, 2),  # [Bd, Hkv, L, D]
         attn_mask=plan.valid, scale=scale, enable_gqa=True,
-    )  # [Bd, Hq, 1, D]
-    out[plan.token_idx] = attn.squeeze(2).to(out.dtype)
+    ).squeeze(2)  # [Bd, Hq, D]
+    if only_decodes:
+        out.copy_(attn)
+    else:
+        out[plan.token_idx] = attn.to(out.dtype)
 
 
 def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
