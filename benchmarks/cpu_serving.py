@@ -90,7 +90,7 @@ def main() -> None:
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
     print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
           f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16")
-    weight_bytes = 2 * 134_515_008 + 2 * 49152 * 576  # bf16 weights + the packed lm_head copy
+    weight_bytes = 2 * 134_515_008  # bf16: every matmul weight read once per step (lm_head tied)
     port = free_port()
     server = start_server(port, args.dtype, max(args.concurrency))
     results = {}

@@ -13,7 +13,12 @@ import argparse
 import time
 
 import torch
-from workloads import machine_roofline, weight_bytes, wikitext_prompts
+from workloads import (
+    bytes_read_per_decode_step,
+    machine_roofline,
+    matmul_flops_per_token,
+    wikitext_prompts,
+)
 
 from inferlab.engine.llm_engine import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -66,10 +71,10 @@ def main() -> None:
     total_s = run_inferlab(llm, [p[::-1] for p in prompts], args.output_tokens)  # fresh: no cache hits
     prefill_tps = args.requests * args.prompt_tokens / prefill_s
     decode_tps = (n_out - args.requests) / max(total_s - prefill_s, 1e-9)
-    flops_per_token = 2 * sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
+    flops_per_token = matmul_flops_per_token(llm.engine.model_config)
     print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests)")
     print(f"  prefill {prefill_tps:.0f} tok/s = {prefill_tps * flops_per_token / peak:.0%} of the matmul roofline")
-    step_floor_s = weight_bytes(model) / bandwidth
+    step_floor_s = bytes_read_per_decode_step(model) / bandwidth
     print(f"  decode {decode_tps:.0f} tok/s at batch {args.requests}; weights-read floor per step "
           f"{step_floor_s * 1e3:.1f} ms -> {args.requests / step_floor_s:.0f} tok/s bound")
 

@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import torch
+
 WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
 
 
@@ -27,12 +29,19 @@ def machine_roofline() -> dict:
     return measure_cpu(repeats=3)
 
 
-def weight_bytes(model) -> int:
-    """Bytes of every parameter and buffer the forward pass reads (tied weights once)."""
-    seen, total = set(), 0
-    for t in list(model.parameters()) + list(model.buffers()):
-        if t.data_ptr() in seen:
+def bytes_read_per_decode_step(model) -> int:
+    """Bytes of the weights one decode step reads: every linear layer and norm (the embedding
+    and RoPE tables are only indexed, a few rows per step)."""
+    total = 0
+    for name, module in model.named_modules():
+        if name.endswith(("embed_tokens", "rotary")):
             continue
-        seen.add(t.data_ptr())
-        total += t.numel() * t.element_size()
+        for tensor in list(module.parameters(recurse=False)) + list(module.buffers(recurse=False)):
+            total += tensor.numel() * tensor.element_size() if tensor is not None else 0
     return total
+
+
+def matmul_flops_per_token(cfg) -> int:
+    """2 FLOPs per weight of every matmul (the embedding lookup is none; a tied lm_head is one)."""
+    lookup = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
+    return 2 * (cfg.num_parameters() - lookup)

