@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-import torch
-
 WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
 
 
