@@ -23,7 +23,7 @@ from inferlab.quant.formats.int_pack import (
     unpack_zero_points,
 )
 from inferlab.quant.qparams import QuantizedWeight, num_groups
-from inferlab.quant.scheme import FLOAT, PACK_QUANTIZED, READABLE_FORMATS, GROUP, QuantScheme
+from inferlab.quant.scheme import FLOAT, GROUP, PACK_QUANTIZED, READABLE_FORMATS, QuantScheme
 
 QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
                   "input_scale", "input_zero_point", "weight_global_scale", "weight_g_idx")

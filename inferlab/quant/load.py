@@ -41,12 +41,12 @@ class ParsedConfig:
 
     def group_for(self, name: str) -> ConfigGroup | None:
         """The group quantizing linear layer `name` (HF name), or None when it stays dense."""
-        if any(_matches(name, pattern) for pattern in self.ignore):
+        if any(matches(name, pattern) for pattern in self.ignore):
             return None
-        return next((g for g in self.groups if any(_matches(name, t) for t in g.targets)), None)
+        return next((g for g in self.groups if any(matches(name, t) for t in g.targets)), None)
 
 
-def _matches(name: str, target: str) -> bool:
+def matches(name: str, target: str) -> bool:
     """compressed-tensors' matching: 're:' regex from the start, the class 'Linear', or the name."""
     if target.startswith("re:"):
         return re.match(target[3:], name) is not None

@@ -1,0 +1,66 @@
+"""Running statistics of a linear layer's inputs, gathered batch by batch during calibration.
+
+Nothing keeps all activations: the Hessian (GPTQ, SparseGPT) and the per-channel means and
+maxima (AWQ, SmoothQuant) are sums, and AWQ's search keeps a bounded random sample of rows.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class InputStats:
+    """What the algorithms need to know about the inputs x [tokens, K] of one linear layer."""
+
+    def __init__(self, in_features: int, hessian: bool, sample_rows: int, seed: int = 0) -> None:
+        self.in_features = in_features
+        self.tokens = 0
+        self.weight_sum = 0.0  # of the Hessian's row weights
+        self.xtx = torch.zeros(in_features, in_features, dtype=torch.float64) if hessian else None
+        self.abs_sum = torch.zeros(in_features, dtype=torch.float64)  # sum |x| per channel
+        self.abs_max = torch.zeros(in_features)  # max |x| per channel
+        self.sample_rows = sample_rows
+        self._samples: list[torch.Tensor] = []
+        self._generator = torch.Generator().manual_seed(seed)
+
+    def add(self, x: torch.Tensor, row_weights: torch.Tensor | None = None) -> None:
+        """x [T, K]; `row_weights` [T] weigh each row's share of the Hessian (default 1)."""
+        x = x.detach().reshape(-1, self.in_features).float()  # [T, K]
+        if self.xtx is not None:
+            if row_weights is None:
+                self.xtx += (x.t() @ x).double()  # fp32 GEMM, fp64 running sum
+                self.weight_sum += x.shape[0]
+            else:
+                self.xtx += ((x * row_weights[:, None]).t() @ x).double()
+                self.weight_sum += float(row_weights.sum())
+        self.tokens += x.shape[0]
+        a = x.abs()
+        self.abs_sum += a.sum(dim=0).double()
+        torch.maximum(self.abs_max, a.amax(dim=0), out=self.abs_max)
+        if self.sample_rows:
+            take = min(x.shape[0], self.sample_rows)
+            rows = torch.randperm(x.shape[0], generator=self._generator)[:take]
+            self._samples.append(x[rows].clone())
+
+    def hessian(self) -> torch.Tensor:
+        """H = 2 X^T D X / sum(D) [K, K] fp32 (D: row weights): the curvature of the layer's
+        weighted squared output error."""
+        if self.xtx is None or not self.weight_sum:
+            raise RuntimeError("no Hessian was accumulated for this layer")
+        return (2.0 * self.xtx / self.weight_sum).float()
+
+    def abs_mean(self) -> torch.Tensor:
+        return (self.abs_sum / max(self.tokens, 1)).float()
+
+    def samples(self) -> torch.Tensor:
+        """A random subset of input rows [<= sample_rows, K], spread over all batches."""
+        rows = torch.cat(self._samples) if self._samples else torch.zeros(0, self.in_features)
+        if rows.shape[0] > self.sample_rows:  # evenly over batches, the same rows every call
+            rows = rows[torch.linspace(0, rows.shape[0] - 1, self.sample_rows).long()]
+        return rows
+
+    def scale_samples(self, scale: torch.Tensor) -> None:
+        """The producer was divided by `scale` [K]: the layer's inputs are now x / scale."""
+        self._samples = [rows / scale for rows in self._samples]
+        self.abs_sum /= scale.double()
+        self.abs_max /= scale

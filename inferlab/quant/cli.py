@@ -1,0 +1,105 @@
+"""`inferlab quantize [MODEL] --scheme S --method M --out DIR`: compress a model's linear layers."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+from inferlab.errors import InferlabError
+from inferlab.quant.calibration import default_calib_path
+from inferlab.quant.recipe import METHODS
+
+DENSE_DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "quantize", help="quantize/sparsify a model into a compressed-tensors checkpoint",
+        description="Quantize (W8A16, W8A8, W4A16, FP8_DYNAMIC) and/or 2:4-sparsify the linear "
+                    "layers of a model; writes a Hugging Face directory in the compressed-tensors "
+                    "format (vLLM and `inferlab serve` load it). Embeddings stay dense.")
+    p.add_argument("model", nargs="?", default=None,
+                   help="HF model directory or .gguf file (default: the embedded model)")
+    p.add_argument("--scheme", default=None, help="W8A16, W8A8, W4A16 or FP8_DYNAMIC")
+    p.add_argument("--method", default="rtn", help=f"one of {', '.join(METHODS)} (default: rtn)")
+    p.add_argument("--sparsity", default=None,
+                   help="2:4 (with --method sparsegpt or magnitude, which imply it)")
+    p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
+    p.add_argument("--group-size", type=int, default=128, help="W4A16 inputs per scale (default 128)")
+    p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
+    p.add_argument("--ignore", nargs="*", default=["lm_head"],
+                   help="layers left dense: HF names or 're:' regexes (default: lm_head)")
+    calib = p.add_argument_group("calibration")
+    calib.add_argument("--calib", default=default_calib_path(), help="calibration text file "
+                       "(default: ../shared/data/wikitext-2-valid/valid.txt)")
+    calib.add_argument("--num-samples", type=int, default=128, help="windows (default 128)")
+    calib.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
+    calib.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
+    calib.add_argument("--seed", type=int, default=0)
+    calib.add_argument("--sink-weight", type=float, default=None,
+                       help="GPTQ/SparseGPT Hessian weight of each window's first token, the "
+                            "attention sink (default: --seq-len)")
+    algo = p.add_argument_group("algorithms")
+    algo.add_argument("--block-size", type=int, default=128, help="GPTQ/SparseGPT column block")
+    algo.add_argument("--dampening", type=float, default=0.01, help="GPTQ/SparseGPT Hessian damping")
+    algo.add_argument("--act-order", action="store_true", help="GPTQ: columns by Hessian diagonal")
+    algo.add_argument("--awq-grid", type=int, default=20, help="AWQ scale grid points")
+    algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
+    algo.add_argument("--smoothquant-alpha", type=float, default=0.5, help="migration strength")
+    p.add_argument("--dtype", default="auto", help="dtype of the dense tensors and scales: "
+                   "auto (the source's), float32, bfloat16, float16")
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run_quantize)
+
+
+def build_recipe(args: argparse.Namespace):
+    """Every flag checked before the model is loaded, so bad input fails at once."""
+    from inferlab.quant.algorithms.awq import AwqConfig
+    from inferlab.quant.algorithms.obs import ObsConfig
+    from inferlab.quant.recipe import Recipe
+    from inferlab.quant.scheme import make_scheme
+
+    scheme = None
+    if args.scheme is not None:
+        if args.group_size <= 0:
+            raise InferlabError(f"--group-size must be positive, got {args.group_size}")
+        scheme = make_scheme(args.scheme, args.group_size, args.asymmetric)
+    elif args.asymmetric:
+        raise InferlabError("--asymmetric needs a --scheme")
+    return Recipe(scheme=scheme, method=args.method.lower(), sparsity=args.sparsity,
+                  ignore=tuple(args.ignore),
+                  obs=ObsConfig(args.block_size, args.dampening, args.act_order),
+                  awq=AwqConfig(grid=args.awq_grid, clip=args.awq_clip),
+                  smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight)
+
+
+def run_quantize(args: argparse.Namespace) -> int:
+    recipe = build_recipe(args)
+    if args.dtype not in DENSE_DTYPES:
+        raise InferlabError(f"--dtype must be one of {', '.join(DENSE_DTYPES)}, got {args.dtype!r}")
+    if recipe.needs_calibration:
+        from inferlab.quant.calibration import read_text
+
+        read_text(args.calib)  # a missing file fails now, not after loading the model
+    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
+        raise InferlabError(f"{args.out}: exists and is not empty (choose a new --out)")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise InferlabError(f"--threads must be at least 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
+    from inferlab.quant.run import quantize_to_directory
+
+    started = time.perf_counter()
+    summary = quantize_to_directory(args.model, recipe, args.out, calib=args.calib,
+                                    num_samples=args.num_samples, seq_len=args.seq_len,
+                                    batch_size=args.batch_size, seed=args.seed,
+                                    dense_dtype=args.dtype, progress=not args.quiet)
+    summary["elapsed_s"] = round(time.perf_counter() - started, 1)
+    print(json.dumps(summary, indent=2), file=sys.stdout)
+    return 0

@@ -1,0 +1,66 @@
+"""What `inferlab quantize` is asked to do: scheme x method x sparsity, checked as one whole."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferlab.errors import InferlabError
+from inferlab.quant.algorithms.awq import AwqConfig
+from inferlab.quant.algorithms.obs import ObsConfig
+from inferlab.quant.scheme import QuantScheme
+
+METHODS = ("rtn", "gptq", "awq", "smoothquant", "sparsegpt", "magnitude")
+PRUNING_METHODS = ("sparsegpt", "magnitude")
+SPARSITY_PATTERNS = ("2:4",)
+
+
+@dataclass(frozen=True)
+class Recipe:
+    scheme: QuantScheme | None  # None: sparsity alone, weights stay dense
+    method: str = "rtn"
+    sparsity: str | None = None  # "2:4"; implied by sparsegpt and magnitude
+    ignore: tuple[str, ...] = ("lm_head",)  # HF names or "re:" patterns left unquantized
+    obs: ObsConfig = field(default_factory=ObsConfig)  # GPTQ / SparseGPT
+    awq: AwqConfig = field(default_factory=AwqConfig)
+    smoothquant_alpha: float = 0.5
+    # Hessian weight of each window's first token, which becomes the attention sink: nearly every
+    # later query attends to it, so an error in its k/v reaches them all. None: the window length.
+    sink_weight: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.method not in METHODS:
+            raise InferlabError(f"unknown method {self.method!r} (known: {', '.join(METHODS)})")
+        if self.sparsity is not None and self.sparsity not in SPARSITY_PATTERNS:
+            raise InferlabError(f"unknown sparsity {self.sparsity!r} (supported: 2:4)")
+        if self.method in PRUNING_METHODS and self.sparsity is None:
+            object.__setattr__(self, "sparsity", "2:4")
+        if self.sparsity is not None and self.method not in PRUNING_METHODS:
+            raise InferlabError(f"--sparsity 2:4 is done by --method sparsegpt or magnitude, "
+                                f"not {self.method}")
+        if self.scheme is None and self.sparsity is None:
+            raise InferlabError("nothing to do: give --scheme, --sparsity 2:4, or both")
+        if self.method == "smoothquant" and (self.scheme is None or self.scheme.activations is None):
+            raise InferlabError("smoothquant migrates activation outliers: use it with a scheme "
+                                "that quantizes activations (W8A8, FP8_DYNAMIC)")
+        if self.method == "awq" and (self.scheme is None or self.scheme.activations is not None
+                                     or self.scheme.weights.kind != "int"):
+            raise InferlabError("awq searches scales for integer weight-only schemes "
+                                "(W4A16, W8A16)")
+        if self.sparsity is not None and self.obs.act_order:
+            raise InferlabError("--act-order cannot be combined with 2:4 sparsity")
+        if self.sink_weight is not None and self.sink_weight <= 0:
+            raise InferlabError(f"--sink-weight must be positive, got {self.sink_weight}")
+        if not 0 <= self.smoothquant_alpha <= 1:
+            raise InferlabError(f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}")
+
+    @property
+    def needs_hessian(self) -> bool:
+        return self.method in ("gptq", "sparsegpt")
+
+    @property
+    def needs_samples(self) -> bool:
+        return self.method == "awq"
+
+    @property
+    def needs_calibration(self) -> bool:
+        return self.method not in ("rtn", "magnitude")

@@ -1,0 +1,92 @@
+"""The quantize command's work: load, check, calibrate, compress, write."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+import torch
+
+from inferlab.errors import InferlabError
+from inferlab.quant.export import export_checkpoint
+from inferlab.quant.layer import LINEARS
+from inferlab.quant.qparams import num_groups
+from inferlab.quant.recipe import Recipe
+from inferlab.quant.sequential import compress_model, is_ignored
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
+    """Group size and 2:4 constraints on every targeted layer, before any calibration work."""
+    for i, layer in enumerate(net.model.layers):
+        for name in LINEARS:
+            full = f"model.layers.{i}.{name}"
+            if is_ignored(full, recipe.ignore):
+                continue
+            k = layer.get_submodule(name).in_features
+            if recipe.scheme is not None:
+                num_groups(k, recipe.scheme.weights, full)
+            if recipe.sparsity is not None and k % 4:
+                raise InferlabError(f"{full}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
+
+
+def dense_dtype_for(path: str, requested: str) -> torch.dtype:
+    """auto: the source checkpoint's dtype (a GGUF, dequantized here, is written as float32)."""
+    if requested != "auto":
+        return DTYPES[requested]
+    if os.path.isdir(path):
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+        name = config.get("torch_dtype") or config.get("dtype") or "float32"
+        return DTYPES.get(name, torch.float32)
+    return torch.float32
+
+
+def linear_bytes(net: torch.nn.Module, qweights: dict, fmt: str | None,
+                 dense_dtype: torch.dtype) -> dict[str, int]:
+    """Stored bytes of the decoder's linear weights, compressed vs the same weights in bf16."""
+    from inferlab.quant.checkpoint import tensors_for
+
+    stored = bf16 = 0
+    for i, layer in enumerate(net.model.layers):
+        for name in LINEARS:
+            full = f"model.layers.{i}.{name}"
+            module = layer.get_submodule(name)
+            n, k = module.out_features, module.in_features
+            bf16 += 2 * n * k
+            if full in qweights:
+                stored += sum(t.numel() * t.element_size()
+                              for t in tensors_for(qweights[full], fmt).values())
+            else:
+                stored += n * k * torch.finfo(dense_dtype).bits // 8
+    return {"linear_weight_bytes": stored, "linear_weight_bytes_bf16": bf16}
+
+
+def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: str,
+                          num_samples: int, seq_len: int, batch_size: int, seed: int,
+                          dense_dtype: str, progress: bool = True) -> dict[str, Any]:
+    from inferlab.models.loader import load_model
+
+    loaded = load_model(model, torch.float32)
+    if loaded.config.extra.get("quantization_config"):
+        raise InferlabError(f"{loaded.path}: already quantized (quantize the original model)")
+    net = loaded.model
+    check_shapes(net, recipe)
+    dtype = dense_dtype_for(loaded.path, dense_dtype)
+    tokens = None
+    if recipe.needs_calibration:
+        from inferlab.quant.calibration import load_calibration
+
+        tokens = load_calibration(calib, loaded.tokenizer, num_samples, seq_len, seed)
+    qweights = compress_model(net, tokens, recipe, batch_size, dtype, progress)
+    info = {"model": loaded.name, "source": loaded.path,
+            "scheme": recipe.scheme.name if recipe.scheme else None, "method": recipe.method,
+            "sparsity": recipe.sparsity, "ignore": list(recipe.ignore),
+            "group_size": recipe.scheme.weights.group_size if recipe.scheme else None,
+            "calibration": {"file": calib, "num_samples": num_samples, "seq_len": seq_len,
+                            "seed": seed} if tokens is not None else None,
+            **linear_bytes(net, qweights, recipe.scheme.format if recipe.scheme else None, dtype)}
+    export_checkpoint(out, net, qweights, recipe, loaded.path, loaded.tokenizer, dtype, info)
+    return {"out": out, **info}

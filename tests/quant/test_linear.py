@@ -1,0 +1,112 @@
+"""Quantized linear layers against compressed-tensors' dequantization and exact cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferlab.quant import linear
+from inferlab.quant.checkpoint import cat_rows
+from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.qparams import quantize_rtn
+from inferlab.quant.scheme import make_scheme
+
+ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
+ct_args = pytest.importorskip("compressed_tensors.quantization")
+
+WEIGHT_ONLY = [("W8A16", 128, False, "Int8WeightOnlyLinear"), ("W8A16", 128, True, "Int8WeightOnlyLinear"),
+               ("W4A16", 32, False, "Int4WeightOnlyLinear"), ("W4A16", 64, True, "Int4WeightOnlyLinear")]
+
+
+def library_dequantize(qw) -> torch.Tensor:
+    """The weight compressed-tensors would reconstruct from these codes and scales."""
+    a = qw.args
+    args = ct_args.QuantizationArgs(num_bits=a.num_bits, type=a.kind, symmetric=a.symmetric,
+                                    strategy=a.strategy, group_size=a.group_size)
+    return ct_forward.dequantize(qw.codes, qw.scale.double(), qw.zero_point, args=args).double()
+
+
+@pytest.mark.parametrize(("name", "group", "asym", "cls"), WEIGHT_ONLY)
+@pytest.mark.parametrize("rows", [1, 3, 64])  # the kernel path and the dequantizing path
+def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(96, 128, generator=gen)
+    qw = quantize_rtn(w, make_scheme(name, group, asym).weights)
+    bias = torch.randn(96, generator=gen)
+    x = torch.randn(2, rows, 128, generator=gen)
+    expected = x.double() @ library_dequantize(qw).T + bias.double()
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        layer = build_quant_linear(qw, None, bias, dtype)
+        assert type(layer).__name__ == cls
+        out = layer(x.to(dtype))
+        assert out.shape == (2, rows, 96) and out.dtype == dtype
+        torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+def test_int4_kernel_and_dequant_paths_agree() -> None:
+    qw = quantize_rtn(torch.randn(80, 256), make_scheme("W4A16", 64).weights)
+    layer = build_quant_linear(qw, None, None, torch.float32)
+    x = torch.randn(linear.INT4_KERNEL_MAX_ROWS + 1, 256)
+    by_kernel = torch.cat([layer(row[None]) for row in x])  # one row at a time: kernel
+    torch.testing.assert_close(layer(x), by_kernel, rtol=1e-5, atol=1e-5)  # dequantized GEMM
+    torch.testing.assert_close(layer.dequantized_weight(), library_dequantize(qw).float(),
+                               rtol=1e-6, atol=1e-6)
+
+
+def test_w8a8_is_exact_when_activations_are_integer_codes() -> None:
+    gen = torch.Generator().manual_seed(0)
+    codes = torch.randint(-126, 127, (4, 64), generator=gen).float()
+    codes[:, 7] = 127.0  # each row's absmax is the top code, so per-token quantization is lossless
+    x = codes * torch.tensor([[0.5], [0.25], [2.0], [1.0]])  # power-of-two row scales
+    w = torch.randint(-127, 128, (32, 64), generator=gen).float() * 2.0 ** -6
+    w[:, 0] = 127 * 2.0 ** -6  # per-channel scale 2^-6 exactly
+    qw = quantize_rtn(w, make_scheme("W8A8").weights)
+    layer = build_quant_linear(qw, make_scheme("W8A8").activations, None, torch.float32)
+    assert type(layer).__name__ == "Int8DynamicLinear"
+    torch.testing.assert_close(layer(x), x @ w.T, rtol=0, atol=0)
+
+
+def test_fp8_dynamic_is_exact_on_fp8_representable_values() -> None:
+    gen = torch.Generator().manual_seed(1)
+    values = torch.tensor([-448.0, -96.0, -3.5, -0.5, 0.0, 0.25, 1.0, 13.0, 240.0, 448.0])
+    x = values[torch.randint(0, 10, (5, 48), generator=gen)]
+    x[:, 0] = 448.0  # absmax 448: activation scale exactly 1
+    w = values[torch.randint(0, 10, (16, 48), generator=gen)] / 448.0 * 4.0
+    w[:, 1] = 4.0  # weight scale 4 / 448 maps w back onto the same fp8 values
+    scheme = make_scheme("FP8_DYNAMIC")
+    layer = build_quant_linear(quantize_rtn(w, scheme.weights), scheme.activations, None, torch.float32)
+    torch.testing.assert_close(layer(x), x @ w.T, rtol=1e-6, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", ["W8A8", "FP8_DYNAMIC"])
+def test_dynamic_activation_error_is_small_on_random_data(name: str) -> None:
+    gen = torch.Generator().manual_seed(2)
+    x, w = torch.randn(33, 128, generator=gen), torch.randn(40, 128, generator=gen)
+    scheme = make_scheme(name)
+    layer = build_quant_linear(quantize_rtn(w, scheme.weights), scheme.activations, None, torch.bfloat16)
+    ref = x @ w.T
+    rel = ((layer(x.bfloat16()).float() - ref).norm() / ref.norm()).item()
+    assert rel < (0.02 if name == "W8A8" else 0.06)
+
+
+@pytest.mark.parametrize(("name", "group", "limit"), [("W8A16", 128, 0.55), ("W8A8", 128, 0.55),
+                                                      ("FP8_DYNAMIC", 128, 0.55), ("W4A16", 128, 0.35)])
+def test_resident_bytes_are_compressed(name: str, group: int, limit: float) -> None:
+    scheme = make_scheme(name, group)
+    layer = build_quant_linear(quantize_rtn(torch.randn(512, 1024), scheme.weights),
+                               scheme.activations, None, torch.bfloat16)
+    assert layer.resident_bytes() <= limit * 512 * 1024 * 2  # bf16 bytes of the same weight
+
+
+@pytest.mark.parametrize(("name", "group", "asym"), [("W4A16", 32, True), ("W8A16", 128, False),
+                                                     ("W8A8", 128, False)])
+def test_fused_shards_equal_the_separate_layers(name: str, group: int, asym: bool) -> None:
+    scheme = make_scheme(name, group, asym)
+    gen = torch.Generator().manual_seed(3)
+    shards = [quantize_rtn(torch.randn(n, 64, generator=gen) * (i + 1), scheme.weights)
+              for i, n in enumerate((64, 32, 32))]  # q, k, v with different ranges
+    fused = build_quant_linear(cat_rows(shards, "qkv_proj"), scheme.activations, None, torch.float32)
+    x = torch.randn(5, 64, generator=gen)
+    separate = torch.cat([build_quant_linear(s, scheme.activations, None, torch.float32)(x)
+                          for s in shards], dim=1)
+    torch.testing.assert_close(fused(x), separate, rtol=1e-6, atol=1e-6)

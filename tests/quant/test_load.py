@@ -1,0 +1,98 @@
+"""A checkpoint whose config contradicts its tensors fails in one line naming the tensor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+from inferlab.errors import InferlabError
+from inferlab.models.loader import load_network
+from inferlab.quant.linear import QuantLinear
+
+from .tiny import library_compressed
+
+pytest.importorskip("compressed_tensors")
+from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
+
+W4_ASYM = {"g": QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+    num_bits=4, strategy="group", group_size=32, symmetric=False))}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return library_compressed(tmp_path_factory.mktemp("w4"), W4_ASYM)
+
+
+def _variant(checkpoint, tmp_path, edit_config=None, edit_tensors=None):
+    config = json.loads((checkpoint / "config.json").read_text())
+    tensors = load_file(checkpoint / "model.safetensors")
+    if edit_config:
+        edit_config(config["quantization_config"])
+    if edit_tensors:
+        edit_tensors(tensors)
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    save_file(tensors, tmp_path / "model.safetensors")
+    return str(tmp_path)
+
+
+def _load_error(path: str) -> str:
+    with pytest.raises(InferlabError) as info:
+        load_network(path, torch.float32)
+    message = str(info.value)
+    assert "\n" not in message
+    return message
+
+
+def test_the_untouched_checkpoint_loads_quantized(checkpoint) -> None:
+    net, _ = load_network(str(checkpoint), torch.float32)
+    assert isinstance(net.model.layers[0].self_attn.qkv_proj, QuantLinear)
+    assert isinstance(net.model.layers[1].mlp.gate_up_proj, QuantLinear)
+    assert isinstance(net.lm_head, torch.nn.Linear)  # ignored
+
+
+def test_missing_scale(checkpoint, tmp_path) -> None:
+    path = _variant(checkpoint, tmp_path, edit_tensors=lambda t: t.pop(
+        "model.layers.0.self_attn.k_proj.weight_scale"))
+    assert "model.layers.0.self_attn.k_proj.weight_scale is missing" in _load_error(path)
+
+
+def test_bits_contradict_packed_shape(checkpoint, tmp_path) -> None:
+    def eight_bits(qc):
+        qc["config_groups"]["group_0"]["weights"]["num_bits"] = 8
+    message = _load_error(_variant(checkpoint, tmp_path, edit_config=eight_bits))
+    assert "weight_packed has shape" in message and "8-bit" in message
+
+
+def test_group_size_contradicts_scales(checkpoint, tmp_path) -> None:
+    def group_16(qc):
+        qc["config_groups"]["group_0"]["weights"]["group_size"] = 16
+    assert "weight_scale has shape" in _load_error(_variant(checkpoint, tmp_path, edit_config=group_16))
+
+
+def test_quantized_tensors_for_an_ignored_layer(checkpoint, tmp_path) -> None:
+    def ignore_o(qc):
+        qc["ignore"] = ["lm_head", "re:.*o_proj"]
+    message = _load_error(_variant(checkpoint, tmp_path, edit_config=ignore_o))
+    assert "o_proj has quantized tensors but the config leaves it unquantized" in message
+
+
+def test_fused_shards_must_share_a_scheme(checkpoint, tmp_path) -> None:
+    def dense_v(tensors):  # v_proj stored dense, and ignored by the config
+        codes_name = "model.layers.0.self_attn.v_proj"
+        for suffix in ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point"):
+            tensors.pop(f"{codes_name}.{suffix}")
+        tensors[f"{codes_name}.weight"] = torch.zeros(32, 64)
+
+    def ignore_v(qc):
+        qc["ignore"] = ["lm_head", "model.layers.0.self_attn.v_proj"]
+    message = _load_error(_variant(checkpoint, tmp_path, ignore_v, dense_v))
+    assert "shards of model.layers.0.self_attn.qkv_proj" in message
+
+
+def test_unsupported_config_parts(checkpoint, tmp_path) -> None:
+    def kv_cache(qc):
+        qc["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}
+    assert "kv_cache_scheme is not supported" in _load_error(_variant(checkpoint, tmp_path, kv_cache))
