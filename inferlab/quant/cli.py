@@ -45,7 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     algo = p.add_argument_group("algorithms")
     algo.add_argument("--block-size", type=int, default=128, help="GPTQ/SparseGPT column block")
     algo.add_argument("--dampening", type=float, default=0.01, help="GPTQ/SparseGPT Hessian damping")
-    algo.add_argument("--act-order", action="store_true", help="GPTQ: columns by Hessian diagonal")
+    algo.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
+                      help="GPTQ: process columns by decreasing Hessian diagonal (default: on "
+                           "for gptq, off for sparsegpt, whose 2:4 groups it would break)")
     algo.add_argument("--awq-grid", type=int, default=20, help="AWQ scale grid points")
     algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
     algo.add_argument("--smoothquant-alpha", type=float, default=0.5, help="migration strength")
@@ -70,9 +72,11 @@ def build_recipe(args: argparse.Namespace):
         scheme = make_scheme(args.scheme, args.group_size, args.asymmetric)
     elif args.asymmetric:
         raise InferlabError("--asymmetric needs a --scheme")
-    return Recipe(scheme=scheme, method=args.method.lower(), sparsity=args.sparsity,
+    method = args.method.lower()
+    act_order = method == "gptq" if args.act_order is None else args.act_order
+    return Recipe(scheme=scheme, method=method, sparsity=args.sparsity,
                   ignore=tuple(args.ignore),
-                  obs=ObsConfig(args.block_size, args.dampening, args.act_order),
+                  obs=ObsConfig(args.block_size, args.dampening, act_order),
                   awq=AwqConfig(grid=args.awq_grid, clip=args.awq_clip),
                   smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight)
 

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.quant.formats import int4_cpu
+from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
 from inferlab.quant.scheme import GROUP, INT, ActivationArgs
 
@@ -122,9 +123,28 @@ class Int4WeightOnlyLinear(QuantLinear):
         return u.mul_(scale).add_(offset).view(n, k)
 
 
+class PackedInt4Linear(QuantLinear):
+    """W4A16 on a GPU: compressed-tensors' own layout (int32 words [N, K/8]) read by the Triton
+    kernel in inferlab.kernels, which dequantizes tile by tile."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.group_size = _group_of(qw)
+        self.register_buffer("packed", pack_int32(qw.codes, 4))  # int32 [N, K/8]
+        self.register_buffer("scale", qw.scale.to(dtype).contiguous())  # [N, G]
+        self.register_buffer("zero_point", qw.zero_point)  # int8 [N, G] or None
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        from inferlab.kernels.triton_w4a16 import w4a16_linear
+
+        return w4a16_linear(x, self.packed, self.scale, self.group_size,
+                            weight_zero_point=self.zero_point)
+
+
 class DequantLinear(QuantLinear):
     """Any weight-only layout the fast kernels do not take: int codes kept as int8 (or fp8 codes),
-    dequantized per call. Used for grouped int8, int4 shapes the CPU kernel refuses, and off-CPU."""
+    dequantized per call. Used for grouped int8, int4 shapes the kernels refuse, int8 off-CPU."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
@@ -220,7 +240,10 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
     if args.kind == INT and args.num_bits == 8 and args.strategy != GROUP and on_cpu:
         return Int8WeightOnlyLinear(qw, bias, dtype)
     n, k = qw.shape
-    if (args.kind == INT and args.num_bits == 4 and on_cpu and kernel_group_size(qw)
-            and int4_cpu.can_pack(n, k, kernel_group_size(qw))):
-        return Int4WeightOnlyLinear(qw, bias, dtype)
+    if args.kind == INT and args.num_bits == 4:
+        if (on_cpu and kernel_group_size(qw)
+                and int4_cpu.can_pack(n, k, kernel_group_size(qw))):
+            return Int4WeightOnlyLinear(qw, bias, dtype)
+        if device.type == "cuda" and _group_of(qw) % 16 == 0 and k % 8 == 0:
+            return PackedInt4Linear(qw, bias, dtype)
     return DequantLinear(qw, bias, dtype)

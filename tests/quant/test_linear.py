@@ -110,3 +110,14 @@ def test_fused_shards_equal_the_separate_layers(name: str, group: int, asym: boo
     separate = torch.cat([build_quant_linear(s, scheme.activations, None, torch.float32)(x)
                           for s in shards], dim=1)
     torch.testing.assert_close(fused(x), separate, rtol=1e-6, atol=1e-6)
+
+
+def test_gpu_int4_layer_through_the_triton_interpreter() -> None:
+    pytest.importorskip("triton")
+    from inferlab.quant.linear import PackedInt4Linear
+
+    qw = quantize_rtn(torch.randn(48, 64), make_scheme("W4A16", 32, asymmetric=True).weights)
+    layer = PackedInt4Linear(qw, None, torch.float32)  # what a CUDA device gets, run on CPU
+    x = torch.randn(3, 64)
+    torch.testing.assert_close(layer(x).double(), x.double() @ library_dequantize(qw).T,
+                               rtol=1e-5, atol=1e-5)

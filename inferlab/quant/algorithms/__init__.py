@@ -1,0 +1,1 @@
+"""Compression algorithms as functions of tensors (weights, input statistics), model-agnostic."""

@@ -1,0 +1,208 @@
+"""Quantized linears vs bf16 on this CPU: decode at batch 1, a 512-token prefill, resident bytes.
+
+One model (default: the embedded SmolLM2-135M) is loaded in bf16; each scheme's linear layers
+are built from round-to-nearest codes (speed does not depend on how the codes were chosen) and
+swapped into the same model in turn, so every variant shares embeddings, norms and attention.
+Variants are measured round-robin for `--rounds` rounds and the median taken, because this
+machine is shared and noisy: compare the ratios, not the absolute times.
+
+Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--layer-sweep] [--json out.json]
+Targets (issue 7): W8A16 decode >= 1.5x bf16, W4A16 decode >= 2x, W8A8 prefill >= 1.2x;
+resident linear bytes <= 0.55x (int8) and <= 0.35x (int4) of bf16.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+import torch
+from torch import nn
+
+from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.models.loader import load_model
+from inferlab.quant.layer import LINEARS
+from inferlab.quant.linear import QuantLinear, build_quant_linear
+from inferlab.quant.qparams import quantize_rtn
+from inferlab.quant.scheme import make_scheme
+
+BLOCK_SIZE = 16
+
+
+def largest_group(net: nn.Module, wanted: int) -> int:
+    """`wanted` if it divides every linear's inputs, else the largest power of two that does."""
+    inputs = {net.model.layers[0].get_submodule(n).in_features for n in LINEARS}
+    for g in (wanted, 128, 64, 32):
+        if all(k % g == 0 for k in inputs) and g <= wanted:
+            return g
+    raise SystemExit(f"no group size divides the inputs {sorted(inputs)}")
+
+
+def quantized_modules(net: nn.Module, scheme_name: str, group: int) -> dict[str, nn.Module]:
+    scheme = make_scheme(scheme_name, group)
+    out = {}
+    for name, module in net.named_modules():
+        if name.startswith("model.layers.") and name.split(".", 3)[-1] in LINEARS:
+            qw = quantize_rtn(module.weight.data.float(), scheme.weights)
+            out[name] = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
+    return out
+
+
+def swap(net: nn.Module, modules: dict[str, nn.Module]) -> None:
+    for name, module in modules.items():
+        parent, _, leaf = name.rpartition(".")
+        setattr(net.get_submodule(parent), leaf, module)
+
+
+def linear_bytes(modules: dict[str, nn.Module]) -> int:
+    total = 0
+    for m in modules.values():
+        total += m.resident_bytes() if isinstance(m, QuantLinear) else m.weight.numel() * m.weight.element_size()
+    return total
+
+
+def _caches(net: nn.Module, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    cfg = net.config
+    shape = (-(-tokens // BLOCK_SIZE), BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
+    return [(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
+            for _ in range(cfg.num_layers)]
+
+
+@torch.no_grad()
+def prefill_ms(net: nn.Module, ids: torch.Tensor) -> float:
+    n = ids.numel()
+    caches = _caches(net, n)
+    meta = AttentionMetadata.build([n], [n], [list(range(len(caches[0][0])))], BLOCK_SIZE)
+    start = time.perf_counter()
+    net.compute_logits(net(ids, torch.arange(n), caches, meta)[-1:])
+    return (time.perf_counter() - start) * 1e3
+
+
+@torch.no_grad()
+def decode_ms(net: nn.Module, prompt: torch.Tensor, steps: int) -> float:
+    """Median time of one decode step (batch 1) after a prompt, greedy tokens."""
+    n = prompt.numel()
+    caches = _caches(net, n + steps)
+    table = [list(range(len(caches[0][0])))]
+    meta = AttentionMetadata.build([n], [n], table, BLOCK_SIZE)
+    logits = net.compute_logits(net(prompt, torch.arange(n), caches, meta)[-1:])
+    times = []
+    for i in range(steps):
+        token = logits.argmax(-1)
+        meta = AttentionMetadata.build([1], [n + i + 1], table, BLOCK_SIZE)
+        start = time.perf_counter()
+        logits = net.compute_logits(net(token, torch.tensor([n + i]), caches, meta))
+        times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def _best_ms(fn, reps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best * 1e3
+
+
+def _paths_ms(x: torch.Tensor, w: torch.Tensor, i8: QuantLinear, i4: QuantLinear,
+              reps: int) -> dict[str, float]:
+    """One row count: bf16, and each weight-only kernel beside its dequantize-then-GEMM path."""
+    linear = torch.nn.functional.linear
+    return {
+        "bf16": _best_ms(lambda: linear(x, w), reps),
+        "int8_kernel": _best_ms(lambda: torch.ops.aten._weight_int8pack_mm(x, i8.qweight, i8.scale), reps),
+        "int8_dequant": _best_ms(lambda: linear(x, i8.qweight.to(x.dtype)).mul_(i8.scale), reps),
+        "int4_kernel": _best_ms(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
+            x, i4.packed, i4.group_size, i4.scales_and_zeros), reps),
+        "int4_dequant": _best_ms(lambda: linear(x, i4.dequantized_weight()), reps),
+    }
+
+
+@torch.no_grad()
+def layer_sweep(net: nn.Module, group: int, reps: int) -> dict:
+    """Speed vs bf16 of each path on the model's linear shapes, by row count: the evidence for
+    the row thresholds in inferlab/quant/linear.py."""
+    layer = net.model.layers[0]
+    out = {}
+    for name in LINEARS:
+        w = layer.get_submodule(name).weight.data  # bf16 [N, K]
+        i8 = build_quant_linear(quantize_rtn(w.float(), make_scheme("W8A16").weights), None, None,
+                                torch.bfloat16)
+        i4 = build_quant_linear(quantize_rtn(w.float(), make_scheme("W4A16", group).weights), None,
+                                None, torch.bfloat16)
+        print(f"{name} {tuple(w.shape)}: rows, bf16 ms | x bf16: int8 kernel, dequant | "
+              "int4 kernel, dequant")
+        for rows in (1, 2, 4, 8, 16, 32, 64, 512):
+            t = _paths_ms(torch.randn(rows, w.shape[1], dtype=torch.bfloat16), w, i8, i4, reps)
+            ratio = {k: t["bf16"] / v for k, v in t.items() if k != "bf16"}
+            out[f"{name}/{rows}"] = {"bf16_ms": t["bf16"], **ratio}
+            print(f"  {rows:4d} {t['bf16']:8.3f} | {ratio['int8_kernel']:5.2f} "
+                  f"{ratio['int8_dequant']:5.2f} | {ratio['int4_kernel']:5.2f} {ratio['int4_dequant']:5.2f}")
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", nargs="?", default=None)
+    parser.add_argument("--schemes", default="W8A16,W4A16,W8A8,FP8_DYNAMIC")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--prefill-tokens", type=int, default=512)
+    parser.add_argument("--decode-steps", type=int, default=16)
+    parser.add_argument("--decode-prompt", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--layer-sweep", action="store_true",
+                        help="also time each kernel path on the model's linear shapes by row count")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    loaded = load_model(args.model, torch.bfloat16)
+    net = loaded.model
+    group = largest_group(net, args.group_size)
+    sweep = layer_sweep(net, group, reps=20) if args.layer_sweep else None
+    dense = {n: m for n, m in net.named_modules()
+             if n.startswith("model.layers.") and n.split(".", 3)[-1] in LINEARS}
+    variants = {"bf16": dense}
+    for name in args.schemes.split(","):
+        variants[name] = quantized_modules(net, name, group)
+    ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),
+                        generator=torch.Generator().manual_seed(0))
+    results = {name: {"prefill_ms": [], "decode_ms": []} for name in variants}
+    for _ in range(args.rounds):
+        for name, modules in variants.items():
+            swap(net, modules)
+            results[name]["prefill_ms"].append(prefill_ms(net, ids))
+            results[name]["decode_ms"].append(decode_ms(net, ids[: args.decode_prompt], args.decode_steps))
+    swap(net, dense)
+    base = {k: statistics.median(v) for k, v in results["bf16"].items()}
+    dense_bytes = linear_bytes(dense)
+    print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "
+          f"{os.getloadavg()[0]:.1f}, group size {group}, median of {args.rounds} rounds")
+    print(f"{'scheme':12} {'decode ms':>10} {'x bf16':>7} {'prefill ms':>11} {'x bf16':>7} "
+          f"{'linear MB':>10} {'x bf16':>7}")
+    table = {}
+    for name, modules in variants.items():
+        dec = statistics.median(results[name]["decode_ms"])
+        pre = statistics.median(results[name]["prefill_ms"])
+        nbytes = linear_bytes(modules)
+        table[name] = {"decode_ms": dec, "decode_speedup": base["decode_ms"] / dec,
+                       "prefill_ms": pre, "prefill_speedup": base["prefill_ms"] / pre,
+                       "linear_bytes": nbytes, "linear_bytes_ratio": nbytes / dense_bytes}
+        row = table[name]
+        print(f"{name:12} {dec:10.2f} {row['decode_speedup']:7.2f} {pre:11.1f} "
+              f"{row['prefill_speedup']:7.2f} {nbytes / 1e6:10.1f} {row['linear_bytes_ratio']:7.2f}")
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"model": loaded.name, "threads": torch.get_num_threads(), "group_size": group,
+                       "load_average": os.getloadavg()[0], "results": table, "layer_sweep": sweep},
+                      f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
