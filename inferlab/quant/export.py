@@ -94,6 +94,15 @@ def sparsity_config(net: nn.Module, qweights: dict[str, QuantizedWeight], recipe
             "ignore": list(recipe.ignore), "global_sparsity": zeros / max(total, 1)}
 
 
+def written_ignore(qweights: dict[str, QuantizedWeight], recipe: Recipe) -> list[str]:
+    """The ignore list for config.json: the user's, plus lm_head whenever it stayed dense (a
+    tied lm_head too), so a reader targeting every Linear does not expect it quantized."""
+    ignore = list(recipe.ignore)
+    if "lm_head" not in qweights and not is_ignored("lm_head", recipe.ignore):
+        ignore.append("lm_head")
+    return ignore
+
+
 def hf_config_from(cfg: Any) -> dict[str, Any]:
     """A transformers config.json for a model we only know from GGUF metadata."""
     model_type = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral",
@@ -147,7 +156,7 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
         config = hf_config_from(net.config)
     config["torch_dtype"] = DTYPE_NAMES[dense_dtype]
     config["quantization_config"] = quantization_config(
-        recipe.scheme, list(recipe.ignore), sparsity_config(net, qweights, recipe))
+        recipe.scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
     staging = f"{os.path.normpath(out_dir)}.partial-{os.getpid()}"
     os.makedirs(staging)
     try:

@@ -171,11 +171,9 @@ def compress_model(net: nn.Module, tokens: torch.Tensor | None, recipe: Recipe,
 
 
 def _lm_head(net: nn.Module, recipe: Recipe, scale_dtype: torch.dtype) -> dict[str, QuantizedWeight]:
-    """lm_head, when not ignored: round-to-nearest (it sees no calibration here)."""
-    if recipe.scheme is None or is_ignored("lm_head", recipe.ignore):
+    """lm_head, when not ignored: round-to-nearest (it sees no calibration here). A tied lm_head
+    is the embedding matrix, and embeddings stay dense."""
+    if recipe.scheme is None or is_ignored("lm_head", recipe.ignore) or net.config.tie_word_embeddings:
         return {}
-    if net.config.tie_word_embeddings:
-        raise InferlabError("lm_head shares its matrix with the embeddings in this model; "
-                            "keep lm_head in --ignore")
     return {"lm_head": quantize_rtn(net.lm_head.weight.data.float(), recipe.scheme.weights,
                                     scale_dtype, where="lm_head")}

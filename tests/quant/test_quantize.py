@@ -129,3 +129,19 @@ def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
     assert main(["quantize", str(source[0]), "--scheme", "W8A16", "--out", str(tmp_path / "out")]) == 2
     assert "not empty" in capsys.readouterr().err
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("arch", ["llama", "llama-tied"])
+def test_lm_head_quantized_unless_tied(tmp_path, arch: str) -> None:
+    directory = tiny_model_dir(tmp_path / arch, arch=arch)
+    recipe = Recipe(make_scheme("W8A16"), "rtn", ignore=())
+    quantize_to_directory(str(directory), recipe, str(tmp_path / "out"), "", 1, 8, 1, 0, "auto", False)
+    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    net, _ = load_network(str(tmp_path / "out"), torch.float32)
+    if arch == "llama-tied":  # the embedding matrix: dense, and listed so readers know
+        assert qc["ignore"] == ["lm_head"] and isinstance(net.lm_head, torch.nn.Linear)
+    else:
+        assert qc["ignore"] == [] and isinstance(net.lm_head, QuantLinear)
+    reference, _ = load_network(str(directory), torch.float32)
+    for got, want in zip(prefill_logits(net, SEQS), prefill_logits(reference, SEQS), strict=True):
+        assert ((got - want).norm() / want.norm()).item() < 0.03

@@ -88,27 +88,29 @@ def search_scales(x: torch.Tensor, weights: list[torch.Tensor], args: WeightArgs
 
 
 def search_clip(x: torch.Tensor, w: torch.Tensor, args: WeightArgs, cfg: AwqConfig,
-                rows: torch.Tensor | None = None, chunk_rows: int = 256) -> torch.Tensor:
+                rows: torch.Tensor | None = None) -> torch.Tensor:
     """Per (row, group) clipping ratio [N, G] minimising that group's share of the output error.
 
+    The error of group g in row n over the rows x_t is mean_t (x_t,g . d_n,g)^2 = d C_g d^T with
+    C_g = X_g^T X_g / T, so one [G, g, g] covariance replaces the rows (T-independent cost).
     Only `rows` (a bool mask [N]) are searched; the others keep ratio 1 (AWQ leaves q and k
     unclipped: their error is amplified through the attention softmax).
     """
     n, k = w.shape
     groups = num_groups(k, args)
     xg = x.float().view(x.shape[0], groups, k // groups)  # [T, G, g]
-    ratios = [1 - cfg.max_shrink * i / cfg.clip_grid for i in range(cfg.clip_grid)]
+    cov = torch.einsum("tgk,tgl->gkl", xg, xg) / max(x.shape[0], 1)  # [G, g, g]
+    w = w.float()
     best = torch.ones(n, groups)
-    for r0 in range(0, n, chunk_rows):
-        wc = w[r0:r0 + chunk_rows].float()
-        best_err = torch.full((wc.shape[0], groups), float("inf"))
-        for ratio in ratios:
-            scale, zero = compute_qparams(wc, args, clip=ratio)
-            diff = (wc - fake_quantize(wc, scale, zero, args)).view(wc.shape[0], groups, -1)
-            err = torch.einsum("tgk,ngk->tng", xg, diff).pow(2).mean(dim=0)  # [n, G]
-            better = err < best_err
-            best_err = torch.where(better, err, best_err)
-            best[r0:r0 + chunk_rows][better] = ratio
+    best_err = torch.full((n, groups), float("inf"))
+    for i in range(cfg.clip_grid):
+        ratio = 1 - cfg.max_shrink * i / cfg.clip_grid
+        scale, zero = compute_qparams(w, args, clip=ratio)
+        diff = (w - fake_quantize(w, scale, zero, args)).view(n, groups, -1)  # [N, G, g]
+        err = (torch.einsum("ngk,gkl->ngl", diff, cov) * diff).sum(dim=-1)  # [N, G]
+        better = err < best_err
+        best_err = torch.where(better, err, best_err)
+        best[better] = ratio
     if rows is not None:
         best[~rows] = 1.0
     return best
