@@ -47,11 +47,11 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         lead = x.shape[:-1]
-        x2 = x.reshape(-1, self.in_features).to(self.dtype)  # [M, K]
+        x2 = x.reshape(-1, self.in_features).to(self.dtype).contiguous()  # [M, K]
         y = self._matmul(x2)  # [M, N]
         if self.bias is not None:
             y = y + self.bias
-        return y.reshape(*lead, self.out_features)
+        return y.reshape(*lead, self.out_features).to(x.dtype)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError
