@@ -12,7 +12,7 @@ def wikitext_prompts(tokenizer, count: int, tokens: int, offset: int = 0) -> lis
     """`count` distinct prompts of exactly `tokens` token ids, consecutive slices of the test text."""
     if not WIKITEXT.is_file():
         sys.exit(f"{WIKITEXT} is absent: the benchmarks read the shared WikiText-2 test text")
-    ids = tokenizer.encode(WIKITEXT.read_text(encoding="utf-8")[: 12 * count * tokens + 10_000],
+    ids = tokenizer.encode(WIKITEXT.read_text(encoding="utf-8")[: 12 * (count * tokens + offset) + 10_000],
                            add_special_tokens=False)
     ids = ids[offset:]
     if len(ids) < count * tokens:
