@@ -137,7 +137,7 @@ def layer_sweep(net: nn.Module, group: int, reps: int) -> dict:
                                 None, torch.bfloat16)
         print(f"{name} {tuple(w.shape)}: rows, bf16 ms | x bf16: int8 kernel, dequant | "
               "int4 kernel, dequant")
-        for rows in (1, 2, 4, 8, 16, 32, 64, 512):
+        for rows in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
             t = _paths_ms(torch.randn(rows, w.shape[1], dtype=torch.bfloat16), w, i8, i4, reps)
             ratio = {k: t["bf16"] / v for k, v in t.items() if k != "bf16"}
             out[f"{name}/{rows}"] = {"bf16_ms": t["bf16"], **ratio}

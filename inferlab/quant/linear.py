@@ -4,22 +4,33 @@ Every layer keeps only its compressed weight (int8, packed int4 or fp8 codes plu
 and picks its arithmetic by the number of rows in the call:
 
 * weight-only int8/int4 (W8A16, W4A16): torch's CPU weight-only kernels read a quarter to half
-  of bf16's bytes, which is what a decode step is bound by, but they do not tile well: measured
-  on this 2-core AMX CPU (SmolLM2 shapes 576x1536, 3072x576 and a 4096x4096 layer, bf16, min of
-  25 runs) `_weight_int8pack_mm` is 1.2-2.9x bf16 `F.linear` at 1-4 rows, ~0.6x at 8 and
-  0.3-0.4x from 16 rows, and `_weight_int4pack_mm_for_cpu` behaves the same up to 8 rows and
-  falls to ~0.1x at 512 rows. Dequantizing the weight to the activation dtype and calling the
-  bf16 GEMM costs a fixed ~1-3 weight passes, so it wins from about 16 rows on (0.4-0.5x at 16,
-  0.6-1.2x at 512). Hence the row thresholds below.
-* W8A8 (int8 weights, int8 activations per token): `torch._int_mm` at every size; the
-  activations are quantized with in-place ops, because fresh allocations (page faults) cost
-  more than the arithmetic on this machine.
+  of bf16's bytes, which is what a decode step is bound by, but they do not tile well. Measured
+  on this 2-core AMX CPU with `benchmarks/quant_speed.py --layer-sweep` (SmolLM2-135M's four
+  linear shapes, bf16, best of 20; speed as a multiple of bf16 `F.linear`):
+
+  | rows | int8 kernel | int8 dequant+GEMM | int4 kernel | int4 dequant+GEMM |
+  |------|-------------|-------------------|-------------|-------------------|
+  | 1    | 2.9-3.1     | 0.45-0.51         | 2.9-3.4     | 0.08-0.09         |
+  | 8    | 0.57-1.01   | 0.35-0.51         | 0.69-1.13   | 0.06-0.08         |
+  | 16   | 0.30-0.55   | 0.39-0.46         | 0.36-0.62   | 0.06-0.08         |
+  | 128  | 0.13-0.19   | 0.57-0.64         | 0.16-0.20   | 0.16-0.20         |
+  | 512  | 0.10-0.14   | 0.73-0.81         | 0.13-0.15   | 0.35-0.42         |
+
+  Dequantizing costs a fixed few passes over the weight (unpacking torch's blocked int4 layout
+  is the dearest), then the bf16 GEMM runs at full speed; the kernels' cost grows with the rows.
+  Hence the crossovers below: int8 near 12 rows, int4 near 128.
+* W8A8 (int8 weights, int8 activations per token): an int8 GEMM at every size (oneDNN's, see
+  Int8DynamicLinear); the activations are quantized with in-place ops, because fresh
+  allocations (page faults) cost more than the arithmetic on this machine. On SmolLM2's narrow
+  layers that quantization costs about as much as the GEMM saves.
 * FP8_DYNAMIC: this CPU has no fast fp8 GEMM (`torch._scaled_mm` measured at ~0.02x bf16), so
   activations are rounded to fp8 per token and both operands, exact in bf16, go through the
   bf16 GEMM; the fp8 weight is widened per call, never kept wide.
 """
 
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -30,9 +41,9 @@ from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
 from inferlab.quant.scheme import GROUP, INT, ActivationArgs
 
-# Largest row count that takes the weight-only kernels (see the module docstring).
-INT8_KERNEL_MAX_ROWS = 8
-INT4_KERNEL_MAX_ROWS = 8
+# Largest row count that takes the weight-only kernels (the table in the module docstring).
+INT8_KERNEL_MAX_ROWS = 12
+INT4_KERNEL_MAX_ROWS = 128
 INT8_MAX = 127.0
 
 
@@ -166,13 +177,25 @@ class DequantLinear(QuantLinear):
 
 
 class Int8DynamicLinear(QuantLinear):
-    """W8A8: int8 weights per channel, activations quantized per token at run time, int32 GEMM."""
+    """W8A8: int8 weights per channel, activations quantized per token at run time, int8 GEMM.
+
+    On x86 the GEMM is oneDNN's int8 linear (`onednn.qlinear_pointwise`, the kernel Inductor uses
+    for int8): measured 1.1 ms vs 2.7 ms for `torch._int_mm` and 2.2 ms for bf16 on a 512x576 @
+    576x3072 product here; it also applies the per-channel weight scales and writes bf16, leaving
+    only the per-token scale. `torch._int_mm` elsewhere.
+    """
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
-        self.register_buffer("qweight", qw.codes.contiguous())  # int8 [N, K]
         self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
+        codes = qw.codes.contiguous()  # int8 [N, K]
+        self.onednn = codes.device.type == "cpu" and onednn_int8_available()
+        if self.onednn:  # oneDNN's blocked int8 layout, same bytes
+            self.register_buffer("qweight", torch.ops.onednn.qlinear_prepack(codes, [1, k]))
+            self.register_buffer("zero_points", torch.zeros(n, dtype=torch.int64), persistent=False)
+        else:
+            self.register_buffer("qweight", codes)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
@@ -180,10 +203,32 @@ class Int8DynamicLinear(QuantLinear):
 
             return int8_w8a8_linear(x, self.qweight, self.scale)
         x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(INT8_MAX)  # [M, 1]
-        xq = x.to(torch.float32, copy=True).div_(x_scale)
-        xq = xq.round_().clamp_(-INT8_MAX, INT8_MAX).to(torch.int8)  # [M, K]
+        # |x| / (absmax / 127) <= 127 already: no clamp needed before the cast
+        xq = x.to(torch.float32, copy=True).div_(x_scale).round_().to(torch.int8)  # [M, K]
+        if self.onednn:
+            out_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
+            y = torch.ops.onednn.qlinear_pointwise(  # sum_k xq*q * scale[n]: [M, N]
+                xq, 1.0, 0, self.qweight, self.scale, self.zero_points, None, 1.0, 0, out_dtype,
+                "none", [], "")
+            return y.mul_(x_scale.to(out_dtype)).to(self.dtype)
         acc = torch._int_mm(xq, self.qweight.t())  # int32 [M, N], exact
         return acc.to(torch.float32).mul_(x_scale).mul_(self.scale).to(self.dtype)
+
+
+@functools.cache
+def onednn_int8_available() -> bool:
+    """Whether this torch has oneDNN's int8 linear and it computes a small product exactly."""
+    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
+        return False
+    try:
+        w = torch.tensor([[1, -2, 3, 127], [-127, 5, 0, 7]], dtype=torch.int8)
+        x = torch.tensor([[2, 1, -1, 1]], dtype=torch.int8)
+        packed = torch.ops.onednn.qlinear_prepack(w, [1, 4])
+        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
+                                               None, 1.0, 0, torch.float32, "none", [], "")
+        return y.tolist() == [[124.0, -242.0]]
+    except RuntimeError:
+        return False
 
 
 class Fp8DynamicLinear(QuantLinear):

@@ -79,7 +79,10 @@ def _capture_first_layer_inputs(net: nn.Module, ids: torch.Tensor, meta: Attenti
         for hook in hooks:
             hook.remove()
     args = list(caught[0])
-    index = next(i for i, a in enumerate(args) if a is embedded[0])
+    index = next((i for i, a in enumerate(args) if a is embedded[0]), None)
+    if index is None:
+        raise RuntimeError("the first decoder layer does not take the embeddings as they are; "
+                           "layer-by-layer calibration cannot find its hidden-state argument")
     return _Batch(args, index, seq_len)
 
 
