@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     algo.add_argument("--dampening", type=float, default=0.01, help="GPTQ/SparseGPT Hessian damping")
     algo.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
                       help="GPTQ: process columns by decreasing Hessian diagonal (default: on "
-                           "for gptq, off for sparsegpt, whose 2:4 groups it would break)")
+                           "for gptq and smoothquant, off for sparsegpt, whose 2:4 groups it "
+                           "would break)")
     algo.add_argument("--awq-grid", type=int, default=20, help="AWQ scale grid points")
     algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
     algo.add_argument("--smoothquant-alpha", type=float, default=0.5, help="migration strength")
@@ -73,7 +74,7 @@ def build_recipe(args: argparse.Namespace):
     elif args.asymmetric:
         raise InferlabError("--asymmetric needs a --scheme")
     method = args.method.lower()
-    act_order = method == "gptq" if args.act_order is None else args.act_order
+    act_order = method in ("gptq", "smoothquant") if args.act_order is None else args.act_order
     return Recipe(scheme=scheme, method=method, sparsity=args.sparsity,
                   ignore=tuple(args.ignore),
                   obs=ObsConfig(args.block_size, args.dampening, act_order),

@@ -73,6 +73,7 @@ def smooth(ctx: LayerContext) -> None:
         weight = ctx.weight(name)
         s = smoothing_scales(ctx.stats[name].abs_max, [weight], ctx.recipe.smoothquant_alpha)
         fold_scales(s, producer.weight, [weight], producer.bias)
+        ctx.stats[name].scale_inputs(s)  # GPTQ then sees the smoothed inputs' Hessian
 
 
 def awq_scale(ctx: LayerContext) -> None:
@@ -83,7 +84,7 @@ def awq_scale(ctx: LayerContext) -> None:
         weight = ctx.weight(name)
         s, _ = search_scales(x, [weight], args, _awq_block(ctx, name, x), ctx.recipe.awq)
         fold_scales(s, producer.weight, [weight], producer.bias)
-        ctx.stats[name].scale_samples(s)
+        ctx.stats[name].scale_inputs(s)
 
 
 def _awq_block(ctx: LayerContext, name: str, x: torch.Tensor) -> Callable:
@@ -101,7 +102,7 @@ def compress_linear(ctx: LayerContext, name: str) -> tuple[torch.Tensor, Quantiz
     recipe, w = ctx.recipe, ctx.weight(name).float()
     args = recipe.scheme.weights if recipe.scheme is not None else None
     method = recipe.method
-    if method in ("gptq", "sparsegpt"):
+    if method in ("gptq", "sparsegpt", "smoothquant"):  # SmoothQuant quantizes with GPTQ
         obs = ObsConfig(recipe.obs.block_size, recipe.obs.damp, recipe.obs.act_order,
                         prune_2of4=method == "sparsegpt")
         new_w, qw, _ = obs_compress(w, ctx.stats[name].hessian(), args, obs, ctx.scale_dtype)

@@ -55,7 +55,7 @@ class Recipe:
 
     @property
     def needs_hessian(self) -> bool:
-        return self.method in ("gptq", "sparsegpt")
+        return self.method in ("gptq", "sparsegpt", "smoothquant")
 
     @property
     def needs_samples(self) -> bool:

@@ -118,3 +118,17 @@ def test_sparsegpt_masks_two_of_four_and_beats_magnitude(args) -> None:
     assert output_error(held_out, w, new_w) < 0.7 * output_error(held_out, w, magnitude)
     if qw is not None:
         assert torch.equal(qw.dequantize(), new_w)
+
+
+def test_rescaled_input_statistics_equal_statistics_of_rescaled_inputs() -> None:
+    from inferlab.quant.algorithms.stats import InputStats
+
+    x = outlier_inputs(256, 48, 14)
+    s = torch.rand(48, generator=torch.Generator().manual_seed(15)) + 0.5
+    folded, direct = InputStats(48, True, 64), InputStats(48, True, 64)
+    folded.add(x)
+    folded.scale_inputs(s)  # statistics of x, then told the inputs became x / s
+    direct.add(x / s)
+    torch.testing.assert_close(folded.hessian(), direct.hessian(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(folded.abs_max, direct.abs_max)
+    torch.testing.assert_close(folded.samples(), direct.samples())

@@ -3,7 +3,9 @@
 Per input channel k, s_k = max|x_k|^alpha / max|w_k|^(1 - alpha); the op producing x (an RMSNorm's
 weight, or the rows of a preceding linear) is divided by s and the weight columns multiplied by
 it. The float function is unchanged; activations become flatter (easier to quantize per token)
-and weights a little less flat (they are quantized per channel, which copes).
+and weights a little less flat (they are quantized per channel, which copes). The weights are
+then quantized with GPTQ, as llm-compressor's W8A8 recipe does, on the Hessian of the smoothed
+inputs (S^-1 H S^-1: no second calibration pass).
 """
 
 from __future__ import annotations

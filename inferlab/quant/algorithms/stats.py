@@ -59,8 +59,12 @@ class InputStats:
             rows = rows[torch.linspace(0, rows.shape[0] - 1, self.sample_rows).long()]
         return rows
 
-    def scale_samples(self, scale: torch.Tensor) -> None:
-        """The producer was divided by `scale` [K]: the layer's inputs are now x / scale."""
+    def scale_inputs(self, scale: torch.Tensor) -> None:
+        """The producer was divided by `scale` [K]: the inputs are now x / scale, and every
+        statistic follows exactly (X^T X becomes S^-1 X^T X S^-1)."""
         self._samples = [rows / scale for rows in self._samples]
         self.abs_sum /= scale.double()
         self.abs_max /= scale
+        if self.xtx is not None:
+            s = scale.double()
+            self.xtx /= s[:, None] * s[None, :]
