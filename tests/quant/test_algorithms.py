@@ -129,6 +129,6 @@ def test_rescaled_input_statistics_equal_statistics_of_rescaled_inputs() -> None
     folded.add(x)
     folded.scale_inputs(s)  # statistics of x, then told the inputs became x / s
     direct.add(x / s)
-    torch.testing.assert_close(folded.hessian(), direct.hessian(), rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(folded.hessian(), direct.hessian(), rtol=1e-4, atol=1e-4)
     torch.testing.assert_close(folded.abs_max, direct.abs_max)
     torch.testing.assert_close(folded.samples(), direct.samples())
