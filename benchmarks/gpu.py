@@ -224,23 +224,23 @@ def check_attention(s: Settings, report: Report) -> None:
 
 
 def check_norm_rope(s: Settings, report: Report) -> None:
+    from inferlab.kernels.fused import torch_rms_norm, torch_rotary_embedding
     from inferlab.kernels.triton_norm_rope import rms_norm, rotary_embedding
-    from inferlab.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+    from inferlab.models.layers import RMSNorm, RotaryEmbedding
 
     x = torch.randn(300, 4096, dtype=torch.bfloat16, device=s.device)
     res = torch.randn_like(x)
     norm = RMSNorm(4096, 1e-5).to(s.device, torch.bfloat16)
     norm.weight.data.uniform_(0.5, 1.5)
     out, new_res = rms_norm(x, norm.weight, 1e-5, residual=res)
-    err = max(rel_error(out, norm(x + res)), rel_error(new_res, x + res))
+    err = max(rel_error(out, torch_rms_norm(x + res, norm.weight, 1e-5)), rel_error(new_res, x + res))
     exact = "residual bit-exact" if torch.equal(new_res, x + res) else "residual rounded differently"
     report.check("kernels", "fused add + RMSNorm bf16", err < 1e-2, f"rel err {err:.1e}, {exact}")
     rope = RotaryEmbedding(128, 4096, 500000.0, None).to(s.device)
     pos = torch.randint(0, 4096, (300,), device=s.device)
     q = torch.randn(300, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(300, 8, 128, dtype=torch.bfloat16, device=s.device)
-    tables = rope.tables(pos, torch.float32)
-    q_ref, k_ref = apply_rotary(q.float(), *tables), apply_rotary(k.float(), *tables)
+    q_ref, k_ref = torch_rotary_embedding(pos, q.float(), k.float(), rope.cos, rope.sin)
     rotary_embedding(pos, q, k, rope.cos, rope.sin)
     err = max(rel_error(q, q_ref), rel_error(k, k_ref))
     report.check("kernels", "RoPE in place bf16", err < 1e-2, f"rel err {err:.1e}")
@@ -346,20 +346,21 @@ def time_norm_rope(s: Settings, report: Report) -> None:
 
 
 def time_norm_rope_tokens(s: Settings, report: Report, n: int) -> None:
+    from inferlab.kernels.fused import torch_rms_norm, torch_rotary_embedding
     from inferlab.kernels.triton_norm_rope import rms_norm, rotary_embedding
-    from inferlab.models.layers import RMSNorm, RotaryEmbedding, apply_rotary
+    from inferlab.models.layers import RMSNorm, RotaryEmbedding
 
     norm = RMSNorm(4096, 1e-5).to(s.device, torch.bfloat16)
     rope = RotaryEmbedding(128, 8192, 500000.0, None).to(s.device)
     x = torch.randn(n, 4096, dtype=torch.bfloat16, device=s.device)
     res = torch.randn_like(x)
-    eager = bench_ms(lambda: norm(x + res), s.device)
+    eager = bench_ms(lambda: torch_rms_norm(x, norm.weight, 1e-5, residual=res), s.device)
     fused = bench_ms(lambda: rms_norm(x, norm.weight, 1e-5, residual=res), s.device)
     report.add("norm/rope", f"add + RMSNorm, {n} tokens: eager / fused", eager / fused, "x")
     pos = torch.randint(0, 8192, (n,), device=s.device)
     q = torch.randn(n, 32, 128, dtype=torch.bfloat16, device=s.device)
     k = torch.randn(n, 8, 128, dtype=torch.bfloat16, device=s.device)
-    eager = bench_ms(lambda: apply_rotary(torch.cat([q, k], 1), *rope.tables(pos, q.dtype)), s.device)
+    eager = bench_ms(lambda: torch_rotary_embedding(pos, q, k, rope.cos, rope.sin), s.device)
     fused = bench_ms(lambda: rotary_embedding(pos, q, k, rope.cos, rope.sin), s.device)
     report.add("norm/rope", f"RoPE, {n} tokens: eager / fused", eager / fused, "x")
 

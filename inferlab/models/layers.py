@@ -1,4 +1,4 @@
-"""Building blocks of the Llama family: RMSNorm, rotary embeddings, SwiGLU."""
+"""Building blocks of the Llama family: RMSNorm and the rotary embedding tables."""
 
 from __future__ import annotations
 
@@ -6,8 +6,9 @@ import math
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
+
+from inferlab.kernels import fused
 
 
 class RMSNorm(nn.Module):
@@ -16,10 +17,10 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(size))
         self.eps = eps
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        # One fused kernel (fp32 accumulation inside); for bf16 it differs from the reference's
-        # cast-then-scale order by at most one rounding.
-        return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None
+                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """norm(x), or with the residual stream: (norm(x + residual), x + residual)."""
+        return fused.rms_norm(x, self.weight, self.eps, residual)
 
 
 def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
@@ -64,23 +65,8 @@ class RotaryEmbedding(nn.Module):
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
         self.cos, self.sin = emb.cos(), emb.sin()
 
-    def tables(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """cos, sin for these positions, [N, 1, D] each: looked up once per forward."""
-        return (self.cos[positions].unsqueeze(1).to(dtype),
-                self.sin[positions].unsqueeze(1).to(dtype))
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [N, H, D] (query and key heads alike), cos/sin [N, 1, D]."""
-    return x * cos + _rotate_half(x) * sin
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor:
-    """[N, 2I] -> [N, I]: silu(gate) * up."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
+    def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (torch's signature)
+        # The kernels read fp32 tables whatever dtype the model is cast to: rebuild, don't cast.
+        super()._apply(fn, recurse)
+        self.reset_buffers()
+        return self

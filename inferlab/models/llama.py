@@ -13,8 +13,9 @@ from torch import nn
 
 from inferlab.errors import ModelLoadError
 from inferlab.kernels.attention import AttentionMetadata, paged_attention
+from inferlab.kernels.fused import rotary_embedding, silu_and_mul
 from inferlab.models.config import ModelConfig
-from inferlab.models.layers import RMSNorm, RotaryEmbedding, apply_rotary, silu_and_mul
+from inferlab.models.layers import RMSNorm, RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
 
@@ -25,7 +26,7 @@ STACKED_PARAMS = {
 }
 
 
-Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [N, 1, head_dim]
+Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # positions [N]; cos, sin [P, head_dim] fp32
 
 
 class LlamaAttention(nn.Module):
@@ -40,14 +41,15 @@ class LlamaAttention(nn.Module):
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        n, heads = x.shape[0], self.num_heads + self.num_kv_heads
+        n, q_size, kv_size = x.shape[0], self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
         qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hkv) * D]
-        qk = qkv[:, : heads * self.head_dim].view(n, heads, self.head_dim)  # [N, Hq + Hkv, D]
-        v = qkv[:, heads * self.head_dim:].view(n, self.num_kv_heads, self.head_dim)
+        q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)  # views: no copies
+        k = qkv[:, q_size:q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)
+        v = qkv[:, q_size + kv_size:].view(n, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
-            qk = torch.cat([self.q_norm(qk[:, : self.num_heads]), self.k_norm(qk[:, self.num_heads:])], 1)
-        qk = apply_rotary(qk, *rope)  # q and k rotated in one pass
-        q, k = qk.split([self.num_heads, self.num_kv_heads], dim=1)
+            q, k = self.q_norm(q), self.k_norm(k)
+        positions, cos, sin = rope
+        rotary_embedding(positions, q, k, cos, sin)  # in place
         out = paged_attention(q, k, v, kv_cache[0], kv_cache[1], meta, self.scale)  # [N, Hq, D]
         return self.o_proj(out.view(n, -1))
 
@@ -70,10 +72,18 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
-    def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache,
-                meta: AttentionMetadata) -> torch.Tensor:
-        x = x + self.self_attn(rope, self.input_layernorm(x), kv_cache, meta)
-        return x + self.mlp(self.post_attention_layernorm(x))
+    def forward(self, rope: Rope, x: torch.Tensor, residual: torch.Tensor | None,
+                kv_cache: KVCache, meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: the previous sublayer's output; residual: the stream before it (None at layer 0).
+        Returns (this layer's MLP output, the stream before it): the add is fused into the next
+        norm."""
+        if residual is None:
+            x, residual = self.input_layernorm(x), x
+        else:
+            x, residual = self.input_layernorm(x, residual)
+        x = self.self_attn(rope, x, kv_cache, meta)
+        x, residual = self.post_attention_layernorm(x, residual)
+        return self.mlp(x), residual
 
 
 class LlamaModel(nn.Module):
@@ -88,10 +98,11 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [N, hidden]
-        rope = self.rotary.tables(positions, x.dtype)
+        rope = (positions, self.rotary.cos, self.rotary.sin)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
-            x = layer(rope, x, kv_cache, meta)
-        return self.norm(x)
+            x, residual = layer(rope, x, residual, kv_cache, meta)
+        return self.norm(x) if residual is None else self.norm(x, residual)[0]
 
 
 class LlamaForCausalLM(nn.Module):

@@ -91,7 +91,7 @@ def _awq_block(ctx: LayerContext, name: str, x: torch.Tensor) -> Callable:
     """The output AWQ compares: the whole MLP for gate/up (its nonlinearity included), else the linear."""
     if name != "mlp.gate_up_proj":
         return lambda ws: x @ ws[0].t()
-    from inferlab.models.layers import silu_and_mul
+    from inferlab.kernels.fused import silu_and_mul
 
     down = ctx.weight("mlp.down_proj").float()
     return lambda ws: silu_and_mul(x @ ws[0].t()) @ down.t()

@@ -30,7 +30,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     if decode_rows:
         _decode(q, k_cache, v_cache, meta, scale, decode_rows, out)
     if len(decode_rows) < meta.num_seqs:
-        _prefill(q, k_cache, v_cache, meta, scale, out)
+        prefill_attention(q, k_cache, v_cache, meta, scale, out)
     return out
 
 
@@ -79,8 +79,8 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out[plan.token_idx] = attn.to(out.dtype)
 
 
-def _prefill(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-             meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
+def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                      meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
     """Sequences with several new tokens, one at a time: causal over cache + new tokens."""
     block_size = k_cache.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]

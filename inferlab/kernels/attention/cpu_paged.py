@@ -1,0 +1,37 @@
+"""Paged attention on CPU with the C kernels: KV write and decode attention read the paged cache
+in place (no gathered copies); sequences with several new tokens go through torch's SDPA."""
+
+from __future__ import annotations
+
+import torch
+
+from inferlab.kernels import cpu_ops
+from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.attention.torch_paged import prefill_attention
+
+
+def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor,
+                    v_cache: torch.Tensor, meta: AttentionMetadata, scale: float) -> torch.Tensor:
+    """Same contract as torch_paged.paged_attention. q: [N, Hq, D]; k, v: [N, Hkv, D]."""
+    cpu_ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
+    out = torch.empty(q.shape, dtype=q.dtype)
+    rows, seqs = _decode_rows(meta)
+    if rows.numel():
+        cpu_ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                       rows, seqs, scale, out)
+    if rows.numel() < meta.num_seqs:
+        prefill_attention(q, k_cache, v_cache, meta, scale, out)
+    return out
+
+
+def _decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flat row and sequence index of every single-token sequence, int32 [Bd] each; the same in
+    every layer of a forward, so built once."""
+    cached = meta.backend_cache.get("cpu_decode")
+    if cached is None:
+        seqs = [b for b, n in enumerate(meta.query_lens_cpu) if n == 1]
+        starts = meta.query_start_loc.tolist()
+        cached = (torch.tensor([starts[b] for b in seqs], dtype=torch.int32),
+                  torch.tensor(seqs, dtype=torch.int32))
+        meta.backend_cache["cpu_decode"] = cached
+    return cached

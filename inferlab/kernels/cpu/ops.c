@@ -1,0 +1,242 @@
+/* Fused CPU kernels for the decode hot path: RMSNorm (+ residual add), RoPE, KV-cache write,
+ * paged decode attention, SiLU-and-mul.
+ *
+ * Why C: in eager torch each of these is 5-15 small ops of 2-30 us each; a decode step of a
+ * small model spends more time in that overhead than in its matmuls. Here each is one call.
+ * Plain C99 + OpenMP, no torch headers, so it compiles in about a second at first use
+ * (inferlab/kernels/cpu_ops.py) and links against torch's own libgomp (one thread pool).
+ *
+ * Tensors arrive as raw pointers; `elem` is the element size: 2 = bfloat16, 4 = float32.
+ * Arithmetic is in fp32 and rounds to the tensor dtype where the torch reference rounds
+ * (see the comment on each kernel); bf16 rounding is round-to-nearest-even, as torch's.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define CHUNK 256 /* floats per stack buffer when a row is processed in pieces */
+
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+    return (v.u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((v.u >> 16) | 0x40u) : (uint16_t)rounded;
+}
+
+static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
+    if (elem == 4) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+
+static inline void store_f32(const float *src, int elem, void *dst, int64_t n) {
+    if (elem == 4) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
+}
+
+/* Round a float to the tensor dtype and back: the value a torch op would have stored. */
+static inline float round_to(float x, int elem) {
+    return elem == 2 ? bf16_to_f32(f32_to_bf16(x)) : x;
+}
+
+/* exp(x) for x <= 0 (softmax after max subtraction, SiLU of either sign through exp(-|x|)):
+ * Cody-Waite range reduction and a degree-6 polynomial; branch-free so loops vectorize.
+ * Relative error below 2e-7, under one fp32 ulp of libm's expf in practice. */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504f + 0.5f);
+    float r = x - n * 0.693145752f - n * 1.42860677e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f
+              + r * (0.00833338592f + r * 0.00138873165f)))));
+    union { uint32_t u; float f; } scale = { .u = (uint32_t)((int32_t)n + 127) << 23 };
+    return p * scale.f;
+}
+
+/* out[r] = rms_norm(h) * w where h = x[r] (+ residual[r], rounded and written back to residual).
+ * Rounding as in HF Llama: normalise in fp32, round to the dtype, multiply by w, round again.
+ * out may alias x. */
+void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
+              int64_t rows, int64_t dim, float eps, int elem) {
+#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const char *xr = (const char *)x + r * x_stride * elem;
+        char *res = residual ? (char *)residual + r * dim * elem : NULL;
+        char *o = (char *)out + r * dim * elem;
+        float buf[CHUNK], sum_sq = 0.0f;
+        for (int64_t c = 0; c < dim; c += CHUNK) {
+            int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
+            load_f32(xr + c * elem, elem, buf, n);
+            if (res) {
+                float rb[CHUNK];
+                load_f32(res + c * elem, elem, rb, n);
+                for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] + rb[i], elem);
+                store_f32(buf, elem, res + c * elem, n);
+            }
+#pragma omp simd reduction(+ : sum_sq)
+            for (int64_t i = 0; i < n; i++) sum_sq += buf[i] * buf[i];
+        }
+        float inv_rms = 1.0f / sqrtf(sum_sq / (float)dim + eps);
+        const char *src = res ? res : xr;
+        for (int64_t c = 0; c < dim; c += CHUNK) {
+            int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
+            float wb[CHUNK];
+            load_f32(src + c * elem, elem, buf, n);
+            load_f32((const char *)weight + c * elem, elem, wb, n);
+            for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] * inv_rms, elem) * wb[i];
+            store_f32(buf, elem, o + c * elem, n);
+        }
+    }
+}
+
+/* Neox (rotate-half) RoPE in place on `heads` heads of each token: x[t] at x + t*tok_stride,
+ * head h at + h*dim. cos/sin are fp32 tables [max_positions, dim]. fp32 math, one rounding. */
+void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,
+            const float *cos_table, const float *sin_table, int64_t tokens, int64_t dim, int elem) {
+    int64_t half = dim / 2;
+#pragma omp parallel for schedule(static) if (tokens * heads * dim >= (1 << 16))
+    for (int64_t t = 0; t < tokens; t++) {
+        const float *c = cos_table + positions[t] * dim, *s = sin_table + positions[t] * dim;
+        for (int64_t h = 0; h < heads; h++) {
+            char *row = (char *)x + (t * tok_stride + h * dim) * elem;
+            float v[512], o[512];
+            load_f32(row, elem, v, dim);
+#pragma omp simd
+            for (int64_t i = 0; i < half; i++) {
+                o[i] = v[i] * c[i] - v[i + half] * s[i];
+                o[i + half] = v[i + half] * c[i + half] + v[i] * s[i + half];
+            }
+            store_f32(o, elem, row, dim);
+        }
+    }
+}
+
+/* Copy each token's K and V rows (kv_width = Hkv * D elements, contiguous within a token) to
+ * cache slot slots[t] of caches laid out [slots, kv_width]. */
+void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+              const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
+              int64_t kv_width, int elem) {
+    size_t bytes = (size_t)kv_width * elem;
+    for (int64_t t = 0; t < tokens; t++) {
+        memcpy((char *)k_cache + slots[t] * bytes, (const char *)k + t * k_stride * elem, bytes);
+        memcpy((char *)v_cache + slots[t] * bytes, (const char *)v + t * v_stride * elem, bytes);
+    }
+}
+
+/* One decode token against its sequence's paged cache, for the G query heads sharing KV head
+ * kvh. scratch holds G*len + G*dim + dim floats. */
+static void attend_one(const char *q, const char *k_cache, const char *v_cache,
+                       const int32_t *table, int64_t len, int64_t kvh, int64_t group,
+                       int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                       int elem, float *scratch, char *out) {
+    float *scores = scratch, *acc = scratch + group * len, *kv = acc + group * dim;
+    for (int64_t g = 0; g < group; g++) {
+        load_f32(q + (kvh * group + g) * dim * elem, elem, acc + g * dim, dim);
+        for (int64_t i = 0; i < dim; i++) acc[g * dim + i] *= scale;
+    }
+    for (int64_t p = 0; p < len; p++) {
+        int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+        load_f32(k_cache + ((slot * num_kv_heads + kvh) * dim) * elem, elem, kv, dim);
+        for (int64_t g = 0; g < group; g++) {
+            float dot = 0.0f;
+            const float *qg = acc + g * dim;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < dim; i++) dot += qg[i] * kv[i];
+            scores[g * len + p] = dot;
+        }
+    }
+    float total[64];  /* group <= 64, checked by the caller */
+    for (int64_t g = 0; g < group; g++) {
+        float *sg = scores + g * len, top = -INFINITY, sum = 0.0f;
+        for (int64_t p = 0; p < len; p++) top = sg[p] > top ? sg[p] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < len; p++) {
+            sg[p] = exp_nonpositive(sg[p] - top);
+            sum += sg[p];
+        }
+        total[g] = sum;
+    }
+    memset(acc, 0, (size_t)group * dim * sizeof(float));
+    for (int64_t p = 0; p < len; p++) {
+        int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
+        load_f32(v_cache + ((slot * num_kv_heads + kvh) * dim) * elem, elem, kv, dim);
+        for (int64_t g = 0; g < group; g++) {
+            float w = scores[g * len + p], *ag = acc + g * dim;
+#pragma omp simd
+            for (int64_t i = 0; i < dim; i++) ag[i] += w * kv[i];
+        }
+    }
+    for (int64_t g = 0; g < group; g++) {
+        float inv = 1.0f / total[g], *ag = acc + g * dim;
+        for (int64_t i = 0; i < dim; i++) ag[i] *= inv;
+        store_f32(ag, elem, out + (kvh * group + g) * dim * elem, dim);
+    }
+}
+
+/* Decode attention straight from the paged cache, no gather: token rows[i] (query at
+ * q + rows[i]*q_stride, heads contiguous) attends to the first seq_lens[seqs[i]] positions of
+ * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
+ * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. Work is split over (token, KV head), each
+ * independent of the others, so a token's result does not depend on what else is in the batch.
+ * Returns 0, or -1 if scratch memory could not be allocated. */
+int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t table_stride,
+                           const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                           int64_t num_decodes, void *out, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                           int elem) {
+    int64_t group = num_heads / num_kv_heads, failed = 0;
+#pragma omp parallel for schedule(dynamic, 1) collapse(2) reduction(+ : failed)
+    for (int64_t i = 0; i < num_decodes; i++) {
+        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+            int64_t len = seq_lens[seqs[i]];
+            float *scratch = malloc(sizeof(float) * (size_t)(group * len + group * dim + dim));
+            if (!scratch) {
+                failed++;
+                continue;
+            }
+            attend_one((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
+                       block_tables + seqs[i] * table_stride, len, kvh, group, num_kv_heads,
+                       dim, block_size, scale, elem, scratch,
+                       (char *)out + rows[i] * num_heads * dim * elem);
+            free(scratch);
+        }
+    }
+    return failed ? -1 : 0;
+}
+
+/* out[r] = silu(x[r, :inter]) * x[r, inter:], x [rows, 2*inter]. The reference rounds silu's
+ * result to the dtype before the product; so does this. */
+void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem) {
+#pragma omp parallel for schedule(static) if (rows * inter >= (1 << 16))
+    for (int64_t r = 0; r < rows; r++) {
+        const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
+        char *o = (char *)out + r * inter * elem;
+        for (int64_t c = 0; c < inter; c += CHUNK) {
+            int64_t n = inter - c < CHUNK ? inter - c : CHUNK;
+            float g[CHUNK], u[CHUNK];
+            load_f32(gate + c * elem, elem, g, n);
+            load_f32(up + c * elem, elem, u, n);
+#pragma omp simd
+            for (int64_t i = 0; i < n; i++) {
+                float e = exp_nonpositive(-fabsf(g[i]));  /* exp(-|g|): never overflows */
+                float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+                g[i] = round_to(g[i] * sig, elem) * u[i];
+            }
+            store_f32(g, elem, o + c * elem, n);
+        }
+    }
+}

@@ -1,0 +1,177 @@
+"""The C kernels of inferlab/kernels/cpu/ops.c, built at first use and called through ctypes.
+
+The library is compiled with the machine's C compiler (`cc`, about a second) into
+~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
+libgomp torch already loaded, so both share one OpenMP thread pool. Where no compiler works,
+`available()` is False and callers keep their torch path. INFERLAB_CPU_KERNELS=0 turns the C
+kernels off (for A/B measurements). Each wrapper takes CPU tensors of one dtype, bf16 or fp32,
+and checks the layout it relies on.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger("inferlab.kernels")
+
+SOURCE = Path(__file__).with_name("cpu") / "ops.c"
+_ELEM = {torch.bfloat16: 2, torch.float32: 4}
+_MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
+_MAX_GROUP = 64  # query heads per KV head, the attention kernel's stack buffer
+
+_P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+_SIGNATURES = {
+    "rms_norm": (None, [_P, _I64, _P, _P, _P, _I64, _I64, _F32, _I32]),
+    "rotary": (None, [_P, _I64, _I64, _P, _P, _P, _I64, _I64, _I32]),
+    "write_kv": (None, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I32]),
+    "paged_decode_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
+                                              _I64, _I64, _I64, _I64, _F32, _I32]),
+    "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
+}
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("INFERLAB_CACHE_DIR") or Path.home() / ".cache" / "inferlab")
+
+
+def _build(source: Path) -> Path:
+    """Compile `source` unless a library built from the same bytes exists; returns its path."""
+    digest = hashlib.sha256(source.read_bytes() + b"-march=native").hexdigest()[:16]
+    target = _cache_dir() / f"cpu_ops-{digest}.so"
+    if target.is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        built = Path(tmp) / target.name
+        cmd = [os.environ.get("CC", "cc"), "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
+               "-std=c11", "-o", str(built), str(source), "-lm"]
+        subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
+        os.replace(built, target)  # atomic: concurrent builders never load a half-written file
+    return target
+
+
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    if os.environ.get("INFERLAB_CPU_KERNELS", "1") == "0":
+        return None
+    try:
+        lib = ctypes.CDLL(str(_build(SOURCE)))
+    except (OSError, subprocess.SubprocessError) as exc:
+        detail = getattr(exc, "stderr", "") or str(exc)
+        logger.warning("CPU kernels unavailable, using the torch path: %s", detail.strip()[:300])
+        return None
+    for name, (restype, argtypes) in _SIGNATURES.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = restype, argtypes
+    return lib
+
+
+def available(*tensors: torch.Tensor) -> bool:
+    """True when the C kernels are built and every tensor is a CPU tensor of one supported dtype."""
+    first = tensors[0].dtype
+    return (_library() is not None and first in _ELEM
+            and all(t.device.type == "cpu" and t.dtype == first for t in tensors))
+
+
+def _rows_ok(t: torch.Tensor) -> bool:
+    """[N, ...] whose trailing dims are one contiguous run per row (any row stride)."""
+    if t.dim() == 1:
+        return t.is_contiguous()
+    return t.shape[0] == 0 or t[0].is_contiguous()
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
+             residual: torch.Tensor | None = None
+             ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as triton_norm_rope.rms_norm; with `residual`, both x and residual are
+    overwritten (x with the normalised output, residual with x + residual)."""
+    dim = x.shape[-1]
+    x2 = x.reshape(-1, dim)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    rows = x2.shape[0]
+    if residual is None:
+        out = torch.empty(x.shape, dtype=x.dtype)
+        _library().rms_norm(x2.data_ptr(), x2.stride(0), None, weight.data_ptr(), out.data_ptr(),
+                            rows, dim, eps, _ELEM[x.dtype])
+        return out
+    if not (residual.is_contiguous() and x2.data_ptr() == x.data_ptr()):
+        raise ValueError("the fused residual RMSNorm works in place on contiguous tensors")
+    _library().rms_norm(x2.data_ptr(), x2.stride(0), residual.data_ptr(), weight.data_ptr(),
+                        x2.data_ptr(), rows, dim, eps, _ELEM[x.dtype])
+    return x, residual
+
+
+def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
+                     cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables."""
+    dim = q.shape[-1]
+    if dim > _MAX_HEAD_DIM or dim % 2 or cos.dtype != torch.float32 or not cos.is_contiguous():
+        raise ValueError(f"rotary kernel needs an even head dim <= {_MAX_HEAD_DIM} and fp32 tables")
+    positions = positions.to(torch.int64)
+    n, hq, hkv, elem = q.shape[0], q.shape[1], k.shape[1], _ELEM[q.dtype]
+    # q and k side by side in one fused projection row: rotate both heads' runs in one call
+    adjacent = (k.data_ptr() == q.data_ptr() + hq * dim * elem and q.stride() == k.stride()
+                and q.stride(1) == dim)
+    parts = [(q, hq + hkv)] if adjacent else [(q, hq), (k, hkv)]
+    for x, heads in parts:
+        if x.stride(2) != 1 or x.stride(1) != dim:
+            raise ValueError("rotary kernel needs heads contiguous within a token")
+        _library().rotary(x.data_ptr(), x.stride(0), heads, positions.data_ptr(), cos.data_ptr(),
+                          sin.data_ptr(), n, dim, elem)
+    return q, k
+
+
+def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             slot_mapping: torch.Tensor) -> None:
+    """k, v [N, Hkv, D] (any token stride) -> caches [blocks, block_size, Hkv, D] at slots [N]."""
+    if not (_rows_ok(k) and _rows_ok(v) and k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("write_kv needs each token's heads contiguous and contiguous caches")
+    slots = slot_mapping.to(torch.int64)
+    _library().write_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(),
+                        k_cache.data_ptr(), v_cache.data_ptr(), k.shape[0],
+                        k.shape[1] * k.shape[2], _ELEM[k.dtype])
+
+
+def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                           block_tables: torch.Tensor, seq_lens: torch.Tensor, rows: torch.Tensor,
+                           seqs: torch.Tensor, scale: float, out: torch.Tensor) -> None:
+    """Rows `rows` of q [N, Hq, D] attend over their sequences' (`seqs`) cached positions
+    [0, seq_lens[seq]); results go to the same rows of out [N, Hq, D] (contiguous).
+    block_tables [B, W], seq_lens [B], rows, seqs [Bd]: int32."""
+    num_heads, dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if num_heads % num_kv_heads or num_heads // num_kv_heads > _MAX_GROUP:
+        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
+    if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous()
+            and block_tables.is_contiguous() and k_cache.is_contiguous()):
+        raise ValueError("paged_decode_attention: unexpected tensor layout")
+    for t in (block_tables, seq_lens, rows, seqs):
+        if t.dtype != torch.int32:
+            raise ValueError("paged_decode_attention: index tensors must be int32")
+    status = _library().paged_decode_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), seq_lens.data_ptr(), rows.data_ptr(), seqs.data_ptr(),
+        rows.shape[0], out.data_ptr(), num_heads, num_kv_heads, dim, block_size, scale,
+        _ELEM[q.dtype])
+    if status:
+        raise MemoryError("paged_decode_attention could not allocate its scratch buffers")
+
+
+def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2I] -> [..., I]: silu(gate) * up."""
+    inter = x.shape[-1] // 2
+    x = x if x.is_contiguous() else x.contiguous()
+    out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)
+    _library().silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * inter) if inter else 0,
+                            inter, _ELEM[x.dtype])
+    return out
