@@ -2,7 +2,8 @@
 
 The library is compiled with the machine's C compiler (`cc`, about a second) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
-libgomp torch already loaded, so both share one OpenMP thread pool. Where no compiler works,
+libgomp torch already loaded, so both share one OpenMP thread pool. gnu11, not c11: ISO mode
+turns off the contraction of a*b+c into FMA instructions. Where no compiler works,
 `available()` is False and callers keep their torch path. INFERLAB_CPU_KERNELS=0 turns the C
 kernels off (for A/B measurements). Each wrapper takes CPU tensors of one dtype, bf16 or fp32,
 and checks the layout it relies on.
@@ -53,7 +54,7 @@ def _build(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         cmd = [os.environ.get("CC", "cc"), "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-               "-std=c11", "-o", str(built), str(source), "-lm"]
+               "-std=gnu11", "-o", str(built), str(source), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
         os.replace(built, target)  # atomic: concurrent builders never load a half-written file
     return target
@@ -150,6 +151,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     block_tables [B, W], seq_lens [B], rows, seqs [Bd]: int32."""
     num_heads, dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if block_size & (block_size - 1):
+        raise ValueError(f"the C decode attention needs a power-of-two block size, not {block_size}")
     if num_heads % num_kv_heads or num_heads // num_kv_heads > _MAX_GROUP:
         raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
     if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous()

@@ -54,11 +54,12 @@ static inline float round_to(float x, int elem) {
 }
 
 /* exp(x) for x <= 0 (softmax after max subtraction, SiLU of either sign through exp(-|x|)):
- * Cody-Waite range reduction and a degree-6 polynomial; branch-free so loops vectorize.
- * Relative error below 2e-7, under one fp32 ulp of libm's expf in practice. */
+ * Cody-Waite range reduction and a degree-6 polynomial; relative error below 2e-7. Written
+ * without floorf/fmaxf so that gcc vectorizes the loops calling it without -ffast-math: the
+ * rounding uses the 1.5 * 2^23 trick (round to nearest even). */
 static inline float exp_nonpositive(float x) {
     x = x < -87.0f ? -87.0f : x;
-    float n = floorf(x * 1.44269504f + 0.5f);
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
     float r = x - n * 0.693145752f - n * 1.42860677e-06f;
     float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f
               + r * (0.00833338592f + r * 0.00138873165f)))));
@@ -136,9 +137,18 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
     }
 }
 
+/* Element offset of position p's head kvh in a [blocks, block_size, Hkv, D] cache. block_size
+ * is a power of two (checked by the caller): shifts, not divisions, on this per-position path. */
+static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_size,
+                                int64_t num_kv_heads, int64_t kvh, int64_t dim) {
+    int64_t slot = (int64_t)table[p >> __builtin_ctzll(block_size)] * block_size
+                   + (p & (block_size - 1));
+    return (slot * num_kv_heads + kvh) * dim;
+}
+
 /* One decode token against its sequence's paged cache, for the G query heads sharing KV head
  * kvh. scratch holds G*len + G*dim + dim floats. */
-static void attend_one(const char *q, const char *k_cache, const char *v_cache,
+static inline __attribute__((always_inline)) void attend_one(const char *q, const char *k_cache, const char *v_cache,
                        const int32_t *table, int64_t len, int64_t kvh, int64_t group,
                        int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
                        int elem, float *scratch, char *out) {
@@ -148,8 +158,8 @@ static void attend_one(const char *q, const char *k_cache, const char *v_cache,
         for (int64_t i = 0; i < dim; i++) acc[g * dim + i] *= scale;
     }
     for (int64_t p = 0; p < len; p++) {
-        int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-        load_f32(k_cache + ((slot * num_kv_heads + kvh) * dim) * elem, elem, kv, dim);
+        load_f32(k_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
+                 kv, dim);
         for (int64_t g = 0; g < group; g++) {
             float dot = 0.0f;
             const float *qg = acc + g * dim;
@@ -161,6 +171,7 @@ static void attend_one(const char *q, const char *k_cache, const char *v_cache,
     float total[64];  /* group <= 64, checked by the caller */
     for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * len, top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
         for (int64_t p = 0; p < len; p++) top = sg[p] > top ? sg[p] : top;
 #pragma omp simd reduction(+ : sum)
         for (int64_t p = 0; p < len; p++) {
@@ -171,8 +182,8 @@ static void attend_one(const char *q, const char *k_cache, const char *v_cache,
     }
     memset(acc, 0, (size_t)group * dim * sizeof(float));
     for (int64_t p = 0; p < len; p++) {
-        int64_t slot = (int64_t)table[p / block_size] * block_size + p % block_size;
-        load_f32(v_cache + ((slot * num_kv_heads + kvh) * dim) * elem, elem, kv, dim);
+        load_f32(v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
+                 kv, dim);
         for (int64_t g = 0; g < group; g++) {
             float w = scores[g * len + p], *ag = acc + g * dim;
 #pragma omp simd
@@ -184,6 +195,23 @@ static void attend_one(const char *q, const char *k_cache, const char *v_cache,
         for (int64_t i = 0; i < dim; i++) ag[i] *= inv;
         store_f32(ag, elem, out + (kvh * group + g) * dim * elem, dim);
     }
+}
+
+/* attend_one with the common head dims and dtypes as constants, so its short inner loops are
+ * fully unrolled (a 64-wide loop with a runtime trip count spends more on its set-up than on
+ * its four vector iterations). */
+static void attend_specialized(const char *q, const char *k_cache, const char *v_cache,
+                               const int32_t *table, int64_t len, int64_t kvh, int64_t group,
+                               int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                               int elem, float *scratch, char *out) {
+#define ATTEND(D, E) attend_one(q, k_cache, v_cache, table, len, kvh, group, num_kv_heads, D, \
+                                block_size, scale, E, scratch, out)
+    if (dim == 64 && elem == 2) ATTEND(64, 2);
+    else if (dim == 128 && elem == 2) ATTEND(128, 2);
+    else if (dim == 64 && elem == 4) ATTEND(64, 4);
+    else if (dim == 128 && elem == 4) ATTEND(128, 4);
+    else ATTEND(dim, elem);
+#undef ATTEND
 }
 
 /* Decode attention straight from the paged cache, no gather: token rows[i] (query at
@@ -208,10 +236,10 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                 failed++;
                 continue;
             }
-            attend_one((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
-                       block_tables + seqs[i] * table_stride, len, kvh, group, num_kv_heads,
-                       dim, block_size, scale, elem, scratch,
-                       (char *)out + rows[i] * num_heads * dim * elem);
+            attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
+                               block_tables + seqs[i] * table_stride, len, kvh, group,
+                               num_kv_heads, dim, block_size, scale, elem, scratch,
+                               (char *)out + rows[i] * num_heads * dim * elem);
             free(scratch);
         }
     }
@@ -233,7 +261,7 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) {
                 float e = exp_nonpositive(-fabsf(g[i]));  /* exp(-|g|): never overflows */
-                float sig = g[i] >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e);
+                float inv = 1.0f / (1.0f + e), sig = g[i] >= 0.0f ? inv : e * inv;
                 g[i] = round_to(g[i] * sig, elem) * u[i];
             }
             store_f32(g, elem, o + c * elem, n);

@@ -1,0 +1,91 @@
+"""Issue 7's accuracy table: perplexity of each compression of the embedded model vs fp32.
+
+Quantizes the embedded model once per configuration (`inferlab quantize`, default calibration:
+128 windows of 512 tokens of WikiText-2 valid), scores each checkpoint and the fp32 baseline on
+the WikiText-2 test text (`inferlab eval --dtype float32`, windows of 2048 tokens), and prints a
+markdown table with each goal. Checkpoints and JSON results go to out/accuracy/ and are reused.
+
+    .venv/bin/python benchmarks/accuracy_table.py [--limit N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+INFERLAB = [sys.executable, "-m", "inferlab.cli"]
+
+# name -> quantize flags
+CONFIGS = {
+    "W8A16 RTN": ["--scheme", "W8A16", "--method", "rtn"],
+    "W8A8 SmoothQuant": ["--scheme", "W8A8", "--method", "smoothquant"],
+    "FP8_DYNAMIC": ["--scheme", "FP8_DYNAMIC", "--method", "rtn"],
+    "W4A16 g128 RTN": ["--scheme", "W4A16", "--method", "rtn"],
+    "W4A16 g128 GPTQ": ["--scheme", "W4A16", "--method", "gptq"],
+    "W4A16 g128 AWQ": ["--scheme", "W4A16", "--method", "awq"],
+    "2:4 magnitude": ["--sparsity", "2:4", "--method", "magnitude"],
+    "2:4 SparseGPT": ["--sparsity", "2:4", "--method", "sparsegpt"],
+}
+
+
+def slug(name: str) -> str:
+    return name.lower().replace(" ", "-").replace(":", "of")
+
+
+def evaluate(model: str | None, out: Path, limit: int | None) -> float:
+    if not out.is_file():
+        cmd = INFERLAB + ["eval"] + ([model] if model else []) + [
+            "--dtype", "float32", "--output", str(out)] + (["--limit", str(limit)] if limit else [])
+        subprocess.run(cmd, check=True)
+    return json.loads(out.read_text())["ppl"]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--limit", type=int, default=None, help="windows per evaluation (all: 147)")
+    parser.add_argument("--only", nargs="*", default=None, help="configuration names to run")
+    args = parser.parse_args()
+    work = ROOT / "out" / "accuracy" / (f"limit{args.limit}" if args.limit else "full")
+    work.mkdir(parents=True, exist_ok=True)
+    base = evaluate(None, work / "baseline.json", args.limit)
+    ppl = {}
+    for name, flags in CONFIGS.items():
+        if args.only and name not in args.only:
+            continue
+        checkpoint = work / slug(name)
+        if not (checkpoint / "config.json").is_file():
+            subprocess.run(INFERLAB + ["quantize", *flags, "--out", str(checkpoint), "--quiet"],
+                           check=True)
+        ppl[name] = evaluate(str(checkpoint), work / f"{slug(name)}.json", args.limit)
+    print_table(base, ppl)
+
+
+def print_table(base: float, ppl: dict[str, float]) -> None:
+    rise = {name: p / base - 1 for name, p in ppl.items()}
+    print(f"\n| configuration | perplexity | vs fp32 ({base:.4f}) |\n|---|---|---|")
+    for name, p in ppl.items():
+        print(f"| {name} | {p:.4f} | {rise[name]:+.2%} |")
+    goals = [(["W8A16 RTN"], lambda r: r["W8A16 RTN"] <= 0.005, "W8A16 RTN within +0.5%"),
+             (["W8A8 SmoothQuant"], lambda r: r["W8A8 SmoothQuant"] <= 0.02,
+              "W8A8 SmoothQuant within +2%"),
+             (["FP8_DYNAMIC"], lambda r: r["FP8_DYNAMIC"] <= 0.02, "FP8_DYNAMIC within +2%")]
+    for method in ("GPTQ", "AWQ"):
+        name = f"W4A16 g128 {method}"
+        goals.append(([name, "W4A16 g128 RTN"], lambda r, n=name: r[n] <= 0.75 * r["W4A16 g128 RTN"],
+                      f"{method} cuts RTN's W4A16 increase by >= 25%"))
+    print()
+    for needed, check, text in goals:
+        if set(needed) <= set(rise):
+            print(f"{'PASS' if check(rise) else 'FAIL'}: {text}")
+    if {"2:4 magnitude", "2:4 SparseGPT"} <= set(ppl):
+        ratio = ppl["2:4 SparseGPT"] / ppl["2:4 magnitude"]
+        print(f"{'PASS' if ratio <= 0.7 else 'FAIL'}: 2:4 SparseGPT / magnitude perplexity "
+              f"{ratio:.3f} (goal <= 0.7)")
+
+
+if __name__ == "__main__":
+    main()

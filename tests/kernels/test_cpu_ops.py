@@ -1,0 +1,163 @@
+"""The C kernels (inferlab/kernels/cpu/ops.c) against transformers' Llama functions and the
+torch paged-attention oracle, in fp32 and bf16."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers.models.llama import modeling_llama as hf
+
+from inferlab.kernels import cpu_ops, fused
+from inferlab.kernels.attention import cpu_paged, torch_paged
+from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.models.layers import RotaryEmbedding
+
+pytestmark = pytest.mark.skipif(not cpu_ops.available(torch.zeros(1)),
+                                reason="no C compiler: the CPU kernels could not be built")
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+def hf_rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    norm = hf.LlamaRMSNorm(x.shape[-1], eps=eps).to(x.dtype)
+    norm.weight.data.copy_(weight)
+    return norm(x)
+
+
+def assert_rounding_close(ours: torch.Tensor, ref: torch.Tensor, bf16_ulps: int) -> None:
+    """fp32: equal up to summation order and FMA contraction (1e-6 of the tensor's scale).
+    bf16: at most `bf16_ulps` units in the last place apart, element by element."""
+    assert ours.dtype == ref.dtype
+    if ours.dtype == torch.float32:
+        torch.testing.assert_close(ours, ref, rtol=1e-6, atol=1e-6 * float(ref.abs().max()))
+        return
+    ulp = ref.float().abs() * torch.finfo(torch.bfloat16).eps
+    assert bool(((ours.float() - ref.float()).abs() <= bf16_ulps * ulp).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 300])
+def test_rms_norm_matches_transformers(dtype, rows):
+    torch.manual_seed(rows)
+    x = torch.randn(rows, 576, dtype=dtype) * 3
+    weight = (torch.rand(576) + 0.5).to(dtype)
+    ours = cpu_ops.rms_norm(x, weight, 1e-5)
+    ref = hf_rms_norm(x, weight, 1e-5)
+    # bf16: HF rounds twice (after normalising, after the weight), and the fp32 sum of squares
+    # may differ in its last bit with the summation order
+    assert_rounding_close(ours, ref, bf16_ulps=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_residual_rms_norm_adds_then_normalises(dtype):
+    torch.manual_seed(1)
+    x, residual = torch.randn(7, 1000, dtype=dtype), torch.randn(7, 1000, dtype=dtype)
+    weight = (torch.rand(1000) + 0.5).to(dtype)
+    summed = x + residual  # torch's rounding of the residual add
+    ref = hf_rms_norm(summed, weight, 1e-6)
+    out, new_residual = cpu_ops.rms_norm(x.clone(), weight, 1e-6, residual.clone())
+    assert torch.equal(new_residual, summed)
+    assert_rounding_close(out, ref, bf16_ulps=2)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("fused_qk", [True, False])
+def test_rotary_matches_transformers(dtype, fused_qk):
+    torch.manual_seed(2)
+    n, hq, hkv, d = 11, 9, 3, 64
+    rope = RotaryEmbedding(d, 4096, 100000.0, None)
+    positions = torch.randint(0, 4096, (n,))
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype)
+    q = qkv[:, :hq * d].view(n, hq, d)
+    k = qkv[:, hq * d:(hq + hkv) * d].view(n, hkv, d)
+    if not fused_qk:  # separate tensors, as after Qwen3's q/k norms
+        q, k = q.clone(), k.clone()
+    cos, sin = rope.cos[positions][None], rope.sin[positions][None]  # [1, N, D] fp32
+    q_ref, k_ref = hf.apply_rotary_pos_emb(q.float().transpose(0, 1)[None], k.float().transpose(0, 1)[None],
+                                           cos, sin)
+    v_before = qkv[:, (hq + hkv) * d:].clone()
+    cpu_ops.rotary_embedding(positions, q, k, rope.cos, rope.sin)
+    for ours, ref in ((q, q_ref), (k, k_ref)):
+        ref = ref[0].transpose(0, 1).to(dtype)  # fp32 math, one rounding
+        assert_rounding_close(ours, ref, bf16_ulps=1)
+    assert torch.equal(qkv[:, (hq + hkv) * d:], v_before)  # v untouched
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_silu_and_mul_matches_the_mlp_activation(dtype):
+    torch.manual_seed(3)
+    gate_up = torch.randn(6, 2 * 1536, dtype=dtype) * 8  # wide range: exp's far tails too
+    gate, up = gate_up.chunk(2, dim=-1)
+    ref = F.silu(gate) * up
+    assert_rounding_close(cpu_ops.silu_and_mul(gate_up), ref, bf16_ulps=1)
+
+
+def _random_batch(query_lens: list[int], context_lens: list[int], dtype: torch.dtype, seed: int):
+    """Caches filled at random, shuffled block tables, new tokens after each context."""
+    block_size, hq, hkv, d = 16, 9, 3, 64
+    gen = random.Random(seed)
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
+    need = [-(-s // block_size) for s in seq_lens]
+    pool = list(range(sum(need) + 2))
+    gen.shuffle(pool)
+    tables, start = [], 0
+    for n in need:
+        tables.append(pool[start:start + n])
+        start += n
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size)
+    torch.manual_seed(seed)
+    shape = (len(pool), block_size, hkv, d)
+    caches = torch.randn(shape, dtype=dtype), torch.randn(shape, dtype=dtype)
+    n = sum(query_lens)
+    qkv = torch.randn(n, (hq + 2 * hkv) * d, dtype=dtype)
+    q, k, v = qkv.split([hq * d, hkv * d, hkv * d], dim=1)
+    return (q.view(n, hq, d), k.view(n, hkv, d), v.view(n, hkv, d)), caches, meta
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_mixed_batch_matches_the_torch_oracle(dtype):
+    """Decodes (C kernel) and prefill chunks (SDPA) in one batch, as the engine sends them."""
+    query_lens, context_lens = [1, 7, 1, 1, 20, 1], [40, 0, 3, 130, 17, 0]
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, dtype, seed=4)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    ours = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+    ref = torch_paged.paged_attention(q, k, v, kc_ref, vc_ref, meta, 0.125)
+    assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)  # same KV writes
+    tol = 2e-6 if dtype == torch.float32 else 1.6e-2  # bf16: one rounding of the output
+    torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
+
+
+def test_decode_result_does_not_depend_on_the_batch():
+    query_lens, context_lens = [1] * 8, [5, 77, 300, 16, 1, 64, 200, 33]
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=5)
+    together = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+    for b in range(len(query_lens)):
+        table = meta.block_tables[b, : -(-meta.seq_lens_cpu[b] // 16)].tolist()
+        alone_meta = AttentionMetadata.build([1], [meta.seq_lens_cpu[b]], [table], 16)
+        alone = cpu_paged.paged_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], kc, vc, alone_meta, 0.125)
+        assert torch.equal(alone[0], together[b])
+
+
+def test_bad_layouts_are_refused():
+    q = torch.randn(2, 9, 64)
+    cache = torch.zeros(4, 12, 3, 64)  # block size 12: not a power of two
+    with pytest.raises(ValueError, match="power-of-two"):
+        cpu_ops.paged_decode_attention(q, cache, cache, torch.zeros(2, 1, dtype=torch.int32),
+                                       torch.ones(2, dtype=torch.int32),
+                                       torch.zeros(1, dtype=torch.int32),
+                                       torch.zeros(1, dtype=torch.int32), 0.1, torch.empty_like(q))
+    with pytest.raises(ValueError, match="head dim"):
+        odd = torch.randn(2, 9, 63)
+        cpu_ops.rotary_embedding(torch.zeros(2, dtype=torch.int64), odd, odd, torch.zeros(8, 63),
+                                 torch.zeros(8, 63))
+
+
+def test_without_the_library_the_torch_path_runs(monkeypatch):
+    x, weight = torch.randn(3, 64), torch.rand(64)
+    with_c = fused.rms_norm(x, weight, 1e-5)
+    monkeypatch.setattr(cpu_ops, "_library", lambda: None)
+    assert not cpu_ops.available(x)
+    torch.testing.assert_close(fused.rms_norm(x, weight, 1e-5), with_c, atol=1e-6, rtol=1e-6)
