@@ -37,7 +37,9 @@ _SIGNATURES = {
     "paged_decode_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
+    "has_bf16_gemv": (ctypes.c_int, []),
 }
+GEMV_MAX_ROWS = 4  # bf16_gemv's register tile
 
 
 def _cache_dir() -> Path:
@@ -73,6 +75,9 @@ def _library() -> ctypes.CDLL | None:
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
+    if lib.has_bf16_gemv():
+        lib.bf16_gemv.restype = ctypes.c_int
+        lib.bf16_gemv.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _I64]
     return lib
 
 
@@ -178,3 +183,22 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     _library().silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * inter) if inter else 0,
                             inter, _ELEM[x.dtype])
     return out
+
+
+@functools.cache
+def gemv_available() -> bool:
+    """True when the library was built with the AVX512-BF16 matrix-vector kernel."""
+    lib = _library()
+    return lib is not None and bool(lib.has_bf16_gemv())
+
+
+def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M <= GEMV_MAX_ROWS, K] @ weight [N, K]^T (+ bias) -> [M, N], all bf16, fp32 sums."""
+    rows, k_in = x.shape
+    n_out = weight.shape[0]
+    if rows > GEMV_MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
+        raise ValueError(f"bf16_gemv takes up to {GEMV_MAX_ROWS} rows and contiguous weights")
+    y = torch.empty(rows, n_out, dtype=torch.bfloat16)
+    _library().bf16_gemv(x.data_ptr(), x.stride(0), rows, weight.data_ptr(),
+                         None if bias is None else bias.data_ptr(), y.data_ptr(), n_out, k_in)
+    return y
