@@ -77,8 +77,8 @@ class LlamaDecoderLayer(nn.Module):
         """x: the previous sublayer's output; residual: the stream before it (None at layer 0).
         Returns (this layer's MLP output, the stream before it): the add is fused into the next
         norm."""
-        if residual is None:
-            x, residual = self.input_layernorm(x), x
+        if residual is None:  # the fused norms below write the stream in place: not the caller's
+            x, residual = self.input_layernorm(x), x.clone()
         else:
             x, residual = self.input_layernorm(x, residual)
         x = self.self_attn(rope, x, kv_cache, meta)

@@ -166,7 +166,8 @@ def compress_model(net: nn.Module, tokens: torch.Tensor | None, recipe: Recipe,
         for name, qw in process_layer(ctx).items():
             results[f"{prefix}.{name}"] = qw
         for batch in batches:
-            batch.hidden = layer(*batch.args)
+            out, residual = layer(*batch.args)  # the stream is the sum: the next layer adds none
+            batch.hidden = out + residual
         bar.update(1)
     bar.close()
     results.update(_lm_head(net, recipe, scale_dtype))

@@ -277,9 +277,9 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
  * memory bandwidth at one row; this streams four weight rows at a time with vdpbf16ps, each
  * product pair summed in fp32, and rounds once at the end. A row's result does not depend on
  * how many rows come with it. w is [N, K] row-major. */
-int bf16_gemv(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *w,
-              const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
-    if (rows > 4) return -1;
+static inline __attribute__((always_inline)) void gemv_rows(
+        const uint16_t *x, int64_t x_stride, const int rows, const uint16_t *w,
+        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
     __mmask32 tail = (__mmask32)((1ull << (k_in % 32)) - 1);
     int64_t k_full = k_in - k_in % 32;
 #pragma omp parallel for schedule(static)
@@ -287,15 +287,15 @@ int bf16_gemv(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t 
         int64_t nc = n_out - n0 < 4 ? n_out - n0 : 4;
         __m512 acc[4][4];
         for (int r = 0; r < 4; r++)
-            for (int m = 0; m < 4; m++) acc[r][m] = _mm512_setzero_ps();
-        for (int64_t k = 0; k <= k_full; k += 32) {
-            if (k == k_full && !tail) break;
+            for (int m = 0; m < rows; m++) acc[r][m] = _mm512_setzero_ps();
+        for (int64_t k = 0; k < k_in; k += 32) {
             __mmask32 mask = k == k_full ? tail : (__mmask32)~0u;
             __m512bh xv[4];
             for (int m = 0; m < rows; m++)
                 xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + k);
-            for (int r = 0; r < nc; r++) {
-                __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, w + (n0 + r) * k_in + k);
+            for (int r = 0; r < 4; r++) {  /* rows past n_out read row n0 again, unused */
+                const uint16_t *wr = w + (n0 + (r < nc ? r : 0)) * k_in + k;
+                __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr);
                 for (int m = 0; m < rows; m++) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
             }
         }
@@ -305,7 +305,23 @@ int bf16_gemv(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t 
                 y[m * n_out + n0 + r] = f32_to_bf16(_mm512_reduce_add_ps(acc[r][m]) + b);
         }
     }
-    return 0;
+}
+
+/* y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of x, all bf16, fp32 accumulation:
+ * the decode matmul, bound by reading w once. oneDNN's bf16 kernels reach about a third of the
+ * memory bandwidth at one row; this streams four weight rows at a time with vdpbf16ps, each
+ * product pair summed in fp32, and rounds once at the end. A row's result does not depend on
+ * how many rows come with it. w is [N, K] row-major. The row count is made a constant so the
+ * accumulators stay in registers. */
+int bf16_gemv(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *w,
+              const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+    switch (rows) {
+    case 1: gemv_rows(x, x_stride, 1, w, bias, y, n_out, k_in); return 0;
+    case 2: gemv_rows(x, x_stride, 2, w, bias, y, n_out, k_in); return 0;
+    case 3: gemv_rows(x, x_stride, 3, w, bias, y, n_out, k_in); return 0;
+    case 4: gemv_rows(x, x_stride, 4, w, bias, y, n_out, k_in); return 0;
+    default: return -1;
+    }
 }
 
 int has_bf16_gemv(void) { return 1; }
