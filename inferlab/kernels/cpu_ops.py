@@ -101,6 +101,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """Same contract as triton_norm_rope.rms_norm; with `residual`, both x and residual are
     overwritten (x with the normalised output, residual with x + residual)."""
     dim = x.shape[-1]
+    if residual is not None:  # written in place: rows of exactly `dim` elements
+        x = x.contiguous()
     x2 = x.reshape(-1, dim)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
@@ -110,8 +112,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
         _library().rms_norm(x2.data_ptr(), x2.stride(0), None, weight.data_ptr(), out.data_ptr(),
                             rows, dim, eps, _ELEM[x.dtype])
         return out
-    if not (residual.is_contiguous() and x2.data_ptr() == x.data_ptr()):
-        raise ValueError("the fused residual RMSNorm works in place on contiguous tensors")
+    if not residual.is_contiguous():
+        raise ValueError("the fused residual RMSNorm works in place on a contiguous residual")
     _library().rms_norm(x2.data_ptr(), x2.stride(0), residual.data_ptr(), weight.data_ptr(),
                         x2.data_ptr(), rows, dim, eps, _ELEM[x.dtype])
     return x, residual

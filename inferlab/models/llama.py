@@ -33,6 +33,7 @@ class LlamaAttention(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_size, self.kv_size = cfg.q_size, cfg.kv_size
         self.qkv_proj = nn.Linear(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size, bias=cfg.attention_bias)
         self.o_proj = nn.Linear(cfg.q_size, cfg.hidden_size, bias=False)
         self.q_norm = RMSNorm(cfg.head_dim, cfg.rms_norm_eps) if cfg.qk_norm else None
@@ -41,7 +42,7 @@ class LlamaAttention(nn.Module):
 
     def forward(self, rope: Rope, x: torch.Tensor, kv_cache: KVCache,
                 meta: AttentionMetadata) -> torch.Tensor:
-        n, q_size, kv_size = x.shape[0], self.num_heads * self.head_dim, self.num_kv_heads * self.head_dim
+        n, q_size, kv_size = x.shape[0], self.q_size, self.kv_size
         qkv = self.qkv_proj(x)  # [N, (Hq + 2 Hkv) * D]
         q = qkv[:, :q_size].view(n, self.num_heads, self.head_dim)  # views: no copies
         k = qkv[:, q_size:q_size + kv_size].view(n, self.num_kv_heads, self.head_dim)

@@ -30,6 +30,7 @@ and picks its arithmetic by the number of rows in the call:
 
 from __future__ import annotations
 
+import abc
 import functools
 
 import torch
@@ -47,7 +48,7 @@ INT4_KERNEL_MAX_ROWS = 128
 INT8_MAX = 127.0
 
 
-class QuantLinear(nn.Module):
+class QuantLinear(nn.Module, abc.ABC):
     """y = x W^T + b over [..., in_features]; subclasses implement `_matmul` on [M, K] rows."""
 
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None,
@@ -64,8 +65,9 @@ class QuantLinear(nn.Module):
             y = y + self.bias
         return y.reshape(*lead, self.out_features).to(x.dtype)
 
+    @abc.abstractmethod
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """x [M, K] in self.dtype -> [M, N]."""
 
     def resident_bytes(self) -> int:
         """Bytes this layer keeps in memory (weights, scales, bias)."""

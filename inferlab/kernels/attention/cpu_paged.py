@@ -29,9 +29,8 @@ def _decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     every layer of a forward, so built once."""
     cached = meta.backend_cache.get("cpu_decode")
     if cached is None:
-        seqs = [b for b, n in enumerate(meta.query_lens_cpu) if n == 1]
         starts = meta.query_start_loc.tolist()
-        cached = (torch.tensor([starts[b] for b in seqs], dtype=torch.int32),
-                  torch.tensor(seqs, dtype=torch.int32))
+        cached = (torch.tensor([starts[b] for b in meta.decode_seqs], dtype=torch.int32),
+                  torch.tensor(meta.decode_seqs, dtype=torch.int32))
         meta.backend_cache["cpu_decode"] = cached
     return cached

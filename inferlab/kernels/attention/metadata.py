@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,12 @@ class AttentionMetadata:
     block_size: int
     # What a backend derives once per forward and reuses in every layer (e.g. gather indices).
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    @functools.cached_property
+    def decode_seqs(self) -> list[int]:
+        """Sequences with exactly one new token (decodes), in batch order; derived once per
+        forward, then read by every layer."""
+        return [b for b, n in enumerate(self.query_lens_cpu) if n == 1]
 
     @property
     def num_seqs(self) -> int:

@@ -26,7 +26,7 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty_like(q)
-    decode_rows = [b for b, n in enumerate(meta.query_lens_cpu) if n == 1]
+    decode_rows = meta.decode_seqs
     if decode_rows:
         _decode(q, k_cache, v_cache, meta, scale, decode_rows, out)
     if len(decode_rows) < meta.num_seqs:

@@ -219,29 +219,34 @@ static void attend_specialized(const char *q, const char *k_cache, const char *v
  * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
  * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. Work is split over (token, KV head), each
  * independent of the others, so a token's result does not depend on what else is in the batch.
- * Returns 0, or -1 if scratch memory could not be allocated. */
+ * Returns 0, or -1 if a thread's scratch memory could not be allocated (the work it would have
+ * done is then missing, and the caller raises). */
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                            int64_t num_decodes, void *out, int64_t num_heads,
                            int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
                            int elem) {
-    int64_t group = num_heads / num_kv_heads, failed = 0;
-#pragma omp parallel for schedule(dynamic, 1) collapse(2) reduction(+ : failed)
-    for (int64_t i = 0; i < num_decodes; i++) {
-        for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-            int64_t len = seq_lens[seqs[i]];
-            float *scratch = malloc(sizeof(float) * (size_t)(group * len + group * dim + dim));
-            if (!scratch) {
-                failed++;
-                continue;
+    int64_t group = num_heads / num_kv_heads, max_len = 0, failed = 0;
+    for (int64_t i = 0; i < num_decodes; i++)
+        max_len = seq_lens[seqs[i]] > max_len ? seq_lens[seqs[i]] : max_len;
+    size_t scratch_floats = (size_t)(group * max_len + group * dim + dim);
+#pragma omp parallel reduction(+ : failed)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats);  /* one per thread */
+        failed += scratch == NULL;
+        /* every thread takes part in the loop (its barrier), a thread without scratch idly */
+#pragma omp for schedule(dynamic, 1) collapse(2)
+        for (int64_t i = 0; i < num_decodes; i++) {
+            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
+                if (!scratch) continue;
+                attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
+                                   block_tables + seqs[i] * table_stride, seq_lens[seqs[i]], kvh,
+                                   group, num_kv_heads, dim, block_size, scale, elem, scratch,
+                                   (char *)out + rows[i] * num_heads * dim * elem);
             }
-            attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
-                               block_tables + seqs[i] * table_stride, len, kvh, group,
-                               num_kv_heads, dim, block_size, scale, elem, scratch,
-                               (char *)out + rows[i] * num_heads * dim * elem);
-            free(scratch);
         }
+        free(scratch);
     }
     return failed ? -1 : 0;
 }
