@@ -40,7 +40,8 @@ def main() -> None:
     from workloads import machine_roofline
 
     roof = machine_roofline()
-    flops_per_token = 2 * 134_515_008  # every weight once per token (lm_head included)
+    lm_head = 49_152 * 576  # logits only for the prompt's last token
+    flops_per_token = 2 * (134_515_008 - lm_head) + 2 * lm_head / 512
     for dtype in ("float32", "bfloat16", "float32"):
         out = subprocess.run([sys.executable, "-c", CHILD, dtype], capture_output=True, text=True,
                              check=True)

@@ -26,7 +26,7 @@ from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError
-from inferlab.kernels.cpu_linear import decode_linear_supported, use_decode_linears
+from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
 
@@ -50,8 +50,8 @@ class LLMEngine:
         self.device = resolve_device(config.device)
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.loaded = loaded or load_model(config.model, self.dtype, self.device)
-        if decode_linear_supported(self.device, self.dtype):
-            use_decode_linears(self.loaded.model)
+        if packed_linear_supported(self.device, self.dtype):
+            use_packed_linears(self.loaded.model)
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,

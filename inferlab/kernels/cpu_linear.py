@@ -1,39 +1,52 @@
-"""bf16 linear layers on CPU: decode rows through the C matrix-vector kernel, the rest oneDNN.
+"""bf16 linear layers on CPU through the C kernels of matmul.c, weights packed once at load.
 
-A decode step multiplies a few rows by every weight, so it is bound by reading the weights.
+A decode step multiplies a few rows by every weight, so it is bound by reading the weights:
 oneDNN's bf16 path reaches about a third of the memory bandwidth there (a 1728x576 layer, one
-row: ~210 us from memory on this machine; the C kernel: ~70 us); with more rows its AMX
-kernels win, so up to GEMV_MAX_ROWS rows go to the C kernel and the rest to F.linear. The
-weight stays in its row-major form, one copy, used by both.
+row: ~210 us from memory on this machine; the AVX512-BF16 kernel: ~70 us). The packed layout
+also feeds AMX tiles for more rows (a batch of decodes, a prefill), so a layer keeps one copy of
+its weight, in that layout, and every product goes through the C kernels.
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_ops
 
 
-def decode_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    return device.type == "cpu" and dtype == torch.bfloat16 and cpu_ops.gemv_available()
+def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
+    return device.type == "cpu" and dtype == torch.bfloat16 and cpu_ops.bf16_linear_available()
 
 
-class DecodeLinear(nn.Linear):
-    """nn.Linear whose few-row products take the C kernel; same parameters, same state dict."""
+class PackedLinear(nn.Module):
+    """A bf16 nn.Linear whose weight lives in the kernels' packed layout [N/16, K/2, 16, 2]."""
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.dim() == 2 and x.shape[0] <= cpu_ops.GEMV_MAX_ROWS and x.dtype == torch.bfloat16:
-            return cpu_ops.bf16_gemv(x, self.weight, self.bias)
-        return F.linear(x, self.weight, self.bias)
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.register_buffer("packed", cpu_ops.pack_bf16(linear.weight.detach()))
+        self.bias = linear.bias
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        x2 = x.reshape(-1, self.in_features)
+        if x2.stride(1) != 1:
+            x2 = x2.contiguous()
+        bias = None if self.bias is None else self.bias.detach()
+        return cpu_ops.bf16_linear(x2, self.packed, bias).view(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, packed bf16"
 
 
-def use_decode_linears(model: nn.Module) -> int:
-    """Turn every bf16 nn.Linear of `model` into a DecodeLinear in place; returns how many."""
-    swapped = 0
-    for module in model.modules():
-        if type(module) is nn.Linear and module.weight.dtype == torch.bfloat16:
-            module.__class__ = DecodeLinear
-            swapped += 1
-    return swapped
+def use_packed_linears(model: nn.Module) -> int:
+    """Replace every bf16 nn.Linear of `model` whose shape the kernels take by a PackedLinear, in
+    place; returns how many. The row-major weights are released unless something else holds them
+    (a tied embedding)."""
+    swaps = [(parent, name, child) for parent in model.modules()
+             for name, child in parent.named_children()
+             if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16
+             and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)]
+    for parent, name, child in swaps:
+        setattr(parent, name, PackedLinear(child))
+    return len(swaps)

@@ -1,4 +1,5 @@
-"""The C kernels of inferlab/kernels/cpu/ops.c, built at first use and called through ctypes.
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c), built at first use, called through
+ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, about a second) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -24,7 +25,7 @@ import torch
 
 logger = logging.getLogger("inferlab.kernels")
 
-SOURCE = Path(__file__).with_name("cpu") / "ops.c"
+SOURCES = (Path(__file__).with_name("cpu") / "ops.c", Path(__file__).with_name("cpu") / "matmul.c")
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 _MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
 _MAX_GROUP = 64  # query heads per KV head, the attention kernel's stack buffer
@@ -37,18 +38,22 @@ _SIGNATURES = {
     "paged_decode_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
-    "has_bf16_gemv": (ctypes.c_int, []),
+    "has_bf16_linear": (ctypes.c_int, []),
+    "has_amx": (ctypes.c_int, []),
 }
-GEMV_MAX_ROWS = 4  # bf16_gemv's register tile
+_BF16_LINEAR_SIGNATURES = {
+    "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
+    "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _I64, _I64]),
+}
 
 
 def _cache_dir() -> Path:
     return Path(os.environ.get("INFERLAB_CACHE_DIR") or Path.home() / ".cache" / "inferlab")
 
 
-def _build(source: Path) -> Path:
-    """Compile `source` unless a library built from the same bytes exists; returns its path."""
-    digest = hashlib.sha256(source.read_bytes() + b"-march=native").hexdigest()[:16]
+def _build(sources: tuple[Path, ...]) -> Path:
+    """Compile `sources` into one library unless one built from the same bytes exists."""
+    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + b"-march=native").hexdigest()[:16]
     target = _cache_dir() / f"cpu_ops-{digest}.so"
     if target.is_file():
         return target
@@ -56,7 +61,7 @@ def _build(source: Path) -> Path:
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         cmd = [os.environ.get("CC", "cc"), "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",
-               "-std=gnu11", "-o", str(built), str(source), "-lm"]
+               "-std=gnu11", "-o", str(built), *map(str, sources), "-lm"]
         subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=120)
         os.replace(built, target)  # atomic: concurrent builders never load a half-written file
     return target
@@ -67,7 +72,7 @@ def _library() -> ctypes.CDLL | None:
     if os.environ.get("INFERLAB_CPU_KERNELS", "1") == "0":
         return None
     try:
-        lib = ctypes.CDLL(str(_build(SOURCE)))
+        lib = ctypes.CDLL(str(_build(SOURCES)))
     except (OSError, subprocess.SubprocessError) as exc:
         detail = getattr(exc, "stderr", "") or str(exc)
         logger.warning("CPU kernels unavailable, using the torch path: %s", detail.strip()[:300])
@@ -75,9 +80,10 @@ def _library() -> ctypes.CDLL | None:
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    if lib.has_bf16_gemv():
-        lib.bf16_gemv.restype = ctypes.c_int
-        lib.bf16_gemv.argtypes = [_P, _I64, _I64, _P, _P, _P, _I64, _I64]
+    if lib.has_bf16_linear():
+        for name, (restype, argtypes) in _BF16_LINEAR_SIGNATURES.items():
+            fn = getattr(lib, name)
+            fn.restype, fn.argtypes = restype, argtypes
     return lib
 
 
@@ -188,19 +194,40 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def gemv_available() -> bool:
-    """True when the library was built with the AVX512-BF16 matrix-vector kernel."""
+def bf16_linear_available() -> bool:
+    """True when the library was built with the AVX512-BF16 linear kernels (matmul.c)."""
     lib = _library()
-    return lib is not None and bool(lib.has_bf16_gemv())
+    return lib is not None and bool(lib.has_bf16_linear())
 
 
-def bf16_gemv(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M <= GEMV_MAX_ROWS, K] @ weight [N, K]^T (+ bias) -> [M, N], all bf16, fp32 sums."""
+def bf16_linear_fits(out_features: int, in_features: int) -> bool:
+    """The packed layout's blocks: 16 outputs by 32 inputs."""
+    return out_features % 16 == 0 and in_features % 32 == 0 and out_features > 0
+
+
+def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
+    """bf16 weight [N, K] -> the kernels' layout [N/16, K/2, 16, 2] (see matmul.c)."""
+    n_out, k_in = weight.shape
+    if weight.dtype != torch.bfloat16 or not bf16_linear_fits(n_out, k_in):
+        raise ValueError(f"pack_bf16 takes bf16 [N, K] with N % 16 == 0 and K % 32 == 0, "
+                         f"not {weight.dtype} {list(weight.shape)}")
+    weight = weight.contiguous()
+    packed = torch.empty(n_out // 16, k_in // 2, 16, 2, dtype=torch.bfloat16)
+    _library().pack_bf16_vnni(weight.data_ptr(), packed.data_ptr(), n_out, k_in)
+    return packed
+
+
+def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) -> [M, N], all bf16 with fp32 sums; W packed by pack_bf16."""
     rows, k_in = x.shape
-    n_out = weight.shape[0]
-    if rows > GEMV_MAX_ROWS or x.stride(1) != 1 or not weight.is_contiguous():
-        raise ValueError(f"bf16_gemv takes up to {GEMV_MAX_ROWS} rows and contiguous weights")
+    n_out = packed.shape[0] * 16
+    if x.stride(1) != 1 or k_in != packed.shape[1] * 2 or x.dtype != torch.bfloat16:
+        raise ValueError(f"bf16_linear: x {x.dtype} {list(x.shape)} does not match a packed "
+                         f"[{n_out}, {packed.shape[1] * 2}] weight")
     y = torch.empty(rows, n_out, dtype=torch.bfloat16)
-    _library().bf16_gemv(x.data_ptr(), x.stride(0), rows, weight.data_ptr(),
-                         None if bias is None else bias.data_ptr(), y.data_ptr(), n_out, k_in)
+    status = _library().bf16_linear(x.data_ptr(), x.stride(0), rows, packed.data_ptr(),
+                                    None if bias is None else bias.data_ptr(), y.data_ptr(),
+                                    n_out, k_in)
+    if status:
+        raise MemoryError("bf16_linear could not allocate its padding buffer")
     return y

@@ -1,4 +1,4 @@
-"""The bf16 decode linear: the C kernel's rows agree with nn.Linear up to fp32 summation order."""
+"""The packed bf16 linear: every row is the exact product rounded once, whichever kernel ran."""
 
 from __future__ import annotations
 
@@ -7,52 +7,81 @@ import torch
 from torch import nn
 
 from inferlab.kernels import cpu_ops
-from inferlab.kernels.cpu_linear import DecodeLinear, decode_linear_supported, use_decode_linears
+from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 
-pytestmark = pytest.mark.skipif(not decode_linear_supported(torch.device("cpu"), torch.bfloat16),
+pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
                                 reason="this CPU (or its compiler) has no AVX512-BF16 kernel")
 
 
-def fp32_reference(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The exact product of the bf16 values, in fp32 (what both kernels approximate)."""
+def exact_product(linear: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The product of the bf16 values in fp32: what the kernels round once to bf16."""
     bias = None if linear.bias is None else linear.bias.float()
     return torch.nn.functional.linear(x.float(), linear.weight.float(), bias)
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 64])
-@pytest.mark.parametrize("shape", [(96, 160), (576, 1728), (100, 37)])  # (in, out); 100: K tail
+def assert_rounded_once(ours: torch.Tensor, exact: torch.Tensor) -> None:
+    # rounding to bf16 moves a value by at most half an ulp (|v| * eps / 2); fp32 sums of up to
+    # 1536 products of this size differ by far less than the 1e-5 absolute allowance
+    ulp = exact.abs() * torch.finfo(torch.bfloat16).eps
+    assert bool(((ours.float() - exact).abs() <= ulp / 2 + 1e-5).all())
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 33, 64, 100])
+@pytest.mark.parametrize("shape", [(96, 160), (576, 960), (1536, 576), (64, 48)])  # (in, out)
 @pytest.mark.parametrize("bias", [False, True])
 def test_rounds_the_exact_product_once(rows, shape, bias):
     torch.manual_seed(rows)
     linear = nn.Linear(*shape, bias=bias).to(torch.bfloat16)
     x = torch.randn(rows, shape[0], dtype=torch.bfloat16)
-    exact = fp32_reference(linear, x)
-    expected = nn.Linear.forward(linear, x)  # oneDNN
-    ours = DecodeLinear.forward(linear, x)
-    # both are the fp32 sum rounded to bf16: within one bf16 ulp of the exact value
-    ulp = exact.abs() * torch.finfo(torch.bfloat16).eps
-    assert bool(((ours.float() - exact).abs() <= ulp + 1e-6).all())
-    assert bool(((ours.float() - expected.float()).abs() <= 2 * ulp + 1e-6).all())
+    ours = PackedLinear(linear)(x)
+    assert ours.shape == (rows, shape[1]) and ours.dtype == torch.bfloat16
+    assert_rounded_once(ours, exact_product(linear, x))
 
 
 def test_a_row_does_not_depend_on_its_neighbours():
     torch.manual_seed(0)
-    linear = nn.Linear(576, 960).to(torch.bfloat16)
-    x = torch.randn(4, 576, dtype=torch.bfloat16)
-    together = cpu_ops.bf16_gemv(x, linear.weight, linear.bias)
+    layer = PackedLinear(nn.Linear(576, 960).to(torch.bfloat16))
+    x = torch.randn(37, 576, dtype=torch.bfloat16)
+    few = layer(x[:4])  # the AVX512 kernel
     for i in range(4):
-        assert torch.equal(cpu_ops.bf16_gemv(x[i:i + 1], linear.weight, linear.bias)[0], together[i])
+        assert torch.equal(layer(x[i:i + 1])[0], few[i])
+    many = layer(x)  # AMX where present: 37 rows = a full block of 32 and a padded one of 5
+    assert torch.equal(layer(x[:5]), many[:5]) and torch.equal(layer(x[32:]), many[32:])
 
 
-def test_strided_rows_and_state_dict_are_kept():
+def test_packs_into_blocks_of_16_outputs_by_input_pairs():
+    weight = torch.arange(32 * 64, dtype=torch.float32).reshape(32, 64).to(torch.bfloat16)
+    packed = cpu_ops.pack_bf16(weight)  # [N/16, K/2, 16, 2]
+    assert packed.shape == (2, 32, 16, 2)
+    # block 1, input pair 3, output 5 of the block: row 21, inputs 6 and 7
+    assert packed[1, 3, 5].tolist() == weight[21, 6:8].tolist()
+
+
+def test_strided_and_batched_inputs():
     linear = nn.Linear(64, 32).to(torch.bfloat16)
-    state = {k: v.clone() for k, v in linear.state_dict().items()}
-    model = nn.Sequential(linear, nn.ReLU(), nn.Linear(8, 4))
-    assert use_decode_linears(model) == 1
-    assert isinstance(model[0], DecodeLinear) and type(model[2]) is nn.Linear
-    assert all(torch.equal(state[k], v) for k, v in model[0].state_dict().items())
-    wide = torch.randn(2, 128, dtype=torch.bfloat16)
-    x = wide[:, ::2].contiguous()
-    torch.testing.assert_close(model[0](wide[:, :64]), nn.Linear.forward(model[0], wide[:, :64]),
-                               atol=2e-2, rtol=2e-2)
-    assert model[0](x).shape == (2, 32)
+    layer = PackedLinear(linear)
+    wide = torch.randn(2, 3, 128, dtype=torch.bfloat16)
+    strided = wide[..., :64]  # rows of 64 inside rows of 128
+    assert layer(strided).shape == (2, 3, 32)
+    assert torch.equal(layer(strided), layer(strided.contiguous()))
+    assert_rounded_once(layer(strided), exact_product(linear, strided))
+
+
+def test_swaps_only_the_shapes_the_kernels_take_and_keeps_tied_weights():
+    embed = nn.Embedding(64, 32).to(torch.bfloat16)
+    head = nn.Linear(32, 64, bias=False).to(torch.bfloat16)
+    head.weight = embed.weight  # tied, as lm_head and embed_tokens
+    before = embed.weight.detach().clone()
+    model = nn.Sequential(embed, head, nn.Linear(64, 40).to(torch.bfloat16), nn.Linear(8, 16))
+    assert use_packed_linears(model) == 1
+    assert isinstance(model[1], PackedLinear)
+    assert type(model[2]) is nn.Linear  # 40 outputs: not a multiple of 16
+    assert type(model[3]) is nn.Linear  # fp32
+    assert torch.equal(model[0].weight, before)
+    x = torch.randn(3, 32, dtype=torch.bfloat16)
+    assert_rounded_once(model[1](x), x.float() @ before.float().T)
+
+
+def test_rejects_a_weight_the_layout_cannot_hold():
+    with pytest.raises(ValueError, match="N % 16"):
+        cpu_ops.pack_bf16(torch.zeros(40, 64, dtype=torch.bfloat16))

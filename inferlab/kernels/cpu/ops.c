@@ -146,13 +146,90 @@ static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_s
     return (slot * num_kv_heads + kvh) * dim;
 }
 
-/* One decode token against its sequence's paged cache, for the G query heads sharing KV head
- * kvh. scratch holds G*len + G*dim + dim floats. */
-static inline __attribute__((always_inline)) void attend_one(const char *q, const char *k_cache, const char *v_cache,
-                       const int32_t *table, int64_t len, int64_t kvh, int64_t group,
-                       int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
-                       int elem, float *scratch, char *out) {
-    float *scores = scratch, *acc = scratch + group * len, *kv = acc + group * dim;
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#define FAST_BF16_ATTENTION 1
+
+/* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
+ * 16 dot products instead of 16 horizontal reductions. */
+static inline __m512 sum_lanes_16(const __m512 v[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                                 _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                               _mm512_shuffle_f32x4(quads[2], quads[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+}
+
+static inline __m512 bf16x16_to_f32(const uint16_t *src) {
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+/* scores[g*len + p] = scale * q_g . k_p for bf16 q and K, head dim a multiple of 32 (at most
+ * 256): vdpbf16ps sums exact bf16 products in fp32, 16 positions at a time. */
+static inline __attribute__((always_inline)) void scores_bf16(
+        const uint16_t *q, const char *k_cache, const int32_t *table, int64_t len, int64_t kvh,
+        int64_t group, int64_t num_kv_heads, const int64_t dim, int64_t block_size, float scale,
+        float *scores) {
+    const int chunks = (int)(dim / 32);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t p0 = 0; p0 < len; p0 += 16) {
+        int n = len - p0 < 16 ? (int)(len - p0) : 16;
+        const uint16_t *k[16];
+        for (int i = 0; i < n; i++)
+            k[i] = (const uint16_t *)k_cache + kv_offset(table, p0 + i, block_size, num_kv_heads, kvh, dim);
+        for (int64_t g = 0; g < group; g++) {
+            const uint16_t *qg = q + (kvh * group + g) * dim;
+            __m512 dots[16];
+            for (int i = 0; i < 16; i++) {
+                dots[i] = _mm512_setzero_ps();
+                if (i >= n) continue;
+                for (int c = 0; c < chunks; c++)
+                    dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qg + 32 * c),
+                                               (__m512bh)_mm512_loadu_si512(k[i] + 32 * c));
+            }
+            __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
+            _mm512_mask_storeu_ps(scores + g * len + p0, (__mmask16)((1u << n) - 1), sums);
+        }
+    }
+}
+
+/* acc[g] = sum_p w[g*len + p] * v_p in fp32, for bf16 V; head dim a multiple of 32 (<= 256). */
+static inline __attribute__((always_inline)) void values_bf16(
+        const char *v_cache, const int32_t *table, int64_t len, int64_t kvh, int64_t group,
+        int64_t num_kv_heads, const int64_t dim, int64_t block_size, const float *w, float *acc) {
+    const int chunks = (int)(dim / 16);
+    memset(acc, 0, (size_t)group * dim * sizeof(float));
+    for (int64_t p = 0; p < len; p++) {
+        const uint16_t *vp = (const uint16_t *)v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim);
+        __m512 v[16];
+        for (int c = 0; c < chunks; c++) v[c] = bf16x16_to_f32(vp + 16 * c);
+        for (int64_t g = 0; g < group; g++) {
+            __m512 wg = _mm512_set1_ps(w[g * len + p]);
+            float *ag = acc + g * dim;
+            for (int c = 0; c < chunks; c++)
+                _mm512_storeu_ps(ag + 16 * c, _mm512_fmadd_ps(wg, v[c], _mm512_loadu_ps(ag + 16 * c)));
+        }
+    }
+}
+#else
+#define FAST_BF16_ATTENTION 0
+#endif
+
+/* scores[g*len + p] = scale * q_g . k_p, in fp32 from either dtype. acc: G*dim floats, kv: dim. */
+static inline __attribute__((always_inline)) void scores_any(
+        const char *q, const char *k_cache, const int32_t *table, int64_t len, int64_t kvh,
+        int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+        int elem, float *scores, float *acc, float *kv) {
     for (int64_t g = 0; g < group; g++) {
         load_f32(q + (kvh * group + g) * dim * elem, elem, acc + g * dim, dim);
         for (int64_t i = 0; i < dim; i++) acc[g * dim + i] *= scale;
@@ -168,6 +245,41 @@ static inline __attribute__((always_inline)) void attend_one(const char *q, cons
             scores[g * len + p] = dot;
         }
     }
+}
+
+/* acc[g] = sum_p w[g*len + p] * v_p in fp32, from either dtype. kv: dim floats. */
+static inline __attribute__((always_inline)) void values_any(
+        const char *v_cache, const int32_t *table, int64_t len, int64_t kvh, int64_t group,
+        int64_t num_kv_heads, int64_t dim, int64_t block_size, int elem, const float *w,
+        float *acc, float *kv) {
+    memset(acc, 0, (size_t)group * dim * sizeof(float));
+    for (int64_t p = 0; p < len; p++) {
+        load_f32(v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
+                 kv, dim);
+        for (int64_t g = 0; g < group; g++) {
+            float wp = w[g * len + p], *ag = acc + g * dim;
+#pragma omp simd
+            for (int64_t i = 0; i < dim; i++) ag[i] += wp * kv[i];
+        }
+    }
+}
+
+/* One decode token against its sequence's paged cache, for the G query heads sharing KV head
+ * kvh. scratch holds G*len + G*dim + dim floats. */
+static inline __attribute__((always_inline)) void attend_one(const char *q, const char *k_cache, const char *v_cache,
+                       const int32_t *table, int64_t len, int64_t kvh, int64_t group,
+                       int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                       int elem, float *scratch, char *out) {
+    float *scores = scratch, *acc = scratch + group * len, *kv = acc + group * dim;
+#if FAST_BF16_ATTENTION
+    const int fast = elem == 2 && dim % 32 == 0 && dim <= 256;
+    if (fast)
+        scores_bf16((const uint16_t *)q, k_cache, table, len, kvh, group, num_kv_heads, dim,
+                    block_size, scale, scores);
+    else
+#endif
+        scores_any(q, k_cache, table, len, kvh, group, num_kv_heads, dim, block_size, scale, elem,
+                   scores, acc, kv);
     float total[64];  /* group <= 64, checked by the caller */
     for (int64_t g = 0; g < group; g++) {
         float *sg = scores + g * len, top = -INFINITY, sum = 0.0f;
@@ -180,16 +292,13 @@ static inline __attribute__((always_inline)) void attend_one(const char *q, cons
         }
         total[g] = sum;
     }
-    memset(acc, 0, (size_t)group * dim * sizeof(float));
-    for (int64_t p = 0; p < len; p++) {
-        load_f32(v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
-                 kv, dim);
-        for (int64_t g = 0; g < group; g++) {
-            float w = scores[g * len + p], *ag = acc + g * dim;
-#pragma omp simd
-            for (int64_t i = 0; i < dim; i++) ag[i] += w * kv[i];
-        }
-    }
+#if FAST_BF16_ATTENTION
+    if (fast)
+        values_bf16(v_cache, table, len, kvh, group, num_kv_heads, dim, block_size, scores, acc);
+    else
+#endif
+        values_any(v_cache, table, len, kvh, group, num_kv_heads, dim, block_size, elem, scores,
+                   acc, kv);
     for (int64_t g = 0; g < group; g++) {
         float inv = 1.0f / total[g], *ag = acc + g * dim;
         for (int64_t i = 0; i < dim; i++) ag[i] *= inv;
@@ -273,63 +382,3 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
         }
     }
 }
-
-#ifdef __AVX512BF16__
-#include <immintrin.h>
-
-/* y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of x, all bf16, fp32 accumulation:
- * the decode matmul, bound by reading w once. oneDNN's bf16 kernels reach about a third of the
- * memory bandwidth at one row; this streams four weight rows at a time with vdpbf16ps, each
- * product pair summed in fp32, and rounds once at the end. A row's result does not depend on
- * how many rows come with it. w is [N, K] row-major. */
-static inline __attribute__((always_inline)) void gemv_rows(
-        const uint16_t *x, int64_t x_stride, const int rows, const uint16_t *w,
-        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
-    __mmask32 tail = (__mmask32)((1ull << (k_in % 32)) - 1);
-    int64_t k_full = k_in - k_in % 32;
-#pragma omp parallel for schedule(static)
-    for (int64_t n0 = 0; n0 < n_out; n0 += 4) {
-        int64_t nc = n_out - n0 < 4 ? n_out - n0 : 4;
-        __m512 acc[4][4];
-        for (int r = 0; r < 4; r++)
-            for (int m = 0; m < rows; m++) acc[r][m] = _mm512_setzero_ps();
-        for (int64_t k = 0; k < k_in; k += 32) {
-            __mmask32 mask = k == k_full ? tail : (__mmask32)~0u;
-            __m512bh xv[4];
-            for (int m = 0; m < rows; m++)
-                xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(mask, x + m * x_stride + k);
-            for (int r = 0; r < 4; r++) {  /* rows past n_out read row n0 again, unused */
-                const uint16_t *wr = w + (n0 + (r < nc ? r : 0)) * k_in + k;
-                __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(mask, wr);
-                for (int m = 0; m < rows; m++) acc[r][m] = _mm512_dpbf16_ps(acc[r][m], wv, xv[m]);
-            }
-        }
-        for (int r = 0; r < nc; r++) {
-            float b = bias ? bf16_to_f32(bias[n0 + r]) : 0.0f;
-            for (int m = 0; m < rows; m++)
-                y[m * n_out + n0 + r] = f32_to_bf16(_mm512_reduce_add_ps(acc[r][m]) + b);
-        }
-    }
-}
-
-/* y[m, n] = x[m, :] . w[n, :] (+ bias[n]) for a few rows of x, all bf16, fp32 accumulation:
- * the decode matmul, bound by reading w once. oneDNN's bf16 kernels reach about a third of the
- * memory bandwidth at one row; this streams four weight rows at a time with vdpbf16ps, each
- * product pair summed in fp32, and rounds once at the end. A row's result does not depend on
- * how many rows come with it. w is [N, K] row-major. The row count is made a constant so the
- * accumulators stay in registers. */
-int bf16_gemv(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *w,
-              const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
-    switch (rows) {
-    case 1: gemv_rows(x, x_stride, 1, w, bias, y, n_out, k_in); return 0;
-    case 2: gemv_rows(x, x_stride, 2, w, bias, y, n_out, k_in); return 0;
-    case 3: gemv_rows(x, x_stride, 3, w, bias, y, n_out, k_in); return 0;
-    case 4: gemv_rows(x, x_stride, 4, w, bias, y, n_out, k_in); return 0;
-    default: return -1;
-    }
-}
-
-int has_bf16_gemv(void) { return 1; }
-#else
-int has_bf16_gemv(void) { return 0; } /* a CPU without AVX512-BF16: callers keep oneDNN */
-#endif

@@ -1,0 +1,223 @@
+/* bf16 linear layers on CPUs with AVX512-BF16, and AMX where the CPU has it.
+ *
+ * Why: oneDNN's bf16 path reads weights at about a third of the memory bandwidth when a decode
+ * step multiplies a few rows by them, and a small model's decode step is mostly that. Both
+ * kernels here read one weight layout, so a layer keeps a single copy:
+ *
+ *   packed [N/16][K/2][16][2]: for each block of 16 outputs and each pair of inputs, the 16
+ *   outputs' two weights side by side (64 bytes). It is the VNNI layout vdpbf16ps and AMX's
+ *   B tiles take: a k-pair of one row of x, broadcast, times 64 packed bytes gives 16 outputs'
+ *   partial sums with no horizontal reduction, and 16 consecutive k-pairs of a block are one
+ *   1 KiB AMX tile.
+ *
+ * Up to VNNI_MAX_ROWS rows take the AVX512 kernel (bound by reading the weights once); more go
+ * to AMX tiles (16x32 x 32x16 per instruction) when the CPU has them, else to the AVX512 kernel
+ * in groups of VNNI_MAX_ROWS. Sums are fp32 and round to
+ * bf16 once at the end. A row's result depends only on which kernel ran, not on the other rows.
+ * N must be a multiple of 16 and K of 32 (checked by the caller).
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+#define VNNI_MAX_ROWS 4
+#define PAIR_BYTES 64 /* one k-pair of a 16-output block */
+
+/* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
+void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t k_in) {
+    int64_t pairs = k_in / 2;
+#pragma omp parallel for schedule(static)
+    for (int64_t block = 0; block < n_out / 16; block++)
+        for (int64_t kp = 0; kp < pairs; kp++)
+            for (int j = 0; j < 16; j++) {
+                const uint16_t *src = w + (block * 16 + j) * k_in + 2 * kp;
+                uint16_t *dst = packed + ((block * pairs + kp) * 16 + j) * 2;
+                dst[0] = src[0];
+                dst[1] = src[1];
+            }
+}
+
+static inline __m512 bias_f32(const uint16_t *bias) {
+    if (!bias) return _mm512_setzero_ps();
+    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)bias));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
+}
+
+static inline void store_bf16(uint16_t *dst, __m512 sum) {
+    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
+}
+
+/* Two 16-output blocks per task, two accumulator sets (even and odd k-pairs) so consecutive
+ * vdpbf16ps do not wait on each other; ROWS is a constant so everything stays in registers. */
+static inline __attribute__((always_inline)) void vnni_rows(
+        const uint16_t *x, int64_t x_stride, const int ROWS, const uint16_t *packed,
+        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+    const int64_t pairs = k_in / 2, blocks = n_out / 16;
+#pragma omp parallel for schedule(static)
+    for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
+        const int nb = blocks - b0 < 2 ? 1 : 2;
+        /* an odd last block reads its own weights twice and keeps one result */
+        const uint16_t *w[2] = {packed + b0 * pairs * 32, packed + (b0 + nb - 1) * pairs * 32};
+        __m512 acc[2][2][VNNI_MAX_ROWS];
+        for (int p = 0; p < 2; p++)
+            for (int b = 0; b < 2; b++)
+                for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
+        for (int64_t kp = 0; kp < pairs; kp += 2) {
+            for (int p = 0; p < 2; p++) {
+                __m512bh xv[VNNI_MAX_ROWS];
+                for (int m = 0; m < ROWS; m++) {
+                    int32_t two;
+                    memcpy(&two, x + m * x_stride + 2 * (kp + p), 4);
+                    xv[m] = (__m512bh)_mm512_set1_epi32(two);
+                }
+                for (int b = 0; b < 2; b++) {
+                    __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + (kp + p) * 32);
+                    for (int m = 0; m < ROWS; m++)
+                        acc[p][b][m] = _mm512_dpbf16_ps(acc[p][b][m], wv, xv[m]);
+                }
+            }
+        }
+        for (int b = 0; b < nb; b++) {
+            __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
+            for (int m = 0; m < ROWS; m++) {
+                __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][b][m], acc[1][b][m]), bv);
+                store_bf16(y + m * n_out + (b0 + b) * 16, sum);
+            }
+        }
+    }
+}
+
+/* Groups of up to VNNI_MAX_ROWS rows, each group reading the weights once. */
+static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+                        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+    for (int64_t r = 0; r < rows; r += VNNI_MAX_ROWS) {
+        const uint16_t *xr = x + r * x_stride;
+        uint16_t *yr = y + r * n_out;
+        switch (rows - r < VNNI_MAX_ROWS ? rows - r : VNNI_MAX_ROWS) {
+        case 1: vnni_rows(xr, x_stride, 1, packed, bias, yr, n_out, k_in); break;
+        case 2: vnni_rows(xr, x_stride, 2, packed, bias, yr, n_out, k_in); break;
+        case 3: vnni_rows(xr, x_stride, 3, packed, bias, yr, n_out, k_in); break;
+        default: vnni_rows(xr, x_stride, 4, packed, bias, yr, n_out, k_in); break;
+        }
+    }
+}
+
+#ifdef __AMX_BF16__
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+struct tile_config {
+    uint8_t palette_id, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+/* Linux hands out the AMX register state only to processes that ask for it. */
+static int amx_permitted(void) {
+    static int permitted = -1;
+    if (permitted < 0) permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    return permitted;
+}
+
+/* Tiles 0-3: C (16 rows x 16 fp32); 4-5: A (16 rows x 32 bf16); 6-7: B (16 k-pairs x 16 x 2). */
+static void configure_tiles(void) {
+    struct tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette_id = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.rows[t] = 16;
+        cfg.colsb[t] = 64;
+    }
+    _tile_loadconfig(&cfg);
+}
+
+/* x [rows, K] -> a [rows/16 rounded up][K/32][16][32], zero-padded: every A tile one contiguous
+ * KiB, which the hardware prefetchers follow (16 rows K*2 bytes apart they do not). */
+static uint16_t *pack_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in) {
+    const int64_t row_tiles = (rows + 31) / 32 * 2, chunks = k_in / 32;
+    uint16_t *a = aligned_alloc(64, (size_t)row_tiles * 16 * k_in * 2);
+    if (!a) return NULL;
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < row_tiles; t++)
+        for (int r = 0; r < 16; r++)
+            for (int64_t c = 0; c < chunks; c++) {
+                uint16_t *dst = a + ((t * chunks + c) * 16 + r) * 32;
+                if (t * 16 + r < rows) memcpy(dst, x + (t * 16 + r) * x_stride + c * 32, 64);
+                else memset(dst, 0, 64);
+            }
+    return a;
+}
+
+/* Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four C tiles per
+ * task. Tasks run output-block-major so a thread's consecutive tasks reuse the same weights. An
+ * odd last output block computes its B tile twice and keeps one. */
+static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+                      const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+    const int64_t pairs = k_in / 2, row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
+    uint16_t *a_packed = pack_rows(x, x_stride, rows, k_in);
+    if (!a_packed) return -2;
+#pragma omp parallel
+    {
+        configure_tiles();
+        float c[4][16 * 16] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t task = 0; task < row_blocks * col_blocks; task++) {
+            int64_t nb = task / row_blocks, r0 = task % row_blocks * 32;
+            const uint16_t *a0 = a_packed + r0 * k_in, *a1 = a0 + 16 * k_in;
+            int two_cols = nb * 32 + 16 < n_out;
+            const uint16_t *b0 = packed + nb * 2 * pairs * 32, *b1 = two_cols ? b0 + pairs * 32 : b0;
+            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+            for (int64_t k = 0; k < k_in; k += 32) {
+                _tile_loadd(4, a0 + k * 16, 64);
+                _tile_loadd(5, a1 + k * 16, 64);
+                _tile_loadd(6, b0 + k * 16, PAIR_BYTES);
+                _tile_loadd(7, b1 + k * 16, PAIR_BYTES);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                _tile_dpbf16ps(2, 5, 6);
+                _tile_dpbf16ps(3, 5, 7);
+            }
+            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+            _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
+            for (int half = 0; half < 1 + two_cols; half++) {
+                int64_t col = nb * 32 + half * 16;
+                __m512 bv = bias_f32(bias ? bias + col : NULL);
+                for (int r = 0; r < 32 && r0 + r < rows; r++) {
+                    __m512 sum = _mm512_add_ps(_mm512_load_ps(c[(r / 16) * 2 + half] + (r % 16) * 16), bv);
+                    store_bf16(y + (r0 + r) * n_out + col, sum);
+                }
+            }
+        }
+        _tile_release();
+    }
+    free(a_packed);
+    return 0;
+}
+
+int has_amx(void) { return amx_permitted(); }
+#else
+int has_amx(void) { return 0; }
+#endif
+
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni.
+ * Returns 0, or -2 when out of memory. */
+int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+                const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+#ifdef __AMX_BF16__
+    if (rows > VNNI_MAX_ROWS && has_amx()) return amx_linear(x, x_stride, rows, packed, bias, y, n_out, k_in);
+#endif
+    vnni_linear(x, x_stride, rows, packed, bias, y, n_out, k_in);
+    return 0;
+}
+
+int has_bf16_linear(void) { return 1; }
+#else
+int has_bf16_linear(void) { return 0; } /* a CPU without AVX512-BF16: callers keep oneDNN */
+int has_amx(void) { return 0; }
+#endif
