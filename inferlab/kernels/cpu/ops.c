@@ -11,6 +11,7 @@
  * (see the comment on each kernel); bf16 rounding is round-to-nearest-even, as torch's.
  */
 #include <math.h>
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,13 +147,61 @@ static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_s
     return (slot * num_kv_heads + kvh) * dim;
 }
 
+/* The decode attention below works on one token and a range of its KV heads [h0, h1): the
+ * (h1 - h0) * G query heads that share them ("rows"). Its scratch holds, in floats,
+ * rows * len scores, rows * dim sums, dim for one converted K/V row, and rows totals. */
+typedef struct {
+    const int32_t *table;
+    int64_t len, h0, h1, group, num_kv_heads, dim, block_size;
+} span_t;
+
+/* scores[r*len + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
+static inline __attribute__((always_inline)) void scores_any(
+        const char *q, const char *k_cache, span_t s, float scale, int elem, float *scores,
+        float *qf, float *kv) {
+    for (int64_t h = s.h0; h < s.h1; h++) {
+        int64_t r0 = (h - s.h0) * s.group;
+        load_f32(q + h * s.group * s.dim * elem, elem, qf, s.group * s.dim);
+        for (int64_t i = 0; i < s.group * s.dim; i++) qf[i] *= scale;
+        for (int64_t p = 0; p < s.len; p++) {
+            load_f32(k_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) * elem,
+                     elem, kv, s.dim);
+            for (int64_t g = 0; g < s.group; g++) {
+                float dot = 0.0f;
+                const float *qg = qf + g * s.dim;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t i = 0; i < s.dim; i++) dot += qg[i] * kv[i];
+                scores[(r0 + g) * s.len + p] = dot;
+            }
+        }
+    }
+}
+
+/* acc[r] = sum_p w[r*len + p] * v_p in fp32, from either dtype, one KV head at a time. */
+static inline __attribute__((always_inline)) void values_any(
+        const char *v_cache, span_t s, int elem, const float *w, float *acc, float *kv) {
+    int64_t rows = (s.h1 - s.h0) * s.group;
+    memset(acc, 0, (size_t)rows * s.dim * sizeof(float));
+    for (int64_t h = s.h0; h < s.h1; h++)
+        for (int64_t p = 0; p < s.len; p++) {
+            load_f32(v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) * elem,
+                     elem, kv, s.dim);
+            for (int64_t g = 0; g < s.group; g++) {
+                int64_t r = (h - s.h0) * s.group + g;
+                float wp = w[r * s.len + p], *ar = acc + r * s.dim;
+#pragma omp simd
+                for (int64_t i = 0; i < s.dim; i++) ar[i] += wp * kv[i];
+            }
+        }
+}
+
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 #define FAST_BF16_ATTENTION 1
 
 /* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
  * 16 dot products instead of 16 horizontal reductions. */
-static inline __m512 sum_lanes_16(const __m512 v[16]) {
+static inline __attribute__((always_inline)) __m512 sum_lanes_16(const __m512 v[16]) {
     __m512 pairs[8], quads[4];
     for (int i = 0; i < 8; i++)
         pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
@@ -174,50 +223,88 @@ static inline __m512 bf16x16_to_f32(const uint16_t *src) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
 }
 
-/* scores[g*len + p] = scale * q_g . k_p for bf16 q and K, head dim a multiple of 32 (at most
- * 256): vdpbf16ps sums exact bf16 products in fp32, 16 positions at a time. */
+/* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
+ * head h0; and a prefetch of the 16 after them, all heads of the range. The blocks are
+ * scattered, so the hardware prefetchers do not see them coming. */
+static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cache, span_t s,
+                                                            int64_t p0, const uint16_t *rows[16]) {
+    int n = s.len - p0 < 16 ? (int)(s.len - p0) : 16;
+    for (int i = 0; i < 16; i++)
+        rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
+    int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
+    for (int64_t p = p0 + 16; p < p0 + 32 && p < s.len; p++) {
+        const char *next = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    return n;
+}
+
+/* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
+ * 256): vdpbf16ps sums exact bf16 products in fp32, 16 positions at a time, all heads of the
+ * range per chunk so the chunk's keys are read from memory once, front to back. */
 static inline __attribute__((always_inline)) void scores_bf16(
-        const uint16_t *q, const char *k_cache, const int32_t *table, int64_t len, int64_t kvh,
-        int64_t group, int64_t num_kv_heads, const int64_t dim, int64_t block_size, float scale,
-        float *scores) {
-    const int chunks = (int)(dim / 32);
+        const uint16_t *q, const uint16_t *k_cache, span_t s, float scale, float *scores) {
+    const int chunks = (int)(s.dim / 32);
     const __m512 scale_v = _mm512_set1_ps(scale);
-    for (int64_t p0 = 0; p0 < len; p0 += 16) {
-        int n = len - p0 < 16 ? (int)(len - p0) : 16;
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
         const uint16_t *k[16];
-        for (int i = 0; i < n; i++)
-            k[i] = (const uint16_t *)k_cache + kv_offset(table, p0 + i, block_size, num_kv_heads, kvh, dim);
-        for (int64_t g = 0; g < group; g++) {
-            const uint16_t *qg = q + (kvh * group + g) * dim;
+        int n = chunk_rows(k_cache, s, p0, k);
+        for (int64_t r = 0; r < (s.h1 - s.h0) * s.group; r++) {
+            const uint16_t *qr = q + (s.h0 * s.group + r) * s.dim;
+            int64_t head_off = r / s.group * s.dim;
             __m512 dots[16];
             for (int i = 0; i < 16; i++) {
                 dots[i] = _mm512_setzero_ps();
-                if (i >= n) continue;
                 for (int c = 0; c < chunks; c++)
-                    dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qg + 32 * c),
-                                               (__m512bh)_mm512_loadu_si512(k[i] + 32 * c));
+                    dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qr + 32 * c),
+                                               (__m512bh)_mm512_loadu_si512(k[i] + head_off + 32 * c));
             }
             __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
-            _mm512_mask_storeu_ps(scores + g * len + p0, (__mmask16)((1u << n) - 1), sums);
+            _mm512_mask_storeu_ps(scores + r * s.len + p0, (__mmask16)((1u << n) - 1), sums);
         }
     }
 }
 
-/* acc[g] = sum_p w[g*len + p] * v_p in fp32, for bf16 V; head dim a multiple of 32 (<= 256). */
+/* acc[0 .. GN) += sum_i w[g*len + i] * v[i] over a chunk's n positions, head dim CH x 16, the
+ * GN x CH sums in registers (GN * CH <= 16). */
+static inline __attribute__((always_inline)) void values_tile(
+        const uint16_t *const v[16], int n, const float *w, int64_t len, float *acc,
+        const int GN, const int CH) {
+    __m512 sum[16];
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + (g * CH + c) * 16);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < CH; c++) {
+            __m512 x = bf16x16_to_f32(v[i] + 16 * c);
+            for (int g = 0; g < GN; g++)
+                sum[g * CH + c] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * len + i]), x, sum[g * CH + c]);
+        }
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + (g * CH + c) * 16, sum[g * CH + c]);
+}
+
+/* acc[r] = sum_p w[r*len + p] * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256):
+ * chunk by chunk of 16 positions, each head's query rows in register tiles (for head dims 64
+ * and 128; one row at a time otherwise). */
 static inline __attribute__((always_inline)) void values_bf16(
-        const char *v_cache, const int32_t *table, int64_t len, int64_t kvh, int64_t group,
-        int64_t num_kv_heads, const int64_t dim, int64_t block_size, const float *w, float *acc) {
-    const int chunks = (int)(dim / 16);
-    memset(acc, 0, (size_t)group * dim * sizeof(float));
-    for (int64_t p = 0; p < len; p++) {
-        const uint16_t *vp = (const uint16_t *)v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim);
-        __m512 v[16];
-        for (int c = 0; c < chunks; c++) v[c] = bf16x16_to_f32(vp + 16 * c);
-        for (int64_t g = 0; g < group; g++) {
-            __m512 wg = _mm512_set1_ps(w[g * len + p]);
-            float *ag = acc + g * dim;
-            for (int c = 0; c < chunks; c++)
-                _mm512_storeu_ps(ag + 16 * c, _mm512_fmadd_ps(wg, v[c], _mm512_loadu_ps(ag + 16 * c)));
+        const uint16_t *v_cache, span_t s, const float *w, float *acc) {
+    const int ch = (int)(s.dim / 16);
+    memset(acc, 0, (size_t)(s.h1 - s.h0) * s.group * s.dim * sizeof(float));
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+        const uint16_t *v[16], *vh[16];
+        int n = chunk_rows(v_cache, s, p0, v);
+        for (int64_t h = 0; h < s.h1 - s.h0; h++) {
+            for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
+            for (int64_t g0 = 0; g0 < s.group;) {
+                int64_t r = h * s.group + g0, left = s.group - g0;
+                const float *wr = w + r * s.len + p0;
+                float *ar = acc + r * s.dim;
+                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, s.len, ar, 4, 4); g0 += 4; }
+                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, s.len, ar, 3, 4); g0 += 3; }
+                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, s.len, ar, 2, 4); g0 += 2; }
+                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, s.len, ar, 2, 8); g0 += 2; }
+                else { values_tile(vh, n, wr, s.len, ar, 1, ch); g0 += 1; }
+            }
         }
     }
 }
@@ -225,111 +312,65 @@ static inline __attribute__((always_inline)) void values_bf16(
 #define FAST_BF16_ATTENTION 0
 #endif
 
-/* scores[g*len + p] = scale * q_g . k_p, in fp32 from either dtype. acc: G*dim floats, kv: dim. */
-static inline __attribute__((always_inline)) void scores_any(
-        const char *q, const char *k_cache, const int32_t *table, int64_t len, int64_t kvh,
-        int64_t group, int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
-        int elem, float *scores, float *acc, float *kv) {
-    for (int64_t g = 0; g < group; g++) {
-        load_f32(q + (kvh * group + g) * dim * elem, elem, acc + g * dim, dim);
-        for (int64_t i = 0; i < dim; i++) acc[g * dim + i] *= scale;
-    }
-    for (int64_t p = 0; p < len; p++) {
-        load_f32(k_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
-                 kv, dim);
-        for (int64_t g = 0; g < group; g++) {
-            float dot = 0.0f;
-            const float *qg = acc + g * dim;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < dim; i++) dot += qg[i] * kv[i];
-            scores[g * len + p] = dot;
-        }
-    }
-}
-
-/* acc[g] = sum_p w[g*len + p] * v_p in fp32, from either dtype. kv: dim floats. */
-static inline __attribute__((always_inline)) void values_any(
-        const char *v_cache, const int32_t *table, int64_t len, int64_t kvh, int64_t group,
-        int64_t num_kv_heads, int64_t dim, int64_t block_size, int elem, const float *w,
-        float *acc, float *kv) {
-    memset(acc, 0, (size_t)group * dim * sizeof(float));
-    for (int64_t p = 0; p < len; p++) {
-        load_f32(v_cache + kv_offset(table, p, block_size, num_kv_heads, kvh, dim) * elem, elem,
-                 kv, dim);
-        for (int64_t g = 0; g < group; g++) {
-            float wp = w[g * len + p], *ag = acc + g * dim;
-#pragma omp simd
-            for (int64_t i = 0; i < dim; i++) ag[i] += wp * kv[i];
-        }
-    }
-}
-
-/* One decode token against its sequence's paged cache, for the G query heads sharing KV head
- * kvh. scratch holds G*len + G*dim + dim floats. */
-static inline __attribute__((always_inline)) void attend_one(const char *q, const char *k_cache, const char *v_cache,
-                       const int32_t *table, int64_t len, int64_t kvh, int64_t group,
-                       int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
-                       int elem, float *scratch, char *out) {
-    float *scores = scratch, *acc = scratch + group * len, *kv = acc + group * dim;
+/* One decode token against its sequence's paged cache, for the query heads of KV heads
+ * [s.h0, s.h1); out points at the token's output row [Hq, D]. */
+static inline __attribute__((always_inline)) void attend(
+        const char *q, const char *k_cache, const char *v_cache, span_t s, float scale, int elem,
+        float *scratch, char *out) {
+    int64_t rows = (s.h1 - s.h0) * s.group;
+    float *scores = scratch, *acc = scores + rows * s.len, *kv = acc + rows * s.dim;
+    float *total = kv + s.dim;
 #if FAST_BF16_ATTENTION
-    const int fast = elem == 2 && dim % 32 == 0 && dim <= 256;
+    const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
     if (fast)
-        scores_bf16((const uint16_t *)q, k_cache, table, len, kvh, group, num_kv_heads, dim,
-                    block_size, scale, scores);
+        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
     else
 #endif
-        scores_any(q, k_cache, table, len, kvh, group, num_kv_heads, dim, block_size, scale, elem,
-                   scores, acc, kv);
-    float total[64];  /* group <= 64, checked by the caller */
-    for (int64_t g = 0; g < group; g++) {
-        float *sg = scores + g * len, top = -INFINITY, sum = 0.0f;
+        scores_any(q, k_cache, s, scale, elem, scores, acc, kv);
+    for (int64_t r = 0; r < rows; r++) {
+        float *sr = scores + r * s.len, top = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : top)
-        for (int64_t p = 0; p < len; p++) top = sg[p] > top ? sg[p] : top;
+        for (int64_t p = 0; p < s.len; p++) top = sr[p] > top ? sr[p] : top;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < len; p++) {
-            sg[p] = exp_nonpositive(sg[p] - top);
-            sum += sg[p];
+        for (int64_t p = 0; p < s.len; p++) {
+            sr[p] = exp_nonpositive(sr[p] - top);
+            sum += sr[p];
         }
-        total[g] = sum;
+        total[r] = sum;
     }
 #if FAST_BF16_ATTENTION
     if (fast)
-        values_bf16(v_cache, table, len, kvh, group, num_kv_heads, dim, block_size, scores, acc);
+        values_bf16((const uint16_t *)v_cache, s, scores, acc);
     else
 #endif
-        values_any(v_cache, table, len, kvh, group, num_kv_heads, dim, block_size, elem, scores,
-                   acc, kv);
-    for (int64_t g = 0; g < group; g++) {
-        float inv = 1.0f / total[g], *ag = acc + g * dim;
-        for (int64_t i = 0; i < dim; i++) ag[i] *= inv;
-        store_f32(ag, elem, out + (kvh * group + g) * dim * elem, dim);
+        values_any(v_cache, s, elem, scores, acc, kv);
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = 1.0f / total[r], *ar = acc + r * s.dim;
+        for (int64_t i = 0; i < s.dim; i++) ar[i] *= inv;
+        store_f32(ar, elem, out + (s.h0 * s.group + r) * s.dim * elem, s.dim);
     }
 }
 
-/* attend_one with the common head dims and dtypes as constants, so its short inner loops are
+/* attend with the common head dims and dtypes as constants, so its short inner loops are
  * fully unrolled (a 64-wide loop with a runtime trip count spends more on its set-up than on
  * its four vector iterations). */
 static void attend_specialized(const char *q, const char *k_cache, const char *v_cache,
-                               const int32_t *table, int64_t len, int64_t kvh, int64_t group,
-                               int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
-                               int elem, float *scratch, char *out) {
-#define ATTEND(D, E) attend_one(q, k_cache, v_cache, table, len, kvh, group, num_kv_heads, D, \
-                                block_size, scale, E, scratch, out)
-    if (dim == 64 && elem == 2) ATTEND(64, 2);
-    else if (dim == 128 && elem == 2) ATTEND(128, 2);
-    else if (dim == 64 && elem == 4) ATTEND(64, 4);
-    else if (dim == 128 && elem == 4) ATTEND(128, 4);
-    else ATTEND(dim, elem);
-#undef ATTEND
+                               span_t s, float scale, int elem, float *scratch, char *out) {
+    if (s.dim == 64 && elem == 2) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 2, scratch, out); }
+    else if (s.dim == 128 && elem == 2) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 2, scratch, out); }
+    else if (s.dim == 64 && elem == 4) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 4, scratch, out); }
+    else if (s.dim == 128 && elem == 4) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 4, scratch, out); }
+    else attend(q, k_cache, v_cache, s, scale, elem, scratch, out);
 }
 
 /* Decode attention straight from the paged cache, no gather: token rows[i] (query at
  * q + rows[i]*q_stride, heads contiguous) attends to the first seq_lens[seqs[i]] positions of
  * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
- * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. Work is split over (token, KV head), each
- * independent of the others, so a token's result does not depend on what else is in the batch.
- * Returns 0, or -1 if a thread's scratch memory could not be allocated (the work it would have
- * done is then missing, and the caller raises). */
+ * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. A task is one token with all its KV heads
+ * when there are enough tokens to keep the threads busy (each block then read front to back),
+ * else one (token, KV head). Every head's arithmetic is the same either way, so a token's
+ * result does not depend on what else is in the batch. Returns 0, or -1 if a thread's scratch
+ * memory could not be allocated (the work it would have done is then missing). */
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
@@ -339,21 +380,22 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     int64_t group = num_heads / num_kv_heads, max_len = 0, failed = 0;
     for (int64_t i = 0; i < num_decodes; i++)
         max_len = seq_lens[seqs[i]] > max_len ? seq_lens[seqs[i]] : max_len;
-    size_t scratch_floats = (size_t)(group * max_len + group * dim + dim);
+    int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
+    int64_t tasks_per_token = num_kv_heads / heads_per_task, task_rows = heads_per_task * group;
+    size_t scratch_floats = (size_t)(task_rows * (max_len + dim + 1) + dim);
 #pragma omp parallel reduction(+ : failed)
     {
         float *scratch = malloc(sizeof(float) * scratch_floats);  /* one per thread */
         failed += scratch == NULL;
         /* every thread takes part in the loop (its barrier), a thread without scratch idly */
-#pragma omp for schedule(dynamic, 1) collapse(2)
-        for (int64_t i = 0; i < num_decodes; i++) {
-            for (int64_t kvh = 0; kvh < num_kv_heads; kvh++) {
-                if (!scratch) continue;
-                attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache,
-                                   block_tables + seqs[i] * table_stride, seq_lens[seqs[i]], kvh,
-                                   group, num_kv_heads, dim, block_size, scale, elem, scratch,
-                                   (char *)out + rows[i] * num_heads * dim * elem);
-            }
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < num_decodes * tasks_per_token; task++) {
+            if (!scratch) continue;
+            int64_t i = task / tasks_per_token, h0 = task % tasks_per_token * heads_per_task;
+            span_t s = {block_tables + seqs[i] * table_stride, seq_lens[seqs[i]], h0,
+                        h0 + heads_per_task, group, num_kv_heads, dim, block_size};
+            attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache, s,
+                               scale, elem, scratch, (char *)out + rows[i] * num_heads * dim * elem);
         }
         free(scratch);
     }
