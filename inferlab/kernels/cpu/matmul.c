@@ -25,6 +25,7 @@
 
 #define VNNI_MAX_ROWS 4
 #define PAIR_BYTES 64 /* one k-pair of a 16-output block */
+#define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
 
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
 void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t k_in) {
@@ -174,6 +175,12 @@ static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const u
             const uint16_t *b0 = packed + nb * 2 * pairs * 32, *b1 = two_cols ? b0 + pairs * 32 : b0;
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int64_t k = 0; k < k_in; k += 32) {
+                /* B streams from memory: ask for the tiles PREFETCH_STEPS steps ahead */
+                if (k + PREFETCH_STEPS * 32 < k_in)
+                    for (int line = 0; line < 16; line++) {
+                        _mm_prefetch((const char *)(b0 + (k + PREFETCH_STEPS * 32) * 16) + 64 * line, _MM_HINT_T0);
+                        _mm_prefetch((const char *)(b1 + (k + PREFETCH_STEPS * 32) * 16) + 64 * line, _MM_HINT_T0);
+                    }
                 _tile_loadd(4, a0 + k * 16, 64);
                 _tile_loadd(5, a1 + k * 16, 64);
                 _tile_loadd(6, b0 + k * 16, PAIR_BYTES);
