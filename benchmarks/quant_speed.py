@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import QuantLinear, build_quant_linear
@@ -58,10 +59,9 @@ def swap(net: nn.Module, modules: dict[str, nn.Module]) -> None:
 
 
 def linear_bytes(modules: dict[str, nn.Module]) -> int:
-    total = 0
-    for m in modules.values():
-        total += m.resident_bytes() if isinstance(m, QuantLinear) else m.weight.numel() * m.weight.element_size()
-    return total
+    """Bytes of every tensor the layers keep (weights or codes, scales, packed copies)."""
+    return sum(t.numel() * t.element_size() for m in modules.values()
+               for t in [*m.parameters(), *m.buffers()])
 
 
 def _caches(net: nn.Module, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -166,11 +166,12 @@ def main() -> None:
     net = loaded.model
     group = largest_group(net, args.group_size)
     sweep = layer_sweep(net, group, reps=20) if args.layer_sweep else None
+    quantized = {name: quantized_modules(net, name, group) for name in args.schemes.split(",")}
+    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
+        use_packed_linears(net)  # what the engine runs bf16 with (lm_head too, in every variant)
     dense = {n: m for n, m in net.named_modules()
              if n.startswith("model.layers.") and n.split(".", 3)[-1] in LINEARS}
-    variants = {"bf16": dense}
-    for name in args.schemes.split(","):
-        variants[name] = quantized_modules(net, name, group)
+    variants = {"bf16": dense, **quantized}
     ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),
                         generator=torch.Generator().manual_seed(0))
     results = {name: {"prefill_ms": [], "decode_ms": []} for name in variants}

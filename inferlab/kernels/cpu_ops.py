@@ -1,5 +1,5 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c), built at first use, called through
-ctypes.
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_gemv.c), built at first use,
+called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, about a second) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -25,7 +25,7 @@ import torch
 
 logger = logging.getLogger("inferlab.kernels")
 
-SOURCES = (Path(__file__).with_name("cpu") / "ops.c", Path(__file__).with_name("cpu") / "matmul.c")
+SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "matmul.c", "quant_gemv.c"))
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 _MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
 _MAX_GROUP = 64  # query heads per KV head, the attention kernel's stack buffer
@@ -40,11 +40,16 @@ _SIGNATURES = {
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_amx": (ctypes.c_int, []),
+    "has_quant_gemv": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
     "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _I64, _I64]),
 }
+_QUANT_GEMV_SIGNATURES = {
+    "int4_gemv": (ctypes.c_int, [_P, _I64, _I32, _I64, _P, _P, _I64, _P, _I64, _I64]),
+}
+QUANT_GEMV_MAX_ROWS = 4  # quant_gemv.c's register tile
 
 
 def _cache_dir() -> Path:
@@ -80,8 +85,10 @@ def _library() -> ctypes.CDLL | None:
     for name, (restype, argtypes) in _SIGNATURES.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
-    if lib.has_bf16_linear():
-        for name, (restype, argtypes) in _BF16_LINEAR_SIGNATURES.items():
+    optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
+                (lib.has_quant_gemv(), _QUANT_GEMV_SIGNATURES)]
+    for present, signatures in optional:
+        for name, (restype, argtypes) in signatures.items() if present else ():
             fn = getattr(lib, name)
             fn.restype, fn.argtypes = restype, argtypes
     return lib
@@ -230,4 +237,36 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
                                     n_out, k_in)
     if status:
         raise MemoryError("bf16_linear could not allocate its padding buffer")
+    return y
+
+
+@functools.cache
+def quant_gemv_available() -> bool:
+    """True when the library was built with the int4 decode kernel (quant_gemv.c)."""
+    lib = _library()
+    return lib is not None and bool(lib.has_quant_gemv())
+
+
+def _check_rows(x: torch.Tensor, k_in: int) -> None:
+    if not (1 <= x.shape[0] <= QUANT_GEMV_MAX_ROWS and x.shape[1] == k_in and x.stride(1) == 1
+            and x.dtype in _ELEM):
+        raise ValueError(f"the int4 decode kernel takes 1..{QUANT_GEMV_MAX_ROWS} rows of "
+                         f"{k_in} bf16 or fp32 inputs, not {x.dtype} {list(x.shape)}")
+
+
+def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
+              group_size: int, n_out: int) -> torch.Tensor:
+    """x [M <= 4, K] @ W^T -> fp32 [M, N], W in torch's CPU int4 layout with 64-output blocks
+    (uint8 [N, K/2]) and bf16 scales_and_zeros [K/G, N, 2]."""
+    k_in = packed.numel() * 2 // n_out
+    _check_rows(x, k_in)
+    if (n_out % 64 or k_in % group_size or scales_and_zeros.dtype != torch.bfloat16
+            or not (packed.is_contiguous() and scales_and_zeros.is_contiguous())):
+        raise ValueError("int4_gemv takes N % 64 == 0, whole groups and contiguous bf16 scales")
+    y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
+    status = _library().int4_gemv(x.data_ptr(), x.stride(0), _ELEM[x.dtype], x.shape[0],
+                                  packed.data_ptr(), scales_and_zeros.data_ptr(), group_size,
+                                  y.data_ptr(), n_out, k_in)
+    if status:
+        raise MemoryError("int4_gemv could not allocate its fp32 copy of x")
     return y

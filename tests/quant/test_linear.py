@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from inferlab.kernels import cpu_ops
 from inferlab.quant import linear
 from inferlab.quant.checkpoint import cat_rows
+from inferlab.quant.formats import int4_cpu
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
@@ -41,6 +43,32 @@ def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows
         out = layer(x.to(dtype))
         assert out.shape == (2, rows, 96) and out.dtype == dtype
         torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
+
+
+def held_int4_weight(layer) -> torch.Tensor:
+    """(u - 8) * scale + zero in float64 from the layer's nibbles and its stored scales."""
+    n, k, g = layer.out_features, layer.in_features, layer.group_size
+    u = int4_cpu.unpack_nibbles(layer.packed, n, k).double()
+    scale, zero = layer.scales_and_zeros.double().unbind(-1)  # [K/G, N] each
+    return (u - 8) * scale.T.repeat_interleave(g, 1) + zero.T.repeat_interleave(g, 1)
+
+
+@pytest.mark.skipif(not cpu_ops.quant_gemv_available(), reason="no AVX512 decode kernel here")
+@pytest.mark.parametrize(("group", "asym"), [(32, False), (64, True), (128, False)])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+def test_c_int4_decode_kernel_rounds_the_exact_product_once(group, asym, rows) -> None:
+    """bf16 decode rows through quant_gemv.c: the product of the bf16 inputs and the weight the
+    layer holds (its nibbles with the scales and zeros as stored, in bf16), computed in fp32
+    and rounded to bf16 once."""
+    gen = torch.Generator().manual_seed(rows)
+    w = torch.randn(192, 256, generator=gen)  # 192 outputs: three of the int4 kernel's blocks
+    qw = quantize_rtn(w, make_scheme("W4A16", group, asym).weights)
+    layer = build_quant_linear(qw, None, None, torch.bfloat16)
+    assert layer.use_c_gemv
+    x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
+    exact = x.double() @ held_int4_weight(layer).T
+    ulp = exact.abs() * torch.finfo(torch.bfloat16).eps
+    assert bool(((layer(x).double() - exact).abs() <= ulp / 2 + 1e-4).all())
 
 
 def test_int4_kernel_and_dequant_paths_agree() -> None:
