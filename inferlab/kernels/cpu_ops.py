@@ -1,5 +1,5 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_gemv.c), built at first use,
-called through ctypes.
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_gemv.c, decode_layer.c), built
+at first use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, about a second) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -25,7 +25,9 @@ import torch
 
 logger = logging.getLogger("inferlab.kernels")
 
-SOURCES = tuple(Path(__file__).with_name("cpu") / name for name in ("ops.c", "matmul.c", "quant_gemv.c"))
+_DIR = Path(__file__).with_name("cpu")
+SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_gemv.c", "decode_layer.c"))
+HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 _MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
 _MAX_GROUP = 64  # query heads per KV head, the attention kernel's stack buffer
@@ -41,6 +43,7 @@ _SIGNATURES = {
     "has_bf16_linear": (ctypes.c_int, []),
     "has_amx": (ctypes.c_int, []),
     "has_quant_gemv": (ctypes.c_int, []),
+    "has_decode_layer": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
@@ -49,6 +52,7 @@ _BF16_LINEAR_SIGNATURES = {
 _QUANT_GEMV_SIGNATURES = {
     "int4_gemv": (ctypes.c_int, [_P, _I64, _I32, _I64, _P, _P, _I64, _P, _I64, _I64]),
 }
+_DECODE_LAYER_SIGNATURES = {"decode_layer": (ctypes.c_int, [_P, _P, _I32, _I64, _P, _P])}
 QUANT_GEMV_MAX_ROWS = 4  # quant_gemv.c's register tile
 
 
@@ -58,7 +62,8 @@ def _cache_dir() -> Path:
 
 def _build(sources: tuple[Path, ...]) -> Path:
     """Compile `sources` into one library unless one built from the same bytes exists."""
-    digest = hashlib.sha256(b"".join(s.read_bytes() for s in sources) + b"-march=native").hexdigest()[:16]
+    text = b"".join(s.read_bytes() for s in (*sources, *HEADERS))
+    digest = hashlib.sha256(text + b"-march=native").hexdigest()[:16]
     target = _cache_dir() / f"cpu_ops-{digest}.so"
     if target.is_file():
         return target
@@ -86,7 +91,8 @@ def _library() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
-                (lib.has_quant_gemv(), _QUANT_GEMV_SIGNATURES)]
+                (lib.has_quant_gemv(), _QUANT_GEMV_SIGNATURES),
+                (lib.has_decode_layer(), _DECODE_LAYER_SIGNATURES)]
     for present, signatures in optional:
         for name, (restype, argtypes) in signatures.items() if present else ():
             fn = getattr(lib, name)
@@ -270,3 +276,15 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Ten
     if status:
         raise MemoryError("int4_gemv could not allocate its fp32 copy of x")
     return y
+
+
+@functools.cache
+def decode_layer_available() -> bool:
+    """True when the library was built with the whole-layer decode function (decode_layer.c)."""
+    lib = _library()
+    return lib is not None and bool(lib.has_decode_layer())
+
+
+def decode_layer_function() -> ctypes._CFuncPtr:
+    """decode_layer(x, residual, first_layer, rows, &weights, &batch); see cpu_decode.py."""
+    return _library().decode_layer

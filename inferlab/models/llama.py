@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from inferlab.errors import ModelLoadError
+from inferlab.kernels import cpu_decode
 from inferlab.kernels.attention import AttentionMetadata, paged_attention
 from inferlab.kernels.fused import rotary_embedding, silu_and_mul
 from inferlab.models.config import ModelConfig
@@ -100,6 +101,9 @@ class LlamaModel(nn.Module):
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [N, hidden]
         rope = (positions, self.rotary.cos, self.rotary.sin)
+        if cpu_decode.fits(self.layers, x, kv_caches, meta):  # the same kernels, one call a layer
+            x, residual = cpu_decode.run_layers(self.layers, rope, x, kv_caches, meta)
+            return self.norm(x, residual)[0]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(rope, x, residual, kv_cache, meta)

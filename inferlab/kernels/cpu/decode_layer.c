@@ -1,0 +1,70 @@
+/* One Llama decoder layer for a batch of decode tokens (one new token per sequence), bf16,
+ * linears packed for matmul.c: the same kernels in the same order as the Python layer
+ * (inferlab/models/llama.py) calls them, so the results are identical, without the ~200 us of
+ * Python and ctypes between them that a layer costs otherwise (about 6 ms of a 27 ms decode
+ * step of the embedded model at one token).
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef __AVX512BF16__
+typedef struct {
+    const uint16_t *input_norm, *post_norm;  /* [H] */
+    const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down;  /* packed weights; bias or NULL */
+    void *k_cache, *v_cache;  /* [blocks, block_size, Hkv, D] */
+} layer_weights_t;
+
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride;
+    float eps, scale;
+    const int64_t *positions, *slots;  /* [M] */
+    const float *cos_table, *sin_table;  /* [P, D] */
+    const int32_t *block_tables, *seq_lens;  /* [M, W], [M]: sequence i is row i */
+} decode_batch_t;
+
+/* x [M, H]: in, the previous layer's MLP output (layer 0: the embeddings); out, this layer's.
+ * residual [M, H]: the stream before x, in and out (layer 0: written). Returns 0, or -1 / -2
+ * when attention / a matmul or this function could not allocate its scratch memory. */
+int decode_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
+                 const layer_weights_t *w, const decode_batch_t *b) {
+    const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
+    const int64_t qkv_width = q_size + 2 * kv_size, hidden = b->hidden;
+    size_t elems = (size_t)rows * (qkv_width + q_size + 3 * b->intermediate);
+    uint16_t *qkv = malloc(elems * 2);
+    int32_t *index = malloc(sizeof(int32_t) * (size_t)rows);
+    if (!qkv || !index) {
+        free(qkv);
+        free(index);
+        return -2;
+    }
+    uint16_t *attn = qkv + rows * qkv_width, *gate_up = attn + rows * q_size;
+    uint16_t *act = gate_up + rows * 2 * b->intermediate;
+    for (int64_t i = 0; i < rows; i++) index[i] = (int32_t)i;
+
+    if (first_layer) memcpy(residual, x, (size_t)rows * hidden * 2);
+    rms_norm(x, hidden, first_layer ? NULL : residual, w->input_norm, x, rows, hidden, b->eps, 2);
+    int failed = bf16_linear(x, hidden, rows, w->qkv, w->qkv_bias, qkv, qkv_width, hidden) != 0;
+    rotary(qkv, qkv_width, b->num_heads + b->num_kv_heads, b->positions, b->cos_table,
+           b->sin_table, rows, b->head_dim, 2);  /* q and k side by side */
+    write_kv(qkv + q_size, qkv_width, qkv + q_size + kv_size, qkv_width, b->slots, w->k_cache,
+             w->v_cache, rows, kv_size, 2);
+    int status = paged_decode_attention(qkv, qkv_width, w->k_cache, w->v_cache, b->block_tables,
+                                        b->table_stride, b->seq_lens, index, index, rows, attn,
+                                        b->num_heads, b->num_kv_heads, b->head_dim, b->block_size,
+                                        b->scale, 2);
+    failed |= bf16_linear(attn, q_size, rows, w->o, NULL, x, hidden, q_size) != 0;
+    rms_norm(x, hidden, residual, w->post_norm, x, rows, hidden, b->eps, 2);
+    failed |= bf16_linear(x, hidden, rows, w->gate_up, NULL, gate_up, 2 * b->intermediate, hidden) != 0;
+    silu_and_mul(gate_up, act, rows, b->intermediate, 2);
+    failed |= bf16_linear(act, b->intermediate, rows, w->down, NULL, x, hidden, b->intermediate) != 0;
+    free(qkv);
+    free(index);
+    return failed ? -2 : status;
+}
+
+int has_decode_layer(void) { return 1; }
+#else
+int has_decode_layer(void) { return 0; }
+#endif

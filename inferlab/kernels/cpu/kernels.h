@@ -1,0 +1,22 @@
+/* The C kernels' entry points (ops.c, matmul.c), for the files that call one another's. */
+#ifndef INFERLAB_CPU_KERNELS_H
+#define INFERLAB_CPU_KERNELS_H
+#include <stdint.h>
+
+void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
+              int64_t rows, int64_t dim, float eps, int elem);
+void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,
+            const float *cos_table, const float *sin_table, int64_t tokens, int64_t dim, int elem);
+void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+              const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
+              int64_t kv_width, int elem);
+int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t table_stride,
+                           const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                           int64_t num_decodes, void *out, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                           int elem);
+void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem);
+int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+                const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in);
+#endif

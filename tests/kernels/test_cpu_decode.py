@@ -1,0 +1,78 @@
+"""The one-call-per-layer C decode path gives exactly what the Python layers give."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from inferlab.kernels import cpu_decode, cpu_ops
+from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.models.config import ModelConfig
+from inferlab.models.llama import LlamaForCausalLM
+
+pytestmark = pytest.mark.skipif(
+    not (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+         and cpu_ops.decode_layer_available()),
+    reason="this CPU (or its compiler) has no AVX512-BF16 kernels")
+
+BLOCK = 16
+
+
+def tiny_model(head_dim: int, bias: bool) -> LlamaForCausalLM:
+    cfg = ModelConfig(architecture="Qwen2ForCausalLM" if bias else "LlamaForCausalLM",
+                      vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=3,
+                      num_heads=128 // head_dim * 2, num_kv_heads=128 // head_dim,
+                      head_dim=head_dim, max_position_embeddings=512, attention_bias=bias)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name or name.endswith("bias"):
+                p.add_(torch.randn_like(p) * 0.1)
+    model = model.to(torch.bfloat16).eval()
+    use_packed_linears(model)
+    return model
+
+
+def random_decode_batch(model, context_lens: list[int], seed: int):
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    need = [-(-(c + 1) // BLOCK) for c in context_lens]
+    order = torch.randperm(sum(need) + 3, generator=gen).tolist()
+    tables, start = [], 0
+    for n in need:
+        tables.append(order[start:start + n])
+        start += n
+    meta = AttentionMetadata.build([1] * len(context_lens), [c + 1 for c in context_lens], tables, BLOCK)
+    shape = (len(order), BLOCK, cfg.num_kv_heads, cfg.head_dim)
+    caches = [(torch.randn(shape, generator=gen).to(torch.bfloat16),
+               torch.randn(shape, generator=gen).to(torch.bfloat16)) for _ in range(cfg.num_layers)]
+    ids = torch.randint(0, cfg.vocab_size, (len(context_lens),), generator=gen)
+    return ids, torch.tensor(context_lens), caches, meta
+
+
+@pytest.mark.parametrize(("head_dim", "bias"), [(64, False), (32, True), (16, False)])
+@pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64], [200] * 9])
+def test_c_layers_equal_the_python_layers(head_dim, bias, context_lens, monkeypatch):
+    model = tiny_model(head_dim, bias)
+    ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=len(context_lens))
+    assert cpu_decode.fits(model.model.layers, model.model.embed_tokens(ids), caches, meta)
+    c_caches = [(k.clone(), v.clone()) for k, v in caches]
+    with torch.no_grad():
+        ours = model(ids, positions, c_caches, meta)
+        monkeypatch.setattr(cpu_decode, "fits", lambda *args: False)
+        reference = model(ids, positions, caches, meta)
+    assert torch.equal(ours, reference)
+    assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
+               for a, b in zip(pair, ref, strict=True))
+
+
+def test_a_prefill_in_the_batch_keeps_the_python_layers():
+    model = tiny_model(64, False)
+    meta = AttentionMetadata.build([1, 5], [10, 5], [[0], [1]], BLOCK)
+    caches = [(torch.zeros(4, BLOCK, 2, 64, dtype=torch.bfloat16),) * 2] * 3
+    x = torch.zeros(6, 128, dtype=torch.bfloat16)
+    assert not cpu_decode.fits(model.model.layers, x, caches, meta)
+    assert not cpu_decode.fits(model.model.layers, x[:2].float(), caches, AttentionMetadata.build(
+        [1, 1], [10, 5], [[0], [1]], BLOCK))
