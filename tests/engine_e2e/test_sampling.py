@@ -6,7 +6,7 @@ import math
 
 import torch
 
-from inferlab.engine.sampler import SamplingBatch, apply_penalties, sample
+from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample
 from inferlab.engine.sampling_params import SamplingParams
 
 
@@ -107,3 +107,18 @@ def test_eos_ends_a_request_unless_ignored(make_llm):
     forced = llm.chat([{"role": "user", "content": "Say hi"}],
                       SamplingParams(temperature=0, max_tokens=64, ignore_eos=True))[0].outputs[0]
     assert forced.finish_reason == "length" and len(forced.token_ids) == 64
+
+
+def test_inverse_cdf_by_hand():
+    """Mass 0.5 at id 10 (first block of 256), 0.3 at 300 (second), 0.2 at 599 (third, the
+    vocabulary padded after it): each uniform lands where the running mass first exceeds it."""
+    probs = torch.zeros(1, 600)
+    probs[0, 10], probs[0, 300], probs[0, 599] = 0.5, 0.3, 0.2
+    cases = {0.0: 10, 0.49: 10, 0.5: 300, 0.79: 300, 0.81: 599, 1 - 1e-12: 599}
+    for u, expected in cases.items():
+        picked = inverse_cdf(probs * 3.0, torch.tensor([[u]], dtype=torch.float64))  # any total
+        assert picked.tolist() == [expected], u
+    # zeros after the last positive entry are never picked, whatever the rounding
+    tail = torch.zeros(1, 300)
+    tail[0, 3] = 1e-30
+    assert inverse_cdf(tail, torch.tensor([[1 - 1e-16]], dtype=torch.float64)).tolist() == [3]
