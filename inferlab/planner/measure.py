@@ -3,13 +3,14 @@ short PyTorch micro-benchmark and cached as JSON. The only planner module that t
 and only inside `measure_cpu`.
 
 Three things set a CPU decode step, so three are measured:
-- the rate one-row bf16 matmuls stream weights from DRAM, through Llama-shaped layers of
-  several widths: decode's memory roof (a plain copy is measured too, and shown, but the matmul
-  kernel is what decode waits on, and on a CPU it is slower per byte on narrow layers);
+- the rate the engine's bf16 linears (the packed C kernels where the CPU has AVX512-BF16)
+  stream weights from DRAM with 1 and 16 rows, through Llama-shaped layers of several widths:
+  decode's memory roof (a plain copy is measured too, and shown, but the matmul kernel is what
+  decode waits on, and on a CPU it is slower per byte on narrow layers);
 - the square-matmul rate in bf16 and fp32: the compute roof (prefill);
-- the host time of one eager transformer layer with tiny data: an eager engine launches dozens
-  of operators per layer, each with a fixed cost (GPU servers hide it with CUDA graphs), and for
-  a small model that is a good share of the step.
+- the host time of one of the engine's decoder layers with tiny data: each operator launch or
+  Python call has a fixed cost (GPU servers hide it with CUDA graphs), and for a small model
+  that is a good share of the step.
 """
 
 from __future__ import annotations
@@ -66,26 +67,35 @@ def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
 
 
 def layer_linear_shapes(width: int) -> list[tuple[int, int]]:
-    """(in, out) of a Llama layer's linears at hidden size `width`, MLP 8/3 as wide: fused QKV,
-    output, fused gate-up, down."""
-    mlp = 8 * width // 3
+    """(in, out) of a Llama layer's linears at hidden size `width`, MLP about 8/3 as wide (a
+    multiple of 64, as real models round it): fused QKV, output, fused gate-up, down."""
+    mlp = 8 * width // 3 // 64 * 64
     return [(width, 2 * width), (width, width), (width, 2 * mlp), (mlp, width)]
 
 
 def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
     """Weight bytes per second bf16 matmuls of 1 and 16 rows read through layers of this width."""
     import torch
-    import torch.nn.functional as F
+
+    from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 
     shapes = layer_linear_shapes(width)
     layers = max(1, STREAM_BYTES // (2 * sum(i * o for i, o in shapes)))
-    weights = [torch.full((o, i), 0.01, dtype=torch.bfloat16) for _ in range(layers) for i, o in shapes]
-    total = sum(w.numel() * w.element_size() for w in weights)
+    linears = torch.nn.ModuleList()
+    for _ in range(layers):
+        for i, o in shapes:  # constant weights: random ones take seconds to draw
+            linear = torch.nn.Linear(i, o, bias=False, device="meta")
+            linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=torch.bfloat16))
+            linears.append(linear)
+    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
+        use_packed_linears(linears)  # the kernels the engine runs
+    total = 2 * sum(i * o for i, o in shapes) * layers
     rates = {}
-    for n in STREAM_ROWS:
-        x = {i: torch.randn(n, i, dtype=torch.bfloat16) for i, _ in shapes}  # [rows, in]
-        rates[str(n)] = total / _best_seconds(lambda x=x: [F.linear(x[w.shape[1]], w) for w in weights],
-                                              repeats)
+    with torch.inference_mode():
+        for n in STREAM_ROWS:
+            x = {i: torch.randn(n, i, dtype=torch.bfloat16) for i, _ in shapes}  # [rows, in]
+            rates[str(n)] = total / _best_seconds(
+                lambda x=x: [m(x[m.in_features]) for m in linears], repeats)
     return rates
 
 
@@ -95,68 +105,42 @@ def _stream_grid(repeats: int) -> dict[str, dict[str, float]]:
     return {str(n): {w: rates[str(n)] for w, rates in by_width.items()} for n in STREAM_ROWS}
 
 
-def _tiny_layer_stack(num_layers: int, batch: int):  # -> a callable running the stack once
-    """Eager Llama-style layers at width 64: RMSNorm, fused QKV, rotary, paged KV write and
-    gather, SDPA, output projection, residual, RMSNorm, fused gate-up, SiLU, down, residual.
-    Their data is tiny, so their time is the host's cost of launching those operators."""
+def _tiny_model_forward(num_layers: int):  # -> a callable running one decode forward
+    """The engine's own Llama layers at width 128 (bf16, linears as the engine runs them),
+    one decode token over a 4-token paged context. Their data is tiny, so their time is the
+    host's cost of running a layer: Python and operator launches, or one C call per layer where
+    the engine has the C decode path."""
     import torch
-    import torch.nn.functional as F
 
-    hidden, heads, kv_heads, head_dim, block = 64, 4, 2, 16, 16
-    dt = torch.bfloat16
+    from inferlab.kernels.attention.metadata import AttentionMetadata
+    from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+    from inferlab.models.config import ModelConfig
+    from inferlab.models.llama import LlamaForCausalLM
 
-    def weights() -> dict[str, torch.Tensor]:
-        return {"n1": torch.ones(hidden, dtype=dt), "n2": torch.ones(hidden, dtype=dt),
-                "qkv": torch.randn((heads + 2 * kv_heads) * head_dim, hidden, dtype=dt),
-                "o": torch.randn(hidden, heads * head_dim, dtype=dt),
-                "gate_up": torch.randn(4 * hidden, hidden, dtype=dt),
-                "down": torch.randn(hidden, 2 * hidden, dtype=dt),
-                "k_cache": torch.zeros(batch + 1, block, kv_heads, head_dim, dtype=dt),
-                "v_cache": torch.zeros(batch + 1, block, kv_heads, head_dim, dtype=dt)}
-
-    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-        xf = x.float()
-        return (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + 1e-6)).to(x.dtype) * w
-
-    def rotate(t: torch.Tensor) -> torch.Tensor:
-        a, b = t.chunk(2, -1)
-        return t * cos + torch.cat((-b, a), -1) * sin
-
-    def layer(x: torch.Tensor, w: dict[str, torch.Tensor]) -> torch.Tensor:
-        q, k, v = F.linear(norm(x, w["n1"]), w["qkv"]).split(
-            [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], -1)
-        q, k = rotate(q.view(batch, heads, head_dim)), rotate(k.view(batch, kv_heads, head_dim))
-        w["k_cache"].view(-1, kv_heads, head_dim).index_copy_(0, slots, k)
-        w["v_cache"].view(-1, kv_heads, head_dim).index_copy_(0, slots, v.view(batch, kv_heads, head_dim))
-        keys = w["k_cache"][tables].flatten(1, 2)[:, :4]  # [batch, 4, kv_heads, head_dim]
-        values = w["v_cache"][tables].flatten(1, 2)[:, :4]
-        attn = F.scaled_dot_product_attention(
-            q.unsqueeze(2), keys.transpose(1, 2), values.transpose(1, 2),
-            attn_mask=mask[:, None, None, :], enable_gqa=True)  # [batch, heads, 1, head_dim]
-        x = x + F.linear(attn.reshape(batch, heads * head_dim), w["o"])
-        gate, up = F.linear(norm(x, w["n2"]), w["gate_up"]).chunk(2, -1)
-        return x + F.linear(F.silu(gate) * up, w["down"])
-
-    cos = torch.ones(batch, 1, head_dim, dtype=dt)  # [batch, 1, head_dim]
-    sin = torch.zeros(batch, 1, head_dim, dtype=dt)
-    slots = torch.arange(batch) * block + 3  # each sequence's 4th token
-    tables = torch.arange(batch).unsqueeze(1)  # [batch, 1]: one block each
-    mask = torch.ones(batch, 4, dtype=torch.bool)
-    stack = [weights() for _ in range(num_layers)]
-    x0 = torch.randn(batch, hidden, dtype=dt)
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=128,
+                      intermediate_size=256, num_layers=num_layers, num_heads=2, num_kv_heads=1,
+                      head_dim=64, max_position_embeddings=64)
+    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
+    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
+        use_packed_linears(model)
+    block = 16
+    caches = [(torch.zeros(2, block, 1, 64, dtype=torch.bfloat16),
+               torch.zeros(2, block, 1, 64, dtype=torch.bfloat16)) for _ in range(num_layers)]
+    ids, positions = torch.tensor([5]), torch.tensor([3])
 
     def run() -> None:
+        meta = AttentionMetadata.build([1], [4], [[1]], block)  # built per step, as the engine does
         with torch.inference_mode():
-            x = x0
-            for w in stack:
-                x = layer(x, w)
+            model(ids, positions, caches, meta)
 
     return run
 
 
-def _layer_overhead_s(repeats: int, num_layers: int = 8) -> float:
-    """Host seconds per eager transformer layer at batch 1 (what CUDA graphs remove on GPUs)."""
-    return _best_seconds(_tiny_layer_stack(num_layers, batch=1), 4 * repeats) / num_layers
+def _layer_overhead_s(repeats: int) -> float:
+    """Host seconds per decoder layer at batch 1 (what CUDA graphs remove on GPUs): the
+    difference between 16 and 8 tiny layers, so the per-forward costs cancel."""
+    deep, shallow = (_best_seconds(_tiny_model_forward(n), 4 * repeats) for n in (16, 8))
+    return max(deep - shallow, 0.0) / 8
 
 
 def measure_cpu(repeats: int = 3) -> dict[str, Any]:
