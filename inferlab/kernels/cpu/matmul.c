@@ -138,6 +138,8 @@ static void configure_tiles(void) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = 64;
     }
+    /* gcc does not see ldtilecfg read the whole struct and drops the stores above without this */
+    __asm__ volatile("" : : "m"(cfg) : "memory");
     _tile_loadconfig(&cfg);
 }
 
