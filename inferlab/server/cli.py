@@ -18,7 +18,7 @@ _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
-    add_engine_args(parser)
+    add_engine_args(parser, serving=True)
     group = parser.add_argument_group("server")
     group.add_argument("--host", default=_DEFAULTS["host"])
     group.add_argument("--port", type=int, default=_DEFAULTS["port"], help="0: any free port")

@@ -116,3 +116,17 @@ def test_serve_on_a_taken_port_fails_with_one_line():
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: cannot listen on 127.0.0.1:")
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
+    """serve's default prefill chunk is the latency-minded one; generate keeps the larger step,
+    and either can be set."""
+    from inferlab.cli import build_parser
+    from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS, engine_config_from_args
+
+    def step(argv):
+        return engine_config_from_args(build_parser(argv).parse_args(argv)).max_num_batched_tokens
+
+    assert step(["serve"]) == SERVING_MAX_NUM_BATCHED_TOKENS == 512
+    assert step(["generate", "hi"]) == 2048
+    assert step(["serve", "--max-num-batched-tokens", "1024"]) == 1024
