@@ -38,31 +38,42 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _layer_fits(layer: nn.Module) -> bool:
-    attn, mlp = layer.self_attn, layer.mlp
-    linears = (attn.qkv_proj, attn.o_proj, mlp.gate_up_proj, mlp.down_proj)
-    return (attn.q_norm is None and all(type(m) is PackedLinear for m in linears)
-            and all(m.bias is None for m in linears[1:])
-            and attn.num_heads // attn.num_kv_heads <= 64 and attn.head_dim % 2 == 0
-            and attn.head_dim <= 512)
-
-
-def fits(layers: Sequence[nn.Module], x: torch.Tensor, kv_caches: Sequence[tuple],
-         meta: AttentionMetadata) -> bool:
-    """Whether this forward can take the C path: CPU, bf16, decodes only, packed layers."""
-    block_size = meta.block_size
-    return (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
-            and len(meta.decode_seqs) == meta.num_seqs == x.shape[0]
-            and block_size & (block_size - 1) == 0 and cpu_ops.decode_layer_available()
-            and all(k.is_contiguous() and v.is_contiguous() and k.dtype == torch.bfloat16
-                    for k, v in kv_caches)
-            and all(_layer_fits(layer) for layer in layers))
+def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
+                   ) -> _LayerWeights | None:
+    """The layer's tensors for the C call, or None when the layer does not fit the C path.
+    Submodules are read from `_modules` directly: nn.Module's attribute lookup costs about a
+    microsecond, and a step makes hundreds of them."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    qkv, o = attn._modules["qkv_proj"], attn._modules["o_proj"]
+    gate_up, down = mlp._modules["gate_up_proj"], mlp._modules["down_proj"]
+    if not (type(qkv) is type(o) is type(gate_up) is type(down) is PackedLinear
+            and o.bias is None and gate_up.bias is None and down.bias is None
+            and attn.q_norm is None and attn.num_heads // attn.num_kv_heads <= 64
+            and attn.head_dim % 2 == 0 and attn.head_dim <= 512
+            and k_cache.is_contiguous() and v_cache.is_contiguous()
+            and k_cache.dtype == torch.bfloat16):
+        return None
+    norm = layer._modules["input_layernorm"]._parameters["weight"]
+    post_norm = layer._modules["post_attention_layernorm"]._parameters["weight"]
+    return _LayerWeights(_ptr(norm), _ptr(post_norm), _ptr(qkv.packed), _ptr(qkv.bias),
+                         _ptr(o.packed), _ptr(gate_up.packed), _ptr(down.packed),
+                         _ptr(k_cache), _ptr(v_cache))
 
 
 def run_layers(layers: Sequence[nn.Module], rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
                x: torch.Tensor, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, H] embeddings -> (last layer's MLP output, the residual stream before it)."""
+               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """x [M, H] embeddings -> (last layer's MLP output, the residual stream before it), or
+    None when this forward does not fit the C path (not CPU bf16, not decodes only, a layer the
+    C function does not implement): the caller then runs the Python layers."""
+    block_size = meta.block_size
+    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
+            and len(meta.decode_seqs) == meta.num_seqs == x.shape[0]
+            and block_size & (block_size - 1) == 0 and cpu_ops.decode_layer_available()):
+        return None
+    weights = [_layer_weights(layer, k, v) for layer, (k, v) in zip(layers, kv_caches, strict=True)]
+    if any(w is None for w in weights):
+        return None
     positions, cos, sin = rope
     positions, slots = positions.to(torch.int64).contiguous(), meta.slot_mapping.contiguous()
     x = x.contiguous()
@@ -72,20 +83,15 @@ def run_layers(layers: Sequence[nn.Module], rope: tuple[torch.Tensor, torch.Tens
     batch = _DecodeBatch(
         hidden=x.shape[1], num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
         head_dim=attn.head_dim, intermediate=first.mlp.down_proj.in_features,
-        block_size=meta.block_size, table_stride=meta.block_tables.stride(0),
+        block_size=block_size, table_stride=meta.block_tables.stride(0),
         eps=first.input_layernorm.eps, scale=attn.scale, positions=_ptr(positions),
         slots=_ptr(slots), cos_table=_ptr(cos), sin_table=_ptr(sin),
         block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
     decode_layer = cpu_ops.decode_layer_function()
-    for i, (layer, (k_cache, v_cache)) in enumerate(zip(layers, kv_caches, strict=True)):
-        attn, mlp = layer.self_attn, layer.mlp
-        weights = _LayerWeights(
-            _ptr(layer.input_layernorm.weight), _ptr(layer.post_attention_layernorm.weight),
-            _ptr(attn.qkv_proj.packed), _ptr(attn.qkv_proj.bias), _ptr(attn.o_proj.packed),
-            _ptr(mlp.gate_up_proj.packed), _ptr(mlp.down_proj.packed), _ptr(k_cache),
-            _ptr(v_cache))
-        status = decode_layer(x.data_ptr(), residual.data_ptr(), int(i == 0), x.shape[0],
-                              ctypes.byref(weights), ctypes.byref(batch))
+    rows, batch_ref = x.shape[0], ctypes.byref(batch)
+    for i, layer_weights in enumerate(weights):
+        status = decode_layer(x.data_ptr(), residual.data_ptr(), int(i == 0), rows,
+                              ctypes.byref(layer_weights), batch_ref)
         if status:
             raise MemoryError("the C decode layer could not allocate its scratch memory")
     return x, residual

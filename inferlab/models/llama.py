@@ -101,9 +101,9 @@ class LlamaModel(nn.Module):
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
         x = self.embed_tokens(input_ids)  # [N, hidden]
         rope = (positions, self.rotary.cos, self.rotary.sin)
-        if cpu_decode.fits(self.layers, x, kv_caches, meta):  # the same kernels, one call a layer
-            x, residual = cpu_decode.run_layers(self.layers, rope, x, kv_caches, meta)
-            return self.norm(x, residual)[0]
+        done = cpu_decode.run_layers(self.layers, rope, x, kv_caches, meta)  # None: not here
+        if done is not None:  # the same kernels as the layers below, one call a layer
+            return self.norm(*done)[0]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(rope, x, residual, kv_cache, meta)

@@ -57,11 +57,14 @@ def random_decode_batch(model, context_lens: list[int], seed: int):
 def test_c_layers_equal_the_python_layers(head_dim, bias, context_lens, monkeypatch):
     model = tiny_model(head_dim, bias)
     ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=len(context_lens))
-    assert cpu_decode.fits(model.model.layers, model.model.embed_tokens(ids), caches, meta)
-    c_caches = [(k.clone(), v.clone()) for k, v in caches]
     with torch.no_grad():
+        x = model.model.embed_tokens(ids)
+        rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+        scratch = [(k.clone(), v.clone()) for k, v in caches]
+        assert cpu_decode.run_layers(model.model.layers, rope, x, scratch, meta) is not None
+        c_caches = [(k.clone(), v.clone()) for k, v in caches]
         ours = model(ids, positions, c_caches, meta)
-        monkeypatch.setattr(cpu_decode, "fits", lambda *args: False)
+        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
     assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
@@ -73,6 +76,7 @@ def test_a_prefill_in_the_batch_keeps_the_python_layers():
     meta = AttentionMetadata.build([1, 5], [10, 5], [[0], [1]], BLOCK)
     caches = [(torch.zeros(4, BLOCK, 2, 64, dtype=torch.bfloat16),) * 2] * 3
     x = torch.zeros(6, 128, dtype=torch.bfloat16)
-    assert not cpu_decode.fits(model.model.layers, x, caches, meta)
-    assert not cpu_decode.fits(model.model.layers, x[:2].float(), caches, AttentionMetadata.build(
-        [1, 1], [10, 5], [[0], [1]], BLOCK))
+    rope = (torch.zeros(6, dtype=torch.int64), model.model.rotary.cos, model.model.rotary.sin)
+    assert cpu_decode.run_layers(model.model.layers, rope, x, caches, meta) is None
+    decodes = AttentionMetadata.build([1, 1], [10, 5], [[0], [1]], BLOCK)
+    assert cpu_decode.run_layers(model.model.layers, rope, x[:2].float(), caches, decodes) is None
