@@ -1,7 +1,7 @@
 """The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_gemv.c, decode_layer.c), built
 at first use, called through ctypes.
 
-The library is compiled with the machine's C compiler (`cc`, about a second) into
+The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
 libgomp torch already loaded, so both share one OpenMP thread pool. gnu11, not c11: ISO mode
 turns off the contraction of a*b+c into FMA instructions. Where no compiler works,
@@ -41,7 +41,6 @@ _SIGNATURES = {
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "has_bf16_linear": (ctypes.c_int, []),
-    "has_amx": (ctypes.c_int, []),
     "has_quant_gemv": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
 }
@@ -237,6 +236,9 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     if x.stride(1) != 1 or k_in != packed.shape[1] * 2 or x.dtype != torch.bfloat16:
         raise ValueError(f"bf16_linear: x {x.dtype} {list(x.shape)} does not match a packed "
                          f"[{n_out}, {packed.shape[1] * 2}] weight")
+    if bias is not None and not (bias.dtype == torch.bfloat16 and bias.is_contiguous()
+                                 and bias.numel() == n_out):
+        raise ValueError(f"bf16_linear: the bias must be {n_out} contiguous bf16 values")
     y = torch.empty(rows, n_out, dtype=torch.bfloat16)
     status = _library().bf16_linear(x.data_ptr(), x.stride(0), rows, packed.data_ptr(),
                                     None if bias is None else bias.data_ptr(), y.data_ptr(),
