@@ -48,8 +48,8 @@ def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tenso
     gate_up, down = mlp._modules["gate_up_proj"], mlp._modules["down_proj"]
     if not (type(qkv) is type(o) is type(gate_up) is type(down) is PackedLinear
             and o.bias is None and gate_up.bias is None and down.bias is None
-            and attn.q_norm is None and attn.num_heads // attn.num_kv_heads <= 64
-            and attn.head_dim % 2 == 0 and attn.head_dim <= 512
+            and attn.q_norm is None
+            and attn.head_dim % 2 == 0 and attn.head_dim <= cpu_ops.MAX_HEAD_DIM
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and k_cache.dtype == torch.bfloat16):
         return None

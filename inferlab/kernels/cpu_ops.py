@@ -29,8 +29,7 @@ _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_gemv.c", "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
-_MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
-_MAX_GROUP = 64  # query heads per KV head, the attention kernel's stack buffer
+MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 _SIGNATURES = {
@@ -141,8 +140,8 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables."""
     dim = q.shape[-1]
-    if dim > _MAX_HEAD_DIM or dim % 2 or cos.dtype != torch.float32 or not cos.is_contiguous():
-        raise ValueError(f"rotary kernel needs an even head dim <= {_MAX_HEAD_DIM} and fp32 tables")
+    if dim > MAX_HEAD_DIM or dim % 2 or cos.dtype != torch.float32 or not cos.is_contiguous():
+        raise ValueError(f"rotary kernel needs an even head dim <= {MAX_HEAD_DIM} and fp32 tables")
     positions = positions.to(torch.int64)
     n, hq, hkv, elem = q.shape[0], q.shape[1], k.shape[1], _ELEM[q.dtype]
     # q and k side by side in one fused projection row: rotate both heads' runs in one call
@@ -178,7 +177,7 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"the C decode attention needs a power-of-two block size, not {block_size}")
-    if num_heads % num_kv_heads or num_heads // num_kv_heads > _MAX_GROUP:
+    if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
     if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous()
             and block_tables.is_contiguous() and k_cache.is_contiguous()):
@@ -206,10 +205,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def bf16_linear_available() -> bool:
-    """True when the library was built with the AVX512-BF16 linear kernels (matmul.c)."""
+def _built_with(feature: str) -> bool:
+    """True when the library was built and its `has_<feature>()` says the CPU part is there."""
     lib = _library()
-    return lib is not None and bool(lib.has_bf16_linear())
+    return lib is not None and bool(getattr(lib, f"has_{feature}")())
+
+
+def bf16_linear_available() -> bool:
+    """The AVX512-BF16 linear kernels (matmul.c)."""
+    return _built_with("bf16_linear")
 
 
 def bf16_linear_fits(out_features: int, in_features: int) -> bool:
@@ -248,18 +252,9 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     return y
 
 
-@functools.cache
 def quant_gemv_available() -> bool:
-    """True when the library was built with the int4 decode kernel (quant_gemv.c)."""
-    lib = _library()
-    return lib is not None and bool(lib.has_quant_gemv())
-
-
-def _check_rows(x: torch.Tensor, k_in: int) -> None:
-    if not (1 <= x.shape[0] <= QUANT_GEMV_MAX_ROWS and x.shape[1] == k_in and x.stride(1) == 1
-            and x.dtype in _ELEM):
-        raise ValueError(f"the int4 decode kernel takes 1..{QUANT_GEMV_MAX_ROWS} rows of "
-                         f"{k_in} bf16 or fp32 inputs, not {x.dtype} {list(x.shape)}")
+    """The int4 decode kernel (quant_gemv.c)."""
+    return _built_with("quant_gemv")
 
 
 def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
@@ -267,7 +262,10 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Ten
     """x [M <= 4, K] @ W^T -> fp32 [M, N], W in torch's CPU int4 layout with 64-output blocks
     (uint8 [N, K/2]) and bf16 scales_and_zeros [K/G, N, 2]."""
     k_in = packed.numel() * 2 // n_out
-    _check_rows(x, k_in)
+    if not (1 <= x.shape[0] <= QUANT_GEMV_MAX_ROWS and x.shape[1] == k_in and x.stride(1) == 1
+            and x.dtype in _ELEM):
+        raise ValueError(f"the int4 decode kernel takes 1..{QUANT_GEMV_MAX_ROWS} rows of "
+                         f"{k_in} bf16 or fp32 inputs, not {x.dtype} {list(x.shape)}")
     if (n_out % 64 or k_in % group_size or scales_and_zeros.dtype != torch.bfloat16
             or not (packed.is_contiguous() and scales_and_zeros.is_contiguous())):
         raise ValueError("int4_gemv takes N % 64 == 0, whole groups and contiguous bf16 scales")
@@ -280,11 +278,9 @@ def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Ten
     return y
 
 
-@functools.cache
 def decode_layer_available() -> bool:
-    """True when the library was built with the whole-layer decode function (decode_layer.c)."""
-    lib = _library()
-    return lib is not None and bool(lib.has_decode_layer())
+    """The whole-layer decode function (decode_layer.c)."""
+    return _built_with("decode_layer")
 
 
 def decode_layer_function() -> ctypes._CFuncPtr:

@@ -1,7 +1,25 @@
-/* The C kernels' entry points (ops.c, matmul.c), for the files that call one another's. */
+/* The C kernels' entry points (ops.c, matmul.c), for the files that call one another's, and
+ * the conversion from the tensors' dtypes to fp32 that several files need. */
 #ifndef INFERLAB_CPU_KERNELS_H
 #define INFERLAB_CPU_KERNELS_H
 #include <stdint.h>
+#include <string.h>
+
+static inline float bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+
+/* n values of bf16 (elem 2) or fp32 (elem 4) at src -> fp32 at dst. */
+static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
+    if (elem == 4) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    const uint16_t *s = (const uint16_t *)src;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
 
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
               int64_t rows, int64_t dim, float eps, int elem);

@@ -12,13 +12,15 @@
  *
  * Up to VNNI_MAX_ROWS rows take the AVX512 kernel (bound by reading the weights once); more go
  * to AMX tiles (16x32 x 32x16 per instruction) when the CPU has them, else to the AVX512 kernel
- * in groups of VNNI_MAX_ROWS. Sums are fp32 and round to
- * bf16 once at the end. A row's result depends only on which kernel ran, not on the other rows.
+ * in groups of VNNI_MAX_ROWS. Sums are fp32 and round to bf16 once at the end. A row's result
+ * depends only on which kernel ran, not on the other rows.
  * N must be a multiple of 16 and K of 32 (checked by the caller).
  */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+
+#include "kernels.h"
 
 #ifdef __AVX512BF16__
 #include <immintrin.h>

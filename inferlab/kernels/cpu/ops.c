@@ -3,7 +3,7 @@
  *
  * Why C: in eager torch each of these is 5-15 small ops of 2-30 us each; a decode step of a
  * small model spends more time in that overhead than in its matmuls. Here each is one call.
- * Plain C99 + OpenMP, no torch headers, so it compiles in about a second at first use
+ * Plain C + OpenMP, no torch headers, so it compiles in seconds at first use
  * (inferlab/kernels/cpu_ops.py) and links against torch's own libgomp (one thread pool).
  *
  * Tensors arrive as raw pointers; `elem` is the element size: 2 = bfloat16, 4 = float32.
@@ -16,27 +16,14 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define CHUNK 256 /* floats per stack buffer when a row is processed in pieces */
+#include "kernels.h"
 
-static inline float bf16_to_f32(uint16_t h) {
-    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
-    return v.f;
-}
+#define CHUNK 256 /* floats per stack buffer when a row is processed in pieces */
 
 static inline uint16_t f32_to_bf16(float f) {
     union { float f; uint32_t u; } v = { .f = f };
     uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
     return (v.u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((v.u >> 16) | 0x40u) : (uint16_t)rounded;
-}
-
-static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
-    if (elem == 4) {
-        memcpy(dst, src, (size_t)n * 4);
-        return;
-    }
-    const uint16_t *s = (const uint16_t *)src;
-#pragma omp simd
-    for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
 static inline void store_f32(const float *src, int elem, void *dst, int64_t n) {

@@ -18,27 +18,18 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels.h"
+
 #ifdef __AVX512F__
 #include <immintrin.h>
 
 #define QUANT_MAX_ROWS 4
 
-/* rows x [K] of bf16 (elem 2) or fp32 (elem 4) -> fp32 [rows][k_pad], zero-padded. */
-static float *widen_rows(const void *x, int64_t x_stride, int elem, int64_t rows, int64_t k_in,
-                         int64_t k_pad) {
-    float *xf = aligned_alloc(64, (size_t)(rows * k_pad * 4 + 64) / 64 * 64);
-    if (!xf) return NULL;
-    memset(xf, 0, (size_t)rows * k_pad * 4);
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t k = 0; k < k_in; k++) {
-            const char *row = (const char *)x + m * x_stride * elem;
-            if (elem == 4) {
-                xf[m * k_pad + k] = ((const float *)row)[k];
-            } else {
-                uint32_t bits = (uint32_t)((const uint16_t *)row)[k] << 16;
-                memcpy(xf + m * k_pad + k, &bits, 4);
-            }
-        }
+/* rows x [K] of bf16 (elem 2) or fp32 (elem 4), row stride x_stride -> fp32 [rows][K]. */
+static float *widen_rows(const void *x, int64_t x_stride, int elem, int64_t rows, int64_t k_in) {
+    float *xf = malloc(sizeof(float) * (size_t)(rows * k_in));
+    for (int64_t m = 0; xf && m < rows; m++)
+        load_f32((const char *)x + m * x_stride * elem, elem, xf + m * k_in, k_in);
     return xf;
 }
 
@@ -53,7 +44,7 @@ static inline __m512 bf16_pairs_high(__m512i pairs) {  /* the second */
 /* One 64-output block: per group, sums of x * u in registers, then
  * y += scale * (sum - 8 * xsum) + zero * xsum with xsum the group's sum of x. */
 static inline __attribute__((always_inline)) void int4_block(
-        const float *xf, const float *xsum, int64_t k_pad, const int ROWS, const uint8_t *block,
+        const float *xf, const float *xsum, const int ROWS, const uint8_t *block,
         const uint16_t *scales_zeros, int64_t group, float *y, int64_t n_out, int64_t k_in,
         int64_t n0) {
     __m512 out[QUANT_MAX_ROWS][4];
@@ -74,7 +65,7 @@ static inline __attribute__((always_inline)) void int4_block(
                            _mm512_cvtepi32_ps(_mm512_srli_epi32(lo, 4)),     /* 32-47 */
                            _mm512_cvtepi32_ps(_mm512_srli_epi32(hi, 4))};    /* 48-63 */
             for (int m = 0; m < ROWS; m++) {
-                __m512 xb = _mm512_set1_ps(xf[m * k_pad + k]);
+                __m512 xb = _mm512_set1_ps(xf[m * k_in + k]);
                 for (int j = 0; j < 4; j++) acc[m][j] = _mm512_fmadd_ps(w[j], xb, acc[m][j]);
             }
         }
@@ -97,8 +88,8 @@ static inline __attribute__((always_inline)) void int4_block(
 int int4_gemv(const void *x, int64_t x_stride, int elem, int64_t rows, const uint8_t *packed,
               const uint16_t *scales_zeros, int64_t group, float *y, int64_t n_out, int64_t k_in) {
     if (rows < 1 || rows > QUANT_MAX_ROWS) return -1;
-    int64_t k_pad = (k_in + 15) / 16 * 16, groups = k_in / group;
-    float *xf = widen_rows(x, x_stride, elem, rows, k_in, k_pad);
+    int64_t groups = k_in / group;
+    float *xf = widen_rows(x, x_stride, elem, rows, k_in);
     float *xsum = malloc(sizeof(float) * (size_t)(rows * groups));
     if (!xf || !xsum) {
         free(xf);
@@ -108,13 +99,13 @@ int int4_gemv(const void *x, int64_t x_stride, int elem, int64_t rows, const uin
     for (int64_t m = 0; m < rows; m++)
         for (int64_t g = 0; g < groups; g++) {
             float s = 0.0f;
-            for (int64_t k = g * group; k < (g + 1) * group; k++) s += xf[m * k_pad + k];
+            for (int64_t k = g * group; k < (g + 1) * group; k++) s += xf[m * k_in + k];
             xsum[m * groups + g] = s;
         }
 #define BLOCKS(R)                                                                             \
     _Pragma("omp parallel for schedule(static)")                                             \
     for (int64_t b = 0; b < n_out / 64; b++)                                                 \
-        int4_block(xf, xsum, k_pad, R, packed + b * k_in * 32, scales_zeros, group, y, n_out, \
+        int4_block(xf, xsum, R, packed + b * k_in * 32, scales_zeros, group, y, n_out, \
                    k_in, b * 64)
     switch (rows) {
     case 1: BLOCKS(1); break;
