@@ -23,10 +23,10 @@ import torch
 from torch import nn
 
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
 from inferlab.quant.layer import LINEARS
-from inferlab.quant.linear import QuantLinear, build_quant_linear
+from inferlab.quant.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
 
@@ -109,40 +109,35 @@ def _best_ms(fn, reps: int) -> float:
     return best * 1e3
 
 
-def _paths_ms(x: torch.Tensor, w: torch.Tensor, i8: QuantLinear, i4: QuantLinear,
-              reps: int) -> dict[str, float]:
-    """One row count: bf16, and each weight-only kernel beside its dequantize-then-GEMM path."""
-    linear = torch.nn.functional.linear
-    return {
-        "bf16": _best_ms(lambda: linear(x, w), reps),
-        "int8_kernel": _best_ms(lambda: torch.ops.aten._weight_int8pack_mm(x, i8.qweight, i8.scale), reps),
-        "int8_dequant": _best_ms(lambda: linear(x, i8.qweight.to(x.dtype)).mul_(i8.scale), reps),
-        "int4_kernel": _best_ms(lambda: torch.ops.aten._weight_int4pack_mm_for_cpu(
-            x, i4.packed, i4.group_size, i4.scales_and_zeros), reps),
-        "int4_dequant": _best_ms(lambda: linear(x, i4.dequantized_weight()), reps),
-    }
+def _paths_ms(x: torch.Tensor, layers: dict[str, nn.Module], reps: int) -> dict[str, float]:
+    return {name: _best_ms(lambda layer=layer: layer(x), reps) for name, layer in layers.items()}
 
 
 @torch.no_grad()
 def layer_sweep(net: nn.Module, group: int, reps: int) -> dict:
-    """Speed vs bf16 of each path on the model's linear shapes, by row count: the evidence for
-    the row thresholds in inferlab/quant/linear.py."""
+    """Speed vs packed bf16 of each weight-only layer on the model's linear shapes, by row count:
+    the C kernels the engine runs in bf16 (PackedQuantLinear) and torch's CPU kernels, which
+    fp32 models and CPUs without AVX512-BF16 get; the evidence for the row thresholds in
+    inferlab/quant/linear.py."""
     layer = net.model.layers[0]
     out = {}
     for name in LINEARS:
-        w = layer.get_submodule(name).weight.data  # bf16 [N, K]
-        i8 = build_quant_linear(quantize_rtn(w.float(), make_scheme("W8A16").weights), None, None,
-                                torch.bfloat16)
-        i4 = build_quant_linear(quantize_rtn(w.float(), make_scheme("W4A16", group).weights), None,
-                                None, torch.bfloat16)
-        print(f"{name} {tuple(w.shape)}: rows, bf16 ms | x bf16: int8 kernel, dequant | "
-              "int4 kernel, dequant")
+        dense = layer.get_submodule(name)
+        w = dense.weight.data  # bf16 [N, K]
+        i8 = quantize_rtn(w.float(), make_scheme("W8A16").weights)
+        i4 = quantize_rtn(w.float(), make_scheme("W4A16", group).weights)
+        layers = {"bf16": PackedLinear(dense) if packed_linear_supported(w.device, w.dtype) else dense,
+                  "int8_c": build_quant_linear(i8, None, None, torch.bfloat16),
+                  "int4_c": build_quant_linear(i4, None, None, torch.bfloat16),
+                  "int8_torch": Int8WeightOnlyLinear(i8, None, torch.bfloat16),
+                  "int4_torch": Int4WeightOnlyLinear(i4, None, torch.bfloat16)}
+        print(f"{name} {tuple(w.shape)}: rows, bf16 ms | x bf16: int8 C, int4 C | int8 torch, int4 torch")
         for rows in (1, 2, 4, 8, 16, 32, 64, 128, 256, 512):
-            t = _paths_ms(torch.randn(rows, w.shape[1], dtype=torch.bfloat16), w, i8, i4, reps)
+            t = _paths_ms(torch.randn(rows, w.shape[1], dtype=torch.bfloat16), layers, reps)
             ratio = {k: t["bf16"] / v for k, v in t.items() if k != "bf16"}
             out[f"{name}/{rows}"] = {"bf16_ms": t["bf16"], **ratio}
-            print(f"  {rows:4d} {t['bf16']:8.3f} | {ratio['int8_kernel']:5.2f} "
-                  f"{ratio['int8_dequant']:5.2f} | {ratio['int4_kernel']:5.2f} {ratio['int4_dequant']:5.2f}")
+            print(f"  {rows:4d} {t['bf16']:8.3f} | {ratio['int8_c']:5.2f} {ratio['int4_c']:5.2f} | "
+                  f"{ratio['int8_torch']:5.2f} {ratio['int4_torch']:5.2f}")
     return out
 
 

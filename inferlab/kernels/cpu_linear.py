@@ -35,6 +35,12 @@ class PackedLinear(nn.Module):
         bias = None if self.bias is None else self.bias.detach()
         return cpu_ops.bf16_linear(x2, self.packed, bias).view(*x.shape[:-1], self.out_features)
 
+    def c_desc(self) -> cpu_ops.LinearDesc:
+        """The layer for the C kernels (pointers into this module's tensors)."""
+        return cpu_ops.LinearDesc(
+            kind=cpu_ops.LINEAR_BF16, n_out=self.out_features, k_in=self.in_features,
+            weight=self.packed.data_ptr(), bias=None if self.bias is None else self.bias.data_ptr())
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed bf16"
 

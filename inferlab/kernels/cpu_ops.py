@@ -1,4 +1,4 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_gemv.c, decode_layer.c), built
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, decode_layer.c), built
 at first use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
@@ -26,7 +26,7 @@ import torch
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
-SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_gemv.c", "decode_layer.c"))
+SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c", "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
@@ -40,18 +40,23 @@ _SIGNATURES = {
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "has_bf16_linear": (ctypes.c_int, []),
-    "has_quant_gemv": (ctypes.c_int, []),
+    "has_quant_linear": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
     "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _I64, _I64]),
 }
-_QUANT_GEMV_SIGNATURES = {
-    "int4_gemv": (ctypes.c_int, [_P, _I64, _I32, _I64, _P, _P, _I64, _P, _I64, _I64]),
-}
+_QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
 _DECODE_LAYER_SIGNATURES = {"decode_layer": (ctypes.c_int, [_P, _P, _I32, _I64, _P, _P])}
-QUANT_GEMV_MAX_ROWS = 4  # quant_gemv.c's register tile
+LINEAR_BF16, LINEAR_INT8, LINEAR_INT4 = 0, 1, 2  # linear_t.kind (kernels.h)
+
+
+class LinearDesc(ctypes.Structure):
+    """kernels.h's linear_t: one linear layer of any weight format, for linear_forward."""
+
+    _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
+                *((name, _P) for name in ("weight", "scale", "zero", "bias"))]
 
 
 def _cache_dir() -> Path:
@@ -89,7 +94,7 @@ def _library() -> ctypes.CDLL | None:
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = restype, argtypes
     optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
-                (lib.has_quant_gemv(), _QUANT_GEMV_SIGNATURES),
+                (lib.has_quant_linear(), _QUANT_LINEAR_SIGNATURES),
                 (lib.has_decode_layer(), _DECODE_LAYER_SIGNATURES)]
     for present, signatures in optional:
         for name, (restype, argtypes) in signatures.items() if present else ():
@@ -252,29 +257,21 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     return y
 
 
-def quant_gemv_available() -> bool:
-    """The int4 decode kernel (quant_gemv.c)."""
-    return _built_with("quant_gemv")
+def quant_linear_available() -> bool:
+    """The weight-only int8/int4 kernels (quant_linear.c)."""
+    return _built_with("quant_linear")
 
 
-def int4_gemv(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor,
-              group_size: int, n_out: int) -> torch.Tensor:
-    """x [M <= 4, K] @ W^T -> fp32 [M, N], W in torch's CPU int4 layout with 64-output blocks
-    (uint8 [N, K/2]) and bf16 scales_and_zeros [K/G, N, 2]."""
-    k_in = packed.numel() * 2 // n_out
-    if not (1 <= x.shape[0] <= QUANT_GEMV_MAX_ROWS and x.shape[1] == k_in and x.stride(1) == 1
-            and x.dtype in _ELEM):
-        raise ValueError(f"the int4 decode kernel takes 1..{QUANT_GEMV_MAX_ROWS} rows of "
-                         f"{k_in} bf16 or fp32 inputs, not {x.dtype} {list(x.shape)}")
-    if (n_out % 64 or k_in % group_size or scales_and_zeros.dtype != torch.bfloat16
-            or not (packed.is_contiguous() and scales_and_zeros.is_contiguous())):
-        raise ValueError("int4_gemv takes N % 64 == 0, whole groups and contiguous bf16 scales")
-    y = torch.empty(x.shape[0], n_out, dtype=torch.float32)
-    status = _library().int4_gemv(x.data_ptr(), x.stride(0), _ELEM[x.dtype], x.shape[0],
-                                  packed.data_ptr(), scales_and_zeros.data_ptr(), group_size,
-                                  y.data_ptr(), n_out, k_in)
-    if status:
-        raise MemoryError("int4_gemv could not allocate its fp32 copy of x")
+def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
+    """x [M, K] bf16 (unit stride along K) -> bf16 [M, N] through the layer `desc` describes;
+    the caller keeps the tensors behind desc's pointers alive."""
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
+        raise ValueError(f"linear_forward takes bf16 [M, {desc.k_in}] rows, not {x.dtype} "
+                         f"{list(x.shape)}")
+    y = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
+    if _library().linear_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
+                                 y.data_ptr()):
+        raise MemoryError("linear_forward could not allocate its scratch memory")
     return y
 
 

@@ -3,10 +3,16 @@
 Every layer keeps only its compressed weight (int8, packed int4 or fp8 codes plus small scales)
 and picks its arithmetic by the number of rows in the call:
 
-* weight-only int8/int4 (W8A16, W4A16): torch's CPU weight-only kernels read a quarter to half
-  of bf16's bytes, which is what a decode step is bound by, but they do not tile well. Measured
-  on this 2-core AMX CPU with `benchmarks/quant_speed.py --layer-sweep` (SmolLM2-135M's four
-  linear shapes, bf16, best of 20; speed as a multiple of bf16 `F.linear`):
+* weight-only int8/int4 (W8A16, W4A16), bf16 on a CPU with AVX512-BF16: the C kernels of
+  inferlab/kernels/cpu/quant_linear.c, in their own layouts (PackedQuantLinear). Up to 4 rows
+  the codes decode in registers into what `vdpbf16ps` multiplies, so a decode step reads a half
+  or a quarter of bf16's bytes; more rows dequantize the weight to bf16 once per call and take
+  the AMX GEMM, which a prefill is bound by the arithmetic of.
+* weight-only elsewhere (fp32 models, CPUs without AVX512-BF16): torch's CPU kernels
+  (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`). They read few bytes but do not tile
+  well; measured on this 2-core AMX CPU with `benchmarks/quant_speed.py --layer-sweep`
+  (SmolLM2-135M's four linear shapes, bf16, best of 20; speed as a multiple of bf16
+  `F.linear`):
 
   | rows | int8 kernel | int8 dequant+GEMM | int4 kernel | int4 dequant+GEMM |
   |------|-------------|-------------------|-------------|-------------------|
@@ -17,10 +23,8 @@ and picks its arithmetic by the number of rows in the call:
   | 512  | 0.10-0.14   | 0.73-0.81         | 0.13-0.15   | 0.35-0.42         |
 
   Dequantizing costs a fixed few passes over the weight (unpacking torch's blocked int4 layout
-  is the dearest), then the bf16 GEMM runs at full speed; the kernels' cost grows with the rows.
-  Hence the crossovers below: int8 near 12 rows, int4 near 128. Up to 4 bf16 rows of int4 go to
-  the C kernel of inferlab/kernels/cpu/quant_gemv.c instead, on the same packed tensors (30
-  layers of each SmolLM2 shape, 2026-11-30: 6.7 vs 7.3 ms at one row, 11.0 vs 13.3 at four).
+  is the dearest), then the GEMM runs at full speed; the kernels' cost grows with the rows.
+  Hence the crossovers below: int8 near 12 rows, int4 near 128.
 * W8A8 (int8 weights, int8 activations per token): an int8 GEMM at every size (oneDNN's, see
   Int8DynamicLinear); the activations are quantized with in-place ops, because fresh
   allocations (page faults) cost more than the arithmetic on this machine. On SmolLM2's narrow
@@ -40,7 +44,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_ops
-from inferlab.quant.formats import int4_cpu
+from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
 from inferlab.quant.scheme import GROUP, INT, ActivationArgs
@@ -54,6 +58,8 @@ INT8_MAX = 127.0
 class QuantLinear(nn.Module, abc.ABC):
     """y = x W^T + b over [..., in_features]; subclasses implement `_matmul` on [M, K] rows."""
 
+    bias_in_matmul = False  # True where `_matmul` adds the bias itself
+
     def __init__(self, in_features: int, out_features: int, bias: torch.Tensor | None,
                  dtype: torch.dtype) -> None:
         super().__init__()
@@ -64,7 +70,7 @@ class QuantLinear(nn.Module, abc.ABC):
         lead = x.shape[:-1]
         x2 = x.reshape(-1, self.in_features).to(self.dtype).contiguous()  # [M, K]
         y = self._matmul(x2)  # [M, N]
-        if self.bias is not None:
+        if self.bias is not None and not self.bias_in_matmul:
             y = y + self.bias
         return y.reshape(*lead, self.out_features).to(x.dtype)
 
@@ -123,13 +129,8 @@ class Int4WeightOnlyLinear(QuantLinear):
         self.register_buffer("packed", int4_cpu.to_int4pack(qw.codes))  # uint8 [N, K/2]
         self.register_buffer("scales_and_zeros", scales_and_zeros.to(dtype).contiguous())
         self.can_unpack = int4_cpu.layout_is_known()
-        self.use_c_gemv = (cpu_ops.quant_gemv_available() and self.can_unpack and dtype == torch.bfloat16
-                           and int4_cpu.block_n() == 64 and n % 64 == 0)
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if self.use_c_gemv and x.shape[0] <= cpu_ops.QUANT_GEMV_MAX_ROWS and x.device.type == "cpu":
-            return cpu_ops.int4_gemv(x, self.packed, self.scales_and_zeros, self.group_size,
-                                     self.out_features).to(self.dtype)
         if x.shape[0] <= INT4_KERNEL_MAX_ROWS or not self.can_unpack:
             return torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x, self.packed, self.group_size, self.scales_and_zeros)
@@ -142,6 +143,50 @@ class Int4WeightOnlyLinear(QuantLinear):
         scale = self.scales_and_zeros[..., 0].t().unsqueeze(-1)  # [N, K/g, 1]
         offset = (self.scales_and_zeros[..., 1] - 8 * self.scales_and_zeros[..., 0]).t().unsqueeze(-1)
         return u.mul_(scale).add_(offset).view(n, k)
+
+
+class PackedQuantLinear(QuantLinear):
+    """W8A16 or W4A16 for bf16 on CPU, in quant_linear.c's layouts (inferlab.quant.formats.vnni):
+    codes, fp32 scales [K/G, N], fp32 zero points [K/G, N] when asymmetric; the bias is added
+    inside the kernel, before the one rounding to bf16."""
+
+    bias_in_matmul = True
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
+        pack = vnni.pack_int8 if self.bits == 8 else vnni.pack_int4
+        self.register_buffer("packed", pack(qw.codes))
+        self.register_buffer("scale", qw.scale.float().t().contiguous())  # [K/G, N]
+        zero = None if qw.zero_point is None else qw.zero_point.float().t().contiguous()
+        self.register_buffer("zero_point", zero)  # [K/G, N] or None
+
+    @staticmethod
+    def fits(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> bool:
+        n, k = qw.shape
+        return (device.type == "cpu" and dtype == torch.bfloat16 and qw.args.kind == INT
+                and qw.args.num_bits in (4, 8) and cpu_ops.quant_linear_available()
+                and cpu_ops.bf16_linear_fits(n, k) and _group_of(qw) % 8 == 0)
+
+    def c_desc(self) -> cpu_ops.LinearDesc:
+        """The layer for the C kernels (pointers into this module's buffers)."""
+        kind = cpu_ops.LINEAR_INT8 if self.bits == 8 else cpu_ops.LINEAR_INT4
+        return cpu_ops.LinearDesc(
+            kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
+            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
+            zero=None if self.zero_point is None else self.zero_point.data_ptr(),
+            bias=None if self.bias is None else self.bias.data_ptr())
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.linear_forward(x, self.c_desc())
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[N, K] in the compute dtype: (q - zero point) * scale per group."""
+        unpack = vnni.unpack_int8 if self.bits == 8 else vnni.unpack_int4
+        q = unpack(self.packed).float()
+        zero = 0.0 if self.zero_point is None else self.zero_point.t().repeat_interleave(self.group_size, 1)
+        return ((q - zero) * self.scale.t().repeat_interleave(self.group_size, 1)).to(self.dtype)
 
 
 class PackedInt4Linear(QuantLinear):
@@ -292,6 +337,8 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
         cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
         return cls(qw, bias, dtype)
     on_cpu = device.type == "cpu"
+    if PackedQuantLinear.fits(qw, dtype, device):
+        return PackedQuantLinear(qw, bias, dtype)
     if args.kind == INT and args.num_bits == 8 and args.strategy != GROUP and on_cpu:
         return Int8WeightOnlyLinear(qw, bias, dtype)
     n, k = qw.shape

@@ -7,7 +7,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.quant.formats import int4_cpu
+from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import (
     pack_int32,
     pack_zero_points,
@@ -61,3 +61,24 @@ def test_cpu_int4_layout_round_trip(rows: int) -> None:
     assert packed.dtype == torch.uint8 and packed.numel() == rows * 96 // 2
     assert torch.equal(int4_cpu.from_int4pack(packed, rows, 96), q)
     assert int4_cpu.layout_is_known()
+
+
+@pytest.mark.parametrize(("bits", "rows", "cols"), [(8, 16, 32), (8, 48, 96), (4, 16, 32), (4, 80, 96)])
+def test_vnni_layouts_round_trip(bits: int, rows: int, cols: int) -> None:
+    q = _codes(rows, cols, bits, seed=rows + bits)
+    pack, unpack = (vnni.pack_int8, vnni.unpack_int8) if bits == 8 else (vnni.pack_int4, vnni.unpack_int4)
+    packed = pack(q)
+    assert packed.numel() * packed.element_size() == rows * cols * bits // 8
+    assert torch.equal(unpack(packed), q)
+
+
+def test_vnni_int4_layout_by_hand() -> None:
+    """Output j, input k: the quad's byte (j, k % 2) holds inputs k, k + 2 in its two nibbles."""
+    q = torch.full((16, 4), -8, dtype=torch.int8)  # u = 0 everywhere but
+    q[3, 0], q[3, 2], q[5, 1] = 1, 7, -1  # u = 9, 15, 7
+    packed = vnni.pack_int4(q)  # [1, 1, 16, 2]
+    assert packed[0, 0, 3].tolist() == [9 | 15 << 4, 0]
+    assert packed[0, 0, 5].tolist() == [0, 7]
+    assert int(packed.sum()) == (9 | 15 << 4) + 7
+    q8 = torch.arange(64, dtype=torch.int8).view(16, 4)  # [N=16, K=4]
+    assert vnni.pack_int8(q8)[0, 1, 2].tolist() == [10, 11]  # output 2, inputs 2 and 3

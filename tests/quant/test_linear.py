@@ -8,7 +8,7 @@ import torch
 from inferlab.kernels import cpu_ops
 from inferlab.quant import linear
 from inferlab.quant.checkpoint import cat_rows
-from inferlab.quant.formats import int4_cpu
+from inferlab.quant.formats import vnni
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
@@ -18,6 +18,9 @@ ct_args = pytest.importorskip("compressed_tensors.quantization")
 
 WEIGHT_ONLY = [("W8A16", 128, False, "Int8WeightOnlyLinear"), ("W8A16", 128, True, "Int8WeightOnlyLinear"),
                ("W4A16", 32, False, "Int4WeightOnlyLinear"), ("W4A16", 64, True, "Int4WeightOnlyLinear")]
+# bf16 on a CPU with AVX512-BF16 takes the C kernels of quant_linear.c instead of torch's
+BF16_WEIGHT_ONLY = "PackedQuantLinear" if cpu_ops.quant_linear_available() else None
+needs_quant_kernels = pytest.mark.skipif(BF16_WEIGHT_ONLY is None, reason="no AVX512-BF16 here")
 
 
 def library_dequantize(qw) -> torch.Tensor:
@@ -39,36 +42,54 @@ def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows
     expected = x.double() @ library_dequantize(qw).T + bias.double()
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         layer = build_quant_linear(qw, None, bias, dtype)
-        assert type(layer).__name__ == cls
+        assert type(layer).__name__ == (BF16_WEIGHT_ONLY or cls if dtype == torch.bfloat16 else cls)
         out = layer(x.to(dtype))
         assert out.shape == (2, rows, 96) and out.dtype == dtype
         torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
 
 
-def held_int4_weight(layer) -> torch.Tensor:
-    """(u - 8) * scale + zero in float64 from the layer's nibbles and its stored scales."""
-    n, k, g = layer.out_features, layer.in_features, layer.group_size
-    u = int4_cpu.unpack_nibbles(layer.packed, n, k).double()
-    scale, zero = layer.scales_and_zeros.double().unbind(-1)  # [K/G, N] each
-    return (u - 8) * scale.T.repeat_interleave(g, 1) + zero.T.repeat_interleave(g, 1)
+def held_weight(layer) -> torch.Tensor:
+    """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and fp32 scales."""
+    unpack = vnni.unpack_int8 if layer.bits == 8 else vnni.unpack_int4
+    g = layer.group_size
+    zero = 0.0 if layer.zero_point is None else layer.zero_point.double().t().repeat_interleave(g, 1)
+    return (unpack(layer.packed).double() - zero) * layer.scale.double().t().repeat_interleave(g, 1)
 
 
-@pytest.mark.skipif(not cpu_ops.quant_gemv_available(), reason="no AVX512 decode kernel here")
-@pytest.mark.parametrize(("group", "asym"), [(32, False), (64, True), (128, False)])
+@needs_quant_kernels
+@pytest.mark.parametrize(("name", "group", "asym"), [("W8A16", 128, False), ("W8A16", 128, True),
+                                                     ("W4A16", 32, False), ("W4A16", 64, True),
+                                                     ("W4A16", 128, False)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
-def test_c_int4_decode_kernel_rounds_the_exact_product_once(group, asym, rows) -> None:
-    """bf16 decode rows through quant_gemv.c: the product of the bf16 inputs and the weight the
-    layer holds (its nibbles with the scales and zeros as stored, in bf16), computed in fp32
-    and rounded to bf16 once."""
+def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) -> None:
+    """bf16 decode rows through quant_linear.c: the product of the bf16 inputs and the weight the
+    layer holds (codes, zero points and fp32 scales), rounded to bf16 once. int4 sums 136 + q
+    and subtracts 136 * sum(x) per group, in fp32: a cancellation worth ~1e-7 of sum |x| * scale."""
     gen = torch.Generator().manual_seed(rows)
-    w = torch.randn(192, 256, generator=gen)  # 192 outputs: three of the int4 kernel's blocks
-    qw = quantize_rtn(w, make_scheme("W4A16", group, asym).weights)
+    w = torch.randn(208, 256, generator=gen)  # 13 blocks of 16 outputs: an odd last pair
+    qw = quantize_rtn(w, make_scheme(name, group, asym).weights)
     layer = build_quant_linear(qw, None, None, torch.bfloat16)
-    assert layer.use_c_gemv
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
-    exact = x.double() @ held_int4_weight(layer).T
-    ulp = exact.abs() * torch.finfo(torch.bfloat16).eps
-    assert bool(((layer(x).double() - exact).abs() <= ulp / 2 + 1e-4).all())
+    exact = x.double() @ held_weight(layer).T
+    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    scale_mass = x.double().abs() @ layer.scale.double().t().repeat_interleave(layer.group_size, 1).T
+    assert bool(((layer(x).double() - exact).abs() <= half_ulp + 2e-6 * scale_mass).all())
+
+
+@needs_quant_kernels
+@pytest.mark.parametrize("name", ["W8A16", "W4A16"])
+def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
+    """More than four rows: the weight dequantized to bf16, then the bf16 GEMM."""
+    gen = torch.Generator().manual_seed(5)
+    qw = quantize_rtn(torch.randn(96, 128, generator=gen), make_scheme(name, 32, True).weights)
+    bias = torch.randn(96, generator=gen).to(torch.bfloat16)
+    layer = build_quant_linear(qw, None, bias, torch.bfloat16)
+    x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
+    weight_bf16 = held_weight(layer).to(torch.bfloat16).double()
+    expected = x.double() @ weight_bf16.T + bias.double()
+    torch.testing.assert_close(layer(x).double(), expected, rtol=2 ** -8, atol=1e-3)
+    torch.testing.assert_close(layer.dequantized_weight().double(), weight_bf16, rtol=0, atol=0)
+    torch.testing.assert_close(held_weight(layer), library_dequantize(qw), rtol=1e-6, atol=1e-7)
 
 
 def test_int4_kernel_and_dequant_paths_agree() -> None:

@@ -1,5 +1,5 @@
 /* One Llama decoder layer for a batch of decode tokens (one new token per sequence), bf16,
- * linears packed for matmul.c: the same kernels in the same order as the Python layer
+ * linears packed for matmul.c or quant_linear.c: the same kernels in the same order as the Python layer
  * (inferlab/models/llama.py) calls them, so the results are identical, without the ~200 us of
  * Python and ctypes between them that a layer costs otherwise (about 6 ms of a 27 ms decode
  * step of the embedded model at one token).
@@ -12,7 +12,7 @@
 #ifdef __AVX512BF16__
 typedef struct {
     const uint16_t *input_norm, *post_norm;  /* [H] */
-    const uint16_t *qkv, *qkv_bias, *o, *gate_up, *down;  /* packed weights; bias or NULL */
+    linear_t qkv, o, gate_up, down;
     void *k_cache, *v_cache;  /* [blocks, block_size, Hkv, D] */
 } layer_weights_t;
 
@@ -45,7 +45,7 @@ int decode_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
 
     if (first_layer) memcpy(residual, x, (size_t)rows * hidden * 2);
     rms_norm(x, hidden, first_layer ? NULL : residual, w->input_norm, x, rows, hidden, b->eps, 2);
-    int failed = bf16_linear(x, hidden, rows, w->qkv, w->qkv_bias, qkv, qkv_width, hidden) != 0;
+    int failed = linear_forward(&w->qkv, x, hidden, rows, qkv) != 0;
     rotary(qkv, qkv_width, b->num_heads + b->num_kv_heads, b->positions, b->cos_table,
            b->sin_table, rows, b->head_dim, 2);  /* q and k side by side */
     write_kv(qkv + q_size, qkv_width, qkv + q_size + kv_size, qkv_width, b->slots, w->k_cache,
@@ -54,11 +54,11 @@ int decode_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
                                         b->table_stride, b->seq_lens, index, index, rows, attn,
                                         b->num_heads, b->num_kv_heads, b->head_dim, b->block_size,
                                         b->scale, 2);
-    failed |= bf16_linear(attn, q_size, rows, w->o, NULL, x, hidden, q_size) != 0;
+    failed |= linear_forward(&w->o, attn, q_size, rows, x) != 0;
     rms_norm(x, hidden, residual, w->post_norm, x, rows, hidden, b->eps, 2);
-    failed |= bf16_linear(x, hidden, rows, w->gate_up, NULL, gate_up, 2 * b->intermediate, hidden) != 0;
+    failed |= linear_forward(&w->gate_up, x, hidden, rows, gate_up) != 0;
     silu_and_mul(gate_up, act, rows, b->intermediate, 2);
-    failed |= bf16_linear(act, b->intermediate, rows, w->down, NULL, x, hidden, b->intermediate) != 0;
+    failed |= linear_forward(&w->down, act, b->intermediate, rows, x) != 0;
     free(qkv);
     free(index);
     return failed ? -2 : status;

@@ -1,5 +1,5 @@
-/* The C kernels' entry points (ops.c, matmul.c), for the files that call one another's, and
- * the conversion from the tensors' dtypes to fp32 that several files need. */
+/* The C kernels' entry points (ops.c, matmul.c, quant_linear.c), for the files that call one
+ * another's, and the conversion from the tensors' dtypes to fp32 that several files need. */
 #ifndef INFERLAB_CPU_KERNELS_H
 #define INFERLAB_CPU_KERNELS_H
 #include <stdint.h>
@@ -37,4 +37,15 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
 void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem);
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                 const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in);
+
+/* One linear layer of any weight format, as quant_linear.c's linear_forward takes it. */
+enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2 };
+typedef struct {
+    int64_t kind, n_out, k_in, group;  /* group: inputs per scale (quantized kinds) */
+    const void *weight;  /* packed, see matmul.c (bf16) and quant_linear.c */
+    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (quantized kinds) */
+    const uint16_t *bias;  /* bf16 [N] or NULL */
+} linear_t;
+int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                   uint16_t *y);
 #endif

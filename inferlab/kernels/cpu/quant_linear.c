@@ -1,0 +1,224 @@
+/* Weight-only int8 and int4 linears (W8A16, W4A16) for bf16 activations, AVX512-BF16.
+ *
+ * Why: a decode step is bound by reading the weights; int8 halves and int4 quarters the bytes,
+ * but only if the kernel turns codes into products faster than memory delivers them. Both
+ * layouts here decode, per 32 bytes loaded, straight into the VNNI pairs vdpbf16ps takes (as
+ * matmul.c's bf16 kernel, no horizontal sums):
+ *
+ *   int8 [N/16][K/2][16][2]: codes q, the bf16 layout with one byte per weight; a 16-output
+ *        k-pair widens to fp32 and narrows to bf16, exactly (|q| <= 128).
+ *   int4 [N/16][K/4][16][2] bytes: byte (j, t) of input quad k holds u = q + 8 of output j for
+ *        input k + t in its low nibble and input k + 2 + t in its high one. A nibble ORed into
+ *        0x4300 is the bf16 number 128 + u, so a quad is two shifts and masks from two k-pairs.
+ *   scale fp32 [K/group][N]; zero (zero points, fp32, same shape) or NULL; bias bf16 [N] or NULL.
+ *
+ * Each group's sum of x * v (v = q, or 128 + u = 136 + q) is kept apart, then
+ * y += scale * (sum - (offset + zero) * sum(x over the group)), offset 0 (int8) or 136 (int4).
+ * Up to QUANT_KERNEL_MAX_ROWS rows go through these kernels in register tiles of up to four rows
+ * (the weights read once per tile); more rows dequantize the weight into matmul.c's bf16 layout
+ * once per call and take its AMX path, which a prefill is bound by the arithmetic of.
+ */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+#define TILE_ROWS 4
+#define QUANT_KERNEL_MAX_ROWS 4
+#define LINE 64 /* bytes of one block's weights per step; prefetched 2 KiB ahead */
+
+static inline __m512bh int8_pair(const int8_t *p) {  /* 32 codes of a 16-output k-pair */
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
+    return _mm512_cvtne2ps_pbh(hi, lo);
+}
+
+static inline void int4_quad(const uint8_t *p, __m512bh *first, __m512bh *second) {
+    const __m512i nibble = _mm512_set1_epi16(0xf), bias128 = _mm512_set1_epi16(0x4300);
+    __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
+    *first = (__m512bh)_mm512_ternarylogic_epi32(bytes, nibble, bias128, 0xea);  /* (a & b) | c */
+    *second = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias128);
+}
+
+static inline __m512bh x_pair(const uint16_t *x, int64_t pair) {
+    int32_t two;
+    memcpy(&two, x + 2 * pair, 4);
+    return (__m512bh)_mm512_set1_epi32(two);
+}
+
+/* Two 16-output blocks (b0, b0 + 1; an odd last block is read twice and written once) for
+ * ROWS <= TILE_ROWS rows; BITS and ROWS are constants so the tile stays in registers. */
+static inline __attribute__((always_inline)) void quant_blocks(
+        const linear_t *l, const int BITS, const uint16_t *x, int64_t x_stride, const int ROWS,
+        const float *xsum, uint16_t *y, int64_t b0) {
+    const int64_t n = l->n_out, k = l->k_in, groups = k / l->group, blocks = n / 16;
+    const int64_t block_bytes = k * 16 * BITS / 8, lines_per_group = l->group * 16 * BITS / 8 / LINE;
+    const int pairs_per_line = BITS == 8 ? 2 : 4;
+    const int nb = blocks - b0 < 2 ? 1 : 2;
+    const uint8_t *w[2] = {(const uint8_t *)l->weight + b0 * block_bytes,
+                           (const uint8_t *)l->weight + (b0 + nb - 1) * block_bytes};
+    const float offset = BITS == 8 ? 0.0f : 136.0f;
+    __m512 out[2][TILE_ROWS];
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m512 acc[2][2][TILE_ROWS];
+        for (int p = 0; p < 2; p++)
+            for (int b = 0; b < 2; b++)
+                for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
+        for (int64_t line = g * lines_per_group; line < (g + 1) * lines_per_group; line++) {
+            __m512bh wv[2][4];
+            for (int b = 0; b < 2; b++) {
+                const uint8_t *src = w[b] + line * LINE;
+                _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
+                if (BITS == 8) {
+                    wv[b][0] = int8_pair((const int8_t *)src);
+                    wv[b][1] = int8_pair((const int8_t *)src + 32);
+                } else {  /* two quads: pairs 0, 1 from the first 32 bytes, 2, 3 from the next */
+                    int4_quad(src, &wv[b][0], &wv[b][1]);
+                    int4_quad(src + 32, &wv[b][2], &wv[b][3]);
+                }
+            }
+            for (int i = 0; i < pairs_per_line; i++) {
+                const int64_t pair = line * pairs_per_line + i;
+                for (int m = 0; m < ROWS; m++) {
+                    __m512bh xv = x_pair(x + m * x_stride, pair);
+                    for (int b = 0; b < 2; b++)
+                        acc[i & 1][b][m] = _mm512_dpbf16_ps(acc[i & 1][b][m], wv[b][i], xv);
+                }
+            }
+        }
+        for (int b = 0; b < 2; b++) {
+            const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
+            __m512 scale = _mm512_loadu_ps(l->scale + g * n + col);
+            __m512 shift = _mm512_set1_ps(offset);
+            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + col));
+            for (int m = 0; m < ROWS; m++) {
+                __m512 sum = _mm512_add_ps(acc[0][b][m], acc[1][b][m]);
+                sum = _mm512_fnmadd_ps(shift, _mm512_set1_ps(xsum[m * groups + g]), sum);
+                out[b][m] = _mm512_fmadd_ps(scale, sum, out[b][m]);
+            }
+        }
+    }
+    for (int b = 0; b < nb; b++) {
+        const int64_t col = (b0 + b) * 16;
+        __m512 bias = _mm512_setzero_ps();
+        if (l->bias)
+            bias = _mm512_castsi512_ps(_mm512_slli_epi32(
+                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(l->bias + col))), 16));
+        for (int m = 0; m < ROWS; m++)
+            _mm256_storeu_si256((__m256i *)(y + m * n + col),
+                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(out[b][m], bias)));
+    }
+}
+
+/* Sums of x over each group, per row: the zero point's and the int4 offset's share. */
+static void group_sums(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                       float *xsum) {
+    const int64_t groups = l->k_in / l->group;
+    for (int64_t m = 0; m < rows; m++)
+        for (int64_t g = 0; g < groups; g++) {
+            float s = 0.0f;
+            for (int64_t i = g * l->group; i < (g + 1) * l->group; i++)
+                s += bf16_to_f32(x[m * x_stride + i]);
+            xsum[m * groups + g] = s;
+        }
+}
+
+/* Row tiles of up to TILE_ROWS, each reading the weights once. The switch sits inside the
+ * parallel loop so that every case inlines quant_blocks with constant BITS and ROWS: a constant
+ * passed into the loop from outside reaches OpenMP's outlined body as a variable. */
+static void quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                         uint16_t *y) {
+    float xsum[TILE_ROWS * (l->k_in / l->group)];
+    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+        const uint16_t *xr = x + r * x_stride;
+        uint16_t *yr = y + r * l->n_out;
+        const int tile = (int)(rows - r < TILE_ROWS ? rows - r : TILE_ROWS);
+        const int variant = (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS) + tile - 1;
+        group_sums(l, xr, x_stride, tile, xsum);
+#pragma omp parallel for schedule(static)
+        for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
+            switch (variant) {
+            case 0: quant_blocks(l, 8, xr, x_stride, 1, xsum, yr, b0); break;
+            case 1: quant_blocks(l, 8, xr, x_stride, 2, xsum, yr, b0); break;
+            case 2: quant_blocks(l, 8, xr, x_stride, 3, xsum, yr, b0); break;
+            case 3: quant_blocks(l, 8, xr, x_stride, 4, xsum, yr, b0); break;
+            case 4: quant_blocks(l, 4, xr, x_stride, 1, xsum, yr, b0); break;
+            case 5: quant_blocks(l, 4, xr, x_stride, 2, xsum, yr, b0); break;
+            case 6: quant_blocks(l, 4, xr, x_stride, 3, xsum, yr, b0); break;
+            default: quant_blocks(l, 4, xr, x_stride, 4, xsum, yr, b0); break;
+            }
+        }
+    }
+}
+
+/* 16 codes as fp32 values v: int8 q, or int4 u = q + 8 (nibbles, low or high half of bytes). */
+static inline __m512 codes_f32(const uint8_t *p, int bits, int high_nibble) {
+    __m128i raw = _mm_loadu_si128((const __m128i *)p);
+    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
+    __m512i bytes = _mm512_cvtepu8_epi32(raw);
+    bytes = high_nibble ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
+    return _mm512_cvtepi32_ps(bytes);
+}
+
+/* The weight as bf16 in matmul.c's layout [N/16][K/2][16][2]: v * scale - (offset + zero) *
+ * scale, offset 0 (int8) or 8 (int4). A 16-output k-pair's 32 values come as outputs 0-7 and
+ * 8-15, two inputs each, so the per-output scales are spread the same way, once per group. */
+static void dequantize_vnni(const linear_t *l, uint16_t *packed) {
+    const int64_t n = l->n_out, k = l->k_in, pairs = k / 2, bits = l->kind == LINEAR_INT8 ? 8 : 4;
+    const int64_t pair_bytes = 16 * bits / 4;  /* 32 (int8) or 16 (int4: half a quad) */
+    const __m512i spread[2] = {
+        _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
+        _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)};
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n / 16; b++) {
+        const uint8_t *src = (const uint8_t *)l->weight + b * pairs * pair_bytes;
+        for (int64_t g = 0; g < k / l->group; g++) {
+            __m512 scale = _mm512_loadu_ps(l->scale + g * n + b * 16);
+            __m512 shift = _mm512_set1_ps(bits == 8 ? 0.0f : 8.0f);
+            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + b * 16));
+            shift = _mm512_mul_ps(shift, scale);
+            __m512 s[2], z[2];
+            for (int h = 0; h < 2; h++) {
+                s[h] = _mm512_permutexvar_ps(spread[h], scale);
+                z[h] = _mm512_permutexvar_ps(spread[h], shift);
+            }
+            for (int64_t p = g * l->group / 2; p < (g + 1) * l->group / 2; p++) {
+                /* int8: pair p's 32 bytes; int4: quad p/2's bytes, low nibbles for even p */
+                const uint8_t *at = bits == 8 ? src + p * 32 : src + (p / 2) * 32;
+                __m512 w[2];
+                for (int h = 0; h < 2; h++)
+                    w[h] = _mm512_fmsub_ps(codes_f32(at + 16 * h, bits, p & 1), s[h], z[h]);
+                _mm512_storeu_si512(packed + (b * pairs + p) * 32, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
+            }
+        }
+    }
+}
+
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), for any kind of linear_t.
+ * Returns 0, or -2 when out of memory. */
+int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                   uint16_t *y) {
+    if (l->kind == LINEAR_BF16)
+        return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, l->n_out, l->k_in);
+    if (rows <= QUANT_KERNEL_MAX_ROWS) {
+        quant_kernel(l, x, x_stride, rows, y);
+        return 0;
+    }
+    uint16_t *packed = aligned_alloc(64, (size_t)l->n_out * l->k_in * 2);
+    if (!packed) return -2;
+    dequantize_vnni(l, packed);
+    int status = bf16_linear(x, x_stride, rows, packed, l->bias, y, l->n_out, l->k_in);
+    free(packed);
+    return status;
+}
+
+int has_quant_linear(void) { return 1; }
+#else
+int has_quant_linear(void) { return 0; }
+#endif
