@@ -178,7 +178,8 @@ static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const u
         for (int64_t task = 0; task < row_blocks * col_blocks; task++) {
             int64_t nb = task / row_blocks, r0 = task % row_blocks * 32;
             const uint16_t *a0 = a_packed + r0 * k_in, *a1 = a0 + 16 * k_in;
-            int two_cols = nb * 32 + 16 < n_out;
+            /* 16 rows or fewer left: the second A tile would multiply padding */
+            const int two_cols = nb * 32 + 16 < n_out, two_row_tiles = r0 + 16 < rows;
             const uint16_t *b0 = packed + nb * 2 * pairs * 32, *b1 = two_cols ? b0 + pairs * 32 : b0;
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
             for (int64_t k = 0; k < k_in; k += 32) {
@@ -189,13 +190,15 @@ static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const u
                         _mm_prefetch((const char *)(b1 + (k + PREFETCH_STEPS * 32) * 16) + 64 * line, _MM_HINT_T0);
                     }
                 _tile_loadd(4, a0 + k * 16, 64);
-                _tile_loadd(5, a1 + k * 16, 64);
                 _tile_loadd(6, b0 + k * 16, PAIR_BYTES);
                 _tile_loadd(7, b1 + k * 16, PAIR_BYTES);
                 _tile_dpbf16ps(0, 4, 6);
                 _tile_dpbf16ps(1, 4, 7);
-                _tile_dpbf16ps(2, 5, 6);
-                _tile_dpbf16ps(3, 5, 7);
+                if (two_row_tiles) {
+                    _tile_loadd(5, a1 + k * 16, 64);
+                    _tile_dpbf16ps(2, 5, 6);
+                    _tile_dpbf16ps(3, 5, 7);
+                }
             }
             _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
             _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
