@@ -5,7 +5,9 @@ step() is schedule -> run -> postprocess; everything else here is setting that l
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
+import gc
 import itertools
 import logging
 import time
@@ -30,6 +32,9 @@ from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_line
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
 
+# Unfrozen at exit (see LLMEngine.__init__), so that extension modules which check for leaks at
+# shutdown (triton's, which torch imports) see their objects collected.
+atexit.register(gc.unfreeze)
 logger = logging.getLogger("inferlab.engine")
 
 
@@ -72,6 +77,11 @@ class LLMEngine:
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         self._ids = itertools.count()
+        # What exists now (model, tokenizer, libraries) lives as long as the engine: moved out of
+        # the collector's generations, it is no longer traversed by the full collections that a
+        # step's allocations trigger (~10% of a 64-sequence decode step here). Reference counting
+        # still frees it: a dropped engine and its model hold no cycles.
+        gc.freeze()
 
     # -- requests -------------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from inferlab.engine.outputs import TokenLogprobs
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.kernels import cpu_ops
 
 CDF_BLOCK = 256  # vocabulary entries per block of the two-level inverse CDF
 
@@ -42,16 +43,24 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
         logits = apply_penalties(logits, batch)
     greedy = [p.greedy for p in params]
     if all(greedy):
-        tokens = logits.argmax(dim=-1)
+        tokens = argmax(logits)
     else:
         tokens = _sample_random(logits, params, batch.generators)
         if any(greedy):
-            tokens = torch.where(torch.tensor(greedy, device=logits.device),
-                                 logits.argmax(dim=-1), tokens)
+            tokens = torch.where(torch.tensor(greedy, device=logits.device), argmax(logits), tokens)
     logprobs: list[TokenLogprobs | None] = [None] * len(params)
     if raw_logprobs is not None:
         logprobs = gather_logprobs(raw_logprobs, tokens, [p.logprobs for p in params])
     return tokens, logprobs
+
+
+def argmax(logits: torch.Tensor) -> torch.Tensor:
+    """[B, V] -> [B]: the C kernel on CPU (torch's CPU argmax is scalar: 3.5 ms for 64 rows of
+    a 49k vocabulary here), torch elsewhere."""
+    if (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
+            and logits.stride(1) == 1 and cpu_ops.available(logits)):
+        return cpu_ops.argmax(logits)
+    return logits.argmax(dim=-1)
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

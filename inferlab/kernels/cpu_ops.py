@@ -39,6 +39,7 @@ _SIGNATURES = {
     "paged_decode_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
+    "argmax_rows": (None, [_P, _I64, _I64, _I64, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
@@ -206,6 +207,15 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)
     _library().silu_and_mul(x.data_ptr(), out.data_ptr(), x.numel() // (2 * inter) if inter else 0,
                             inter, _ELEM[x.dtype])
+    return out
+
+
+def argmax(x: torch.Tensor) -> torch.Tensor:
+    """torch.argmax(x, dim=-1) for fp32 [B, V] (unit stride along V) on CPU; NaNs are skipped."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"argmax takes fp32 [B, V] rows, not {x.dtype} {list(x.shape)}")
+    out = torch.empty(x.shape[0], dtype=torch.int64)
+    _library().argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
     return out
 
 

@@ -163,3 +163,18 @@ def test_without_the_library_the_torch_path_runs(monkeypatch):
     monkeypatch.setattr(cpu_ops, "_library", lambda: None)
     assert not cpu_ops.available(x)
     torch.testing.assert_close(fused.rms_norm(x, weight, 1e-5), with_c, atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.skipif(not cpu_ops.available(torch.zeros(1)), reason="no C compiler here")
+def test_argmax_matches_torch_and_takes_the_first_of_ties() -> None:
+    gen = torch.Generator().manual_seed(0)
+    for shape in [(64, 49152), (1, 49152), (3, 17), (5, 16), (2, 1003)]:
+        x = torch.randn(shape, generator=gen)
+        assert torch.equal(cpu_ops.argmax(x), x.argmax(-1)), shape
+    x = torch.zeros(5, 1000)
+    x[1, 5] = x[1, 900] = 2.0  # a tie across vector lanes: the first
+    x[2] = float("-inf")  # every value the same: index 0, as torch
+    x[3, 999] = 1.0  # in the scalar tail
+    x[4, 17] = x[4, 1] = 3.0  # a tie inside the first 16 and beyond
+    assert cpu_ops.argmax(x).tolist() == [0, 5, 0, 999, 1]
+    assert cpu_ops.argmax(x[:, :500]).tolist() == [0, 5, 0, 0, 1]  # a strided view's rows

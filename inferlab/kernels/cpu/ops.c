@@ -17,6 +17,9 @@
 #include <string.h>
 
 #include "kernels.h"
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
 
 #define CHUNK 256 /* floats per stack buffer when a row is processed in pieces */
 
@@ -409,5 +412,51 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
             }
             store_f32(g, elem, o + c * elem, n);
         }
+    }
+}
+
+/* out[r] = the index of the largest of x[r, :cols] (row stride x_stride), the first one on
+ * ties, as torch.argmax; NaNs are passed over. torch's CPU argmax walks a row one element at a
+ * time, ~3.5 ms for 64 rows of a 49k vocabulary here; this compares 16 at a time. */
+void argmax_rows(const float *x, int64_t x_stride, int64_t rows, int64_t cols, int64_t *out) {
+#pragma omp parallel for schedule(static) if (rows > 1)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *row = x + r * x_stride;
+        float best = -INFINITY;
+        int64_t at = 0;
+#ifdef __AVX512F__
+        __m512 top = _mm512_set1_ps(-INFINITY);
+        __m512i where = _mm512_setzero_si512(), idx = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        const __m512i step = _mm512_set1_epi32(16);
+        int64_t c = 0;
+        for (; c + 16 <= cols; c += 16) {
+            __m512 v = _mm512_loadu_ps(row + c);
+            __mmask16 up = _mm512_cmp_ps_mask(v, top, _CMP_GT_OQ);  /* strict: keeps the first */
+            top = _mm512_mask_mov_ps(top, up, v);
+            where = _mm512_mask_mov_epi32(where, up, idx);
+            idx = _mm512_add_epi32(idx, step);
+        }
+        float lane_top[16];
+        int32_t lane_at[16];
+        _mm512_storeu_ps(lane_top, top);
+        _mm512_storeu_si512(lane_at, where);
+        for (int i = 0; i < 16; i++)
+            if (lane_top[i] > best || (lane_top[i] == best && lane_at[i] < at && best > -INFINITY)) {
+                best = lane_top[i];
+                at = lane_at[i];
+            }
+        for (; c < cols; c++)
+            if (row[c] > best) {
+                best = row[c];
+                at = c;
+            }
+#else
+        for (int64_t c = 0; c < cols; c++)
+            if (row[c] > best) {
+                best = row[c];
+                at = c;
+            }
+#endif
+        out[r] = at;
     }
 }
