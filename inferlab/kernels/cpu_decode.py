@@ -19,11 +19,11 @@ from torch import nn
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear
-from inferlab.quant.linear import PackedQuantLinear
+from inferlab.quant.linear import PackedQuantLinear, PackedW8A8Linear
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _LINEARS = ("qkv", "o", "gate_up", "down")
-_C_LINEARS = (PackedLinear, PackedQuantLinear)  # the layers with a c_desc()
+_C_LINEARS = (PackedLinear, PackedQuantLinear, PackedW8A8Linear)  # the layers with a c_desc()
 # layer -> (the objects its C struct points into, the struct): the objects are held, so no
 # pointer in a cached struct outlives its tensor
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()

@@ -1,4 +1,5 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, decode_layer.c), built
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, w8a8_linear.c,
+decode_layer.c), built
 at first use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
@@ -26,7 +27,8 @@ import torch
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
-SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c", "decode_layer.c"))
+SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c", "w8a8_linear.c",
+                                             "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
@@ -42,6 +44,7 @@ _SIGNATURES = {
     "argmax_rows": (None, [_P, _I64, _I64, _I64, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
+    "has_w8a8_linear": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
@@ -50,14 +53,14 @@ _BF16_LINEAR_SIGNATURES = {
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
 _DECODE_LAYER_SIGNATURES = {"decode_layer": (ctypes.c_int, [_P, _P, _I32, _I64, _P, _P])}
-LINEAR_BF16, LINEAR_INT8, LINEAR_INT4 = 0, 1, 2  # linear_t.kind (kernels.h)
+LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8 = 0, 1, 2, 3  # linear_t.kind (kernels.h)
 
 
 class LinearDesc(ctypes.Structure):
     """kernels.h's linear_t: one linear layer of any weight format, for linear_forward."""
 
     _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
-                *((name, _P) for name in ("weight", "scale", "zero", "bias"))]
+                *((name, _P) for name in ("weight", "scale", "zero", "bias", "weight_sums"))]
 
 
 def _cache_dir() -> Path:
@@ -270,6 +273,11 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
 def quant_linear_available() -> bool:
     """The weight-only int8/int4 kernels (quant_linear.c)."""
     return _built_with("quant_linear")
+
+
+def w8a8_linear_available() -> bool:
+    """The W8A8 kernels (w8a8_linear.c: AVX512-VNNI, and AMX-INT8 where the CPU has it)."""
+    return _built_with("w8a8_linear") and quant_linear_available()
 
 
 def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:

@@ -286,6 +286,40 @@ def onednn_int8_available() -> bool:
         return False
 
 
+class PackedW8A8Linear(QuantLinear):
+    """W8A8 for bf16 on CPU through w8a8_linear.c: int8 codes in quads [N/16, K/4, 16, 4], fp32
+    per-channel scales; each call quantizes x per token in C, then vpdpbusd (up to 4 rows) or
+    AMX int8 tiles (more), exact int32 sums scaled and rounded to bf16 once."""
+
+    bias_in_matmul = True
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("packed", vnni.pack_int8(qw.codes, inputs=4))
+        self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
+        self.register_buffer("weight_sums", qw.codes.sum(dim=1, dtype=torch.int32).contiguous())
+
+    @staticmethod
+    def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
+             device: torch.device) -> bool:
+        n, k = qw.shape
+        return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind == INT
+                and qw.args.num_bits == 8 and qw.zero_point is None and qw.scale.numel() == n
+                and n % 16 == 0 and k % 64 == 0 and cpu_ops.w8a8_linear_available())
+
+    def c_desc(self) -> cpu_ops.LinearDesc:
+        """The layer for the C kernels (pointers into this module's buffers)."""
+        return cpu_ops.LinearDesc(
+            kind=cpu_ops.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
+            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
+            bias=None if self.bias is None else self.bias.data_ptr(),
+            weight_sums=self.weight_sums.data_ptr())
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.linear_forward(x, self.c_desc())
+
+
 class Fp8DynamicLinear(QuantLinear):
     """FP8_DYNAMIC: fp8 e4m3 weights per channel, activations rounded to fp8 per token."""
 
@@ -333,6 +367,8 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
                          None if qw.zero_point is None else qw.zero_point.to(device), qw.args)
     bias = None if bias is None else bias.to(device)
     args = qw.args
+    if activations is not None and PackedW8A8Linear.fits(qw, activations, dtype, device):
+        return PackedW8A8Linear(qw, bias, dtype)
     if activations is not None:
         cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
         return cls(qw, bias, dtype)

@@ -10,6 +10,10 @@ from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.config import ModelConfig
 from inferlab.models.llama import LlamaForCausalLM
+from inferlab.quant.layer import LINEARS
+from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.qparams import quantize_rtn
+from inferlab.quant.scheme import make_scheme
 
 pytestmark = pytest.mark.skipif(
     not (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
@@ -19,7 +23,7 @@ pytestmark = pytest.mark.skipif(
 BLOCK = 16
 
 
-def tiny_model(head_dim: int, bias: bool) -> LlamaForCausalLM:
+def tiny_model(head_dim: int, bias: bool, pack: bool = True) -> LlamaForCausalLM:
     cfg = ModelConfig(architecture="Qwen2ForCausalLM" if bias else "LlamaForCausalLM",
                       vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=3,
                       num_heads=128 // head_dim * 2, num_kv_heads=128 // head_dim,
@@ -31,7 +35,8 @@ def tiny_model(head_dim: int, bias: bool) -> LlamaForCausalLM:
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
     model = model.to(torch.bfloat16).eval()
-    use_packed_linears(model)
+    if pack:
+        use_packed_linears(model)
     return model
 
 
@@ -80,3 +85,31 @@ def test_a_prefill_in_the_batch_keeps_the_python_layers():
     assert cpu_decode.run_layers(model.model.layers, rope, x, caches, meta) is None
     decodes = AttentionMetadata.build([1, 1], [10, 5], [[0], [1]], BLOCK)
     assert cpu_decode.run_layers(model.model.layers, rope, x[:2].float(), caches, decodes) is None
+
+
+def quantize_linears(model, scheme_name: str) -> None:
+    """Each decoder linear replaced by the CPU layer its scheme builds from RTN codes."""
+    scheme = make_scheme(scheme_name, 32)
+    for layer in model.model.layers:
+        for name in LINEARS:
+            parent, _, leaf = name.rpartition(".")
+            owner = layer.get_submodule(parent)
+            dense = getattr(owner, leaf)
+            qw = quantize_rtn(dense.weight.detach().float(), scheme.weights)
+            setattr(owner, leaf, build_quant_linear(qw, scheme.activations, dense.bias, torch.bfloat16))
+
+
+@pytest.mark.skipif(not cpu_ops.w8a8_linear_available(), reason="no AVX512-VNNI kernels here")
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8"])
+@pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64]])  # the kernels, then > 4 rows
+def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context_lens, monkeypatch):
+    model = tiny_model(64, False, pack=False)
+    quantize_linears(model, scheme)
+    ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=7)
+    with torch.no_grad():
+        c_caches = [(k.clone(), v.clone()) for k, v in caches]
+        assert cpu_decode._layer_weights(model.model.layers[0], *caches[0]) is not None
+        ours = model(ids, positions, c_caches, meta)
+        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
+        reference = model(ids, positions, caches, meta)
+    assert torch.equal(ours, reference)

@@ -82,3 +82,5 @@ def test_vnni_int4_layout_by_hand() -> None:
     assert int(packed.sum()) == (9 | 15 << 4) + 7
     q8 = torch.arange(64, dtype=torch.int8).view(16, 4)  # [N=16, K=4]
     assert vnni.pack_int8(q8)[0, 1, 2].tolist() == [10, 11]  # output 2, inputs 2 and 3
+    quads = vnni.pack_int8(q8, inputs=4)  # W8A8: [1, 1, 16, 4]
+    assert quads[0, 0, 2].tolist() == [8, 9, 10, 11] and torch.equal(vnni.unpack_int8(quads), q8)

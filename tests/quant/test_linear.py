@@ -92,6 +92,28 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
     torch.testing.assert_close(held_weight(layer), library_dequantize(qw), rtol=1e-6, atol=1e-7)
 
 
+@pytest.mark.skipif(not cpu_ops.w8a8_linear_available(), reason="no AVX512-VNNI kernels here")
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])  # vpdpbusd up to 4 rows, AMX int8 above
+def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
+    """x quantized per token as w8a8_linear.c specifies (scale = absmax / 127, codes rounded
+    half to even from x * (1 / scale)), int32 sums, scaled and rounded to bf16 once."""
+    gen = torch.Generator().manual_seed(rows)
+    scheme = make_scheme("W8A8")
+    qw = quantize_rtn(torch.randn(208, 192, generator=gen), scheme.weights)
+    bias = torch.randn(208, generator=gen).to(torch.bfloat16)
+    layer = build_quant_linear(qw, scheme.activations, bias, torch.bfloat16)
+    assert type(layer).__name__ == "PackedW8A8Linear"
+    x = torch.randn(rows, 192, generator=gen).to(torch.bfloat16)
+    x[0, 3] = 40.0  # an outlier row
+    x_scale = x.float().abs().amax(-1, keepdim=True).clamp(min=1e-12) / 127
+    codes = torch.round(x.float() * (1 / x_scale))
+    assert codes.abs().max() <= 127
+    exact = (codes.double() @ qw.codes.double().T) * x_scale.double() * layer.scale.double() \
+        + bias.double()
+    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())  # fp32 scaling
+
+
 def test_int4_kernel_and_dequant_paths_agree() -> None:
     qw = quantize_rtn(torch.randn(80, 256), make_scheme("W4A16", 64).weights)
     layer = build_quant_linear(qw, None, None, torch.float32)

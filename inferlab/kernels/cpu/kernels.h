@@ -38,14 +38,21 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                 const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in);
 
+int has_amx(void);
+int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
+             int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
+             uint16_t *y, int64_t n_out);
+
 /* One linear layer of any weight format, as quant_linear.c's linear_forward takes it. */
-enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2 };
+enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3 };
 typedef struct {
-    int64_t kind, n_out, k_in, group;  /* group: inputs per scale (quantized kinds) */
-    const void *weight;  /* packed, see matmul.c (bf16) and quant_linear.c */
-    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (quantized kinds) */
+    int64_t kind, n_out, k_in, group;  /* group: inputs per scale (weight-only kinds) */
+    const void *weight;  /* packed, see matmul.c (bf16), quant_linear.c, w8a8_linear.c */
+    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (W8A8: scale [N]) */
     const uint16_t *bias;  /* bf16 [N] or NULL */
+    const int32_t *weight_sums;  /* W8A8: each output's sum of codes [N] */
 } linear_t;
+int w8a8_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                    uint16_t *y);
 #endif

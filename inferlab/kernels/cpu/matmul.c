@@ -26,7 +26,6 @@
 #include <immintrin.h>
 
 #define VNNI_MAX_ROWS 4
-#define PAIR_BYTES 64 /* one k-pair of a 16-output block */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
 
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
@@ -111,7 +110,7 @@ static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const
     }
 }
 
-#ifdef __AMX_BF16__
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
 #include <sys/syscall.h>
 #include <unistd.h>
 
@@ -145,30 +144,36 @@ static void configure_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* x [rows, K] -> a [rows/16 rounded up][K/32][16][32], zero-padded: every A tile one contiguous
- * KiB, which the hardware prefetchers follow (16 rows K*2 bytes apart they do not). */
-static uint16_t *pack_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in) {
-    const int64_t row_tiles = (rows + 31) / 32 * 2, chunks = k_in / 32;
-    uint16_t *a = aligned_alloc(64, (size_t)row_tiles * 16 * k_in * 2);
+/* x rows of row_bytes (row stride x_stride bytes) -> a [rows/16 rounded up][row_bytes/64][16][64
+ * bytes], zero-padded: every A tile one contiguous KiB, which the hardware prefetchers follow
+ * (16 rows row_bytes apart they do not). */
+static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int64_t row_bytes) {
+    const int64_t row_tiles = (rows + 31) / 32 * 2, chunks = row_bytes / 64;
+    uint8_t *a = aligned_alloc(64, (size_t)row_tiles * 16 * row_bytes);
     if (!a) return NULL;
 #pragma omp parallel for schedule(static)
     for (int64_t t = 0; t < row_tiles; t++)
         for (int r = 0; r < 16; r++)
             for (int64_t c = 0; c < chunks; c++) {
-                uint16_t *dst = a + ((t * chunks + c) * 16 + r) * 32;
-                if (t * 16 + r < rows) memcpy(dst, x + (t * 16 + r) * x_stride + c * 32, 64);
+                uint8_t *dst = a + ((t * chunks + c) * 16 + r) * 64;
+                if (t * 16 + r < rows) memcpy(dst, x + (t * 16 + r) * x_stride + c * 64, 64);
                 else memset(dst, 0, 64);
             }
     return a;
 }
 
-/* Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four C tiles per
- * task. Tasks run output-block-major so a thread's consecutive tasks reuse the same weights. An
- * odd last output block computes its B tile twice and keeps one. */
-static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
-                      const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
-    const int64_t pairs = k_in / 2, row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
-    uint16_t *a_packed = pack_rows(x, x_stride, rows, k_in);
+/* y [rows, N] bf16 = x @ W^T on AMX tiles, for bf16 x and weights (packed as pack_bf16_vnni)
+ * or int8 ones (w8a8_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
+ * per output of a B tile row. int8 sums are exact int32, then y = sum * row_scale[r] *
+ * col_scale[c]. Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four
+ * C tiles per task. Tasks run output-block-major so a thread's consecutive tasks reuse the same
+ * weights. An odd last output block computes its B tile twice and keeps one. */
+int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
+             int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
+             uint16_t *y, int64_t n_out) {
+    const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
+    const int64_t block_bytes = 16 * row_bytes;  /* one 16-output block of the weights */
+    uint8_t *a_packed = pack_rows(x, x_stride, rows, row_bytes);
     if (!a_packed) return -2;
 #pragma omp parallel
     {
@@ -177,27 +182,28 @@ static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const u
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < row_blocks * col_blocks; task++) {
             int64_t nb = task / row_blocks, r0 = task % row_blocks * 32;
-            const uint16_t *a0 = a_packed + r0 * k_in, *a1 = a0 + 16 * k_in;
+            const uint8_t *a0 = a_packed + r0 * row_bytes, *a1 = a0 + block_bytes;
             /* 16 rows or fewer left: the second A tile would multiply padding */
             const int two_cols = nb * 32 + 16 < n_out, two_row_tiles = r0 + 16 < rows;
-            const uint16_t *b0 = packed + nb * 2 * pairs * 32, *b1 = two_cols ? b0 + pairs * 32 : b0;
+            const uint8_t *b0 = (const uint8_t *)packed + nb * 2 * block_bytes;
+            const uint8_t *b1 = two_cols ? b0 + block_bytes : b0;
             _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            for (int64_t k = 0; k < k_in; k += 32) {
+            for (int64_t k = 0; k < row_bytes; k += 64) {
                 /* B streams from memory: ask for the tiles PREFETCH_STEPS steps ahead */
-                if (k + PREFETCH_STEPS * 32 < k_in)
+                if (k + PREFETCH_STEPS * 64 < row_bytes)
                     for (int line = 0; line < 16; line++) {
-                        _mm_prefetch((const char *)(b0 + (k + PREFETCH_STEPS * 32) * 16) + 64 * line, _MM_HINT_T0);
-                        _mm_prefetch((const char *)(b1 + (k + PREFETCH_STEPS * 32) * 16) + 64 * line, _MM_HINT_T0);
+                        _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
+                        _mm_prefetch((const char *)b1 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
                     }
                 _tile_loadd(4, a0 + k * 16, 64);
-                _tile_loadd(6, b0 + k * 16, PAIR_BYTES);
-                _tile_loadd(7, b1 + k * 16, PAIR_BYTES);
-                _tile_dpbf16ps(0, 4, 6);
-                _tile_dpbf16ps(1, 4, 7);
+                _tile_loadd(6, b0 + k * 16, 64);
+                _tile_loadd(7, b1 + k * 16, 64);
+                if (int8) { _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); }
+                else { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); }
                 if (two_row_tiles) {
                     _tile_loadd(5, a1 + k * 16, 64);
-                    _tile_dpbf16ps(2, 5, 6);
-                    _tile_dpbf16ps(3, 5, 7);
+                    if (int8) { _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7); }
+                    else { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
                 }
             }
             _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
@@ -205,9 +211,13 @@ static int amx_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const u
             for (int half = 0; half < 1 + two_cols; half++) {
                 int64_t col = nb * 32 + half * 16;
                 __m512 bv = bias_f32(bias ? bias + col : NULL);
+                __m512 cs = int8 ? _mm512_loadu_ps(col_scale + col) : _mm512_setzero_ps();
                 for (int r = 0; r < 32 && r0 + r < rows; r++) {
-                    __m512 sum = _mm512_add_ps(_mm512_load_ps(c[(r / 16) * 2 + half] + (r % 16) * 16), bv);
-                    store_bf16(y + (r0 + r) * n_out + col, sum);
+                    const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
+                    __m512 sum = int8 ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(tile)),
+                                                      _mm512_mul_ps(cs, _mm512_set1_ps(row_scale[r0 + r])))
+                                      : _mm512_load_ps(tile);
+                    store_bf16(y + (r0 + r) * n_out + col, _mm512_add_ps(sum, bv));
                 }
             }
         }
@@ -226,8 +236,9 @@ int has_amx(void) { return 0; }
  * Returns 0, or -2 when out of memory. */
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                 const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
-#ifdef __AMX_BF16__
-    if (rows > VNNI_MAX_ROWS && has_amx()) return amx_linear(x, x_stride, rows, packed, bias, y, n_out, k_in);
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (rows > VNNI_MAX_ROWS && has_amx())
+        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, NULL, NULL, bias, y, n_out);
 #endif
     vnni_linear(x, x_stride, rows, packed, bias, y, n_out, k_in);
     return 0;

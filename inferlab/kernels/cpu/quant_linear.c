@@ -206,6 +206,9 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
                    uint16_t *y) {
     if (l->kind == LINEAR_BF16)
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, l->n_out, l->k_in);
+#ifdef __AVX512VNNI__
+    if (l->kind == LINEAR_W8A8) return w8a8_linear(l, x, x_stride, rows, y);
+#endif
     if (rows <= QUANT_KERNEL_MAX_ROWS) {
         quant_kernel(l, x, x_stride, rows, y);
         return 0;
