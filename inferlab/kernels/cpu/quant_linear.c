@@ -7,9 +7,9 @@
  *
  *   int8 [N/16][K/2][16][2]: codes q, the bf16 layout with one byte per weight; a 16-output
  *        k-pair widens to fp32 and narrows to bf16, exactly (|q| <= 128).
- *   int4 [N/16][K/4][16][2] bytes: byte (j, t) of input quad k holds u = q + 8 of output j for
- *        input k + t in its low nibble and input k + 2 + t in its high one. A nibble ORed into
- *        0x4300 is the bf16 number 128 + u, so a quad is two shifts and masks from two k-pairs.
+ *   int4 [N/16][K/8][64] bytes: one line per 16 outputs and 8 inputs holding u = q + 8, placed
+ *        (inferlab/quant/formats/vnni.py) so that a mask, a shift and four byte-unpacks against
+ *        0x43 give the line's four k-pairs as bf16 words 0x43XY = 128 + u.
  *   scale fp32 [K/group][N]; zero (zero points, fp32, same shape) or NULL; bias bf16 [N] or NULL.
  *
  * Each group's sum of x * v (v = q, or 128 + u = 136 + q) is kept apart, then
@@ -37,11 +37,23 @@ static inline __m512bh int8_pair(const int8_t *p) {  /* 32 codes of a 16-output 
     return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
-static inline void int4_quad(const uint8_t *p, __m512bh *first, __m512bh *second) {
-    const __m512i nibble = _mm512_set1_epi16(0xf), bias128 = _mm512_set1_epi16(0x4300);
-    __m512i bytes = _mm512_cvtepu8_epi16(_mm256_loadu_si256((const __m256i *)p));
-    *first = (__m512bh)_mm512_ternarylogic_epi32(bytes, nibble, bias128, 0xea);  /* (a & b) | c */
-    *second = (__m512bh)_mm512_or_si512(_mm512_srli_epi16(bytes, 4), bias128);
+/* One 64-byte line of a 16-output block -> its k-pairs as bf16 VNNI vectors: int8, two pairs
+ * of codes q; int4, four pairs of 128 + u. */
+static inline __attribute__((always_inline)) void decode_line(const uint8_t *src, const int BITS,
+                                                              __m512bh pairs[4]) {
+    if (BITS == 8) {
+        pairs[0] = int8_pair((const int8_t *)src);
+        pairs[1] = int8_pair((const int8_t *)src + 32);
+        return;
+    }
+    const __m512i nibble = _mm512_set1_epi8(0xf), exponent = _mm512_set1_epi8(0x43);
+    __m512i bytes = _mm512_loadu_si512(src);
+    __m512i low = _mm512_and_si512(bytes, nibble);
+    __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+    pairs[0] = (__m512bh)_mm512_unpacklo_epi8(low, exponent);
+    pairs[1] = (__m512bh)_mm512_unpackhi_epi8(low, exponent);
+    pairs[2] = (__m512bh)_mm512_unpacklo_epi8(high, exponent);
+    pairs[3] = (__m512bh)_mm512_unpackhi_epi8(high, exponent);
 }
 
 static inline __m512bh x_pair(const uint16_t *x, int64_t pair) {
@@ -75,13 +87,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
             for (int b = 0; b < 2; b++) {
                 const uint8_t *src = w[b] + line * LINE;
                 _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
-                if (BITS == 8) {
-                    wv[b][0] = int8_pair((const int8_t *)src);
-                    wv[b][1] = int8_pair((const int8_t *)src + 32);
-                } else {  /* two quads: pairs 0, 1 from the first 32 bytes, 2, 3 from the next */
-                    int4_quad(src, &wv[b][0], &wv[b][1]);
-                    int4_quad(src + 32, &wv[b][2], &wv[b][3]);
-                }
+                decode_line(src, BITS, wv[b]);
             }
             for (int i = 0; i < pairs_per_line; i++) {
                 const int64_t pair = line * pairs_per_line + i;
@@ -157,46 +163,51 @@ static void quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride,
     }
 }
 
-/* 16 codes as fp32 values v: int8 q, or int4 u = q + 8 (nibbles, low or high half of bytes). */
-static inline __m512 codes_f32(const uint8_t *p, int bits, int high_nibble) {
-    __m128i raw = _mm_loadu_si128((const __m128i *)p);
-    if (bits == 8) return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw));
-    __m512i bytes = _mm512_cvtepu8_epi32(raw);
-    bytes = high_nibble ? _mm512_srli_epi32(bytes, 4) : _mm512_and_si512(bytes, _mm512_set1_epi32(15));
-    return _mm512_cvtepi32_ps(bytes);
-}
-
-/* The weight as bf16 in matmul.c's layout [N/16][K/2][16][2]: v * scale - (offset + zero) *
- * scale, offset 0 (int8) or 8 (int4). A 16-output k-pair's 32 values come as outputs 0-7 and
- * 8-15, two inputs each, so the per-output scales are spread the same way, once per group. */
-static void dequantize_vnni(const linear_t *l, uint16_t *packed) {
-    const int64_t n = l->n_out, k = l->k_in, pairs = k / 2, bits = l->kind == LINEAR_INT8 ? 8 : 4;
-    const int64_t pair_bytes = 16 * bits / 4;  /* 32 (int8) or 16 (int4: half a quad) */
+/* The weight as bf16 in matmul.c's layout [N/16][K/2][16][2]: (v - offset - zero) * scale from
+ * the kernels' own bf16 values v (q, or 128 + u: offset 0 or 136). A k-pair's 32 values widen
+ * to fp32 as outputs 0-7 and 8-15, two inputs each, so the per-output scales are spread the
+ * same way, once per group. */
+static inline __attribute__((always_inline)) void dequantize_block(
+        const linear_t *l, const int BITS, int64_t b, uint16_t *packed) {
+    const int64_t n = l->n_out, k = l->k_in, pairs = k / 2, pairs_per_line = BITS == 8 ? 2 : 4;
+    const int64_t lines_per_group = l->group / (2 * pairs_per_line);
+    const uint8_t *src = (const uint8_t *)l->weight + b * k * 16 * BITS / 8;
     const __m512i spread[2] = {
         _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
         _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)};
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < n / 16; b++) {
-        const uint8_t *src = (const uint8_t *)l->weight + b * pairs * pair_bytes;
-        for (int64_t g = 0; g < k / l->group; g++) {
-            __m512 scale = _mm512_loadu_ps(l->scale + g * n + b * 16);
-            __m512 shift = _mm512_set1_ps(bits == 8 ? 0.0f : 8.0f);
-            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + b * 16));
-            shift = _mm512_mul_ps(shift, scale);
-            __m512 s[2], z[2];
-            for (int h = 0; h < 2; h++) {
-                s[h] = _mm512_permutexvar_ps(spread[h], scale);
-                z[h] = _mm512_permutexvar_ps(spread[h], shift);
-            }
-            for (int64_t p = g * l->group / 2; p < (g + 1) * l->group / 2; p++) {
-                /* int8: pair p's 32 bytes; int4: quad p/2's bytes, low nibbles for even p */
-                const uint8_t *at = bits == 8 ? src + p * 32 : src + (p / 2) * 32;
+    for (int64_t g = 0; g < k / l->group; g++) {
+        __m512 scale = _mm512_loadu_ps(l->scale + g * n + b * 16);
+        __m512 shift = _mm512_set1_ps(BITS == 8 ? 0.0f : 136.0f);
+        if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + b * 16));
+        shift = _mm512_mul_ps(shift, scale);
+        __m512 s[2], z[2];
+        for (int h = 0; h < 2; h++) {
+            s[h] = _mm512_permutexvar_ps(spread[h], scale);
+            z[h] = _mm512_permutexvar_ps(spread[h], shift);
+        }
+        for (int64_t line = g * lines_per_group; line < (g + 1) * lines_per_group; line++) {
+            __m512bh v[4];
+            decode_line(src + line * LINE, BITS, v);
+            for (int i = 0; i < pairs_per_line; i++) {
+                __m512i words = (__m512i)v[i];
                 __m512 w[2];
-                for (int h = 0; h < 2; h++)
-                    w[h] = _mm512_fmsub_ps(codes_f32(at + 16 * h, bits, p & 1), s[h], z[h]);
-                _mm512_storeu_si512(packed + (b * pairs + p) * 32, (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
+                for (int h = 0; h < 2; h++) {
+                    __m256i half = h ? _mm512_extracti64x4_epi64(words, 1) : _mm512_castsi512_si256(words);
+                    __m512 value = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
+                    w[h] = _mm512_fmsub_ps(value, s[h], z[h]);
+                }
+                _mm512_storeu_si512(packed + (b * pairs + line * pairs_per_line + i) * 32,
+                                    (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
             }
         }
+    }
+}
+
+static void dequantize_vnni(const linear_t *l, uint16_t *packed) {
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < l->n_out / 16; b++) {
+        if (l->kind == LINEAR_INT8) dequantize_block(l, 8, b, packed);
+        else dequantize_block(l, 4, b, packed);
     }
 }
 

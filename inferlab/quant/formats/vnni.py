@@ -7,8 +7,9 @@ inputs side by side), so a load decodes into what `vdpbf16ps` (or `vpdpbusd`) mu
 * int8 [N/16, K/2, 16, 2]: the signed codes q.
 * int8 quads [N/16, K/4, 16, 4] (W8A8): four inputs per output side by side, the layout of
   AMX's int8 B tiles and of vpdpbusd.
-* int4 [N/16, K/4, 16, 2] bytes: byte (j, t) of input quad k holds u = q + 8 of output j for
-  input k + t in its low nibble and for input k + 2 + t in its high one.
+* int4 [N/16, K/8, 64] bytes: one 64-byte line per 16 outputs and 8 inputs holding u = q + 8,
+  placed so that two masks and four byte-unpacks against 0x43 make the line's four VNNI pairs
+  of bf16 numbers 128 + u (see _int4_line_map).
 """
 
 from __future__ import annotations
@@ -28,17 +29,34 @@ def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
     return packed.permute(0, 2, 1, 3).reshape(blocks * 16, words * inputs)
 
 
+def _int4_line_map() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """For each of a line's 64 bytes (128-bit lane L, byte i): the output j and the inputs (of the
+    line's 8) in its low and high nibble. unpacklo/hi_epi8 against 0x43 turn the low nibbles of
+    bytes 0-7 / 8-15 of every lane into the words 8L + i % 8 of input pairs 0 / 1, the high
+    nibbles into pairs 2 / 3; word w of a pair is output w // 2, input 2 * pair + w % 2."""
+    pos = torch.arange(64)
+    lane, i = pos // 16, pos % 16
+    word, half = 8 * lane + i % 8, i // 8
+    j, t = word // 2, word % 2
+    return j, 2 * half + t, 4 + 2 * half + t
+
+
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] in [-8, 7] -> uint8 [N/16, K/4, 16, 2]."""
+    """int8 [N, K] in [-8, 7] -> uint8 [N/16, K/8, 64]: per 16-output block, one 64-byte line per
+    8 inputs, nibbles placed by _int4_line_map."""
     n, k = codes.shape
-    u = (codes.to(torch.int16) + 8).to(torch.uint8).reshape(n // 16, 16, k // 4, 2, 2)  # [.., quad, h, t]
-    return (u[..., 0, :] | (u[..., 1, :] << 4)).permute(0, 2, 1, 3).contiguous()
+    u = (codes.to(torch.int16) + 8).to(torch.uint8).reshape(n // 16, 16, k // 8, 8)
+    j, low, high = _int4_line_map()
+    lines = u[:, j, :, low] | (u[:, j, :, high] << 4)  # [64, N/16, K/8]
+    return lines.permute(1, 2, 0).contiguous()
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
-    """uint8 [N/16, K/4, 16, 2] -> int8 codes [N, K] in [-8, 7]."""
-    blocks, quads = packed.shape[:2]
-    halves = torch.stack([packed & 15, packed >> 4], dim=-2)  # [N/16, K/4, 16, h, t]
-    u = halves.permute(0, 2, 1, 3, 4).reshape(blocks * 16, quads * 4)
-    return (u.to(torch.int16) - 8).to(torch.int8)
-
+    """uint8 [N/16, K/8, 64] -> int8 codes [N, K] in [-8, 7]."""
+    blocks, octets, _ = packed.shape
+    j, low, high = _int4_line_map()
+    lines = packed.permute(2, 0, 1)  # [64, N/16, K/8]
+    u = torch.empty(blocks, 16, octets, 8, dtype=torch.uint8)
+    u[:, j, :, low] = lines & 15
+    u[:, j, :, high] = lines >> 4
+    return (u.reshape(blocks * 16, octets * 8).to(torch.int16) - 8).to(torch.int8)
