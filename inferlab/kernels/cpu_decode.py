@@ -10,6 +10,7 @@ C function makes them in the order the Python layer does, so outputs are identic
 from __future__ import annotations
 
 import ctypes
+import operator
 import weakref
 from collections.abc import Sequence
 
@@ -58,7 +59,7 @@ def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tenso
              mlp._modules["down_proj"], layer._modules["input_layernorm"]._parameters["weight"],
              layer._modules["post_attention_layernorm"]._parameters["weight"], k_cache, v_cache)
     cached = _BUILT.get(layer)
-    if cached is not None and all(a is b for a, b in zip(cached[0], parts, strict=True)):
+    if cached is not None and all(map(operator.is_, cached[0], parts)):
         return cached[1]
     weights = _build_layer_weights(attn, parts)
     _BUILT[layer] = (parts, weights)

@@ -53,15 +53,21 @@ class AttentionMetadata:
         width = max(max((len(t) for t in block_tables), default=1), 1)
         table = torch.tensor([t + [0] * (width - len(t)) for t in block_tables],
                              dtype=torch.int32).view(len(block_tables), width)
-        starts = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
-        starts[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
-        seq_of_token, positions = token_positions(query_lens, seq_lens)
-        blocks = table[seq_of_token, positions // block_size].long()  # [N]
+        if _decode_only(query_lens):  # every generation step: host lists beat a dozen tensor ops
+            starts = torch.arange(len(query_lens) + 1, dtype=torch.int32)
+            slots = torch.tensor([t[(s - 1) // block_size] * block_size + (s - 1) % block_size
+                                  for t, s in zip(block_tables, seq_lens, strict=True)])
+        else:
+            starts = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+            starts[1:] = torch.cumsum(torch.tensor(query_lens, dtype=torch.int32), 0)
+            seq_of_token, positions = token_positions(query_lens, seq_lens)
+            blocks = table[seq_of_token, positions // block_size].long()  # [N]
+            slots = blocks * block_size + positions % block_size
         return cls(
             query_start_loc=starts.to(device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
             block_tables=table.to(device),
-            slot_mapping=(blocks * block_size + positions % block_size).to(device),
+            slot_mapping=slots.to(device),
             query_lens_cpu=list(query_lens),
             seq_lens_cpu=list(seq_lens),
             block_size=block_size,
@@ -70,9 +76,15 @@ class AttentionMetadata:
 
 def token_positions(query_lens: list[int], seq_lens: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """For every new token: its sequence index and its position in that sequence, [N] int64 each."""
+    if _decode_only(query_lens):
+        return torch.arange(len(query_lens)), torch.tensor(seq_lens, dtype=torch.int64) - 1
     q_lens = torch.tensor(query_lens, dtype=torch.int64)
     seq_of_token = torch.repeat_interleave(torch.arange(len(query_lens)), q_lens)  # [N]
     first_position = torch.tensor(seq_lens, dtype=torch.int64) - q_lens  # [B]
     first_row = torch.cumsum(q_lens, 0) - q_lens  # [B]
     rows = torch.arange(int(q_lens.sum()))
     return seq_of_token, first_position[seq_of_token] + rows - first_row[seq_of_token]
+
+
+def _decode_only(query_lens: list[int]) -> bool:
+    return query_lens.count(1) == len(query_lens)
