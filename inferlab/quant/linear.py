@@ -25,10 +25,11 @@ and picks its arithmetic by the number of rows in the call:
   Dequantizing costs a fixed few passes over the weight (unpacking torch's blocked int4 layout
   is the dearest), then the GEMM runs at full speed; the kernels' cost grows with the rows.
   Hence the crossovers below: int8 near 12 rows, int4 near 128.
-* W8A8 (int8 weights, int8 activations per token): an int8 GEMM at every size (oneDNN's, see
-  Int8DynamicLinear); the activations are quantized with in-place ops, because fresh
-  allocations (page faults) cost more than the arithmetic on this machine. On SmolLM2's narrow
-  layers that quantization costs about as much as the GEMM saves.
+* W8A8 (int8 weights, int8 activations per token), bf16 on a CPU with AVX512-VNNI: the C
+  kernels of inferlab/kernels/cpu/w8a8_linear.c (PackedW8A8Linear), which quantize x in C and
+  multiply with vpdpbusd up to 4 rows, AMX int8 tiles above. Elsewhere an int8 GEMM at every
+  size (oneDNN's, see Int8DynamicLinear), the activations quantized with in-place ops, because
+  fresh allocations (page faults) cost more than the arithmetic on this machine.
 * FP8_DYNAMIC: this CPU has no fast fp8 GEMM (`torch._scaled_mm` measured at ~0.02x bf16), so
   activations are rounded to fp8 per token and both operands, exact in bf16, go through the
   bf16 GEMM; the fp8 weight is widened per call, never kept wide.
