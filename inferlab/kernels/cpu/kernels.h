@@ -21,6 +21,26 @@ static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+
+static inline __m512 bf16x16_widen(__m256i h) {  /* 16 bf16 in a register -> fp32 */
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+static inline __m512 bf16x16_to_f32(const uint16_t *src) {
+    return bf16x16_widen(_mm256_loadu_si256((const __m256i *)src));
+}
+
+static inline __m512 bias_f32(const uint16_t *bias) {  /* 16 outputs' bias, or zeros */
+    return bias ? bf16x16_to_f32(bias) : _mm512_setzero_ps();
+}
+
+static inline void store_bf16(uint16_t *dst, __m512 sum) {  /* one rounding, to nearest even */
+    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
+}
+#endif
+
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
               int64_t rows, int64_t dim, float eps, int elem);
 void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,

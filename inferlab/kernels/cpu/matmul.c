@@ -42,16 +42,6 @@ void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t 
             }
 }
 
-static inline __m512 bias_f32(const uint16_t *bias) {
-    if (!bias) return _mm512_setzero_ps();
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)bias));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
-static inline void store_bf16(uint16_t *dst, __m512 sum) {
-    _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
-}
-
 /* Two 16-output blocks per task, two accumulator sets (even and odd k-pairs) so consecutive
  * vdpbf16ps do not wait on each other; ROWS is a constant so everything stays in registers. */
 static inline __attribute__((always_inline)) void vnni_rows(

@@ -208,11 +208,6 @@ static inline __attribute__((always_inline)) __m512 sum_lanes_16(const __m512 v[
     return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
 }
 
-static inline __m512 bf16x16_to_f32(const uint16_t *src) {
-    __m512i wide = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)src));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(wide, 16));
-}
-
 /* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
  * head h0; and a prefetch of the 16 after them, all heads of the range. The blocks are
  * scattered, so the hardware prefetchers do not see them coming. */

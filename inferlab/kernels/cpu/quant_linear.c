@@ -15,9 +15,9 @@
  *
  * Each group's sum of x * v (v = q, or 128 + u = 136 + q) is kept apart, then
  * y += scale * (sum - (offset + zero) * sum(x over the group)), offset 0 (int8) or 136 (int4).
- * Up to QUANT_KERNEL_MAX_ROWS rows go through these kernels in register tiles of up to four rows
- * (the weights read once per tile); more rows dequantize the weight into matmul.c's bf16 layout
- * once per call and take its AMX path, which a prefill is bound by the arithmetic of.
+ * Up to TILE_ROWS (4) rows go through these kernels, in registers, the weights read once; more
+ * rows dequantize the weight into matmul.c's bf16 layout once per call and take its AMX path,
+ * which a prefill is bound by the arithmetic of.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -26,10 +26,7 @@
 #include "kernels.h"
 
 #ifdef __AVX512BF16__
-#include <immintrin.h>
-
 #define TILE_ROWS 4
-#define QUANT_KERNEL_MAX_ROWS 4
 #define LINE 64 /* bytes of one block's weights per step; prefetched 2 KiB ahead */
 
 static inline __m512bh int8_pair(const int8_t *p) {  /* 32 codes of a 16-output k-pair */
@@ -117,13 +114,8 @@ static inline __attribute__((always_inline)) void quant_blocks(
     }
     for (int b = 0; b < nb; b++) {
         const int64_t col = (b0 + b) * 16;
-        __m512 bias = _mm512_setzero_ps();
-        if (l->bias)
-            bias = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(l->bias + col))), 16));
-        for (int m = 0; m < ROWS; m++)
-            _mm256_storeu_si256((__m256i *)(y + m * n + col),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(out[b][m], bias)));
+        __m512 bias = bias_f32(l->bias ? l->bias + col : NULL);
+        for (int m = 0; m < ROWS; m++) store_bf16(y + m * n + col, _mm512_add_ps(out[b][m], bias));
     }
 }
 
@@ -140,30 +132,25 @@ static void group_sums(const linear_t *l, const uint16_t *x, int64_t x_stride, i
         }
 }
 
-/* Row tiles of up to TILE_ROWS, each reading the weights once. The switch sits inside the
- * parallel loop so that every case inlines quant_blocks with constant BITS and ROWS: a constant
- * passed into the loop from outside reaches OpenMP's outlined body as a variable. */
+/* Up to TILE_ROWS rows, reading the weights once. The switch sits inside the parallel loop so
+ * that every case inlines quant_blocks with constant BITS and ROWS: a constant passed into the
+ * loop from outside reaches OpenMP's outlined body as a variable. */
 static void quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                          uint16_t *y) {
     float xsum[TILE_ROWS * (l->k_in / l->group)];
-    for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-        const uint16_t *xr = x + r * x_stride;
-        uint16_t *yr = y + r * l->n_out;
-        const int tile = (int)(rows - r < TILE_ROWS ? rows - r : TILE_ROWS);
-        const int variant = (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS) + tile - 1;
-        group_sums(l, xr, x_stride, tile, xsum);
+    const int variant = (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS) + (int)rows - 1;
+    group_sums(l, x, x_stride, rows, xsum);
 #pragma omp parallel for schedule(static)
-        for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
-            switch (variant) {
-            case 0: quant_blocks(l, 8, xr, x_stride, 1, xsum, yr, b0); break;
-            case 1: quant_blocks(l, 8, xr, x_stride, 2, xsum, yr, b0); break;
-            case 2: quant_blocks(l, 8, xr, x_stride, 3, xsum, yr, b0); break;
-            case 3: quant_blocks(l, 8, xr, x_stride, 4, xsum, yr, b0); break;
-            case 4: quant_blocks(l, 4, xr, x_stride, 1, xsum, yr, b0); break;
-            case 5: quant_blocks(l, 4, xr, x_stride, 2, xsum, yr, b0); break;
-            case 6: quant_blocks(l, 4, xr, x_stride, 3, xsum, yr, b0); break;
-            default: quant_blocks(l, 4, xr, x_stride, 4, xsum, yr, b0); break;
-            }
+    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
+        switch (variant) {
+        case 0: quant_blocks(l, 8, x, x_stride, 1, xsum, y, b0); break;
+        case 1: quant_blocks(l, 8, x, x_stride, 2, xsum, y, b0); break;
+        case 2: quant_blocks(l, 8, x, x_stride, 3, xsum, y, b0); break;
+        case 3: quant_blocks(l, 8, x, x_stride, 4, xsum, y, b0); break;
+        case 4: quant_blocks(l, 4, x, x_stride, 1, xsum, y, b0); break;
+        case 5: quant_blocks(l, 4, x, x_stride, 2, xsum, y, b0); break;
+        case 6: quant_blocks(l, 4, x, x_stride, 3, xsum, y, b0); break;
+        default: quant_blocks(l, 4, x, x_stride, 4, xsum, y, b0); break;
         }
     }
 }
@@ -198,8 +185,7 @@ static inline __attribute__((always_inline)) void dequantize_block(
                 __m512 w[2];
                 for (int h = 0; h < 2; h++) {
                     __m256i half = h ? _mm512_extracti64x4_epi64(words, 1) : _mm512_castsi512_si256(words);
-                    __m512 value = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16));
-                    w[h] = _mm512_fmsub_ps(value, s[h], z[h]);
+                    w[h] = _mm512_fmsub_ps(bf16x16_widen(half), s[h], z[h]);
                 }
                 _mm512_storeu_si512(packed + (b * pairs + line * pairs_per_line + i) * 32,
                                     (__m512i)_mm512_cvtne2ps_pbh(w[1], w[0]));
@@ -225,7 +211,7 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
 #ifdef __AVX512VNNI__
     if (l->kind == LINEAR_W8A8) return w8a8_linear(l, x, x_stride, rows, y);
 #endif
-    if (rows <= QUANT_KERNEL_MAX_ROWS) {
+    if (rows <= TILE_ROWS) {
         quant_kernel(l, x, x_stride, rows, y);
         return 0;
     }

@@ -23,14 +23,7 @@
 #include "kernels.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-#include <immintrin.h>
-
 #define TILE_ROWS 4
-
-static inline __m512 widen(const uint16_t *bf16) {  /* 16 bf16 -> fp32 */
-    return _mm512_castsi512_ps(_mm512_slli_epi32(
-        _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)bf16)), 16));
-}
 
 /* rows of bf16 x -> int8 codes [rows][K] and their scales. */
 static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
@@ -40,11 +33,11 @@ static void quantize_rows(const uint16_t *x, int64_t x_stride, int64_t rows, int
         const uint16_t *row = x + r * x_stride;
         __m512 top = _mm512_setzero_ps();
         for (int64_t k = 0; k < k_in; k += 16)  /* K % 64 == 0: whole vectors */
-            top = _mm512_max_ps(top, _mm512_abs_ps(widen(row + k)));
+            top = _mm512_max_ps(top, _mm512_abs_ps(bf16x16_to_f32(row + k)));
         const float scale = fmaxf(_mm512_reduce_max_ps(top), 1e-12f) / 127.0f;
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
         for (int64_t k = 0; k < k_in; k += 16) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(widen(row + k), inv));  /* ties to even */
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k), inv));  /* ties to even */
             _mm_storeu_si128((__m128i *)(xq + r * k_in + k), _mm512_cvtsepi32_epi8(q));
         }
         scales[r] = scale;
@@ -83,16 +76,12 @@ static inline __attribute__((always_inline)) void vnni_blocks(
     for (int b = 0; b < nb; b++) {
         const int64_t col = (b0 + b) * 16;
         __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(l->weight_sums + col), 7);
-        __m512 w_scale = _mm512_loadu_ps(l->scale + col), bias = _mm512_setzero_ps();
-        if (l->bias)
-            bias = _mm512_castsi512_ps(_mm512_slli_epi32(
-                _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(l->bias + col))), 16));
+        __m512 w_scale = _mm512_loadu_ps(l->scale + col), bias = bias_f32(l->bias ? l->bias + col : NULL);
         for (int m = 0; m < ROWS; m++) {
             __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[0][b][m], acc[1][b][m]), offset);
             __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(sum),
                                        _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scale[m])));
-            _mm256_storeu_si256((__m256i *)(y + m * n + col),
-                                (__m256i)_mm512_cvtneps_pbh(_mm512_add_ps(out, bias)));
+            store_bf16(y + m * n + col, _mm512_add_ps(out, bias));
         }
     }
 }
