@@ -1,10 +1,10 @@
 """Decode batches on CPU, one C call per decoder layer (inferlab/kernels/cpu/decode_layer.c).
 
 When every sequence in the batch brings one new token, the model is bf16 and its linears are
-packed for the C kernels (bf16, or int8/int4 weight-only), a layer is ten kernel calls with
-nothing to decide between them; the
-C function makes them in the order the Python layer does, so outputs are identical, and the
-~200 us per layer of Python, tensor views and ctypes between them go away.
+packed for the C kernels (bf16, W8A16, W4A16 or W8A8), a layer is ten kernel calls with nothing
+to decide between them; the C function makes them in the order the Python layer does, so
+outputs are identical, and the ~200 us per layer of Python, tensor views and ctypes between
+them go away.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from torch import nn
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear
-from inferlab.quant.linear import PackedQuantLinear, PackedW8A8Linear
+from inferlab.quant.linear import CKernelLinear
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _LINEARS = ("qkv", "o", "gate_up", "down")
-_C_LINEARS = (PackedLinear, PackedQuantLinear, PackedW8A8Linear)  # the layers with a c_desc()
+_C_LINEARS = (PackedLinear, CKernelLinear)  # the layers with a c_desc()
 # layer -> (the objects its C struct points into, the struct): the objects are held, so no
 # pointer in a cached struct outlives its tensor
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -68,7 +68,7 @@ def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
     *linears, norm, post_norm, k_cache, v_cache = parts
-    if not (all(type(m) in _C_LINEARS for m in linears)
+    if not (all(isinstance(m, _C_LINEARS) for m in linears)
             and attn.q_norm is None
             and attn.head_dim % 2 == 0 and attn.head_dim <= cpu_ops.MAX_HEAD_DIM
             and k_cache.is_contiguous() and v_cache.is_contiguous()

@@ -146,12 +146,23 @@ class Int4WeightOnlyLinear(QuantLinear):
         return u.mul_(scale).add_(offset).view(n, k)
 
 
-class PackedQuantLinear(QuantLinear):
-    """W8A16 or W4A16 for bf16 on CPU, in quant_linear.c's layouts (inferlab.quant.formats.vnni):
-    codes, fp32 scales [K/G, N], fp32 zero points [K/G, N] when asymmetric; the bias is added
-    inside the kernel, before the one rounding to bf16."""
+class CKernelLinear(QuantLinear, abc.ABC):
+    """A layer the C kernels run through linear_forward (also one call per decoder layer, see
+    inferlab/kernels/cpu_decode.py); the bias is added inside, before the one rounding to bf16."""
 
     bias_in_matmul = True
+
+    @abc.abstractmethod
+    def c_desc(self) -> cpu_ops.LinearDesc:
+        """The layer for the C kernels (pointers into this module's buffers)."""
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        return cpu_ops.linear_forward(x, self.c_desc())
+
+
+class PackedQuantLinear(CKernelLinear):
+    """W8A16 or W4A16 for bf16 on CPU, in quant_linear.c's layouts (inferlab.quant.formats.vnni):
+    codes, fp32 scales [K/G, N], fp32 zero points [K/G, N] when asymmetric."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
@@ -171,16 +182,12 @@ class PackedQuantLinear(QuantLinear):
                 and cpu_ops.bf16_linear_fits(n, k) and _group_of(qw) % 8 == 0)
 
     def c_desc(self) -> cpu_ops.LinearDesc:
-        """The layer for the C kernels (pointers into this module's buffers)."""
         kind = cpu_ops.LINEAR_INT8 if self.bits == 8 else cpu_ops.LINEAR_INT4
         return cpu_ops.LinearDesc(
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
             zero=None if self.zero_point is None else self.zero_point.data_ptr(),
             bias=None if self.bias is None else self.bias.data_ptr())
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_ops.linear_forward(x, self.c_desc())
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
@@ -287,12 +294,10 @@ def onednn_int8_available() -> bool:
         return False
 
 
-class PackedW8A8Linear(QuantLinear):
+class PackedW8A8Linear(CKernelLinear):
     """W8A8 for bf16 on CPU through w8a8_linear.c: int8 codes in quads [N/16, K/4, 16, 4], fp32
     per-channel scales; each call quantizes x per token in C, then vpdpbusd (up to 4 rows) or
     AMX int8 tiles (more), exact int32 sums scaled and rounded to bf16 once."""
-
-    bias_in_matmul = True
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
@@ -310,15 +315,11 @@ class PackedW8A8Linear(QuantLinear):
                 and n % 16 == 0 and k % 64 == 0 and cpu_ops.w8a8_linear_available())
 
     def c_desc(self) -> cpu_ops.LinearDesc:
-        """The layer for the C kernels (pointers into this module's buffers)."""
         return cpu_ops.LinearDesc(
             kind=cpu_ops.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
             bias=None if self.bias is None else self.bias.data_ptr(),
             weight_sums=self.weight_sums.data_ptr())
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        return cpu_ops.linear_forward(x, self.c_desc())
 
 
 class Fp8DynamicLinear(QuantLinear):
