@@ -6,7 +6,7 @@ swapped into the same model in turn, so every variant shares embeddings, norms a
 Variants are measured round-robin for `--rounds` rounds and the median taken, because this
 machine is shared and noisy: compare the ratios, not the absolute times.
 
-Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--layer-sweep] [--json out.json]
+Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--lm-head] [--layer-sweep] [--json out.json]
 Targets (issue 7): W8A16 decode >= 1.5x bf16, W4A16 decode >= 2x, W8A8 prefill >= 1.2x;
 resident linear bytes <= 0.55x (int8) and <= 0.35x (int4) of bf16.
 """
@@ -44,11 +44,18 @@ def largest_group(net: nn.Module, wanted: int) -> int:
     raise SystemExit(f"no group size divides the inputs {sorted(inputs)}")
 
 
-def quantized_modules(net: nn.Module, scheme_name: str, group: int) -> dict[str, nn.Module]:
+def measured(name: str, with_lm_head: bool) -> bool:
+    """The layers a variant swaps: every decoder linear, and the lm_head when asked."""
+    return (name.startswith("model.layers.") and name.split(".", 3)[-1] in LINEARS) or (
+        with_lm_head and name == "lm_head")
+
+
+def quantized_modules(net: nn.Module, scheme_name: str, group: int,
+                      with_lm_head: bool) -> dict[str, nn.Module]:
     scheme = make_scheme(scheme_name, group)
     out = {}
     for name, module in net.named_modules():
-        if name.startswith("model.layers.") and name.split(".", 3)[-1] in LINEARS:
+        if measured(name, with_lm_head):
             qw = quantize_rtn(module.weight.data.float(), scheme.weights)
             out[name] = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
     return out
@@ -154,6 +161,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--lm-head", action="store_true",
+                        help="quantize the lm_head too (as `inferlab quantize --ignore` with no "
+                             "names does); by default it stays bf16 in every variant")
     parser.add_argument("--layer-sweep", action="store_true",
                         help="also time each kernel path on the model's linear shapes by row count")
     args = parser.parse_args()
@@ -163,11 +173,11 @@ def main() -> None:
     net = loaded.model
     group = largest_group(net, args.group_size)
     sweep = layer_sweep(net, group, reps=20) if args.layer_sweep else None
-    quantized = {name: quantized_modules(net, name, group) for name in args.schemes.split(",")}
+    quantized = {name: quantized_modules(net, name, group, args.lm_head)
+                 for name in args.schemes.split(",")}
     if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
-        use_packed_linears(net)  # what the engine runs bf16 with (lm_head too, in every variant)
-    dense = {n: m for n, m in net.named_modules()
-             if n.startswith("model.layers.") and n.split(".", 3)[-1] in LINEARS}
+        use_packed_linears(net)  # what the engine runs bf16 with (the lm_head too)
+    dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
     variants = {"bf16": dense, **quantized}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate
     atexit.register(gc.unfreeze)  # triton (imported by torch) checks for leaks at exit
@@ -183,7 +193,8 @@ def main() -> None:
     base = {k: statistics.median(v) for k, v in results["bf16"].items()}
     dense_bytes = linear_bytes(dense)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "
-          f"{os.getloadavg()[0]:.1f}, group size {group}, median of {args.rounds} rounds")
+          f"{os.getloadavg()[0]:.1f}, group size {group}, median of {args.rounds} rounds, "
+          f"lm_head {'quantized' if args.lm_head else 'bf16'}")
     print(f"{'scheme':12} {'decode ms':>10} {'x bf16':>7} {'prefill ms':>11} {'x bf16':>7} "
           f"{'linear MB':>10} {'x bf16':>7}")
     table = {}
@@ -200,6 +211,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"model": loaded.name, "threads": torch.get_num_threads(), "group_size": group,
+                       "lm_head_quantized": args.lm_head,
                        "load_average": os.getloadavg()[0], "results": table, "layer_sweep": sweep},
                       f, indent=2)
 

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--group-size", type=int, default=128, help="W4A16 inputs per scale (default 128)")
     p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
-                   help="layers left dense: HF names or 're:' regexes (default: lm_head)")
+                   help="layers left dense: HF names or 're:' regexes (default: lm_head; without "
+                        "it a tied lm_head is quantized and written untied)")
     calib = p.add_argument_group("calibration")
     calib.add_argument("--calib", default=default_calib_path(), help="calibration text file "
                        "(default: ../shared/data/wikitext-2-valid/valid.txt)")

@@ -95,8 +95,8 @@ def sparsity_config(net: nn.Module, qweights: dict[str, QuantizedWeight], recipe
 
 
 def written_ignore(qweights: dict[str, QuantizedWeight], recipe: Recipe) -> list[str]:
-    """The ignore list for config.json: the user's, plus lm_head whenever it stayed dense (a
-    tied lm_head too), so a reader targeting every Linear does not expect it quantized."""
+    """The ignore list for config.json: the user's, plus lm_head whenever it stayed dense (no
+    weight scheme), so a reader targeting every Linear does not expect it quantized."""
     ignore = list(recipe.ignore)
     if "lm_head" not in qweights and not is_ignored("lm_head", recipe.ignore):
         ignore.append("lm_head")
@@ -155,6 +155,8 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
     else:
         config = hf_config_from(net.config)
     config["torch_dtype"] = DTYPE_NAMES[dense_dtype]
+    if "lm_head" in qweights:  # its own quantized tensors now, beside the dense embedding
+        config["tie_word_embeddings"] = False
     config["quantization_config"] = quantization_config(
         recipe.scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
     staging = f"{os.path.normpath(out_dir)}.partial-{os.getpid()}"

@@ -176,8 +176,9 @@ def compress_model(net: nn.Module, tokens: torch.Tensor | None, recipe: Recipe,
 
 def _lm_head(net: nn.Module, recipe: Recipe, scale_dtype: torch.dtype) -> dict[str, QuantizedWeight]:
     """lm_head, when not ignored: round-to-nearest (it sees no calibration here). A tied lm_head
-    is the embedding matrix, and embeddings stay dense."""
-    if recipe.scheme is None or is_ignored("lm_head", recipe.ignore) or net.config.tie_word_embeddings:
+    is quantized from the embedding matrix and the checkpoint is written untied, as
+    llm-compressor's untie_word_embeddings does; the embedding itself stays dense."""
+    if recipe.scheme is None or is_ignored("lm_head", recipe.ignore):
         return {}
     return {"lm_head": quantize_rtn(net.lm_head.weight.data.float(), recipe.scheme.weights,
                                     scale_dtype, where="lm_head")}

@@ -132,16 +132,26 @@ def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
 
 
 @pytest.mark.parametrize("arch", ["llama", "llama-tied"])
-def test_lm_head_quantized_unless_tied(tmp_path, arch: str) -> None:
+def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str) -> None:
+    """A tied lm_head is quantized from the embedding matrix and written untied (the embedding
+    stays dense), so the checkpoint still loads in transformers with the same logits."""
+    from transformers import AutoModelForCausalLM, CompressedTensorsConfig
+
     directory = tiny_model_dir(tmp_path / arch, arch=arch)
     recipe = Recipe(make_scheme("W8A16"), "rtn", ignore=())
     quantize_to_directory(str(directory), recipe, str(tmp_path / "out"), "", 1, 8, 1, 0, "auto", False)
-    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
+    config = json.loads((tmp_path / "out" / "config.json").read_text())
     net, _ = load_network(str(tmp_path / "out"), torch.float32)
-    if arch == "llama-tied":  # the embedding matrix: dense, and listed so readers know
-        assert qc["ignore"] == ["lm_head"] and isinstance(net.lm_head, torch.nn.Linear)
-    else:
-        assert qc["ignore"] == [] and isinstance(net.lm_head, QuantLinear)
+    assert config["quantization_config"]["ignore"] == [] and config["tie_word_embeddings"] is False
+    assert isinstance(net.lm_head, QuantLinear)
+    assert isinstance(net.model.embed_tokens.weight, torch.nn.Parameter)  # dense
     reference, _ = load_network(str(directory), torch.float32)
-    for got, want in zip(prefill_logits(net, SEQS), prefill_logits(reference, SEQS), strict=True):
+    assert torch.equal(net.model.embed_tokens.weight, reference.model.embed_tokens.weight)
+    ours = prefill_logits(net, SEQS)
+    for got, want in zip(ours, prefill_logits(reference, SEQS), strict=True):
         assert ((got - want).norm() / want.norm()).item() < 0.03
+    theirs = AutoModelForCausalLM.from_pretrained(
+        tmp_path / "out", dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
+    with torch.no_grad():
+        for got, seq in zip(ours, SEQS, strict=True):
+            assert (got - theirs(torch.tensor([seq])).logits[0]).abs().max().item() < 1e-4
