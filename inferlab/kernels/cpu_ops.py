@@ -1,6 +1,5 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, w8a8_linear.c,
-decode_layer.c), built
-at first use, called through ctypes.
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, dynamic_linear.c,
+decode_layer.c), built at first use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -27,8 +26,8 @@ import torch
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
-SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c", "w8a8_linear.c",
-                                             "decode_layer.c"))
+SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c",
+                                             "dynamic_linear.c", "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
@@ -53,7 +52,7 @@ _BF16_LINEAR_SIGNATURES = {
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
 _DECODE_LAYER_SIGNATURES = {"decode_layer": (ctypes.c_int, [_P, _P, _I32, _I64, _P, _P])}
-LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8 = 0, 1, 2, 3  # linear_t.kind (kernels.h)
+LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
 
 class LinearDesc(ctypes.Structure):
@@ -275,8 +274,13 @@ def quant_linear_available() -> bool:
     return _built_with("quant_linear")
 
 
+def fp8_linear_available() -> bool:
+    """The FP8_DYNAMIC kernels (dynamic_linear.c: AVX512-BF16, and AMX where the CPU has it)."""
+    return _built_with("fp8_linear") and quant_linear_available()
+
+
 def w8a8_linear_available() -> bool:
-    """The W8A8 kernels (w8a8_linear.c: AVX512-VNNI, and AMX-INT8 where the CPU has it)."""
+    """The W8A8 kernels (dynamic_linear.c: AVX512-VNNI, and AMX-INT8 where the CPU has it)."""
     return _built_with("w8a8_linear") and quant_linear_available()
 
 

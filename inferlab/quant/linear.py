@@ -26,13 +26,16 @@ and picks its arithmetic by the number of rows in the call:
   is the dearest), then the GEMM runs at full speed; the kernels' cost grows with the rows.
   Hence the crossovers below: int8 near 12 rows, int4 near 128.
 * W8A8 (int8 weights, int8 activations per token), bf16 on a CPU with AVX512-VNNI: the C
-  kernels of inferlab/kernels/cpu/w8a8_linear.c (PackedW8A8Linear), which quantize x in C and
+  kernels of inferlab/kernels/cpu/dynamic_linear.c (PackedW8A8Linear), which quantize x in C and
   multiply with vpdpbusd up to 4 rows, AMX int8 tiles above. Elsewhere an int8 GEMM at every
   size (oneDNN's, see Int8DynamicLinear), the activations quantized with in-place ops, because
   fresh allocations (page faults) cost more than the arithmetic on this machine.
-* FP8_DYNAMIC: this CPU has no fast fp8 GEMM (`torch._scaled_mm` measured at ~0.02x bf16), so
-  activations are rounded to fp8 per token and both operands, exact in bf16, go through the
-  bf16 GEMM; the fp8 weight is widened per call, never kept wide.
+* FP8_DYNAMIC: this CPU has no fp8 arithmetic (`torch._scaled_mm` measured at ~0.02x bf16), but
+  e4m3 values are exact in bf16. bf16 models on a CPU with AVX512-BF16 take the C kernels of
+  inferlab/kernels/cpu/dynamic_linear.c (PackedFp8Linear): x rounded to fp8 per token in C, the
+  codes widened in registers for `vdpbf16ps` up to 4 rows, once per call for AMX tiles above.
+  Elsewhere (fp32 models) torch rounds x and both operands go through `F.linear`, the fp8 weight
+  widened per call, never kept wide (Fp8DynamicLinear).
 """
 
 from __future__ import annotations
@@ -295,7 +298,7 @@ def onednn_int8_available() -> bool:
 
 
 class PackedW8A8Linear(CKernelLinear):
-    """W8A8 for bf16 on CPU through w8a8_linear.c: int8 codes in quads [N/16, K/4, 16, 4], fp32
+    """W8A8 for bf16 on CPU through dynamic_linear.c: int8 codes in quads [N/16, K/4, 16, 4], fp32
     per-channel scales; each call quantizes x per token in C, then vpdpbusd (up to 4 rows) or
     AMX int8 tiles (more), exact int32 sums scaled and rounded to bf16 once."""
 
@@ -320,6 +323,33 @@ class PackedW8A8Linear(CKernelLinear):
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
             bias=None if self.bias is None else self.bias.data_ptr(),
             weight_sums=self.weight_sums.data_ptr())
+
+
+class PackedFp8Linear(CKernelLinear):
+    """FP8_DYNAMIC for bf16 on CPU through dynamic_linear.c: e4m3 codes in the bf16 kernels' pair
+    layout [N/16, K/2, 16, 2] (one byte each), fp32 per-channel scales; each call rounds x to
+    fp8 per token in C, and the exact products are summed in fp32 (vdpbf16ps up to 4 rows, AMX
+    bf16 tiles above), scaled and rounded to bf16 once."""
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.register_buffer("packed", vnni.pack_int8(qw.codes.view(torch.uint8), inputs=2))
+        self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
+
+    @staticmethod
+    def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
+             device: torch.device) -> bool:
+        n, k = qw.shape
+        return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind != INT
+                and qw.codes.dtype == torch.float8_e4m3fn and qw.scale.numel() == n
+                and cpu_ops.fp8_linear_available() and cpu_ops.bf16_linear_fits(n, k))
+
+    def c_desc(self) -> cpu_ops.LinearDesc:
+        return cpu_ops.LinearDesc(
+            kind=cpu_ops.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
+            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
+            bias=None if self.bias is None else self.bias.data_ptr())
 
 
 class Fp8DynamicLinear(QuantLinear):
@@ -371,6 +401,8 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
     args = qw.args
     if activations is not None and PackedW8A8Linear.fits(qw, activations, dtype, device):
         return PackedW8A8Linear(qw, bias, dtype)
+    if activations is not None and PackedFp8Linear.fits(qw, activations, dtype, device):
+        return PackedFp8Linear(qw, bias, dtype)
     if activations is not None:
         cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
         return cls(qw, bias, dtype)

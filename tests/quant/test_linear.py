@@ -95,7 +95,7 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
 @pytest.mark.skipif(not cpu_ops.w8a8_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])  # vpdpbusd up to 4 rows, AMX int8 above
 def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
-    """x quantized per token as w8a8_linear.c specifies (scale = absmax / 127, codes rounded
+    """x quantized per token as dynamic_linear.c specifies (scale = absmax / 127, codes rounded
     half to even from x * (1 / scale)), int32 sums, scaled and rounded to bf16 once."""
     gen = torch.Generator().manual_seed(rows)
     scheme = make_scheme("W8A8")
@@ -112,6 +112,77 @@ def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
         + bias.double()
     half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())  # fp32 scaling
+
+
+def fp8_reference_round(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch's per-token fp8 rounding, as Fp8DynamicLinear does it: (fp8 values, scales)."""
+    x_scale = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
+    return (x.float() / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn).float(), x_scale
+
+
+needs_fp8_kernels = pytest.mark.skipif(not cpu_ops.fp8_linear_available(),
+                                       reason="no AVX512-BF16 kernels here")
+
+
+@needs_fp8_kernels
+@pytest.mark.parametrize("rows", [1, 3, 5, 33])  # the kernel up to 4 rows, AMX tiles above
+def test_c_fp8_rounds_activations_as_torch_does(rows: int) -> None:
+    """Through an identity weight (codes 1.0, scale 1) the layer returns each token's fp8
+    rounding times its scale: the same bits as torch's float8_e4m3fn conversion, subnormals,
+    ties and the +-448 clamp included."""
+    gen = torch.Generator().manual_seed(rows)
+    x = torch.randn(rows, 64, generator=gen) * torch.exp2(torch.randint(-14, 3, (rows, 64), generator=gen))
+    x[:, 5] = 3.0  # absmax: scale 3 / 448
+    x[0, 6] = 3.0 / 448 * 0.5 * 2.0 ** -9 * 3  # 1.5 x the smallest subnormal step: a tie
+    x = x.to(torch.bfloat16)
+    scheme = make_scheme("FP8_DYNAMIC")
+    eye = torch.eye(64).to(torch.float8_e4m3fn)
+    qw = quantize_rtn(torch.eye(64), scheme.weights)
+    qw = type(qw)(eye, torch.ones(64, 1), None, qw.args)
+    layer = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
+    assert type(layer).__name__ == "PackedFp8Linear"
+    values, x_scale = fp8_reference_round(x)
+    assert torch.equal(layer(x), (values * x_scale).to(torch.bfloat16))
+
+
+@needs_fp8_kernels
+def test_c_fp8_decodes_every_code() -> None:
+    """One-hot activations read the weight back column by column: every e4m3 code (subnormals,
+    negative zero, +-448) must come out as its value, through the kernel (one row at a time)
+    and through the AMX path (all rows at once)."""
+    byte = (torch.arange(256)[:, None] + 7 * torch.arange(32)[None, :]) % 256  # [N=256, K=32]
+    byte[(byte & 0x7F) == 0x7F] = 0  # e4m3fn's NaNs: never a code
+    codes = byte.to(torch.uint8).view(torch.float8_e4m3fn)
+    scheme = make_scheme("FP8_DYNAMIC")
+    qw = quantize_rtn(torch.ones(256, 32), scheme.weights)
+    layer = build_quant_linear(type(qw)(codes, torch.ones(256, 1), None, qw.args),
+                               scheme.activations, None, torch.bfloat16)
+    expected = codes.float().T.to(torch.bfloat16)  # [K, N]: row k is input k's weights
+    one_hot = torch.eye(32, dtype=torch.bfloat16)
+    assert torch.equal(layer(one_hot), expected)
+    assert torch.equal(torch.cat([layer(row[None]) for row in one_hot]), expected)
+
+
+@needs_fp8_kernels
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])
+def test_c_fp8_is_the_exact_product_rounded_once(rows: int) -> None:
+    """fp8(x) and the fp8 codes are exact in bf16, their products exact, the sums fp32: the
+    result is the exact product, scaled, within half a bf16 ulp (plus fp32 summation)."""
+    gen = torch.Generator().manual_seed(rows)
+    scheme = make_scheme("FP8_DYNAMIC")
+    qw = quantize_rtn(torch.randn(208, 192, generator=gen), scheme.weights)
+    bias = torch.randn(208, generator=gen).to(torch.bfloat16)
+    layer = build_quant_linear(qw, scheme.activations, bias, torch.bfloat16)
+    x = torch.randn(rows, 192, generator=gen).to(torch.bfloat16)
+    x[0, 3] = 40.0  # an outlier
+    values, x_scale = fp8_reference_round(x)
+    scales = x_scale.double() * qw.scale.double().T  # [rows, N]
+    w = qw.codes.double()
+    exact = (values.double() @ w.T) * scales + bias.double()
+    mass = (values.double().abs() @ w.abs().T) * scales
+    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001 + 2.0 ** -22 * mass).all())
+    assert torch.equal(vnni.unpack_int8(layer.packed).view(torch.float8_e4m3fn), qw.codes)
 
 
 def test_int4_kernel_and_dequant_paths_agree() -> None:

@@ -39,6 +39,12 @@ static inline __m512 bias_f32(const uint16_t *bias) {  /* 16 outputs' bias, or z
 static inline void store_bf16(uint16_t *dst, __m512 sum) {  /* one rounding, to nearest even */
     _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
 }
+
+static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2p], x[2p+1] x16 */
+    int32_t two;
+    memcpy(&two, x + 2 * pair, 4);
+    return (__m512bh)_mm512_set1_epi32(two);
+}
 #endif
 
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
@@ -64,15 +70,15 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              uint16_t *y, int64_t n_out);
 
 /* One linear layer of any weight format, as quant_linear.c's linear_forward takes it. */
-enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3 };
+enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3, LINEAR_FP8 = 4 };
 typedef struct {
     int64_t kind, n_out, k_in, group;  /* group: inputs per scale (weight-only kinds) */
-    const void *weight;  /* packed, see matmul.c (bf16), quant_linear.c, w8a8_linear.c */
-    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (W8A8: scale [N]) */
+    const void *weight;  /* packed, see matmul.c (bf16), quant_linear.c, dynamic_linear.c */
+    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (W8A8, FP8: scale [N]) */
     const uint16_t *bias;  /* bf16 [N] or NULL */
     const int32_t *weight_sums;  /* W8A8: each output's sum of codes [N] */
 } linear_t;
-int w8a8_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
+int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                    uint16_t *y);
 #endif

@@ -153,9 +153,9 @@ static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int6
 }
 
 /* y [rows, N] bf16 = x @ W^T on AMX tiles, for bf16 x and weights (packed as pack_bf16_vnni)
- * or int8 ones (w8a8_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
- * per output of a B tile row. int8 sums are exact int32, then y = sum * row_scale[r] *
- * col_scale[c]. Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four
+ * or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
+ * per output of a B tile row. int8 sums are exact int32. With row_scale (and col_scale) given,
+ * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four
  * C tiles per task. Tasks run output-block-major so a thread's consecutive tasks reuse the same
  * weights. An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
@@ -201,12 +201,11 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             for (int half = 0; half < 1 + two_cols; half++) {
                 int64_t col = nb * 32 + half * 16;
                 __m512 bv = bias_f32(bias ? bias + col : NULL);
-                __m512 cs = int8 ? _mm512_loadu_ps(col_scale + col) : _mm512_setzero_ps();
+                __m512 cs = row_scale ? _mm512_loadu_ps(col_scale + col) : _mm512_setzero_ps();
                 for (int r = 0; r < 32 && r0 + r < rows; r++) {
                     const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
-                    __m512 sum = int8 ? _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_load_si512(tile)),
-                                                      _mm512_mul_ps(cs, _mm512_set1_ps(row_scale[r0 + r])))
-                                      : _mm512_load_ps(tile);
+                    __m512 sum = int8 ? _mm512_cvtepi32_ps(_mm512_load_si512(tile)) : _mm512_load_ps(tile);
+                    if (row_scale) sum = _mm512_mul_ps(sum, _mm512_mul_ps(cs, _mm512_set1_ps(row_scale[r0 + r])));
                     store_bf16(y + (r0 + r) * n_out + col, _mm512_add_ps(sum, bv));
                 }
             }

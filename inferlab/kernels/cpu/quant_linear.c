@@ -58,12 +58,6 @@ static inline __attribute__((always_inline)) void decode_line(const uint8_t *src
     pairs[3] = (__m512bh)_mm512_unpackhi_epi8(high, exponent);
 }
 
-static inline __m512bh x_pair(const uint16_t *x, int64_t pair) {
-    int32_t two;
-    memcpy(&two, x + 2 * pair, 4);
-    return (__m512bh)_mm512_set1_epi32(two);
-}
-
 /* Two 16-output blocks (b0, b0 + 1; an odd last block is read twice and written once) for
  * ROWS <= TILE_ROWS rows; BITS and ROWS are constants so the tile stays in registers. */
 static inline __attribute__((always_inline)) void quant_blocks(
@@ -94,7 +88,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
             for (int i = 0; i < pairs_per_line; i++) {
                 const int64_t pair = line * pairs_per_line + i;
                 for (int m = 0; m < ROWS; m++) {
-                    __m512bh xv = x_pair(x + m * x_stride, pair);
+                    __m512bh xv = broadcast_pair(x + m * x_stride, pair);
                     for (int b = 0; b < 2; b++)
                         acc[i & 1][b][m] = _mm512_dpbf16_ps(acc[i & 1][b][m], wv[b][i], xv);
                 }
@@ -209,7 +203,7 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     if (l->kind == LINEAR_BF16)
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, l->n_out, l->k_in);
 #ifdef __AVX512VNNI__
-    if (l->kind == LINEAR_W8A8) return w8a8_linear(l, x, x_stride, rows, y);
+    if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
 #endif
     if (rows <= TILE_ROWS) {
         quant_kernel(l, x, x_stride, rows, y);

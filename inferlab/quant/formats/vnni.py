@@ -1,4 +1,4 @@
-"""The CPU quant kernels' weight layouts (inferlab/kernels/cpu/quant_linear.c, w8a8_linear.c)
+"""The CPU quant kernels' weight layouts (inferlab/kernels/cpu/quant_linear.c, dynamic_linear.c)
 and their inverses.
 
 All follow the bf16 kernels' VNNI layout [N/16][K/2][16][2] (16 outputs' weights for a pair of
