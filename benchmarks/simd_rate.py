@@ -1,5 +1,7 @@
 """How fast this CPU retires 512-bit instructions: latency of one vdpbf16ps chain, throughput of
-eight independent chains of vdpbf16ps, of 512-bit FMAs and of 256-bit FMAs, per core.
+eight independent chains of vdpbf16ps, of 512-bit FMAs and of 256-bit FMAs, per core; and, on a
+CPU with AMX, the cost of a tile product (four independent, or a dependent chain), of a tile load
+feeding one, and of a tile store.
 
 A kernel that decodes weights (int8, int4) spends several vector instructions per 64 bytes it
 reads; whether it is bound by memory or by those instructions depends on these rates, which on a
@@ -17,8 +19,12 @@ from pathlib import Path
 
 SOURCE = r"""
 #include <immintrin.h>
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 #define KEEP8(x) __asm__ volatile("" :: "v"(x[0]), "v"(x[1]), "v"(x[2]), "v"(x[3]), "v"(x[4]), "v"(x[5]), "v"(x[6]), "v"(x[7]))
 int main(void) {
@@ -39,6 +45,35 @@ int main(void) {
     t = now();
     for (long i = 0; i < n; i++) { for (int j = 0; j < 8; j++) g[j] = _mm256_fmadd_ps(g[j], one8, one8); KEEP8(g); }
     printf("256-bit FMA, 8 independent chains: %.2f ns per instruction\n", (now() - t) / n / 8 * 1e9);
+#ifdef __AMX_BF16__
+    struct { uint8_t palette, start, reserved[14]; uint16_t colsb[16]; uint8_t rows[16]; } cfg;
+    static char buf[8192] __attribute__((aligned(64)));
+    float out[256];
+    const long m = n / 10;
+    if (syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */)) return 0;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int j = 0; j < 8; j++) { cfg.rows[j] = 16; cfg.colsb[j] = 64; }
+    _tile_loadconfig(&cfg);
+    _tile_loadd(4, buf, 64); _tile_loadd(5, buf, 64); _tile_loadd(6, buf, 64); _tile_loadd(7, buf, 64);
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    t = now();
+    for (long i = 0; i < m; i++) { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+    printf("tdpbf16ps (16x16x32), 4 independent: %.2f ns per instruction\n", (now() - t) / m / 4 * 1e9);
+    t = now();
+    for (long i = 0; i < m; i++) _tile_dpbf16ps(0, 4, 6);
+    printf("tdpbf16ps, one dependent chain: %.2f ns per instruction\n", (now() - t) / m * 1e9);
+    t = now();
+    for (long i = 0; i < m; i++) {
+        _tile_loadd(4, buf + (i & 3) * 1024, 64); _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(5, buf + 4096 + (i & 3) * 1024, 64); _tile_dpbf16ps(1, 5, 6);
+    }
+    printf("tile load (L1) + tdpbf16ps: %.2f ns per pair\n", (now() - t) / m / 2 * 1e9);
+    t = now();
+    for (long i = 0; i < m; i++) { _tile_stored(0, out, 64); __asm__ volatile("" :: "r"(out) : "memory"); }
+    printf("tile store: %.2f ns\n", (now() - t) / m * 1e9);
+    _tile_release();
+#endif
     return 0;
 }
 """
