@@ -155,8 +155,8 @@ static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int6
 /* y [rows, N] bf16 = x @ W^T on AMX tiles, for bf16 x and weights (packed as pack_bf16_vnni)
  * or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
  * per output of a B tile row. int8 sums are exact int32. With row_scale (and col_scale) given,
- * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Rows in blocks of 32 (two A tiles), outputs in blocks of 32 (two B tiles): four
- * C tiles per task. Tasks run output-block-major so a thread's consecutive tasks reuse the same
+ * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Rows in blocks of 32 (two A
+ * tiles), outputs in blocks of 32 (two B tiles): four C tiles per task. Tasks run output-block-major so a thread's consecutive tasks reuse the same
  * weights. An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
