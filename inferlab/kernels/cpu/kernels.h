@@ -65,6 +65,8 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
                 const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in);
 
 int has_amx(void);
+void amx_configure_tiles(void);  /* every tile 16 rows x 64 bytes, for this thread */
+void amx_release_tiles(void);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              uint16_t *y, int64_t n_out);

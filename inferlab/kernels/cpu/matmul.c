@@ -121,7 +121,7 @@ static int amx_permitted(void) {
 }
 
 /* Tiles 0-3: C (16 rows x 16 fp32); 4-5: A (16 rows x 32 bf16); 6-7: B (16 k-pairs x 16 x 2). */
-static void configure_tiles(void) {
+void amx_configure_tiles(void) {
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -167,7 +167,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     if (!a_packed) return -2;
 #pragma omp parallel
     {
-        configure_tiles();
+        amx_configure_tiles();
         float c[4][16 * 16] __attribute__((aligned(64)));
 #pragma omp for schedule(static)
         for (int64_t task = 0; task < row_blocks * col_blocks; task++) {
@@ -217,8 +217,11 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
 }
 
 int has_amx(void) { return amx_permitted(); }
+void amx_release_tiles(void) { _tile_release(); }
 #else
 int has_amx(void) { return 0; }
+void amx_configure_tiles(void) {}
+void amx_release_tiles(void) {}
 #endif
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni.
@@ -237,4 +240,6 @@ int has_bf16_linear(void) { return 1; }
 #else
 int has_bf16_linear(void) { return 0; } /* a CPU without AVX512-BF16: callers keep oneDNN */
 int has_amx(void) { return 0; }
+void amx_configure_tiles(void) {}
+void amx_release_tiles(void) {}
 #endif

@@ -293,6 +293,47 @@ static inline __attribute__((always_inline)) void values_bf16(
         }
     }
 }
+#if defined(__AMX_BF16__)
+/* scores_bf16 on AMX tiles: S^T = K Q^T per KV head and chunk of 16 positions. The A tile is
+ * the chunk's keys loaded straight from the cache (16 rows Hkv * D apart: one block, blocks being
+ * a multiple of 16 positions), B the head's query rows in VNNI pairs (built once per token), and
+ * column g of the C tile row g's 16 scores. Two tile products replace 16 x G dot products and
+ * their horizontal sums. work: (h1 - h0) * D/32 KiB of query tiles, then a 1 KiB C tile. */
+static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, float scale,
+                       float *scores, uint8_t *work) {
+    const int64_t k_steps = s.dim / 32, heads = s.h1 - s.h0, pos_stride = s.num_kv_heads * s.dim * 2;
+    uint32_t *q_pairs = (uint32_t *)work;  /* [heads][D/32][16 pairs][16 rows] */
+    float *tile = (float *)(work + heads * s.dim * 32);
+    memset(q_pairs, 0, (size_t)(heads * s.dim * 32));
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t g = 0; g < s.group; g++) {
+            const uint32_t *pairs = (const uint32_t *)(q + ((s.h0 + h) * s.group + g) * s.dim);
+            for (int64_t p = 0; p < s.dim / 2; p++) q_pairs[(h * s.dim / 2 + p) * 16 + g] = pairs[p];
+        }
+    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                             176, 192, 208, 224, 240);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+        const uint16_t *rows[16];
+        const int n = chunk_rows(k_cache, s, p0, rows);  /* and the next chunk prefetched */
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *k0 = rows[0] + h * s.dim;
+            _tile_zero(0);
+            for (int64_t k = 0; k < k_steps; k++) {
+                _tile_loadd(4, k0 + 32 * k, pos_stride);
+                _tile_loadd(6, q_pairs + (h * k_steps + k) * 256, 64);
+                _tile_dpbf16ps(0, 4, 6);
+            }
+            _tile_stored(0, tile, 64);
+            for (int64_t g = 0; g < s.group; g++) {
+                __m512 col = _mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)g)), tile, 4);
+                _mm512_mask_storeu_ps(scores + (h * s.group + g) * s.len + p0,
+                                      (__mmask16)((1u << n) - 1), _mm512_mul_ps(col, scale_v));
+            }
+        }
+    }
+}
+#endif
 #else
 #define FAST_BF16_ATTENTION 0
 #endif
@@ -301,12 +342,17 @@ static inline __attribute__((always_inline)) void values_bf16(
  * [s.h0, s.h1); out points at the token's output row [Hq, D]. */
 static inline __attribute__((always_inline)) void attend(
         const char *q, const char *k_cache, const char *v_cache, span_t s, float scale, int elem,
-        float *scratch, char *out) {
+        float *scratch, uint8_t *tiles, char *out) {
     int64_t rows = (s.h1 - s.h0) * s.group;
     float *scores = scratch, *acc = scores + rows * s.len, *kv = acc + rows * s.dim;
     float *total = kv + s.dim;
 #if FAST_BF16_ATTENTION
     const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
+#if defined(__AMX_BF16__)
+    if (tiles)
+        scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, tiles);
+    else
+#endif
     if (fast)
         scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
     else
@@ -340,12 +386,13 @@ static inline __attribute__((always_inline)) void attend(
  * fully unrolled (a 64-wide loop with a runtime trip count spends more on its set-up than on
  * its four vector iterations). */
 static void attend_specialized(const char *q, const char *k_cache, const char *v_cache,
-                               span_t s, float scale, int elem, float *scratch, char *out) {
-    if (s.dim == 64 && elem == 2) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 2, scratch, out); }
-    else if (s.dim == 128 && elem == 2) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 2, scratch, out); }
-    else if (s.dim == 64 && elem == 4) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 4, scratch, out); }
-    else if (s.dim == 128 && elem == 4) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 4, scratch, out); }
-    else attend(q, k_cache, v_cache, s, scale, elem, scratch, out);
+                               span_t s, float scale, int elem, float *scratch, uint8_t *tiles,
+                               char *out) {
+    if (s.dim == 64 && elem == 2) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 2, scratch, tiles, out); }
+    else if (s.dim == 128 && elem == 2) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 2, scratch, tiles, out); }
+    else if (s.dim == 64 && elem == 4) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 4, scratch, NULL, out); }
+    else if (s.dim == 128 && elem == 4) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 4, scratch, NULL, out); }
+    else attend(q, k_cache, v_cache, s, scale, elem, scratch, tiles, out);
 }
 
 /* Decode attention straight from the paged cache, no gather: token rows[i] (query at
@@ -353,8 +400,9 @@ static void attend_specialized(const char *q, const char *k_cache, const char *v
  * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
  * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. A task is one token with all its KV heads
  * when there are enough tokens to keep the threads busy (each block then read front to back),
- * else one (token, KV head). Every head's arithmetic is the same either way, so a token's
- * result does not depend on what else is in the batch. Returns 0, or -1 if a thread's scratch
+ * else one (token, KV head). bf16 scores go through AMX tiles where the CPU has them (the
+ * choice depends on shapes, not on the batch). Every head's arithmetic is the same either way,
+ * so a token's result does not depend on what else is in the batch. Returns 0, or -1 if a thread's scratch
  * memory could not be allocated (the work it would have done is then missing). */
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
@@ -368,9 +416,15 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     int64_t tasks_per_token = num_kv_heads / heads_per_task, task_rows = heads_per_task * group;
     size_t scratch_floats = (size_t)(task_rows * (max_len + dim + 1) + dim);
+    /* bf16 keys on AMX (scores_amx): query tiles and a C tile after the floats */
+    const int amx = elem == 2 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0
+                    && group <= 16 && has_amx();
+    const size_t tile_bytes = amx ? (size_t)(heads_per_task * dim * 32 + 1024) : 0;
 #pragma omp parallel reduction(+ : failed)
     {
-        float *scratch = malloc(sizeof(float) * scratch_floats);  /* one per thread */
+        float *scratch = malloc(sizeof(float) * scratch_floats + tile_bytes);  /* one per thread */
+        uint8_t *tiles = amx && scratch ? (uint8_t *)(scratch + scratch_floats) : NULL;
+        if (tiles) amx_configure_tiles();
         failed += scratch == NULL;
         /* every thread takes part in the loop (its barrier), a thread without scratch idly */
 #pragma omp for schedule(dynamic, 1)
@@ -380,8 +434,9 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
             span_t s = {block_tables + seqs[i] * table_stride, seq_lens[seqs[i]], h0,
                         h0 + heads_per_task, group, num_kv_heads, dim, block_size};
             attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache, s,
-                               scale, elem, scratch, (char *)out + rows[i] * num_heads * dim * elem);
+                               scale, elem, scratch, tiles, (char *)out + rows[i] * num_heads * dim * elem);
         }
+        if (tiles) amx_release_tiles();
         free(scratch);
     }
     return failed ? -1 : 0;
