@@ -1,5 +1,5 @@
 """The C kernels of inferlab/kernels/cpu/ (ops.c, matmul.c, quant_linear.c, dynamic_linear.c,
-decode_layer.c), built at first use, called through ctypes.
+prefill_attention.c, decode_layer.c), built at first use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -27,7 +27,8 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "matmul.c", "quant_linear.c",
-                                             "dynamic_linear.c", "decode_layer.c"))
+                                             "dynamic_linear.c", "prefill_attention.c",
+                                             "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
@@ -39,6 +40,9 @@ _SIGNATURES = {
     "write_kv": (None, [_P, _I64, _P, _I64, _P, _P, _P, _I64, _I64, _I32]),
     "paged_decode_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
+    "paged_prefill_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
+                                               _I64, _I64, _I64, _I64, _F32]),
+    "prefill_attention_fits": (ctypes.c_int, [_I64, _I64]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "argmax_rows": (None, [_P, _I64, _I64, _I64, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
@@ -200,6 +204,34 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _ELEM[q.dtype])
     if status:
         raise MemoryError("paged_decode_attention could not allocate its scratch buffers")
+
+
+def prefill_attention_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
+    """paged_prefill_attention takes these shapes here: bf16, a CPU with AMX, head dim % 32."""
+    lib = _library()
+    return (lib is not None and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and not k_cache.shape[1] & (k_cache.shape[1] - 1)
+            and bool(lib.prefill_attention_fits(q.shape[1] // k_cache.shape[2], q.shape[2])))
+
+
+def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                            block_tables: torch.Tensor, query_start_loc: torch.Tensor,
+                            seq_lens: torch.Tensor, seqs: torch.Tensor, scale: float,
+                            out: torch.Tensor) -> None:
+    """The new tokens of sequences `seqs` (rows query_start_loc[b]:query_start_loc[b+1] of q
+    [N, Hq, D]) attend causally over their sequences' cache; results to the same rows of out
+    [N, Hq, D] (contiguous). block_tables [B, W], query_start_loc [B+1], seq_lens [B], seqs: int32."""
+    num_heads, dim = q.shape[1], q.shape[2]
+    num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
+    if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous() and k_cache.is_contiguous()
+            and block_tables.is_contiguous()):
+        raise ValueError("paged_prefill_attention: unexpected tensor layout")
+    status = _library().paged_prefill_attention(
+        q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
+        block_tables.stride(0), query_start_loc.data_ptr(), seq_lens.data_ptr(), seqs.data_ptr(),
+        seqs.shape[0], out.data_ptr(), num_heads, num_kv_heads, dim, block_size, scale)
+    if status:
+        raise MemoryError("paged_prefill_attention could not allocate its scratch buffers")
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

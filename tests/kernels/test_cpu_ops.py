@@ -132,6 +132,24 @@ def test_mixed_batch_matches_the_torch_oracle(dtype, head_dim):
     torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("head_dim", [64, 128])
+def test_long_prefill_chunks_match_the_oracle_alone_or_together(head_dim):
+    """Prompt chunks of several query tiles after cached positions (bf16: the AMX prefill
+    kernel where the CPU has it): the oracle's result, and the same bits alone or batched."""
+    query_lens, context_lens = [70, 1, 33, 130], [200, 50, 0, 17]
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=6, d=head_dim)
+    together = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+    ref = torch_paged.paged_attention(q, k, v, kc.clone(), vc.clone(), meta, 0.125)
+    torch.testing.assert_close(together, ref, atol=1.6e-2, rtol=1.6e-2)
+    starts = meta.query_start_loc.tolist()
+    for b, n in enumerate(query_lens):
+        table = meta.block_tables[b, : -(-meta.seq_lens_cpu[b] // 16)].tolist()
+        alone_meta = AttentionMetadata.build([n], [meta.seq_lens_cpu[b]], [table], 16)
+        rows = slice(starts[b], starts[b] + n)
+        alone = cpu_paged.paged_attention(q[rows], k[rows], v[rows], kc, vc, alone_meta, 0.125)
+        assert torch.equal(alone, together[rows])
+
+
 def test_decode_result_does_not_depend_on_the_batch():
     query_lens, context_lens = [1] * 8, [5, 77, 300, 16, 1, 64, 200, 33]
     (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=5)

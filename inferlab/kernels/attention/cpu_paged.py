@@ -1,5 +1,6 @@
-"""Paged attention on CPU with the C kernels: KV write and decode attention read the paged cache
-in place (no gathered copies); sequences with several new tokens go through torch's SDPA."""
+"""Paged attention on CPU with the C kernels: KV write, decode attention and (bf16 on AMX)
+prefill attention read the paged cache in place (no gathered copies); elsewhere sequences with
+several new tokens go through torch's SDPA."""
 
 from __future__ import annotations
 
@@ -20,7 +21,12 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
         cpu_ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        rows, seqs, scale, out)
     if rows.numel() < meta.num_seqs:
-        prefill_attention(q, k_cache, v_cache, meta, scale, out)
+        if cpu_ops.prefill_attention_fits(q, k_cache):
+            cpu_ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_tables,
+                                            meta.query_start_loc, meta.seq_lens, _prefill_seqs(meta),
+                                            scale, out)
+        else:
+            prefill_attention(q, k_cache, v_cache, meta, scale, out)
     return out
 
 
@@ -33,4 +39,13 @@ def _decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
         cached = (torch.tensor([starts[b] for b in meta.decode_seqs], dtype=torch.int32),
                   torch.tensor(meta.decode_seqs, dtype=torch.int32))
         meta.backend_cache["cpu_decode"] = cached
+    return cached
+
+
+def _prefill_seqs(meta: AttentionMetadata) -> torch.Tensor:
+    """Sequences with several new tokens, int32 [Bp]; built once per forward."""
+    cached = meta.backend_cache.get("cpu_prefill")
+    if cached is None:
+        cached = torch.tensor([b for b, n in enumerate(meta.query_lens_cpu) if n > 1], dtype=torch.int32)
+        meta.backend_cache["cpu_prefill"] = cached
     return cached

@@ -21,6 +21,36 @@ static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
 }
 
+/* exp(x) for x <= 0 (softmax after max subtraction, SiLU of either sign through exp(-|x|)):
+ * Cody-Waite range reduction and a degree-6 polynomial; relative error below 2e-7. Written
+ * without floorf/fmaxf so that gcc vectorizes the loops calling it without -ffast-math: the
+ * rounding uses the 1.5 * 2^23 trick (round to nearest even). */
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
+    float r = x - n * 0.693145752f - n * 1.42860677e-06f;
+    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f
+              + r * (0.00833338592f + r * 0.00138873165f)))));
+    union { uint32_t u; float f; } scale = { .u = (uint32_t)((int32_t)n + 127) << 23 };
+    return p * scale.f;
+}
+
+/* Element offset of position p's head kvh in a [blocks, block_size, Hkv, D] cache. block_size
+ * is a power of two (checked by the caller): shifts, not divisions, on this per-position path. */
+static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_size,
+                                int64_t num_kv_heads, int64_t kvh, int64_t dim) {
+    int64_t slot = (int64_t)table[p >> __builtin_ctzll(block_size)] * block_size
+                   + (p & (block_size - 1));
+    return (slot * num_kv_heads + kvh) * dim;
+}
+
+/* Attention over one sequence's first len cached positions, for the KV heads [h0, h1) and the
+ * (h1 - h0) * G query heads that share them ("rows"). */
+typedef struct {
+    const int32_t *table;
+    int64_t len, h0, h1, group, num_kv_heads, dim, block_size;
+} span_t;
+
 #ifdef __AVX512BF16__
 #include <immintrin.h>
 
@@ -54,6 +84,12 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
 void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
               const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
               int64_t kv_width, int elem);
+int prefill_attention_fits(int64_t group, int64_t dim);
+int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                            const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                            const int32_t *query_start_loc, const int32_t *seq_lens,
+                            const int32_t *seqs, int64_t num_seqs, uint16_t *out, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale);
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,

@@ -44,20 +44,6 @@ static inline float round_to(float x, int elem) {
     return elem == 2 ? bf16_to_f32(f32_to_bf16(x)) : x;
 }
 
-/* exp(x) for x <= 0 (softmax after max subtraction, SiLU of either sign through exp(-|x|)):
- * Cody-Waite range reduction and a degree-6 polynomial; relative error below 2e-7. Written
- * without floorf/fmaxf so that gcc vectorizes the loops calling it without -ffast-math: the
- * rounding uses the 1.5 * 2^23 trick (round to nearest even). */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    float n = (x * 1.44269504f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693145752f - n * 1.42860677e-06f;
-    float p = 1.0f + r * (1.0f + r * (0.5f + r * (0.166666672f + r * (0.0416666418f
-              + r * (0.00833338592f + r * 0.00138873165f)))));
-    union { uint32_t u; float f; } scale = { .u = (uint32_t)((int32_t)n + 127) << 23 };
-    return p * scale.f;
-}
-
 /* out[r] = rms_norm(h) * w where h = x[r] (+ residual[r], rounded and written back to residual).
  * Rounding as in HF Llama: normalise in fp32, round to the dtype, multiply by w, round again.
  * out may alias x. */
@@ -127,23 +113,6 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
         memcpy((char *)v_cache + slots[t] * bytes, (const char *)v + t * v_stride * elem, bytes);
     }
 }
-
-/* Element offset of position p's head kvh in a [blocks, block_size, Hkv, D] cache. block_size
- * is a power of two (checked by the caller): shifts, not divisions, on this per-position path. */
-static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_size,
-                                int64_t num_kv_heads, int64_t kvh, int64_t dim) {
-    int64_t slot = (int64_t)table[p >> __builtin_ctzll(block_size)] * block_size
-                   + (p & (block_size - 1));
-    return (slot * num_kv_heads + kvh) * dim;
-}
-
-/* The decode attention below works on one token and a range of its KV heads [h0, h1): the
- * (h1 - h0) * G query heads that share them ("rows"). Its scratch holds, in floats,
- * rows * len scores, rows * dim sums, dim for one converted K/V row, and rows totals. */
-typedef struct {
-    const int32_t *table;
-    int64_t len, h0, h1, group, num_kv_heads, dim, block_size;
-} span_t;
 
 /* scores[r*len + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
 static inline __attribute__((always_inline)) void scores_any(

@@ -1,0 +1,232 @@
+/* Prefill attention over the paged cache on AMX tiles, bf16: the new tokens of each sequence
+ * (a prompt, or a chunk of one after cached positions) attend causally to everything before.
+ *
+ * Why: torch's SDPA needs the sequence's keys and values gathered out of the blocks, a boolean
+ * mask when positions are cached, and one call per sequence; it took 18% of a 768-token prompt's
+ * prefill and 44% of a prefix-cached one's here. On tiles, a 16 x 16 block of (query, key)
+ * scores is two tile products and a block of outputs four, all rows of every tile in use.
+ *
+ * Per (sequence, KV head) the keys are first laid out as B tiles of K^T (16 dim-pairs x 16
+ * positions) and the values as B tiles of 32 positions in pairs x 16 dims; every query tile of
+ * that head (16 new tokens of one query head) then multiplies them: S = Q K^T in fp32, scaled,
+ * masked past each token's own position, softmax in fp32, the probabilities rounded to bf16
+ * (as GPU flash attention rounds them), O = P V in fp32, divided by the fp32 sums, rounded to
+ * bf16 once. A token's result depends only on its sequence, not on the rest of the batch.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+#if defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#include <immintrin.h>
+
+static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* Bytes of one (sequence, KV head)'s key and value tiles for `len` positions. */
+static size_t head_tile_bytes(int64_t len, int64_t dim) {
+    return (size_t)(round_up(len, 16) * dim * 2 + round_up(len, 32) * dim * 2);
+}
+
+/* Keys [0, len) of head h as K^T tiles [len/16][D/32][16 pairs][16 positions] (32-bit pairs),
+ * and values as [len/32][D/16][16 position pairs][16 dims][2]; past len, zeros. */
+static void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
+                        uint8_t *tiles) {
+    const int64_t k_steps = s.dim / 32, chunks16 = round_up(s.len, 16) / 16;
+    uint32_t *kt = (uint32_t *)tiles;
+    uint16_t *vp = (uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
+    for (int64_t p = 0; p < chunks16 * 16; p++) {
+        const uint32_t *row = p < s.len
+            ? (const uint32_t *)(k_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim)) : NULL;
+        uint32_t *chunk = kt + p / 16 * k_steps * 256 + p % 16;
+        for (int64_t pair = 0; pair < s.dim / 2; pair++)
+            chunk[(pair / 16) * 256 + (pair % 16) * 16] = row ? row[pair] : 0;
+    }
+    static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                            8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_loadu_si512(interleave);  /* a[0] b[0] a[1] b[1] ... a[15] b[15] */
+    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    const int64_t d_tiles = s.dim / 16;
+    for (int64_t p = 0; p < round_up(s.len, 32); p += 2) {
+        uint16_t *chunk = vp + p / 32 * d_tiles * 512 + (p % 32) / 2 * 32;
+        for (int64_t d = 0; d < s.dim; d += 32) {
+            __m512i va = p < s.len ? _mm512_loadu_si512(v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) + d)
+                                   : _mm512_setzero_si512();
+            __m512i vb = p + 1 < s.len ? _mm512_loadu_si512(v_cache + kv_offset(s.table, p + 1, s.block_size, s.num_kv_heads, h, s.dim) + d)
+                                       : _mm512_setzero_si512();
+            _mm512_storeu_si512(chunk + (d / 16) * 512, _mm512_permutex2var_epi16(va, lo, vb));
+            _mm512_storeu_si512(chunk + (d / 16 + 1) * 512, _mm512_permutex2var_epi16(va, hi, vb));
+        }
+    }
+}
+
+/* Scratch of one query tile: the queries [16][D] bf16, scores [16][len] fp32, probabilities
+ * [16][len] bf16 (len rounded up to 32), a pass's outputs [16][64] fp32, the row sums. */
+static size_t tile_scratch_bytes(int64_t max_len, int64_t dim) {
+    return (size_t)(16 * dim * 2 + 16 * round_up(max_len, 32) * 6 + 16 * 64 * 4 + 64);
+}
+
+/* Rows [t0, t0 + 16) of query head `qh` (new tokens t0.. of a sequence whose first new token is
+ * at position `context`, its row in q at q0) against the head's tiles. */
+static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t q_len,
+                       int64_t context, int64_t t0, int64_t qh, span_t s, float scale,
+                       const uint8_t *tiles, uint8_t *scratch, uint16_t *out, int64_t num_heads) {
+    const int64_t rows = q_len - t0 < 16 ? q_len - t0 : 16, k_steps = s.dim / 32;
+    const int64_t visible = context + t0 + rows, width = round_up(visible, 32);  /* the last row's */
+    const int64_t chunks16 = round_up(s.len, 16) / 16;
+    const uint32_t *kt = (const uint32_t *)tiles;
+    const uint16_t *vp = (const uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
+    uint16_t *qbuf = (uint16_t *)scratch;
+    float *scores = (float *)(qbuf + 16 * s.dim);
+    uint16_t *probs = (uint16_t *)(scores + 16 * width);
+    float *sums = (float *)(probs + 16 * width), *total = sums + 16 * 64;
+    for (int64_t r = 0; r < 16; r++) {  /* rows past the chunk's end: zeros, never stored */
+        if (r < rows) memcpy(qbuf + r * s.dim, q + (q0 + t0 + r) * q_stride + qh * s.dim, (size_t)s.dim * 2);
+        else memset(qbuf + r * s.dim, 0, (size_t)s.dim * 2);
+    }
+    for (int64_t c = 0; c * 16 < visible; c++) {
+        _tile_zero(0);
+        for (int64_t k = 0; k < k_steps; k++) {
+            _tile_loadd(4, qbuf + 32 * k, s.dim * 2);
+            _tile_loadd(6, kt + (c * k_steps + k) * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+        }
+        _tile_stored(0, scores + c * 16, width * 4);
+    }
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < 16; r++) {
+        const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
+        float *sr = scores + r * width;
+        __m512 top_v = _mm512_set1_ps(-INFINITY);
+        for (int64_t p = 0; p < n; p += 16) {
+            __mmask16 live = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
+            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, sr + p), scale_v);
+            _mm512_mask_storeu_ps(sr + p, live, v);
+            top_v = _mm512_mask_max_ps(top_v, live, top_v, v);
+        }
+        const float top = _mm512_reduce_max_ps(top_v);
+        float sum = 0.0f;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < n; p++) {
+            sr[p] = exp_nonpositive(sr[p] - top);
+            sum += sr[p];
+        }
+        for (int64_t p = 0; p < width; p += 16) {
+            __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
+            store_bf16(probs + r * width + p, _mm512_maskz_loadu_ps(live, sr + p));
+        }
+        total[r] = sum;
+    }
+    for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
+        const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        for (int64_t c = 0; c * 32 < visible; c++) {
+            const uint16_t *v = vp + (c * (s.dim / 16) + d0 / 16) * 512;
+            _tile_loadd(4, probs + 32 * c, width * 2);
+            _tile_loadd(5, v, 64);
+            _tile_dpbf16ps(0, 4, 5);
+            _tile_loadd(6, v + 512, 64);
+            _tile_dpbf16ps(1, 4, 6);
+            if (four) {
+                _tile_loadd(7, v + 1024, 64);
+                _tile_dpbf16ps(2, 4, 7);
+                _tile_loadd(5, v + 1536, 64);
+                _tile_dpbf16ps(3, 4, 5);
+            }
+        }
+        _tile_stored(0, sums, 256); _tile_stored(1, sums + 16, 256);
+        _tile_stored(2, sums + 32, 256); _tile_stored(3, sums + 48, 256);
+        for (int64_t r = 0; r < rows; r++) {
+            const __m512 inv = _mm512_set1_ps(1.0f / total[r]);
+            uint16_t *o = out + (q0 + t0 + r) * num_heads * s.dim + qh * s.dim + d0;
+            for (int64_t d = 0; d < (four ? 64 : 32); d += 16)
+                store_bf16(o + d, _mm512_mul_ps(_mm512_loadu_ps(sums + r * 64 + d), inv));
+        }
+    }
+}
+
+int prefill_attention_fits(int64_t group, int64_t dim) {
+    return has_amx() && dim % 32 == 0 && dim <= 256 && group >= 1;
+}
+
+/* For each listed sequence b = seqs[i]: its new tokens are rows query_start_loc[b] ..
+ * query_start_loc[b + 1] of q (token stride q_stride elements, heads contiguous), positions
+ * seq_lens[b] - q_len .. seq_lens[b] - 1 of a [blocks, block_size, Hkv, D] cache whose blocks
+ * are block_tables[b * table_stride + ...]; results go to the same rows of out [N, Hq, D].
+ * block_size a power of two. Returns 0, or -1 when out of memory. */
+int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                            const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                            const int32_t *query_start_loc, const int32_t *seq_lens,
+                            const int32_t *seqs, int64_t num_seqs, uint16_t *out, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
+    const int64_t group = num_heads / num_kv_heads;
+    size_t *offset = malloc(sizeof(size_t) * (size_t)(num_seqs * num_kv_heads + 1));
+    int64_t *first_task = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
+    if (!offset || !first_task) {
+        free(offset);
+        free(first_task);
+        return -1;
+    }
+    int64_t max_len = 0;
+    offset[0] = 0;
+    first_task[0] = 0;
+    for (int64_t i = 0; i < num_seqs; i++) {
+        const int64_t b = seqs[i], len = seq_lens[b];
+        const int64_t q_len = query_start_loc[b + 1] - query_start_loc[b];
+        max_len = len > max_len ? len : max_len;
+        for (int64_t h = 0; h < num_kv_heads; h++)
+            offset[i * num_kv_heads + h + 1] = offset[i * num_kv_heads + h] + head_tile_bytes(len, dim);
+        first_task[i + 1] = first_task[i] + num_heads * ((q_len + 15) / 16);
+    }
+    uint8_t *tiles = aligned_alloc(64, round_up((int64_t)offset[num_seqs * num_kv_heads], 64) + 64);
+    int failed = tiles == NULL;
+    if (!failed) {
+#pragma omp parallel for schedule(dynamic, 1)
+        for (int64_t task = 0; task < num_seqs * num_kv_heads; task++) {
+            const int64_t b = seqs[task / num_kv_heads];
+            span_t s = {block_tables + b * table_stride, seq_lens[b], 0, num_kv_heads, group,
+                        num_kv_heads, dim, block_size};
+            layout_head(k_cache, v_cache, s, task % num_kv_heads, tiles + offset[task]);
+        }
+#pragma omp parallel reduction(+ : failed)
+        {
+            uint8_t *scratch = malloc(tile_scratch_bytes(max_len, dim));
+            failed += scratch == NULL;
+            if (scratch) amx_configure_tiles();
+#pragma omp for schedule(dynamic, 1)
+            for (int64_t task = 0; task < first_task[num_seqs]; task++) {
+                if (!scratch) continue;
+                int64_t i = 0;
+                while (first_task[i + 1] <= task) i++;
+                const int64_t b = seqs[i], local = task - first_task[i];
+                const int64_t qh = local % num_heads, t0 = local / num_heads * 16, h = qh / group;
+                const int64_t q0 = query_start_loc[b], q_len = query_start_loc[b + 1] - q0;
+                span_t s = {block_tables + b * table_stride, seq_lens[b], h, h + 1, group,
+                            num_kv_heads, dim, block_size};
+                query_tile(q, q_stride, q0, q_len, seq_lens[b] - q_len, t0, qh, s, scale,
+                           tiles + offset[i * num_kv_heads + h], scratch, out, num_heads);
+            }
+            if (scratch) amx_release_tiles();
+            free(scratch);
+        }
+    }
+    free(tiles);
+    free(offset);
+    free(first_task);
+    return failed ? -1 : 0;
+}
+#else
+int prefill_attention_fits(int64_t group, int64_t dim) { (void)group; (void)dim; return 0; }
+int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                            const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                            const int32_t *query_start_loc, const int32_t *seq_lens,
+                            const int32_t *seqs, int64_t num_seqs, uint16_t *out, int64_t num_heads,
+                            int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
+    (void)q; (void)q_stride; (void)k_cache; (void)v_cache; (void)block_tables; (void)table_stride;
+    (void)query_start_loc; (void)seq_lens; (void)seqs; (void)num_seqs; (void)out; (void)num_heads;
+    (void)num_kv_heads; (void)dim; (void)block_size; (void)scale;
+    return -1;
+}
+#endif
