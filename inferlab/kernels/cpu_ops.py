@@ -230,6 +230,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), query_start_loc.data_ptr(), seq_lens.data_ptr(), seqs.data_ptr(),
         seqs.shape[0], out.data_ptr(), num_heads, num_kv_heads, dim, block_size, scale)
+    if status == -2:
+        raise ValueError("paged_prefill_attention: no AMX here, or a head dim it does not take")
     if status:
         raise MemoryError("paged_prefill_attention could not allocate its scratch buffers")
 

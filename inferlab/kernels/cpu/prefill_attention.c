@@ -25,6 +25,56 @@
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
+/* kernels.h's exp_nonpositive, 16 lanes at a time. */
+static inline __m512 exp_nonpositive_ps(__m512 x) {
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), shifter), shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
+    static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(0.00138873165f);
+    for (int i = 0; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[i]));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* S = Q K^T for the chunks of 16 positions below `visible`, into scores (row stride width). With
+ * D = 64 the two query tiles stay loaded and two chunks run at once (independent sums). */
+static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t visible,
+                        int64_t width, float *scores) {
+    const int64_t k_steps = dim / 32, chunks = (visible + 15) / 16;
+    int64_t c = 0;
+    if (k_steps == 2) {
+        _tile_loadd(4, qbuf, dim * 2);
+        _tile_loadd(5, qbuf + 32, dim * 2);
+        for (; c + 1 < chunks; c += 2) {
+            const uint32_t *b = kt + c * 512;
+            _tile_zero(0);
+            _tile_zero(1);
+            _tile_loadd(6, b, 64);
+            _tile_loadd(2, b + 512, 64);
+            _tile_dpbf16ps(0, 4, 6);
+            _tile_dpbf16ps(1, 4, 2);
+            _tile_loadd(7, b + 256, 64);
+            _tile_loadd(3, b + 768, 64);
+            _tile_dpbf16ps(0, 5, 7);
+            _tile_dpbf16ps(1, 5, 3);
+            _tile_stored(0, scores + c * 16, width * 4);
+            _tile_stored(1, scores + c * 16 + 16, width * 4);
+        }
+    }
+    for (; c < chunks; c++) {
+        _tile_zero(0);
+        for (int64_t k = 0; k < k_steps; k++) {
+            _tile_loadd(4, qbuf + 32 * k, dim * 2);
+            _tile_loadd(6, kt + (c * k_steps + k) * 256, 64);
+            _tile_dpbf16ps(0, 4, 6);
+        }
+        _tile_stored(0, scores + c * 16, width * 4);
+    }
+}
+
 /* Bytes of one (sequence, KV head)'s key and value tiles for `len` positions. */
 static size_t head_tile_bytes(int64_t len, int64_t dim) {
     return (size_t)(round_up(len, 16) * dim * 2 + round_up(len, 32) * dim * 2);
@@ -73,7 +123,7 @@ static size_t tile_scratch_bytes(int64_t max_len, int64_t dim) {
 static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t q_len,
                        int64_t context, int64_t t0, int64_t qh, span_t s, float scale,
                        const uint8_t *tiles, uint8_t *scratch, uint16_t *out, int64_t num_heads) {
-    const int64_t rows = q_len - t0 < 16 ? q_len - t0 : 16, k_steps = s.dim / 32;
+    const int64_t rows = q_len - t0 < 16 ? q_len - t0 : 16;
     const int64_t visible = context + t0 + rows, width = round_up(visible, 32);  /* the last row's */
     const int64_t chunks16 = round_up(s.len, 16) / 16;
     const uint32_t *kt = (const uint32_t *)tiles;
@@ -86,15 +136,7 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
         if (r < rows) memcpy(qbuf + r * s.dim, q + (q0 + t0 + r) * q_stride + qh * s.dim, (size_t)s.dim * 2);
         else memset(qbuf + r * s.dim, 0, (size_t)s.dim * 2);
     }
-    for (int64_t c = 0; c * 16 < visible; c++) {
-        _tile_zero(0);
-        for (int64_t k = 0; k < k_steps; k++) {
-            _tile_loadd(4, qbuf + 32 * k, s.dim * 2);
-            _tile_loadd(6, kt + (c * k_steps + k) * 256, 64);
-            _tile_dpbf16ps(0, 4, 6);
-        }
-        _tile_stored(0, scores + c * 16, width * 4);
-    }
+    tile_scores(qbuf, kt, s.dim, visible, width, scores);
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
@@ -106,18 +148,15 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
             _mm512_mask_storeu_ps(sr + p, live, v);
             top_v = _mm512_mask_max_ps(top_v, live, top_v, v);
         }
-        const float top = _mm512_reduce_max_ps(top_v);
-        float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < n; p++) {
-            sr[p] = exp_nonpositive(sr[p] - top);
-            sum += sr[p];
-        }
+        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));
+        __m512 sum = _mm512_setzero_ps();
         for (int64_t p = 0; p < width; p += 16) {
             __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
-            store_bf16(probs + r * width + p, _mm512_maskz_loadu_ps(live, sr + p));
+            __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sr + p), top)));
+            sum = _mm512_add_ps(sum, e);
+            store_bf16(probs + r * width + p, e);
         }
-        total[r] = sum;
+        total[r] = _mm512_reduce_add_ps(sum);
     }
     for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
         const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
@@ -155,13 +194,15 @@ int prefill_attention_fits(int64_t group, int64_t dim) {
  * query_start_loc[b + 1] of q (token stride q_stride elements, heads contiguous), positions
  * seq_lens[b] - q_len .. seq_lens[b] - 1 of a [blocks, block_size, Hkv, D] cache whose blocks
  * are block_tables[b * table_stride + ...]; results go to the same rows of out [N, Hq, D].
- * block_size a power of two. Returns 0, or -1 when out of memory. */
+ * block_size a power of two. Returns 0, -1 when out of memory, or -2 when prefill_attention_fits
+ * says no (then nothing is written). */
 int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
                             const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                             const int32_t *query_start_loc, const int32_t *seq_lens,
                             const int32_t *seqs, int64_t num_seqs, uint16_t *out, int64_t num_heads,
                             int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
     const int64_t group = num_heads / num_kv_heads;
+    if (!prefill_attention_fits(group, dim)) return -2;  /* also asks Linux for the AMX state */
     size_t *offset = malloc(sizeof(size_t) * (size_t)(num_seqs * num_kv_heads + 1));
     int64_t *first_task = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
     if (!offset || !first_task) {
@@ -227,6 +268,6 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
     (void)q; (void)q_stride; (void)k_cache; (void)v_cache; (void)block_tables; (void)table_stride;
     (void)query_start_loc; (void)seq_lens; (void)seqs; (void)num_seqs; (void)out; (void)num_heads;
     (void)num_kv_heads; (void)dim; (void)block_size; (void)scale;
-    return -1;
+    return -2;
 }
 #endif
