@@ -1,0 +1,77 @@
+"""Prefill attention: the C kernel on AMX tiles (inferlab/kernels/cpu/prefill_attention.c) beside
+torch's SDPA path (inferlab/kernels/attention/torch_paged.py), one layer of the embedded model's
+shape (9 query heads, 3 KV heads, head dim 64, bf16), on the same paged cache in one run.
+
+Cases: fresh prompts (causal, no cached positions) and prompt chunks after cached positions (a
+prefix-cache hit, or the second chunk of a long prompt), where torch needs a boolean mask.
+
+    .venv/bin/python benchmarks/prefill_attention.py [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+
+from inferlab.kernels import cpu_ops
+from inferlab.kernels.attention import torch_paged
+from inferlab.kernels.attention.metadata import AttentionMetadata
+
+HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
+CASES = {  # name -> (sequences, new tokens each, cached positions before them)
+    "8 fresh prompts of 256 tokens": (8, 256, 0),
+    "3 fresh prompts of 768 tokens": (3, 768, 0),
+    "8 chunks of 256 after 512 cached": (8, 256, 512),
+    "4 chunks of 512 after 256 cached": (4, 512, 256),
+}
+
+
+def best_seconds(fn, rounds: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(rounds):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def run_case(seqs: int, new: int, context: int, rounds: int) -> tuple[float, float, float]:
+    """(C seconds, torch seconds, max |difference|) for one layer's prefill attention."""
+    total = new + context
+    blocks = -(-total // BLOCK)
+    gen = torch.Generator().manual_seed(0)
+    k_cache, v_cache = (torch.randn(seqs * blocks + 1, BLOCK, KV_HEADS, HEAD_DIM, generator=gen)
+                        .to(torch.bfloat16) for _ in range(2))
+    tables = [list(range(1 + i * blocks, 1 + (i + 1) * blocks)) for i in range(seqs)]
+    meta = AttentionMetadata.build([new] * seqs, [total] * seqs, tables, BLOCK)
+    q = torch.randn(seqs * new, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    ours, theirs = torch.empty_like(q), torch.empty_like(q)
+    every = torch.arange(seqs, dtype=torch.int32)
+    c_s = best_seconds(lambda: cpu_ops.paged_prefill_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.query_start_loc, meta.seq_lens, every, 0.125,
+        ours), rounds)
+    torch_s = best_seconds(lambda: torch_paged.prefill_attention(q, k_cache, v_cache, meta, 0.125,
+                                                                 theirs), rounds)
+    return c_s, torch_s, (ours.float() - theirs.float()).abs().max().item()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    probe = torch.zeros(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
+    if not cpu_ops.prefill_attention_fits(probe, torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)):
+        raise SystemExit("the C prefill attention needs a CPU with AMX and a C compiler")
+    print(f"{torch.get_num_threads()} threads, one layer ({HEADS} heads, {KV_HEADS} KV heads, head dim {HEAD_DIM}), bf16, best of {args.rounds}")
+    for name, (seqs, new, context) in CASES.items():
+        c_s, torch_s, diff = run_case(seqs, new, context, args.rounds)
+        pairs = seqs * HEADS * new * (context + (new + 1) / 2)  # (query, key) pairs attended
+        print(f"{name:34} C {c_s * 1e3:6.2f} ms ({c_s / pairs * 1e9:.2f} ns/pair)  torch {torch_s * 1e3:6.2f} ms"
+              f"  RATIO {torch_s / c_s:.2f}x  max |diff| {diff:.3g}")
+
+
+if __name__ == "__main__":
+    main()
