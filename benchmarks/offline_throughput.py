@@ -4,12 +4,17 @@
 dtype. Then the same 64 requests behind a shared 512-token system prompt, prefix caching on vs off.
 Prints ratios and the fraction of this machine's roofline reached for prefill and decode.
 
-    .venv/bin/python benchmarks/offline_throughput.py [--dtype bfloat16] [--requests 64]
+Each comparison runs in interleaved rounds (default 3: ours, then transformers, on fresh prompts;
+caching on, then off, each from an empty cache) and reports medians, because this machine's speed
+moves by tens of percent from minute to minute.
+
+    .venv/bin/python benchmarks/offline_throughput.py [--dtype bfloat16] [--requests 64] [--rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 
 import torch
@@ -53,53 +58,80 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=64)
     parser.add_argument("--prompt-tokens", type=int, default=256)
     parser.add_argument("--output-tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="interleaved rounds of each comparison; medians are reported")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     roof = machine_roofline()
     bandwidth, peak = roof["memory_bandwidth_bytes_per_s"], roof["peak_flops"]["bf16" if dtype == torch.bfloat16 else "fp32"]
     print(f"machine: {roof['cpu']}, {roof['threads']} threads, {bandwidth / 1e9:.1f} GB/s, "
-          f"{peak / 1e12:.2f} TFLOP/s ({args.dtype} matmul)")
+          f"{peak / 1e12:.2f} TFLOP/s ({args.dtype} matmul); medians of {args.rounds} interleaved rounds")
 
     llm = LLM(dtype=args.dtype, kv_cache_memory="3GiB", max_num_seqs=args.requests)
     model = llm.engine.loaded.model
-    prompts = wikitext_prompts(llm.tokenizer, args.requests, args.prompt_tokens)
-    llm.generate(prompts[:2], SamplingParams(max_tokens=4))  # warm up
-
+    llm.generate(wikitext_prompts(llm.tokenizer, 2, 16), SamplingParams(max_tokens=4))  # warm up
+    hf = None if args.skip_transformers else load_transformers(llm, dtype)
     n_out = args.requests * args.output_tokens
-    prefill_s = run_inferlab(llm, prompts, 1)
-    total_s = run_inferlab(llm, [p[::-1] for p in prompts], args.output_tokens)  # fresh: no cache hits
-    prefill_tps = args.requests * args.prompt_tokens / prefill_s
+    prompt_text = args.requests * args.prompt_tokens
+    ours, theirs, prefill = [], [], []
+    for r in range(args.rounds):  # each round fresh prompts (no cache hits), the same for both
+        prompts = wikitext_prompts(llm.tokenizer, args.requests, args.prompt_tokens, offset=r * prompt_text)
+        prefill.append(run_inferlab(llm, [p[::-1] for p in prompts], 1))
+        ours.append(run_inferlab(llm, prompts, args.output_tokens))
+        if hf is not None:
+            theirs.append(run_transformers(hf, prompts, args.output_tokens, 16, llm.tokenizer.eos_token_id))
+    total_s, prefill_s = statistics.median(ours), statistics.median(prefill)
+    prefill_tps = prompt_text / prefill_s
     decode_tps = (n_out - args.requests) / max(total_s - prefill_s, 1e-9)
     flops_per_token = matmul_flops_per_token(llm.engine.model_config)
-    print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests)")
+    print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests; "
+          f"rounds {_seconds(ours)})")
     print(f"  prefill {prefill_tps:.0f} tok/s = {prefill_tps * flops_per_token / peak:.0%} of the matmul roofline")
     step_floor_s = bytes_read_per_decode_step(model) / bandwidth
     print(f"  decode {decode_tps:.0f} tok/s at batch {args.requests}; weights-read floor per step "
           f"{step_floor_s * 1e3:.1f} ms -> {args.requests / step_floor_s:.0f} tok/s bound")
-
-    if not args.skip_transformers:
-        import os
-
-        from transformers import AutoModelForCausalLM
-        path = llm.engine.loaded.path
-        hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                                  dtype=dtype).eval()
-        hf_s = run_transformers(hf, prompts, args.output_tokens, 16, llm.tokenizer.eos_token_id)
-        print(f"transformers generate (static batches of 16): {n_out / hf_s:.1f} output tok/s ({hf_s:.1f} s)")
-        print(f"RATIO inferlab / transformers: {hf_s / total_s:.2f}x")
+    if theirs:
+        hf_s = statistics.median(theirs)
+        print(f"transformers generate (static batches of 16): {n_out / hf_s:.1f} output tok/s "
+              f"({hf_s:.1f} s; rounds {_seconds(theirs)})")
+        ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
+        print(f"RATIO inferlab / transformers: {statistics.median(ratios):.2f}x (rounds {_ratios(ratios)})")
         del hf
 
-    system = wikitext_prompts(llm.tokenizer, 1, 512, offset=args.requests * args.prompt_tokens)[0]
-    shared = [system + p for p in prompts]
-    times = {}
+    system = wikitext_prompts(llm.tokenizer, 1, 512, offset=args.rounds * prompt_text)[0]
+    shared = [system + p for p in wikitext_prompts(llm.tokenizer, args.requests, args.prompt_tokens)]
+    engines = {True: llm, False: LLM(loaded=llm.engine.loaded, dtype=args.dtype, kv_cache_memory="3GiB",
+                                     max_num_seqs=args.requests, enable_prefix_caching=False)}
+    times: dict[bool, list[float]] = {True: [], False: []}
+    for _ in range(args.rounds):
+        for caching, engine in engines.items():
+            engine.engine.scheduler.reset_prefix_cache()  # every run starts from an empty cache
+            times[caching].append(run_inferlab(engine, shared, args.output_tokens))
     for caching in (True, False):
-        cached = LLM(loaded=llm.engine.loaded, dtype=args.dtype, kv_cache_memory="3GiB",
-                     max_num_seqs=args.requests, enable_prefix_caching=caching)
-        times[caching] = run_inferlab(cached, shared, args.output_tokens)
+        median_s = statistics.median(times[caching])
         print(f"shared 512-token system prompt, prefix caching {'on' if caching else 'off'}: "
-              f"{n_out / times[caching]:.1f} output tok/s ({times[caching]:.1f} s)")
-    print(f"RATIO caching on / off: {times[False] / times[True]:.2f}x")
+              f"{n_out / median_s:.1f} output tok/s ({median_s:.1f} s; rounds {_seconds(times[caching])})")
+    ratios = [off / on for on, off in zip(times[True], times[False], strict=True)]
+    print(f"RATIO caching on / off: {statistics.median(ratios):.2f}x (rounds {_ratios(ratios)})")
+
+
+def load_transformers(llm: LLM, dtype: torch.dtype):
+    import os
+
+    from transformers import AutoModelForCausalLM
+
+    path = llm.engine.loaded.path
+    return AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
+                                                dtype=dtype).eval()
+
+
+def _seconds(values: list[float]) -> str:
+    return " / ".join(f"{v:.1f}" for v in values)
+
+
+def _ratios(values: list[float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
 
 
 if __name__ == "__main__":
