@@ -1,11 +1,14 @@
-"""Prefill attention: the C kernel on AMX tiles (inferlab/kernels/cpu/prefill_attention.c) beside
-torch's SDPA path (inferlab/kernels/attention/torch_paged.py), one layer of the embedded model's
-shape (9 query heads, 3 KV heads, head dim 64, bf16), on the same paged cache in one run.
+"""Paged attention on CPU: the C kernels (inferlab/kernels/cpu/ops.c for decode,
+prefill_attention.c on AMX tiles for prefill) beside torch's SDPA path
+(inferlab/kernels/attention/torch_paged.py), one layer of the embedded model's shape (9 query
+heads, 3 KV heads, head dim 64, bf16), on the same paged cache in one run.
 
-Cases: fresh prompts (causal, no cached positions) and prompt chunks after cached positions (a
+Prefill: fresh prompts (causal, no cached positions) and prompt chunks after cached positions (a
 prefix-cache hit, or the second chunk of a long prompt), where torch needs a boolean mask.
+Decode: one new token per sequence over its cached positions (blocks in table order, as a fresh
+engine hands them out), and 64 sequences that share their first 512 positions' blocks.
 
-    .venv/bin/python benchmarks/prefill_attention.py [--rounds 5]
+    .venv/bin/python benchmarks/attention.py [--rounds 5]
 """
 
 from __future__ import annotations
@@ -58,6 +61,34 @@ def run_case(seqs: int, new: int, context: int, rounds: int) -> tuple[float, flo
     return c_s, torch_s, (ours.float() - theirs.float()).abs().max().item()
 
 
+DECODE_CASES = {  # name -> (sequences, cached positions each, shared leading positions)
+    "decode 64 x 300 positions": (64, 300, 0),
+    "decode 64 x 830, 512 of them shared": (64, 830, 512),
+    "decode 1 x 1000 positions": (1, 1000, 0),
+}
+
+
+def run_decode_case(seqs: int, positions: int, shared: int, rounds: int) -> tuple[float, float, float]:
+    """(C seconds, torch seconds, max |difference|) for one layer's decode attention."""
+    blocks, shared_blocks = -(-positions // BLOCK), shared // BLOCK
+    gen = torch.Generator().manual_seed(1)
+    pool = seqs * (blocks - shared_blocks) + shared_blocks + 1
+    k_cache, v_cache = (torch.randn(pool, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+                        for _ in range(2))
+    own = blocks - shared_blocks
+    tables = [list(range(1, 1 + shared_blocks))
+              + list(range(1 + shared_blocks + i * own, 1 + shared_blocks + (i + 1) * own)) for i in range(seqs)]
+    meta = AttentionMetadata.build([1] * seqs, [positions] * seqs, tables, BLOCK)
+    q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    ours, theirs = torch.empty_like(q), torch.empty_like(q)
+    rows = torch.arange(seqs, dtype=torch.int32)
+    c_s = best_seconds(lambda: cpu_ops.paged_decode_attention(
+        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, rows, rows, 0.125, ours), rounds)
+    torch_s = best_seconds(lambda: torch_paged._decode(q, k_cache, v_cache, meta, 0.125,
+                                                       meta.decode_seqs, theirs), rounds)
+    return c_s, torch_s, (ours.float() - theirs.float()).abs().max().item()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=5)
@@ -69,7 +100,12 @@ def main() -> None:
     for name, (seqs, new, context) in CASES.items():
         c_s, torch_s, diff = run_case(seqs, new, context, args.rounds)
         pairs = seqs * HEADS * new * (context + (new + 1) / 2)  # (query, key) pairs attended
-        print(f"{name:34} C {c_s * 1e3:6.2f} ms ({c_s / pairs * 1e9:.2f} ns/pair)  torch {torch_s * 1e3:6.2f} ms"
+        print(f"{name:36} C {c_s * 1e3:6.2f} ms ({c_s / pairs * 1e9:.2f} ns/pair)  torch {torch_s * 1e3:6.2f} ms"
+              f"  RATIO {torch_s / c_s:.2f}x  max |diff| {diff:.3g}")
+    for name, (seqs, positions, shared) in DECODE_CASES.items():
+        c_s, torch_s, diff = run_decode_case(seqs, positions, shared, args.rounds)
+        per = c_s / (seqs * positions * KV_HEADS) * 1e9
+        print(f"{name:36} C {c_s * 1e3:6.2f} ms ({per:.2f} ns/position/KV head)  torch {torch_s * 1e3:6.2f} ms"
               f"  RATIO {torch_s / c_s:.2f}x  max |diff| {diff:.3g}")
 
 
