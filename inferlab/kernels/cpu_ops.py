@@ -6,8 +6,8 @@ The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 libgomp torch already loaded, so both share one OpenMP thread pool. gnu11, not c11: ISO mode
 turns off the contraction of a*b+c into FMA instructions. Where no compiler works,
 `available()` is False and callers keep their torch path. INFERLAB_CPU_KERNELS=0 turns the C
-kernels off (for A/B measurements). Each wrapper takes CPU tensors of one dtype, bf16 or fp32,
-and checks the layout it relies on.
+kernels off (for A/B measurements), INFERLAB_CPU_AMX=0 their AMX paths. Each wrapper takes CPU
+tensors of one dtype, bf16 or fp32, and checks the layout it relies on.
 """
 
 from __future__ import annotations
@@ -204,6 +204,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _ELEM[q.dtype])
     if status:
         raise MemoryError("paged_decode_attention could not allocate its scratch buffers")
+
+
+def amx_available() -> bool:
+    """The kernels may use AMX tiles here: the CPU has them, Linux grants them, INFERLAB_CPU_AMX
+    is not 0."""
+    lib = _library()
+    return lib is not None and bool(lib.has_amx())
 
 
 def prefill_attention_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:

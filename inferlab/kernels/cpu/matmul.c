@@ -113,10 +113,15 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-/* Linux hands out the AMX register state only to processes that ask for it. */
+/* Linux hands out the AMX register state only to processes that ask for it. INFERLAB_CPU_AMX=0
+ * keeps every kernel on its AVX512 path (what a CPU without AMX runs), for comparisons and tests. */
 static int amx_permitted(void) {
     static int permitted = -1;
-    if (permitted < 0) permitted = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    if (permitted < 0) {
+        const char *setting = getenv("INFERLAB_CPU_AMX");
+        permitted = setting && !strcmp(setting, "0")
+                    ? 0 : syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0;
+    }
     return permitted;
 }
 
