@@ -149,13 +149,15 @@ class LLMEngine:
 
     # -- the loop -------------------------------------------------------------------------------
 
-    def step(self) -> list[RequestOutput]:
+    def step(self, final_only: bool = False) -> list[RequestOutput]:
+        """One scheduling step; returns an output per request it advanced, or with final_only
+        (vLLM's FINAL_ONLY output kind) only for the requests it finished."""
         sched = self.scheduler.schedule()
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)
         updated = self.scheduler.update_from_output(sched, runner_output)
-        outputs, stopped = self.outputs.process(updated, runner_output)
+        outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         self.counters.generation_tokens += len(runner_output.sampled_token_ids)
@@ -216,7 +218,6 @@ class LLM:
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}
         while self.engine.has_unfinished_requests():
-            for out in self.engine.step():
-                if out.finished:
-                    final[out.request_id] = out
+            for out in self.engine.step(final_only=True):
+                final[out.request_id] = out
         return [final[i] for i in request_ids]

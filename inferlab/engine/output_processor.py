@@ -61,9 +61,11 @@ class OutputProcessor:
         parent = self.parents.get(request_id)
         return [] if parent is None else [c.request.request_id for c in parent.children]
 
-    def process(self, updated: list[Request], runner_output: ModelRunnerOutput
-                ) -> tuple[list[RequestOutput], list[str]]:
-        """Returns the outputs, and the child ids that hit a stop string (to finish in the scheduler)."""
+    def process(self, updated: list[Request], runner_output: ModelRunnerOutput,
+                final_only: bool = False) -> tuple[list[RequestOutput], list[str]]:
+        """Returns the outputs (only finished requests' with final_only: offline callers skip
+        building one per request per step), and the child ids that hit a stop string (to finish
+        in the scheduler)."""
         touched: dict[str, _Parent] = {}
         stopped: list[str] = []
         for rid, (start, entries) in runner_output.prompt_logprobs.items():
@@ -82,8 +84,9 @@ class OutputProcessor:
             touched[parent.request_id] = parent
         outputs = []
         for parent in touched.values():
-            out = self._make_output(parent, stopped)
-            outputs.append(out)
+            out = self._make_output(parent, stopped, final_only)
+            if out is not None:
+                outputs.append(out)
         return outputs, stopped
 
     def abort(self, request_id: str) -> RequestOutput | None:
@@ -97,13 +100,17 @@ class OutputProcessor:
                 parent.pending.add(index)
         return self._make_output(parent, [])
 
-    def _make_output(self, parent: _Parent, stopped: list[str]) -> RequestOutput:
-        completions = []
-        for index, completion in enumerate(parent.children):
-            delta = self._advance(completion, stopped) if index in parent.pending else None
-            completions.append(self._completion_output(index, completion, delta))
+    def _make_output(self, parent: _Parent, stopped: list[str],
+                     final_only: bool = False) -> RequestOutput | None:
+        """Detokenize what is new (stop strings are found here) and, unless final_only and
+        the request goes on, build its output."""
+        deltas = {index: self._advance(parent.children[index], stopped) for index in sorted(parent.pending)}
         parent.pending.clear()
         finished = all(c.finish_reason is not None for c in parent.children)
+        if final_only and not finished:
+            return None
+        completions = [self._completion_output(index, completion, deltas.get(index))
+                       for index, completion in enumerate(parent.children)]
         if finished:
             self.parents.pop(parent.request_id, None)
             for c in parent.children:

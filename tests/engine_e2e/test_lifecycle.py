@@ -23,6 +23,28 @@ def test_abort_mid_generation_returns_every_block(make_llm):
     assert engine.scheduler.stats().num_free_blocks == engine.num_kv_blocks
 
 
+def test_final_only_steps_give_the_same_final_outputs(make_llm):
+    """LLM.generate steps with final_only (no per-step outputs); its results must equal the
+    finished outputs of ordinary steps: text, tokens, finish reasons, stop strings, logprobs, n."""
+    prompts = ["The capital of France is", "Once upon a time", "1, 2, 3, 4,"]
+    params = [SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
+              SamplingParams(temperature=0.8, seed=3, max_tokens=20, n=2, stop=[" the"]),
+              SamplingParams(temperature=0, max_tokens=9, stop=["5"])]
+    final = make_llm().generate(prompts, params)
+    engine = make_llm().engine
+    ids = [engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
+    stepped = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                stepped[out.request_id] = out
+    for got, want in zip(final, (stepped[i] for i in ids), strict=True):
+        assert [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in got.outputs] == \
+            [(c.text, c.token_ids, c.finish_reason, c.stop_reason) for c in want.outputs]
+        assert [c.logprobs for c in got.outputs] == [c.logprobs for c in want.outputs]
+    assert final[2].outputs[0].finish_reason == "stop"
+
+
 def test_timestamps_in_order(make_llm):
     out = make_llm().generate(["Hello there"], SamplingParams(temperature=0, max_tokens=5,
                                                                 ignore_eos=True))[0]
