@@ -7,6 +7,7 @@ the same dtype. Prints output throughput, TTFT and ITL per concurrency, the rati
 and the fraction of the machine's roofline each point reaches.
 
     .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--dtype bfloat16]
+        [--model DIR] [--skip-transformers]
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from pathlib import Path
 
 import torch
 from offline_throughput import run_transformers
-from workloads import WIKITEXT, machine_roofline, wikitext_prompts
+from workloads import WIKITEXT, bytes_read_per_decode_step, machine_roofline, wikitext_prompts
 
 PYTHON = sys.executable
 
@@ -35,9 +36,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, dtype: str, max_seqs: int) -> subprocess.Popen:
+def start_server(port: int, dtype: str, max_seqs: int, model: str | None = None) -> subprocess.Popen:
     server = subprocess.Popen(
-        [PYTHON, "-m", "inferlab.cli", "serve", "--port", str(port), "--dtype", dtype,
+        [PYTHON, "-m", "inferlab.cli", "serve", *([model] if model else []), "--port", str(port), "--dtype", dtype,
          "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
@@ -80,19 +81,31 @@ def transformers_rate(dtype: torch.dtype, requests: int) -> float:
     return requests * 128 / seconds
 
 
+def step_bytes(model: str | None, dtype: str) -> int:
+    """Bytes of weights one decode step reads, as the server holds them (packed or quantized)."""
+    from inferlab.engine.llm_engine import LLM
+
+    llm = LLM(model, dtype=dtype, kv_cache_memory="64MiB")  # the layers exactly as served
+    return bytes_read_per_decode_step(llm.engine.loaded.model)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--hf-requests", type=int, default=32)
+    parser.add_argument("--model", default=None,
+                        help="a model or checkpoint directory (e.g. a W4A16 one) instead of the embedded model")
+    parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     roof = machine_roofline()
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
     print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
           f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16")
-    weight_bytes = 2 * 134_515_008  # bf16: every matmul weight read once per step (lm_head tied)
+    weight_bytes = step_bytes(args.model, args.dtype)
+    print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
     port = free_port()
-    server = start_server(port, args.dtype, max(args.concurrency))
+    server = start_server(port, args.dtype, max(args.concurrency), args.model)
     results = {}
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -107,6 +120,8 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
+    if args.skip_transformers:
+        return
     hf = transformers_rate(getattr(torch, args.dtype), args.hf_requests)
     print(f"transformers generate, static batches of 16: {hf:.1f} output tok/s")
     for c, r in results.items():
