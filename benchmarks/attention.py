@@ -14,13 +14,13 @@ engine hands them out), and 64 sequences that share their first 512 positions' b
 from __future__ import annotations
 
 import argparse
-import time
 
 import torch
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention import torch_paged
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.planner.measure import best_seconds
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 CASES = {  # name -> (sequences, new tokens each, cached positions before them)
@@ -29,16 +29,6 @@ CASES = {  # name -> (sequences, new tokens each, cached positions before them)
     "8 chunks of 256 after 512 cached": (8, 256, 512),
     "4 chunks of 512 after 256 cached": (4, 512, 256),
 }
-
-
-def best_seconds(fn, rounds: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(rounds):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def run_case(seqs: int, new: int, context: int, rounds: int) -> tuple[float, float, float]:

@@ -27,6 +27,7 @@ from torch import nn
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
+from inferlab.planner.measure import best_seconds
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
@@ -108,18 +109,8 @@ def decode_ms(net: nn.Module, prompt: torch.Tensor, steps: int) -> float:
     return statistics.median(times)
 
 
-def _best_ms(fn, reps: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(reps):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1e3
-
-
 def _paths_ms(x: torch.Tensor, layers: dict[str, nn.Module], reps: int) -> dict[str, float]:
-    return {name: _best_ms(lambda layer=layer: layer(x), reps) for name, layer in layers.items()}
+    return {name: best_seconds(lambda layer=layer: layer(x), reps) * 1e3 for name, layer in layers.items()}
 
 
 @torch.no_grad()

@@ -56,7 +56,8 @@ def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
-def _best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
+    """The fastest of `repeats` timed calls after one warm-up call."""
     fn()  # warm up: page faults, kernel selection
     best = float("inf")
     for _ in range(repeats):
@@ -94,7 +95,7 @@ def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
     with torch.inference_mode():
         for n in STREAM_ROWS:
             x = {i: torch.randn(n, i, dtype=torch.bfloat16) for i, _ in shapes}  # [rows, in]
-            rates[str(n)] = total / _best_seconds(
+            rates[str(n)] = total / best_seconds(
                 lambda x=x: [m(x[m.in_features]) for m in linears], repeats)
     return rates
 
@@ -139,7 +140,7 @@ def _tiny_model_forward(num_layers: int):  # -> a callable running one decode fo
 def _layer_overhead_s(repeats: int) -> float:
     """Host seconds per decoder layer at batch 1 (what CUDA graphs remove on GPUs): the
     difference between 16 and 8 tiny layers, so the per-forward costs cancel."""
-    deep, shallow = (_best_seconds(_tiny_model_forward(n), 4 * repeats) for n in (16, 8))
+    deep, shallow = (best_seconds(_tiny_model_forward(n), 4 * repeats) for n in (16, 8))
     return max(deep - shallow, 0.0) / 8
 
 
@@ -149,12 +150,12 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
 
     src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    copy_s = _best_seconds(lambda: dst.copy_(src), repeats)
+    copy_s = best_seconds(lambda: dst.copy_(src), repeats)
     flops = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
         n = MATMUL_N[name]
         a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        flops[name] = 2 * n**3 / _best_seconds(lambda a=a, b=b: torch.mm(a, b), repeats)
+        flops[name] = 2 * n**3 / best_seconds(lambda a=a, b=b: torch.mm(a, b), repeats)
     figures = {
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
