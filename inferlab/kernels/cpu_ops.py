@@ -42,12 +42,12 @@ _SIGNATURES = {
                                               _I64, _I64, _I64, _I64, _F32, _I32]),
     "paged_prefill_attention": (ctypes.c_int, [_P, _I64, _P, _P, _P, _I64, _P, _P, _P, _I64, _P,
                                                _I64, _I64, _I64, _I64, _F32]),
-    "prefill_attention_fits": (ctypes.c_int, [_I64, _I64]),
+    "prefill_attention_fits": (ctypes.c_int, [_I64]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "argmax_rows": (None, [_P, _I64, _I64, _I64, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
-    "has_w8a8_linear": (ctypes.c_int, []),
+    "has_dynamic_linear": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
@@ -218,7 +218,7 @@ def prefill_attention_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
     lib = _library()
     return (lib is not None and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
             and not k_cache.shape[1] & (k_cache.shape[1] - 1)
-            and bool(lib.prefill_attention_fits(q.shape[1] // k_cache.shape[2], q.shape[2])))
+            and bool(lib.prefill_attention_fits(q.shape[2])))
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -315,14 +315,10 @@ def quant_linear_available() -> bool:
     return _built_with("quant_linear")
 
 
-def fp8_linear_available() -> bool:
-    """The FP8_DYNAMIC kernels (dynamic_linear.c: AVX512-BF16, and AMX where the CPU has it)."""
-    return _built_with("fp8_linear") and quant_linear_available()
-
-
-def w8a8_linear_available() -> bool:
-    """The W8A8 kernels (dynamic_linear.c: AVX512-VNNI, and AMX-INT8 where the CPU has it)."""
-    return _built_with("w8a8_linear") and quant_linear_available()
+def dynamic_linear_available() -> bool:
+    """The W8A8 and FP8_DYNAMIC kernels (dynamic_linear.c: AVX512-BF16 and -VNNI, and AMX where
+    the CPU has it)."""
+    return _built_with("dynamic_linear") and quant_linear_available()
 
 
 def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:

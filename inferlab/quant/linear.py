@@ -315,7 +315,7 @@ class PackedW8A8Linear(CKernelLinear):
         n, k = qw.shape
         return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind == INT
                 and qw.args.num_bits == 8 and qw.zero_point is None and qw.scale.numel() == n
-                and n % 16 == 0 and k % 64 == 0 and cpu_ops.w8a8_linear_available())
+                and n % 16 == 0 and k % 64 == 0 and cpu_ops.dynamic_linear_available())
 
     def c_desc(self) -> cpu_ops.LinearDesc:
         return cpu_ops.LinearDesc(
@@ -343,7 +343,7 @@ class PackedFp8Linear(CKernelLinear):
         n, k = qw.shape
         return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind != INT
                 and qw.codes.dtype == torch.float8_e4m3fn and qw.scale.numel() == n
-                and cpu_ops.fp8_linear_available() and cpu_ops.bf16_linear_fits(n, k))
+                and cpu_ops.dynamic_linear_available() and cpu_ops.bf16_linear_fits(n, k))
 
     def c_desc(self) -> cpu_ops.LinearDesc:
         return cpu_ops.LinearDesc(

@@ -99,7 +99,7 @@ def quantize_linears(model, scheme_name: str) -> None:
             setattr(owner, leaf, build_quant_linear(qw, scheme.activations, dense.bias, torch.bfloat16))
 
 
-@pytest.mark.skipif(not cpu_ops.w8a8_linear_available(), reason="no AVX512-VNNI kernels here")
+@pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC"])
 @pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64]])  # the kernels, then > 4 rows
 def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context_lens, monkeypatch):

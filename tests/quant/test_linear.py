@@ -92,7 +92,7 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
     torch.testing.assert_close(held_weight(layer), library_dequantize(qw), rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.skipif(not cpu_ops.w8a8_linear_available(), reason="no AVX512-VNNI kernels here")
+@pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])  # vpdpbusd up to 4 rows, AMX int8 above
 def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
     """x quantized per token as dynamic_linear.c specifies (scale = absmax / 127, codes rounded
@@ -120,7 +120,7 @@ def fp8_reference_round(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (x.float() / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn).float(), x_scale
 
 
-needs_fp8_kernels = pytest.mark.skipif(not cpu_ops.fp8_linear_available(),
+needs_fp8_kernels = pytest.mark.skipif(not cpu_ops.dynamic_linear_available(),
                                        reason="no AVX512-BF16 kernels here")
 
 

@@ -264,9 +264,7 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     return status;
 }
 
-int has_w8a8_linear(void) { return 1; }
-int has_fp8_linear(void) { return 1; }
+int has_dynamic_linear(void) { return 1; }
 #else
-int has_w8a8_linear(void) { return 0; }
-int has_fp8_linear(void) { return 0; }
+int has_dynamic_linear(void) { return 0; }
 #endif

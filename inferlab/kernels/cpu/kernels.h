@@ -44,6 +44,13 @@ static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_s
     return (slot * num_kv_heads + kvh) * dim;
 }
 
+/* A row of n bf16 pairs (32 bits each) as column c of stacked AMX B tiles [n/16][16 pairs][16
+ * columns]: pair p goes to column[p * 16], column pointing at the stack's first element of c.
+ * NULL: zeros. The attention kernels lay queries and keys out this way. */
+static inline void pairs_to_tile_column(const uint32_t *row, int64_t n, uint32_t *column) {
+    for (int64_t p = 0; p < n; p++) column[p * 16] = row ? row[p] : 0;
+}
+
 /* Attention over one sequence's first len cached positions, for the KV heads [h0, h1) and the
  * (h1 - h0) * G query heads that share them ("rows"). */
 typedef struct {
@@ -84,7 +91,7 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
 void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
               const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
               int64_t kv_width, int elem);
-int prefill_attention_fits(int64_t group, int64_t dim);
+int prefill_attention_fits(int64_t dim);
 int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
                             const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                             const int32_t *query_start_loc, const int32_t *seq_lens,

@@ -114,7 +114,8 @@ struct tile_config {
 };
 
 /* Linux hands out the AMX register state only to processes that ask for it. INFERLAB_CPU_AMX=0
- * keeps every kernel on its AVX512 path (what a CPU without AMX runs), for comparisons and tests. */
+ * keeps every kernel on its AVX512 path (what a CPU without AMX runs), for comparisons and
+ * tests. */
 static int amx_permitted(void) {
     static int permitted = -1;
     if (permitted < 0) {
@@ -125,7 +126,8 @@ static int amx_permitted(void) {
     return permitted;
 }
 
-/* Tiles 0-3: C (16 rows x 16 fp32); 4-5: A (16 rows x 32 bf16); 6-7: B (16 k-pairs x 16 x 2). */
+/* Every tile 16 rows x 64 bytes, for this thread. amx_gemm uses 0-3 as C (16 x 16 fp32), 4-5 as A
+ * (16 rows x 32 bf16), 6-7 as B (16 k-pairs x 16 x 2); the attention kernels assign their own. */
 void amx_configure_tiles(void) {
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -161,8 +163,8 @@ static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int6
  * or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
  * per output of a B tile row. int8 sums are exact int32. With row_scale (and col_scale) given,
  * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Rows in blocks of 32 (two A
- * tiles), outputs in blocks of 32 (two B tiles): four C tiles per task. Tasks run output-block-major so a thread's consecutive tasks reuse the same
- * weights. An odd last output block computes its B tile twice and keeps one. */
+ * tiles), outputs in blocks of 32 (two B tiles): four C tiles per task. Tasks run
+ * output-block-major so a thread's consecutive tasks reuse the same weights. An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              uint16_t *y, int64_t n_out) {

@@ -275,10 +275,9 @@ static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, flo
     float *tile = (float *)(work + heads * s.dim * 32);
     memset(q_pairs, 0, (size_t)(heads * s.dim * 32));
     for (int64_t h = 0; h < heads; h++)
-        for (int64_t g = 0; g < s.group; g++) {
-            const uint32_t *pairs = (const uint32_t *)(q + ((s.h0 + h) * s.group + g) * s.dim);
-            for (int64_t p = 0; p < s.dim / 2; p++) q_pairs[(h * s.dim / 2 + p) * 16 + g] = pairs[p];
-        }
+        for (int64_t g = 0; g < s.group; g++)
+            pairs_to_tile_column((const uint32_t *)(q + ((s.h0 + h) * s.group + g) * s.dim),
+                                 s.dim / 2, q_pairs + h * s.dim * 8 + g);
     const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
                                              176, 192, 208, 224, 240);
     const __m512 scale_v = _mm512_set1_ps(scale);
@@ -371,8 +370,9 @@ static void attend_specialized(const char *q, const char *k_cache, const char *v
  * when there are enough tokens to keep the threads busy (each block then read front to back),
  * else one (token, KV head). bf16 scores go through AMX tiles where the CPU has them (the
  * choice depends on shapes, not on the batch). Every head's arithmetic is the same either way,
- * so a token's result does not depend on what else is in the batch. Returns 0, or -1 if a thread's scratch
- * memory could not be allocated (the work it would have done is then missing). */
+ * so a token's result does not depend on what else is in the batch. Returns 0, or -1 if a
+ * thread's scratch memory could not be allocated (the work it would have done is then
+ * missing). */
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,

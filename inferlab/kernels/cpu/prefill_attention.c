@@ -90,9 +90,7 @@ static void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t
     for (int64_t p = 0; p < chunks16 * 16; p++) {
         const uint32_t *row = p < s.len
             ? (const uint32_t *)(k_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim)) : NULL;
-        uint32_t *chunk = kt + p / 16 * k_steps * 256 + p % 16;
-        for (int64_t pair = 0; pair < s.dim / 2; pair++)
-            chunk[(pair / 16) * 256 + (pair % 16) * 16] = row ? row[pair] : 0;
+        pairs_to_tile_column(row, s.dim / 2, kt + p / 16 * k_steps * 256 + p % 16);
     }
     static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                             8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
@@ -186,9 +184,7 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
     }
 }
 
-int prefill_attention_fits(int64_t group, int64_t dim) {
-    return has_amx() && dim % 32 == 0 && dim <= 256 && group >= 1;
-}
+int prefill_attention_fits(int64_t dim) { return has_amx() && dim % 32 == 0 && dim <= 256; }
 
 /* For each listed sequence b = seqs[i]: its new tokens are rows query_start_loc[b] ..
  * query_start_loc[b + 1] of q (token stride q_stride elements, heads contiguous), positions
@@ -202,7 +198,7 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
                             const int32_t *seqs, int64_t num_seqs, uint16_t *out, int64_t num_heads,
                             int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale) {
     const int64_t group = num_heads / num_kv_heads;
-    if (!prefill_attention_fits(group, dim)) return -2;  /* also asks Linux for the AMX state */
+    if (!prefill_attention_fits(dim)) return -2;  /* also asks Linux for the AMX state */
     size_t *offset = malloc(sizeof(size_t) * (size_t)(num_seqs * num_kv_heads + 1));
     int64_t *first_task = malloc(sizeof(int64_t) * (size_t)(num_seqs + 1));
     if (!offset || !first_task) {
@@ -259,7 +255,7 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
     return failed ? -1 : 0;
 }
 #else
-int prefill_attention_fits(int64_t group, int64_t dim) { (void)group; (void)dim; return 0; }
+int prefill_attention_fits(int64_t dim) { (void)dim; return 0; }
 int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
                             const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                             const int32_t *query_start_loc, const int32_t *seq_lens,
