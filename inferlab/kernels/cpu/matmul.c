@@ -16,6 +16,7 @@
  * depends only on which kernel ran, not on the other rows.
  * N must be a multiple of 16 and K of 32 (checked by the caller).
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +27,7 @@
 #include <immintrin.h>
 
 #define VNNI_MAX_ROWS 4
+#define L2_BUDGET_BYTES (1 << 20) /* weights an AMX thread keeps in its L2 at a time */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
 
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
@@ -159,64 +161,124 @@ static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int6
     return a;
 }
 
+/* Row r of one 32 x 32 output block from its four C tiles (c[0], c[1]: rows 0-15 of the two
+ * 16-output halves; c[2], c[3]: rows 16-31), scaled, biased and rounded to bf16 once; two halves
+ * go out as one 64-byte store. */
+static inline __attribute__((always_inline)) void store_block_row(
+        float c[4][16 * 16], int r, int two_cols, int int8, const float *row_scale, const __m512 cs[2],
+        const __m512 bv[2], uint16_t *y) {
+    __m512 sum[2];
+    for (int half = 0; half < 1 + two_cols; half++) {
+        const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
+        sum[half] = int8 ? _mm512_cvtepi32_ps(_mm512_load_si512(tile)) : _mm512_load_ps(tile);
+        if (row_scale)
+            sum[half] = _mm512_mul_ps(sum[half], _mm512_mul_ps(cs[half], _mm512_set1_ps(*row_scale)));
+        sum[half] = _mm512_add_ps(sum[half], bv[half]);
+    }
+    if (two_cols) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
+    else store_bf16(y, sum[0]);
+}
+
+/* One block of the output: rows [r0, r0 + 32) (fewer at the end) by outputs [col, col + 32)
+ * (16 when two_cols is 0). */
+typedef struct {
+    int64_t r0, col;
+    int two_cols, two_row_tiles;  /* else the second B (A) tile would multiply padding */
+} out_block_t;
+
+/* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
+ * memory, so ask for them PREFETCH_STEPS k-steps ahead. */
+static inline __attribute__((always_inline)) void block_products(
+        const uint8_t *a_packed, const uint8_t *packed, out_block_t o, int64_t row_bytes,
+        int first_use, int int8) {
+    const int64_t block_bytes = 16 * row_bytes;
+    const uint8_t *a0 = a_packed + o.r0 * row_bytes, *a1 = a0 + block_bytes;
+    const uint8_t *b0 = packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + block_bytes : b0;
+    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+    for (int64_t k = 0; k < row_bytes; k += 64) {
+        if (first_use && k + PREFETCH_STEPS * 64 < row_bytes)
+            for (int line = 0; line < 16; line++) {
+                _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
+                _mm_prefetch((const char *)b1 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
+            }
+        _tile_loadd(4, a0 + k * 16, 64);
+        _tile_loadd(6, b0 + k * 16, 64);
+        _tile_loadd(7, b1 + k * 16, 64);
+        if (int8) { _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); }
+        else { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); }
+        if (o.two_row_tiles) {
+            _tile_loadd(5, a1 + k * 16, 64);
+            if (int8) { _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7); }
+            else { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16], out_block_t o) {
+    _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
+    if (o.two_row_tiles) { _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64); }
+}
+
+/* The block's rows of y from its stored C tiles. */
+static inline __attribute__((always_inline)) void store_block(
+        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, const float *row_scale,
+        const float *col_scale, const uint16_t *bias, uint16_t *y, int64_t n_out) {
+    __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
+    for (int half = 0; half < 2; half++) {
+        int has = half == 0 || o.two_cols;
+        bv[half] = bias_f32(bias && has ? bias + o.col + 16 * half : NULL);
+        if (row_scale && has) cs[half] = _mm512_loadu_ps(col_scale + o.col + 16 * half);
+    }
+    for (int r = 0; r < 32 && o.r0 + r < rows; r++)
+        store_block_row(c, r, o.two_cols, int8, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
+                        y + (o.r0 + r) * n_out + o.col);
+}
+
 /* y [rows, N] bf16 = x @ W^T on AMX tiles, for bf16 x and weights (packed as pack_bf16_vnni)
  * or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
  * per output of a B tile row. int8 sums are exact int32. With row_scale (and col_scale) given,
- * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Rows in blocks of 32 (two A
- * tiles), outputs in blocks of 32 (two B tiles): four C tiles per task. Tasks run
- * output-block-major so a thread's consecutive tasks reuse the same weights. An odd last output block computes its B tile twice and keeps one. */
+ * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles)
+ * by 32 outputs (two B tiles), four C tiles each.
+ *
+ * Cache blocking: each thread owns a contiguous range of output blocks (rows, when there are
+ * fewer output blocks than threads) and walks it in column chunks whose weights fit in half of
+ * its L2, rows outer and outputs inner: the chunk's weights are read from memory once and then
+ * from L2, each row block's A tiles from L1. (Rows inner, as before, re-read all of A for every
+ * output block: 2.4 MB of L3 traffic per block at 2,048 prompt tokens, half oneDNN's speed.)
+ * An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              uint16_t *y, int64_t n_out) {
     const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
-    const int64_t block_bytes = 16 * row_bytes;  /* one 16-output block of the weights */
+    const int64_t chunk_blocks = (L2_BUDGET_BYTES / (32 * row_bytes)) > 0 ? L2_BUDGET_BYTES / (32 * row_bytes) : 1;
     uint8_t *a_packed = pack_rows(x, x_stride, rows, row_bytes);
     if (!a_packed) return -2;
 #pragma omp parallel
     {
         amx_configure_tiles();
-        float c[4][16 * 16] __attribute__((aligned(64)));
-#pragma omp for schedule(static)
-        for (int64_t task = 0; task < row_blocks * col_blocks; task++) {
-            int64_t nb = task / row_blocks, r0 = task % row_blocks * 32;
-            const uint8_t *a0 = a_packed + r0 * row_bytes, *a1 = a0 + block_bytes;
-            /* 16 rows or fewer left: the second A tile would multiply padding */
-            const int two_cols = nb * 32 + 16 < n_out, two_row_tiles = r0 + 16 < rows;
-            const uint8_t *b0 = (const uint8_t *)packed + nb * 2 * block_bytes;
-            const uint8_t *b1 = two_cols ? b0 + block_bytes : b0;
-            _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-            for (int64_t k = 0; k < row_bytes; k += 64) {
-                /* B streams from memory: ask for the tiles PREFETCH_STEPS steps ahead */
-                if (k + PREFETCH_STEPS * 64 < row_bytes)
-                    for (int line = 0; line < 16; line++) {
-                        _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
-                        _mm_prefetch((const char *)b1 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
-                    }
-                _tile_loadd(4, a0 + k * 16, 64);
-                _tile_loadd(6, b0 + k * 16, 64);
-                _tile_loadd(7, b1 + k * 16, 64);
-                if (int8) { _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); }
-                else { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); }
-                if (two_row_tiles) {
-                    _tile_loadd(5, a1 + k * 16, 64);
-                    if (int8) { _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7); }
-                    else { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
+        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
+        const int by_cols = col_blocks >= threads;
+        const int64_t share = by_cols ? col_blocks : row_blocks;
+        const int64_t lo = share * t / threads, hi = share * (t + 1) / threads;
+        const int64_t c_lo = by_cols ? lo : 0, c_hi = by_cols ? hi : col_blocks;
+        const int64_t r_lo = by_cols ? 0 : lo, r_hi = by_cols ? row_blocks : hi;
+        /* software-pipelined: block j's tile products run while block j-1's rows are stored */
+        float c[2][4][16 * 16] __attribute__((aligned(64)));
+        out_block_t done = {0, 0, 0, 0};
+        int pending = 0;
+        for (int64_t c0 = c_lo; c0 < c_hi; c0 += chunk_blocks)
+            for (int64_t rb = r_lo; rb < r_hi; rb++)
+                for (int64_t nb = c0; nb < c_hi && nb < c0 + chunk_blocks; nb++) {
+                    out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
+                    block_products(a_packed, (const uint8_t *)packed, o, row_bytes, rb == r_lo, int8);
+                    if (pending)
+                        store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
+                    store_tiles(c[pending & 1], o);
+                    done = o;
+                    pending++;
                 }
-            }
-            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
-            _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64);
-            for (int half = 0; half < 1 + two_cols; half++) {
-                int64_t col = nb * 32 + half * 16;
-                __m512 bv = bias_f32(bias ? bias + col : NULL);
-                __m512 cs = row_scale ? _mm512_loadu_ps(col_scale + col) : _mm512_setzero_ps();
-                for (int r = 0; r < 32 && r0 + r < rows; r++) {
-                    const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
-                    __m512 sum = int8 ? _mm512_cvtepi32_ps(_mm512_load_si512(tile)) : _mm512_load_ps(tile);
-                    if (row_scale) sum = _mm512_mul_ps(sum, _mm512_mul_ps(cs, _mm512_set1_ps(row_scale[r0 + r])));
-                    store_bf16(y + (r0 + r) * n_out + col, _mm512_add_ps(sum, bv));
-                }
-            }
-        }
+        if (pending)
+            store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
         _tile_release();
     }
     free(a_packed);

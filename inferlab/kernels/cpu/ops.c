@@ -220,21 +220,40 @@ static inline __attribute__((always_inline)) void scores_bf16(
 }
 
 /* acc[0 .. GN) += sum_i w[g*len + i] * v[i] over a chunk's n positions, head dim CH x 16, the
- * GN x CH sums in registers (GN * CH <= 16). */
+ * GN x CH sums in registers (GN * CH <= 16). Each 32 values of V widen in two instructions, not
+ * four: shifted up 16 bits, a 32-bit lane holds the even element of its pair; masked, the odd
+ * one. So acc holds each 32 dims as their 16 even then their 16 odd ones (interleave_pairs). */
 static inline __attribute__((always_inline)) void values_tile(
         const uint16_t *const v[16], int n, const float *w, int64_t len, float *acc,
         const int GN, const int CH) {
+    const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 sum[16];
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + (g * CH + c) * 16);
     for (int i = 0; i < n; i++)
-        for (int c = 0; c < CH; c++) {
-            __m512 x = bf16x16_to_f32(v[i] + 16 * c);
-            for (int g = 0; g < GN; g++)
-                sum[g * CH + c] = _mm512_fmadd_ps(_mm512_set1_ps(w[g * len + i]), x, sum[g * CH + c]);
+        for (int c = 0; c < CH; c += 2) {
+            __m512i pairs = _mm512_loadu_si512(v[i] + 16 * c);
+            __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+            __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+            for (int g = 0; g < GN; g++) {
+                __m512 p = _mm512_set1_ps(w[g * len + i]);
+                sum[g * CH + c] = _mm512_fmadd_ps(p, even, sum[g * CH + c]);
+                sum[g * CH + c + 1] = _mm512_fmadd_ps(p, odd, sum[g * CH + c + 1]);
+            }
         }
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + (g * CH + c) * 16, sum[g * CH + c]);
+}
+
+/* n floats laid out as values_tile leaves them (per 32: 16 even, 16 odd) back in order. */
+static inline void interleave_pairs(float *x, int64_t n) {
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t i = 0; i < n; i += 32) {
+        __m512 even = _mm512_loadu_ps(x + i), odd = _mm512_loadu_ps(x + i + 16);
+        _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(even, first, odd));
+        _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(even, second, odd));
+    }
 }
 
 /* acc[r] = sum_p w[r*len + p] * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256):
@@ -338,9 +357,10 @@ static inline __attribute__((always_inline)) void attend(
         total[r] = sum;
     }
 #if FAST_BF16_ATTENTION
-    if (fast)
+    if (fast) {
         values_bf16((const uint16_t *)v_cache, s, scores, acc);
-    else
+        interleave_pairs(acc, rows * s.dim);
+    } else
 #endif
         values_any(v_cache, s, elem, scores, acc, kv);
     for (int64_t r = 0; r < rows; r++) {
