@@ -143,22 +143,23 @@ void amx_configure_tiles(void) {
     _tile_loadconfig(&cfg);
 }
 
-/* x rows of row_bytes (row stride x_stride bytes) -> a [rows/16 rounded up][row_bytes/64][16][64
- * bytes], zero-padded: every A tile one contiguous KiB, which the hardware prefetchers follow
- * (16 rows row_bytes apart they do not). */
-static uint8_t *pack_rows(const uint8_t *x, int64_t x_stride, int64_t rows, int64_t row_bytes) {
-    const int64_t row_tiles = (rows + 31) / 32 * 2, chunks = row_bytes / 64;
-    uint8_t *a = aligned_alloc(64, (size_t)row_tiles * 16 * row_bytes);
-    if (!a) return NULL;
-#pragma omp parallel for schedule(static)
-    for (int64_t t = 0; t < row_tiles; t++)
-        for (int r = 0; r < 16; r++)
-            for (int64_t c = 0; c < chunks; c++) {
-                uint8_t *dst = a + ((t * chunks + c) * 16 + r) * 64;
-                if (t * 16 + r < rows) memcpy(dst, x + (t * 16 + r) * x_stride + c * 64, 64);
-                else memset(dst, 0, 64);
-            }
-    return a;
+/* The A side of amx_gemm: x's rows, x_stride bytes apart, loaded as tiles in place; the rows of
+ * a last partial block of 32 from tail, a zero-padded copy (row_bytes apart). */
+typedef struct {
+    const uint8_t *x, *tail;
+    int64_t x_stride, tail_r0, row_bytes;
+} a_rows_t;
+
+static int pad_tail(a_rows_t *a, int64_t rows) {
+    a->tail_r0 = rows / 32 * 32;
+    a->tail = NULL;
+    if (a->tail_r0 == rows) return 0;
+    uint8_t *tail = calloc(32, (size_t)a->row_bytes);
+    if (!tail) return -2;
+    for (int64_t r = a->tail_r0; r < rows; r++)
+        memcpy(tail + (r - a->tail_r0) * a->row_bytes, a->x + r * a->x_stride, (size_t)a->row_bytes);
+    a->tail = tail;
+    return 0;
 }
 
 /* Row r of one 32 x 32 output block from its four C tiles (c[0], c[1]: rows 0-15 of the two
@@ -189,10 +190,12 @@ typedef struct {
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
  * memory, so ask for them PREFETCH_STEPS k-steps ahead. */
 static inline __attribute__((always_inline)) void block_products(
-        const uint8_t *a_packed, const uint8_t *packed, out_block_t o, int64_t row_bytes,
+        const a_rows_t *a, const uint8_t *packed, out_block_t o, int64_t row_bytes,
         int first_use, int int8) {
     const int64_t block_bytes = 16 * row_bytes;
-    const uint8_t *a0 = a_packed + o.r0 * row_bytes, *a1 = a0 + block_bytes;
+    const int in_tail = o.r0 >= a->tail_r0;
+    const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
+    const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
     const uint8_t *b0 = packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + block_bytes : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
@@ -201,13 +204,13 @@ static inline __attribute__((always_inline)) void block_products(
                 _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
                 _mm_prefetch((const char *)b1 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
             }
-        _tile_loadd(4, a0 + k * 16, 64);
+        _tile_loadd(4, a0 + k, a_stride);
         _tile_loadd(6, b0 + k * 16, 64);
         _tile_loadd(7, b1 + k * 16, 64);
         if (int8) { _tile_dpbssd(0, 4, 6); _tile_dpbssd(1, 4, 7); }
         else { _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); }
         if (o.two_row_tiles) {
-            _tile_loadd(5, a1 + k * 16, 64);
+            _tile_loadd(5, a1 + k, a_stride);
             if (int8) { _tile_dpbssd(2, 5, 6); _tile_dpbssd(3, 5, 7); }
             else { _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7); }
         }
@@ -251,8 +254,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              uint16_t *y, int64_t n_out) {
     const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
     const int64_t chunk_blocks = (L2_BUDGET_BYTES / (32 * row_bytes)) > 0 ? L2_BUDGET_BYTES / (32 * row_bytes) : 1;
-    uint8_t *a_packed = pack_rows(x, x_stride, rows, row_bytes);
-    if (!a_packed) return -2;
+    a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
+    if (pad_tail(&a, rows)) return -2;
 #pragma omp parallel
     {
         amx_configure_tiles();
@@ -270,7 +273,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             for (int64_t rb = r_lo; rb < r_hi; rb++)
                 for (int64_t nb = c0; nb < c_hi && nb < c0 + chunk_blocks; nb++) {
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    block_products(a_packed, (const uint8_t *)packed, o, row_bytes, rb == r_lo, int8);
+                    block_products(&a, (const uint8_t *)packed, o, row_bytes, rb == r_lo, int8);
                     if (pending)
                         store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
                     store_tiles(c[pending & 1], o);
@@ -281,7 +284,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
         _tile_release();
     }
-    free(a_packed);
+    free((void *)a.tail);
     return 0;
 }
 
