@@ -253,7 +253,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              uint16_t *y, int64_t n_out) {
     const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
-    const int64_t chunk_blocks = (L2_BUDGET_BYTES / (32 * row_bytes)) > 0 ? L2_BUDGET_BYTES / (32 * row_bytes) : 1;
+    const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes), chunk_blocks = fit > 0 ? fit : 1;
     a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
     if (pad_tail(&a, rows)) return -2;
 #pragma omp parallel
@@ -267,21 +267,21 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
         const int64_t r_lo = by_cols ? 0 : lo, r_hi = by_cols ? row_blocks : hi;
         /* software-pipelined: block j's tile products run while block j-1's rows are stored */
         float c[2][4][16 * 16] __attribute__((aligned(64)));
-        out_block_t done = {0, 0, 0, 0};
-        int pending = 0;
+        out_block_t last = {0, 0, 0, 0};
+        int64_t count = 0;  /* blocks multiplied; block i's tiles are stored in c[i & 1] */
         for (int64_t c0 = c_lo; c0 < c_hi; c0 += chunk_blocks)
             for (int64_t rb = r_lo; rb < r_hi; rb++)
                 for (int64_t nb = c0; nb < c_hi && nb < c0 + chunk_blocks; nb++) {
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
                     block_products(&a, (const uint8_t *)packed, o, row_bytes, rb == r_lo, int8);
-                    if (pending)
-                        store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
-                    store_tiles(c[pending & 1], o);
-                    done = o;
-                    pending++;
+                    if (count)
+                        store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
+                    store_tiles(c[count & 1], o);
+                    last = o;
+                    count++;
                 }
-        if (pending)
-            store_block(c[(pending - 1) & 1], done, rows, int8, row_scale, col_scale, bias, y, n_out);
+        if (count)
+            store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
         _tile_release();
     }
     free((void *)a.tail);
