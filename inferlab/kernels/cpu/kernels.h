@@ -77,6 +77,10 @@ static inline void store_bf16(uint16_t *dst, __m512 sum) {  /* one rounding, to 
     _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
 }
 
+static inline __m512 round_bf16(__m512 x) {  /* what storing as bf16 and loading back gives */
+    return bf16x16_widen((__m256i)_mm512_cvtneps_pbh(x));
+}
+
 static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2p], x[2p+1] x16 */
     int32_t two;
     memcpy(&two, x + 2 * pair, 4);
