@@ -28,6 +28,7 @@
 
 #define VNNI_MAX_ROWS 4
 #define L2_BUDGET_BYTES (1 << 20) /* weights an AMX thread keeps in its L2 at a time */
+#define CHUNKS_PER_THREAD 2 /* AMX column chunks per thread, handed out dynamically (4: ~15% slower) */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
 
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
@@ -243,43 +244,53 @@ static inline __attribute__((always_inline)) void store_block(
  * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles)
  * by 32 outputs (two B tiles), four C tiles each.
  *
- * Cache blocking: each thread owns a contiguous range of output blocks (rows, when there are
- * fewer output blocks than threads) and walks it in column chunks whose weights fit in half of
- * its L2, rows outer and outputs inner: the chunk's weights are read from memory once and then
- * from L2, each row block's A tiles from L1. (Rows inner, as before, re-read all of A for every
+ * Cache blocking: the output blocks are cut into column chunks (row ranges, when there are
+ * fewer output blocks than threads) whose weights fit in half of an L2, and a thread walks a
+ * chunk rows outer, outputs inner: the chunk's weights are read from memory once and then from
+ * L2, each row block's A tiles from L1. (Rows inner, as before, re-read all of A for every
  * output block: 2.4 MB of L3 traffic per block at 2,048 prompt tokens, half oneDNN's speed.)
- * An odd last output block computes its B tile twice and keeps one. */
+ * Chunks go to threads dynamically: on this VM one core is often slowed by a neighbour, and a
+ * static split then ran at the slow core's pace (1.5-1.8x slower at 512-2,048 rows in such
+ * minutes). An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              uint16_t *y, int64_t n_out) {
     const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
-    const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes), chunk_blocks = fit > 0 ? fit : 1;
+    const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes);
     a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
     if (pad_tail(&a, rows)) return -2;
+    /* column chunks handed out dynamically, about CHUNKS_PER_THREAD each, so that a thread the
+     * VM slows down does not hold the other at the barrier; a chunk's weights fit in L2 */
+    const int64_t threads = omp_get_max_threads(), by_cols = col_blocks >= threads;
+    const int64_t even = (col_blocks + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
+    const int64_t chunk_blocks = by_cols ? (even < fit ? even : fit > 0 ? fit : 1) : col_blocks;
+    const int64_t chunks = by_cols ? (col_blocks + chunk_blocks - 1) / chunk_blocks : threads;
 #pragma omp parallel
     {
         amx_configure_tiles();
-        const int64_t threads = omp_get_num_threads(), t = omp_get_thread_num();
-        const int by_cols = col_blocks >= threads;
-        const int64_t share = by_cols ? col_blocks : row_blocks;
-        const int64_t lo = share * t / threads, hi = share * (t + 1) / threads;
-        const int64_t c_lo = by_cols ? lo : 0, c_hi = by_cols ? hi : col_blocks;
-        const int64_t r_lo = by_cols ? 0 : lo, r_hi = by_cols ? row_blocks : hi;
         /* software-pipelined: block j's tile products run while block j-1's rows are stored */
         float c[2][4][16 * 16] __attribute__((aligned(64)));
         out_block_t last = {0, 0, 0, 0};
         int64_t count = 0;  /* blocks multiplied; block i's tiles are stored in c[i & 1] */
-        for (int64_t c0 = c_lo; c0 < c_hi; c0 += chunk_blocks)
-            for (int64_t rb = r_lo; rb < r_hi; rb++)
-                for (int64_t nb = c0; nb < c_hi && nb < c0 + chunk_blocks; nb++) {
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t chunk = 0; chunk < chunks; chunk++) {
+            /* a chunk: output blocks [c0, c1) for all rows, or (fewer output blocks than
+             * threads) a thread's share of the rows for all output blocks */
+            const int64_t c0 = by_cols ? chunk * chunk_blocks : 0;
+            const int64_t c1 = by_cols && c0 + chunk_blocks < col_blocks ? c0 + chunk_blocks : col_blocks;
+            const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
+            const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
+            for (int64_t rb = r0; rb < r1; rb++)
+                for (int64_t nb = c0; nb < c1; nb++) {
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    block_products(&a, (const uint8_t *)packed, o, row_bytes, rb == r_lo, int8);
+                    block_products(&a, (const uint8_t *)packed, o, row_bytes, rb == r0, int8);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
                 }
+        }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
         _tile_release();
