@@ -49,7 +49,7 @@ static inline float round_to(float x, int elem) {
  * out may alias x. */
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
               int64_t rows, int64_t dim, float eps, int elem) {
-#pragma omp parallel for schedule(static) if (rows * dim >= (1 << 16))
+#pragma omp parallel for schedule(dynamic, 16) if (rows * dim >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const char *xr = (const char *)x + r * x_stride * elem;
         char *res = residual ? (char *)residual + r * dim * elem : NULL;
@@ -451,7 +451,7 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
 /* out[r] = silu(x[r, :inter]) * x[r, inter:], x [rows, 2*inter]. The reference rounds silu's
  * result to the dtype before the product; so does this. */
 void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem) {
-#pragma omp parallel for schedule(static) if (rows * inter >= (1 << 16))
+#pragma omp parallel for schedule(dynamic, 16) if (rows * inter >= (1 << 16))
     for (int64_t r = 0; r < rows; r++) {
         const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
         char *o = (char *)out + r * inter * elem;
