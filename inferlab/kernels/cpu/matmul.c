@@ -66,11 +66,7 @@ static inline __attribute__((always_inline)) void vnni_rows(
                 _mm_prefetch((const char *)(w[b] + (kp + 33) * 32), _MM_HINT_T0);
             for (int p = 0; p < 2; p++) {
                 __m512bh xv[VNNI_MAX_ROWS];
-                for (int m = 0; m < ROWS; m++) {
-                    int32_t two;
-                    memcpy(&two, x + m * x_stride + 2 * (kp + p), 4);
-                    xv[m] = (__m512bh)_mm512_set1_epi32(two);
-                }
+                for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp + p);
                 for (int b = 0; b < 2; b++) {
                     __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + (kp + p) * 32);
                     for (int m = 0; m < ROWS; m++)
@@ -191,9 +187,8 @@ typedef struct {
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
  * memory, so ask for them PREFETCH_STEPS k-steps ahead. */
 static inline __attribute__((always_inline)) void block_products(
-        const a_rows_t *a, const uint8_t *packed, out_block_t o, int64_t row_bytes,
-        int first_use, int int8) {
-    const int64_t block_bytes = 16 * row_bytes;
+        const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8) {
+    const int64_t row_bytes = a->row_bytes, block_bytes = 16 * row_bytes;
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
     const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
@@ -261,9 +256,10 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     if (pad_tail(&a, rows)) return -2;
     /* column chunks handed out dynamically, about CHUNKS_PER_THREAD each, so that a thread the
      * VM slows down does not hold the other at the barrier; a chunk's weights fit in L2 */
-    const int64_t threads = omp_get_max_threads(), by_cols = col_blocks >= threads;
+    const int64_t threads = omp_get_max_threads();
+    const int by_cols = col_blocks >= threads;
     const int64_t even = (col_blocks + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
-    const int64_t chunk_blocks = by_cols ? (even < fit ? even : fit > 0 ? fit : 1) : col_blocks;
+    const int64_t cap = fit > 0 ? fit : 1, chunk_blocks = by_cols ? (even < cap ? even : cap) : col_blocks;
     const int64_t chunks = by_cols ? (col_blocks + chunk_blocks - 1) / chunk_blocks : threads;
 #pragma omp parallel
     {
@@ -283,7 +279,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             for (int64_t rb = r0; rb < r1; rb++)
                 for (int64_t nb = c0; nb < c1; nb++) {
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    block_products(&a, (const uint8_t *)packed, o, row_bytes, rb == r0, int8);
+                    block_products(&a, (const uint8_t *)packed, o, rb == r0, int8);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
                     store_tiles(c[count & 1], o);
