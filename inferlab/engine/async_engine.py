@@ -21,6 +21,7 @@ from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
+from inferlab.kernels import cpu_ops
 
 logger = logging.getLogger("inferlab.engine")
 
@@ -57,6 +58,8 @@ class AsyncEngine:
         self._stats = self._snapshot()
         self.heartbeat = time.monotonic()  # last time the loop went round; /health reads it
         self.error: BaseException | None = None
+        if engine.device.type == "cpu":  # from here on, kernels run on the engine thread only
+            cpu_ops.release_openmp_threads()
         self._thread = threading.Thread(target=self._loop, name="inferlab-engine", daemon=True)
         self._thread.start()
 

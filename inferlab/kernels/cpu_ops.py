@@ -49,6 +49,7 @@ _SIGNATURES = {
     "has_quant_linear": (ctypes.c_int, []),
     "has_dynamic_linear": (ctypes.c_int, []),
     "has_decode_layer": (ctypes.c_int, []),
+    "release_openmp_threads": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
@@ -204,6 +205,13 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _ELEM[q.dtype])
     if status:
         raise MemoryError("paged_decode_attention could not allocate its scratch buffers")
+
+
+def release_openmp_threads() -> bool:
+    """Free the calling thread's OpenMP worker threads (ops.c says why); True when freed. Call
+    it on a thread that is done running kernels, before another thread starts running them."""
+    lib = _library()
+    return lib is not None and lib.release_openmp_threads() == 0
 
 
 def amx_available() -> bool:

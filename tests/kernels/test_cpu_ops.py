@@ -3,7 +3,10 @@ torch paged-attention oracle, in fp32 and bf16."""
 
 from __future__ import annotations
 
+import os
 import random
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -196,3 +199,27 @@ def test_argmax_matches_torch_and_takes_the_first_of_ties() -> None:
     x[4, 17] = x[4, 1] = 3.0  # a tie inside the first 16 and beyond
     assert cpu_ops.argmax(x).tolist() == [0, 5, 0, 999, 1]
     assert cpu_ops.argmax(x[:, :500]).tolist() == [0, 5, 0, 0, 1]  # a strided view's rows
+
+
+RELEASE_PROBE = """
+import os, torch
+from inferlab.kernels import cpu_ops
+threads = lambda: len(os.listdir("/proc/self/task"))
+cpu_ops.release_openmp_threads()
+before = threads()
+torch.ones(1 << 24).sum()  # a parallel region on this thread: its pool's workers start
+with_pool = threads()
+released = cpu_ops.release_openmp_threads()
+print(torch.get_num_threads(), before, with_pool, threads(), released)
+"""
+
+
+@pytest.mark.skipif(torch.get_num_threads() < 2 or not os.path.isdir("/proc/self/task"),
+                    reason="needs two OpenMP threads and Linux's /proc")
+def test_release_openmp_threads_ends_the_callers_workers() -> None:
+    """A fresh process, so no other test's threads come and go while it counts."""
+    probe = subprocess.run([sys.executable, "-c", RELEASE_PROBE], capture_output=True, text=True,
+                           check=True, timeout=120)
+    num_threads, before, with_pool, after, released = probe.stdout.split()
+    assert int(with_pool) == int(before) + int(num_threads) - 1
+    assert released == "True" and int(after) == int(before)
