@@ -73,15 +73,14 @@ def test_vnni_layouts_round_trip(bits: int, rows: int, cols: int) -> None:
 
 
 def test_vnni_int4_layout_by_hand() -> None:
-    """Output j, input r of a line: word w = 2j + r % 2 of pair r // 2; pairs 0/1 take the low
-    nibbles of bytes 0-7/8-15 of each 16-byte lane (byte 16 * (w // 8) + w % 8 [+ 8]), pairs
-    2/3 the high nibbles of the same bytes."""
+    """Output j, input r of a line: byte 4j + r % 4, the low nibble for inputs 0-3, the high
+    one for inputs 4-7."""
     q = torch.full((16, 8), -8, dtype=torch.int8)  # u = 0 everywhere but
     q[3, 0], q[3, 4], q[5, 3], q[15, 7] = 1, 7, -1, 0  # u = 9, 15, 7, 8
     line = vnni.pack_int4(q)[0, 0]  # [64]
-    assert line[6].item() == 9 | 15 << 4  # output 3: word 6 of pairs 0 and 2
-    assert line[16 + 3 + 8].item() == 7  # output 5, input 3: word 11 of pair 1
-    assert line[48 + 7 + 8].item() == 8 << 4  # output 15, input 7: word 31 of pair 3
+    assert line[12].item() == 9 | 15 << 4  # output 3, inputs 0 and 4
+    assert line[23].item() == 7  # output 5, input 3
+    assert line[63].item() == 8 << 4  # output 15, input 7
     assert int(line.to(torch.int32).sum()) == (9 | 15 << 4) + 7 + (8 << 4)
     q8 = torch.arange(64, dtype=torch.int8).view(16, 4)  # [N=16, K=4]
     assert vnni.pack_int8(q8)[0, 1, 2].tolist() == [10, 11]  # output 2, inputs 2 and 3

@@ -56,19 +56,19 @@ def held_weight(layer) -> torch.Tensor:
     return (unpack(layer.packed).double() - zero) * layer.scale.double().t().repeat_interleave(g, 1)
 
 
-def int16_activations(x: torch.Tensor, block: int) -> torch.Tensor:
-    """What quant_linear.c specifies for int8 decode rows, in float64: per block of inputs (64, or
+def rounded_activations(x: torch.Tensor, block: int, bits: int) -> torch.Tensor:
+    """What quant_linear.c specifies for decode rows, in float64: per block of inputs (64, or
     the largest power of two dividing the group), e the exponent of the largest |x|, every x
-    rounded (half to even) to a multiple of 2^(e - 14)."""
+    rounded (half to even) to a multiple of 2^(e + 1 - bits)."""
     blocks = x.double().reshape(x.shape[0], -1, block)
-    step = torch.exp2(torch.floor(torch.log2(blocks.abs().amax(-1, keepdim=True))) - 14)
+    step = torch.exp2(torch.floor(torch.log2(blocks.abs().amax(-1, keepdim=True))) + 1 - bits)
     return (torch.round(blocks / step) * step).reshape(x.shape)
 
 
-def test_int16_activations_keep_values_near_the_block_maximum() -> None:
-    """The rule in hand-checked numbers: block max 3.0 (e = 1, step 2^-13)."""
+def test_rounded_activations_keep_values_near_the_block_maximum() -> None:
+    """The rule in hand-checked numbers: block max 3.0 (e = 1, step 2^-13 for 15 bits)."""
     x = torch.tensor([[3.0, 1.5, 2.0 ** -7, 2.0 ** -20, -0.0048828125, 1e-4, 0.0, 0.0]])
-    out = int16_activations(x.to(torch.bfloat16), 8)
+    out = rounded_activations(x.to(torch.bfloat16), 8, 15)
     assert out[0, :5].tolist() == [3.0, 1.5, 2.0 ** -7, 0.0, -0.0048828125]  # -5 * 2^-10: exact
     assert out[0, 5].item() == 2.0 ** -13  # 1e-4 (bf16 ~0.0001001) rounds to one step
 
@@ -80,17 +80,18 @@ def test_int16_activations_keep_values_near_the_block_maximum() -> None:
                                                      ("W4A16", 128, False)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) -> None:
-    """bf16 decode rows through quant_linear.c: the product of the inputs and the weight the
-    layer holds (codes, zero points and fp32 scales), rounded to bf16 once. int4 sums 136 + q
-    and subtracts 136 * sum(x) per group, in fp32: a cancellation worth ~1e-7 of sum |x| * scale.
-    int8 takes the inputs as int16 codes (int16_activations). Each group's fp32 sum joins the
-    total in one rounding of at most 2^-24 of the product's absolute mass."""
+    """bf16 decode rows through quant_linear.c: the product of the inputs, rounded as the kernels
+    specify (rounded_activations: 15-bit codes for int8 weights, 14-bit for int4), and the
+    weight the layer holds (codes, zero points and fp32 scales), rounded to bf16 once. int4 sums
+    8 + q and subtracts 8 * sum(x) per group, in fp32: a cancellation worth ~1e-7 of
+    sum |x| * scale. Each group's fp32 sum joins the total in one rounding of at most 2^-24 of the
+    product's absolute mass."""
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(208, 256, generator=gen)  # 13 blocks of 16 outputs: an odd last pair
     qw = quantize_rtn(w, make_scheme(name, group, asym).weights)
     layer = build_quant_linear(qw, None, None, torch.bfloat16)
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
-    inputs = int16_activations(x, min(64, group & -group)) if name == "W8A16" else x.double()
+    inputs = rounded_activations(x, min(64, group & -group), 15 if name == "W8A16" else 14)
     exact = inputs @ held_weight(layer).T
     half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
     scale_mass = x.double().abs() @ layer.scale.double().t().repeat_interleave(layer.group_size, 1).T

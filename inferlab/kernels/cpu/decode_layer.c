@@ -9,7 +9,7 @@
 
 #include "kernels.h"
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)  /* linear_forward: quant_linear.c */
 typedef struct {
     const uint16_t *input_norm, *post_norm;  /* [H] */
     linear_t qkv, o, gate_up, down;

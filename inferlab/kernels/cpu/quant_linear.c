@@ -1,32 +1,30 @@
-/* Weight-only int8 and int4 linears (W8A16, W4A16) for bf16 activations, AVX512-BF16.
+/* Weight-only int8 and int4 linears (W8A16, W4A16) for bf16 activations, AVX512-BF16 and -VNNI.
  *
  * Why: a decode step is bound by reading the weights; int8 halves and int4 quarters the bytes,
  * but only if the kernel turns codes into products faster than memory delivers them (on this
- * project's VM, about one 512-bit instruction per ns per core: benchmarks/simd_rate.py). Both
- * layouts decode a 64-byte line straight into VNNI pairs (as matmul.c's bf16 kernel, no
- * horizontal sums): bf16 pairs for vdpbf16ps, or int8 ones sign-extended for vpdpwssd:
+ * project's VM, about one 512-bit instruction per ns per core: benchmarks/simd_rate.py). So
+ * decode rows multiply in integers, on layouts a 64-byte load turns into VNNI operands:
  *
- *   int8 [N/16][K/2][16][2]: codes q, the bf16 layout with one byte per weight; a 16-output
- *        k-pair widens to fp32 and narrows to bf16, exactly (|q| <= 128).
- *   int4 [N/16][K/8][64] bytes: one line per 16 outputs and 8 inputs holding u = q + 8, placed
- *        (inferlab/quant/formats/vnni.py) so that a mask, a shift and four byte-unpacks against
- *        0x43 give the line's four k-pairs as bf16 words 0x43XY = 128 + u.
+ *   int8 [N/16][K/2][16][2]: codes q, 16 outputs' k-pair side by side; sign-extended to int16
+ *        (one instruction per k-pair) for vpdpwssd.
+ *   int4 [N/16][K/8][64] bytes: one line per 16 outputs and 8 inputs holding u = q + 8, byte
+ *        4j + i holding output j's inputs i (low nibble) and 4 + i (high nibble)
+ *        (inferlab/quant/formats/vnni.py): a mask and a shift give two quads of unsigned bytes
+ *        for vpdpbusd.
  *   scale fp32 [K/group][N]; zero (zero points, fp32, same shape) or NULL; bias bf16 [N] or NULL.
  *
- * Up to TILE_ROWS (4) rows go through the kernels below, in registers, the weights read once;
- * more rows dequantize the weight into matmul.c's bf16 layout once per call and take its AMX
+ * The activations of up to TILE_ROWS (4) rows are quantized first, one power-of-two scale per
+ * block of up to 64 inputs, 2^(e + 1 - bits) for e the exponent of the block's largest |x|:
+ * 15-bit codes (int16) against int8 weights, 14-bit ones against int4, split as 128 hi + lo
+ * into two bytes because vpdpbusd multiplies bytes. A bf16 value at most 2^(bits - 8) times
+ * smaller than its block's largest keeps all its bits; a smaller one rounds to a multiple of the
+ * scale, off by at most 2^-bits of the block's largest. Per group,
+ * y += scale * (sum(xq * v) - (offset + zero) * sum(xq)), v = q (offset 0) or u (offset 8).
+ * Before, the codes were widened to bf16 for vdpbf16ps: six instructions per int8 k-pair (W8A16
+ * streamed ~18 GB/s) and eleven per int4 line at one row (~14 GB/s); now ~25 and ~20 GB/s.
+ *
+ * More rows dequantize the weight into matmul.c's bf16 layout once per call and take its AMX
  * path, which a prefill is bound by the arithmetic of.
- *
- * int4: each group's sum of x * (128 + u) = x * (136 + q) is kept apart, then
- * y += scale * (sum - (136 + zero) * sum(x over the group)).
- *
- * int8: integer products (vpdpwssd: pairs of int16 products summed into int32). The codes
- * sign-extend to int16 in one instruction per k-pair, against six to bring them to bf16, which
- * had kept W8A16 compute-bound at ~18 GB/s. The activations enter as int16 with one power-of-two
- * scale per block of up to 64 inputs, 2^(e - 14) for e the exponent of the block's largest |x|:
- * a bf16 value at most 2^7 times smaller than that largest keeps all its bits, a smaller one
- * rounds to a multiple of 2^(e - 14), off by at most 2^-15 of the block's largest.
- * y = scale * (sum(xq * q) - zero * sum(xq)) per group, xq the rounded inputs.
  */
 #include <math.h>
 #include <stdint.h>
@@ -35,7 +33,7 @@
 
 #include "kernels.h"
 
-#ifdef __AVX512BF16__
+#if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define TILE_ROWS 4
 #define LINE 64 /* bytes of one block's weights per step; prefetched 2 KiB ahead */
 
@@ -45,8 +43,22 @@ static inline __m512bh int8_pair(const int8_t *p) {  /* 32 codes of a 16-output 
     return _mm512_cvtne2ps_pbh(hi, lo);
 }
 
+/* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
+ * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
+static inline __attribute__((always_inline)) void int4_quads(const uint8_t *src, __m512i quads[2]) {
+    const __m512i nibble = _mm512_set1_epi8(0xf);
+    __m512i bytes = _mm512_loadu_si512(src);
+    quads[0] = _mm512_and_si512(bytes, nibble);
+#ifdef __GFNI__  /* each byte shifted right by 4 in one instruction: an affine map over GF(2) */
+    quads[1] = _mm512_gf2p8affine_epi64_epi8(bytes, _mm512_set1_epi64(0x1020408000000000LL), 0);
+#else
+    quads[1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
+#endif
+}
+
 /* One 64-byte line of a 16-output block -> its k-pairs as bf16 VNNI vectors: int8, two pairs
- * of codes q; int4, four pairs of 128 + u. */
+ * of codes q; int4, four pairs of 128 + u (a quad's two pairs picked out of each 32-bit lane,
+ * under the exponent byte 0x43: the bf16 word 0x43XY is 128 + u). */
 static inline __attribute__((always_inline)) void decode_line(const uint8_t *src, const int BITS,
                                                               __m512bh pairs[4]) {
     if (BITS == 8) {
@@ -54,72 +66,19 @@ static inline __attribute__((always_inline)) void decode_line(const uint8_t *src
         pairs[1] = int8_pair((const int8_t *)src + 32);
         return;
     }
-    const __m512i nibble = _mm512_set1_epi8(0xf), exponent = _mm512_set1_epi8(0x43);
-    __m512i bytes = _mm512_loadu_si512(src);
-    __m512i low = _mm512_and_si512(bytes, nibble);
-#ifdef __GFNI__  /* each byte shifted right by 4 in one instruction: an affine map over GF(2) */
-    __m512i high = _mm512_gf2p8affine_epi64_epi8(bytes, _mm512_set1_epi64(0x1020408000000000LL), 0);
-#else
-    __m512i high = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
-#endif
-    pairs[0] = (__m512bh)_mm512_unpacklo_epi8(low, exponent);
-    pairs[1] = (__m512bh)_mm512_unpackhi_epi8(low, exponent);
-    pairs[2] = (__m512bh)_mm512_unpacklo_epi8(high, exponent);
-    pairs[3] = (__m512bh)_mm512_unpackhi_epi8(high, exponent);
-}
-
-/* int4: two 16-output blocks (b0, b0 + 1; an odd last block is read twice and written once)
- * for ROWS <= TILE_ROWS rows; ROWS is a constant so the tile stays in registers. */
-static inline __attribute__((always_inline)) void int4_blocks(
-        const linear_t *l, const uint16_t *x, int64_t x_stride, const int ROWS,
-        const float *xsum, uint16_t *y, int64_t b0) {
-    const int64_t n = l->n_out, k = l->k_in, groups = k / l->group, blocks = n / 16;
-    const int64_t block_bytes = k * 8, lines_per_group = l->group * 8 / LINE;
-    const int pairs_per_line = 4;
-    const int nb = blocks - b0 < 2 ? 1 : 2;
-    const uint8_t *w[2] = {(const uint8_t *)l->weight + b0 * block_bytes,
-                           (const uint8_t *)l->weight + (b0 + nb - 1) * block_bytes};
-    const float offset = 136.0f;
-    __m512 out[2][TILE_ROWS];
-    for (int b = 0; b < 2; b++)
-        for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
-    for (int64_t g = 0; g < groups; g++) {
-        __m512 acc[2][2][TILE_ROWS];
-        for (int p = 0; p < 2; p++)
-            for (int b = 0; b < 2; b++)
-                for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
-        for (int64_t line = g * lines_per_group; line < (g + 1) * lines_per_group; line++) {
-            __m512bh wv[2][4];
-            for (int b = 0; b < 2; b++) {
-                const uint8_t *src = w[b] + line * LINE;
-                _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
-                decode_line(src, 4, wv[b]);
-            }
-            for (int i = 0; i < pairs_per_line; i++) {
-                const int64_t pair = line * pairs_per_line + i;
-                for (int m = 0; m < ROWS; m++) {
-                    __m512bh xv = broadcast_pair(x + m * x_stride, pair);
-                    for (int b = 0; b < 2; b++)
-                        acc[i & 1][b][m] = _mm512_dpbf16_ps(acc[i & 1][b][m], wv[b][i], xv);
-                }
-            }
-        }
-        for (int b = 0; b < 2; b++) {
-            const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
-            __m512 scale = _mm512_loadu_ps(l->scale + g * n + col);
-            __m512 shift = _mm512_set1_ps(offset);
-            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + col));
-            for (int m = 0; m < ROWS; m++) {
-                __m512 sum = _mm512_add_ps(acc[0][b][m], acc[1][b][m]);
-                sum = _mm512_fnmadd_ps(shift, _mm512_set1_ps(xsum[m * groups + g]), sum);
-                out[b][m] = _mm512_fmadd_ps(scale, sum, out[b][m]);
-            }
-        }
-    }
-    for (int b = 0; b < nb; b++) {
-        const int64_t col = (b0 + b) * 16;
-        __m512 bias = bias_f32(l->bias ? l->bias + col : NULL);
-        for (int m = 0; m < ROWS; m++) store_bf16(y + m * n + col, _mm512_add_ps(out[b][m], bias));
+    const __m512i exponent = _mm512_set1_epi16(0x4300);
+    const __m512i first = _mm512_set1_epi32((int)0x80018000u), second = _mm512_set1_epi32((int)0x80038002u);
+    const __m512i lane = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
+                                         12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
+                                         12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
+                                         12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
+    __m512i quads[2];
+    int4_quads(src, quads);
+    for (int q = 0; q < 2; q++) {  /* 0x80 bytes select zero; the others bytes 4j + 0..3 */
+        pairs[2 * q] = (__m512bh)_mm512_or_si512(
+            _mm512_shuffle_epi8(quads[q], _mm512_or_si512(first, lane)), exponent);
+        pairs[2 * q + 1] = (__m512bh)_mm512_or_si512(
+            _mm512_shuffle_epi8(quads[q], _mm512_or_si512(second, lane)), exponent);
     }
 }
 
@@ -130,46 +89,128 @@ static int64_t act_block(const linear_t *l) {
     return block;
 }
 
-/* Rows of bf16 x -> int16 codes xq [rows][K], per-block scales xscale and sums of the rounded
- * inputs xsum [rows][K / block] (the header says how; the sums are a zero point's share).
- * Multiplying by a power of two is exact, so codes round only below 2^-8 of their block's
- * largest. */
-static void quantize_act16(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
-                           int64_t block, int16_t *xq, float *xscale, float *xsum) {
+/* Rows of bf16 x -> integer codes below 2^bits in magnitude, one power-of-two scale
+ * 2^(e + 1 - bits) per block (e the exponent of the block's largest |x|), and each block's sum
+ * of the rounded inputs (a zero point's share): xscale, xsum [rows][K / block]. The codes go
+ * to xq as int16 [rows][K] (bits 15), or split as 128 hi + lo into xhi, xlo (bits 14).
+ * Multiplying by a power of two is exact, so a code rounds only for a value more than 2^(bits
+ * - 8) times smaller than its block's largest. */
+static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
+                                 int64_t block, int bits, int16_t *xq, int8_t *xhi, int8_t *xlo,
+                                 float *xscale, float *xsum) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
     for (int64_t m = 0; m < rows; m++)
         for (int64_t b = 0; b < k / block; b++) {
             const uint16_t *src = x + m * x_stride + b * block;
-            __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
             __m512 top = _mm512_setzero_ps();
             for (int64_t i = 0; i < block; i += 16)
                 top = _mm512_max_ps(top, _mm512_andnot_ps(sign, bf16x16_widen(
                           _mm256_maskz_loadu_epi16(lanes, src + i))));
             float largest = _mm512_reduce_max_ps(top);
             int e = largest > 0.0f ? ilogbf(largest) : 0;
-            e = e < -100 ? -100 : e;  /* 2^(14 - e) stays finite */
-            __m512 up = _mm512_set1_ps(ldexpf(1.0f, 14 - e));
+            e = e < -100 ? -100 : e;  /* the scale's inverse stays finite */
+            __m512 up = _mm512_set1_ps(ldexpf(1.0f, bits - 1 - e));
             __m512i codes = _mm512_setzero_si512();
             for (int64_t i = 0; i < block; i += 16) {
                 __m512 v = bf16x16_widen(_mm256_maskz_loadu_epi16(lanes, src + i));
                 __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, up));
+                int64_t at = m * k + b * block + i;
                 codes = _mm512_add_epi32(codes, q);
-                _mm256_mask_storeu_epi16(xq + m * k + b * block + i, lanes, _mm512_cvtsepi32_epi16(q));
+                if (xq) {
+                    _mm256_mask_storeu_epi16(xq + at, lanes, _mm512_cvtsepi32_epi16(q));
+                } else {
+                    _mm_mask_storeu_epi8(xhi + at, lanes, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 7)));
+                    _mm_mask_storeu_epi8(xlo + at, lanes, _mm512_cvtepi32_epi8(
+                        _mm512_and_si512(q, _mm512_set1_epi32(127))));
+                }
             }
-            xscale[m * (k / block) + b] = ldexpf(1.0f, e - 14);
-            xsum[m * (k / block) + b] = ldexpf((float)_mm512_reduce_add_epi32(codes), e - 14);
+            xscale[m * (k / block) + b] = ldexpf(1.0f, e + 1 - bits);
+            xsum[m * (k / block) + b] = ldexpf((float)_mm512_reduce_add_epi32(codes), e + 1 - bits);
         }
 }
 
-/* int4_blocks' counterpart for int8 codes and int16 activations: per activation block, sums of
- * q * xq (at most 32 k-pairs of 2^7 * 2^15: below 2^28), then scaled into the group's fp32 sum. */
-static inline __attribute__((always_inline)) void int8_blocks(
-        const linear_t *l, const int16_t *xq, const float *xscale, const float *xsum,
-        int64_t block, const int ROWS, uint16_t *y, int64_t b0) {
-    const int64_t n = l->n_out, k = l->k_in, blocks = n / 16, act_blocks = k / block;
+/* A decode row's activations as the kernels take them (quantize_activations): per block of
+ * `block` inputs, a power-of-two scale and the sum of the rounded inputs ([rows][K / block]);
+ * the codes as int16 [rows][K] (int8 weights) or split as 128 hi + lo, two int8 [rows][K]. */
+typedef struct {
+    const int16_t *q;
+    const int8_t *hi, *lo;
+    const float *scale, *sum;
+    int64_t block;
+} act_t;
+
+/* int8 codes: the int32 sums of q * xq over activation block a for two 16-output blocks (at
+ * most 32 k-pairs of 2^7 * 2^15: below 2^28), vpdpwssd on the codes sign-extended to int16. */
+static inline __attribute__((always_inline)) void int8_block_sums(
+        const uint8_t *const w[2], const act_t *x, int64_t k, int64_t a, const int ROWS,
+        __m512i sums[2][TILE_ROWS]) {
+    __m512i acc[2][2][TILE_ROWS];  /* two chains per output: vpdpwssd's latency */
+    for (int p = 0; p < 2; p++)
+        for (int b = 0; b < 2; b++)
+            for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_si512();
+    for (int64_t pair = a * x->block / 2; pair < (a + 1) * x->block / 2; pair++) {
+        __m512i wv[2];
+        for (int b = 0; b < 2; b++) {
+            const uint8_t *src = w[b] + pair * 32;
+            if (!(pair & 1)) _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
+            wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)src));
+        }
+        for (int m = 0; m < ROWS; m++) {
+            int32_t two;
+            memcpy(&two, x->q + m * k + 2 * pair, 4);
+            __m512i xv = _mm512_set1_epi32(two);
+            for (int b = 0; b < 2; b++)
+                acc[pair & 1][b][m] = _mm512_dpwssd_epi32(acc[pair & 1][b][m], wv[b], xv);
+        }
+    }
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < ROWS; m++) sums[b][m] = _mm512_add_epi32(acc[0][b][m], acc[1][b][m]);
+}
+
+/* int4 codes: the int32 sums of u * xq (u = q + 8) over activation block a for two 16-output
+ * blocks, each half of xq = 128 hi + lo against the unsigned codes in vpdpbusd (at most 16
+ * quads of 15 * 2^7 * 4 per half: 128 hi + lo stays below 2^24). */
+static inline __attribute__((always_inline)) void int4_block_sums(
+        const uint8_t *const w[2], const act_t *x, int64_t k, int64_t a, const int ROWS,
+        __m512i sums[2][TILE_ROWS]) {
+    __m512i hi[2][TILE_ROWS], lo[2][TILE_ROWS];
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < ROWS; m++) hi[b][m] = lo[b][m] = _mm512_setzero_si512();
+    for (int64_t line = a * x->block / 8; line < (a + 1) * x->block / 8; line++) {
+        __m512i quads[2][2];
+        for (int b = 0; b < 2; b++) {
+            const uint8_t *src = w[b] + line * LINE;
+            _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
+            int4_quads(src, quads[b]);
+        }
+        for (int m = 0; m < ROWS; m++)
+            for (int q = 0; q < 2; q++) {
+                int32_t high, low;
+                memcpy(&high, x->hi + m * k + line * 8 + 4 * q, 4);
+                memcpy(&low, x->lo + m * k + line * 8 + 4 * q, 4);
+                __m512i hv = _mm512_set1_epi32(high), lv = _mm512_set1_epi32(low);
+                for (int b = 0; b < 2; b++) {
+                    hi[b][m] = _mm512_dpbusd_epi32(hi[b][m], quads[b][q], hv);
+                    lo[b][m] = _mm512_dpbusd_epi32(lo[b][m], quads[b][q], lv);
+                }
+            }
+    }
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < ROWS; m++)
+            sums[b][m] = _mm512_add_epi32(_mm512_slli_epi32(hi[b][m], 7), lo[b][m]);
+}
+
+/* Two 16-output blocks (b0, b0 + 1; an odd last block is read twice and written once) for
+ * ROWS <= TILE_ROWS rows; BITS and ROWS are constants so the sums stay in registers. Each
+ * activation block's integer sums are scaled into the group's fp32 sum; then
+ * y += scale * (sum - (offset + zero) * sum(xq over the group)), offset 0 (int8) or 8 (int4). */
+static inline __attribute__((always_inline)) void quant_blocks(
+        const linear_t *l, const int BITS, const act_t *x, const int ROWS, uint16_t *y, int64_t b0) {
+    const int64_t n = l->n_out, k = l->k_in, blocks = n / 16, act_blocks = k / x->block;
     const int nb = blocks - b0 < 2 ? 1 : 2;
-    const int8_t *w[2] = {(const int8_t *)l->weight + b0 * k * 16,
-                          (const int8_t *)l->weight + (b0 + nb - 1) * k * 16};
+    const uint8_t *w[2] = {(const uint8_t *)l->weight + b0 * k * 2 * BITS,
+                           (const uint8_t *)l->weight + (b0 + nb - 1) * k * 2 * BITS};
     __m512 out[2][TILE_ROWS];
     for (int b = 0; b < 2; b++)
         for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
@@ -178,41 +219,24 @@ static inline __attribute__((always_inline)) void int8_blocks(
         float group_xsum[TILE_ROWS] = {0};
         for (int b = 0; b < 2; b++)
             for (int m = 0; m < ROWS; m++) sum[b][m] = _mm512_setzero_ps();
-        for (int64_t a = g * (l->group / block); a < (g + 1) * (l->group / block); a++) {
-            for (int m = 0; m < ROWS; m++) group_xsum[m] += xsum[m * act_blocks + a];
-            __m512i acc[2][2][TILE_ROWS];  /* two chains per output: vpdpwssd's latency */
-            for (int p = 0; p < 2; p++)
+        for (int64_t a = g * (l->group / x->block); a < (g + 1) * (l->group / x->block); a++) {
+            __m512i sums[2][TILE_ROWS];
+            if (BITS == 8) int8_block_sums(w, x, k, a, ROWS, sums);
+            else int4_block_sums(w, x, k, a, ROWS, sums);
+            for (int m = 0; m < ROWS; m++) {
+                group_xsum[m] += x->sum[m * act_blocks + a];
+                __m512 step = _mm512_set1_ps(x->scale[m * act_blocks + a]);
                 for (int b = 0; b < 2; b++)
-                    for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_si512();
-            for (int64_t pair = a * block / 2; pair < (a + 1) * block / 2; pair++) {
-                __m512i wv[2];
-                for (int b = 0; b < 2; b++) {
-                    const int8_t *src = w[b] + pair * 32;
-                    if (!(pair & 1)) _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
-                    wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)src));
-                }
-                for (int m = 0; m < ROWS; m++) {
-                    int32_t two;
-                    memcpy(&two, xq + m * k + 2 * pair, 4);
-                    __m512i xv = _mm512_set1_epi32(two);
-                    for (int b = 0; b < 2; b++)
-                        acc[pair & 1][b][m] = _mm512_dpwssd_epi32(acc[pair & 1][b][m], wv[b], xv);
-                }
+                    sum[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[b][m]), step, sum[b][m]);
             }
-            for (int b = 0; b < 2; b++)
-                for (int m = 0; m < ROWS; m++)
-                    sum[b][m] = _mm512_fmadd_ps(
-                        _mm512_cvtepi32_ps(_mm512_add_epi32(acc[0][b][m], acc[1][b][m])),
-                        _mm512_set1_ps(xscale[m * act_blocks + a]), sum[b][m]);
         }
         for (int b = 0; b < 2; b++) {
             const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
             __m512 scale = _mm512_loadu_ps(l->scale + g * n + col);
+            __m512 shift = _mm512_set1_ps(BITS == 8 ? 0.0f : 8.0f);
+            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + col));
             for (int m = 0; m < ROWS; m++) {
-                __m512 s = sum[b][m];
-                if (l->zero)
-                    s = _mm512_fnmadd_ps(_mm512_loadu_ps(l->zero + g * n + col),
-                                         _mm512_set1_ps(group_xsum[m]), s);
+                __m512 s = _mm512_fnmadd_ps(shift, _mm512_set1_ps(group_xsum[m]), sum[b][m]);
                 out[b][m] = _mm512_fmadd_ps(scale, s, out[b][m]);
             }
         }
@@ -224,62 +248,42 @@ static inline __attribute__((always_inline)) void int8_blocks(
     }
 }
 
-/* Sums of x over each group, per row: the int4 offset's and zero point's share. */
-static void group_sums(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
-                       float *xsum) {
-    const int64_t groups = l->k_in / l->group;
-    for (int64_t m = 0; m < rows; m++)
-        for (int64_t g = 0; g < groups; g++) {
-            float s = 0.0f;
-            for (int64_t i = g * l->group; i < (g + 1) * l->group; i++)
-                s += bf16_to_f32(x[m * x_stride + i]);
-            xsum[m * groups + g] = s;
-        }
-}
-
-/* Up to TILE_ROWS rows, reading the weights once. The switch sits inside the parallel loop so
- * that every case inlines its kernel with a constant ROWS: a constant passed into the loop from
- * outside reaches OpenMP's outlined body as a variable. Returns 0, or -2 when out of memory. */
-static int int8_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
-                       uint16_t *y) {
-    const int64_t k = l->k_in, block = act_block(l);
-    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(rows * k));
-    float *xscale = malloc(2 * sizeof(float) * (size_t)(rows * (k / block)));
+/* Up to TILE_ROWS rows, reading the weights once: the activations quantized (int16 codes for
+ * int8 weights, 14-bit ones split in two bytes for int4), then the kernel. The switch sits
+ * inside the parallel loop so that every case inlines its kernel with a constant ROWS: a
+ * constant passed into the loop from outside reaches OpenMP's outlined body as a variable.
+ * Returns 0, or -2 when out of memory. */
+static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                        uint16_t *y) {
+    const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
+    const int int8 = l->kind == LINEAR_INT8;
+    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(rows * k));  /* or the two int8 halves */
+    float *xscale = malloc(2 * sizeof(float) * (size_t)(rows * act_blocks));
     if (!xq || !xscale) {
         free(xq);
         free(xscale);
         return -2;
     }
-    float *xsum = xscale + rows * (k / block);
-    quantize_act16(x, x_stride, rows, k, block, xq, xscale, xsum);
+    int8_t *xhi = (int8_t *)xq, *xlo = xhi + rows * k;
+    float *xsum = xscale + rows * act_blocks;
+    quantize_activations(x, x_stride, rows, k, block, int8 ? 15 : 14, int8 ? xq : NULL, xhi, xlo,
+                         xscale, xsum);
+    const act_t act = {xq, xhi, xlo, xscale, xsum, block};
 #pragma omp parallel for schedule(static)
     for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
-        switch (rows) {
-        case 1: int8_blocks(l, xq, xscale, xsum, block, 1, y, b0); break;
-        case 2: int8_blocks(l, xq, xscale, xsum, block, 2, y, b0); break;
-        case 3: int8_blocks(l, xq, xscale, xsum, block, 3, y, b0); break;
-        default: int8_blocks(l, xq, xscale, xsum, block, 4, y, b0); break;
+        switch ((int)rows + (int8 ? 0 : TILE_ROWS)) {
+        case 1: quant_blocks(l, 8, &act, 1, y, b0); break;
+        case 2: quant_blocks(l, 8, &act, 2, y, b0); break;
+        case 3: quant_blocks(l, 8, &act, 3, y, b0); break;
+        case 4: quant_blocks(l, 8, &act, 4, y, b0); break;
+        case 5: quant_blocks(l, 4, &act, 1, y, b0); break;
+        case 6: quant_blocks(l, 4, &act, 2, y, b0); break;
+        case 7: quant_blocks(l, 4, &act, 3, y, b0); break;
+        default: quant_blocks(l, 4, &act, 4, y, b0); break;
         }
     }
     free(xq);
     free(xscale);
-    return 0;
-}
-
-static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
-                        uint16_t *y) {
-    if (l->kind == LINEAR_INT8) return int8_kernel(l, x, x_stride, rows, y);
-    float xsum[TILE_ROWS * (l->k_in / l->group)];
-    group_sums(l, x, x_stride, rows, xsum);
-#pragma omp parallel for schedule(static)
-    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
-        switch (rows) {
-        case 1: int4_blocks(l, x, x_stride, 1, xsum, y, b0); break;
-        case 2: int4_blocks(l, x, x_stride, 2, xsum, y, b0); break;
-        case 3: int4_blocks(l, x, x_stride, 3, xsum, y, b0); break;
-        default: int4_blocks(l, x, x_stride, 4, xsum, y, b0); break;
-        }
-    }
     return 0;
 }
 
@@ -336,9 +340,7 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
                    uint16_t *y) {
     if (l->kind == LINEAR_BF16)
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, l->n_out, l->k_in);
-#ifdef __AVX512VNNI__
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
-#endif
     if (rows <= TILE_ROWS) return quant_kernel(l, x, x_stride, rows, y);
     uint16_t *packed = aligned_alloc(64, (size_t)l->n_out * l->k_in * 2);
     if (!packed) return -2;

@@ -8,8 +8,8 @@ inputs side by side), so a load decodes into what `vdpbf16ps` (or `vpdpbusd`) mu
 * int8 quads [N/16, K/4, 16, 4] (W8A8): four inputs per output side by side, the layout of
   AMX's int8 B tiles and of vpdpbusd.
 * int4 [N/16, K/8, 64] bytes: one 64-byte line per 16 outputs and 8 inputs holding u = q + 8,
-  placed so that two masks and four byte-unpacks against 0x43 make the line's four VNNI pairs
-  of bf16 numbers 128 + u (see _int4_line_map).
+  byte 4j + i holding output j's input i in its low nibble and input 4 + i in its high one: a
+  mask gives the line's first input quad as vpdpbusd's unsigned bytes, a shift the second.
 """
 
 from __future__ import annotations
@@ -30,15 +30,10 @@ def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
 
 
 def _int4_line_map() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """For each of a line's 64 bytes (128-bit lane L, byte i): the output j and the inputs (of the
-    line's 8) in its low and high nibble. unpacklo/hi_epi8 against 0x43 turn the low nibbles of
-    bytes 0-7 / 8-15 of every lane into the words 8L + i % 8 of input pairs 0 / 1, the high
-    nibbles into pairs 2 / 3; word w of a pair is output w // 2, input 2 * pair + w % 2."""
+    """For each of a line's 64 bytes: the output j and the inputs (of the line's 8) in its low
+    and high nibble: byte 4j + i holds inputs i and 4 + i of output j."""
     pos = torch.arange(64)
-    lane, i = pos // 16, pos % 16
-    word, half = 8 * lane + i % 8, i // 8
-    j, t = word // 2, word % 2
-    return j, 2 * half + t, 4 + 2 * half + t
+    return pos // 4, pos % 4, 4 + pos % 4
 
 
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
