@@ -171,7 +171,7 @@ class PackedQuantLinear(CKernelLinear):
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
         self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
-        pack = vnni.pack_int8 if self.bits == 8 else vnni.pack_int4
+        pack = vnni.pack_uint8_quads if self.bits == 8 else vnni.pack_int4
         self.register_buffer("packed", pack(qw.codes))
         self.register_buffer("scale", qw.scale.float().t().contiguous())  # [K/G, N]
         zero = None if qw.zero_point is None else qw.zero_point.float().t().contiguous()
@@ -194,7 +194,7 @@ class PackedQuantLinear(CKernelLinear):
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
-        unpack = vnni.unpack_int8 if self.bits == 8 else vnni.unpack_int4
+        unpack = vnni.unpack_uint8_quads if self.bits == 8 else vnni.unpack_int4
         q = unpack(self.packed).float()
         zero = 0.0 if self.zero_point is None else self.zero_point.t().repeat_interleave(self.group_size, 1)
         return ((q - zero) * self.scale.t().repeat_interleave(self.group_size, 1)).to(self.dtype)

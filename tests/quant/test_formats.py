@@ -86,3 +86,6 @@ def test_vnni_int4_layout_by_hand() -> None:
     assert vnni.pack_int8(q8)[0, 1, 2].tolist() == [10, 11]  # output 2, inputs 2 and 3
     quads = vnni.pack_int8(q8, inputs=4)  # W8A8: [1, 1, 16, 4]
     assert quads[0, 0, 2].tolist() == [8, 9, 10, 11] and torch.equal(vnni.unpack_int8(quads), q8)
+    offset = vnni.pack_uint8_quads(q8 - 64)  # W8A16: q + 128, unsigned
+    assert offset.dtype == torch.uint8 and offset[0, 0, 2].tolist() == [72, 73, 74, 75]
+    assert torch.equal(vnni.unpack_uint8_quads(offset), q8 - 64)

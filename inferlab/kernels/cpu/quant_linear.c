@@ -3,25 +3,24 @@
  * Why: a decode step is bound by reading the weights; int8 halves and int4 quarters the bytes,
  * but only if the kernel turns codes into products faster than memory delivers them (on this
  * project's VM, about one 512-bit instruction per ns per core: benchmarks/simd_rate.py). So
- * decode rows multiply in integers, on layouts a 64-byte load turns into VNNI operands:
+ * decode rows multiply in integers with vpdpbusd, on layouts a 64-byte load turns into its
+ * unsigned operand, quads of 16 outputs x 4 inputs:
  *
- *   int8 [N/16][K/2][16][2]: codes q, 16 outputs' k-pair side by side; sign-extended to int16
- *        (one instruction per k-pair) for vpdpwssd.
- *   int4 [N/16][K/8][64] bytes: one line per 16 outputs and 8 inputs holding u = q + 8, byte
- *        4j + i holding output j's inputs i (low nibble) and 4 + i (high nibble)
- *        (inferlab/quant/formats/vnni.py): a mask and a shift give two quads of unsigned bytes
- *        for vpdpbusd.
+ *   int8 [N/16][K/4][16][4]: u = q + 128, one quad per line, as loaded.
+ *   int4 [N/16][K/8][64] bytes: u = q + 8, byte 4j + i holding output j's inputs i (low
+ *        nibble) and 4 + i (high nibble): a mask and a shift give a line's two quads.
+ *   (inferlab/quant/formats/vnni.py packs both.)
  *   scale fp32 [K/group][N]; zero (zero points, fp32, same shape) or NULL; bias bf16 [N] or NULL.
  *
- * The activations of up to TILE_ROWS (4) rows are quantized first, one power-of-two scale per
- * block of up to 64 inputs, 2^(e + 1 - bits) for e the exponent of the block's largest |x|:
- * 15-bit codes (int16) against int8 weights, 14-bit ones against int4, split as 128 hi + lo
- * into two bytes because vpdpbusd multiplies bytes. A bf16 value at most 2^(bits - 8) times
- * smaller than its block's largest keeps all its bits; a smaller one rounds to a multiple of the
- * scale, off by at most 2^-bits of the block's largest. Per group,
- * y += scale * (sum(xq * v) - (offset + zero) * sum(xq)), v = q (offset 0) or u (offset 8).
- * Before, the codes were widened to bf16 for vdpbf16ps: six instructions per int8 k-pair (W8A16
- * streamed ~18 GB/s) and eleven per int4 line at one row (~14 GB/s); now ~25 and ~20 GB/s.
+ * The activations of up to TILE_ROWS (4) rows are quantized first: 14-bit codes xq with one
+ * power-of-two scale per block of up to 64 inputs, 2^(e - 13) for e the exponent of the block's
+ * largest |x|, split as 128 hi + lo into two bytes, each multiplied against u. A bf16 value at
+ * most 2^6 times smaller than its block's largest keeps all its bits; a smaller one rounds to a
+ * multiple of the scale, off by at most 2^-14 of the block's largest. Per activation block the
+ * integer sum of q * xq is exact (the offset comes off in integers); per group,
+ * y += scale * (sum - zero * sum(xq)). Before, the codes were widened to bf16 for vdpbf16ps:
+ * six instructions per int8 k-pair (W8A16 streamed ~18 GB/s) and eleven per int4 line at one
+ * row (~14 GB/s).
  *
  * More rows dequantize the weight into matmul.c's bf16 layout once per call and take its AMX
  * path, which a prefill is bound by the arithmetic of.
@@ -37,12 +36,6 @@
 #define TILE_ROWS 4
 #define LINE 64 /* bytes of one block's weights per step; prefetched 2 KiB ahead */
 
-static inline __m512bh int8_pair(const int8_t *p) {  /* 32 codes of a 16-output k-pair */
-    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)p)));
-    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p + 16))));
-    return _mm512_cvtne2ps_pbh(hi, lo);
-}
-
 /* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
  * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
 static inline __attribute__((always_inline)) void int4_quads(const uint8_t *src, __m512i quads[2]) {
@@ -56,48 +49,56 @@ static inline __attribute__((always_inline)) void int4_quads(const uint8_t *src,
 #endif
 }
 
-/* One 64-byte line of a 16-output block -> its k-pairs as bf16 VNNI vectors: int8, two pairs
- * of codes q; int4, four pairs of 128 + u (a quad's two pairs picked out of each 32-bit lane,
- * under the exponent byte 0x43: the bf16 word 0x43XY is 128 + u). */
-static inline __attribute__((always_inline)) void decode_line(const uint8_t *src, const int BITS,
-                                                              __m512bh pairs[4]) {
-    if (BITS == 8) {
-        pairs[0] = int8_pair((const int8_t *)src);
-        pairs[1] = int8_pair((const int8_t *)src + 32);
-        return;
-    }
-    const __m512i exponent = _mm512_set1_epi16(0x4300);
-    const __m512i first = _mm512_set1_epi32((int)0x80018000u), second = _mm512_set1_epi32((int)0x80038002u);
+/* A quad of unsigned bytes (16 outputs x 4 inputs) -> its two input pairs as 16-bit words in
+ * the VNNI pair layout (word 2j + t: output j, input t), zero-extended: within each 32-bit
+ * lane, bytes 0 and 1, then 2 and 3 (0x80 in a shuffle index selects a zero). */
+static inline __attribute__((always_inline)) void quad_pairs(__m512i quad, __m512i pairs[2]) {
     const __m512i lane = _mm512_set_epi8(12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
                                          12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
                                          12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0,
                                          12, 12, 12, 12, 8, 8, 8, 8, 4, 4, 4, 4, 0, 0, 0, 0);
-    __m512i quads[2];
+    pairs[0] = _mm512_shuffle_epi8(quad, _mm512_or_si512(_mm512_set1_epi32((int)0x80018000u), lane));
+    pairs[1] = _mm512_shuffle_epi8(quad, _mm512_or_si512(_mm512_set1_epi32((int)0x80038002u), lane));
+}
+
+/* One 64-byte line of a 16-output block -> its k-pairs as bf16 VNNI vectors v: int8, two
+ * pairs of u = q + 128 (integers below 256: exact in bf16, through fp32); int4, four pairs of
+ * 128 + u (the bf16 word 0x43XY is 128 + u). */
+static inline __attribute__((always_inline)) void decode_line(const uint8_t *src, const int BITS,
+                                                              __m512bh v[4]) {
+    __m512i quads[2], words[2];
+    if (BITS == 8) {
+        quad_pairs(_mm512_loadu_si512(src), words);
+        for (int p = 0; p < 2; p++) {
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_castsi512_si256(words[p])));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(words[p], 1)));
+            v[p] = _mm512_cvtne2ps_pbh(hi, lo);
+        }
+        return;
+    }
     int4_quads(src, quads);
-    for (int q = 0; q < 2; q++) {  /* 0x80 bytes select zero; the others bytes 4j + 0..3 */
-        pairs[2 * q] = (__m512bh)_mm512_or_si512(
-            _mm512_shuffle_epi8(quads[q], _mm512_or_si512(first, lane)), exponent);
-        pairs[2 * q + 1] = (__m512bh)_mm512_or_si512(
-            _mm512_shuffle_epi8(quads[q], _mm512_or_si512(second, lane)), exponent);
+    for (int q = 0; q < 2; q++) {
+        quad_pairs(quads[q], words);
+        for (int p = 0; p < 2; p++)
+            v[2 * q + p] = (__m512bh)_mm512_or_si512(words[p], _mm512_set1_epi16(0x4300));
     }
 }
 
-/* Inputs per int16 activation scale: the largest power of two up to 64 dividing the group. */
+/* Inputs per activation scale: the largest power of two up to 64 dividing the group. */
 static int64_t act_block(const linear_t *l) {
     int64_t block = 64;
     while (l->group % block) block /= 2;
     return block;
 }
 
-/* Rows of bf16 x -> integer codes below 2^bits in magnitude, one power-of-two scale
- * 2^(e + 1 - bits) per block (e the exponent of the block's largest |x|), and each block's sum
- * of the rounded inputs (a zero point's share): xscale, xsum [rows][K / block]. The codes go
- * to xq as int16 [rows][K] (bits 15), or split as 128 hi + lo into xhi, xlo (bits 14).
- * Multiplying by a power of two is exact, so a code rounds only for a value more than 2^(bits
- * - 8) times smaller than its block's largest. */
+/* Rows of bf16 x -> 14-bit integer codes xq, split as xq = 128 hi + lo (hi signed, lo in
+ * [0, 128)) into xhi, xlo [rows][K], with one power-of-two scale 2^(e - 13) per block (e the
+ * exponent of the block's largest |x|) and each block's sum of codes: xscale, xsum
+ * [rows][K / block]. Multiplying by a power of two is exact, so a code rounds only for a value
+ * more than 2^6 times smaller than its block's largest. */
 static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
-                                 int64_t block, int bits, int16_t *xq, int8_t *xhi, int8_t *xlo,
-                                 float *xscale, float *xsum) {
+                                 int64_t block, int8_t *xhi, int8_t *xlo, float *xscale,
+                                 int32_t *xsum) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
     for (int64_t m = 0; m < rows; m++)
@@ -110,85 +111,56 @@ static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t ro
             float largest = _mm512_reduce_max_ps(top);
             int e = largest > 0.0f ? ilogbf(largest) : 0;
             e = e < -100 ? -100 : e;  /* the scale's inverse stays finite */
-            __m512 up = _mm512_set1_ps(ldexpf(1.0f, bits - 1 - e));
+            __m512 up = _mm512_set1_ps(ldexpf(1.0f, 13 - e));
             __m512i codes = _mm512_setzero_si512();
             for (int64_t i = 0; i < block; i += 16) {
                 __m512 v = bf16x16_widen(_mm256_maskz_loadu_epi16(lanes, src + i));
                 __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, up));
                 int64_t at = m * k + b * block + i;
                 codes = _mm512_add_epi32(codes, q);
-                if (xq) {
-                    _mm256_mask_storeu_epi16(xq + at, lanes, _mm512_cvtsepi32_epi16(q));
-                } else {
-                    _mm_mask_storeu_epi8(xhi + at, lanes, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 7)));
-                    _mm_mask_storeu_epi8(xlo + at, lanes, _mm512_cvtepi32_epi8(
-                        _mm512_and_si512(q, _mm512_set1_epi32(127))));
-                }
+                _mm_mask_storeu_epi8(xhi + at, lanes, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 7)));
+                _mm_mask_storeu_epi8(xlo + at, lanes, _mm512_cvtepi32_epi8(
+                    _mm512_and_si512(q, _mm512_set1_epi32(127))));
             }
-            xscale[m * (k / block) + b] = ldexpf(1.0f, e + 1 - bits);
-            xsum[m * (k / block) + b] = ldexpf((float)_mm512_reduce_add_epi32(codes), e + 1 - bits);
+            xscale[m * (k / block) + b] = ldexpf(1.0f, e - 13);
+            xsum[m * (k / block) + b] = _mm512_reduce_add_epi32(codes);
         }
 }
 
-/* A decode row's activations as the kernels take them (quantize_activations): per block of
- * `block` inputs, a power-of-two scale and the sum of the rounded inputs ([rows][K / block]);
- * the codes as int16 [rows][K] (int8 weights) or split as 128 hi + lo, two int8 [rows][K]. */
+/* A decode row's activations as the kernels take them (quantize_activations). */
 typedef struct {
-    const int16_t *q;
-    const int8_t *hi, *lo;
-    const float *scale, *sum;
+    const int8_t *hi, *lo;  /* [rows][K] */
+    const float *scale;  /* [rows][K / block] */
+    const int32_t *sum;  /* [rows][K / block] */
     int64_t block;
 } act_t;
 
-/* int8 codes: the int32 sums of q * xq over activation block a for two 16-output blocks (at
- * most 32 k-pairs of 2^7 * 2^15: below 2^28), vpdpwssd on the codes sign-extended to int16. */
-static inline __attribute__((always_inline)) void int8_block_sums(
-        const uint8_t *const w[2], const act_t *x, int64_t k, int64_t a, const int ROWS,
-        __m512i sums[2][TILE_ROWS]) {
-    __m512i acc[2][2][TILE_ROWS];  /* two chains per output: vpdpwssd's latency */
-    for (int p = 0; p < 2; p++)
-        for (int b = 0; b < 2; b++)
-            for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_si512();
-    for (int64_t pair = a * x->block / 2; pair < (a + 1) * x->block / 2; pair++) {
-        __m512i wv[2];
-        for (int b = 0; b < 2; b++) {
-            const uint8_t *src = w[b] + pair * 32;
-            if (!(pair & 1)) _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
-            wv[b] = _mm512_cvtepi8_epi16(_mm256_loadu_si256((const __m256i *)src));
-        }
-        for (int m = 0; m < ROWS; m++) {
-            int32_t two;
-            memcpy(&two, x->q + m * k + 2 * pair, 4);
-            __m512i xv = _mm512_set1_epi32(two);
-            for (int b = 0; b < 2; b++)
-                acc[pair & 1][b][m] = _mm512_dpwssd_epi32(acc[pair & 1][b][m], wv[b], xv);
-        }
-    }
-    for (int b = 0; b < 2; b++)
-        for (int m = 0; m < ROWS; m++) sums[b][m] = _mm512_add_epi32(acc[0][b][m], acc[1][b][m]);
-}
-
-/* int4 codes: the int32 sums of u * xq (u = q + 8) over activation block a for two 16-output
- * blocks, each half of xq = 128 hi + lo against the unsigned codes in vpdpbusd (at most 16
- * quads of 15 * 2^7 * 4 per half: 128 hi + lo stays below 2^24). */
-static inline __attribute__((always_inline)) void int4_block_sums(
-        const uint8_t *const w[2], const act_t *x, int64_t k, int64_t a, const int ROWS,
-        __m512i sums[2][TILE_ROWS]) {
+/* The int32 sums of q * xq over activation block a for two 16-output blocks, from the unsigned
+ * codes u = q + offset (int8: one quad per 64-byte line; int4: two): vpdpbusd multiplies u by
+ * each half of xq = 128 hi + lo, and offset * sum(xq) comes off in integers, so nothing
+ * cancels in floating point. At most 16 quads of 255 * 2^7 * 4 per half: below 2^29 in all. */
+static inline __attribute__((always_inline)) void block_sums(
+        const uint8_t *const w[2], const int BITS, const act_t *x, int64_t k, int64_t a,
+        const int ROWS, __m512i sums[2][TILE_ROWS]) {
+    const int quads_per_line = BITS == 8 ? 1 : 2;
+    const int64_t act_blocks = k / x->block, lines = x->block / (4 * quads_per_line);
     __m512i hi[2][TILE_ROWS], lo[2][TILE_ROWS];
     for (int b = 0; b < 2; b++)
         for (int m = 0; m < ROWS; m++) hi[b][m] = lo[b][m] = _mm512_setzero_si512();
-    for (int64_t line = a * x->block / 8; line < (a + 1) * x->block / 8; line++) {
+    for (int64_t line = a * lines; line < (a + 1) * lines; line++) {
         __m512i quads[2][2];
         for (int b = 0; b < 2; b++) {
             const uint8_t *src = w[b] + line * LINE;
             _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
-            int4_quads(src, quads[b]);
+            if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
+            else int4_quads(src, quads[b]);
         }
         for (int m = 0; m < ROWS; m++)
-            for (int q = 0; q < 2; q++) {
+            for (int q = 0; q < quads_per_line; q++) {
+                const int64_t at = m * k + (line * quads_per_line + q) * 4;
                 int32_t high, low;
-                memcpy(&high, x->hi + m * k + line * 8 + 4 * q, 4);
-                memcpy(&low, x->lo + m * k + line * 8 + 4 * q, 4);
+                memcpy(&high, x->hi + at, 4);
+                memcpy(&low, x->lo + at, 4);
                 __m512i hv = _mm512_set1_epi32(high), lv = _mm512_set1_epi32(low);
                 for (int b = 0; b < 2; b++) {
                     hi[b][m] = _mm512_dpbusd_epi32(hi[b][m], quads[b][q], hv);
@@ -196,15 +168,18 @@ static inline __attribute__((always_inline)) void int4_block_sums(
                 }
             }
     }
-    for (int b = 0; b < 2; b++)
-        for (int m = 0; m < ROWS; m++)
-            sums[b][m] = _mm512_add_epi32(_mm512_slli_epi32(hi[b][m], 7), lo[b][m]);
+    for (int m = 0; m < ROWS; m++) {
+        __m512i offset = _mm512_set1_epi32((BITS == 8 ? 128 : 8) * x->sum[m * act_blocks + a]);
+        for (int b = 0; b < 2; b++)
+            sums[b][m] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[b][m], 7), lo[b][m]),
+                                          offset);
+    }
 }
 
 /* Two 16-output blocks (b0, b0 + 1; an odd last block is read twice and written once) for
  * ROWS <= TILE_ROWS rows; BITS and ROWS are constants so the sums stay in registers. Each
  * activation block's integer sums are scaled into the group's fp32 sum; then
- * y += scale * (sum - (offset + zero) * sum(xq over the group)), offset 0 (int8) or 8 (int4). */
+ * y += scale * (sum - zero * sum(xq over the group)). */
 static inline __attribute__((always_inline)) void quant_blocks(
         const linear_t *l, const int BITS, const act_t *x, const int ROWS, uint16_t *y, int64_t b0) {
     const int64_t n = l->n_out, k = l->k_in, blocks = n / 16, act_blocks = k / x->block;
@@ -221,22 +196,23 @@ static inline __attribute__((always_inline)) void quant_blocks(
             for (int m = 0; m < ROWS; m++) sum[b][m] = _mm512_setzero_ps();
         for (int64_t a = g * (l->group / x->block); a < (g + 1) * (l->group / x->block); a++) {
             __m512i sums[2][TILE_ROWS];
-            if (BITS == 8) int8_block_sums(w, x, k, a, ROWS, sums);
-            else int4_block_sums(w, x, k, a, ROWS, sums);
+            block_sums(w, BITS, x, k, a, ROWS, sums);
             for (int m = 0; m < ROWS; m++) {
-                group_xsum[m] += x->sum[m * act_blocks + a];
-                __m512 step = _mm512_set1_ps(x->scale[m * act_blocks + a]);
+                const float step = x->scale[m * act_blocks + a];
+                group_xsum[m] += (float)x->sum[m * act_blocks + a] * step;
                 for (int b = 0; b < 2; b++)
-                    sum[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[b][m]), step, sum[b][m]);
+                    sum[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[b][m]), _mm512_set1_ps(step),
+                                                sum[b][m]);
             }
         }
         for (int b = 0; b < 2; b++) {
             const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
             __m512 scale = _mm512_loadu_ps(l->scale + g * n + col);
-            __m512 shift = _mm512_set1_ps(BITS == 8 ? 0.0f : 8.0f);
-            if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + col));
             for (int m = 0; m < ROWS; m++) {
-                __m512 s = _mm512_fnmadd_ps(shift, _mm512_set1_ps(group_xsum[m]), sum[b][m]);
+                __m512 s = sum[b][m];
+                if (l->zero)
+                    s = _mm512_fnmadd_ps(_mm512_loadu_ps(l->zero + g * n + col),
+                                         _mm512_set1_ps(group_xsum[m]), s);
                 out[b][m] = _mm512_fmadd_ps(scale, s, out[b][m]);
             }
         }
@@ -248,30 +224,26 @@ static inline __attribute__((always_inline)) void quant_blocks(
     }
 }
 
-/* Up to TILE_ROWS rows, reading the weights once: the activations quantized (int16 codes for
- * int8 weights, 14-bit ones split in two bytes for int4), then the kernel. The switch sits
- * inside the parallel loop so that every case inlines its kernel with a constant ROWS: a
- * constant passed into the loop from outside reaches OpenMP's outlined body as a variable.
- * Returns 0, or -2 when out of memory. */
+/* Up to TILE_ROWS rows, reading the weights once: the activations quantized, then the kernel.
+ * The switch sits inside the parallel loop so that every case inlines its kernel with constant
+ * BITS and ROWS: a constant passed into the loop from outside reaches OpenMP's outlined body as
+ * a variable. Returns 0, or -2 when out of memory. */
 static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                         uint16_t *y) {
     const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
-    const int int8 = l->kind == LINEAR_INT8;
-    int16_t *xq = malloc(sizeof(int16_t) * (size_t)(rows * k));  /* or the two int8 halves */
-    float *xscale = malloc(2 * sizeof(float) * (size_t)(rows * act_blocks));
-    if (!xq || !xscale) {
-        free(xq);
+    int8_t *xhi = malloc((size_t)(2 * rows * k));
+    float *xscale = malloc((sizeof(float) + sizeof(int32_t)) * (size_t)(rows * act_blocks));
+    if (!xhi || !xscale) {
+        free(xhi);
         free(xscale);
         return -2;
     }
-    int8_t *xhi = (int8_t *)xq, *xlo = xhi + rows * k;
-    float *xsum = xscale + rows * act_blocks;
-    quantize_activations(x, x_stride, rows, k, block, int8 ? 15 : 14, int8 ? xq : NULL, xhi, xlo,
-                         xscale, xsum);
-    const act_t act = {xq, xhi, xlo, xscale, xsum, block};
+    int32_t *xsum = (int32_t *)(xscale + rows * act_blocks);
+    quantize_activations(x, x_stride, rows, k, block, xhi, xhi + rows * k, xscale, xsum);
+    const act_t act = {xhi, xhi + rows * k, xscale, xsum, block};
 #pragma omp parallel for schedule(static)
     for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += 2) {
-        switch ((int)rows + (int8 ? 0 : TILE_ROWS)) {
+        switch ((int)rows + (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS)) {
         case 1: quant_blocks(l, 8, &act, 1, y, b0); break;
         case 2: quant_blocks(l, 8, &act, 2, y, b0); break;
         case 3: quant_blocks(l, 8, &act, 3, y, b0); break;
@@ -282,7 +254,7 @@ static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, 
         default: quant_blocks(l, 4, &act, 4, y, b0); break;
         }
     }
-    free(xq);
+    free(xhi);
     free(xscale);
     return 0;
 }
@@ -301,7 +273,7 @@ static inline __attribute__((always_inline)) void dequantize_block(
         _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)};
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 scale = _mm512_loadu_ps(l->scale + g * n + b * 16);
-        __m512 shift = _mm512_set1_ps(BITS == 8 ? 0.0f : 136.0f);
+        __m512 shift = _mm512_set1_ps(BITS == 8 ? 128.0f : 136.0f);
         if (l->zero) shift = _mm512_add_ps(shift, _mm512_loadu_ps(l->zero + g * n + b * 16));
         shift = _mm512_mul_ps(shift, scale);
         __m512 s[2], z[2];

@@ -4,9 +4,9 @@ and their inverses.
 All follow the bf16 kernels' VNNI layout [N/16][K/2][16][2] (16 outputs' weights for a pair of
 inputs side by side), so a load decodes into what `vdpbf16ps` (or `vpdpbusd`) multiplies:
 
-* int8 [N/16, K/2, 16, 2]: the signed codes q.
 * int8 quads [N/16, K/4, 16, 4] (W8A8): four inputs per output side by side, the layout of
-  AMX's int8 B tiles and of vpdpbusd.
+  AMX's int8 B tiles and of vpdpbusd's signed operand.
+* uint8 quads [N/16, K/4, 16, 4] (W8A16): the same with u = q + 128, vpdpbusd's unsigned operand.
 * int4 [N/16, K/8, 64] bytes: one 64-byte line per 16 outputs and 8 inputs holding u = q + 8,
   byte 4j + i holding output j's input i in its low nibble and input 4 + i in its high one: a
   mask gives the line's first input quad as vpdpbusd's unsigned bytes, a shift the second.
@@ -18,7 +18,7 @@ import torch
 
 
 def pack_int8(codes: torch.Tensor, inputs: int = 2) -> torch.Tensor:
-    """int8 [N, K] -> int8 [N/16, K/inputs, 16, inputs]: pairs (W8A16) or quads (W8A8)."""
+    """[N, K] -> [N/16, K/inputs, 16, inputs]: pairs or quads (W8A8), any 1-byte dtype."""
     n, k = codes.shape
     return codes.reshape(n // 16, 16, k // inputs, inputs).permute(0, 2, 1, 3).contiguous()
 
@@ -27,6 +27,16 @@ def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
     """int8 [N/16, K/w, 16, w] -> int8 [N, K]."""
     blocks, words, _, inputs = packed.shape
     return packed.permute(0, 2, 1, 3).reshape(blocks * 16, words * inputs)
+
+
+def pack_uint8_quads(codes: torch.Tensor) -> torch.Tensor:
+    """int8 [N, K] -> uint8 [N/16, K/4, 16, 4] holding q + 128."""
+    return pack_int8((codes.to(torch.int16) + 128).to(torch.uint8), inputs=4)
+
+
+def unpack_uint8_quads(packed: torch.Tensor) -> torch.Tensor:
+    """uint8 [N/16, K/4, 16, 4] of q + 128 -> int8 codes [N, K]."""
+    return (unpack_int8(packed).to(torch.int16) - 128).to(torch.int8)
 
 
 def _int4_line_map() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
