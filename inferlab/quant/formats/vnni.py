@@ -1,9 +1,10 @@
 """The CPU quant kernels' weight layouts (inferlab/kernels/cpu/quant_linear.c, dynamic_linear.c)
 and their inverses.
 
-All follow the bf16 kernels' VNNI layout [N/16][K/2][16][2] (16 outputs' weights for a pair of
-inputs side by side), so a load decodes into what `vdpbf16ps` (or `vpdpbusd`) multiplies:
+All follow the VNNI layouts of the bf16 kernels ([N/16][K/2][16][2]: 16 outputs' weights for a
+pair of inputs side by side) or of `vpdpbusd` (quads), so a load decodes into what they multiply:
 
+* int8 pairs [N/16, K/2, 16, 2]: the 1-byte fp8 codes (FP8_DYNAMIC), widened to bf16 pairs.
 * int8 quads [N/16, K/4, 16, 4] (W8A8): four inputs per output side by side, the layout of
   AMX's int8 B tiles and of vpdpbusd's signed operand.
 * uint8 quads [N/16, K/4, 16, 4] (W8A16): the same with u = q + 128, vpdpbusd's unsigned operand.
