@@ -121,6 +121,9 @@ def linears_alone(variants: dict[str, dict[str, nn.Module]], rounds: int) -> Non
     point the decode layer calls (not the Python wrapper, ~10 us a call), the weights coming
     from memory as in a step. Prints ms and the rate the weights stream at."""
     lib = cpu_ops._library()
+    if lib is None or not cpu_ops.quant_linear_available():
+        print("linears alone: the C kernels are not available here")
+        return
     calls = {name: [(m.c_desc(), m.in_features) for m in modules.values()]
              for name, modules in variants.items() if all(hasattr(m, "c_desc") for m in modules.values())}
     widest = max(k for descs in calls.values() for _, k in descs)
@@ -131,7 +134,8 @@ def linears_alone(variants: dict[str, dict[str, nn.Module]], rounds: int) -> Non
         for name, descs in calls.items():
             start = time.perf_counter()
             for desc, k in descs:
-                lib.linear_forward(ctypes.byref(desc), x.data_ptr(), k, 1, y.data_ptr())
+                if lib.linear_forward(ctypes.byref(desc), x.data_ptr(), k, 1, y.data_ptr()):
+                    raise MemoryError("linear_forward could not allocate its scratch memory")
             seconds[name].append(time.perf_counter() - start)
     print(f"linears alone, one row, median of {rounds} rounds:")
     for name, times in seconds.items():
