@@ -44,6 +44,28 @@ static inline float round_to(float x, int elem) {
     return elem == 2 ? bf16_to_f32(f32_to_bf16(x)) : x;
 }
 
+#ifdef __AVX512BF16__
+/* One bf16 row of rms_norm, 16 values at a time (dim % 16 == 0), with the same roundings: the
+ * generic loop below runs at ~2 G values/s, 6% of a 512-token prefill. */
+static void rms_norm_bf16_row(const uint16_t *x, uint16_t *res, const uint16_t *weight,
+                              uint16_t *out, int64_t dim, float eps) {
+    __m512 sum_sq = _mm512_setzero_ps();
+    for (int64_t i = 0; i < dim; i += 16) {
+        __m512 h = bf16x16_to_f32(x + i);
+        if (res) {
+            h = round_bf16(_mm512_add_ps(h, bf16x16_to_f32(res + i)));
+            store_bf16(res + i, h);
+        }
+        sum_sq = _mm512_fmadd_ps(h, h, sum_sq);
+    }
+    const __m512 inv_rms = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sum_sq) / (float)dim + eps));
+    const uint16_t *h = res ? res : x;
+    for (int64_t i = 0; i < dim; i += 16)
+        store_bf16(out + i, _mm512_mul_ps(round_bf16(_mm512_mul_ps(bf16x16_to_f32(h + i), inv_rms)),
+                                          bf16x16_to_f32(weight + i)));
+}
+#endif
+
 /* out[r] = rms_norm(h) * w where h = x[r] (+ residual[r], rounded and written back to residual).
  * Rounding as in HF Llama: normalise in fp32, round to the dtype, multiply by w, round again.
  * out may alias x. */
@@ -54,6 +76,13 @@ void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weigh
         const char *xr = (const char *)x + r * x_stride * elem;
         char *res = residual ? (char *)residual + r * dim * elem : NULL;
         char *o = (char *)out + r * dim * elem;
+#ifdef __AVX512BF16__
+        if (elem == 2 && dim % 16 == 0) {
+            rms_norm_bf16_row((const uint16_t *)xr, (uint16_t *)res, (const uint16_t *)weight,
+                              (uint16_t *)o, dim, eps);
+            continue;
+        }
+#endif
         float buf[CHUNK], sum_sq = 0.0f;
         for (int64_t c = 0; c < dim; c += CHUNK) {
             int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
