@@ -81,6 +81,20 @@ static inline __m512 round_bf16(__m512 x) {  /* what storing as bf16 and loading
     return bf16x16_widen((__m256i)_mm512_cvtneps_pbh(x));
 }
 
+/* exp_nonpositive, 16 lanes at a time. */
+static inline __m512 exp_nonpositive_ps(__m512 x) {
+    const __m512 shifter = _mm512_set1_ps(12582912.0f);
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), shifter), shifter);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
+    static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
+    __m512 p = _mm512_set1_ps(0.00138873165f);
+    for (int i = 0; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[i]));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
 static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2p], x[2p+1] x16 */
     int32_t two;
     memcpy(&two, x + 2 * pair, 4);

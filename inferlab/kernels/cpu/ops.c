@@ -351,20 +351,22 @@ static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, flo
 }
 #endif
 
-/* y = bf16(bf16(g * sigmoid(g)) * u), 16 at a time, from e = exp(-|g|): sigmoid(g) = 1 / (1 + e)
- * for g >= 0, e / (1 + e) below. The reciprocal is rcp14 refined by one Newton step (within an
- * ulp of the quotient; rounding to bf16 then matches torch's silu on all but a few in a
- * million values): a 512-bit division retires one per ~16 cycles and was the loop's bound. */
-static void silu_mul_bf16(const float *g, const float *e, const float *u, uint16_t *y, int64_t n) {
-    const __m512 one = _mm512_set1_ps(1.0f);
+/* One bf16 row of silu_and_mul, 16 at a time (inter % 16 == 0): y = bf16(bf16(g * sigmoid(g))
+ * * u) from e = exp(-|g|): sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below. The
+ * reciprocal is rcp14 refined by one Newton step (within an ulp of the quotient; rounding to
+ * bf16 then matches torch's silu on all but a few in a million values): a 512-bit division
+ * retires one per ~16 cycles and was the loop's bound. */
+static void silu_mul_bf16_row(const uint16_t *gate, const uint16_t *up, uint16_t *y, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f), sign = _mm512_set1_ps(-0.0f);
     for (int64_t i = 0; i < n; i += 16) {
-        __m512 gv = _mm512_loadu_ps(g + i), ev = _mm512_loadu_ps(e + i);
+        __m512 gv = bf16x16_to_f32(gate + i);
+        __m512 ev = exp_nonpositive_ps(_mm512_or_ps(gv, sign));  /* -|g|: never overflows */
         __m512 d = _mm512_add_ps(one, ev), inv = _mm512_rcp14_ps(d);
         inv = _mm512_fmadd_ps(inv, _mm512_fnmadd_ps(d, inv, one), inv);
         __mmask16 negative = _mm512_cmp_ps_mask(gv, _mm512_setzero_ps(), _CMP_LT_OQ);
         __m512 sig = _mm512_mask_mul_ps(inv, negative, ev, inv);
         __m512 act = round_bf16(_mm512_mul_ps(gv, sig));
-        store_bf16(y + i, _mm512_mul_ps(act, _mm512_loadu_ps(u + i)));
+        store_bf16(y + i, _mm512_mul_ps(act, bf16x16_to_f32(up + i)));
     }
 }
 #else
@@ -484,6 +486,12 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
     for (int64_t r = 0; r < rows; r++) {
         const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
         char *o = (char *)out + r * inter * elem;
+#if FAST_BF16
+        if (elem == 2 && inter % 16 == 0) {
+            silu_mul_bf16_row((const uint16_t *)gate, (const uint16_t *)up, (uint16_t *)o, inter);
+            continue;
+        }
+#endif
         for (int64_t c = 0; c < inter; c += CHUNK) {
             int64_t n = inter - c < CHUNK ? inter - c : CHUNK;
             float g[CHUNK], u[CHUNK], e[CHUNK];
@@ -491,12 +499,6 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
             load_f32(up + c * elem, elem, u, n);
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) e[i] = exp_nonpositive(-fabsf(g[i]));  /* never overflows */
-#if FAST_BF16
-            if (elem == 2 && n % 16 == 0) {
-                silu_mul_bf16(g, e, u, (uint16_t *)(o + c * elem), n);
-                continue;
-            }
-#endif
 #pragma omp simd
             for (int64_t i = 0; i < n; i++) {
                 float inv = 1.0f / (1.0f + e[i]), sig = g[i] >= 0.0f ? inv : e[i] * inv;

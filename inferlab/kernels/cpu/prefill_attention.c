@@ -25,20 +25,6 @@
 
 static int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
-/* kernels.h's exp_nonpositive, 16 lanes at a time. */
-static inline __m512 exp_nonpositive_ps(__m512 x) {
-    const __m512 shifter = _mm512_set1_ps(12582912.0f);
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_sub_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(1.44269504f), shifter), shifter);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-06f), r);
-    static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
-    __m512 p = _mm512_set1_ps(0.00138873165f);
-    for (int i = 0; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[i]));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
-
 /* S = Q K^T for the chunks of 16 positions below `visible`, into scores (row stride width). With
  * D = 64 the two query tiles stay loaded and two chunks run at once (independent sums). */
 static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t visible,
