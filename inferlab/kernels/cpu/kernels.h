@@ -1,5 +1,5 @@
-/* The C kernels' entry points (ops.c, matmul.c, quant_linear.c), for the files that call one
- * another's, and the conversion from the tensors' dtypes to fp32 that several files need. */
+/* The C kernels' entry points (ops.c, decode_attention.c, matmul.c, quant_linear.c, ...), for
+ * the files that call one another's, and the dtype conversions several files need. */
 #ifndef INFERLAB_CPU_KERNELS_H
 #define INFERLAB_CPU_KERNELS_H
 #include <stdint.h>
@@ -19,6 +19,24 @@ static inline void load_f32(const void *src, int elem, float *dst, int64_t n) {
     const uint16_t *s = (const uint16_t *)src;
 #pragma omp simd
     for (int64_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+}
+
+/* fp32 -> bf16, round to nearest even, NaN kept NaN (as torch). */
+static inline uint16_t f32_to_bf16(float f) {
+    union { float f; uint32_t u; } v = { .f = f };
+    uint32_t rounded = (v.u + 0x7fffu + ((v.u >> 16) & 1u)) >> 16;
+    return (v.u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((v.u >> 16) | 0x40u) : (uint16_t)rounded;
+}
+
+/* n fp32 values at src -> bf16 (elem 2) or fp32 (elem 4) at dst. */
+static inline void store_f32(const float *src, int elem, void *dst, int64_t n) {
+    if (elem == 4) {
+        memcpy(dst, src, (size_t)n * 4);
+        return;
+    }
+    uint16_t *d = (uint16_t *)dst;
+#pragma omp simd
+    for (int64_t i = 0; i < n; i++) d[i] = f32_to_bf16(src[i]);
 }
 
 /* exp(x) for x <= 0 (softmax after max subtraction, SiLU of either sign through exp(-|x|)):

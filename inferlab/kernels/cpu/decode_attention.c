@@ -1,0 +1,333 @@
+/* Decode attention straight from the paged KV cache (paged_decode_attention): each decode
+ * token's query against its sequence's cached positions, read block by block where they lie,
+ * no gather. Generic fp32/bf16 loops, AVX512-BF16 score and value kernels, and AMX tiles for
+ * the bf16 scores where the CPU has them; see paged_decode_attention for how work is split.
+ *
+ * Why C: torch's path gathered each sequence's K/V out of the blocks and ran SDPA per
+ * sequence; here one call covers the batch (inferlab/kernels/cpu_ops.py builds and calls it).
+ */
+#include <math.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels.h"
+
+/* scores[r*len + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
+static inline __attribute__((always_inline)) void scores_any(
+        const char *q, const char *k_cache, span_t s, float scale, int elem, float *scores,
+        float *qf, float *kv) {
+    for (int64_t h = s.h0; h < s.h1; h++) {
+        int64_t r0 = (h - s.h0) * s.group;
+        load_f32(q + h * s.group * s.dim * elem, elem, qf, s.group * s.dim);
+        for (int64_t i = 0; i < s.group * s.dim; i++) qf[i] *= scale;
+        for (int64_t p = 0; p < s.len; p++) {
+            load_f32(k_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) * elem,
+                     elem, kv, s.dim);
+            for (int64_t g = 0; g < s.group; g++) {
+                float dot = 0.0f;
+                const float *qg = qf + g * s.dim;
+#pragma omp simd reduction(+ : dot)
+                for (int64_t i = 0; i < s.dim; i++) dot += qg[i] * kv[i];
+                scores[(r0 + g) * s.len + p] = dot;
+            }
+        }
+    }
+}
+
+/* acc[r] = sum_p w[r*len + p] * v_p in fp32, from either dtype, one KV head at a time. */
+static inline __attribute__((always_inline)) void values_any(
+        const char *v_cache, span_t s, int elem, const float *w, float *acc, float *kv) {
+    int64_t rows = (s.h1 - s.h0) * s.group;
+    memset(acc, 0, (size_t)rows * s.dim * sizeof(float));
+    for (int64_t h = s.h0; h < s.h1; h++)
+        for (int64_t p = 0; p < s.len; p++) {
+            load_f32(v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) * elem,
+                     elem, kv, s.dim);
+            for (int64_t g = 0; g < s.group; g++) {
+                int64_t r = (h - s.h0) * s.group + g;
+                float wp = w[r * s.len + p], *ar = acc + r * s.dim;
+#pragma omp simd
+                for (int64_t i = 0; i < s.dim; i++) ar[i] += wp * kv[i];
+            }
+        }
+}
+
+#ifdef __AVX512BF16__
+#include <immintrin.h>
+#define FAST_BF16 1 /* the AVX512-BF16 paths */
+
+/* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
+ * 16 dot products instead of 16 horizontal reductions. */
+static inline __attribute__((always_inline)) __m512 sum_lanes_16(const __m512 v[16]) {
+    __m512 pairs[8], quads[4];
+    for (int i = 0; i < 8; i++)
+        pairs[i] = _mm512_add_ps(_mm512_unpacklo_ps(v[2 * i], v[2 * i + 1]),
+                                 _mm512_unpackhi_ps(v[2 * i], v[2 * i + 1]));
+    for (int i = 0; i < 4; i++) {
+        __m512d a = _mm512_castps_pd(pairs[2 * i]), b = _mm512_castps_pd(pairs[2 * i + 1]);
+        quads[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(a, b)),
+                                 _mm512_castpd_ps(_mm512_unpackhi_pd(a, b)));
+    }
+    __m512 s01 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[0], quads[1], 0x88),
+                               _mm512_shuffle_f32x4(quads[0], quads[1], 0xdd));
+    __m512 s23 = _mm512_add_ps(_mm512_shuffle_f32x4(quads[2], quads[3], 0x88),
+                               _mm512_shuffle_f32x4(quads[2], quads[3], 0xdd));
+    return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
+}
+
+/* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
+ * head h0; and a prefetch of the 16 after them, all heads of the range. The blocks are
+ * scattered, so the hardware prefetchers do not see them coming. */
+static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cache, span_t s,
+                                                            int64_t p0, const uint16_t *rows[16]) {
+    int n = s.len - p0 < 16 ? (int)(s.len - p0) : 16;
+    for (int i = 0; i < 16; i++)
+        rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
+    int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
+    for (int64_t p = p0 + 16; p < p0 + 32 && p < s.len; p++) {
+        const char *next = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    }
+    return n;
+}
+
+/* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
+ * 256): vdpbf16ps sums exact bf16 products in fp32, 16 positions at a time, all heads of the
+ * range per chunk so the chunk's keys are read from memory once, front to back. */
+static inline __attribute__((always_inline)) void scores_bf16(
+        const uint16_t *q, const uint16_t *k_cache, span_t s, float scale, float *scores) {
+    const int chunks = (int)(s.dim / 32);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+        const uint16_t *k[16];
+        int n = chunk_rows(k_cache, s, p0, k);
+        for (int64_t r = 0; r < (s.h1 - s.h0) * s.group; r++) {
+            const uint16_t *qr = q + (s.h0 * s.group + r) * s.dim;
+            int64_t head_off = r / s.group * s.dim;
+            __m512 dots[16];
+            for (int i = 0; i < 16; i++) {
+                dots[i] = _mm512_setzero_ps();
+                for (int c = 0; c < chunks; c++)
+                    dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qr + 32 * c),
+                                               (__m512bh)_mm512_loadu_si512(k[i] + head_off + 32 * c));
+            }
+            __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
+            _mm512_mask_storeu_ps(scores + r * s.len + p0, (__mmask16)((1u << n) - 1), sums);
+        }
+    }
+}
+
+/* acc[0 .. GN) += sum_i w[g*len + i] * v[i] over a chunk's n positions, head dim CH x 16, the
+ * GN x CH sums in registers (GN * CH <= 16). Each 32 values of V widen in two instructions, not
+ * four: shifted up 16 bits, a 32-bit lane holds the even element of its pair; masked, the odd
+ * one. So acc holds each 32 dims as their 16 even then their 16 odd ones (interleave_pairs). */
+static inline __attribute__((always_inline)) void values_tile(
+        const uint16_t *const v[16], int n, const float *w, int64_t len, float *acc,
+        const int GN, const int CH) {
+    const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);
+    __m512 sum[16];
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + (g * CH + c) * 16);
+    for (int i = 0; i < n; i++)
+        for (int c = 0; c < CH; c += 2) {
+            __m512i pairs = _mm512_loadu_si512(v[i] + 16 * c);
+            __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
+            __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+            for (int g = 0; g < GN; g++) {
+                __m512 p = _mm512_set1_ps(w[g * len + i]);
+                sum[g * CH + c] = _mm512_fmadd_ps(p, even, sum[g * CH + c]);
+                sum[g * CH + c + 1] = _mm512_fmadd_ps(p, odd, sum[g * CH + c + 1]);
+            }
+        }
+    for (int g = 0; g < GN; g++)
+        for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + (g * CH + c) * 16, sum[g * CH + c]);
+}
+
+/* n floats laid out as values_tile leaves them (per 32: 16 even, 16 odd) back in order. */
+static inline void interleave_pairs(float *x, int64_t n) {
+    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
+    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+    for (int64_t i = 0; i < n; i += 32) {
+        __m512 even = _mm512_loadu_ps(x + i), odd = _mm512_loadu_ps(x + i + 16);
+        _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(even, first, odd));
+        _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(even, second, odd));
+    }
+}
+
+/* acc[r] = sum_p w[r*len + p] * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256):
+ * chunk by chunk of 16 positions, each head's query rows in register tiles (for head dims 64
+ * and 128; one row at a time otherwise). */
+static inline __attribute__((always_inline)) void values_bf16(
+        const uint16_t *v_cache, span_t s, const float *w, float *acc) {
+    const int ch = (int)(s.dim / 16);
+    memset(acc, 0, (size_t)(s.h1 - s.h0) * s.group * s.dim * sizeof(float));
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+        const uint16_t *v[16], *vh[16];
+        int n = chunk_rows(v_cache, s, p0, v);
+        for (int64_t h = 0; h < s.h1 - s.h0; h++) {
+            for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
+            for (int64_t g0 = 0; g0 < s.group;) {
+                int64_t r = h * s.group + g0, left = s.group - g0;
+                const float *wr = w + r * s.len + p0;
+                float *ar = acc + r * s.dim;
+                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, s.len, ar, 4, 4); g0 += 4; }
+                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, s.len, ar, 3, 4); g0 += 3; }
+                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, s.len, ar, 2, 4); g0 += 2; }
+                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, s.len, ar, 2, 8); g0 += 2; }
+                else { values_tile(vh, n, wr, s.len, ar, 1, ch); g0 += 1; }
+            }
+        }
+    }
+}
+#if defined(__AMX_BF16__)
+/* scores_bf16 on AMX tiles: S^T = K Q^T per KV head and chunk of 16 positions. The A tile is
+ * the chunk's keys loaded straight from the cache (16 rows Hkv * D apart: one block, blocks being
+ * a multiple of 16 positions), B the head's query rows in VNNI pairs (built once per token), and
+ * column g of the C tile row g's 16 scores. Two tile products replace 16 x G dot products and
+ * their horizontal sums. work: (h1 - h0) * D/32 KiB of query tiles, then a 1 KiB C tile. */
+static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, float scale,
+                       float *scores, uint8_t *work) {
+    const int64_t k_steps = s.dim / 32, heads = s.h1 - s.h0, pos_stride = s.num_kv_heads * s.dim * 2;
+    uint32_t *q_pairs = (uint32_t *)work;  /* [heads][D/32][16 pairs][16 rows] */
+    float *tile = (float *)(work + heads * s.dim * 32);
+    memset(q_pairs, 0, (size_t)(heads * s.dim * 32));
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t g = 0; g < s.group; g++)
+            pairs_to_tile_column((const uint32_t *)(q + ((s.h0 + h) * s.group + g) * s.dim),
+                                 s.dim / 2, q_pairs + h * s.dim * 8 + g);
+    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
+                                             176, 192, 208, 224, 240);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+        const uint16_t *rows[16];
+        const int n = chunk_rows(k_cache, s, p0, rows);  /* and the next chunk prefetched */
+        for (int64_t h = 0; h < heads; h++) {
+            const uint16_t *k0 = rows[0] + h * s.dim;
+            _tile_zero(0);
+            for (int64_t k = 0; k < k_steps; k++) {
+                _tile_loadd(4, k0 + 32 * k, pos_stride);
+                _tile_loadd(6, q_pairs + (h * k_steps + k) * 256, 64);
+                _tile_dpbf16ps(0, 4, 6);
+            }
+            _tile_stored(0, tile, 64);
+            for (int64_t g = 0; g < s.group; g++) {
+                __m512 col = _mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)g)), tile, 4);
+                _mm512_mask_storeu_ps(scores + (h * s.group + g) * s.len + p0,
+                                      (__mmask16)((1u << n) - 1), _mm512_mul_ps(col, scale_v));
+            }
+        }
+    }
+}
+#endif
+
+#else
+#define FAST_BF16 0
+#endif
+
+/* One decode token against its sequence's paged cache, for the query heads of KV heads
+ * [s.h0, s.h1); out points at the token's output row [Hq, D]. */
+static inline __attribute__((always_inline)) void attend(
+        const char *q, const char *k_cache, const char *v_cache, span_t s, float scale, int elem,
+        float *scratch, uint8_t *tiles, char *out) {
+    int64_t rows = (s.h1 - s.h0) * s.group;
+    float *scores = scratch, *acc = scores + rows * s.len, *kv = acc + rows * s.dim;
+    float *total = kv + s.dim;
+#if FAST_BF16
+    const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
+#if defined(__AMX_BF16__)
+    if (tiles)
+        scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, tiles);
+    else
+#endif
+    if (fast)
+        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
+    else
+#endif
+        scores_any(q, k_cache, s, scale, elem, scores, acc, kv);
+    for (int64_t r = 0; r < rows; r++) {
+        float *sr = scores + r * s.len, top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t p = 0; p < s.len; p++) top = sr[p] > top ? sr[p] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < s.len; p++) {
+            sr[p] = exp_nonpositive(sr[p] - top);
+            sum += sr[p];
+        }
+        total[r] = sum;
+    }
+#if FAST_BF16
+    if (fast) {
+        values_bf16((const uint16_t *)v_cache, s, scores, acc);
+        interleave_pairs(acc, rows * s.dim);
+    } else
+#endif
+        values_any(v_cache, s, elem, scores, acc, kv);
+    for (int64_t r = 0; r < rows; r++) {
+        float inv = 1.0f / total[r], *ar = acc + r * s.dim;
+        for (int64_t i = 0; i < s.dim; i++) ar[i] *= inv;
+        store_f32(ar, elem, out + (s.h0 * s.group + r) * s.dim * elem, s.dim);
+    }
+}
+
+/* attend with the common head dims and dtypes as constants, so its short inner loops are
+ * fully unrolled (a 64-wide loop with a runtime trip count spends more on its set-up than on
+ * its four vector iterations). */
+static void attend_specialized(const char *q, const char *k_cache, const char *v_cache,
+                               span_t s, float scale, int elem, float *scratch, uint8_t *tiles,
+                               char *out) {
+    if (s.dim == 64 && elem == 2) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 2, scratch, tiles, out); }
+    else if (s.dim == 128 && elem == 2) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 2, scratch, tiles, out); }
+    else if (s.dim == 64 && elem == 4) { s.dim = 64; attend(q, k_cache, v_cache, s, scale, 4, scratch, NULL, out); }
+    else if (s.dim == 128 && elem == 4) { s.dim = 128; attend(q, k_cache, v_cache, s, scale, 4, scratch, NULL, out); }
+    else attend(q, k_cache, v_cache, s, scale, elem, scratch, tiles, out);
+}
+
+/* Decode attention straight from the paged cache, no gather: token rows[i] (query at
+ * q + rows[i]*q_stride, heads contiguous) attends to the first seq_lens[seqs[i]] positions of
+ * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
+ * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. A task is one token with all its KV heads
+ * when there are enough tokens to keep the threads busy (each block then read front to back),
+ * else one (token, KV head). bf16 scores go through AMX tiles where the CPU has them (the
+ * choice depends on shapes, not on the batch). Every head's arithmetic is the same either way,
+ * so a token's result does not depend on what else is in the batch. Returns 0, or -1 if a
+ * thread's scratch memory could not be allocated (the work it would have done is then
+ * missing). */
+int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t table_stride,
+                           const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                           int64_t num_decodes, void *out, int64_t num_heads,
+                           int64_t num_kv_heads, int64_t dim, int64_t block_size, float scale,
+                           int elem) {
+    int64_t group = num_heads / num_kv_heads, max_len = 0, failed = 0;
+    for (int64_t i = 0; i < num_decodes; i++)
+        max_len = seq_lens[seqs[i]] > max_len ? seq_lens[seqs[i]] : max_len;
+    int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
+    int64_t tasks_per_token = num_kv_heads / heads_per_task, task_rows = heads_per_task * group;
+    size_t scratch_floats = (size_t)(task_rows * (max_len + dim + 1) + dim);
+    /* bf16 keys on AMX (scores_amx): query tiles and a C tile after the floats */
+    const int amx = elem == 2 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0
+                    && group <= 16 && has_amx();
+    const size_t tile_bytes = amx ? (size_t)(heads_per_task * dim * 32 + 1024) : 0;
+#pragma omp parallel reduction(+ : failed)
+    {
+        float *scratch = malloc(sizeof(float) * scratch_floats + tile_bytes);  /* one per thread */
+        uint8_t *tiles = amx && scratch ? (uint8_t *)(scratch + scratch_floats) : NULL;
+        if (tiles) amx_configure_tiles();
+        failed += scratch == NULL;
+        /* every thread takes part in the loop (its barrier), a thread without scratch idly */
+#pragma omp for schedule(dynamic, 1)
+        for (int64_t task = 0; task < num_decodes * tasks_per_token; task++) {
+            if (!scratch) continue;
+            int64_t i = task / tasks_per_token, h0 = task % tasks_per_token * heads_per_task;
+            span_t s = {block_tables + seqs[i] * table_stride, seq_lens[seqs[i]], h0,
+                        h0 + heads_per_task, group, num_kv_heads, dim, block_size};
+            attend_specialized((const char *)q + rows[i] * q_stride * elem, k_cache, v_cache, s,
+                               scale, elem, scratch, tiles, (char *)out + rows[i] * num_heads * dim * elem);
+        }
+        if (tiles) amx_release_tiles();
+        free(scratch);
+    }
+    return failed ? -1 : 0;
+}
