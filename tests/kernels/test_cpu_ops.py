@@ -1,5 +1,5 @@
-"""The C kernels (inferlab/kernels/cpu/ops.c, decode_attention.c) against transformers' Llama functions and the
-torch paged-attention oracle, in fp32 and bf16."""
+"""The C kernels (inferlab/kernels/cpu/ops.c, decode_attention.c) against transformers' Llama
+functions and the torch paged-attention oracle, in fp32 and bf16."""
 
 from __future__ import annotations
 

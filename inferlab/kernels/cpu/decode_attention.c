@@ -54,9 +54,7 @@ static inline __attribute__((always_inline)) void values_any(
         }
 }
 
-#ifdef __AVX512BF16__
-#include <immintrin.h>
-#define FAST_BF16 1 /* the AVX512-BF16 paths */
+#ifdef __AVX512BF16__  /* the AVX512-BF16 score and value kernels */
 
 /* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
  * 16 dot products instead of 16 horizontal reductions. */
@@ -222,8 +220,6 @@ static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, flo
 }
 #endif
 
-#else
-#define FAST_BF16 0
 #endif
 
 /* One decode token against its sequence's paged cache, for the query heads of KV heads
@@ -234,7 +230,7 @@ static inline __attribute__((always_inline)) void attend(
     int64_t rows = (s.h1 - s.h0) * s.group;
     float *scores = scratch, *acc = scores + rows * s.len, *kv = acc + rows * s.dim;
     float *total = kv + s.dim;
-#if FAST_BF16
+#ifdef __AVX512BF16__
     const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
 #if defined(__AMX_BF16__)
     if (tiles)
@@ -257,7 +253,7 @@ static inline __attribute__((always_inline)) void attend(
         }
         total[r] = sum;
     }
-#if FAST_BF16
+#ifdef __AVX512BF16__
     if (fast) {
         values_bf16((const uint16_t *)v_cache, s, scores, acc);
         interleave_pairs(acc, rows * s.dim);

@@ -128,8 +128,6 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
 }
 
 #ifdef __AVX512BF16__
-#define FAST_BF16 1 /* the AVX512-BF16 paths */
-
 /* One bf16 row of silu_and_mul, 16 at a time (inter % 16 == 0): y = bf16(bf16(g * sigmoid(g))
  * * u) from e = exp(-|g|): sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below. The
  * reciprocal is rcp14 refined by one Newton step (within an ulp of the quotient; rounding to
@@ -148,8 +146,6 @@ static void silu_mul_bf16_row(const uint16_t *gate, const uint16_t *up, uint16_t
         store_bf16(y + i, _mm512_mul_ps(act, bf16x16_to_f32(up + i)));
     }
 }
-#else
-#define FAST_BF16 0
 #endif
 
 /* out[r] = silu(x[r, :inter]) * x[r, inter:], x [rows, 2*inter]. The reference rounds silu's
@@ -159,7 +155,7 @@ void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int ele
     for (int64_t r = 0; r < rows; r++) {
         const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
         char *o = (char *)out + r * inter * elem;
-#if FAST_BF16
+#ifdef __AVX512BF16__
         if (elem == 2 && inter % 16 == 0) {
             silu_mul_bf16_row((const uint16_t *)gate, (const uint16_t *)up, (uint16_t *)o, inter);
             continue;

@@ -260,7 +260,8 @@ static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, 
 }
 
 /* The weight as bf16 in matmul.c's layout [N/16][K/2][16][2]: (v - offset - zero) * scale from
- * the kernels' own bf16 values v (q, or 128 + u: offset 0 or 136). A k-pair's 32 values widen
+ * decode_line's bf16 values v (u = q + 128 for int8, 128 + u = 136 + q for int4: offset 128 or
+ * 136). A k-pair's 32 values widen
  * to fp32 as outputs 0-7 and 8-15, two inputs each, so the per-output scales are spread the
  * same way, once per group. */
 static inline __attribute__((always_inline)) void dequantize_block(
