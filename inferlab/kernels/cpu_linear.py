@@ -29,11 +29,20 @@ class PackedLinear(nn.Module):
         self.bias = linear.bias
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
+        return self._product(x, torch.bfloat16)
+
+    def forward_fp32(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> fp32 [..., N]
+        """The kernel's fp32 sums as they are (an lm_head's logits): no bf16 rounding, and no
+        second pass to widen them."""
+        return self._product(x, torch.float32)
+
+    def _product(self, x: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         x2 = x.reshape(-1, self.in_features)
         if x2.stride(1) != 1:
             x2 = x2.contiguous()
         bias = None if self.bias is None else self.bias.detach()
-        return cpu_ops.bf16_linear(x2, self.packed, bias).view(*x.shape[:-1], self.out_features)
+        y = cpu_ops.bf16_linear(x2, self.packed, bias, out_dtype)
+        return y.view(*x.shape[:-1], self.out_features)
 
     def c_desc(self) -> cpu_ops.LinearDesc:
         """The layer for the C kernels (pointers into this module's tensors)."""

@@ -53,7 +53,7 @@ _SIGNATURES = {
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
-    "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, _I64, _I64]),
+    "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, _I64]),
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
 _DECODE_LAYER_SIGNATURES = {"decode_layer": (ctypes.c_int, [_P, _P, _I32, _I64, _P, _P])}
@@ -299,8 +299,10 @@ def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
     return packed
 
 
-def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
-    """x [M, K] @ W^T (+ bias) -> [M, N], all bf16 with fp32 sums; W packed by pack_bf16."""
+def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None,
+                out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] @ W^T (+ bias) -> [M, N] with fp32 sums, W packed by pack_bf16; out_dtype bf16
+    (the sums rounded once) or float32 (the sums as they are)."""
     rows, k_in = x.shape
     n_out = packed.shape[0] * 16
     if x.stride(1) != 1 or k_in != packed.shape[1] * 2 or x.dtype != torch.bfloat16:
@@ -309,10 +311,12 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     if bias is not None and not (bias.dtype == torch.bfloat16 and bias.is_contiguous()
                                  and bias.numel() == n_out):
         raise ValueError(f"bf16_linear: the bias must be {n_out} contiguous bf16 values")
-    y = torch.empty(rows, n_out, dtype=torch.bfloat16)
+    if out_dtype not in (torch.bfloat16, torch.float32):
+        raise ValueError(f"bf16_linear writes bfloat16 or float32, not {out_dtype}")
+    y = torch.empty(rows, n_out, dtype=out_dtype)
     status = _library().bf16_linear(x.data_ptr(), x.stride(0), rows, packed.data_ptr(),
                                     None if bias is None else bias.data_ptr(), y.data_ptr(),
-                                    n_out, k_in)
+                                    _ELEM[out_dtype], n_out, k_in)
     if status:
         raise MemoryError("bf16_linear could not allocate its padding buffer")
     return y

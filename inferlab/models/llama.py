@@ -128,6 +128,8 @@ class LlamaForCausalLM(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """[M, hidden] -> fp32 logits [M, vocab]; call only on the rows that need logits."""
+        if hasattr(self.lm_head, "forward_fp32"):  # a packed CPU head: its fp32 sums, unrounded
+            return self.lm_head.forward_fp32(hidden)
         return self.lm_head(hidden).float()
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:

@@ -40,6 +40,18 @@ def test_rounds_the_exact_product_once(rows, shape, bias):
     assert_rounded_once(ours, exact_product(linear, x))
 
 
+@pytest.mark.parametrize("rows", [1, 4, 5, 33, 64])  # the AVX512 kernel, then AMX tiles
+@pytest.mark.parametrize("bias", [False, True])
+def test_fp32_output_is_the_sums_the_bf16_output_rounds(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(576, 960, bias=bias).to(torch.bfloat16)
+    layer, x = PackedLinear(linear), torch.randn(rows, 576, dtype=torch.bfloat16)
+    sums = layer.forward_fp32(x)
+    assert sums.dtype == torch.float32 and sums.shape == (rows, 960)
+    assert torch.allclose(sums, exact_product(linear, x), rtol=0, atol=1e-5)
+    assert torch.equal(sums.to(torch.bfloat16), layer(x))
+
+
 def test_a_row_does_not_depend_on_its_neighbours():
     torch.manual_seed(0)
     layer = PackedLinear(nn.Linear(576, 960).to(torch.bfloat16))

@@ -229,11 +229,11 @@ static int amx_rows(const linear_t *l, const void *xq, const float *x_scale, int
     if (!has_amx()) return 1;
     const int64_t k = l->k_in;
     if (l->kind == LINEAR_W8A8)
-        return amx_gemm(xq, k, rows, l->weight, k, 1, x_scale, l->scale, l->bias, y, l->n_out);
+        return amx_gemm(xq, k, rows, l->weight, k, 1, x_scale, l->scale, l->bias, y, 2, l->n_out);
     uint16_t *wide = aligned_alloc(64, sizeof(uint16_t) * (size_t)(l->n_out * k));
     if (!wide) return -2;
     widen_codes(l, wide);
-    int status = amx_gemm(xq, k * 2, rows, wide, k * 2, 0, x_scale, l->scale, l->bias, y, l->n_out);
+    int status = amx_gemm(xq, k * 2, rows, wide, k * 2, 0, x_scale, l->scale, l->bias, y, 2, l->n_out);
     free(wide);
     return status;
 #else

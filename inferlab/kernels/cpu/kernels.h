@@ -141,14 +141,14 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            int elem);
 void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem);
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
-                const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in);
+                const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in);
 
 int has_amx(void);
 void amx_configure_tiles(void);  /* every tile 16 rows x 64 bytes, for this thread */
 void amx_release_tiles(void);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
-             uint16_t *y, int64_t n_out);
+             void *y, int y_elem, int64_t n_out);
 
 /* One linear layer of any weight format, as quant_linear.c's linear_forward takes it. */
 enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3, LINEAR_FP8 = 4 };

@@ -31,6 +31,12 @@
 #define CHUNKS_PER_THREAD 2 /* AMX column chunks per thread, handed out dynamically (4: ~15% slower) */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
 
+/* 16 sums to y as bf16 (rounded once) or as fp32 (y_elem 4). */
+static inline void store_sums(void *y, int y_elem, __m512 sum) {
+    if (y_elem == 4) _mm512_storeu_ps(y, sum);
+    else store_bf16(y, sum);
+}
+
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
 void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t k_in) {
     int64_t pairs = k_in / 2;
@@ -49,7 +55,7 @@ void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t 
  * vdpbf16ps do not wait on each other; ROWS is a constant so everything stays in registers. */
 static inline __attribute__((always_inline)) void vnni_rows(
         const uint16_t *x, int64_t x_stride, const int ROWS, const uint16_t *packed,
-        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+        const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
     const int64_t pairs = k_in / 2, blocks = n_out / 16;
 #pragma omp parallel for schedule(static)
     for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
@@ -78,7 +84,7 @@ static inline __attribute__((always_inline)) void vnni_rows(
             __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
             for (int m = 0; m < ROWS; m++) {
                 __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][b][m], acc[1][b][m]), bv);
-                store_bf16(y + m * n_out + (b0 + b) * 16, sum);
+                store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem, sum);
             }
         }
     }
@@ -86,15 +92,15 @@ static inline __attribute__((always_inline)) void vnni_rows(
 
 /* Groups of up to VNNI_MAX_ROWS rows, each group reading the weights once. */
 static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
-                        const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+                        const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
     for (int64_t r = 0; r < rows; r += VNNI_MAX_ROWS) {
         const uint16_t *xr = x + r * x_stride;
-        uint16_t *yr = y + r * n_out;
+        char *yr = (char *)y + r * n_out * y_elem;
         switch (rows - r < VNNI_MAX_ROWS ? rows - r : VNNI_MAX_ROWS) {
-        case 1: vnni_rows(xr, x_stride, 1, packed, bias, yr, n_out, k_in); break;
-        case 2: vnni_rows(xr, x_stride, 2, packed, bias, yr, n_out, k_in); break;
-        case 3: vnni_rows(xr, x_stride, 3, packed, bias, yr, n_out, k_in); break;
-        default: vnni_rows(xr, x_stride, 4, packed, bias, yr, n_out, k_in); break;
+        case 1: vnni_rows(xr, x_stride, 1, packed, bias, yr, y_elem, n_out, k_in); break;
+        case 2: vnni_rows(xr, x_stride, 2, packed, bias, yr, y_elem, n_out, k_in); break;
+        case 3: vnni_rows(xr, x_stride, 3, packed, bias, yr, y_elem, n_out, k_in); break;
+        default: vnni_rows(xr, x_stride, 4, packed, bias, yr, y_elem, n_out, k_in); break;
         }
     }
 }
@@ -164,7 +170,7 @@ static int pad_tail(a_rows_t *a, int64_t rows) {
  * go out as one 64-byte store. */
 static inline __attribute__((always_inline)) void store_block_row(
         float c[4][16 * 16], int r, int two_cols, int int8, const float *row_scale, const __m512 cs[2],
-        const __m512 bv[2], uint16_t *y) {
+        const __m512 bv[2], void *y, int y_elem) {
     __m512 sum[2];
     for (int half = 0; half < 1 + two_cols; half++) {
         const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
@@ -173,8 +179,10 @@ static inline __attribute__((always_inline)) void store_block_row(
             sum[half] = _mm512_mul_ps(sum[half], _mm512_mul_ps(cs[half], _mm512_set1_ps(*row_scale)));
         sum[half] = _mm512_add_ps(sum[half], bv[half]);
     }
-    if (two_cols) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
-    else store_bf16(y, sum[0]);
+    if (two_cols && y_elem == 2) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
+    else
+        for (int half = 0; half < 1 + two_cols; half++)
+            store_sums((char *)y + 16 * half * y_elem, y_elem, sum[half]);
 }
 
 /* One block of the output: rows [r0, r0 + 32) (fewer at the end) by outputs [col, col + 32)
@@ -221,7 +229,7 @@ static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16
 /* The block's rows of y from its stored C tiles. */
 static inline __attribute__((always_inline)) void store_block(
         float c[4][16 * 16], out_block_t o, int64_t rows, int int8, const float *row_scale,
-        const float *col_scale, const uint16_t *bias, uint16_t *y, int64_t n_out) {
+        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int64_t n_out) {
     __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
     for (int half = 0; half < 2; half++) {
         int has = half == 0 || o.two_cols;
@@ -230,7 +238,7 @@ static inline __attribute__((always_inline)) void store_block(
     }
     for (int r = 0; r < 32 && o.r0 + r < rows; r++)
         store_block_row(c, r, o.two_cols, int8, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
-                        y + (o.r0 + r) * n_out + o.col);
+                        (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem);
 }
 
 /* y [rows, N] bf16 = x @ W^T on AMX tiles, for bf16 x and weights (packed as pack_bf16_vnni)
@@ -249,7 +257,7 @@ static inline __attribute__((always_inline)) void store_block(
  * minutes). An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
-             uint16_t *y, int64_t n_out) {
+             void *y, int y_elem, int64_t n_out) {
     const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
     const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes);
     a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
@@ -281,14 +289,14 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
                     block_products(&a, (const uint8_t *)packed, o, rb == r0, int8);
                     if (count)
-                        store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
+                        store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
                 }
         }
         if (count)
-            store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, n_out);
+            store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
         _tile_release();
     }
     free((void *)a.tail);
@@ -303,15 +311,16 @@ void amx_configure_tiles(void) {}
 void amx_release_tiles(void) {}
 #endif
 
-/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni.
- * Returns 0, or -2 when out of memory. */
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni;
+ * y bf16 (y_elem 2) or the fp32 sums unrounded (y_elem 4: logits). Returns 0, or -2 when out of
+ * memory. */
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
-                const uint16_t *bias, uint16_t *y, int64_t n_out, int64_t k_in) {
+                const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
     if (rows > VNNI_MAX_ROWS && has_amx())
-        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, NULL, NULL, bias, y, n_out);
+        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, NULL, NULL, bias, y, y_elem, n_out);
 #endif
-    vnni_linear(x, x_stride, rows, packed, bias, y, n_out, k_in);
+    vnni_linear(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
     return 0;
 }
 

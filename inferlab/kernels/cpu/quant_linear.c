@@ -312,13 +312,13 @@ static void dequantize_vnni(const linear_t *l, uint16_t *packed) {
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                    uint16_t *y) {
     if (l->kind == LINEAR_BF16)
-        return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, l->n_out, l->k_in);
+        return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, 2, l->n_out, l->k_in);
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
     if (rows <= TILE_ROWS) return quant_kernel(l, x, x_stride, rows, y);
     uint16_t *packed = aligned_alloc(64, (size_t)l->n_out * l->k_in * 2);
     if (!packed) return -2;
     dequantize_vnni(l, packed);
-    int status = bf16_linear(x, x_stride, rows, packed, l->bias, y, l->n_out, l->k_in);
+    int status = bf16_linear(x, x_stride, rows, packed, l->bias, y, 2, l->n_out, l->k_in);
     free(packed);
     return status;
 }
