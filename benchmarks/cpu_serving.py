@@ -6,8 +6,13 @@ the same run, transformers `generate` with static batches of 16 on the same numb
 the same dtype. Prints output throughput, TTFT and ITL per concurrency, the ratios to transformers,
 and the fraction of the machine's roofline each point reaches.
 
-    .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--dtype bfloat16]
-        [--model DIR] [--skip-transformers]
+The two sides alternate in rounds (default 3: every concurrency through the server, then
+transformers) and the figures are medians, each ratio the median of the rounds' ratios: this
+machine's speed moves by tens of percent from minute to minute, and one sample of each side, a
+few minutes apart, gave ratios 2.2-2.8x for the same build.
+
+    .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--rounds 3]
+        [--dtype bfloat16] [--model DIR] [--skip-transformers]
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ import argparse
 import json
 import os
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -67,18 +73,24 @@ def bench(port: int, concurrency: int, requests: int, out: Path) -> dict:
             "requests_ok": summary["counts"].get("ok", 0)}
 
 
-def transformers_rate(dtype: torch.dtype, requests: int) -> float:
-    from transformers import AutoModelForCausalLM
+class Transformers:
+    """transformers `generate` on the embedded model, loaded once, timed on the same requests."""
 
-    from inferlab.models.loader import embedded_model_path, load_model
+    def __init__(self, dtype: torch.dtype, requests: int) -> None:
+        from transformers import AutoModelForCausalLM
 
-    path = embedded_model_path()
-    tokenizer = load_model(None, torch.float32).tokenizer  # the same tokenizer the server uses
-    prompts = wikitext_prompts(tokenizer, requests, 300)
-    hf = AutoModelForCausalLM.from_pretrained(os.path.dirname(path), gguf_file=os.path.basename(path),
-                                              dtype=dtype).eval()
-    seconds = run_transformers(hf, prompts, 128, 16, tokenizer.eos_token_id)
-    return requests * 128 / seconds
+        from inferlab.models.loader import embedded_model_path, load_model
+
+        path = embedded_model_path()
+        self.tokenizer = load_model(None, torch.float32).tokenizer  # the server's tokenizer
+        self.prompts = wikitext_prompts(self.tokenizer, requests, 300)
+        self.model = AutoModelForCausalLM.from_pretrained(
+            os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype).eval()
+
+    def rate(self) -> float:
+        """Output tokens per second with static batches of 16."""
+        seconds = run_transformers(self.model, self.prompts, 128, 16, self.tokenizer.eos_token_id)
+        return len(self.prompts) * 128 / seconds
 
 
 def step_bytes(model: str | None, dtype: str) -> int:
@@ -92,6 +104,8 @@ def step_bytes(model: str | None, dtype: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="alternating rounds of both sides; medians are reported")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--hf-requests", type=int, default=32)
     parser.add_argument("--model", default=None,
@@ -101,31 +115,41 @@ def main() -> None:
     roof = machine_roofline()
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
     print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
-          f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16")
+          f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16; medians of {args.rounds} alternating rounds")
     weight_bytes = step_bytes(args.model, args.dtype)
     print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
+    hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
     port = free_port()
     server = start_server(port, args.dtype, max(args.concurrency), args.model)
-    results = {}
+    rounds: list[dict[int, dict]] = []
+    hf_rates: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
-            for c in args.concurrency:
-                results[c] = bench(port, c, max(2 * c, 8), Path(tmp) / f"c{c}.json")
-                step_floor_ms = weight_bytes / bandwidth * 1e3
-                r = results[c]
-                print(f"concurrency {c:3d}: {r['output_tok_s']:7.1f} output tok/s, TTFT p50 "
-                      f"{r['ttft_p50_ms']:7.0f} ms, ITL p50 {r['itl_p50_ms']:6.1f} ms "
-                      f"(weights-read floor {step_floor_ms:.1f} ms/step: "
-                      f"{step_floor_ms / r['itl_p50_ms']:.0%} of the bandwidth roofline)")
+            for r in range(args.rounds):
+                rounds.append({c: bench(port, c, max(2 * c, 8), Path(tmp) / f"c{c}.json")
+                               for c in args.concurrency})
+                if hf is not None:
+                    hf_rates.append(hf.rate())
+                print(f"round {r + 1}: " + ", ".join(f"c{c} {res['output_tok_s']:.1f}"
+                                                     for c, res in rounds[-1].items())
+                      + (f", transformers {hf_rates[-1]:.1f} output tok/s" if hf_rates else ""), flush=True)
     finally:
         server.terminate()
         server.wait(timeout=60)
-    if args.skip_transformers:
+    step_floor_ms = weight_bytes / bandwidth * 1e3
+    for c in args.concurrency:
+        tok_s, ttft, itl = (statistics.median(rd[c][key] for rd in rounds)
+                            for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms"))
+        print(f"concurrency {c:3d}: {tok_s:7.1f} output tok/s, TTFT p50 {ttft:7.0f} ms, ITL p50 "
+              f"{itl:6.1f} ms (weights-read floor {step_floor_ms:.1f} ms/step: "
+              f"{step_floor_ms / itl:.0%} of the bandwidth roofline)")
+    if not hf_rates:
         return
-    hf = transformers_rate(getattr(torch, args.dtype), args.hf_requests)
-    print(f"transformers generate, static batches of 16: {hf:.1f} output tok/s")
-    for c, r in results.items():
-        print(f"RATIO concurrency {c} / transformers: {r['output_tok_s'] / hf:.2f}x")
+    print(f"transformers generate, static batches of 16: {statistics.median(hf_rates):.1f} output tok/s")
+    for c in args.concurrency:
+        ratios = [rd[c]["output_tok_s"] / h for rd, h in zip(rounds, hf_rates, strict=True)]
+        print(f"RATIO concurrency {c} / transformers: {statistics.median(ratios):.2f}x "
+              f"(rounds {' / '.join(f'{x:.2f}' for x in ratios)})")
 
 
 if __name__ == "__main__":
