@@ -28,6 +28,10 @@ logger = logging.getLogger("inferlab.engine")
 _IDLE_WAIT_S = 0.2  # how often an idle loop wakes to refresh its heartbeat
 
 
+class EngineDeadError(RuntimeError):
+    """The engine loop stopped on an internal error; requests fail at once until a restart."""
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics; token and request totals count since start."""
@@ -58,6 +62,9 @@ class AsyncEngine:
         self._stats = self._snapshot()
         self.heartbeat = time.monotonic()  # last time the loop went round; /health reads it
         self.error: BaseException | None = None
+        # futures of _call whose operation has not run yet, failed if the loop dies first
+        self._pending: dict[asyncio.Future, asyncio.AbstractEventLoop] = {}
+        self._pending_lock = threading.Lock()
         if engine.device.type == "cpu":  # from here on, kernels run on the engine thread only
             cpu_ops.release_openmp_threads()
         self._thread = threading.Thread(target=self._loop, name="inferlab-engine", daemon=True)
@@ -74,6 +81,8 @@ class AsyncEngine:
         """Stream outputs; closing the iterator early (client gone) aborts the request."""
         if self._stop.is_set():
             raise InferlabError("the engine is shutting down")
+        if self.error is not None:
+            raise self._dead()
         loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
         _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
@@ -124,6 +133,10 @@ class AsyncEngine:
         """Run fn on the engine thread and return its result (or raise its error) here."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
+        with self._pending_lock:
+            if self.error is not None:
+                raise self._dead()
+            self._pending[future] = loop
 
         def run() -> None:
             try:
@@ -134,7 +147,15 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_settle, future, result, None)
 
         self._post(run)
-        return await future
+        try:
+            return await future
+        finally:
+            with self._pending_lock:
+                self._pending.pop(future, None)
+
+    def _dead(self) -> EngineDeadError:
+        return EngineDeadError(f"the engine stopped after an internal error ({self.error!r}); "
+                               "restart the server")
 
     def _post(self, fn: Callable[[], None]) -> None:
         self._ops.put(fn)
@@ -164,9 +185,13 @@ class AsyncEngine:
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                 self._stats = self._snapshot()
-        except BaseException as e:  # a bug: fail every stream rather than hang them
+        except BaseException as e:  # a bug: fail every stream and queued call, never hang them
             logger.exception("engine loop died")
-            self.error = e
+            with self._pending_lock:
+                self.error = e
+                pending = list(self._pending.items())
+            for future, loop in pending:
+                loop.call_soon_threadsafe(_settle, future, None, self._dead())
             for loop, outputs in self._streams.values():
                 loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"engine failed: {e}"))
 

@@ -56,6 +56,9 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            # torch.Generator.manual_seed's range; outside it the sampler would fail mid-step
+            (self.seed is None or -2**63 <= self.seed < 2**64,
+             f"seed must be in [-2**63, 2**64), got {self.seed}"),
         ]
         for ok, message in checks:
             if not ok:

@@ -9,7 +9,7 @@ from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-from inferlab.errors import ModelLoadError
+from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import render_chat
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre`, as each vocabulary was trained.
@@ -59,6 +59,11 @@ class TextTokenizer:
         return self.info.chat_template
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. "\\ud800" in a JSON string
+            raise InferlabError(f"the text is not valid Unicode: {e.reason} at character "
+                                f"{e.start}") from None
         ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
         wants_bos = add_special_tokens and self.info.add_bos_token and self.bos_token_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_token_id):

@@ -10,6 +10,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from inferlab.errors import InferlabError
+
 logger = logging.getLogger("inferlab.server")
 
 # status -> the OpenAI error type clients switch on
@@ -58,6 +60,9 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(bad_request(f"invalid request: {exc.errors()[0]['msg']}"))
 
+    async def on_user_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(bad_request(str(exc)))  # bad input found outside the engine
+
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)
         return error_response(APIError(500, f"internal server error: {type(exc).__name__}"))
@@ -65,4 +70,5 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(InferlabError, on_user_error)
     app.add_exception_handler(Exception, on_unexpected)

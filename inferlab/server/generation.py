@@ -15,7 +15,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 
-from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.async_engine import AsyncEngine, EngineDeadError
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
@@ -123,4 +123,6 @@ class Generation:
 def _start_error(error: BaseException) -> APIError:
     if isinstance(error, InferlabError | ValueError):
         return bad_request(str(error))
+    if isinstance(error, EngineDeadError):  # the server stays up but can do no more work
+        return APIError(503, str(error), code="engine_dead")
     return APIError(500, f"the engine failed: {error}")

@@ -60,6 +60,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"suffix": "and then"}, "suffix", "not supported"),
     ({"logit_bias": {"50": 10}}, "logit_bias", "not supported"),
     ({"best_of": 3}, "best_of", "not supported"),
+    ({"seed": 2**70}, "seed", "2**64"),  # beyond what torch's generators take: once killed the engine
 ])
 def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param, words):
     assert words in check_error(completion(server, **fields), 400, param)
@@ -100,6 +101,16 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
     assert "vocabulary" in check_error(completion(server, prompt=[1, 2, 10**9]), 400)
     assert "vocabulary" in check_error(post(server, "/detokenize", json={"tokens": [-1]}), 400,
                                        "tokens")
+
+
+@pytest.mark.parametrize(("path", "body"), [
+    ("/v1/completions", {"model": MODEL_NAME, "prompt": "caf\ud800"}),
+    ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "\ud800"}]}),
+])
+def test_text_with_a_lone_surrogate_is_400(server, path, body):
+    # valid JSON (json.dumps writes the escape "\\ud800") but not Unicode text: once a 500
+    r = post(server, path, content=json.dumps(body).encode(), headers={"content-type": "application/json"})
+    assert "surrogate" in check_error(r, 400)
 
 
 @pytest.mark.parametrize(("body", "words"), [

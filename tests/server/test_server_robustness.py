@@ -164,6 +164,60 @@ def test_health_turns_503_while_the_engine_loop_is_stalled(engine, monkeypatch):
         servers.close()
 
 
+def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
+    """A step that raises (a bug) stops the engine loop: the request in the step gets a 500, a
+    request queued behind it and every later one a 503, at once rather than when the client
+    gives up; /health turns 503."""
+    from server_helpers import MAX_MODEL_LEN
+
+    from inferlab.config import EngineConfig
+    from inferlab.engine.async_engine import AsyncEngine
+
+    own = AsyncEngine.from_config(EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20,
+                                               max_model_len=MAX_MODEL_LEN))
+    servers = start_server(own)
+    broken = next(servers)
+    gate, stepping = threading.Event(), threading.Event()
+
+    def failing_step():
+        stepping.set()
+        gate.wait(30)
+        raise RuntimeError("a kernel bug")
+
+    monkeypatch.setattr(own.engine, "step", failing_step)
+    body = {"prompt": "Hi", "max_tokens": 2, "ignore_eos": True}
+    results: dict[str, httpx.Response] = {}
+
+    def post(name: str) -> threading.Thread:
+        thread = threading.Thread(target=lambda: results.__setitem__(name, httpx.post(
+            f"{broken.url}/v1/completions", json=body, timeout=20)))
+        thread.start()
+        return thread
+
+    try:
+        first = post("in the step")
+        assert stepping.wait(30)
+        queued = post("queued")
+        # admitted; its add then waits in the engine thread's queue behind the stuck step
+        assert wait_until(lambda: broken.metric("inferlab:num_requests_in_flight") == 2, 10)
+        time.sleep(0.5)
+        gate.set()
+        first.join(60)
+        queued.join(60)
+        assert results["in the step"].status_code == 500
+        assert results["queued"].status_code == 503
+        started = time.monotonic()
+        later = httpx.post(f"{broken.url}/v1/completions", json=body, timeout=60)
+        assert later.status_code == 503 and time.monotonic() - started < 5
+        assert later.json()["error"]["code"] == "engine_dead"
+        assert "restart" in later.json()["error"]["message"]
+        assert httpx.get(f"{broken.url}/health", timeout=10).status_code == 503
+    finally:
+        gate.set()
+        servers.close()
+        asyncio.run(own.shutdown(timeout_s=0))
+
+
 # 4 prompts x 8 copies: the copies also share prompt blocks through the prefix cache
 PROMPTS = ["The capital of France is", "Water boils at", "My favourite book is",
            "To bake bread you need"]
