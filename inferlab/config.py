@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from inferlab.engine.sampling_params import check_seed
 from inferlab.errors import InferlabError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -47,3 +48,4 @@ class EngineConfig:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InferlabError(f"num_threads must be at least 1, got {self.num_threads}")
+        check_seed(self.seed)

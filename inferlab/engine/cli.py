@@ -58,14 +58,15 @@ def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
+    params = _sampling(args)  # a bad flag fails before the model loads
     engine = _engine(args)
-    _stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args))
+    _stream(engine, engine.tokenizer.encode(args.prompt), params)
     return 0
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    engine = _engine(args)
     params = _sampling(args)
+    engine = _engine(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
     while True:

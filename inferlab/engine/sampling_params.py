@@ -4,6 +4,19 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferlab.errors import InvalidParameterError
+
+# torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
+SEED_MIN, SEED_END = -2**63, 2**64
+
+
+def check_seed(seed: int | None, copies: int = 1) -> None:
+    """Raise InvalidParameterError unless seed, seed + 1, ..., seed + copies - 1 are valid."""
+    if seed is not None and not SEED_MIN <= seed <= SEED_END - copies:
+        raise InvalidParameterError(f"seed must be in [-2**63, 2**64 - {copies}], got {seed}"
+                                    + (f" (the {copies} copies use seed, seed + 1, ...)"
+                                       if copies > 1 else ""))
+
 
 @dataclass
 class SamplingParams:
@@ -56,13 +69,11 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
-            # torch.Generator.manual_seed's range; outside it the sampler would fail mid-step
-            (self.seed is None or -2**63 <= self.seed < 2**64,
-             f"seed must be in [-2**63, 2**64), got {self.seed}"),
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise InvalidParameterError(message)
+        check_seed(self.seed, self.n)
 
     @property
     def greedy(self) -> bool:

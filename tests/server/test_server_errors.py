@@ -60,7 +60,8 @@ def chat(server, **fields) -> httpx.Response:
     ({"suffix": "and then"}, "suffix", "not supported"),
     ({"logit_bias": {"50": 10}}, "logit_bias", "not supported"),
     ({"best_of": 3}, "best_of", "not supported"),
-    ({"seed": 2**70}, "seed", "2**64"),  # beyond what torch's generators take: once killed the engine
+    ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
+    ({"seed": 2**64 - 1, "n": 2}, "seed", "copies"),  # the second copy's seed would be 2**64
 ])
 def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param, words):
     assert words in check_error(completion(server, **fields), 400, param)

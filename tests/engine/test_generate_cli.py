@@ -1,0 +1,30 @@
+"""`inferlab generate` and `inferlab chat` with bad flags: one line on stderr, exit code 2, and no
+model loaded first (the parameters are checked before it)."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.cli import main
+
+
+@pytest.mark.parametrize("command", ["generate", "chat"])
+@pytest.mark.parametrize(("flags", "words"), [
+    (["--max-tokens", "0"], "max_tokens must be at least 1"),
+    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--top-p", "0"], "top_p must be in (0, 1]"),
+    (["--sampling-seed", str(2**70)], "seed must be in"),  # these once ended in a traceback
+    (["--seed", str(-2**63 - 1)], "seed must be in"),
+])
+def test_bad_flags_are_one_line_errors(capsys, monkeypatch, command, flags, words):
+    import inferlab.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", _no_model)
+    argv = [command, "hi", *flags] if command == "generate" else [command, "--message", "hi", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+def _no_model(self, config) -> None:
+    raise AssertionError("the model was loaded before the flags were checked")
