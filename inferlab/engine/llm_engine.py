@@ -89,6 +89,8 @@ class LLMEngine:
         if isinstance(prompt, str):
             return prompt, self.tokenizer.encode(prompt)
         ids = [int(t) for t in prompt]
+        if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
+            raise InferlabError("token ids must be integers")
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
@@ -203,8 +205,15 @@ class LLM:
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         if len(all_params) != len(prompts):
             raise InferlabError(f"{len(prompts)} prompts but {len(all_params)} sampling params")
-        ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, all_params, strict=True)]
-        return self._run(ids)
+        ids: list[str] = []
+        try:
+            for prompt, sp in zip(prompts, all_params, strict=True):
+                ids.append(self.engine.add_request(prompt, sp))
+            return self._run(ids)
+        except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
+            for request_id in ids:
+                self.engine.abort_request(request_id)
+            raise
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | None = None) -> list[RequestOutput]:

@@ -60,7 +60,20 @@ def test_requests_that_can_never_fit_are_rejected(make_llm):
         llm.generate([[1, 2, 3]], SamplingParams(max_tokens=100))
     with pytest.raises(InferlabError, match="outside the vocabulary"):
         llm.generate([[1, 2, 99999]], SamplingParams(max_tokens=1))
+    with pytest.raises(InferlabError, match="must be integers"):
+        llm.generate([[1, 2.5]], SamplingParams(max_tokens=1))
     tiny = make_llm(kv_cache_memory=2 * 16 * 46080)  # two blocks
     with pytest.raises(InferlabError):
         tiny.generate([list(range(1, 40))], SamplingParams(max_tokens=2))
     assert not tiny.engine.has_unfinished_requests()
+
+
+def test_a_refused_prompt_leaves_nothing_queued(make_llm):
+    llm = make_llm(max_model_len=64)
+    free = llm.engine.scheduler.stats().num_free_blocks
+    with pytest.raises(InferlabError, match="over the context length"):
+        llm.generate([[1, 2, 3], [4, 5, 6]], [SamplingParams(max_tokens=4), SamplingParams(max_tokens=100)])
+    # the first prompt was accepted before the second was refused: it must not run later
+    assert not llm.engine.has_unfinished_requests()
+    assert llm.engine.scheduler.stats().num_free_blocks == free
+    assert [o.prompt_token_ids for o in llm.generate([[7, 8]], SamplingParams(max_tokens=2))] == [[7, 8]]
