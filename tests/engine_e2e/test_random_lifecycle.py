@@ -1,0 +1,71 @@
+"""Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
+stop strings, logprobs and shared prefixes mixed: whatever the order, every request ends with a
+valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
+output state)."""
+
+from __future__ import annotations
+
+import random
+
+from inferlab.engine.sampling_params import SamplingParams
+
+FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32, all layers
+SHARED_PREFIX = [5, 6, 7, 8] * 10
+
+
+def _random_params(rng: random.Random) -> SamplingParams:
+    return SamplingParams(n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1, 40),
+                          temperature=rng.choice([0.0, 0.8]),
+                          seed=rng.choice([None, rng.randrange(10**6)]),
+                          stop=rng.choice([[], ["the"], [" a", "."]]),
+                          logprobs=rng.choice([None, 2]), ignore_eos=rng.random() < 0.5)
+
+
+def _prompt(rng: random.Random) -> list[int]:
+    own = [rng.randrange(100, 40000) for _ in range(rng.randrange(1, 90))]
+    return SHARED_PREFIX + own[:30] if rng.random() < 0.3 else own
+
+
+def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm):
+    llm = make_llm(kv_cache_memory=16 * 16 * FP32_BYTES_PER_TOKEN, max_model_len=200,
+                   max_num_seqs=8, max_num_batched_tokens=64)
+    engine = llm.engine
+    blocks = engine.scheduler.stats().num_free_blocks
+    rng = random.Random(0)
+    params, live, finished = {}, set(), {}
+
+    def collect(outputs) -> None:
+        for out in outputs:
+            if out.finished:
+                finished[out.request_id] = out
+                live.discard(out.request_id)
+
+    for _ in range(150):
+        roll = rng.random()
+        if roll < 0.3:
+            p = _random_params(rng)
+            request_id = engine.add_request(_prompt(rng), p)
+            params[request_id] = p
+            live.add(request_id)
+        elif roll < 0.38 and live:
+            request_id = rng.choice(sorted(live))
+            collect([engine.abort_request(request_id)])
+        else:
+            collect(engine.step())
+    while engine.has_unfinished_requests():
+        collect(engine.step())
+
+    stats = engine.scheduler.stats()
+    assert stats.num_preemptions_total > 0  # the cache was small enough to matter
+    assert stats.num_free_blocks == blocks and not live and not engine.outputs.parents
+    assert set(finished) == set(params)
+    for request_id, out in finished.items():
+        p = params[request_id]
+        assert len(out.outputs) == p.n
+        for c in out.outputs:
+            assert c.finish_reason in ("stop", "length", "abort")
+            assert len(c.token_ids) <= p.max_tokens
+            if c.finish_reason == "length":
+                assert len(c.token_ids) == p.max_tokens
+            if p.logprobs is not None and c.finish_reason != "abort":
+                assert len(c.logprobs) == len(c.token_ids)
