@@ -12,6 +12,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -65,6 +66,8 @@ class AsyncEngine:
         # futures of _call whose operation has not run yet, failed if the loop dies first
         self._pending: dict[asyncio.Future, asyncio.AbstractEventLoop] = {}
         self._pending_lock = threading.Lock()
+        self._step_observers: list[weakref.WeakMethod] = []  # added from other threads
+        self._observers_lock = threading.Lock()
         if engine.device.type == "cpu":  # from here on, kernels run on the engine thread only
             cpu_ops.release_openmp_threads()
         self._thread = threading.Thread(target=self._loop, name="inferlab-engine", daemon=True)
@@ -109,6 +112,12 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self._stats
+
+    def observe_steps(self, method: Callable[[float, int], None]) -> None:
+        """Call the bound `method(seconds, tokens)` after every step, on the engine thread
+        (keep it short); held weakly, so the observer goes away with its object."""
+        with self._observers_lock:
+            self._step_observers.append(weakref.WeakMethod(method))
 
     def is_healthy(self, max_silence_s: float = 5.0) -> bool:
         return (self.error is None and self._thread.is_alive()
@@ -180,7 +189,10 @@ class AsyncEngine:
                 while not self._ops.empty():
                     self._ops.get()()
                 if self.engine.has_unfinished_requests():
-                    self._deliver(self.engine.step())
+                    started = time.perf_counter()
+                    outputs = self.engine.step()
+                    self._observe_step(time.perf_counter() - started)
+                    self._deliver(outputs)
                 else:
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
@@ -194,6 +206,15 @@ class AsyncEngine:
                 loop.call_soon_threadsafe(_settle, future, None, self._dead())
             for loop, outputs in self._streams.values():
                 loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"engine failed: {e}"))
+
+    def _observe_step(self, seconds: float) -> None:
+        with self._observers_lock:
+            live = [ref() for ref in self._step_observers]
+            self._step_observers = [ref for ref, method in zip(self._step_observers, live, strict=True)
+                                    if method is not None]
+        for method in live:
+            if method is not None:
+                method(seconds, self.engine.last_step_tokens)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

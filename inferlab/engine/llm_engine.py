@@ -76,6 +76,7 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size, self.dtype, self.device, config.seed))
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
+        self.last_step_tokens = 0  # tokens the last step computed (/metrics reads it)
         self._ids = itertools.count()
         # What exists now (model, tokenizer, libraries) lives as long as the engine: moved out of
         # the collector's generations, it is no longer traversed by the full collections that a
@@ -155,6 +156,7 @@ class LLMEngine:
         """One scheduling step; returns an output per request it advanced, or with final_only
         (vLLM's FINAL_ONLY output kind) only for the requests it finished."""
         sched = self.scheduler.schedule()
+        self.last_step_tokens = sched.total_num_scheduled_tokens
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)

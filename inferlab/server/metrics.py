@@ -22,6 +22,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.5, 0.75, 1.0, 
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
                   0.75, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+_STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
 class ServerMetrics:
@@ -46,6 +47,13 @@ class ServerMetrics:
                                     "requests.", _TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens", "Output tokens of finished "
                                     "requests (all n completions).", _TOKEN_BUCKETS)
+        # per engine step: how many tokens and how long (a prompt chunk's step against a
+        # decode-only one is the first thing to look at when latency moves)
+        self.step_tokens = histogram("vllm:iteration_tokens_total", "Tokens computed per engine "
+                                     "step.", _STEP_TOKEN_BUCKETS)
+        self.step_s = histogram("inferlab:engine_step_duration_seconds", "Duration of an engine "
+                                "step (schedule, forward, sample, outputs).", _ITL_BUCKETS_S)
+        engine.observe_steps(self._observe_step)
         self._rejected = Counter("inferlab:requests_rejected", "Requests refused with 503, by "
                                  "reason.", ["model_name", "reason"], registry=self.registry)
         self._model_name = model_name
@@ -60,6 +68,10 @@ class ServerMetrics:
                 hist.observe(value)
         self.prompt_len.observe(len(out.prompt_token_ids))
         self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
+
+    def _observe_step(self, seconds: float, tokens: int) -> None:
+        self.step_s.observe(seconds)
+        self.step_tokens.observe(tokens)
 
     def reject(self, reason: str) -> None:
         self._rejected.labels(self._model_name, reason).inc()

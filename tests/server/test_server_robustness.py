@@ -164,6 +164,30 @@ def test_health_turns_503_while_the_engine_loop_is_stalled(engine, monkeypatch):
         servers.close()
 
 
+def test_metrics_count_every_engine_step(server):
+    """One request alone: P prompt tokens in one step, then T - 1 single-token decode steps, so
+    the step histograms gain T observations holding P + T - 1 tokens."""
+    assert wait_until(lambda: engine_idle(server), 10)
+    prompt, max_tokens = [1000 + 7 * i for i in range(20)], 6  # ids no other test sends
+
+    def totals() -> tuple[float, float, float]:
+        m = server.metrics()
+        label = f'{{model_name="{MODEL_NAME}"}}'
+        return (m[f"vllm:iteration_tokens_total_count{label}"],
+                m[f"vllm:iteration_tokens_total_sum{label}"],
+                m[f"inferlab:engine_step_duration_seconds_count{label}"])
+
+    before = totals()
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens,
+                         "temperature": 0.0, "ignore_eos": True})
+    assert r.status_code == 200
+    after = totals()
+    assert after[0] - before[0] == max_tokens
+    assert after[1] - before[1] == len(prompt) + max_tokens - 1
+    assert after[2] - before[2] == max_tokens
+
+
 def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
     """A step that raises (a bug) stops the engine loop: the request in the step gets a 500, a
     request queued behind it and every later one a 503, at once rather than when the client
