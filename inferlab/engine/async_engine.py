@@ -205,7 +205,7 @@ class AsyncEngine:
             for future, loop in pending:
                 loop.call_soon_threadsafe(_settle, future, None, self._dead())
             for loop, outputs in self._streams.values():
-                loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"engine failed: {e}"))
+                loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"{type(e).__name__}: {e}"))
 
     def _observe_step(self, seconds: float) -> None:
         with self._observers_lock:
