@@ -22,7 +22,7 @@ from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.engine.output_processor import OutputProcessor
 from inferlab.engine.outputs import RequestOutput
-from inferlab.engine.platform import resolve_device, resolve_dtype
+from inferlab.engine.platform import available_memory_bytes, resolve_device, resolve_dtype
 from inferlab.engine.request import Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
@@ -31,6 +31,7 @@ from inferlab.errors import InferlabError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
+from inferlab.planner.units import format_bytes
 
 # Unfrozen at exit (see LLMEngine.__init__), so that extension modules which check for leaks at
 # shutdown (triton's, which torch imports) see their objects collected.
@@ -66,6 +67,7 @@ class LLMEngine:
             self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
         self.num_kv_blocks = num_kv_blocks(config.kv_cache_memory_bytes, config.block_size,
                                            self.kv_bytes_per_token)
+        self._check_kv_cache_fits(self.num_kv_blocks * config.block_size * self.kv_bytes_per_token)
         cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -85,6 +87,16 @@ class LLMEngine:
         gc.freeze()
 
     # -- requests -------------------------------------------------------------------------------
+
+    def _check_kv_cache_fits(self, kv_cache_bytes: int) -> None:
+        """Refuse a cache the device cannot hold: on a host, zeroing it would end in the OOM
+        killer (exit 137) rather than an error."""
+        available = available_memory_bytes(self.device)
+        if available is not None and kv_cache_bytes > available:
+            raise InferlabError(
+                f"a KV cache of {format_bytes(kv_cache_bytes)} (--kv-cache-memory) does not fit in "
+                f"the {format_bytes(available)} this {self.device.type} has available after the "
+                "weights; choose a smaller --kv-cache-memory")
 
     def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
         if isinstance(prompt, str):

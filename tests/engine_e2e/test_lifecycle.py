@@ -77,3 +77,14 @@ def test_a_refused_prompt_leaves_nothing_queued(make_llm):
     assert not llm.engine.has_unfinished_requests()
     assert llm.engine.scheduler.stats().num_free_blocks == free
     assert [o.prompt_token_ids for o in llm.generate([[7, 8]], SamplingParams(max_tokens=2))] == [[7, 8]]
+
+
+def test_a_kv_cache_larger_than_the_free_memory_is_refused(make_llm, monkeypatch):
+    import inferlab.engine.llm_engine as llm_engine
+
+    # 1 TiB once went to torch.zeros and ended in the OOM killer (exit 137), not in an error;
+    # 64 MiB holds 91 whole 16-token blocks at 46,080 bytes a token: 63.98 MiB
+    monkeypatch.setattr(llm_engine, "available_memory_bytes", lambda device: 32 * 2**20)
+    with pytest.raises(InferlabError, match=r"63.98 MiB .* does not fit in the 32.00 MiB"):
+        make_llm(kv_cache_memory="64MiB")
+    assert make_llm(kv_cache_memory="16MiB").num_kv_blocks > 0
