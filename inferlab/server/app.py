@@ -41,11 +41,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(request, ctx)
 
+    def model_card() -> ModelCard:
+        path = engine.engine.config.model or "embedded"
+        return ModelCard(id=ctx.model_name, created=ctx.created, root=path,
+                         max_model_len=engine.max_model_len)
+
     @app.get("/v1/models", dependencies=keyed)
     async def models() -> ModelList:
-        path = engine.engine.config.model or "embedded"
-        return ModelList(data=[ModelCard(id=ctx.model_name, created=ctx.created, root=path,
-                                         max_model_len=engine.max_model_len)])
+        return ModelList(data=[model_card()])
+
+    @app.get("/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
+    async def model(name: str) -> ModelCard:
+        ctx.check_model(name)
+        return model_card()
 
     @app.post("/tokenize", dependencies=keyed)
     async def tokenize_route(request: Request) -> dict:

@@ -9,6 +9,7 @@ prompt must be the SmolLM2 template written out by hand.
 from __future__ import annotations
 
 import httpx
+import openai
 import pytest
 from server_helpers import MAX_MODEL_LEN, MODEL_NAME
 
@@ -26,6 +27,9 @@ def test_models_lists_the_served_name(client, server):
     models = client.models.list().data
     assert [m.id for m in models] == [MODEL_NAME]
     assert models[0].model_extra["max_model_len"] == MAX_MODEL_LEN
+    assert client.models.retrieve(MODEL_NAME).id == MODEL_NAME
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.models.retrieve("no-such-model")
     version = httpx.get(f"{server.url}/version", timeout=10).json()
     assert version["version"].count(".") == 2
 
