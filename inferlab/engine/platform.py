@@ -33,12 +33,10 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return torch.cuda.mem_get_info(device)[0]
     try:
         with open("/proc/meminfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+            lines = [line for line in f if line.startswith("MemAvailable:")]
+        return int(lines[0].split()[1]) * 1024
+    except (OSError, ValueError, IndexError):  # no /proc (not Linux) or no such line
+        return None
 
 
 def resolve_device(device: str) -> torch.device:

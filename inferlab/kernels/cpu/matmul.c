@@ -242,10 +242,10 @@ static inline __attribute__((always_inline)) void store_block(
 }
 
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
- * (packed as pack_bf16_vnni) or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and
- * per output of a B tile row. int8 sums are exact int32. With row_scale (and col_scale) given,
- * y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles)
- * by 32 outputs (two B tiles), four C tiles each.
+ * (packed as pack_bf16_vnni) or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are
+ * 64 bytes per row of a k-step and per output of a B tile row. int8 sums are exact int32. With
+ * row_scale (and col_scale) given, y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC).
+ * Blocks of 32 rows (two A tiles) by 32 outputs (two B tiles), four C tiles each.
  *
  * Cache blocking: the output blocks are cut into column chunks (row ranges, when there are
  * fewer output blocks than threads) whose weights fit in half of an L2, and a thread walks a
