@@ -28,6 +28,7 @@ model), the kernel tests compiled on the GPU, then this script:
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import math
@@ -485,10 +486,13 @@ class Run:
 
 
 def make_engine(loaded: LoadedModel, dtype: str, device: torch.device, kv_bytes: int,
-                max_num_seqs: int, max_model_len: int) -> LLMEngine:
+                max_num_seqs: int, max_model_len: int, enforce_eager: bool = False) -> LLMEngine:
     config = EngineConfig(dtype=dtype, device=device.type, kv_cache_memory_bytes=kv_bytes,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
-                          max_model_len=max_model_len, enable_prefix_caching=False)
+                          max_model_len=max_model_len, enable_prefix_caching=False,
+                          enforce_eager=enforce_eager)
+    if device.type == "cpu":  # (smoke run) a CPU engine packs bf16 linears in place, and later
+        loaded = copy.deepcopy(loaded)  # sections need the model's nn.Linear layers
     return LLMEngine(config, loaded)
 
 
@@ -622,6 +626,12 @@ def roofline_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Lo
     sub = work.subset(s.hf_requests)
     ours = run_engine(engine, sub, s.device)
     del engine
+    eager = make_engine(loaded, "bfloat16", s.device, 2**30, 256, 2048, enforce_eager=True)
+    warm_up(eager, s, vocab)
+    eager_ms = decode_ms_per_token(single_stream(eager, s, vocab))
+    del eager
+    report.add("8B bf16", "single-stream decode without CUDA graphs", eager_ms, "ms/token")
+    report.add("8B bf16", "CUDA graphs' single-stream speed-up", eager_ms / ms, "x")
     return {"single_ms": ms, "ours_256_tok_s": run.output_tokens / run.elapsed_s,
             "ours_sub_tok_s": ours.output_tokens / ours.elapsed_s, "sub_outputs": ours.outputs}
 

@@ -11,6 +11,7 @@ from inferlab.errors import InferlabError
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
 
 
 def parse_bytes(text: str | int) -> int:
@@ -28,7 +29,11 @@ class EngineConfig:
     model: str | None = None  # HF directory or .gguf file; None: the embedded SmolLM2-135M
     dtype: str = "auto"  # auto: bf16 on CPUs with AMX/AVX512-BF16 and on GPUs, else fp32
     device: str = "auto"  # auto: cuda when available, else cpu
-    kv_cache_memory_bytes: int = 2 * 2**30
+    # None: CPU_KV_CACHE_BYTES on a CPU; on a GPU, what gpu_memory_utilization leaves after
+    # the weights and a profiled step's activations
+    kv_cache_memory_bytes: int | None = None
+    gpu_memory_utilization: float = 0.9  # share of the GPU's memory this engine may take
+    enforce_eager: bool = False  # no CUDA graphs for decode steps
     block_size: int = 16
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 2048
@@ -42,8 +47,11 @@ class EngineConfig:
             raise InferlabError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):
             raise InferlabError(f"device must be auto, cpu or cuda, got {self.device!r}")
-        if self.kv_cache_memory_bytes <= 0:
+        if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
             raise InferlabError("kv_cache_memory must be positive")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise InferlabError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:

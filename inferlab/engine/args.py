@@ -21,8 +21,15 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     group = parser.add_argument_group("engine")
     group.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS.dtype)
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default=_DEFAULTS.device)
-    group.add_argument("--kv-cache-memory", default="2GiB",
-                       help="bytes for the KV cache, e.g. 2GiB, 512MiB (default: 2GiB)")
+    group.add_argument("--kv-cache-memory", default=None,
+                       help="bytes for the KV cache, e.g. 2GiB, 512MiB (default: 2GiB on a CPU; "
+                            "on a GPU what --gpu-memory-utilization leaves)")
+    group.add_argument("--gpu-memory-utilization", type=float,
+                       default=_DEFAULTS.gpu_memory_utilization,
+                       help="share of the GPU's memory for weights, activations and the KV cache, "
+                            "sized after a profiling step (default: %(default)s; ignored on a CPU)")
+    group.add_argument("--enforce-eager", action="store_true",
+                       help="run decode steps eagerly, without CUDA graphs")
     group.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
     group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else _DEFAULTS.max_num_batched_tokens
@@ -39,7 +46,9 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device,
-        kv_cache_memory_bytes=parse_bytes(args.kv_cache_memory), block_size=args.block_size,
+        kv_cache_memory_bytes=None if args.kv_cache_memory is None else parse_bytes(args.kv_cache_memory),
+        gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
+        block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         num_threads=args.num_threads, seed=args.seed,

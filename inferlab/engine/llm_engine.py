@@ -17,8 +17,9 @@ from typing import Any
 
 import torch
 
-from inferlab.config import EngineConfig, parse_bytes
+from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
 from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.engine.output_processor import OutputProcessor
 from inferlab.engine.outputs import RequestOutput
@@ -37,6 +38,7 @@ from inferlab.planner.units import format_bytes
 # shutdown (triton's, which torch imports) see their objects collected.
 atexit.register(gc.unfreeze)
 logger = logging.getLogger("inferlab.engine")
+MAX_GRAPH_BATCH_SIZE = 512  # larger decode batches run eagerly: launches no longer dominate
 
 
 @dataclass
@@ -65,7 +67,7 @@ class LLMEngine:
         self.kv_bytes_per_token = kv_cache_bytes_per_token(
             self.model_config.num_layers, self.model_config.num_kv_heads,
             self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
-        self.num_kv_blocks = num_kv_blocks(config.kv_cache_memory_bytes, config.block_size,
+        self.num_kv_blocks = num_kv_blocks(self._kv_cache_budget_bytes(), config.block_size,
                                            self.kv_bytes_per_token)
         self._check_kv_cache_fits(self.num_kv_blocks * config.block_size * self.kv_bytes_per_token)
         cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
@@ -74,8 +76,11 @@ class LLMEngine:
             SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                             max_num_batched_tokens=config.max_num_batched_tokens),
             cache_config)
+        graphs = self.device.type == "cuda" and not config.enforce_eager
         self.runner = ModelRunner(self.loaded.model, RunnerConfig(
-            self.num_kv_blocks, config.block_size, self.dtype, self.device, config.seed))
+            self.num_kv_blocks, config.block_size, self.dtype, self.device, config.seed,
+            max_graph_batch_size=min(config.max_num_seqs, MAX_GRAPH_BATCH_SIZE) if graphs else 0,
+            max_model_len=self.max_model_len))
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         self.last_step_tokens = 0  # tokens the last step computed (/metrics reads it)
@@ -87,6 +92,23 @@ class LLMEngine:
         gc.freeze()
 
     # -- requests -------------------------------------------------------------------------------
+
+    def _kv_cache_budget_bytes(self) -> int:
+        config = self.config
+        if config.kv_cache_memory_bytes is not None:
+            return config.kv_cache_memory_bytes
+        if self.device.type != "cuda":
+            return CPU_KV_CACHE_BYTES
+        query_lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs,
+                                        self.max_model_len)
+        memory = profile_device_memory(self.loaded.model, query_lens, config.block_size,
+                                       self.dtype, self.device)
+        kv_bytes = memory.kv_cache_bytes(config.gpu_memory_utilization)
+        logger.info("KV cache %s: %s x %.2f - %s weights and activations - %s other",
+                    format_bytes(kv_bytes), format_bytes(memory.total_bytes),
+                    config.gpu_memory_utilization, format_bytes(memory.peak_torch_bytes),
+                    format_bytes(memory.non_torch_bytes))
+        return kv_bytes
 
     def _check_kv_cache_fits(self, kv_cache_bytes: int) -> None:
         """Refuse a cache the device cannot hold: on a host, zeroing it would end in the OOM
@@ -191,7 +213,8 @@ class LLMEngine:
 def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
     """EngineConfig from keyword arguments; kv_cache_memory may be a string like '2GiB'."""
     if "kv_cache_memory" in kwargs:
-        kwargs["kv_cache_memory_bytes"] = parse_bytes(kwargs.pop("kv_cache_memory"))
+        size = kwargs.pop("kv_cache_memory")
+        kwargs["kv_cache_memory_bytes"] = None if size is None else parse_bytes(size)
     try:
         return EngineConfig(model=model, **kwargs)
     except TypeError as e:

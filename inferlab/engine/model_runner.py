@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
 from inferlab.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
@@ -19,6 +20,10 @@ class RunnerConfig:
     kv_dtype: torch.dtype
     device: torch.device
     seed: int = 0
+    # Decode-only steps of up to this many sequences replay CUDA graphs (0: always eager).
+    # max_model_len sets the graphs' block-table width.
+    max_graph_batch_size: int = 0
+    max_model_len: int = 0
 
 
 class ModelRunner:
@@ -34,12 +39,21 @@ class ModelRunner:
         ]
         self.generators: dict[str, torch.Generator] = {}
         torch.manual_seed(config.seed)
+        self.graphed: GraphedDecode | None = None
+        if config.max_graph_batch_size:
+            self.graphed = GraphedDecode(model, self.kv_caches, config.block_size,
+                                         config.max_graph_batch_size,
+                                         -(-config.max_model_len // config.block_size), config.device)
+            self.graphed.capture()
 
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
         for request_id in sched.finished_request_ids:
             self.generators.pop(request_id, None)
         chunks = sched.chunks
+        if self.graphed is not None and fits_graph(chunks) and self.graphed.covers(len(chunks)):
+            # every chunk samples, and row b of the graph's output is chunk b's token
+            return self._sample(chunks, list(range(len(chunks))), self.graphed.run(chunks, self.config.device))
         query_lens = [c.num_new_tokens for c in chunks]
         seq_lens = [c.num_computed_tokens + c.num_new_tokens for c in chunks]
         input_ids = [t for c in chunks
@@ -52,16 +66,22 @@ class ModelRunner:
                             self.kv_caches, meta)  # [N, hidden]
         ends = meta.query_start_loc[1:].long() - 1  # last new token of each chunk
         sampling = [i for i, c in enumerate(chunks) if c.samples]
-        output = ModelRunnerOutput(sampled_token_ids={})
-        if sampling:
-            logits = self.model.compute_logits(hidden[ends[sampling]])  # [S, V]
-            tokens, logprobs = sample(logits, self._sampling_batch([chunks[i] for i in sampling]))
-            for i, token, lp in zip(sampling, tokens.tolist(), logprobs, strict=True):
-                rid = chunks[i].request.request_id
-                output.sampled_token_ids[rid] = token
-                if lp is not None:
-                    output.logprobs[rid] = lp
+        output = self._sample(chunks, sampling, hidden[ends[sampling]] if sampling else hidden[:0])
         self._prompt_logprobs(chunks, hidden, meta, output)
+        return output
+
+    def _sample(self, chunks, sampling: list[int], hidden: torch.Tensor) -> ModelRunnerOutput:
+        """hidden [S, hidden]: the last new token of chunks[sampling[s]] -> sampled tokens."""
+        output = ModelRunnerOutput(sampled_token_ids={})
+        if not sampling:
+            return output
+        logits = self.model.compute_logits(hidden)  # [S, V]
+        tokens, logprobs = sample(logits, self._sampling_batch([chunks[i] for i in sampling]))
+        for i, token, lp in zip(sampling, tokens.tolist(), logprobs, strict=True):
+            rid = chunks[i].request.request_id
+            output.sampled_token_ids[rid] = token
+            if lp is not None:
+                output.logprobs[rid] = lp
         return output
 
     def _sampling_batch(self, chunks) -> SamplingBatch:

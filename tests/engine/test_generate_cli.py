@@ -15,6 +15,7 @@ from inferlab.cli import main
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--sampling-seed", str(2**70)], "seed must be in"),  # these once ended in a traceback
     (["--seed", str(-2**63 - 1)], "seed must be in"),
+    (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1]"),
 ])
 def test_bad_flags_are_one_line_errors(capsys, monkeypatch, command, flags, words):
     import inferlab.engine.llm_engine as llm_engine

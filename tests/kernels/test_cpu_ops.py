@@ -164,6 +164,18 @@ def test_decode_result_does_not_depend_on_the_batch():
         assert torch.equal(alone[0], together[b])
 
 
+@pytest.mark.parametrize("write_kv", [cpu_ops.write_kv, torch_paged.write_kv], ids=["C", "torch"])
+def test_cache_write_skips_negative_slots(write_kv) -> None:
+    """Padding rows of a fixed-size batch (slot -1) write nothing; the real row lands at its
+    slot (block 1, offset 2 of 4-token blocks)."""
+    k_storage, v_storage = torch.zeros(3, 4, 1, 16), torch.zeros(3, 4, 1, 16)
+    k_cache, v_cache = k_storage[1:], v_storage[1:]  # slot -1 would land in block 0 of storage
+    k = torch.arange(32, dtype=torch.float32).reshape(2, 1, 16) + 1
+    write_kv(k, -k, k_cache, v_cache, torch.tensor([-1, 6]))
+    assert torch.equal(k_cache[1, 2, 0], k[1, 0]) and torch.equal(v_cache[1, 2, 0], -k[1, 0])
+    assert k_storage.count_nonzero() == 16 and v_storage.count_nonzero() == 16
+
+
 def test_bad_layouts_are_refused():
     q = torch.randn(2, 9, 64)
     cache = torch.zeros(4, 12, 3, 64)  # block size 12: not a power of two

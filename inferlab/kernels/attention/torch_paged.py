@@ -12,8 +12,11 @@ from inferlab.kernels.attention.metadata import AttentionMetadata
 
 def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              slot_mapping: torch.Tensor) -> None:
-    """Store new K/V at their slots. k, v: [N, Hkv, D]; caches: [blocks, block_size, Hkv, D]."""
+    """Store new K/V at their slots. k, v: [N, Hkv, D]; caches: [blocks, block_size, Hkv, D].
+    A negative slot (a padding row) writes nothing."""
     num_kv_heads, head_dim = k.shape[1], k.shape[2]
+    keep = slot_mapping >= 0
+    k, v, slot_mapping = k[keep], v[keep], slot_mapping[keep]
     k_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, k.to(k_cache.dtype))
     v_cache.view(-1, num_kv_heads, head_dim).index_copy_(0, slot_mapping, v.to(v_cache.dtype))
 

@@ -116,12 +116,15 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
 }
 
 /* Copy each token's K and V rows (kv_width = Hkv * D elements, contiguous within a token) to
- * cache slot slots[t] of caches laid out [slots, kv_width]. */
+ * cache slot slots[t] of caches laid out [slots, kv_width]. A negative slot is a padding row of
+ * a fixed-size (graph) batch: it writes nothing. */
 void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
               const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
               int64_t kv_width, int elem) {
     size_t bytes = (size_t)kv_width * elem;
     for (int64_t t = 0; t < tokens; t++) {
+        if (slots[t] < 0)
+            continue;
         memcpy((char *)k_cache + slots[t] * bytes, (const char *)k + t * k_stride * elem, bytes);
         memcpy((char *)v_cache + slots[t] * bytes, (const char *)v + t * v_stride * elem, bytes);
     }
