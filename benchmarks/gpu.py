@@ -258,24 +258,6 @@ def rtn(w: torch.Tensor, scheme: str):
                         else torch.float32)
 
 
-class TritonW4A16Linear(nn.Module):
-    """W4A16 on the GPU: pack-quantized int4 weights through the Triton dequantizing matmul."""
-
-    def __init__(self, qw, bias: torch.Tensor | None) -> None:
-        from inferlab.quant.formats.int_pack import pack_int32
-
-        super().__init__()
-        self.packed = pack_int32(qw.codes, 4)  # int32 [N, K/8]
-        self.scale, self.zero_point, self.bias = qw.scale, qw.zero_point, bias
-        self.group_size = qw.codes.shape[1] // qw.scale.shape[1]
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        from inferlab.kernels.triton_w4a16 import w4a16_linear
-
-        return w4a16_linear(x, self.packed, self.scale, self.group_size, self.bias,
-                            self.zero_point)
-
-
 def check_quant_kernels(s: Settings, report: Report) -> None:
     from inferlab.kernels.scaled_mm import fp8_w8a8_linear, int8_w8a8_linear
 
@@ -284,8 +266,8 @@ def check_quant_kernels(s: Settings, report: Report) -> None:
     for m in (1, 300):
         x = torch.randn(m, 4096, dtype=torch.bfloat16, device=s.device)
         ref = x.float() @ int4.dequantize().T
-        err = rel_error(TritonW4A16Linear(int4, None)(x), ref)
-        report.check("kernels", f"W4A16 Triton vs dequantize+matmul, M={m}", err < 1e-2,
+        err = rel_error(quantized_layer_from(int4, "W4A16", None, s.device)(x), ref)
+        report.check("kernels", f"W4A16 (Triton on a GPU) vs dequantize+matmul, M={m}", err < 1e-2,
                      f"rel err {err:.1e}")
         for name, qw, fn, bound in (("int8", int8, int8_w8a8_linear, 0.02),
                                     ("fp8", fp8, fp8_w8a8_linear, 0.06)):
@@ -663,22 +645,23 @@ def transformers_section(s: Settings, report: Report, loaded: LoadedModel,
 # --- 5. quantized decode --------------------------------------------------------------------------
 
 # name -> (scheme, planner weight format for its roofline); layers built as the product builds
-# them (inferlab.quant.linear), plus W4A16 through the Triton kernel
+# them (inferlab.quant.linear: on a GPU, torch._scaled_mm / torch._int_mm and the Triton W4A16)
 QUANT_VARIANTS = {"W8A8 int8": ("W8A8", "int8"), "FP8_DYNAMIC": ("FP8_DYNAMIC", "fp8"),
-                  "W4A16 Triton": ("W4A16", "int4-g128"),
-                  "W4A16 quant.linear (dequantize per call)": ("W4A16", "int4-g128")}
+                  "W4A16 g128": ("W4A16", "int4-g128")}
 
 
-def quantized_layer(linear: nn.Linear, name: str, device: torch.device) -> nn.Module:
+def quantized_layer_from(qw, scheme: str, bias: torch.Tensor | None,
+                         device: torch.device) -> nn.Module:
     from inferlab.quant.linear import build_quant_linear
     from inferlab.quant.scheme import FLOAT, INT, ActivationArgs
 
-    scheme = QUANT_VARIANTS[name][0]
-    qw = rtn(linear.weight.detach(), scheme)
-    if name == "W4A16 Triton":
-        return TritonW4A16Linear(qw, linear.bias)
     activations = {"W8A8": ActivationArgs(INT), "FP8_DYNAMIC": ActivationArgs(FLOAT)}.get(scheme)
-    return build_quant_linear(qw, activations, linear.bias, torch.bfloat16, device)
+    return build_quant_linear(qw, activations, bias, torch.bfloat16, device)
+
+
+def quantized_layer(linear: nn.Linear, name: str, device: torch.device) -> nn.Module:
+    scheme = QUANT_VARIANTS[name][0]
+    return quantized_layer_from(rtn(linear.weight.detach(), scheme), scheme, linear.bias, device)
 
 
 BLOCK_LINEARS = (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
