@@ -7,7 +7,7 @@
 3. greedy decoding of the embedded model (fp32) by the engine equals transformers `generate`
    with the same weights on the same GPU;
 4. a Llama-3.1-8B-shaped model with random bf16 weights built in memory: single-stream decode
-   against the HBM roofline; 256 concurrent requests (prompts 128-1024, outputs 128-1024,
+   against the HBM roofline, with the engine's CUDA graphs and without; 256 concurrent requests (prompts 128-1024, outputs 128-1024,
    ignore_eos) against the bf16 matmul roofline; the engine against transformers `generate`
    (static batches) on the same requests;
 5. W8A8 (int8, fp8) and W4A16 (int4, group 128) decode speed-ups over bf16 on that model.
