@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from inferlab.engine.llm_engine import LLM
+from inferlab.engine.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="session")
@@ -19,3 +22,17 @@ def make_llm(smollm_fp32):
 @pytest.fixture(scope="session")
 def wiki_text(shared_file) -> str:
     return shared_file("wikitext-2-raw/wiki.test.raw").read_text(encoding="utf-8")
+
+
+def use_graph_runner(llm: LLM, max_batch: int) -> list[int]:
+    """Swap in a runner whose decode steps take the CUDA-graph path (on CPU: its static buffers
+    and padding, run eagerly); returns a list that grows by each graphed step's batch size."""
+    engine = llm.engine
+    config = dataclasses.replace(engine.runner.config, max_graph_batch_size=max_batch,
+                                 max_model_len=engine.max_model_len)
+    engine.runner = ModelRunner(engine.loaded.model, config)
+    sizes: list[int] = []
+    graphed = engine.runner.graphed
+    run = graphed.run
+    graphed.run = lambda chunks, device: sizes.append(len(chunks)) or run(chunks, device)
+    return sizes

@@ -9,29 +9,17 @@ import pytest
 import torch
 
 from inferlab.engine.llm_engine import LLM
-from inferlab.engine.model_runner import ModelRunner
 from inferlab.engine.sampling_params import SamplingParams
+
+from .conftest import use_graph_runner
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time",
            "1, 2, 3, 4,", "Water boils at"]
 # Different lengths, so the batch shrinks 5 -> 1 and runs padded at sizes 8, 4, 2 and 1.
-PARAMS = [SamplingParams(temperature=0, max_tokens=3 + 3 * i, ignore_eos=True) for i in range(4)]
+PARAMS = [SamplingParams(temperature=0, max_tokens=3 + 3 * i, ignore_eos=True, logprobs=1)
+          for i in range(4)]
 PARAMS.append(SamplingParams(temperature=0.9, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True,
                              logprobs=2))
-
-
-def _with_graph_runner(llm: LLM, max_batch: int) -> list[int]:
-    """Swap in a runner with the graph path; returns a list that grows by each graphed batch's
-    size."""
-    engine = llm.engine
-    config = dataclasses.replace(engine.runner.config, max_graph_batch_size=max_batch,
-                                 max_model_len=engine.max_model_len)
-    engine.runner = ModelRunner(engine.loaded.model, config)
-    sizes: list[int] = []
-    graphed = engine.runner.graphed
-    run = graphed.run
-    graphed.run = lambda chunks, device: sizes.append(len(chunks)) or run(chunks, device)
-    return sizes
 
 
 def _outputs(llm: LLM) -> list[tuple[list[int], list]]:
@@ -49,16 +37,17 @@ def llm_pair(request, make_llm):
 
 def test_graph_path_gives_the_plain_paths_tokens(llm_pair) -> None:
     plain, graphed = llm_pair
-    sizes = _with_graph_runner(graphed, max_batch=8)
+    sizes = use_graph_runner(graphed, max_batch=8)
     expected = _outputs(plain)
     got = _outputs(graphed)
     assert [tokens for tokens, _ in got] == [tokens for tokens, _ in expected]
-    # the sampled request's logprobs: a padded batch is a larger matmul, which may sum in
-    # another order (as any other batch composition may)
-    for ours, ref in zip(got[-1][1], expected[-1][1], strict=True):
-        assert ours.token_id == ref.token_id and ours.rank == ref.rank
-        assert [t for t, _ in ours.top] == [t for t, _ in ref.top]
-        assert ours.logprob == pytest.approx(ref.logprob, abs=1e-4)
+    # logprobs too (a cache entry overwritten by a padding row would move them): a padded
+    # batch is a larger matmul, which may sum in another order, as any other batch may
+    for (_, ours_lps), (_, ref_lps) in zip(got, expected, strict=True):
+        for ours, ref in zip(ours_lps, ref_lps, strict=True):
+            assert ours.token_id == ref.token_id and ours.rank == ref.rank
+            assert [t for t, _ in ours.top] == [t for t, _ in ref.top]
+            assert ours.logprob == pytest.approx(ref.logprob, abs=1e-4)
     assert sizes and max(sizes) == 5 and min(sizes) == 1  # decode steps took the graph path
     stats = graphed.engine.scheduler.stats()
     assert stats.num_free_blocks == graphed.num_kv_blocks
@@ -66,7 +55,7 @@ def test_graph_path_gives_the_plain_paths_tokens(llm_pair) -> None:
 
 def test_batches_above_the_largest_graph_run_eagerly(make_llm) -> None:
     llm = make_llm()
-    sizes = _with_graph_runner(llm, max_batch=2)
+    sizes = use_graph_runner(llm, max_batch=2)
     plain = make_llm()
     assert [t for t, _ in _outputs(llm)] == [t for t, _ in _outputs(plain)]
     assert sizes and max(sizes) == 2  # 5, 4 and 3 sequences took the plain path
