@@ -99,9 +99,10 @@ def test_silu_and_mul_matches_the_mlp_activation(dtype):
 
 
 def _random_batch(query_lens: list[int], context_lens: list[int], dtype: torch.dtype, seed: int,
-                  d: int = 64):
-    """Caches filled at random, shuffled block tables, new tokens after each context."""
-    block_size, hq, hkv = 16, 9, 3
+                  d: int = 64, heads: tuple[int, int] = (9, 3)):
+    """Caches filled at random, shuffled block tables, new tokens after each context; heads:
+    (query heads, KV heads)."""
+    block_size, (hq, hkv) = 16, heads
     gen = random.Random(seed)
     seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     need = [-(-s // block_size) for s in seq_lens]
@@ -151,6 +152,23 @@ def test_long_prefill_chunks_match_the_oracle_alone_or_together(head_dim):
         rows = slice(starts[b], starts[b] + n)
         alone = cpu_paged.paged_attention(q[rows], k[rows], v[rows], kc, vc, alone_meta, 0.125)
         assert torch.equal(alone, together[rows])
+
+
+@pytest.mark.parametrize("heads", [(32, 8), (4, 4), (16, 1), (6, 3)])
+def test_decode_head_layouts_match_the_oracle_alone_or_together(heads):
+    """bf16 decodes with GQA groups of 4 (AMX: two bands of heads a tile), 1, 16 and 2: the
+    oracle's result, and the same bits alone (one KV head a task) or batched (all heads)."""
+    query_lens, context_lens = [1] * 6, [5, 77, 300, 16, 1, 140]
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=7,
+                                              d=128, heads=heads)
+    together = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+    ref = torch_paged.paged_attention(q, k, v, kc.clone(), vc.clone(), meta, 0.125)
+    torch.testing.assert_close(together, ref, atol=1.6e-2, rtol=1.6e-2)
+    for b in range(len(query_lens)):
+        table = meta.block_tables[b, : -(-meta.seq_lens_cpu[b] // 16)].tolist()
+        alone_meta = AttentionMetadata.build([1], [meta.seq_lens_cpu[b]], [table], 16)
+        alone = cpu_paged.paged_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], kc, vc, alone_meta, 0.125)
+        assert torch.equal(alone[0], together[b])
 
 
 def test_decode_result_does_not_depend_on_the_batch():

@@ -14,6 +14,21 @@
 
 #include "kernels.h"
 
+/* Where the softmax weights of query row (head h of the range, g) at position p lie in the
+ * scratch: rows of len floats (the generic and AVX512-BF16 paths), or scores_amx's bands of
+ * heads, 16 lanes a position. */
+typedef struct { int64_t band, band_stride, row, pos; } weights_layout;
+
+static inline int64_t weight_offset(weights_layout l, int64_t group, int64_t h, int64_t g,
+                                    int64_t p) {
+    return h / l.band * l.band_stride + (h % l.band * group + g) * l.row + p * l.pos;
+}
+
+/* Floats of scores a span needs: bands of 16 lanes x len rounded up to 16 on AMX, else rows. */
+static inline int64_t score_floats(int64_t heads, int64_t group, int64_t len, int amx) {
+    return amx ? (heads + 16 / group - 1) / (16 / group) * ((len + 15) / 16 * 256) : heads * group * len;
+}
+
 /* scores[r*len + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
 static inline __attribute__((always_inline)) void scores_any(
         const char *q, const char *k_cache, span_t s, float scale, int elem, float *scores,
@@ -117,13 +132,14 @@ static inline __attribute__((always_inline)) void scores_bf16(
     }
 }
 
-/* acc[0 .. GN) += sum_i w[g*len + i] * v[i] over a chunk's n positions, head dim CH x 16, the
- * GN x CH sums in registers (GN * CH <= 16). Each 32 values of V widen in two instructions, not
- * four: shifted up 16 bits, a 32-bit lane holds the even element of its pair; masked, the odd
- * one. So acc holds each 32 dims as their 16 even then their 16 odd ones (interleave_pairs). */
+/* acc[0 .. GN) += sum_i w[g*w_row + i*w_pos] * v[i] over a chunk's n positions, head dim
+ * CH x 16, the GN x CH sums in registers (GN * CH <= 16). Each 32 values of V widen in two
+ * instructions, not four: shifted up 16 bits, a 32-bit lane holds the even element of its pair;
+ * masked, the odd one. So acc holds each 32 dims as their 16 even then their 16 odd ones
+ * (interleave_pairs). */
 static inline __attribute__((always_inline)) void values_tile(
-        const uint16_t *const v[16], int n, const float *w, int64_t len, float *acc,
-        const int GN, const int CH) {
+        const uint16_t *const v[16], int n, const float *w, int64_t w_row, int64_t w_pos,
+        float *acc, const int GN, const int CH) {
     const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 sum[16];
     for (int g = 0; g < GN; g++)
@@ -134,7 +150,7 @@ static inline __attribute__((always_inline)) void values_tile(
             __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
             __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
             for (int g = 0; g < GN; g++) {
-                __m512 p = _mm512_set1_ps(w[g * len + i]);
+                __m512 p = _mm512_set1_ps(w[g * w_row + i * w_pos]);
                 sum[g * CH + c] = _mm512_fmadd_ps(p, even, sum[g * CH + c]);
                 sum[g * CH + c + 1] = _mm512_fmadd_ps(p, odd, sum[g * CH + c + 1]);
             }
@@ -154,11 +170,11 @@ static inline void interleave_pairs(float *x, int64_t n) {
     }
 }
 
-/* acc[r] = sum_p w[r*len + p] * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256):
- * chunk by chunk of 16 positions, each head's query rows in register tiles (for head dims 64
- * and 128; one row at a time otherwise). */
+/* acc[r] = sum_p w(r, p) * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256), the
+ * weights where `l` puts them: chunk by chunk of 16 positions, each head's query rows in
+ * register tiles (for head dims 64 and 128; one row at a time otherwise). */
 static inline __attribute__((always_inline)) void values_bf16(
-        const uint16_t *v_cache, span_t s, const float *w, float *acc) {
+        const uint16_t *v_cache, span_t s, const float *w, weights_layout l, float *acc) {
     const int ch = (int)(s.dim / 16);
     memset(acc, 0, (size_t)(s.h1 - s.h0) * s.group * s.dim * sizeof(float));
     for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
@@ -167,95 +183,121 @@ static inline __attribute__((always_inline)) void values_bf16(
         for (int64_t h = 0; h < s.h1 - s.h0; h++) {
             for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
             for (int64_t g0 = 0; g0 < s.group;) {
-                int64_t r = h * s.group + g0, left = s.group - g0;
-                const float *wr = w + r * s.len + p0;
+                int64_t r = h * s.group + g0, left = s.group - g0, wr_ = l.row, wp = l.pos;
+                const float *wr = w + weight_offset(l, s.group, h, g0, p0);
                 float *ar = acc + r * s.dim;
-                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, s.len, ar, 4, 4); g0 += 4; }
-                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, s.len, ar, 3, 4); g0 += 3; }
-                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, s.len, ar, 2, 4); g0 += 2; }
-                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, s.len, ar, 2, 8); g0 += 2; }
-                else { values_tile(vh, n, wr, s.len, ar, 1, ch); g0 += 1; }
+                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, wr_, wp, ar, 4, 4); g0 += 4; }
+                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, wr_, wp, ar, 3, 4); g0 += 3; }
+                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, wr_, wp, ar, 2, 4); g0 += 2; }
+                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, wr_, wp, ar, 2, 8); g0 += 2; }
+                else { values_tile(vh, n, wr, wr_, wp, ar, 1, ch); g0 += 1; }
             }
         }
     }
 }
 #if defined(__AMX_BF16__)
-/* scores_bf16 on AMX tiles: S^T = K Q^T per KV head and chunk of 16 positions. The A tile is
- * the chunk's keys loaded straight from the cache (16 rows Hkv * D apart: one block, blocks being
- * a multiple of 16 positions), B the head's query rows in VNNI pairs (built once per token), and
- * column g of the C tile row g's 16 scores. Two tile products replace 16 x G dot products and
- * their horizontal sums. work: (h1 - h0) * D/32 KiB of query tiles, then a 1 KiB C tile. */
-static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, float scale,
-                       float *scores, uint8_t *work) {
-    const int64_t k_steps = s.dim / 32, heads = s.h1 - s.h0, pos_stride = s.num_kv_heads * s.dim * 2;
-    uint32_t *q_pairs = (uint32_t *)work;  /* [heads][D/32][16 pairs][16 rows] */
-    float *tile = (float *)(work + heads * s.dim * 32);
+/* Unscaled scores on AMX tiles, S^T = K Q^T for a chunk of 16 positions and up to 16 query
+ * rows: the heads of the range in bands of 16 / group (lanes_layout), each band one C tile.
+ * The A tiles are the chunk's keys loaded straight from the cache (16 rows Hkv * D apart: one
+ * block, blocks being a multiple of 16 positions), 32 dims at a time across the band's heads;
+ * the B tiles hold the query rows in VNNI pairs as columns, a head's rows only beside its own
+ * dims (zeros elsewhere add exact zeros, so a row's sum does not depend on the band around it).
+ * The C tile is stored as it is: row p, lane (head in band, g). work: (h1 - h0) * D/32 KiB. */
+static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, float *scores,
+                       uint8_t *work) {
+    const int64_t steps = s.dim / 32, heads = s.h1 - s.h0, band = 16 / s.group;
+    const int64_t pos_stride = s.num_kv_heads * s.dim * 2, band_floats = (s.len + 15) / 16 * 256;
+    uint32_t *q_pairs = (uint32_t *)work;  /* [heads][D/32] tiles of [16 pairs][16 lanes] */
     memset(q_pairs, 0, (size_t)(heads * s.dim * 32));
     for (int64_t h = 0; h < heads; h++)
         for (int64_t g = 0; g < s.group; g++)
             pairs_to_tile_column((const uint32_t *)(q + ((s.h0 + h) * s.group + g) * s.dim),
-                                 s.dim / 2, q_pairs + h * s.dim * 8 + g);
-    const __m512i column = _mm512_setr_epi32(0, 16, 32, 48, 64, 80, 96, 112, 128, 144, 160,
-                                             176, 192, 208, 224, 240);
-    const __m512 scale_v = _mm512_set1_ps(scale);
+                                 s.dim / 2, q_pairs + h * steps * 256 + h % band * s.group + g);
     for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
         const uint16_t *rows[16];
-        const int n = chunk_rows(k_cache, s, p0, rows);  /* and the next chunk prefetched */
-        for (int64_t h = 0; h < heads; h++) {
-            const uint16_t *k0 = rows[0] + h * s.dim;
+        chunk_rows(k_cache, s, p0, rows);  /* and the next chunk prefetched */
+        for (int64_t h = 0; h < heads; h += band) {
+            const int64_t last = (h + band < heads ? h + band : heads) * steps;
             _tile_zero(0);
-            for (int64_t k = 0; k < k_steps; k++) {
-                _tile_loadd(4, k0 + 32 * k, pos_stride);
-                _tile_loadd(6, q_pairs + (h * k_steps + k) * 256, 64);
+            for (int64_t t = h * steps; t < last; t++) {  /* head t / steps, dims 32 * (t % steps) */
+                _tile_loadd(4, rows[0] + 32 * t, pos_stride);
+                _tile_loadd(6, q_pairs + t * 256, 64);
                 _tile_dpbf16ps(0, 4, 6);
             }
-            _tile_stored(0, tile, 64);
-            for (int64_t g = 0; g < s.group; g++) {
-                __m512 col = _mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)g)), tile, 4);
-                _mm512_mask_storeu_ps(scores + (h * s.group + g) * s.len + p0,
-                                      (__mmask16)((1u << n) - 1), _mm512_mul_ps(col, scale_v));
-            }
+            _tile_stored(0, scores + h / band * band_floats + p0 * 16, 64);
         }
+    }
+}
+
+/* Softmax numerators of scores_amx's lanes in place (scaled on the way); row sums to total[r]. */
+static void softmax_lanes(float *scores, span_t s, float scale, float *total) {
+    const int64_t heads = s.h1 - s.h0, band = 16 / s.group, band_floats = (s.len + 15) / 16 * 256;
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t h = 0; h < heads; h += band) {
+        float *sc = scores + h / band * band_floats;
+        __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
+        for (int64_t p = 0; p < s.len; p++)
+            top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_loadu_ps(sc + p * 16), scale_v));
+        for (int64_t p = 0; p < s.len; p++) {
+            __m512 x = _mm512_mul_ps(_mm512_loadu_ps(sc + p * 16), scale_v);
+            __m512 e = exp_nonpositive_ps(_mm512_sub_ps(x, top));
+            _mm512_storeu_ps(sc + p * 16, e);
+            sum = _mm512_add_ps(sum, e);
+        }
+        const int64_t rows = ((h + band < heads ? h + band : heads) - h) * s.group;
+        _mm512_mask_storeu_ps(total + h * s.group, (__mmask16)((1u << rows) - 1), sum);
     }
 }
 #endif
 
 #endif
 
-/* One decode token against its sequence's paged cache, for the query heads of KV heads
- * [s.h0, s.h1); out points at the token's output row [Hq, D]. */
-static inline __attribute__((always_inline)) void attend(
-        const char *q, const char *k_cache, const char *v_cache, span_t s, float scale, int elem,
-        float *scratch, uint8_t *tiles, char *out) {
-    int64_t rows = (s.h1 - s.h0) * s.group;
-    float *scores = scratch, *acc = scores + rows * s.len, *kv = acc + rows * s.dim;
-    float *total = kv + s.dim;
-#ifdef __AVX512BF16__
-    const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
-#if defined(__AMX_BF16__)
-    if (tiles)
-        scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, tiles);
-    else
-#endif
-    if (fast)
-        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
-    else
-#endif
-        scores_any(q, k_cache, s, scale, elem, scores, acc, kv);
+/* The rows layout's softmax numerators in place (scores already scaled); sums to total[r]. */
+static inline __attribute__((always_inline)) void softmax_rows(float *scores, int64_t rows,
+                                                               int64_t len, float *total) {
     for (int64_t r = 0; r < rows; r++) {
-        float *sr = scores + r * s.len, top = -INFINITY, sum = 0.0f;
+        float *sr = scores + r * len, top = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : top)
-        for (int64_t p = 0; p < s.len; p++) top = sr[p] > top ? sr[p] : top;
+        for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
 #pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < s.len; p++) {
+        for (int64_t p = 0; p < len; p++) {
             sr[p] = exp_nonpositive(sr[p] - top);
             sum += sr[p];
         }
         total[r] = sum;
     }
+}
+
+/* One decode token against its sequence's paged cache, for the query heads of KV heads
+ * [s.h0, s.h1); out points at the token's output row [Hq, D]. tiles: AMX scratch, or NULL. */
+static inline __attribute__((always_inline)) void attend(
+        const char *q, const char *k_cache, const char *v_cache, span_t s, float scale, int elem,
+        float *scratch, uint8_t *tiles, char *out) {
+    const int64_t heads = s.h1 - s.h0, rows = heads * s.group;
+    float *scores = scratch, *acc = scores + score_floats(heads, s.group, s.len, tiles != NULL);
+    float *kv = acc + rows * s.dim, *total = kv + s.dim;
+    weights_layout layout = {heads, 0, s.len, 1};
+#ifdef __AVX512BF16__
+    const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
+#if defined(__AMX_BF16__)
+    if (tiles) {
+        scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scores, tiles);
+        softmax_lanes(scores, s, scale, total);
+        layout = (weights_layout){16 / s.group, (s.len + 15) / 16 * 256, 1, 16};
+    } else
+#endif
+    if (fast) {
+        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
+        softmax_rows(scores, rows, s.len, total);
+    } else
+#endif
+    {
+        scores_any(q, k_cache, s, scale, elem, scores, acc, kv);
+        softmax_rows(scores, rows, s.len, total);
+    }
 #ifdef __AVX512BF16__
     if (fast) {
-        values_bf16((const uint16_t *)v_cache, s, scores, acc);
+        values_bf16((const uint16_t *)v_cache, s, scores, layout, acc);
         interleave_pairs(acc, rows * s.dim);
     } else
 #endif
@@ -301,11 +343,12 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
         max_len = seq_lens[seqs[i]] > max_len ? seq_lens[seqs[i]] : max_len;
     int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     int64_t tasks_per_token = num_kv_heads / heads_per_task, task_rows = heads_per_task * group;
-    size_t scratch_floats = (size_t)(task_rows * (max_len + dim + 1) + dim);
-    /* bf16 keys on AMX (scores_amx): query tiles and a C tile after the floats */
+    /* bf16 keys on AMX (scores_amx): its query tiles after the floats */
     const int amx = elem == 2 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0
                     && group <= 16 && has_amx();
-    const size_t tile_bytes = amx ? (size_t)(heads_per_task * dim * 32 + 1024) : 0;
+    size_t scratch_floats = (size_t)(score_floats(heads_per_task, group, max_len, amx)
+                                     + task_rows * (dim + 1) + dim);
+    const size_t tile_bytes = amx ? (size_t)(heads_per_task * dim * 32) : 0;
 #pragma omp parallel reduction(+ : failed)
     {
         float *scratch = malloc(sizeof(float) * scratch_floats + tile_bytes);  /* one per thread */
