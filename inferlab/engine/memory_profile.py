@@ -44,7 +44,7 @@ def profile_query_lens(max_num_batched_tokens: int, max_num_seqs: int, max_model
 
 
 def run_profile_step(model: LlamaForCausalLM, query_lens: list[int], block_size: int,
-                  dtype: torch.dtype, device: torch.device) -> int:
+                     dtype: torch.dtype, device: torch.device) -> int:
     """Run that step (prefill of every sequence, then top-k/top-p sampling of each) on a cache
     just large enough; returns the cache's bytes."""
     cfg = model.config

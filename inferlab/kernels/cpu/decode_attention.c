@@ -24,9 +24,12 @@ static inline int64_t weight_offset(weights_layout l, int64_t group, int64_t h, 
     return h / l.band * l.band_stride + (h % l.band * group + g) * l.row + p * l.pos;
 }
 
-/* Floats of scores a span needs: bands of 16 lanes x len rounded up to 16 on AMX, else rows. */
+/* Floats of one band of scores_amx's scores: 16 lanes a position, len rounded up to 16. */
+static inline int64_t band_floats(int64_t len) { return (len + 15) / 16 * 256; }
+
+/* Floats of scores a span needs: bands of 16 lanes on AMX, else rows. */
 static inline int64_t score_floats(int64_t heads, int64_t group, int64_t len, int amx) {
-    return amx ? (heads + 16 / group - 1) / (16 / group) * ((len + 15) / 16 * 256) : heads * group * len;
+    return amx ? (heads + 16 / group - 1) / (16 / group) * band_floats(len) : heads * group * len;
 }
 
 /* scores[r*len + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
@@ -183,21 +186,21 @@ static inline __attribute__((always_inline)) void values_bf16(
         for (int64_t h = 0; h < s.h1 - s.h0; h++) {
             for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
             for (int64_t g0 = 0; g0 < s.group;) {
-                int64_t r = h * s.group + g0, left = s.group - g0, wr_ = l.row, wp = l.pos;
+                int64_t r = h * s.group + g0, left = s.group - g0, w_row = l.row, w_pos = l.pos;
                 const float *wr = w + weight_offset(l, s.group, h, g0, p0);
                 float *ar = acc + r * s.dim;
-                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, wr_, wp, ar, 4, 4); g0 += 4; }
-                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, wr_, wp, ar, 3, 4); g0 += 3; }
-                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, wr_, wp, ar, 2, 4); g0 += 2; }
-                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, wr_, wp, ar, 2, 8); g0 += 2; }
-                else { values_tile(vh, n, wr, wr_, wp, ar, 1, ch); g0 += 1; }
+                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, w_row, w_pos, ar, 4, 4); g0 += 4; }
+                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, w_row, w_pos, ar, 3, 4); g0 += 3; }
+                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, w_row, w_pos, ar, 2, 4); g0 += 2; }
+                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, w_row, w_pos, ar, 2, 8); g0 += 2; }
+                else { values_tile(vh, n, wr, w_row, w_pos, ar, 1, ch); g0 += 1; }
             }
         }
     }
 }
 #if defined(__AMX_BF16__)
 /* Unscaled scores on AMX tiles, S^T = K Q^T for a chunk of 16 positions and up to 16 query
- * rows: the heads of the range in bands of 16 / group (lanes_layout), each band one C tile.
+ * rows: the heads of the range in bands of 16 / group (see weights_layout), each band one C tile.
  * The A tiles are the chunk's keys loaded straight from the cache (16 rows Hkv * D apart: one
  * block, blocks being a multiple of 16 positions), 32 dims at a time across the band's heads;
  * the B tiles hold the query rows in VNNI pairs as columns, a head's rows only beside its own
@@ -206,7 +209,7 @@ static inline __attribute__((always_inline)) void values_bf16(
 static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, float *scores,
                        uint8_t *work) {
     const int64_t steps = s.dim / 32, heads = s.h1 - s.h0, band = 16 / s.group;
-    const int64_t pos_stride = s.num_kv_heads * s.dim * 2, band_floats = (s.len + 15) / 16 * 256;
+    const int64_t pos_stride = s.num_kv_heads * s.dim * 2, band_size = band_floats(s.len);
     uint32_t *q_pairs = (uint32_t *)work;  /* [heads][D/32] tiles of [16 pairs][16 lanes] */
     memset(q_pairs, 0, (size_t)(heads * s.dim * 32));
     for (int64_t h = 0; h < heads; h++)
@@ -224,17 +227,17 @@ static void scores_amx(const uint16_t *q, const uint16_t *k_cache, span_t s, flo
                 _tile_loadd(6, q_pairs + t * 256, 64);
                 _tile_dpbf16ps(0, 4, 6);
             }
-            _tile_stored(0, scores + h / band * band_floats + p0 * 16, 64);
+            _tile_stored(0, scores + h / band * band_size + p0 * 16, 64);
         }
     }
 }
 
 /* Softmax numerators of scores_amx's lanes in place (scaled on the way); row sums to total[r]. */
 static void softmax_lanes(float *scores, span_t s, float scale, float *total) {
-    const int64_t heads = s.h1 - s.h0, band = 16 / s.group, band_floats = (s.len + 15) / 16 * 256;
+    const int64_t heads = s.h1 - s.h0, band = 16 / s.group, band_size = band_floats(s.len);
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t h = 0; h < heads; h += band) {
-        float *sc = scores + h / band * band_floats;
+        float *sc = scores + h / band * band_size;
         __m512 top = _mm512_set1_ps(-INFINITY), sum = _mm512_setzero_ps();
         for (int64_t p = 0; p < s.len; p++)
             top = _mm512_max_ps(top, _mm512_mul_ps(_mm512_loadu_ps(sc + p * 16), scale_v));
@@ -283,7 +286,7 @@ static inline __attribute__((always_inline)) void attend(
     if (tiles) {
         scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scores, tiles);
         softmax_lanes(scores, s, scale, total);
-        layout = (weights_layout){16 / s.group, (s.len + 15) / 16 * 256, 1, 16};
+        layout = (weights_layout){16 / s.group, band_floats(s.len), 1, 16};
     } else
 #endif
     if (fast) {
