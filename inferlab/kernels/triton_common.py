@@ -35,17 +35,27 @@ from triton.runtime.jit import JITFunction
 _INTERPRETED_HELPERS = {name: InterpretedFunction(obj.fn) for name, obj in vars(tl).items()
                         if isinstance(obj, JITFunction) and not name.startswith("_")}
 
+# What the interpreter patches while it runs a kernel. It restores what a launch patched, but
+# not what a helper called from inside the kernel patched (triton.language.core's functions,
+# such as `add`), and a later compile for CUDA then runs those interpreter versions and fails.
+_LANGUAGE_NAMESPACES = (tl, tl.core, tl.math, tl.core.tensor, tl.core.dtype,
+                        tl.core.tensor_descriptor_base)
+
 
 @contextmanager
 def _helpers_interpreted() -> Iterator[None]:
-    saved = {name: getattr(tl, name) for name in _INTERPRETED_HELPERS}
+    saved = [(ns, dict(vars(ns))) for ns in _LANGUAGE_NAMESPACES]
     for name, fn in _INTERPRETED_HELPERS.items():
         setattr(tl, name, fn)
     try:
         yield
     finally:
-        for name, fn in saved.items():
-            setattr(tl, name, fn)
+        for ns, before in saved:
+            for name in set(vars(ns)) - set(before):
+                delattr(ns, name)
+            for name, value in before.items():
+                if vars(ns).get(name) is not value:
+                    setattr(ns, name, value)
 
 
 class _InterpretedLauncher:

@@ -89,3 +89,16 @@ def test_rope_at_position_zero_with_llama_tables_is_identity() -> None:
     q0, k0 = q.clone(), k.clone()
     rotary_embedding(torch.tensor([0]), q, k, cos[0], sin[0])
     assert torch.equal(q, q0) and torch.equal(k, k0)
+
+
+def test_an_interpreted_launch_leaves_triton_language_as_it_found_it() -> None:
+    """The interpreter patches triton.language while a kernel runs and leaves behind what a
+    helper called inside the kernel (tl.sum here) patched; a later CUDA compile of any kernel
+    then ran those patched functions and failed (seen with an empty Triton cache)."""
+    import triton.language as tl
+
+    before = {ns: dict(vars(ns)) for ns in (tl, tl.core, tl.math, tl.core.tensor)}
+    rms_norm(torch.randn(3, 64, generator=GEN), torch.ones(64), 1e-5)
+    for ns, names in before.items():
+        changed = [n for n, v in vars(ns).items() if names.get(n) is not v]
+        assert not changed and set(vars(ns)) == set(names), (ns, changed)
