@@ -222,7 +222,7 @@ def amx_available() -> bool:
 
 
 def prefill_attention_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """paged_prefill_attention takes these shapes here: bf16, a CPU with AMX, head dim % 32."""
+    """paged_prefill_attention takes these shapes here: bf16, head dim % 32 (and <= 256)."""
     lib = _library()
     return (lib is not None and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
             and not k_cache.shape[1] & (k_cache.shape[1] - 1)
@@ -246,7 +246,7 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
         block_tables.stride(0), query_start_loc.data_ptr(), seq_lens.data_ptr(), seqs.data_ptr(),
         seqs.shape[0], out.data_ptr(), num_heads, num_kv_heads, dim, block_size, scale)
     if status == -2:
-        raise ValueError("paged_prefill_attention: no AMX here, or a head dim it does not take")
+        raise ValueError("paged_prefill_attention: a head dim it does not take")
     if status:
         raise MemoryError("paged_prefill_attention could not allocate its scratch buffers")
 
