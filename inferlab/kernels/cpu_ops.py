@@ -71,10 +71,22 @@ def _cache_dir() -> Path:
     return Path(os.environ.get("INFERLAB_CACHE_DIR") or Path.home() / ".cache" / "inferlab")
 
 
+def _cpu_features() -> bytes:
+    """The CPU's model and feature flags: -march=native code built on one CPU can fault on
+    another (AMX tiles on an AMD EPYC), so a cached build is only reused on the same kind."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return os.uname().machine.encode()
+    wanted = [line for line in lines if line.startswith(("model name", "flags"))]
+    return "\n".join(dict.fromkeys(wanted)).encode()
+
+
 def _build(sources: tuple[Path, ...]) -> Path:
-    """Compile `sources` into one library unless one built from the same bytes exists."""
+    """Compile `sources` into one library unless one built from the same bytes for the same
+    kind of CPU exists."""
     text = b"".join(s.read_bytes() for s in (*sources, *HEADERS))
-    digest = hashlib.sha256(text + b"-march=native").hexdigest()[:16]
+    digest = hashlib.sha256(text + b"-march=native" + _cpu_features()).hexdigest()[:16]
     target = _cache_dir() / f"cpu_ops-{digest}.so"
     if target.is_file():
         return target

@@ -19,3 +19,22 @@ def test_the_kernels_build_where_a_compiler_is():
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"the CPU kernels do not compile:\n{exc.stderr[:3000]}")
     assert library.is_file()
+
+
+def test_a_cached_build_is_reused_only_on_the_same_kind_of_cpu(tmp_path, monkeypatch):
+    """-march=native code from one CPU can fault on another, so the cache key holds the CPU."""
+    compiled = []
+
+    def fake_compiler(cmd, **kwargs):
+        out = cmd[cmd.index("-o") + 1]
+        compiled.append(out)
+        open(out, "wb").close()
+
+    monkeypatch.setenv("INFERLAB_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cpu_ops.subprocess, "run", fake_compiler)
+    monkeypatch.setattr(cpu_ops, "_cpu_features", lambda: b"flags: avx512f amx_tile")
+    intel = cpu_ops._build(cpu_ops.SOURCES)
+    assert cpu_ops._build(cpu_ops.SOURCES) == intel and len(compiled) == 1
+    monkeypatch.setattr(cpu_ops, "_cpu_features", lambda: b"flags: avx512f")
+    amd = cpu_ops._build(cpu_ops.SOURCES)
+    assert amd != intel and len(compiled) == 2 and amd.is_file() and intel.is_file()
