@@ -30,8 +30,8 @@
  * to even. y = sum(v w) * scale_r * scale_w (+ bias), one rounding to bf16.
  *
  * Both: up to TILE_ROWS rows go through the kernels here, reading the weight once; more go to
- * matmul.c's AMX GEMM (int8 tiles on the codes; bf16 tiles on the fp8 codes widened once per
- * call), which scales the same way. A row's result does not depend on the other rows.
+ * matmul.c's AMX GEMM (int8 tiles on the codes; bf16 tiles, or AVX512 register tiles without
+ * AMX, on the fp8 codes widened once per call), which scales the same way. A row's result does not depend on the other rows.
  */
 #include <math.h>
 #include <stdint.h>
@@ -221,25 +221,25 @@ static void widen_codes(const linear_t *l, uint16_t *packed) {
         _mm512_storeu_si512(packed + p * 32, (__m512i)fp8_pair((const uint8_t *)l->weight + p * 32));
 }
 
-/* More than TILE_ROWS rows on AMX: int8 tiles on the codes, or bf16 tiles on the fp8 codes
- * widened once. Returns 0, -2 when out of memory, or 1 when this CPU has no AMX. */
-static int amx_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
-                    uint16_t *y) {
-#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (!has_amx()) return 1;
+/* More than TILE_ROWS rows: int8 tiles on the codes where the CPU has AMX (else 1: the
+ * kernels here, which beat int8 register tiles on an AMD EPYC), or bf16 tiles (AMX or AVX512)
+ * on the fp8 codes widened once. Returns 0, 1, or -2 when out of memory. */
+static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
+                     uint16_t *y) {
     const int64_t k = l->k_in;
-    if (l->kind == LINEAR_W8A8)
-        return amx_gemm(xq, k, rows, l->weight, k, 1, x_scale, l->scale, l->bias, y, 2, l->n_out);
+    if (l->kind == LINEAR_W8A8) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+        if (has_amx())
+            return amx_gemm(xq, k, rows, l->weight, k, 1, x_scale, l->scale, l->bias, y, 2, l->n_out);
+#endif
+        return 1;
+    }
     uint16_t *wide = aligned_alloc(64, sizeof(uint16_t) * (size_t)(l->n_out * k));
     if (!wide) return -2;
     widen_codes(l, wide);
-    int status = amx_gemm(xq, k * 2, rows, wide, k * 2, 0, x_scale, l->scale, l->bias, y, 2, l->n_out);
+    int status = bf16_gemm(xq, k, rows, wide, k, x_scale, l->scale, l->bias, y, 2, l->n_out);
     free(wide);
     return status;
-#else
-    (void)l; (void)xq; (void)x_scale; (void)rows; (void)y;
-    return 1;
-#endif
 }
 
 /* y [rows, N] = quantized(x) [rows, K] @ W^T, scaled (+ bias), for LINEAR_W8A8 (K % 64 == 0)
@@ -253,7 +253,7 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     if (!status) {
         if (fp8) quantize_fp8(x, x_stride, rows, l->k_in, xq, scales);
         else quantize_int8(x, x_stride, rows, l->k_in, xq, scales);
-        status = rows > TILE_ROWS ? amx_rows(l, xq, scales, rows, y) : 1;
+        status = rows > TILE_ROWS ? gemm_rows(l, xq, scales, rows, y) : 1;
         if (status == 1) {
             kernel_rows(l, xq, scales, rows, y);
             status = 0;

@@ -149,6 +149,9 @@ void amx_release_tiles(void);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);
+int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+              int64_t k_in, const float *row_scale, const float *col_scale, const uint16_t *bias,
+              void *y, int y_elem, int64_t n_out);
 
 /* One linear layer of any weight format, as quant_linear.c's linear_forward takes it. */
 enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3, LINEAR_FP8 = 4 };

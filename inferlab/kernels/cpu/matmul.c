@@ -102,42 +102,58 @@ static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const
 }
 
 /* More rows without AMX: register tiles of up to GEMM_ROWS rows x GEMM_BLOCKS blocks of 16
- * outputs (24 of the 32 zmm registers accumulate), each k-pair's GEMM_BLOCKS weight vectors
+ * outputs (24 of the 32 zmm registers accumulate), each k-step's GEMM_BLOCKS weight vectors
  * loaded once for all the tile's rows. A task is GEMM_BLOCKS blocks by up to GEMM_CHUNK_ROWS
  * rows, so its weights (<= 200 KB) are read from memory once and then from L2 for every row
  * tile. The 4-row kernel read every weight again for each 4 rows: 0.35 TFLOP/s at 512 rows
- * against oneDNN's 0.8-0.9 on an AMD EPYC (Zen 5) without AMX. */
+ * against oneDNN's 0.8-0.9 on an AMD EPYC (Zen 5) without AMX.
+ *
+ * bf16 only: int8 tiles on vpdpbusd ran no faster than bf16 ones on that CPU (0.9 TOPS at 512
+ * rows), and slower than dynamic_linear.c's 4-row kernel. */
 #define GEMM_ROWS 6
 #define GEMM_BLOCKS 4
 #define GEMM_CHUNK_ROWS 96
 
+typedef struct {
+    const uint16_t *x, *packed;
+    int64_t x_stride, pairs, n_out;  /* x_stride in elements */
+    int y_elem;
+    const float *row_scale, *col_scale;  /* amx_gemm's scaling, or NULL */
+    const uint16_t *bias;
+    void *y;
+} gemm_args_t;
+
 static inline __attribute__((always_inline)) void gemm_tile(
-        const uint16_t *x, int64_t x_stride, const int ROWS, const uint16_t *w, const int BLOCKS,
-        int64_t pairs, const uint16_t *bias, char *y, int y_elem, int64_t n_out) {
+        const gemm_args_t *g, int64_t r0, int64_t b0, const int ROWS, const int BLOCKS) {
+    const uint16_t *x = g->x + r0 * g->x_stride, *w = g->packed + b0 * g->pairs * 32;
     __m512 acc[GEMM_ROWS][GEMM_BLOCKS];
     for (int m = 0; m < ROWS; m++)
         for (int b = 0; b < BLOCKS; b++) acc[m][b] = _mm512_setzero_ps();
-    for (int64_t kp = 0; kp < pairs; kp++) {
+    for (int64_t kp = 0; kp < g->pairs; kp++) {
         __m512bh wv[GEMM_BLOCKS];
         for (int b = 0; b < BLOCKS; b++)
-            wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * pairs + kp) * 32);
+            wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * g->pairs + kp) * 32);
         for (int m = 0; m < ROWS; m++) {
-            const __m512bh xv = broadcast_pair(x + m * x_stride, kp);
+            const __m512bh xv = broadcast_pair(x + m * g->x_stride, kp);
             for (int b = 0; b < BLOCKS; b++) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], wv[b], xv);
         }
     }
     for (int b = 0; b < BLOCKS; b++) {
-        const __m512 bv = bias_f32(bias ? bias + 16 * b : NULL);
-        for (int m = 0; m < ROWS; m++)
-            store_sums(y + (m * n_out + 16 * b) * y_elem, y_elem, _mm512_add_ps(acc[m][b], bv));
+        const int64_t col = (b0 + b) * 16;
+        const __m512 bv = bias_f32(g->bias ? g->bias + col : NULL);
+        const __m512 cs = g->row_scale ? _mm512_loadu_ps(g->col_scale + col) : _mm512_setzero_ps();
+        for (int m = 0; m < ROWS; m++) {
+            __m512 sum = acc[m][b];
+            if (g->row_scale) sum = _mm512_mul_ps(sum, _mm512_mul_ps(cs, _mm512_set1_ps(g->row_scale[r0 + m])));
+            store_sums((char *)g->y + ((r0 + m) * g->n_out + col) * g->y_elem, g->y_elem,
+                       _mm512_add_ps(sum, bv));
+        }
     }
 }
 
-/* gemm_tile with its row and block counts as constants, so the accumulators stay registers. */
-static void gemm_tile_of(int rows, int blocks, const uint16_t *x, int64_t x_stride,
-                         const uint16_t *w, int64_t pairs, const uint16_t *bias, char *y,
-                         int y_elem, int64_t n_out) {
-#define GEMM_TILE(R, B) gemm_tile(x, x_stride, R, w, B, pairs, bias, y, y_elem, n_out)
+/* gemm_tile with its row and block counts as constants, so the sums stay in registers. */
+static void gemm_tile_of(const gemm_args_t *g, int64_t r0, int64_t b0, int rows, int blocks) {
+#define GEMM_TILE(R, B) gemm_tile(g, r0, b0, R, B)
 #define GEMM_ROW_CASES(B) switch (rows) { \
         case 1: GEMM_TILE(1, B); break; case 2: GEMM_TILE(2, B); break; \
         case 3: GEMM_TILE(3, B); break; case 4: GEMM_TILE(4, B); break; \
@@ -152,10 +168,8 @@ static void gemm_tile_of(int rows, int blocks, const uint16_t *x, int64_t x_stri
 #undef GEMM_TILE
 }
 
-static void vnni_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
-                      const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
-    const int64_t pairs = k_in / 2, blocks = n_out / 16;
-    const int64_t col_tasks = (blocks + GEMM_BLOCKS - 1) / GEMM_BLOCKS;
+static void vnni_gemm(const gemm_args_t *g, int64_t rows) {
+    const int64_t blocks = g->n_out / 16, col_tasks = (blocks + GEMM_BLOCKS - 1) / GEMM_BLOCKS;
     const int64_t row_chunks = (rows + GEMM_CHUNK_ROWS - 1) / GEMM_CHUNK_ROWS;
     /* dynamic: on this VM one core is often slowed by a neighbour (see amx_gemm) */
 #pragma omp parallel for schedule(dynamic, 1)
@@ -164,9 +178,7 @@ static void vnni_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const u
         const int64_t r1 = rows < r0 + GEMM_CHUNK_ROWS ? rows : r0 + GEMM_CHUNK_ROWS;
         const int nb = blocks - b0 < GEMM_BLOCKS ? (int)(blocks - b0) : GEMM_BLOCKS;
         for (int64_t r = r0; r < r1; r += GEMM_ROWS)
-            gemm_tile_of(r1 - r < GEMM_ROWS ? (int)(r1 - r) : GEMM_ROWS, nb, x + r * x_stride,
-                         x_stride, packed + b0 * pairs * 32, pairs, bias ? bias + b0 * 16 : NULL,
-                         (char *)y + (r * n_out + b0 * 16) * y_elem, y_elem, n_out);
+            gemm_tile_of(g, r, b0, r1 - r < GEMM_ROWS ? (int)(r1 - r) : GEMM_ROWS, nb);
     }
 }
 
@@ -376,17 +388,31 @@ void amx_configure_tiles(void) {}
 void amx_release_tiles(void) {}
 #endif
 
+/* y [rows, N] = x [rows, K] (row stride x_stride elements) @ W^T for bf16 x and weights (packed
+ * as pack_bf16_vnni), scaled as amx_gemm scales, on AMX tiles where the CPU has them, else on
+ * AVX512 register tiles. Returns 0, or -2 when out of memory. */
+int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+              int64_t k_in, const float *row_scale, const float *col_scale, const uint16_t *bias,
+              void *y, int y_elem, int64_t n_out) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (has_amx())
+        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, row_scale, col_scale, bias, y,
+                        y_elem, n_out);
+#endif
+    const gemm_args_t g = {x, packed, x_stride, k_in / 2, n_out, y_elem, row_scale, col_scale,
+                           bias, y};
+    vnni_gemm(&g, rows);
+    return 0;
+}
+
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni;
  * y bf16 (y_elem 2) or the fp32 sums unrounded (y_elem 4: logits). Returns 0, or -2 when out of
  * memory. */
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                 const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
-#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (rows > VNNI_MAX_ROWS && has_amx())
-        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, NULL, NULL, bias, y, y_elem, n_out);
-#endif
-    if (rows > VNNI_MAX_ROWS) vnni_gemm(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
-    else vnni_linear(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
+    if (rows > VNNI_MAX_ROWS)
+        return bf16_gemm(x, x_stride, rows, packed, k_in, NULL, NULL, bias, y, y_elem, n_out);
+    vnni_linear(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
     return 0;
 }
 
