@@ -113,6 +113,7 @@ static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const
 #define GEMM_ROWS 6
 #define GEMM_BLOCKS 4
 #define GEMM_CHUNK_ROWS 96
+#define GEMM_MIN_TASKS 8 /* per thread */
 
 typedef struct {
     const uint16_t *x, *packed;
@@ -170,12 +171,17 @@ static void gemm_tile_of(const gemm_args_t *g, int64_t r0, int64_t b0, int rows,
 
 static void vnni_gemm(const gemm_args_t *g, int64_t rows) {
     const int64_t blocks = g->n_out / 16, col_tasks = (blocks + GEMM_BLOCKS - 1) / GEMM_BLOCKS;
-    const int64_t row_chunks = (rows + GEMM_CHUNK_ROWS - 1) / GEMM_CHUNK_ROWS;
+    /* rows cut finer when there are few output groups (a decode batch through o_proj: 9), so
+     * that GEMM_MIN_TASKS tasks share out evenly */
+    const int64_t wanted = (GEMM_MIN_TASKS * omp_get_max_threads() + col_tasks - 1) / col_tasks;
+    const int64_t even = (rows + wanted - 1) / wanted, fine = (even + GEMM_ROWS - 1) / GEMM_ROWS * GEMM_ROWS;
+    const int64_t chunk = fine < GEMM_CHUNK_ROWS ? fine : GEMM_CHUNK_ROWS;
+    const int64_t row_chunks = (rows + chunk - 1) / chunk;
     /* dynamic: on this VM one core is often slowed by a neighbour (see amx_gemm) */
 #pragma omp parallel for schedule(dynamic, 1)
     for (int64_t task = 0; task < row_chunks * col_tasks; task++) {
-        const int64_t r0 = task / col_tasks * GEMM_CHUNK_ROWS, b0 = task % col_tasks * GEMM_BLOCKS;
-        const int64_t r1 = rows < r0 + GEMM_CHUNK_ROWS ? rows : r0 + GEMM_CHUNK_ROWS;
+        const int64_t r0 = task / col_tasks * chunk, b0 = task % col_tasks * GEMM_BLOCKS;
+        const int64_t r1 = rows < r0 + chunk ? rows : r0 + chunk;
         const int nb = blocks - b0 < GEMM_BLOCKS ? (int)(blocks - b0) : GEMM_BLOCKS;
         for (int64_t r = r0; r < r1; r += GEMM_ROWS)
             gemm_tile_of(g, r, b0, r1 - r < GEMM_ROWS ? (int)(r1 - r) : GEMM_ROWS, nb);
