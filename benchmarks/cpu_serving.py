@@ -11,7 +11,7 @@ transformers) and the figures are medians, each ratio the median of the rounds' 
 machine's speed moves by tens of percent from minute to minute, and one sample of each side, a
 few minutes apart, gave ratios 2.2-2.8x for the same build.
 
-    .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--rounds 3]
+    .venv/bin/python benchmarks/cpu_serving.py [--concurrency 1 4 16 64] [--rounds 3] [--serve-args "--block-size 64"]
         [--dtype bfloat16] [--model DIR] [--skip-transformers]
 """
 
@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import socket
 import statistics
 import subprocess
@@ -42,10 +43,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, dtype: str, max_seqs: int, model: str | None = None) -> subprocess.Popen:
+def start_server(port: int, dtype: str, max_seqs: int, model: str | None = None,
+                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
     server = subprocess.Popen(
         [PYTHON, "-m", "inferlab.cli", "serve", *([model] if model else []), "--port", str(port), "--dtype", dtype,
-         "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048"],
+         "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048", *extra],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while time.time() < deadline:
@@ -111,6 +113,8 @@ def main() -> None:
     parser.add_argument("--model", default=None,
                         help="a model or checkpoint directory (e.g. a W4A16 one) instead of the embedded model")
     parser.add_argument("--skip-transformers", action="store_true")
+    parser.add_argument("--serve-args", default="",
+                        help="more `inferlab serve` options, e.g. '--block-size 64'")
     args = parser.parse_args()
     roof = machine_roofline()
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
@@ -120,7 +124,8 @@ def main() -> None:
     print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
     hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
     port = free_port()
-    server = start_server(port, args.dtype, max(args.concurrency), args.model)
+    server = start_server(port, args.dtype, max(args.concurrency), args.model,
+                          tuple(shlex.split(args.serve_args)))
     rounds: list[dict[int, dict]] = []
     hf_rates: list[float] = []
     try:
