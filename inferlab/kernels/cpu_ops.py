@@ -26,7 +26,7 @@ import torch
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
-SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "matmul.c",
+SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "matmul.c", "vnni_gemm.c",
                                              "quant_linear.c", "dynamic_linear.c",
                                              "prefill_attention.c", "decode_layer.c"))
 HEADERS = (_DIR / "kernels.h",)

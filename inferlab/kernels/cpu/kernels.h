@@ -95,6 +95,11 @@ static inline void store_bf16(uint16_t *dst, __m512 sum) {  /* one rounding, to 
     _mm256_storeu_si256((__m256i *)dst, (__m256i)_mm512_cvtneps_pbh(sum));
 }
 
+static inline void store_sums(void *y, int y_elem, __m512 sum) {  /* bf16, or fp32 (y_elem 4) */
+    if (y_elem == 4) _mm512_storeu_ps(y, sum);
+    else store_bf16(y, sum);
+}
+
 static inline __m512 round_bf16(__m512 x) {  /* what storing as bf16 and loading back gives */
     return bf16x16_widen((__m256i)_mm512_cvtneps_pbh(x));
 }
@@ -149,6 +154,17 @@ void amx_release_tiles(void);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);
+#ifdef __AVX512BF16__
+typedef struct {  /* one vnni_gemm call: y = x @ W^T (scaled as amx_gemm scales, + bias) */
+    const uint16_t *x, *packed;  /* packed as pack_bf16_vnni */
+    int64_t x_stride, pairs, n_out;  /* x_stride in elements; pairs = K / 2 */
+    int y_elem;
+    const float *row_scale, *col_scale;  /* or NULL */
+    const uint16_t *bias;
+    void *y;
+} gemm_args_t;
+void vnni_gemm(const gemm_args_t *g, int64_t rows);
+#endif
 int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
               int64_t k_in, const float *row_scale, const float *col_scale, const uint16_t *bias,
               void *y, int y_elem, int64_t n_out);
