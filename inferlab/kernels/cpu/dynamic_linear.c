@@ -31,7 +31,8 @@
  *
  * Both: up to TILE_ROWS rows go through the kernels here, reading the weight once; more go to
  * matmul.c's AMX GEMM (int8 tiles on the codes; bf16 tiles, or AVX512 register tiles without
- * AMX, on the fp8 codes widened once per call), which scales the same way. A row's result does not depend on the other rows.
+ * AMX, on the fp8 codes widened once per call), which scales the same way. A row's result does
+ * not depend on the other rows.
  */
 #include <math.h>
 #include <stdint.h>

@@ -123,6 +123,27 @@ static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2
     memcpy(&two, x + 2 * pair, 4);
     return (__m512bh)_mm512_set1_epi32(two);
 }
+
+/* acc[r][j] = sum over k-pairs kp of row r of a (bf16, a_stride elements apart) times output
+ * block j of b, in VNNI pairs: block j's pair kp (16 lanes x 2) at b + j * b_step + kp / 16 *
+ * b_group + kp % 16 * b_pair. R <= 6 and NB <= 4 are constants, so the sums stay in registers;
+ * each loaded vector of b serves all R rows. The register-tile GEMM (vnni_gemm.c) and prefill
+ * attention without AMX both multiply this way. */
+static inline __attribute__((always_inline)) void vnni_tile_sums(
+        const uint16_t *a, int64_t a_stride, const int R, int64_t pairs, const uint16_t *b,
+        int64_t b_step, int64_t b_pair, int64_t b_group, const int NB, __m512 acc[6][4]) {
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NB; j++) acc[r][j] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < pairs; kp++) {
+        const uint16_t *bk = b + kp / 16 * b_group + kp % 16 * b_pair;
+        __m512bh bv[4];
+        for (int j = 0; j < NB; j++) bv[j] = (__m512bh)_mm512_loadu_si512(bk + j * b_step);
+        for (int r = 0; r < R; r++) {
+            const __m512bh av = broadcast_pair(a + r * a_stride, kp);
+            for (int j = 0; j < NB; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], bv[j], av);
+        }
+    }
+}
 #endif
 
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,

@@ -91,28 +91,18 @@ static void values_amx(const uint16_t *probs, int64_t width, const uint16_t *v0,
 
 /* The two products without AMX, from the same layouts: a k-pair of the K^T tiles is 16
  * positions' (d, d+1) and one of the V tiles 16 dims' (p, p+1), as vdpbf16ps takes them.
- * Register tiles of 4 query rows x NC outputs of 16 (NC <= 4), each loaded vector serving 4
- * rows; rows past `rows` are skipped by 4s. */
+ * Register tiles of 4 query rows x NC outputs of 16 (NC <= 4). */
 static inline __attribute__((always_inline)) void vnni_tile(
         const uint16_t *a, int64_t a_stride, int64_t pairs, const uint16_t *b, int64_t b_step,
         int64_t b_pair, int64_t b_group, const int NC, float *c, int64_t c_stride) {
-    __m512 acc[4][4];
-    for (int r = 0; r < 4; r++)
-        for (int j = 0; j < NC; j++) acc[r][j] = _mm512_setzero_ps();
-    for (int64_t kp = 0; kp < pairs; kp++) {
-        const uint16_t *bk = b + kp / 16 * b_group + kp % 16 * b_pair;
-        __m512bh bv[4];
-        for (int j = 0; j < NC; j++) bv[j] = (__m512bh)_mm512_loadu_si512(bk + j * b_step);
-        for (int r = 0; r < 4; r++) {
-            const __m512bh av = broadcast_pair(a + r * a_stride, kp);
-            for (int j = 0; j < NC; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], bv[j], av);
-        }
-    }
+    __m512 acc[6][4];
+    vnni_tile_sums(a, a_stride, 4, pairs, b, b_step, b_pair, b_group, NC, acc);
     for (int r = 0; r < 4; r++)
         for (int j = 0; j < NC; j++) _mm512_storeu_ps(c + r * c_stride + 16 * j, acc[r][j]);
 }
 
-/* c[16 rows][outs x 16] = a[rows][pairs] x b, for the first `rows` rows (by 4s). */
+/* c[16 rows][outs x 16] = a[rows][pairs] x b, for the first `rows` rows (by 4s: rows past
+ * them are zeros in a, and their sums are never read). */
 static void vnni_product(const uint16_t *a, int64_t a_stride, int64_t rows, int64_t pairs,
                          const uint16_t *b, int64_t b_step, int64_t b_pair, int64_t b_group,
                          int64_t outs, float *c, int64_t c_stride) {
@@ -219,9 +209,8 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
     for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
         const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
 #if defined(__AMX_BF16__)
-        if (amx) {
-            values_amx(probs, width, vp + d0 / 16 * 512, s.dim, visible, four, sums);
-        } else
+        if (amx) values_amx(probs, width, vp + d0 / 16 * 512, s.dim, visible, four, sums);
+        else
 #endif
             vnni_product(probs, width, rows, round_up(visible, 32) / 2, vp + d0 / 16 * 512, 512, 32,
                          s.dim / 16 * 512, four ? 4 : 2, sums, 64);

@@ -1,10 +1,9 @@
 /* bf16 GEMM for CPUs without AMX (matmul.c's bf16_gemm calls it for more than 4 rows).
  *
  * Register tiles of up to GEMM_ROWS rows x GEMM_BLOCKS blocks of 16 outputs (24 of the 32
- * zmm registers accumulate), each k-step's GEMM_BLOCKS weight vectors
- * loaded once for all the tile's rows. A task is GEMM_BLOCKS blocks by up to GEMM_CHUNK_ROWS
- * rows, so its weights (<= 200 KB) are read from memory once and then from L2 for every row
- * tile. The 4-row kernel read every weight again for each 4 rows: 0.35 TFLOP/s at 512 rows
+ * zmm registers accumulate; vnni_tile_sums), each k-step's GEMM_BLOCKS weight vectors loaded
+ * once for all the tile's rows. A task is GEMM_BLOCKS blocks by up to GEMM_CHUNK_ROWS rows, so
+ * its weights (<= 200 KB) are read from memory once and then from L2 for every row tile. The 4-row kernel read every weight again for each 4 rows: 0.35 TFLOP/s at 512 rows
  * against oneDNN's 0.8-0.9 on an AMD EPYC (Zen 5) without AMX.
  *
  * bf16 only: int8 tiles on vpdpbusd ran no faster than bf16 ones on that CPU (0.9 TOPS at 512
@@ -25,19 +24,9 @@
 
 static inline __attribute__((always_inline)) void gemm_tile(
         const gemm_args_t *g, int64_t r0, int64_t b0, const int ROWS, const int BLOCKS) {
-    const uint16_t *x = g->x + r0 * g->x_stride, *w = g->packed + b0 * g->pairs * 32;
-    __m512 acc[GEMM_ROWS][GEMM_BLOCKS];
-    for (int m = 0; m < ROWS; m++)
-        for (int b = 0; b < BLOCKS; b++) acc[m][b] = _mm512_setzero_ps();
-    for (int64_t kp = 0; kp < g->pairs; kp++) {
-        __m512bh wv[GEMM_BLOCKS];
-        for (int b = 0; b < BLOCKS; b++)
-            wv[b] = (__m512bh)_mm512_loadu_si512(w + (b * g->pairs + kp) * 32);
-        for (int m = 0; m < ROWS; m++) {
-            const __m512bh xv = broadcast_pair(x + m * g->x_stride, kp);
-            for (int b = 0; b < BLOCKS; b++) acc[m][b] = _mm512_dpbf16_ps(acc[m][b], wv[b], xv);
-        }
-    }
+    __m512 acc[6][4];  /* GEMM_ROWS x GEMM_BLOCKS */
+    vnni_tile_sums(g->x + r0 * g->x_stride, g->x_stride, ROWS, g->pairs,
+                   g->packed + b0 * g->pairs * 32, g->pairs * 32, 32, 512, BLOCKS, acc);
     for (int b = 0; b < BLOCKS; b++) {
         const int64_t col = (b0 + b) * 16;
         const __m512 bv = bias_f32(g->bias ? g->bias + col : NULL);
