@@ -279,8 +279,8 @@ static inline __attribute__((always_inline)) void attend(
     const int64_t heads = s.h1 - s.h0, rows = heads * s.group;
     float *scores = scratch, *acc = scores + score_floats(heads, s.group, s.len, tiles != NULL);
     float *kv = acc + rows * s.dim, *total = kv + s.dim;
-    weights_layout layout = {heads, 0, s.len, 1};
 #ifdef __AVX512BF16__
+    weights_layout layout = {heads, 0, s.len, 1};
     const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
 #if defined(__AMX_BF16__)
     if (tiles) {
