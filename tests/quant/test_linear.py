@@ -116,7 +116,7 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
 
 
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])  # vpdpbusd up to 4 rows, AMX int8 above
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40, 100])  # 4-row kernel; int8 GEMM tiles above
 def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
     """x quantized per token as dynamic_linear.c specifies (scale = absmax / 127, codes rounded
     half to even from x * (1 / scale)), int32 sums, scaled and rounded to bf16 once."""

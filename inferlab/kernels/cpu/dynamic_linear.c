@@ -30,8 +30,8 @@
  * to even. y = sum(v w) * scale_r * scale_w (+ bias), one rounding to bf16.
  *
  * Both: up to TILE_ROWS rows go through the kernels here, reading the weight once; more go to
- * matmul.c's AMX GEMM (int8 tiles on the codes; bf16 tiles, or AVX512 register tiles without
- * AMX, on the fp8 codes widened once per call), which scales the same way. A row's result does
+ * matmul.c's AMX GEMM or, without AMX, vnni_gemm.c's register tiles (int8 on the codes; bf16 on
+ * the fp8 codes widened once per call), which scale the same way. A row's result does
  * not depend on the other rows.
  */
 #include <math.h>
@@ -51,9 +51,10 @@ static inline float row_absmax(const uint16_t *row, int64_t k_in) {  /* K % 32 =
     return _mm512_reduce_max_ps(top);
 }
 
-/* rows of bf16 x -> int8 codes [rows][K] and their scales. */
+/* rows of bf16 x -> int8 codes [rows][K] and their scales; the codes XOR flip: 0x80 stores
+ * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). */
 static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
-                          int8_t *xq, float *scales) {
+                          uint8_t flip, int8_t *xq, float *scales) {
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
@@ -61,7 +62,8 @@ static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
         for (int64_t k = 0; k < k_in; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k), inv));  /* ties to even */
-            _mm_storeu_si128((__m128i *)(xq + r * k_in + k), _mm512_cvtsepi32_epi8(q));
+            _mm_storeu_si128((__m128i *)(xq + r * k_in + k),
+                             _mm_xor_si128(_mm512_cvtsepi32_epi8(q), _mm_set1_epi8((char)flip)));
         }
         scales[r] = scale;
     }
@@ -119,11 +121,10 @@ static inline __attribute__((always_inline)) void int8_blocks(
     const int nb = blocks - b0 < 2 ? 1 : 2;
     const int8_t *w[2] = {(const int8_t *)l->weight + b0 * k * 16,
                           (const int8_t *)l->weight + (b0 + nb - 1) * k * 16};
-    const __m512i flip = _mm512_set1_epi32((int)0x80808080u);  /* q + 128 as unsigned bytes */
-    __m512i acc[2][2][TILE_ROWS];
+    __v16si acc[2][2][TILE_ROWS];  /* see vnni_gemm.c's int8_tile_sums: not __m512i */
     for (int p = 0; p < 2; p++)
         for (int b = 0; b < 2; b++)
-            for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_si512();
+            for (int m = 0; m < ROWS; m++) acc[p][b][m] = (__v16si)_mm512_setzero_si512();
     for (int64_t qd = 0; qd < quads; qd += 2) {
         for (int b = 0; b < 2; b++) _mm_prefetch((const char *)(w[b] + (qd + 32) * 64), _MM_HINT_T0);
         for (int p = 0; p < 2; p++) {
@@ -131,11 +132,12 @@ static inline __attribute__((always_inline)) void int8_blocks(
             for (int m = 0; m < ROWS; m++) {
                 int32_t four;
                 memcpy(&four, xq + m * k + 4 * (qd + p), 4);
-                xv[m] = _mm512_xor_si512(_mm512_set1_epi32(four), flip);
+                xv[m] = _mm512_set1_epi32(four);
             }
             for (int b = 0; b < 2; b++) {
                 __m512i wv = _mm512_loadu_si512(w[b] + (qd + p) * 64);
-                for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_dpbusd_epi32(acc[p][b][m], xv[m], wv);
+                for (int m = 0; m < ROWS; m++)
+                    acc[p][b][m] = (__v16si)_mm512_dpbusd_epi32((__m512i)acc[p][b][m], xv[m], wv);
             }
         }
     }
@@ -144,7 +146,7 @@ static inline __attribute__((always_inline)) void int8_blocks(
         __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(l->weight_sums + col), 7);
         __m512 w_scale = _mm512_loadu_ps(l->scale + col), bias = bias_f32(l->bias ? l->bias + col : NULL);
         for (int m = 0; m < ROWS; m++) {
-            __m512i sum = _mm512_sub_epi32(_mm512_add_epi32(acc[0][b][m], acc[1][b][m]), offset);
+            __m512i sum = _mm512_sub_epi32(_mm512_add_epi32((__m512i)acc[0][b][m], (__m512i)acc[1][b][m]), offset);
             __m512 out = _mm512_mul_ps(_mm512_cvtepi32_ps(sum),
                                        _mm512_mul_ps(w_scale, _mm512_set1_ps(x_scale[m])));
             store_bf16(y + m * n + col, _mm512_add_ps(out, bias));
@@ -222,9 +224,8 @@ static void widen_codes(const linear_t *l, uint16_t *packed) {
         _mm512_storeu_si512(packed + p * 32, (__m512i)fp8_pair((const uint8_t *)l->weight + p * 32));
 }
 
-/* More than TILE_ROWS rows: int8 tiles on the codes where the CPU has AMX (else 1: the
- * kernels here, which beat int8 register tiles on an AMD EPYC), or bf16 tiles (AMX or AVX512)
- * on the fp8 codes widened once. Returns 0, 1, or -2 when out of memory. */
+/* More than TILE_ROWS rows: int8 tiles on the codes (AMX, or AVX512 register tiles), or bf16
+ * tiles (the same) on the fp8 codes widened once. Returns 0, or -2 when out of memory. */
 static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
                      uint16_t *y) {
     const int64_t k = l->k_in;
@@ -233,7 +234,10 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         if (has_amx())
             return amx_gemm(xq, k, rows, l->weight, k, 1, x_scale, l->scale, l->bias, y, 2, l->n_out);
 #endif
-        return 1;
+        const gemm_args_t g = {xq, l->weight, k, k, l->n_out, 2, x_scale, l->scale, l->bias, y,
+                               l->weight_sums};
+        vnni_gemm(&g, rows);
+        return 0;
     }
     uint16_t *wide = aligned_alloc(64, sizeof(uint16_t) * (size_t)(l->n_out * k));
     if (!wide) return -2;
@@ -253,12 +257,10 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     int status = xq && scales ? 0 : -2;
     if (!status) {
         if (fp8) quantize_fp8(x, x_stride, rows, l->k_in, xq, scales);
-        else quantize_int8(x, x_stride, rows, l->k_in, xq, scales);
-        status = rows > TILE_ROWS ? gemm_rows(l, xq, scales, rows, y) : 1;
-        if (status == 1) {
-            kernel_rows(l, xq, scales, rows, y);
-            status = 0;
-        }
+        else quantize_int8(x, x_stride, rows, l->k_in, rows > TILE_ROWS && has_amx() ? 0 : 0x80, xq,
+                           scales);
+        if (rows > TILE_ROWS) status = gemm_rows(l, xq, scales, rows, y);
+        else kernel_rows(l, xq, scales, rows, y);
     }
     free(xq);
     free(scales);

@@ -177,12 +177,14 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              void *y, int y_elem, int64_t n_out);
 #ifdef __AVX512BF16__
 typedef struct {  /* one vnni_gemm call: y = x @ W^T (scaled as amx_gemm scales, + bias) */
-    const uint16_t *x, *packed;  /* packed as pack_bf16_vnni */
-    int64_t x_stride, pairs, n_out;  /* x_stride in elements; pairs = K / 2 */
+    const void *x, *packed;  /* bf16: packed as pack_bf16_vnni; int8: see dynamic_linear.c */
+    int64_t x_stride, k_in, n_out;  /* x_stride in elements of x */
     int y_elem;
     const float *row_scale, *col_scale;  /* or NULL */
     const uint16_t *bias;
     void *y;
+    const int32_t *weight_sums;  /* NULL: bf16 x and W; else x is int8 codes + 128 (unsigned)
+                                    and W int8 codes whose sums per output these are */
 } gemm_args_t;
 void vnni_gemm(const gemm_args_t *g, int64_t rows);
 #endif

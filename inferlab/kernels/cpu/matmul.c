@@ -312,8 +312,8 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t 
         return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, 0, row_scale, col_scale, bias, y,
                         y_elem, n_out);
 #endif
-    const gemm_args_t g = {x, packed, x_stride, k_in / 2, n_out, y_elem, row_scale, col_scale,
-                           bias, y};
+    const gemm_args_t g = {x, packed, x_stride, k_in, n_out, y_elem, row_scale, col_scale, bias,
+                           y, NULL};
     vnni_gemm(&g, rows);
     return 0;
 }

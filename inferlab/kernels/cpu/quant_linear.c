@@ -22,8 +22,8 @@
  * six instructions per int8 k-pair (W8A16 streamed ~18 GB/s) and eleven per int4 line at one
  * row (~14 GB/s).
  *
- * More rows dequantize the weight into matmul.c's bf16 layout once per call and take its AMX
- * path, which a prefill is bound by the arithmetic of.
+ * More rows dequantize the weight into matmul.c's bf16 layout once per call and take bf16_gemm
+ * (AMX tiles, else vnni_gemm.c's register tiles), which a prefill is bound by the arithmetic of.
  */
 #include <math.h>
 #include <stdint.h>
@@ -144,9 +144,9 @@ static inline __attribute__((always_inline)) void block_sums(
         const int ROWS, __m512i sums[2][TILE_ROWS]) {
     const int quads_per_line = BITS == 8 ? 1 : 2;
     const int64_t act_blocks = k / x->block, lines = x->block / (4 * quads_per_line);
-    __m512i hi[2][TILE_ROWS], lo[2][TILE_ROWS];
+    __v16si hi[2][TILE_ROWS], lo[2][TILE_ROWS];  /* see vnni_gemm.c's int8_tile_sums: not __m512i */
     for (int b = 0; b < 2; b++)
-        for (int m = 0; m < ROWS; m++) hi[b][m] = lo[b][m] = _mm512_setzero_si512();
+        for (int m = 0; m < ROWS; m++) hi[b][m] = lo[b][m] = (__v16si)_mm512_setzero_si512();
     for (int64_t line = a * lines; line < (a + 1) * lines; line++) {
         __m512i quads[2][2];
         for (int b = 0; b < 2; b++) {
@@ -163,15 +163,15 @@ static inline __attribute__((always_inline)) void block_sums(
                 memcpy(&low, x->lo + at, 4);
                 __m512i hv = _mm512_set1_epi32(high), lv = _mm512_set1_epi32(low);
                 for (int b = 0; b < 2; b++) {
-                    hi[b][m] = _mm512_dpbusd_epi32(hi[b][m], quads[b][q], hv);
-                    lo[b][m] = _mm512_dpbusd_epi32(lo[b][m], quads[b][q], lv);
+                    hi[b][m] = (__v16si)_mm512_dpbusd_epi32((__m512i)hi[b][m], quads[b][q], hv);
+                    lo[b][m] = (__v16si)_mm512_dpbusd_epi32((__m512i)lo[b][m], quads[b][q], lv);
                 }
             }
     }
     for (int m = 0; m < ROWS; m++) {
         __m512i offset = _mm512_set1_epi32((BITS == 8 ? 128 : 8) * x->sum[m * act_blocks + a]);
         for (int b = 0; b < 2; b++)
-            sums[b][m] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi[b][m], 7), lo[b][m]),
+            sums[b][m] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32((__m512i)hi[b][m], 7), (__m512i)lo[b][m]),
                                           offset);
     }
 }

@@ -1,13 +1,12 @@
-/* bf16 GEMM for CPUs without AMX (matmul.c's bf16_gemm calls it for more than 4 rows).
+/* GEMM for CPUs without AMX: bf16 (matmul.c's bf16_gemm calls it for more than 4 rows) and
+ * W8A8's int8 codes (dynamic_linear.c).
  *
  * Register tiles of up to GEMM_ROWS rows x GEMM_BLOCKS blocks of 16 outputs (24 of the 32
  * zmm registers accumulate; vnni_tile_sums), each k-step's GEMM_BLOCKS weight vectors loaded
  * once for all the tile's rows. A task is GEMM_BLOCKS blocks by up to GEMM_CHUNK_ROWS rows, so
- * its weights (<= 200 KB) are read from memory once and then from L2 for every row tile. The 4-row kernel read every weight again for each 4 rows: 0.35 TFLOP/s at 512 rows
- * against oneDNN's 0.8-0.9 on an AMD EPYC (Zen 5) without AMX.
- *
- * bf16 only: int8 tiles on vpdpbusd ran no faster than bf16 ones on that CPU (0.9 TOPS at 512
- * rows), and slower than dynamic_linear.c's 4-row kernel. */
+ * its weights (<= 200 KB) are read from memory once and then from L2 for every row tile. The
+ * 4-row kernel read every weight again for each 4 rows: 0.35 TFLOP/s at 512 rows against
+ * oneDNN's 0.8-0.9 on an AMD EPYC (Zen 5) without AMX. */
 #include <omp.h>
 #include <stdint.h>
 #include <string.h>
@@ -22,11 +21,46 @@
 #define GEMM_CHUNK_ROWS 96
 #define GEMM_MIN_TASKS 8 /* per thread */
 
+/* acc[r][j] = the exact sums of int8 x (stored + 128, unsigned) times int8 W for rows r and
+ * blocks j, W laid out [N/16][K/4][16][4]: vpdpbusd's unsigned operand is the broadcast quad
+ * of x, so 128 * sum(w) comes off at the end. On an AMD EPYC (Zen 5) vpdpbusd retires 1.5x as
+ * many instructions as vdpbf16ps, of twice the products each. */
+static inline __attribute__((always_inline)) void int8_tile_sums(
+        const gemm_args_t *g, int64_t r0, int64_t b0, const int R, const int NB, __m512 acc[6][4]) {
+    const int64_t k = g->k_in;
+    const uint8_t *x = (const uint8_t *)g->x + r0 * g->x_stride;
+    const int8_t *w = (const int8_t *)g->packed + b0 * k * 16;
+    __v16si sums[6][4];  /* not __m512i: gcc 12 spilled those to the stack at every step */
+    for (int r = 0; r < R; r++)
+        for (int j = 0; j < NB; j++) sums[r][j] = (__v16si)_mm512_setzero_si512();
+    for (int64_t q = 0; q < k / 4; q++) {
+        __m512i wv[4];
+        for (int j = 0; j < NB; j++) wv[j] = _mm512_loadu_si512(w + j * k * 16 + q * 64);
+        for (int r = 0; r < R; r++) {
+            int32_t four;
+            memcpy(&four, x + r * g->x_stride + 4 * q, 4);
+            const __m512i xv = _mm512_set1_epi32(four);
+            for (int j = 0; j < NB; j++)
+                sums[r][j] = (__v16si)_mm512_dpbusd_epi32((__m512i)sums[r][j], xv, wv[j]);
+        }
+    }
+    for (int j = 0; j < NB; j++) {
+        const __m512i offset = _mm512_slli_epi32(_mm512_loadu_si512(g->weight_sums + (b0 + j) * 16), 7);
+        for (int r = 0; r < R; r++)
+            acc[r][j] = _mm512_cvtepi32_ps(_mm512_sub_epi32((__m512i)sums[r][j], offset));
+    }
+}
+
 static inline __attribute__((always_inline)) void gemm_tile(
         const gemm_args_t *g, int64_t r0, int64_t b0, const int ROWS, const int BLOCKS) {
     __m512 acc[6][4];  /* GEMM_ROWS x GEMM_BLOCKS */
-    vnni_tile_sums(g->x + r0 * g->x_stride, g->x_stride, ROWS, g->pairs,
-                   g->packed + b0 * g->pairs * 32, g->pairs * 32, 32, 512, BLOCKS, acc);
+    if (g->weight_sums) {
+        int8_tile_sums(g, r0, b0, ROWS, BLOCKS, acc);
+    } else {
+        const int64_t pairs = g->k_in / 2;
+        vnni_tile_sums((const uint16_t *)g->x + r0 * g->x_stride, g->x_stride, ROWS, pairs,
+                       (const uint16_t *)g->packed + b0 * pairs * 32, pairs * 32, 32, 512, BLOCKS, acc);
+    }
     for (int b = 0; b < BLOCKS; b++) {
         const int64_t col = (b0 + b) * 16;
         const __m512 bv = bias_f32(g->bias ? g->bias + col : NULL);
