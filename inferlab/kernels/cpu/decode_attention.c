@@ -119,19 +119,19 @@ static inline __attribute__((always_inline)) void scores_bf16(
     for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
         const uint16_t *k[16];
         int n = chunk_rows(k_cache, s, p0, k);
-        for (int64_t r = 0; r < (s.h1 - s.h0) * s.group; r++) {
-            const uint16_t *qr = q + (s.h0 * s.group + r) * s.dim;
-            int64_t head_off = r / s.group * s.dim;
-            __m512 dots[16];
-            for (int i = 0; i < 16; i++) {
-                dots[i] = _mm512_setzero_ps();
-                for (int c = 0; c < chunks; c++)
-                    dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qr + 32 * c),
-                                               (__m512bh)_mm512_loadu_si512(k[i] + head_off + 32 * c));
+        for (int64_t r = 0, h = 0; h < s.h1 - s.h0; h++)  /* r = h * group + g, no division */
+            for (int64_t g = 0; g < s.group; g++, r++) {
+                const uint16_t *qr = q + (s.h0 * s.group + r) * s.dim;
+                __m512 dots[16];
+                for (int i = 0; i < 16; i++) {
+                    dots[i] = _mm512_setzero_ps();
+                    for (int c = 0; c < chunks; c++)
+                        dots[i] = _mm512_dpbf16_ps(dots[i], (__m512bh)_mm512_loadu_si512(qr + 32 * c),
+                                                   (__m512bh)_mm512_loadu_si512(k[i] + h * s.dim + 32 * c));
+                }
+                __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
+                _mm512_mask_storeu_ps(scores + r * s.len + p0, (__mmask16)((1u << n) - 1), sums);
             }
-            __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
-            _mm512_mask_storeu_ps(scores + r * s.len + p0, (__mmask16)((1u << n) - 1), sums);
-        }
     }
 }
 
