@@ -38,7 +38,7 @@ def test_eviction_follows_lru_order_and_chain_tails_go_first() -> None:
     b, c = make_request("b", 8), make_request("c", 12)
     admit(bm, b)
     admit(bm, c)
-    assert b.block_ids == [3, 4] and c.block_ids == [5, 6, 2]  # a's last block evicted
+    assert b.block_ids == [3, 4] and c.block_ids == [2, 5, 6]  # a's last block evicted
     assert bm.free_block_ids() == [1, 0]
 
     d = make_request("d", list(range(12)) + [50, 51, 52, 53])
@@ -53,10 +53,21 @@ def test_eviction_follows_lru_order_and_chain_tails_go_first() -> None:
     bm.free(b)
     assert bm.free_block_ids() == [1, 0, 4, 3]
     assert bm.allocate_slots(d, 8, prefix)
-    assert d.block_ids == [0, 1, 4, 3]  # hits revived, then the head of the queue
+    assert d.block_ids == [0, 1, 3, 4]  # hits revived, then the head of the queue, ascending
     assert bm.free_block_ids() == []
     # b's cached blocks were evicted before reuse: its prompt no longer hits
     assert bm.get_computed_blocks(make_request("b2", b.prompt_token_ids)).num_tokens == 0
+
+
+def test_a_run_freed_tail_first_is_handed_out_front_to_back_again() -> None:
+    bm = BlockManager(num_blocks=4, block_size=4)
+    a = make_request("a", 16)
+    admit(bm, a)
+    bm.free(a)
+    assert bm.free_block_ids() == [3, 2, 1, 0]  # tail first, for eviction
+    b = make_request("b", 16)
+    admit(bm, b)
+    assert b.block_ids == [0, 1, 2, 3]  # contiguous in the cache, in position order
 
 
 def test_shared_prefix_is_ref_counted_and_the_last_token_is_never_a_hit() -> None:
@@ -186,7 +197,7 @@ class BlockManagerMachine(RuleBasedStateMachine):
         new = request.block_ids[len(old) + len(hits):]
         assert request.block_ids[:len(old) + len(hits)] == old + hits
         self.queue = [b for b in self.queue if b not in hits]
-        assert new == self.queue[:len(new)], "new blocks must come from the queue's head"
+        assert new == sorted(self.queue[:len(new)]), "new blocks: the queue's head, ascending"
         del self.queue[:len(new)]
         for block in new:
             self.kv[block] = {}
