@@ -62,8 +62,8 @@ static inline __attribute__((always_inline)) void vnni_rows(
                 for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
         for (int64_t kp = 0; kp < pairs; kp += 2) {
             for (int b = 0; b < 2; b++)  /* 2 KiB ahead on each weight stream */
-                _mm_prefetch((const char *)(w[b] + (kp + 32) * 32), _MM_HINT_T0),
-                _mm_prefetch((const char *)(w[b] + (kp + 33) * 32), _MM_HINT_T0);
+                _mm_prefetch(pair_prefetch_at(w[b], (kp + 32) * 64, pairs * 64), _MM_HINT_T0),
+                _mm_prefetch(pair_prefetch_at(w[b], (kp + 33) * 64, pairs * 64), _MM_HINT_T0);
             for (int p = 0; p < 2; p++) {
                 __m512bh xv[VNNI_MAX_ROWS];
                 for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp + p);

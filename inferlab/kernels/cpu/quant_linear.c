@@ -151,7 +151,7 @@ static inline __attribute__((always_inline)) void block_sums(
         __m512i quads[2][2];
         for (int b = 0; b < 2; b++) {
             const uint8_t *src = w[b] + line * LINE;
-            _mm_prefetch((const char *)src + 2048, _MM_HINT_T0);
+            _mm_prefetch(pair_prefetch_at(w[b], line * LINE + 2048, act_blocks * lines * LINE), _MM_HINT_T0);
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
             else int4_quads(src, quads[b]);
         }
