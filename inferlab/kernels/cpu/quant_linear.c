@@ -192,6 +192,12 @@ static inline __attribute__((always_inline)) void quant_blocks(
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 sum[2][TILE_ROWS];
         float group_xsum[TILE_ROWS] = {0};
+        if (g + 1 < k / l->group)  /* the next group's scales (and zero points): lines N floats
+                                      apart, which the hardware prefetchers do not follow */
+            for (int b = 0; b < nb; b++) {
+                _mm_prefetch((const char *)(l->scale + (g + 1) * n + (b0 + b) * 16), _MM_HINT_T0);
+                if (l->zero) _mm_prefetch((const char *)(l->zero + (g + 1) * n + (b0 + b) * 16), _MM_HINT_T0);
+            }
         for (int b = 0; b < 2; b++)
             for (int m = 0; m < ROWS; m++) sum[b][m] = _mm512_setzero_ps();
         for (int64_t a = g * (l->group / x->block); a < (g + 1) * (l->group / x->block); a++) {
