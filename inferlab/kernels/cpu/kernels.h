@@ -58,7 +58,7 @@ static inline float exp_nonpositive(float x) {
  * b0 + 3) after. Where a prefetch `offset` bytes into block b of the pair points: past the block's
  * end it runs on into the next pair's block b, not into the pair's other block, which is being
  * read already. Running on into the next pair kept each stream warm across pairs: single-row
- * linears of the embedded model read 3-13% faster on an AMD EPYC (Zen 5). */
+ * linears of the embedded model read 2-13% faster on an AMD EPYC (Zen 5). */
 static inline const char *pair_prefetch_at(const void *block, int64_t offset, int64_t block_bytes) {
     return (const char *)block + (offset < block_bytes ? offset : offset + block_bytes);
 }
