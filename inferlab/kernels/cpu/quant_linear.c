@@ -1,10 +1,9 @@
 /* Weight-only int8 and int4 linears (W8A16, W4A16) for bf16 activations, AVX512-BF16 and -VNNI.
  *
  * Why: a decode step is bound by reading the weights; int8 halves and int4 quarters the bytes,
- * but only if the kernel turns codes into products faster than memory delivers them (on this
- * project's VM, about one 512-bit instruction per ns per core: benchmarks/simd_rate.py). So
- * decode rows multiply in integers with vpdpbusd, on layouts a 64-byte load turns into its
- * unsigned operand, quads of 16 outputs x 4 inputs:
+ * but only if the kernel turns codes into products faster than memory delivers them, in few
+ * instructions per 64 bytes. So decode rows multiply in integers with vpdpbusd, on layouts a
+ * 64-byte load turns into its unsigned operand, quads of 16 outputs x 4 inputs:
  *
  *   int8 [N/16][K/4][16][4]: u = q + 128, one quad per line, as loaded.
  *   int4 [N/16][K/8][64] bytes: u = q + 8, byte 4j + i holding output j's inputs i (low
