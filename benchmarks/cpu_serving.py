@@ -34,6 +34,8 @@ import torch
 from offline_throughput import run_transformers
 from workloads import WIKITEXT, bytes_read_per_decode_step, machine_roofline, wikitext_prompts
 
+from inferlab.planner.measure import stream_bandwidth_bytes_per_s
+
 PYTHON = sys.executable
 
 
@@ -73,6 +75,26 @@ def bench(port: int, concurrency: int, requests: int, out: Path) -> dict:
     return {"output_tok_s": summary["output_token_throughput"],
             "ttft_p50_ms": ok["ttft_ms"]["ok"]["median"], "itl_p50_ms": ok["itl_ms"]["ok"]["median"],
             "requests_ok": summary["counts"].get("ok", 0)}
+
+
+def bench_beside_roofline(port: int, concurrency: int, out: Path) -> dict:
+    """bench, and for a single stream the bandwidth roofline measured just before and just
+    after it: this VM's bandwidth moves by up to 2x from minute to minute, so a roofline
+    measured minutes earlier says little about the run's own minutes."""
+    if concurrency != 1:
+        return bench(port, concurrency, max(2 * concurrency, 8), out)
+    before = stream_bandwidth_bytes_per_s(repeats=2)
+    result = bench(port, concurrency, 8, out)
+    return {**result, "bandwidth_bytes_per_s": (before + stream_bandwidth_bytes_per_s(repeats=2)) / 2}
+
+
+def print_single_stream_roofline(results: list[dict], weight_bytes: int) -> None:
+    """Each round's single-stream ITL against the roofline measured around it."""
+    fractions = [weight_bytes / r["bandwidth_bytes_per_s"] * 1e3 / r["itl_p50_ms"] for r in results]
+    print("single stream against the roofline measured around each round: "
+          + " / ".join(f"{r['bandwidth_bytes_per_s'] / 1e9:.1f} GB/s, ITL {r['itl_p50_ms']:.1f} ms, {f:.0%}"
+                       for r, f in zip(results, fractions, strict=True))
+          + f"; median {statistics.median(fractions):.0%}")
 
 
 class Transformers:
@@ -131,7 +153,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):
-                rounds.append({c: bench(port, c, max(2 * c, 8), Path(tmp) / f"c{c}.json")
+                rounds.append({c: bench_beside_roofline(port, c, Path(tmp) / f"c{c}.json")
                                for c in args.concurrency})
                 if hf is not None:
                     hf_rates.append(hf.rate())
@@ -142,6 +164,8 @@ def main() -> None:
         server.terminate()
         server.wait(timeout=60)
     step_floor_ms = weight_bytes / bandwidth * 1e3
+    if 1 in args.concurrency:
+        print_single_stream_roofline([rd[1] for rd in rounds], weight_bytes)
     for c in args.concurrency:
         tok_s, ttft, itl = (statistics.median(rd[c][key] for rd in rounds)
                             for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms"))

@@ -72,6 +72,23 @@ static inline __attribute__((always_inline)) void values_any(
         }
 }
 
+/* The rows layout's softmax numerators in place (scores already scaled) for rows [r0, r1);
+ * sums to total[r]. */
+static inline __attribute__((always_inline)) void softmax_rows(float *scores, int64_t r0,
+                                                               int64_t r1, int64_t len, float *total) {
+    for (int64_t r = r0; r < r1; r++) {
+        float *sr = scores + r * len, top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < len; p++) {
+            sr[p] = exp_nonpositive(sr[p] - top);
+            sum += sr[p];
+        }
+        total[r] = sum;
+    }
+}
+
 #ifdef __AVX512BF16__  /* the AVX512-BF16 score and value kernels */
 
 /* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
@@ -110,13 +127,15 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
 }
 
 /* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
- * 256): vdpbf16ps sums exact bf16 products in fp32, 16 positions at a time, all heads of the
- * range per chunk so the chunk's keys are read from memory once, front to back. */
+ * 256), positions [p_lo, p_hi) (p_lo a multiple of 16): vdpbf16ps sums exact bf16 products in
+ * fp32, 16 positions at a time, all heads of the range per chunk so the chunk's keys are read
+ * from memory once, front to back. */
 static inline __attribute__((always_inline)) void scores_bf16(
-        const uint16_t *q, const uint16_t *k_cache, span_t s, float scale, float *scores) {
+        const uint16_t *q, const uint16_t *k_cache, span_t s, float scale, float *scores,
+        int64_t p_lo, int64_t p_hi) {
     const int chunks = (int)(s.dim / 32);
     const __m512 scale_v = _mm512_set1_ps(scale);
-    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+    for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
         const uint16_t *k[16];
         int n = chunk_rows(k_cache, s, p0, k);
         for (int64_t r = 0, h = 0; h < s.h1 - s.h0; h++)  /* r = h * group + g, no division */
@@ -142,11 +161,11 @@ static inline __attribute__((always_inline)) void scores_bf16(
  * (interleave_pairs). */
 static inline __attribute__((always_inline)) void values_tile(
         const uint16_t *const v[16], int n, const float *w, int64_t w_row, int64_t w_pos,
-        float *acc, const int GN, const int CH) {
+        float *acc, int64_t acc_row, const int GN, const int CH) {
     const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);
     __m512 sum[16];
     for (int g = 0; g < GN; g++)
-        for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + (g * CH + c) * 16);
+        for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + g * acc_row + c * 16);
     for (int i = 0; i < n; i++)
         for (int c = 0; c < CH; c += 2) {
             __m512i pairs = _mm512_loadu_si512(v[i] + 16 * c);
@@ -159,7 +178,7 @@ static inline __attribute__((always_inline)) void values_tile(
             }
         }
     for (int g = 0; g < GN; g++)
-        for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + (g * CH + c) * 16, sum[g * CH + c]);
+        for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + g * acc_row + c * 16, sum[g * CH + c]);
 }
 
 /* n floats laid out as values_tile leaves them (per 32: 16 even, 16 odd) back in order. */
@@ -189,15 +208,74 @@ static inline __attribute__((always_inline)) void values_bf16(
                 int64_t r = h * s.group + g0, left = s.group - g0, w_row = l.row, w_pos = l.pos;
                 const float *wr = w + weight_offset(l, s.group, h, g0, p0);
                 float *ar = acc + r * s.dim;
-                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, w_row, w_pos, ar, 4, 4); g0 += 4; }
-                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, w_row, w_pos, ar, 3, 4); g0 += 3; }
-                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, w_row, w_pos, ar, 2, 4); g0 += 2; }
-                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, w_row, w_pos, ar, 2, 8); g0 += 2; }
-                else { values_tile(vh, n, wr, w_row, w_pos, ar, 1, ch); g0 += 1; }
+                const int64_t d = s.dim;
+                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 4, 4); g0 += 4; }
+                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 3, 4); g0 += 3; }
+                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 2, 4); g0 += 2; }
+                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 2, 8); g0 += 2; }
+                else { values_tile(vh, n, wr, w_row, w_pos, ar, d, 1, ch); g0 += 1; }
             }
         }
     }
 }
+/* One bf16 decode token by the whole team: every thread of the enclosing parallel region calls
+ * it. The keys are split by chunks of 16 positions, the softmax by query rows, the values by
+ * (KV head, 32 dims). For batches too small to give each thread KV heads of its own (one token
+ * of a model with 3 KV heads on 2 threads: one thread read two heads' K and V, the other one).
+ * Every score, row sum and output element goes through the same operations in the same order
+ * as in attend, so a token's result does not depend on the path it took. scores [rows * len],
+ * acc [rows * D] and total [rows] are shared; out is the token's row [Hq, D]. */
+static inline __attribute__((always_inline)) void attend_together(
+        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, span_t s,
+        float scale, float *scores, float *acc, float *total, uint16_t *out) {
+    const int64_t heads = s.h1 - s.h0, rows = heads * s.group, units = s.dim / 32;
+    const int64_t chunks = (s.len + 15) / 16, t = omp_get_thread_num(), T = omp_get_num_threads();
+    const int64_t p_hi = chunks * (t + 1) / T * 16;
+    scores_bf16(q, k_cache, s, scale, scores, chunks * t / T * 16, p_hi < s.len ? p_hi : s.len);
+#pragma omp barrier
+    softmax_rows(scores, rows * t / T, rows * (t + 1) / T, s.len, total);
+#pragma omp barrier
+    for (int64_t task = heads * units * t / T; task < heads * units * (t + 1) / T; task++) {
+        const int64_t h = task / units, u = task % units;
+        span_t head = s;
+        head.h0 = s.h0 + h;
+        head.h1 = head.h0 + 1;
+        float *ar = acc + h * s.group * s.dim + 32 * u;
+        for (int64_t g = 0; g < s.group; g++) memset(ar + g * s.dim, 0, 32 * sizeof(float));
+        for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+            const uint16_t *v[16];
+            int n = chunk_rows(v_cache, head, p0, v);
+            for (int i = 0; i < 16; i++) v[i] += 32 * u;
+            for (int64_t g0 = 0; g0 < s.group;) {
+                const float *w = scores + (h * s.group + g0) * s.len + p0;
+                float *a = ar + g0 * s.dim;
+                int64_t left = s.group - g0;
+                if (left >= 4) { values_tile(v, n, w, s.len, 1, a, s.dim, 4, 2); g0 += 4; }
+                else if (left == 3) { values_tile(v, n, w, s.len, 1, a, s.dim, 3, 2); g0 += 3; }
+                else if (left == 2) { values_tile(v, n, w, s.len, 1, a, s.dim, 2, 2); g0 += 2; }
+                else { values_tile(v, n, w, s.len, 1, a, s.dim, 1, 2); g0 += 1; }
+            }
+        }
+        for (int64_t g = 0; g < s.group; g++) {
+            const int64_t r = h * s.group + g;
+            float inv = 1.0f / total[r], *x = ar + g * s.dim;
+            interleave_pairs(x, 32);
+            for (int i = 0; i < 32; i++) x[i] *= inv;
+            store_f32(x, 2, out + (s.h0 * s.group + r) * s.dim + 32 * u, 32);
+        }
+    }
+#pragma omp barrier  /* the next token's scores overwrite this one's */
+}
+
+/* attend_together with the common head dims as constants (see attend_specialized). */
+static void attend_together_specialized(const uint16_t *q, const uint16_t *k_cache,
+                                        const uint16_t *v_cache, span_t s, float scale,
+                                        float *scores, float *acc, float *total, uint16_t *out) {
+    if (s.dim == 64) { s.dim = 64; attend_together(q, k_cache, v_cache, s, scale, scores, acc, total, out); }
+    else if (s.dim == 128) { s.dim = 128; attend_together(q, k_cache, v_cache, s, scale, scores, acc, total, out); }
+    else attend_together(q, k_cache, v_cache, s, scale, scores, acc, total, out);
+}
+
 #if defined(__AMX_BF16__)
 /* Unscaled scores on AMX tiles, S^T = K Q^T for a chunk of 16 positions and up to 16 query
  * rows: the heads of the range in bands of 16 / group (see weights_layout), each band one C tile.
@@ -255,22 +333,6 @@ static void softmax_lanes(float *scores, span_t s, float scale, float *total) {
 
 #endif
 
-/* The rows layout's softmax numerators in place (scores already scaled); sums to total[r]. */
-static inline __attribute__((always_inline)) void softmax_rows(float *scores, int64_t rows,
-                                                               int64_t len, float *total) {
-    for (int64_t r = 0; r < rows; r++) {
-        float *sr = scores + r * len, top = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : top)
-        for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < len; p++) {
-            sr[p] = exp_nonpositive(sr[p] - top);
-            sum += sr[p];
-        }
-        total[r] = sum;
-    }
-}
-
 /* One decode token against its sequence's paged cache, for the query heads of KV heads
  * [s.h0, s.h1); out points at the token's output row [Hq, D]. tiles: AMX scratch, or NULL. */
 static inline __attribute__((always_inline)) void attend(
@@ -290,13 +352,13 @@ static inline __attribute__((always_inline)) void attend(
     } else
 #endif
     if (fast) {
-        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores);
-        softmax_rows(scores, rows, s.len, total);
+        scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, 0, s.len);
+        softmax_rows(scores, 0, rows, s.len, total);
     } else
 #endif
     {
         scores_any(q, k_cache, s, scale, elem, scores, acc, kv);
-        softmax_rows(scores, rows, s.len, total);
+        softmax_rows(scores, 0, rows, s.len, total);
     }
 #ifdef __AVX512BF16__
     if (fast) {
@@ -325,6 +387,31 @@ static void attend_specialized(const char *q, const char *k_cache, const char *v
     else attend(q, k_cache, v_cache, s, scale, elem, scratch, tiles, out);
 }
 
+#ifdef __AVX512BF16__
+/* paged_decode_attention's tokens one after another, each by the whole team (attend_together);
+ * s: every field but the table, len the longest sequence's. */
+static int decode_together(const void *q, int64_t q_stride, const void *k_cache,
+                           const void *v_cache, const int32_t *block_tables, int64_t table_stride,
+                           const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                           int64_t num_decodes, void *out, int64_t num_heads, span_t s, float scale) {
+    const int64_t query_rows = s.num_kv_heads * s.group;
+    float *scores = malloc(sizeof(float) * (size_t)(query_rows * (s.len + s.dim + 1)));
+    if (!scores) return -1;
+    float *acc = scores + query_rows * s.len, *total = acc + query_rows * s.dim;
+#pragma omp parallel
+    for (int64_t i = 0; i < num_decodes; i++) {
+        span_t token = s;
+        token.table = block_tables + seqs[i] * table_stride;
+        token.len = seq_lens[seqs[i]];
+        attend_together_specialized((const uint16_t *)q + rows[i] * q_stride, k_cache, v_cache,
+                                    token, scale, scores, acc, total,
+                                    (uint16_t *)out + rows[i] * num_heads * s.dim);
+    }
+    free(scores);
+    return 0;
+}
+#endif
+
 /* Decode attention straight from the paged cache, no gather: token rows[i] (query at
  * q + rows[i]*q_stride, heads contiguous) attends to the first seq_lens[seqs[i]] positions of
  * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
@@ -349,6 +436,16 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     /* bf16 keys on AMX (scores_amx): its query tiles after the floats */
     const int amx = elem == 2 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0
                     && group <= 16 && has_amx();
+#ifdef __AVX512BF16__
+    /* too few (token, KV head) tasks to keep every thread busy: the team takes a token at a time
+     * (AMX keeps a task per KV head: its score tiles are not split by positions here) */
+    if (num_decodes * num_kv_heads < 2 * omp_get_max_threads() && omp_get_max_threads() > 1
+        && !amx && elem == 2 && dim % 32 == 0 && dim <= 256) {
+        span_t s = {NULL, max_len, 0, num_kv_heads, group, num_kv_heads, dim, block_size};
+        return decode_together(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens,
+                               rows, seqs, num_decodes, out, num_heads, s, scale);
+    }
+#endif
     size_t scratch_floats = (size_t)(score_floats(heads_per_task, group, max_len, amx)
                                      + task_rows * (dim + 1) + dim);
     const size_t tile_bytes = amx ? (size_t)(heads_per_task * dim * 32) : 0;
