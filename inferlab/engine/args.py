@@ -9,10 +9,12 @@ from inferlab.config import DTYPES, EngineConfig, parse_bytes
 _DEFAULTS = EngineConfig()
 # The server's default step: prefill in chunks of this many tokens between decode steps. When
 # many requests arrive together, their first tokens come out in that order, a few every step,
-# instead of all after the whole burst; measured with 16 streams of 300-token prompts on this
-# project's CPU: TTFT p50 2.5 s at 2048, 1.1 s at 512, 0.9 s at 256, for 4% / 9% less
-# throughput (BENCHMARKS.md). The offline commands keep EngineConfig's larger step.
-SERVING_MAX_NUM_BATCHED_TOKENS = 512
+# instead of all after the whole burst. 16 streams of 300-token prompts on the first sessions'
+# Intel CPU: TTFT p50 2.5 s at 2048, 1.1 s at 512, 0.9 s at 256. On the AMD EPYC of the twelfth
+# session, against 512: 768 gave 3% more output at 64 streams and TTFT p50 at 16 streams
+# 394 -> 497 ms; 1024 gave 5% more and 613 ms (BENCHMARKS.md). The offline commands keep
+# EngineConfig's larger step.
+SERVING_MAX_NUM_BATCHED_TOKENS = 768
 
 
 def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> None:

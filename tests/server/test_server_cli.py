@@ -127,6 +127,6 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     def step(argv):
         return engine_config_from_args(build_parser(argv).parse_args(argv)).max_num_batched_tokens
 
-    assert step(["serve"]) == SERVING_MAX_NUM_BATCHED_TOKENS == 512
+    assert step(["serve"]) == SERVING_MAX_NUM_BATCHED_TOKENS == 768
     assert step(["generate", "hi"]) == 2048
     assert step(["serve", "--max-num-batched-tokens", "1024"]) == 1024
