@@ -181,6 +181,19 @@ static inline __attribute__((always_inline)) void values_tile(
         for (int c = 0; c < CH; c++) _mm512_storeu_ps(acc + g * acc_row + c * 16, sum[g * CH + c]);
 }
 
+/* values_tile over the query rows g0, g0 + 1, ... of one head, `left` of them, in the widest
+ * tile of up to 4 rows that fits the registers; returns how many rows it took. Tile shapes do
+ * not change a row's arithmetic (each sum takes its positions in order), only the loads. */
+static inline __attribute__((always_inline)) int64_t values_rows(
+        const uint16_t *const v[16], int n, const float *w, int64_t w_row, int64_t w_pos,
+        float *acc, int64_t acc_row, int64_t left, const int CH) {
+    if (left >= 4 && 4 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 4, CH); return 4; }
+    if (left == 3 && 3 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 3, CH); return 3; }
+    if (left >= 2 && 2 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 2, CH); return 2; }
+    values_tile(v, n, w, w_row, w_pos, acc, acc_row, 1, CH);
+    return 1;
+}
+
 /* n floats laid out as values_tile leaves them (per 32: 16 even, 16 odd) back in order. */
 static inline void interleave_pairs(float *x, int64_t n) {
     const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
@@ -204,20 +217,13 @@ static inline __attribute__((always_inline)) void values_bf16(
         int n = chunk_rows(v_cache, s, p0, v);
         for (int64_t h = 0; h < s.h1 - s.h0; h++) {
             for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
-            for (int64_t g0 = 0; g0 < s.group;) {
-                int64_t r = h * s.group + g0, left = s.group - g0, w_row = l.row, w_pos = l.pos;
-                const float *wr = w + weight_offset(l, s.group, h, g0, p0);
-                float *ar = acc + r * s.dim;
-                const int64_t d = s.dim;
-                if (ch == 4 && left >= 4) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 4, 4); g0 += 4; }
-                else if (ch == 4 && left == 3) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 3, 4); g0 += 3; }
-                else if (ch == 4 && left == 2) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 2, 4); g0 += 2; }
-                else if (ch == 8 && left >= 2) { values_tile(vh, n, wr, w_row, w_pos, ar, d, 2, 8); g0 += 2; }
-                else { values_tile(vh, n, wr, w_row, w_pos, ar, d, 1, ch); g0 += 1; }
-            }
+            for (int64_t g0 = 0; g0 < s.group;)
+                g0 += values_rows(vh, n, w + weight_offset(l, s.group, h, g0, p0), l.row, l.pos,
+                                  acc + (h * s.group + g0) * s.dim, s.dim, s.group - g0, ch);
         }
     }
 }
+
 /* One bf16 decode token by the whole team: every thread of the enclosing parallel region calls
  * it. The keys are split by chunks of 16 positions, the softmax by query rows, the values by
  * (KV head, 32 dims). For batches too small to give each thread KV heads of its own (one token
@@ -246,15 +252,9 @@ static inline __attribute__((always_inline)) void attend_together(
             const uint16_t *v[16];
             int n = chunk_rows(v_cache, head, p0, v);
             for (int i = 0; i < 16; i++) v[i] += 32 * u;
-            for (int64_t g0 = 0; g0 < s.group;) {
-                const float *w = scores + (h * s.group + g0) * s.len + p0;
-                float *a = ar + g0 * s.dim;
-                int64_t left = s.group - g0;
-                if (left >= 4) { values_tile(v, n, w, s.len, 1, a, s.dim, 4, 2); g0 += 4; }
-                else if (left == 3) { values_tile(v, n, w, s.len, 1, a, s.dim, 3, 2); g0 += 3; }
-                else if (left == 2) { values_tile(v, n, w, s.len, 1, a, s.dim, 2, 2); g0 += 2; }
-                else { values_tile(v, n, w, s.len, 1, a, s.dim, 1, 2); g0 += 1; }
-            }
+            for (int64_t g0 = 0; g0 < s.group;)
+                g0 += values_rows(v, n, scores + (h * s.group + g0) * s.len + p0, s.len, 1,
+                                  ar + g0 * s.dim, s.dim, s.group - g0, 2);
         }
         for (int64_t g = 0; g < s.group; g++) {
             const int64_t r = h * s.group + g;
@@ -417,11 +417,12 @@ static int decode_together(const void *q, int64_t q_stride, const void *k_cache,
  * sequence seqs[i], whose blocks are block_tables[seqs[i]*table_stride + ...]. Caches are
  * [blocks, block_size, Hkv, D]; out is [N, Hq, D]. A task is one token with all its KV heads
  * when there are enough tokens to keep the threads busy (each block then read front to back),
- * else one (token, KV head). bf16 scores go through AMX tiles where the CPU has them (the
- * choice depends on shapes, not on the batch). Every head's arithmetic is the same either way,
- * so a token's result does not depend on what else is in the batch. Returns 0, or -1 if a
- * thread's scratch memory could not be allocated (the work it would have done is then
- * missing). */
+ * else one (token, KV head); with fewer (token, KV head) pairs than twice the threads (a single
+ * stream), bf16 tokens go one at a time through the whole team (decode_together; not on AMX).
+ * bf16 scores go through AMX tiles where the CPU has them (the choice depends on shapes, not on
+ * the batch). Every head's arithmetic is the same either way, so a token's result does not
+ * depend on what else is in the batch. Returns 0, or -1 if scratch memory could not be
+ * allocated (the work it would have done is then missing). */
 int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
                            const void *v_cache, const int32_t *block_tables, int64_t table_stride,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
