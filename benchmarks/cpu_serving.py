@@ -4,7 +4,8 @@ Workload W: the embedded model, ~300-token prompts cut from the WikiText-2 test 
 tokens (ignore_eos), through the HTTP server at 1, 4, 16 and 64 concurrent streams. Beside it, in
 the same run, transformers `generate` with static batches of 16 on the same number of requests and
 the same dtype. Prints output throughput, TTFT and ITL per concurrency, the ratios to transformers,
-and the fraction of the machine's roofline each point reaches.
+and the fraction of the machine's roofline each point reaches; the single stream also against the
+bandwidth re-measured just before and after each of its rounds.
 
 The two sides alternate in rounds (default 3: every concurrency through the server, then
 transformers) and the figures are medians, each ratio the median of the rounds' ratios: this
