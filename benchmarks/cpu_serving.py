@@ -82,10 +82,11 @@ def bench_beside_roofline(port: int, concurrency: int, out: Path) -> dict:
     """bench, and for a single stream the bandwidth roofline measured just before and just
     after it: this VM's bandwidth moves by up to 2x from minute to minute, so a roofline
     measured minutes earlier says little about the run's own minutes."""
+    requests = max(2 * concurrency, 8)
     if concurrency != 1:
-        return bench(port, concurrency, max(2 * concurrency, 8), out)
+        return bench(port, concurrency, requests, out)
     before = stream_bandwidth_bytes_per_s(repeats=2)
-    result = bench(port, concurrency, 8, out)
+    result = bench(port, concurrency, requests, out)
     return {**result, "bandwidth_bytes_per_s": (before + stream_bandwidth_bytes_per_s(repeats=2)) / 2}
 
 

@@ -69,7 +69,7 @@ def main() -> None:
         print(f"block size {size}: {engine.num_kv_blocks} blocks, a wave takes {blocks_per_wave[size]}")
     results: dict[int, list[tuple[float, float]]] = {size: [] for size in engines}
     for w in range(args.waves):
-        prompts = wikitext_prompts(tokenizer, REQUESTS, PROMPT_TOKENS, offset=w * 64)
+        prompts = wikitext_prompts(tokenizer, REQUESTS, PROMPT_TOKENS, offset=w * REQUESTS)
         for size, engine in engines.items():
             results[size].append(wave(engine, prompts))
         print(f"wave {w}: " + ", ".join(

@@ -14,6 +14,11 @@
 
 #include "kernels.h"
 
+/* bf16 with a head dim the AVX512-BF16 and AMX kernels take (a multiple of 32, at most 256). */
+static inline int bf16_kernels_fit(int elem, int64_t dim) {
+    return elem == 2 && dim % 32 == 0 && dim <= 256;
+}
+
 /* Where the softmax weights of query row (head h of the range, g) at position p lie in the
  * scratch: rows of len floats (the generic and AVX512-BF16 paths), or scores_amx's bands of
  * heads, 16 lanes a position. */
@@ -343,7 +348,7 @@ static inline __attribute__((always_inline)) void attend(
     float *kv = acc + rows * s.dim, *total = kv + s.dim;
 #ifdef __AVX512BF16__
     weights_layout layout = {heads, 0, s.len, 1};
-    const int fast = elem == 2 && s.dim % 32 == 0 && s.dim <= 256;
+    const int fast = bf16_kernels_fit(elem, s.dim);
 #if defined(__AMX_BF16__)
     if (tiles) {
         scores_amx((const uint16_t *)q, (const uint16_t *)k_cache, s, scores, tiles);
@@ -435,13 +440,13 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     int64_t tasks_per_token = num_kv_heads / heads_per_task, task_rows = heads_per_task * group;
     /* bf16 keys on AMX (scores_amx): its query tiles after the floats */
-    const int amx = elem == 2 && dim % 32 == 0 && dim <= 256 && block_size % 16 == 0
+    const int amx = bf16_kernels_fit(elem, dim) && block_size % 16 == 0
                     && group <= 16 && has_amx();
 #ifdef __AVX512BF16__
     /* too few (token, KV head) tasks to keep every thread busy: the team takes a token at a time
      * (AMX keeps a task per KV head: its score tiles are not split by positions here) */
     if (num_decodes * num_kv_heads < 2 * omp_get_max_threads() && omp_get_max_threads() > 1
-        && !amx && elem == 2 && dim % 32 == 0 && dim <= 256) {
+        && !amx && bf16_kernels_fit(elem, dim)) {
         span_t s = {NULL, max_len, 0, num_kv_heads, group, num_kv_heads, dim, block_size};
         return decode_together(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens,
                                rows, seqs, num_decodes, out, num_heads, s, scale);
