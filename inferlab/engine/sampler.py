@@ -92,14 +92,9 @@ def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
                    generators: list[torch.Generator | None]) -> torch.Tensor:
     device = logits.device
     temperatures = [p.temperature or 1.0 for p in params]
-    if any(t != 1.0 for t in temperatures):  # a pass over [B, V] saved in the common case
-        logits = logits / torch.tensor(temperatures, device=device)[:, None]
-    if any(p.top_k or p.top_p < 1.0 for p in params):
-        logits = _top_k_top_p(logits, params)
-    probs = torch.softmax(logits, dim=-1)  # [B, V]
-    if any(p.min_p > 0 for p in params):
-        min_p = torch.tensor([p.min_p for p in params], device=device)[:, None]
-        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+    if any(p.top_k or p.top_p < 1.0 for p in params):  # they rank the tempered logits
+        logits = _top_k_top_p(_tempered(logits, temperatures), params)
+        temperatures = [1.0] * len(params)
     # Inverse CDF: one uniform draw per row (from the request's own generator when it has a
     # seed) against the running mass. Drawing noise for every vocabulary entry instead (an
     # exponential race) cost ~25 ms a step at 16 rows here.
@@ -107,7 +102,21 @@ def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
     for row, generator in enumerate(generators):
         if generator is not None:
             uniform[row] = torch.rand(1, generator=generator, device=device, dtype=torch.float64)
+    min_p = [p.min_p for p in params]
+    if (device.type == "cpu" and logits.dtype == torch.float32 and logits.stride(1) == 1
+            and cpu_ops.available(logits)):  # one C call, not ~15 torch ops (~0.2 ms a step)
+        return cpu_ops.sample(logits, temperatures, min_p, uniform)
+    probs = torch.softmax(_tempered(logits, temperatures), dim=-1)  # [B, V]
+    if any(m > 0 for m in min_p):
+        floor = torch.tensor(min_p, device=device)[:, None] * probs.max(dim=-1, keepdim=True).values
+        probs = probs.masked_fill(probs < floor, 0.0)
     return inverse_cdf(probs, uniform)
+
+
+def _tempered(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
+    if all(t == 1.0 for t in temperatures):  # a pass over [B, V] saved in the common case
+        return logits
+    return logits / torch.tensor(temperatures, device=logits.device)[:, None]
 
 
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:

@@ -19,6 +19,7 @@ import logging
 import os
 import subprocess
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import torch
@@ -28,7 +29,7 @@ logger = logging.getLogger("inferlab.kernels")
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "matmul.c", "vnni_gemm.c",
                                              "quant_linear.c", "dynamic_linear.c",
-                                             "prefill_attention.c", "decode_layer.c"))
+                                             "prefill_attention.c", "decode_layer.c", "sampling.c"))
 HEADERS = (_DIR / "kernels.h",)
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
@@ -45,6 +46,7 @@ _SIGNATURES = {
     "prefill_attention_fits": (ctypes.c_int, [_I64]),
     "silu_and_mul": (None, [_P, _P, _I64, _I64, _I32]),
     "argmax_rows": (None, [_P, _I64, _I64, _I64, _P]),
+    "sample_rows": (ctypes.c_int, [_P, _I64, _I64, _I64, _P, _P, _P, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
     "has_dynamic_linear": (ctypes.c_int, []),
@@ -279,6 +281,24 @@ def argmax(x: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"argmax takes fp32 [B, V] rows, not {x.dtype} {list(x.shape)}")
     out = torch.empty(x.shape[0], dtype=torch.int64)
     _library().argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
+    return out
+
+
+def sample(logits: torch.Tensor, temperatures: Sequence[float], min_p: Sequence[float],
+           uniform: torch.Tensor) -> torch.Tensor:
+    """Token ids [B] drawn from softmax(logits / temperatures) without the entries below min_p
+    times the row's top probability, by the inverse CDF at `uniform` (as sampler.inverse_cdf).
+    logits fp32 [B, V] (unit stride along V); uniform fp64 [B, 1] in [0, 1)."""
+    rows, cols = logits.shape
+    if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
+        raise ValueError(f"sample takes fp32 [B, V] rows, not {logits.dtype} {list(logits.shape)}")
+    inv_temp = (ctypes.c_float * rows)(*(1.0 / t for t in temperatures))
+    floors = (ctypes.c_float * rows)(*min_p)
+    uniform = uniform.to(torch.float64).contiguous()
+    out = torch.empty(rows, dtype=torch.int64)
+    if _library().sample_rows(logits.data_ptr(), logits.stride(0), rows, cols, inv_temp, floors,
+                              uniform.data_ptr(), out.data_ptr()):
+        raise MemoryError("sample_rows could not allocate its scratch memory")
     return out
 
 

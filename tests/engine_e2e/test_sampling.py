@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 
 from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.kernels import cpu_ops
+
+
+@pytest.fixture(params=["c", "torch"])
+def sampling_path(request, monkeypatch):
+    """Random sampling through the C kernel (where it is built) and through torch (GPUs)."""
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_ops, "available", lambda *tensors: False)
+    elif not cpu_ops.available(torch.zeros(1)):
+        pytest.skip("no C compiler here")
 
 
 def _batch(params, prompt=None, output=None, generators=None):
@@ -24,7 +35,7 @@ def test_penalties_by_hand():
     assert torch.allclose(got, torch.tensor([[-0.1, 1.0, -2.6, 0.25]]))
 
 
-def test_top_p_top_k_min_p_by_hand():
+def test_top_p_top_k_min_p_by_hand(sampling_path):
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().repeat(400, 1)
     cases = [(SamplingParams(top_p=0.7), {0, 1}), (SamplingParams(top_k=1), {0}),
@@ -35,7 +46,7 @@ def test_top_p_top_k_min_p_by_hand():
         assert set(tokens.tolist()) == allowed, params
 
 
-def test_temperature_sampling_follows_the_distribution():
+def test_temperature_sampling_follows_the_distribution(sampling_path):
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().repeat(6000, 1)
     tokens, _ = sample(logits, _batch([SamplingParams(temperature=1.0)] * 6000))

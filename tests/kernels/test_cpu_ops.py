@@ -3,6 +3,7 @@ functions and the torch paged-attention oracle, in fp32 and bf16."""
 
 from __future__ import annotations
 
+import math
 import os
 import random
 import subprocess
@@ -13,6 +14,7 @@ import torch
 import torch.nn.functional as F
 from transformers.models.llama import modeling_llama as hf
 
+from inferlab.engine.sampler import inverse_cdf
 from inferlab.kernels import cpu_ops, fused
 from inferlab.kernels.attention import cpu_paged, torch_paged
 from inferlab.kernels.attention.metadata import AttentionMetadata
@@ -229,6 +231,50 @@ def test_argmax_matches_torch_and_takes_the_first_of_ties() -> None:
     x[4, 17] = x[4, 1] = 3.0  # a tie inside the first 16 and beyond
     assert cpu_ops.argmax(x).tolist() == [0, 5, 0, 999, 1]
     assert cpu_ops.argmax(x[:, :500]).tolist() == [0, 5, 0, 0, 1]  # a strided view's rows
+
+
+
+def test_sample_lands_where_the_running_mass_passes_the_draw() -> None:
+    """Mass 0.5 at id 10 (first block of 256), 0.3 at 300 (second), 0.2 at 599 (third, a
+    short one); every other logit -inf. Worked by hand: each draw u picks the first id whose
+    running mass exceeds u (draws kept off the boundaries: the weights come through exp), and
+    the total need not be 1."""
+    logits = torch.full((1, 600), float("-inf"))
+    logits[0, 10], logits[0, 300], logits[0, 599] = math.log(1.5), math.log(0.9), math.log(0.6)
+    cases = {0.0: 10, 0.49: 10, 0.51: 300, 0.79: 300, 0.81: 599, 1 - 1e-12: 599, 1 - 1e-16: 599}
+    for u, expected in cases.items():
+        picked = cpu_ops.sample(logits, [1.0], [0.0], torch.tensor([[u]], dtype=torch.float64))
+        assert picked.tolist() == [expected], u
+
+
+def test_sample_temperature_and_min_p_by_hand() -> None:
+    """Probabilities 0.6, 0.3, 0.1 on a grid of 6,000 evenly spaced draws: the counts are the
+    masses times 6,000. At temperature 0.5 they become 0.36 : 0.09 : 0.01 (squared, then
+    normalized by 0.46); min_p 0.2 drops 0.1 (below 0.2 * 0.6) and leaves 2 : 1."""
+    draws = 6000
+    logits = torch.tensor([0.6, 0.3, 0.1]).log().repeat(draws, 1)
+    uniform = ((torch.arange(draws, dtype=torch.float64) + 0.5) / draws)[:, None]
+    cases = [(1.0, 0.0, [0.6, 0.3, 0.1]), (0.5, 0.0, [0.36 / 0.46, 0.09 / 0.46, 0.01 / 0.46]),
+             (1.0, 0.2, [2 / 3, 1 / 3, 0.0])]
+    for temperature, min_p, masses in cases:
+        tokens = cpu_ops.sample(logits, [temperature] * draws, [min_p] * draws, uniform)
+        counts = torch.bincount(tokens, minlength=3).tolist()
+        assert all(abs(c - m * draws) <= 1 for c, m in zip(counts, masses, strict=True)), counts
+
+
+def test_sample_matches_the_torch_inverse_cdf() -> None:
+    """Against softmax and sampler.inverse_cdf in torch on the same draws: the same tokens,
+    short of a draw landing within rounding of a boundary."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(64, 49152, generator=gen) * 4
+    uniform = torch.rand(64, 1, dtype=torch.float64, generator=gen)
+    for temperature, min_p in [(1.0, 0.0), (0.7, 0.0), (1.0, 0.05)]:
+        probs = torch.softmax(logits / temperature, dim=-1)
+        probs = probs.masked_fill(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0)
+        expected = inverse_cdf(probs, uniform)
+        got = cpu_ops.sample(logits, [temperature] * 64, [min_p] * 64, uniform)
+        assert (got == expected).sum() >= 63, (temperature, min_p)
+        assert torch.equal(cpu_ops.sample(logits[5:6], [temperature], [min_p], uniform[5:6]), got[5:6])
 
 
 RELEASE_PROBE = """
