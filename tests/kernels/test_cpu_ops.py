@@ -101,10 +101,10 @@ def test_silu_and_mul_matches_the_mlp_activation(dtype):
 
 
 def _random_batch(query_lens: list[int], context_lens: list[int], dtype: torch.dtype, seed: int,
-                  d: int = 64, heads: tuple[int, int] = (9, 3)):
+                  d: int = 64, heads: tuple[int, int] = (9, 3), block_size: int = 16):
     """Caches filled at random, shuffled block tables, new tokens after each context; heads:
     (query heads, KV heads)."""
-    block_size, (hq, hkv) = 16, heads
+    hq, hkv = heads
     gen = random.Random(seed)
     seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     need = [-(-s // block_size) for s in seq_lens]
@@ -136,6 +136,18 @@ def test_mixed_batch_matches_the_torch_oracle(dtype, head_dim):
     assert torch.equal(kc, kc_ref) and torch.equal(vc, vc_ref)  # same KV writes
     tol = 2e-6 if dtype == torch.float32 else 1.6e-2  # bf16: one rounding of the output
     torch.testing.assert_close(ours, ref, atol=tol, rtol=tol)
+
+
+@pytest.mark.parametrize("block_size", [4, 8, 32])
+def test_decodes_over_other_block_sizes_match_the_oracle(block_size):
+    """bf16 decodes, one alone (the whole team on one token) and five together, over blocks
+    smaller than the kernel's 16-position chunks (a chunk spans blocks) and larger."""
+    for query_lens, context_lens in [([1], [300]), ([1] * 5, [5, 77, 300, 16, 140])]:
+        (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=8,
+                                                  block_size=block_size)
+        ours = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+        ref = torch_paged.paged_attention(q, k, v, kc.clone(), vc.clone(), meta, 0.125)
+        torch.testing.assert_close(ours, ref, atol=1.6e-2, rtol=1.6e-2)
 
 
 @pytest.mark.parametrize("head_dim", [64, 128])

@@ -124,12 +124,24 @@ static inline __attribute__((always_inline)) __m512 sum_lanes_16(const __m512 v[
 static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cache, span_t s,
                                                             int64_t p0, const uint16_t *rows[16]) {
     int n = s.len - p0 < 16 ? (int)(s.len - p0) : 16;
-    for (int i = 0; i < 16; i++)
-        rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
-    int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
-    for (int64_t p = p0 + 16; p < p0 + 48 && p < s.len; p++) {
-        const char *next = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2, row = s.num_kv_heads * s.dim;
+    if (s.block_size < 16) {  /* a chunk spans blocks: position by position */
+        for (int i = 0; i < 16; i++)
+            rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
+        for (int64_t p = p0 + 16; p < p0 + 48 && p < s.len; p++) {
+            const char *next = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+            for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        }
+        return n;
+    }
+    /* p0 a multiple of 16 and blocks of 16 or more (powers of two): a chunk is 16 rows of one
+     * block, `row` elements apart, found with one lookup in the table */
+    const uint16_t *first = cache + kv_offset(s.table, p0, s.block_size, s.num_kv_heads, s.h0, s.dim);
+    for (int i = 0; i < 16; i++) rows[i] = first + (i < n ? i : 0) * row;
+    for (int64_t c = p0 + 16; c < p0 + 48 && c < s.len; c += 16) {
+        const char *next = (const char *)(cache + kv_offset(s.table, c, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t i = 0; i < 16 && c + i < s.len; i++, next += row * 2)
+            for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
     }
     return n;
 }
