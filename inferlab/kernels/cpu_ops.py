@@ -289,9 +289,9 @@ def sample(logits: torch.Tensor, temperatures: Sequence[float], min_p: Sequence[
     """Token ids [B] drawn from softmax(logits / temperatures) without the entries below min_p
     times the row's top probability, by the inverse CDF at `uniform` (as sampler.inverse_cdf).
     logits fp32 [B, V] (unit stride along V); uniform fp64 [B, 1] in [0, 1)."""
-    rows, cols = logits.shape
     if logits.dtype != torch.float32 or logits.dim() != 2 or logits.stride(1) != 1:
         raise ValueError(f"sample takes fp32 [B, V] rows, not {logits.dtype} {list(logits.shape)}")
+    rows, cols = logits.shape
     inv_temp = (ctypes.c_float * rows)(*(1.0 / t for t in temperatures))
     floors = (ctypes.c_float * rows)(*min_p)
     uniform = uniform.to(torch.float64).contiguous()
