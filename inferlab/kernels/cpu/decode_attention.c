@@ -146,6 +146,17 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
     return n;
 }
 
+/* The prefetch chunk_rows would have made of the chunks at p0 and p0 + 16: for where a loop
+ * over the chunks starts, so that its first two do not come from memory on demand. */
+static inline __attribute__((always_inline)) void prefetch_start(const uint16_t *cache, span_t s,
+                                                                 int64_t p0) {
+    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
+    for (int64_t p = p0; p < p0 + 32 && p < s.len; p++) {
+        const char *at = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+    }
+}
+
 /* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
  * 256), positions [p_lo, p_hi) (p_lo a multiple of 16): vdpbf16ps sums exact bf16 products in
  * fp32, 16 positions at a time, all heads of the range per chunk so the chunk's keys are read
@@ -256,12 +267,18 @@ static inline __attribute__((always_inline)) void attend_together(
         float scale, float *scores, float *acc, float *total, uint16_t *out) {
     const int64_t heads = s.h1 - s.h0, rows = heads * s.group, units = s.dim / 32;
     const int64_t chunks = (s.len + 15) / 16, t = omp_get_thread_num(), T = omp_get_num_threads();
-    const int64_t p_hi = chunks * (t + 1) / T * 16;
-    scores_bf16(q, k_cache, s, scale, scores, chunks * t / T * 16, p_hi < s.len ? p_hi : s.len);
+    const int64_t p_lo = chunks * t / T * 16, p_hi = chunks * (t + 1) / T * 16;
+    const int64_t task_lo = heads * units * t / T, task_hi = heads * units * (t + 1) / T;
+    span_t mine = s;  /* the KV heads of this thread's value tasks */
+    mine.h0 = s.h0 + task_lo / units;
+    mine.h1 = s.h0 + (task_hi + units - 1) / units;
+    prefetch_start(k_cache, s, p_lo);
+    prefetch_start(v_cache, mine, 0);
+    scores_bf16(q, k_cache, s, scale, scores, p_lo, p_hi < s.len ? p_hi : s.len);
 #pragma omp barrier
     softmax_rows(scores, rows * t / T, rows * (t + 1) / T, s.len, total);
 #pragma omp barrier
-    for (int64_t task = heads * units * t / T; task < heads * units * (t + 1) / T; task++) {
+    for (int64_t task = task_lo; task < task_hi; task++) {
         const int64_t h = task / units, u = task % units;
         span_t head = s;
         head.h0 = s.h0 + h;
@@ -372,6 +389,8 @@ static inline __attribute__((always_inline)) void attend(
     } else
 #endif
     if (fast) {
+        prefetch_start((const uint16_t *)k_cache, s, 0);
+        prefetch_start((const uint16_t *)v_cache, s, 0);
         scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, 0, s.len);
         softmax_rows(scores, 0, rows, s.len, total);
     } else
