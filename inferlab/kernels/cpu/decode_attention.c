@@ -1,7 +1,8 @@
 /* Decode attention straight from the paged KV cache (paged_decode_attention): each decode
  * token's query against its sequence's cached positions, read block by block where they lie,
- * no gather. Generic fp32/bf16 loops, AVX512-BF16 score and value kernels, and AMX tiles for
- * the bf16 scores where the CPU has them; see paged_decode_attention for how work is split.
+ * no gather. Generic fp32/bf16 loops, AVX512-BF16 score and value kernels (decode_tiles.h),
+ * and AMX tiles for the bf16 scores where the CPU has them; see paged_decode_attention for how
+ * work is split.
  *
  * Why C: torch's path gathered each sequence's K/V out of the blocks and ran SDPA per
  * sequence; here one call covers the batch (inferlab/kernels/cpu_ops.py builds and calls it).
