@@ -105,8 +105,8 @@ static inline __attribute__((always_inline)) void attend_together(
     span_t mine = s;  /* the KV heads of this thread's value tasks */
     mine.h0 = s.h0 + task_lo / units;
     mine.h1 = s.h0 + (task_hi + units - 1) / units;
-    prefetch_start(k_cache, s, p_lo);
-    prefetch_start(v_cache, mine, 0);
+    prefetch_two_chunks(k_cache, s, p_lo);
+    prefetch_two_chunks(v_cache, mine, 0);
     scores_bf16(q, k_cache, s, scale, scores, p_lo, p_hi < s.len ? p_hi : s.len);
 #pragma omp barrier
     softmax_rows(scores, rows * t / T, rows * (t + 1) / T, s.len, total);
@@ -222,8 +222,8 @@ static inline __attribute__((always_inline)) void attend(
     } else
 #endif
     if (fast) {
-        prefetch_start((const uint16_t *)k_cache, s, 0);
-        prefetch_start((const uint16_t *)v_cache, s, 0);
+        prefetch_two_chunks((const uint16_t *)k_cache, s, 0);
+        prefetch_two_chunks((const uint16_t *)v_cache, s, 0);
         scores_bf16((const uint16_t *)q, (const uint16_t *)k_cache, s, scale, scores, 0, s.len);
         softmax_rows(scores, 0, rows, s.len, total);
     } else

@@ -39,6 +39,18 @@ static inline __attribute__((always_inline)) __m512 sum_lanes_16(const __m512 v[
     return _mm512_add_ps(_mm512_shuffle_f32x4(s01, s23, 0x88), _mm512_shuffle_f32x4(s01, s23, 0xdd));
 }
 
+/* A prefetch of positions [p0, p0 + 32), all heads of the range, each through the block table:
+ * the two chunks from p0. Where a loop over chunks starts, so that its first two do not come
+ * from memory on demand; and ahead of each chunk when blocks are smaller than a chunk. */
+static inline __attribute__((always_inline)) void prefetch_two_chunks(const uint16_t *cache,
+                                                                     span_t s, int64_t p0) {
+    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
+    for (int64_t p = p0; p < p0 + 32 && p < s.len; p++) {
+        const char *at = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+    }
+}
+
 /* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
  * head h0; and a prefetch of the 32 after them, all heads of the range. The blocks are
  * scattered, so the hardware prefetchers do not see them coming. Each line is thus asked for
@@ -52,10 +64,7 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
     if (s.block_size < 16) {  /* a chunk spans blocks: position by position */
         for (int i = 0; i < 16; i++)
             rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
-        for (int64_t p = p0 + 16; p < p0 + 48 && p < s.len; p++) {
-            const char *next = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
-            for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
-        }
+        prefetch_two_chunks(cache, s, p0 + 16);
         return n;
     }
     /* p0 a multiple of 16 and blocks of 16 or more (powers of two): a chunk is 16 rows of one
@@ -68,17 +77,6 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
             for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
     }
     return n;
-}
-
-/* The prefetch chunk_rows would have made of the chunks at p0 and p0 + 16: for where a loop
- * over the chunks starts, so that its first two do not come from memory on demand. */
-static inline __attribute__((always_inline)) void prefetch_start(const uint16_t *cache, span_t s,
-                                                                 int64_t p0) {
-    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
-    for (int64_t p = p0; p < p0 + 32 && p < s.len; p++) {
-        const char *at = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
-    }
 }
 
 /* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
