@@ -45,53 +45,56 @@ void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t 
             }
 }
 
-/* Two 16-output blocks per task, two accumulator sets (even and odd k-pairs) so consecutive
- * vdpbf16ps do not wait on each other; ROWS is a constant so everything stays in registers. */
-static inline __attribute__((always_inline)) void vnni_rows(
+/* Blocks b0 and b0 + 1 (an odd last block reads its own weights twice and keeps one result):
+ * two accumulator sets (even and odd k-pairs) so consecutive vdpbf16ps do not wait on each
+ * other; ROWS is a constant so everything stays in registers. */
+static inline __attribute__((always_inline)) void vnni_blocks(
         const uint16_t *x, int64_t x_stride, const int ROWS, const uint16_t *packed,
-        const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
+        const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in, int64_t b0) {
     const int64_t pairs = k_in / 2, blocks = n_out / 16;
-#pragma omp parallel for schedule(static)
-    for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
-        const int nb = blocks - b0 < 2 ? 1 : 2;
-        /* an odd last block reads its own weights twice and keeps one result */
-        const uint16_t *w[2] = {packed + b0 * pairs * 32, packed + (b0 + nb - 1) * pairs * 32};
-        __m512 acc[2][2][VNNI_MAX_ROWS];
-        for (int p = 0; p < 2; p++)
-            for (int b = 0; b < 2; b++)
-                for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
-        for (int64_t kp = 0; kp < pairs; kp += 2) {
-            for (int b = 0; b < 2; b++)  /* 2 KiB ahead on each weight stream */
-                _mm_prefetch(pair_prefetch_at(w[b], (kp + 32) * 64, pairs * 64), _MM_HINT_T0),
-                _mm_prefetch(pair_prefetch_at(w[b], (kp + 33) * 64, pairs * 64), _MM_HINT_T0);
-            for (int p = 0; p < 2; p++) {
-                __m512bh xv[VNNI_MAX_ROWS];
-                for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp + p);
-                for (int b = 0; b < 2; b++) {
-                    __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + (kp + p) * 32);
-                    for (int m = 0; m < ROWS; m++)
-                        acc[p][b][m] = _mm512_dpbf16_ps(acc[p][b][m], wv, xv[m]);
-                }
+    const int nb = blocks - b0 < 2 ? 1 : 2;
+    const uint16_t *w[2] = {packed + b0 * pairs * 32, packed + (b0 + nb - 1) * pairs * 32};
+    __m512 acc[2][2][VNNI_MAX_ROWS];
+    for (int p = 0; p < 2; p++)
+        for (int b = 0; b < 2; b++)
+            for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
+    for (int64_t kp = 0; kp < pairs; kp += 2) {
+        for (int b = 0; b < 2; b++)  /* 2 KiB ahead on each weight stream */
+            _mm_prefetch(pair_prefetch_at(w[b], (kp + 32) * 64, pairs * 64), _MM_HINT_T0),
+            _mm_prefetch(pair_prefetch_at(w[b], (kp + 33) * 64, pairs * 64), _MM_HINT_T0);
+        for (int p = 0; p < 2; p++) {
+            __m512bh xv[VNNI_MAX_ROWS];
+            for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp + p);
+            for (int b = 0; b < 2; b++) {
+                __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + (kp + p) * 32);
+                for (int m = 0; m < ROWS; m++)
+                    acc[p][b][m] = _mm512_dpbf16_ps(acc[p][b][m], wv, xv[m]);
             }
         }
-        for (int b = 0; b < nb; b++) {
-            __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
-            for (int m = 0; m < ROWS; m++) {
-                __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][b][m], acc[1][b][m]), bv);
-                store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem, sum);
-            }
+    }
+    for (int b = 0; b < nb; b++) {
+        __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
+        for (int m = 0; m < ROWS; m++) {
+            __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][b][m], acc[1][b][m]), bv);
+            store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem, sum);
         }
     }
 }
 
-/* Up to VNNI_MAX_ROWS rows, reading the weights once. */
+/* Up to VNNI_MAX_ROWS rows, reading the weights once, two blocks a task. The switch sits inside
+ * the parallel loop so that each case inlines vnni_blocks with a constant ROWS: gcc outlines
+ * the loop body before it inlines, so a ROWS fixed outside reaches it as a variable, and the
+ * row loops then run (and branch) on every k-pair. */
 static void vnni_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                         const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
-    switch (rows) {
-    case 1: vnni_rows(x, x_stride, 1, packed, bias, y, y_elem, n_out, k_in); break;
-    case 2: vnni_rows(x, x_stride, 2, packed, bias, y, y_elem, n_out, k_in); break;
-    case 3: vnni_rows(x, x_stride, 3, packed, bias, y, y_elem, n_out, k_in); break;
-    default: vnni_rows(x, x_stride, 4, packed, bias, y, y_elem, n_out, k_in); break;
+#pragma omp parallel for schedule(static)
+    for (int64_t b0 = 0; b0 < n_out / 16; b0 += 2) {
+        switch (rows) {
+        case 1: vnni_blocks(x, x_stride, 1, packed, bias, y, y_elem, n_out, k_in, b0); break;
+        case 2: vnni_blocks(x, x_stride, 2, packed, bias, y, y_elem, n_out, k_in, b0); break;
+        case 3: vnni_blocks(x, x_stride, 3, packed, bias, y, y_elem, n_out, k_in, b0); break;
+        default: vnni_blocks(x, x_stride, 4, packed, bias, y, y_elem, n_out, k_in, b0); break;
+        }
     }
 }
 
