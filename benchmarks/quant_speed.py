@@ -2,9 +2,12 @@
 
 One model (default: the embedded SmolLM2-135M) is loaded in bf16; each scheme's linear layers
 are built from round-to-nearest codes (speed does not depend on how the codes were chosen) and
-swapped into the same model in turn, so every variant shares embeddings, norms and attention.
-Variants are measured round-robin for `--rounds` rounds and the median taken, because this
-machine is shared and noisy: compare the ratios, not the absolute times.
+put into a copy of the model, so every variant has the same embeddings, norms and attention.
+
+This machine's speed moves in phases of seconds, so variants are measured interleaved: decode
+steps one variant after another (the order rotating each step), each variant with its own KV
+cache, so that every phase weighs on all of them alike; prefills round-robin for `--rounds`
+rounds. Medians are taken: compare the ratios, not the absolute times.
 
 Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--lm-head] [--layer-sweep]
      [--linears-alone] [--json out.json]
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import copy
 import ctypes
 import gc
 import json
@@ -37,6 +41,7 @@ from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
 
 BLOCK_SIZE = 16
+TURN_STEPS = 4  # consecutive decode steps of a variant in interleaved_decode_ms
 
 
 def largest_group(net: nn.Module, wanted: int) -> int:
@@ -65,10 +70,13 @@ def quantized_modules(net: nn.Module, scheme_name: str, group: int,
     return out
 
 
-def swap(net: nn.Module, modules: dict[str, nn.Module]) -> None:
+def variant_net(net: nn.Module, modules: dict[str, nn.Module]) -> nn.Module:
+    """A copy of `net` with `modules` in place of the layers of the same names."""
+    variant = copy.deepcopy(net)
     for name, module in modules.items():
         parent, _, leaf = name.rpartition(".")
-        setattr(net.get_submodule(parent), leaf, module)
+        setattr(variant.get_submodule(parent), leaf, module)
+    return variant
 
 
 def linear_bytes(modules: dict[str, nn.Module]) -> int:
@@ -94,22 +102,45 @@ def prefill_ms(net: nn.Module, ids: torch.Tensor) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
-@torch.no_grad()
-def decode_ms(net: nn.Module, prompt: torch.Tensor, steps: int) -> float:
-    """Median time of one decode step (batch 1) after a prompt, greedy tokens."""
-    n = prompt.numel()
-    caches = _caches(net, n + steps)
-    table = [list(range(len(caches[0][0])))]
-    meta = AttentionMetadata.build([n], [n], table, BLOCK_SIZE)
-    logits = net.compute_logits(net(prompt, torch.arange(n), caches, meta)[-1:])
-    times = []
-    for i in range(steps):
-        token = logits.argmax(-1)
-        meta = AttentionMetadata.build([1], [n + i + 1], table, BLOCK_SIZE)
+class DecodeStepper:
+    """One variant's greedy decode at batch 1 after a prompt, one step per call, in a KV cache
+    of its own."""
+
+    @torch.no_grad()
+    def __init__(self, net: nn.Module, prompt: torch.Tensor, steps: int) -> None:
+        self.net, self.length = net, prompt.numel()
+        self.caches = _caches(net, self.length + steps)
+        self.table = [list(range(len(self.caches[0][0])))]
+        meta = AttentionMetadata.build([self.length], [self.length], self.table, BLOCK_SIZE)
+        self.logits = net.compute_logits(net(prompt, torch.arange(self.length), self.caches, meta)[-1:])
+
+    @torch.no_grad()
+    def step_ms(self) -> float:
+        token = self.logits.argmax(-1)
+        meta = AttentionMetadata.build([1], [self.length + 1], self.table, BLOCK_SIZE)
         start = time.perf_counter()
-        logits = net.compute_logits(net(token, torch.tensor([n + i]), caches, meta))
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+        self.logits = self.net.compute_logits(
+            self.net(token, torch.tensor([self.length]), self.caches, meta))
+        elapsed_ms = (time.perf_counter() - start) * 1e3
+        self.length += 1
+        return elapsed_ms
+
+
+def interleaved_decode_ms(nets: dict[str, nn.Module], prompt: torch.Tensor,
+                          steps: int) -> dict[str, list[float]]:
+    """`steps` decode step times of each variant, the variants taking turns (the first of each
+    turn rotating) of TURN_STEPS consecutive steps, so a slow second of the machine falls on all
+    of them. A turn's first step is not kept: it finds the caches full of the previous
+    variant's weights, where a decode step finds some of its own model's from the step before
+    (this VM holds tens of MB beyond its L3, more of a small model's weights)."""
+    turns = -(-steps // (TURN_STEPS - 1))
+    steppers = {name: DecodeStepper(net, prompt, turns * TURN_STEPS) for name, net in nets.items()}
+    names, times = list(steppers), {name: [] for name in steppers}
+    for turn in range(turns):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            turn_ms = [steppers[name].step_ms() for _ in range(TURN_STEPS)]
+            times[name] += turn_ms[1:]
+    return {name: kept[:steps] for name, kept in times.items()}
 
 
 def _paths_ms(x: torch.Tensor, layers: dict[str, nn.Module], reps: int) -> dict[str, float]:
@@ -202,23 +233,25 @@ def main() -> None:
         use_packed_linears(net)  # what the engine runs bf16 with (the lm_head too)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
     variants = {"bf16": dense, **quantized}
+    nets = {"bf16": net, **{name: variant_net(net, modules) for name, modules in quantized.items()}}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate
     atexit.register(gc.unfreeze)  # triton (imported by torch) checks for leaks at exit
     ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),
                         generator=torch.Generator().manual_seed(0))
     results = {name: {"prefill_ms": [], "decode_ms": []} for name in variants}
     for _ in range(args.rounds):
-        for name, modules in variants.items():
-            swap(net, modules)
-            results[name]["prefill_ms"].append(prefill_ms(net, ids))
-            results[name]["decode_ms"].append(decode_ms(net, ids[: args.decode_prompt], args.decode_steps))
-    swap(net, dense)
+        for name, variant in nets.items():
+            results[name]["prefill_ms"].append(prefill_ms(variant, ids))
+        steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps)
+        for name, times in steps.items():
+            results[name]["decode_ms"] += times
     if args.linears_alone:
         linears_alone(variants, 5 * args.rounds)
     base = {k: statistics.median(v) for k, v in results["bf16"].items()}
     dense_bytes = linear_bytes(dense)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "
-          f"{os.getloadavg()[0]:.1f}, group size {group}, median of {args.rounds} rounds, "
+          f"{os.getloadavg()[0]:.1f}, group size {group}; medians of {args.rounds} prefills and "
+          f"{args.rounds * args.decode_steps} interleaved decode steps each, "
           f"lm_head {'quantized' if args.lm_head else 'bf16'}")
     print(f"{'scheme':12} {'decode ms':>10} {'x bf16':>7} {'prefill ms':>11} {'x bf16':>7} "
           f"{'linear MB':>10} {'x bf16':>7}")
