@@ -113,3 +113,19 @@ def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context
         monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
+
+
+def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatch):
+    model = tiny_model(64, False)
+    ids, positions, caches, meta = random_decode_batch(model, [40, 7], seed=3)
+    ours_caches = [(k.clone(), v.clone()) for k, v in caches]  # the same pairs both steps
+    with torch.no_grad():
+        model(ids, positions, ours_caches, meta)  # plans the C path (rewrites only these slots)
+        attn = model.model.layers[1].self_attn
+        new_weight = torch.randn(attn.o_proj.out_features, attn.o_proj.in_features) * 0.05
+        qw = quantize_rtn(new_weight, make_scheme("W8A16", 32).weights)
+        attn.o_proj = build_quant_linear(qw, None, None, torch.bfloat16)
+        ours = model(ids, positions, ours_caches, meta)
+        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
+        reference = model(ids, positions, caches, meta)
+    assert torch.equal(ours, reference)
