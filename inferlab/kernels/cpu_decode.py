@@ -1,4 +1,4 @@
-"""Decode batches on CPU, one C call per decoder layer (inferlab/kernels/cpu/decode_layer.c).
+"""Decode batches on CPU, one C call for all decoder layers (inferlab/kernels/cpu/decode_layer.c).
 
 When every sequence in the batch brings one new token, the model is bf16 and its linears are
 packed for the C kernels (bf16, W8A16, W4A16 or W8A8), a layer is ten kernel calls with nothing
@@ -65,7 +65,7 @@ class _DecodeBatch(ctypes.Structure):
 class _Plan(NamedTuple):
     registrations: int  # _registrations when it was built
     kv_caches: tuple  # the (k, v) pairs it was built for
-    layer_refs: list  # ctypes.byref of each layer's _LayerWeights
+    layers: ctypes.Array  # each layer's _LayerWeights, in order
     shape: dict  # the model's fields of _DecodeBatch
 
 
@@ -125,11 +125,9 @@ def run_layers(layers: Sequence[nn.Module], rope: tuple[torch.Tensor, torch.Tens
         **plan.shape, block_size=block_size, table_stride=meta.block_tables.stride(0),
         positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos), sin_table=_ptr(sin),
         block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
-    decode_layer = cpu_ops.decode_layer_function()
-    x_ptr, residual_ptr, rows, batch_ref = x.data_ptr(), residual.data_ptr(), x.shape[0], ctypes.byref(batch)
-    for i, layer_ref in enumerate(plan.layer_refs):
-        if decode_layer(x_ptr, residual_ptr, int(i == 0), rows, layer_ref, batch_ref):
-            raise MemoryError("the C decode layer could not allocate its scratch memory")
+    if cpu_ops.decode_layers_function()(x.data_ptr(), residual.data_ptr(), x.shape[0], plan.layers,
+                                        len(plan.layers), ctypes.byref(batch)):
+        raise MemoryError("the C decode layers could not allocate their scratch memory")
     return x, residual
 
 
@@ -151,6 +149,6 @@ def _plan(layers: Sequence[nn.Module], kv_caches: Sequence[tuple[torch.Tensor, t
                  num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
                  intermediate=first.mlp.down_proj.in_features, eps=first.input_layernorm.eps,
                  scale=attn.scale)
-    plan = _Plan(_registrations, tuple(kv_caches), [ctypes.byref(w) for w in weights], shape)
+    plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), shape)
     _PLANS[layers] = plan
     return plan

@@ -1,4 +1,4 @@
-/* One Llama decoder layer for a batch of decode tokens (one new token per sequence), bf16,
+/* The Llama decoder layers for a batch of decode tokens (one new token per sequence), bf16,
  * linears packed for matmul.c or quant_linear.c: the same kernels in the same order as the Python layer
  * (inferlab/models/llama.py) calls them, so the results are identical, without the ~200 us of
  * Python and ctypes between them that a layer costs otherwise (about 6 ms of a 27 ms decode
@@ -24,24 +24,17 @@ typedef struct {
     const int32_t *block_tables, *seq_lens;  /* [M, W], [M]: sequence i is row i */
 } decode_batch_t;
 
-/* x [M, H]: in, the previous layer's MLP output (layer 0: the embeddings); out, this layer's.
- * residual [M, H]: the stream before x, in and out (layer 0: written). Returns 0, or -1 / -2
- * when attention / a matmul or this function could not allocate its scratch memory. */
-int decode_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
-                 const layer_weights_t *w, const decode_batch_t *b) {
+/* One layer. x [M, H]: in, the previous layer's MLP output (layer 0: the embeddings); out,
+ * this layer's. residual [M, H]: the stream before x, in and out (layer 0: written). qkv: the
+ * scratch decode_layers allocates. Returns 0, or -1 / -2 when attention / a matmul could not
+ * allocate its scratch memory. */
+static int one_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
+                     const layer_weights_t *w, const decode_batch_t *b, uint16_t *qkv,
+                     const int32_t *index) {
     const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
     const int64_t qkv_width = q_size + 2 * kv_size, hidden = b->hidden;
-    size_t elems = (size_t)rows * (qkv_width + q_size + 3 * b->intermediate);
-    uint16_t *qkv = malloc(elems * 2);
-    int32_t *index = malloc(sizeof(int32_t) * (size_t)rows);
-    if (!qkv || !index) {
-        free(qkv);
-        free(index);
-        return -2;
-    }
     uint16_t *attn = qkv + rows * qkv_width, *gate_up = attn + rows * q_size;
     uint16_t *act = gate_up + rows * 2 * b->intermediate;
-    for (int64_t i = 0; i < rows; i++) index[i] = (int32_t)i;
 
     if (first_layer) memcpy(residual, x, (size_t)rows * hidden * 2);
     rms_norm(x, hidden, first_layer ? NULL : residual, w->input_norm, x, rows, hidden, b->eps, 2);
@@ -59,9 +52,27 @@ int decode_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
     failed |= linear_forward(&w->gate_up, x, hidden, rows, gate_up) != 0;
     silu_and_mul(gate_up, act, rows, b->intermediate, 2);
     failed |= linear_forward(&w->down, act, b->intermediate, rows, x) != 0;
+    return failed ? -2 : status;
+}
+
+/* The decoder layers layers[0 .. num_layers) in order, one call from Python for all of them
+ * (a ctypes call costs microseconds once a step's weights have flushed the caches). x [M, H]:
+ * in, the embeddings; out, the last layer's MLP output. residual [M, H]: out, the stream before
+ * it. Returns 0, or -1 / -2 when attention / a matmul or this function could not allocate its
+ * scratch memory (the layers after it are then not run). */
+int decode_layers(uint16_t *x, uint16_t *residual, int64_t rows, const layer_weights_t *layers,
+                  int64_t num_layers, const decode_batch_t *b) {
+    const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
+    size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * b->intermediate);
+    uint16_t *qkv = malloc(elems * 2);
+    int32_t *index = malloc(sizeof(int32_t) * (size_t)rows);
+    int status = qkv && index ? 0 : -2;
+    for (int64_t i = 0; i < rows && index; i++) index[i] = (int32_t)i;
+    for (int64_t layer = 0; layer < num_layers && !status; layer++)
+        status = one_layer(x, residual, layer == 0, rows, layers + layer, b, qkv, index);
     free(qkv);
     free(index);
-    return failed ? -2 : status;
+    return status;
 }
 
 int has_decode_layer(void) { return 1; }
