@@ -1,4 +1,4 @@
-"""Decode batches on CPU, one C call for all decoder layers (inferlab/kernels/cpu/decode_layer.c).
+"""Decode batches on CPU, the whole model in one C call (inferlab/kernels/cpu/decode_layer.c).
 
 When every sequence in the batch brings one new token, the model is bf16 and its linears are
 packed for the C kernels (bf16, W8A16, W4A16 or W8A8), a layer is ten kernel calls with nothing
@@ -29,7 +29,7 @@ _C_LINEARS = (PackedLinear, CKernelLinear)  # the layers with a c_desc()
 # layer -> (the objects its C struct points into, the struct): the objects are held, so no
 # pointer in a cached struct outlives its tensor
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-# layers (the ModuleList) -> _Plan: what run_layers needs from them, checked in O(1) a step
+# LlamaModel -> _Plan: what run_model needs from it, checked in O(1) a step
 _PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _registrations = 0  # submodules, parameters and buffers set on any module since import
 
@@ -56,10 +56,10 @@ class _LayerWeights(ctypes.Structure):
 
 class _DecodeBatch(ctypes.Structure):
     _fields_ = [*((name, _I64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim",
-                                            "intermediate", "block_size", "table_stride")),
-                ("eps", _F32), ("scale", _F32),
-                *((name, _P) for name in ("positions", "slots", "cos_table", "sin_table",
-                                          "block_tables", "seq_lens"))]
+                                            "intermediate", "block_size", "table_stride", "vocab")),
+                ("eps", _F32), ("final_eps", _F32), ("scale", _F32),
+                *((name, _P) for name in ("token_ids", "positions", "slots", "cos_table", "sin_table",
+                                          "block_tables", "seq_lens", "embed", "final_norm"))]
 
 
 class _Plan(NamedTuple):
@@ -103,52 +103,57 @@ def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
                          _ptr(k_cache), _ptr(v_cache))
 
 
-def run_layers(layers: Sequence[nn.Module], rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
-               x: torch.Tensor, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
-               meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor] | None:
-    """x [M, H] embeddings -> (last layer's MLP output, the residual stream before it), or
-    None when this forward does not fit the C path (not CPU bf16, not decodes only, a layer the
-    C function does not implement): the caller then runs the Python layers."""
-    block_size = meta.block_size
-    if not (x.device.type == "cpu" and x.dtype == torch.bfloat16 and x.dim() == 2
-            and len(meta.decode_seqs) == meta.num_seqs == x.shape[0]
+def run_model(model: nn.Module, input_ids: torch.Tensor,
+              rope: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+              kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
+              meta: AttentionMetadata) -> torch.Tensor | None:
+    """The LlamaModel's forward for input_ids [M] -> final hidden states [M, H], or None when
+    this forward does not fit the C path (not CPU bf16, not decodes only, a layer the C function
+    does not implement): the caller then runs its Python layers."""
+    embed, block_size = model.embed_tokens.weight, meta.block_size
+    if not (input_ids.device.type == "cpu" and embed.dtype == torch.bfloat16
+            and input_ids.dim() == 1 and len(meta.decode_seqs) == meta.num_seqs == input_ids.shape[0]
             and block_size & (block_size - 1) == 0 and cpu_ops.decode_layer_available()):
         return None
-    plan = _plan(layers, kv_caches)
+    plan = _plan(model, kv_caches)
     if plan is None:
         return None
     positions, cos, sin = rope
-    positions, slots = positions.to(torch.int64).contiguous(), meta.slot_mapping.contiguous()
-    x = x.contiguous()
-    residual = torch.empty_like(x)
+    ids, positions = input_ids.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
+    slots = meta.slot_mapping.contiguous()
+    out = torch.empty(ids.shape[0], plan.shape["hidden"], dtype=torch.bfloat16)
+    residual = torch.empty_like(out)
     batch = _DecodeBatch(
         **plan.shape, block_size=block_size, table_stride=meta.block_tables.stride(0),
-        positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos), sin_table=_ptr(sin),
-        block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
-    if cpu_ops.decode_layers_function()(x.data_ptr(), residual.data_ptr(), x.shape[0], plan.layers,
-                                        len(plan.layers), ctypes.byref(batch)):
+        token_ids=_ptr(ids), positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos),
+        sin_table=_ptr(sin), block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
+    status = cpu_ops.decode_model_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
+                                             plan.layers, len(plan.layers), ctypes.byref(batch))
+    if status == -3:
+        raise IndexError(f"a token id outside the embedding table (0..{plan.shape['vocab'] - 1})")
+    if status:
         raise MemoryError("the C decode layers could not allocate their scratch memory")
-    return x, residual
+    return out
 
 
-def _plan(layers: Sequence[nn.Module], kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]
-          ) -> _Plan | None:
+def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> _Plan | None:
     """The cached plan while no module anywhere was set anew and the caches are the same
     pairs; else one built from each layer's _layer_weights, or None when a layer does not fit
     the C path."""
-    plan = _PLANS.get(layers)
+    plan = _PLANS.get(model)
     if (plan is not None and plan.registrations == _registrations
             and len(plan.kv_caches) == len(kv_caches) and all(map(operator.is_, plan.kv_caches, kv_caches))):
         return plan
+    layers, embed, norm = model.layers, model.embed_tokens.weight, model.norm
     weights = [_layer_weights(layer, k, v) for layer, (k, v) in zip(layers, kv_caches, strict=True)]
-    if any(w is None for w in weights):
+    if any(w is None for w in weights) or not (embed.is_contiguous() and norm.weight.dtype == torch.bfloat16):
         return None
     first = layers[0]
     attn = first.self_attn
-    shape = dict(hidden=first.input_layernorm.weight.shape[0], num_heads=attn.num_heads,
-                 num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
-                 intermediate=first.mlp.down_proj.in_features, eps=first.input_layernorm.eps,
-                 scale=attn.scale)
+    shape = dict(hidden=embed.shape[1], num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
+                 head_dim=attn.head_dim, intermediate=first.mlp.down_proj.in_features,
+                 vocab=embed.shape[0], eps=first.input_layernorm.eps, final_eps=norm.eps,
+                 scale=attn.scale, embed=_ptr(embed), final_norm=_ptr(norm.weight))
     plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), shape)
-    _PLANS[layers] = plan
+    _PLANS[model] = plan
     return plan

@@ -58,7 +58,7 @@ _BF16_LINEAR_SIGNATURES = {
     "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, _I64]),
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
-_DECODE_LAYER_SIGNATURES = {"decode_layers": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
+_DECODE_LAYER_SIGNATURES = {"decode_model": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
 
@@ -383,6 +383,6 @@ def decode_layer_available() -> bool:
     return _built_with("decode_layer")
 
 
-def decode_layers_function() -> ctypes._CFuncPtr:
-    """decode_layers(x, residual, rows, layers, num_layers, &batch); see cpu_decode.py."""
-    return _library().decode_layers
+def decode_model_function() -> ctypes._CFuncPtr:
+    """decode_model(out, residual, rows, layers, num_layers, &batch); see cpu_decode.py."""
+    return _library().decode_model

@@ -99,11 +99,11 @@ class LlamaModel(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
-        x = self.embed_tokens(input_ids)  # [N, hidden]
         rope = (positions, self.rotary.cos, self.rotary.sin)
-        done = cpu_decode.run_layers(self.layers, rope, x, kv_caches, meta)  # None: not here
-        if done is not None:  # the same kernels as the layers below, one call a layer
-            return self.norm(*done)[0]
+        hidden = cpu_decode.run_model(self, input_ids, rope, kv_caches, meta)  # None: not here
+        if hidden is not None:  # the same kernels as below, in one C call
+            return hidden
+        x = self.embed_tokens(input_ids)  # [N, hidden]
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             x, residual = layer(rope, x, residual, kv_cache, meta)

@@ -63,13 +63,12 @@ def test_c_layers_equal_the_python_layers(head_dim, bias, context_lens, monkeypa
     model = tiny_model(head_dim, bias)
     ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=len(context_lens))
     with torch.no_grad():
-        x = model.model.embed_tokens(ids)
         rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
         scratch = [(k.clone(), v.clone()) for k, v in caches]
-        assert cpu_decode.run_layers(model.model.layers, rope, x, scratch, meta) is not None
+        assert cpu_decode.run_model(model.model, ids, rope, scratch, meta) is not None
         c_caches = [(k.clone(), v.clone()) for k, v in caches]
         ours = model(ids, positions, c_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
+        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
     assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
@@ -80,11 +79,11 @@ def test_a_prefill_in_the_batch_keeps_the_python_layers():
     model = tiny_model(64, False)
     meta = AttentionMetadata.build([1, 5], [10, 5], [[0], [1]], BLOCK)
     caches = [(torch.zeros(4, BLOCK, 2, 64, dtype=torch.bfloat16),) * 2] * 3
-    x = torch.zeros(6, 128, dtype=torch.bfloat16)
+    ids = torch.zeros(6, dtype=torch.int64)
     rope = (torch.zeros(6, dtype=torch.int64), model.model.rotary.cos, model.model.rotary.sin)
-    assert cpu_decode.run_layers(model.model.layers, rope, x, caches, meta) is None
+    assert cpu_decode.run_model(model.model, ids, rope, caches, meta) is None
     decodes = AttentionMetadata.build([1, 1], [10, 5], [[0], [1]], BLOCK)
-    assert cpu_decode.run_layers(model.model.layers, rope, x[:2].float(), caches, decodes) is None
+    assert cpu_decode.run_model(model.model.float(), ids[:2], rope, caches, decodes) is None
 
 
 def quantize_linears(model, scheme_name: str) -> None:
@@ -110,7 +109,7 @@ def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context
         c_caches = [(k.clone(), v.clone()) for k, v in caches]
         assert cpu_decode._layer_weights(model.model.layers[0], *caches[0]) is not None
         ours = model(ids, positions, c_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
+        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
 
@@ -126,6 +125,15 @@ def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatc
         qw = quantize_rtn(new_weight, make_scheme("W8A16", 32).weights)
         attn.o_proj = build_quant_linear(qw, None, None, torch.bfloat16)
         ours = model(ids, positions, ours_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_layers", lambda *args: None)
+        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
+
+
+def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read():
+    model = tiny_model(64, False)
+    ids, positions, caches, meta = random_decode_batch(model, [40, 7], seed=5)
+    ids[1] = model.config.vocab_size  # one past the table
+    rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+    with pytest.raises(IndexError, match="outside the embedding table"):
+        cpu_decode.run_model(model.model, ids, rope, caches, meta)

@@ -1,4 +1,4 @@
-/* The Llama decoder layers for a batch of decode tokens (one new token per sequence), bf16,
+/* A Llama model's decode forward for a batch of decode tokens (one new token per sequence), bf16,
  * linears packed for matmul.c or quant_linear.c: the same kernels in the same order as the Python layer
  * (inferlab/models/llama.py) calls them, so the results are identical, without the ~200 us of
  * Python and ctypes between them that a layer costs otherwise (about 6 ms of a 27 ms decode
@@ -17,11 +17,12 @@ typedef struct {
 } layer_weights_t;
 
 typedef struct {
-    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride;
-    float eps, scale;
-    const int64_t *positions, *slots;  /* [M] */
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride, vocab;
+    float eps, final_eps, scale;
+    const int64_t *token_ids, *positions, *slots;  /* [M] */
     const float *cos_table, *sin_table;  /* [P, D] */
     const int32_t *block_tables, *seq_lens;  /* [M, W], [M]: sequence i is row i */
+    const uint16_t *embed, *final_norm;  /* [vocab, H], [H] */
 } decode_batch_t;
 
 /* One layer. x [M, H]: in, the previous layer's MLP output (layer 0: the embeddings); out,
@@ -55,13 +56,18 @@ static int one_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t r
     return failed ? -2 : status;
 }
 
-/* The decoder layers layers[0 .. num_layers) in order, one call from Python for all of them
- * (a ctypes call costs microseconds once a step's weights have flushed the caches). x [M, H]:
- * in, the embeddings; out, the last layer's MLP output. residual [M, H]: out, the stream before
- * it. Returns 0, or -1 / -2 when attention / a matmul or this function could not allocate its
- * scratch memory (the layers after it are then not run). */
-int decode_layers(uint16_t *x, uint16_t *residual, int64_t rows, const layer_weights_t *layers,
-                  int64_t num_layers, const decode_batch_t *b) {
+/* The model's decode forward in one call from Python (a ctypes call costs microseconds once a
+ * step's weights have flushed the caches): the token ids' embeddings, the decoder layers
+ * layers[0 .. num_layers) in order, the final norm. out [M, H]: the final hidden states;
+ * residual [M, H]: scratch. Returns 0; -1 / -2 when attention / a matmul or this function
+ * could not allocate its scratch memory (the layers after it are then not run); -3 for a
+ * token id outside the embedding table (nothing run). */
+int decode_model(uint16_t *out, uint16_t *residual, int64_t rows, const layer_weights_t *layers,
+                 int64_t num_layers, const decode_batch_t *b) {
+    for (int64_t m = 0; m < rows; m++)
+        if (b->token_ids[m] < 0 || b->token_ids[m] >= b->vocab) return -3;
+    for (int64_t m = 0; m < rows; m++)
+        memcpy(out + m * b->hidden, b->embed + b->token_ids[m] * b->hidden, (size_t)b->hidden * 2);
     const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * b->intermediate);
     uint16_t *qkv = malloc(elems * 2);
@@ -69,9 +75,11 @@ int decode_layers(uint16_t *x, uint16_t *residual, int64_t rows, const layer_wei
     int status = qkv && index ? 0 : -2;
     for (int64_t i = 0; i < rows && index; i++) index[i] = (int32_t)i;
     for (int64_t layer = 0; layer < num_layers && !status; layer++)
-        status = one_layer(x, residual, layer == 0, rows, layers + layer, b, qkv, index);
+        status = one_layer(out, residual, layer == 0, rows, layers + layer, b, qkv, index);
     free(qkv);
     free(index);
+    if (!status)
+        rms_norm(out, b->hidden, residual, b->final_norm, out, rows, b->hidden, b->final_eps, 2);
     return status;
 }
 
