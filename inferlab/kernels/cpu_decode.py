@@ -66,7 +66,7 @@ class _Plan(NamedTuple):
     registrations: int  # _registrations when it was built
     kv_caches: tuple  # the (k, v) pairs it was built for
     layers: ctypes.Array  # each layer's _LayerWeights, in order
-    shape: dict  # the model's fields of _DecodeBatch
+    model_fields: dict  # the model's fields of _DecodeBatch (sizes, eps, scale, tables)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -121,16 +121,16 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     positions, cos, sin = rope
     ids, positions = input_ids.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     slots = meta.slot_mapping.contiguous()
-    out = torch.empty(ids.shape[0], plan.shape["hidden"], dtype=torch.bfloat16)
+    out = torch.empty(ids.shape[0], plan.model_fields["hidden"], dtype=torch.bfloat16)
     residual = torch.empty_like(out)
     batch = _DecodeBatch(
-        **plan.shape, block_size=block_size, table_stride=meta.block_tables.stride(0),
+        **plan.model_fields, block_size=block_size, table_stride=meta.block_tables.stride(0),
         token_ids=_ptr(ids), positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos),
         sin_table=_ptr(sin), block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
     status = cpu_ops.decode_model_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
                                              plan.layers, len(plan.layers), ctypes.byref(batch))
     if status == -3:
-        raise IndexError(f"a token id outside the embedding table (0..{plan.shape['vocab'] - 1})")
+        raise IndexError(f"a token id outside the embedding table (0..{plan.model_fields['vocab'] - 1})")
     if status:
         raise MemoryError("the C decode layers could not allocate their scratch memory")
     return out
@@ -150,10 +150,10 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
         return None
     first = layers[0]
     attn = first.self_attn
-    shape = dict(hidden=embed.shape[1], num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
-                 head_dim=attn.head_dim, intermediate=first.mlp.down_proj.in_features,
-                 vocab=embed.shape[0], eps=first.input_layernorm.eps, final_eps=norm.eps,
-                 scale=attn.scale, embed=_ptr(embed), final_norm=_ptr(norm.weight))
-    plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), shape)
+    fields = dict(hidden=embed.shape[1], num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
+                  head_dim=attn.head_dim, intermediate=first.mlp.down_proj.in_features,
+                  vocab=embed.shape[0], eps=first.input_layernorm.eps, final_eps=norm.eps,
+                  scale=attn.scale, embed=_ptr(embed), final_norm=_ptr(norm.weight))
+    plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), fields)
     _PLANS[model] = plan
     return plan
