@@ -120,8 +120,8 @@ def _best_rate(grid: dict[str, dict[str, float]]) -> float:
 def _tiny_model_forward(num_layers: int):  # -> a callable running one decode forward
     """The engine's own Llama layers at width 128 (bf16, linears as the engine runs them),
     one decode token over a 4-token paged context. Their data is tiny, so their time is the
-    host's cost of running a layer: Python and operator launches, or one C call per layer where
-    the engine has the C decode path."""
+    host's cost of running a layer: Python and operator launches, or the C decode path's
+    per-layer share of its one call where the engine has it."""
     import torch
 
     from inferlab.kernels.attention.metadata import AttentionMetadata
