@@ -27,7 +27,7 @@ typedef struct {
 
 /* One layer. x [M, H]: in, the previous layer's MLP output (layer 0: the embeddings); out,
  * this layer's. residual [M, H]: the stream before x, in and out (layer 0: written). qkv: the
- * scratch decode_layers allocates. Returns 0, or -1 / -2 when attention / a matmul could not
+ * scratch decode_model allocates. Returns 0, or -1 / -2 when attention / a matmul could not
  * allocate its scratch memory. */
 static int one_layer(uint16_t *x, uint16_t *residual, int first_layer, int64_t rows,
                      const layer_weights_t *w, const decode_batch_t *b, uint16_t *qkv,
