@@ -5,7 +5,7 @@ are built from round-to-nearest codes (speed does not depend on how the codes we
 put into a copy of the model, so every variant has the same embeddings, norms and attention.
 
 This machine's speed moves in phases of seconds, so variants are measured interleaved: decode
-steps one variant after another (the order rotating each step), each variant with its own KV
+steps in turns of a few steps per variant (interleaved_decode_ms), each variant with its own KV
 cache, so that every phase weighs on all of them alike; prefills round-robin for `--rounds`
 rounds. Medians are taken: compare the ratios, not the absolute times.
 
@@ -54,7 +54,7 @@ def largest_group(net: nn.Module, wanted: int) -> int:
 
 
 def measured(name: str, with_lm_head: bool) -> bool:
-    """The layers a variant swaps: every decoder linear, and the lm_head when asked."""
+    """The layers a variant replaces: every decoder linear, and the lm_head when asked."""
     return (name.startswith("model.layers.") and name.split(".", 3)[-1] in LINEARS) or (
         with_lm_head and name == "lm_head")
 

@@ -379,7 +379,7 @@ def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
 
 
 def decode_layer_available() -> bool:
-    """The whole-layer decode function (decode_layer.c)."""
+    """The whole-model decode function (decode_layer.c's decode_model)."""
     return _built_with("decode_layer")
 
 
