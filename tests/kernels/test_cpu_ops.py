@@ -196,6 +196,38 @@ def test_decode_result_does_not_depend_on_the_batch():
         assert torch.equal(alone[0], together[b])
 
 
+@pytest.mark.parametrize("block_size, head_dim, heads", [(16, 64, (9, 3)), (8, 128, (32, 8)),
+                                                         (32, 64, (4, 4))])
+def test_decodes_sharing_a_prompt_give_the_bits_each_gives_alone(block_size, head_dim, heads):
+    """24 bf16 decodes whose first 96 positions are the same blocks (a shared system prompt:
+    decode_with_prefix's cascade path, on machines of up to 12 threads) against the oracle, and
+    each token alone (the per-token path) giving the same bits. One more sequence shares only
+    the first 48 positions: with it, the batch shares too little and takes the per-token path."""
+    hq, hkv = heads
+    gen = random.Random(3)
+    shared_blocks = 96 // block_size
+    own = [gen.randint(1, 150) for _ in range(25)]
+    next_block = iter(range(1000))
+    prompt = [next(next_block) for _ in range(shared_blocks)]
+    tables = [prompt + [next(next_block) for _ in range(-(-n // block_size))] for n in own]
+    tables[-1] = prompt[: shared_blocks // 2] + [next(next_block) for _ in range(-(-(96 + own[-1]) // block_size) - shared_blocks // 2)]
+    seq_lens = [96 + n for n in own]
+    torch.manual_seed(9)
+    shape = (next(next_block), block_size, hkv, head_dim)
+    kc, vc = torch.randn(shape, dtype=torch.bfloat16), torch.randn(shape, dtype=torch.bfloat16)
+    qkv = torch.randn(25, (hq + 2 * hkv) * head_dim, dtype=torch.bfloat16)
+    q, k, v = (x.reshape(25, -1, head_dim) for x in qkv.split([hq * head_dim, hkv * head_dim, hkv * head_dim], 1))
+    for count in (24, 25):
+        meta = AttentionMetadata.build([1] * count, seq_lens[:count], tables[:count], block_size)
+        together = cpu_paged.paged_attention(q[:count], k[:count], v[:count], kc, vc, meta, 0.125)
+        ref = torch_paged.paged_attention(q[:count], k[:count], v[:count], kc.clone(), vc.clone(), meta, 0.125)
+        torch.testing.assert_close(together, ref, atol=1.6e-2, rtol=1.6e-2)
+        for b in range(count):
+            alone_meta = AttentionMetadata.build([1], [seq_lens[b]], [tables[b]], block_size)
+            alone = cpu_paged.paged_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], kc, vc, alone_meta, 0.125)
+            assert torch.equal(alone[0], together[b]), (count, b)
+
+
 @pytest.mark.parametrize("write_kv", [cpu_ops.write_kv, torch_paged.write_kv], ids=["C", "torch"])
 def test_cache_write_skips_negative_slots(write_kv) -> None:
     """Padding rows of a fixed-size batch (slot -1) write nothing; the real row lands at its

@@ -8,16 +8,6 @@
 
 #include "kernels.h"
 
-/* Where the softmax weights of query row (head h of the range, g) at position p lie in the
- * scratch: rows of len floats (the generic and AVX512-BF16 paths), or scores_amx's bands of
- * heads, 16 lanes a position. */
-typedef struct { int64_t band, band_stride, row, pos; } weights_layout;
-
-static inline int64_t weight_offset(weights_layout l, int64_t group, int64_t h, int64_t g,
-                                    int64_t p) {
-    return h / l.band * l.band_stride + (h % l.band * group + g) * l.row + p * l.pos;
-}
-
 #ifdef __AVX512BF16__
 
 /* out lane j = the sum of v[j]'s 16 lanes: a transpose-and-add tree, 45 shuffles and adds for
@@ -79,13 +69,15 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
     return n;
 }
 
-/* scores[r*len + p] = scale * q_r . k_p for bf16 q and K, head dim a multiple of 32 (at most
- * 256), positions [p_lo, p_hi) (p_lo a multiple of 16): vdpbf16ps sums exact bf16 products in
- * fp32, 16 positions at a time, all heads of the range per chunk so the chunk's keys are read
- * from memory once, front to back. */
+/* Row (h, g)'s scores[(h * head_rows + g) * stride + p] = scale * q . k_p for bf16 q (the
+ * range's query rows, contiguous) and K, head dim a multiple of 32 (at most 256), positions
+ * [p_lo, p_hi) (p_lo a multiple of 16): vdpbf16ps sums exact bf16 products in fp32, 16
+ * positions at a time, all heads of the range per chunk so the chunk's keys are read from
+ * memory once, front to back. Each lane of a dot product takes the dims 2j, 2j + 1, 32 + 2j, ...
+ * in order; sum_lanes_16 then adds the lanes (prefix_scores sums the same way). */
 static inline __attribute__((always_inline)) void scores_bf16(
         const uint16_t *q, const uint16_t *k_cache, span_t s, float scale, float *scores,
-        int64_t p_lo, int64_t p_hi) {
+        int64_t stride, int64_t head_rows, int64_t p_lo, int64_t p_hi) {
     const int chunks = (int)(s.dim / 32);
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
@@ -102,32 +94,84 @@ static inline __attribute__((always_inline)) void scores_bf16(
                                                    (__m512bh)_mm512_loadu_si512(k[i] + h * s.dim + 32 * c));
                 }
                 __m512 sums = _mm512_mul_ps(sum_lanes_16(dots), scale_v);
-                _mm512_mask_storeu_ps(scores + r * s.len + p0, (__mmask16)((1u << n) - 1), sums);
+                _mm512_mask_storeu_ps(scores + (h * head_rows + g) * stride + p0,
+                                      (__mmask16)((1u << n) - 1), sums);
             }
     }
 }
 
-/* acc[0 .. GN) += sum_i w[g*w_row + i*w_pos] * v[i] over a chunk's n positions, head dim
- * CH x 16, the GN x CH sums in registers (GN * CH <= 16). Each 32 values of V widen in two
- * instructions, not four: shifted up 16 bits, a 32-bit lane holds the even element of its pair;
- * masked, the odd one. So acc holds each 32 dims as their 16 even then their 16 odd ones
- * (interleave_pairs). */
+/* The scores of 4 query rows (bf16, q_stride elements apart) for the 16 positions of one K^T
+ * chunk of layout_head (kt: [D/32][16 pairs][16 positions]), bit for bit as scores_bf16 sums
+ * them: lane j of a position's dot product is a vdpbf16ps chain over the dim pairs j, 16 + j,
+ * ..., and the lanes add up in sum_lanes_16's tree, ((l0 + l2) + (l1 + l3)) within each group of
+ * four, then (x0 + x1) + (x2 + x3). Here a lane is a register of 16 positions, so the tree costs
+ * 15 adds and the chunk's keys are read once for the 4 rows. prefix_quarter: x[r] for row r's
+ * lanes 4 * quarter ... 4 * quarter + 3. */
+static inline __attribute__((always_inline)) void prefix_quarter(
+        const uint16_t *q, int64_t q_stride, const uint32_t *kt, const int K_STEPS, int quarter,
+        __m512 x[4]) {
+    __m512 lane[4][4];
+    for (int m = 0; m < 4; m++) {
+        const int j = 4 * quarter + m;
+        for (int r = 0; r < 4; r++) lane[r][m] = _mm512_setzero_ps();
+        for (int k = 0; k < K_STEPS; k++) {
+            const __m512bh keys = (__m512bh)_mm512_loadu_si512(kt + (k * 16 + j) * 16);
+            for (int r = 0; r < 4; r++)
+                lane[r][m] = _mm512_dpbf16_ps(lane[r][m], keys, broadcast_pair(q + r * q_stride, 16 * k + j));
+        }
+    }
+    for (int r = 0; r < 4; r++)
+        x[r] = _mm512_add_ps(_mm512_add_ps(lane[r][0], lane[r][2]), _mm512_add_ps(lane[r][1], lane[r][3]));
+}
+
+static inline __attribute__((always_inline)) void prefix_scores_tile(
+        const uint16_t *q, int64_t q_stride, const uint32_t *kt, const int K_STEPS, float scale,
+        float *scores, int64_t stride) {
+    __m512 x0[4], x1[4];
+    prefix_quarter(q, q_stride, kt, K_STEPS, 0, x0);
+    prefix_quarter(q, q_stride, kt, K_STEPS, 1, x1);
+    for (int r = 0; r < 4; r++) x0[r] = _mm512_add_ps(x0[r], x1[r]);
+    __m512 x2[4], x3[4];
+    prefix_quarter(q, q_stride, kt, K_STEPS, 2, x2);
+    prefix_quarter(q, q_stride, kt, K_STEPS, 3, x3);
+    for (int r = 0; r < 4; r++) {
+        const __m512 sum = _mm512_add_ps(x0[r], _mm512_add_ps(x2[r], x3[r]));
+        _mm512_storeu_ps(scores + r * stride, _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
+    }
+}
+
+/* A row's softmax weights (fp32, len of them) as bf16 in place, two positions to a 32-bit pair,
+ * zeros up to the next multiple of 32 positions: rows must lie at least round_up(len, 32)
+ * floats apart. Writing 64 bytes at 2p never reaches floats not yet read (at 4p + 128). */
+static inline void weights_to_pairs(float *row, int64_t len) {
+    uint16_t *pairs = (uint16_t *)row;
+    for (int64_t p = 0; p < len; p += 32) {
+        const int64_t left = len - p;
+        const __mmask16 lo = left >= 16 ? 0xffff : (__mmask16)((1u << left) - 1);
+        const __mmask16 hi = left >= 32 ? 0xffff : left <= 16 ? 0 : (__mmask16)((1u << (left - 16)) - 1);
+        const __m512 a = _mm512_maskz_loadu_ps(lo, row + p), b = _mm512_maskz_loadu_ps(hi, row + p + 16);
+        _mm512_storeu_si512(pairs + p, (__m512i)_mm512_cvtne2ps_pbh(b, a));
+    }
+}
+
+/* acc[g] (GN rows of CH x 16 floats, acc_row apart) += the chunk's n positions' values weighted
+ * by w (bf16 pairs: row g's from w + g * w_row, pair i/2 for positions i, i + 1): one vdpbf16ps
+ * takes two positions, their rows interleaved 16 bits apart by unpacklo/hi. So acc holds each
+ * 32 dims in unpack order (see pairs_order_index). Past n, the weights are zeros. */
 static inline __attribute__((always_inline)) void values_tile(
-        const uint16_t *const v[16], int n, const float *w, int64_t w_row, int64_t w_pos,
-        float *acc, int64_t acc_row, const int GN, const int CH) {
-    const __m512i high_half = _mm512_set1_epi32((int)0xFFFF0000u);
+        const uint16_t *const v[16], int n, const uint32_t *w, int64_t w_row, float *acc,
+        int64_t acc_row, const int GN, const int CH) {
     __m512 sum[16];
     for (int g = 0; g < GN; g++)
         for (int c = 0; c < CH; c++) sum[g * CH + c] = _mm512_loadu_ps(acc + g * acc_row + c * 16);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i += 2)
         for (int c = 0; c < CH; c += 2) {
-            __m512i pairs = _mm512_loadu_si512(v[i] + 16 * c);
-            __m512 even = _mm512_castsi512_ps(_mm512_slli_epi32(pairs, 16));
-            __m512 odd = _mm512_castsi512_ps(_mm512_and_si512(pairs, high_half));
+            const __m512i a = _mm512_loadu_si512(v[i] + 16 * c), b = _mm512_loadu_si512(v[i + 1] + 16 * c);
+            const __m512bh lo = (__m512bh)_mm512_unpacklo_epi16(a, b), hi = (__m512bh)_mm512_unpackhi_epi16(a, b);
             for (int g = 0; g < GN; g++) {
-                __m512 p = _mm512_set1_ps(w[g * w_row + i * w_pos]);
-                sum[g * CH + c] = _mm512_fmadd_ps(p, even, sum[g * CH + c]);
-                sum[g * CH + c + 1] = _mm512_fmadd_ps(p, odd, sum[g * CH + c + 1]);
+                const __m512bh p = (__m512bh)_mm512_set1_epi32((int)w[g * w_row + i / 2]);
+                sum[g * CH + c] = _mm512_dpbf16_ps(sum[g * CH + c], lo, p);
+                sum[g * CH + c + 1] = _mm512_dpbf16_ps(sum[g * CH + c + 1], hi, p);
             }
         }
     for (int g = 0; g < GN; g++)
@@ -138,41 +182,56 @@ static inline __attribute__((always_inline)) void values_tile(
  * tile of up to 4 rows that fits the registers; returns how many rows it took. Tile shapes do
  * not change a row's arithmetic (each sum takes its positions in order), only the loads. */
 static inline __attribute__((always_inline)) int64_t values_rows(
-        const uint16_t *const v[16], int n, const float *w, int64_t w_row, int64_t w_pos,
-        float *acc, int64_t acc_row, int64_t left, const int CH) {
-    if (left >= 4 && 4 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 4, CH); return 4; }
-    if (left == 3 && 3 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 3, CH); return 3; }
-    if (left >= 2 && 2 * CH <= 16) { values_tile(v, n, w, w_row, w_pos, acc, acc_row, 2, CH); return 2; }
-    values_tile(v, n, w, w_row, w_pos, acc, acc_row, 1, CH);
+        const uint16_t *const v[16], int n, const uint32_t *w, int64_t w_row, float *acc,
+        int64_t acc_row, int64_t left, const int CH) {
+    if (left >= 4 && 4 * CH <= 16) { values_tile(v, n, w, w_row, acc, acc_row, 4, CH); return 4; }
+    if (left == 3 && 3 * CH <= 16) { values_tile(v, n, w, w_row, acc, acc_row, 3, CH); return 3; }
+    if (left >= 2 && 2 * CH <= 16) { values_tile(v, n, w, w_row, acc, acc_row, 2, CH); return 2; }
+    values_tile(v, n, w, w_row, acc, acc_row, 1, CH);
     return 1;
 }
 
-/* n floats laid out as values_tile leaves them (per 32: 16 even, 16 odd) back in order. */
-static inline void interleave_pairs(float *x, int64_t n) {
-    const __m512i first = _mm512_setr_epi32(0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23);
-    const __m512i second = _mm512_setr_epi32(8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31);
+/* Where unpacklo/hi put a 32-dim slice's dims: lanes 0-15 hold dims {0-3, 8-11, 16-19, 24-27},
+ * lanes 16-31 the others. index[d] is the lane of dim d, for _mm512_permutex2var_ps over the
+ * slice's two vectors; `inverse` gives dim order's lanes instead. */
+static inline __m512i pairs_order_index(int half, int inverse) {
+    int32_t index[16];
+    for (int k = 0; k < 16; k++) {
+        const int d = 16 * half + k;  /* to dim order: dim d from its lane */
+        const int lane = 16 * half + k;  /* to unpack order: lane from its dim */
+        const int dim_of_lane = lane % 16 / 4 * 8 + lane / 16 * 4 + lane % 4;
+        index[k] = inverse ? dim_of_lane : (d % 8 >= 4) * 16 + d / 8 * 4 + d % 4;
+    }
+    return _mm512_loadu_si512(index);
+}
+
+/* n floats (a multiple of 32) from unpack order to dim order, or back (`inverse`). */
+static inline void reorder_pairs(float *x, int64_t n, int inverse) {
+    const __m512i first = pairs_order_index(0, inverse), second = pairs_order_index(1, inverse);
     for (int64_t i = 0; i < n; i += 32) {
-        __m512 even = _mm512_loadu_ps(x + i), odd = _mm512_loadu_ps(x + i + 16);
-        _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(even, first, odd));
-        _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(even, second, odd));
+        const __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+        _mm512_storeu_ps(x + i, _mm512_permutex2var_ps(a, first, b));
+        _mm512_storeu_ps(x + i + 16, _mm512_permutex2var_ps(a, second, b));
     }
 }
 
-/* acc[r] = sum_p w(r, p) * v_p in fp32 for bf16 V, head dim a multiple of 32 (<= 256), the
- * weights where `l` puts them: chunk by chunk of 16 positions, each head's query rows in
- * register tiles (for head dims 64 and 128; one row at a time otherwise). */
+/* acc[h * acc_head + g] (h of the range, g < group; acc_row floats a row) += the values of
+ * positions [from, len) weighted by w (bf16 pairs, row (h, g) at w + (h * w_head + g) * w_row
+ * 32-bit pairs), for bf16 V, head dim a multiple of 32 (<= 256): chunk by chunk of 16
+ * positions, each head's query rows in register tiles (head dims 64 and 128; one row at a
+ * time otherwise). from: a multiple of 16. */
 static inline __attribute__((always_inline)) void values_bf16(
-        const uint16_t *v_cache, span_t s, const float *w, weights_layout l, float *acc) {
+        const uint16_t *v_cache, span_t s, int64_t from, const uint32_t *w, int64_t w_row,
+        int64_t w_head, float *acc, int64_t acc_head) {
     const int ch = (int)(s.dim / 16);
-    memset(acc, 0, (size_t)(s.h1 - s.h0) * s.group * s.dim * sizeof(float));
-    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+    for (int64_t p0 = from; p0 < s.len; p0 += 16) {
         const uint16_t *v[16], *vh[16];
         int n = chunk_rows(v_cache, s, p0, v);
         for (int64_t h = 0; h < s.h1 - s.h0; h++) {
             for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
             for (int64_t g0 = 0; g0 < s.group;)
-                g0 += values_rows(vh, n, w + weight_offset(l, s.group, h, g0, p0), l.row, l.pos,
-                                  acc + (h * s.group + g0) * s.dim, s.dim, s.group - g0, ch);
+                g0 += values_rows(vh, n, w + (h * w_head + g0) * w_row + p0 / 2, w_row,
+                                  acc + (h * acc_head + g0) * s.dim, s.dim, s.group - g0, ch);
         }
     }
 }

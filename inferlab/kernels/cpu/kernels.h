@@ -154,6 +154,45 @@ static inline __attribute__((always_inline)) void vnni_tile_sums(
         }
     }
 }
+
+static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+/* prefill_attention.c's tiles of one (sequence, KV head): K^T and V in vdpbf16ps pairs, and the
+ * product of query or weight rows with them (decode_attention.c's shared prefix uses both;
+ * vnni_product inline, so that each caller's constant strides shape its loops). */
+size_t head_tile_bytes(int64_t len, int64_t dim);
+void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
+                 uint8_t *tiles);
+
+/* The two products without AMX, from the same layouts: a k-pair of the K^T tiles is 16
+ * positions' (d, d+1) and one of the V tiles 16 dims' (p, p+1), as vdpbf16ps takes them.
+ * Register tiles of 4 query rows x NC outputs of 16 (NC <= 4). */
+static inline __attribute__((always_inline)) void vnni_tile(
+        const uint16_t *a, int64_t a_stride, int64_t pairs, const uint16_t *b, int64_t b_step,
+        int64_t b_pair, int64_t b_group, const int NC, float *c, int64_t c_stride) {
+    __m512 acc[6][4];
+    vnni_tile_sums(a, a_stride, 4, pairs, b, b_step, b_pair, b_group, NC, acc);
+    for (int r = 0; r < 4; r++)
+        for (int j = 0; j < NC; j++) _mm512_storeu_ps(c + r * c_stride + 16 * j, acc[r][j]);
+}
+
+/* c[16 rows][outs x 16] = a[rows][pairs] x b, for the first `rows` rows (by 4s: rows past
+ * them are zeros in a, and their sums are never read). */
+static inline void vnni_product(const uint16_t *a, int64_t a_stride, int64_t rows, int64_t pairs,
+                         const uint16_t *b, int64_t b_step, int64_t b_pair, int64_t b_group,
+                         int64_t outs, float *c, int64_t c_stride) {
+    for (int64_t r = 0; r < rows; r += 4)
+        for (int64_t j = 0; j < outs; j += 4) {
+            const uint16_t *ar = a + r * a_stride, *bj = b + j * b_step;
+            float *cr = c + r * c_stride + 16 * j;
+            switch (outs - j < 4 ? outs - j : 4) {
+            case 1: vnni_tile(ar, a_stride, pairs, bj, b_step, b_pair, b_group, 1, cr, c_stride); break;
+            case 2: vnni_tile(ar, a_stride, pairs, bj, b_step, b_pair, b_group, 2, cr, c_stride); break;
+            case 3: vnni_tile(ar, a_stride, pairs, bj, b_step, b_pair, b_group, 3, cr, c_stride); break;
+            default: vnni_tile(ar, a_stride, pairs, bj, b_step, b_pair, b_group, 4, cr, c_stride); break;
+            }
+        }
+}
 #endif
 
 void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weight, void *out,
