@@ -313,6 +313,7 @@ static void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt
  * (prefix_scores_tile; vnni_product's chains are values_tile's), and each token then carries
  * on from `shared` as attend does, so its result is the same bits as alone. */
 #define PREFIX_GROUP 8
+#define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */
 
 /* The scratch floats of one group: query rows (bf16), scores, sums and totals, by KV head. */
 static int64_t group_scratch_floats(span_t s) {
@@ -379,9 +380,13 @@ static int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_
     int failed = 0;
 #pragma omp parallel reduction(+ : failed)
     {
+        const int64_t parts = (shared + PREFIX_LAYOUT_POSITIONS - 1) / PREFIX_LAYOUT_POSITIONS;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t h = 0; h < s.num_kv_heads; h++)
-            layout_head(k_cache, v_cache, prefix, h, tiles + h * tile_bytes);
+        for (int64_t task = 0; task < s.num_kv_heads * parts; task++) {
+            const int64_t h = task / parts, p_lo = task % parts * PREFIX_LAYOUT_POSITIONS;
+            layout_head(k_cache, v_cache, prefix, h, tiles + h * tile_bytes, p_lo,
+                        p_lo + PREFIX_LAYOUT_POSITIONS);
+        }
         float *scratch = malloc(sizeof(float) * (size_t)group_scratch_floats(s));
         failed += scratch == NULL;
 #pragma omp for schedule(dynamic, 1)

@@ -72,13 +72,6 @@ static inline int64_t kv_offset(const int32_t *table, int64_t p, int64_t block_s
     return (slot * num_kv_heads + kvh) * dim;
 }
 
-/* A row of n bf16 pairs (32 bits each) as column c of stacked AMX B tiles [n/16][16 pairs][16
- * columns]: pair p goes to column[p * 16], column pointing at the stack's first element of c.
- * NULL: zeros. The attention kernels lay queries and keys out this way. */
-static inline void pairs_to_tile_column(const uint32_t *row, int64_t n, uint32_t *column) {
-    for (int64_t p = 0; p < n; p++) column[p * 16] = row ? row[p] : 0;
-}
-
 /* Attention over one sequence's first len cached positions, for the KV heads [h0, h1) and the
  * (h1 - h0) * G query heads that share them ("rows"). */
 typedef struct {
@@ -128,6 +121,33 @@ static inline __m512 exp_nonpositive_ps(__m512 x) {
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
 }
 
+/* rows[i] lane j -> rows[j] lane i: a 16 x 16 transpose of 32-bit elements in four rounds of
+ * shuffles (within 32 bits, 64 bits, then 128-bit lanes twice). */
+static inline void transpose_16x16(__m512i rows[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(rows[2 * i], rows[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(rows[2 * i], rows[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {  /* rows[4i + m]: in 128-bit lane L, column 4L + m of rows 4i.. */
+        rows[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        rows[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        rows[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        rows[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int m = 0; m < 4; m++) {
+        const __m512i a0 = _mm512_shuffle_i32x4(rows[m], rows[4 + m], 0x88);
+        const __m512i a1 = _mm512_shuffle_i32x4(rows[m], rows[4 + m], 0xdd);
+        const __m512i b0 = _mm512_shuffle_i32x4(rows[8 + m], rows[12 + m], 0x88);
+        const __m512i b1 = _mm512_shuffle_i32x4(rows[8 + m], rows[12 + m], 0xdd);
+        t[m] = _mm512_shuffle_i32x4(a0, b0, 0x88);
+        t[4 + m] = _mm512_shuffle_i32x4(a1, b1, 0x88);
+        t[8 + m] = _mm512_shuffle_i32x4(a0, b0, 0xdd);
+        t[12 + m] = _mm512_shuffle_i32x4(a1, b1, 0xdd);
+    }
+    for (int i = 0; i < 16; i++) rows[i] = t[i];
+}
+
 static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2p], x[2p+1] x16 */
     int32_t two;
     memcpy(&two, x + 2 * pair, 4);
@@ -162,7 +182,7 @@ static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to
  * vnni_product inline, so that each caller's constant strides shape its loops). */
 size_t head_tile_bytes(int64_t len, int64_t dim);
 void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
-                 uint8_t *tiles);
+                 uint8_t *tiles, int64_t p_lo, int64_t p_hi);
 
 /* The two products without AMX, from the same layouts: a k-pair of the K^T tiles is 16
  * positions' (d, d+1) and one of the V tiles 16 dims' (p, p+1), as vdpbf16ps takes them.

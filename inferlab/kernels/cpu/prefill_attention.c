@@ -93,23 +93,32 @@ size_t head_tile_bytes(int64_t len, int64_t dim) {
 }
 
 /* Keys [0, len) of head h as K^T tiles [len/16][D/32][16 pairs][16 positions] (32-bit pairs),
- * and values as [len/32][D/16][16 position pairs][16 dims][2]; past len, zeros. */
+ * and values as [len/32][D/16][16 position pairs][16 dims][2]; past len, zeros. Only positions
+ * [p_lo, p_hi) (p_lo a multiple of 32; p_hi past round_up(len, 32) means up to there), so that
+ * several threads can share one head. */
 void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
-                        uint8_t *tiles) {
+                 uint8_t *tiles, int64_t p_lo, int64_t p_hi) {
     const int64_t k_steps = s.dim / 32, chunks16 = round_up(s.len, 16) / 16;
     uint32_t *kt = (uint32_t *)tiles;
     uint16_t *vp = (uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
-    for (int64_t p = 0; p < chunks16 * 16; p++) {
-        const uint32_t *row = p < s.len
-            ? (const uint32_t *)(k_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim)) : NULL;
-        pairs_to_tile_column(row, s.dim / 2, kt + p / 16 * k_steps * 256 + p % 16);
-    }
+    p_hi = p_hi < round_up(s.len, 32) ? p_hi : round_up(s.len, 32);
+    for (int64_t p0 = p_lo; p0 < p_hi && p0 < chunks16 * 16; p0 += 16)
+        for (int64_t k = 0; k < k_steps; k++) {  /* 16 positions x 16 pairs, transposed */
+            __m512i rows[16];
+            for (int64_t i = 0; i < 16; i++)
+                rows[i] = p0 + i < s.len
+                    ? _mm512_loadu_si512(k_cache + kv_offset(s.table, p0 + i, s.block_size, s.num_kv_heads, h, s.dim) + 32 * k)
+                    : _mm512_setzero_si512();
+            transpose_16x16(rows);
+            for (int64_t j = 0; j < 16; j++)
+                _mm512_storeu_si512(kt + (p0 / 16 * k_steps + k) * 256 + j * 16, rows[j]);
+        }
     static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                             8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i lo = _mm512_loadu_si512(interleave);  /* a[0] b[0] a[1] b[1] ... a[15] b[15] */
     const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
     const int64_t d_tiles = s.dim / 16;
-    for (int64_t p = 0; p < round_up(s.len, 32); p += 2) {
+    for (int64_t p = p_lo; p < p_hi; p += 2) {
         uint16_t *chunk = vp + p / 32 * d_tiles * 512 + (p % 32) / 2 * 32;
         for (int64_t d = 0; d < s.dim; d += 32) {
             __m512i va = p < s.len ? _mm512_loadu_si512(v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) + d)
@@ -233,7 +242,8 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
             const int64_t b = seqs[task / num_kv_heads];
             span_t s = {block_tables + b * table_stride, seq_lens[b], 0, num_kv_heads, group,
                         num_kv_heads, dim, block_size};
-            layout_head(k_cache, v_cache, s, task % num_kv_heads, tiles + offset[task]);
+            layout_head(k_cache, v_cache, s, task % num_kv_heads, tiles + offset[task], 0,
+                        round_up(s.len, 32));
         }
 #pragma omp parallel reduction(+ : failed)
         {
