@@ -102,7 +102,16 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
     uint32_t *kt = (uint32_t *)tiles;
     uint16_t *vp = (uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
     p_hi = p_hi < round_up(s.len, 32) ? p_hi : round_up(s.len, 32);
-    for (int64_t p0 = p_lo; p0 < p_hi && p0 < chunks16 * 16; p0 += 16)
+    for (int64_t p0 = p_lo; p0 < p_hi && p0 < chunks16 * 16; p0 += 16) {
+        /* the keys and values two chunks ahead (and the first two): the blocks are scattered,
+         * and the loads below otherwise wait on memory one by one */
+        for (int64_t p = p0 == p_lo ? p0 : p0 + 32; p < p0 + 48 && p < s.len; p++) {
+            const int64_t at = kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim);
+            for (int64_t b = 0; b < s.dim * 2; b += 64) {
+                _mm_prefetch((const char *)(k_cache + at) + b, _MM_HINT_T0);
+                _mm_prefetch((const char *)(v_cache + at) + b, _MM_HINT_T0);
+            }
+        }
         for (int64_t k = 0; k < k_steps; k++) {  /* 16 positions x 16 pairs, transposed */
             __m512i rows[16];
             for (int64_t i = 0; i < 16; i++)
@@ -113,6 +122,7 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
             for (int64_t j = 0; j < 16; j++)
                 _mm512_storeu_si512(kt + (p0 / 16 * k_steps + k) * 256 + j * 16, rows[j]);
         }
+    }
     static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
                                             8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i lo = _mm512_loadu_si512(interleave);  /* a[0] b[0] a[1] b[1] ... a[15] b[15] */
