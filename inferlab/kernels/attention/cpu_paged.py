@@ -1,6 +1,7 @@
-"""Paged attention on CPU with the C kernels: KV write, decode attention and (bf16 on AMX)
-prefill attention read the paged cache in place (no gathered copies); elsewhere sequences with
-several new tokens go through torch's SDPA."""
+"""Paged attention on CPU with the C kernels: KV write, decode attention (with a shared prompt's
+positions computed once for all decode tokens that share its blocks) and bf16 prefill attention
+read the paged cache in place (no gathered copies); elsewhere sequences with several new tokens
+go through torch's SDPA."""
 
 from __future__ import annotations
 
