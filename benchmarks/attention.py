@@ -1,12 +1,13 @@
 """Paged attention on CPU: the C kernels (inferlab/kernels/cpu/decode_attention.c for decode,
-prefill_attention.c on AMX tiles for prefill) beside torch's SDPA path
+prefill_attention.c on AMX or AVX512-BF16 register tiles for prefill) beside torch's SDPA path
 (inferlab/kernels/attention/torch_paged.py), one layer of the embedded model's shape (9 query
 heads, 3 KV heads, head dim 64, bf16), on the same paged cache in one run.
 
 Prefill: fresh prompts (causal, no cached positions) and prompt chunks after cached positions (a
 prefix-cache hit, or the second chunk of a long prompt), where torch needs a boolean mask.
 Decode: one new token per sequence over its cached positions (blocks in table order, as a fresh
-engine hands them out), and 64 sequences that share their first 512 positions' blocks.
+engine hands them out), and 64 sequences that share their first 512 positions' blocks (the C
+kernel's shared-prefix path: the prefix read once for all 64 tokens).
 
     .venv/bin/python benchmarks/attention.py [--rounds 5]
 """
@@ -85,7 +86,7 @@ def main() -> None:
     args = parser.parse_args()
     probe = torch.zeros(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
     if not cpu_ops.prefill_attention_fits(probe, torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)):
-        raise SystemExit("the C prefill attention needs a CPU with AMX and a C compiler")
+        raise SystemExit("the C prefill attention needs a CPU with AVX512-BF16 and a C compiler")
     print(f"{torch.get_num_threads()} threads, one layer ({HEADS} heads, {KV_HEADS} KV heads, head dim {HEAD_DIM}), bf16, best of {args.rounds}")
     for name, (seqs, new, context) in CASES.items():
         c_s, torch_s, diff = run_case(seqs, new, context, args.rounds)
