@@ -1,5 +1,6 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, decode_attention.c, matmul.c, quant_linear.c,
-dynamic_linear.c, prefill_attention.c, decode_layer.c), built at first use, called through ctypes.
+"""The C kernels of inferlab/kernels/cpu/ (ops.c, decode_attention.c, decode_prefix.c, matmul.c,
+quant_linear.c, dynamic_linear.c, prefill_attention.c, decode_layer.c), built at first use, called
+through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -27,7 +28,8 @@ import torch
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
-SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "matmul.c", "vnni_gemm.c",
+SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c",
+                                             "matmul.c", "vnni_gemm.c",
                                              "quant_linear.c", "dynamic_linear.c",
                                              "prefill_attention.c", "decode_layer.c", "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h")

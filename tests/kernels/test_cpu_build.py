@@ -38,3 +38,20 @@ def test_a_cached_build_is_reused_only_on_the_same_kind_of_cpu(tmp_path, monkeyp
     monkeypatch.setattr(cpu_ops, "_cpu_features", lambda: b"flags: avx512f")
     amd = cpu_ops._build(cpu_ops.SOURCES)
     assert amd != intel and len(compiled) == 2 and amd.is_file() and intel.is_file()
+
+
+@pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
+def test_the_kernels_build_and_load_for_a_cpu_without_avx512(tmp_path):
+    """Most of the sources sit behind #ifdef __AVX512BF16__; a helper used outside those guards
+    but defined inside them compiled here with a warning and then failed to load (an undefined
+    symbol) on CPUs without AVX-512. Built for AVX2 only, the library must load."""
+    import ctypes
+
+    out = tmp_path / "cpu_ops_avx2.so"
+    cmd = [os.environ.get("CC", "cc"), "-O1", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC",
+           "-std=gnu11", "-Werror=implicit-function-declaration", "-o", str(out),
+           *map(str, cpu_ops.SOURCES), "-lm"]
+    result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[:3000]
+    library = ctypes.CDLL(str(out))
+    assert library.has_amx() == 0

@@ -17,18 +17,10 @@
 #include "decode_tiles.h"
 #include "kernels.h"
 
-/* The shortest shared prefix decode_with_prefix takes: below it, laying out the prefix's tiles
- * costs about what sharing them saves. */
-#define PREFIX_MIN_POSITIONS 64
-
 /* bf16 with a head dim the AVX512-BF16 kernels take (a multiple of 32, at most 256). */
 static inline int bf16_kernels_fit(int elem, int64_t dim) {
     return elem == 2 && dim % 32 == 0 && dim <= 256;
 }
-
-/* Floats between rows of scores: the bf16 weights written over them in place (weights_to_pairs)
- * take round_up(len, 32) positions' room. */
-static inline int64_t row_floats(int64_t len) { return round_up(len, 32); }
 
 /* scores[r*stride + p] = scale * q_r . k_p, in fp32 from either dtype, one KV head at a time. */
 static inline __attribute__((always_inline)) void scores_any(
@@ -71,65 +63,7 @@ static inline __attribute__((always_inline)) void values_any(
         }
 }
 
-/* Softmax numerators in place (scores already scaled, rows stride floats apart) for rows
- * [r0, r1); sums to total[r]. */
-static inline __attribute__((always_inline)) void softmax_rows(
-        float *scores, int64_t r0, int64_t r1, int64_t len, int64_t stride, float *total) {
-    for (int64_t r = r0; r < r1; r++) {
-        float *sr = scores + r * stride, top = -INFINITY, sum = 0.0f;
-#pragma omp simd reduction(max : top)
-        for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t p = 0; p < len; p++) {
-            sr[p] = exp_nonpositive(sr[p] - top);
-            sum += sr[p];
-        }
-        total[r] = sum;
-    }
-}
-
 #ifdef __AVX512BF16__
-/* A token's rows of work for its span's KV heads: row (h, g) at scores + (h * head_rows + g) *
- * stride (fp32 scores, then the bf16 weight pairs written over them), its sums at acc +
- * (h * head_rows + g) * D, its softmax total at total[h * head_rows + g]. */
-typedef struct {
-    float *scores, *acc, *total;
-    int64_t stride, head_rows;
-} rows_t;
-
-/* Scores of positions [from, len) (a multiple of 16; those before it already in place), the
- * softmax over all len, and the weights as bf16 pairs. */
-static inline __attribute__((always_inline)) void attend_weights(
-        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, span_t s, float scale,
-        int64_t from, rows_t w) {
-    prefetch_two_chunks(k_cache, s, from);
-    prefetch_two_chunks(v_cache, s, from);
-    scores_bf16(q, k_cache, s, scale, w.scores, w.stride, w.head_rows, from, s.len);
-    for (int64_t h = 0; h < s.h1 - s.h0; h++) {
-        float *head = w.scores + h * w.head_rows * w.stride;
-        softmax_rows(head, 0, s.group, s.len, w.stride, w.total + h * w.head_rows);
-        for (int64_t g = 0; g < s.group; g++) weights_to_pairs(head + g * w.stride, s.len);
-    }
-}
-
-/* The sums over positions [from, len) added to those before (zeros when from is 0), divided by
- * the totals and stored as the token's bf16 outputs (out: its row [Hq, D]). */
-static inline __attribute__((always_inline)) void attend_values(
-        const uint16_t *v_cache, span_t s, int64_t from, rows_t w, uint16_t *out) {
-    const int64_t heads = s.h1 - s.h0;
-    if (from == 0)
-        for (int64_t h = 0; h < heads; h++)
-            memset(w.acc + h * w.head_rows * s.dim, 0, sizeof(float) * (size_t)(s.group * s.dim));
-    values_bf16(v_cache, s, from, (const uint32_t *)w.scores, w.stride, w.head_rows, w.acc, w.head_rows);
-    for (int64_t h = 0; h < heads; h++)
-        for (int64_t g = 0; g < s.group; g++) {
-            float *x = w.acc + (h * w.head_rows + g) * s.dim, inv = 1.0f / w.total[h * w.head_rows + g];
-            reorder_pairs(x, s.dim, 0);
-            for (int64_t i = 0; i < s.dim; i++) x[i] *= inv;
-            store_f32(x, 2, out + ((s.h0 + h) * s.group + g) * s.dim, s.dim);
-        }
-}
-
 /* One bf16 decode token by the whole team: every thread of the enclosing parallel region calls
  * it. The keys are split by chunks of 16 positions, the softmax by query rows, the values by
  * (KV head, 32 dims). For batches too small to give each thread KV heads of its own (one token
@@ -257,148 +191,6 @@ static int decode_together(const void *q, int64_t q_stride, const void *k_cache,
     }
     free(scores);
     return 0;
-}
-#endif
-
-#ifdef __AVX512BF16__
-/* attend_weights, or attend_values (`values`), with the common head dims as constants. */
-static void attend_part(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        span_t s, float scale, int64_t from, rows_t w, uint16_t *out, int values) {
-    if (values && s.dim == 64) { s.dim = 64; attend_values(v_cache, s, from, w, out); }
-    else if (values && s.dim == 128) { s.dim = 128; attend_values(v_cache, s, from, w, out); }
-    else if (values) attend_values(v_cache, s, from, w, out);
-    else if (s.dim == 64) { s.dim = 64; attend_weights(q, k_cache, v_cache, s, scale, from, w); }
-    else if (s.dim == 128) { s.dim = 128; attend_weights(q, k_cache, v_cache, s, scale, from, w); }
-    else attend_weights(q, k_cache, v_cache, s, scale, from, w);
-}
-
-/* Positions every listed sequence holds in the same blocks (a shared system prompt, n copies
- * of one prompt), a multiple of 16 and at most every sequence's length. */
-static int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride,
-                             const int32_t *seq_lens, const int32_t *seqs, int64_t num_decodes,
-                             int64_t block_size) {
-    int64_t blocks = seq_lens[seqs[0]] / block_size;
-    const int32_t *first = block_tables + seqs[0] * table_stride;
-    for (int64_t i = 1; i < num_decodes && blocks > 0; i++) {
-        const int32_t *table = block_tables + seqs[i] * table_stride;
-        int64_t same = 0;
-        while (same < blocks && same < seq_lens[seqs[i]] / block_size && table[same] == first[same])
-            same++;
-        blocks = same;
-    }
-    return blocks * block_size / 16 * 16;
-}
-
-/* The shared prefix's scores for `rows` query rows (a multiple of 4, bf16, D apart). */
-static void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt, int64_t shared,
-                          int64_t dim, float scale, float *scores, int64_t stride) {
-    const int64_t k_steps = dim / 32;
-    for (int64_t c = 0; c < shared / 16; c++)
-        for (int64_t r = 0; r < rows; r += 4) {
-            const uint16_t *qr = qbuf + r * dim;
-            const uint32_t *chunk = kt + c * k_steps * 256;
-            float *sr = scores + r * stride + c * 16;
-            if (k_steps == 2) prefix_scores_tile(qr, dim, chunk, 2, scale, sr, stride);
-            else if (k_steps == 4) prefix_scores_tile(qr, dim, chunk, 4, scale, sr, stride);
-            else prefix_scores_tile(qr, dim, chunk, (int)k_steps, scale, sr, stride);
-        }
-}
-
-/* Decode tokens whose sequences share their first `shared` positions' blocks ("cascade"
- * attention): the prefix's keys and values are laid out once per KV head (prefill's tiles),
- * and the query rows of PREFIX_GROUP tokens at a time meet them as matrix products instead of
- * each token reading the prefix on its own. A group's scores stay in its thread's scratch
- * (the whole batch's, 2 MB a layer for 64 tokens of the embedded model, fell out of L2 and
- * cost what the products saved). The products sum in the per-token kernels' order
- * (prefix_scores_tile; vnni_product's chains are values_tile's), and each token then carries
- * on from `shared` as attend does, so its result is the same bits as alone. */
-#define PREFIX_GROUP 4  /* tokens a task: 8 left the two threads unevenly loaded (4% slower), 2 wasted tile rows */
-#define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */
-
-/* The scratch floats of one group: query rows (bf16), scores, sums and totals, by KV head. */
-static int64_t group_scratch_floats(span_t s) {
-    const int64_t rows = s.num_kv_heads * round_up(PREFIX_GROUP * s.group, 4);
-    return rows * (s.dim / 2 + row_floats(s.len) + s.dim + 1);
-}
-
-/* Tokens [first, first + count) of paged_decode_attention's list (rows, seqs) against the
- * prefix's tiles (tile_bytes a KV head) and then their own positions. Rows by KV head: row
- * i * group + g of head h is token first + i's query head h * group + g. s: every field but
- * the table, len the longest sequence's. */
-static void prefix_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
-                         const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
-                         const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
-                         int64_t first, int64_t count, uint16_t *out, const uint8_t *tiles,
-                         int64_t tile_bytes, span_t s, int64_t shared, float scale, float *scratch) {
-    const int64_t H = s.num_kv_heads, dim = s.dim, stride = row_floats(s.len);
-    const int64_t rows_h = round_up(PREFIX_GROUP * s.group, 4), live = count * s.group;
-    uint16_t *qbuf = (uint16_t *)scratch;
-    float *scores = scratch + H * rows_h * dim / 2, *acc = scores + H * rows_h * stride;
-    float *total = acc + H * rows_h * dim;
-    memset(qbuf, 0, sizeof(uint16_t) * (size_t)(H * rows_h * dim));  /* rows past `live`: zeros */
-    for (int64_t h = 0; h < H; h++)
-        for (int64_t i = 0; i < count; i++)
-            memcpy(qbuf + (h * rows_h + i * s.group) * dim, q + rows[first + i] * q_stride + h * s.group * dim,
-                   sizeof(uint16_t) * (size_t)(s.group * dim));
-    for (int64_t h = 0; h < H; h++)
-        prefix_scores(qbuf + h * rows_h * dim, round_up(live, 4), (const uint32_t *)(tiles + h * tile_bytes),
-                      shared, dim, scale, scores + h * rows_h * stride, stride);
-    for (int values = 0; values < 2; values++) {
-        if (values)  /* the prefix's sums, then each token's own positions' */
-            for (int64_t h = 0; h < H; h++) {
-                const uint16_t *vp = (const uint16_t *)(tiles + h * tile_bytes + round_up(shared, 16) * dim * 2);
-                float *ah = acc + h * rows_h * dim;
-                vnni_product((const uint16_t *)(scores + h * rows_h * stride), stride * 2, live,
-                             shared / 2, vp, 512, 32, dim / 16 * 512, dim / 16, ah, dim);
-                for (int64_t r = 0; r < live; r++) reorder_pairs(ah + r * dim, dim, 1);
-            }
-        for (int64_t i = 0; i < count; i++) {
-            span_t token = s;
-            token.table = block_tables + seqs[first + i] * table_stride;
-            token.len = seq_lens[seqs[first + i]];
-            rows_t w = {scores + i * s.group * stride, acc + i * s.group * dim, total + i * s.group,
-                        stride, rows_h};
-            attend_part(q + rows[first + i] * q_stride, k_cache, v_cache, token, scale, shared, w,
-                        out + rows[first + i] * H * s.group * dim, values);
-        }
-    }
-}
-
-/* decode_with_prefix: the prefix's tiles once per KV head, then groups of tokens as tasks.
- * Returns 0, or -1 out of memory. */
-static int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
-                              const uint16_t *v_cache, const int32_t *block_tables,
-                              int64_t table_stride, const int32_t *seq_lens, const int32_t *rows,
-                              const int32_t *seqs, int64_t num_decodes, uint16_t *out, span_t s,
-                              int64_t shared, float scale) {
-    const int64_t tile_bytes = round_up((int64_t)head_tile_bytes(shared, s.dim), 64);
-    uint8_t *tiles = aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes));
-    if (!tiles) return -1;
-    span_t prefix = s;
-    prefix.table = block_tables + seqs[0] * table_stride;
-    prefix.len = shared;
-    int failed = 0;
-#pragma omp parallel reduction(+ : failed)
-    {
-        const int64_t parts = (shared + PREFIX_LAYOUT_POSITIONS - 1) / PREFIX_LAYOUT_POSITIONS;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < s.num_kv_heads * parts; task++) {
-            const int64_t h = task / parts, p_lo = task % parts * PREFIX_LAYOUT_POSITIONS;
-            layout_head(k_cache, v_cache, prefix, h, tiles + h * tile_bytes, p_lo,
-                        p_lo + PREFIX_LAYOUT_POSITIONS);
-        }
-        float *scratch = malloc(sizeof(float) * (size_t)group_scratch_floats(s));
-        failed += scratch == NULL;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t first = 0; first < num_decodes; first += PREFIX_GROUP)
-            if (scratch)
-                prefix_group(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens,
-                             rows, seqs, first, num_decodes - first < PREFIX_GROUP ? num_decodes - first : PREFIX_GROUP,
-                             out, tiles, tile_bytes, s, shared, scale, scratch);
-        free(scratch);
-    }
-    free(tiles);
-    return failed ? -1 : 0;
 }
 #endif
 

@@ -1,12 +1,34 @@
-/* The decode attention kernels' building blocks (included by decode_attention.c only): where
- * the softmax weights lie, and the AVX512-BF16 register kernels that read a token's paged keys
- * and values 16 positions at a time. */
+/* The decode attention kernels' building blocks (included by decode_attention.c and
+ * decode_prefix.c): the softmax rows, the AVX512-BF16 register kernels that read a token's paged
+ * keys and values 16 positions at a time, and a token's attention from a given position on. */
 #ifndef INFERLAB_DECODE_TILES_H
 #define INFERLAB_DECODE_TILES_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
 #include "kernels.h"
+
+/* Floats between rows of scores: the bf16 weights written over them in place (weights_to_pairs)
+ * take round_up(len, 32) positions' room. */
+static inline int64_t row_floats(int64_t len) { return round_up(len, 32); }
+
+/* Softmax numerators in place (scores already scaled, rows stride floats apart) for rows
+ * [r0, r1); sums to total[r]. */
+static inline __attribute__((always_inline)) void softmax_rows(
+        float *scores, int64_t r0, int64_t r1, int64_t len, int64_t stride, float *total) {
+    for (int64_t r = r0; r < r1; r++) {
+        float *sr = scores + r * stride, top = -INFINITY, sum = 0.0f;
+#pragma omp simd reduction(max : top)
+        for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t p = 0; p < len; p++) {
+            sr[p] = exp_nonpositive(sr[p] - top);
+            sum += sr[p];
+        }
+        total[r] = sum;
+    }
+}
 
 #ifdef __AVX512BF16__
 
@@ -235,5 +257,70 @@ static inline __attribute__((always_inline)) void values_bf16(
         }
     }
 }
+
+/* A token's rows of work for its span's KV heads: row (h, g) at scores + (h * head_rows + g) *
+ * stride (fp32 scores, then the bf16 weight pairs written over them), its sums at acc +
+ * (h * head_rows + g) * D, its softmax total at total[h * head_rows + g]. */
+typedef struct {
+    float *scores, *acc, *total;
+    int64_t stride, head_rows;
+} rows_t;
+
+/* Scores of positions [from, len) (a multiple of 16; those before it already in place), the
+ * softmax over all len, and the weights as bf16 pairs. */
+static inline __attribute__((always_inline)) void attend_weights(
+        const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache, span_t s, float scale,
+        int64_t from, rows_t w) {
+    prefetch_two_chunks(k_cache, s, from);
+    prefetch_two_chunks(v_cache, s, from);
+    scores_bf16(q, k_cache, s, scale, w.scores, w.stride, w.head_rows, from, s.len);
+    for (int64_t h = 0; h < s.h1 - s.h0; h++) {
+        float *head = w.scores + h * w.head_rows * w.stride;
+        softmax_rows(head, 0, s.group, s.len, w.stride, w.total + h * w.head_rows);
+        for (int64_t g = 0; g < s.group; g++) weights_to_pairs(head + g * w.stride, s.len);
+    }
+}
+
+/* The sums over positions [from, len) added to those before (zeros when from is 0), divided by
+ * the totals and stored as the token's bf16 outputs (out: its row [Hq, D]). */
+static inline __attribute__((always_inline)) void attend_values(
+        const uint16_t *v_cache, span_t s, int64_t from, rows_t w, uint16_t *out) {
+    const int64_t heads = s.h1 - s.h0;
+    if (from == 0)
+        for (int64_t h = 0; h < heads; h++)
+            memset(w.acc + h * w.head_rows * s.dim, 0, sizeof(float) * (size_t)(s.group * s.dim));
+    values_bf16(v_cache, s, from, (const uint32_t *)w.scores, w.stride, w.head_rows, w.acc, w.head_rows);
+    for (int64_t h = 0; h < heads; h++)
+        for (int64_t g = 0; g < s.group; g++) {
+            float *x = w.acc + (h * w.head_rows + g) * s.dim, inv = 1.0f / w.total[h * w.head_rows + g];
+            reorder_pairs(x, s.dim, 0);
+            for (int64_t i = 0; i < s.dim; i++) x[i] *= inv;
+            store_f32(x, 2, out + ((s.h0 + h) * s.group + g) * s.dim, s.dim);
+        }
+}
+
+/* attend_weights, or attend_values (`values`), with the common head dims as constants. */
+static inline void attend_part(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
+                        span_t s, float scale, int64_t from, rows_t w, uint16_t *out, int values) {
+    if (values && s.dim == 64) { s.dim = 64; attend_values(v_cache, s, from, w, out); }
+    else if (values && s.dim == 128) { s.dim = 128; attend_values(v_cache, s, from, w, out); }
+    else if (values) attend_values(v_cache, s, from, w, out);
+    else if (s.dim == 64) { s.dim = 64; attend_weights(q, k_cache, v_cache, s, scale, from, w); }
+    else if (s.dim == 128) { s.dim = 128; attend_weights(q, k_cache, v_cache, s, scale, from, w); }
+    else attend_weights(q, k_cache, v_cache, s, scale, from, w);
+}
+
+/* The shortest shared prefix decode_with_prefix takes: below it, laying out the prefix's tiles
+ * costs about what sharing them saves. */
+#define PREFIX_MIN_POSITIONS 64
+
+/* decode_prefix.c: the positions every listed decode token's sequence holds in the same blocks,
+ * and the decode of such a batch with that prefix read once for all (see there). */
+int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                      const int32_t *seqs, int64_t num_decodes, int64_t block_size);
+int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                       const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                       const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                       int64_t num_decodes, uint16_t *out, span_t s, int64_t shared, float scale);
 #endif
 #endif

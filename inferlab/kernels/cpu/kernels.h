@@ -5,6 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 
+static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
 static inline float bf16_to_f32(uint16_t h) {
     union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
     return v.f;
@@ -174,8 +176,6 @@ static inline __attribute__((always_inline)) void vnni_tile_sums(
         }
     }
 }
-
-static inline int64_t round_up(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
 
 /* prefill_attention.c's tiles of one (sequence, KV head): K^T and V in vdpbf16ps pairs, and the
  * product of query or weight rows with them (decode_attention.c's shared prefix uses both;
