@@ -1,6 +1,12 @@
-/* Decode attention for a batch whose sequences share a prompt's blocks ("cascade" attention),
- * called by paged_decode_attention (decode_attention.c): the prefix read once for all tokens,
- * each token's own positions as alone. */
+/* Decode attention for a batch whose sequences share their first blocks (a system prompt, n
+ * copies of one prompt: "cascade" attention), called by paged_decode_attention
+ * (decode_attention.c). The prefix's keys and values are laid out once per KV head (prefill's
+ * tiles), and the query rows of PREFIX_GROUP tokens at a time meet them as matrix products
+ * instead of each token reading the prefix on its own. A group's scores stay in its thread's
+ * scratch: the whole batch's, 2 MB a layer for 64 tokens of the embedded model, fell out of L2
+ * and cost what the products saved. The products sum in the per-token kernels' order
+ * (prefix_scores_tile; vnni_product's chains are values_tile's), and each token then carries on
+ * from the end of the prefix as attend does, so its result is the same bits as alone. */
 #include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -12,9 +18,8 @@
 #ifdef __AVX512BF16__
 /* Positions every listed sequence holds in the same blocks (a shared system prompt, n copies
  * of one prompt), a multiple of 16 and at most every sequence's length. */
-int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride,
-                             const int32_t *seq_lens, const int32_t *seqs, int64_t num_decodes,
-                             int64_t block_size) {
+int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
+                      const int32_t *seqs, int64_t num_decodes, int64_t block_size) {
     int64_t blocks = seq_lens[seqs[0]] / block_size;
     const int32_t *first = block_tables + seqs[0] * table_stride;
     for (int64_t i = 1; i < num_decodes && blocks > 0; i++) {
@@ -42,15 +47,8 @@ static void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt
         }
 }
 
-/* Decode tokens whose sequences share their first `shared` positions' blocks ("cascade"
- * attention): the prefix's keys and values are laid out once per KV head (prefill's tiles),
- * and the query rows of PREFIX_GROUP tokens at a time meet them as matrix products instead of
- * each token reading the prefix on its own. A group's scores stay in its thread's scratch
- * (the whole batch's, 2 MB a layer for 64 tokens of the embedded model, fell out of L2 and
- * cost what the products saved). The products sum in the per-token kernels' order
- * (prefix_scores_tile; vnni_product's chains are values_tile's), and each token then carries
- * on from `shared` as attend does, so its result is the same bits as alone. */
-#define PREFIX_GROUP 4  /* tokens a task: 8 left the two threads unevenly loaded (4% slower), 2 wasted tile rows */
+/* Tokens a task: 8 left the two threads unevenly loaded (4% slower), 2 wasted tile rows. */
+#define PREFIX_GROUP 4
 #define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */
 
 /* The scratch floats of one group: query rows (bf16), scores, sums and totals, by KV head. */
@@ -102,13 +100,13 @@ static void prefix_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
     }
 }
 
-/* decode_with_prefix: the prefix's tiles once per KV head, then groups of tokens as tasks.
- * Returns 0, or -1 out of memory. */
+/* The batch's first `shared` positions (shared_prefix) laid out once per KV head, in tasks of
+ * PREFIX_LAYOUT_POSITIONS, then groups of tokens as tasks. s: every field but the table, len the
+ * longest sequence's. Returns 0, or -1 out of memory. */
 int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
-                              const uint16_t *v_cache, const int32_t *block_tables,
-                              int64_t table_stride, const int32_t *seq_lens, const int32_t *rows,
-                              const int32_t *seqs, int64_t num_decodes, uint16_t *out, span_t s,
-                              int64_t shared, float scale) {
+                       const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                       const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                       int64_t num_decodes, uint16_t *out, span_t s, int64_t shared, float scale) {
     const int64_t tile_bytes = round_up((int64_t)head_tile_bytes(shared, s.dim), 64);
     uint8_t *tiles = aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes));
     if (!tiles) return -1;
@@ -128,11 +126,12 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
         float *scratch = malloc(sizeof(float) * (size_t)group_scratch_floats(s));
         failed += scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t first = 0; first < num_decodes; first += PREFIX_GROUP)
+        for (int64_t first = 0; first < num_decodes; first += PREFIX_GROUP) {
+            const int64_t count = num_decodes - first < PREFIX_GROUP ? num_decodes - first : PREFIX_GROUP;
             if (scratch)
                 prefix_group(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens,
-                             rows, seqs, first, num_decodes - first < PREFIX_GROUP ? num_decodes - first : PREFIX_GROUP,
-                             out, tiles, tile_bytes, s, shared, scale, scratch);
+                             rows, seqs, first, count, out, tiles, tile_bytes, s, shared, scale, scratch);
+        }
         free(scratch);
     }
     free(tiles);
