@@ -45,19 +45,21 @@ void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t 
             }
 }
 
-/* Blocks b0 and b0 + 1 (an odd last block reads its own weights twice and keeps one result):
- * two accumulator sets (even and odd k-pairs) so consecutive vdpbf16ps do not wait on each
- * other; ROWS is a constant so everything stays in registers. */
+/* Blocks b0 and b0 + 1 (an odd last block reads its own weights twice and keeps one result).
+ * Each output's sum is one vdpbf16ps chain over the k-pairs in order, plus the bias: the sums
+ * vnni_gemm's tiles make for more rows, so a row's outputs do not depend on how many rows come
+ * with it (two chains, even and odd pairs, had made a request's logits depend on the batch).
+ * ROWS is a constant so everything stays in registers; the two blocks' chains and the rows'
+ * keep the adds overlapping. */
 static inline __attribute__((always_inline)) void vnni_blocks(
         const uint16_t *x, int64_t x_stride, const int ROWS, const uint16_t *packed,
         const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in, int64_t b0) {
     const int64_t pairs = k_in / 2, blocks = n_out / 16;
     const int nb = blocks - b0 < 2 ? 1 : 2;
     const uint16_t *w[2] = {packed + b0 * pairs * 32, packed + (b0 + nb - 1) * pairs * 32};
-    __m512 acc[2][2][VNNI_MAX_ROWS];
-    for (int p = 0; p < 2; p++)
-        for (int b = 0; b < 2; b++)
-            for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
+    __m512 acc[2][VNNI_MAX_ROWS];
+    for (int b = 0; b < 2; b++)
+        for (int m = 0; m < ROWS; m++) acc[b][m] = _mm512_setzero_ps();
     for (int64_t kp = 0; kp < pairs; kp += 2) {
         for (int b = 0; b < 2; b++)  /* 2 KiB ahead on each weight stream */
             _mm_prefetch(pair_prefetch_at(w[b], (kp + 32) * 64, pairs * 64), _MM_HINT_T0),
@@ -67,17 +69,15 @@ static inline __attribute__((always_inline)) void vnni_blocks(
             for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp + p);
             for (int b = 0; b < 2; b++) {
                 __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + (kp + p) * 32);
-                for (int m = 0; m < ROWS; m++)
-                    acc[p][b][m] = _mm512_dpbf16_ps(acc[p][b][m], wv, xv[m]);
+                for (int m = 0; m < ROWS; m++) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], wv, xv[m]);
             }
         }
     }
     for (int b = 0; b < nb; b++) {
         __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
-        for (int m = 0; m < ROWS; m++) {
-            __m512 sum = _mm512_add_ps(_mm512_add_ps(acc[0][b][m], acc[1][b][m]), bv);
-            store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem, sum);
-        }
+        for (int m = 0; m < ROWS; m++)
+            store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem,
+                       _mm512_add_ps(acc[b][m], bv));
     }
 }
 
