@@ -178,7 +178,7 @@ static inline __attribute__((always_inline)) void vnni_tile_sums(
 }
 
 /* prefill_attention.c's tiles of one (sequence, KV head): K^T and V in vdpbf16ps pairs, and the
- * product of query or weight rows with them (decode_attention.c's shared prefix uses both;
+ * product of query or weight rows with them (decode_prefix.c's shared prefix uses both;
  * vnni_product inline, so that each caller's constant strides shape its loops). */
 size_t head_tile_bytes(int64_t len, int64_t dim);
 void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
