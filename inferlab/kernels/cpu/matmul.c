@@ -12,8 +12,9 @@
  *
  * Up to VNNI_MAX_ROWS rows take the AVX512 kernel (bound by reading the weights once); more go
  * to AMX tiles (16x32 x 32x16 per instruction) when the CPU has them, else to register tiles
- * of 6 rows x 64 outputs (vnni_gemm.c). Sums are fp32 and round to bf16 once at the end. A row's
- * result depends only on which kernel ran, not on the other rows.
+ * of 6 rows x 64 outputs (vnni_gemm.c). Sums are fp32 and round to bf16 once at the end. The
+ * AVX512 kernel and the register tiles sum each output as one chain in k order, so without AMX a
+ * row's result does not depend on the other rows at all; AMX tiles sum in their own order.
  * N must be a multiple of 16 and K of 32 (checked by the caller).
  */
 #include <omp.h>
