@@ -197,12 +197,14 @@ def test_decode_result_does_not_depend_on_the_batch():
 
 
 @pytest.mark.parametrize("block_size, head_dim, heads", [(16, 64, (9, 3)), (8, 128, (32, 8)),
-                                                         (32, 64, (4, 4))])
+                                                         (32, 64, (4, 4)), (16, 96, (14, 2))])
 def test_decodes_sharing_a_prompt_give_the_bits_each_gives_alone(block_size, head_dim, heads):
     """24 bf16 decodes whose first 96 positions are the same blocks (a shared system prompt:
     decode_with_prefix's cascade path, on machines of up to 12 threads) against the oracle, and
     each token alone (the per-token path) giving the same bits. One more sequence shares only
-    the first 48 positions: with it, the batch shares too little and takes the per-token path."""
+    the first 48 positions: with it, the batch shares too little and takes the per-token path.
+    Head dims 64 and 128 take the kernels' constant-size loops, 96 their general ones; GQA
+    groups of 3, 4, 1 and 7."""
     hq, hkv = heads
     gen = random.Random(3)
     shared_blocks = 96 // block_size
