@@ -104,13 +104,9 @@ static inline __attribute__((always_inline)) void attend_together(
                 g0 += values_rows(v, n, (const uint32_t *)scores + (h * s.group + g0) * stride + p0 / 2,
                                   stride, ar + g0 * s.dim, s.dim, s.group - g0, 2);
         }
-        for (int64_t g = 0; g < s.group; g++) {
-            const int64_t r = h * s.group + g;
-            float inv = 1.0f / total[r], *x = ar + g * s.dim;
-            reorder_pairs(x, 32, 0);
-            for (int i = 0; i < 32; i++) x[i] *= inv;
-            store_f32(x, 2, out + (s.h0 * s.group + r) * s.dim + 32 * u, 32);
-        }
+        for (int64_t g = 0; g < s.group; g++)
+            store_row(ar + g * s.dim, 32, total[h * s.group + g],
+                      out + (s.h0 * s.group + h * s.group + g) * s.dim + 32 * u);
     }
 #pragma omp barrier  /* the next token's scores overwrite this one's */
 }

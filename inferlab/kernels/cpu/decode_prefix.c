@@ -82,7 +82,7 @@ static void prefix_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
     for (int values = 0; values < 2; values++) {
         if (values)  /* the prefix's sums, then each token's own positions' */
             for (int64_t h = 0; h < H; h++) {
-                const uint16_t *vp = (const uint16_t *)(tiles + h * tile_bytes + round_up(shared, 16) * dim * 2);
+                const uint16_t *vp = (const uint16_t *)(tiles + h * tile_bytes + key_tile_bytes(shared, dim));
                 float *ah = acc + h * rows_h * dim;
                 vnni_product((const uint16_t *)(scores + h * rows_h * stride), stride * 2, live,
                              shared / 2, vp, 512, 32, dim / 16 * 512, dim / 16, ah, dim);

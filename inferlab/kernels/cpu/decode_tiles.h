@@ -219,10 +219,9 @@ static inline __attribute__((always_inline)) int64_t values_rows(
 static inline __m512i pairs_order_index(int half, int inverse) {
     int32_t index[16];
     for (int k = 0; k < 16; k++) {
-        const int d = 16 * half + k;  /* to dim order: dim d from its lane */
-        const int lane = 16 * half + k;  /* to unpack order: lane from its dim */
-        const int dim_of_lane = lane % 16 / 4 * 8 + lane / 16 * 4 + lane % 4;
-        index[k] = inverse ? dim_of_lane : (d % 8 >= 4) * 16 + d / 8 * 4 + d % 4;
+        const int i = 16 * half + k;  /* the output's element */
+        index[k] = inverse ? i % 16 / 4 * 8 + i / 16 * 4 + i % 4  /* lane i holds this dim */
+                           : (i % 8 >= 4) * 16 + i / 8 * 4 + i % 4;  /* dim i is in this lane */
     }
     return _mm512_loadu_si512(index);
 }
@@ -237,11 +236,20 @@ static inline void reorder_pairs(float *x, int64_t n, int inverse) {
     }
 }
 
+/* A row's finished sums (n floats in unpack order) divided by its softmax total and stored as
+ * bf16 at out. */
+static inline void store_row(float *x, int64_t n, float total, uint16_t *out) {
+    const float inv = 1.0f / total;
+    reorder_pairs(x, n, 0);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+    store_f32(x, 2, out, n);
+}
+
 /* acc[h * acc_head + g] (h of the range, g < group; acc_row floats a row) += the values of
  * positions [from, len) weighted by w (bf16 pairs, row (h, g) at w + (h * w_head + g) * w_row
  * 32-bit pairs), for bf16 V, head dim a multiple of 32 (<= 256): chunk by chunk of 16
- * positions, each head's query rows in register tiles (head dims 64 and 128; one row at a
- * time otherwise). from: a multiple of 16. */
+ * positions, each head's query rows in register tiles of as many rows (up to 4) as fit.
+ * from: a multiple of 16. */
 static inline __attribute__((always_inline)) void values_bf16(
         const uint16_t *v_cache, span_t s, int64_t from, const uint32_t *w, int64_t w_row,
         int64_t w_head, float *acc, int64_t acc_head) {
@@ -291,17 +299,15 @@ static inline __attribute__((always_inline)) void attend_values(
             memset(w.acc + h * w.head_rows * s.dim, 0, sizeof(float) * (size_t)(s.group * s.dim));
     values_bf16(v_cache, s, from, (const uint32_t *)w.scores, w.stride, w.head_rows, w.acc, w.head_rows);
     for (int64_t h = 0; h < heads; h++)
-        for (int64_t g = 0; g < s.group; g++) {
-            float *x = w.acc + (h * w.head_rows + g) * s.dim, inv = 1.0f / w.total[h * w.head_rows + g];
-            reorder_pairs(x, s.dim, 0);
-            for (int64_t i = 0; i < s.dim; i++) x[i] *= inv;
-            store_f32(x, 2, out + ((s.h0 + h) * s.group + g) * s.dim, s.dim);
-        }
+        for (int64_t g = 0; g < s.group; g++)
+            store_row(w.acc + (h * w.head_rows + g) * s.dim, s.dim, w.total[h * w.head_rows + g],
+                      out + ((s.h0 + h) * s.group + g) * s.dim);
 }
 
 /* attend_weights, or attend_values (`values`), with the common head dims as constants. */
 static inline void attend_part(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                        span_t s, float scale, int64_t from, rows_t w, uint16_t *out, int values) {
+                               span_t s, float scale, int64_t from, rows_t w, uint16_t *out,
+                               int values) {
     if (values && s.dim == 64) { s.dim = 64; attend_values(v_cache, s, from, w, out); }
     else if (values && s.dim == 128) { s.dim = 128; attend_values(v_cache, s, from, w, out); }
     else if (values) attend_values(v_cache, s, from, w, out);

@@ -181,6 +181,9 @@ static inline __attribute__((always_inline)) void vnni_tile_sums(
  * product of query or weight rows with them (decode_prefix.c's shared prefix uses both;
  * vnni_product inline, so that each caller's constant strides shape its loops). */
 size_t head_tile_bytes(int64_t len, int64_t dim);
+static inline int64_t key_tile_bytes(int64_t len, int64_t dim) {  /* the values' tiles follow */
+    return round_up(len, 16) * dim * 2;
+}
 void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int64_t h,
                  uint8_t *tiles, int64_t p_lo, int64_t p_hi);
 
@@ -199,8 +202,8 @@ static inline __attribute__((always_inline)) void vnni_tile(
 /* c[16 rows][outs x 16] = a[rows][pairs] x b, for the first `rows` rows (by 4s: rows past
  * them are zeros in a, and their sums are never read). */
 static inline void vnni_product(const uint16_t *a, int64_t a_stride, int64_t rows, int64_t pairs,
-                         const uint16_t *b, int64_t b_step, int64_t b_pair, int64_t b_group,
-                         int64_t outs, float *c, int64_t c_stride) {
+                                const uint16_t *b, int64_t b_step, int64_t b_pair, int64_t b_group,
+                                int64_t outs, float *c, int64_t c_stride) {
     for (int64_t r = 0; r < rows; r += 4)
         for (int64_t j = 0; j < outs; j += 4) {
             const uint16_t *ar = a + r * a_stride, *bj = b + j * b_step;

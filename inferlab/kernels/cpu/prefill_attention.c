@@ -89,7 +89,7 @@ static void values_amx(const uint16_t *probs, int64_t width, const uint16_t *v0,
 
 /* Bytes of one (sequence, KV head)'s key and value tiles for `len` positions. */
 size_t head_tile_bytes(int64_t len, int64_t dim) {
-    return (size_t)(round_up(len, 16) * dim * 2 + round_up(len, 32) * dim * 2);
+    return (size_t)(key_tile_bytes(len, dim) + round_up(len, 32) * dim * 2);
 }
 
 /* Keys [0, len) of head h as K^T tiles [len/16][D/32][16 pairs][16 positions] (32-bit pairs),
@@ -100,7 +100,7 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
                  uint8_t *tiles, int64_t p_lo, int64_t p_hi) {
     const int64_t k_steps = s.dim / 32, chunks16 = round_up(s.len, 16) / 16;
     uint32_t *kt = (uint32_t *)tiles;
-    uint16_t *vp = (uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
+    uint16_t *vp = (uint16_t *)(tiles + key_tile_bytes(s.len, s.dim));
     p_hi = p_hi < round_up(s.len, 32) ? p_hi : round_up(s.len, 32);
     for (int64_t p0 = p_lo; p0 < p_hi && p0 < chunks16 * 16; p0 += 16) {
         /* the keys and values two chunks ahead (and the first two): the blocks are scattered,
@@ -155,9 +155,8 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
                        int amx) {
     const int64_t rows = q_len - t0 < 16 ? q_len - t0 : 16;
     const int64_t visible = context + t0 + rows, width = round_up(visible, 32);  /* the last row's */
-    const int64_t chunks16 = round_up(s.len, 16) / 16;
     const uint32_t *kt = (const uint32_t *)tiles;
-    const uint16_t *vp = (const uint16_t *)(tiles + chunks16 * 16 * s.dim * 2);
+    const uint16_t *vp = (const uint16_t *)(tiles + key_tile_bytes(s.len, s.dim));
     uint16_t *qbuf = (uint16_t *)scratch;
     float *scores = (float *)(qbuf + 16 * s.dim);
     uint16_t *probs = (uint16_t *)(scores + 16 * width);
