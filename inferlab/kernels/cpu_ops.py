@@ -68,7 +68,8 @@ class LinearDesc(ctypes.Structure):
     """kernels.h's linear_t: one linear layer of any weight format, for linear_forward."""
 
     _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
-                *((name, _P) for name in ("weight", "scale", "zero", "bias", "weight_sums"))]
+                *((name, _P) for name in ("weight", "scale", "group_scale", "group_zero", "bias",
+                                          "weight_sums"))]
 
 
 def _cache_dir() -> Path:

@@ -166,7 +166,9 @@ class CKernelLinear(QuantLinear, abc.ABC):
 
 class PackedQuantLinear(CKernelLinear):
     """W8A16 or W4A16 for bf16 on CPU, in quant_linear.c's layouts (inferlab.quant.formats.vnni):
-    codes, fp32 scales [K/G, N], fp32 zero points [K/G, N] when asymmetric."""
+    codes, bf16 scales [K/G, N], bf16 zero points [K/G, N] when asymmetric. Scales in the
+    compute dtype, as vLLM's weight-only kernels take them: a bf16 checkpoint's pass unchanged,
+    fp32 ones round once (2^-9 relative at most); zero points are integers, exact in bf16."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
@@ -174,8 +176,8 @@ class PackedQuantLinear(CKernelLinear):
         self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
         pack = vnni.pack_uint8_quads if self.bits == 8 else vnni.pack_int4
         self.register_buffer("packed", pack(qw.codes))
-        self.register_buffer("scale", qw.scale.float().t().contiguous())  # [K/G, N]
-        zero = None if qw.zero_point is None else qw.zero_point.float().t().contiguous()
+        self.register_buffer("scale", qw.scale.to(torch.bfloat16).t().contiguous())  # [K/G, N]
+        zero = None if qw.zero_point is None else qw.zero_point.to(torch.bfloat16).t().contiguous()
         self.register_buffer("zero_point", zero)  # [K/G, N] or None
 
     @staticmethod
@@ -189,8 +191,8 @@ class PackedQuantLinear(CKernelLinear):
         kind = cpu_ops.LINEAR_INT8 if self.bits == 8 else cpu_ops.LINEAR_INT4
         return cpu_ops.LinearDesc(
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
-            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            zero=None if self.zero_point is None else self.zero_point.data_ptr(),
+            weight=self.packed.data_ptr(), group_scale=self.scale.data_ptr(),
+            group_zero=None if self.zero_point is None else self.zero_point.data_ptr(),
             bias=None if self.bias is None else self.bias.data_ptr())
 
     def dequantized_weight(self) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -49,7 +51,7 @@ def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows
 
 
 def held_weight(layer) -> torch.Tensor:
-    """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and fp32 scales."""
+    """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and bf16 scales."""
     unpack = vnni.unpack_uint8_quads if layer.bits == 8 else vnni.unpack_int4
     g = layer.group_size
     zero = 0.0 if layer.zero_point is None else layer.zero_point.double().t().repeat_interleave(g, 1)
@@ -81,7 +83,7 @@ def test_rounded_activations_keep_values_near_the_block_maximum() -> None:
 def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) -> None:
     """bf16 decode rows through quant_linear.c: the product of the inputs, rounded as the kernels
     specify (rounded_activations, 14-bit codes), and the weight the layer holds (codes, zero
-    points and fp32 scales), rounded to bf16 once. Each group's fp32 sum joins the total in one
+    points and bf16 scales), rounded to bf16 once. Each group's fp32 sum joins the total in one
     rounding of at most 2^-24 of the product's absolute mass; a zero point's share comes off in
     fp32, a cancellation worth ~1e-7 of sum |x| * scale."""
     gen = torch.Generator().manual_seed(rows)
@@ -101,10 +103,13 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
 
 @needs_quant_kernels
 @pytest.mark.parametrize("name", ["W8A16", "W4A16"])
-def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
-    """More than four rows: the weight dequantized to bf16, then the bf16 GEMM."""
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
+def test_c_dequantizing_path_matches_the_held_weight(name: str, scale_dtype: torch.dtype) -> None:
+    """More than four rows: the weight dequantized to bf16, then the bf16 GEMM. The layer holds
+    bf16 scales: a bf16 checkpoint's (what `inferlab quantize` writes for a bf16 model) as they
+    are, fp32 ones rounded once."""
     gen = torch.Generator().manual_seed(5)
-    qw = quantize_rtn(torch.randn(96, 128, generator=gen), make_scheme(name, 32, True).weights)
+    qw = quantize_rtn(torch.randn(96, 128, generator=gen), make_scheme(name, 32, True).weights, scale_dtype)
     bias = torch.randn(96, generator=gen).to(torch.bfloat16)
     layer = build_quant_linear(qw, None, bias, torch.bfloat16)
     x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
@@ -112,7 +117,9 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str) -> None:
     expected = x.double() @ weight_bf16.T + bias.double()
     torch.testing.assert_close(layer(x).double(), expected, rtol=2 ** -8, atol=1e-3)
     torch.testing.assert_close(layer.dequantized_weight().double(), weight_bf16, rtol=0, atol=0)
-    torch.testing.assert_close(held_weight(layer), library_dequantize(qw), rtol=1e-6, atol=1e-7)
+    stored = dataclasses.replace(qw, scale=qw.scale.to(torch.bfloat16))
+    assert torch.equal(stored.scale.to(scale_dtype), qw.scale) == (scale_dtype == torch.bfloat16)
+    torch.testing.assert_close(held_weight(layer), library_dequantize(stored), rtol=1e-6, atol=1e-7)
 
 
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")

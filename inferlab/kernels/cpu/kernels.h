@@ -269,7 +269,8 @@ enum { LINEAR_BF16 = 0, LINEAR_INT8 = 1, LINEAR_INT4 = 2, LINEAR_W8A8 = 3, LINEA
 typedef struct {
     int64_t kind, n_out, k_in, group;  /* group: inputs per scale (weight-only kinds) */
     const void *weight;  /* packed, see matmul.c (bf16), quant_linear.c, dynamic_linear.c */
-    const float *scale, *zero;  /* [K/group][N]; zero NULL when symmetric (W8A8, FP8: scale [N]) */
+    const float *scale;  /* W8A8, FP8: fp32 [N] */
+    const uint16_t *group_scale, *group_zero;  /* INT8, INT4: bf16 [K/group][N]; zero NULL when symmetric */
     const uint16_t *bias;  /* bf16 [N] or NULL */
     const int32_t *weight_sums;  /* W8A8: each output's sum of codes [N] */
 } linear_t;
