@@ -37,11 +37,12 @@ print(json.dumps({"dtype": dtype, "load_s": load_s, "rss_mib": rss_mib, "prefill
 
 
 def main() -> None:
-    from workloads import machine_roofline
+    from workloads import machine_roofline, prefill_flops_per_token
+
+    from inferlab.models.loader import embedded_model_path, read_model_config
 
     roof = machine_roofline()
-    lm_head = 49_152 * 576  # logits only for the prompt's last token
-    flops_per_token = 2 * (134_515_008 - lm_head) + 2 * lm_head / 512
+    flops_per_token = prefill_flops_per_token(read_model_config(embedded_model_path()), 512)
     for dtype in ("float32", "bfloat16", "float32"):
         out = subprocess.run([sys.executable, "-c", CHILD, dtype], capture_output=True, text=True,
                              check=True)

@@ -21,7 +21,7 @@ import torch
 from workloads import (
     bytes_read_per_decode_step,
     machine_roofline,
-    matmul_flops_per_token,
+    prefill_flops_per_token,
     wikitext_prompts,
 )
 
@@ -84,7 +84,7 @@ def main() -> None:
     total_s, prefill_s = statistics.median(ours), statistics.median(prefill)
     prefill_tps = prompt_text / prefill_s
     decode_tps = (n_out - args.requests) / max(total_s - prefill_s, 1e-9)
-    flops_per_token = matmul_flops_per_token(llm.engine.model_config)
+    flops_per_token = prefill_flops_per_token(llm.engine.model_config, args.prompt_tokens)
     print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests; "
           f"rounds {_seconds(ours)})")
     print(f"  prefill {prefill_tps:.0f} tok/s = {prefill_tps * flops_per_token / peak:.0%} of the matmul roofline")

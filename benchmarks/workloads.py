@@ -39,7 +39,10 @@ def bytes_read_per_decode_step(model) -> int:
     return total
 
 
-def matmul_flops_per_token(cfg) -> int:
-    """2 FLOPs per weight of every matmul (the embedding lookup is none; a tied lm_head is one)."""
-    lookup = 0 if cfg.tie_word_embeddings else cfg.vocab_size * cfg.hidden_size
-    return 2 * (cfg.num_parameters() - lookup)
+def prefill_flops_per_token(cfg, prompt_tokens: int) -> float:
+    """Matmul FLOPs per token of a prompt's prefill: 2 per weight of the decoder layers, and the
+    lm_head's 2 per weight once per prompt (logits only for its last token). The embedding
+    lookup is none; attention's products are left out."""
+    lm_head = cfg.vocab_size * cfg.hidden_size
+    lookup = 0 if cfg.tie_word_embeddings else lm_head
+    return 2 * (cfg.num_parameters() - lookup - lm_head) + 2 * lm_head / prompt_tokens
