@@ -154,7 +154,8 @@ def roofline_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Lo
     tokens_in = prompt_tokens + run.output_tokens - len(work.prompts)  # tokens through the model
     contexts = sum(sum(range(len(p) + n - 1)) for p, n in zip(work.prompts, work.output_lens,
                                                                 strict=True))
-    matmul = tokens_in * cost.matmul_flops_per_token / run.elapsed_s
+    # logits only for each step's last token of a sequence: one row per output token
+    matmul = (tokens_in * cost.linear_flops_per_token + run.output_tokens * cost.lm_head_flops) / run.elapsed_s
     attention = contexts * cost.attention_flops_per_context_token / run.elapsed_s
     tag = f"{s.num_requests} concurrent"
     report.add("8B bf16", f"{tag}: output throughput", run.output_tokens / run.elapsed_s, "tok/s")

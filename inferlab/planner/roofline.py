@@ -25,7 +25,8 @@ class ModelCost:
     """Per device and per token, the numbers every step estimate is built from."""
 
     weight_bytes_per_step: int  # all weights but an untied embedding table (only rows are read)
-    matmul_flops_per_token: int  # 2 × (block linear params + lm_head params) / tp
+    linear_flops_per_token: int  # 2 × block linear params / tp
+    lm_head_flops: int  # 2 × lm_head params / tp, per sequence and step: logits for its last token only
     attention_flops_per_context_token: int  # 4 × heads × head dim × layers / tp (QKᵀ and PV)
     kv_bytes_per_token: int
     allreduce_bytes_per_token: int  # 2 per layer of one hidden vector; 0 without tensor parallel
@@ -43,7 +44,8 @@ def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memo
     layers = model.num_layers
     return ModelCost(
         weight_bytes_per_step=(weights.total_bytes - unread) // tp,
-        matmul_flops_per_token=2 * (weights.quantized_params + lm_head_params) // tp,
+        linear_flops_per_token=2 * weights.quantized_params // tp,
+        lm_head_flops=2 * lm_head_params // tp,
         attention_flops_per_context_token=4 * model.num_heads * model.head_dim * layers // tp,
         kv_bytes_per_token=memory.kv_bytes_per_token,
         allreduce_bytes_per_token=0 if tp == 1 else model.hidden_size * dense_bytes,
@@ -92,14 +94,16 @@ def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp:
     """One token for each of `batch` sequences holding `context_len` tokens: weights read once,
     every sequence's KV read and one new KV entry written."""
     kv = batch * (context_len + 1) * cost.kv_bytes_per_token
-    flops = batch * (cost.matmul_flops_per_token + context_len * cost.attention_flops_per_context_token)
+    flops = batch * (cost.linear_flops_per_token + cost.lm_head_flops
+                     + context_len * cost.attention_flops_per_context_token)
     return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
 
 
 def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1) -> StepEstimate:
-    """A whole prompt in one step; causal attention: token i attends to i tokens."""
+    """A whole prompt in one step, logits for its last token; causal attention: token i attends
+    to i tokens."""
     attention = cost.attention_flops_per_context_token * prompt_len * (prompt_len + 1) // 2
-    flops = prompt_len * cost.matmul_flops_per_token + attention
+    flops = prompt_len * cost.linear_flops_per_token + cost.lm_head_flops + attention
     bytes_moved = cost.weight_bytes_per_step + prompt_len * cost.kv_bytes_per_token
     return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp)
 
@@ -110,7 +114,7 @@ def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | 
     vary with the batch are taken at their largest-batch value."""
     peak, _ = hw.flops_for(cost.compute_dtype)
     bw = hw.bandwidth_for(cost.hidden_size, rows=2**20) * hw.bandwidth_efficiency
-    compute_per_seq = (cost.matmul_flops_per_token
+    compute_per_seq = (cost.linear_flops_per_token + cost.lm_head_flops
                        + context_len * cost.attention_flops_per_context_token) / (peak * hw.compute_efficiency)
     memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / bw
     if compute_per_seq <= memory_per_seq:
