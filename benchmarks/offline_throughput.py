@@ -2,7 +2,9 @@
 
 64 prompts of 256 tokens from the WikiText-2 test text, 128 output tokens each (ignore_eos), same
 dtype. Then the same 64 requests behind a shared 512-token system prompt, prefix caching on vs off.
-Prints ratios and the fraction of this machine's roofline reached for prefill and decode.
+Prints ratios and the fraction of this machine's roofline reached for prefill (its linears' FLOPs at the
+matmul peak) and decode (the larger of the weights and KV read at the bandwidth and the FLOPs at
+the matmul peak, `decode_step_floor_s`).
 
 Each comparison runs in interleaved rounds (default 3: ours, then transformers, on fresh prompts;
 caching on, then off, each from an empty cache) and reports medians, because this machine's speed
@@ -20,6 +22,7 @@ import time
 import torch
 from workloads import (
     bytes_read_per_decode_step,
+    decode_step_floor_s,
     machine_roofline,
     prefill_flops_per_token,
     wikitext_prompts,
@@ -88,9 +91,13 @@ def main() -> None:
     print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests; "
           f"rounds {_seconds(ours)})")
     print(f"  prefill {prefill_tps:.0f} tok/s = {prefill_tps * flops_per_token / peak:.0%} of the matmul roofline")
-    step_floor_s = bytes_read_per_decode_step(model) / bandwidth
-    print(f"  decode {decode_tps:.0f} tok/s at batch {args.requests}; weights-read floor per step "
-          f"{step_floor_s * 1e3:.1f} ms -> {args.requests / step_floor_s:.0f} tok/s bound")
+    memory_s, compute_s = decode_step_floor_s(
+        llm.engine.model_config, bytes_read_per_decode_step(model), args.requests,
+        args.prompt_tokens + args.output_tokens // 2, dtype.itemsize, bandwidth, peak)
+    step_s = args.requests / decode_tps
+    print(f"  decode {decode_tps:.0f} tok/s at batch {args.requests}: {step_s * 1e3:.1f} ms a step; floor "
+          f"{max(memory_s, compute_s) * 1e3:.1f} ms (weights and KV at the bandwidth {memory_s * 1e3:.1f}, "
+          f"FLOPs at the matmul peak {compute_s * 1e3:.1f}) = {max(memory_s, compute_s) / step_s:.0%} of the roofline")
     if theirs:
         hf_s = statistics.median(theirs)
         print(f"transformers generate (static batches of 16): {n_out / hf_s:.1f} output tok/s "

@@ -46,3 +46,15 @@ def prefill_flops_per_token(cfg, prompt_tokens: int) -> float:
     lm_head = cfg.vocab_size * cfg.hidden_size
     lookup = 0 if cfg.tie_word_embeddings else lm_head
     return 2 * (cfg.num_parameters() - lookup - lm_head) + 2 * lm_head / prompt_tokens
+
+
+def decode_step_floor_s(cfg, weight_bytes: int, batch: int, context: int, kv_elem_bytes: int,
+                        bandwidth: float, peak_flops: float) -> tuple[float, float]:
+    """A decode step's roofline, (memory s, compute s), for `batch` sequences of `context`
+    tokens: the weights and every sequence's K and V read once at the bandwidth; the linears,
+    the lm_head and attention's QK^T and PV at the matmul peak. The step takes at least the
+    larger of the two."""
+    kv_bytes = batch * context * 2 * cfg.num_layers * cfg.kv_size * kv_elem_bytes
+    attention_flops = batch * context * 4 * cfg.q_size * cfg.num_layers
+    matmul_flops = batch * prefill_flops_per_token(cfg, 1)  # every decode token gets its logits
+    return (weight_bytes + kv_bytes) / bandwidth, (matmul_flops + attention_flops) / peak_flops
