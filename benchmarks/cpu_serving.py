@@ -4,8 +4,10 @@ Workload W: the embedded model, ~300-token prompts cut from the WikiText-2 test 
 tokens (ignore_eos), through the HTTP server at 1, 4, 16 and 64 concurrent streams. Beside it, in
 the same run, transformers `generate` with static batches of 16 on the same number of requests and
 the same dtype. Prints output throughput, TTFT and ITL per concurrency, the ratios to transformers,
-and the fraction of the machine's roofline each point reaches; the single stream also against the
-bandwidth re-measured just before and after each of its rounds.
+and the fraction of the machine's roofline each point reaches (ITL against a decode step's floor:
+the weights and the streams' KV read at the bandwidth, or its FLOPs at the matmul peak, whichever
+is longer); the single stream also against its weights' bytes at the bandwidth re-measured just
+before and after each of its rounds (issue 8's definition).
 
 The two sides alternate in rounds (default 3: every concurrency through the server, then
 transformers) and the figures are medians, each ratio the median of the rounds' ratios: this
@@ -33,9 +35,17 @@ from pathlib import Path
 
 import torch
 from offline_throughput import run_transformers
-from workloads import WIKITEXT, bytes_read_per_decode_step, machine_roofline, wikitext_prompts
+from workloads import (
+    WIKITEXT,
+    bytes_read_per_decode_step,
+    decode_step_floor_s,
+    machine_roofline,
+    wikitext_prompts,
+)
 
 from inferlab.planner.measure import stream_bandwidth_bytes_per_s
+
+PROMPT_TOKENS, OUTPUT_TOKENS = 300, 128  # workload W (issue 8)
 
 PYTHON = sys.executable
 
@@ -68,7 +78,7 @@ def bench(port: int, concurrency: int, requests: int, out: Path) -> dict:
     subprocess.run(
         [PYTHON, "-m", "inferlab.cli", "bench", "--target", f"http://127.0.0.1:{port}",
          "--profile", "concurrent", "--rate", str(concurrency), "--max-requests", str(requests),
-         "--data", "prompt_tokens=300,output_tokens=128", "--data-file", str(WIKITEXT),
+         "--data", f"prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}", "--data-file", str(WIKITEXT),
          "--max-seconds", "900", "--output", str(out), "--quiet"],
         check=True, stdout=subprocess.DEVNULL)
     summary = json.loads(out.read_text())["stages"][0]["summary"]
@@ -109,22 +119,23 @@ class Transformers:
 
         path = embedded_model_path()
         self.tokenizer = load_model(None, torch.float32).tokenizer  # the server's tokenizer
-        self.prompts = wikitext_prompts(self.tokenizer, requests, 300)
+        self.prompts = wikitext_prompts(self.tokenizer, requests, PROMPT_TOKENS)
         self.model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype).eval()
 
     def rate(self) -> float:
         """Output tokens per second with static batches of 16."""
-        seconds = run_transformers(self.model, self.prompts, 128, 16, self.tokenizer.eos_token_id)
-        return len(self.prompts) * 128 / seconds
+        seconds = run_transformers(self.model, self.prompts, OUTPUT_TOKENS, 16, self.tokenizer.eos_token_id)
+        return len(self.prompts) * OUTPUT_TOKENS / seconds
 
 
-def step_bytes(model: str | None, dtype: str) -> int:
-    """Bytes of weights one decode step reads, as the server holds them (packed or quantized)."""
+def step_bytes(model: str | None, dtype: str):  # -> (bytes, ModelConfig)
+    """Bytes of weights one decode step reads, as the server holds them (packed or quantized),
+    and the model's config."""
     from inferlab.engine.llm_engine import LLM
 
     llm = LLM(model, dtype=dtype, kv_cache_memory="64MiB")  # the layers exactly as served
-    return bytes_read_per_decode_step(llm.engine.loaded.model)
+    return bytes_read_per_decode_step(llm.engine.loaded.model), llm.engine.model_config
 
 
 def main() -> None:
@@ -144,7 +155,7 @@ def main() -> None:
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
     print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
           f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16; medians of {args.rounds} alternating rounds")
-    weight_bytes = step_bytes(args.model, args.dtype)
+    weight_bytes, cfg = step_bytes(args.model, args.dtype)
     print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
     hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
     port = free_port()
@@ -165,15 +176,18 @@ def main() -> None:
     finally:
         server.terminate()
         server.wait(timeout=60)
-    step_floor_ms = weight_bytes / bandwidth * 1e3
     if 1 in args.concurrency:
         print_single_stream_roofline([rd[1] for rd in rounds], weight_bytes)
     for c in args.concurrency:
         tok_s, ttft, itl = (statistics.median(rd[c][key] for rd in rounds)
                             for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms"))
+        memory_s, compute_s = decode_step_floor_s(cfg, weight_bytes, c, PROMPT_TOKENS + OUTPUT_TOKENS // 2,
+                                                  getattr(torch, args.dtype).itemsize, bandwidth,
+                                                  roof["peak_flops"]["bf16"])
+        floor_ms = max(memory_s, compute_s) * 1e3
         print(f"concurrency {c:3d}: {tok_s:7.1f} output tok/s, TTFT p50 {ttft:7.0f} ms, ITL p50 "
-              f"{itl:6.1f} ms (weights-read floor {step_floor_ms:.1f} ms/step: "
-              f"{step_floor_ms / itl:.0%} of the bandwidth roofline)")
+              f"{itl:6.1f} ms (decode step floor {floor_ms:.1f} ms, {'memory' if memory_s > compute_s else 'compute'}"
+              f"-bound: {floor_ms / itl:.0%} of the roofline)")
     if not hf_rates:
         return
     print(f"transformers generate, static batches of 16: {statistics.median(hf_rates):.1f} output tok/s")
