@@ -4,10 +4,11 @@ Workload W: the embedded model, ~300-token prompts cut from the WikiText-2 test 
 tokens (ignore_eos), through the HTTP server at 1, 4, 16 and 64 concurrent streams. Beside it, in
 the same run, transformers `generate` with static batches of 16 on the same number of requests and
 the same dtype. Prints output throughput, TTFT and ITL per concurrency, the ratios to transformers,
-and the fraction of the machine's roofline each point reaches (ITL against a decode step's floor:
-the weights and the streams' KV read at the bandwidth, or its FLOPs at the matmul peak, whichever
-is longer); the single stream also against its weights' bytes at the bandwidth re-measured just
-before and after each of its rounds (issue 8's definition).
+and the fraction of the machine's roofline each point reaches (`output_rate_bound`: every
+request's prefill at the matmul peak, then its decode steps at the longer of the weights and the
+streams' KV read at the bandwidth and the step's FLOPs at the peak); the single stream also
+against its weights' bytes at the bandwidth re-measured just before and after each of its rounds
+(issue 8's definition).
 
 The two sides alternate in rounds (default 3: every concurrency through the server, then
 transformers) and the figures are medians, each ratio the median of the rounds' ratios: this
@@ -38,8 +39,8 @@ from offline_throughput import run_transformers
 from workloads import (
     WIKITEXT,
     bytes_read_per_decode_step,
-    decode_step_floor_s,
     machine_roofline,
+    output_rate_bound,
     wikitext_prompts,
 )
 
@@ -181,13 +182,10 @@ def main() -> None:
     for c in args.concurrency:
         tok_s, ttft, itl = (statistics.median(rd[c][key] for rd in rounds)
                             for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms"))
-        memory_s, compute_s = decode_step_floor_s(cfg, weight_bytes, c, PROMPT_TOKENS + OUTPUT_TOKENS // 2,
-                                                  getattr(torch, args.dtype).itemsize, bandwidth,
-                                                  roof["peak_flops"]["bf16"])
-        floor_ms = max(memory_s, compute_s) * 1e3
+        bound = output_rate_bound(cfg, weight_bytes, c, PROMPT_TOKENS, OUTPUT_TOKENS,
+                                  getattr(torch, args.dtype).itemsize, bandwidth, roof["peak_flops"]["bf16"])
         print(f"concurrency {c:3d}: {tok_s:7.1f} output tok/s, TTFT p50 {ttft:7.0f} ms, ITL p50 "
-              f"{itl:6.1f} ms (decode step floor {floor_ms:.1f} ms, {'memory' if memory_s > compute_s else 'compute'}"
-              f"-bound: {floor_ms / itl:.0%} of the roofline)")
+              f"{itl:6.1f} ms ({tok_s / bound:.0%} of the roofline's {bound:.0f} output tok/s)")
     if not hf_rates:
         return
     print(f"transformers generate, static batches of 16: {statistics.median(hf_rates):.1f} output tok/s")

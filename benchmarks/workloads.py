@@ -58,3 +58,17 @@ def decode_step_floor_s(cfg, weight_bytes: int, batch: int, context: int, kv_ele
     attention_flops = batch * context * 4 * cfg.q_size * cfg.num_layers
     matmul_flops = batch * prefill_flops_per_token(cfg, 1)  # every decode token gets its logits
     return (weight_bytes + kv_bytes) / bandwidth, (matmul_flops + attention_flops) / peak_flops
+
+
+def output_rate_bound(cfg, weight_bytes: int, streams: int, prompt_tokens: int, output_tokens: int,
+                      kv_elem_bytes: int, bandwidth: float, peak_flops: float) -> float:
+    """Output tokens/s on the roofline for `streams` concurrent requests, each `prompt_tokens` in
+    and `output_tokens` out: every request's prefill at the matmul peak (its linears, the lm_head
+    once, causal attention), and `output_tokens` decode steps of `streams` sequences at
+    decode_step_floor_s, taken at the mean context."""
+    causal_pairs = prompt_tokens * (prompt_tokens + 1) / 2
+    prefill_flops = (prompt_tokens * prefill_flops_per_token(cfg, prompt_tokens)
+                     + causal_pairs * 4 * cfg.q_size * cfg.num_layers)
+    step_s = max(decode_step_floor_s(cfg, weight_bytes, streams, prompt_tokens + output_tokens // 2,
+                                     kv_elem_bytes, bandwidth, peak_flops))
+    return streams * output_tokens / (streams * prefill_flops / peak_flops + output_tokens * step_s)
