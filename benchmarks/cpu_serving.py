@@ -154,8 +154,9 @@ def main() -> None:
     args = parser.parse_args()
     roof = machine_roofline()
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
+    peak = roof["peak_flops"]["bf16" if args.dtype == "bfloat16" else "fp32"]
     print(f"machine: {roof['cpu']}, {bandwidth / 1e9:.1f} GB/s, "
-          f"{roof['peak_flops']['bf16'] / 1e12:.2f} TFLOP/s bf16; medians of {args.rounds} alternating rounds")
+          f"{peak / 1e12:.2f} TFLOP/s {args.dtype}; medians of {args.rounds} alternating rounds")
     weight_bytes, cfg = step_bytes(args.model, args.dtype)
     print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
     hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
@@ -183,7 +184,7 @@ def main() -> None:
         tok_s, ttft, itl = (statistics.median(rd[c][key] for rd in rounds)
                             for key in ("output_tok_s", "ttft_p50_ms", "itl_p50_ms"))
         bound = output_rate_bound(cfg, weight_bytes, c, PROMPT_TOKENS, OUTPUT_TOKENS,
-                                  getattr(torch, args.dtype).itemsize, bandwidth, roof["peak_flops"]["bf16"])
+                                  getattr(torch, args.dtype).itemsize, bandwidth, peak)
         print(f"concurrency {c:3d}: {tok_s:7.1f} output tok/s, TTFT p50 {ttft:7.0f} ms, ITL p50 "
               f"{itl:6.1f} ms ({tok_s / bound:.0%} of the roofline's {bound:.0f} output tok/s)")
     if not hf_rates:

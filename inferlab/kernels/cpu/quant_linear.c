@@ -194,7 +194,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 sum[2][TILE_ROWS];
         float group_xsum[TILE_ROWS] = {0};
-        if (g + 1 < k / l->group)  /* the next group's scales (and zero points): lines N floats
+        if (g + 1 < k / l->group)  /* the next group's scales (and zero points): lines N values
                                       apart, which the hardware prefetchers do not follow */
             for (int b = 0; b < nb; b++) {
                 _mm_prefetch((const char *)(l->group_scale + (g + 1) * n + (b0 + b) * 16), _MM_HINT_T0);
