@@ -44,6 +44,7 @@ from workloads import (
     wikitext_prompts,
 )
 
+from inferlab.models.config import ModelConfig
 from inferlab.planner.measure import stream_bandwidth_bytes_per_s
 
 PROMPT_TOKENS, OUTPUT_TOKENS = 300, 128  # workload W (issue 8)
@@ -130,7 +131,7 @@ class Transformers:
         return len(self.prompts) * OUTPUT_TOKENS / seconds
 
 
-def step_bytes(model: str | None, dtype: str):  # -> (bytes, ModelConfig)
+def step_bytes(model: str | None, dtype: str) -> tuple[int, ModelConfig]:
     """Bytes of weights one decode step reads, as the server holds them (packed or quantized),
     and the model's config."""
     from inferlab.engine.llm_engine import LLM
