@@ -166,7 +166,8 @@ class LLMEngine:
                 child_params = dataclasses.replace(params, n=1, seed=seed)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             children.append(Request(child_id, ids, child_params, self._eos_id(), max_tokens,
-                                    arrival_time=arrival))
+                                    arrival_time=arrival,
+                                    prompt_group=request_id if params.n > 1 else None))
         for child in children:
             self.scheduler.add_request(child)  # the first raises before anything is queued
         self.outputs.add(request_id, text, children)

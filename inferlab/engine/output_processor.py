@@ -133,10 +133,13 @@ class OutputProcessor:
         if completion.detokenizer is not None:
             finishing = completion.finish_reason is not None
             text, hit = completion.detokenizer.add(new_ids, finishing)
-            if hit is not None and completion.finish_reason is None:
+            # a stop string completed by the token that also hit max_tokens (or a stop token)
+            # still reports it, as vLLM does: the text is cut at it either way
+            if hit is not None and completion.finish_reason != "abort":
+                if completion.finish_reason is None:
+                    request.finished_time = time.monotonic()  # the scheduler frees it right after
+                    stopped.append(request.request_id)
                 completion.finish_reason, completion.stop_reason = "stop", hit
-                request.finished_time = time.monotonic()  # the scheduler frees it right after
-                stopped.append(request.request_id)
         return text, new_ids, start
 
     @staticmethod

@@ -97,9 +97,7 @@ def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
                    generators: list[torch.Generator | None]) -> torch.Tensor:
     device = logits.device
     temperatures = [p.temperature or 1.0 for p in params]
-    if any(p.top_k or p.top_p < 1.0 for p in params):  # they rank the tempered logits
-        logits = _top_k_top_p(_tempered(logits, temperatures), params)
-        temperatures = [1.0] * len(params)
+    logits = top_k_top_p(logits, params)
     # Inverse CDF: one uniform draw per row (from the request's own generator when it has a
     # seed) against the running mass. Drawing noise for every vocabulary entry instead (an
     # exponential race) cost ~25 ms a step at 16 rows here.
@@ -143,20 +141,33 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     return (block * CDF_BLOCK + torch.searchsorted(inner, rest, right=True)).squeeze(1)
 
 
-def _top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [B, V] -> the same with the entries top-k and top-p drop at -inf. Only the rows
+    that ask are touched, and each is ranked by its own tempered distribution, so a row's
+    numbers never depend on what else is in the batch (a seed gives the same tokens alone or
+    batched); temperature is applied later, to every row the same way."""
+    rows = [row for row, p in enumerate(params) if p.top_k or p.top_p < 1.0]
+    if not rows:
+        return logits
     device = logits.device
     vocab = logits.shape[-1]
-    top_k = torch.tensor([p.top_k or vocab for p in params], device=device)
-    top_p = torch.tensor([p.top_p for p in params], device=device)
-    sorted_logits, order = logits.sort(dim=-1, descending=True)  # [B, V]
+    picked = [params[row] for row in rows]
+    top_k = torch.tensor([p.top_k or vocab for p in picked], device=device)
+    top_p = torch.tensor([p.top_p for p in picked], device=device)
+    index = torch.tensor(rows, device=device)
+    tempered = _tempered(logits[index], [p.temperature or 1.0 for p in picked])  # [R, V]
+    sorted_logits, order = tempered.sort(dim=-1, descending=True)  # [R, V]
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
-    # keep the smallest prefix whose mass reaches top_p (the token crossing it included)
+    # keep the smallest prefix whose mass reaches top_p (the token crossing it included); at
+    # top_p = 1 nothing goes, though an fp32 running sum can reach 1 before the tail does
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop |= mass_before >= top_p[:, None]
-    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
-    return torch.empty_like(logits).scatter_(-1, order, sorted_logits)
+    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    dropped = torch.empty_like(drop).scatter_(-1, order, drop)  # [R, V], vocabulary order
+    logits = logits.clone()
+    logits[index] = logits[index].masked_fill(dropped, float("-inf"))
+    return logits
 
 
 def gather_logprobs(logprobs: torch.Tensor, tokens: torch.Tensor,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import torch
+from transformers import LogitsProcessor, LogitsProcessorList
 
 from inferlab.engine.sampling_params import SamplingParams
 
@@ -54,3 +55,38 @@ def test_prompt_logprobs_match_reference(make_llm, hf_smollm):
     assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(ids)
     for i in range(1, len(ids)):
         assert abs(out.prompt_logprobs[i].logprob - reference[i - 1, ids[i]].item()) < 1e-3
+
+
+class _OpenAIPenalties(LogitsProcessor):
+    """Presence and frequency penalties as the OpenAI API defines them, over the generated
+    tokens only: logit - frequency * count - presence * (count > 0)."""
+
+    def __init__(self, prompt_len: int, presence: float, frequency: float) -> None:
+        self.prompt_len, self.presence, self.frequency = prompt_len, presence, frequency
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids[:, self.prompt_len:]
+        counts = torch.zeros_like(scores).scatter_add_(1, generated, torch.ones_like(scores[:, :1]).expand_as(generated))
+        return scores - self.frequency * counts - self.presence * (counts > 0).float()
+
+
+def test_penalties_in_a_mixed_batch_match_transformers(make_llm, hf_smollm):
+    """Greedy rows with and without penalties in one batch: repetition (prompt and output
+    tokens) against transformers' own `repetition_penalty`, presence and frequency against a
+    transformers logits processor written from the OpenAI definition. Each row must get its
+    own prompt and output ids, and the unpenalised row must stay plain greedy."""
+    llm = make_llm()
+    penalties = [dict(repetition_penalty=1.3), {}, dict(presence_penalty=1.5, frequency_penalty=0.5),
+                 dict(repetition_penalty=1.2, presence_penalty=0.5, frequency_penalty=1.0)]
+    prompts = [PROMPTS[3], PROMPTS[6], PROMPTS[0], PROMPTS[3]]
+    outputs = llm.generate(prompts, [SamplingParams(temperature=0, max_tokens=24, **p) for p in penalties])
+    for prompt, p, out in zip(prompts, penalties, outputs, strict=True):
+        ids = llm.tokenizer.encode(prompt)
+        extra = LogitsProcessorList([_OpenAIPenalties(len(ids), p.get("presence_penalty", 0.0),
+                                                      p.get("frequency_penalty", 0.0))])
+        with torch.no_grad():
+            expected = hf_smollm.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=24,
+                                          attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                          repetition_penalty=p.get("repetition_penalty", 1.0),
+                                          logits_processor=extra)
+        assert out.outputs[0].token_ids == expected[0, len(ids):].tolist(), p

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from inferlab.engine.llm_engine import LLM
-from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample
+from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample, top_k_top_p
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.kernels import cpu_ops
 
@@ -45,6 +46,31 @@ def test_top_p_top_k_min_p_by_hand(sampling_path):
     for params, allowed in cases:
         tokens, _ = sample(logits, _batch([params] * 400))
         assert set(tokens.tolist()) == allowed, params
+
+
+def test_top_k_top_p_touch_only_the_rows_that_ask():
+    """A row without top-k or top-p passes bit for bit, whatever its neighbours ask (before,
+    one top-k row sent every row through torch's temperature division, which rounds otherwise
+    than the C kernel's); a top-k row keeps its k largest, ranked at its own temperature."""
+    logits = torch.randn(3, 50, generator=torch.Generator().manual_seed(0)) * 3
+    params = [SamplingParams(temperature=0.7), SamplingParams(temperature=0.5, top_k=3),
+              SamplingParams(temperature=1.3, top_p=0.5)]
+    got = top_k_top_p(logits, params)
+    assert torch.equal(got[0], logits[0])
+    assert set(got[1].isfinite().nonzero().flatten().tolist()) == set(logits[1].topk(3).indices.tolist())
+    probs = torch.softmax(logits[2] / 1.3, dim=-1).sort(descending=True)
+    keep = int((probs.values.cumsum(0) - probs.values < 0.5).sum())  # the prefix reaching 0.5
+    assert set(got[2].isfinite().nonzero().flatten().tolist()) == set(probs.indices[:keep].tolist())
+    assert torch.equal(got[2][got[2].isfinite()], logits[2][got[2].isfinite()])  # untempered
+
+
+def test_top_p_one_keeps_the_tail_an_fp32_running_sum_rounds_away():
+    """One token holds all but ~5e-12 of the mass, so the fp32 running sum is 1.0 from the
+    second token on; top_p = 1 must still keep all top_k = 50 tokens."""
+    logits = torch.zeros(1, 100)
+    logits[0, 0] = 30.0
+    got = top_k_top_p(logits, [SamplingParams(temperature=1.0, top_k=50, top_p=1.0)])
+    assert int(got.isfinite().sum()) == 50
 
 
 def test_temperature_sampling_follows_the_distribution(sampling_path):
@@ -100,6 +126,20 @@ def test_stop_string_truncates_where_the_text_first_contains_it(make_llm):
     assert out.finish_reason == "stop" and out.stop_reason == stop
 
 
+def test_a_stop_string_completed_by_the_last_allowed_token_is_reported(make_llm):
+    """The token that reaches max_tokens also completes the stop string: the text is cut and
+    the finish reason is "stop" with the string, not "length" (vLLM's order)."""
+    llm = make_llm()
+    prompt = "The capital of France is"
+    full = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))[0]
+    text = full.outputs[0].text
+    tail = next(text[-k:] for k in range(3, len(text)) if text.index(text[-k:]) == len(text) - k)
+    out = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                                stop=[tail]))[0].outputs[0]
+    assert out.token_ids == full.outputs[0].token_ids
+    assert (out.text, out.finish_reason, out.stop_reason) == (text[:-len(tail)], "stop", tail)
+
+
 def test_stop_token_ids_and_min_tokens(make_llm):
     llm = make_llm()
     greedy = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(temperature=0, max_tokens=10))[0]
@@ -114,16 +154,23 @@ def test_stop_token_ids_and_min_tokens(make_llm):
     assert ids[0] not in late.token_ids[1:3] or len(late.token_ids) > 3
 
 
-def test_n_completions_share_the_prompt_blocks(make_llm):
-    llm = make_llm()
+@pytest.mark.parametrize("prefix_caching", [True, False])
+def test_n_completions_share_the_prompt_blocks(make_llm, prefix_caching):
+    """The copies after the first take the prompt's full blocks from it, prefix caching on or
+    off; off, a later request with the same prompt shares nothing."""
+    llm = make_llm(enable_prefix_caching=prefix_caching)
     prompt = llm.tokenizer.encode("word " * 40)
-    out = llm.generate([prompt], SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5,
-                                                ignore_eos=True))[0]
+    params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True)
+    out = llm.generate([prompt], params)[0]
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(len(c.token_ids) == 5 for c in out.outputs)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     full_blocks = (len(prompt) - 1) // 16 * 16
     assert llm.engine.scheduler.stats().prefix_cache_hit_tokens == 2 * full_blocks
+    again = llm.generate([prompt], dataclasses.replace(params, n=1))[0]
+    assert again.num_cached_tokens == (full_blocks if prefix_caching else 0)
+    alone = make_llm(enable_prefix_caching=prefix_caching).generate([prompt], params)[0]
+    assert [c.token_ids for c in alone.outputs] == [c.token_ids for c in out.outputs]
 
 
 def test_eos_ends_a_request_unless_ignored(make_llm):
