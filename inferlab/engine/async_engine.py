@@ -183,6 +183,7 @@ class AsyncEngine:
             stream[0].call_soon_threadsafe(stream[1].put_nowait, output)
 
     def _loop(self) -> None:
+        self.engine.bind_threads()
         try:
             while not self._stop.is_set():
                 self.heartbeat = time.monotonic()

@@ -58,8 +58,7 @@ class EngineCounters:
 class LLMEngine:
     def __init__(self, config: EngineConfig, loaded: LoadedModel | None = None) -> None:
         self.config = config
-        if config.num_threads:
-            torch.set_num_threads(config.num_threads)
+        self.bind_threads()
         self.device = resolve_device(config.device)
         if self.device.type == "cpu":
             keep_freed_memory()
@@ -138,6 +137,14 @@ class LLMEngine:
         if bad:
             raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return None, ids
+
+    def bind_threads(self) -> None:
+        """Apply num_threads to the calling thread, the one that will run the steps. OpenMP
+        keeps the team size per thread: a thread that never set it (the AsyncEngine's loop)
+        starts every parallel region of the C kernels with one thread per core, whatever
+        torch.set_num_threads did elsewhere."""
+        if self.config.num_threads:
+            torch.set_num_threads(self.config.num_threads)
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None) -> str:

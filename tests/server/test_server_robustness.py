@@ -188,6 +188,43 @@ def test_metrics_count_every_engine_step(server):
     assert after[2] - before[2] == max_tokens
 
 
+def test_metrics_add_up_for_one_request_by_hand(server):
+    """One request alone, n = 2, P prompt tokens, T tokens per completion (no stop): the
+    totals gain P prompt and 2T generated tokens and two "length" finishes; the prompt and
+    output length histograms one observation of P and of 2T; each latency histogram one
+    observation, queue <= TTFT <= end to end <= the client's wall time; the inter-token
+    histogram 2 (T - 1) gaps, one per token after each completion's first."""
+    assert wait_until(lambda: engine_idle(server), 10)
+    prompt, max_tokens = [2000 + 11 * i for i in range(23)], 7  # ids no other test sends
+    names = {"prompt": "vllm:prompt_tokens_total", "generated": "vllm:generation_tokens_total",
+             "prompt_len": "vllm:request_prompt_tokens_sum", "output_len": "vllm:request_generation_tokens_sum",
+             "lengths": "vllm:request_prompt_tokens_count", "itl": "vllm:inter_token_latency_seconds_count"}
+    for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+        names[hist] = f"vllm:{hist}_seconds_sum"
+        names[hist + "_n"] = f"vllm:{hist}_seconds_count"
+
+    def read() -> dict[str, float]:
+        m = server.metrics()
+        label = f'{{model_name="{MODEL_NAME}"}}'
+        values = {key: m[name + label] for key, name in names.items()}
+        values["length"] = server.metric("vllm:request_success_total", finished_reason="length")
+        return values
+
+    before = read()
+    start = time.monotonic()
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "n": 2,
+                         "temperature": 1.0, "seed": 3, "ignore_eos": True})
+    wall_s = time.monotonic() - start
+    assert r.status_code == 200
+    delta = {key: value - before[key] for key, value in read().items()}
+    assert (delta["prompt"], delta["generated"], delta["length"]) == (23, 2 * max_tokens, 2)
+    assert (delta["lengths"], delta["prompt_len"], delta["output_len"]) == (1, 23, 2 * max_tokens)
+    assert delta["itl"] == 2 * (max_tokens - 1)
+    assert delta["time_to_first_token_n"] == delta["e2e_request_latency_n"] == delta["request_queue_time_n"] == 1
+    assert 0 <= delta["request_queue_time"] <= delta["time_to_first_token"] <= delta["e2e_request_latency"] <= wall_s
+
+
 def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
     """A step that raises (a bug) stops the engine loop: the request in the step gets a 500, a
     request queued behind it and every later one a 503, at once rather than when the client

@@ -1,0 +1,52 @@
+"""Start-up settings: the default dtype for the CPU at hand, and num_threads where steps run."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+
+import pytest
+import torch
+
+from inferlab.engine import platform
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.sampling_params import SamplingParams
+
+
+@pytest.mark.parametrize(("flags", "device", "expected"), [
+    ({"avx512f", "avx512_bf16"}, "cpu", torch.bfloat16),  # AVX512-BF16 (Zen 4+, Cooper Lake)
+    ({"avx512f", "amx_bf16", "amx_tile"}, "cpu", torch.bfloat16),  # AMX (Sapphire Rapids)
+    ({"avx2", "avx512f", "avx512_vnni"}, "cpu", torch.float32),  # no bf16 arithmetic
+    (set(), "cpu", torch.float32),  # flags unknown
+    (set(), "cuda", torch.bfloat16),
+])
+def test_auto_dtype_follows_the_cpu_flags(monkeypatch, flags, device, expected):
+    monkeypatch.setattr(platform, "cpu_flags", lambda: frozenset(flags))
+    assert platform.resolve_dtype("auto", torch.device(device)) == expected
+    assert platform.resolve_dtype("float32", torch.device(device)) == torch.float32
+
+
+def test_num_threads_reaches_the_async_engine_thread(make_llm):
+    """OpenMP keeps the team size per thread, so the setting must be applied on the loop's own
+    thread: there the C kernels' parallel regions ask omp_get_max_threads()."""
+    before = torch.get_num_threads()
+    try:
+        engine = AsyncEngine(make_llm(num_threads=1).engine)
+        seen: list[int] = []
+
+        class Probe:  # observers are held weakly: a bound method of a live object
+            def step(self, seconds: float, tokens: int) -> None:
+                seen.append(ctypes.CDLL("libgomp.so.1").omp_get_max_threads())
+
+        probe = Probe()
+        engine.observe_steps(probe.step)
+
+        async def run() -> None:
+            async for _ in engine.generate("Hello", SamplingParams(max_tokens=3), "threads"):
+                pass
+            await engine.shutdown(timeout_s=10)
+
+        asyncio.run(run())
+        assert seen and set(seen) == {1}
+    finally:
+        torch.set_num_threads(before)
