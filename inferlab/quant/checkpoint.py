@@ -6,7 +6,8 @@ Per linear layer `X` (local names as compressed-tensors writes them):
 * int-quantized (W8A8) / float-quantized (FP8_DYNAMIC) / naive-quantized: X.weight int8 or
   float8_e4m3fn [N, K] and X.weight_scale [N, 1] (G columns when grouped, [1] per tensor).
 Reading checks every shape and dtype against the config, so a checkpoint whose config
-contradicts its tensors fails with one line naming the tensor.
+contradicts its tensors fails with one line naming the tensor. X.weight_g_idx (GPTQ group
+act-order) loads only when it keeps the groups contiguous, which is all the kernels compute.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from inferlab.quant.formats.int_pack import (
     unpack_zero_points,
 )
 from inferlab.quant.qparams import QuantizedWeight, num_groups
-from inferlab.quant.scheme import FLOAT, GROUP, PACK_QUANTIZED, READABLE_FORMATS, QuantScheme
+from inferlab.quant.scheme import (
+    FLOAT,
+    GROUP,
+    PACK_QUANTIZED,
+    READABLE_FORMATS,
+    QuantScheme,
+    WeightArgs,
+)
 
 QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_point",
                   "input_scale", "input_zero_point", "weight_global_scale", "weight_g_idx")
@@ -89,8 +97,9 @@ def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name
 
 
 def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme,
-                          fmt: str) -> QuantizedWeight:
-    """The tensors of layer `prefix` -> QuantizedWeight, validated against `scheme` and `fmt`."""
+                          fmt: str, g_idx_required: bool = False) -> QuantizedWeight:
+    """The tensors of layer `prefix` -> QuantizedWeight, validated against `scheme` and `fmt`
+    (`g_idx_required`: the config declares group act-order)."""
     if fmt not in READABLE_FORMATS:
         raise InferlabError(f"checkpoint: format {fmt!r} of {prefix} is not supported "
                             f"(supported: {', '.join(READABLE_FORMATS)})")
@@ -107,6 +116,7 @@ def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme:
             raise InferlabError(f"checkpoint: {prefix}.weight holds values outside the "
                                 f"{w.num_bits}-bit range [{w.qmin}, {w.qmax}]")
     n, k = codes.shape
+    _check_g_idx(tensors, prefix, w, k, g_idx_required)
     scale = _scale_matrix(_need(tensors, f"{prefix}.weight_scale"), n, k, scheme,
                           f"{prefix}.weight_scale")
     zero_point = None
@@ -116,6 +126,27 @@ def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme:
         raise InferlabError(f"checkpoint: {prefix}.weight_zero_point is non-zero but the config "
                             "says the weights are symmetric")
     return QuantizedWeight(codes, scale, zero_point, w)
+
+
+def _check_g_idx(tensors: dict[str, torch.Tensor], prefix: str, w: WeightArgs, k: int,
+                 required: bool) -> None:
+    """g_idx[i] is the group of input column i. Our kernels give column i the scale of group
+    i // group_size, so any other assignment would silently compute the wrong product."""
+    name = f"{prefix}.weight_g_idx"
+    if name not in tensors:
+        if required:
+            raise InferlabError(f"checkpoint: the config quantizes {prefix} with group act-order "
+                                f"but {name} is missing")
+        return
+    g_idx = tensors[name]
+    if g_idx.is_floating_point() or g_idx.is_complex() or tuple(g_idx.shape) != (k,):
+        raise InferlabError(f"checkpoint: {name} is {g_idx.dtype} {tuple(g_idx.shape)}, expected "
+                            f"one integer group index per input column [{k}]")
+    group_size = w.group_size if w.strategy == GROUP else k
+    if not torch.equal(g_idx.to(torch.int64), torch.arange(k, device=g_idx.device) // group_size):
+        raise InferlabError(f"checkpoint: {name} assigns the inputs of {prefix} to groups out of "
+                            "order (GPTQ group act-order, actorder 'group'), which is not "
+                            "supported; quantize with actorder 'weight' or none")
 
 
 def _read_packed(tensors: dict[str, torch.Tensor], prefix: str, num_bits: int) -> torch.Tensor:

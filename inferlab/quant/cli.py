@@ -24,9 +24,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("model", nargs="?", default=None,
                    help="HF model directory or .gguf file (default: the embedded model)")
     p.add_argument("--scheme", default=None, help="W8A16, W8A8, W4A16 or FP8_DYNAMIC")
-    p.add_argument("--method", default="rtn", help=f"one of {', '.join(METHODS)} (default: rtn)")
+    p.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default: "
+                   "sparsegpt with --sparsity, else rtn)")
     p.add_argument("--sparsity", default=None,
-                   help="2:4 (with --method sparsegpt or magnitude, which imply it)")
+                   help="2:4, alone or with --scheme; done by --method sparsegpt (the default "
+                        "then) or magnitude, which both imply it")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--group-size", type=int, default=128, help="W4A16 inputs per scale (default 128)")
     p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
@@ -64,7 +66,7 @@ def build_recipe(args: argparse.Namespace):
     """Every flag checked before the model is loaded, so bad input fails at once."""
     from inferlab.quant.algorithms.awq import AwqConfig
     from inferlab.quant.algorithms.obs import ObsConfig
-    from inferlab.quant.recipe import Recipe
+    from inferlab.quant.recipe import Recipe, default_method
     from inferlab.quant.scheme import make_scheme
 
     scheme = None
@@ -74,7 +76,7 @@ def build_recipe(args: argparse.Namespace):
         scheme = make_scheme(args.scheme, args.group_size, args.asymmetric)
     elif args.asymmetric:
         raise InferlabError("--asymmetric needs a --scheme")
-    method = args.method.lower()
+    method = default_method(args.sparsity) if args.method is None else args.method.lower()
     act_order = method in ("gptq", "smoothquant") if args.act_order is None else args.act_order
     return Recipe(scheme=scheme, method=method, sparsity=args.sparsity,
                   ignore=tuple(args.ignore),

@@ -19,7 +19,7 @@ from torch import nn
 from inferlab.errors import InferlabError
 from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
 from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.scheme import QuantScheme, scheme_from_ct_group
+from inferlab.quant.scheme import QuantScheme, group_act_order, scheme_from_ct_group
 
 # fused module name -> its checkpoint shards, in output-row order
 FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -32,6 +32,7 @@ class ConfigGroup:
     scheme: QuantScheme
     targets: tuple[str, ...]
     format: str
+    g_idx: bool = False  # group act-order: every layer must store a weight_g_idx
 
 
 @dataclass(frozen=True)
@@ -78,7 +79,8 @@ def parse_quantization_config(qc: Mapping, source: str = "quantization_config") 
         targets = group.get("targets") or []
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             raise InferlabError(f"{where}: targets must be a list of names")
-        groups.append(ConfigGroup(name, scheme, tuple(targets), fmt))
+        groups.append(ConfigGroup(name, scheme, tuple(targets), fmt,
+                                  group_act_order(group["weights"], where)))
     ignore = qc.get("ignore") or []
     return ParsedConfig(tuple(groups), tuple(ignore))
 
@@ -110,7 +112,8 @@ def apply_compressed_tensors(model: nn.Module, quant_config: Mapping,
         group = _shard_group(parsed, shards, rest, name)
         if group is None:
             continue
-        parts = [read_quantized_weight(rest, s, group.scheme, group.format) for s in shards]
+        parts = [read_quantized_weight(rest, s, group.scheme, group.format, group.g_idx)
+                 for s in shards]
         qw = parts[0] if len(parts) == 1 else cat_rows(parts, name)
         if qw.shape != (module.out_features, module.in_features):
             raise InferlabError(f"checkpoint: {name} is [{qw.shape[0]}, {qw.shape[1]}], the model "

@@ -14,10 +14,16 @@ PRUNING_METHODS = ("sparsegpt", "magnitude")
 SPARSITY_PATTERNS = ("2:4",)
 
 
+def default_method(sparsity: str | None) -> str:
+    """The method when none is named: 2:4 needs a pruning method, and SparseGPT is the one
+    llm-compressor users reach for (SparseGPTModifier); plain quantization starts with RTN."""
+    return "rtn" if sparsity is None else "sparsegpt"
+
+
 @dataclass(frozen=True)
 class Recipe:
     scheme: QuantScheme | None  # None: sparsity alone, weights stay dense
-    method: str = "rtn"
+    method: str | None = None  # None: default_method(sparsity)
     sparsity: str | None = None  # "2:4"; implied by sparsegpt and magnitude
     ignore: tuple[str, ...] = ("lm_head",)  # HF names or "re:" patterns left unquantized
     obs: ObsConfig = field(default_factory=ObsConfig)  # GPTQ / SparseGPT
@@ -28,6 +34,8 @@ class Recipe:
     sink_weight: float | None = None
 
     def __post_init__(self) -> None:
+        if self.method is None:
+            object.__setattr__(self, "method", default_method(self.sparsity))
         if self.method not in METHODS:
             raise InferlabError(f"unknown method {self.method!r} (known: {', '.join(METHODS)})")
         if self.sparsity is not None and self.sparsity not in SPARSITY_PATTERNS:

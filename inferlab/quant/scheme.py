@@ -21,6 +21,11 @@ INT_QUANTIZED = "int-quantized"  # int8 weights stored as int8 (with int8 activa
 FLOAT_QUANTIZED = "float-quantized"  # fp8 e4m3 weights stored as float8_e4m3fn
 NAIVE_QUANTIZED = "naive-quantized"  # like the two above, chosen by the weight dtype
 READABLE_FORMATS = (PACK_QUANTIZED, INT_QUANTIZED, FLOAT_QUANTIZED, NAIVE_QUANTIZED)
+# GPTQ act-order as compressed-tensors names it: "weight" ("static") reorders columns only while
+# quantizing, so the stored groups stay contiguous; "group" ("dynamic", or true in old configs)
+# stores a g_idx that may assign the columns to groups in any order.
+GROUP_ACT_ORDERS = ("group", "dynamic")
+ACT_ORDERS = ("weight", "static", *GROUP_ACT_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,20 @@ def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> Q
     return QuantScheme(key, WeightArgs(8, FLOAT, CHANNEL), ActivationArgs(FLOAT))
 
 
+def group_act_order(weights: dict[str, Any], where: str) -> bool:
+    """Whether a `weights` entry says its layers carry a g_idx (group act-order); an actorder
+    value we do not know raises, naming `where`."""
+    value = weights.get("actorder")
+    if value is None or value is False:
+        return False
+    if value is True:
+        return True
+    if not isinstance(value, str) or value.lower() not in ACT_ORDERS:
+        raise InferlabError(f"{where}: actorder {value!r} is not supported "
+                            f"(supported: none, {', '.join(ACT_ORDERS)})")
+    return value.lower() in GROUP_ACT_ORDERS
+
+
 def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
     """A compressed-tensors `config_groups` entry -> QuantScheme; unsupported parts raise, naming `where`."""
     if not isinstance(group, dict):
@@ -129,6 +148,7 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
         raise InferlabError(f"{where}: output activation quantization is not supported")
     if weights.get("dynamic"):
         raise InferlabError(f"{where}: dynamic weight quantization is not supported")
+    group_act_order(weights, where)  # its g_idx is checked per layer, against the tensors
     strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
     if strategy not in (CHANNEL, GROUP, TENSOR):
         raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "

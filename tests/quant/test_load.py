@@ -12,7 +12,7 @@ from inferlab.errors import InferlabError
 from inferlab.models.loader import load_network
 from inferlab.quant.linear import QuantLinear
 
-from .tiny import library_compressed
+from .tiny import library_compressed, prefill_logits
 
 pytest.importorskip("compressed_tensors")
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
@@ -96,3 +96,54 @@ def test_unsupported_config_parts(checkpoint, tmp_path) -> None:
     def kv_cache(qc):
         qc["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}
     assert "kv_cache_scheme is not supported" in _load_error(_variant(checkpoint, tmp_path, kv_cache))
+
+
+def _with_g_idx(order, actorder="group"):
+    """Edits declaring GPTQ act-order and storing a g_idx per quantized layer, as GPTQ writes
+    it: `order(contiguous)` -> the group of each input column."""
+    def edit_config(qc):
+        qc["config_groups"]["group_0"]["weights"]["actorder"] = actorder
+
+    def edit_tensors(tensors):
+        for name in [n for n in tensors if n.endswith(".weight_packed")]:
+            k = int(tensors[name.replace("weight_packed", "weight_shape")][1])
+            contiguous = torch.arange(k, dtype=torch.int32) // 32
+            tensors[name.replace("weight_packed", "weight_g_idx")] = order(contiguous)
+    return edit_config, edit_tensors
+
+
+def _logits(path: str) -> list[torch.Tensor]:
+    net, _ = load_network(path, torch.float32)
+    return prefill_logits(net, [[3, 17, 42, 99, 5, 150, 8]])
+
+
+def test_permuted_g_idx_is_refused(checkpoint, tmp_path) -> None:
+    """Group act-order: the columns of each group scattered over the input (here each group's
+    columns interleaved with the others'), which our contiguous-group kernels cannot compute."""
+    def interleave(contiguous):
+        return contiguous.view(-1, 32).t().reshape(-1)  # a permutation of the same group ids
+    message = _load_error(_variant(checkpoint, tmp_path, *_with_g_idx(interleave)))
+    assert message.startswith("checkpoint: model.layers.0.self_attn.q_proj.weight_g_idx ")
+    assert "group act-order" in message and "not supported" in message
+
+
+@pytest.mark.parametrize(("actorder", "store_g_idx"), [("group", True), ("weight", False)])
+def test_contiguous_act_order_loads_unchanged(checkpoint, tmp_path, actorder: str,
+                                              store_g_idx: bool) -> None:
+    """An identity g_idx keeps every group contiguous, and "weight" act-order stores none: both
+    compute exactly what the checkpoint without act-order computes."""
+    edit_config, edit_tensors = _with_g_idx(lambda contiguous: contiguous, actorder)
+    path = _variant(checkpoint, tmp_path, edit_config, edit_tensors if store_g_idx else None)
+    for got, want in zip(_logits(path), _logits(str(checkpoint)), strict=True):
+        assert torch.equal(got, want)
+
+
+def test_group_act_order_without_g_idx(checkpoint, tmp_path) -> None:
+    edit_config, _ = _with_g_idx(lambda contiguous: contiguous)
+    message = _load_error(_variant(checkpoint, tmp_path, edit_config))
+    assert "with group act-order but model.layers.0.self_attn.q_proj.weight_g_idx is missing" in message
+
+
+def test_unknown_act_order(checkpoint, tmp_path) -> None:
+    edit_config, _ = _with_g_idx(lambda contiguous: contiguous, "sideways")
+    assert "actorder 'sideways' is not supported" in _load_error(_variant(checkpoint, tmp_path, edit_config))

@@ -8,11 +8,12 @@ import random
 import pytest
 import torch
 
-from inferlab.cli import main
+from inferlab.cli import build_parser, main
 from inferlab.models.loader import load_network
 from inferlab.quant.algorithms.awq import AwqConfig
 from inferlab.quant.algorithms.sparsity import is_2of4
-from inferlab.quant.linear import QuantLinear
+from inferlab.quant.cli import build_recipe
+from inferlab.quant.linear import Int8WeightOnlyLinear, QuantLinear
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.run import quantize_to_directory
 from inferlab.quant.scheme import make_scheme
@@ -51,26 +52,39 @@ def _quantize(source, out, scheme, group, asym, method, **extra):
                                  progress=False)
 
 
+def _decoder_linears(net) -> list[torch.nn.Module]:
+    return [m for layer in net.model.layers for m in (
+        layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
+
+
+def _assert_2of4_checkpoint(out, net) -> None:
+    """config.json declares 2:4 and every decoder linear of the loaded `net` keeps it."""
+    qc = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert qc["sparsity_config"]["sparsity_structure"] == "2:4"
+    assert qc["sparsity_config"]["global_sparsity"] >= 0.5
+    for m in _decoder_linears(net):
+        if isinstance(m, Int8WeightOnlyLinear):  # symmetric W8A16: w = q * s, zero iff q is
+            assert not m.asymmetric
+            nonzero = m.qweight != 0
+        elif isinstance(m, QuantLinear):
+            nonzero = m.dequantized_weight() != 0
+        else:
+            assert is_2of4(m.weight.data != 0)
+            continue
+        # a kept weight may also round to zero
+        assert (nonzero.view(nonzero.shape[0], -1, 4).sum(-1) <= 2).all()
+
+
 @pytest.mark.parametrize("run", sorted(RUNS))
 def test_every_method_writes_a_checkpoint_that_loads(source, tmp_path, run: str) -> None:
     scheme, group, asym, method, tol = RUNS[run]
     summary = _quantize(source, tmp_path / "out", scheme, group, asym, method)
     net, _ = load_network(str(tmp_path / "out"), torch.float32)
-    qc = json.loads((tmp_path / "out" / "config.json").read_text())["quantization_config"]
-    linears = [m for layer in net.model.layers for m in (
-        layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj)]
     if scheme is not None:
-        assert all(isinstance(m, QuantLinear) for m in linears)
+        assert all(isinstance(m, QuantLinear) for m in _decoder_linears(net))
         assert summary["linear_weight_bytes"] < summary["linear_weight_bytes_bf16"]
     if method in ("sparsegpt", "magnitude"):
-        assert qc["sparsity_config"]["sparsity_structure"] == "2:4"
-        assert qc["sparsity_config"]["global_sparsity"] >= 0.5
-        for m in linears:
-            if isinstance(m, QuantLinear):  # a kept weight may also round to zero
-                nonzero = m.dequantized_weight() != 0
-                assert (nonzero.view(nonzero.shape[0], -1, 4).sum(-1) <= 2).all()
-            else:
-                assert is_2of4(m.weight.data != 0)
+        _assert_2of4_checkpoint(tmp_path / "out", net)
         return
     got = prefill_logits(net, SEQS)
     for g, want in zip(got, source[2], strict=True):
@@ -114,6 +128,8 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
     (["--scheme", "W4A16", "--method", "smoothquant"], "smoothquant migrates activation outliers"),
     (["--scheme", "W8A8", "--sparsity", "1:2"], "unknown sparsity '1:2'"),
     (["--method", "gptq"], "nothing to do"),
+    (["--method", "rtn", "--sparsity", "2:4"], "is done by --method sparsegpt or magnitude, not rtn"),
+    (["--scheme", "W8A16", "--method", "gptq", "--sparsity", "2:4"], "not gptq"),
 ])
 def test_bad_input_is_one_line(source, tmp_path, capsys, flags: list[str], message: str) -> None:
     code = main(["quantize", str(source[0]), "--out", str(tmp_path / "out"), "--quiet", *flags])
@@ -121,6 +137,46 @@ def test_bad_input_is_one_line(source, tmp_path, capsys, flags: list[str], messa
     assert code == 2 and message in err
     assert err.count("\n") == 1 and err.startswith("error: ")
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(("flags", "method", "sparsity"), [
+    (["--scheme", "W8A16"], "rtn", None),
+    (["--sparsity", "2:4"], "sparsegpt", "2:4"),
+    (["--scheme", "W4A16", "--sparsity", "2:4"], "sparsegpt", "2:4"),
+    (["--sparsity", "2:4", "--method", "magnitude"], "magnitude", "2:4"),
+    (["--method", "Magnitude"], "magnitude", "2:4"),
+])
+def test_default_method_follows_the_request(flags: list[str], method: str, sparsity) -> None:
+    """No --method: sparsegpt when --sparsity asks for pruning (llm-compressor's usual 2:4
+    tool), rtn otherwise; a named method always wins."""
+    argv = ["quantize", "--out", "unused", *flags]
+    recipe = build_recipe(build_parser(argv).parse_args(argv))
+    assert (recipe.method, recipe.sparsity, recipe.obs.act_order) == (method, sparsity, False)
+
+
+def test_recipe_default_method() -> None:
+    assert Recipe(None, sparsity="2:4").method == "sparsegpt"
+    assert Recipe(make_scheme("W4A16"), sparsity="2:4").method == "sparsegpt"
+    assert Recipe(make_scheme("W4A16")).method == "rtn"
+
+
+@pytest.mark.parametrize("scheme", [None, "W8A16"])
+def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, scheme) -> None:
+    """`inferlab quantize MODEL --sparsity 2:4 [--scheme W8A16]` with no --method prunes by
+    SparseGPT (calibrated) and writes a 2:4 checkpoint that loads."""
+    directory, calib, _ = source
+    out = tmp_path / "out"
+    code = main(["quantize", str(directory), "--sparsity", "2:4", *(["--scheme", scheme] if scheme else []),
+                 "--calib", str(calib), "--num-samples", "6", "--seq-len", "24", "--out", str(out),
+                 "--quiet"])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    summary = json.loads(captured.out)
+    assert (summary["method"], summary["sparsity"], summary["scheme"]) == ("sparsegpt", "2:4", scheme)
+    assert summary["calibration"]["num_samples"] == 6  # SparseGPT's Hessian, not magnitude
+    net, _ = load_network(str(out), torch.float32)
+    assert all(isinstance(m, QuantLinear) == (scheme is not None) for m in _decoder_linears(net))
+    _assert_2of4_checkpoint(out, net)
 
 
 def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
