@@ -1,0 +1,61 @@
+"""`inferlab generate` and `inferlab chat` end to end: the flags reach the engine's config, and
+what they print is what the LLM API generates for the same request."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+
+import inferlab.engine.llm_engine as llm_engine
+from inferlab.cli import main
+from inferlab.engine.sampling_params import SamplingParams
+
+ENGINE_FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-num-seqs", "3",
+                "--max-num-batched-tokens", "64", "--max-model-len", "512",
+                "--no-enable-prefix-caching", "--kv-cache-memory", "32MiB", "--num-threads", "2"]
+
+
+@pytest.fixture
+def configs(monkeypatch, smollm_fp32) -> list:
+    """The EngineConfig each CLI engine is built with; the engines reuse the loaded model."""
+    seen = []
+    real_init = llm_engine.LLMEngine.__init__
+
+    def init(self, config, loaded=None):
+        seen.append(config)
+        real_init(self, config, smollm_fp32)
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", init)
+    return seen
+
+
+def _check_engine_flags(config) -> None:
+    assert (config.dtype, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
+            config.max_model_len, config.enable_prefix_caching, config.kv_cache_memory_bytes,
+            config.num_threads) == ("float32", 32, 3, 64, 512, False, 32 * 2**20, 2)
+
+
+def test_generate_prints_the_greedy_completion(capsys, configs, make_llm):
+    prompt = "The capital of France is"
+    assert main(["generate", prompt, "--max-tokens", "12", *ENGINE_FLAGS]) == 0
+    _check_engine_flags(configs[0])
+    expected = make_llm().generate([prompt], SamplingParams(temperature=0, max_tokens=12))[0]
+    assert capsys.readouterr().out == expected.outputs[0].text + "\n"
+
+
+def test_chat_repl_keeps_the_conversation(capsys, monkeypatch, configs, make_llm):
+    """Two turns typed on stdin, then /exit: the second reply is the LLM's answer to the whole
+    conversation, the first reply included."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a colour.\nAnd another one?\n/exit\n"))
+    assert main(["chat", "--system", "Be brief.", "--max-tokens", "10", *ENGINE_FLAGS]) == 0
+    _check_engine_flags(configs[0])
+    llm = make_llm()
+    params = SamplingParams(temperature=0, max_tokens=10)
+    conversation = [{"role": "system", "content": "Be brief."},
+                    {"role": "user", "content": "Name a colour."}]
+    first = llm.chat(conversation, params)[0].outputs[0].text
+    conversation += [{"role": "assistant", "content": first},
+                     {"role": "user", "content": "And another one?"}]
+    second = llm.chat(conversation, params)[0].outputs[0].text
+    assert capsys.readouterr().out == f"> {first}\n> {second}\n> "
