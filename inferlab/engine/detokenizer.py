@@ -25,8 +25,10 @@ class IncrementalDetokenizer:
         self.text = ""  # all decoded output text (stop string and after it excluded)
         self.emitted = 0  # characters of self.text already returned as deltas
 
-    def add(self, token_ids: list[int], finished: bool) -> tuple[str, str | None]:
-        """Append tokens; return (new text safe to show, the stop string hit or None)."""
+    def add(self, token_ids: list[int], finished: bool, find_stops: bool = True
+            ) -> tuple[str, str | None]:
+        """Append tokens; return (new text safe to show, the stop string hit or None). With
+        find_stops False (min_tokens not reached) the new text is not searched, then or later."""
         self.ids.extend(token_ids)
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
         full = self.tokenizer.decode(self.ids[self.prefix_offset:])
@@ -34,7 +36,7 @@ class IncrementalDetokenizer:
             searched_from = max(len(self.text) - self.hold, 0)
             self.text += full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            hit = self._find_stop(searched_from)
+            hit = self._find_stop(searched_from) if find_stops else None
             if hit is not None:
                 return self._delta(len(self.text)), hit
         end = len(self.text) if finished else max(len(self.text) - self.hold, self.emitted)

@@ -8,6 +8,7 @@ import torch
 
 from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
 from inferlab.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from inferlab.engine.request import Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
 from inferlab.models.llama import KVCache, LlamaForCausalLM
@@ -103,12 +104,15 @@ class ModelRunner:
             generators=generators,
             prompt_ids=[c.request.prompt_token_ids for c in chunks],
             output_ids=[c.request.output_token_ids for c in chunks],
+            suppressed_ids=[_not_yet_allowed(c.request) for c in chunks],
         )
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, meta: AttentionMetadata,
                          output: ModelRunnerOutput) -> None:
         """Logprob of each prompt token given the ones before it, for requests that ask."""
-        starts = meta.query_start_loc.tolist() if chunks else []
+        if all(c.request.sampling_params.prompt_logprobs is None for c in chunks):
+            return  # the common step: no host copy of query_start_loc (a device sync on a GPU)
+        starts = meta.query_start_loc.tolist()
         for i, c in enumerate(chunks):
             request = c.request
             top_n = request.sampling_params.prompt_logprobs
@@ -124,3 +128,15 @@ class ModelRunner:
                 targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=rows.device)
                 entries += gather_logprobs(logprobs, targets, [top_n] * len(targets))
             output.prompt_logprobs[request.request_id] = (0 if first == 0 else first + 1, entries)
+
+
+def _not_yet_allowed(request: Request) -> list[int]:
+    """vLLM's min_tokens: until the request has that many output tokens, its stop token ids
+    and EOS (unless ignored) cannot be sampled, rather than sampled and then ignored."""
+    params = request.sampling_params
+    if request.num_output_tokens >= params.min_tokens:
+        return []
+    ids = list(params.stop_token_ids or ())
+    if not params.ignore_eos and request.eos_token_id is not None:
+        ids.append(request.eos_token_id)
+    return ids

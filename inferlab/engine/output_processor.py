@@ -132,7 +132,9 @@ class OutputProcessor:
         text = ""
         if completion.detokenizer is not None:
             finishing = completion.finish_reason is not None
-            text, hit = completion.detokenizer.add(new_ids, finishing)
+            # vLLM's min_tokens: stop strings count once the output is longer than it
+            past_min = request.num_output_tokens > request.sampling_params.min_tokens
+            text, hit = completion.detokenizer.add(new_ids, finishing, past_min)
             # a stop string completed by the token that also hit max_tokens (or a stop token)
             # still reports it, as vLLM does: the text is cut at it either way
             if hit is not None and completion.finish_reason != "abort":

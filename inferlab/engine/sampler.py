@@ -27,6 +27,8 @@ class SamplingBatch:
     generators: list[torch.Generator | None]  # a request's own generator when it has a seed
     prompt_ids: list[list[int]]  # for the repetition penalty
     output_ids: list[list[int]]  # for all three penalties
+    # per row, token ids it may not sample yet: EOS and stop token ids before min_tokens
+    suppressed_ids: list[list[int]] | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
@@ -39,6 +41,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if batch.suppressed_ids and any(batch.suppressed_ids):
+        logits = suppress(logits, batch.suppressed_ids)
     if any(p.has_penalties for p in params):
         logits = apply_penalties(logits, batch)
     greedy = [p.greedy for p in params]
@@ -66,6 +70,15 @@ def _c_rows(logits: torch.Tensor) -> bool:
     """fp32 [B, V] CPU rows the C kernels (argmax, sample) take."""
     return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.stride(1) == 1 and cpu_ops.available(logits))
+
+
+def suppress(logits: torch.Tensor, suppressed_ids: list[list[int]]) -> torch.Tensor:
+    """logits [B, V] with each row's listed token ids at -inf (a copy)."""
+    rows = [row for row, ids in enumerate(suppressed_ids) for _ in ids]
+    cols = [token for ids in suppressed_ids for token in ids]
+    logits = logits.clone()
+    logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
+    return logits
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

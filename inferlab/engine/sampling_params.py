@@ -24,7 +24,9 @@ class SamplingParams:
 
     n: int = 1  # independent completions; the copies share the prompt's KV blocks
     max_tokens: int | None = 16  # None: up to max_model_len
-    min_tokens: int = 0  # EOS and stop token ids are ignored until this many tokens exist
+    # before this many output tokens, EOS and stop token ids cannot be sampled and stop strings
+    # do not end the output (vLLM's rule)
+    min_tokens: int = 0
     temperature: float = 1.0  # 0 means greedy
     top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0

@@ -23,9 +23,19 @@ def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     alone = make_llm()
     prompts = _prompts(small, wiki_text, 32, 20, 60)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    schedule, partial_prefills = small.engine.scheduler.schedule, []
+
+    def watched_schedule():
+        out = schedule()
+        partial_prefills.extend(c for c in out.chunks if c.num_computed_tokens == 0
+                                and c.num_new_tokens < c.request.num_prompt_tokens)
+        return out
+
+    small.engine.scheduler.schedule = watched_schedule
     together = small.generate(prompts, params)
     stats = small.engine.scheduler.stats()
     assert stats.num_preemptions_total > 0
+    assert partial_prefills  # some prompt's first chunk stopped short of its end
     assert stats.num_free_blocks == small.num_kv_blocks
     for prompt, out in zip(prompts, together, strict=True):
         assert out.outputs[0].token_ids == alone.generate([prompt], params)[0].outputs[0].token_ids

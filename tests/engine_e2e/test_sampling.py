@@ -148,10 +148,30 @@ def test_stop_token_ids_and_min_tokens(make_llm):
                                                            stop_token_ids=[ids[2]]))[0].outputs[0]
     first = ids.index(ids[2])
     assert out.token_ids == ids[:first + 1] and out.stop_reason == ids[2]
+    # min_tokens = 3 masks the stop token for the first three tokens: greedy then takes the
+    # runner-up of the unmasked first distribution
+    ranked = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(temperature=0, max_tokens=1,
+                                                             logprobs=2))[0].outputs[0]
     late = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(
         temperature=0, max_tokens=10, stop_token_ids=[ids[0]], min_tokens=3))[0].outputs[0]
-    assert len(late.token_ids) > 3 or late.finish_reason == "length"
-    assert ids[0] not in late.token_ids[1:3] or len(late.token_ids) > 3
+    assert late.token_ids[0] == ranked.logprobs[0].top[1][0]
+    assert len(late.token_ids) >= 3 and ids[0] not in late.token_ids[:3]
+    assert late.finish_reason == "length" or late.token_ids.index(ids[0]) == len(late.token_ids) - 1
+
+
+def test_min_tokens_holds_off_stop_strings(make_llm):
+    """Greedy " 6, 7, 8," in tokens " ", "6", ",", " ", "7", ",", ...: stop="," ends it after
+    " 6"; with min_tokens = 3 stop strings count from the fourth token on, in the text it adds,
+    so the first "," is let through and the second one ends it after " 6, 7"."""
+    llm = make_llm()
+    prompt = "1, 2, 3, 4, 5,"
+    greedy = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=6))[0].outputs[0]
+    assert greedy.text == " 6, 7,"
+    early = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop=[","]))[0]
+    assert early.outputs[0].text == " 6"
+    late = llm.generate([prompt], SamplingParams(temperature=0, max_tokens=10, stop=[","],
+                                                 min_tokens=3))[0].outputs[0]
+    assert (late.text, late.finish_reason, late.stop_reason) == (" 6, 7", "stop", ",")
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
