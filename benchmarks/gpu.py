@@ -10,7 +10,13 @@
    against the HBM roofline, with the engine's CUDA graphs and without; 256 concurrent requests (prompts 128-1024, outputs 128-1024,
    ignore_eos) against the bf16 matmul roofline; the engine against transformers `generate`
    (static batches) on the same requests;
-5. W8A8 (int8, fp8) and W4A16 (int4, group 128) decode speed-ups over bf16 on that model.
+5. W8A8 (int8, fp8) and W4A16 (int4, group 128) decode speed-ups over bf16 on that model;
+6. an engine on that model sizing its own KV cache from --gpu-memory-utilization 0.5 (the
+   profile run, which every other engine here skips): the cache it picks, the device memory in
+   use against half the total, and the memory given back when the engine is dropped.
+
+Every timed engine first runs each class of step shape its timed runs can meet, so that no
+Triton compile lands inside a timed figure (warm_specializations says why and which).
 
 Without CUDA it prints "no CUDA device" and exits 0; `--smoke` runs the whole script on CPU
 with a tiny model instead, to check the script itself (its figures mean nothing there).
@@ -25,15 +31,19 @@ model), the kernel tests compiled on the GPU, then this script:
 `--embedded-gguf PATH` points step 3 at the real file where one has been brought over.
 
 Beside it: gpu_report.py (settings, the report, the timer, step 1), gpu_kernels.py (step 2 and
-the quantized layers) and gpu_models.py (the models and workloads); steps 3-5 are here.
+the quantized layers) and gpu_models.py (the models and workloads); steps 3-6 are here.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import itertools
 import json
+import os
 import statistics
 import sys
+import weakref
 from pathlib import Path
 
 import torch
@@ -53,6 +63,7 @@ from gpu_models import (  # noqa: E402
     random_workload,
     run_engine,
     run_transformers,
+    sync,
 )
 from gpu_report import (  # noqa: E402
     Ceilings,
@@ -64,6 +75,8 @@ from gpu_report import (  # noqa: E402
 )
 
 from inferlab.engine.llm_engine import LLMEngine  # noqa: E402
+from inferlab.engine.platform import available_memory_bytes  # noqa: E402
+from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions  # noqa: E402
 from inferlab.models.config import ModelConfig  # noqa: E402
 from inferlab.models.llama import LlamaForCausalLM  # noqa: E402
 from inferlab.models.loader import LoadedModel  # noqa: E402
@@ -128,10 +141,47 @@ def single_stream(engine: LLMEngine, s: Settings, vocab: int) -> Run:
     return run_engine(engine, work, s.device)
 
 
+# One value of each class Triton compiles an integer kernel argument for: 1, a multiple of 16,
+# neither (its specialization rule, part of the key of its kernel cache).
+INT_CLASSES = (1, 3, 16)
+
+
 def warm_up(engine: LLMEngine, s: Settings, vocab: int) -> None:
     """Compile kernels and fill caches and allocator pools before anything is timed."""
     run_engine(engine, random_workload(4, (16, 64), (4, 8), vocab, 99), s.device)
     run_engine(engine, random_workload(1, (8, 8), (8, 8), vocab, 98), s.device)
+    warm_specializations(engine)
+
+
+@torch.inference_mode()
+def warm_specializations(engine: LLMEngine) -> None:
+    """Compile every variant of the paged-attention kernel that a timed run can launch.
+
+    Triton builds one per class of each integer argument (INT_CLASSES), and three of that
+    kernel's change from step to step: sequences, tokens and block-table width
+    (kernels/attention/triton_paged.py). warm_up's few short prompts leave most combinations
+    unseen, and the 256-request run's first step with, say, 16 sequences or a 64-block table
+    would compile that variant inside its elapsed_s, which is to measure the steady state.
+    Here: one forward per combination, through the engine's model and cache, writing nothing
+    (slot -1); prompt-step shapes always, decode-step shapes only for an eager engine (CUDA
+    graphs compile theirs at capture, at their full batch and table width)."""
+    runner, block_size = engine.runner, engine.config.block_size
+    device = runner.config.device
+    shapes = []  # (query lens, block-table width)
+    for seqs, width in itertools.product(INT_CLASSES, INT_CLASSES):
+        if width * block_size >= 16:  # 16 prompt tokens a sequence must fit its table
+            # 16 tokens a sequence (a multiple of 16 in all), and one fewer (neither 1 nor that)
+            shapes += [([16] * seqs, width), ([16] * (seqs - 1) + [15], width)]
+        if runner.graphed is None:
+            shapes.append(([1] * seqs, width))
+    for query_lens, width in shapes:
+        meta = AttentionMetadata.build(query_lens, query_lens, [[0] * width] * len(query_lens),
+                                       block_size, device)
+        meta.slot_mapping = torch.full_like(meta.slot_mapping, -1)  # the cache keeps its contents
+        positions = token_positions(query_lens, query_lens)[1].to(device)
+        ids = torch.zeros(sum(query_lens), dtype=torch.int64, device=device)
+        runner.model(ids, positions, runner.kv_caches, meta)
+    sync(device)
 
 
 def roofline_section(s: Settings, report: Report, ceilings: Ceilings, loaded: LoadedModel,
@@ -251,6 +301,65 @@ def quant_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Loade
                        base[1] / batched, "x")
 
 
+# --- 6. the KV cache sized from --gpu-memory-utilization ------------------------------------------
+
+UTILIZATION = 0.5
+# What the profile run does not see: the CUDA graphs' pool and workspaces, allocator rounding.
+MEMORY_SLACK_BYTES = 2 * 2**30
+
+
+def memory_in_use(device: torch.device) -> tuple[int, int]:
+    """(used, total) bytes: the GPU's as CUDA reports them (every process, the CUDA context
+    included); on the smoke run the host's, where nothing is checked."""
+    if device.type == "cuda":
+        free, total = torch.cuda.mem_get_info(device)
+        return total - free, total
+    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total - (available_memory_bytes(device) or 0), total
+
+
+def memory_section(s: Settings, report: Report, loaded: LoadedModel) -> None:
+    """The engine sizing its own KV cache (engine/memory_profile.py's profile run), which every
+    other engine here skips by being told its cache's bytes; then the same engine dropped."""
+    gib = 2**30
+    before, total = memory_in_use(s.device)
+    # CPU (the smoke run): no profile path, and a CPU engine's default cache is 2 GiB
+    kv = None if s.device.type == "cuda" else 2**26
+    engine = make_engine(loaded, "bfloat16", s.device, kv, 256, 2048,
+                         gpu_memory_utilization=UTILIZATION)
+    kv_bytes = engine.num_kv_blocks * engine.config.block_size * engine.kv_bytes_per_token
+    # one full step (max_num_batched_tokens of prompt) so that its activations count too
+    run_engine(engine, random_workload(16, (512, 512), (2, 2), loaded.config.vocab_size, 5),
+               s.device)
+    used, _ = memory_in_use(s.device)
+    limit = UTILIZATION * total + MEMORY_SLACK_BYTES
+    report.add("memory", f"KV cache chosen for --gpu-memory-utilization {UTILIZATION:g}",
+               kv_bytes / gib, "GiB")
+    report.add("memory", f"device memory used before the engine, of {total / gib:.1f} GiB",
+               before / gib, "GiB")
+    report.add("memory", "device memory used with the engine, after a full step", used / gib,
+               "GiB")
+    report.target("memory", f"used <= {UTILIZATION:g} x total + {MEMORY_SLACK_BYTES / gib:g} "
+                  "GiB slack", used <= limit, f"{used / gib:.1f} <= {limit / gib:.1f} GiB")
+    # Reference counting alone must free it: LLMEngine gc.freeze()s, so the collector would not.
+    gc.disable()
+    try:
+        engine_ref = weakref.ref(engine)
+        del engine
+        freed = engine_ref() is None
+    finally:
+        gc.enable()
+    if s.device.type == "cuda":
+        torch.cuda.empty_cache()
+    after, _ = memory_in_use(s.device)
+    report.check("memory", "a dropped engine is freed by reference counting", freed,
+                 "freed" if freed else "still referenced: a reference cycle")
+    report.add("memory", "device memory used once the engine is dropped", after / gib, "GiB")
+    report.target("memory", "the dropped engine's memory is back",
+                  after - before <= MEMORY_SLACK_BYTES,
+                  f"{(after - before) / gib:+.2f} GiB against before it")
+
+
 # --- the run ---------------------------------------------------------------------------------------
 
 def header(s: Settings) -> None:
@@ -283,7 +392,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="requests both engines run for the transformers comparison")
     parser.add_argument("--embedded-gguf", help="the embedded model's GGUF file, if not installed")
     parser.add_argument("--skip", nargs="*", default=[], choices=("kernels", "greedy", "8b", "hf",
-                                                                 "quant"))
+                                                                 "quant", "memory"))
     return parser.parse_args(argv)
 
 
@@ -312,6 +421,8 @@ def main(argv: list[str] | None = None) -> int:
     if "quant" not in args.skip:
         run_guarded(quant_section, report, s, report, ceilings, loaded,
                     kv_budget(s, reserve_bytes=32 * 2**30, cap_bytes=8 * 2**30))
+    if "memory" not in args.skip:  # last: every earlier engine should have given its memory back
+        run_guarded(memory_section, report, s, report, loaded)
     print(f"\n{len(report.failures)} failed check(s)" + "".join(f"\n  {f}" for f in report.failures))
     if args.json:
         Path(args.json).write_text(json.dumps(report.as_json(), indent=1))

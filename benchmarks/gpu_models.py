@@ -139,9 +139,12 @@ class Run:
         return sum(len(v) for v in self.outputs.values())
 
 
-def make_engine(loaded: LoadedModel, dtype: str, device: torch.device, kv_bytes: int,
-                max_num_seqs: int, max_model_len: int, enforce_eager: bool = False) -> LLMEngine:
+def make_engine(loaded: LoadedModel, dtype: str, device: torch.device, kv_bytes: int | None,
+                max_num_seqs: int, max_model_len: int, enforce_eager: bool = False,
+                gpu_memory_utilization: float = 0.9) -> LLMEngine:
+    """kv_bytes None: the engine sizes its cache from gpu_memory_utilization (CUDA)."""
     config = EngineConfig(dtype=dtype, device=device.type, kv_cache_memory_bytes=kv_bytes,
+                          gpu_memory_utilization=gpu_memory_utilization,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
                           max_model_len=max_model_len, enable_prefix_caching=False,
                           enforce_eager=enforce_eager)

@@ -30,12 +30,34 @@ def fits_graph(chunks: Sequence[ScheduledChunk]) -> bool:
         for c in chunks)
 
 
+class DecodeForward:
+    """The step the graphs capture: the model's forward for B single-token sequences.
+
+    Its own object, not a method of GraphedDecode: DecodeGraphs keeps its step, and a bound
+    method would make GraphedDecode -> DecodeGraphs -> GraphedDecode a cycle. LLMEngine
+    gc.freeze()s what exists once it is built, so only reference counting ever frees a dropped
+    engine, and a cycle would keep its KV cache and the graphs' memory to the process's end."""
+
+    def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], block_size: int,
+                 max_batch_size: int, max_seq_len: int, device: torch.device) -> None:
+        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
+        self.max_seq_len = max_seq_len
+        self._starts = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
+
+    def __call__(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
+        """inputs [B] / [B, W] -> final hidden states [B, hidden]."""
+        b = inputs["ids"].shape[0]
+        # Host lengths are not known inside a graph: max_seq_len bounds them (only the torch
+        # path reads them, to size its gather; the mask comes from the device seq_lens).
+        meta = AttentionMetadata(self._starts[:b + 1], inputs["seq_lens"], inputs["tables"],
+                                 inputs["slots"], [1] * b, [self.max_seq_len] * b, self.block_size)
+        return self.model(inputs["ids"], inputs["positions"], self.kv_caches, meta)
+
+
 class GraphedDecode:
     def __init__(self, model: LlamaForCausalLM, kv_caches: list[KVCache], block_size: int,
                  max_batch_size: int, max_blocks_per_seq: int, device: torch.device) -> None:
-        self.model, self.kv_caches, self.block_size = model, kv_caches, block_size
-        self.max_seq_len = max_blocks_per_seq * block_size
-        self._starts = torch.arange(max_batch_size + 1, dtype=torch.int32, device=device)
+        self.block_size = block_size
         rows = max_batch_size
         example = {
             "ids": torch.zeros(rows, dtype=torch.int64, device=device),
@@ -44,7 +66,9 @@ class GraphedDecode:
             "seq_lens": torch.ones(rows, dtype=torch.int32, device=device),
             "tables": torch.zeros(rows, max_blocks_per_seq, dtype=torch.int32, device=device),
         }
-        self.graphs = DecodeGraphs(self._forward, example, _PADDING,
+        step = DecodeForward(model, kv_caches, block_size, max_batch_size,
+                             max_blocks_per_seq * block_size, device)
+        self.graphs = DecodeGraphs(step, example, _PADDING,
                                    CudaGraphConfig(max_batch_size=max_batch_size))
 
     def capture(self) -> None:
@@ -55,15 +79,6 @@ class GraphedDecode:
 
     def covers(self, batch_size: int) -> bool:
         return padded_batch_size(batch_size, self.graphs.sizes) is not None
-
-    def _forward(self, inputs: dict[str, torch.Tensor]) -> torch.Tensor:
-        """inputs [B] / [B, W] -> final hidden states [B, hidden]."""
-        b = inputs["ids"].shape[0]
-        # Host lengths are not known inside a graph: max_seq_len bounds them (only the torch
-        # path reads them, to size its gather; the mask comes from the device seq_lens).
-        meta = AttentionMetadata(self._starts[:b + 1], inputs["seq_lens"], inputs["tables"],
-                                 inputs["slots"], [1] * b, [self.max_seq_len] * b, self.block_size)
-        return self.model(inputs["ids"], inputs["positions"], self.kv_caches, meta)
 
     def run(self, chunks: Sequence[ScheduledChunk], device: torch.device) -> torch.Tensor:
         """One decode step -> final hidden states [B, hidden] of the chunks' new tokens."""

@@ -130,8 +130,9 @@ def _library() -> ctypes.CDLL | None:
 def available(*tensors: torch.Tensor) -> bool:
     """True when the C kernels are built and every tensor is a CPU tensor of one supported dtype."""
     first = tensors[0].dtype
-    return (_library() is not None and first in _ELEM
-            and all(t.device.type == "cpu" and t.dtype == first for t in tensors))
+    # the library last: on a GPU machine, CUDA tensors must not cost a C build at first use
+    return (first in _ELEM and all(t.device.type == "cpu" and t.dtype == first for t in tensors)
+            and _library() is not None)
 
 
 def _rows_ok(t: torch.Tensor) -> bool:

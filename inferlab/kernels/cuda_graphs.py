@@ -12,8 +12,11 @@ A graph replays fixed shapes at fixed addresses, so:
 The step is any callable `step(inputs) -> Tensor` whose inputs are batch-major tensors
 [B, ...] (token ids, positions, slot mapping, seq lens, block tables...). Whatever does not
 depend on the batch contents (for decode, query_start_loc = arange(B + 1)) the step builds
-itself from B. On CPU (or with graphs disabled) `run` still goes through the static buffers and
-padding, eagerly, which is what the CPU tests exercise.
+itself from B. DecodeGraphs keeps the step, so the step must not refer back to what owns the
+DecodeGraphs (a bound method of the owner would): LLMEngine gc.freeze()s, which leaves reference
+counting alone to free a dropped engine, and such a cycle would keep its memory to the end.
+On CPU (or with graphs disabled) `run` still goes through the static buffers and padding,
+eagerly, which is what the CPU tests exercise.
 """
 
 from __future__ import annotations

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import pytest
 import torch
 
+from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.errors import InferlabError
 from inferlab.kernels.cuda_graphs import (
     CudaGraphConfig,
@@ -12,6 +16,8 @@ from inferlab.kernels.cuda_graphs import (
     default_capture_sizes,
     padded_batch_size,
 )
+from inferlab.models.config import ModelConfig
+from inferlab.models.llama import LlamaForCausalLM
 
 
 def test_default_sizes_are_small_powers_then_multiples_of_eight() -> None:
@@ -89,6 +95,30 @@ def test_rejects_mismatched_inputs() -> None:
     with pytest.raises(InferlabError, match="CUDA device"):
         DecodeGraphs(RecordingStep(), {"ids": torch.zeros(8)}, {"ids": 0},
                      CudaGraphConfig(max_batch_size=8), use_graphs=True)
+
+
+def test_a_dropped_graph_runner_is_freed_by_reference_counting_alone() -> None:
+    """LLMEngine gc.freeze()s what exists when it is built, so the collector never frees a
+    dropped engine's cycles: a runner whose graphs refer back to it would keep its KV cache
+    (and on a GPU, the graphs' memory) for the rest of the process."""
+    cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=64, hidden_size=32,
+                      intermediate_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                      head_dim=8, max_position_embeddings=128)
+    model = LlamaForCausalLM(cfg).eval()
+    gc.collect()
+    gc.disable()
+    try:
+        runner = ModelRunner(model, RunnerConfig(num_blocks=8, block_size=16,
+                                                 kv_dtype=torch.float32,
+                                                 device=torch.device("cpu"),
+                                                 max_graph_batch_size=4, max_model_len=64))
+        assert runner.graphed is not None  # the graph path is built (its capture a CPU no-op)
+        refs = [weakref.ref(x) for x in (runner, runner.graphed, runner.graphed.graphs,
+                                         runner.kv_caches[0][0])]
+        del runner
+        assert [r() is None for r in refs] == [True] * len(refs)
+    finally:
+        gc.enable()
 
 
 @pytest.mark.gpu
