@@ -28,7 +28,12 @@ model), the kernel tests compiled on the GPU, then this script:
     export PYTHONPATH=. PYTHONUNBUFFERED=1; python3 -m pytest -q -m gpu tests/kernels 2>&1 |
       tee $OUT/gpu-tests.log; python3 benchmarks/gpu.py --json $OUT/gpu.json 2>&1 | tee $OUT/gpu.log
 
-`--embedded-gguf PATH` points step 3 at the real file where one has been brought over.
+`--embedded-gguf PATH` points step 3 at the real file where one has been brought over. The
+file travels in two calls, since ignored files a call brought stay for the next one: here,
+`split -b 60M "$(.venv/bin/python -c 'from inferlab.models.loader import embedded_model_path
+as p; print(p())')" build/gguf.` (build/ is ignored); a first
+call `true` carrying build/gguf.aa; then the line above carrying build/gguf.ab, led by
+`cat build/gguf.a? > /tmp/smollm2.gguf;` and with `--embedded-gguf /tmp/smollm2.gguf`.
 
 Beside it: gpu_report.py (settings, the report, the timer, step 1), gpu_kernels.py (step 2 and
 the quantized layers) and gpu_models.py (the models and workloads); steps 3-6 are here.
