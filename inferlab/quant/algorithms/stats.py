@@ -1,7 +1,8 @@
 """Running statistics of a linear layer's inputs, gathered batch by batch during calibration.
 
 Nothing keeps all activations: the Hessian (GPTQ, SparseGPT) and the per-channel means and
-maxima (AWQ, SmoothQuant) are sums, and AWQ's search keeps a bounded random sample of rows.
+maxima (AWQ, SmoothQuant) are sums, and AWQ's search keeps a random sample of at most
+`sample_rows` rows, whatever the number of batches.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ class InputStats:
         self.abs_sum = torch.zeros(in_features, dtype=torch.float64)  # sum |x| per channel
         self.abs_max = torch.zeros(in_features)  # max |x| per channel
         self.sample_rows = sample_rows
-        self._samples: list[torch.Tensor] = []
+        self._samples = torch.zeros(0, in_features)  # [<= sample_rows, K], in arrival order
+        self._sample_keys = torch.zeros(0)  # [<= sample_rows], the kept rows' random keys
         self._generator = torch.Generator().manual_seed(seed)
 
     def add(self, x: torch.Tensor, row_weights: torch.Tensor | None = None) -> None:
@@ -38,9 +40,24 @@ class InputStats:
         self.abs_sum += a.sum(dim=0).double()
         torch.maximum(self.abs_max, a.amax(dim=0), out=self.abs_max)
         if self.sample_rows:
-            take = min(x.shape[0], self.sample_rows)
-            rows = torch.randperm(x.shape[0], generator=self._generator)[:take]
-            self._samples.append(x[rows].clone())
+            self._keep_sample(x)
+
+    def _keep_sample(self, x: torch.Tensor) -> None:
+        """Reservoir sampling by random keys: every row seen gets a uniform key and the rows
+        with the `sample_rows` smallest keys so far are kept. The sample is then a uniform
+        random subset of all rows of all batches while memory stays at the cap; thinning at the
+        end instead would hold up to a cap's worth per batch until then."""
+        keys = torch.cat([self._sample_keys, torch.rand(x.shape[0], generator=self._generator)])
+        rows = torch.cat([self._samples, x])  # a copy: x may be a view of the layer's activations
+        if rows.shape[0] > self.sample_rows:
+            keep = keys.topk(self.sample_rows, largest=False).indices.sort().values
+            keys, rows = keys[keep], rows[keep]
+        self._sample_keys, self._samples = keys, rows
+
+    @property
+    def held_rows(self) -> int:
+        """Sample rows in memory (at most `sample_rows`)."""
+        return self._samples.shape[0]
 
     def hessian(self) -> torch.Tensor:
         """H = 2 X^T D X / sum(D) [K, K] fp32 (D: row weights): the curvature of the layer's
@@ -53,16 +70,14 @@ class InputStats:
         return (self.abs_sum / max(self.tokens, 1)).float()
 
     def samples(self) -> torch.Tensor:
-        """A random subset of input rows [<= sample_rows, K], spread over all batches."""
-        rows = torch.cat(self._samples) if self._samples else torch.zeros(0, self.in_features)
-        if rows.shape[0] > self.sample_rows:  # evenly over batches, the same rows every call
-            rows = rows[torch.linspace(0, rows.shape[0] - 1, self.sample_rows).long()]
-        return rows
+        """A uniform random subset of the input rows [<= sample_rows, K], in arrival order
+        (all of them while they fit); the same rows every call."""
+        return self._samples
 
     def scale_inputs(self, scale: torch.Tensor) -> None:
         """The producer was divided by `scale` [K]: the inputs are now x / scale, and every
         statistic follows exactly (X^T X becomes S^-1 X^T X S^-1)."""
-        self._samples = [rows / scale for rows in self._samples]
+        self._samples = self._samples / scale
         self.abs_sum /= scale.double()
         self.abs_max /= scale
         if self.xtx is not None:
