@@ -36,19 +36,17 @@ call `true` carrying build/gguf.aa; then the line above carrying build/gguf.ab, 
 `cat build/gguf.a? > /tmp/smollm2.gguf;` and with `--embedded-gguf /tmp/smollm2.gguf`.
 
 Beside it: gpu_report.py (settings, the report, the timer, step 1), gpu_kernels.py (step 2 and
-the quantized layers) and gpu_models.py (the models and workloads); steps 3-6 are here.
+the quantized layers), gpu_models.py (the models and workloads) and gpu_memory.py (step 6);
+steps 3-5 are here.
 """
 
 from __future__ import annotations
 
 import argparse
-import gc
 import itertools
 import json
-import os
 import statistics
 import sys
-import weakref
 from pathlib import Path
 
 import torch
@@ -57,6 +55,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from gpu_kernels import QUANT_VARIANTS, kernel_section, quantized_layer  # noqa: E402
+from gpu_memory import memory_section  # noqa: E402
 from gpu_models import (  # noqa: E402
     SMOLLM_135M,
     TINY,
@@ -80,7 +79,6 @@ from gpu_report import (  # noqa: E402
 )
 
 from inferlab.engine.llm_engine import LLMEngine  # noqa: E402
-from inferlab.engine.platform import available_memory_bytes  # noqa: E402
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions  # noqa: E402
 from inferlab.models.config import ModelConfig  # noqa: E402
 from inferlab.models.llama import LlamaForCausalLM  # noqa: E402
@@ -304,65 +302,6 @@ def quant_section(s: Settings, report: Report, ceilings: Ceilings, loaded: Loade
                        base[0] / single, "x")
             report.add("quantized", f"{name}: decode speed-up over bf16, batch {s.quant_batch}",
                        base[1] / batched, "x")
-
-
-# --- 6. the KV cache sized from --gpu-memory-utilization ------------------------------------------
-
-UTILIZATION = 0.5
-# What the profile run does not see: the CUDA graphs' pool and workspaces, allocator rounding.
-MEMORY_SLACK_BYTES = 2 * 2**30
-
-
-def memory_in_use(device: torch.device) -> tuple[int, int]:
-    """(used, total) bytes: the GPU's as CUDA reports them (every process, the CUDA context
-    included); on the smoke run the host's, where nothing is checked."""
-    if device.type == "cuda":
-        free, total = torch.cuda.mem_get_info(device)
-        return total - free, total
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return total - (available_memory_bytes(device) or 0), total
-
-
-def memory_section(s: Settings, report: Report, loaded: LoadedModel) -> None:
-    """The engine sizing its own KV cache (engine/memory_profile.py's profile run), which every
-    other engine here skips by being told its cache's bytes; then the same engine dropped."""
-    gib = 2**30
-    before, total = memory_in_use(s.device)
-    # CPU (the smoke run): no profile path, and a CPU engine's default cache is 2 GiB
-    kv = None if s.device.type == "cuda" else 2**26
-    engine = make_engine(loaded, "bfloat16", s.device, kv, 256, 2048,
-                         gpu_memory_utilization=UTILIZATION)
-    kv_bytes = engine.num_kv_blocks * engine.config.block_size * engine.kv_bytes_per_token
-    # one full step (max_num_batched_tokens of prompt) so that its activations count too
-    run_engine(engine, random_workload(16, (512, 512), (2, 2), loaded.config.vocab_size, 5),
-               s.device)
-    used, _ = memory_in_use(s.device)
-    limit = UTILIZATION * total + MEMORY_SLACK_BYTES
-    report.add("memory", f"KV cache chosen for --gpu-memory-utilization {UTILIZATION:g}",
-               kv_bytes / gib, "GiB")
-    report.add("memory", f"device memory used before the engine, of {total / gib:.1f} GiB",
-               before / gib, "GiB")
-    report.add("memory", "device memory used with the engine, after a full step", used / gib,
-               "GiB")
-    report.target("memory", f"used <= {UTILIZATION:g} x total + {MEMORY_SLACK_BYTES / gib:g} "
-                  "GiB slack", used <= limit, f"{used / gib:.1f} <= {limit / gib:.1f} GiB")
-    # Reference counting alone must free it: LLMEngine gc.freeze()s, so the collector would not.
-    gc.disable()
-    try:
-        engine_ref = weakref.ref(engine)
-        del engine
-        freed = engine_ref() is None
-    finally:
-        gc.enable()
-    if s.device.type == "cuda":
-        torch.cuda.empty_cache()
-    after, _ = memory_in_use(s.device)
-    report.check("memory", "a dropped engine is freed by reference counting", freed,
-                 "freed" if freed else "still referenced: a reference cycle")
-    report.add("memory", "device memory used once the engine is dropped", after / gib, "GiB")
-    report.target("memory", "the dropped engine's memory is back",
-                  after - before <= MEMORY_SLACK_BYTES,
-                  f"{(after - before) / gib:+.2f} GiB against before it")
 
 
 # --- the run ---------------------------------------------------------------------------------------
