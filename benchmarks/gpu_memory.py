@@ -5,7 +5,6 @@ the same engine dropped: the memory it used and gave back."""
 from __future__ import annotations
 
 import gc
-import os
 import weakref
 
 import torch
@@ -14,6 +13,7 @@ from gpu_report import Report, Settings
 
 from inferlab.engine.platform import available_memory_bytes
 from inferlab.models.loader import LoadedModel
+from inferlab.planner.measure import physical_memory_bytes
 
 UTILIZATION = 0.5
 # What the profile run does not see: the CUDA graphs' pool and workspaces, allocator rounding.
@@ -26,7 +26,7 @@ def memory_in_use(device: torch.device) -> tuple[int, int]:
     if device.type == "cuda":
         free, total = torch.cuda.mem_get_info(device)
         return total - free, total
-    total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    total = physical_memory_bytes()
     return total - (available_memory_bytes(device) or 0), total
 
 

@@ -168,7 +168,8 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     top_k = torch.tensor([p.top_k or vocab for p in picked], device=device)
     top_p = torch.tensor([p.top_p for p in picked], device=device)
     index = torch.tensor(rows, device=device)
-    tempered = _tempered(logits[index], [p.temperature or 1.0 for p in picked])  # [R, V]
+    asking = logits[index]  # [R, V]
+    tempered = _tempered(asking, [p.temperature or 1.0 for p in picked])
     sorted_logits, order = tempered.sort(dim=-1, descending=True)  # [R, V]
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= top_k[:, None]
@@ -179,7 +180,7 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
     dropped = torch.empty_like(drop).scatter_(-1, order, drop)  # [R, V], vocabulary order
     logits = logits.clone()
-    logits[index] = logits[index].masked_fill(dropped, float("-inf"))
+    logits[index] = asking.masked_fill(dropped, float("-inf"))
     return logits
 
 

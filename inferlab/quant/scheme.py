@@ -148,7 +148,6 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
         raise InferlabError(f"{where}: output activation quantization is not supported")
     if weights.get("dynamic"):
         raise InferlabError(f"{where}: dynamic weight quantization is not supported")
-    group_act_order(weights, where)  # its g_idx is checked per layer, against the tensors
     strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
     if strategy not in (CHANNEL, GROUP, TENSOR):
         raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "

@@ -42,8 +42,7 @@ def test_num_threads_reaches_the_async_engine_thread(make_llm):
         engine.observe_steps(probe.step)
 
         async def run() -> None:
-            async for _ in engine.generate("Hello", SamplingParams(max_tokens=3), "threads"):
-                pass
+            [_ async for _ in engine.generate("Hello", SamplingParams(max_tokens=3), "threads")]
             await engine.shutdown(timeout_s=10)
 
         asyncio.run(run())
