@@ -126,7 +126,7 @@ static inline __attribute__((always_inline)) void int8_blocks(
         for (int b = 0; b < 2; b++)
             for (int m = 0; m < ROWS; m++) acc[p][b][m] = (__v16si)_mm512_setzero_si512();
     for (int64_t qd = 0; qd < quads; qd += 2) {
-        for (int b = 0; b < 2; b++) _mm_prefetch(pair_prefetch_at(w[b], (qd + 32) * 64, quads * 64), _MM_HINT_T0);
+        for (int b = 0; b < 2; b++) _mm_prefetch(task_prefetch_at(w[b], (qd + 32) * 64, quads * 64, 2), _MM_HINT_T0);
         for (int p = 0; p < 2; p++) {
             __m512i xv[TILE_ROWS];
             for (int m = 0; m < ROWS; m++) {
@@ -168,7 +168,7 @@ static inline __attribute__((always_inline)) void fp8_blocks(
         for (int b = 0; b < 2; b++)
             for (int m = 0; m < ROWS; m++) acc[p][b][m] = _mm512_setzero_ps();
     for (int64_t pair = 0; pair < k / 2; pair += 2) {
-        for (int b = 0; b < 2; b++) _mm_prefetch(pair_prefetch_at(w[b], (pair + 64) * 32, k / 2 * 32), _MM_HINT_T0);
+        for (int b = 0; b < 2; b++) _mm_prefetch(task_prefetch_at(w[b], (pair + 64) * 32, k / 2 * 32, 2), _MM_HINT_T0);
         for (int p = 0; p < 2; p++) {
             __m512bh wv[2] = {fp8_pair(w[0] + (pair + p) * 32), fp8_pair(w[1] + (pair + p) * 32)};
             for (int m = 0; m < ROWS; m++) {

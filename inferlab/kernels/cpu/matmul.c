@@ -65,7 +65,7 @@ static inline __attribute__((always_inline)) void vnni_blocks(
         __m512bh xv[VNNI_MAX_ROWS];
         for (int m = 0; m < ROWS; m++) xv[m] = broadcast_pair(x + m * x_stride, kp);
         for (int b = 0; b < 2; b++) {  /* 2 KiB ahead on each weight stream */
-            _mm_prefetch(pair_prefetch_at(w[b], (kp + 32) * 64, pairs * 64), _MM_HINT_T0);
+            _mm_prefetch(task_prefetch_at(w[b], (kp + 32) * 64, pairs * 64, 2), _MM_HINT_T0);
             __m512bh wv = (__m512bh)_mm512_loadu_si512(w[b] + kp * 32);
             for (int m = 0; m < ROWS; m++) acc[b][m] = _mm512_dpbf16_ps(acc[b][m], wv, xv[m]);
         }
