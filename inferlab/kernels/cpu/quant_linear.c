@@ -7,7 +7,10 @@
  *
  *   int8 [N/16][K/4][16][4]: u = q + 128, one quad per line, as loaded.
  *   int4 [N/16][K/8][64] bytes: u = q + 8, byte 4j + i holding output j's inputs i (low
- *        nibble) and 4 + i (high nibble): a mask and a shift give a line's two quads.
+ *        nibble) and 4 + i (high nibble): a mask and a shift give a line's two quads. The
+ *        blocks of a pair (2p, 2p + 1), which a task reads together, alternate line by line
+ *        ([K/8][2][64] a pair; an odd last block alone), so that a task reads one stream: the
+ *        model's int4 linears read 13-15% faster than from two streams 4.6-12 KB apart.
  *   (inferlab/quant/formats/vnni.py packs both.)
  *   group_scale bf16 [K/group][N]; group_zero (zero points, bf16, same shape) or NULL; bias bf16
  *   [N] or NULL. Scales in bf16, the compute dtype, as vLLM's weight-only kernels take them:
@@ -137,12 +140,27 @@ typedef struct {
     int64_t block;
 } act_t;
 
+/* Where block b's weight lines start and how many bytes apart they are (see the layouts
+ * above): int4 pairs of blocks alternate their lines; int8 blocks follow one another. */
+typedef struct {
+    const uint8_t *start;
+    int64_t stride;
+} lines_t;
+
+static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) {
+    const int64_t block_bytes = l->k_in * 2 * BITS;
+    const uint8_t *weight = (const uint8_t *)l->weight;
+    if (BITS == 8 || (b ^ 1) >= l->n_out / 16)  /* int8, or int4's odd last block */
+        return (lines_t){weight + b * block_bytes, LINE};
+    return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
+}
+
 /* The int32 sums of q * xq over activation block a for two 16-output blocks, from the unsigned
  * codes u = q + offset (int8: one quad per 64-byte line; int4: two): vpdpbusd multiplies u by
  * each half of xq = 128 hi + lo, and offset * sum(xq) comes off in integers, so nothing
  * cancels in floating point. At most 16 quads of 255 * 2^7 * 4 per half: below 2^29 in all. */
 static inline __attribute__((always_inline)) void block_sums(
-        const uint8_t *const w[2], const int BITS, const int NB, const act_t *x, int64_t k, int64_t a,
+        const lines_t w[2], const int BITS, const int NB, const act_t *x, int64_t k, int64_t a,
         const int ROWS, __m512i sums[2][TILE_ROWS]) {
     const int quads_per_line = BITS == 8 ? 1 : 2;
     const int64_t act_blocks = k / x->block, lines = x->block / (4 * quads_per_line);
@@ -152,8 +170,11 @@ static inline __attribute__((always_inline)) void block_sums(
     for (int64_t line = a * lines; line < (a + 1) * lines; line++) {
         __m512i quads[2][2];
         for (int b = 0; b < NB; b++) {
-            const uint8_t *src = w[b] + line * LINE;
-            _mm_prefetch(task_prefetch_at(w[b], line * LINE + 2048, act_blocks * lines * LINE, NB), _MM_HINT_T0);
+            const uint8_t *src = w[b].start + line * w[b].stride;
+            /* 32 lines ahead; an int4 pair's stream runs on into the next pair by itself */
+            _mm_prefetch(BITS == 4 ? (const char *)src + 32 * w[b].stride
+                                   : task_prefetch_at(w[b].start, line * LINE + 2048, act_blocks * lines * LINE, NB),
+                         _MM_HINT_T0);
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
             else int4_quads(src, quads[b]);
         }
@@ -187,8 +208,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
         int64_t b0) {
     const int64_t n = l->n_out, k = l->k_in, blocks = n / 16, act_blocks = k / x->block;
     const int nb = blocks - b0 < NB ? 1 : NB;
-    const uint8_t *w[2] = {(const uint8_t *)l->weight + b0 * k * 2 * BITS,
-                           (const uint8_t *)l->weight + (b0 + nb - 1) * k * 2 * BITS};
+    const lines_t w[2] = {block_lines(l, BITS, b0), block_lines(l, BITS, b0 + nb - 1)};
     __m512 out[2][TILE_ROWS];
     for (int b = 0; b < NB; b++)
         for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
@@ -283,7 +303,7 @@ static inline __attribute__((always_inline)) void dequantize_block(
         const linear_t *l, const int BITS, int64_t b, uint16_t *packed) {
     const int64_t n = l->n_out, k = l->k_in, pairs = k / 2, pairs_per_line = BITS == 8 ? 2 : 4;
     const int64_t lines_per_group = l->group / (2 * pairs_per_line);
-    const uint8_t *src = (const uint8_t *)l->weight + b * k * 16 * BITS / 8;
+    const lines_t src = block_lines(l, BITS, b);
     const __m512i spread[2] = {
         _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
         _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)};
@@ -299,7 +319,7 @@ static inline __attribute__((always_inline)) void dequantize_block(
         }
         for (int64_t line = g * lines_per_group; line < (g + 1) * lines_per_group; line++) {
             __m512bh v[4];
-            decode_line(src + line * LINE, BITS, v);
+            decode_line(src.start + line * src.stride, BITS, v);
             for (int i = 0; i < pairs_per_line; i++) {
                 __m512i words = (__m512i)v[i];
                 __m512 w[2];

@@ -11,6 +11,8 @@ pair of inputs side by side) or of `vpdpbusd` (quads), so a load decodes into wh
 * int4 [N/16, K/8, 64] bytes: one 64-byte line per 16 outputs and 8 inputs holding u = q + 8,
   byte 4j + i holding output j's input i in its low nibble and input 4 + i in its high one: a
   mask gives the line's first input quad as vpdpbusd's unsigned bytes, a shift the second.
+  Blocks 2p and 2p + 1, which the kernel reads together, alternate line by line (the pair is
+  [K/8, 2, 64]; an odd last block stays alone), so that it reads them as one stream.
 """
 
 from __future__ import annotations
@@ -47,21 +49,30 @@ def _int4_line_map() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     return pos // 4, pos % 4, 4 + pos % 4
 
 
+def _swap_pair_lines(blocks: torch.Tensor, interleave: bool) -> torch.Tensor:
+    """[N/16, L, 64] block by block <-> the same bytes with each pair's lines alternating."""
+    count, lines, _ = blocks.shape
+    even = count // 2 * 2
+    pairs = blocks[:even].reshape(count // 2, 2, lines, 64) if interleave \
+        else blocks[:even].reshape(count // 2, lines, 2, 64)
+    return torch.cat([pairs.transpose(1, 2).reshape(even, lines, 64), blocks[even:]])
+
+
 def pack_int4(codes: torch.Tensor) -> torch.Tensor:
     """int8 [N, K] in [-8, 7] -> uint8 [N/16, K/8, 64]: per 16-output block, one 64-byte line per
-    8 inputs, nibbles placed by _int4_line_map."""
+    8 inputs, nibbles placed by _int4_line_map; pairs of blocks interleaved."""
     n, k = codes.shape
     u = (codes.to(torch.int16) + 8).to(torch.uint8).reshape(n // 16, 16, k // 8, 8)
     j, low, high = _int4_line_map()
     lines = u[:, j, :, low] | (u[:, j, :, high] << 4)  # [64, N/16, K/8]
-    return lines.permute(1, 2, 0).contiguous()
+    return _swap_pair_lines(lines.permute(1, 2, 0), interleave=True)
 
 
 def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [N/16, K/8, 64] -> int8 codes [N, K] in [-8, 7]."""
     blocks, octets, _ = packed.shape
     j, low, high = _int4_line_map()
-    lines = packed.permute(2, 0, 1)  # [64, N/16, K/8]
+    lines = _swap_pair_lines(packed, interleave=False).permute(2, 0, 1)  # [64, N/16, K/8]
     u = torch.empty(blocks, 16, octets, 8, dtype=torch.uint8)
     u[:, j, :, low] = lines & 15
     u[:, j, :, high] = lines >> 4
