@@ -109,8 +109,8 @@ def test_c_dequantizing_path_matches_the_held_weight(name: str, scale_dtype: tor
     bf16 scales: a bf16 checkpoint's (what `inferlab quantize` writes for a bf16 model) as they
     are, fp32 ones rounded once."""
     gen = torch.Generator().manual_seed(5)
-    qw = quantize_rtn(torch.randn(96, 128, generator=gen), make_scheme(name, 32, True).weights, scale_dtype)
-    bias = torch.randn(96, generator=gen).to(torch.bfloat16)
+    qw = quantize_rtn(torch.randn(112, 128, generator=gen), make_scheme(name, 32, True).weights, scale_dtype)
+    bias = torch.randn(112, generator=gen).to(torch.bfloat16)  # 7 blocks: an odd last one
     layer = build_quant_linear(qw, None, bias, torch.bfloat16)
     x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
     weight_bf16 = held_weight(layer).to(torch.bfloat16).double()

@@ -39,7 +39,7 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define TILE_ROWS 4
-#define LINE 64 /* bytes of one block's weights per step; prefetched 2 KiB ahead */
+#define LINE 64 /* bytes of one block's weights per step; prefetched 32 steps ahead */
 
 /* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
  * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
@@ -155,7 +155,7 @@ static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) 
     return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
 }
 
-/* The int32 sums of q * xq over activation block a for two 16-output blocks, from the unsigned
+/* The int32 sums of q * xq over activation block a for NB 16-output blocks, from the unsigned
  * codes u = q + offset (int8: one quad per 64-byte line; int4: two): vpdpbusd multiplies u by
  * each half of xq = 128 hi + lo, and offset * sum(xq) comes off in integers, so nothing
  * cancels in floating point. At most 16 quads of 255 * 2^7 * 4 per half: below 2^29 in all. */
