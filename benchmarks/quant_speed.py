@@ -10,7 +10,8 @@ cache, so that every phase weighs on all of them alike; prefills round-robin for
 rounds. Medians are taken: compare the ratios, not the absolute times.
 
 Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--lm-head] [--layer-sweep]
-     [--linears-alone] [--json out.json]
+     [--json out.json]
+(The linears alone against a plain read of their bytes: benchmarks/linear_floor.py.)
 Targets (issue 7): W8A16 decode >= 1.5x bf16, W4A16 decode >= 2x, W8A8 prefill >= 1.2x;
 resident linear bytes <= 0.55x (int8) and <= 0.35x (int4) of bf16.
 """
@@ -20,7 +21,6 @@ from __future__ import annotations
 import argparse
 import atexit
 import copy
-import ctypes
 import gc
 import json
 import os
@@ -30,7 +30,6 @@ import time
 import torch
 from torch import nn
 
-from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
@@ -147,33 +146,6 @@ def _paths_ms(x: torch.Tensor, layers: dict[str, nn.Module], reps: int) -> dict[
     return {name: best_seconds(lambda layer=layer: layer(x), reps) * 1e3 for name, layer in layers.items()}
 
 
-def linears_alone(variants: dict[str, dict[str, nn.Module]], rounds: int) -> None:
-    """One decode row through every decoder linear of each variant, nothing else: the C entry
-    point the decode layer calls (not the Python wrapper, ~10 us a call), the weights coming
-    from memory as in a step. Prints ms and the rate the weights stream at."""
-    lib = cpu_ops._library()
-    if lib is None or not cpu_ops.quant_linear_available():
-        print("linears alone: the C kernels are not available here")
-        return
-    calls = {name: [(m.c_desc(), m.in_features) for m in modules.values()]
-             for name, modules in variants.items() if all(hasattr(m, "c_desc") for m in modules.values())}
-    widest = max(k for descs in calls.values() for _, k in descs)
-    x = torch.randn(1, widest).to(torch.bfloat16)
-    y = torch.empty(1, max(d.n_out for descs in calls.values() for d, _ in descs), dtype=torch.bfloat16)
-    seconds: dict[str, list[float]] = {name: [] for name in calls}
-    for _ in range(rounds):
-        for name, descs in calls.items():
-            start = time.perf_counter()
-            for desc, k in descs:
-                if lib.linear_forward(ctypes.byref(desc), x.data_ptr(), k, 1, y.data_ptr()):
-                    raise MemoryError("linear_forward could not allocate its scratch memory")
-            seconds[name].append(time.perf_counter() - start)
-    print(f"linears alone, one row, median of {rounds} rounds:")
-    for name, times in seconds.items():
-        t, nbytes = statistics.median(times), linear_bytes(variants[name])
-        print(f"  {name:12} {t * 1e3:7.2f} ms  {nbytes / 1e6:7.1f} MB  {nbytes / t / 1e9:5.1f} GB/s")
-
-
 @torch.no_grad()
 def layer_sweep(net: nn.Module, group: int, reps: int) -> dict:
     """Speed vs packed bf16 of each weight-only layer on the model's linear shapes, by row count:
@@ -216,8 +188,6 @@ def main() -> None:
     parser.add_argument("--lm-head", action="store_true",
                         help="quantize the lm_head too (as `inferlab quantize --ignore` with no "
                              "names does); by default it stays bf16 in every variant")
-    parser.add_argument("--linears-alone", action="store_true",
-                        help="also time one decode row through each variant's linears alone")
     parser.add_argument("--layer-sweep", action="store_true",
                         help="also time each kernel path on the model's linear shapes by row count")
     args = parser.parse_args()
@@ -245,8 +215,6 @@ def main() -> None:
         steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps)
         for name, times in steps.items():
             results[name]["decode_ms"] += times
-    if args.linears_alone:
-        linears_alone(variants, 5 * args.rounds)
     base = {k: statistics.median(v) for k, v in results["bf16"].items()}
     dense_bytes = linear_bytes(dense)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "

@@ -1,0 +1,165 @@
+"""The decode linears against the memory floor: each variant's decoder linears (bf16, W8A16,
+W4A16, ...) at one row, called back to back from C as the decode layer calls them, beside a
+plain two-thread read of the same weight buffers in the same order and split.
+
+Why: a single-row decode step is bound by reading the weights, so the speed of a quantized
+linear is its bytes over the rate it streams them. This says how much of that rate a kernel
+leaves on the table (its time over the plain read's) apart from the machine's bandwidth, which
+on this VM moves from minute to minute. The caches are flushed before every pass, as in a decode
+step, where the lm_head and the other layers have evicted a layer's weights by its next turn;
+without the flush a 56 MB int4 model finds part of itself still cached (this VM holds tens of MB
+beyond its L3). The plain read covers the weight codes only: group scales (6% more bytes for
+int4 in groups of 64) and the activations' quantization are part of what the kernel costs.
+Variants and the reads take turns, so a slow second falls on all of them; medians are printed.
+
+The plain read is the roofline here: what this machine's memory gives this access pattern in
+the same minute. Compiles a small C file with the system's `cc` that calls the engine's own
+`linear_forward` through a function pointer, so the kernels measured are the library the engine
+loads.
+
+    .venv/bin/python benchmarks/linear_floor.py [MODEL] [--schemes W8A16,W4A16] [--turns 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from quant_speed import largest_group, measured, quantized_modules
+
+from inferlab.kernels import cpu_ops
+from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.models.loader import load_model
+
+SOURCE = r"""
+#include <immintrin.h>
+#include <omp.h>
+#include <time.h>
+#include "kernels.h"
+
+typedef int (*forward_fn)(const linear_t *, const uint16_t *, int64_t, int64_t, uint16_t *);
+
+static double now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+/* Every 64-byte line of [buf, buf + n) loaded and fed to one vpdpbusd (a loop the compiler cannot
+ * drop), with the kernels' software prefetch: 2 KB ahead into L1. */
+static int32_t read_span(const uint8_t *buf, int64_t n) {
+    __m512i acc = _mm512_setzero_si512(), ones = _mm512_set1_epi32(0x01010101);
+    for (int64_t i = 0; i + 64 <= n; i += 64) {
+        _mm_prefetch((const char *)buf + i + 2048, _MM_HINT_T0);
+        acc = _mm512_dpbusd_epi32(acc, _mm512_loadu_si512(buf + i), ones);
+    }
+    return _mm512_reduce_add_epi32(acc);
+}
+
+/* Both threads read their half of [buf, buf + n). */
+static int32_t read_shared(const uint8_t *buf, int64_t n) {
+    int32_t sum = 0;
+#pragma omp parallel reduction(+ : sum)
+    {
+        const int64_t half = n / omp_get_num_threads() / 64 * 64;
+        sum += read_span(buf + omp_get_thread_num() * half, half);
+    }
+    return sum;
+}
+
+static int64_t code_bytes(const linear_t *l) {
+    const int64_t values = l->n_out * l->k_in;
+    return l->kind == LINEAR_BF16 ? 2 * values : l->kind == LINEAR_INT4 ? values / 2 : values;
+}
+
+int32_t flush_caches(const uint8_t *junk, int64_t n) { return read_shared(junk, n); }
+
+/* Seconds for one pass of the n linears at one row (x, y: scratch wide enough), or -1 when a
+ * kernel could not allocate its scratch memory. */
+double time_linears(forward_fn forward, const linear_t *ls, int64_t n, const uint16_t *x, uint16_t *y) {
+    double start = now();
+    for (int64_t i = 0; i < n; i++)
+        if (forward(&ls[i], x, ls[i].k_in, 1, y)) return -1.0;
+    return now() - start;
+}
+
+/* Seconds for a plain read of the n linears' weight codes, in their order, split as the kernels
+ * split them between the threads. */
+double time_reads(const linear_t *ls, int64_t n, int32_t *sink) {
+    double start = now();
+    for (int64_t i = 0; i < n; i++) *sink += read_shared(ls[i].weight, code_bytes(&ls[i]));
+    return now() - start;
+}
+"""
+
+FLUSH_BYTES = 192 << 20  # six times this VM's 32 MiB L3, past the tens of MB it holds beyond it
+
+
+def build_harness(workdir: Path) -> ctypes.CDLL:
+    source, library = workdir / "floor.c", workdir / "floor.so"
+    source.write_text(SOURCE)
+    subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
+                    f"-I{cpu_ops.SOURCES[0].parent}", "-o", str(library), str(source)], check=True)
+    lib = ctypes.CDLL(str(library))
+    lib.time_linears.restype = lib.time_reads.restype = ctypes.c_double
+    lib.time_linears.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    lib.time_reads.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
+    lib.flush_caches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    return lib
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("model", nargs="?", default=None)
+    parser.add_argument("--schemes", default="W8A16,W4A16")
+    parser.add_argument("--group-size", type=int, default=128)
+    parser.add_argument("--turns", type=int, default=20)
+    args = parser.parse_args()
+    lib = cpu_ops._library()
+    if lib is None or not cpu_ops.quant_linear_available() or not packed_linear_supported(
+            torch.device("cpu"), torch.bfloat16):
+        raise SystemExit("the C linear kernels are not available on this machine")
+    net = load_model(args.model, torch.bfloat16).model
+    group = largest_group(net, args.group_size)
+    variants = {name: quantized_modules(net, name, group, False) for name in args.schemes.split(",")}
+    use_packed_linears(net)
+    variants = {"bf16": {n: m for n, m in net.named_modules() if measured(n, False)}, **variants}
+    if not all(hasattr(m, "c_desc") for ms in variants.values() for m in ms.values()):
+        raise SystemExit("a variant's linears have no C kernel here")
+    descs = {name: (cpu_ops.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
+             for name, ms in variants.items()}
+    widest = max(d.k_in for ds in descs.values() for d in ds)
+    x = torch.randn(widest).to(torch.bfloat16)
+    y = torch.empty(max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
+    junk, sink = torch.ones(FLUSH_BYTES, dtype=torch.uint8), ctypes.c_int32(0)
+    forward = ctypes.cast(lib.linear_forward, ctypes.c_void_p)
+    with tempfile.TemporaryDirectory() as tmp:
+        harness = build_harness(Path(tmp))
+        times: dict[tuple[str, str], list[float]] = {}
+        for _ in range(args.turns):
+            for name, ds in descs.items():
+                harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
+                seconds = harness.time_linears(forward, ds, len(ds), x.data_ptr(), y.data_ptr())
+                if seconds < 0:
+                    raise MemoryError("linear_forward could not allocate its scratch memory")
+                times.setdefault((name, "kernel"), []).append(seconds)
+                harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
+                times.setdefault((name, "read"), []).append(harness.time_reads(ds, len(ds), ctypes.byref(sink)))
+    print(f"{len(next(iter(descs.values())))} decoder linears at one row, caches flushed before each pass, "
+          f"medians of {args.turns} turns (group size {group})")
+    print(f"{'variant':10} {'kernel ms':>10} {'GB/s':>6} {'read ms':>8} {'GB/s':>6} {'kernel / read':>14}")
+    for name, ds in descs.items():
+        kernel, read = statistics.median(times[(name, "kernel")]), statistics.median(times[(name, "read")])
+        codes = sum(d.n_out * d.k_in * {cpu_ops.LINEAR_BF16: 2.0, cpu_ops.LINEAR_INT4: 0.5}.get(d.kind, 1.0)
+                    for d in ds)
+        print(f"{name:10} {kernel * 1e3:10.3f} {codes / kernel / 1e9:6.1f} {read * 1e3:8.3f} "
+              f"{codes / read / 1e9:6.1f} {kernel / read:13.2f}x")
+
+
+if __name__ == "__main__":
+    main()
