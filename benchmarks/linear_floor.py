@@ -113,6 +113,37 @@ def build_harness(workdir: Path) -> ctypes.CDLL:
     return lib
 
 
+def variant_linears(model: str | None, schemes: list[str], group_size: int) -> tuple[dict, int]:
+    """Each variant's decoder linears, bf16 first, all with a C kernel; and the group size."""
+    net = load_model(model, torch.bfloat16).model
+    group = largest_group(net, group_size)
+    quantized = {name: quantized_modules(net, name, group, False) for name in schemes}
+    use_packed_linears(net)
+    variants = {"bf16": {n: m for n, m in net.named_modules() if measured(n, False)}, **quantized}
+    if not all(hasattr(m, "c_desc") for ms in variants.values() for m in ms.values()):
+        raise SystemExit("a variant's linears have no C kernel here")
+    return variants, group
+
+
+def interleaved_seconds(harness: ctypes.CDLL, descs: dict, turns: int) -> dict[tuple[str, str], list[float]]:
+    """(variant, "kernel" or "read") -> seconds of each turn's pass, every pass after a flush."""
+    forward = ctypes.cast(cpu_ops._library().linear_forward, ctypes.c_void_p)
+    x = torch.randn(max(d.k_in for ds in descs.values() for d in ds)).to(torch.bfloat16)
+    y = torch.empty(max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
+    junk, sink = torch.ones(FLUSH_BYTES, dtype=torch.uint8), ctypes.c_int32(0)
+    times: dict[tuple[str, str], list[float]] = {}
+    for _ in range(turns):
+        for name, ds in descs.items():
+            harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
+            seconds = harness.time_linears(forward, ds, len(ds), x.data_ptr(), y.data_ptr())
+            if seconds < 0:
+                raise MemoryError("linear_forward could not allocate its scratch memory")
+            times.setdefault((name, "kernel"), []).append(seconds)
+            harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
+            times.setdefault((name, "read"), []).append(harness.time_reads(ds, len(ds), ctypes.byref(sink)))
+    return times
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", default=None)
@@ -120,37 +151,16 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
-    lib = cpu_ops._library()
-    if lib is None or not cpu_ops.quant_linear_available() or not packed_linear_supported(
+    if cpu_ops._library() is None or not cpu_ops.quant_linear_available() or not packed_linear_supported(
             torch.device("cpu"), torch.bfloat16):
         raise SystemExit("the C linear kernels are not available on this machine")
-    net = load_model(args.model, torch.bfloat16).model
-    group = largest_group(net, args.group_size)
-    variants = {name: quantized_modules(net, name, group, False) for name in args.schemes.split(",")}
-    use_packed_linears(net)
-    variants = {"bf16": {n: m for n, m in net.named_modules() if measured(n, False)}, **variants}
-    if not all(hasattr(m, "c_desc") for ms in variants.values() for m in ms.values()):
-        raise SystemExit("a variant's linears have no C kernel here")
+    variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)
+    # pointers into the variants' tensors, which stay alive as long as `variants`
     descs = {name: (cpu_ops.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
              for name, ms in variants.items()}
-    widest = max(d.k_in for ds in descs.values() for d in ds)
-    x = torch.randn(widest).to(torch.bfloat16)
-    y = torch.empty(max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
-    junk, sink = torch.ones(FLUSH_BYTES, dtype=torch.uint8), ctypes.c_int32(0)
-    forward = ctypes.cast(lib.linear_forward, ctypes.c_void_p)
     with tempfile.TemporaryDirectory() as tmp:
-        harness = build_harness(Path(tmp))
-        times: dict[tuple[str, str], list[float]] = {}
-        for _ in range(args.turns):
-            for name, ds in descs.items():
-                harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
-                seconds = harness.time_linears(forward, ds, len(ds), x.data_ptr(), y.data_ptr())
-                if seconds < 0:
-                    raise MemoryError("linear_forward could not allocate its scratch memory")
-                times.setdefault((name, "kernel"), []).append(seconds)
-                harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
-                times.setdefault((name, "read"), []).append(harness.time_reads(ds, len(ds), ctypes.byref(sink)))
-    print(f"{len(next(iter(descs.values())))} decoder linears at one row, caches flushed before each pass, "
+        times = interleaved_seconds(build_harness(Path(tmp)), descs, args.turns)
+    print(f"{len(descs['bf16'])} decoder linears at one row, caches flushed before each pass, "
           f"medians of {args.turns} turns (group size {group})")
     print(f"{'variant':10} {'kernel ms':>10} {'GB/s':>6} {'read ms':>8} {'GB/s':>6} {'kernel / read':>14}")
     for name, ds in descs.items():
