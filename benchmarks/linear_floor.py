@@ -79,6 +79,13 @@ static int64_t code_bytes(const linear_t *l) {
 
 int32_t flush_caches(const uint8_t *junk, int64_t n) { return read_shared(junk, n); }
 
+/* Bytes of the n linears' weight codes: what time_reads reads. */
+int64_t total_code_bytes(const linear_t *ls, int64_t n) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < n; i++) total += code_bytes(&ls[i]);
+    return total;
+}
+
 /* Seconds for one pass of the n linears at one row (x, y: scratch wide enough), or -1 when a
  * kernel could not allocate its scratch memory. */
 double time_linears(forward_fn forward, const linear_t *ls, int64_t n, const uint16_t *x, uint16_t *y) {
@@ -110,6 +117,8 @@ def build_harness(workdir: Path) -> ctypes.CDLL:
     lib.time_linears.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
     lib.time_reads.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.flush_caches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
+    lib.total_code_bytes.restype = ctypes.c_int64
+    lib.total_code_bytes.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     return lib
 
 
@@ -151,24 +160,23 @@ def main() -> None:
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--turns", type=int, default=20)
     args = parser.parse_args()
-    if cpu_ops._library() is None or not cpu_ops.quant_linear_available() or not packed_linear_supported(
-            torch.device("cpu"), torch.bfloat16):
+    if not (cpu_ops.quant_linear_available() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)):
         raise SystemExit("the C linear kernels are not available on this machine")
     variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)
     # pointers into the variants' tensors, which stay alive as long as `variants`
     descs = {name: (cpu_ops.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
              for name, ms in variants.items()}
     with tempfile.TemporaryDirectory() as tmp:
-        times = interleaved_seconds(build_harness(Path(tmp)), descs, args.turns)
+        harness = build_harness(Path(tmp))
+        times = interleaved_seconds(harness, descs, args.turns)
+    codes = {name: harness.total_code_bytes(ds, len(ds)) for name, ds in descs.items()}
     print(f"{len(descs['bf16'])} decoder linears at one row, caches flushed before each pass, "
           f"medians of {args.turns} turns (group size {group})")
     print(f"{'variant':10} {'kernel ms':>10} {'GB/s':>6} {'read ms':>8} {'GB/s':>6} {'kernel / read':>14}")
-    for name, ds in descs.items():
+    for name in descs:
         kernel, read = statistics.median(times[(name, "kernel")]), statistics.median(times[(name, "read")])
-        codes = sum(d.n_out * d.k_in * {cpu_ops.LINEAR_BF16: 2.0, cpu_ops.LINEAR_INT4: 0.5}.get(d.kind, 1.0)
-                    for d in ds)
-        print(f"{name:10} {kernel * 1e3:10.3f} {codes / kernel / 1e9:6.1f} {read * 1e3:8.3f} "
-              f"{codes / read / 1e9:6.1f} {kernel / read:13.2f}x")
+        print(f"{name:10} {kernel * 1e3:10.3f} {codes[name] / kernel / 1e9:6.1f} {read * 1e3:8.3f} "
+              f"{codes[name] / read / 1e9:6.1f} {kernel / read:13.2f}x")
 
 
 if __name__ == "__main__":
