@@ -4,7 +4,11 @@ linear shapes, by row count (1 = a decode token, 2,048 = an offline prefill step
 rounds. Prints ms, TFLOP/s, the ratio and each side's fraction of the matmul rate
 `inferlab.planner.measure` finds in the same run.
 
-    .venv/bin/python benchmarks/gemm.py [--rows 1 16 64 512 2048] [--rounds 3]
+With --model-pass: instead, all of the model's linears (30 layers' four and the lm_head, 269 MB
+of bf16 weights: eight times the L3) called in the model's order, as a forward pass meets them,
+so each one's weights come from memory; the median pass of each side, alternating.
+
+    .venv/bin/python benchmarks/gemm.py [--rows 1 16 64 512 2048] [--rounds 3] [--model-pass]
 """
 
 from __future__ import annotations
@@ -34,10 +38,46 @@ def medians(dense: torch.nn.Linear, x: torch.Tensor, rounds: int) -> tuple[float
     return statistics.median(ours), statistics.median(theirs)
 
 
+def model_linears() -> list[torch.nn.Linear]:
+    """Random bf16 linears of the embedded model's shapes, in the order a forward pass calls them."""
+    from inferlab.models.loader import load_model
+
+    cfg = load_model(None, torch.bfloat16).config
+    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    layer = [(cfg.hidden_size, q + 2 * kv), (q, cfg.hidden_size), (cfg.hidden_size, 2 * cfg.intermediate_size),
+             (cfg.intermediate_size, cfg.hidden_size)]
+    shapes = layer * cfg.num_layers + [(cfg.hidden_size, cfg.vocab_size)]
+    return [torch.nn.Linear(k_in, n_out, bias=False).to(torch.bfloat16) for k_in, n_out in shapes]
+
+
+@torch.no_grad()
+def model_pass(rows: list[int], rounds: int, peak: float) -> None:
+    dense = model_linears()
+    packed = [PackedLinear(d) for d in dense]
+    weight_bytes = sum(d.weight.numel() * 2 for d in dense)
+    print(f"the model's {len(dense)} linears in order, {weight_bytes / 1e6:.0f} MB of weights")
+    for n in rows:
+        xs = [torch.randn(n, d.in_features, dtype=torch.bfloat16) for d in dense]
+        flops = sum(2 * n * d.in_features * d.out_features for d in dense)
+        sides = {"ours": lambda xs=xs: [p(x) for p, x in zip(packed, xs, strict=True)],
+                 "oneDNN": lambda xs=xs: [torch.nn.functional.linear(x, d.weight)
+                                          for d, x in zip(dense, xs, strict=True)]}
+        times: dict[str, list[float]] = {name: [] for name in sides}
+        for _ in range(rounds):
+            for name, run in sides.items():
+                times[name].append(best_seconds(run, 1))
+        a, b = statistics.median(times["ours"]), statistics.median(times["oneDNN"])
+        print(f"rows {n:5d} ours {a * 1e3:8.2f} ms ({flops / a / 1e12:.2f} TFLOP/s = {flops / a / peak:4.0%}, "
+              f"weights at {weight_bytes / a / 1e9:.0f} GB/s)  oneDNN {b * 1e3:8.2f} ms ({flops / b / 1e12:.2f}, "
+              f"{flops / b / peak:4.0%}, {weight_bytes / b / 1e9:.0f} GB/s)  RATIO {b / a:.2f}x")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 512, 2048])
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--model-pass", action="store_true",
+                        help="the model's linears in order, weights from memory (see above)")
     args = parser.parse_args()
     if not cpu_ops.bf16_linear_available():
         raise SystemExit("the packed bf16 kernels need AVX512-BF16 and a C compiler")
@@ -45,6 +85,9 @@ def main() -> None:
     print(f"{torch.get_num_threads()} threads, AMX {'on' if cpu_ops.amx_available() else 'off'}, "
           f"bf16 matmul rate measured now {peak / 1e12:.2f} TFLOP/s; medians of {args.rounds} interleaved rounds")
     torch.manual_seed(0)
+    if args.model_pass:
+        model_pass(args.rows, args.rounds, peak)
+        return
     for rows in args.rows:
         for name, (k_in, n_out) in SHAPES.items():
             dense = torch.nn.Linear(k_in, n_out, bias=False).to(torch.bfloat16)

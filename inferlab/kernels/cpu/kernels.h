@@ -157,18 +157,45 @@ static inline __m512bh broadcast_pair(const uint16_t *x, int64_t pair) {  /* x[2
     return (__m512bh)_mm512_set1_epi32(two);
 }
 
+/* Cache lines [at, at + 64 * lines) asked for into L2 across a loop of `steps` steps, an even
+ * share each step: step i's share is prefetch_share(pf, i, per_step) with per_step =
+ * ceil(lines / steps). A loop of arithmetic on data already cached thus streams in the data of
+ * the work after it. at NULL (lines 0): nothing. */
+typedef struct {
+    const char *at;
+    int64_t lines;
+} prefetch_t;
+
+static inline int64_t prefetch_per_step(prefetch_t pf, int64_t steps) {
+    return (pf.lines + steps - 1) / steps;
+}
+
+static inline __attribute__((always_inline)) void prefetch_share(prefetch_t pf, int64_t step,
+                                                                 int64_t per_step) {
+    if (pf.lines == 0) return;  /* compiled out where no prefetch is ever asked for */
+    for (int64_t i = step * per_step; i < (step + 1) * per_step && i < pf.lines; i++)
+        _mm_prefetch(pf.at + i * 64, _MM_HINT_T1);
+}
+
 /* acc[r][j] = sum over k-pairs kp of row r of a (bf16, a_stride elements apart) times output
  * block j of b, in VNNI pairs: block j's pair kp (16 lanes x 2) at b + j * b_step + kp / 16 *
  * b_group + kp % 16 * b_pair. R <= 6 and NB <= 4 are constants, so the sums stay in registers;
  * each loaded vector of b serves all R rows. The register-tile GEMM (vnni_gemm.c) and prefill
- * attention without AMX both multiply this way. */
+ * attention without AMX both multiply this way; the GEMM streams in its next task's weights
+ * (pf) on the way. */
 static inline __attribute__((always_inline)) void vnni_tile_sums(
         const uint16_t *a, int64_t a_stride, const int R, int64_t pairs, const uint16_t *b,
-        int64_t b_step, int64_t b_pair, int64_t b_group, const int NB, __m512 acc[6][4]) {
+        int64_t b_step, int64_t b_pair, int64_t b_group, const int NB, __m512 acc[6][4],
+        prefetch_t pf) {
     for (int r = 0; r < R; r++)
         for (int j = 0; j < NB; j++) acc[r][j] = _mm512_setzero_ps();
+    const int64_t per_step = prefetch_per_step(pf, pairs);
     for (int64_t kp = 0; kp < pairs; kp++) {
-        const uint16_t *bk = b + kp / 16 * b_group + kp % 16 * b_pair;
+        prefetch_share(pf, kp, per_step);
+        /* pairs one after another (the GEMM's packed weights): a plain stride, which the
+         * compiler turns into one pointer step; the general form costs ~5 instructions a step */
+        const uint16_t *bk = b_group == 16 * b_pair ? b + kp * b_pair
+                                                    : b + kp / 16 * b_group + kp % 16 * b_pair;
         __m512bh bv[4];
         for (int j = 0; j < NB; j++) bv[j] = (__m512bh)_mm512_loadu_si512(bk + j * b_step);
         for (int r = 0; r < R; r++) {
@@ -195,7 +222,7 @@ static inline __attribute__((always_inline)) void vnni_tile(
         const uint16_t *a, int64_t a_stride, int64_t pairs, const uint16_t *b, int64_t b_step,
         int64_t b_pair, int64_t b_group, const int NC, float *c, int64_t c_stride) {
     __m512 acc[6][4];
-    vnni_tile_sums(a, a_stride, 4, pairs, b, b_step, b_pair, b_group, NC, acc);
+    vnni_tile_sums(a, a_stride, 4, pairs, b, b_step, b_pair, b_group, NC, acc, (prefetch_t){NULL, 0});
     for (int r = 0; r < 4; r++)
         for (int j = 0; j < NC; j++) _mm512_storeu_ps(c + r * c_stride + 16 * j, acc[r][j]);
 }
