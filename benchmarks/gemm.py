@@ -40,12 +40,11 @@ def medians(dense: torch.nn.Linear, x: torch.Tensor, rounds: int) -> tuple[float
 
 def model_linears() -> list[torch.nn.Linear]:
     """Random bf16 linears of the embedded model's shapes, in the order a forward pass calls them."""
-    from inferlab.models.loader import load_model
+    from inferlab.models.loader import read_model_config, resolve_model_path
 
-    cfg = load_model(None, torch.bfloat16).config
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    layer = [(cfg.hidden_size, q + 2 * kv), (q, cfg.hidden_size), (cfg.hidden_size, 2 * cfg.intermediate_size),
-             (cfg.intermediate_size, cfg.hidden_size)]
+    cfg = read_model_config(resolve_model_path(None))
+    layer = [(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size), (cfg.q_size, cfg.hidden_size),
+             (cfg.hidden_size, 2 * cfg.intermediate_size), (cfg.intermediate_size, cfg.hidden_size)]
     shapes = layer * cfg.num_layers + [(cfg.hidden_size, cfg.vocab_size)]
     return [torch.nn.Linear(k_in, n_out, bias=False).to(torch.bfloat16) for k_in, n_out in shapes]
 
