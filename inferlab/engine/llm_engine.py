@@ -33,7 +33,7 @@ from inferlab.engine.request import Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
-from inferlab.errors import InferlabError
+from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
@@ -153,17 +153,7 @@ class LLMEngine:
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
-        if not ids:
-            raise InferlabError("the prompt is empty")
-        room = self.max_model_len - len(ids)
-        if room < 1:
-            raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
-                                f"{self.max_model_len}: no room for output")
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if len(ids) + max_tokens > self.max_model_len:
-            raise InferlabError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                f"is over the context length {self.max_model_len}")
+        max_tokens = self._check_servable(ids, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
         for i in range(params.n):
@@ -180,6 +170,26 @@ class LLMEngine:
         self.outputs.add(request_id, text, children)
         self.counters.prompt_tokens += len(ids)
         return request_id
+
+    def _check_servable(self, ids: list[int], params: SamplingParams) -> int:
+        """The request's max_tokens; raises InferlabError if it can never be served."""
+        if not ids:
+            raise InferlabError("the prompt is empty")
+        vocab = self.model_config.vocab_size
+        outside = [t for t in params.logit_bias or () if t >= vocab]
+        if outside:  # the sampler would index past the logits mid-step
+            raise InvalidParameterError(f"logit_bias token id {outside[0]} is outside the "
+                                        f"vocabulary (0..{vocab - 1})")
+        room = self.max_model_len - len(ids)
+        if room < 1:
+            raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
+                                f"{self.max_model_len}: no room for output")
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if len(ids) + max_tokens > self.max_model_len:
+            raise InferlabError(
+                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+                f"is over the context length {self.max_model_len}")
+        return max_tokens
 
     def _eos_id(self) -> int | None:
         if self.tokenizer.eos_token_id is not None:

@@ -34,15 +34,15 @@ class SamplingBatch:
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
     """logits [B, V] fp32 -> (token ids [B], per-row logprobs where asked).
 
-    Logprobs describe the model's own distribution (before penalties and temperature), as the
-    OpenAI API reports them.
+    Logprobs describe the model's own distribution (before logit_bias, penalties and
+    temperature), as the OpenAI API reports them.
     """
     params = batch.params
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-    if batch.suppressed_ids and any(batch.suppressed_ids):
-        logits = suppress(logits, batch.suppressed_ids)
+    if any(p.logit_bias for p in params) or any(batch.suppressed_ids or ()):
+        logits = add_offsets(logits, logit_offsets(params, batch.suppressed_ids))
     if any(p.has_penalties for p in params):
         logits = apply_penalties(logits, batch)
     greedy = [p.greedy for p in params]
@@ -72,13 +72,25 @@ def _c_rows(logits: torch.Tensor) -> bool:
             and logits.stride(1) == 1 and cpu_ops.available(logits))
 
 
-def suppress(logits: torch.Tensor, suppressed_ids: list[list[int]]) -> torch.Tensor:
-    """logits [B, V] with each row's listed token ids at -inf (a copy)."""
-    rows = [row for row, ids in enumerate(suppressed_ids) for _ in ids]
-    cols = [token for ids in suppressed_ids for token in ids]
-    logits = logits.clone()
-    logits[torch.tensor(rows, device=logits.device), torch.tensor(cols, device=logits.device)] = float("-inf")
-    return logits
+def logit_offsets(params: list[SamplingParams], suppressed_ids: list[list[int]] | None
+                  ) -> list[dict[int, float]]:
+    """Per row, token id -> what is added to its logit before the penalties, as vLLM's logits
+    processors do: its logit_bias, and -inf on the ids it may not sample yet (which no bias
+    lifts)."""
+    offsets = [dict(p.logit_bias or {}) for p in params]
+    for row, ids in enumerate(suppressed_ids or ()):
+        offsets[row].update(dict.fromkeys(ids, float("-inf")))
+    return offsets
+
+
+def add_offsets(logits: torch.Tensor, offsets: list[dict[int, float]]) -> torch.Tensor:
+    """logits [B, V] plus each row's offsets at their token ids (a copy)."""
+    rows = [row for row, offset in enumerate(offsets) for _ in offset]
+    cols = [token for offset in offsets for token in offset]
+    values = [value for offset in offsets for value in offset.values()]
+    device = logits.device
+    return logits.index_put((torch.tensor(rows, device=device), torch.tensor(cols, device=device)),
+                            torch.tensor(values, dtype=logits.dtype, device=device), accumulate=True)
 
 
 def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:

@@ -40,6 +40,9 @@ class SamplingParams:
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
     prompt_logprobs: int | None = None  # None: none; k: logprob of each prompt token and top k
+    # token id -> added to its logit before penalties and sampling (OpenAI's and vLLM's); the
+    # reported logprobs stay the model's own
+    logit_bias: dict[int, float] | None = None
     detokenize: bool = True
 
     def __post_init__(self) -> None:
@@ -49,6 +52,7 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -71,6 +75,7 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            *_logit_bias_checks(self.logit_bias or {}),
         ]
         for ok, message in checks:
             if not ok:
@@ -88,3 +93,15 @@ class SamplingParams:
             or self.presence_penalty != 0.0
             or self.frequency_penalty != 0.0
         )
+
+
+def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
+    """One (ok, message) per entry that is not a token id with a bias in [-100, 100]; the
+    engine checks the ids against its vocabulary."""
+    checks = []
+    for token, value in bias.items():
+        checks.append((isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+                       f"logit_bias keys must be token ids (integers >= 0), got {token!r}"))
+        checks.append((isinstance(value, int | float) and -100 <= value <= 100,  # NaN fails too
+                       f"logit_bias values must be in [-100, 100], got {value!r} for token {token!r}"))
+    return checks

@@ -46,6 +46,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
 
 
+def parameter_error(message: str) -> APIError:
+    """A 400 for an InvalidParameterError, whose messages start with the field's name
+    ("top_p must be in (0, 1], got 2")."""
+    field = message.split(" ", 1)[0]
+    return bad_request(message, field if field.isidentifier() else None)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)

@@ -18,8 +18,8 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from inferlab.engine.async_engine import AsyncEngine, EngineDeadError
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import InferlabError
-from inferlab.server.errors import APIError, bad_request
+from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.server.errors import APIError, bad_request, parameter_error
 from inferlab.server.metrics import InterTokenTimer, ServerMetrics
 from inferlab.server.protocol import Usage
 
@@ -121,6 +121,8 @@ class Generation:
 
 
 def _start_error(error: BaseException) -> APIError:
+    if isinstance(error, InvalidParameterError):  # a value the model cannot take (a token id)
+        return parameter_error(str(error))
     if isinstance(error, InferlabError | ValueError):
         return bad_request(str(error))
     if isinstance(error, EngineDeadError):  # the server stays up but can do no more work

@@ -36,6 +36,7 @@ class SamplingFields(_Request):
     presence_penalty: float | None = None
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None  # token id (a JSON key, so a string) -> bias
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.server.errors import APIError, bad_request
+from inferlab.server.errors import bad_request, parameter_error
 from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
@@ -32,17 +32,22 @@ def _build(req: SamplingFields, **fields: Any) -> SamplingParams:
         "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
         "presence_penalty": req.presence_penalty, "frequency_penalty": req.frequency_penalty,
         "repetition_penalty": req.repetition_penalty, "ignore_eos": req.ignore_eos,
-        "min_tokens": req.min_tokens, **fields,
+        "min_tokens": req.min_tokens, "logit_bias": _token_keys(req.logit_bias), **fields,
     }
     # None means "the default" everywhere except max_tokens, where it means "to the context end"
     kwargs = {k: v for k, v in given.items() if v is not None or k == "max_tokens"}
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:
-        raise _param_error(str(e)) from None
+        raise parameter_error(str(e)) from None
 
 
-def _param_error(message: str) -> APIError:
-    # SamplingParams messages start with the field's name ("top_p must be in (0, 1], got 2")
-    field = message.split(" ", 1)[0]
-    return bad_request(message, field if field.isidentifier() else None)
+def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
+    """OpenAI's logit_bias keys are token ids written as JSON strings ("50256")."""
+    if bias is None:
+        return None
+    for key in bias:
+        if not (key.isascii() and key.isdigit()):
+            raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
+    return {int(key): value for key, value in bias.items()}
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import pytest
 import torch
@@ -11,6 +12,7 @@ import torch
 from inferlab.engine.llm_engine import LLM
 from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample, top_k_top_p
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InvalidParameterError
 from inferlab.kernels import cpu_ops
 
 
@@ -88,6 +90,57 @@ def test_logprobs_by_hand():
     assert tokens.tolist() == [0] and entry.rank == 1
     assert abs(entry.logprob - math.log(0.5)) < 1e-6
     assert [t for t, _ in entry.top] == [0, 1] and abs(entry.top[1][1] - math.log(0.3)) < 1e-6
+
+
+def test_logit_bias_by_hand(sampling_path):
+    """Logits [1, 3, 2, 0]: the bias is added before the choice, the reported logprobs stay
+    the model's own, and a token not allowed yet (min_tokens) stays out whatever its bias."""
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    greedy = [(SamplingParams(temperature=0, logit_bias={1: -1.5}), 2),  # 1.5 < 2
+              (SamplingParams(temperature=0, logit_bias={3: 2.5}), 1),  # 2.5 < 3
+              (SamplingParams(temperature=0, logit_bias={3: 3.5, 1: 0.25}), 3)]  # 3.5 > 3.25
+    for params, token in greedy:
+        assert sample(logits, _batch([params]))[0].tolist() == [token], params.logit_bias
+    banned = sample(logits.repeat(400, 1), _batch([SamplingParams(logit_bias={1: -100})] * 400))[0]
+    assert set(banned.tolist()) == {0, 2, 3}
+    forced, logprobs = sample(logits, _batch([SamplingParams(logit_bias={0: 100}, logprobs=0)]))
+    assert forced.tolist() == [0]
+    # log softmax of [1, 3, 2, 0] at 0: 1 - log(e + e^3 + e^2 + 1)
+    assert abs(logprobs[0].logprob - (1 - math.log(math.e + math.e ** 3 + math.e ** 2 + 1))) < 1e-5
+    held = SamplingBatch([SamplingParams(temperature=0, logit_bias={0: 100})], [None], [[]], [[]],
+                         suppressed_ids=[[0]])
+    assert sample(logits, held)[0].tolist() == [1]
+
+
+@pytest.mark.parametrize(("bias", "words"), [
+    ({-1: 5.0}, "token ids"), ({"7": 5.0}, "token ids"), ({7: 100.5}, "[-100, 100]"),
+    ({7: float("nan")}, "[-100, 100]"),
+])
+def test_logit_bias_out_of_range_is_refused(bias, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        SamplingParams(logit_bias=bias)
+
+
+def test_logit_bias_steers_one_request_of_a_batch(make_llm):
+    """A bias of -100 on the greedy token gives the runner-up of the unbiased distribution;
+    +100 on one token makes every output that token; the request beside them is unchanged;
+    a token id past the vocabulary is refused when added, leaving nothing queued."""
+    llm = make_llm()
+    prompt = "1, 2, 3, 4, 5,"
+    plain = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    alone = llm.generate([prompt], dataclasses.replace(plain, logprobs=2))[0].outputs[0]
+    first, runner_up = alone.logprobs[0].top[0][0], alone.logprobs[0].top[1][0]
+    banned, forced, beside = llm.generate(
+        [prompt, prompt, "The capital of France is"],
+        [dataclasses.replace(plain, max_tokens=1, logit_bias={first: -100}),
+         dataclasses.replace(plain, logit_bias={runner_up: 100}), plain])
+    assert banned.outputs[0].token_ids == [runner_up]
+    assert forced.outputs[0].token_ids == [runner_up] * 6
+    assert beside.outputs[0].token_ids == llm.generate(["The capital of France is"], plain)[0].outputs[0].token_ids
+    vocab = llm.engine.model_config.vocab_size
+    with pytest.raises(InvalidParameterError, match=f"logit_bias token id {vocab} is outside"):
+        llm.generate([prompt], dataclasses.replace(plain, logit_bias={vocab: 1.0}))
+    assert not llm.engine.has_unfinished_requests()
 
 
 def test_seeded_sampling_ignores_the_rest_of_the_batch(make_llm):

@@ -58,7 +58,10 @@ def chat(server, **fields) -> httpx.Response:
     ({"prompt": {"text": "Hi"}}, "prompt", "wrong type"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
     ({"suffix": "and then"}, "suffix", "not supported"),
-    ({"logit_bias": {"50": 10}}, "logit_bias", "not supported"),
+    ({"logit_bias": {"abc": 10}}, "logit_bias", "token ids"),
+    ({"logit_bias": {"50": 150}}, "logit_bias", "[-100, 100]"),
+    ({"logit_bias": {"9999999": 1}}, "logit_bias", "outside the vocabulary"),
+    ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
     ({"seed": 2**64 - 1, "n": 2}, "seed", "copies"),  # the second copy's seed would be 2**64

@@ -210,6 +210,25 @@ def test_chat_logprobs_and_n(client):
     assert tokens == [e.token for e in content]
 
 
+def test_logit_bias_forces_and_bans_tokens(client, server):
+    """+100 on the id /tokenize gives for " the" makes a greedy completion " the the the
+    the"; -100 on the greedy first token gives the runner-up of the unbiased top logprobs."""
+    (the,) = _tokenize(server, prompt=" the", add_special_tokens=False)
+    forced = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4,
+                                       logit_bias={str(the): 100}, **GREEDY)
+    assert forced.choices[0].text == " the" * 4 and forced.usage.completion_tokens == 4
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}],
+                                          max_tokens=2, logit_bias={str(the): 100}, **GREEDY)
+    assert chat.choices[0].message.content == " the" * 2
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, logprobs=2,
+                                      **GREEDY).choices[0].logprobs.top_logprobs[0]
+    first, runner_up = sorted(plain, key=plain.get, reverse=True)
+    (first_id,) = _tokenize(server, prompt=first, add_special_tokens=False)
+    banned = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1,
+                                       logit_bias={str(first_id): -100}, **GREEDY)
+    assert banned.choices[0].text == runner_up
+
+
 def test_tokenize_detokenize_round_trip(server):
     text = "Paged attention, continuous batching: 42 tokens/s."
     ids = _tokenize(server, prompt=text, add_special_tokens=False)
