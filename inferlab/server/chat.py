@@ -32,7 +32,7 @@ from inferlab.server.sse import event
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req)
-    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages)
+    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt)
     gen = await ctx.generate(request, [prompt_ids], params)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)

@@ -68,6 +68,7 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = None  # the newer name; wins over max_tokens
     logprobs: bool = False
     top_logprobs: int | None = None
+    add_generation_prompt: bool = True  # False: the template's prompt without the assistant's turn
 
 
 class TokenizeRequest(_Request):

@@ -39,6 +39,26 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "guided_grammar": _empty,
     "structured_outputs": _empty,
     "use_beam_search": lambda v, _: not v,
+    # vLLM's own extensions this server does not implement, neutral at their defaults
+    "include_stop_str_in_output": lambda v, _: not v,
+    "skip_special_tokens": lambda v, _: v is None or v is True,
+    "spaces_between_special_tokens": lambda v, _: v is None or v is True,
+    "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
+    "truncate_prompt_tokens": lambda v, _: v is None,
+    "allowed_token_ids": lambda v, _: v is None,  # [] would allow nothing
+    "bad_words": _empty,
+    "prompt_logprobs": lambda v, _: v is None,  # completions give them with echo and logprobs
+    "return_tokens_as_token_ids": lambda v, _: not v,
+    "logits_processors": _empty,
+    "priority": lambda v, _: v is None or v == 0,
+    "cache_salt": _empty,  # it would keep other requests from sharing this one's cached prefix
+    "echo": lambda v, body: not v or "messages" not in body,  # completions implement it
+    "continue_final_message": lambda v, _: not v,
+    "chat_template": _empty,
+    "chat_template_kwargs": _empty,
+    "documents": _empty,
+    "mm_processor_kwargs": _empty,
+    "vllm_xargs": _empty,
 }
 
 

@@ -63,6 +63,14 @@ def chat(server, **fields) -> httpx.Response:
     ({"logit_bias": {"9999999": 1}}, "logit_bias", "outside the vocabulary"),
     ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
+    # vLLM's extensions that would change the answer: refused, not silently ignored
+    ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
+    ({"allowed_token_ids": [5, 6]}, "allowed_token_ids", "not supported"),
+    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "not supported"),
+    ({"skip_special_tokens": False}, "skip_special_tokens", "not supported"),
+    ({"add_special_tokens": False}, "add_special_tokens", "not supported"),
+    ({"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),
+    ({"priority": 2}, "priority", "not supported"),
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
     ({"seed": 2**64 - 1, "n": 2}, "seed", "copies"),  # the second copy's seed would be 2**64
 ])
@@ -79,6 +87,10 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format", "not supported"),
     ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
+    ({"echo": True}, "echo", "not supported"),
+    ({"continue_final_message": True}, "continue_final_message", "not supported"),
+    ({"chat_template": "{{ messages }}"}, "chat_template", "not supported"),
+    ({"add_special_tokens": True}, "add_special_tokens", "not supported"),
     ({"max_completion_tokens": 0}, "max_tokens", "at least 1"),
 ])
 def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, words):
@@ -87,7 +99,11 @@ def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, wor
 
 def test_neutral_values_of_unsupported_fields_are_accepted(server):
     r = chat(server, tools=[], tool_choice="none", response_format={"type": "text"}, max_tokens=2,
-             store=False, metadata={"who": "test"})
+             store=False, metadata={"who": "test"}, echo=False, add_special_tokens=False,
+             continue_final_message=False, skip_special_tokens=True)
+    assert r.status_code == 200, r.text
+    r = completion(server, max_tokens=2, add_special_tokens=True, include_stop_str_in_output=False,
+                   priority=0, truncate_prompt_tokens=None, echo=False)
     assert r.status_code == 200, r.text
 
 

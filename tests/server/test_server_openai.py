@@ -159,6 +159,11 @@ def test_chat_uses_the_model_template(client, server):
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
                                            **GREEDY)
     assert reply.usage.prompt_tokens == len(ids)
+    # without the generation prompt, the template stops before the assistant's turn
+    bare = SMOLLM2_CHAT.removesuffix("<|im_start|>assistant\n")
+    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
+                                           extra_body={"add_generation_prompt": False}, **GREEDY)
+    assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=bare, add_special_tokens=False))
 
 
 def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
