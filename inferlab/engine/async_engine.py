@@ -172,8 +172,7 @@ class AsyncEngine:
 
     def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
              loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue) -> None:
-        self.engine.add_request(ids, params, request_id)
-        self.engine.outputs.parents[request_id].prompt = text
+        self.engine.add_request(ids, params, request_id, prompt_text=text)
         self._streams[request_id] = (loop, outputs)
 
     def _abort(self, request_id: str) -> None:

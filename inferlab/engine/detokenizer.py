@@ -15,14 +15,20 @@ class IncrementalDetokenizer:
     a stop string is held back until it is known not to be.
     """
 
-    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int], stop: list[str]) -> None:
+    def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int], stop: list[str],
+                 include_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
         self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
         self.prefix_offset = 0
         self.read_offset = len(self.ids)
         self.stop = stop
-        self.hold = max((len(s) for s in stop), default=1) - 1
-        self.text = ""  # all decoded output text (stop string and after it excluded)
+        self.include_stop = include_stop
+        self.skip_special_tokens = skip_special_tokens
+        # a stop string may end in the new text and start this far before it
+        self.search_back = max((len(s) for s in stop), default=1) - 1
+        # text held back while it could still be the start of a stop string left out of the output
+        self.hold = 0 if include_stop else self.search_back
+        self.text = ""  # all decoded output text (after a stop string excluded)
         self.emitted = 0  # characters of self.text already returned as deltas
 
     def add(self, token_ids: list[int], finished: bool, find_stops: bool = True
@@ -30,10 +36,11 @@ class IncrementalDetokenizer:
         """Append tokens; return (new text safe to show, the stop string hit or None). With
         find_stops False (min_tokens not reached) the new text is not searched, then or later."""
         self.ids.extend(token_ids)
-        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset])
-        full = self.tokenizer.decode(self.ids[self.prefix_offset:])
+        skip = self.skip_special_tokens
+        prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip)
         if len(full) > len(prefix) and not full.endswith("\ufffd"):
-            searched_from = max(len(self.text) - self.hold, 0)
+            searched_from = max(len(self.text) - self.search_back, 0)
             self.text += full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
             hit = self._find_stop(searched_from) if find_stops else None
@@ -50,7 +57,7 @@ class IncrementalDetokenizer:
                 best = (i, s)
         if best is None:
             return None
-        self.text = self.text[:best[0]]
+        self.text = self.text[:best[0] + (len(best[1]) if self.include_stop else 0)]
         return best[1]
 
     def _delta(self, end: int) -> str:

@@ -147,12 +147,18 @@ class LLMEngine:
             torch.set_num_threads(self.config.num_threads)
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
-                    request_id: str | None = None, arrival_time: float | None = None) -> str:
-        """Queue a request (n completions); raises InferlabError if it can never be served."""
+                    request_id: str | None = None, arrival_time: float | None = None,
+                    prompt_text: str | None = None) -> str:
+        """Queue a request (n completions); raises InferlabError if it can never be served.
+        prompt_text: the text that token ids given as the prompt were encoded from."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
+        text = text if text is not None else prompt_text
+        keep = params.truncate_prompt_tokens
+        if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
+            text, ids = None, ids[-keep:]
         max_tokens = self._check_servable(ids, params)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
@@ -176,10 +182,16 @@ class LLMEngine:
         if not ids:
             raise InferlabError("the prompt is empty")
         vocab = self.model_config.vocab_size
-        outside = [t for t in params.logit_bias or () if t >= vocab]
-        if outside:  # the sampler would index past the logits mid-step
-            raise InvalidParameterError(f"logit_bias token id {outside[0]} is outside the "
-                                        f"vocabulary (0..{vocab - 1})")
+        for name, tokens in (("logit_bias", params.logit_bias or ()),
+                             ("allowed_token_ids", params.allowed_token_ids or ())):
+            outside = [t for t in tokens if t >= vocab]
+            if outside:  # the sampler would index past the logits mid-step
+                raise InvalidParameterError(f"{name} token id {outside[0]} is outside the "
+                                            f"vocabulary (0..{vocab - 1})")
+        held = set(params.stop_token_ids) | ({self._eos_id()} if not params.ignore_eos else set())
+        if params.min_tokens and params.allowed_token_ids and held.issuperset(params.allowed_token_ids):
+            raise InvalidParameterError("allowed_token_ids leave nothing to sample before min_tokens: "
+                                        "every one of them is a stop token or EOS")
         room = self.max_model_len - len(ids)
         if room < 1:
             raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "

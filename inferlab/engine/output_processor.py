@@ -51,7 +51,8 @@ class OutputProcessor:
         parent = _Parent(request_id, prompt, first.prompt_token_ids, [],
                          [] if params.prompt_logprobs is not None else None)
         for index, child in enumerate(children):
-            detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params.stop)
+            detok = (IncrementalDetokenizer(self.tokenizer, child.prompt_token_ids, params.stop,
+                                            params.include_stop_str_in_output, params.skip_special_tokens)
                      if params.detokenize else None)
             parent.children.append(_Completion(child, detok, logprobs=[] if params.logprobs is not None else None))
             self.child_of[child.request_id] = (parent, index)

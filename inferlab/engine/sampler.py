@@ -41,6 +41,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
+    if any(p.allowed_token_ids is not None for p in params):
+        logits = keep_allowed(logits, params)
     if any(p.logit_bias for p in params) or any(batch.suppressed_ids or ()):
         logits = add_offsets(logits, logit_offsets(params, batch.suppressed_ids))
     if any(p.has_penalties for p in params):
@@ -70,6 +72,17 @@ def _c_rows(logits: torch.Tensor) -> bool:
     """fp32 [B, V] CPU rows the C kernels (argmax, sample) take."""
     return (logits.device.type == "cpu" and logits.dtype == torch.float32 and logits.dim() == 2
             and logits.stride(1) == 1 and cpu_ops.available(logits))
+
+
+def keep_allowed(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
+    """logits [B, V] with every token outside a row's allowed_token_ids at -inf (a copy)."""
+    rows = [row for row, p in enumerate(params) if p.allowed_token_ids is not None]
+    barred = torch.ones(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
+    for i, row in enumerate(rows):
+        barred[i, params[row].allowed_token_ids] = False
+    logits = logits.clone()
+    logits[rows] = logits[rows].masked_fill(barred, float("-inf"))
+    return logits
 
 
 def logit_offsets(params: list[SamplingParams], suppressed_ids: list[list[int]] | None

@@ -35,7 +35,8 @@ class SamplingParams:
     presence_penalty: float = 0.0  # subtracted once from logits of tokens seen in the output
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
     seed: int | None = None  # same seed, same tokens, whatever else is in the batch
-    stop: list[str] = field(default_factory=list)  # stop strings, not included in the output
+    stop: list[str] = field(default_factory=list)  # stop strings, not in the output unless:
+    include_stop_str_in_output: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None  # None: none; k: the chosen token's logprob and the top k
@@ -43,7 +44,11 @@ class SamplingParams:
     # token id -> added to its logit before penalties and sampling (OpenAI's and vLLM's); the
     # reported logprobs stay the model's own
     logit_bias: dict[int, float] | None = None
+    # the tokens to sample from (vLLM's allowed_token_ids), None: all
+    allowed_token_ids: list[int] | None = None
+    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
     detokenize: bool = True
+    skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -53,6 +58,8 @@ class SamplingParams:
         if self.top_k == -1:
             self.top_k = 0
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = list(self.allowed_token_ids)
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -76,6 +83,11 @@ class SamplingParams:
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
             *_logit_bias_checks(self.logit_bias or {}),
+            (self.allowed_token_ids is None or (bool(self.allowed_token_ids) and all(
+                _is_token_id(t) for t in self.allowed_token_ids)),
+             f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}"),
+            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
+             f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -100,8 +112,12 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
     engine checks the ids against its vocabulary."""
     checks = []
     for token, value in bias.items():
-        checks.append((isinstance(token, int) and not isinstance(token, bool) and token >= 0,
+        checks.append((_is_token_id(token),
                        f"logit_bias keys must be token ids (integers >= 0), got {token!r}"))
         checks.append((isinstance(value, int | float) and -100 <= value <= 100,  # NaN fails too
                        f"logit_bias values must be in [-100, 100], got {value!r} for token {token!r}"))
     return checks
+
+
+def _is_token_id(token: object) -> bool:
+    return isinstance(token, int) and not isinstance(token, bool) and token >= 0

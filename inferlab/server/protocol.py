@@ -37,6 +37,11 @@ class SamplingFields(_Request):
     frequency_penalty: float | None = None
     repetition_penalty: float | None = None
     logit_bias: dict[str, float] | None = None  # token id (a JSON key, so a string) -> bias
+    # vLLM's extensions
+    allowed_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

@@ -40,12 +40,8 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "structured_outputs": _empty,
     "use_beam_search": lambda v, _: not v,
     # vLLM's own extensions this server does not implement, neutral at their defaults
-    "include_stop_str_in_output": lambda v, _: not v,
-    "skip_special_tokens": lambda v, _: v is None or v is True,
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
-    "truncate_prompt_tokens": lambda v, _: v is None,
-    "allowed_token_ids": lambda v, _: v is None,  # [] would allow nothing
     "bad_words": _empty,
     "prompt_logprobs": lambda v, _: v is None,  # completions give them with echo and logprobs
     "return_tokens_as_token_ids": lambda v, _: not v,

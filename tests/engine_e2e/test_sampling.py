@@ -143,6 +143,67 @@ def test_logit_bias_steers_one_request_of_a_batch(make_llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_allowed_token_ids_by_hand(sampling_path):
+    logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
+    allowed = SamplingParams(temperature=0, allowed_token_ids=[0, 2])
+    assert sample(logits, _batch([allowed, SamplingParams(temperature=0)]))[0].tolist() == [2]
+    both = sample(logits.repeat(2, 1), _batch([allowed, SamplingParams(temperature=0)]))[0]
+    assert both.tolist() == [2, 1]  # the row beside it is untouched
+    drawn = sample(logits.repeat(400, 1), _batch([SamplingParams(allowed_token_ids=[0, 3])] * 400))[0]
+    assert set(drawn.tolist()) == {0, 3}
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"allowed_token_ids": []}, "non-empty"), ({"allowed_token_ids": [-2]}, "non-empty"),
+    ({"truncate_prompt_tokens": 0}, "at least 1"),
+])
+def test_allowed_ids_and_truncation_out_of_range_are_refused(fields, words):
+    with pytest.raises(ValueError, match=re.escape(words)):
+        SamplingParams(**fields)
+
+
+def test_stop_string_included_on_request(make_llm):
+    """Greedy " 6, 7, 8," (see the min_tokens test): stop="," ends it after " 6", and with
+    include_stop_str_in_output the "," stays in the text."""
+    llm = make_llm()
+    params = SamplingParams(temperature=0, max_tokens=10, stop=[","], include_stop_str_in_output=True)
+    out = llm.generate(["1, 2, 3, 4, 5,"], params)[0].outputs[0]
+    assert (out.text, out.finish_reason, out.stop_reason) == (" 6,", "stop", ",")
+
+
+def test_special_tokens_shown_on_request(make_llm):
+    """EOS forced twice (logit_bias, ignore_eos): skipped from the text by default, its
+    <|im_end|> written out with skip_special_tokens=False."""
+    llm = make_llm()
+    eos = llm.tokenizer.eos_token_id
+    forced = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, logit_bias={eos: 100})
+    shown = dataclasses.replace(forced, skip_special_tokens=False)
+    hidden_out, shown_out = (o.outputs[0] for o in llm.generate(["Hi", "Hi"], [forced, shown]))
+    assert hidden_out.token_ids == shown_out.token_ids == [eos, eos]
+    assert (hidden_out.text, shown_out.text) == ("", "<|im_end|>" * 2)
+
+
+def test_allowed_ids_and_prompt_truncation_in_the_engine(make_llm):
+    """allowed_token_ids keeps every output token in the set; truncate_prompt_tokens=4 gives
+    exactly what the prompt's last 4 tokens give alone; an allowed set that min_tokens would
+    leave empty is refused when added."""
+    llm = make_llm()
+    prompt = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog")
+    allowed = prompt[:3]
+    out = llm.generate([prompt], SamplingParams(temperature=0.8, seed=3, max_tokens=8, ignore_eos=True,
+                                                allowed_token_ids=allowed))[0].outputs[0]
+    assert set(out.token_ids) <= set(allowed) and len(out.token_ids) == 8
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    cut = llm.generate([prompt], dataclasses.replace(greedy, truncate_prompt_tokens=4))[0]
+    tail = llm.generate([prompt[-4:]], greedy)[0]
+    assert cut.prompt_token_ids == prompt[-4:]
+    assert cut.outputs[0].token_ids == tail.outputs[0].token_ids
+    eos = llm.tokenizer.eos_token_id
+    with pytest.raises(InvalidParameterError, match="nothing to sample"):
+        llm.generate([prompt], SamplingParams(min_tokens=2, allowed_token_ids=[eos]))
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_seeded_sampling_ignores_the_rest_of_the_batch(make_llm):
     params = SamplingParams(temperature=1.0, seed=1234, max_tokens=16, ignore_eos=True)
     alone = make_llm().generate(["Tell me a story"], params)[0].outputs[0].token_ids

@@ -64,11 +64,11 @@ def chat(server, **fields) -> httpx.Response:
     ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
     # vLLM's extensions that would change the answer: refused, not silently ignored
-    ({"include_stop_str_in_output": True}, "include_stop_str_in_output", "not supported"),
-    ({"allowed_token_ids": [5, 6]}, "allowed_token_ids", "not supported"),
-    ({"truncate_prompt_tokens": 4}, "truncate_prompt_tokens", "not supported"),
-    ({"skip_special_tokens": False}, "skip_special_tokens", "not supported"),
     ({"add_special_tokens": False}, "add_special_tokens", "not supported"),
+    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "not supported"),
+    ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
+    ({"allowed_token_ids": [9999999]}, "allowed_token_ids", "outside the vocabulary"),
+    ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "at least 1"),
     ({"prompt_logprobs": 1}, "prompt_logprobs", "not supported"),
     ({"priority": 2}, "priority", "not supported"),
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
@@ -100,10 +100,10 @@ def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, wor
 def test_neutral_values_of_unsupported_fields_are_accepted(server):
     r = chat(server, tools=[], tool_choice="none", response_format={"type": "text"}, max_tokens=2,
              store=False, metadata={"who": "test"}, echo=False, add_special_tokens=False,
-             continue_final_message=False, skip_special_tokens=True)
+             continue_final_message=False, spaces_between_special_tokens=True)
     assert r.status_code == 200, r.text
-    r = completion(server, max_tokens=2, add_special_tokens=True, include_stop_str_in_output=False,
-                   priority=0, truncate_prompt_tokens=None, echo=False)
+    r = completion(server, max_tokens=2, add_special_tokens=True, priority=0, echo=False,
+                   prompt_logprobs=None)
     assert r.status_code == 200, r.text
 
 

@@ -96,6 +96,30 @@ def test_stop_string_cuts_where_it_first_occurs(client):
                                               extra_body={"ignore_eos": True}, **GREEDY))
     assert "".join(c.choices[0].text for c in streamed) == expected
     assert streamed[-1].choices[0].finish_reason == "stop"
+    # vLLM's include_stop_str_in_output: the same cut, after the stop string
+    included = {"ignore_eos": True, "include_stop_str_in_output": True}
+    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16, stop=[stop],
+                                      extra_body=included, **GREEDY).choices[0]
+    assert (whole.text, whole.finish_reason) == (expected + stop, "stop")
+    streamed = list(client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=16,
+                                              stop=stop, stream=True, extra_body=included, **GREEDY))
+    assert "".join(c.choices[0].text for c in streamed) == expected + stop
+
+
+def test_prompt_truncation_and_special_tokens(client, server):
+    """truncate_prompt_tokens keeps the last k tokens (usage says k, and the completion is the
+    one of those k tokens alone); skip_special_tokens=False writes out a forced EOS."""
+    ids = _tokenize(server, prompt=PROMPT)
+    cut = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY,
+                                    extra_body={"truncate_prompt_tokens": 3, "ignore_eos": True})
+    alone = client.completions.create(model=MODEL_NAME, prompt=ids[-3:], max_tokens=5, **GREEDY,
+                                      extra_body={"ignore_eos": True})
+    assert cut.usage.prompt_tokens == 3 and cut.choices[0].text == alone.choices[0].text
+    (eos,) = _tokenize(server, prompt="<|im_end|>", add_special_tokens=False)
+    forced = {"ignore_eos": True, "skip_special_tokens": False}
+    shown = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, **GREEDY,
+                                      logit_bias={str(eos): 100}, extra_body=forced)
+    assert shown.choices[0].text == "<|im_end|>" * 2
 
 
 def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
