@@ -57,7 +57,7 @@ class AsyncEngine:
         self.model_config = engine.model_config
         self.max_model_len = engine.max_model_len
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Callable[[Any], None]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._stats = self._snapshot()
@@ -82,18 +82,11 @@ class AsyncEngine:
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
                        request_id: str) -> AsyncIterator[RequestOutput]:
         """Stream outputs; closing the iterator early (client gone) aborts the request."""
-        if self._stop.is_set():
-            raise InferlabError("the engine is shutting down")
-        if self.error is not None:
-            raise self._dead()
-        loop = asyncio.get_running_loop()
         outputs: asyncio.Queue = asyncio.Queue()
-        _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
-        text = prompt if isinstance(prompt, str) else None
         finished = False
         try:
             # inside the try: a caller cancelled while the add is queued still aborts it
-            await self._call(lambda: self._add(request_id, text, ids, params, loop, outputs))
+            await self.submit(prompt, params, request_id, outputs.put_nowait)
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
@@ -106,6 +99,21 @@ class AsyncEngine:
         finally:
             if not finished:
                 self._post(lambda: self._abort(request_id))
+
+    async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
+                     sink: Callable[[RequestOutput | BaseException], None]) -> None:
+        """Add a request whose outputs are handed to `sink` on this event loop, without a task
+        or queue of its own between (the server's path: one hop less a token); the last output
+        is finished, and an engine failure arrives as an exception. Raises what add_request
+        raises; the caller aborts the request if it stops reading early."""
+        if self._stop.is_set():
+            raise InferlabError("the engine is shutting down")
+        if self.error is not None:
+            raise self._dead()
+        loop = asyncio.get_running_loop()
+        _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
+        text = prompt if isinstance(prompt, str) else None
+        await self._call(lambda: self._add(request_id, text, ids, params, loop, sink))
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))
@@ -171,15 +179,15 @@ class AsyncEngine:
         self._wake.set()
 
     def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
-             loop: asyncio.AbstractEventLoop, outputs: asyncio.Queue) -> None:
+             loop: asyncio.AbstractEventLoop, sink: Callable[[Any], None]) -> None:
         self.engine.add_request(ids, params, request_id, prompt_text=text)
-        self._streams[request_id] = (loop, outputs)
+        self._streams[request_id] = (loop, sink)
 
     def _abort(self, request_id: str) -> None:
         output = self.engine.abort_request(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None and output is not None:
-            stream[0].call_soon_threadsafe(stream[1].put_nowait, output)
+            stream[0].call_soon_threadsafe(stream[1], output)
 
     def _loop(self) -> None:
         self.engine.bind_threads()
@@ -204,8 +212,8 @@ class AsyncEngine:
                 pending = list(self._pending.items())
             for future, loop in pending:
                 loop.call_soon_threadsafe(_settle, future, None, self._dead())
-            for loop, outputs in self._streams.values():
-                loop.call_soon_threadsafe(outputs.put_nowait, RuntimeError(f"{type(e).__name__}: {e}"))
+            for loop, sink in self._streams.values():
+                loop.call_soon_threadsafe(sink, RuntimeError(f"{type(e).__name__}: {e}"))
 
     def _observe_step(self, seconds: float) -> None:
         with self._observers_lock:
@@ -217,13 +225,18 @@ class AsyncEngine:
                 method(seconds, self.engine.last_step_tokens)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
+        """One call_soon_threadsafe per event loop a step, not one per request: each is a
+        write to the loop's wake-up socket (64 of them a step at 64 streams)."""
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[Any], None], RequestOutput]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
                 continue
             if out.finished:
                 del self._streams[out.request_id]
-            stream[0].call_soon_threadsafe(stream[1].put_nowait, out)
+            batches.setdefault(stream[0], []).append((stream[1], out))
+        for loop, batch in batches.items():
+            loop.call_soon_threadsafe(_hand_out, batch)
 
     def _drain_and_stop(self) -> None:
         deadline = time.monotonic() + 5.0
@@ -245,6 +258,11 @@ class AsyncEngine:
             prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
             requests_finished=dict(c.requests_finished),
         )
+
+
+def _hand_out(batch: list[tuple[Callable[[Any], None], RequestOutput]]) -> None:
+    for sink, out in batch:
+        sink(out)
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -1,9 +1,9 @@
 """One API request's engine requests (one per prompt), started together and read as one stream.
 
-Each prompt's engine stream is drained by a pump task into one queue, so prompts run side by
-side in the engine's batches. `start()` returns once every prompt has its first output, which
-is the moment the engine has accepted all of them: an invalid request fails there, before any
-response has been sent, and becomes a 400. `close()` is the single exit: whatever has not
+Each prompt's engine outputs are handed straight into one queue (AsyncEngine.submit), so
+prompts run side by side in the engine's batches. `start()` returns once every prompt has its
+first output, after the engine has accepted all of them: an invalid request fails there, before
+any response has been sent, and becomes a 400. `close()` is the single exit: whatever has not
 finished is aborted (its KV blocks are freed on the engine's next turn) and the admission
 places are handed back.
 """
@@ -11,6 +11,7 @@ places are handed back.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -39,7 +40,6 @@ class Generation:
         self._on_close = on_close
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._buffer: deque[_Item] = deque()  # outputs read by start(), not yet handed out
-        self._pumps: list[asyncio.Task] = []
         self._latest: dict[int, RequestOutput] = {}
         self._finished: set[int] = set()
         self._closed = False
@@ -59,10 +59,15 @@ class Generation:
 
     async def start(self) -> None:
         """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""
-        self._pumps = [asyncio.create_task(self._pump(i, rid, prompt))
-                       for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))]
+        try:
+            await asyncio.gather(*(
+                self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i))
+                for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))))
+        except Exception as e:
+            await self.close()
+            raise _start_error(e) from None
         started: set[int] = set()
-        while len(started) < len(self._pumps):
+        while len(started) < len(self.prompts):
             index, item = await self._queue.get()
             if isinstance(item, BaseException):
                 await self.close()
@@ -92,22 +97,15 @@ class Generation:
         if self._closed:
             return
         self._closed = True
-        for pump in self._pumps:
-            pump.cancel()
         for index, request_id in enumerate(self.request_ids):
             if index not in self._finished:
                 # also covers a prompt whose add was still queued for the engine thread when
-                # its pump was cancelled: the abort is queued behind it
+                # start() was cancelled: the abort is queued behind it
                 await self.engine.abort(request_id)
         self._on_close()
-        await asyncio.gather(*self._pumps, return_exceptions=True)
 
-    async def _pump(self, index: int, request_id: str, prompt: str | list[int]) -> None:
-        try:
-            async for out in self.engine.generate(prompt, self.params, request_id):
-                self._queue.put_nowait((index, out))
-        except Exception as e:  # handed to the reader, which knows whether it is a 400 or a 500
-            self._queue.put_nowait((index, e))
+    def _arrive(self, index: int, item: RequestOutput | BaseException) -> None:
+        self._queue.put_nowait((index, item))
 
     def _record(self, index: int, out: RequestOutput) -> None:
         if self.first_output_at is None:
