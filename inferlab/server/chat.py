@@ -32,19 +32,37 @@ from inferlab.server.sse import event
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req)
-    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt)
+    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
+                                 req.continue_final_message)
     gen = await ctx.generate(request, [prompt_ids], params)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
-                    add_generation_prompt: bool = True) -> list[int]:
+                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
+    if continue_final_message and add_generation_prompt:
+        raise bad_request("'continue_final_message' needs 'add_generation_prompt': false",
+                          "continue_final_message")
     plain = [{"role": m.role, "content": _message_text(m, i)} for i, m in enumerate(messages)]
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    if continue_final_message:
+        text = _open_final_message(text, plain[-1]["content"])
     return tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
+
+
+def _open_final_message(text: str, final: str) -> str:
+    """The rendered chat cut right after the final message's content, so that the model goes on
+    with it (a prefilled reply), as transformers' continue_final_message cuts it; a template
+    may have trimmed the content, so its stripped form is looked for too."""
+    for content in (final, final.strip()):
+        end = text.rfind(content) if content else -1
+        if end >= 0:
+            return text[:end + len(content)]
+    raise bad_request("the final message's content is not in the rendered chat, so it cannot be "
+                      "continued", "continue_final_message")
 
 
 def _message_text(message: ChatMessage, index: int) -> str:

@@ -74,6 +74,7 @@ class ChatCompletionRequest(SamplingFields):
     logprobs: bool = False
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # False: the template's prompt without the assistant's turn
+    continue_final_message: bool = False  # the model goes on with the last message (a prefill)
 
 
 class TokenizeRequest(_Request):

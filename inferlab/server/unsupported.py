@@ -49,7 +49,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "priority": lambda v, _: v is None or v == 0,
     "cache_salt": _empty,  # it would keep other requests from sharing this one's cached prefix
     "echo": lambda v, body: not v or "messages" not in body,  # completions implement it
-    "continue_final_message": lambda v, _: not v,
     "chat_template": _empty,
     "chat_template_kwargs": _empty,
     "documents": _empty,

@@ -188,6 +188,13 @@ def test_chat_uses_the_model_template(client, server):
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
                                            extra_body={"add_generation_prompt": False}, **GREEDY)
     assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=bare, add_special_tokens=False))
+    # continue_final_message: the template written out by hand up to the prefilled reply
+    prefilled = messages + [{"role": "assistant", "content": "Hi there, my name"}]
+    reply = client.chat.completions.create(
+        model=MODEL_NAME, messages=prefilled, max_tokens=4, **GREEDY,
+        extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    opened = SMOLLM2_CHAT + "Hi there, my name"
+    assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=opened, add_special_tokens=False))
 
 
 def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
