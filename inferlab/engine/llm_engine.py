@@ -36,6 +36,7 @@ from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import LoadedModel, load_model
+from inferlab.models.tokenizer import TextTokenizer
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
 from inferlab.planner.units import format_bytes
 
@@ -159,7 +160,8 @@ class LLMEngine:
         keep = params.truncate_prompt_tokens
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
             text, ids = None, ids[-keep:]
-        max_tokens = self._check_servable(ids, params)
+        bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
+        max_tokens = self._check_servable(ids, params, bad_words)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
         for i in range(params.n):
@@ -170,14 +172,16 @@ class LLMEngine:
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             children.append(Request(child_id, ids, child_params, self._eos_id(), max_tokens,
                                     arrival_time=arrival,
-                                    prompt_group=request_id if params.n > 1 else None))
+                                    prompt_group=request_id if params.n > 1 else None,
+                                    bad_words_token_ids=bad_words))
         for child in children:
             self.scheduler.add_request(child)  # the first raises before anything is queued
         self.outputs.add(request_id, text, children)
         self.counters.prompt_tokens += len(ids)
         return request_id
 
-    def _check_servable(self, ids: list[int], params: SamplingParams) -> int:
+    def _check_servable(self, ids: list[int], params: SamplingParams,
+                        bad_words: list[list[int]]) -> int:
         """The request's max_tokens; raises InferlabError if it can never be served."""
         if not ids:
             raise InferlabError("the prompt is empty")
@@ -188,10 +192,12 @@ class LLMEngine:
             if outside:  # the sampler would index past the logits mid-step
                 raise InvalidParameterError(f"{name} token id {outside[0]} is outside the "
                                             f"vocabulary (0..{vocab - 1})")
+        never = {word[0] for word in bad_words if len(word) == 1}
         held = set(params.stop_token_ids) | ({self._eos_id()} if not params.ignore_eos else set())
-        if params.min_tokens and params.allowed_token_ids and held.issuperset(params.allowed_token_ids):
-            raise InvalidParameterError("allowed_token_ids leave nothing to sample before min_tokens: "
-                                        "every one of them is a stop token or EOS")
+        if params.allowed_token_ids and (never | (held if params.min_tokens else set())).issuperset(
+                params.allowed_token_ids):
+            raise InvalidParameterError("allowed_token_ids leave nothing to sample: every one of them "
+                                        "is a bad word, or a stop token or EOS before min_tokens")
         room = self.max_model_len - len(ids)
         if room < 1:
             raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
@@ -256,6 +262,20 @@ def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
         return EngineConfig(model=model, **kwargs)
     except TypeError as e:
         raise InferlabError(f"unknown engine option: {e}") from None
+
+
+def bad_words_token_ids(tokenizer: TextTokenizer, words: list[str]) -> list[list[int]]:
+    """Each bad word as token ids, as vLLM encodes them: the word alone, and again after a space
+    when that spelling starts with another token and has as many (" word" is often one token of
+    its own)."""
+    encoded: list[list[int]] = []
+    for word in words:
+        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
+        encoded.append(bare)
+        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
+        if spaced[0] != bare[0] and len(spaced) == len(bare):
+            encoded.append(spaced)
+    return encoded
 
 
 class LLM:

@@ -106,7 +106,7 @@ class ModelRunner:
             generators=generators,
             prompt_ids=[c.request.prompt_token_ids for c in chunks],
             output_ids=[c.request.output_token_ids for c in chunks],
-            suppressed_ids=[_not_yet_allowed(c.request) for c in chunks],
+            suppressed_ids=[_barred_now(c.request) for c in chunks],
         )
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, meta: AttentionMetadata,
@@ -130,6 +130,18 @@ class ModelRunner:
                 targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=rows.device)
                 entries += gather_logprobs(logprobs, targets, [top_n] * len(targets))
             output.prompt_logprobs[request.request_id] = (0 if first == 0 else first + 1, entries)
+
+
+def _barred_now(request: Request) -> list[int]:
+    """Token ids the request may not sample this step: _not_yet_allowed's, and each bad word's
+    last token when the output ends with the tokens before it (vLLM's bad_words)."""
+    barred = _not_yet_allowed(request)
+    out = request.output_token_ids
+    for ids in request.bad_words_token_ids:
+        before = len(ids) - 1
+        if before == 0 or (before <= len(out) and out[len(out) - before:] == ids[:-1]):
+            barred = [*barred, ids[-1]]
+    return barred
 
 
 def _not_yet_allowed(request: Request) -> list[int]:

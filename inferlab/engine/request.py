@@ -46,6 +46,8 @@ class Request:
     # The parent id of an n > 1 request's copies: they share the prompt's KV blocks, with
     # prefix caching on or off (off, they share them with nothing else).
     prompt_group: str | None = None
+    # sampling_params.bad_words as token ids (engine.bad_words_token_ids)
+    bad_words_token_ids: list[list[int]] = field(default_factory=list)
 
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache (computed or served from the prefix cache).

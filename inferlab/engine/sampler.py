@@ -27,7 +27,8 @@ class SamplingBatch:
     generators: list[torch.Generator | None]  # a request's own generator when it has a seed
     prompt_ids: list[list[int]]  # for the repetition penalty
     output_ids: list[list[int]]  # for all three penalties
-    # per row, token ids it may not sample yet: EOS and stop token ids before min_tokens
+    # per row, token ids it may not sample now: EOS and stop token ids before min_tokens, and
+    # the bad words' next tokens
     suppressed_ids: list[list[int]] | None = None
 
 
@@ -176,7 +177,9 @@ def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
     inner = chosen.cumsum(dim=-1, dtype=torch.float64)  # [B, C]
     # below the block's own total: summation order may put target - before a hair above it
     rest = torch.minimum(target - before, torch.nextafter(inner[:, -1:], torch.zeros_like(before)))
-    return (block * CDF_BLOCK + torch.searchsorted(inner, rest, right=True)).squeeze(1)
+    token = block * CDF_BLOCK + torch.searchsorted(inner, rest, right=True)
+    # a row with no mass at all (everything barred) must still name a token of the vocabulary
+    return token.squeeze(1).clamp_(max=vocab - 1)
 
 
 def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:

@@ -47,6 +47,9 @@ class SamplingParams:
     # the tokens to sample from (vLLM's allowed_token_ids), None: all
     allowed_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
+    # words never to write (vLLM's bad_words): a word's last token is barred when the output
+    # ends with the tokens before it
+    bad_words: list[str] = field(default_factory=list)
     detokenize: bool = True
     skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
 
@@ -55,6 +58,7 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        self.bad_words = list(self.bad_words or [])
         if self.top_k == -1:
             self.top_k = 0
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
@@ -82,6 +86,7 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (all(w.strip() for w in self.bad_words), "bad_words must not be empty or blank"),
             *_logit_bias_checks(self.logit_bias or {}),
             (self.allowed_token_ids is None or (bool(self.allowed_token_ids) and all(
                 _is_token_id(t) for t in self.allowed_token_ids)),

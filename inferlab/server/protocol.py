@@ -42,6 +42,7 @@ class SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     truncate_prompt_tokens: int | None = None
+    bad_words: list[str] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

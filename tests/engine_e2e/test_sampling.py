@@ -201,7 +201,37 @@ def test_allowed_ids_and_prompt_truncation_in_the_engine(make_llm):
     eos = llm.tokenizer.eos_token_id
     with pytest.raises(InvalidParameterError, match="nothing to sample"):
         llm.generate([prompt], SamplingParams(min_tokens=2, allowed_token_ids=[eos]))
+    (fox,) = llm.tokenizer.encode("fox", add_special_tokens=False)
+    with pytest.raises(InvalidParameterError, match="nothing to sample"):
+        llm.generate([prompt], SamplingParams(allowed_token_ids=[fox], bad_words=["fox"]))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_a_row_with_every_token_barred_still_names_one_in_the_vocabulary(sampling_path):
+    """A bad word can bar the last token allowed_token_ids left (it depends on the output, so
+    add_request cannot refuse it): the row has no mass, and the sampler must not name a token
+    past the vocabulary (the torch path named 256, the first padded entry, for 10 tokens)."""
+    barred = torch.full((3, 10), float("-inf"))
+    for params in (SamplingParams(temperature=0), SamplingParams(), SamplingParams(top_p=0.5)):
+        tokens = sample(barred, _batch([params] * 3))[0]
+        assert all(0 <= t < 10 for t in tokens.tolist()), params
+
+
+def test_bad_words_by_hand(make_llm):
+    """Greedy " 6, 7," comes as " ", "6", ",", " ", "7", ",". bad_words=["6"] bars "6" from the
+    start: the second token is the runner-up of the unbarred distribution. "6, 7" bars "7" only
+    after "6", ",", " ": the first four tokens stay and the fifth is not "7"."""
+    llm = make_llm()
+    prompt = "1, 2, 3, 4, 5,"
+    plain = SamplingParams(temperature=0, max_tokens=6)
+    alone = llm.generate([prompt], dataclasses.replace(plain, logprobs=2))[0].outputs[0]
+    ids = alone.token_ids
+    assert [llm.tokenizer.decode([t]) for t in ids] == [" ", "6", ",", " ", "7", ","]
+    no_six, no_seven = (o.outputs[0].token_ids for o in llm.generate(
+        [prompt, prompt], [dataclasses.replace(plain, bad_words=["6"]),
+                           dataclasses.replace(plain, bad_words=["6, 7"])]))
+    assert no_six[:2] == [ids[0], alone.logprobs[1].top[1][0]] and ids[1] not in no_six
+    assert no_seven[:4] == ids[:4] and no_seven[4] != ids[4]
 
 
 def test_seeded_sampling_ignores_the_rest_of_the_batch(make_llm):

@@ -108,13 +108,18 @@ def test_stop_string_cuts_where_it_first_occurs(client):
 
 def test_prompt_truncation_and_special_tokens(client, server):
     """truncate_prompt_tokens keeps the last k tokens (usage says k, and the completion is the
-    one of those k tokens alone); skip_special_tokens=False writes out a forced EOS."""
+    one of those k tokens alone); bad_words keeps a word out; skip_special_tokens=False writes
+    out a forced EOS."""
     ids = _tokenize(server, prompt=PROMPT)
     cut = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY,
                                     extra_body={"truncate_prompt_tokens": 3, "ignore_eos": True})
     alone = client.completions.create(model=MODEL_NAME, prompt=ids[-3:], max_tokens=5, **GREEDY,
                                       extra_body={"ignore_eos": True})
     assert cut.usage.prompt_tokens == 3 and cut.choices[0].text == alone.choices[0].text
+    plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY)
+    barred = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY,
+                                       extra_body={"bad_words": ["Paris"]})
+    assert "Paris" in plain.choices[0].text and "Paris" not in barred.choices[0].text
     (eos,) = _tokenize(server, prompt="<|im_end|>", add_special_tokens=False)
     forced = {"ignore_eos": True, "skip_special_tokens": False}
     shown = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, **GREEDY,
