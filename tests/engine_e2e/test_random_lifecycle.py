@@ -1,5 +1,6 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
-stop strings, logprobs and shared prefixes mixed: whatever the order, every request ends with a
+stop strings, logprobs, logit biases, allowed and bad words, truncated prompts and shared
+prefixes mixed: whatever the order, every request ends with a
 valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
 output state)."""
 
@@ -18,7 +19,12 @@ def _random_params(rng: random.Random) -> SamplingParams:
                           temperature=rng.choice([0.0, 0.8]),
                           seed=rng.choice([None, rng.randrange(10**6)]),
                           stop=rng.choice([[], ["the"], [" a", "."]]),
-                          logprobs=rng.choice([None, 2]), ignore_eos=rng.random() < 0.5)
+                          logprobs=rng.choice([None, 2]), ignore_eos=rng.random() < 0.5,
+                          include_stop_str_in_output=rng.random() < 0.3,
+                          logit_bias=rng.choice([None, {rng.randrange(49152): rng.uniform(-100, 100)}]),
+                          allowed_token_ids=rng.choice([None, None, list(range(200, 230))]),
+                          bad_words=rng.choice([[], ["the"], ["of the", "and"]]),
+                          truncate_prompt_tokens=rng.choice([None, None, 20]))
 
 
 def _prompt(rng: random.Random) -> list[int]:
@@ -69,3 +75,5 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm):
                 assert len(c.token_ids) == p.max_tokens
             if p.logprobs is not None and c.finish_reason != "abort":
                 assert len(c.logprobs) == len(c.token_ids)
+            if p.allowed_token_ids is not None:
+                assert set(c.token_ids) <= set(p.allowed_token_ids)
