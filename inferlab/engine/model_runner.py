@@ -135,12 +135,12 @@ class ModelRunner:
 def _barred_now(request: Request) -> list[int]:
     """Token ids the request may not sample this step: _not_yet_allowed's, and each bad word's
     last token when the output ends with the tokens before it (vLLM's bad_words)."""
-    barred = _not_yet_allowed(request)
+    barred = _not_yet_allowed(request)  # a new list every call
     out = request.output_token_ids
     for ids in request.bad_words_token_ids:
         before = len(ids) - 1
         if before == 0 or (before <= len(out) and out[len(out) - before:] == ids[:-1]):
-            barred = [*barred, ids[-1]]
+            barred.append(ids[-1])
     return barred
 
 
