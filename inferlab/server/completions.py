@@ -13,7 +13,7 @@ from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogpro
 from inferlab.server.context import ServerContext
 from inferlab.server.errors import bad_request
 from inferlab.server.generation import Generation
-from inferlab.server.logprobs import append_completion_logprobs
+from inferlab.server.logprobs import append_completion_logprobs, prompt_logprobs
 from inferlab.server.protocol import (
     Completion,
     CompletionChoice,
@@ -91,19 +91,25 @@ class _Formatter:
     def _choice(self, p: int, out: RequestOutput, c: CompletionOutput, text: str,
                 token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> CompletionChoice:
         state = self.states.setdefault((p, c.index), _ChoiceState())
-        logprobs = CompletionLogprobs() if self.req.logprobs is not None else None
+        top_n = self.req.logprobs
+        logprobs = CompletionLogprobs() if top_n is not None else None
+        prompt_entries = None
         if not state.started:
             state.started = True
+            if self.req.prompt_logprobs is not None:
+                prompt_entries = prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs,
+                                                 self.ctx.token_texts, self.req.prompt_logprobs)
             if self.req.echo:
                 prompt_text = out.prompt if out.prompt is not None else \
                     self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
                 if logprobs is not None and out.prompt_logprobs is not None:
                     append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                               self.ctx.token_texts, 0)
+                                               self.ctx.token_texts, 0, top_n)
                 text = prompt_text + text
                 state.text_offset = len(prompt_text)
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
-                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset)
+                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset, top_n)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
-                                finish_reason=c.finish_reason, stop_reason=c.stop_reason)
+                                finish_reason=c.finish_reason, stop_reason=c.stop_reason,
+                                prompt_logprobs=prompt_entries)

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from inferlab.engine.outputs import TokenLogprobs
 from inferlab.models.tokenizer import TextTokenizer
-from inferlab.server.protocol import CompletionLogprobs, TokenLogprob, TopLogprob
+from inferlab.server.protocol import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 
 class TokenTexts:
@@ -26,8 +26,9 @@ class TokenTexts:
 
 def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int],
                                entries: Sequence[TokenLogprobs | None], texts: TokenTexts,
-                               text_offset: int) -> int:
-    """Add one entry per token (None entries: the first prompt token); returns the new offset."""
+                               text_offset: int, top_n: int) -> int:
+    """Add one entry per token (None entries: the first prompt token), each with its top_n;
+    returns the new offset."""
     for token_id, entry in zip(token_ids, entries, strict=True):
         text = texts(token_id)
         into.tokens.append(text)
@@ -38,10 +39,26 @@ def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int
             into.top_logprobs.append(None)
             continue
         into.token_logprobs.append(entry.logprob)
-        top = {texts(t): lp for t, lp in entry.top}
+        top = {texts(t): lp for t, lp in entry.top[:top_n]}
         top.setdefault(text, entry.logprob)  # the chosen token is always listed, as OpenAI does
         into.top_logprobs.append(top)
     return text_offset
+
+
+def prompt_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None],
+                    texts: TokenTexts, top_n: int) -> list[dict[int, PromptLogprob] | None]:
+    """vLLM's prompt_logprobs: per prompt token, its own logprob and rank and the top_n's."""
+    out: list[dict[int, PromptLogprob] | None] = []
+    for token_id, entry in zip(token_ids, entries, strict=True):
+        if entry is None:
+            out.append(None)
+            continue
+        ranked = {t: PromptLogprob(logprob=lp, rank=rank, decoded_token=texts(t))
+                  for rank, (t, lp) in enumerate(entry.top[:top_n], start=1)}
+        ranked.setdefault(token_id, PromptLogprob(logprob=entry.logprob, rank=entry.rank,
+                                                  decoded_token=texts(token_id)))
+        out.append(ranked)
+    return out
 
 
 def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts,

@@ -55,6 +55,7 @@ class CompletionRequest(SamplingFields):
     max_tokens: int | None = 16
     logprobs: int | None = None  # the chosen token's logprob and the top k
     echo: bool = False  # the prompt before the completion (with prompt logprobs if asked)
+    prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and the top k
 
 
 class ContentPart(_Request):
@@ -107,12 +108,21 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int] = Field(default_factory=list)
 
 
+class PromptLogprob(BaseModel):
+    logprob: float
+    rank: int
+    decoded_token: str
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None  # the stop string or token id that ended it
+    # vLLM's shape: per prompt token (None for the first), token id -> its logprob and rank, for
+    # the token itself and the top k; in a stream, in each choice's first chunk
+    prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
 
 
 class Completion(BaseModel):

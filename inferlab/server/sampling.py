@@ -10,10 +10,10 @@ from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, S
 
 
 def completion_params(req: CompletionRequest) -> SamplingParams:
-    if req.echo and req.logprobs is not None:
-        return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                      prompt_logprobs=req.logprobs)
-    return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs)
+    # the prompt's logprobs serve echo with logprobs and vLLM's prompt_logprobs: the larger top k
+    asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
+    return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+                  prompt_logprobs=max(asked) if asked else None)
 
 
 def chat_params(req: ChatCompletionRequest) -> SamplingParams:

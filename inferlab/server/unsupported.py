@@ -42,7 +42,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
-    "prompt_logprobs": lambda v, _: v is None,  # completions give them with echo and logprobs
     "return_tokens_as_token_ids": lambda v, _: not v,
     "logits_processors": _empty,
     "priority": lambda v, _: v is None or v == 0,

@@ -152,6 +152,24 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     assert prompt_lp.token_logprobs[len(ids):len(both)] == pytest.approx(lp.token_logprobs,
                                                                           abs=2e-3)
 
+    # vLLM's prompt_logprobs: the same numbers by token id, each with its rank and the top 2
+    scored = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=1, **GREEDY,
+                                       extra_body={"prompt_logprobs": 2}).choices[0]
+    by_id = scored.model_extra["prompt_logprobs"]
+    assert len(by_id) == len(both) and by_id[0] is None
+    for i in range(1, len(both)):
+        own = by_id[i][str(both[i])]
+        assert own["logprob"] == prompt_lp.token_logprobs[i]
+        assert own["decoded_token"] == prompt_lp.tokens[i]
+        ranked = sorted(by_id[i].values(), key=lambda e: e["rank"])
+        assert len(by_id[i]) <= 3 and ranked[0]["rank"] == 1
+        assert ranked[0]["logprob"] == max(e["logprob"] for e in by_id[i].values())
+    streamed = list(client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=3, stream=True,
+                                              extra_body={"prompt_logprobs": 2, "ignore_eos": True},
+                                              **GREEDY))
+    firsts = [c.choices[0].model_extra.get("prompt_logprobs") for c in streamed if c.choices]
+    assert firsts[0] == by_id and all(f is None for f in firsts[1:])
+
 
 def test_prompt_forms_give_the_same_completions(client, server):
     single = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
