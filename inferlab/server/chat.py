@@ -86,6 +86,7 @@ class _Formatter:
         self.id = response_id
         self.created = int(time.time())
         self.num_top = req.top_logprobs or 0
+        self.names = ctx.token_names(req.return_tokens_as_token_ids)
 
     def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
         (final,) = finals  # chat has one prompt
@@ -127,4 +128,4 @@ class _Formatter:
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
         if entries is None or not self.req.logprobs:
             return None
-        return ChatLogprobs(content=chat_logprobs(entries, self.ctx.token_texts, self.num_top))
+        return ChatLogprobs(content=chat_logprobs(entries, self.names, self.num_top))

@@ -58,6 +58,7 @@ class _Formatter:
         self.id = response_id
         self.created = int(time.time())
         self.states: dict[tuple[int, int], _ChoiceState] = {}
+        self.names = ctx.token_names(req.return_tokens_as_token_ids)
 
     def whole(self, finals: list[RequestOutput]) -> Completion:
         choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
@@ -104,12 +105,12 @@ class _Formatter:
                     self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
                 if logprobs is not None and out.prompt_logprobs is not None:
                     append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                               self.ctx.token_texts, 0, top_n)
+                                               self.names, 0, top_n)
                 text = prompt_text + text
                 state.text_offset = len(prompt_text)
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
-                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset, top_n)
+                logprobs, token_ids, entries, self.names, state.text_offset, top_n)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                 prompt_logprobs=prompt_entries)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from fastapi import Request
 
@@ -13,7 +13,7 @@ from inferlab.server.admission import Admission
 from inferlab.server.disconnect import unless_disconnected
 from inferlab.server.errors import APIError
 from inferlab.server.generation import Generation
-from inferlab.server.logprobs import TokenTexts
+from inferlab.server.logprobs import TokenTexts, token_id_text
 from inferlab.server.metrics import ServerMetrics
 from inferlab.server.settings import ServerSettings
 
@@ -28,6 +28,10 @@ class ServerContext:
         self.metrics = ServerMetrics(engine, self.model_name, lambda: self.admission.in_flight)
         self.token_texts = TokenTexts(engine.tokenizer)
         self.draining = False  # set on SIGTERM: no new work, /health 503
+
+    def token_names(self, as_ids: bool) -> Callable[[int], str]:
+        """How logprobs name a token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""
+        return token_id_text if as_ids else self.token_texts
 
     def check_model(self, name: str | None) -> None:
         if name is not None and name != self.model_name:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from inferlab.engine.outputs import TokenLogprobs
 from inferlab.models.tokenizer import TextTokenizer
@@ -24,8 +24,14 @@ class TokenTexts:
         return text
 
 
+def token_id_text(token_id: int) -> str:
+    """vLLM's return_tokens_as_token_ids: a token named by its id, which any tokenizer maps
+    back, where its text may not (a byte fallback token alone is not valid UTF-8)."""
+    return f"token_id:{token_id}"
+
+
 def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int],
-                               entries: Sequence[TokenLogprobs | None], texts: TokenTexts,
+                               entries: Sequence[TokenLogprobs | None], texts: Callable[[int], str],
                                text_offset: int, top_n: int) -> int:
     """Add one entry per token (None entries: the first prompt token), each with its top_n;
     returns the new offset."""
@@ -61,7 +67,7 @@ def prompt_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs | 
     return out
 
 
-def chat_logprobs(entries: Sequence[TokenLogprobs], texts: TokenTexts,
+def chat_logprobs(entries: Sequence[TokenLogprobs], texts: Callable[[int], str],
                   num_top: int) -> list[TokenLogprob]:
     out = []
     for entry in entries:

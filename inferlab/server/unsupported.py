@@ -42,7 +42,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
-    "return_tokens_as_token_ids": lambda v, _: not v,
     "logits_processors": _empty,
     "priority": lambda v, _: v is None or v == 0,
     "cache_salt": _empty,  # it would keep other requests from sharing this one's cached prefix

@@ -171,6 +171,23 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     assert firsts[0] == by_id and all(f is None for f in firsts[1:])
 
 
+def test_logprobs_can_name_tokens_by_id(client, server):
+    """return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and
+    /detokenize of each id gives the text the plain request named it by."""
+    asked = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4, "logprobs": 1, **GREEDY}
+    plain = client.completions.create(**asked, extra_body={"ignore_eos": True}).choices[0].logprobs
+    named = client.completions.create(**asked, extra_body={
+        "ignore_eos": True, "return_tokens_as_token_ids": True}).choices[0].logprobs
+    assert all(t.startswith("token_id:") for t in named.tokens)
+    texts = [httpx.post(f"{server.url}/detokenize", json={"tokens": [int(t.removeprefix("token_id:"))]},
+                        headers=server.headers, timeout=30).json()["prompt"] for t in named.tokens]
+    assert texts == plain.tokens and named.token_logprobs == plain.token_logprobs
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True,
+        top_logprobs=1, extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
+    assert all(e.token.startswith("token_id:") for e in chat.choices[0].logprobs.content)
+
+
 def test_prompt_forms_give_the_same_completions(client, server):
     single = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
                                        extra_body={"ignore_eos": True}, **GREEDY).choices[0].text
