@@ -19,6 +19,7 @@ from inferlab.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    PromptLogprob,
 )
 from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import completion_params
@@ -95,22 +96,31 @@ class _Formatter:
         top_n = self.req.logprobs
         logprobs = CompletionLogprobs() if top_n is not None else None
         prompt_entries = None
-        if not state.started:
+        if not state.started:  # a choice's first chunk carries what is about the prompt
             state.started = True
-            if self.req.prompt_logprobs is not None:
-                prompt_entries = prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs,
-                                                 self.ctx.token_texts, self.req.prompt_logprobs)
-            if self.req.echo:
-                prompt_text = out.prompt if out.prompt is not None else \
-                    self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
-                if logprobs is not None and out.prompt_logprobs is not None:
-                    append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                               self.names, 0, top_n)
-                text = prompt_text + text
-                state.text_offset = len(prompt_text)
+            prompt_entries = self._prompt_logprobs(out)
+            text = self._echo(out, logprobs, state) + text
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
                 logprobs, token_ids, entries, self.names, state.text_offset, top_n)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                 prompt_logprobs=prompt_entries)
+
+    def _prompt_logprobs(self, out: RequestOutput) -> list[dict[int, PromptLogprob] | None] | None:
+        top_n = self.req.prompt_logprobs
+        if top_n is None or out.prompt_logprobs is None:
+            return None
+        return prompt_logprobs(out.prompt_token_ids, out.prompt_logprobs, self.ctx.token_texts, top_n)
+
+    def _echo(self, out: RequestOutput, logprobs: CompletionLogprobs | None, state: _ChoiceState) -> str:
+        """The prompt's text when echo asks (its logprobs go into `logprobs`), else ""."""
+        if not self.req.echo:
+            return ""
+        prompt_text = out.prompt if out.prompt is not None else \
+            self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
+        if logprobs is not None and out.prompt_logprobs is not None:
+            append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
+                                       self.names, 0, self.req.logprobs)
+        state.text_offset = len(prompt_text)
+        return prompt_text
