@@ -225,9 +225,11 @@ class BlockManager:
         hashes = state.block_hashes
         tokens = request.all_token_ids
         size = self.block_size
-        root = _ROOT_HASH
+        root, salt = _ROOT_HASH, request.sampling_params.cache_salt
         if not self.enable_prefix_caching and request.prompt_group is not None:
             root = request.prompt_group.encode()  # a chain no other request's can meet
+        elif salt is not None:
+            root = b"salt:" + salt.encode()  # chains that meet only the same salt's
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else root

@@ -52,6 +52,9 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
     detokenize: bool = True
     skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
+    # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
+    # so that one tenant cannot time its way to another's prompts
+    cache_salt: str | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
@@ -93,6 +96,8 @@ class SamplingParams:
              f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}"),
             (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
+            (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
+             "cache_salt must be a non-empty string"),
         ]
         for ok, message in checks:
             if not ok:

@@ -44,6 +44,7 @@ class SamplingFields(_Request):
     truncate_prompt_tokens: int | None = None
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
+    cache_salt: str | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

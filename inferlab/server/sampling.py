@@ -35,7 +35,8 @@ def _build(req: SamplingFields, **fields: Any) -> SamplingParams:
         "min_tokens": req.min_tokens, "logit_bias": _token_keys(req.logit_bias),
         "allowed_token_ids": req.allowed_token_ids, "truncate_prompt_tokens": req.truncate_prompt_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
-        "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words, **fields,
+        "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
+        "cache_salt": req.cache_salt, **fields,
     }
     # None means "the default" everywhere except max_tokens, where it means "to the context end"
     kwargs = {k: v for k, v in given.items() if v is not None or k == "max_tokens"}

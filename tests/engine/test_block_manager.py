@@ -26,6 +26,17 @@ def admit(bm: BlockManager, request, num_new: int | None = None) -> CachedPrefix
     return prefix
 
 
+def test_a_cache_salt_shares_prefix_blocks_only_with_the_same_salt() -> None:
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(13))  # three full blocks, the last token always recomputed
+    admit(bm, make_request("a", prompt, cache_salt="tenant-a"))
+    assert bm.get_computed_blocks(make_request("b", prompt, cache_salt="tenant-b")).num_tokens == 0
+    assert bm.get_computed_blocks(make_request("plain", prompt)).num_tokens == 0
+    assert bm.get_computed_blocks(make_request("a2", prompt, cache_salt="tenant-a")).num_tokens == 12
+    admit(bm, make_request("p", prompt))
+    assert bm.get_computed_blocks(make_request("p2", prompt)).num_tokens == 12
+
+
 def test_eviction_follows_lru_order_and_chain_tails_go_first() -> None:
     bm = BlockManager(num_blocks=7, block_size=4)
     a = make_request("a", list(range(12)))

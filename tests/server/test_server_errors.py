@@ -70,6 +70,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"allowed_token_ids": [9999999]}, "allowed_token_ids", "outside the vocabulary"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "at least 1"),
     ({"bad_words": [" "]}, "bad_words", "blank"),
+    ({"cache_salt": ""}, "cache_salt", "non-empty"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
     ({"priority": 2}, "priority", "not supported"),
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine

@@ -8,6 +8,8 @@ prompt must be the SmolLM2 template written out by hand.
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import openai
 import pytest
@@ -186,6 +188,28 @@ def test_logprobs_can_name_tokens_by_id(client, server):
         model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True,
         top_logprobs=1, extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
     assert all(e.token.startswith("token_id:") for e in chat.choices[0].logprobs.content)
+
+
+def test_cache_salt_keeps_prefix_hits_within_a_salt(client, server):
+    """The same 100-word prompt under salt "a", then "b" (no hit), then "a" again (hits)."""
+    prompt = "salted prefix " * 50
+    hits = lambda: server.metric("vllm:prefix_cache_hits_total")  # noqa: E731
+
+    def send(salt: str) -> None:
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1,
+                                  extra_body={"cache_salt": salt})
+
+    send("a")
+    time.sleep(0.2)  # /metrics reads a snapshot the engine takes after each step
+    before = hits()
+    send("b")
+    time.sleep(0.2)
+    assert hits() == before
+    send("a")
+    deadline = time.monotonic() + 5
+    while hits() == before and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert hits() > before
 
 
 def test_prompt_forms_give_the_same_completions(client, server):
