@@ -1,6 +1,6 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
-stop strings, logprobs, logit biases, allowed and bad words, truncated prompts and shared
-prefixes mixed: whatever the order, every request ends with a
+stop strings, logprobs, logit biases, allowed and bad words, truncated prompts, cache salts and
+shared prefixes mixed: whatever the order, every request ends with a
 valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
 output state)."""
 
@@ -24,7 +24,8 @@ def _random_params(rng: random.Random) -> SamplingParams:
                           logit_bias=rng.choice([None, {rng.randrange(49152): rng.uniform(-100, 100)}]),
                           allowed_token_ids=rng.choice([None, None, list(range(200, 230))]),
                           bad_words=rng.choice([[], ["the"], ["of the", "and"]]),
-                          truncate_prompt_tokens=rng.choice([None, None, 20]))
+                          truncate_prompt_tokens=rng.choice([None, None, 20]),
+                          cache_salt=rng.choice([None, None, "tenant"]))
 
 
 def _prompt(rng: random.Random) -> list[int]:
