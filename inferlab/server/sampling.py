@@ -54,4 +54,3 @@ def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
         if not (key.isascii() and key.isdigit()):
             raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
     return {int(key): value for key, value in bias.items()}
-
