@@ -272,6 +272,3 @@ def _settle(future: asyncio.Future, result: Any, error: BaseException | None) ->
         future.set_exception(error)
     else:
         future.set_result(result)
-
-
-
