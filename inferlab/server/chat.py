@@ -65,6 +65,15 @@ def _open_final_message(text: str, final: str) -> str:
                       "continued", "continue_final_message")
 
 
+def _echoed(req: ChatCompletionRequest) -> str:
+    """vLLM's chat echo: the last message's text goes before the reply when it is in the
+    reply's role (the assistant's; any role when no generation prompt opens a new turn)."""
+    last = req.messages[-1]
+    if not req.echo or (req.add_generation_prompt and last.role != "assistant"):
+        return ""
+    return _message_text(last, len(req.messages) - 1)
+
+
 def _message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
@@ -87,10 +96,11 @@ class _Formatter:
         self.created = int(time.time())
         self.num_top = req.top_logprobs or 0
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
+        self.echo = _echoed(req)
 
     def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
         (final,) = finals  # chat has one prompt
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=c.text),
+        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=self.echo + c.text),
                               logprobs=self._logprobs(c.logprobs), finish_reason=c.finish_reason,
                               stop_reason=c.stop_reason)
                    for c in final.outputs]
@@ -103,6 +113,8 @@ class _Formatter:
         for i in range(self.gen.params.n):
             yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
                               continuous)
+        for i in range(self.gen.params.n if self.echo else 0):
+            yield self._chunk(ChatChunkChoice(index=i, delta={"content": self.echo}), continuous)
         finished: set[int] = set()
         async for _, out in self.gen.outputs():
             for c in out.outputs:

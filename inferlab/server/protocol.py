@@ -79,6 +79,7 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: int | None = None
     add_generation_prompt: bool = True  # False: the template's prompt without the assistant's turn
     continue_final_message: bool = False  # the model goes on with the last message (a prefill)
+    echo: bool = False  # vLLM's: the reply starts with the last message when it is in the reply's role
 
 
 class TokenizeRequest(_Request):

@@ -44,7 +44,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
     "logits_processors": _empty,
     "priority": lambda v, _: v is None or v == 0,
-    "echo": lambda v, body: not v or "messages" not in body,  # completions implement it
     "chat_template": _empty,
     "chat_template_kwargs": _empty,
     "documents": _empty,

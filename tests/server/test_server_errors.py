@@ -89,7 +89,6 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
     ({"response_format": {"type": "json_object"}}, "response_format", "not supported"),
     ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
-    ({"echo": True}, "echo", "not supported"),
     ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
     ({"continue_final_message": True, "add_generation_prompt": False,
       "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]},

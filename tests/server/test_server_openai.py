@@ -247,6 +247,10 @@ def test_chat_uses_the_model_template(client, server):
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
                                            **GREEDY)
     assert reply.usage.prompt_tokens == len(ids)
+    # echo of a user's last message: not the reply's role, so nothing goes before the reply
+    same = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
+                                          extra_body={"echo": True}, **GREEDY)
+    assert same.choices[0].message.content == reply.choices[0].message.content
     # without the generation prompt, the template stops before the assistant's turn
     bare = SMOLLM2_CHAT.removesuffix("<|im_start|>assistant\n")
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
@@ -259,6 +263,14 @@ def test_chat_uses_the_model_template(client, server):
         extra_body={"add_generation_prompt": False, "continue_final_message": True})
     opened = SMOLLM2_CHAT + "Hi there, my name"
     assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=opened, add_special_tokens=False))
+    # echo puts the prefilled reply before the continuation, whole or streamed
+    prefill = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
+    echoed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
+                                            extra_body=prefill, **GREEDY).choices[0].message.content
+    assert echoed == "Hi there, my name" + reply.choices[0].message.content
+    streamed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
+                                              extra_body=prefill, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == echoed
 
 
 def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
