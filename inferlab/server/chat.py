@@ -33,14 +33,15 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req)
     prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
-                                 req.continue_final_message)
+                                 req.continue_final_message, req.add_special_tokens)
     gen = await ctx.generate(request, [prompt_ids], params)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
-                    add_generation_prompt: bool = True, continue_final_message: bool = False) -> list[int]:
+                    add_generation_prompt: bool = True, continue_final_message: bool = False,
+                    add_special_tokens: bool = False) -> list[int]:
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
     if continue_final_message and add_generation_prompt:
@@ -50,7 +51,8 @@ def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
     if continue_final_message:
         text = _open_final_message(text, plain[-1]["content"])
-    return tokenizer.encode(text, add_special_tokens=False)  # the template wrote the specials
+    # the template writes the special tokens; add_special_tokens adds the tokenizer's (a BOS) too
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 def _open_final_message(text: str, final: str) -> str:

@@ -58,6 +58,7 @@ class CompletionRequest(SamplingFields):
     logprobs: int | None = None  # the chosen token's logprob and the top k
     echo: bool = False  # the prompt before the completion (with prompt logprobs if asked)
     prompt_logprobs: int | None = None  # vLLM's: each prompt token's logprob and the top k
+    add_special_tokens: bool = True  # vLLM's: False, no BOS is added to a text prompt
 
 
 class ContentPart(_Request):
@@ -80,6 +81,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True  # False: the template's prompt without the assistant's turn
     continue_final_message: bool = False  # the model goes on with the last message (a prefill)
     echo: bool = False  # vLLM's: the reply starts with the last message when it is in the reply's role
+    add_special_tokens: bool = False  # vLLM's: True adds a BOS before what the template wrote
 
 
 class TokenizeRequest(_Request):

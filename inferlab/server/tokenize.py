@@ -22,7 +22,8 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
         tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
     else:
         assert req.messages is not None
-        tokens = chat_prompt_ids(tokenizer, req.messages, req.add_generation_prompt)
+        tokens = chat_prompt_ids(tokenizer, req.messages, req.add_generation_prompt,
+                                 add_special_tokens=req.add_special_tokens is True)
     return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
 
 

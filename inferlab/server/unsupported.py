@@ -41,7 +41,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "use_beam_search": lambda v, _: not v,
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
-    "add_special_tokens": lambda v, body: v is None or v == ("messages" not in body),  # chat: False
     "logits_processors": _empty,
     "priority": lambda v, _: v is None or v == 0,
     "chat_template": _empty,

@@ -64,7 +64,6 @@ def chat(server, **fields) -> httpx.Response:
     ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
     # vLLM's extensions that would change the answer: refused, not silently ignored
-    ({"add_special_tokens": False}, "add_special_tokens", "not supported"),
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "not supported"),
     ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
     ({"allowed_token_ids": [9999999]}, "allowed_token_ids", "outside the vocabulary"),
@@ -94,7 +93,6 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
       "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]},
      "continue_final_message", "cannot be continued"),
     ({"chat_template": "{{ messages }}"}, "chat_template", "not supported"),
-    ({"add_special_tokens": True}, "add_special_tokens", "not supported"),
     ({"max_completion_tokens": 0}, "max_tokens", "at least 1"),
 ])
 def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, words):

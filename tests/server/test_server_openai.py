@@ -212,6 +212,32 @@ def test_cache_salt_keeps_prefix_hits_within_a_salt(client, server):
     assert hits() > before
 
 
+def test_add_special_tokens_decides_the_bos(client, server, engine, monkeypatch):
+    """With a tokenizer that adds a BOS (as Llama's GGUF files ask), a completion's text prompt
+    gets it unless add_special_tokens is false, and a chat prompt only when it is true."""
+    tokenizer = engine.tokenizer
+    plain = _tokenize(server, prompt=PROMPT, add_special_tokens=False)
+    messages = [{"role": "user", "content": "Say hi"}]
+    chat_ids = _tokenize(server, messages=messages)
+    # SmolLM2's own BOS is <|im_start|>, which its chat template writes first anyway
+    monkeypatch.setattr(tokenizer, "bos_token_id", tokenizer.backend.token_to_id("<|endoftext|>"))
+    monkeypatch.setattr(tokenizer.info, "add_bos_token", True)
+
+    def completion_tokens(**fields) -> int:
+        return client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1,
+                                         extra_body=fields).usage.prompt_tokens
+
+    def chat_tokens(**fields) -> int:
+        return client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=1,
+                                              extra_body=fields).usage.prompt_tokens
+
+    assert completion_tokens() == len(plain) + 1
+    assert completion_tokens(add_special_tokens=False) == len(plain)
+    assert chat_tokens() == len(chat_ids) and chat_tokens(add_special_tokens=True) == len(chat_ids) + 1
+    bos_first = _tokenize(server, messages=messages, add_special_tokens=True)
+    assert bos_first == [tokenizer.bos_token_id, *chat_ids]
+
+
 def test_prompt_forms_give_the_same_completions(client, server):
     single = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=8,
                                        extra_body={"ignore_eos": True}, **GREEDY).choices[0].text
