@@ -159,9 +159,9 @@ class AsyncEngine:
             try:
                 result = fn()
             except BaseException as e:  # handed to the caller, which decides
-                loop.call_soon_threadsafe(_settle, future, None, e)
+                _send(loop, _settle, future, None, e)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _send(loop, _settle, future, result, None)
 
         self._post(run)
         try:
@@ -187,7 +187,7 @@ class AsyncEngine:
         output = self.engine.abort_request(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None and output is not None:
-            stream[0].call_soon_threadsafe(stream[1], output)
+            _send(stream[0], stream[1], output)
 
     def _loop(self) -> None:
         self.engine.bind_threads()
@@ -211,9 +211,9 @@ class AsyncEngine:
                 self.error = e
                 pending = list(self._pending.items())
             for future, loop in pending:
-                loop.call_soon_threadsafe(_settle, future, None, self._dead())
+                _send(loop, _settle, future, None, self._dead())
             for loop, sink in self._streams.values():
-                loop.call_soon_threadsafe(sink, RuntimeError(f"{type(e).__name__}: {e}"))
+                _send(loop, sink, RuntimeError(f"{type(e).__name__}: {e}"))
 
     def _observe_step(self, seconds: float) -> None:
         with self._observers_lock:
@@ -236,7 +236,10 @@ class AsyncEngine:
                 del self._streams[out.request_id]
             batches.setdefault(stream[0], []).append((stream[1], out))
         for loop, batch in batches.items():
-            loop.call_soon_threadsafe(_hand_out, batch)
+            if not _send(loop, _hand_out, batch):  # nobody will read these, nor abort them
+                for _, out in batch:
+                    if not out.finished:
+                        self._abort(out.request_id)
 
     def _drain_and_stop(self) -> None:
         deadline = time.monotonic() + 5.0
@@ -258,6 +261,16 @@ class AsyncEngine:
             prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
             requests_finished=dict(c.requests_finished),
         )
+
+
+def _send(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> bool:
+    """loop.call_soon_threadsafe from the engine thread; False when the loop is closed (its
+    caller is gone), which must not take the engine thread down with it."""
+    try:
+        loop.call_soon_threadsafe(fn, *args)
+    except RuntimeError:  # "Event loop is closed"
+        return False
+    return True
 
 
 def _hand_out(batch: list[tuple[Callable[[Any], None], RequestOutput]]) -> None:

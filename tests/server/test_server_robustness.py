@@ -15,6 +15,8 @@ import httpx
 import pytest
 from server_helpers import MODEL_NAME, async_client, start_server
 
+from inferlab.engine.sampling_params import SamplingParams
+
 LONG = {"max_tokens": 400, "ignore_eos": True}  # far longer than any test waits for
 
 
@@ -70,6 +72,36 @@ def test_client_killed_mid_stream_frees_its_request_and_blocks(server):
         client.wait()
     assert wait_until(lambda: engine_idle(server), 10)
     assert aborted(server) == before + 1  # aborted, not run to its 400 tokens
+
+
+def test_a_refused_prompt_among_several_leaves_nothing_running(server):
+    """Two prompts, the second refused (a token id past the vocabulary): a 400 before any
+    response, and the first, already added, is aborted at once with its blocks freed, not run
+    to its 400 tokens (several seconds here)."""
+    assert wait_until(lambda: engine_idle(server), 10)
+    r = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {server.api_key}"},
+                   json={"prompt": [[1, 2, 3] * 10, [5, 10**7]], "max_tokens": 400, "ignore_eos": True},
+                   timeout=60)
+    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+    time.sleep(1.0)  # /metrics shows a snapshot: let the engine take the add (and the abort)
+    assert wait_until(lambda: engine_idle(server), 0.5)
+
+
+def test_a_caller_loop_closed_mid_request_does_not_stop_the_engine(engine):
+    """An event loop that added a request and was closed while it ran (a script's asyncio.run
+    that returned): the engine thread aborts the request instead of dying on the closed loop,
+    and serves the next caller."""
+    loop = asyncio.new_event_loop()
+    loop.run_until_complete(engine.submit("Once upon a time", SamplingParams(max_tokens=300, ignore_eos=True),
+                                          "orphan", lambda out: None))
+    loop.close()
+    assert wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, 10)
+    assert engine.is_healthy()
+
+    async def next_caller():
+        return [out async for out in engine.generate("Hi", SamplingParams(max_tokens=2), "after-orphan")]
+
+    assert asyncio.run(next_caller())[-1].finished
 
 
 def test_abandoned_whole_request_is_aborted(server):
