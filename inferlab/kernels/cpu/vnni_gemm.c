@@ -104,7 +104,9 @@ static void gemm_tile_of(const gemm_args_t *g, int64_t r0, int64_t b0, int rows,
 #undef GEMM_TILE
 }
 
-/* The next unclaimed task below `below`, else `tasks` (none claimed). */
+/* Claims the next task while fewer than `below` have been handed out, else returns `tasks`.
+ * Two threads may pass the check together, so a claim can land at or past `below`, or past
+ * the last task: callers treat any value >= `tasks` as none. */
 static int64_t claim_task(int64_t *handed, int64_t tasks, int64_t below) {
     int64_t seen, task;
 #pragma omp atomic read
