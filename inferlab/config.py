@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.sampling_params import check_seed
 from inferlab.errors import InferlabError
 
@@ -39,6 +40,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
+    scheduling_policy: str = "fcfs"  # or "priority": requests' priority orders the queue
     num_threads: int | None = None  # CPU threads for torch; None: torch's default
     seed: int = 0  # for requests without their own seed
 
@@ -56,4 +58,7 @@ class EngineConfig:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:
             raise InferlabError(f"num_threads must be at least 1, got {self.num_threads}")
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise InferlabError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                                f"got {self.scheduling_policy!r}")
         check_seed(self.seed)

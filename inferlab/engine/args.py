@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from inferlab.config import DTYPES, EngineConfig, parse_bytes
+from inferlab.engine.request_queue import SCHEDULING_POLICIES
 
 _DEFAULTS = EngineConfig()
 # The server's default step: prefill in chunks of this many tokens between decode steps. When
@@ -41,6 +42,11 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                        help="context length (default: the model's)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching)
+    group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
+                       default=_DEFAULTS.scheduling_policy,
+                       help="fcfs: first come first served; priority: by each request's "
+                            "'priority' (lower first), then arrival, and preemption takes the "
+                            "lowest priority (default: %(default)s)")
     group.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch")
     group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
 
@@ -53,5 +59,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        scheduling_policy=args.scheduling_policy,
         num_threads=args.num_threads, seed=args.seed,
     )

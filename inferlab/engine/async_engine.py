@@ -80,13 +80,13 @@ class AsyncEngine:
     # -- called from coroutines ---------------------------------------------------------------
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
-                       request_id: str) -> AsyncIterator[RequestOutput]:
+                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream outputs; closing the iterator early (client gone) aborts the request."""
         outputs: asyncio.Queue = asyncio.Queue()
         finished = False
         try:
             # inside the try: a caller cancelled while the add is queued still aborts it
-            await self.submit(prompt, params, request_id, outputs.put_nowait)
+            await self.submit(prompt, params, request_id, outputs.put_nowait, priority)
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
@@ -101,7 +101,8 @@ class AsyncEngine:
                 self._post(lambda: self._abort(request_id))
 
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
-                     sink: Callable[[RequestOutput | BaseException], None]) -> None:
+                     sink: Callable[[RequestOutput | BaseException], None],
+                     priority: int = 0) -> None:
         """Add a request whose outputs are handed to `sink` on this event loop, without a task
         or queue of its own between (the server's path: one hop less a token); the last output
         is finished, and an engine failure arrives as an exception. Raises what add_request
@@ -113,7 +114,7 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
         text = prompt if isinstance(prompt, str) else None
-        await self._call(lambda: self._add(request_id, text, ids, params, loop, sink))
+        await self._call(lambda: self._add(request_id, text, ids, params, loop, sink, priority))
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))
@@ -179,8 +180,8 @@ class AsyncEngine:
         self._wake.set()
 
     def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
-             loop: asyncio.AbstractEventLoop, sink: Callable[[Any], None]) -> None:
-        self.engine.add_request(ids, params, request_id, prompt_text=text)
+             loop: asyncio.AbstractEventLoop, sink: Callable[[Any], None], priority: int) -> None:
+        self.engine.add_request(ids, params, request_id, prompt_text=text, priority=priority)
         self._streams[request_id] = (loop, sink)
 
     def _abort(self, request_id: str) -> None:

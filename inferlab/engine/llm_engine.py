@@ -81,7 +81,8 @@ class LLMEngine:
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
-                            max_num_batched_tokens=config.max_num_batched_tokens),
+                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            policy=config.scheduling_policy),
             cache_config)
         graphs = self.device.type == "cuda" and not config.enforce_eager
         self.runner = ModelRunner(self.loaded.model, RunnerConfig(
@@ -149,10 +150,12 @@ class LLMEngine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    prompt_text: str | None = None) -> str:
+                    prompt_text: str | None = None, priority: int = 0) -> str:
         """Queue a request (n completions); raises InferlabError if it can never be served.
-        prompt_text: the text that token ids given as the prompt were encoded from."""
+        prompt_text: the text that token ids given as the prompt were encoded from; priority:
+        lower goes first, under the "priority" scheduling policy only."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self._check_priority(priority)
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
         text, ids = self.tokenize_prompt(prompt)
@@ -171,7 +174,7 @@ class LLMEngine:
                 child_params = dataclasses.replace(params, n=1, seed=seed)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             children.append(Request(child_id, ids, child_params, self._eos_id(), max_tokens,
-                                    arrival_time=arrival,
+                                    arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
                                     bad_words_token_ids=bad_words))
         for child in children:
@@ -179,6 +182,13 @@ class LLMEngine:
         self.outputs.add(request_id, text, children)
         self.counters.prompt_tokens += len(ids)
         return request_id
+
+    def _check_priority(self, priority: int) -> None:
+        if not isinstance(priority, int) or isinstance(priority, bool):
+            raise InvalidParameterError(f"priority must be an integer, got {priority!r}")
+        if priority != 0 and self.config.scheduling_policy != "priority":
+            raise InvalidParameterError(f"priority {priority} needs the priority scheduling policy "
+                                        "(--scheduling-policy priority)")
 
     def _check_servable(self, ids: list[int], params: SamplingParams,
                         bad_words: list[list[int]]) -> int:
@@ -292,17 +302,21 @@ class LLM:
         return self.engine.num_kv_blocks
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None) -> list[RequestOutput]:
+                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
+        """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = params or SamplingParams()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        if len(all_params) != len(prompts):
-            raise InferlabError(f"{len(prompts)} prompts but {len(all_params)} sampling params")
+        priorities = list(priority) if priority is not None else [0] * len(prompts)
+        for name, values in (("sampling params", all_params), ("priorities", priorities)):
+            if len(values) != len(prompts):
+                raise InferlabError(f"{len(prompts)} prompts but {len(values)} {name}")
         ids: list[str] = []
         try:
-            for prompt, sp in zip(prompts, all_params, strict=True):
-                ids.append(self.engine.add_request(prompt, sp))
+            for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
+                ids.append(self.engine.add_request(prompt, sp, priority=rank))
             return self._run(ids)
         except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
             for request_id in ids:

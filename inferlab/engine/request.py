@@ -43,6 +43,7 @@ class Request:
     eos_token_id: int | None = None
     max_tokens: int = 16  # resolved by the engine from sampling_params and max_model_len
     arrival_time: float = field(default_factory=time.monotonic)
+    priority: int = 0  # under the "priority" scheduling policy: lower values go first
     # The parent id of an n > 1 request's copies: they share the prompt's KV blocks, with
     # prefix caching on or off (off, they share them with nothing else).
     prompt_group: str | None = None

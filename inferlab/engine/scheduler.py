@@ -3,17 +3,18 @@
 The rule: each step, within max_num_batched_tokens tokens and max_num_seqs requests, every
 request is given tokens toward its num_tokens. Running requests go first, in admission
 order (a decode costs 1 token, an unfinished prompt takes a chunk of what budget is left);
-a running request that cannot get KV blocks preempts the most recently admitted running
-request (itself if it is that one), which is freed and put back at the front of the queue.
-Then, only if nobody was preempted this step, waiting requests are admitted strictly first
-come first served: the head of the queue is admitted only if the blocks of its whole
-remaining prompt fit now (after prefix-cache hits), otherwise admission stops.
+a running request that cannot get KV blocks preempts a running request, which is freed and
+queued again: under "fcfs" the most recently admitted (itself if it is that one), under
+"priority" the lowest priority (its chunk taken back if it had one this step). Preempting
+itself ends the step's running part. Then, only if nobody was preempted this step, waiting
+requests are admitted strictly in queue order (request_queue.py): the head of the queue is
+admitted only if the blocks of its whole remaining prompt fit now (after prefix-cache hits),
+otherwise admission stops.
 """
 
 from __future__ import annotations
 
 import time
-from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from inferlab.engine.block_manager import BlockManager, cdiv
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.outputs import ModelRunnerOutput, ScheduledChunk, SchedulerOutput
 from inferlab.engine.request import Request, RequestStatus
+from inferlab.engine.request_queue import lowest_priority, waiting_queue
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError
 
@@ -47,8 +49,8 @@ class Scheduler:
         self.cache_config = cache_config
         self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size,
                                           cache_config.enable_prefix_caching)
-        self.waiting: deque[Request] = deque()
-        self.running: list[Request] = []  # in admission order: the last is preempted first
+        self.waiting = waiting_queue(scheduler_config.policy)
+        self.running: list[Request] = []  # in admission order: fcfs preempts the last first
         self._requests: dict[str, Request] = {}  # unfinished requests by id
         self._finished_ids: list[str] = []  # finished since the last schedule()
         self.num_preemptions_total = 0
@@ -71,7 +73,7 @@ class Scheduler:
             raise InferlabError(f"request id {request.request_id!r} is already in use")
         request.status = RequestStatus.WAITING
         self._requests[request.request_id] = request
-        self.waiting.append(request)
+        self.waiting.add(request)
 
     def schedule(self) -> SchedulerOutput:
         budget = self.config.max_num_batched_tokens
@@ -125,7 +127,7 @@ class Scheduler:
             self._finish(request, status, now)
         if requests:
             self.running = [r for r in self.running if r.request_id not in ids]
-            self.waiting = deque(r for r in self.waiting if r.request_id not in ids)
+            self.waiting.remove(ids)
         return requests
 
     def stats(self) -> SchedulerStats:
@@ -172,23 +174,30 @@ class Scheduler:
             if not self.config.enable_chunked_prefill and num_new < remaining:
                 i += 1  # a whole prompt or nothing
                 continue
-            if not self._allocate_or_preempt(request, num_new, preempted):
-                break  # it preempted itself: it was the last running request
+            while not self.block_manager.allocate_slots(request, num_new):
+                victim, at = self._preempt_one(preempted)
+                if victim is request:
+                    return budget
+                if at < i:  # passed earlier this step (priority policy only)
+                    i -= 1
+                    taken = next((c for c in chunks if c.request is victim), None)
+                    if taken is not None:
+                        chunks.remove(taken)
+                        budget += taken.num_new_tokens
             chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
             budget -= num_new
             i += 1
         return budget
 
-    def _allocate_or_preempt(self, request: Request, num_new: int,
-                             preempted: list[str]) -> bool:
-        """Preempt from the tail of running until the request's blocks fit or it is gone."""
-        while not self.block_manager.allocate_slots(request, num_new):
-            victim = self.running.pop()
-            self._preempt(victim)
-            preempted.append(victim.request_id)
-            if victim is request:
-                return False
-        return True
+    def _preempt_one(self, preempted: list[str]) -> tuple[Request, int]:
+        """Preempt the policy's victim; returns it and where it was in running."""
+        at = len(self.running) - 1
+        if self.config.policy == "priority":
+            at = lowest_priority(self.running)
+        victim = self.running.pop(at)
+        self._preempt(victim)
+        preempted.append(victim.request_id)
+        return victim, at
 
     def _preempt(self, request: Request) -> None:
         self.block_manager.free(request)
@@ -196,12 +205,12 @@ class Scheduler:
         request.num_computed_tokens = 0  # recomputed on resumption; outputs are kept
         request.num_preemptions += 1
         self.num_preemptions_total += 1
-        self.waiting.appendleft(request)  # victims go first: earlier victims end up in front
+        self.waiting.requeue(request)
 
     def _schedule_waiting(self, budget: int, chunks: list[ScheduledChunk]) -> None:
         bm = self.block_manager
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
-            request = self.waiting[0]
+            request = self.waiting.peek()
             prefix = bm.get_computed_blocks(request)
             remaining = request.num_tokens - prefix.num_tokens
             num_new = min(remaining, budget)
@@ -213,7 +222,7 @@ class Scheduler:
                 break
             if not bm.allocate_slots(request, num_new, prefix):
                 raise AssertionError("allocate_slots failed after can_allocate succeeded")
-            self.waiting.popleft()
+            self.waiting.pop()
             request.num_computed_tokens = prefix.num_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = prefix.num_tokens

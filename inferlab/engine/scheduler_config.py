@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.errors import InferlabError
 
 
@@ -15,11 +16,15 @@ class SchedulerConfig:
     max_num_seqs: int = 256  # requests in one step's batch, at most
     max_num_batched_tokens: int = 2048  # tokens computed in one step, all requests together
     enable_chunked_prefill: bool = True  # split long prompts across steps
+    policy: str = "fcfs"  # the waiting queue's order and the preemption victim (request_queue.py)
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise InferlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.policy not in SCHEDULING_POLICIES:
+            raise InferlabError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
+                                f"got {self.policy!r}")
         # Without chunking a prompt is computed in one step, so the longest one must fit a step.
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InferlabError(

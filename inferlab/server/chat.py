@@ -34,7 +34,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     params = chat_params(req)
     prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
                                  req.continue_final_message, req.add_special_tokens)
-    gen = await ctx.generate(request, [prompt_ids], params)
+    gen = await ctx.generate(request, [prompt_ids], params, req.priority)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 

@@ -47,7 +47,7 @@ class ServerContext:
                         headers={"Retry-After": str(self.settings.retry_after_s)})
 
     async def generate(self, request: Request, prompts: Sequence[str | list[int]],
-                       params: SamplingParams) -> Generation:
+                       params: SamplingParams, priority: int = 0) -> Generation:
         """Admit, hand to the engine, and wait for every prompt's first output."""
         if self.draining:
             raise self._unavailable("shutting_down", "the server is shutting down")
@@ -57,7 +57,7 @@ class ServerContext:
                                     f"{self.admission.max_queued} sequences are already waiting; "
                                     "retry later")
         gen = Generation(self.engine, prompts, params, request.state.request_id, self.metrics,
-                         on_close=lambda: self.admission.release(num_seqs))
+                         priority=priority, on_close=lambda: self.admission.release(num_seqs))
         request.state.generation = gen  # the access log reads its token counts and TTFT
         try:
             await unless_disconnected(request, gen.start())

@@ -30,10 +30,11 @@ _Item = tuple[int, RequestOutput | BaseException]
 class Generation:
     def __init__(self, engine: AsyncEngine, prompts: Sequence[str | list[int]],
                  params: SamplingParams, request_id: str, metrics: ServerMetrics,
-                 on_close: Callable[[], None]) -> None:
+                 on_close: Callable[[], None], priority: int = 0) -> None:
         self.engine = engine
         self.prompts = list(prompts)
         self.params = params
+        self.priority = priority
         self.request_ids = [f"{request_id}-{i}" for i in range(len(self.prompts))]
         self.metrics = metrics
         self._itl = InterTokenTimer(metrics)
@@ -61,7 +62,8 @@ class Generation:
         """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""
         try:
             await asyncio.gather(*(
-                self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i))
+                self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i),
+                                   self.priority)
                 for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))))
         except Exception as e:
             await self.close()

@@ -45,6 +45,7 @@ class SamplingFields(_Request):
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
     cache_salt: str | None = None
+    priority: int = 0  # lower first, with --scheduling-policy priority
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

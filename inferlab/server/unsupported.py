@@ -42,7 +42,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "logits_processors": _empty,
-    "priority": lambda v, _: v is None or v == 0,
     "chat_template": _empty,
     "chat_template_kwargs": _empty,
     "documents": _empty,

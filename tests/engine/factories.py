@@ -15,23 +15,24 @@ _fresh_tokens = itertools.count(1000)
 
 
 def make_request(request_id: str, prompt_token_ids: list[int] | int, max_tokens: int = 16,
-                 eos_token_id: int | None = None, **sampling: object) -> Request:
+                 eos_token_id: int | None = None, priority: int = 0,
+                 **sampling: object) -> Request:
     """A request; an int prompt means that many tokens never used before (no prefix hits)."""
     if isinstance(prompt_token_ids, int):
         prompt_token_ids = [next(_fresh_tokens) for _ in range(prompt_token_ids)]
     params = SamplingParams(max_tokens=max_tokens, **sampling)
     return Request(request_id, list(prompt_token_ids), params, eos_token_id=eos_token_id,
-                   max_tokens=max_tokens)
+                   max_tokens=max_tokens, priority=priority)
 
 
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int = 16,
                    max_num_batched_tokens: int = 64, max_model_len: int = 256,
                    enable_chunked_prefill: bool = True,
-                   enable_prefix_caching: bool = True) -> Scheduler:
+                   enable_prefix_caching: bool = True, policy: str = "fcfs") -> Scheduler:
     return Scheduler(
         SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens,
-                        enable_chunked_prefill=enable_chunked_prefill),
+                        enable_chunked_prefill=enable_chunked_prefill, policy=policy),
         CacheConfig(block_size=block_size, num_blocks=num_blocks,
                     enable_prefix_caching=enable_prefix_caching),
     )

@@ -20,7 +20,8 @@ workload_requests = st.lists(
               st.integers(1, 6),  # max_tokens
               st.integers(1, 3),  # n: siblings with the same prompt
               st.integers(0, 6),  # arrival step
-              st.one_of(st.none(), st.integers(0, 12))),  # abort step
+              st.one_of(st.none(), st.integers(0, 12)),  # abort step
+              st.integers(0, 2)),  # priority (under the priority policy)
     min_size=1, max_size=6)
 
 
@@ -60,9 +61,10 @@ def check_step(s, output, running_before: set[str], waiting_before: list[str]) -
     assert output.total_num_scheduled_tokens == sum(c.num_new_tokens for c in output.chunks)
     assert output.total_num_scheduled_tokens <= config.max_num_batched_tokens
     admitted = [i for i in ids if i not in running_before]
-    assert admitted == waiting_before[:len(admitted)], "admission is strictly FCFS"
+    assert admitted == waiting_before[:len(admitted)], "admission strictly in queue order"
     if output.preempted_request_ids:
         assert not admitted
+        assert not set(output.preempted_request_ids) & set(ids), "a preempted request computes nothing"
     for c in output.chunks:
         assert c.num_new_tokens >= 1
         assert c.num_computed_tokens + c.num_new_tokens <= c.request.num_tokens
@@ -82,23 +84,26 @@ def check_blocks(s) -> None:
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(block_size=st.sampled_from([2, 4]), num_blocks=st.integers(4, 20),
        budget=st.integers(1, 24), max_num_seqs=st.integers(1, 5), chunked=st.booleans(),
-       caching=st.booleans(), workload=workload_requests)
+       caching=st.booleans(), policy=st.sampled_from(["fcfs", "priority"]),
+       workload=workload_requests)
 def test_random_workloads_finish_with_correct_kv_and_no_leaked_block(
-        block_size, num_blocks, budget, max_num_seqs, chunked, caching, workload) -> None:
+        block_size, num_blocks, budget, max_num_seqs, chunked, caching, policy, workload) -> None:
     max_model_len = 24
     if not chunked:
         budget = max(budget, max_model_len)
     s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
                        max_num_batched_tokens=budget, max_model_len=max_model_len,
-                       enable_chunked_prefill=chunked, enable_prefix_caching=caching)
+                       enable_chunked_prefill=chunked, enable_prefix_caching=caching,
+                       policy=policy)
     kv = ShadowKV(s)
     accepted, aborted = [], set()
     for step_index in range(400):
-        for k, (head, tail, max_tokens, n, arrival, _) in enumerate(workload):
+        for k, (head, tail, max_tokens, n, arrival, _, priority) in enumerate(workload):
             if arrival != step_index:
                 continue
             for i in range(n):
-                request = make_request(f"{k}#{i}", head + tail or [0], max_tokens=max_tokens)
+                request = make_request(f"{k}#{i}", head + tail or [0], max_tokens=max_tokens,
+                                       priority=priority)
                 try:
                     s.add_request(request)
                 except InferlabError:
@@ -107,7 +112,7 @@ def test_random_workloads_finish_with_correct_kv_and_no_leaked_block(
                             or needed > num_blocks)
                     continue
                 accepted.append(request)
-        for k, (*_, abort_at) in enumerate(workload):
+        for k, (*_, abort_at, _) in enumerate(workload):
             if abort_at == step_index:
                 ids = [r.request_id for r in accepted if r.request_id.startswith(f"{k}#")]
                 aborted.update(r.request_id for r in s.finish_requests(

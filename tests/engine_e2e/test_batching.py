@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError, InvalidParameterError
 
 
 def _prompts(llm, text: str, count: int, min_len: int, max_len: int) -> list[list[int]]:
@@ -61,3 +62,39 @@ def test_prefix_cache_serves_a_shared_512_token_prefix(make_llm, wiki_text):
     stats = llm.engine.scheduler.stats()
     shareable = 31 * 512
     assert stats.prefix_cache_hit_tokens >= 0.9 * shareable
+
+
+def test_priority_scheduling_preempts_by_priority_and_keeps_the_tokens(make_llm, wiki_text):
+    small = make_llm(kv_cache_memory=12 * 16 * 46080, max_num_batched_tokens=64,
+                     scheduling_policy="priority")
+    alone = make_llm()
+    prompts = _prompts(small, wiki_text, 12, 20, 60)
+    priorities = [(i * 7) % 3 for i in range(len(prompts))]
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    finished_order: list[str] = []
+    step = small.engine.step
+
+    def watched_step(final_only: bool = False):
+        outputs = step(final_only)
+        finished_order.extend(o.request_id for o in outputs if o.finished)
+        return outputs
+
+    small.engine.step = watched_step
+    together = small.generate(prompts, params, priority=priorities)
+    assert small.engine.scheduler.stats().num_preemptions_total > 0
+    assert small.engine.scheduler.stats().num_free_blocks == small.num_kv_blocks
+    for prompt, out in zip(prompts, together, strict=True):
+        assert out.outputs[0].token_ids == alone.generate([prompt], params)[0].outputs[0].token_ids
+    # the queue is long (12 requests, room for a few): priority 0 all finish before priority 2
+    rank = {out.request_id: p for out, p in zip(together, priorities, strict=True)}
+    done = [rank[i] for i in finished_order]
+    assert max(i for i, p in enumerate(done) if p == 0) < min(i for i, p in enumerate(done) if p == 2)
+
+
+def test_priority_needs_the_priority_policy(make_llm):
+    llm = make_llm()
+    with pytest.raises(InvalidParameterError, match="--scheduling-policy priority"):
+        llm.generate("Hello", SamplingParams(max_tokens=2), priority=[1])
+    with pytest.raises(InferlabError, match="2 prompts but 1 priorities"):
+        llm.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[0])
+    assert not llm.engine.has_unfinished_requests()

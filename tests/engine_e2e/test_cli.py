@@ -13,7 +13,8 @@ from inferlab.engine.sampling_params import SamplingParams
 
 ENGINE_FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-num-seqs", "3",
                 "--max-num-batched-tokens", "64", "--max-model-len", "512",
-                "--no-enable-prefix-caching", "--kv-cache-memory", "32MiB", "--num-threads", "2"]
+                "--no-enable-prefix-caching", "--kv-cache-memory", "32MiB", "--num-threads", "2",
+                "--scheduling-policy", "priority"]
 
 
 @pytest.fixture
@@ -33,7 +34,8 @@ def configs(monkeypatch, smollm_fp32) -> list:
 def _check_engine_flags(config) -> None:
     assert (config.dtype, config.block_size, config.max_num_seqs, config.max_num_batched_tokens,
             config.max_model_len, config.enable_prefix_caching, config.kv_cache_memory_bytes,
-            config.num_threads) == ("float32", 32, 3, 64, 512, False, 32 * 2**20, 2)
+            config.num_threads, config.scheduling_policy) == (
+        "float32", 32, 3, 64, 512, False, 32 * 2**20, 2, "priority")
 
 
 def test_generate_prints_the_greedy_completion(capsys, configs, make_llm):

@@ -71,7 +71,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"bad_words": [" "]}, "bad_words", "blank"),
     ({"cache_salt": ""}, "cache_salt", "non-empty"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
-    ({"priority": 2}, "priority", "not supported"),
+    ({"priority": 2}, "priority", "--scheduling-policy priority"),  # this server is fcfs
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
     ({"seed": 2**64 - 1, "n": 2}, "seed", "copies"),  # the second copy's seed would be 2**64
 ])

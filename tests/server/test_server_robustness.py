@@ -354,3 +354,55 @@ def test_32_concurrent_streams_match_one_at_a_time(server):
     assert texts == [reference[PROMPTS[i % len(PROMPTS)]] for i in range(32)]
     assert all(len(t) > 0 for t in texts)
     assert peak_running >= 16  # they really ran side by side in the engine
+
+
+def test_priority_server_serves_a_later_higher_priority_request_first(engine):
+    """--scheduling-policy priority, one sequence at a time: B (priority 5) and then C
+    (priority 0) queue behind A; C runs before B."""
+    from server_helpers import MAX_MODEL_LEN
+
+    from inferlab.config import EngineConfig
+    from inferlab.engine.async_engine import AsyncEngine
+    from inferlab.engine.llm_engine import LLMEngine
+
+    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_num_seqs=1,
+                          max_model_len=MAX_MODEL_LEN, scheduling_policy="priority")
+    own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
+    added: list[str] = []  # request ids, as the engine thread adds them
+    add_request = own.engine.add_request
+
+    def logged_add(prompt, params, request_id, **kwargs):
+        added.append(request_id)
+        return add_request(prompt, params, request_id, **kwargs)
+
+    own.engine.add_request = logged_add
+    servers = start_server(own)
+    server = next(servers)
+    finished: list[str] = []
+    responses: dict[str, httpx.Response] = {}
+
+    def post(name: str, max_tokens: int, priority: int) -> threading.Thread:
+        def run() -> None:
+            responses[name] = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
+                "prompt": f"Request {name}:", "max_tokens": max_tokens, "ignore_eos": True,
+                "priority": priority})
+            finished.append(name)
+        thread = threading.Thread(target=run)
+        thread.start()
+        return thread
+
+    try:
+        threads = [post("A", 64, 0)]
+        for name, priority in (("B", 5), ("C", 0)):
+            assert wait_until(lambda: len(added) == len(threads), 10)
+            threads.append(post(name, 4, priority))
+        assert wait_until(lambda: len(added) == 3, 10)
+        assert not finished, "A (64 tokens) was still running when C arrived"
+        for thread in threads:
+            thread.join(60)
+        assert [r.status_code for r in responses.values()] == [200] * 3
+        assert finished == ["A", "C", "B"]
+        assert own.engine.scheduler.stats().num_free_blocks == own.engine.num_kv_blocks
+    finally:
+        servers.close()
+        asyncio.run(own.shutdown(timeout_s=0))
