@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass
 
@@ -41,6 +42,9 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     scheduling_policy: str = "fcfs"  # or "priority": requests' priority orders the queue
+    # "auto": the model's generation_config.json sets the defaults of what requests leave out
+    # (vLLM's default); "vllm": it does not; or a folder holding the generation_config.json to use
+    generation_config: str = "auto"
     num_threads: int | None = None  # CPU threads for torch; None: torch's default
     seed: int = 0  # for requests without their own seed
 
@@ -61,4 +65,7 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.scheduling_policy!r}")
+        if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
+            raise InferlabError(f"generation_config must be auto, vllm or a folder, got "
+                                f"{self.generation_config!r}")
         check_seed(self.seed)

@@ -47,6 +47,13 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                        help="fcfs: first come first served; priority: by each request's "
                             "'priority' (lower first), then arrival, and preemption takes the "
                             "lowest priority (default: %(default)s)")
+    group.add_argument("--generation-config", default=_DEFAULTS.generation_config,
+                       help="auto: the model's generation_config.json sets the defaults of "
+                            "requests that leave temperature, top_p, top_k, min_p, "
+                            "repetition_penalty or max_tokens out (as vLLM does); vllm: it does "
+                            "not; or a folder with the generation_config.json to use. Its "
+                            "eos_token_id list ends generations in every case "
+                            "(default: %(default)s)")
     group.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch")
     group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
 
@@ -59,6 +66,6 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
-        scheduling_policy=args.scheduling_policy,
+        scheduling_policy=args.scheduling_policy, generation_config=args.generation_config,
         num_threads=args.num_threads, seed=args.seed,
     )

@@ -10,6 +10,7 @@ import dataclasses
 import gc
 import itertools
 import logging
+import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from inferlab.engine.request import Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
-from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.errors import InferlabError, InvalidParameterError, ModelLoadError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.models.generation_config import FILE_NAME as GENERATION_CONFIG_FILE
+from inferlab.models.generation_config import read_generation_config
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
@@ -69,6 +72,7 @@ class LLMEngine:
             use_packed_linears(self.loaded.model)
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
+        self.end_token_ids, self.sampling_defaults = self._generation_settings()
         self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
                                  self.model_config.max_position_embeddings)
         self.kv_bytes_per_token = kv_cache_bytes_per_token(
@@ -100,6 +104,38 @@ class LLMEngine:
         gc.freeze()
 
     # -- requests -------------------------------------------------------------------------------
+
+    def _generation_settings(self) -> tuple[tuple[int, ...], dict[str, Any]]:
+        """The ids that end a generation, and the request defaults --generation-config gives."""
+        source = self.config.generation_config
+        folder = self.loaded.path if source in ("auto", "vllm") else source
+        generation = self.loaded.generation if folder == self.loaded.path else read_generation_config(folder)
+        defaults = {} if source == "vllm" else generation.sampling_defaults
+        try:
+            SamplingParams(**defaults)  # the checks a request's values get
+        except ValueError as e:
+            raise ModelLoadError(f"{os.path.join(folder, GENERATION_CONFIG_FILE)}: {e}") from None
+        if defaults:
+            logger.info("request defaults from %s: %s (--generation-config vllm ignores them)",
+                        GENERATION_CONFIG_FILE, defaults)
+        return generation.eos_token_ids or self.model_config.eos_token_ids, defaults
+
+    def default_sampling_params(self) -> SamplingParams:
+        """What a request that sets nothing gets (vLLM's get_default_sampling_params): the
+        model's defaults over SamplingParams'; its max_new_tokens caps the context's room."""
+        fields = {k: v for k, v in self.sampling_defaults.items() if k != "max_tokens"}
+        if "max_tokens" in self.sampling_defaults:
+            fields["max_tokens"] = None
+        return SamplingParams(**fields)
+
+    def _with_end_tokens(self, params: SamplingParams) -> SamplingParams:
+        """vLLM's rule: the model's end-of-generation ids other than EOS join the request's
+        stop token ids (so they also wait for min_tokens), unless it ignores EOS."""
+        extra = [t for t in self.end_token_ids
+                 if t != self._eos_id() and t not in params.stop_token_ids]
+        if params.ignore_eos or not extra:
+            return params
+        return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra])
 
     def _kv_cache_budget_bytes(self) -> int:
         config = self.config
@@ -163,6 +199,7 @@ class LLMEngine:
         keep = params.truncate_prompt_tokens
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
             text, ids = None, ids[-keep:]
+        params = self._with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         max_tokens = self._check_servable(ids, params, bad_words)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
@@ -212,7 +249,9 @@ class LLMEngine:
         if room < 1:
             raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
                                 f"{self.max_model_len}: no room for output")
-        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        max_tokens = params.max_tokens
+        if max_tokens is None:
+            max_tokens = min(room, self.sampling_defaults.get("max_tokens", room))
         if len(ids) + max_tokens > self.max_model_len:
             raise InferlabError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
@@ -307,7 +346,7 @@ class LLM:
         """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        params = params or SamplingParams()
+        params = params or self.engine.default_sampling_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         for name, values in (("sampling params", all_params), ("priorities", priorities)):

@@ -21,17 +21,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def model_info(model: str | None, dtype: str) -> dict:
+    from inferlab.models.generation_config import GenerationConfig, read_generation_config
     from inferlab.models.gguf import open_gguf
     from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
 
     path = resolve_model_path(model)
     cfg = read_model_config(path)
+    generation = GenerationConfig()
     if path.endswith(".gguf"):
         template = open_gguf(path).get("tokenizer.chat_template")
     else:
         from inferlab.models.tokenizer import load_hf_tokenizer
 
         template = load_hf_tokenizer(path).chat_template
+        generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]
     params = cfg.num_parameters()
     return {
@@ -43,6 +46,8 @@ def model_info(model: str | None, dtype: str) -> dict:
                                                        cfg.head_dim, nbytes),
         "context_length": cfg.max_position_embeddings,
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
+        "end_token_ids": list(generation.eos_token_ids or cfg.eos_token_ids),
+        "generation_defaults": generation.sampling_defaults,
     }
 
 
@@ -68,6 +73,9 @@ def run_info(args: argparse.Namespace) -> int:
         ("context length", f"{info['context_length']:,}"),
         ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
         ("chat template", "present" if info["chat_template"] else "absent"),
+        ("end-of-generation ids", ", ".join(map(str, info["end_token_ids"])) or "none"),
+        ("request defaults", ", ".join(f"{k}={v}" for k, v in info["generation_defaults"].items())
+         or "none (generation_config.json sets none)"),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

@@ -62,7 +62,8 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     rope_scaling = None
     if scaling_type == "linear":
         rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
-    eos = field(reader, "tokenizer.ggml.eos_token_id")
+    # llama.cpp ends a generation at any of these (Llama 3's <|eot_id|> and <|eom_id|> besides EOS)
+    end_ids = [field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
     return ModelConfig(
         architecture=ARCHITECTURES[arch],
         vocab_size=int(vocab),
@@ -80,7 +81,7 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         attention_bias="blk.0.attn_q.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=() if eos is None else (int(eos),),
+        eos_token_ids=tuple(dict.fromkeys(int(i) for i in end_ids if i is not None)),
     )
 
 

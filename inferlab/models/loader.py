@@ -13,6 +13,7 @@ import torch
 from inferlab.errors import ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig
+from inferlab.models.generation_config import GenerationConfig, read_generation_config
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
@@ -70,17 +71,19 @@ class LoadedModel:
     tokenizer: TextTokenizer
     name: str
     path: str
+    generation: GenerationConfig = GenerationConfig()  # a directory's generation_config.json
 
 
 def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> LoadedModel:
     path = resolve_model_path(model)
+    generation = read_generation_config(path) if os.path.isdir(path) else GenerationConfig()
     net, cfg = load_network(path, dtype, device)
     if os.path.isdir(path):
         tokenizer = load_hf_tokenizer(path)
     else:
         tokenizer = load_gguf_tokenizer(gguf.open_gguf(path), path)
-    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path)
+    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path, generation)
 
 
 def load_network(path: str, dtype: torch.dtype = torch.float32,

@@ -31,7 +31,7 @@ from inferlab.server.sse import event
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
-    params = chat_params(req)
+    params = chat_params(req, ctx.engine.sampling_defaults)
     prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
                                  req.continue_final_message, req.add_special_tokens)
     gen = await ctx.generate(request, [prompt_ids], params, req.priority)

@@ -32,7 +32,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     if not req.add_special_tokens:  # text prompts encoded here, without the tokenizer's BOS
         prompts = [ctx.engine.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
                    for p in prompts]
-    gen = await ctx.generate(request, prompts, completion_params(req), req.priority)
+    gen = await ctx.generate(request, prompts, completion_params(req, ctx.engine.sampling_defaults), req.priority)
     fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 

@@ -9,22 +9,24 @@ from inferlab.server.errors import bad_request, parameter_error
 from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
 
 
-def completion_params(req: CompletionRequest) -> SamplingParams:
+def completion_params(req: CompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
     # the prompt's logprobs serve echo with logprobs and vLLM's prompt_logprobs: the larger top k
     asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
-    return _build(req, max_tokens=req.max_tokens, logprobs=req.logprobs,
+    return _build(req, defaults, max_tokens=req.max_tokens, logprobs=req.logprobs,
                   prompt_logprobs=max(asked) if asked else None)
 
 
-def chat_params(req: ChatCompletionRequest) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build(req, max_tokens=max_tokens, logprobs=logprobs)
+    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs)
 
 
-def _build(req: SamplingFields, **fields: Any) -> SamplingParams:
+def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> SamplingParams:
+    """defaults: the model's (generation_config.json) for the sampling fields a request leaves
+    out; a max_tokens left out (None) is capped by the engine."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
     given = {
@@ -38,6 +40,9 @@ def _build(req: SamplingFields, **fields: Any) -> SamplingParams:
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
         "cache_salt": req.cache_salt, **fields,
     }
+    for name, value in defaults.items():
+        if given.get(name) is None and name != "max_tokens":
+            given[name] = value
     # None means "the default" everywhere except max_tokens, where it means "to the context end"
     kwargs = {k: v for k, v in given.items() if v is not None or k == "max_tokens"}
     try:

@@ -376,3 +376,41 @@ def test_tokenize_detokenize_round_trip(server):
     r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=server.headers,
                    timeout=30)
     assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == MAX_MODEL_LEN
+
+
+def test_the_models_generation_config_defaults_what_a_request_leaves_out(engine, client, tmp_path):
+    """--generation-config FOLDER: top_k 1 makes a request without sampling fields greedy, and
+    max_new_tokens caps one without max_tokens; a request's own values win."""
+    import asyncio
+    import json
+
+    from server_helpers import start_server
+
+    from inferlab.config import EngineConfig
+    from inferlab.engine.async_engine import AsyncEngine
+    from inferlab.engine.llm_engine import LLMEngine
+
+    (tmp_path / "generation_config.json").write_text(
+        json.dumps({"temperature": 0.9, "top_k": 1, "max_new_tokens": 6}))
+    own = AsyncEngine(LLMEngine(EngineConfig(
+        dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_model_len=MAX_MODEL_LEN,
+        generation_config=str(tmp_path)), loaded=engine.engine.loaded))
+    servers = start_server(own)
+    defaulted = next(servers)
+    messages = [{"role": "user", "content": "Name a colour."}]
+    try:
+        def chat(**fields):
+            r = httpx.post(f"{defaulted.url}/v1/chat/completions", timeout=60,
+                           json={"messages": messages, **fields})
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        greedy = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6,
+                                                **GREEDY)
+        plain = chat()
+        assert plain["choices"][0]["message"]["content"] == greedy.choices[0].message.content
+        assert plain["usage"]["completion_tokens"] == greedy.usage.completion_tokens == 6
+        assert chat(max_tokens=3)["usage"]["completion_tokens"] == 3
+    finally:
+        servers.close()
+        asyncio.run(own.shutdown(timeout_s=0))

@@ -1,0 +1,67 @@
+"""A model's own generation settings, from the generation_config.json beside its weights.
+
+Two things in it change what a server answers, and vLLM reads both:
+- `eos_token_id`: every token that ends a generation. Llama 3.1 Instruct lists <|end_of_text|>,
+  <|eom_id|> and <|eot_id|>, Qwen2.5 Instruct <|im_end|> and <|endoftext|>; the tokenizer names
+  only one of them.
+- the sampling its authors recommend (temperature, top_p, top_k, min_p, repetition_penalty,
+  max_new_tokens): vLLM's `--generation-config auto` (its default) makes them the defaults of
+  requests that leave those fields out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from inferlab.errors import ModelLoadError
+
+FILE_NAME = "generation_config.json"
+# generation_config.json's field -> SamplingParams' field
+SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
+                   "min_p": "min_p", "repetition_penalty": "repetition_penalty",
+                   "max_new_tokens": "max_tokens"}
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    eos_token_ids: tuple[int, ...] = ()  # empty: the file names none (config.json's then count)
+    # SamplingParams field -> the model's default, for the fields the file sets
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
+
+
+def read_generation_config(directory: str) -> GenerationConfig:
+    """The directory's generation_config.json; an empty config where there is none."""
+    path = os.path.join(directory, FILE_NAME)
+    if not os.path.isfile(path):
+        return GenerationConfig()
+    try:
+        with open(path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object")
+    return GenerationConfig(_eos_ids(raw.get("eos_token_id"), path), _sampling(raw, path))
+
+
+def _eos_ids(value: Any, path: str) -> tuple[int, ...]:
+    ids = [value] if isinstance(value, int) else value if isinstance(value, list) else None
+    if value is None:
+        return ()
+    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
+        raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
+    return tuple(ids)
+
+
+def _sampling(raw: dict[str, Any], path: str) -> dict[str, Any]:
+    """The sampling fields the file sets, by SamplingParams' names; the engine checks their
+    ranges as it checks a request's."""
+    defaults = {ours: raw[theirs] for theirs, ours in SAMPLING_FIELDS.items()
+                if raw.get(theirs) is not None}
+    for name, value in defaults.items():
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ModelLoadError(f"{path}: {name} must be a number, got {value!r}")
+    return defaults

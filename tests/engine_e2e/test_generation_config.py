@@ -1,0 +1,120 @@
+"""A model's generation_config.json: its eos_token_id list ends generations (transformers' generate
+stops there too), and its sampling fields are the defaults of what requests leave out (vLLM's
+--generation-config auto)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+import torch
+from quant.tiny import tiny_model_dir
+
+from inferlab.config import EngineConfig
+from inferlab.engine.llm_engine import LLM
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError, ModelLoadError
+from inferlab.models.gguf import read_gguf_config
+
+PROMPT = "the city of the world"
+EOS = 2  # </s> in the tiny tokenizer and config.json
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory):
+    return tiny_model_dir(tmp_path_factory.mktemp("generation"))
+
+
+def with_generation_config(source, target, **fields):
+    shutil.copytree(source, target)
+    (target / "generation_config.json").write_text(json.dumps(fields))
+    return target
+
+
+def tiny_llm(directory, **engine_args) -> LLM:
+    return LLM(str(directory), dtype="float32", kv_cache_memory="4MiB", **engine_args)
+
+
+def tokens(llm: LLM, params: SamplingParams | None = None):
+    return llm.generate(PROMPT, params)[0].outputs[0]
+
+
+def test_every_listed_eos_ends_the_generation_as_in_transformers(model_dir, tmp_path):
+    free = tokens(tiny_llm(model_dir), SamplingParams(temperature=0, max_tokens=12, ignore_eos=True))
+    # a token of the greedy run, not its first, becomes the model's second end-of-generation id
+    k = next(i for i in range(1, 12) if free.token_ids[i] not in free.token_ids[:i] + [EOS])
+    end = free.token_ids[k]
+    directory = with_generation_config(model_dir, tmp_path / "m", eos_token_id=[EOS, end])
+    llm = tiny_llm(directory)
+    out = tokens(llm, SamplingParams(temperature=0, max_tokens=12))
+    assert out.token_ids == free.token_ids[:k + 1]
+    assert (out.finish_reason, out.stop_reason) == ("stop", end)
+
+    from transformers import AutoModelForCausalLM  # reads the same generation_config.json
+
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
+    ids = llm.tokenizer.encode(PROMPT)
+    with torch.no_grad():
+        reference = model.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False,
+                                   pad_token_id=0)[0, len(ids):].tolist()
+    assert reference == out.token_ids
+    # ignore_eos writes through every end token, and vllm mode keeps the model's end tokens
+    assert tokens(llm, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids == free.token_ids
+    vllm_mode = tiny_llm(directory, generation_config="vllm")
+    assert tokens(vllm_mode, SamplingParams(temperature=0, max_tokens=12)).stop_reason == end
+
+
+def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, tmp_path):
+    greedy = tokens(tiny_llm(model_dir), SamplingParams(temperature=0, max_tokens=5)).token_ids
+    # top_k 1 samples the argmax at any temperature; max_new_tokens caps a request without a max
+    directory = with_generation_config(model_dir, tmp_path / "m", temperature=0.8, top_k=1,
+                                       max_new_tokens=5, do_sample=True)
+    llm = tiny_llm(directory)
+    assert tokens(llm).token_ids == greedy  # LLM.generate without params
+    chat = llm.engine.default_sampling_params()
+    assert (chat.temperature, chat.top_k, chat.max_tokens) == (0.8, 1, None)
+    ignored = tiny_llm(directory, generation_config="vllm")
+    assert ignored.engine.default_sampling_params() == SamplingParams()
+    # a folder named on the command line replaces the model's own file
+    other = with_generation_config(model_dir, tmp_path / "other", top_p=0.5)
+    assert tiny_llm(model_dir, generation_config=str(other)).engine.sampling_defaults == {"top_p": 0.5}
+
+
+@pytest.mark.parametrize("fields, words", [
+    ({"eos_token_id": "</s>"}, "eos_token_id must be a token id or a list of them"),
+    ({"top_p": 0.0}, "top_p must be in (0, 1]"),
+    ({"temperature": "hot"}, "temperature must be a number"),
+])
+def test_a_bad_generation_config_is_a_load_error_naming_the_file(model_dir, tmp_path, fields, words):
+    directory = with_generation_config(model_dir, tmp_path / "m", **fields)
+    with pytest.raises(ModelLoadError, match="generation_config.json: ") as error:
+        tiny_llm(directory)
+    assert words in str(error.value)
+
+
+def test_generation_config_must_be_auto_vllm_or_a_folder(tmp_path):
+    with pytest.raises(InferlabError, match="generation_config must be auto, vllm or a folder"):
+        EngineConfig(generation_config=str(tmp_path / "missing"))
+
+
+def test_gguf_end_of_turn_and_message_ids_end_generations_too(tmp_path):
+    """llama.cpp's converter writes Llama 3's <|eot_id|> and <|eom_id|> as their own keys."""
+    import gguf
+
+    path = tmp_path / "tiny.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    for key, value in (("embedding_length", 64), ("feed_forward_length", 96), ("block_count", 1),
+                       ("attention.head_count", 4), ("context_length", 128), ("vocab_size", 16)):
+        writer.add_uint32(f"llama.{key}", value)
+    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+    writer.add_eos_token_id(2)
+    writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
+    writer.add_uint32("tokenizer.ggml.eom_token_id", 9)
+    writer.add_tensor("token_embd.weight", np.zeros((16, 64), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    assert read_gguf_config(str(path)).eos_token_ids == (2, 7, 9)
