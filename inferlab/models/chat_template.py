@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 from datetime import datetime
 from typing import Any
 
@@ -41,3 +42,19 @@ def render_chat(template: str, messages: list[dict[str, Any]], add_generation_pr
                                          add_generation_prompt=add_generation_prompt, **variables)
     except TemplateError as e:
         raise InferlabError(f"chat template: {e}") from None
+
+
+def load_chat_template(value: str) -> str:
+    """vLLM's --chat-template: a file's path or the template itself; checked now, so that a
+    broken one fails at start rather than at the first chat request."""
+    template = value
+    if os.path.isfile(value):
+        with open(value, encoding="utf-8") as f:
+            template = f.read()
+    elif "{{" not in value and "{%" not in value:
+        raise InferlabError(f"chat template {value!r}: no such file, and not a Jinja template")
+    try:
+        _compile(template)
+    except TemplateError as e:
+        raise InferlabError(f"chat template: {e}") from None
+    return template

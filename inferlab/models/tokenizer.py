@@ -77,10 +77,14 @@ class TextTokenizer:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            **kwargs: Any) -> str:
-        if not self.info.chat_template:
-            raise ModelLoadError("this model has no chat template; use a completion prompt")
-        return render_chat(self.info.chat_template, messages, add_generation_prompt,
+                            template: str | None = None, **kwargs: Any) -> str:
+        """template: one to use instead of the model's (vLLM's --chat-template); kwargs: more
+        variables for it (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
+        template = template or self.info.chat_template
+        if not template:
+            raise ModelLoadError("this model has no chat template; use a completion prompt, or "
+                                 "give one with --chat-template")
+        return render_chat(template, messages, add_generation_prompt,
                            bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
                            **kwargs)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -28,12 +29,16 @@ from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import chat_params
 from inferlab.server.sse import event
 
+# what the template gets from the request itself and the tokenizer, never from chat_template_kwargs
+_TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
+
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req, ctx.engine.sampling_defaults)
     prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
-                                 req.continue_final_message, req.add_special_tokens)
+                                 req.continue_final_message, req.add_special_tokens,
+                                 ctx.settings.chat_template, req.chat_template_kwargs)
     gen = await ctx.generate(request, [prompt_ids], params, req.priority)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
@@ -41,14 +46,22 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
-                    add_special_tokens: bool = False) -> list[int]:
+                    add_special_tokens: bool = False, template: str | None = None,
+                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+    """template: the server's --chat-template (None: the model's); template_kwargs: the
+    request's chat_template_kwargs."""
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
+    taken = sorted(set(template_kwargs or ()) & _TEMPLATE_VARIABLES)
+    if taken:
+        raise bad_request(f"chat_template_kwargs cannot set {', '.join(taken)}: the request's own "
+                          "fields do", "chat_template_kwargs")
     if continue_final_message and add_generation_prompt:
         raise bad_request("'continue_final_message' needs 'add_generation_prompt': false",
                           "continue_final_message")
     plain = [{"role": m.role, "content": _message_text(m, i)} for i, m in enumerate(messages)]
-    text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt)
+    text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
+                                         template=template, **(template_kwargs or {}))
     if continue_final_message:
         text = _open_final_message(text, plain[-1]["content"])
     # the template writes the special tokens; add_special_tokens adds the tokenizer's (a BOS) too

@@ -35,10 +35,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
                        help="/health is 503 when the engine loop has been stuck this many seconds")
+    group.add_argument("--chat-template", default=None,
+                       help="a Jinja chat template file, or the template itself, for chat "
+                            "requests instead of the model's own")
     parser.set_defaults(func=run_serve)
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
+    from inferlab.models.chat_template import load_chat_template
     from inferlab.models.loader import model_display_name
 
     return ServerSettings(
@@ -48,6 +52,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_queued_requests=args.max_queued_requests,
         max_request_body_bytes=parse_bytes(args.max_request_body),
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
+        chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
     )
 
 

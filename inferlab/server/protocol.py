@@ -7,7 +7,7 @@ which would change the answer and so are refused by name.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -83,6 +83,7 @@ class ChatCompletionRequest(SamplingFields):
     continue_final_message: bool = False  # the model goes on with the last message (a prefill)
     echo: bool = False  # vLLM's: the reply starts with the last message when it is in the reply's role
     add_special_tokens: bool = False  # vLLM's: True adds a BOS before what the template wrote
+    chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
 
 
 class TokenizeRequest(_Request):
@@ -91,6 +92,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
 
 
 class DetokenizeRequest(_Request):

@@ -20,6 +20,7 @@ class ServerSettings:
     # /health is 503 when the engine loop has not gone round for this long (a stalled step).
     health_max_silence_s: float = 30.0
     retry_after_s: int = 1  # the Retry-After header on 503s
+    chat_template: str | None = None  # instead of the model's (vLLM's --chat-template); None: its own
 
     def __post_init__(self) -> None:
         checks = [

@@ -23,7 +23,9 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
     else:
         assert req.messages is not None
         tokens = chat_prompt_ids(tokenizer, req.messages, req.add_generation_prompt,
-                                 add_special_tokens=req.add_special_tokens is True)
+                                 add_special_tokens=req.add_special_tokens is True,
+                                 template=ctx.settings.chat_template,
+                                 template_kwargs=req.chat_template_kwargs)
     return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
 
 

@@ -43,7 +43,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "logits_processors": _empty,
     "chat_template": _empty,
-    "chat_template_kwargs": _empty,
     "documents": _empty,
     "mm_processor_kwargs": _empty,
     "vllm_xargs": _empty,

@@ -130,3 +130,23 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     assert step(["serve"]) == SERVING_MAX_NUM_BATCHED_TOKENS == 768
     assert step(["generate", "hi"]) == 2048
     assert step(["serve", "--max-num-batched-tokens", "1024"]) == 1024
+
+
+@pytest.mark.parametrize("value, words", [
+    ("{% if %}", "chat template: "),  # a Jinja syntax error
+    ("no-such-template.jinja", "no such file, and not a Jinja template"),
+])
+def test_serve_with_a_broken_chat_template_fails_with_one_line(value, words):
+    result = subprocess.run([*serve_command(0), "--chat-template", value], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 2
+    assert result.stderr.strip().startswith("error: ") and words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_a_chat_template_file_is_read(tmp_path):
+    from inferlab.models.chat_template import load_chat_template
+
+    path = tmp_path / "template.jinja"
+    path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
+    assert load_chat_template(str(path)) == path.read_text()

@@ -414,3 +414,38 @@ def test_the_models_generation_config_defaults_what_a_request_leaves_out(engine,
     finally:
         servers.close()
         asyncio.run(own.shutdown(timeout_s=0))
+
+
+SHOUTING_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}{% if shout %}!{% endif %}>"
+                     "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
+
+
+def test_chat_template_and_its_kwargs(engine, server):
+    """--chat-template replaces the model's; a request's chat_template_kwargs are variables of it."""
+    from server_helpers import start_server
+
+    servers = start_server(engine, chat_template=SHOUTING_TEMPLATE)
+    templated = next(servers)
+    messages = [{"role": "user", "content": "Hi"}]
+    try:
+        def tokens(**fields):
+            r = httpx.post(f"{templated.url}/tokenize", json={"messages": messages, **fields},
+                           timeout=30)
+            assert r.status_code == 200, r.text
+            return r.json()["tokens"]
+
+        plain = _tokenize(server, prompt="<user>Hi\n<assistant>", add_special_tokens=False)
+        shouted = _tokenize(server, prompt="<user!>Hi\n<assistant>", add_special_tokens=False)
+        assert tokens() == plain and tokens(chat_template_kwargs={"shout": True}) == shouted
+        reply = httpx.post(f"{templated.url}/v1/chat/completions", timeout=60, json={
+            "messages": messages, "max_tokens": 2, "chat_template_kwargs": {"shout": True}})
+        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(shouted)
+        refused = httpx.post(f"{templated.url}/v1/chat/completions", timeout=60, json={
+            "messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
+        assert refused.status_code == 400
+        assert refused.json()["error"]["param"] == "chat_template_kwargs"
+    finally:
+        servers.close()
+    # the model's own template ignores a variable it does not use
+    assert (_tokenize(server, messages=messages, chat_template_kwargs={"shout": True})
+            == _tokenize(server, messages=messages))
