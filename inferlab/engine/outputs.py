@@ -102,28 +102,42 @@ class RequestMetrics:
 
     @property
     def queue_time_s(self) -> float | None:
-        if self.first_scheduled_time is None:
-            return None
-        return self.first_scheduled_time - self.arrival_time
+        return _span(self.arrival_time, self.first_scheduled_time)
 
     @property
     def ttft_s(self) -> float | None:
-        if self.first_token_time is None:
-            return None
-        return self.first_token_time - self.arrival_time
+        return _span(self.arrival_time, self.first_token_time)
 
     @property
     def e2e_latency_s(self) -> float | None:
-        if self.finished_time is None:
-            return None
-        return self.finished_time - self.arrival_time
+        return _span(self.arrival_time, self.finished_time)
+
+    @property
+    def prefill_time_s(self) -> float | None:
+        """First scheduled to first token: the prompt's computation, chunks and waits included."""
+        return _span(self.first_scheduled_time, self.first_token_time)
+
+    @property
+    def decode_time_s(self) -> float | None:
+        return _span(self.first_token_time, self.last_token_time)
+
+    @property
+    def inference_time_s(self) -> float | None:
+        """First scheduled to last token (vLLM's time in the running phase)."""
+        return _span(self.first_scheduled_time, self.last_token_time)
 
     @property
     def mean_itl_s(self) -> float | None:
-        if self.num_generation_tokens < 2 or self.first_token_time is None:
+        """Decode time over the tokens after the first (vLLM's time per output token)."""
+        decode = self.decode_time_s
+        if decode is None or self.num_generation_tokens < 2:
             return None
-        assert self.last_token_time is not None
-        return (self.last_token_time - self.first_token_time) / (self.num_generation_tokens - 1)
+        return decode / (self.num_generation_tokens - 1)
+
+
+def _span(start: float | None, end: float | None) -> float | None:
+    """end - start, or None until both have happened."""
+    return None if start is None or end is None else end - start
 
 
 @dataclass

@@ -22,6 +22,7 @@ _LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.5, 0.75, 1.0, 
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3, 0.5,
                   0.75, 1.0, 2.5, 5.0, 10.0)
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
+_N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 _STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
 
 
@@ -43,6 +44,17 @@ class ServerMetrics:
                                "Arrival in the engine to the last token.", _LATENCY_BUCKETS_S)
         self.queue_s = histogram("vllm:request_queue_time_seconds",
                                  "Arrival in the engine to first being scheduled.", _LATENCY_BUCKETS_S)
+        self.prefill_s = histogram("vllm:request_prefill_time_seconds", "First scheduled to the "
+                                   "first token.", _LATENCY_BUCKETS_S)
+        self.decode_s = histogram("vllm:request_decode_time_seconds", "First token to the last.",
+                                  _LATENCY_BUCKETS_S)
+        self.inference_s = histogram("vllm:request_inference_time_seconds", "First scheduled to "
+                                     "the last token.", _LATENCY_BUCKETS_S)
+        self.tpot_s = histogram("vllm:request_time_per_output_token_seconds", "A request's decode "
+                                "time over its output tokens after the first.", _ITL_BUCKETS_S)
+        self.params_n = histogram("vllm:request_params_n", "Requests' n.", _N_BUCKETS)
+        self.max_output_len = histogram("vllm:request_max_num_generation_tokens", "Output tokens "
+                                        "of a request's longest completion.", _TOKEN_BUCKETS)
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt length of finished "
                                     "requests.", _TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens", "Output tokens of finished "
@@ -63,11 +75,15 @@ class ServerMetrics:
         if m is None or any(c.finish_reason == "abort" for c in out.outputs):
             return
         for hist, value in ((self.ttft_s, m.ttft_s), (self.e2e_s, m.e2e_latency_s),
-                            (self.queue_s, m.queue_time_s)):
+                            (self.queue_s, m.queue_time_s), (self.prefill_s, m.prefill_time_s),
+                            (self.decode_s, m.decode_time_s), (self.inference_s, m.inference_time_s),
+                            (self.tpot_s, m.mean_itl_s)):
             if value is not None:
                 hist.observe(value)
         self.prompt_len.observe(len(out.prompt_token_ids))
         self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
+        self.max_output_len.observe(max(len(c.token_ids) for c in out.outputs))
+        self.params_n.observe(len(out.outputs))
 
     def _observe_step(self, seconds: float, tokens: int) -> None:
         self.step_s.observe(seconds)

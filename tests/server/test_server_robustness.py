@@ -224,14 +224,19 @@ def test_metrics_add_up_for_one_request_by_hand(server):
     """One request alone, n = 2, P prompt tokens, T tokens per completion (no stop): the
     totals gain P prompt and 2T generated tokens and two "length" finishes; the prompt and
     output length histograms one observation of P and of 2T; each latency histogram one
-    observation, queue <= TTFT <= end to end <= the client's wall time; the inter-token
-    histogram 2 (T - 1) gaps, one per token after each completion's first."""
+    observation, queue <= TTFT <= end to end <= the client's wall time, queue + prefill =
+    TTFT and prefill + decode = inference <= end to end; the inter-token histogram 2 (T - 1)
+    gaps, one per token after each completion's first; n = 2 and a longest completion of T."""
     assert wait_until(lambda: engine_idle(server), 10)
     prompt, max_tokens = [2000 + 11 * i for i in range(23)], 7  # ids no other test sends
     names = {"prompt": "vllm:prompt_tokens_total", "generated": "vllm:generation_tokens_total",
              "prompt_len": "vllm:request_prompt_tokens_sum", "output_len": "vllm:request_generation_tokens_sum",
              "lengths": "vllm:request_prompt_tokens_count", "itl": "vllm:inter_token_latency_seconds_count"}
-    for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time"):
+    names["n"] = "vllm:request_params_n_sum"
+    names["longest"] = "vllm:request_max_num_generation_tokens_sum"
+    for hist in ("time_to_first_token", "e2e_request_latency", "request_queue_time",
+                 "request_prefill_time", "request_decode_time", "request_inference_time",
+                 "request_time_per_output_token"):
         names[hist] = f"vllm:{hist}_seconds_sum"
         names[hist + "_n"] = f"vllm:{hist}_seconds_count"
 
@@ -255,6 +260,13 @@ def test_metrics_add_up_for_one_request_by_hand(server):
     assert delta["itl"] == 2 * (max_tokens - 1)
     assert delta["time_to_first_token_n"] == delta["e2e_request_latency_n"] == delta["request_queue_time_n"] == 1
     assert 0 <= delta["request_queue_time"] <= delta["time_to_first_token"] <= delta["e2e_request_latency"] <= wall_s
+    assert (delta["n"], delta["longest"], delta["request_time_per_output_token_n"]) == (2, max_tokens, 1)
+    assert delta["request_queue_time"] + delta["request_prefill_time"] == pytest.approx(
+        delta["time_to_first_token"], abs=1e-6)
+    assert delta["request_prefill_time"] + delta["request_decode_time"] == pytest.approx(
+        delta["request_inference_time"], abs=1e-6)
+    assert delta["request_inference_time"] <= delta["e2e_request_latency"]
+    assert 0 < delta["request_time_per_output_token"] < delta["request_decode_time"]
 
 
 def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
