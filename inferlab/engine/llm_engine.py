@@ -340,6 +340,10 @@ class LLM:
     def num_kv_blocks(self) -> int:
         return self.engine.num_kv_blocks
 
+    def get_default_sampling_params(self) -> SamplingParams:
+        """What generate() uses without params: the model's generation_config.json defaults."""
+        return self.engine.default_sampling_params()
+
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
@@ -363,10 +367,15 @@ class LLM:
             raise
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             params: SamplingParams | None = None) -> list[RequestOutput]:
+             params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             chat_template: str | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
+        """chat_template: instead of the model's; chat_template_kwargs: more variables for it."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=True)
+        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
+                                                      template=chat_template,
+                                                      **(chat_template_kwargs or {}))
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, params)

@@ -61,3 +61,17 @@ def test_chat_repl_keeps_the_conversation(capsys, monkeypatch, configs, make_llm
                      {"role": "user", "content": "And another one?"}]
     second = llm.chat(conversation, params)[0].outputs[0].text
     assert capsys.readouterr().out == f"> {first}\n> {second}\n> "
+
+
+def test_llm_chat_takes_a_template_and_its_variables(make_llm):
+    """LLM.chat's chat_template and chat_template_kwargs, as vLLM's LLM.chat takes them: the
+    prompt is the one the template writes, here by hand."""
+    llm = make_llm()
+    template = "{% for m in messages %}{{ m['content'] }}{% if loud %}!{% endif %} {% endfor %}"
+    params = SamplingParams(temperature=0, max_tokens=4)
+    conversation = [{"role": "user", "content": "Name a colour"}]
+    chatted = llm.chat(conversation, params, chat_template=template,
+                       chat_template_kwargs={"loud": True})[0]
+    assert chatted.prompt_token_ids == llm.tokenizer.encode("Name a colour! ", add_special_tokens=False)
+    direct = llm.generate([chatted.prompt_token_ids], params)[0]
+    assert chatted.outputs[0].token_ids == direct.outputs[0].token_ids

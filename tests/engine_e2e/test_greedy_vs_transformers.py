@@ -43,6 +43,12 @@ def test_logprobs_are_the_reference_distribution(make_llm, hf_smollm):
         assert abs(entry.logprob - row[entry.token_id].item()) < 1e-3
         assert entry.rank == 1  # greedy picks the most likely token
         assert [t for t, _ in entry.top] == row.topk(3).indices.tolist()
+    # vLLM's cumulative_logprob: the completion's log-probability given the prompt
+    completion = torch.tensor(out.outputs[0].token_ids)
+    rows = reference[prompt_len - 1:prompt_len - 1 + 6]
+    assert abs(out.outputs[0].cumulative_logprob - rows.gather(1, completion[:, None]).sum().item()) < 1e-3
+    unasked = llm.generate(PROMPTS[0], SamplingParams(temperature=0, max_tokens=2))[0].outputs[0]
+    assert unasked.cumulative_logprob is None
 
 
 def test_prompt_logprobs_match_reference(make_llm, hf_smollm):
