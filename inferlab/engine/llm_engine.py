@@ -73,8 +73,7 @@ class LLMEngine:
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.end_token_ids, self.sampling_defaults = self._generation_settings()
-        self.max_model_len = min(config.max_model_len or self.model_config.max_position_embeddings,
-                                 self.model_config.max_position_embeddings)
+        self.max_model_len = self._context_length()
         self.kv_bytes_per_token = kv_cache_bytes_per_token(
             self.model_config.num_layers, self.model_config.num_kv_heads,
             self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
@@ -104,6 +103,15 @@ class LLMEngine:
         gc.freeze()
 
     # -- requests -------------------------------------------------------------------------------
+
+    def _context_length(self) -> int:
+        """max_model_len, within what the model computes as itself (ModelConfig.max_context)."""
+        cfg = self.model_config
+        limit = cfg.max_context
+        if cfg.sliding_window and (self.config.max_model_len or limit + 1) > limit:
+            logger.info("the model attends through a sliding window of %d tokens: the context is "
+                        "capped there", cfg.sliding_window)
+        return min(self.config.max_model_len or limit, limit)
 
     def _generation_settings(self) -> tuple[tuple[int, ...], dict[str, Any]]:
         """The ids that end a generation, and the request defaults --generation-config gives."""

@@ -20,9 +20,10 @@ class WindowRunner:
     def __init__(self, loaded: LoadedModel, max_len: int, dtype: torch.dtype,
                  device: torch.device, block_size: int = 16) -> None:
         cfg = loaded.config
-        if max_len > cfg.max_position_embeddings:
-            raise ValueError(f"windows of {max_len} tokens exceed the model's "
-                             f"{cfg.max_position_embeddings} positions")
+        if max_len > cfg.max_context:
+            raise ValueError(f"windows of {max_len} tokens exceed the model's {cfg.max_context} "
+                             + ("positions" if cfg.max_context == cfg.max_position_embeddings
+                                else "tokens of sliding window"))
         self.model = loaded.model
         self.max_len, self.block_size, self.device = max_len, block_size, device
         num_blocks = -(-max_len // block_size)

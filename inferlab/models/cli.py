@@ -44,7 +44,7 @@ def model_info(model: str | None, dtype: str) -> dict:
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
                                                        cfg.head_dim, nbytes),
-        "context_length": cfg.max_position_embeddings,
+        "context_length": cfg.max_position_embeddings, "sliding_window": cfg.sliding_window,
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
         "end_token_ids": list(generation.eos_token_ids or cfg.eos_token_ids),
         "generation_defaults": generation.sampling_defaults,
@@ -70,7 +70,9 @@ def run_info(args: argparse.Namespace) -> int:
         (f"KV cache per token ({args.dtype})",
          f"2 × {info['layers']} layers × {info['kv_heads']} KV heads × {info['head_dim']} head dim × "
          f"{nbytes} bytes = {info['kv_bytes_per_token']:,} bytes"),
-        ("context length", f"{info['context_length']:,}"),
+        ("context length", f"{info['context_length']:,}"
+                           + (f" (served: {info['sliding_window']:,}, the sliding window)"
+                              if info["sliding_window"] else "")),
         ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
         ("chat template", "present" if info["chat_template"] else "absent"),
         ("end-of-generation ids", ", ".join(map(str, info["end_token_ids"])) or "none"),

@@ -62,6 +62,13 @@ class ModelConfig:
     def kv_size(self) -> int:
         return self.num_kv_heads * self.head_dim
 
+    @property
+    def max_context(self) -> int:
+        """The longest sequence computed as the model computes it: its positions, and within its
+        sliding window, since attention here is never windowed (vLLM's --disable-sliding-window
+        caps the context the same way)."""
+        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+
     def num_parameters(self) -> int:
         """Parameter count from the shapes alone (what the weight files must hold)."""
         h, i, v = self.hidden_size, self.intermediate_size, self.vocab_size
@@ -112,7 +119,9 @@ class ModelConfig:
                 qk_norm=archs[0] == "Qwen3ForCausalLM",
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
-                sliding_window=cfg.get("sliding_window") if cfg.get("use_sliding_window") else None,
+                # Mistral's window is on whenever it is set; Qwen's only with use_sliding_window
+                sliding_window=cfg.get("sliding_window")
+                if archs[0] == "MistralForCausalLM" or cfg.get("use_sliding_window") else None,
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
                        "quantization_config": cfg.get("quantization_config")},
             )

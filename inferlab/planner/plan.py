@@ -93,9 +93,9 @@ def build_plan(inputs: PlanInputs) -> Plan:
     model, hw, fmt = inputs.model.config, inputs.hardware, inputs.weight_format
     tp = inputs.memory.tensor_parallel
     context = inputs.context_len or inputs.workload.context_len
-    if context > model.max_position_embeddings:
+    if context > model.max_context:
         raise InferlabError(f"context of {context} tokens exceeds {inputs.model.name}'s maximum "
-                            f"of {model.max_position_embeddings}")
+                            f"of {model.max_context}")
     weights = weight_bytes(model, fmt)
     memory = plan_memory(model, weights, inputs.memory, fmt.dense_dtype, hw.name)
     fitting = memory.max_sequences(context)
