@@ -15,6 +15,14 @@ SUPPORTED_ARCHITECTURES = (
 )
 
 
+ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # RoPE scalings layers.py computes
+
+
+def rope_kind(scaling: dict[str, Any] | None) -> str:
+    """A rope_scaling dict's type ("rope_type", or the older "type")."""
+    return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     architecture: str
@@ -38,6 +46,9 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
+        if rope_kind(self.rope_scaling) not in ROPE_TYPES:
+            raise ModelLoadError(f"config: rope scaling {rope_kind(self.rope_scaling)!r} is not "
+                                 f"supported (supported: {', '.join(ROPE_TYPES)})")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"architecture {self.architecture!r} is not supported "
@@ -99,8 +110,10 @@ class ModelConfig:
                 rope_theta = rope_params.get("rope_theta", rope_theta)
                 if rope_params.get("rope_type", "default") != "default":
                     rope_scaling = rope_params
-            if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) == "default":
+            if rope_scaling is not None and rope_kind(rope_scaling) == "default":
                 rope_scaling = None
+            if cfg.get("mlp_bias"):
+                raise ModelLoadError(f"{source}: mlp_bias (biases in the MLP) is not supported")
             return cls(
                 architecture=archs[0],
                 vocab_size=int(cfg["vocab_size"]),

@@ -58,10 +58,7 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     num_heads = int(meta("attention.head_count"))
     head_dim = int(field(reader, f"{arch}.attention.key_length", 0) or hidden // num_heads)
     vocab = field(reader, f"{arch}.vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
-    scaling_type = field(reader, f"{arch}.rope.scaling.type")
-    rope_scaling = None
-    if scaling_type == "linear":
-        rope_scaling = {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    rope_scaling = _rope_scaling(reader, arch, meta)
     # llama.cpp ends a generation at any of these (Llama 3's <|eot_id|> and <|eom_id|> besides EOS)
     end_ids = [field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
     return ModelConfig(
@@ -83,6 +80,20 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in end_ids if i is not None)),
     )
+
+
+def _rope_scaling(reader: GGUFFile, arch: str, meta) -> dict[str, Any] | None:
+    """llama.cpp's rope.scaling keys as a Hugging Face rope_scaling dict; ModelConfig refuses
+    the types it cannot compute."""
+    kind = field(reader, f"{arch}.rope.scaling.type")
+    if kind in (None, "none"):
+        return None
+    if kind == "linear":
+        return {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+    if kind == "yarn":
+        return {"rope_type": "yarn", "factor": float(meta("rope.scaling.factor")),
+                "original_max_position_embeddings": int(meta("rope.scaling.original_context_length"))}
+    return {"rope_type": kind}
 
 
 def hf_name(gguf_name: str) -> str | None:

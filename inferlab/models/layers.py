@@ -9,6 +9,7 @@ import torch
 from torch import nn
 
 from inferlab.kernels import fused
+from inferlab.models.config import ROPE_TYPES, rope_kind
 
 
 class RMSNorm(nn.Module):
@@ -23,16 +24,21 @@ class RMSNorm(nn.Module):
         return fused.rms_norm(x, self.weight, self.eps, residual)
 
 
-def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -> torch.Tensor:
-    """Inverse frequencies [head_dim/2] for default, linear and llama3 RoPE."""
+def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                     max_positions: int) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] of default, linear, llama3 or YaRN RoPE, and the factor
+    YaRN scales cos and sin by (1 for the others)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / theta ** exponents
-    kind = (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
+    kind = rope_kind(scaling)
     if kind == "default":
-        return inv_freq.float()
+        return inv_freq.float(), 1.0
+    assert scaling is not None
+    if kind == "yarn":
+        return _yarn(inv_freq, theta, scaling, max_positions)
     factor = float(scaling["factor"])
     if kind == "linear":
-        return (inv_freq / factor).float()
+        return (inv_freq / factor).float(), 1.0
     if kind == "llama3":
         low = float(scaling.get("low_freq_factor", 1.0))
         high = float(scaling.get("high_freq_factor", 4.0))
@@ -41,8 +47,38 @@ def rope_inv_freq(head_dim: int, theta: float, scaling: dict[str, Any] | None) -
         smooth = ((old_ctx / wavelen - low) / (high - low)).clamp(0, 1)
         # long wavelengths scaled by 1/factor, short ones kept, a linear blend between
         scaled = (1 - smooth) * inv_freq / factor + smooth * inv_freq
-        return scaled.float()
-    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: default, linear, llama3)")
+        return scaled.float(), 1.0
+    raise ValueError(f"unsupported rope scaling type {kind!r} (supported: {', '.join(ROPE_TYPES)})")
+
+
+def _yarn(inv_freq: torch.Tensor, theta: float, scaling: dict[str, Any],
+          max_positions: int) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): a pair that turns more than beta_fast times over the original
+    context keeps its frequency, one that turns under beta_slow times is slowed by the factor,
+    a linear ramp between; cos and sin grow by 0.1 ln(factor) + 1."""
+    original = float(scaling.get("original_max_position_embeddings") or max_positions)
+    factor = float(scaling.get("factor") or max_positions / original)
+    pairs = len(inv_freq)
+
+    def pair_turning(rotations: float) -> float:  # the pair that turns this often over `original`
+        return pairs * math.log(original / (rotations * 2 * math.pi)) / math.log(theta)
+
+    low, high = pair_turning(float(scaling.get("beta_fast") or 32)), pair_turning(float(scaling.get("beta_slow") or 1))
+    if scaling.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, 2 * pairs - 1)
+    ramp = ((torch.arange(pairs, dtype=torch.float32) - low) / max(high - low, 1e-3)).clamp(0, 1)
+    scaled = inv_freq * (1 - ramp) + inv_freq / factor * ramp  # [pairs]
+    attention = scaling.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dims = scaling.get("mscale"), scaling.get("mscale_all_dim")
+        attention = (_yarn_mscale(factor, mscale) / _yarn_mscale(factor, mscale_all_dims)
+                     if mscale and mscale_all_dims else _yarn_mscale(factor, 1.0))
+    return scaled.float(), float(attention)
+
+
+def _yarn_mscale(factor: float, mscale: float) -> float:
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 class RotaryEmbedding(nn.Module):
@@ -59,11 +95,12 @@ class RotaryEmbedding(nn.Module):
 
     def reset_buffers(self) -> None:
         """Fill the cos/sin tables (also after the model is materialized from the meta device)."""
-        inv_freq = rope_inv_freq(self.head_dim, self.theta, self.scaling).to(self.cos.device)
+        inv_freq, attention = rope_frequencies(self.head_dim, self.theta, self.scaling,
+                                               self.max_positions)
         positions = torch.arange(self.max_positions, dtype=torch.float32, device=self.cos.device)
-        freqs = torch.outer(positions, inv_freq)
+        freqs = torch.outer(positions, inv_freq.to(self.cos.device))
         emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
-        self.cos, self.sin = emb.cos(), emb.sin()
+        self.cos, self.sin = emb.cos() * attention, emb.sin() * attention
 
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (torch's signature)
         # The kernels read fp32 tables whatever dtype the model is cast to: rebuild, don't cast.

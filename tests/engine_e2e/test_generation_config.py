@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import shutil
 
-import numpy as np
 import pytest
 import torch
+from models.tiny_gguf import write_tiny_gguf
 from quant.tiny import tiny_model_dir
 
 from inferlab.config import EngineConfig
@@ -101,20 +101,7 @@ def test_generation_config_must_be_auto_vllm_or_a_folder(tmp_path):
 
 def test_gguf_end_of_turn_and_message_ids_end_generations_too(tmp_path):
     """llama.cpp's converter writes Llama 3's <|eot_id|> and <|eom_id|> as their own keys."""
-    import gguf
-
-    path = tmp_path / "tiny.gguf"
-    writer = gguf.GGUFWriter(str(path), "llama")
-    for key, value in (("embedding_length", 64), ("feed_forward_length", 96), ("block_count", 1),
-                       ("attention.head_count", 4), ("context_length", 128), ("vocab_size", 16)):
-        writer.add_uint32(f"llama.{key}", value)
-    writer.add_float32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-    writer.add_eos_token_id(2)
-    writer.add_uint32("tokenizer.ggml.eot_token_id", 7)
-    writer.add_uint32("tokenizer.ggml.eom_token_id", 9)
-    writer.add_tensor("token_embd.weight", np.zeros((16, 64), dtype=np.float32))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", **{"tokenizer.ggml.eos_token_id": 2,
+                                                       "tokenizer.ggml.eot_token_id": 7,
+                                                       "tokenizer.ggml.eom_token_id": 9})
     assert read_gguf_config(str(path)).eos_token_ids == (2, 7, 9)

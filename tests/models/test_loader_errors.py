@@ -10,8 +10,10 @@ import pytest
 import torch
 
 from inferlab.errors import ModelLoadError
+from inferlab.models.gguf import read_gguf_config
 from inferlab.models.loader import load_network
 
+from .tiny_gguf import write_tiny_gguf
 from .tiny_models import make_tiny_model
 
 
@@ -113,3 +115,33 @@ def test_info_on_the_embedded_model():
                           text=True, timeout=120).stdout
     assert "2 × 30 layers × 3 KV heads × 64 head dim × 2 bytes = 23,040 bytes" in text
     assert "chat template                  present" in text or "present" in text
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "rope scaling 'dynamic' is not supported"),
+    ("mlp_bias", True, "mlp_bias (biases in the MLP) is not supported"),
+])
+def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path, field, value, words):
+    d = _copy(tiny_dir, tmp_path / "m")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg.pop("rope_parameters", None)  # transformers 5 keeps the scaling there
+    cfg[field] = value
+    (d / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ModelLoadError) as error:
+        load_network(str(d))
+    assert words in str(error.value)
+    result = subprocess.run([sys.executable, "-m", "inferlab.cli", "info", str(d)],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and words in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_gguf_rope_scaling_keys(tmp_path):
+    yarn = write_tiny_gguf(tmp_path / "yarn.gguf", **{"llama.rope.scaling.type": "yarn",
+                                                      "llama.rope.scaling.factor": 4.0,
+                                                      "llama.rope.scaling.original_context_length": 32})
+    assert read_gguf_config(str(yarn)).rope_scaling == {
+        "rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}
+    longrope = write_tiny_gguf(tmp_path / "longrope.gguf", **{"llama.rope.scaling.type": "longrope"})
+    with pytest.raises(ModelLoadError, match="rope scaling 'longrope' is not supported"):
+        read_gguf_config(str(longrope))

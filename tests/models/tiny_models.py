@@ -23,6 +23,9 @@ ARCHITECTURES = {
                           dict(rope_scaling={"rope_type": "linear", "factor": 2.0})),
     "mistral": ("MistralConfig", "MistralForCausalLM", dict(sliding_window=None)),
     "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", dict(tie_word_embeddings=True)),
+    "qwen2-yarn": ("Qwen2Config", "Qwen2ForCausalLM",
+                   dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
+                                      "original_max_position_embeddings": 32})),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
 }
 
