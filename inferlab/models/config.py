@@ -114,6 +114,9 @@ class ModelConfig:
                 rope_scaling = None
             if cfg.get("mlp_bias"):
                 raise ModelLoadError(f"{source}: mlp_bias (biases in the MLP) is not supported")
+            if cfg.get("hidden_act", "silu") != "silu":
+                raise ModelLoadError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported "
+                                     "(the Llama family's MLP is SiLU-gated)")
             return cls(
                 architecture=archs[0],
                 vocab_size=int(cfg["vocab_size"]),

@@ -120,6 +120,7 @@ def test_info_on_the_embedded_model():
 @pytest.mark.parametrize("field, value, words", [
     ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "rope scaling 'dynamic' is not supported"),
     ("mlp_bias", True, "mlp_bias (biases in the MLP) is not supported"),
+    ("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),  # it once loaded, wrong
 ])
 def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path, field, value, words):
     d = _copy(tiny_dir, tmp_path / "m")
