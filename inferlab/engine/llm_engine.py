@@ -126,7 +126,9 @@ class LLMEngine:
         if defaults:
             logger.info("request defaults from %s: %s (--generation-config vllm ignores them)",
                         GENERATION_CONFIG_FILE, defaults)
-        return generation.eos_token_ids or self.model_config.eos_token_ids, defaults
+        ends = generation.eos_token_ids or self.model_config.eos_token_ids
+        # an id past the logits can never be sampled, and as a stop id it would be refused
+        return tuple(t for t in ends if t < self.model_config.vocab_size), defaults
 
     def default_sampling_params(self) -> SamplingParams:
         """What a request that sets nothing gets (vLLM's get_default_sampling_params): the
@@ -242,9 +244,12 @@ class LLMEngine:
             raise InferlabError("the prompt is empty")
         vocab = self.model_config.vocab_size
         for name, tokens in (("logit_bias", params.logit_bias or ()),
-                             ("allowed_token_ids", params.allowed_token_ids or ())):
+                             ("allowed_token_ids", params.allowed_token_ids or ()),
+                             ("stop_token_ids", params.stop_token_ids),
+                             ("bad_words", [t for word in bad_words for t in word]),
+                             ("prompt", ids)):  # a tokenizer with more tokens than the model
             outside = [t for t in tokens if t >= vocab]
-            if outside:  # the sampler would index past the logits mid-step
+            if outside:  # the sampler would index past the logits mid-step (it killed the loop)
                 raise InvalidParameterError(f"{name} token id {outside[0]} is outside the "
                                             f"vocabulary (0..{vocab - 1})")
         never = {word[0] for word in bad_words if len(word) == 1}
@@ -267,10 +272,12 @@ class LLMEngine:
         return max_tokens
 
     def _eos_id(self) -> int | None:
-        if self.tokenizer.eos_token_id is not None:
-            return self.tokenizer.eos_token_id
-        eos = self.model_config.eos_token_ids
-        return eos[0] if eos else None
+        """The tokenizer's EOS, else the model's first end id; None past the logits (it could
+        never be sampled, and min_tokens would index past them holding it back)."""
+        eos = self.tokenizer.eos_token_id
+        if eos is None:
+            eos = self.model_config.eos_token_ids[0] if self.model_config.eos_token_ids else None
+        return eos if eos is not None and eos < self.model_config.vocab_size else None
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish a request as aborted; its KV blocks are free when this returns."""

@@ -89,6 +89,8 @@ class SamplingParams:
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
             (all(s for s in self.stop), "stop strings must not be empty"),
+            (all(_is_token_id(t) for t in self.stop_token_ids),
+             f"stop_token_ids must be token ids, got {self.stop_token_ids!r}"),
             (all(w.strip() for w in self.bad_words), "bad_words must not be empty or blank"),
             *_logit_bias_checks(self.logit_bias or {}),
             (self.allowed_token_ids is None or (bool(self.allowed_token_ids) and all(

@@ -64,6 +64,10 @@ def test_every_listed_eos_ends_the_generation_as_in_transformers(model_dir, tmp_
     assert tokens(llm, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)).token_ids == free.token_ids
     vllm_mode = tiny_llm(directory, generation_config="vllm")
     assert tokens(vllm_mode, SamplingParams(temperature=0, max_tokens=12)).stop_reason == end
+    # an end id past the vocabulary (160 rows) can never be sampled: dropped, not refused
+    beyond = tiny_llm(with_generation_config(model_dir, tmp_path / "beyond", eos_token_id=[EOS, 999]))
+    assert beyond.engine.end_token_ids == (EOS,)
+    assert len(tokens(beyond, SamplingParams(max_tokens=4, min_tokens=2, ignore_eos=True)).token_ids) == 4
 
 
 def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, tmp_path):

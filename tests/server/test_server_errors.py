@@ -67,6 +67,9 @@ def chat(server, **fields) -> httpx.Response:
     ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "not supported"),
     ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
     ({"allowed_token_ids": [9999999]}, "allowed_token_ids", "outside the vocabulary"),
+    # with min_tokens these were held back by indexing the logits: it killed the engine loop
+    ({"stop_token_ids": [9999999], "min_tokens": 2}, "stop_token_ids", "outside the vocabulary"),
+    ({"stop_token_ids": [-1], "min_tokens": 2}, "stop_token_ids", "must be token ids"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "at least 1"),
     ({"bad_words": [" "]}, "bad_words", "blank"),
     ({"cache_salt": ""}, "cache_salt", "non-empty"),
