@@ -9,6 +9,7 @@ import hmac
 import importlib.metadata
 
 from fastapi import Depends, FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
@@ -31,6 +32,9 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     install_error_handlers(app)
     app.add_exception_handler(ClientDisconnected, _client_gone)
     app.add_middleware(AccessLogMiddleware)
+    if settings.allowed_origins:  # outermost: it answers browsers' preflights before the routes
+        app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
+                           allow_methods=["*"], allow_headers=["*"])
     keyed = [Depends(_key_checker(settings.api_key))]
 
     @app.post("/v1/completions", dependencies=keyed)

@@ -35,6 +35,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
                        help="/health is 503 when the engine loop has been stuck this many seconds")
+    group.add_argument("--allowed-origins", nargs="+", default=[],
+                       help="browser origins allowed to call the API (CORS), e.g. "
+                            "http://localhost:3000, or '*' for any (default: none)")
     group.add_argument("--chat-template", default=None,
                        help="a Jinja chat template file, or the template itself, for chat "
                             "requests instead of the model's own")
@@ -53,6 +56,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_body_bytes=parse_bytes(args.max_request_body),
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
         chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
+        allowed_origins=tuple(args.allowed_origins),
     )
 
 

@@ -22,7 +22,7 @@ from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.server.errors import APIError, bad_request, parameter_error
 from inferlab.server.metrics import InterTokenTimer, ServerMetrics
-from inferlab.server.protocol import Usage
+from inferlab.server.protocol import PromptTokensDetails, Usage
 
 _Item = tuple[int, RequestOutput | BaseException]
 
@@ -56,7 +56,9 @@ class Generation:
 
     def usage(self) -> Usage:
         prompt, output = self.prompt_tokens, self.output_tokens
-        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output)
+        cached = sum(out.num_cached_tokens for out in self._latest.values())
+        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     async def start(self) -> None:
         """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""

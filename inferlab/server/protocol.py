@@ -103,10 +103,15 @@ class DetokenizeRequest(_Request):
 # -- responses ------------------------------------------------------------------------------
 
 
+class PromptTokensDetails(BaseModel):
+    cached_tokens: int  # prompt tokens served by the prefix cache
+
+
 class Usage(BaseModel):
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None  # OpenAI's cached-token count
 
 
 class CompletionLogprobs(BaseModel):

@@ -21,6 +21,8 @@ class ServerSettings:
     health_max_silence_s: float = 30.0
     retry_after_s: int = 1  # the Retry-After header on 503s
     chat_template: str | None = None  # instead of the model's (vLLM's --chat-template); None: its own
+    # browser origins allowed to call the API (CORS), "*" for any; empty: none (vLLM allows any)
+    allowed_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         checks = [

@@ -144,9 +144,13 @@ def test_serve_with_a_broken_chat_template_fails_with_one_line(value, words):
     assert len(result.stderr.strip().splitlines()) == 1
 
 
-def test_a_chat_template_file_is_read(tmp_path):
-    from inferlab.models.chat_template import load_chat_template
+def test_the_server_flags_reach_its_settings(tmp_path):
+    from inferlab.cli import build_parser
+    from inferlab.server.cli import settings_from_args
 
     path = tmp_path / "template.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    assert load_chat_template(str(path)) == path.read_text()
+    argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test", "*"]
+    settings = settings_from_args(build_parser(argv).parse_args(argv))
+    assert settings.chat_template == path.read_text()  # the file's text, read at start
+    assert settings.allowed_origins == ("http://a.test", "*")

@@ -56,6 +56,23 @@ def test_completion_stream_equals_whole_and_usage_matches_tokenize(client, serve
     assert last.choices == [] and last.usage == whole.usage
 
 
+def _counts(usage) -> tuple[int, int, int]:
+    """The token counts; prompt_tokens_details.cached_tokens differ between two identical
+    requests (the second hits the first's blocks)."""
+    return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
+
+
+def test_usage_counts_the_prompt_tokens_served_by_the_prefix_cache(client):
+    """OpenAI's usage.prompt_tokens_details.cached_tokens: 40 prompt tokens no other test
+    sends, twice: none cached, then the two full 16-token blocks (the last token is always
+    computed)."""
+    prompt = [3100 + 7 * i for i in range(40)]
+    first, second = (client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1)
+                     for _ in range(2))
+    assert first.usage.prompt_tokens_details.cached_tokens == 0
+    assert second.usage.prompt_tokens_details.cached_tokens == 32
+
+
 def test_continuous_usage_stats_count_up_in_every_chunk(client):
     chunks = list(client.completions.create(
         model=MODEL_NAME, prompt=PROMPT, max_tokens=6, stream=True,
@@ -317,7 +334,7 @@ def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
     assert with_choices[-1].choices[0].finish_reason == choice.finish_reason
     assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
     assert "".join(c.choices[0].delta.content or "" for c in with_choices) == choice.message.content
-    assert chunks[-1].choices == [] and chunks[-1].usage == whole.usage
+    assert chunks[-1].choices == [] and _counts(chunks[-1].usage) == _counts(whole.usage)
 
     as_string = [messages[0], {"role": "user", "content": "Name a fruit."}]
     same = client.chat.completions.create(model=MODEL_NAME, messages=as_string,

@@ -418,3 +418,29 @@ def test_priority_server_serves_a_later_higher_priority_request_first(engine):
     finally:
         servers.close()
         asyncio.run(own.shutdown(timeout_s=0))
+
+
+def test_cors_is_off_unless_origins_are_allowed(engine, server):
+    """--allowed-origins: a browser's preflight from an allowed origin is answered, and the
+    response names the origin; from another origin, or on a server without the option, not."""
+    preflight = {"Access-Control-Request-Method": "POST",
+                 "Access-Control-Request-Headers": "authorization, content-type"}
+    ui = "http://localhost:3000"
+    servers = start_server(engine, allowed_origins=(ui,))
+    browser_facing = next(servers)
+    try:
+        url = f"{browser_facing.url}/v1/completions"
+        allowed = httpx.options(url, headers={"Origin": ui, **preflight}, timeout=10)
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == ui
+        assert "POST" in allowed.headers["access-control-allow-methods"]
+        other = httpx.options(url, headers={"Origin": "https://evil.example", **preflight}, timeout=10)
+        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
+        reply = httpx.post(url, headers={"Origin": ui}, timeout=60,
+                           json={"prompt": "Hi", "max_tokens": 1})
+        assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == ui
+    finally:
+        servers.close()
+    closed = httpx.options(f"{server.url}/v1/completions", headers={"Origin": ui, **preflight},
+                           timeout=10)
+    assert closed.status_code == 405 and "access-control-allow-origin" not in closed.headers
