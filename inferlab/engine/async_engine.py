@@ -56,7 +56,7 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len = engine.max_model_len
-        self.sampling_defaults = engine.sampling_defaults  # the model's, for what requests leave out
+        self.sampling_defaults = engine.generation.sampling  # the model's, for what requests leave out
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Callable[[Any], None]]] = {}
         self._wake = threading.Event()

@@ -10,7 +10,6 @@ import dataclasses
 import gc
 import itertools
 import logging
-import os
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,6 +18,7 @@ from typing import Any
 import torch
 
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
+from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
@@ -34,10 +34,8 @@ from inferlab.engine.request import Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
-from inferlab.errors import InferlabError, InvalidParameterError, ModelLoadError
+from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
-from inferlab.models.generation_config import FILE_NAME as GENERATION_CONFIG_FILE
-from inferlab.models.generation_config import read_generation_config
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
@@ -72,7 +70,7 @@ class LLMEngine:
             use_packed_linears(self.loaded.model)
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
-        self.end_token_ids, self.sampling_defaults = self._generation_settings()
+        self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)
         self.max_model_len = self._context_length()
         self.kv_bytes_per_token = kv_cache_bytes_per_token(
             self.model_config.num_layers, self.model_config.num_kv_heads,
@@ -112,40 +110,6 @@ class LLMEngine:
             logger.info("the model attends through a sliding window of %d tokens: the context is "
                         "capped there", cfg.sliding_window)
         return min(self.config.max_model_len or limit, limit)
-
-    def _generation_settings(self) -> tuple[tuple[int, ...], dict[str, Any]]:
-        """The ids that end a generation, and the request defaults --generation-config gives."""
-        source = self.config.generation_config
-        folder = self.loaded.path if source in ("auto", "vllm") else source
-        generation = self.loaded.generation if folder == self.loaded.path else read_generation_config(folder)
-        defaults = {} if source == "vllm" else generation.sampling_defaults
-        try:
-            SamplingParams(**defaults)  # the checks a request's values get
-        except ValueError as e:
-            raise ModelLoadError(f"{os.path.join(folder, GENERATION_CONFIG_FILE)}: {e}") from None
-        if defaults:
-            logger.info("request defaults from %s: %s (--generation-config vllm ignores them)",
-                        GENERATION_CONFIG_FILE, defaults)
-        ends = generation.eos_token_ids or self.model_config.eos_token_ids
-        # an id past the logits can never be sampled, and as a stop id it would be refused
-        return tuple(t for t in ends if t < self.model_config.vocab_size), defaults
-
-    def default_sampling_params(self) -> SamplingParams:
-        """What a request that sets nothing gets (vLLM's get_default_sampling_params): the
-        model's defaults over SamplingParams'; its max_new_tokens caps the context's room."""
-        fields = {k: v for k, v in self.sampling_defaults.items() if k != "max_tokens"}
-        if "max_tokens" in self.sampling_defaults:
-            fields["max_tokens"] = None
-        return SamplingParams(**fields)
-
-    def _with_end_tokens(self, params: SamplingParams) -> SamplingParams:
-        """vLLM's rule: the model's end-of-generation ids other than EOS join the request's
-        stop token ids (so they also wait for min_tokens), unless it ignores EOS."""
-        extra = [t for t in self.end_token_ids
-                 if t != self._eos_id() and t not in params.stop_token_ids]
-        if params.ignore_eos or not extra:
-            return params
-        return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra])
 
     def _kv_cache_budget_bytes(self) -> int:
         config = self.config
@@ -209,7 +173,7 @@ class LLMEngine:
         keep = params.truncate_prompt_tokens
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
             text, ids = None, ids[-keep:]
-        params = self._with_end_tokens(params)
+        params = self.generation.with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         max_tokens = self._check_servable(ids, params, bad_words)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
@@ -220,7 +184,8 @@ class LLMEngine:
                 seed = None if params.seed is None else params.seed + i
                 child_params = dataclasses.replace(params, n=1, seed=seed)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
-            children.append(Request(child_id, ids, child_params, self._eos_id(), max_tokens,
+            children.append(Request(child_id, ids, child_params, self.generation.eos_token_id,
+                                    max_tokens,
                                     arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
                                     bad_words_token_ids=bad_words))
@@ -253,7 +218,8 @@ class LLMEngine:
                 raise InvalidParameterError(f"{name} token id {outside[0]} is outside the "
                                             f"vocabulary (0..{vocab - 1})")
         never = {word[0] for word in bad_words if len(word) == 1}
-        held = set(params.stop_token_ids) | ({self._eos_id()} if not params.ignore_eos else set())
+        eos = self.generation.eos_token_id
+        held = set(params.stop_token_ids) | ({eos} if not params.ignore_eos else set())
         if params.allowed_token_ids and (never | (held if params.min_tokens else set())).issuperset(
                 params.allowed_token_ids):
             raise InvalidParameterError("allowed_token_ids leave nothing to sample: every one of them "
@@ -262,22 +228,12 @@ class LLMEngine:
         if room < 1:
             raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
                                 f"{self.max_model_len}: no room for output")
-        max_tokens = params.max_tokens
-        if max_tokens is None:
-            max_tokens = min(room, self.sampling_defaults.get("max_tokens", room))
+        max_tokens = self.generation.max_tokens(params, room)
         if len(ids) + max_tokens > self.max_model_len:
             raise InferlabError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
                 f"is over the context length {self.max_model_len}")
         return max_tokens
-
-    def _eos_id(self) -> int | None:
-        """The tokenizer's EOS, else the model's first end id; None past the logits (it could
-        never be sampled, and min_tokens would index past them holding it back)."""
-        eos = self.tokenizer.eos_token_id
-        if eos is None:
-            eos = self.model_config.eos_token_ids[0] if self.model_config.eos_token_ids else None
-        return eos if eos is not None and eos < self.model_config.vocab_size else None
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish a request as aborted; its KV blocks are free when this returns."""
@@ -357,7 +313,7 @@ class LLM:
 
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() uses without params: the model's generation_config.json defaults."""
-        return self.engine.default_sampling_params()
+        return self.engine.generation.default_params()
 
     def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
@@ -365,7 +321,7 @@ class LLM:
         """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
-        params = params or self.engine.default_sampling_params()
+        params = params or self.engine.generation.default_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         for name, values in (("sampling params", all_params), ("priorities", priorities)):

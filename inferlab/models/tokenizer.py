@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -34,7 +34,6 @@ class TokenizerInfo:
     eos_token: str | None = None
     chat_template: str | None = None
     add_bos_token: bool = False  # only for GGUF; tokenizer.json carries its own post-processor
-    extra_eos_ids: set[int] = field(default_factory=set)
 
 
 class TextTokenizer:

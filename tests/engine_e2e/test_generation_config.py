@@ -66,7 +66,7 @@ def test_every_listed_eos_ends_the_generation_as_in_transformers(model_dir, tmp_
     assert tokens(vllm_mode, SamplingParams(temperature=0, max_tokens=12)).stop_reason == end
     # an end id past the vocabulary (160 rows) can never be sampled: dropped, not refused
     beyond = tiny_llm(with_generation_config(model_dir, tmp_path / "beyond", eos_token_id=[EOS, 999]))
-    assert beyond.engine.end_token_ids == (EOS,)
+    assert beyond.engine.generation.end_token_ids == (EOS,)
     assert len(tokens(beyond, SamplingParams(max_tokens=4, min_tokens=2, ignore_eos=True)).token_ids) == 4
 
 
@@ -77,13 +77,13 @@ def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, t
                                        max_new_tokens=5, do_sample=True)
     llm = tiny_llm(directory)
     assert tokens(llm).token_ids == greedy  # LLM.generate without params
-    chat = llm.engine.default_sampling_params()
+    chat = llm.get_default_sampling_params()
     assert (chat.temperature, chat.top_k, chat.max_tokens) == (0.8, 1, None)
     ignored = tiny_llm(directory, generation_config="vllm")
-    assert ignored.engine.default_sampling_params() == SamplingParams()
+    assert ignored.get_default_sampling_params() == SamplingParams()
     # a folder named on the command line replaces the model's own file
     other = with_generation_config(model_dir, tmp_path / "other", top_p=0.5)
-    assert tiny_llm(model_dir, generation_config=str(other)).engine.sampling_defaults == {"top_p": 0.5}
+    assert tiny_llm(model_dir, generation_config=str(other)).engine.generation.sampling == {"top_p": 0.5}
 
 
 @pytest.mark.parametrize("fields, words", [
