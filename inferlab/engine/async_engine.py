@@ -113,7 +113,10 @@ class AsyncEngine:
         if self.error is not None:
             raise self._dead()
         loop = asyncio.get_running_loop()
-        _, ids = self.engine.tokenize_prompt(prompt)  # tokenize here, off the engine thread
+        # off the engine thread, and off this loop's: encoding lets go of the GIL, so the loop
+        # goes on streaming other requests while a long prompt is encoded
+        _, ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt,
+                                         params.truncate_prompt_tokens is not None)
         text = prompt if isinstance(prompt, str) else None
         await self._call(lambda: self._add(request_id, text, ids, params, loop, sink, priority))
 

@@ -138,9 +138,14 @@ class LLMEngine:
                 f"the {format_bytes(available)} this {self.device.type} has available after the "
                 "weights; choose a smaller --kv-cache-memory")
 
-    def tokenize_prompt(self, prompt: str | Sequence[int]) -> tuple[str | None, list[int]]:
+    def tokenize_prompt(self, prompt: str | Sequence[int], truncating: bool = False,
+                        add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
+        """(text or None, token ids); truncating: the request keeps only the prompt's last
+        tokens (truncate_prompt_tokens), so its length cannot be refused before encoding."""
         if isinstance(prompt, str):
-            return prompt, self.tokenizer.encode(prompt)
+            if not truncating:
+                self._check_text_fits(prompt)
+            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         ids = [int(t) for t in prompt]
         if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
             raise InferlabError("token ids must be integers")
@@ -149,6 +154,15 @@ class LLMEngine:
         if bad:
             raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return None, ids
+
+    def _check_text_fits(self, text: str) -> None:
+        """Refuse, without encoding it, a text too long for the context whatever its tokens:
+        a 8 MB prompt takes 5 s of a core to encode. A token spells at most max_token_chars
+        characters; normalization (NFKC) contracts text by far less than the slack of 4."""
+        at_least = len(text) // (4 * self.tokenizer.max_token_chars)
+        if at_least > self.max_model_len:
+            raise InferlabError(f"the prompt ({len(text)} characters) has at least {at_least} "
+                                f"tokens, over the context length {self.max_model_len}")
 
     def bind_threads(self) -> None:
         """Apply num_threads to the calling thread, the one that will run the steps. OpenMP
@@ -168,7 +182,7 @@ class LLMEngine:
         self._check_priority(priority)
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
-        text, ids = self.tokenize_prompt(prompt)
+        text, ids = self.tokenize_prompt(prompt, params.truncate_prompt_tokens is not None)
         text = text if text is not None else prompt_text
         keep = params.truncate_prompt_tokens
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 from dataclasses import dataclass
@@ -53,6 +54,13 @@ class TextTokenizer:
     def vocab_size(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
+    @functools.cached_property
+    def max_token_chars(self) -> int:
+        """The longest token's spelling: no token decodes to more characters (a byte-level
+        token spells each byte with one character), so a text needs at least
+        len(text) / max_token_chars tokens, up to what normalization may contract."""
+        return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
+
     @property
     def chat_template(self) -> str | None:
         return self.info.chat_template
@@ -63,7 +71,9 @@ class TextTokenizer:
         except UnicodeEncodeError as e:  # a lone surrogate, e.g. "\\ud800" in a JSON string
             raise InferlabError(f"the text is not valid Unicode: {e.reason} at character "
                                 f"{e.start}") from None
-        ids = self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        # encode_batch lets go of the GIL (encode holds it: 0.5 s for a 1 MB prompt), so the
+        # server can tokenize in a worker thread while its event loop goes on streaming
+        ids = self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
         wants_bos = add_special_tokens and self.info.add_bos_token and self.bos_token_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -36,9 +37,11 @@ _TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_to
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req, ctx.engine.sampling_defaults)
-    prompt_ids = chat_prompt_ids(ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
-                                 req.continue_final_message, req.add_special_tokens,
-                                 ctx.settings.chat_template, req.chat_template_kwargs)
+    # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
+    prompt_ids = await asyncio.to_thread(
+        chat_prompt_ids, ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
+        req.continue_final_message, req.add_special_tokens, ctx.settings.chat_template,
+        req.chat_template_kwargs)
     gen = await ctx.generate(request, [prompt_ids], params, req.priority)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
@@ -30,8 +31,9 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, CompletionRequest)
     prompts = _prompts(req.prompt)
     if not req.add_special_tokens:  # text prompts encoded here, without the tokenizer's BOS
-        prompts = [ctx.engine.tokenizer.encode(p, add_special_tokens=False) if isinstance(p, str) else p
-                   for p in prompts]
+        truncating = req.truncate_prompt_tokens is not None
+        prompts = [(await asyncio.to_thread(ctx.engine.engine.tokenize_prompt, p, truncating, False))[1]
+                   if isinstance(p, str) else p for p in prompts]
     gen = await ctx.generate(request, prompts, completion_params(req, ctx.engine.sampling_defaults), req.priority)
     fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)

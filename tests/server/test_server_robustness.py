@@ -444,3 +444,39 @@ def test_cors_is_off_unless_origins_are_allowed(engine, server):
     closed = httpx.options(f"{server.url}/v1/completions", headers={"Origin": ui, **preflight},
                            timeout=10)
     assert closed.status_code == 405 and "access-control-allow-origin" not in closed.headers
+
+
+def test_prompts_are_encoded_off_the_event_loop_and_hopeless_ones_not_at_all(server, monkeypatch):
+    """Encoding lets go of the GIL, so it runs in a worker thread while the loop streams; a
+    text longer than the context can hold whatever its tokens is refused before encoding."""
+    tokenizer = server.engine.tokenizer
+    encode, calls = tokenizer.encode, []
+
+    def watched(text, *args, **kwargs):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        calls.append((len(text), on_loop))
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", watched)
+    url, headers = f"{server.url}/v1", server.headers
+    for path, body in (("completions", {"prompt": "Hello there"}),
+                       ("completions", {"prompt": "Hello there", "add_special_tokens": False}),
+                       ("chat/completions", {"messages": [{"role": "user", "content": "Hi"}]})):
+        r = httpx.post(f"{url}/{path}", headers=headers, timeout=60,
+                       json={"model": MODEL_NAME, "max_tokens": 1, **body})
+        assert r.status_code == 200, r.text
+    assert len(calls) == 3 and not any(on_loop for _, on_loop in calls)
+
+    calls.clear()
+    hopeless = "a" * (4 * tokenizer.max_token_chars * (server.engine.max_model_len + 1))
+    r = httpx.post(f"{url}/completions", headers=headers, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": hopeless, "max_tokens": 1})
+    assert r.status_code == 400 and "at least" in r.json()["error"]["message"]
+    assert calls == []
+    kept = httpx.post(f"{url}/completions", headers=headers, timeout=60, json={
+        "model": MODEL_NAME, "prompt": hopeless, "max_tokens": 1, "truncate_prompt_tokens": 8})
+    assert kept.status_code == 200 and kept.json()["usage"]["prompt_tokens"] == 8
