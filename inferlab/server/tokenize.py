@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from fastapi import Request
 
 from inferlab.errors import InferlabError
@@ -18,14 +20,16 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
     tokenizer = ctx.engine.tokenizer
     if (req.prompt is None) == (req.messages is None):
         raise bad_request("give exactly one of 'prompt' and 'messages'")
+    # in a worker thread, as the generation routes encode: the loop goes on streaming meanwhile
     if req.prompt is not None:
-        tokens = tokenizer.encode(req.prompt, add_special_tokens=req.add_special_tokens is not False)
+        tokens = await asyncio.to_thread(tokenizer.encode, req.prompt,
+                                         req.add_special_tokens is not False)
     else:
         assert req.messages is not None
-        tokens = chat_prompt_ids(tokenizer, req.messages, req.add_generation_prompt,
-                                 add_special_tokens=req.add_special_tokens is True,
-                                 template=ctx.settings.chat_template,
-                                 template_kwargs=req.chat_template_kwargs)
+        tokens = await asyncio.to_thread(
+            chat_prompt_ids, tokenizer, req.messages, req.add_generation_prompt,
+            add_special_tokens=req.add_special_tokens is True, template=ctx.settings.chat_template,
+            template_kwargs=req.chat_template_kwargs)
     return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
 
 

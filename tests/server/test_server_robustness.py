@@ -469,7 +469,9 @@ def test_prompts_are_encoded_off_the_event_loop_and_hopeless_ones_not_at_all(ser
         r = httpx.post(f"{url}/{path}", headers=headers, timeout=60,
                        json={"model": MODEL_NAME, "max_tokens": 1, **body})
         assert r.status_code == 200, r.text
-    assert len(calls) == 3 and not any(on_loop for _, on_loop in calls)
+    r = httpx.post(f"{server.url}/tokenize", headers=headers, timeout=60, json={"prompt": "Hello"})
+    assert r.status_code == 200
+    assert len(calls) == 4 and not any(on_loop for _, on_loop in calls)
 
     calls.clear()
     hopeless = "a" * (4 * tokenizer.max_token_chars * (server.engine.max_model_len + 1))
