@@ -1,12 +1,14 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
 stop strings, logprobs, logit biases, allowed and bad words, truncated prompts, cache salts and
-shared prefixes mixed: whatever the order, every request ends with a
-valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
+shared prefixes mixed, under either scheduling policy (priorities drawn at random): whatever
+the order, every request ends with a valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
 output state)."""
 
 from __future__ import annotations
 
 import random
+
+import pytest
 
 from inferlab.engine.sampling_params import SamplingParams
 
@@ -33,9 +35,10 @@ def _prompt(rng: random.Random) -> list[int]:
     return SHARED_PREFIX + own[:30] if rng.random() < 0.3 else own
 
 
-def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm):
+@pytest.mark.parametrize("policy", ["fcfs", "priority"])
+def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, policy):
     llm = make_llm(kv_cache_memory=16 * 16 * FP32_BYTES_PER_TOKEN, max_model_len=200,
-                   max_num_seqs=8, max_num_batched_tokens=64)
+                   max_num_seqs=8, max_num_batched_tokens=64, scheduling_policy=policy)
     engine = llm.engine
     blocks = engine.scheduler.stats().num_free_blocks
     rng = random.Random(0)
@@ -51,7 +54,8 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm):
         roll = rng.random()
         if roll < 0.3:
             p = _random_params(rng)
-            request_id = engine.add_request(_prompt(rng), p)
+            priority = rng.randrange(3) if policy == "priority" else 0
+            request_id = engine.add_request(_prompt(rng), p, priority=priority)
             params[request_id] = p
             live.add(request_id)
         elif roll < 0.38 and live:
