@@ -103,13 +103,18 @@ class LLMEngine:
     # -- requests -------------------------------------------------------------------------------
 
     def _context_length(self) -> int:
-        """max_model_len, within what the model computes as itself (ModelConfig.max_context)."""
-        cfg = self.model_config
+        """max_model_len, within what the model computes as itself (ModelConfig.max_context);
+        asking for more is an error, as in vLLM."""
+        cfg, asked = self.model_config, self.config.max_model_len
         limit = cfg.max_context
-        if cfg.sliding_window and (self.config.max_model_len or limit + 1) > limit:
+        if asked is not None and asked > limit:
+            what = (f"{limit} positions" if limit == cfg.max_position_embeddings else
+                    f"sliding window of {limit} tokens (attention here is never windowed)")
+            raise InferlabError(f"max_model_len {asked} is over the model's {what}")
+        if cfg.sliding_window and asked is None:
             logger.info("the model attends through a sliding window of %d tokens: the context is "
                         "capped there", cfg.sliding_window)
-        return min(self.config.max_model_len or limit, limit)
+        return asked or limit
 
     def _kv_cache_budget_bytes(self) -> int:
         config = self.config

@@ -49,3 +49,12 @@ def test_num_threads_reaches_the_async_engine_thread(make_llm):
         assert seen and set(seen) == {1}
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_context_longer_than_the_models_is_refused(make_llm):
+    """As vLLM refuses it: the embedded model has 8192 positions."""
+    from inferlab.errors import InferlabError
+
+    with pytest.raises(InferlabError, match="max_model_len 8193 is over the model's 8192 positions"):
+        make_llm(max_model_len=8193)
+    assert make_llm(max_model_len=8192).engine.max_model_len == 8192

@@ -32,6 +32,8 @@ def test_the_context_stops_at_the_window_and_matches_transformers_within_it(tmp_
     assert out == reference[0, len(prompt):].tolist()
     with pytest.raises(InferlabError, match=f"over the context length {WINDOW}"):
         llm.generate([prompt], SamplingParams(max_tokens=WINDOW - len(prompt) + 1))
+    with pytest.raises(InferlabError, match=f"max_model_len 64 is over the model's sliding window of {WINDOW}"):
+        LLM(str(tmp_path), dtype="float32", kv_cache_memory="4MiB", max_model_len=64)
 
 
 def test_qwen_windows_count_only_when_switched_on(tmp_path):
