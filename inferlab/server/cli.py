@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import json
 import logging
 import os
 import sys
@@ -35,13 +36,27 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
                        help="/health is 503 when the engine loop has been stuck this many seconds")
-    group.add_argument("--allowed-origins", nargs="+", default=[],
-                       help="browser origins allowed to call the API (CORS), e.g. "
-                            "http://localhost:3000, or '*' for any (default: none)")
+    group.add_argument("--allowed-origins", action="append", default=[], type=_origins,
+                       help="a browser origin allowed to call the API (CORS), e.g. "
+                            "http://localhost:3000, '*' for any, or vLLM's JSON list; repeatable "
+                            "(default: none)")
     group.add_argument("--chat-template", default=None,
                        help="a Jinja chat template file, or the template itself, for chat "
                             "requests instead of the model's own")
     parser.set_defaults(func=run_serve)
+
+
+def _origins(value: str) -> list[str]:
+    """One origin, or vLLM's form: a JSON list of them ('["http://a", "http://b"]')."""
+    if not value.startswith("["):
+        return [value]
+    try:
+        origins = json.loads(value)
+    except json.JSONDecodeError:
+        origins = None
+    if not isinstance(origins, list) or not all(isinstance(o, str) for o in origins):
+        raise argparse.ArgumentTypeError(f"not an origin nor a JSON list of them: {value!r}")
+    return origins
 
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
@@ -56,7 +71,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_request_body_bytes=parse_bytes(args.max_request_body),
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
         chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
-        allowed_origins=tuple(args.allowed_origins),
+        allowed_origins=tuple(origin for given in args.allowed_origins for origin in given),
     )
 
 

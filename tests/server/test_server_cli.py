@@ -150,7 +150,10 @@ def test_the_server_flags_reach_its_settings(tmp_path):
 
     path = tmp_path / "template.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
-    argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test", "*"]
-    settings = settings_from_args(build_parser(argv).parse_args(argv))
+    argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test",
+            "--allowed-origins", '["http://b.test", "*"]', "some-model-dir"]
+    args = build_parser(argv).parse_args(argv)
+    settings = settings_from_args(args)
     assert settings.chat_template == path.read_text()  # the file's text, read at start
-    assert settings.allowed_origins == ("http://a.test", "*")
+    assert settings.allowed_origins == ("http://a.test", "http://b.test", "*")  # vLLM's JSON too
+    assert args.model == "some-model-dir"
