@@ -19,6 +19,7 @@ import torch
 
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
 from inferlab.engine.generation_defaults import GenerationDefaults
+from inferlab.engine.guided_choice import choice_token_ids
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
@@ -194,7 +195,8 @@ class LLMEngine:
             text, ids = None, ids[-keep:]
         params = self.generation.with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
-        max_tokens = self._check_servable(ids, params, bad_words)
+        choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
+        max_tokens = self._check_servable(ids, params, bad_words, choices)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
         for i in range(params.n):
@@ -207,7 +209,7 @@ class LLMEngine:
                                     max_tokens,
                                     arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
-                                    bad_words_token_ids=bad_words))
+                                    bad_words_token_ids=bad_words, choice_token_ids=choices))
         for child in children:
             self.scheduler.add_request(child)  # the first raises before anything is queued
         self.outputs.add(request_id, text, children)
@@ -222,7 +224,7 @@ class LLMEngine:
                                         "(--scheduling-policy priority)")
 
     def _check_servable(self, ids: list[int], params: SamplingParams,
-                        bad_words: list[list[int]]) -> int:
+                        bad_words: list[list[int]], choices: list[list[int]]) -> int:
         """The request's max_tokens; raises InferlabError if it can never be served."""
         if not ids:
             raise InferlabError("the prompt is empty")
@@ -231,6 +233,7 @@ class LLMEngine:
                              ("allowed_token_ids", params.allowed_token_ids or ()),
                              ("stop_token_ids", params.stop_token_ids),
                              ("bad_words", [t for word in bad_words for t in word]),
+                             ("guided_choice", [t for choice in choices for t in choice]),
                              ("prompt", ids)):  # a tokenizer with more tokens than the model
             outside = [t for t in tokens if t >= vocab]
             if outside:  # the sampler would index past the logits mid-step (it killed the loop)
@@ -238,6 +241,8 @@ class LLMEngine:
                                             f"vocabulary (0..{vocab - 1})")
         never = {word[0] for word in bad_words if len(word) == 1}
         eos = self.generation.eos_token_id
+        if choices and eos is None:
+            raise InvalidParameterError("guided_choice ends a choice with EOS, and this model has none")
         held = set(params.stop_token_ids) | ({eos} if not params.ignore_eos else set())
         if params.allowed_token_ids and (never | (held if params.min_tokens else set())).issuperset(
                 params.allowed_token_ids):

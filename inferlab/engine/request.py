@@ -49,6 +49,8 @@ class Request:
     prompt_group: str | None = None
     # sampling_params.bad_words as token ids (engine.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
+    # sampling_params.guided_choice as token ids (guided_choice.choice_token_ids)
+    choice_token_ids: list[list[int]] = field(default_factory=list)
 
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache (computed or served from the prefix cache).

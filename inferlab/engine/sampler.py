@@ -30,6 +30,8 @@ class SamplingBatch:
     # per row, token ids it may not sample now: EOS and stop token ids before min_tokens, and
     # the bad words' next tokens
     suppressed_ids: list[list[int]] | None = None
+    # per row, the only ids it may sample now (a guided choice's), None: its allowed_token_ids
+    allowed_ids: list[list[int] | None] | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
@@ -42,8 +44,12 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     raw_logprobs = None
     if any(p.logprobs is not None for p in params):
         raw_logprobs = torch.log_softmax(logits, dim=-1)
-    if any(p.allowed_token_ids is not None for p in params):
-        logits = keep_allowed(logits, params)
+    allowed = [p.allowed_token_ids for p in params]
+    for row, ids in enumerate(batch.allowed_ids or ()):
+        if ids is not None:
+            allowed[row] = ids
+    if any(ids is not None for ids in allowed):
+        logits = keep_allowed(logits, allowed)
     if any(p.logit_bias for p in params) or any(batch.suppressed_ids or ()):
         logits = add_offsets(logits, logit_offsets(params, batch.suppressed_ids))
     if any(p.has_penalties for p in params):
@@ -75,12 +81,13 @@ def _c_rows(logits: torch.Tensor) -> bool:
             and logits.stride(1) == 1 and cpu_ops.available(logits))
 
 
-def keep_allowed(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Tensor:
-    """logits [B, V] with every token outside a row's allowed_token_ids at -inf (a copy)."""
-    rows = [row for row, p in enumerate(params) if p.allowed_token_ids is not None]
+def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> torch.Tensor:
+    """logits [B, V] with every token outside a row's allowed ids at -inf (a copy); rows with
+    None are left as they are."""
+    rows = [row for row, ids in enumerate(allowed) if ids is not None]
     barred = torch.ones(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
     for i, row in enumerate(rows):
-        barred[i, params[row].allowed_token_ids] = False
+        barred[i, allowed[row]] = False
     logits = logits.clone()
     logits[rows] = logits[rows].masked_fill(barred, float("-inf"))
     return logits

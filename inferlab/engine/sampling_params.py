@@ -52,6 +52,8 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
     detokenize: bool = True
     skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
+    # vLLM's guided_choice: the output is one of these strings, then EOS (guided_choice.py)
+    guided_choice: list[str] | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -67,6 +69,8 @@ class SamplingParams:
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = list(self.allowed_token_ids)
+        if self.guided_choice is not None and not isinstance(self.guided_choice, str):
+            self.guided_choice = list(self.guided_choice)
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -96,6 +100,14 @@ class SamplingParams:
             (self.allowed_token_ids is None or (bool(self.allowed_token_ids) and all(
                 _is_token_id(t) for t in self.allowed_token_ids)),
              f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}"),
+            (self.guided_choice is None or (isinstance(self.guided_choice, list)
+                                            and bool(self.guided_choice) and all(
+                isinstance(c, str) and c for c in self.guided_choice)),
+             f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
+            (self.guided_choice is None or not (self.ignore_eos or self.min_tokens or self.bad_words
+                                                or self.allowed_token_ids is not None),
+             "guided_choice ends at EOS and decides what may be sampled: it cannot be combined "
+             "with ignore_eos, min_tokens, bad_words or allowed_token_ids"),
             (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),

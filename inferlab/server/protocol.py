@@ -46,6 +46,8 @@ class SamplingFields(_Request):
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
     cache_salt: str | None = None
     priority: int = 0  # lower first, with --scheduling-policy priority
+    guided_choice: list[str] | None = None  # the output is one of these strings
+    structured_outputs: dict[str, Any] | None = None  # vLLM's newer form: only {"choice": [...]}
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

@@ -38,7 +38,7 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "allowed_token_ids": req.allowed_token_ids, "truncate_prompt_tokens": req.truncate_prompt_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
-        "cache_salt": req.cache_salt, **fields,
+        "cache_salt": req.cache_salt, "guided_choice": _guided_choice(req), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -49,6 +49,20 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         return SamplingParams(**kwargs)
     except ValueError as e:
         raise parameter_error(str(e)) from None
+
+
+def _guided_choice(req: SamplingFields) -> list[str] | None:
+    """vLLM's guided_choice, or structured_outputs {"choice": [...]}; the other structured
+    outputs (json, regex, grammar) are refused by name."""
+    constraints = req.structured_outputs or {}
+    others = sorted(set(constraints) - {"choice"})
+    if others:
+        raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
+                          "(only choice)", "structured_outputs")
+    if req.guided_choice is not None and "choice" in constraints:
+        raise bad_request("give the choices once: guided_choice or structured_outputs.choice",
+                          "guided_choice")
+    return req.guided_choice if req.guided_choice is not None else constraints.get("choice")
 
 
 def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:

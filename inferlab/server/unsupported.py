@@ -35,9 +35,7 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "prediction": _empty,
     "guided_json": _empty,
     "guided_regex": _empty,
-    "guided_choice": _empty,
     "guided_grammar": _empty,
-    "structured_outputs": _empty,
     "use_beam_search": lambda v, _: not v,
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,

@@ -360,3 +360,35 @@ def test_inverse_cdf_by_hand():
     tail = torch.zeros(1, 300)
     tail[0, 3] = 1e-30
     assert inverse_cdf(tail, torch.tensor([[1 - 1e-16]], dtype=torch.float64)).tolist() == [3]
+
+
+def test_guided_choice_allows_only_what_goes_on_with_a_choice_by_hand():
+    """Choices spelled [5, 6], [5, 7, 8] and [9]; EOS 2."""
+    from inferlab.engine.guided_choice import allowed_now
+
+    choices = [[5, 6], [5, 7, 8], [9]]
+    assert allowed_now(choices, [], eos_token_id=2) == [5, 9]
+    assert allowed_now(choices, [5], eos_token_id=2) == [6, 7]
+    assert allowed_now(choices, [5, 6], eos_token_id=2) == [2]  # a whole choice: only EOS
+    assert allowed_now([[5], [5, 6]], [5], eos_token_id=2) == [2, 6]  # or a longer choice
+    # the sampler keeps a row's allowed ids, whatever its logits prefer
+    logits = torch.tensor([[0.0, 9.0, 0.0, 0.0, 0.0, 1.0, 0.0, 3.0, 0.0, 0.0]])
+    batch = SamplingBatch([SamplingParams(temperature=0)], [None], [[]], [[]], allowed_ids=[[6, 7]])
+    assert sample(logits, batch)[0].tolist() == [7]
+
+
+def test_guided_choice_outputs_are_the_choices(make_llm):
+    """Greedy and sampled, through the engine: every completion is one of the choices, ended by
+    EOS, whatever the prompt would have the model say."""
+    llm = make_llm()
+    choices = ["positive", "negative", "no", "no idea at all"]
+    params = [SamplingParams(temperature=0, max_tokens=20, guided_choice=choices),
+              SamplingParams(temperature=1.5, seed=5, n=6, max_tokens=20, guided_choice=choices)]
+    for out in llm.generate(["The weather today is", "Once upon a time"], params):
+        for completion in out.outputs:
+            assert completion.text in choices and completion.finish_reason == "stop"
+    short = llm.generate("Hi", SamplingParams(temperature=0, max_tokens=1,
+                                              guided_choice=["no idea at all"]))[0].outputs[0]
+    assert short.finish_reason == "length" and "no idea at all".startswith(short.text)
+    with pytest.raises(ValueError, match="cannot be combined with ignore_eos"):
+        SamplingParams(guided_choice=["a"], ignore_eos=True)

@@ -70,6 +70,10 @@ def chat(server, **fields) -> httpx.Response:
     # with min_tokens these were held back by indexing the logits: it killed the engine loop
     ({"stop_token_ids": [9999999], "min_tokens": 2}, "stop_token_ids", "outside the vocabulary"),
     ({"stop_token_ids": [-1], "min_tokens": 2}, "stop_token_ids", "must be token ids"),
+    ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs", "json is not supported"),
+    ({"guided_choice": ["a"], "structured_outputs": {"choice": ["b"]}}, "guided_choice", "once"),
+    ({"guided_choice": []}, "guided_choice", "non-empty list"),
+    ({"guided_choice": ["yes"], "ignore_eos": True}, "guided_choice", "cannot be combined"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "at least 1"),
     ({"bad_words": [" "]}, "bad_words", "blank"),
     ({"cache_salt": ""}, "cache_salt", "non-empty"),

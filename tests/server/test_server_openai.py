@@ -466,3 +466,16 @@ def test_chat_template_and_its_kwargs(engine, server):
     # the model's own template ignores a variable it does not use
     assert (_tokenize(server, messages=messages, chat_template_kwargs={"shout": True})
             == _tokenize(server, messages=messages))
+
+
+def test_guided_choice_answers_with_one_of_the_choices(client):
+    """vLLM's guided_choice, and its newer structured_outputs {"choice": [...]}, chat and completions."""
+    choices = ["yes", "no", "it depends"]
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Is water wet?"}], max_tokens=10,
+        n=4, seed=11, temperature=1.2, extra_body={"guided_choice": choices})
+    assert all(c.message.content in choices and c.finish_reason == "stop" for c in chat.choices)
+    completion = client.completions.create(
+        model=MODEL_NAME, prompt="The answer is", max_tokens=10, **GREEDY,
+        extra_body={"structured_outputs": {"choice": choices}})
+    assert completion.choices[0].text in choices
