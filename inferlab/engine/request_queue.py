@@ -80,8 +80,8 @@ def waiting_queue(policy: str) -> FCFSQueue | PriorityQueue:
 
 
 def lowest_priority(running: list[Request]) -> int:
-    """Where the running request priority scheduling preempts is: the highest (priority,
-    arrival time), the latest admitted among equals."""
+    """The index in running of the request priority scheduling preempts: the highest
+    (priority, arrival time), the latest admitted among equals."""
     if not running:
         raise ValueError("no running request to preempt")
     keys = [(r.priority, r.arrival_time) for r in running]
