@@ -1,8 +1,8 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
-stop strings, logprobs, logit biases, allowed and bad words, truncated prompts, cache salts and
-shared prefixes mixed, under either scheduling policy (priorities drawn at random): whatever
-the order, every request ends with a valid reason and a length within its bounds, and nothing is left behind (blocks, requests,
-output state)."""
+stop strings, logprobs, logit biases, allowed and bad words, guided choices, truncated prompts,
+cache salts and shared prefixes mixed, under either scheduling policy (priorities drawn at
+random): whatever the order, every request ends with a valid reason and a length within its
+bounds, and nothing is left behind (blocks, requests, output state)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,14 @@ FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32, all layers
 SHARED_PREFIX = [5, 6, 7, 8] * 10
 
 
+CHOICES = ["yes", "no", "no idea at all", "maybe"]
+
+
 def _random_params(rng: random.Random) -> SamplingParams:
+    if rng.random() < 0.15:  # guided_choice, which excludes the other ways to bar tokens
+        return SamplingParams(n=rng.choice([1, 2]), max_tokens=rng.randrange(1, 8),
+                              temperature=rng.choice([0.0, 1.0]), guided_choice=CHOICES,
+                              seed=rng.choice([None, rng.randrange(10**6)]))
     return SamplingParams(n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1, 40),
                           temperature=rng.choice([0.0, 0.8]),
                           seed=rng.choice([None, rng.randrange(10**6)]),
@@ -82,3 +89,7 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, polic
                 assert len(c.logprobs) == len(c.token_ids)
             if p.allowed_token_ids is not None:
                 assert set(c.token_ids) <= set(p.allowed_token_ids)
+            if p.guided_choice and c.finish_reason == "stop":
+                assert c.text in p.guided_choice
+            elif p.guided_choice:
+                assert any(choice.startswith(c.text) for choice in p.guided_choice)
