@@ -150,7 +150,7 @@ class LLMEngine:
         tokens (truncate_prompt_tokens), so its length cannot be refused before encoding."""
         if isinstance(prompt, str):
             if not truncating:
-                self._check_text_fits(prompt)
+                self.check_text_fits(len(prompt))
             return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
         ids = [int(t) for t in prompt]
         if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
@@ -161,13 +161,13 @@ class LLMEngine:
             raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return None, ids
 
-    def _check_text_fits(self, text: str) -> None:
+    def check_text_fits(self, num_chars: int) -> None:
         """Refuse, without encoding it, a text too long for the context whatever its tokens:
         a 8 MB prompt takes 5 s of a core to encode. A token spells at most max_token_chars
         characters; normalization (NFKC) contracts text by far less than the slack of 4."""
-        at_least = len(text) // (4 * self.tokenizer.max_token_chars)
+        at_least = num_chars // (4 * self.tokenizer.max_token_chars)
         if at_least > self.max_model_len:
-            raise InferlabError(f"the prompt ({len(text)} characters) has at least {at_least} "
+            raise InferlabError(f"the prompt ({num_chars} characters) has at least {at_least} "
                                 f"tokens, over the context length {self.max_model_len}")
 
     def bind_threads(self) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 from fastapi import Request
@@ -38,10 +38,11 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     req = await read_request(request, ctx, ChatCompletionRequest)
     params = chat_params(req, ctx.engine.sampling_defaults)
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
+    fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
         chat_prompt_ids, ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
         req.continue_final_message, req.add_special_tokens, ctx.settings.chat_template,
-        req.chat_template_kwargs)
+        req.chat_template_kwargs, fits)
     gen = await ctx.generate(request, [prompt_ids], params, req.priority)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
@@ -50,9 +51,11 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                     add_special_tokens: bool = False, template: str | None = None,
-                    template_kwargs: dict[str, Any] | None = None) -> list[int]:
+                    template_kwargs: dict[str, Any] | None = None,
+                    check_fits: Callable[[int], None] | None = None) -> list[int]:
     """template: the server's --chat-template (None: the model's); template_kwargs: the
-    request's chat_template_kwargs."""
+    request's chat_template_kwargs; check_fits: refuses a number of characters the context
+    cannot hold (LLMEngine.check_text_fits), called with the messages' before rendering."""
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
     taken = sorted(set(template_kwargs or ()) & _TEMPLATE_VARIABLES)
@@ -63,6 +66,8 @@ def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
         raise bad_request("'continue_final_message' needs 'add_generation_prompt': false",
                           "continue_final_message")
     plain = [{"role": m.role, "content": _message_text(m, i)} for i, m in enumerate(messages)]
+    if check_fits is not None:
+        check_fits(sum(len(m["content"]) for m in plain))
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
                                          template=template, **(template_kwargs or {}))
     if continue_final_message:

@@ -478,6 +478,9 @@ def test_prompts_are_encoded_off_the_event_loop_and_hopeless_ones_not_at_all(ser
     r = httpx.post(f"{url}/completions", headers=headers, timeout=60,
                    json={"model": MODEL_NAME, "prompt": hopeless, "max_tokens": 1})
     assert r.status_code == 400 and "at least" in r.json()["error"]["message"]
+    chat = httpx.post(f"{url}/chat/completions", headers=headers, timeout=60, json={
+        "model": MODEL_NAME, "max_tokens": 1, "messages": [{"role": "user", "content": hopeless}]})
+    assert chat.status_code == 400 and "at least" in chat.json()["error"]["message"]
     assert calls == []
     kept = httpx.post(f"{url}/completions", headers=headers, timeout=60, json={
         "model": MODEL_NAME, "prompt": hopeless, "max_tokens": 1, "truncate_prompt_tokens": 8})
