@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
@@ -61,3 +62,18 @@ def async_client(server: RunningServer):
 
     return openai.AsyncOpenAI(base_url=f"{server.url}/v1", api_key=server.api_key or "none",
                               max_retries=0, timeout=120)
+
+
+def wait_until(condition, timeout_s: float, interval_s: float = 0.1) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if condition():
+            return True
+        time.sleep(interval_s)
+    return condition()
+
+
+def tokenize(server, **body) -> list[int]:
+    r = httpx.post(f"{server.url}/tokenize", json=body, headers=server.headers, timeout=30)
+    assert r.status_code == 200, r.text
+    return r.json()["tokens"]

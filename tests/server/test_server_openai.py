@@ -13,16 +13,10 @@ import time
 import httpx
 import openai
 import pytest
-from server_helpers import MAX_MODEL_LEN, MODEL_NAME
+from server_helpers import MAX_MODEL_LEN, MODEL_NAME, tokenize
 
 PROMPT = "The capital of France is"
 GREEDY = {"temperature": 0.0}
-
-
-def _tokenize(server, **body) -> list[int]:
-    r = httpx.post(f"{server.url}/tokenize", json=body, headers=server.headers, timeout=30)
-    assert r.status_code == 200, r.text
-    return r.json()["tokens"]
 
 
 def test_models_lists_the_served_name(client, server):
@@ -36,12 +30,12 @@ def test_models_lists_the_served_name(client, server):
     assert version["version"].count(".") == 2
 
 
-def test_completion_stream_equals_whole_and_usage_matches_tokenize(client, server):
+def test_completion_stream_equals_whole_and_usage_matchestokenize(client, server):
     whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12,
                                       extra_body={"ignore_eos": True}, **GREEDY)
     assert whole.object == "text_completion" and whole.id.startswith("cmpl-")
     assert whole.choices[0].finish_reason == "length"
-    assert whole.usage.prompt_tokens == len(_tokenize(server, prompt=PROMPT))
+    assert whole.usage.prompt_tokens == len(tokenize(server, prompt=PROMPT))
     assert whole.usage.completion_tokens == 12
     assert whole.usage.total_tokens == whole.usage.prompt_tokens + 12
 
@@ -129,7 +123,7 @@ def test_prompt_truncation_and_special_tokens(client, server):
     """truncate_prompt_tokens keeps the last k tokens (usage says k, and the completion is the
     one of those k tokens alone); bad_words keeps a word out; skip_special_tokens=False writes
     out a forced EOS."""
-    ids = _tokenize(server, prompt=PROMPT)
+    ids = tokenize(server, prompt=PROMPT)
     cut = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY,
                                     extra_body={"truncate_prompt_tokens": 3, "ignore_eos": True})
     alone = client.completions.create(model=MODEL_NAME, prompt=ids[-3:], max_tokens=5, **GREEDY,
@@ -139,7 +133,7 @@ def test_prompt_truncation_and_special_tokens(client, server):
     barred = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=5, **GREEDY,
                                        extra_body={"bad_words": ["Paris"]})
     assert "Paris" in plain.choices[0].text and "Paris" not in barred.choices[0].text
-    (eos,) = _tokenize(server, prompt="<|im_end|>", add_special_tokens=False)
+    (eos,) = tokenize(server, prompt="<|im_end|>", add_special_tokens=False)
     forced = {"ignore_eos": True, "skip_special_tokens": False}
     shown = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=2, **GREEDY,
                                       logit_bias={str(eos): 100}, extra_body=forced)
@@ -159,8 +153,8 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     assert lp.text_offset == offsets
 
     # Echo the prompt plus those 6 tokens: a prefill scores the same tokens again.
-    ids = _tokenize(server, prompt=PROMPT)
-    both = _tokenize(server, prompt=PROMPT + out.text)
+    ids = tokenize(server, prompt=PROMPT)
+    both = tokenize(server, prompt=PROMPT + out.text)
     assert both[:len(ids)] == ids and len(both) == len(ids) + 6
     echo = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=1, logprobs=1,
                                      echo=True, **GREEDY).choices[0]
@@ -233,9 +227,9 @@ def test_add_special_tokens_decides_the_bos(client, server, engine, monkeypatch)
     """With a tokenizer that adds a BOS (as Llama's GGUF files ask), a completion's text prompt
     gets it unless add_special_tokens is false, and a chat prompt only when it is true."""
     tokenizer = engine.tokenizer
-    plain = _tokenize(server, prompt=PROMPT, add_special_tokens=False)
+    plain = tokenize(server, prompt=PROMPT, add_special_tokens=False)
     messages = [{"role": "user", "content": "Say hi"}]
-    chat_ids = _tokenize(server, messages=messages)
+    chat_ids = tokenize(server, messages=messages)
     # SmolLM2's own BOS is <|im_start|>, which its chat template writes first anyway
     monkeypatch.setattr(tokenizer, "bos_token_id", tokenizer.backend.token_to_id("<|endoftext|>"))
     monkeypatch.setattr(tokenizer.info, "add_bos_token", True)
@@ -251,7 +245,7 @@ def test_add_special_tokens_decides_the_bos(client, server, engine, monkeypatch)
     assert completion_tokens() == len(plain) + 1
     assert completion_tokens(add_special_tokens=False) == len(plain)
     assert chat_tokens() == len(chat_ids) and chat_tokens(add_special_tokens=True) == len(chat_ids) + 1
-    bos_first = _tokenize(server, messages=messages, add_special_tokens=True)
+    bos_first = tokenize(server, messages=messages, add_special_tokens=True)
     assert bos_first == [tokenizer.bos_token_id, *chat_ids]
 
 
@@ -263,11 +257,11 @@ def test_prompt_forms_give_the_same_completions(client, server):
                                      extra_body={"ignore_eos": True}, **GREEDY)
     assert [c.index for c in both.choices] == [0, 1]
     assert both.choices[0].text == single
-    ids = _tokenize(server, prompt=PROMPT)
+    ids = tokenize(server, prompt=PROMPT)
     by_ids = client.completions.create(model=MODEL_NAME, prompt=ids, max_tokens=8,
                                        extra_body={"ignore_eos": True}, **GREEDY)
     assert by_ids.choices[0].text == single
-    nested = client.completions.create(model=MODEL_NAME, prompt=[ids, _tokenize(server, prompt=other)],
+    nested = client.completions.create(model=MODEL_NAME, prompt=[ids, tokenize(server, prompt=other)],
                                        max_tokens=8, extra_body={"ignore_eos": True}, **GREEDY)
     assert [c.text for c in nested.choices] == [c.text for c in both.choices]
     assert nested.usage.prompt_tokens == both.usage.prompt_tokens
@@ -280,13 +274,13 @@ SMOLLM2_CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM
 
 def test_chat_uses_the_model_template(client, server):
     messages = [{"role": "user", "content": "Say hi"}]
-    ids = _tokenize(server, messages=messages)
+    ids = tokenize(server, messages=messages)
     r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
                    timeout=30)
     decoded = r.json()["prompt"]
     assert decoded.replace("<|im_start|>", "").replace("<|im_end|>", "") == \
         SMOLLM2_CHAT.replace("<|im_start|>", "").replace("<|im_end|>", "")
-    assert ids == _tokenize(server, prompt=SMOLLM2_CHAT, add_special_tokens=False)
+    assert ids == tokenize(server, prompt=SMOLLM2_CHAT, add_special_tokens=False)
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
                                            **GREEDY)
     assert reply.usage.prompt_tokens == len(ids)
@@ -298,14 +292,14 @@ def test_chat_uses_the_model_template(client, server):
     bare = SMOLLM2_CHAT.removesuffix("<|im_start|>assistant\n")
     reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
                                            extra_body={"add_generation_prompt": False}, **GREEDY)
-    assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=bare, add_special_tokens=False))
+    assert reply.usage.prompt_tokens == len(tokenize(server, prompt=bare, add_special_tokens=False))
     # continue_final_message: the template written out by hand up to the prefilled reply
     prefilled = messages + [{"role": "assistant", "content": "Hi there, my name"}]
     reply = client.chat.completions.create(
         model=MODEL_NAME, messages=prefilled, max_tokens=4, **GREEDY,
         extra_body={"add_generation_prompt": False, "continue_final_message": True})
     opened = SMOLLM2_CHAT + "Hi there, my name"
-    assert reply.usage.prompt_tokens == len(_tokenize(server, prompt=opened, add_special_tokens=False))
+    assert reply.usage.prompt_tokens == len(tokenize(server, prompt=opened, add_special_tokens=False))
     # echo puts the prefilled reply before the continuation, whole or streamed
     prefill = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
     echoed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
@@ -368,7 +362,7 @@ def test_chat_logprobs_and_n(client):
 def test_logit_bias_forces_and_bans_tokens(client, server):
     """+100 on the id /tokenize gives for " the" makes a greedy completion " the the the
     the"; -100 on the greedy first token gives the runner-up of the unbiased top logprobs."""
-    (the,) = _tokenize(server, prompt=" the", add_special_tokens=False)
+    (the,) = tokenize(server, prompt=" the", add_special_tokens=False)
     forced = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=4,
                                        logit_bias={str(the): 100}, **GREEDY)
     assert forced.choices[0].text == " the" * 4 and forced.usage.completion_tokens == 4
@@ -378,7 +372,7 @@ def test_logit_bias_forces_and_bans_tokens(client, server):
     plain = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1, logprobs=2,
                                       **GREEDY).choices[0].logprobs.top_logprobs[0]
     first, runner_up = sorted(plain, key=plain.get, reverse=True)
-    (first_id,) = _tokenize(server, prompt=first, add_special_tokens=False)
+    (first_id,) = tokenize(server, prompt=first, add_special_tokens=False)
     banned = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=1,
                                        logit_bias={str(first_id): -100}, **GREEDY)
     assert banned.choices[0].text == runner_up
@@ -386,86 +380,13 @@ def test_logit_bias_forces_and_bans_tokens(client, server):
 
 def test_tokenize_detokenize_round_trip(server):
     text = "Paged attention, continuous batching: 42 tokens/s."
-    ids = _tokenize(server, prompt=text, add_special_tokens=False)
+    ids = tokenize(server, prompt=text, add_special_tokens=False)
     r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
                    timeout=30)
     assert r.status_code == 200 and r.json() == {"prompt": text}
     r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=server.headers,
                    timeout=30)
     assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == MAX_MODEL_LEN
-
-
-def test_the_models_generation_config_defaults_what_a_request_leaves_out(engine, client, tmp_path):
-    """--generation-config FOLDER: top_k 1 makes a request without sampling fields greedy, and
-    max_new_tokens caps one without max_tokens; a request's own values win."""
-    import asyncio
-    import json
-
-    from server_helpers import start_server
-
-    from inferlab.config import EngineConfig
-    from inferlab.engine.async_engine import AsyncEngine
-    from inferlab.engine.llm_engine import LLMEngine
-
-    (tmp_path / "generation_config.json").write_text(
-        json.dumps({"temperature": 0.9, "top_k": 1, "max_new_tokens": 6}))
-    own = AsyncEngine(LLMEngine(EngineConfig(
-        dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_model_len=MAX_MODEL_LEN,
-        generation_config=str(tmp_path)), loaded=engine.engine.loaded))
-    servers = start_server(own)
-    defaulted = next(servers)
-    messages = [{"role": "user", "content": "Name a colour."}]
-    try:
-        def chat(**fields):
-            r = httpx.post(f"{defaulted.url}/v1/chat/completions", timeout=60,
-                           json={"messages": messages, **fields})
-            assert r.status_code == 200, r.text
-            return r.json()
-
-        greedy = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=6,
-                                                **GREEDY)
-        plain = chat()
-        assert plain["choices"][0]["message"]["content"] == greedy.choices[0].message.content
-        assert plain["usage"]["completion_tokens"] == greedy.usage.completion_tokens == 6
-        assert chat(max_tokens=3)["usage"]["completion_tokens"] == 3
-    finally:
-        servers.close()
-        asyncio.run(own.shutdown(timeout_s=0))
-
-
-SHOUTING_TEMPLATE = ("{% for m in messages %}<{{ m['role'] }}{% if shout %}!{% endif %}>"
-                     "{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-
-
-def test_chat_template_and_its_kwargs(engine, server):
-    """--chat-template replaces the model's; a request's chat_template_kwargs are variables of it."""
-    from server_helpers import start_server
-
-    servers = start_server(engine, chat_template=SHOUTING_TEMPLATE)
-    templated = next(servers)
-    messages = [{"role": "user", "content": "Hi"}]
-    try:
-        def tokens(**fields):
-            r = httpx.post(f"{templated.url}/tokenize", json={"messages": messages, **fields},
-                           timeout=30)
-            assert r.status_code == 200, r.text
-            return r.json()["tokens"]
-
-        plain = _tokenize(server, prompt="<user>Hi\n<assistant>", add_special_tokens=False)
-        shouted = _tokenize(server, prompt="<user!>Hi\n<assistant>", add_special_tokens=False)
-        assert tokens() == plain and tokens(chat_template_kwargs={"shout": True}) == shouted
-        reply = httpx.post(f"{templated.url}/v1/chat/completions", timeout=60, json={
-            "messages": messages, "max_tokens": 2, "chat_template_kwargs": {"shout": True}})
-        assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == len(shouted)
-        refused = httpx.post(f"{templated.url}/v1/chat/completions", timeout=60, json={
-            "messages": messages, "chat_template_kwargs": {"add_generation_prompt": False}})
-        assert refused.status_code == 400
-        assert refused.json()["error"]["param"] == "chat_template_kwargs"
-    finally:
-        servers.close()
-    # the model's own template ignores a variable it does not use
-    assert (_tokenize(server, messages=messages, chat_template_kwargs={"shout": True})
-            == _tokenize(server, messages=messages))
 
 
 def test_guided_choice_answers_with_one_of_the_choices(client):

@@ -13,20 +13,11 @@ import time
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, async_client, start_server
+from server_helpers import MODEL_NAME, async_client, start_server, wait_until
 
 from inferlab.engine.sampling_params import SamplingParams
 
 LONG = {"max_tokens": 400, "ignore_eos": True}  # far longer than any test waits for
-
-
-def wait_until(condition, timeout_s: float, interval_s: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if condition():
-            return True
-        time.sleep(interval_s)
-    return condition()
 
 
 def engine_idle(server) -> bool:
@@ -366,84 +357,6 @@ def test_32_concurrent_streams_match_one_at_a_time(server):
     assert texts == [reference[PROMPTS[i % len(PROMPTS)]] for i in range(32)]
     assert all(len(t) > 0 for t in texts)
     assert peak_running >= 16  # they really ran side by side in the engine
-
-
-def test_priority_server_serves_a_later_higher_priority_request_first(engine):
-    """--scheduling-policy priority, one sequence at a time: B (priority 5) and then C
-    (priority 0) queue behind A; C runs before B."""
-    from server_helpers import MAX_MODEL_LEN
-
-    from inferlab.config import EngineConfig
-    from inferlab.engine.async_engine import AsyncEngine
-    from inferlab.engine.llm_engine import LLMEngine
-
-    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_num_seqs=1,
-                          max_model_len=MAX_MODEL_LEN, scheduling_policy="priority")
-    own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
-    added: list[str] = []  # request ids, as the engine thread adds them
-    add_request = own.engine.add_request
-
-    def logged_add(prompt, params, request_id, **kwargs):
-        added.append(request_id)
-        return add_request(prompt, params, request_id, **kwargs)
-
-    own.engine.add_request = logged_add
-    servers = start_server(own)
-    server = next(servers)
-    finished: list[str] = []
-    responses: dict[str, httpx.Response] = {}
-
-    def post(name: str, max_tokens: int, priority: int) -> threading.Thread:
-        def run() -> None:
-            responses[name] = httpx.post(f"{server.url}/v1/completions", timeout=60, json={
-                "prompt": f"Request {name}:", "max_tokens": max_tokens, "ignore_eos": True,
-                "priority": priority})
-            finished.append(name)
-        thread = threading.Thread(target=run)
-        thread.start()
-        return thread
-
-    try:
-        threads = [post("A", 64, 0)]
-        for name, priority in (("B", 5), ("C", 0)):
-            assert wait_until(lambda: len(added) == len(threads), 10)
-            threads.append(post(name, 4, priority))
-        assert wait_until(lambda: len(added) == 3, 10)
-        assert not finished, "A (64 tokens) was still running when C arrived"
-        for thread in threads:
-            thread.join(60)
-        assert [r.status_code for r in responses.values()] == [200] * 3
-        assert finished == ["A", "C", "B"]
-        assert own.engine.scheduler.stats().num_free_blocks == own.engine.num_kv_blocks
-    finally:
-        servers.close()
-        asyncio.run(own.shutdown(timeout_s=0))
-
-
-def test_cors_is_off_unless_origins_are_allowed(engine, server):
-    """--allowed-origins: a browser's preflight from an allowed origin is answered, and the
-    response names the origin; from another origin, or on a server without the option, not."""
-    preflight = {"Access-Control-Request-Method": "POST",
-                 "Access-Control-Request-Headers": "authorization, content-type"}
-    ui = "http://localhost:3000"
-    servers = start_server(engine, allowed_origins=(ui,))
-    browser_facing = next(servers)
-    try:
-        url = f"{browser_facing.url}/v1/completions"
-        allowed = httpx.options(url, headers={"Origin": ui, **preflight}, timeout=10)
-        assert allowed.status_code == 200
-        assert allowed.headers["access-control-allow-origin"] == ui
-        assert "POST" in allowed.headers["access-control-allow-methods"]
-        other = httpx.options(url, headers={"Origin": "https://evil.example", **preflight}, timeout=10)
-        assert other.status_code == 400 and "access-control-allow-origin" not in other.headers
-        reply = httpx.post(url, headers={"Origin": ui}, timeout=60,
-                           json={"prompt": "Hi", "max_tokens": 1})
-        assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == ui
-    finally:
-        servers.close()
-    closed = httpx.options(f"{server.url}/v1/completions", headers={"Origin": ui, **preflight},
-                           timeout=10)
-    assert closed.status_code == 405 and "access-control-allow-origin" not in closed.headers
 
 
 def test_prompts_are_encoded_off_the_event_loop_and_hopeless_ones_not_at_all(server, monkeypatch):
