@@ -151,15 +151,18 @@ class LLMEngine:
         if isinstance(prompt, str):
             if not truncating:
                 self.check_text_fits(len(prompt))
-            return prompt, self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        ids = [int(t) for t in prompt]
-        if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
-            raise InferlabError("token ids must be integers")
+            text: str | None = prompt
+            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        else:
+            text, ids = None, [int(t) for t in prompt]
+            if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
+                raise InferlabError("token ids must be integers")
+        # a tokenizer may know more tokens than the model has rows for
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
             raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        return None, ids
+        return text, ids
 
     def check_text_fits(self, num_chars: int) -> None:
         """Refuse, without encoding it, a text too long for the context whatever its tokens:
@@ -233,8 +236,7 @@ class LLMEngine:
                              ("allowed_token_ids", params.allowed_token_ids or ()),
                              ("stop_token_ids", params.stop_token_ids),
                              ("bad_words", [t for word in bad_words for t in word]),
-                             ("guided_choice", [t for choice in choices for t in choice]),
-                             ("prompt", ids)):  # a tokenizer with more tokens than the model
+                             ("guided_choice", [t for choice in choices for t in choice])):
             outside = [t for t in tokens if t >= vocab]
             if outside:  # the sampler would index past the logits mid-step (it killed the loop)
                 raise InvalidParameterError(f"{name} token id {outside[0]} is outside the "
