@@ -46,7 +46,7 @@ class GenerationDefaults:
         eos = loaded.tokenizer.eos_token_id
         if eos is None and model_ends:
             eos = model_ends[0]
-        ends = tuple(t for t in generation.eos_token_ids or model_ends if t < vocab)
+        ends = tuple(t for t in generation.end_token_ids(model_ends) if t < vocab)
         return cls(eos if eos is not None and eos < vocab else None, ends, sampling)
 
     def default_params(self) -> SamplingParams:

@@ -46,7 +46,7 @@ def model_info(model: str | None, dtype: str) -> dict:
                                                        cfg.head_dim, nbytes),
         "context_length": cfg.max_position_embeddings, "sliding_window": cfg.sliding_window,
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
-        "end_token_ids": list(generation.eos_token_ids or cfg.eos_token_ids),
+        "end_token_ids": list(generation.end_token_ids(cfg.eos_token_ids)),
         "generation_defaults": generation.sampling_defaults,
     }
 

@@ -31,6 +31,10 @@ class GenerationConfig:
     # SamplingParams field -> the model's default, for the fields the file sets
     sampling_defaults: dict[str, Any] = field(default_factory=dict)
 
+    def end_token_ids(self, config_ids: tuple[int, ...]) -> tuple[int, ...]:
+        """The ids that end a generation: the file's, else the model config's."""
+        return self.eos_token_ids or config_ids
+
 
 def read_generation_config(directory: str) -> GenerationConfig:
     """The directory's generation_config.json; an empty config where there is none."""
