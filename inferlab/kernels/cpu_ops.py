@@ -68,7 +68,7 @@ class LinearDesc(ctypes.Structure):
 
     _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
                 *((name, _P) for name in ("weight", "scale", "group_scale", "group_zero", "bias",
-                                          "weight_sums"))]
+                                          "weight_sums", "input_scale"))]
 
 
 def _cache_dir() -> Path:

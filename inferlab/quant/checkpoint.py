@@ -3,8 +3,9 @@
 Per linear layer `X` (local names as compressed-tensors writes them):
 * pack-quantized (W4A16, W8A16): X.weight_packed int32 [N, ceil(K*b/32)], X.weight_scale [N, G],
   X.weight_shape int64 [2], and when asymmetric X.weight_zero_point int32 [ceil(N*b/32), G];
-* int-quantized (W8A8) / float-quantized (FP8_DYNAMIC) / naive-quantized: X.weight int8 or
-  float8_e4m3fn [N, K] and X.weight_scale [N, 1] (G columns when grouped, [1] per tensor).
+* int-quantized (W8A8) / float-quantized (FP8_DYNAMIC, FP8) / naive-quantized: X.weight int8 or
+  float8_e4m3fn [N, K] and X.weight_scale [N, 1] (G columns when grouped, [1] per tensor);
+* static activations (FP8): X.input_scale [1], one scale for every token.
 Reading checks every shape and dtype against the config, so a checkpoint whose config
 contradicts its tensors fails with one line naming the tensor. X.weight_g_idx (GPTQ group
 act-order) loads only when it keeps the groups contiguous, which is all the kernels compute.
@@ -29,6 +30,7 @@ from inferlab.quant.scheme import (
     GROUP,
     PACK_QUANTIZED,
     READABLE_FORMATS,
+    TENSOR,
     QuantScheme,
     WeightArgs,
 )
@@ -40,7 +42,9 @@ COMPRESSED_TENSORS_VERSION = "0.20.1"  # the library release whose format this f
 
 def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     """One layer's quantized weight -> its checkpoint tensors (local names)."""
-    out: dict[str, torch.Tensor] = {"weight_scale": qw.scale.contiguous()}
+    per_tensor = qw.args.strategy == TENSOR  # held [N, 1], one value in the file
+    out: dict[str, torch.Tensor] = {"weight_scale": qw.scale.reshape(-1)[:1].clone() if per_tensor
+                                    else qw.scale.contiguous()}
     if fmt == PACK_QUANTIZED:
         out["weight_packed"] = pack_int32(qw.codes, qw.args.num_bits)
         out["weight_shape"] = torch.tensor(qw.shape, dtype=torch.int64)
@@ -49,7 +53,10 @@ def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     else:
         out["weight"] = qw.codes.contiguous()
         if qw.zero_point is not None:
-            out["weight_zero_point"] = qw.zero_point.contiguous()
+            out["weight_zero_point"] = (qw.zero_point.reshape(-1)[:1].clone() if per_tensor
+                                        else qw.zero_point.contiguous())
+    if qw.input_scale is not None:
+        out["input_scale"] = qw.input_scale.reshape(1).clone()  # shards share it: one copy each
     return out
 
 
@@ -83,7 +90,7 @@ def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name
     w = scheme.weights
     if not scale.is_floating_point():
         raise InferlabError(f"checkpoint: {name} must be floating point, got {scale.dtype}")
-    if w.strategy == "tensor":
+    if w.strategy == TENSOR:
         if scale.numel() != 1:
             raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, a per-tensor "
                                 "scale is one value")
@@ -125,7 +132,27 @@ def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme:
     elif f"{prefix}.weight_zero_point" in tensors and tensors[f"{prefix}.weight_zero_point"].any():
         raise InferlabError(f"checkpoint: {prefix}.weight_zero_point is non-zero but the config "
                             "says the weights are symmetric")
-    return QuantizedWeight(codes, scale, zero_point, w)
+    input_scale = None
+    if scheme.activations is not None and scheme.activations.static:
+        input_scale = _read_input_scale(tensors, prefix)
+    return QuantizedWeight(codes, scale, zero_point, w, input_scale)
+
+
+def _read_input_scale(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Tensor:
+    """A static activation scale: one positive finite value, as fp32 [1]."""
+    name = f"{prefix}.input_scale"
+    scale = _need(tensors, name)
+    if not scale.is_floating_point() or scale.numel() != 1:
+        raise InferlabError(f"checkpoint: {name} is {scale.dtype} {tuple(scale.shape)}, a static "
+                            "per-tensor scale is one floating-point value")
+    value = scale.float().reshape(1)
+    if not (torch.isfinite(value).all() and value.item() > 0):
+        raise InferlabError(f"checkpoint: {name} is {value.item()}, it must be positive and finite")
+    zero = tensors.get(f"{prefix}.input_zero_point")
+    if zero is not None and zero.any():
+        raise InferlabError(f"checkpoint: {prefix}.input_zero_point is non-zero: asymmetric "
+                            "activations are not supported")
+    return value
 
 
 def _check_g_idx(tensors: dict[str, torch.Tensor], prefix: str, w: WeightArgs, k: int,
@@ -173,7 +200,7 @@ def _read_zero_point(tensors: dict[str, torch.Tensor], prefix: str, scheme: Quan
     name = f"{prefix}.weight_zero_point"
     zp = _need(tensors, name)
     w = scheme.weights
-    if fmt == PACK_QUANTIZED and w.strategy != "tensor":
+    if fmt == PACK_QUANTIZED and w.strategy != TENSOR:
         rows = -(-n * w.num_bits // 32)
         if zp.dtype != torch.int32 or tuple(zp.shape) != (rows, groups):
             raise InferlabError(f"checkpoint: {name} is {zp.dtype} {tuple(zp.shape)}, the config "
@@ -197,4 +224,16 @@ def cat_rows(parts: list[QuantizedWeight], where: str) -> QuantizedWeight:
     zps = [p.zero_point for p in parts]
     zero_point = None if zps[0] is None else torch.cat(zps, dim=0)
     scale = torch.cat([p.scale.to(first.scale.dtype) for p in parts], dim=0)
-    return QuantizedWeight(torch.cat([p.codes for p in parts], dim=0), scale, zero_point, first.args)
+    return QuantizedWeight(torch.cat([p.codes for p in parts], dim=0), scale, zero_point, first.args,
+                           _shared_input_scale(parts, where))
+
+
+def _shared_input_scale(parts: list[QuantizedWeight], where: str) -> torch.Tensor | None:
+    """The shards of a fused layer read the same input, so they take one static scale: the
+    largest, as vLLM does, so that no shard's calibrated range is clipped."""
+    scales = [p.input_scale for p in parts]
+    if all(s is None for s in scales):
+        return None
+    if any(s is None for s in scales):
+        raise InferlabError(f"checkpoint: only some parts of {where} have an input_scale")
+    return torch.stack([s.reshape(()) for s in scales]).amax().reshape(1)

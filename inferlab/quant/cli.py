@@ -18,12 +18,12 @@ DENSE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "quantize", help="quantize/sparsify a model into a compressed-tensors checkpoint",
-        description="Quantize (W8A16, W8A8, W4A16, FP8_DYNAMIC) and/or 2:4-sparsify the linear "
+        description="Quantize (W8A16, W8A8, W4A16, FP8_DYNAMIC, FP8) and/or 2:4-sparsify the linear "
                     "layers of a model; writes a Hugging Face directory in the compressed-tensors "
                     "format (vLLM and `inferlab serve` load it). Embeddings stay dense.")
     p.add_argument("model", nargs="?", default=None,
                    help="HF model directory or .gguf file (default: the embedded model)")
-    p.add_argument("--scheme", default=None, help="W8A16, W8A8, W4A16 or FP8_DYNAMIC")
+    p.add_argument("--scheme", default=None, help="W8A16, W8A8, W4A16, FP8_DYNAMIC or FP8 (static activation scales, calibrated)")
     p.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default: "
                    "sparsegpt with --sparsity, else rtn)")
     p.add_argument("--sparsity", default=None,

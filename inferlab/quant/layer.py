@@ -20,9 +20,10 @@ from inferlab.quant.algorithms.obs import ObsConfig, obs_compress
 from inferlab.quant.algorithms.smoothquant import smoothing_scales
 from inferlab.quant.algorithms.sparsity import magnitude_2of4_mask
 from inferlab.quant.algorithms.stats import InputStats
-from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.qparams import QuantizedWeight, compute_qparams, quantize, quantize_rtn
+from inferlab.quant.linear import INT8_MAX, build_quant_linear
+from inferlab.quant.qparams import FP8_MAX, QuantizedWeight, compute_qparams, quantize, quantize_rtn
 from inferlab.quant.recipe import Recipe
+from inferlab.quant.scheme import FLOAT, ActivationArgs
 
 LINEARS = ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
 
@@ -123,6 +124,14 @@ def compress_linear(ctx: LayerContext, name: str) -> tuple[torch.Tensor, Quantiz
     return qw.dequantize(), qw
 
 
+def static_input_scale(stats: InputStats, activations: ActivationArgs,
+                       dtype: torch.dtype) -> torch.Tensor:
+    """[1]: the largest |x| the calibration fed this linear maps to the top code (min-max, as
+    llm-compressor's static observers; after SmoothQuant the statistics are the smoothed x's)."""
+    qmax = FP8_MAX if activations.kind == FLOAT else INT8_MAX
+    return (stats.abs_max.max().clamp(min=1e-12) / qmax).to(dtype).reshape(1)
+
+
 def process_layer(ctx: LayerContext) -> dict[str, QuantizedWeight]:
     """Compress the targeted linears of one layer in place; returns their codes by local name."""
     if ctx.recipe.method == "smoothquant":
@@ -137,6 +146,8 @@ def process_layer(ctx: LayerContext) -> dict[str, QuantizedWeight]:
         if qw is None:
             module.weight.data.copy_(new_w)
             continue
+        if activations is not None and activations.static:
+            qw.input_scale = static_input_scale(ctx.stats[name], activations, ctx.scale_dtype)
         results[name] = qw
         bias = module.bias.data.float() if module.bias is not None else None
         parent, _, leaf = name.rpartition(".")

@@ -36,6 +36,8 @@ and picks its arithmetic by the number of rows in the call:
   codes widened in registers for `vdpbf16ps` up to 4 rows, once per call for AMX tiles above.
   Elsewhere (fp32 models) torch rounds x and both operands go through `F.linear`, the fp8 weight
   widened per call, never kept wide (Fp8DynamicLinear).
+* Static activations (FP8, or a W8A8 checkpoint with `input_scale`s) take the same layers with
+  the one calibrated scale in place of each row's; values past it clamp, as in vLLM.
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_ops, scaled_mm
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
@@ -193,7 +195,7 @@ class PackedQuantLinear(CKernelLinear):
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
             weight=self.packed.data_ptr(), group_scale=self.scale.data_ptr(),
             group_zero=None if self.zero_point is None else self.zero_point.data_ptr(),
-            bias=None if self.bias is None else self.bias.data_ptr())
+            bias=_ptr(self.bias))
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
@@ -258,6 +260,7 @@ class Int8DynamicLinear(QuantLinear):
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
         self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
+        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
         codes = qw.codes.contiguous()  # int8 [N, K]
         self.onednn = codes.device.type == "cpu" and onednn_int8_available()
         if self.onednn:  # oneDNN's blocked int8 layout, same bytes
@@ -268,12 +271,12 @@ class Int8DynamicLinear(QuantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
-            from inferlab.kernels.scaled_mm import int8_w8a8_linear
-
-            return int8_w8a8_linear(x, self.qweight, self.scale)
-        x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(INT8_MAX)  # [M, 1]
-        # |x| / (absmax / 127) <= 127 already: no clamp needed before the cast
-        xq = x.to(torch.float32, copy=True).div_(x_scale).round_().to(torch.int8)  # [M, K]
+            return scaled_mm.int8_w8a8_linear(x, self.qweight, self.scale, input_scale=self.input_scale)
+        x_scale = scaled_mm.activation_scale(x, INT8_MAX, self.input_scale)  # [M, 1]
+        xq = x.to(torch.float32, copy=True).div_(x_scale).round_()  # [M, K]
+        if self.input_scale is not None:  # |x| / (absmax / 127) <= 127 only for dynamic scales
+            xq.clamp_(-INT8_MAX - 1, INT8_MAX)
+        xq = xq.to(torch.int8)
         if self.onednn:
             out_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
             y = torch.ops.onednn.qlinear_pointwise(  # sum_k xq*q * scale[n]: [M, N]
@@ -310,6 +313,7 @@ class PackedW8A8Linear(CKernelLinear):
         super().__init__(k, n, bias, dtype)
         self.register_buffer("packed", vnni.pack_int8(qw.codes, inputs=4))
         self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
+        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
         self.register_buffer("weight_sums", qw.codes.sum(dim=1, dtype=torch.int32).contiguous())
 
     @staticmethod
@@ -324,8 +328,8 @@ class PackedW8A8Linear(CKernelLinear):
         return cpu_ops.LinearDesc(
             kind=cpu_ops.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=None if self.bias is None else self.bias.data_ptr(),
-            weight_sums=self.weight_sums.data_ptr())
+            bias=_ptr(self.bias),
+            weight_sums=self.weight_sums.data_ptr(), input_scale=_ptr(self.input_scale))
 
 
 class PackedFp8Linear(CKernelLinear):
@@ -339,6 +343,7 @@ class PackedFp8Linear(CKernelLinear):
         super().__init__(k, n, bias, dtype)
         self.register_buffer("packed", vnni.pack_int8(qw.codes.view(torch.uint8), inputs=2))
         self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
+        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
 
     @staticmethod
     def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
@@ -352,30 +357,39 @@ class PackedFp8Linear(CKernelLinear):
         return cpu_ops.LinearDesc(
             kind=cpu_ops.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=None if self.bias is None else self.bias.data_ptr())
+            bias=_ptr(self.bias),
+            input_scale=_ptr(self.input_scale))
 
 
 class Fp8DynamicLinear(QuantLinear):
-    """FP8_DYNAMIC: fp8 e4m3 weights per channel, activations rounded to fp8 per token."""
+    """FP8_DYNAMIC and FP8: fp8 e4m3 weights per channel (or tensor), activations rounded to fp8
+    per token (or with the static scale)."""
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
         self.register_buffer("qweight", qw.codes.contiguous())  # float8_e4m3fn [N, K]
         self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
+        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.device.type != "cpu":
-            from inferlab.kernels.scaled_mm import fp8_w8a8_linear
-
-            return fp8_w8a8_linear(x, self.qweight, self.scale)
-        x_scale = x.abs().amax(dim=-1, keepdim=True).float().clamp_(min=1e-12).div_(FP8_MAX)  # [M, 1]
+            return scaled_mm.fp8_w8a8_linear(x, self.qweight, self.scale, input_scale=self.input_scale)
+        x_scale = scaled_mm.activation_scale(x, FP8_MAX, self.input_scale)  # [M, 1]
         xq = x.to(torch.float32, copy=True).div_(x_scale).clamp_(-FP8_MAX, FP8_MAX)
         # fp8 values are exact in bf16 and fp32; bf16 runs the fast GEMM, fp32 models stay exact
         mm_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
         xq = xq.to(torch.float8_e4m3fn).to(mm_dtype)
         y = F.linear(xq, self.qweight.to(mm_dtype)).float()  # [M, N], fp32 accumulation inside
         return y.mul_(x_scale).mul_(self.scale).to(self.dtype)
+
+
+def _input_scale(qw: QuantizedWeight) -> torch.Tensor | None:
+    return None if qw.input_scale is None else qw.input_scale.reshape(1).float().contiguous()
+
+
+def _ptr(t: torch.Tensor | None) -> int | None:
+    return None if t is None else t.data_ptr()
 
 
 def _group_of(qw: QuantizedWeight) -> int:
@@ -398,8 +412,11 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
                        device: torch.device | str = "cpu") -> QuantLinear:
     """The fastest layer for this weight on `device`; tensors are moved there first."""
     device = torch.device(device)
+    if activations is not None and activations.static != (qw.input_scale is not None):
+        raise ValueError("static activations need the weight's input_scale, dynamic ones none")
     qw = QuantizedWeight(qw.codes.to(device), qw.scale.to(device),
-                         None if qw.zero_point is None else qw.zero_point.to(device), qw.args)
+                         None if qw.zero_point is None else qw.zero_point.to(device), qw.args,
+                         None if qw.input_scale is None else qw.input_scale.to(device))
     bias = None if bias is None else bias.to(device)
     args = qw.args
     if activations is not None and PackedW8A8Linear.fits(qw, activations, dtype, device):

@@ -8,12 +8,12 @@ map each group's absolute maximum to the top code (qmax); fp8 maps it to 448.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.quant.scheme import FLOAT, GROUP, WeightArgs
+from inferlab.quant.scheme import CHANNEL, FLOAT, GROUP, TENSOR, WeightArgs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
@@ -24,6 +24,7 @@ class QuantizedWeight:
     scale: torch.Tensor  # [N, G], in the dtype the checkpoint stores
     zero_point: torch.Tensor | None  # int8 [N, G] when asymmetric
     args: WeightArgs
+    input_scale: torch.Tensor | None = None  # fp32 [1]: static activation scale, one per layer
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -35,7 +36,8 @@ class QuantizedWeight:
     def rows(self, start: int, end: int) -> QuantizedWeight:
         """Output channels start:end (a q/k/v or gate/up shard of a fused weight)."""
         zp = None if self.zero_point is None else self.zero_point[start:end]
-        return QuantizedWeight(self.codes[start:end], self.scale[start:end], zp, self.args)
+        return QuantizedWeight(self.codes[start:end], self.scale[start:end], zp, self.args,
+                               self.input_scale)
 
 
 def num_groups(in_features: int, args: WeightArgs, where: str = "weight") -> int:
@@ -62,6 +64,11 @@ def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype 
     `clip` (a float, or [N, G]) shrinks the range first, as AWQ's clipping search does. Scales
     are rounded to `scale_dtype` here, so codes are computed against the scale that is stored.
     """
+    if args.strategy == TENSOR:  # one scale for the whole weight, held per row as a channel's is
+        scale, zero_point = compute_qparams(w.reshape(1, -1), replace(args, strategy=CHANNEL),
+                                            scale_dtype, clip, 1)
+        rows = (w.shape[0], 1)
+        return scale.expand(rows).contiguous(), None if zero_point is None else zero_point.expand(rows).contiguous()
     g = num_groups(w.shape[1], args) if groups is None else groups
     wg = _grouped(w.float(), g)  # [N, G, K/G]
     if args.symmetric:

@@ -49,7 +49,7 @@ class Recipe:
             raise InferlabError("nothing to do: give --scheme, --sparsity 2:4, or both")
         if self.method == "smoothquant" and (self.scheme is None or self.scheme.activations is None):
             raise InferlabError("smoothquant migrates activation outliers: use it with a scheme "
-                                "that quantizes activations (W8A8, FP8_DYNAMIC)")
+                                "that quantizes activations (W8A8, FP8_DYNAMIC, FP8)")
         if self.method == "awq" and (self.scheme is None or self.scheme.activations is not None
                                      or self.scheme.weights.kind != "int"):
             raise InferlabError("awq searches scales for integer weight-only schemes "
@@ -71,4 +71,7 @@ class Recipe:
 
     @property
     def needs_calibration(self) -> bool:
-        return self.method not in ("rtn", "magnitude")
+        """Calibration data: for the method, or for the scheme's static activation scales."""
+        static = (self.scheme is not None and self.scheme.activations is not None
+                  and self.scheme.activations.static)
+        return static or self.method not in ("rtn", "magnitude")

@@ -66,9 +66,12 @@ class WeightArgs:
 
 @dataclass(frozen=True)
 class ActivationArgs:
-    """Activations quantized at run time, per token (row), symmetric, 8 bits."""
+    """Activations quantized at run time, symmetric, 8 bits: each token (row) with its own scale
+    (dynamic), or every token with one per-tensor scale calibrated offline (static: the
+    checkpoint's `input_scale`, values past it clamp)."""
 
     kind: str  # "int" (int8) or "float" (fp8 e4m3)
+    static: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in (INT, FLOAT):
@@ -96,14 +99,16 @@ class QuantScheme:
                    "strategy": w.strategy, "dynamic": False, "actorder": None, "observer": "minmax"}
         acts = None
         if self.activations is not None:
+            static = self.activations.static
             acts = {"num_bits": 8, "type": self.activations.kind, "symmetric": True,
-                    "group_size": None, "strategy": "token", "dynamic": True, "actorder": None,
-                    "observer": None}
+                    "group_size": None, "strategy": TENSOR if static else "token",
+                    "dynamic": not static, "actorder": None,
+                    "observer": "minmax" if static else None}
         return {"targets": targets, "weights": weights, "input_activations": acts,
                 "output_activations": None, "format": self.format}
 
 
-SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC")
+SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8")
 
 
 def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> QuantScheme:
@@ -120,6 +125,8 @@ def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> Q
         return QuantScheme(key, WeightArgs(8, INT, CHANNEL, None, not asymmetric))
     if key == "W8A8":
         return QuantScheme(key, WeightArgs(8, INT, CHANNEL), ActivationArgs(INT))
+    if key == "FP8":  # llm-compressor's static preset: one weight and one input scale per layer
+        return QuantScheme(key, WeightArgs(8, FLOAT, TENSOR), ActivationArgs(FLOAT, static=True))
     return QuantScheme(key, WeightArgs(8, FLOAT, CHANNEL), ActivationArgs(FLOAT))
 
 
@@ -162,14 +169,17 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
     acts = group.get("input_activations")
     if not acts:
         return QuantScheme("custom", w)
-    if not acts.get("dynamic") or acts.get("strategy") != "token":
-        raise InferlabError(f"{where}: only dynamic per-token activation quantization is supported "
-                            f"(got strategy {acts.get('strategy')!r}, dynamic {acts.get('dynamic')!r})")
+    static = acts.get("dynamic") is False and acts.get("strategy") == TENSOR
+    if not static and (acts.get("dynamic") is not True or acts.get("strategy") != "token"):
+        raise InferlabError(f"{where}: activations must be quantized per token (dynamic) or per "
+                            f"tensor (static), got strategy {acts.get('strategy')!r}, dynamic "
+                            f"{acts.get('dynamic')!r}")
     if int(acts.get("num_bits", 8)) != 8 or not acts.get("symmetric", True):
         raise InferlabError(f"{where}: activations must be 8-bit symmetric")
     if w.num_bits != 8 or w.strategy == GROUP or not w.symmetric:
-        raise InferlabError(f"{where}: quantized activations need 8-bit symmetric per-channel weights")
+        raise InferlabError(f"{where}: quantized activations need 8-bit symmetric weights, per "
+                            "channel or per tensor")
     kind = acts.get("type", INT)
     if kind != w.kind:
         raise InferlabError(f"{where}: {kind} activations with {w.kind} weights are not supported")
-    return QuantScheme("custom", w, ActivationArgs(kind))
+    return QuantScheme("custom", w, ActivationArgs(kind, static))

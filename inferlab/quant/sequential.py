@@ -19,7 +19,7 @@ from tqdm import tqdm
 from inferlab.errors import InferlabError
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.quant.algorithms.stats import InputStats
-from inferlab.quant.layer import LINEARS, LayerContext, process_layer
+from inferlab.quant.layer import LINEARS, LayerContext, process_layer, static_input_scale
 from inferlab.quant.load import checkpoint_names, matches
 from inferlab.quant.qparams import QuantizedWeight, quantize_rtn
 from inferlab.quant.recipe import Recipe
@@ -170,15 +170,24 @@ def compress_model(net: nn.Module, tokens: torch.Tensor | None, recipe: Recipe,
             batch.hidden = out + residual
         bar.update(1)
     bar.close()
-    results.update(_lm_head(net, recipe, scale_dtype))
+    results.update(_lm_head(net, recipe, scale_dtype, batches))
     return results
 
 
-def _lm_head(net: nn.Module, recipe: Recipe, scale_dtype: torch.dtype) -> dict[str, QuantizedWeight]:
-    """lm_head, when not ignored: round-to-nearest (it sees no calibration here). A tied lm_head
-    is quantized from the embedding matrix and the checkpoint is written untied, as
-    llm-compressor's untie_word_embeddings does; the embedding itself stays dense."""
+def _lm_head(net: nn.Module, recipe: Recipe, scale_dtype: torch.dtype,
+             batches: list[_Batch]) -> dict[str, QuantizedWeight]:
+    """lm_head, when not ignored: round-to-nearest, its static input scale (if the scheme has
+    one) from the final norm's outputs. A tied lm_head is quantized from the embedding matrix
+    and the checkpoint is written untied, as llm-compressor's untie_word_embeddings does; the
+    embedding itself stays dense."""
     if recipe.scheme is None or is_ignored("lm_head", recipe.ignore):
         return {}
-    return {"lm_head": quantize_rtn(net.lm_head.weight.data.float(), recipe.scheme.weights,
-                                    scale_dtype, where="lm_head")}
+    qw = quantize_rtn(net.lm_head.weight.data.float(), recipe.scheme.weights, scale_dtype,
+                      where="lm_head")
+    activations = recipe.scheme.activations
+    if activations is not None and activations.static:
+        stats = InputStats(net.config.hidden_size, hessian=False, sample_rows=0)
+        for batch in batches:
+            stats.add(net.model.norm(batch.hidden))
+        qw.input_scale = static_input_scale(stats, activations, scale_dtype)
+    return {"lm_head": qw}

@@ -13,7 +13,7 @@ from inferlab.models.llama import LlamaForCausalLM
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
-from inferlab.quant.scheme import make_scheme
+from inferlab.quant.scheme import INT, ActivationArgs, QuantScheme, WeightArgs, make_scheme
 
 pytestmark = pytest.mark.skipif(
     not (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
@@ -86,20 +86,26 @@ def test_a_prefill_in_the_batch_keeps_the_python_layers():
     assert cpu_decode.run_model(model.model.float(), ids[:2], rope, caches, decodes) is None
 
 
+STATIC_W8A8 = QuantScheme("W8A8-static", WeightArgs(8), ActivationArgs(INT, static=True))
+
+
 def quantize_linears(model, scheme_name: str) -> None:
-    """Each decoder linear replaced by the CPU layer its scheme builds from RTN codes."""
-    scheme = make_scheme(scheme_name, 32)
+    """Each decoder linear replaced by the CPU layer its scheme builds from RTN codes; static
+    input scales small enough that some inputs lie past them and clamp."""
+    scheme = STATIC_W8A8 if scheme_name == STATIC_W8A8.name else make_scheme(scheme_name, 32)
     for layer in model.model.layers:
         for name in LINEARS:
             parent, _, leaf = name.rpartition(".")
             owner = layer.get_submodule(parent)
             dense = getattr(owner, leaf)
             qw = quantize_rtn(dense.weight.detach().float(), scheme.weights)
+            if scheme.activations is not None and scheme.activations.static:
+                qw.input_scale = torch.tensor([0.004])
             setattr(owner, leaf, build_quant_linear(qw, scheme.activations, dense.bias, torch.bfloat16))
 
 
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
-@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC"])
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC", "FP8", "W8A8-static"])
 @pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64]])  # the kernels, then > 4 rows
 def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context_lens, monkeypatch):
     model = tiny_model(64, False, pack=False)

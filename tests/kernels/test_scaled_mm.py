@@ -66,6 +66,21 @@ def test_random_error_is_within_quantization_noise(dtype: torch.dtype, rel_error
     assert (out.float() - exact).norm() / exact.norm() < rel_error
 
 
+@pytest.mark.parametrize(("fn", "dtype", "expected"), [
+    # x / 0.05 = [20, -60, 10, 600]: the last clamps to 127 (int8) or 448 (fp8);
+    # rows [1, 1, 1, 1] and [2, 0, 0, -1] (scale 0.5) sum 97 and -87, or 418 and -408
+    (int8_w8a8_linear, torch.int8, [97 * 0.05, -87 * 0.05 * 0.5]),
+    (fp8_w8a8_linear, torch.float8_e4m3fn, [418 * 0.05, -408 * 0.05 * 0.5]),
+])
+def test_a_static_input_scale_quantizes_every_row_with_it_and_clamps(fn, dtype, expected) -> None:
+    x = torch.tensor([[1.0, -3.0, 0.5, 30.0], [0.05, 0.0, 0.0, 0.0]])
+    weight = torch.tensor([[1, 1, 1, 1], [2, 0, 0, -1]], dtype=torch.float32).to(dtype)
+    out = fn(x, weight, torch.tensor([1.0, 0.5]), input_scale=torch.tensor([0.05]))
+    torch.testing.assert_close(out[0], torch.tensor(expected), rtol=1e-6, atol=0)
+    # the second row's own absmax is 0.05, yet it takes the static scale: codes [1, 0, 0, 0]
+    torch.testing.assert_close(out[1], torch.tensor([0.05, 0.1 * 0.5]), rtol=1e-6, atol=0)
+
+
 def test_rejects_wrong_scale_shape() -> None:
     wq, _ = quantize_weight_per_channel(torch.randn(8, 16), torch.int8)
     with pytest.raises(ValueError, match="one scale per output channel"):

@@ -147,3 +147,56 @@ def test_group_act_order_without_g_idx(checkpoint, tmp_path) -> None:
 def test_unknown_act_order(checkpoint, tmp_path) -> None:
     edit_config, _ = _with_g_idx(lambda contiguous: contiguous, "sideways")
     assert "actorder 'sideways' is not supported" in _load_error(_variant(checkpoint, tmp_path, edit_config))
+
+
+@pytest.fixture(scope="module")
+def fp8_static(tmp_path_factory):
+    return library_compressed(tmp_path_factory.mktemp("fp8"), {"FP8": ["Linear"]})
+
+
+def _set(name: str, value: torch.Tensor):
+    def edit(tensors):
+        tensors[name] = value
+    return edit
+
+
+def _drop(name: str):
+    def edit(tensors):
+        del tensors[name]
+    return edit
+
+
+Q = "model.layers.0.self_attn.q_proj"
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (_drop(f"{Q}.input_scale"), f"{Q}.input_scale is missing"),
+    (_set(f"{Q}.input_scale", torch.tensor([-0.5])), f"{Q}.input_scale is -0.5"),
+    (_set(f"{Q}.input_scale", torch.tensor([float("nan")])), "must be positive and finite"),
+    (_set(f"{Q}.input_scale", torch.ones(2)), "a static per-tensor scale is one floating-point value"),
+    (_set(f"{Q}.input_zero_point", torch.tensor([3], dtype=torch.int8)), "asymmetric activations"),
+])
+def test_bad_static_input_scales(fp8_static, tmp_path, edit, message: str) -> None:
+    assert message in _load_error(_variant(fp8_static, tmp_path, edit_tensors=edit))
+
+
+def test_fused_shards_take_the_largest_input_scale(fp8_static, tmp_path) -> None:
+    """q, k and v read the same input: the fused layer quantizes it with the largest of their
+    static scales (vLLM's rule), whichever shard holds it."""
+    tensors = load_file(fp8_static / "model.safetensors")
+    k_scale = tensors["model.layers.0.self_attn.k_proj.input_scale"]
+    path = _variant(fp8_static, tmp_path, edit_tensors=_set(
+        "model.layers.0.self_attn.k_proj.input_scale", k_scale * 3))
+    net, _ = load_network(path, torch.float32)
+    assert net.model.layers[0].self_attn.qkv_proj.input_scale.item() == pytest.approx(
+        3 * k_scale.item(), rel=1e-6)
+    assert net.model.layers[0].mlp.gate_up_proj.input_scale.item() == pytest.approx(
+        tensors["model.layers.0.mlp.up_proj.input_scale"].item(), rel=1e-6)
+
+
+def test_activation_strategies_we_cannot_run_are_refused(fp8_static, tmp_path) -> None:
+    def per_group(qc):
+        qc["config_groups"]["group_0"]["input_activations"].update(strategy="group", group_size=32,
+                                                                   dynamic=True)
+    message = _load_error(_variant(fp8_static, tmp_path, per_group))
+    assert "per token (dynamic) or per tensor (static)" in message

@@ -82,7 +82,10 @@ def test_compressed_tensors_groups_map_onto_schemes() -> None:
     assert scheme_from_ct_group(group, "g") == QuantScheme("custom", WeightArgs(4, "int", "group", 32, False))
     static = {"weights": {"num_bits": 8, "type": "float", "strategy": "tensor"},
               "input_activations": {"num_bits": 8, "type": "float", "strategy": "tensor", "dynamic": False}}
-    with pytest.raises(InferlabError, match="only dynamic per-token activation"):
-        scheme_from_ct_group(static, "g")
+    assert scheme_from_ct_group(static, "g") == QuantScheme(
+        "custom", WeightArgs(8, "float", "tensor"), ActivationArgs("float", static=True))
+    static_per_token = {**static, "input_activations": {**static["input_activations"], "strategy": "token"}}
+    with pytest.raises(InferlabError, match="per token \\(dynamic\\) or per tensor \\(static\\)"):
+        scheme_from_ct_group(static_per_token, "g")
     with pytest.raises(InferlabError, match="3-bit int weights are not supported"):
         scheme_from_ct_group({"weights": {"num_bits": 3, "strategy": "channel"}}, "g")

@@ -28,6 +28,8 @@ RUNS = {  # name -> (scheme, group, asymmetric, method, max relative logit error
     "w4a16-asym-awq": ("W4A16", 32, True, "awq", 0.3),
     "w8a8-smoothquant": ("W8A8", 128, False, "smoothquant", 0.05),
     "fp8-rtn": ("FP8_DYNAMIC", 128, False, "rtn", 0.1),
+    "fp8-static-rtn": ("FP8", 128, False, "rtn", 0.1),
+    "fp8-static-smoothquant": ("FP8", 128, False, "smoothquant", 0.1),
     "sparsegpt": (None, 128, False, "sparsegpt", None),
     "magnitude": (None, 128, False, "magnitude", None),
     "w4a16-sparsegpt": ("W4A16", 32, False, "sparsegpt", None),
@@ -91,12 +93,15 @@ def test_every_method_writes_a_checkpoint_that_loads(source, tmp_path, run: str)
         assert ((g - want).norm() / want.norm()).item() < tol
 
 
-def test_our_checkpoint_reads_the_same_in_transformers(source, tmp_path) -> None:
+@pytest.mark.parametrize("scheme", ["W4A16", "FP8"])
+def test_our_checkpoint_reads_the_same_in_transformers(source, tmp_path, scheme: str) -> None:
+    """W4A16 (asymmetric) through the library's dequantized weights; FP8 through its forward,
+    which quantizes each linear's input with the static scale we calibrated."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
-    _quantize(source, tmp_path / "out", "W4A16", 32, True, "rtn")
-    theirs = AutoModelForCausalLM.from_pretrained(
-        tmp_path / "out", dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
+    _quantize(source, tmp_path / "out", scheme, 32, scheme == "W4A16", "rtn")
+    extra = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if scheme == "W4A16" else {}
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, **extra)
     net, _ = load_network(str(tmp_path / "out"), torch.float32)
     with torch.no_grad():
         expected = [theirs(torch.tensor([s])).logits[0] for s in SEQS]
@@ -187,27 +192,32 @@ def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
-@pytest.mark.parametrize("arch", ["llama", "llama-tied"])
-def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str) -> None:
+@pytest.mark.parametrize(("arch", "scheme"), [("llama", "W8A16"), ("llama-tied", "W8A16"),
+                                            ("llama-tied", "FP8")])
+def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str, scheme: str) -> None:
     """A tied lm_head is quantized from the embedding matrix and written untied (the embedding
-    stays dense), so the checkpoint still loads in transformers with the same logits."""
+    stays dense), so the checkpoint still loads in transformers with the same logits. Under FP8
+    its static input scale is calibrated on the final norm's outputs."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     directory = tiny_model_dir(tmp_path / arch, arch=arch)
-    recipe = Recipe(make_scheme("W8A16"), "rtn", ignore=())
-    quantize_to_directory(str(directory), recipe, str(tmp_path / "out"), "", 1, 8, 1, 0, "auto", False)
+    calib = calibration_text(tmp_path / "calib.txt")
+    recipe = Recipe(make_scheme(scheme), "rtn", ignore=())
+    quantize_to_directory(str(directory), recipe, str(tmp_path / "out"), str(calib), 4, 16, 2, 0,
+                          "auto", False)
     config = json.loads((tmp_path / "out" / "config.json").read_text())
     net, _ = load_network(str(tmp_path / "out"), torch.float32)
     assert config["quantization_config"]["ignore"] == [] and config["tie_word_embeddings"] is False
     assert isinstance(net.lm_head, QuantLinear)
+    assert (getattr(net.lm_head, "input_scale", None) is not None) == (scheme == "FP8")
     assert isinstance(net.model.embed_tokens.weight, torch.nn.Parameter)  # dense
     reference, _ = load_network(str(directory), torch.float32)
     assert torch.equal(net.model.embed_tokens.weight, reference.model.embed_tokens.weight)
     ours = prefill_logits(net, SEQS)
     for got, want in zip(ours, prefill_logits(reference, SEQS), strict=True):
-        assert ((got - want).norm() / want.norm()).item() < 0.03
-    theirs = AutoModelForCausalLM.from_pretrained(
-        tmp_path / "out", dtype=torch.float32, quantization_config=CompressedTensorsConfig(dequantize=True))
+        assert ((got - want).norm() / want.norm()).item() < (0.03 if scheme == "W8A16" else 0.1)
+    extra = {"quantization_config": CompressedTensorsConfig(dequantize=True)} if scheme == "W8A16" else {}
+    theirs = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32, **extra)
     with torch.no_grad():
         for got, seq in zip(ours, SEQS, strict=True):
             assert (got - theirs(torch.tensor([seq])).logits[0]).abs().max().item() < 1e-4

@@ -65,18 +65,45 @@ def calibration_text(path: Path, words: int = 4000, seed: int = 0) -> Path:
     return path
 
 
+# Static activation scales are calibrated on these and then shrunk, so that the test sequences'
+# largest inputs lie past them and clamp.
+CALIBRATION_SEQS = [[(7 * i + 3 * j) % 160 for j in range(12)] for i in range(3)]
+STATIC_SCALE_SHRINK = 0.7
+
+
+def _input_absmax(model) -> dict[str, torch.Tensor]:
+    """Each linear's largest |input| over CALIBRATION_SEQS, from the float model."""
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_pre_hook(
+        lambda _m, args, name=name: seen.__setitem__(
+            name, torch.maximum(seen.get(name, torch.zeros(())), args[0].abs().amax())))
+        for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)]
+    with torch.no_grad():
+        for seq in CALIBRATION_SEQS:
+            model(torch.tensor([seq]))
+    for hook in hooks:
+        hook.remove()
+    return seen
+
+
 def library_compressed(directory: Path, groups: dict, arch: str = "llama", seed: int = 0) -> Path:
-    """A tiny model quantized and saved by compressed-tensors (min-max scales from its helpers)."""
+    """A tiny model quantized and saved by compressed-tensors (min-max scales from its helpers;
+    static input scales from a small calibration run, shrunk by STATIC_SCALE_SHRINK)."""
     from compressed_tensors.compressors import ModelCompressor
     from compressed_tensors.quantization import QuantizationConfig, apply_quantization_config
     from compressed_tensors.quantization.utils import calculate_qparams
 
     model = make_tiny_model(arch, directory, seed)
+    input_absmax = _input_absmax(model)
     apply_quantization_config(model, QuantizationConfig(config_groups=groups, ignore=["lm_head"]))
-    for module in model.modules():
+    for name, module in model.named_modules():
         scheme = getattr(module, "quantization_scheme", None)
         if scheme is None:
             continue
+        if scheme.input_activations is not None and not scheme.input_activations.dynamic:
+            top = input_absmax[name] * STATIC_SCALE_SHRINK
+            scale, _ = calculate_qparams(-top.reshape(1), top.reshape(1), scheme.input_activations)
+            module.input_scale.data.copy_(scale.reshape(module.input_scale.shape))
         w, args = module.weight.data, scheme.weights
         if args.strategy == "group":
             wg = w.view(w.shape[0], -1, args.group_size)

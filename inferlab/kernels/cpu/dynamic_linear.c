@@ -1,5 +1,6 @@
 /* Linears whose activations are quantized per call, each row with its own scale (dynamic
- * per-token quantization), for bf16 models: W8A8 (int8) and FP8_DYNAMIC (fp8 e4m3).
+ * per-token quantization) or all with one calibrated scale (static, linear_t.input_scale), for
+ * bf16 models: W8A8 (int8) and FP8_DYNAMIC / FP8 (fp8 e4m3).
  *
  * W8A8. Why: a prefill is bound by the arithmetic, and AMX multiplies int8 at twice bf16's
  * rate; a decode step is bound by reading the weights, and vpdpbusd takes 64 of them per
@@ -54,11 +55,12 @@ static inline float row_absmax(const uint16_t *row, int64_t k_in) {  /* K % 32 =
 /* rows of bf16 x -> int8 codes [rows][K] and their scales; the codes XOR flip: 0x80 stores
  * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). */
 static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
-                          uint8_t flip, int8_t *xq, float *scales) {
+                          const float *static_scale, uint8_t flip, int8_t *xq, float *scales) {
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
-        const float scale = fmaxf(row_absmax(row, k_in), 1e-12f) / 127.0f;
+        /* a static scale can be exceeded: the saturating narrowing clamps to [-128, 127] */
+        const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / 127.0f;
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
         for (int64_t k = 0; k < k_in; k += 16) {
             __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k), inv));  /* ties to even */
@@ -87,11 +89,11 @@ static inline __m512 round_to_e4m3(__m512 v) {
 
 /* rows of bf16 x -> their fp8 values as bf16 [rows][K] (exact) and their scales. */
 static void quantize_fp8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
-                         uint16_t *xq, float *scales) {
+                         const float *static_scale, uint16_t *xq, float *scales) {
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
-        const float scale = fmaxf(row_absmax(row, k_in), 1e-12f) / FP8_MAX;
+        const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / FP8_MAX;
         const __m512 scale_v = _mm512_set1_ps(scale);
         for (int64_t k = 0; k < k_in; k += 16)
             store_bf16(xq + r * k_in + k, round_to_e4m3(_mm512_div_ps(bf16x16_to_f32(row + k), scale_v)));
@@ -260,9 +262,9 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     float *scales = malloc(sizeof(float) * (size_t)rows);
     int status = xq && scales ? 0 : -2;
     if (!status) {
-        if (fp8) quantize_fp8(x, x_stride, rows, l->k_in, xq, scales);
-        else quantize_int8(x, x_stride, rows, l->k_in, rows > TILE_ROWS && has_amx() ? 0 : 0x80, xq,
-                           scales);
+        if (fp8) quantize_fp8(x, x_stride, rows, l->k_in, l->input_scale, xq, scales);
+        else quantize_int8(x, x_stride, rows, l->k_in, l->input_scale,
+                           rows > TILE_ROWS && has_amx() ? 0 : 0x80, xq, scales);
         if (rows > TILE_ROWS) status = gemm_rows(l, xq, scales, rows, y);
         else kernel_rows(l, xq, scales, rows, y);
     }

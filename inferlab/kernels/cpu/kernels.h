@@ -301,6 +301,7 @@ typedef struct {
     const uint16_t *group_scale, *group_zero;  /* INT8, INT4: bf16 [K/group][N]; zero NULL when symmetric */
     const uint16_t *bias;  /* bf16 [N] or NULL */
     const int32_t *weight_sums;  /* W8A8: each output's sum of codes [N] */
+    const float *input_scale;  /* W8A8, FP8: one static activation scale, or NULL: per token */
 } linear_t;
 int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
