@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 
 from inferlab.planner.memory import kv_cache_bytes_per_token
 
@@ -28,8 +29,11 @@ def model_info(model: str | None, dtype: str) -> dict:
     path = resolve_model_path(model)
     cfg = read_model_config(path)
     generation = GenerationConfig()
+    quantization = _quantization(cfg.extra.get("quantization_config"))
     if path.endswith(".gguf"):
-        template = open_gguf(path).get("tokenizer.chat_template")
+        gguf_file = open_gguf(path)
+        template = gguf_file.get("tokenizer.chat_template")
+        quantization = [_gguf_types(gguf_file)]
     else:
         from inferlab.models.tokenizer import load_hf_tokenizer
 
@@ -48,7 +52,39 @@ def model_info(model: str | None, dtype: str) -> dict:
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
         "end_token_ids": list(generation.end_token_ids(cfg.eos_token_ids)),
         "generation_defaults": generation.sampling_defaults,
+        "quantization": quantization,
+        "checkpoint_bytes": _checkpoint_bytes(path),
     }
+
+
+def _quantization(config: dict | None) -> list[str]:
+    """Each compressed-tensors group in a line: what it quantizes and how (checked as loading
+    checks it, so a config the loader refuses fails here with the same error)."""
+    if not config:
+        return []
+    from inferlab.quant.load import parse_quantization_config
+
+    parsed = parse_quantization_config(config)
+    ignore = f"; ignores {', '.join(parsed.ignore)}" if parsed.ignore else ""
+    return [f"{g.scheme.describe()} ({', '.join(g.targets)}{ignore})" for g in parsed.groups]
+
+
+def _gguf_types(gguf_file) -> str:
+    """The GGUF's tensor types by count ('Q4_1 x 211, F32 x 61'): the engine dequantizes them
+    to the serving dtype at load."""
+    counts: dict[str, int] = {}
+    for tensor in gguf_file.tensors:
+        counts[tensor.type_name] = counts.get(tensor.type_name, 0) + 1
+    kinds = ", ".join(f"{name} x {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+    return f"GGUF tensors {kinds} (dequantized at load)"
+
+
+def _checkpoint_bytes(path: str) -> int:
+    """Bytes of the weight files as stored (compressed weights at their compressed size)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
+               if f.endswith(".safetensors"))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -62,6 +98,8 @@ def run_info(args: argparse.Namespace) -> int:
         ("architecture", info["architecture"]),
         ("parameters", f"{info['parameters']:,}"),
         (f"weight bytes ({args.dtype})", f"{info['weight_bytes']:,} ({info['weight_bytes'] / 2**20:.1f} MiB)"),
+        ("checkpoint bytes", f"{info['checkpoint_bytes']:,} ({info['checkpoint_bytes'] / 2**20:.1f} MiB)"),
+        *(("quantization", line) for line in info["quantization"] or ["none"]),
         ("layers", info["layers"]),
         ("hidden size", info["hidden_size"]),
         ("attention heads", f"{info['attention_heads']} ({info['kv_heads']} KV heads)"),

@@ -91,6 +91,16 @@ class QuantScheme:
             return FLOAT_QUANTIZED
         return INT_QUANTIZED if self.activations is not None else PACK_QUANTIZED
 
+    def describe(self) -> str:
+        """One line for people: 'int4 weights in groups of 128, asymmetric'."""
+        w = self.weights
+        per = {CHANNEL: "per channel", TENSOR: "per tensor", GROUP: f"in groups of {w.group_size}"}
+        text = f"{w.kind}{w.num_bits} weights {per[w.strategy]}" + ("" if w.symmetric else ", asymmetric")
+        if self.activations is not None:
+            text += (f", {self.activations.kind}8 activations "
+                     + ("with one static scale" if self.activations.static else "per token"))
+        return text
+
     def to_ct_group(self, targets: list[str]) -> dict[str, Any]:
         """The `config_groups` entry compressed-tensors and vLLM read."""
         w = self.weights

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections import Counter
 
 import pytest
 import torch
@@ -115,6 +116,22 @@ def test_info_on_the_embedded_model():
                           text=True, timeout=120).stdout
     assert "2 × 30 layers × 3 KV heads × 64 head dim × 2 bytes = 23,040 bytes" in text
     assert "chat template                  present" in text or "present" in text
+    from gguf import GGUFReader  # the reference reader counts the tensor types
+
+    types = Counter(t.tensor_type.name for t in GGUFReader(info["path"]).tensors)
+    assert types["Q4_1"] > 200 and info["quantization"] == [
+        "GGUF tensors " + ", ".join(f"{k} x {n}" for k, n in types.most_common()) + " (dequantized at load)"]
+    assert info["checkpoint_bytes"] < info["weight_bytes"] / 2  # 4-bit blocks against bf16
+
+
+def test_a_reader_that_leaves_early_is_no_error():
+    """`inferlab info | head -1`: the pipe is closed before the writer prints (Python takes far
+    longer to start than this takes to close it); no traceback, exit 0."""
+    proc = subprocess.Popen([sys.executable, "-m", "inferlab.cli", "info"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.close()
+    assert proc.wait(timeout=120) == 0
+    assert proc.stderr.read() == b""
 
 
 @pytest.mark.parametrize("field, value, words", [

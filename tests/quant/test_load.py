@@ -12,7 +12,7 @@ from inferlab.errors import InferlabError
 from inferlab.models.loader import load_network
 from inferlab.quant.linear import QuantLinear
 
-from .tiny import library_compressed, prefill_logits
+from .tiny import library_compressed, prefill_logits, write_tokenizer
 
 pytest.importorskip("compressed_tensors")
 from compressed_tensors.quantization import QuantizationArgs, QuantizationScheme  # noqa: E402
@@ -200,3 +200,17 @@ def test_activation_strategies_we_cannot_run_are_refused(fp8_static, tmp_path) -
                                                                    dynamic=True)
     message = _load_error(_variant(fp8_static, tmp_path, per_group))
     assert "per token (dynamic) or per tensor (static)" in message
+
+
+def test_info_describes_the_quantization(checkpoint, fp8_static, capsys) -> None:
+    from inferlab.cli import main
+
+    for directory in (checkpoint, fp8_static):
+        write_tokenizer(directory)  # info reads the chat template
+    assert main(["info", str(checkpoint), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["quantization"] == ["int4 weights in groups of 32, asymmetric (Linear; ignores lm_head)"]
+    assert main(["info", str(fp8_static)]) == 0
+    out = capsys.readouterr().out
+    assert ("quantization                   float8 weights per tensor, float8 activations with one "
+            "static scale (Linear; ignores lm_head)") in out
