@@ -16,10 +16,17 @@ def choice_token_ids(tokenizer: TextTokenizer, choices: list[str]) -> list[list[
     return [tokenizer.encode(choice, add_special_tokens=False) for choice in choices]
 
 
-def allowed_now(choices: list[list[int]], output: list[int], eos_token_id: int) -> list[int]:
-    """The ids the next token may be, given the output so far (a prefix of some choice)."""
-    done = len(output)
-    allowed = {ids[done] for ids in choices if len(ids) > done and ids[:done] == output}
-    if any(ids == output for ids in choices):
-        allowed.add(eos_token_id)
-    return sorted(allowed)
+class ChoiceGuide:
+    """One request's choices as token ids; its output so far is a prefix of at least one."""
+
+    def __init__(self, choices: list[list[int]], eos_token_id: int) -> None:
+        self.choices = choices
+        self.eos_token_id = eos_token_id
+
+    def allowed_now(self, output: list[int]) -> list[int]:
+        """The ids the next token may be, given the output so far."""
+        done = len(output)
+        allowed = {ids[done] for ids in self.choices if len(ids) > done and ids[:done] == output}
+        if any(ids == output for ids in self.choices):
+            allowed.add(self.eos_token_id)
+        return sorted(allowed)

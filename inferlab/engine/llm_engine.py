@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import functools
 import gc
 import itertools
 import logging
@@ -19,7 +20,8 @@ import torch
 
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
 from inferlab.engine.generation_defaults import GenerationDefaults
-from inferlab.engine.guided_choice import choice_token_ids
+from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
+from inferlab.engine.guided_json import JsonGuide, JsonTokenFilter, token_texts
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
@@ -31,7 +33,7 @@ from inferlab.engine.platform import (
     resolve_device,
     resolve_dtype,
 )
-from inferlab.engine.request import Request, RequestStatus
+from inferlab.engine.request import Guide, Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
@@ -212,12 +214,24 @@ class LLMEngine:
                                     max_tokens,
                                     arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
-                                    bad_words_token_ids=bad_words, choice_token_ids=choices))
+                                    bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
         for child in children:
             self.scheduler.add_request(child)  # the first raises before anything is queued
         self.outputs.add(request_id, text, children)
         self.counters.prompt_tokens += len(ids)
         return request_id
+
+    def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
+        """A new guide for one request (each of n copies has its own place in the grammar)."""
+        eos = self.generation.eos_token_id
+        if params.json_object:
+            return JsonGuide(self.json_token_filter, eos)
+        return ChoiceGuide(choices, eos) if choices else None
+
+    @functools.cached_property
+    def json_token_filter(self) -> JsonTokenFilter:
+        """Built at the first json_object request: it decodes every token once (~0.2 s)."""
+        return JsonTokenFilter(token_texts(self.tokenizer))
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):
@@ -243,8 +257,9 @@ class LLMEngine:
                                             f"vocabulary (0..{vocab - 1})")
         never = {word[0] for word in bad_words if len(word) == 1}
         eos = self.generation.eos_token_id
-        if choices and eos is None:
-            raise InvalidParameterError("guided_choice ends a choice with EOS, and this model has none")
+        if params.guided and eos is None:
+            raise InvalidParameterError(f"{'json_object' if params.json_object else 'guided_choice'} "
+                                        "ends its output with EOS, and this model has none")
         held = set(params.stop_token_ids) | ({eos} if not params.ignore_eos else set())
         if params.allowed_token_ids and (never | (held if params.min_tokens else set())).issuperset(
                 params.allowed_token_ids):

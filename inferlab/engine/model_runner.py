@@ -8,7 +8,6 @@ from dataclasses import dataclass
 import torch
 
 from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
-from inferlab.engine.guided_choice import allowed_now
 from inferlab.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
 from inferlab.engine.request import Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
@@ -108,9 +107,8 @@ class ModelRunner:
             prompt_ids=[c.request.prompt_token_ids for c in chunks],
             output_ids=[c.request.output_token_ids for c in chunks],
             suppressed_ids=[_barred_now(c.request) for c in chunks],
-            allowed_ids=[allowed_now(c.request.choice_token_ids, c.request.output_token_ids,
-                                     c.request.eos_token_id) if c.request.choice_token_ids else None
-                         for c in chunks],
+            allowed_ids=[c.request.guide.allowed_now(c.request.output_token_ids)
+                         if c.request.guide is not None else None for c in chunks],
         )
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, meta: AttentionMetadata,

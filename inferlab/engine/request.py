@@ -9,8 +9,18 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
 
 from inferlab.engine.sampling_params import SamplingParams
+
+
+class Guide(Protocol):
+    """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_json.JsonGuide)."""
+
+    def allowed_now(self, output: list[int]) -> list[int] | torch.Tensor:
+        """The token ids the next token may be, given the output so far."""
 
 
 class RequestStatus(enum.Enum):
@@ -49,8 +59,8 @@ class Request:
     prompt_group: str | None = None
     # sampling_params.bad_words as token ids (engine.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
-    # sampling_params.guided_choice as token ids (guided_choice.choice_token_ids)
-    choice_token_ids: list[list[int]] = field(default_factory=list)
+    # guided decoding (guided_choice, json_object): allowed_now(output ids) -> what may come next
+    guide: Guide | None = None
 
     output_token_ids: list[int] = field(default_factory=list)
     # Tokens whose K/V are in the cache (computed or served from the prefix cache).

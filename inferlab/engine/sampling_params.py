@@ -54,6 +54,9 @@ class SamplingParams:
     skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
     # vLLM's guided_choice: the output is one of these strings, then EOS (guided_choice.py)
     guided_choice: list[str] | None = None
+    # OpenAI's json_object response format: the output is one JSON object, then EOS
+    # (guided_json.py)
+    json_object: bool = False
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -104,10 +107,13 @@ class SamplingParams:
                                             and bool(self.guided_choice) and all(
                 isinstance(c, str) and c for c in self.guided_choice)),
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
-            (self.guided_choice is None or not (self.ignore_eos or self.min_tokens or self.bad_words
-                                                or self.allowed_token_ids is not None),
-             "guided_choice ends at EOS and decides what may be sampled: it cannot be combined "
-             "with ignore_eos, min_tokens, bad_words or allowed_token_ids"),
+            (not (self.json_object and self.guided_choice is not None),
+             "guided_choice and json_object cannot be combined"),
+            (not self.guided or not (self.ignore_eos or self.min_tokens or self.bad_words
+                                     or self.allowed_token_ids is not None),
+             f"{'json_object' if self.json_object else 'guided_choice'} ends at EOS and decides "
+             "what may be sampled: it cannot be combined with ignore_eos, min_tokens, bad_words "
+             "or allowed_token_ids"),
             (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
@@ -121,6 +127,11 @@ class SamplingParams:
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def guided(self) -> bool:
+        """Whether guided decoding decides what may be sampled (and ends it at EOS)."""
+        return self.guided_choice is not None or self.json_object
 
     @property
     def has_penalties(self) -> bool:

@@ -47,7 +47,9 @@ class SamplingFields(_Request):
     cache_salt: str | None = None
     priority: int = 0  # lower first, with --scheduling-policy priority
     guided_choice: list[str] | None = None  # the output is one of these strings
-    structured_outputs: dict[str, Any] | None = None  # vLLM's newer form: only {"choice": [...]}
+    # vLLM's newer form: {"choice": [...]} or {"json_object": true}
+    structured_outputs: dict[str, Any] | None = None
+    response_format: dict[str, Any] | None = None  # OpenAI's: {"type": "text" | "json_object"}
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

@@ -38,7 +38,8 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "allowed_token_ids": req.allowed_token_ids, "truncate_prompt_tokens": req.truncate_prompt_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
-        "cache_salt": req.cache_salt, "guided_choice": _guided_choice(req), **fields,
+        "cache_salt": req.cache_salt, "guided_choice": _guided_choice(req),
+        "json_object": _json_object(req), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -53,16 +54,29 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
 
 def _guided_choice(req: SamplingFields) -> list[str] | None:
     """vLLM's guided_choice, or structured_outputs {"choice": [...]}; the other structured
-    outputs (json, regex, grammar) are refused by name."""
+    outputs but json_object (json schemas, regex, grammar) are refused by name."""
     constraints = req.structured_outputs or {}
-    others = sorted(set(constraints) - {"choice"})
+    others = sorted(set(constraints) - {"choice", "json_object"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(only choice)", "structured_outputs")
+                          "(choice and json_object are)", "structured_outputs")
     if req.guided_choice is not None and "choice" in constraints:
         raise bad_request("give the choices once: guided_choice or structured_outputs.choice",
                           "guided_choice")
     return req.guided_choice if req.guided_choice is not None else constraints.get("choice")
+
+
+def _json_object(req: SamplingFields) -> bool:
+    """OpenAI's response_format {"type": "json_object"}, or vLLM's structured_outputs
+    {"json_object": true}; a JSON schema is refused rather than answered unchecked."""
+    kind = (req.response_format or {}).get("type", "text")
+    if kind not in ("text", "json_object"):
+        raise bad_request(f"response_format type {kind!r} is not supported by this server "
+                          "(text and json_object are)", "response_format")
+    flag = (req.structured_outputs or {}).get("json_object", False)
+    if not isinstance(flag, bool):
+        raise bad_request("structured_outputs.json_object must be true or false", "structured_outputs")
+    return kind == "json_object" or flag
 
 
 def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -28,7 +28,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "tool_choice": lambda v, _: _empty(v, _) or v == "none",
     "parallel_tool_calls": _always,  # meaningless without tools
     "suffix": _empty,
-    "response_format": lambda v, _: _empty(v, _) or v == {"type": "text"},
     "best_of": lambda v, body: v is None or v == 1 or v == body.get("n", 1),
     "audio": _empty,
     "modalities": lambda v, _: _empty(v, _) or v == ["text"],

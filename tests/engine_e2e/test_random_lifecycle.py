@@ -1,15 +1,18 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
-stop strings, logprobs, logit biases, allowed and bad words, guided choices, truncated prompts,
+stop strings, logprobs, logit biases, allowed and bad words, guided choices and JSON objects,
+truncated prompts,
 cache salts and shared prefixes mixed, under either scheduling policy (priorities drawn at
 random): whatever the order, every request ends with a valid reason and a length within its
 bounds, and nothing is left behind (blocks, requests, output state)."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
 
+from inferlab.engine.json_grammar import START, advance
 from inferlab.engine.sampling_params import SamplingParams
 
 FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32, all layers
@@ -20,9 +23,12 @@ CHOICES = ["yes", "no", "no idea at all", "maybe"]
 
 
 def _random_params(rng: random.Random) -> SamplingParams:
-    if rng.random() < 0.15:  # guided_choice, which excludes the other ways to bar tokens
-        return SamplingParams(n=rng.choice([1, 2]), max_tokens=rng.randrange(1, 8),
-                              temperature=rng.choice([0.0, 1.0]), guided_choice=CHOICES,
+    roll = rng.random()
+    if roll < 0.2:  # guided decoding, which excludes the other ways to bar tokens
+        json_object = roll < 0.08
+        return SamplingParams(n=rng.choice([1, 2]), max_tokens=rng.randrange(1, 30 if json_object else 8),
+                              temperature=rng.choice([0.0, 1.0]),
+                              guided_choice=None if json_object else CHOICES, json_object=json_object,
                               seed=rng.choice([None, rng.randrange(10**6)]))
     return SamplingParams(n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1, 40),
                           temperature=rng.choice([0.0, 0.8]),
@@ -93,3 +99,7 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, polic
                 assert c.text in p.guided_choice
             elif p.guided_choice:
                 assert any(choice.startswith(c.text) for choice in p.guided_choice)
+            if p.json_object and c.finish_reason == "stop":
+                assert isinstance(json.loads(c.text), dict)
+            elif p.json_object:
+                assert advance(START, c.text) is not None

@@ -364,13 +364,13 @@ def test_inverse_cdf_by_hand():
 
 def test_guided_choice_allows_only_what_goes_on_with_a_choice_by_hand():
     """Choices spelled [5, 6], [5, 7, 8] and [9]; EOS 2."""
-    from inferlab.engine.guided_choice import allowed_now
+    from inferlab.engine.guided_choice import ChoiceGuide
 
     choices = [[5, 6], [5, 7, 8], [9]]
-    assert allowed_now(choices, [], eos_token_id=2) == [5, 9]
-    assert allowed_now(choices, [5], eos_token_id=2) == [6, 7]
-    assert allowed_now(choices, [5, 6], eos_token_id=2) == [2]  # a whole choice: only EOS
-    assert allowed_now([[5], [5, 6]], [5], eos_token_id=2) == [2, 6]  # or a longer choice
+    assert ChoiceGuide(choices, eos_token_id=2).allowed_now([]) == [5, 9]
+    assert ChoiceGuide(choices, eos_token_id=2).allowed_now([5]) == [6, 7]
+    assert ChoiceGuide(choices, eos_token_id=2).allowed_now([5, 6]) == [2]  # a whole choice: only EOS
+    assert ChoiceGuide([[5], [5, 6]], eos_token_id=2).allowed_now([5]) == [2, 6]  # or a longer choice
     # the sampler keeps a row's allowed ids, whatever its logits prefer
     logits = torch.tensor([[0.0, 9.0, 0.0, 0.0, 0.0, 1.0, 0.0, 3.0, 0.0, 0.0]])
     batch = SamplingBatch([SamplingParams(temperature=0)], [None], [[]], [[]], allowed_ids=[[6, 7]])

@@ -1,0 +1,95 @@
+"""What json_object guided decoding costs: building the token filter, a grammar state's token set
+the first time it is met, the sampler's masking, and a served stream's time a token.
+
+Run: .venv/bin/python benchmarks/json_guide.py [--rows 8] [--tokens 96]
+
+The engine part runs the embedded model (the engine's default dtype) on one chat prompt, greedy:
+guided (json_object, the filter's states already met once) and unguided (ignore_eos, as many
+tokens as the guided answer), interleaved for three rounds; it prints each one's ms a token
+and their ratio.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from inferlab.engine.guided_json import JsonTokenFilter, token_texts
+from inferlab.engine.json_grammar import START, advance
+from inferlab.engine.llm_engine import LLM
+from inferlab.engine.sampler import SamplingBatch, sample
+from inferlab.engine.sampling_params import SamplingParams
+
+SAMPLE = ('{"name": "Felix", "age": 10, "tags": ["cat", "black"], "owner": {"name": "Ann", '
+          '"since": 2019.5, "indoor": true, "vet": null}}')
+MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
+
+
+def filter_costs(llm: LLM) -> JsonTokenFilter:
+    start = time.perf_counter()
+    texts = token_texts(llm.tokenizer)
+    built = time.perf_counter()
+    token_filter = JsonTokenFilter(texts)
+    print(f"token texts {1e3 * (built - start):.0f} ms, filter index {1e3 * (time.perf_counter() - built):.0f} ms "
+          f"({len(texts)} tokens)")
+    state, cold = START, []
+    for ch in SAMPLE:
+        if state not in token_filter._cache:
+            t0 = time.perf_counter()
+            token_filter.allowed(state)
+            cold.append(1e3 * (time.perf_counter() - t0))
+        state = advance(state, ch)
+    print(f"{len(cold)} states of the sample met cold: median {statistics.median(cold):.1f} ms, "
+          f"max {max(cold):.1f} ms, total {sum(cold):.0f} ms")
+    return token_filter
+
+
+def sampler_cost(token_filter: JsonTokenFilter, rows: int, vocab: int) -> None:
+    in_string = advance(START, '{"name": "Fe')
+    allowed = token_filter.allowed(in_string)
+    logits = torch.randn(rows, vocab)
+    params = [SamplingParams(temperature=0)] * rows
+    plain = SamplingBatch(params, [None] * rows, [[]] * rows, [[]] * rows)
+    guided = SamplingBatch(params, [None] * rows, [[]] * rows, [[]] * rows, allowed_ids=[allowed] * rows)
+    times = {"plain": [], "guided": []}
+    for _ in range(100):
+        for name, batch in (("plain", plain), ("guided", guided)):
+            t0 = time.perf_counter()
+            sample(logits, batch)
+            times[name].append(1e3 * (time.perf_counter() - t0))
+    p, g = statistics.median(times["plain"]), statistics.median(times["guided"])
+    print(f"sample() over {rows} rows, all inside a string ({len(allowed)} tokens allowed): "
+          f"{p:.2f} ms plain, {g:.2f} ms guided (+{g - p:.2f} ms)")
+
+
+def stream_cost(llm: LLM, tokens: int) -> None:
+    guided = SamplingParams(temperature=0, max_tokens=tokens, json_object=True)
+    first = llm.chat([MESSAGES], guided)[0].outputs[0]  # meets its states once
+    plain = SamplingParams(temperature=0, max_tokens=len(first.token_ids), ignore_eos=True)
+    per_token = {"guided": [], "plain": []}
+    for _ in range(3):
+        for name, params in (("guided", guided), ("plain", plain)):
+            t0 = time.perf_counter()
+            out = llm.chat([MESSAGES], params)[0].outputs[0]
+            per_token[name].append(1e3 * (time.perf_counter() - t0) / len(out.token_ids))
+    g, p = statistics.median(per_token["guided"]), statistics.median(per_token["plain"])
+    print(f"one stream, {len(first.token_ids)} tokens ({first.finish_reason}): {g:.2f} ms a token "
+          f"guided, {p:.2f} ms plain: {g / p:.3f}x")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--rows", type=int, default=8, help="rows of the sampler measurement")
+    parser.add_argument("--tokens", type=int, default=96, help="max tokens of the streamed answer")
+    args = parser.parse_args()
+    llm = LLM(None)
+    token_filter = filter_costs(llm)
+    sampler_cost(token_filter, args.rows, llm.engine.model_config.vocab_size)
+    stream_cost(llm, args.tokens)
+
+
+if __name__ == "__main__":
+    main()

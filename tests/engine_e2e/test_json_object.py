@@ -1,0 +1,78 @@
+"""OpenAI's json_object response format through the engine, on the embedded model: every
+output that ends by EOS is a JSON object Python's json module reads; a cut one is a prefix of
+one. The token filter's shortcuts are checked against reading every token in full."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferlab.engine.guided_json import JsonGuide, JsonTokenFilter, token_texts
+from inferlab.engine.json_grammar import START, advance
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InvalidParameterError
+
+SAMPLE = '{"name": "Zoë\\n", "tags": [1, -2.5e3, true, null], "nested": {"k": [{}, []]}}'
+
+
+@pytest.fixture(scope="module")
+def texts(make_llm) -> list[str | None]:
+    return token_texts(make_llm().tokenizer)
+
+
+def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
+    tokenizer = make_llm().tokenizer
+    for text in (' {"a": 1}\n', "Hello world, it's 3.14!", "  two  spaces\tand tab", SAMPLE):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert "".join(texts[i] for i in ids) == tokenizer.decode(ids) == text
+    assert all(texts[i] is None for i in tokenizer.all_special_ids)
+
+
+def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts):
+    token_filter = JsonTokenFilter(texts)
+    state = START
+    for i, ch in enumerate(SAMPLE):
+        if i % 3 == 0 or ch in '"\\{}[]:,':  # strings, escapes, numbers, literals, structure
+            read_in_full = [t for t, text in enumerate(texts)
+                            if text is not None and advance(state, text) is not None]
+            assert token_filter.allowed(state).tolist() == read_in_full, SAMPLE[:i]
+        state = advance(state, ch)
+
+
+def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
+    token_filter = JsonTokenFilter(texts)
+    guide = JsonGuide(token_filter, eos_token_id=2)
+    ids = [texts.index("{"), texts.index("}")]
+    assert 2 not in guide.allowed_now([]).tolist()
+    assert 2 not in guide.allowed_now(ids[:1]).tolist()
+    assert guide.allowed_now(ids) == [2]
+
+
+def test_json_object_outputs_are_json_objects(make_llm):
+    llm = make_llm()
+    conversations = [[{"role": "user", "content": "What is the capital of France? Answer in JSON."}],
+                     [{"role": "user", "content": "Describe a cat as a JSON object."}]]
+    greedy = SamplingParams(temperature=0, max_tokens=120, json_object=True)
+    sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=120, json_object=True)
+    stopped = 0
+    for params in (greedy, sampled):
+        for out in llm.chat(conversations, params):
+            for completion in out.outputs:
+                if completion.finish_reason == "stop":
+                    assert isinstance(json.loads(completion.text), dict)
+                    stopped += 1
+                else:
+                    assert completion.finish_reason == "length"
+                    assert advance(START, completion.text) is not None
+    assert stopped >= 4  # most of the eight end their object well within 120 tokens
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"ignore_eos": True}, "cannot be combined"),
+    ({"min_tokens": 3}, "cannot be combined"),
+    ({"guided_choice": ["a"]}, "guided_choice and json_object"),
+])
+def test_json_object_refuses_what_would_fight_it(fields, words):
+    with pytest.raises(InvalidParameterError, match=words):
+        SamplingParams(json_object=True, **fields)
