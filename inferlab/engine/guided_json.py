@@ -45,10 +45,14 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
 
 
 class JsonTokenFilter:
-    """For a grammar state, the ids of the tokens that may follow (a cached index tensor)."""
+    """For a grammar state, the tokens that may follow: a cached bool mask over the vocabulary
+    (49 KB for 49k tokens; a mask costs the sampler a copy, where ids cost it a scatter)."""
 
-    def __init__(self, texts: list[str | None], max_states: int = 4096) -> None:
-        self.texts = texts
+    def __init__(self, texts: list[str | None], vocab_size: int, max_states: int = 1024) -> None:
+        # one entry a row of the logits: a model may have more rows than its tokenizer has
+        # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
+        self.texts = (texts + [None] * vocab_size)[:vocab_size]
+        texts = self.texts
         self.by_first_char: dict[str, list[int]] = {}
         self.string_safe: list[int] = []  # tokens that continue any string as they are
         self.string_unsafe: list[int] = []
@@ -64,16 +68,17 @@ class JsonTokenFilter:
         self._cache: OrderedDict[State, torch.Tensor] = OrderedDict()
 
     def allowed(self, state: State) -> torch.Tensor:
-        """int64 [n]: the tokens whose whole text the grammar takes from `state`."""
-        ids = self._cache.get(state)
-        if ids is None:
-            ids = torch.tensor(self._compute(state), dtype=torch.int64)
-            self._cache[state] = ids
+        """bool [V]: the tokens whose whole text the grammar takes from `state`."""
+        mask = self._cache.get(state)
+        if mask is None:
+            mask = torch.zeros(len(self.texts), dtype=torch.bool)
+            mask[self._compute(state)] = True
+            self._cache[state] = mask
             if len(self._cache) > self.max_states:
                 self._cache.popitem(last=False)
         else:
             self._cache.move_to_end(state)
-        return ids
+        return mask
 
     def _compute(self, state: State) -> list[int]:
         if state[0] in _STRING_MODES:
@@ -100,5 +105,5 @@ class JsonGuide:
         self.consumed = len(output)
         if self.state is None or is_complete(self.state):
             return [self.eos_token_id]
-        ids = self.filter.allowed(self.state)
-        return ids if len(ids) else [self.eos_token_id]  # a vocabulary that cannot go on: stop
+        mask = self.filter.allowed(self.state)
+        return mask if mask.any() else [self.eos_token_id]  # a vocabulary that cannot go on: stop

@@ -231,7 +231,7 @@ class LLMEngine:
     @functools.cached_property
     def json_token_filter(self) -> JsonTokenFilter:
         """Built at the first json_object request: it decodes every token once (~0.2 s)."""
-        return JsonTokenFilter(token_texts(self.tokenizer))
+        return JsonTokenFilter(token_texts(self.tokenizer), self.model_config.vocab_size)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

@@ -30,8 +30,9 @@ class SamplingBatch:
     # per row, token ids it may not sample now: EOS and stop token ids before min_tokens, and
     # the bad words' next tokens
     suppressed_ids: list[list[int]] | None = None
-    # per row, the only ids it may sample now (a guided choice's), None: its allowed_token_ids
-    allowed_ids: list[list[int] | None] | None = None
+    # per row, the only ids it may sample now (guided decoding's: ids, or a bool mask [V]),
+    # None: its allowed_token_ids
+    allowed_ids: list[list[int] | torch.Tensor | None] | None = None
 
 
 def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, list[TokenLogprobs | None]]:
@@ -81,13 +82,18 @@ def _c_rows(logits: torch.Tensor) -> bool:
             and logits.stride(1) == 1 and cpu_ops.available(logits))
 
 
-def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | None]) -> torch.Tensor:
-    """logits [B, V] with every token outside a row's allowed ids at -inf (a copy); rows with
-    None are left as they are."""
+def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | torch.Tensor | None]) -> torch.Tensor:
+    """logits [B, V] with every token outside a row's allowed ids at -inf (a copy); a row's
+    allowed ids are a list, or a bool mask [V] (a JSON grammar state's); rows with None are
+    left as they are."""
     rows = [row for row, ids in enumerate(allowed) if ids is not None]
     barred = torch.ones(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
     for i, row in enumerate(rows):
-        barred[i, allowed[row]] = False
+        ids = allowed[row]
+        if isinstance(ids, torch.Tensor) and ids.dtype == torch.bool:
+            torch.logical_not(ids, out=barred[i])
+        else:
+            barred[i, ids] = False
     logits = logits.clone()
     logits[rows] = logits[rows].masked_fill(barred, float("-inf"))
     return logits

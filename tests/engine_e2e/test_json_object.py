@@ -30,23 +30,29 @@ def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
 
 
 def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts):
-    token_filter = JsonTokenFilter(texts)
+    token_filter = JsonTokenFilter(texts, len(texts))
     state = START
     for i, ch in enumerate(SAMPLE):
         if i % 3 == 0 or ch in '"\\{}[]:,':  # strings, escapes, numbers, literals, structure
             read_in_full = [t for t, text in enumerate(texts)
                             if text is not None and advance(state, text) is not None]
-            assert token_filter.allowed(state).tolist() == read_in_full, SAMPLE[:i]
+            assert token_filter.allowed(state).nonzero().flatten().tolist() == read_in_full, SAMPLE[:i]
         state = advance(state, ch)
 
 
 def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
-    token_filter = JsonTokenFilter(texts)
-    guide = JsonGuide(token_filter, eos_token_id=2)
+    guide = JsonGuide(JsonTokenFilter(texts, len(texts)), eos_token_id=2)
     ids = [texts.index("{"), texts.index("}")]
-    assert 2 not in guide.allowed_now([]).tolist()
-    assert 2 not in guide.allowed_now(ids[:1]).tolist()
+    assert guide.allowed_now([])[ids[0]] and not guide.allowed_now([])[2]
+    assert guide.allowed_now(ids[:1])[ids[1]] and not guide.allowed_now(ids[:1])[2]
     assert guide.allowed_now(ids) == [2]
+
+
+def test_a_model_with_more_rows_than_tokens_never_samples_the_extra_rows(texts):
+    token_filter = JsonTokenFilter(texts, len(texts) + 64)
+    in_string = advance(START, '{"a": "b')
+    assert token_filter.allowed(in_string).shape == (len(texts) + 64,)
+    assert not token_filter.allowed(in_string)[len(texts):].any()
 
 
 def test_json_object_outputs_are_json_objects(make_llm):
