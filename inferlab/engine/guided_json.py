@@ -52,11 +52,10 @@ class JsonTokenFilter:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
-        texts = self.texts
         self.by_first_char: dict[str, list[int]] = {}
         self.string_safe: list[int] = []  # tokens that continue any string as they are
         self.string_unsafe: list[int] = []
-        for token_id, text in enumerate(texts):
+        for token_id, text in enumerate(self.texts):
             if text is None:
                 continue
             self.by_first_char.setdefault(text[0], []).append(token_id)
@@ -86,8 +85,7 @@ class JsonTokenFilter:
         else:
             firsts = [ch for ch in self.by_first_char if step(state, ch) is not None]
             candidates, keep = [i for ch in firsts for i in self.by_first_char[ch]], []
-        keep += [i for i in candidates if advance(state, self.texts[i]) is not None]
-        return sorted(keep)
+        return keep + [i for i in candidates if advance(state, self.texts[i]) is not None]
 
 
 class JsonGuide:

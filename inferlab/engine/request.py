@@ -9,11 +9,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Protocol
-
-import torch
+from typing import TYPE_CHECKING, Protocol
 
 from inferlab.engine.sampling_params import SamplingParams
+
+if TYPE_CHECKING:  # the scheduler side of the engine runs without torch (inferlab bench, plan)
+    import torch
 
 
 class Guide(Protocol):

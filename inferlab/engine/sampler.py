@@ -91,7 +91,7 @@ def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | torch.Tensor | 
     for i, row in enumerate(rows):
         ids = allowed[row]
         if isinstance(ids, torch.Tensor) and ids.dtype == torch.bool:
-            torch.logical_not(ids, out=barred[i])
+            torch.logical_not(ids.to(barred.device), out=barred[i])
         else:
             barred[i, ids] = False
     logits = logits.clone()
