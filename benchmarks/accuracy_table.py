@@ -29,6 +29,8 @@ CONFIGS = {
     "FP8 static RTN": ["--scheme", "FP8", "--method", "rtn"],
     "FP8 static GPTQ": ["--scheme", "FP8", "--method", "gptq"],
     "FP8 static SmoothQuant": ["--scheme", "FP8", "--method", "smoothquant"],
+    # DeepSeek-V3's fp8 blocks; 576 inputs do not split into 128s: blocks of 64
+    "FP8_BLOCK 64 RTN": ["--scheme", "FP8_BLOCK", "--method", "rtn", "--group-size", "64"],
     # the embedded model's 576-wide inputs are not a multiple of 128: groups of 64
     "W4A16 g64 RTN": ["--scheme", "W4A16", "--method", "rtn", "--group-size", "64"],
     "W4A16 g64 GPTQ": ["--scheme", "W4A16", "--method", "gptq", "--group-size", "64"],

@@ -26,8 +26,10 @@ from inferlab.quant.formats.int_pack import (
 )
 from inferlab.quant.qparams import QuantizedWeight, num_groups
 from inferlab.quant.scheme import (
+    BLOCK,
     FLOAT,
     GROUP,
+    GROUPED,
     PACK_QUANTIZED,
     READABLE_FORMATS,
     TENSOR,
@@ -42,9 +44,10 @@ COMPRESSED_TENSORS_VERSION = "0.20.1"  # the library release whose format this f
 
 def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     """One layer's quantized weight -> its checkpoint tensors (local names)."""
-    per_tensor = qw.args.strategy == TENSOR  # held [N, 1], one value in the file
-    out: dict[str, torch.Tensor] = {"weight_scale": qw.scale.reshape(-1)[:1].clone() if per_tensor
-                                    else qw.scale.contiguous()}
+    rows = rows_per_scale(qw.args, qw.shape[0], "a quantized weight")  # held once a row in memory
+    stored = (lambda t: t[:1].reshape(1).clone()) if qw.args.strategy == TENSOR else (
+        lambda t: t[::rows].contiguous())
+    out: dict[str, torch.Tensor] = {"weight_scale": stored(qw.scale)}
     if fmt == PACK_QUANTIZED:
         out["weight_packed"] = pack_int32(qw.codes, qw.args.num_bits)
         out["weight_shape"] = torch.tensor(qw.shape, dtype=torch.int64)
@@ -53,8 +56,7 @@ def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     else:
         out["weight"] = qw.codes.contiguous()
         if qw.zero_point is not None:
-            out["weight_zero_point"] = (qw.zero_point.reshape(-1)[:1].clone() if per_tensor
-                                        else qw.zero_point.contiguous())
+            out["weight_zero_point"] = stored(qw.zero_point)
     if qw.input_scale is not None:
         out["input_scale"] = qw.input_scale.reshape(1).clone()  # shards share it: one copy each
     return out
@@ -85,22 +87,27 @@ def _need(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     return tensors[name]
 
 
+def rows_per_scale(w: WeightArgs, n: int, where: str) -> int:
+    """Output rows that share each scale: all of them per tensor, a block's, else one."""
+    rows = {TENSOR: n, BLOCK: w.block_rows}.get(w.strategy, 1)
+    if n % rows:
+        raise InferlabError(f"{where}: blocks of {rows} rows do not divide its {n} outputs")
+    return rows
+
+
 def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name: str) -> torch.Tensor:
-    """weight_scale in any of compressed-tensors' shapes -> [N, G], checked against the config."""
+    """weight_scale in any of compressed-tensors' shapes -> [N, G] (a scale shared by rows
+    repeated for each), checked against the config."""
     w = scheme.weights
     if not scale.is_floating_point():
         raise InferlabError(f"checkpoint: {name} must be floating point, got {scale.dtype}")
-    if w.strategy == TENSOR:
-        if scale.numel() != 1:
-            raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, a per-tensor "
-                                "scale is one value")
-        return scale.reshape(1, 1).expand(n, 1).contiguous()
+    rows = rows_per_scale(w, n, f"checkpoint: {name.removesuffix('.weight_scale')}")
     groups = num_groups(k, w, name.removesuffix(".weight_scale"))
-    if scale.numel() != n * groups or (scale.dim() == 2 and scale.shape[0] != n):
+    if scale.numel() != n // rows * groups or (scale.dim() == 2 and scale.shape[0] != n // rows):
+        detail = {GROUP: f" {w.group_size}", BLOCK: f" {w.block_rows}x{w.group_size}"}.get(w.strategy, "")
         raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, the config "
-                            f"({w.strategy}{f' {w.group_size}' if w.strategy == GROUP else ''}) "
-                            f"implies [{n}, {groups}]")
-    return scale.reshape(n, groups)
+                            f"({w.strategy}{detail}) implies [{n // rows}, {groups}]")
+    return scale.reshape(n // rows, groups).repeat_interleave(rows, dim=0)
 
 
 def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme,
@@ -169,7 +176,7 @@ def _check_g_idx(tensors: dict[str, torch.Tensor], prefix: str, w: WeightArgs, k
     if g_idx.is_floating_point() or g_idx.is_complex() or tuple(g_idx.shape) != (k,):
         raise InferlabError(f"checkpoint: {name} is {g_idx.dtype} {tuple(g_idx.shape)}, expected "
                             f"one integer group index per input column [{k}]")
-    group_size = w.group_size if w.strategy == GROUP else k
+    group_size = w.group_size if w.strategy in GROUPED else k
     if not torch.equal(g_idx.to(torch.int64), torch.arange(k, device=g_idx.device) // group_size):
         raise InferlabError(f"checkpoint: {name} assigns the inputs of {prefix} to groups out of "
                             "order (GPTQ group act-order, actorder 'group'), which is not "

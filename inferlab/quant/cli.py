@@ -18,19 +18,22 @@ DENSE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "quantize", help="quantize/sparsify a model into a compressed-tensors checkpoint",
-        description="Quantize (W8A16, W8A8, W4A16, FP8_DYNAMIC, FP8) and/or 2:4-sparsify the linear "
+        description="Quantize (W8A16, W8A8, W4A16, FP8_DYNAMIC, FP8, FP8_BLOCK) and/or 2:4-sparsify the linear "
                     "layers of a model; writes a Hugging Face directory in the compressed-tensors "
                     "format (vLLM and `inferlab serve` load it). Embeddings stay dense.")
     p.add_argument("model", nargs="?", default=None,
                    help="HF model directory or .gguf file (default: the embedded model)")
-    p.add_argument("--scheme", default=None, help="W8A16, W8A8, W4A16, FP8_DYNAMIC or FP8 (static activation scales, calibrated)")
+    p.add_argument("--scheme", default=None,
+                   help="W8A16, W8A8, W4A16, FP8_DYNAMIC, FP8 (static activation scales, calibrated) "
+                        "or FP8_BLOCK (square weight blocks, activations in groups as wide)")
     p.add_argument("--method", default=None, help=f"one of {', '.join(METHODS)} (default: "
                    "sparsegpt with --sparsity, else rtn)")
     p.add_argument("--sparsity", default=None,
                    help="2:4, alone or with --scheme; done by --method sparsegpt (the default "
                         "then) or magnitude, which both imply it")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
-    p.add_argument("--group-size", type=int, default=128, help="W4A16 inputs per scale (default 128)")
+    p.add_argument("--group-size", type=int, default=128,
+                   help="W4A16 inputs per scale; FP8_BLOCK's block side (default 128)")
     p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "

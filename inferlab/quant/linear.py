@@ -38,6 +38,8 @@ and picks its arithmetic by the number of rows in the call:
   widened per call, never kept wide (Fp8DynamicLinear).
 * Static activations (FP8, or a W8A8 checkpoint with `input_scale`s) take the same layers with
   the one calibrated scale in place of each row's; values past it clamp, as in vLLM.
+* FP8_BLOCK (weights in blocks, activations in groups of a row): GroupDynamicLinear, torch
+  arithmetic with the weight widened per call.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ from inferlab.kernels import cpu_ops, scaled_mm
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
-from inferlab.quant.scheme import GROUP, INT, ActivationArgs
+from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 
 # Largest row count that takes the weight-only kernels (the table in the module docstring).
 INT8_KERNEL_MAX_ROWS = 12
@@ -384,6 +386,30 @@ class Fp8DynamicLinear(QuantLinear):
         return y.mul_(x_scale).mul_(self.scale).to(self.dtype)
 
 
+class GroupDynamicLinear(DequantLinear):
+    """FP8_BLOCK (or any int8/fp8 weights in groups or blocks) with activations quantized per
+    group of each row's inputs, the group as wide as the weight's: y = sum over groups g of
+    (x_q[:, g] . w_q[:, g]) * x_scale[:, g] * w_scale[:, g], computed as compressed-tensors
+    computes it, both sides rounded to their codes and scaled back, then one GEMM. No kernel
+    here multiplies the codes: the weight is widened per call (never kept wide), so this is
+    correct but slow; FP8_BLOCK is a GPU format (DeepSeek-V3's)."""
+
+    def __init__(self, qw: QuantizedWeight, activations: ActivationArgs, bias: torch.Tensor | None,
+                 dtype: torch.dtype) -> None:
+        super().__init__(qw, bias, dtype)
+        self.activations = activations
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        m, k = x.shape
+        size = self.activations.group_size
+        xg = x.float().view(m, k // size, size)  # [M, G, size]
+        qmax = FP8_MAX if self.activations.kind != INT else INT8_MAX
+        x_scale = xg.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(qmax)  # [M, G, 1]
+        xq = xg / x_scale
+        xq = xq.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() if qmax == FP8_MAX else xq.round_()
+        return F.linear((xq * x_scale).view(m, k).to(self.dtype), self.dequantized_weight())
+
+
 def _input_scale(qw: QuantizedWeight) -> torch.Tensor | None:
     return None if qw.input_scale is None else qw.input_scale.reshape(1).float().contiguous()
 
@@ -419,6 +445,8 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
                          None if qw.input_scale is None else qw.input_scale.to(device))
     bias = None if bias is None else bias.to(device)
     args = qw.args
+    if activations is not None and activations.group_size is not None:
+        return GroupDynamicLinear(qw, activations, bias, dtype)
     if activations is not None and PackedW8A8Linear.fits(qw, activations, dtype, device):
         return PackedW8A8Linear(qw, bias, dtype)
     if activations is not None and PackedFp8Linear.fits(qw, activations, dtype, device):
@@ -429,7 +457,7 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
     on_cpu = device.type == "cpu"
     if PackedQuantLinear.fits(qw, dtype, device):
         return PackedQuantLinear(qw, bias, dtype)
-    if args.kind == INT and args.num_bits == 8 and args.strategy != GROUP and on_cpu:
+    if args.kind == INT and args.num_bits == 8 and args.strategy not in GROUPED and on_cpu:
         return Int8WeightOnlyLinear(qw, bias, dtype)
     n, k = qw.shape
     if args.kind == INT and args.num_bits == 4:

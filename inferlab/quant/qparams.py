@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.quant.scheme import CHANNEL, FLOAT, GROUP, TENSOR, WeightArgs
+from inferlab.quant.scheme import BLOCK, CHANNEL, FLOAT, GROUPED, TENSOR, WeightArgs
 
 FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
@@ -41,7 +41,7 @@ class QuantizedWeight:
 
 
 def num_groups(in_features: int, args: WeightArgs, where: str = "weight") -> int:
-    if args.strategy != GROUP:
+    if args.strategy not in GROUPED:
         return 1
     if in_features % args.group_size:
         divisors = [g for g in (256, 128, 64, 32, 16) if in_features % g == 0]
@@ -64,11 +64,8 @@ def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype 
     `clip` (a float, or [N, G]) shrinks the range first, as AWQ's clipping search does. Scales
     are rounded to `scale_dtype` here, so codes are computed against the scale that is stored.
     """
-    if args.strategy == TENSOR:  # one scale for the whole weight, held per row as a channel's is
-        scale, zero_point = compute_qparams(w.reshape(1, -1), replace(args, strategy=CHANNEL),
-                                            scale_dtype, clip, 1)
-        rows = (w.shape[0], 1)
-        return scale.expand(rows).contiguous(), None if zero_point is None else zero_point.expand(rows).contiguous()
+    if args.strategy in (TENSOR, BLOCK):  # a scale for many rows, held per row as a channel's is
+        return _shared_by_rows(w, args, scale_dtype, clip)
     g = num_groups(w.shape[1], args) if groups is None else groups
     wg = _grouped(w.float(), g)  # [N, G, K/G]
     if args.symmetric:
@@ -84,6 +81,22 @@ def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype 
         zero_point = (args.qmin - lo / scale.float()).round().clamp(args.qmin, args.qmax)
         zero_point = zero_point.to(torch.int8)
     return scale, zero_point
+
+
+def _shared_by_rows(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype,
+                    clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Per tensor, or per block of block_rows x group_size: the scales of those rows' stacked
+    groups, repeated for each row -> [N, G]."""
+    n, k = w.shape
+    rows = n if args.strategy == TENSOR else args.block_rows
+    if n % rows:
+        raise InferlabError(f"blocks of {rows} rows do not divide the weight's {n} outputs")
+    groups = num_groups(k, args)
+    stacked = w.reshape(n // rows, rows, groups, k // groups).transpose(1, 2).reshape(n // rows, -1)
+    per_row = replace(args, strategy=CHANNEL, group_size=None, block_rows=None)
+    scale, zero_point = compute_qparams(stacked, per_row, scale_dtype, clip, groups)  # [N/rows, G]
+    return (scale.repeat_interleave(rows, dim=0),
+            None if zero_point is None else zero_point.repeat_interleave(rows, dim=0))
 
 
 def _expand(p: torch.Tensor, k: int) -> torch.Tensor:

@@ -9,7 +9,8 @@ from typing import Any
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.quant.export import export_checkpoint
+from inferlab.quant.checkpoint import rows_per_scale
+from inferlab.quant.export import export_checkpoint, shard_sizes
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.qparams import num_groups
 from inferlab.quant.recipe import Recipe
@@ -25,9 +26,12 @@ def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
             full = f"model.layers.{i}.{name}"
             if is_ignored(full, recipe.ignore):
                 continue
-            k = layer.get_submodule(name).in_features
+            module = layer.get_submodule(name)
+            k = module.in_features
             if recipe.scheme is not None:
                 num_groups(k, recipe.scheme.weights, full)
+                for n in shard_sizes(full, net.config):  # each checkpoint shard's outputs
+                    rows_per_scale(recipe.scheme.weights, module.out_features if n < 0 else n, full)
             if recipe.sparsity is not None and k % 4:
                 raise InferlabError(f"{full}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
 

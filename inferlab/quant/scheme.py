@@ -14,7 +14,8 @@ from inferlab.errors import InferlabError
 
 INT = "int"
 FLOAT = "float"
-CHANNEL, GROUP, TENSOR = "channel", "group", "tensor"
+CHANNEL, GROUP, TENSOR, BLOCK = "channel", "group", "tensor", "block"
+GROUPED = (GROUP, BLOCK)  # a scale for each group of group_size inputs (and block_rows outputs)
 
 PACK_QUANTIZED = "pack-quantized"  # sub-byte ints packed into int32 (weight-only schemes)
 INT_QUANTIZED = "int-quantized"  # int8 weights stored as int8 (with int8 activations)
@@ -35,8 +36,9 @@ class WeightArgs:
     num_bits: int  # 4 or 8
     kind: str = INT  # "int" or "float" (fp8 e4m3)
     strategy: str = CHANNEL
-    group_size: int | None = None  # inputs per scale, for strategy "group"
+    group_size: int | None = None  # inputs per scale, for strategies "group" and "block"
     symmetric: bool = True  # False: an integer zero point per scale (int only)
+    block_rows: int | None = None  # outputs per scale, for strategy "block"
 
     def __post_init__(self) -> None:
         if self.kind not in (INT, FLOAT):
@@ -45,13 +47,15 @@ class WeightArgs:
         if self.num_bits not in allowed_bits:
             raise InferlabError(f"{self.num_bits}-bit {self.kind} weights are not supported "
                                 f"(supported: {', '.join(map(str, allowed_bits))})")
-        if self.strategy not in (CHANNEL, GROUP, TENSOR):
+        if self.strategy not in (CHANNEL, GROUP, TENSOR, BLOCK):
             raise InferlabError(f"weight strategy {self.strategy!r} is not supported "
-                                "(supported: channel, group, tensor)")
-        if self.strategy == GROUP and (self.group_size is None or self.group_size <= 0):
+                                "(supported: channel, group, tensor, block)")
+        if self.strategy in GROUPED and (self.group_size is None or self.group_size <= 0):
             raise InferlabError(f"group size must be a positive integer, got {self.group_size}")
-        if self.strategy != GROUP and self.group_size not in (None, -1):
+        if self.strategy not in GROUPED and self.group_size not in (None, -1):
             raise InferlabError(f"a group size ({self.group_size}) needs the group strategy")
+        if (self.strategy == BLOCK) != (self.block_rows is not None) or (self.block_rows or 1) <= 0:
+            raise InferlabError(f"the block strategy needs positive block rows, got {self.block_rows}")
         if self.kind == FLOAT and not self.symmetric:
             raise InferlabError("fp8 weights are symmetric only")
 
@@ -72,10 +76,26 @@ class ActivationArgs:
 
     kind: str  # "int" (int8) or "float" (fp8 e4m3)
     static: bool = False
+    group_size: int | None = None  # dynamic, a scale for each group of this many inputs of a row
 
     def __post_init__(self) -> None:
         if self.kind not in (INT, FLOAT):
             raise InferlabError(f"activation type must be int or float, got {self.kind!r}")
+        if self.group_size is not None and (self.static or self.group_size <= 0):
+            raise InferlabError(f"activation groups must be dynamic with a positive size, got "
+                                f"{self.group_size}")
+
+    def describe(self) -> str:
+        if self.static:
+            return "with one static scale"
+        return "per token" if self.group_size is None else f"per token in groups of {self.group_size}"
+
+    def to_ct(self) -> dict[str, Any]:
+        """compressed-tensors' `input_activations` entry."""
+        strategy = TENSOR if self.static else "token" if self.group_size is None else GROUP
+        return {"num_bits": 8, "type": self.kind, "symmetric": True, "group_size": self.group_size,
+                "strategy": strategy, "dynamic": not self.static, "actorder": None,
+                "observer": "minmax" if self.static else None}
 
 
 @dataclass(frozen=True)
@@ -94,11 +114,11 @@ class QuantScheme:
     def describe(self) -> str:
         """One line for people: 'int4 weights in groups of 128, asymmetric'."""
         w = self.weights
-        per = {CHANNEL: "per channel", TENSOR: "per tensor", GROUP: f"in groups of {w.group_size}"}
+        per = {CHANNEL: "per channel", TENSOR: "per tensor", GROUP: f"in groups of {w.group_size}",
+               BLOCK: f"in blocks of {w.block_rows}x{w.group_size}"}
         text = f"{w.kind}{w.num_bits} weights {per[w.strategy]}" + ("" if w.symmetric else ", asymmetric")
         if self.activations is not None:
-            text += (f", {self.activations.kind}8 activations "
-                     + ("with one static scale" if self.activations.static else "per token"))
+            text += f", {self.activations.kind}8 activations {self.activations.describe()}"
         return text
 
     def to_ct_group(self, targets: list[str]) -> dict[str, Any]:
@@ -107,22 +127,19 @@ class QuantScheme:
         weights = {"num_bits": w.num_bits, "type": w.kind, "symmetric": w.symmetric,
                    "group_size": w.group_size if w.strategy == GROUP else None,
                    "strategy": w.strategy, "dynamic": False, "actorder": None, "observer": "minmax"}
-        acts = None
-        if self.activations is not None:
-            static = self.activations.static
-            acts = {"num_bits": 8, "type": self.activations.kind, "symmetric": True,
-                    "group_size": None, "strategy": TENSOR if static else "token",
-                    "dynamic": not static, "actorder": None,
-                    "observer": "minmax" if static else None}
+        if w.strategy == BLOCK:
+            weights["block_structure"] = [w.block_rows, w.group_size]
+        acts = None if self.activations is None else self.activations.to_ct()
         return {"targets": targets, "weights": weights, "input_activations": acts,
                 "output_activations": None, "format": self.format}
 
 
-SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8")
+SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8", "FP8_BLOCK")
 
 
 def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> QuantScheme:
-    """A scheme by llm-compressor's name; `group_size` and `asymmetric` apply to W4A16 and W8A16."""
+    """A scheme by llm-compressor's name; `group_size` applies to W4A16, W8A16 and FP8_BLOCK (its
+    blocks' side), `asymmetric` to W4A16 and W8A16."""
     key = name.upper()
     if key not in SCHEME_NAMES:
         raise InferlabError(f"unknown scheme {name!r} (known: {', '.join(SCHEME_NAMES)})")
@@ -137,6 +154,9 @@ def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> Q
         return QuantScheme(key, WeightArgs(8, INT, CHANNEL), ActivationArgs(INT))
     if key == "FP8":  # llm-compressor's static preset: one weight and one input scale per layer
         return QuantScheme(key, WeightArgs(8, FLOAT, TENSOR), ActivationArgs(FLOAT, static=True))
+    if key == "FP8_BLOCK":  # DeepSeek-V3's: square weight blocks, activation groups as wide
+        return QuantScheme(key, WeightArgs(8, FLOAT, BLOCK, group_size, block_rows=group_size),
+                           ActivationArgs(FLOAT, group_size=group_size))
     return QuantScheme(key, WeightArgs(8, FLOAT, CHANNEL), ActivationArgs(FLOAT))
 
 
@@ -166,30 +186,44 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
     if weights.get("dynamic"):
         raise InferlabError(f"{where}: dynamic weight quantization is not supported")
     strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
-    if strategy not in (CHANNEL, GROUP, TENSOR):
+    if strategy not in (CHANNEL, GROUP, TENSOR, BLOCK):
         raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "
-                            "(supported: channel, group, tensor)")
+                            "(supported: channel, group, tensor, block)")
+    block = weights.get("block_structure") if strategy == BLOCK else [None, None]
+    if not (isinstance(block, list) and len(block) == 2):
+        raise InferlabError(f"{where}: block weights need a block_structure [rows, columns], got {block!r}")
     try:
         w = WeightArgs(num_bits=int(weights.get("num_bits", 8)), kind=weights.get("type", INT),
                        strategy=strategy,
-                       group_size=weights.get("group_size") if strategy == GROUP else None,
-                       symmetric=bool(weights.get("symmetric", True)))
+                       group_size=weights.get("group_size") if strategy == GROUP else block[1],
+                       symmetric=bool(weights.get("symmetric", True)), block_rows=block[0])
     except InferlabError as e:
         raise InferlabError(f"{where}: {e}") from None
     acts = group.get("input_activations")
     if not acts:
         return QuantScheme("custom", w)
-    static = acts.get("dynamic") is False and acts.get("strategy") == TENSOR
-    if not static and (acts.get("dynamic") is not True or acts.get("strategy") != "token"):
-        raise InferlabError(f"{where}: activations must be quantized per token (dynamic) or per "
-                            f"tensor (static), got strategy {acts.get('strategy')!r}, dynamic "
-                            f"{acts.get('dynamic')!r}")
+    return QuantScheme("custom", w, _activations_from_ct(acts, w, where))
+
+
+def _activations_from_ct(acts: dict[str, Any], w: WeightArgs, where: str) -> ActivationArgs:
+    """Per token or per group of a token's inputs (dynamic), or per tensor (static)."""
+    dynamic, strategy = acts.get("dynamic"), acts.get("strategy")
+    static = dynamic is False and strategy == TENSOR
+    grouped = dynamic is True and strategy == GROUP
+    if not (static or grouped or (dynamic is True and strategy == "token")):
+        raise InferlabError(f"{where}: activations must be quantized per token or per group of its "
+                            f"inputs (dynamic), or per tensor (static), got strategy {strategy!r}, "
+                            f"dynamic {dynamic!r}")
     if int(acts.get("num_bits", 8)) != 8 or not acts.get("symmetric", True):
         raise InferlabError(f"{where}: activations must be 8-bit symmetric")
-    if w.num_bits != 8 or w.strategy == GROUP or not w.symmetric:
-        raise InferlabError(f"{where}: quantized activations need 8-bit symmetric weights, per "
-                            "channel or per tensor")
+    if w.num_bits != 8 or not w.symmetric:
+        raise InferlabError(f"{where}: quantized activations need 8-bit symmetric weights")
+    if grouped and (w.strategy not in GROUPED or acts.get("group_size") != w.group_size):
+        raise InferlabError(f"{where}: activations in groups of {acts.get('group_size')} need weights "
+                            "in groups or blocks as wide")
+    if not grouped and w.strategy in GROUPED:
+        raise InferlabError(f"{where}: weights in groups or blocks need activations in groups as wide")
     kind = acts.get("type", INT)
     if kind != w.kind:
         raise InferlabError(f"{where}: {kind} activations with {w.kind} weights are not supported")
-    return QuantScheme("custom", w, ActivationArgs(kind, static))
+    return ActivationArgs(kind, static, w.group_size if grouped else None)

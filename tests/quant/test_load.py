@@ -199,7 +199,7 @@ def test_activation_strategies_we_cannot_run_are_refused(fp8_static, tmp_path) -
         qc["config_groups"]["group_0"]["input_activations"].update(strategy="group", group_size=32,
                                                                    dynamic=True)
     message = _load_error(_variant(fp8_static, tmp_path, per_group))
-    assert "per token (dynamic) or per tensor (static)" in message
+    assert "need weights in groups or blocks as wide" in message
 
 
 def test_info_describes_the_quantization(checkpoint, fp8_static, capsys) -> None:
@@ -214,3 +214,22 @@ def test_info_describes_the_quantization(checkpoint, fp8_static, capsys) -> None
     out = capsys.readouterr().out
     assert ("quantization                   float8 weights per tensor, float8 activations with one "
             "static scale (Linear; ignores lm_head)") in out
+
+
+@pytest.fixture(scope="module")
+def fp8_block(tmp_path_factory):
+    preset = QuantizationScheme(targets=["Linear"], weights=QuantizationArgs(
+        num_bits=8, type="float", strategy="block", block_structure=[32, 32]),
+        input_activations=QuantizationArgs(num_bits=8, type="float", strategy="group",
+                                           group_size=32, dynamic=True))
+    return library_compressed(tmp_path_factory.mktemp("fp8b"), {"g": preset})
+
+
+def test_block_scales_that_contradict_the_config(fp8_block, tmp_path) -> None:
+    name = "model.layers.0.mlp.down_proj.weight_scale"  # [64, 96]: blocks [2, 3]
+    message = _load_error(_variant(fp8_block, tmp_path, edit_tensors=_set(name, torch.ones(3, 3))))
+    assert f"{name} has shape (3, 3), the config (block 32x32) implies [2, 3]" in message
+
+    def rows_48(qc):
+        next(iter(qc["config_groups"].values()))["weights"]["block_structure"] = [48, 32]
+    assert "blocks of 48 rows do not divide its" in _load_error(_variant(fp8_block, tmp_path, rows_48))

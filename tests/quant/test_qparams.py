@@ -85,7 +85,17 @@ def test_compressed_tensors_groups_map_onto_schemes() -> None:
     assert scheme_from_ct_group(static, "g") == QuantScheme(
         "custom", WeightArgs(8, "float", "tensor"), ActivationArgs("float", static=True))
     static_per_token = {**static, "input_activations": {**static["input_activations"], "strategy": "token"}}
-    with pytest.raises(InferlabError, match="per token \\(dynamic\\) or per tensor \\(static\\)"):
+    with pytest.raises(InferlabError, match="\\(dynamic\\), or per tensor \\(static\\)"):
         scheme_from_ct_group(static_per_token, "g")
+    block = {"weights": {"num_bits": 8, "type": "float", "strategy": "block", "block_structure": [64, 32]},
+             "input_activations": {"num_bits": 8, "type": "float", "strategy": "group", "group_size": 32,
+                                   "dynamic": True}}
+    assert scheme_from_ct_group(block, "g") == QuantScheme(
+        "custom", WeightArgs(8, "float", "block", 32, block_rows=64), ActivationArgs("float", group_size=32))
+    narrower = {**block, "input_activations": {**block["input_activations"], "group_size": 16}}
+    with pytest.raises(InferlabError, match="need weights in groups or blocks as wide"):
+        scheme_from_ct_group(narrower, "g")
+    with pytest.raises(InferlabError, match="need activations in groups as wide"):
+        scheme_from_ct_group({**block, "input_activations": static["input_activations"]}, "g")
     with pytest.raises(InferlabError, match="3-bit int weights are not supported"):
         scheme_from_ct_group({"weights": {"num_bits": 3, "strategy": "channel"}}, "g")

@@ -30,6 +30,7 @@ RUNS = {  # name -> (scheme, group, asymmetric, method, max relative logit error
     "fp8-rtn": ("FP8_DYNAMIC", 128, False, "rtn", 0.1),
     "fp8-static-rtn": ("FP8", 128, False, "rtn", 0.1),
     "fp8-static-smoothquant": ("FP8", 128, False, "smoothquant", 0.1),
+    "fp8-block-gptq": ("FP8_BLOCK", 32, False, "gptq", 0.1),
     "sparsegpt": (None, 128, False, "sparsegpt", None),
     "magnitude": (None, 128, False, "magnitude", None),
     "w4a16-sparsegpt": ("W4A16", 32, False, "sparsegpt", None),
@@ -93,10 +94,11 @@ def test_every_method_writes_a_checkpoint_that_loads(source, tmp_path, run: str)
         assert ((g - want).norm() / want.norm()).item() < tol
 
 
-@pytest.mark.parametrize("scheme", ["W4A16", "FP8"])
+@pytest.mark.parametrize("scheme", ["W4A16", "FP8", "FP8_BLOCK"])
 def test_our_checkpoint_reads_the_same_in_transformers(source, tmp_path, scheme: str) -> None:
-    """W4A16 (asymmetric) through the library's dequantized weights; FP8 through its forward,
-    which quantizes each linear's input with the static scale we calibrated."""
+    """W4A16 (asymmetric) through the library's dequantized weights; FP8 and FP8_BLOCK through
+    its forward, which quantizes each linear's input with the static scale we calibrated, or per
+    group of 32 of each token's inputs."""
     from transformers import AutoModelForCausalLM, CompressedTensorsConfig
 
     _quantize(source, tmp_path / "out", scheme, 32, scheme == "W4A16", "rtn")
@@ -129,6 +131,7 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
     (["--scheme", "W3A16"], "unknown scheme 'W3A16'"),
     (["--scheme", "W4A16", "--method", "hqq"], "unknown method 'hqq'"),
     (["--scheme", "W4A16", "--group-size", "48"], "group size 48 does not divide its 64 inputs"),
+    (["--scheme", "FP8_BLOCK", "--group-size", "64"], "blocks of 64 rows do not divide its 32 outputs"),
     (["--scheme", "W4A16", "--method", "gptq", "--calib", "/no/such.txt"], "no such file"),
     (["--scheme", "W4A16", "--method", "smoothquant"], "smoothquant migrates activation outliers"),
     (["--scheme", "W8A8", "--sparsity", "1:2"], "unknown sparsity '1:2'"),

@@ -108,6 +108,10 @@ def library_compressed(directory: Path, groups: dict, arch: str = "llama", seed:
         if args.strategy == "group":
             wg = w.view(w.shape[0], -1, args.group_size)
             lo, hi = wg.amin(-1), wg.amax(-1)
+        elif args.strategy == "block":
+            rows, cols = args.block_structure
+            wb = w.view(w.shape[0] // rows, rows, w.shape[1] // cols, cols)
+            lo, hi = wb.amin(dim=(1, 3)), wb.amax(dim=(1, 3))
         elif args.strategy == "channel":
             lo, hi = w.amin(-1, keepdim=True), w.amax(-1, keepdim=True)
         else:
