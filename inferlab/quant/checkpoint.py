@@ -24,7 +24,7 @@ from inferlab.quant.formats.int_pack import (
     unpack_int32,
     unpack_zero_points,
 )
-from inferlab.quant.qparams import QuantizedWeight, num_groups
+from inferlab.quant.qparams import QuantizedWeight, num_groups, rows_per_scale
 from inferlab.quant.scheme import (
     BLOCK,
     FLOAT,
@@ -44,9 +44,13 @@ COMPRESSED_TENSORS_VERSION = "0.20.1"  # the library release whose format this f
 
 def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     """One layer's quantized weight -> its checkpoint tensors (local names)."""
-    rows = rows_per_scale(qw.args, qw.shape[0], "a quantized weight")  # held once a row in memory
-    stored = (lambda t: t[:1].reshape(1).clone()) if qw.args.strategy == TENSOR else (
-        lambda t: t[::rows].contiguous())
+    rows = rows_per_scale(qw.args, qw.shape[0], "a quantized weight")
+
+    def stored(per_row: torch.Tensor) -> torch.Tensor:
+        """Held once a row in memory, once a block (or tensor: shape [1]) in the file."""
+        once = per_row[::rows].contiguous()
+        return once.reshape(1) if qw.args.strategy == TENSOR else once
+
     out: dict[str, torch.Tensor] = {"weight_scale": stored(qw.scale)}
     if fmt == PACK_QUANTIZED:
         out["weight_packed"] = pack_int32(qw.codes, qw.args.num_bits)
@@ -85,14 +89,6 @@ def _need(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         raise InferlabError(f"checkpoint: the config quantizes {name.rsplit('.', 1)[0]} "
                             f"but {name} is missing")
     return tensors[name]
-
-
-def rows_per_scale(w: WeightArgs, n: int, where: str) -> int:
-    """Output rows that share each scale: all of them per tensor, a block's, else one."""
-    rows = {TENSOR: n, BLOCK: w.block_rows}.get(w.strategy, 1)
-    if n % rows:
-        raise InferlabError(f"{where}: blocks of {rows} rows do not divide its {n} outputs")
-    return rows
 
 
 def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name: str) -> torch.Tensor:

@@ -83,14 +83,20 @@ def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype 
     return scale, zero_point
 
 
+def rows_per_scale(args: WeightArgs, n: int, where: str) -> int:
+    """Output rows that share each scale: all of them per tensor, a block's, else one."""
+    rows = {TENSOR: n, BLOCK: args.block_rows}.get(args.strategy, 1)
+    if n % rows:
+        raise InferlabError(f"{where}: blocks of {rows} rows do not divide its {n} outputs")
+    return rows
+
+
 def _shared_by_rows(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype,
                     clip: float | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Per tensor, or per block of block_rows x group_size: the scales of those rows' stacked
     groups, repeated for each row -> [N, G]."""
     n, k = w.shape
-    rows = n if args.strategy == TENSOR else args.block_rows
-    if n % rows:
-        raise InferlabError(f"blocks of {rows} rows do not divide the weight's {n} outputs")
+    rows = rows_per_scale(args, n, "weight")
     groups = num_groups(k, args)
     stacked = w.reshape(n // rows, rows, groups, k // groups).transpose(1, 2).reshape(n // rows, -1)
     per_row = replace(args, strategy=CHANNEL, group_size=None, block_rows=None)

@@ -9,10 +9,9 @@ from typing import Any
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.quant.checkpoint import rows_per_scale
 from inferlab.quant.export import export_checkpoint, shard_sizes
 from inferlab.quant.layer import LINEARS
-from inferlab.quant.qparams import num_groups
+from inferlab.quant.qparams import num_groups, rows_per_scale
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.sequential import compress_model, is_ignored
 

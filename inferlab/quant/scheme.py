@@ -70,9 +70,9 @@ class WeightArgs:
 
 @dataclass(frozen=True)
 class ActivationArgs:
-    """Activations quantized at run time, symmetric, 8 bits: each token (row) with its own scale
-    (dynamic), or every token with one per-tensor scale calibrated offline (static: the
-    checkpoint's `input_scale`, values past it clamp)."""
+    """Activations quantized at run time, symmetric, 8 bits: each token (row) with its own scale,
+    or each group of a token's inputs with its own (dynamic), or every token with one per-tensor
+    scale calibrated offline (static: the checkpoint's `input_scale`, values past it clamp)."""
 
     kind: str  # "int" (int8) or "float" (fp8 e4m3)
     static: bool = False
