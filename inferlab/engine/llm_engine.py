@@ -257,9 +257,9 @@ class LLMEngine:
                                             f"vocabulary (0..{vocab - 1})")
         never = {word[0] for word in bad_words if len(word) == 1}
         eos = self.generation.eos_token_id
-        if params.guided and eos is None:
-            raise InvalidParameterError(f"{'json_object' if params.json_object else 'guided_choice'} "
-                                        "ends its output with EOS, and this model has none")
+        if params.guided_by and eos is None:
+            raise InvalidParameterError(f"{params.guided_by} ends its output with EOS, and this "
+                                        "model has none")
         held = set(params.stop_token_ids) | ({eos} if not params.ignore_eos else set())
         if params.allowed_token_ids and (never | (held if params.min_tokens else set())).issuperset(
                 params.allowed_token_ids):

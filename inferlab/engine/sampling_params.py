@@ -109,11 +109,10 @@ class SamplingParams:
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
             (not (self.json_object and self.guided_choice is not None),
              "guided_choice and json_object cannot be combined"),
-            (not self.guided or not (self.ignore_eos or self.min_tokens or self.bad_words
-                                     or self.allowed_token_ids is not None),
-             f"{'json_object' if self.json_object else 'guided_choice'} ends at EOS and decides "
-             "what may be sampled: it cannot be combined with ignore_eos, min_tokens, bad_words "
-             "or allowed_token_ids"),
+            (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
+                                            or self.allowed_token_ids is not None),
+             f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
+             "with ignore_eos, min_tokens, bad_words or allowed_token_ids"),
             (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
@@ -129,9 +128,11 @@ class SamplingParams:
         return self.temperature == 0.0
 
     @property
-    def guided(self) -> bool:
-        """Whether guided decoding decides what may be sampled (and ends it at EOS)."""
-        return self.guided_choice is not None or self.json_object
+    def guided_by(self) -> str | None:
+        """The field whose guided decoding decides what may be sampled and ends it at EOS."""
+        if self.json_object:
+            return "json_object"
+        return "guided_choice" if self.guided_choice is not None else None
 
     @property
     def has_penalties(self) -> bool:

@@ -4,6 +4,7 @@ one. The token filter's shortcuts are checked against reading every token in ful
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -82,3 +83,13 @@ def test_json_object_outputs_are_json_objects(make_llm):
 def test_json_object_refuses_what_would_fight_it(fields, words):
     with pytest.raises(InvalidParameterError, match=words):
         SamplingParams(json_object=True, **fields)
+
+
+@pytest.mark.parametrize("fields", [{"json_object": True}, {"guided_choice": ["yes", "no"]}])
+def test_guided_decoding_needs_an_eos_to_end_with(make_llm, monkeypatch, fields):
+    llm = make_llm()
+    without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none
+    monkeypatch.setattr(llm.engine, "generation", without_eos)
+    with pytest.raises(InvalidParameterError, match="ends its output with EOS, and this model has none"):
+        llm.engine.add_request([1, 2, 3], SamplingParams(**fields))
+    assert not llm.engine.has_unfinished_requests()
