@@ -25,36 +25,21 @@ and picks its arithmetic by the number of rows in the call:
   Dequantizing costs a fixed few passes over the weight (unpacking torch's blocked int4 layout
   is the dearest), then the GEMM runs at full speed; the kernels' cost grows with the rows.
   Hence the crossovers below: int8 near 12 rows, int4 near 128.
-* W8A8 (int8 weights, int8 activations per token), bf16 on a CPU with AVX512-VNNI: the C
-  kernels of inferlab/kernels/cpu/dynamic_linear.c (PackedW8A8Linear), which quantize x in C and
-  multiply with vpdpbusd up to 4 rows, AMX int8 tiles above. Elsewhere an int8 GEMM at every
-  size (oneDNN's, see Int8DynamicLinear), the activations quantized with in-place ops, because
-  fresh allocations (page faults) cost more than the arithmetic on this machine.
-* FP8_DYNAMIC: this CPU has no fp8 arithmetic (`torch._scaled_mm` measured at ~0.02x bf16), but
-  e4m3 values are exact in bf16. bf16 models on a CPU with AVX512-BF16 take the C kernels of
-  inferlab/kernels/cpu/dynamic_linear.c (PackedFp8Linear): x rounded to fp8 per token in C, the
-  codes widened in registers for `vdpbf16ps` up to 4 rows, once per call for AMX tiles above.
-  Elsewhere (fp32 models) torch rounds x and both operands go through `F.linear`, the fp8 weight
-  widened per call, never kept wide (Fp8DynamicLinear).
-* Static activations (FP8, or a W8A8 checkpoint with `input_scale`s) take the same layers with
-  the one calibrated scale in place of each row's; values past it clamp, as in vLLM.
-* FP8_BLOCK (weights in blocks, activations in groups of a row): GroupDynamicLinear, torch
-  arithmetic with the weight widened per call.
+* activations quantized too (W8A8, FP8_DYNAMIC, FP8, FP8_BLOCK): linear_dynamic.py.
 """
 
 from __future__ import annotations
 
 import abc
-import functools
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.kernels import cpu_ops, scaled_mm
+from inferlab.kernels import cpu_ops
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
-from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
+from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 
 # Largest row count that takes the weight-only kernels (the table in the module docstring).
@@ -197,7 +182,7 @@ class PackedQuantLinear(CKernelLinear):
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
             weight=self.packed.data_ptr(), group_scale=self.scale.data_ptr(),
             group_zero=None if self.zero_point is None else self.zero_point.data_ptr(),
-            bias=_ptr(self.bias))
+            bias=tensor_ptr(self.bias))
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
@@ -249,172 +234,8 @@ class DequantLinear(QuantLinear):
         return (w * self.scale.unsqueeze(-1)).view(n, k)
 
 
-class Int8DynamicLinear(QuantLinear):
-    """W8A8: int8 weights per channel, activations quantized per token at run time, int8 GEMM.
-
-    On x86 the GEMM is oneDNN's int8 linear (`onednn.qlinear_pointwise`, the kernel Inductor uses
-    for int8): measured 1.1 ms vs 2.7 ms for `torch._int_mm` and 2.2 ms for bf16 on a 512x576 @
-    576x3072 product here; it also applies the per-channel weight scales and writes bf16, leaving
-    only the per-token scale. `torch._int_mm` elsewhere.
-    """
-
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        n, k = qw.shape
-        super().__init__(k, n, bias, dtype)
-        self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
-        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
-        codes = qw.codes.contiguous()  # int8 [N, K]
-        self.onednn = codes.device.type == "cpu" and onednn_int8_available()
-        if self.onednn:  # oneDNN's blocked int8 layout, same bytes
-            self.register_buffer("qweight", torch.ops.onednn.qlinear_prepack(codes, [1, k]))
-            self.register_buffer("zero_points", torch.zeros(n, dtype=torch.int64), persistent=False)
-        else:
-            self.register_buffer("qweight", codes)
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            return scaled_mm.int8_w8a8_linear(x, self.qweight, self.scale, input_scale=self.input_scale)
-        x_scale = scaled_mm.activation_scale(x, INT8_MAX, self.input_scale)  # [M, 1]
-        xq = x.to(torch.float32, copy=True).div_(x_scale).round_()  # [M, K]
-        if self.input_scale is not None:  # |x| / (absmax / 127) <= 127 only for dynamic scales
-            xq.clamp_(-INT8_MAX - 1, INT8_MAX)
-        xq = xq.to(torch.int8)
-        if self.onednn:
-            out_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-            y = torch.ops.onednn.qlinear_pointwise(  # sum_k xq*q * scale[n]: [M, N]
-                xq, 1.0, 0, self.qweight, self.scale, self.zero_points, None, 1.0, 0, out_dtype,
-                "none", [], "")
-            return y.mul_(x_scale.to(out_dtype)).to(self.dtype)
-        acc = torch._int_mm(xq, self.qweight.t())  # int32 [M, N], exact
-        return acc.to(torch.float32).mul_(x_scale).mul_(self.scale).to(self.dtype)
-
-
-@functools.cache
-def onednn_int8_available() -> bool:
-    """Whether this torch has oneDNN's int8 linear and it computes a small product exactly."""
-    if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
-        return False
-    try:
-        w = torch.tensor([[1, -2, 3, 127], [-127, 5, 0, 7]], dtype=torch.int8)
-        x = torch.tensor([[2, 1, -1, 1]], dtype=torch.int8)
-        packed = torch.ops.onednn.qlinear_prepack(w, [1, 4])
-        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
-                                               None, 1.0, 0, torch.float32, "none", [], "")
-        return y.tolist() == [[124.0, -242.0]]
-    except RuntimeError:
-        return False
-
-
-class PackedW8A8Linear(CKernelLinear):
-    """W8A8 for bf16 on CPU through dynamic_linear.c: int8 codes in quads [N/16, K/4, 16, 4], fp32
-    per-channel scales; each call quantizes x per token in C, then vpdpbusd (up to 4 rows) or
-    AMX int8 tiles (more), exact int32 sums scaled and rounded to bf16 once."""
-
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        n, k = qw.shape
-        super().__init__(k, n, bias, dtype)
-        self.register_buffer("packed", vnni.pack_int8(qw.codes, inputs=4))
-        self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
-        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
-        self.register_buffer("weight_sums", qw.codes.sum(dim=1, dtype=torch.int32).contiguous())
-
-    @staticmethod
-    def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
-             device: torch.device) -> bool:
-        n, k = qw.shape
-        return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind == INT
-                and qw.args.num_bits == 8 and qw.zero_point is None and qw.scale.numel() == n
-                and n % 16 == 0 and k % 64 == 0 and cpu_ops.dynamic_linear_available())
-
-    def c_desc(self) -> cpu_ops.LinearDesc:
-        return cpu_ops.LinearDesc(
-            kind=cpu_ops.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
-            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=_ptr(self.bias),
-            weight_sums=self.weight_sums.data_ptr(), input_scale=_ptr(self.input_scale))
-
-
-class PackedFp8Linear(CKernelLinear):
-    """FP8_DYNAMIC for bf16 on CPU through dynamic_linear.c: e4m3 codes in the bf16 kernels' pair
-    layout [N/16, K/2, 16, 2] (one byte each), fp32 per-channel scales; each call rounds x to
-    fp8 per token in C, and the exact products are summed in fp32 (vdpbf16ps up to 4 rows, AMX
-    bf16 tiles above), scaled and rounded to bf16 once."""
-
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        n, k = qw.shape
-        super().__init__(k, n, bias, dtype)
-        self.register_buffer("packed", vnni.pack_int8(qw.codes.view(torch.uint8), inputs=2))
-        self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
-        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
-
-    @staticmethod
-    def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
-             device: torch.device) -> bool:
-        n, k = qw.shape
-        return (device.type == "cpu" and dtype == torch.bfloat16 and activations.kind != INT
-                and qw.codes.dtype == torch.float8_e4m3fn and qw.scale.numel() == n
-                and cpu_ops.dynamic_linear_available() and cpu_ops.bf16_linear_fits(n, k))
-
-    def c_desc(self) -> cpu_ops.LinearDesc:
-        return cpu_ops.LinearDesc(
-            kind=cpu_ops.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
-            weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=_ptr(self.bias),
-            input_scale=_ptr(self.input_scale))
-
-
-class Fp8DynamicLinear(QuantLinear):
-    """FP8_DYNAMIC and FP8: fp8 e4m3 weights per channel (or tensor), activations rounded to fp8
-    per token (or with the static scale)."""
-
-    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
-        n, k = qw.shape
-        super().__init__(k, n, bias, dtype)
-        self.register_buffer("qweight", qw.codes.contiguous())  # float8_e4m3fn [N, K]
-        self.register_buffer("scale", qw.scale.reshape(n).float())  # fp32 [N]
-        self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.device.type != "cpu":
-            return scaled_mm.fp8_w8a8_linear(x, self.qweight, self.scale, input_scale=self.input_scale)
-        x_scale = scaled_mm.activation_scale(x, FP8_MAX, self.input_scale)  # [M, 1]
-        xq = x.to(torch.float32, copy=True).div_(x_scale).clamp_(-FP8_MAX, FP8_MAX)
-        # fp8 values are exact in bf16 and fp32; bf16 runs the fast GEMM, fp32 models stay exact
-        mm_dtype = torch.bfloat16 if self.dtype == torch.bfloat16 else torch.float32
-        xq = xq.to(torch.float8_e4m3fn).to(mm_dtype)
-        y = F.linear(xq, self.qweight.to(mm_dtype)).float()  # [M, N], fp32 accumulation inside
-        return y.mul_(x_scale).mul_(self.scale).to(self.dtype)
-
-
-class GroupDynamicLinear(DequantLinear):
-    """FP8_BLOCK (or any int8/fp8 weights in groups or blocks) with activations quantized per
-    group of each row's inputs, the group as wide as the weight's: y = sum over groups g of
-    (x_q[:, g] . w_q[:, g]) * x_scale[:, g] * w_scale[:, g], computed as compressed-tensors
-    computes it, both sides rounded to their codes and scaled back, then one GEMM. No kernel
-    here multiplies the codes: the weight is widened per call (never kept wide), so this is
-    correct but slow; FP8_BLOCK is a GPU format (DeepSeek-V3's)."""
-
-    def __init__(self, qw: QuantizedWeight, activations: ActivationArgs, bias: torch.Tensor | None,
-                 dtype: torch.dtype) -> None:
-        super().__init__(qw, bias, dtype)
-        self.activations = activations
-
-    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        m, k = x.shape
-        size = self.activations.group_size
-        xg = x.float().view(m, k // size, size)  # [M, G, size]
-        qmax = FP8_MAX if self.activations.kind != INT else INT8_MAX
-        x_scale = xg.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(qmax)  # [M, G, 1]
-        xq = xg / x_scale
-        xq = xq.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() if qmax == FP8_MAX else xq.round_()
-        return F.linear((xq * x_scale).view(m, k).to(self.dtype), self.dequantized_weight())
-
-
-def _input_scale(qw: QuantizedWeight) -> torch.Tensor | None:
-    return None if qw.input_scale is None else qw.input_scale.reshape(1).float().contiguous()
-
-
-def _ptr(t: torch.Tensor | None) -> int | None:
+def tensor_ptr(t: torch.Tensor | None) -> int | None:
+    """For the C kernels' descriptors: a buffer's address, or NULL for an absent one."""
     return None if t is None else t.data_ptr()
 
 
@@ -445,15 +266,10 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
                          None if qw.input_scale is None else qw.input_scale.to(device))
     bias = None if bias is None else bias.to(device)
     args = qw.args
-    if activations is not None and activations.group_size is not None:
-        return GroupDynamicLinear(qw, activations, bias, dtype)
-    if activations is not None and PackedW8A8Linear.fits(qw, activations, dtype, device):
-        return PackedW8A8Linear(qw, bias, dtype)
-    if activations is not None and PackedFp8Linear.fits(qw, activations, dtype, device):
-        return PackedFp8Linear(qw, bias, dtype)
     if activations is not None:
-        cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
-        return cls(qw, bias, dtype)
+        from inferlab.quant.linear_dynamic import build_dynamic_linear  # it builds on this module
+
+        return build_dynamic_linear(qw, activations, bias, dtype, device)
     on_cpu = device.type == "cpu"
     if PackedQuantLinear.fits(qw, dtype, device):
         return PackedQuantLinear(qw, bias, dtype)
