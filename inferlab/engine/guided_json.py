@@ -4,9 +4,9 @@ At each step a request may sample only the tokens whose text keeps its output a 
 JSON object (json_grammar.py), and EOS once the object is closed. Which tokens those are depends
 only on the grammar state, so `JsonTokenFilter` computes each state's set once and keeps it:
 a generation meets a few dozen states, most of them again and again. Computing a set reads only
-the tokens that can start there (by their first character) and, inside a string, only the
-tokens that hold a quote, a backslash or a control character: any other token just continues
-the string.
+the tokens that can start there (by their first character, or the first after their leading
+whitespace) and, inside a string, only the tokens that hold a quote, a backslash or a control
+character: any other token just continues the string.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from collections import OrderedDict
 
 import torch
 
-from inferlab.engine.json_grammar import START, State, advance, is_complete, step
+from inferlab.engine.json_grammar import START, WHITESPACE, State, advance, is_complete, step
 from inferlab.models.tokenizer import TextTokenizer
 
 _STRING_MODES = ("str", "key")  # inside a string, after no backslash
@@ -52,13 +52,24 @@ class JsonTokenFilter:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
-        self.by_first_char: dict[str, list[int]] = {}
+        self.by_first_char: dict[str, list[int]] = {}  # tokens that do not start with whitespace
+        # Outside strings every whitespace character acts alike, and after one the state stays
+        # put: tokens that start with whitespace go by the first character after it (most
+        # tokens of a byte-level vocabulary begin with a space)
+        self.after_space: dict[str, list[int]] = {}
+        self.spaces: list[int] = []  # tokens of whitespace only
         self.string_safe: list[int] = []  # tokens that continue any string as they are
         self.string_unsafe: list[int] = []
         for token_id, text in enumerate(self.texts):
             if text is None:
                 continue
-            self.by_first_char.setdefault(text[0], []).append(token_id)
+            rest = text.lstrip("".join(WHITESPACE))
+            if rest == text:
+                self.by_first_char.setdefault(text[0], []).append(token_id)
+            elif rest:
+                self.after_space.setdefault(rest[0], []).append(token_id)
+            else:
+                self.spaces.append(token_id)
             if '"' in text or "\\" in text or min(text) < " ":
                 self.string_unsafe.append(token_id)
             else:
@@ -83,9 +94,17 @@ class JsonTokenFilter:
         if state[0] in _STRING_MODES:
             candidates, keep = self.string_unsafe, list(self.string_safe)
         else:
-            firsts = [ch for ch in self.by_first_char if step(state, ch) is not None]
-            candidates, keep = [i for ch in firsts for i in self.by_first_char[ch]], []
+            candidates, keep = self._starting(self.by_first_char, state), []
+            spaced = step(state, " ")
+            if spaced is not None:
+                keep = list(self.spaces)
+                candidates += self._starting(self.after_space, spaced)
         return keep + [i for i in candidates if advance(state, self.texts[i]) is not None]
+
+    @staticmethod
+    def _starting(index: dict[str, list[int]], state: State) -> list[int]:
+        """The indexed tokens whose indexed character the grammar takes from `state`."""
+        return [i for ch, ids in index.items() if step(state, ch) is not None for i in ids]
 
 
 class JsonGuide:

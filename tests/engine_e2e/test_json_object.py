@@ -10,7 +10,7 @@ import json
 import pytest
 
 from inferlab.engine.guided_json import JsonGuide, JsonTokenFilter, token_texts
-from inferlab.engine.json_grammar import START, advance
+from inferlab.engine.json_grammar import START, advance, is_complete
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InvalidParameterError
 
@@ -30,15 +30,21 @@ def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
     assert all(texts[i] is None for i in tokenizer.all_special_ids)
 
 
-def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts):
+# numbers and literals that whitespace ends, and whitespace runs of every kind
+SPACED = '{\n\t"n" :  12\n ,"x":\t[ -0.5e3 \r\n, true\t] , "s" : " a\\tb " \n}'
+
+
+@pytest.mark.parametrize("text", [SAMPLE, SPACED])
+def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, text):
     token_filter = JsonTokenFilter(texts, len(texts))
     state = START
-    for i, ch in enumerate(SAMPLE):
-        if i % 3 == 0 or ch in '"\\{}[]:,':  # strings, escapes, numbers, literals, structure
-            read_in_full = [t for t, text in enumerate(texts)
-                            if text is not None and advance(state, text) is not None]
-            assert token_filter.allowed(state).nonzero().flatten().tolist() == read_in_full, SAMPLE[:i]
+    for i, ch in enumerate(text):
+        if i % 3 == 0 or ch in '"\\{}[]:, \t\n':  # strings, escapes, numbers, literals, structure
+            read_in_full = [t for t, token in enumerate(texts)
+                            if token is not None and advance(state, token) is not None]
+            assert token_filter.allowed(state).nonzero().flatten().tolist() == read_in_full, text[:i]
         state = advance(state, ch)
+    assert is_complete(state)
 
 
 def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
