@@ -183,13 +183,10 @@ class GroupDynamicLinear(DequantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         m, k = x.shape
-        size = self.activations.group_size
-        xg = x.float().view(m, k // size, size)  # [M, G, size]
-        qmax = FP8_MAX if self.activations.kind != INT else INT8_MAX
-        x_scale = xg.abs().amax(dim=-1, keepdim=True).clamp_(min=1e-12).div_(qmax)  # [M, G, 1]
-        xq = xg / x_scale
-        xq = xq.clamp_(-FP8_MAX, FP8_MAX).to(torch.float8_e4m3fn).float() if qmax == FP8_MAX else xq.round_()
-        return F.linear((xq * x_scale).view(m, k).to(self.dtype), self.dequantized_weight())
+        groups = x.reshape(-1, self.activations.group_size)  # [M*G, size]: a group quantizes as a row does
+        quantize = scaled_mm.quantize_rows_int8 if self.activations.kind == INT else scaled_mm.quantize_rows_fp8
+        xq, x_scale = quantize(groups)  # [M*G, size], [M*G, 1]
+        return F.linear((xq.float() * x_scale).view(m, k).to(self.dtype), self.dequantized_weight())
 
 
 def _input_scale(qw: QuantizedWeight) -> torch.Tensor | None:
