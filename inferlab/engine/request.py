@@ -21,7 +21,8 @@ class Guide(Protocol):
     """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_json.JsonGuide)."""
 
     def allowed_now(self, output: list[int]) -> list[int] | torch.Tensor:
-        """The token ids the next token may be, given the output so far."""
+        """The token ids the next token may be (a list, or a bool mask over the vocabulary),
+        given the output so far."""
 
 
 class RequestStatus(enum.Enum):

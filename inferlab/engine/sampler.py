@@ -90,7 +90,7 @@ def keep_allowed(logits: torch.Tensor, allowed: list[list[int] | torch.Tensor | 
     barred = torch.ones(len(rows), logits.shape[1], dtype=torch.bool, device=logits.device)  # [R, V]
     for i, row in enumerate(rows):
         ids = allowed[row]
-        if isinstance(ids, torch.Tensor) and ids.dtype == torch.bool:
+        if isinstance(ids, torch.Tensor):  # a bool mask
             torch.logical_not(ids.to(barred.device), out=barred[i])
         else:
             barred[i, ids] = False
