@@ -1,12 +1,12 @@
-"""What json_object guided decoding costs: building the token filter, a grammar state's token set
-the first time it is met, the sampler's masking, and a served stream's time a token.
+"""What JSON guided decoding costs (json_object, and a json_schema): building the token index, a
+grammar state's token set the first time it is met, the sampler's masking, and a served
+stream's time a token.
 
 Run: .venv/bin/python benchmarks/json_guide.py [--rows 8] [--tokens 96]
 
 The engine part runs the embedded model (the engine's default dtype) on one chat prompt, greedy:
-guided (json_object, the filter's states already met once) and unguided (ignore_eos, as many
-tokens as the guided answer), interleaved for five rounds; it prints each one's ms a token
-and their ratio.
+guided (the filter's states already met once) and unguided (ignore_eos, as many tokens as the
+guided answer), interleaved for five rounds; it prints each one's ms a token and their ratio.
 """
 
 from __future__ import annotations
@@ -17,38 +17,55 @@ import time
 
 import torch
 
-from inferlab.engine.guided_json import JsonTokenFilter, token_texts
-from inferlab.engine.json_grammar import START, advance
+from inferlab.engine.guided_json import JsonTokenFilter, TokenIndex, token_texts
+from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 from inferlab.engine.llm_engine import LLM
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
 
 SAMPLE = ('{"name": "Felix", "age": 10, "tags": ["cat", "black"], "owner": {"name": "Ann", '
           '"since": 2019.5, "indoor": true, "vet": null}}')
+CAT_SCHEMA = {  # the sample's shape, as a schema
+    "type": "object", "required": ["name", "age"],
+    "properties": {
+        "name": {"type": "string"}, "age": {"type": "integer"},
+        "tags": {"type": "array", "items": {"type": "string"}, "maxItems": 5},
+        "owner": {"type": "object", "properties": {
+            "name": {"type": "string"}, "since": {"type": "number"},
+            "indoor": {"type": "boolean"}, "vet": {"anyOf": [{"type": "string"}, {"type": "null"}]}}},
+    },
+}
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 
-def filter_costs(llm: LLM) -> JsonTokenFilter:
+def token_index(llm: LLM) -> TokenIndex:
     start = time.perf_counter()
     texts = token_texts(llm.tokenizer)
     built = time.perf_counter()
-    token_filter = JsonTokenFilter(texts, llm.engine.model_config.vocab_size)
-    print(f"token texts {1e3 * (built - start):.0f} ms, filter index {1e3 * (time.perf_counter() - built):.0f} ms "
+    index = TokenIndex(texts, llm.engine.model_config.vocab_size)
+    print(f"token texts {1e3 * (built - start):.0f} ms, token index {1e3 * (time.perf_counter() - built):.0f} ms "
           f"({len(texts)} tokens)")
-    state, cold = START, []
+    return index
+
+
+def filter_costs(name: str, schema: dict, index: TokenIndex, eos: int) -> JsonTokenFilter:
+    token_filter = JsonTokenFilter(JsonGrammar(schema), index, eos)
+    grammar = token_filter.grammar
+    state, cold = grammar.start, []
     for ch in SAMPLE:
         if state not in token_filter._cache:
             t0 = time.perf_counter()
             token_filter.allowed(state)
             cold.append(1e3 * (time.perf_counter() - t0))
-        state = advance(state, ch)
-    print(f"{len(cold)} states of the sample met cold: median {statistics.median(cold):.1f} ms, "
+        state = grammar.step(state, ch)
+    print(f"{name}: {len(cold)} states of the sample met cold: median {statistics.median(cold):.1f} ms, "
           f"max {max(cold):.1f} ms, total {sum(cold):.0f} ms")
     return token_filter
 
 
 def sampler_cost(token_filter: JsonTokenFilter, rows: int, vocab: int) -> None:
-    in_string = advance(START, '{"name": "Fe')
+    grammar = token_filter.grammar
+    in_string = grammar.advance(grammar.start, '{"name": "Fe')
     allowed = token_filter.allowed(in_string)
     logits = torch.randn(rows, vocab)
     params = [SamplingParams(temperature=0)] * rows
@@ -65,8 +82,8 @@ def sampler_cost(token_filter: JsonTokenFilter, rows: int, vocab: int) -> None:
           f"{p:.2f} ms plain, {g:.2f} ms guided (+{g - p:.2f} ms)")
 
 
-def stream_cost(llm: LLM, tokens: int) -> None:
-    guided = SamplingParams(temperature=0, max_tokens=tokens, json_object=True)
+def stream_cost(llm: LLM, tokens: int, **guide: object) -> None:
+    guided = SamplingParams(temperature=0, max_tokens=tokens, **guide)
     first = llm.chat([MESSAGES], guided)[0].outputs[0]  # meets its states once
     plain = SamplingParams(temperature=0, max_tokens=len(first.token_ids), ignore_eos=True)
     per_token = {"guided": [], "plain": []}
@@ -76,7 +93,7 @@ def stream_cost(llm: LLM, tokens: int) -> None:
             out = llm.chat([MESSAGES], params)[0].outputs[0]
             per_token[name].append(1e3 * (time.perf_counter() - t0) / len(out.token_ids))
     g, p = statistics.median(per_token["guided"]), statistics.median(per_token["plain"])
-    print(f"one stream, {len(first.token_ids)} tokens ({first.finish_reason}): {g:.2f} ms a token "
+    print(f"{next(iter(guide))}: one stream, {len(first.token_ids)} tokens ({first.finish_reason}): {g:.2f} ms a token "
           f"guided, {p:.2f} ms plain: {g / p:.3f}x")
 
 
@@ -86,9 +103,13 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=96, help="max tokens of the streamed answer")
     args = parser.parse_args()
     llm = LLM(None)
-    token_filter = filter_costs(llm)
+    index = token_index(llm)
+    eos = llm.engine.generation.eos_token_id
+    token_filter = filter_costs("json_object", OBJECT_SCHEMA, index, eos)
+    filter_costs("json_schema", CAT_SCHEMA, index, eos)
     sampler_cost(token_filter, args.rows, llm.engine.model_config.vocab_size)
-    stream_cost(llm, args.tokens)
+    stream_cost(llm, args.tokens, json_object=True)
+    stream_cost(llm, args.tokens, json_schema=CAT_SCHEMA)
 
 
 if __name__ == "__main__":

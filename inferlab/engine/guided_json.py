@@ -1,24 +1,27 @@
-"""OpenAI's json_object response format: the output is one JSON object, then EOS.
+"""OpenAI's json_object and json_schema response formats: the output is one JSON value the
+schema takes (any object for json_object), then EOS.
 
-At each step a request may sample only the tokens whose text keeps its output a prefix of some
-JSON object (json_grammar.py), and EOS once the object is closed. Which tokens those are depends
-only on the grammar state, so `JsonTokenFilter` computes each state's set once and keeps it:
-a generation meets a few dozen states, most of them again and again. Computing a set reads only
-the tokens that can start there (by their first character, or the first after their leading
-whitespace) and, inside a string, only the tokens that hold a quote, a backslash or a control
-character: any other token just continues the string.
+At each step a request may sample only the tokens whose text keeps its output a prefix of such
+a value (json_grammar.py), and EOS once it is whole. Which tokens those are depends only on the
+grammar state, so `JsonTokenFilter` computes each state's set once and keeps it: a generation
+meets a few dozen states, most of them again and again. Computing a set reads only the tokens
+that can start there (by their first character, or the first after their leading whitespace)
+and, inside a string, only the tokens that hold a quote, a backslash or a control character:
+any other token just continues the string.
 """
 
 from __future__ import annotations
 
+import functools
 from collections import OrderedDict
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from inferlab.engine.json_grammar import START, WHITESPACE, State, advance, is_complete, step
+from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar, State
+from inferlab.engine.json_schema import canonical_text
 from inferlab.models.tokenizer import TextTokenizer
-
-_STRING_MODES = ("str", "key")  # inside a string, after no backslash
 
 
 def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
@@ -44,20 +47,20 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
     return texts
 
 
-class JsonTokenFilter:
-    """For a grammar state, the tokens that may follow: a cached bool mask over the vocabulary
-    (49 KB for 49k tokens; a mask costs the sampler a copy, where ids cost it a scatter)."""
+class TokenIndex:
+    """A vocabulary's token texts indexed by how they begin; built once, shared by every schema."""
 
-    def __init__(self, texts: list[str | None], vocab_size: int, max_states: int = 1024) -> None:
+    def __init__(self, texts: list[str | None], vocab_size: int) -> None:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
         self.by_first_char: dict[str, list[int]] = {}  # tokens that do not start with whitespace
-        # Outside strings every whitespace character acts alike, and after one the state stays
-        # put: tokens that start with whitespace go by the first character after it (most
-        # tokens of a byte-level vocabulary begin with a space)
+        # Between a container's tokens every whitespace character acts alike, and after one the
+        # state stays put: there, tokens that start with whitespace go by the first character
+        # after it (most tokens of a byte-level vocabulary begin with a space)
         self.after_space: dict[str, list[int]] = {}
         self.spaces: list[int] = []  # tokens of whitespace only
+        self.by_space: dict[str, list[int]] = {}  # tokens that start with whitespace, by its first
         self.string_safe: list[int] = []  # tokens that continue any string as they are
         self.string_unsafe: list[int] = []
         for token_id, text in enumerate(self.texts):
@@ -66,14 +69,28 @@ class JsonTokenFilter:
             rest = text.lstrip("".join(WHITESPACE))
             if rest == text:
                 self.by_first_char.setdefault(text[0], []).append(token_id)
-            elif rest:
-                self.after_space.setdefault(rest[0], []).append(token_id)
             else:
-                self.spaces.append(token_id)
+                self.by_space.setdefault(text[0], []).append(token_id)
+                if rest:
+                    self.after_space.setdefault(rest[0], []).append(token_id)
+                else:
+                    self.spaces.append(token_id)
             if '"' in text or "\\" in text or min(text) < " ":
                 self.string_unsafe.append(token_id)
             else:
                 self.string_safe.append(token_id)
+
+
+class JsonTokenFilter:
+    """For a grammar state, the tokens that may follow: a cached bool mask over the vocabulary
+    (49 KB for 49k tokens; a mask costs the sampler a copy, where ids cost it a scatter). EOS is
+    in it once the value is whole."""
+
+    def __init__(self, grammar: JsonGrammar, index: TokenIndex, eos_token_id: int,
+                 max_states: int = 512) -> None:
+        self.grammar = grammar
+        self.index = index
+        self.eos_token_id = eos_token_id
         self.max_states = max_states
         self._cache: OrderedDict[State, torch.Tensor] = OrderedDict()
 
@@ -81,7 +98,7 @@ class JsonTokenFilter:
         """bool [V]: the tokens whose whole text the grammar takes from `state`."""
         mask = self._cache.get(state)
         if mask is None:
-            mask = torch.zeros(len(self.texts), dtype=torch.bool)
+            mask = torch.zeros(len(self.index.texts), dtype=torch.bool)
             mask[self._compute(state)] = True
             self._cache[state] = mask
             if len(self._cache) > self.max_states:
@@ -91,36 +108,79 @@ class JsonTokenFilter:
         return mask
 
     def _compute(self, state: State) -> list[int]:
-        if state[0] in _STRING_MODES:
-            candidates, keep = self.string_unsafe, list(self.string_safe)
+        grammar, index = self.grammar, self.index
+        if grammar.in_plain_string(state):
+            candidates, keep = index.string_unsafe, list(index.string_safe)
         else:
-            candidates, keep = self._starting(self.by_first_char, state), []
-            spaced = step(state, " ")
+            candidates, keep = self._starting(index.by_first_char, state), []
+            spaced = self._after_any_space(state)
             if spaced is not None:
-                keep = list(self.spaces)
-                candidates += self._starting(self.after_space, spaced)
-        return keep + [i for i in candidates if advance(state, self.texts[i]) is not None]
+                keep = list(index.spaces)
+                candidates += self._starting(index.after_space, spaced)
+            else:
+                candidates += self._starting(index.by_space, state)
+        allowed = keep + [i for i in candidates if grammar.advance(state, index.texts[i]) is not None]
+        return allowed + [self.eos_token_id] if grammar.is_complete(state) else allowed
 
-    @staticmethod
-    def _starting(index: dict[str, list[int]], state: State) -> list[int]:
+    def _after_any_space(self, state: State) -> State | None:
+        """The state after any run of whitespace, where every whitespace character leads to it
+        and keeps it (between a container's tokens); None elsewhere."""
+        spaced = self.grammar.step(state, " ")
+        if spaced is None or any(self.grammar.step(s, w) != spaced
+                                 for s in (state, spaced) for w in WHITESPACE):
+            return None
+        return spaced
+
+    def _starting(self, by_char: dict[str, list[int]], state: State) -> list[int]:
         """The indexed tokens whose indexed character the grammar takes from `state`."""
-        return [i for ch, ids in index.items() if step(state, ch) is not None for i in ids]
+        return [i for ch, ids in by_char.items() if self.grammar.step(state, ch) is not None
+                for i in ids]
 
 
 class JsonGuide:
     """One request's place in the grammar, advanced by the tokens it has sampled since."""
 
-    def __init__(self, token_filter: JsonTokenFilter, eos_token_id: int) -> None:
+    def __init__(self, token_filter: JsonTokenFilter) -> None:
         self.filter = token_filter
-        self.eos_token_id = eos_token_id
-        self.state: State | None = START
+        self.state: State | None = token_filter.grammar.start
         self.consumed = 0  # output tokens already read into self.state
 
     def allowed_now(self, output: list[int]) -> torch.Tensor | list[int]:
+        texts = self.filter.index.texts
         for token_id in output[self.consumed:]:
-            self.state = advance(self.state, self.filter.texts[token_id] or "")
+            self.state = self.filter.grammar.advance(self.state, texts[token_id] or "")
         self.consumed = len(output)
-        if self.state is None or is_complete(self.state):
-            return [self.eos_token_id]
+        if self.state is None:
+            return [self.filter.eos_token_id]
         mask = self.filter.allowed(self.state)
-        return mask if mask.any() else [self.eos_token_id]  # a vocabulary that cannot go on: stop
+        return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
+
+
+class JsonFilters:
+    """An engine's token filters, one for each schema in use (the last `max_schemas`, so their
+    masks stay under ~200 MB for a 49k vocabulary), over one token index built when the first
+    is needed (it decodes every token once, ~0.2 s)."""
+
+    def __init__(self, build_index: Callable[[], TokenIndex], eos_token_id: int,
+                 max_schemas: int = 8) -> None:
+        self.build_index = build_index
+        self.eos_token_id = eos_token_id
+        self.max_schemas = max_schemas
+        self._filters: OrderedDict[str, JsonTokenFilter] = OrderedDict()
+
+    @functools.cached_property
+    def index(self) -> TokenIndex:
+        return self.build_index()
+
+    def guide(self, schema: dict[str, Any] | bool) -> JsonGuide:
+        """A new guide for one request (each of n copies has its own place in the grammar)."""
+        key = canonical_text(schema)
+        token_filter = self._filters.get(key)
+        if token_filter is None:
+            token_filter = JsonTokenFilter(JsonGrammar(schema), self.index, self.eos_token_id)
+            self._filters[key] = token_filter
+            if len(self._filters) > self.max_schemas:
+                self._filters.popitem(last=False)
+        else:
+            self._filters.move_to_end(key)
+        return JsonGuide(token_filter)

@@ -1,25 +1,41 @@
-"""A JSON object recognizer one character at a time, for guided decoding (OpenAI's json_object).
+"""A JSON recognizer one character at a time, held to a compiled schema (json_schema.py), for
+guided decoding (OpenAI's json_object and json_schema response formats).
 
-The text must be one JSON object (RFC 8259) with nothing before or after it: whitespace is
-taken between tokens inside, not around, so a model cannot pad without end before or after
-the object. A state is a hashable (mode, open containers) pair: `step` returns the state after
-one more character, or None when no JSON object starts with the text so far. Being hashable,
-states key the token filter's cache (guided_json.py).
+The text must be one JSON value (RFC 8259) that the schema takes, with nothing before or after
+it: whitespace is taken between tokens inside containers, not around the value, so a model
+cannot pad without end before or after it.
+
+A state is a set of stacks, one for each way the text so far can be read (a union's branches,
+a number that may end or go on); a stack holds a frame (node index, mode, data) for each value
+that is open, innermost last. The text is complete when one stack is empty. States are
+hashable: they key the token filter's cache (guided_json.py).
 """
 
 from __future__ import annotations
 
-State = tuple[str, tuple[str, ...]]  # (mode, the open containers: "{" or "[", outermost first)
+import json
+from typing import Any
 
-START: State = ("start", ())
-DONE = "done"  # the object is closed: only the end of the text may follow
+from inferlab.engine.json_schema import (
+    ArrayNode,
+    LiteralNode,
+    Node,
+    NumberNode,
+    ObjectNode,
+    StringNode,
+    UnionNode,
+    compile_schema,
+)
+
+Frame = tuple[int, str, Any]  # (node index, mode, data)
+Stack = tuple[Frame, ...]
+State = frozenset[Stack]
+
 WHITESPACE = frozenset(" \t\n\r")
-_DIGITS = frozenset("0123456789")
 _HEX = frozenset("0123456789abcdefABCDEF")
-_ESCAPED = {'"', "\\", "/", "b", "f", "n", "r", "t"}
-_LITERALS = {"t": "l_rue", "f": "l_alse", "n": "l_ull"}
-# modes where a number may end: the next character is then read after the value
-_NUMBER_ENDS = {"n_zero", "n_int", "n_frac", "n_exp"}
+_ESCAPED = frozenset('"\\/bfnrt')
+_CLOSED = "closed"  # a string's closing quote
+_NUMBER_ENDS = frozenset({"n_zero", "n_int", "n_frac", "n_exp"})  # a number may end here
 _NUMBER_STEPS = {  # mode -> {character class: next mode}
     "n_minus": {"0": "n_zero", "1": "n_int"},
     "n_zero": {".": "n_dot", "e": "n_e"},
@@ -30,105 +46,191 @@ _NUMBER_STEPS = {  # mode -> {character class: next mode}
     "n_sign": {"0": "n_exp", "1": "n_exp"},
     "n_exp": {"0": "n_exp", "1": "n_exp"},
 }
+_NUMBER_STARTS = {"-": "n_minus", "0": "n_zero"}
 
 
 def _number_class(ch: str) -> str:
     if ch == "0":
         return "0"
-    if ch in _DIGITS:
+    if "1" <= ch <= "9":
         return "1"
     return {"E": "e", "-": "+"}.get(ch, ch)
 
 
-def _after_value(stack: tuple[str, ...]) -> State:
-    return ("after", stack) if stack else (DONE, ())
-
-
-def _start_value(ch: str, stack: tuple[str, ...]) -> State | None:
-    if ch == "{":
-        return ("obj", (*stack, "{"))
-    if ch == "[":
-        return ("arr", (*stack, "["))
-    if ch == '"':
-        return ("str", stack)
-    if ch in _DIGITS or ch == "-":
-        return ({"-": "n_minus", "0": "n_zero"}.get(ch, "n_int"), stack)
-    mode = _LITERALS.get(ch)
-    return None if mode is None else (mode, stack)
-
-
-def _in_string(mode: str, ch: str, stack: tuple[str, ...]) -> State | None:
-    """Modes str/key (a value or a key), their escapes (_esc) and \\u digits (_u1.._u4)."""
-    kind, _, sub = mode.partition("_")
-    if not sub:
+def string_char(sub: str, ch: str) -> str | None:
+    """Inside a string: the sub-mode after `ch` ("" plain, "esc" after a backslash, "u1".."u4"
+    in a \\u escape), _CLOSED at the closing quote, None if JSON has no such string."""
+    if sub == "":
         if ch == '"':
-            return ("colon", stack) if kind == "key" else _after_value(stack)
+            return _CLOSED
         if ch == "\\":
-            return (f"{kind}_esc", stack)
-        return None if ch < " " else (mode, stack)  # control characters must be escaped
+            return "esc"
+        return None if ch < " " else ""  # control characters must be escaped
     if sub == "esc":
-        if ch == "u":
-            return (f"{kind}_u1", stack)
-        return (kind, stack) if ch in _ESCAPED else None
+        return "u1" if ch == "u" else "" if ch in _ESCAPED else None
     if ch not in _HEX:
         return None
-    n = int(sub[1])
-    return (kind, stack) if n == 4 else (f"{kind}_u{n + 1}", stack)
+    return "" if sub == "u4" else f"u{int(sub[1]) + 1}"
 
 
-def step(state: State, ch: str) -> State | None:
-    """The state after one more character `ch`, or None if the text can no longer be JSON."""
-    mode, stack = state
-    if mode.startswith(("str", "key")):
-        return _in_string(mode, ch, stack)
-    if mode.startswith("n_"):
-        nxt = _NUMBER_STEPS[mode].get(_number_class(ch))
-        if nxt is not None:
-            return (nxt, stack)
-        return step(_after_value(stack), ch) if mode in _NUMBER_ENDS else None
-    if mode.startswith("l_"):
-        rest = mode[2:]
-        if ch != rest[0]:
-            return None
-        return _after_value(stack) if len(rest) == 1 else (f"l_{rest[1:]}", stack)
-    if mode == "start":
-        return ("obj", ("{",)) if ch == "{" else None
-    if mode == DONE:
-        return None
-    if ch in WHITESPACE:
+class JsonGrammar:
+    """The schema's recognizer: `step` gives the state after one more character (None when no
+    value the schema takes begins with the text), `is_complete` whether the text is one."""
+
+    def __init__(self, schema: Any, memo_size: int = 1 << 15) -> None:
+        self.nodes: tuple[Node, ...] = compile_schema(schema)
+        self.start: State = frozenset({((0, "start", None),)})
+        # (state, character) -> the next state. The token filter reads thousands of tokens from
+        # one state, and tokens that begin alike walk the same states: they are stepped once.
+        self._memo: dict[tuple[State, str], State | None] = {}
+        self.memo_size = memo_size
+
+    def step(self, state: State, ch: str) -> State | None:
+        key = (state, ch)
+        if key in self._memo:
+            return self._memo[key]
+        stacks = {after for stack in state for after in self._step(stack, ch)}
+        nxt = frozenset(stacks) if stacks else None
+        if len(self._memo) >= self.memo_size:
+            self._memo.clear()  # a new schema's or a long generation's states: start over
+        self._memo[key] = nxt
+        return nxt
+
+    def advance(self, state: State | None, text: str) -> State | None:
+        """The state after `text`, or None as soon as no value the schema takes begins so."""
+        for ch in text:
+            if state is None:
+                return None
+            state = self.step(state, ch)
         return state
-    return _structural(mode, ch, stack)
+
+    @staticmethod
+    def is_complete(state: State | None) -> bool:
+        return state is not None and () in state
+
+    @staticmethod
+    def in_plain_string(state: State) -> bool:
+        """Every reading is inside a string of any text, after no backslash: a token without a
+        quote, a backslash or a control character goes on with it as it is."""
+        return all(stack and stack[-1][1] in ("str", "key") and stack[-1][2][-1] == ""
+                   for stack in state)
+
+    def _step(self, stack: Stack, ch: str) -> list[Stack]:
+        if not stack:
+            return []  # the value is whole: nothing may follow it
+        index, mode, data = stack[-1]
+        below = stack[:-1]
+        if mode == "start":
+            return self._begin(index, ch, below)
+        node = self.nodes[index]
+        if isinstance(node, ObjectNode):
+            return self._object(index, node, mode, data, ch, below)
+        if isinstance(node, ArrayNode):
+            return self._array(index, node, mode, data, ch, below)
+        if isinstance(node, LiteralNode):
+            return self._literal(index, node.texts, data + ch, below)
+        if isinstance(node, NumberNode):
+            return self._number(index, node, mode, ch, below)
+        sub = string_char(data[0], ch)  # a StringNode: data is (sub-mode,)
+        if sub is None:
+            return []
+        return [below] if sub == _CLOSED else [(*below, (index, "str", (sub,)))]
+
+    def _begin(self, index: int, ch: str, below: Stack) -> list[Stack]:
+        """The stacks after `ch` starts a value of node `index` (its container already past it)."""
+        node = self.nodes[index]
+        if isinstance(node, UnionNode):
+            return [stack for option in node.options for stack in self._begin(option, ch, below)]
+        if isinstance(node, ObjectNode):
+            return [(*below, (index, "first", ()))] if ch == "{" else []
+        if isinstance(node, ArrayNode):
+            return [(*below, (index, "first", 0))] if ch == "[" else []
+        if isinstance(node, StringNode):
+            return [(*below, (index, "str", ("",)))] if ch == '"' else []
+        if isinstance(node, LiteralNode):
+            return self._literal(index, node.texts, ch, below)
+        if ch == "-" or "0" <= ch <= "9":
+            mode = _NUMBER_STARTS.get(ch, "n_int")
+            return [(*below, (index, mode, None))] + ([below] if mode in _NUMBER_ENDS else [])
+        return []
+
+    @staticmethod
+    def _literal(index: int, texts: tuple[str, ...], text: str, below: Stack) -> list[Stack]:
+        """One of `texts` so far; when `text` is whole, the value may also end here."""
+        stacks = [(*below, (index, "lit", text))] if any(
+            t.startswith(text) and t != text for t in texts) else []
+        return stacks + [below] if text in texts else stacks
+
+    def _number(self, index: int, node: NumberNode, mode: str, ch: str, below: Stack) -> list[Stack]:
+        nxt = _NUMBER_STEPS[mode].get(_number_class(ch))
+        if nxt is None or (node.integer and nxt in ("n_dot", "n_e")):
+            return []  # where the number could end, the stack without it reads `ch`
+        return [(*below, (index, nxt, None))] + ([below] if nxt in _NUMBER_ENDS else [])
+
+    def _object(self, index: int, node: ObjectNode, mode: str, data: Any, ch: str,
+                below: Stack) -> list[Stack]:
+        """Modes: first (after '{'), next (after ','), key / lkey (in a key), colon, value
+        (after ':'), after (after a value). `data` begins with the declared keys seen, sorted."""
+        seen = data if mode in ("first", "next", "after") else data[0]
+        if mode in ("first", "next", "colon", "value", "after") and ch in WHITESPACE:
+            return [(*below, (index, mode, data))]
+        if mode in ("first", "next") and ch == '"':
+            if node.extra is None:
+                return self._declared_key(index, node, seen, ch, below)
+            return [(*below, (index, "key", (seen, "" if node.properties else None, "")))]
+        if mode == "lkey":
+            return self._declared_key(index, node, seen, data[1] + ch, below)
+        if mode == "key":
+            return self._free_key(index, node, data, ch, below)
+        if mode == "colon":
+            return [(*below, (index, "value", data))] if ch == ":" else []
+        if mode == "value":
+            key = data[1]
+            if key in node.properties:
+                after = (*below, (index, "after", tuple(sorted((*seen, key)))))
+                return self._begin(node.properties[key], ch, after)
+            return self._begin(node.extra, ch, (*below, (index, "after", seen)))
+        if ch == "}" and mode != "next" and node.required.issubset(seen):
+            return [below]
+        more = node.extra is not None or len(seen) < len(node.properties)
+        return [(*below, (index, "next", seen))] if mode == "after" and ch == "," and more else []
+
+    @staticmethod
+    def _declared_key(index: int, node: ObjectNode, seen: tuple[str, ...], text: str,
+                      below: Stack) -> list[Stack]:
+        """A key that must be one of the declared ones not yet seen, matched as its JSON text."""
+        open_keys = [t for t, key in node.key_texts.items() if key not in seen and t.startswith(text)]
+        if text in open_keys:  # a key's text ends at its quote: no other goes on from it
+            return [(*below, (index, "colon", (seen, node.key_texts[text])))]
+        return [(*below, (index, "lkey", (seen, text)))] if open_keys else []
+
+    @staticmethod
+    def _free_key(index: int, node: ObjectNode, data: Any, ch: str, below: Stack) -> list[Stack]:
+        """Any key (additionalProperties); its text is kept only to find a declared key's schema."""
+        seen, raw, sub = data
+        nxt = string_char(sub, ch)
+        if nxt is None:
+            return []
+        if nxt == _CLOSED:
+            key = json.loads(f'"{raw}"') if raw is not None else None
+            return [] if key in seen else [(*below, (index, "colon", (seen, key)))]
+        return [(*below, (index, "key", (seen, None if raw is None else raw + ch, nxt)))]
+
+    def _array(self, index: int, node: ArrayNode, mode: str, count: int, ch: str,
+               below: Stack) -> list[Stack]:
+        """Modes: first (after '['), next (after ','), after (after an item). `count` is the items
+        read, held no higher than the bounds need, so long arrays share their states."""
+        if ch in WHITESPACE:
+            return [(*below, (index, mode, count))]
+        if ch == "]" and mode != "next" and count >= node.min_items:
+            return [below]
+        if mode == "after":
+            room = node.max_items is None or count < node.max_items
+            return [(*below, (index, "next", count))] if ch == "," and room else []
+        if mode == "first" and node.max_items == 0:
+            return []
+        cap = max(node.min_items, node.max_items or 0)
+        return self._begin(node.items, ch, (*below, (index, "after", min(count + 1, cap))))
 
 
-def _structural(mode: str, ch: str, stack: tuple[str, ...]) -> State | None:
-    """Between tokens: after '{' (obj), '[' (arr), ',' in an object (next_key), a key (colon),
-    ':' or ',' in an array (value), and a value in a container (after)."""
-    closer = "}" if stack and stack[-1] == "{" else "]"
-    if mode in ("obj", "next_key"):
-        if ch == '"':
-            return ("key", stack)
-        return _after_value(stack[:-1]) if ch == "}" and mode == "obj" else None
-    if mode == "colon":
-        return ("value", stack) if ch == ":" else None
-    if mode == "arr" and ch == "]":
-        return _after_value(stack[:-1])
-    if mode in ("arr", "value"):
-        return _start_value(ch, stack)
-    if mode == "after":
-        if ch == ",":
-            return ("next_key" if closer == "}" else "value", stack)
-        return _after_value(stack[:-1]) if ch == closer else None
-    raise ValueError(f"unknown JSON state {mode!r}")
-
-
-def advance(state: State | None, text: str) -> State | None:
-    """The state after `text`, or None as soon as it cannot be part of a JSON object."""
-    for ch in text:
-        if state is None:
-            return None
-        state = step(state, ch)
-    return state
-
-
-def is_complete(state: State | None) -> bool:
-    return state is not None and state[0] == DONE
+OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}  # json_object: any object

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
+from inferlab.engine.json_grammar import OBJECT_SCHEMA
+from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.errors import InvalidParameterError
 
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
@@ -57,6 +60,9 @@ class SamplingParams:
     # OpenAI's json_object response format: the output is one JSON object, then EOS
     # (guided_json.py)
     json_object: bool = False
+    # OpenAI's json_schema response format and vLLM's guided_json: the output is one JSON value
+    # the schema takes, then EOS (json_schema.py says which keywords are held to)
+    json_schema: dict[str, Any] | bool | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -74,6 +80,9 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
         if self.guided_choice is not None and not isinstance(self.guided_choice, str):
             self.guided_choice = list(self.guided_choice)
+        guides = [name for name, given in (("guided_choice", self.guided_choice is not None),
+                                           ("json_object", self.json_object),
+                                           ("json_schema", self.json_schema is not None)) if given]
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -107,8 +116,8 @@ class SamplingParams:
                                             and bool(self.guided_choice) and all(
                 isinstance(c, str) and c for c in self.guided_choice)),
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
-            (not (self.json_object and self.guided_choice is not None),
-             "guided_choice and json_object cannot be combined"),
+            (len(guides) < 2, f"{' and '.join(guides)} cannot be combined"),
+            *_schema_checks(self.json_schema),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
@@ -132,7 +141,14 @@ class SamplingParams:
         """The field whose guided decoding decides what may be sampled and ends it at EOS."""
         if self.json_object:
             return "json_object"
+        if self.json_schema is not None:
+            return "json_schema"
         return "guided_choice" if self.guided_choice is not None else None
+
+    @property
+    def guided_schema(self) -> dict[str, Any] | bool | None:
+        """The schema the output is held to: json_schema's, any object for json_object."""
+        return OBJECT_SCHEMA if self.json_object else self.json_schema
 
     @property
     def has_penalties(self) -> bool:
@@ -153,6 +169,19 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
         checks.append((isinstance(value, int | float) and -100 <= value <= 100,  # NaN fails too
                        f"logit_bias values must be in [-100, 100], got {value!r} for token {token!r}"))
     return checks
+
+
+def _schema_checks(schema: dict[str, Any] | bool | None) -> list[tuple[bool, str]]:
+    """One (ok, message): whether guided decoding can hold an output to the schema."""
+    if schema is None:
+        return []
+    try:
+        compile_schema(schema)
+    except SchemaError as e:
+        return [(False, f"json_schema: {e}")]
+    except RecursionError:
+        return [(False, "json_schema: nested too deeply")]
+    return []
 
 
 def _is_token_id(token: object) -> bool:

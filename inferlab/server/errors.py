@@ -48,8 +48,8 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 def parameter_error(message: str) -> APIError:
     """A 400 for an InvalidParameterError, whose messages start with the field's name
-    ("top_p must be in (0, 1], got 2")."""
-    field = message.split(" ", 1)[0]
+    ("top_p must be in (0, 1], got 2", "json_schema: ...")."""
+    field = message.split(" ", 1)[0].removesuffix(":")
     return bad_request(message, field if field.isidentifier() else None)
 
 

@@ -47,9 +47,12 @@ class SamplingFields(_Request):
     cache_salt: str | None = None
     priority: int = 0  # lower first, with --scheduling-policy priority
     guided_choice: list[str] | None = None  # the output is one of these strings
-    # vLLM's newer form: {"choice": [...]} or {"json_object": true}
+    guided_json: dict[str, Any] | bool | str | None = None  # a JSON schema (or its text)
+    # vLLM's newer form: {"choice": [...]}, {"json": schema} or {"json_object": true}
     structured_outputs: dict[str, Any] | None = None
-    response_format: dict[str, Any] | None = None  # OpenAI's: {"type": "text" | "json_object"}
+    # OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
+    # {"name": ..., "schema": {...}}}
+    response_format: dict[str, Any] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
     stream: bool = False

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from inferlab.engine.sampling_params import SamplingParams
@@ -39,7 +40,7 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
         "cache_salt": req.cache_salt, "guided_choice": _guided_choice(req),
-        "json_object": _json_object(req), **fields,
+        **_json_guide(req), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -53,30 +54,58 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
 
 
 def _guided_choice(req: SamplingFields) -> list[str] | None:
-    """vLLM's guided_choice, or structured_outputs {"choice": [...]}; the other structured
-    outputs but json_object (json schemas, regex, grammar) are refused by name."""
+    """vLLM's guided_choice, or structured_outputs {"choice": [...]}; the structured outputs
+    this server does not hold to (regex, grammar) are refused by name."""
     constraints = req.structured_outputs or {}
-    others = sorted(set(constraints) - {"choice", "json_object"})
+    others = sorted(set(constraints) - {"choice", "json", "json_object"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(choice and json_object are)", "structured_outputs")
+                          "(choice, json and json_object are)", "structured_outputs")
     if req.guided_choice is not None and "choice" in constraints:
         raise bad_request("give the choices once: guided_choice or structured_outputs.choice",
                           "guided_choice")
     return req.guided_choice if req.guided_choice is not None else constraints.get("choice")
 
 
-def _json_object(req: SamplingFields) -> bool:
-    """OpenAI's response_format {"type": "json_object"}, or vLLM's structured_outputs
-    {"json_object": true}; a JSON schema is refused rather than answered unchecked."""
-    kind = (req.response_format or {}).get("type", "text")
-    if kind not in ("text", "json_object"):
+def _json_guide(req: SamplingFields) -> dict[str, Any]:
+    """SamplingParams' json_object and json_schema, from OpenAI's response_format (json_object,
+    or json_schema with its schema), vLLM's structured_outputs ({"json_object": true} or
+    {"json": schema}) or vLLM's guided_json. A schema is given once."""
+    response_format = req.response_format or {}
+    kind = response_format.get("type", "text")
+    if kind not in ("text", "json_object", "json_schema"):
         raise bad_request(f"response_format type {kind!r} is not supported by this server "
-                          "(text and json_object are)", "response_format")
-    flag = (req.structured_outputs or {}).get("json_object", False)
+                          "(text, json_object and json_schema are)", "response_format")
+    constraints = req.structured_outputs or {}
+    flag = constraints.get("json_object", False)
     if not isinstance(flag, bool):
         raise bad_request("structured_outputs.json_object must be true or false", "structured_outputs")
-    return kind == "json_object" or flag
+    schemas = {}
+    if kind == "json_schema":
+        spec = response_format.get("json_schema")
+        if not isinstance(spec, dict) or "schema" not in spec:
+            raise bad_request("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
+                              "\"schema\": {...}}}", "response_format")
+        schemas["response_format"] = spec["schema"]
+    if "json" in constraints:
+        schemas["structured_outputs"] = _schema(constraints["json"], "structured_outputs")
+    if req.guided_json is not None:
+        schemas["guided_json"] = _schema(req.guided_json, "guided_json")
+    if len(schemas) > 1:
+        raise bad_request(f"give the JSON schema once, not in both {' and '.join(schemas)}",
+                          next(iter(schemas)))
+    return {"json_object": kind == "json_object" or flag,
+            "json_schema": next(iter(schemas.values()), None)}
+
+
+def _schema(value: Any, field: str) -> Any:
+    """A schema, or its JSON text (vLLM takes both)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise bad_request(f"{field}: the JSON schema's text is not JSON", field) from None
 
 
 def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:

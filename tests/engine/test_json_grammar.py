@@ -1,4 +1,4 @@
-"""The JSON object recognizer against Python's json module, the reference parser.
+"""The JSON object recognizer (json_object: any object) against Python's json module, the reference parser.
 
 A text is complete for the recognizer exactly when json.loads reads it as an object with nothing
 around it (NaN and Infinity, which json.loads takes, refused); every prefix of such a text stays
@@ -12,7 +12,13 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.json_grammar import START, advance, is_complete
+from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
+
+from .json_edits import edit
+
+GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
+START = GRAMMAR.start
+advance, is_complete = GRAMMAR.advance, GRAMMAR.is_complete
 
 
 def reference_accepts(text: str) -> bool:
@@ -67,18 +73,7 @@ def test_every_prefix_of_an_object_is_viable_and_the_whole_is_complete(value, la
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(st.text(max_size=3), json_values, max_size=3), layouts, st.randoms())
 def test_edited_texts_are_complete_exactly_when_json_loads_reads_an_object(value, layout, rng):
-    chars = list(json.dumps(value, **layout))
-    for _ in range(rng.randrange(1, 3)):  # a deletion, insertion or replacement of JSON's characters
-        where = rng.randrange(len(chars) + 1)
-        ch = rng.choice('{}[]:,"\\ 0123456789.eE+-tfnrulasu\n\x01')
-        kind = rng.random()
-        if kind < 0.3 and where < len(chars):
-            del chars[where]
-        elif kind < 0.7:
-            chars.insert(where, ch)
-        elif where < len(chars):
-            chars[where] = ch
-    text = "".join(chars)
+    text = edit(json.dumps(value, **layout), rng, '{}[]:,"\\ 0123456789.eE+-tfnrulasu\n\x01')
     assert is_complete(advance(START, text)) == reference_accepts(text), text
 
 

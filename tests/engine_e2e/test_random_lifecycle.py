@@ -1,6 +1,6 @@
 """Random adds, aborts and steps on a KV cache small enough to preempt often, with n > 1, seeds,
-stop strings, logprobs, logit biases, allowed and bad words, guided choices and JSON objects,
-truncated prompts,
+stop strings, logprobs, logit biases, allowed and bad words, guided choices, JSON objects and
+JSON schemas, truncated prompts,
 cache salts and shared prefixes mixed, under either scheduling policy (priorities drawn at
 random): whatever the order, every request ends with a valid reason and a length within its
 bounds, and nothing is left behind (blocks, requests, output state)."""
@@ -10,9 +10,10 @@ from __future__ import annotations
 import json
 import random
 
+import jsonschema
 import pytest
 
-from inferlab.engine.json_grammar import START, advance
+from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
 
 FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32, all layers
@@ -20,16 +21,20 @@ SHARED_PREFIX = [5, 6, 7, 8] * 10
 
 
 CHOICES = ["yes", "no", "no idea at all", "maybe"]
+SCHEMA = {"type": "object", "properties": {"answer": {"enum": ["yes", "no", 0, 10]},
+                                           "why": {"type": "array", "items": {"type": "string"}}},
+          "required": ["answer"]}
 
 
 def _random_params(rng: random.Random) -> SamplingParams:
     roll = rng.random()
     if roll < 0.2:  # guided decoding, which excludes the other ways to bar tokens
-        json_object = roll < 0.08
-        return SamplingParams(n=rng.choice([1, 2]), max_tokens=rng.randrange(1, 30 if json_object else 8),
+        json_object, json_schema = roll < 0.04, SCHEMA if 0.04 <= roll < 0.08 else None
+        to_json = json_object or json_schema is not None
+        return SamplingParams(n=rng.choice([1, 2]), max_tokens=rng.randrange(1, 30 if to_json else 8),
                               temperature=rng.choice([0.0, 1.0]),
-                              guided_choice=None if json_object else CHOICES, json_object=json_object,
-                              seed=rng.choice([None, rng.randrange(10**6)]))
+                              guided_choice=None if to_json else CHOICES, json_object=json_object,
+                              json_schema=json_schema, seed=rng.choice([None, rng.randrange(10**6)]))
     return SamplingParams(n=rng.choice([1, 1, 2, 3]), max_tokens=rng.randrange(1, 40),
                           temperature=rng.choice([0.0, 0.8]),
                           seed=rng.choice([None, rng.randrange(10**6)]),
@@ -99,7 +104,9 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, polic
                 assert c.text in p.guided_choice
             elif p.guided_choice:
                 assert any(choice.startswith(c.text) for choice in p.guided_choice)
-            if p.json_object and c.finish_reason == "stop":
-                assert isinstance(json.loads(c.text), dict)
-            elif p.json_object:
-                assert advance(START, c.text) is not None
+            if p.guided_schema is not None and c.finish_reason == "stop":
+                jsonschema.validate(json.loads(c.text), p.guided_schema)
+                assert p.json_schema or isinstance(json.loads(c.text), dict)
+            elif p.guided_schema is not None:
+                grammar = JsonGrammar(p.guided_schema)
+                assert grammar.advance(grammar.start, c.text) is not None

@@ -8,7 +8,6 @@ prompt must be the SmolLM2 template written out by hand.
 
 from __future__ import annotations
 
-import json
 import time
 
 import httpx
@@ -388,37 +387,3 @@ def test_tokenize_detokenize_round_trip(server):
     r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=server.headers,
                    timeout=30)
     assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == MAX_MODEL_LEN
-
-
-def test_json_object_answers_with_a_json_object(client):
-    """OpenAI's response_format json_object (chat, streamed too) and vLLM's structured_outputs
-    {"json_object": true} (completions): what ends by EOS is an object json.loads reads."""
-    messages = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
-    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=60,
-                                          response_format={"type": "json_object"}, **GREEDY)
-    assert chat.choices[0].finish_reason == "stop"
-    assert isinstance(json.loads(chat.choices[0].message.content), dict)
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=60,
-                                            response_format={"type": "json_object"}, stream=True,
-                                            **GREEDY)
-    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
-    assert text == chat.choices[0].message.content
-    completion = client.completions.create(
-        model=MODEL_NAME, prompt="A JSON object with a name and an age:", max_tokens=60, **GREEDY,
-        extra_body={"structured_outputs": {"json_object": True}})
-    if completion.choices[0].finish_reason == "stop":
-        assert isinstance(json.loads(completion.choices[0].text), dict)
-    assert completion.choices[0].text.startswith("{")
-
-
-def test_guided_choice_answers_with_one_of_the_choices(client):
-    """vLLM's guided_choice, and its newer structured_outputs {"choice": [...]}, chat and completions."""
-    choices = ["yes", "no", "it depends"]
-    chat = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Is water wet?"}], max_tokens=10,
-        n=4, seed=11, temperature=1.2, extra_body={"guided_choice": choices})
-    assert all(c.message.content in choices and c.finish_reason == "stop" for c in chat.choices)
-    completion = client.completions.create(
-        model=MODEL_NAME, prompt="The answer is", max_tokens=10, **GREEDY,
-        extra_body={"structured_outputs": {"choice": choices}})
-    assert completion.choices[0].text in choices

@@ -1,0 +1,278 @@
+"""JSON schemas compiled for guided decoding: one node a (sub)schema, the subset a character-level
+recognizer (json_grammar.py) can hold an output to.
+
+Nodes refer to each other by their index in the compiled tuple, so recursive schemas ($ref)
+compile, and grammar states (tuples of indices) stay small and hashable. A keyword that would
+constrain values beyond what the grammar checks (pattern, minimum, minLength...) is refused by
+name, never ignored: every output the grammar lets through validates against the schema. Where
+JSON Schema leaves room, the grammar is stricter, and its outputs still validate:
+- an object takes keys outside `properties` only when `additionalProperties` is given (true or
+  a schema), as OpenAI's structured outputs require; a declared key comes at most once;
+- a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
+  array), any value when none do;
+- `integer` is written without a fraction or exponent;
+- an enum's or const's values are written as one text each, as json.dumps writes them: arrays
+  and objects compactly, 0.5 not 0.50;
+- `oneOf` is read as `anyOf`, as vLLM's grammars read it: branches that overlap can give an
+  output that more than one matches.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+
+class SchemaError(ValueError):
+    """A schema the grammar cannot hold an output to; the message names the keyword."""
+
+
+@dataclass(frozen=True)
+class ObjectNode:
+    properties: dict[str, int]  # declared key -> its value's node
+    required: frozenset[str]
+    extra: int | None  # the node of any other key's value; None: no other keys
+    key_texts: dict[str, str]  # a declared key's JSON text, quotes included -> the key
+
+
+@dataclass(frozen=True)
+class ArrayNode:
+    items: int
+    min_items: int
+    max_items: int | None
+
+
+@dataclass(frozen=True)
+class StringNode:
+    pass
+
+
+@dataclass(frozen=True)
+class NumberNode:
+    integer: bool
+
+
+@dataclass(frozen=True)
+class LiteralNode:
+    texts: tuple[str, ...]  # the values' compact JSON texts (enum, const, booleans, null)
+
+
+@dataclass(frozen=True)
+class UnionNode:
+    options: tuple[int, ...]
+
+
+Node = ObjectNode | ArrayNode | StringNode | NumberNode | LiteralNode | UnionNode
+
+ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
+                         "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
+                         "discriminator"})
+_OBJECT_WORDS = frozenset({"properties", "required", "additionalProperties"})
+_ARRAY_WORDS = frozenset({"items", "minItems", "maxItems"})
+_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | {"type"}
+SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
+TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+
+
+def compile_schema(schema: Any) -> tuple[Node, ...]:
+    """The schema's nodes, its root first. Raises SchemaError for what the grammar cannot hold."""
+    compiler = _Compiler(schema)
+    compiler.node(schema)
+    nodes = tuple(compiler.nodes)
+    _refuse_empty_cycles(nodes)
+    return nodes
+
+
+def canonical_text(schema: Any) -> str:
+    """One text for schemas equal as JSON: the key of a compiled grammar's cache."""
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+
+
+class _Compiler:
+    def __init__(self, root: Any) -> None:
+        self.root = root
+        self.nodes: list[Node | None] = []
+        self.refs: dict[str, int] = {}
+        self.any_node: int | None = None
+
+    def reserve(self) -> int:
+        self.nodes.append(None)
+        return len(self.nodes) - 1
+
+    def node(self, schema: Any) -> int:
+        if schema is True or schema == {}:
+            return self.any()
+        if schema is False:
+            raise SchemaError("the schema false matches nothing")
+        if not isinstance(schema, dict):
+            raise SchemaError(f"a schema must be an object or a boolean, got {json.dumps(schema)}")
+        unknown = sorted(set(schema) - SUPPORTED - ANNOTATIONS)
+        if unknown:
+            raise SchemaError(f"JSON schema keyword {unknown[0]!r} is not supported "
+                              f"(supported: {', '.join(sorted(SUPPORTED))})")
+        words = set(schema) - ANNOTATIONS
+        for combinator in ("$ref", "allOf", "anyOf", "oneOf"):
+            if combinator in words:
+                if len(words) > 1:
+                    raise SchemaError(f"{combinator} cannot be combined with "
+                                      f"{', '.join(sorted(words - {combinator}))} in one schema")
+                return self.combined(combinator, schema[combinator])
+        if "enum" in words or "const" in words:
+            return self.literal(schema, words)
+        return self.typed(schema, words)
+
+    def combined(self, combinator: str, value: Any) -> int:
+        if combinator == "$ref":
+            return self.ref(value)
+        if not isinstance(value, list) or not value:
+            raise SchemaError(f"{combinator} must be a non-empty list of schemas")
+        if combinator == "allOf":
+            if len(value) > 1:
+                raise SchemaError("allOf with more than one schema is not supported")
+            return self.node(value[0])
+        index = self.reserve()
+        self.nodes[index] = UnionNode(tuple(self.node(option) for option in value))
+        return index
+
+    def ref(self, pointer: Any) -> int:
+        if pointer in self.refs:
+            return self.refs[pointer]
+        if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
+            raise SchemaError(f"$ref {pointer!r}: only references inside the schema (#/...) are supported")
+        target = self.root
+        for part in pointer[2:].split("/") if pointer != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
+            if not isinstance(target, dict) or part not in target:
+                raise SchemaError(f"$ref {pointer!r} points at nothing in the schema")
+            target = target[part]
+        index = self.refs[pointer] = self.reserve()
+        resolved = self.nodes[self.node(target)]
+        if resolved is None:
+            raise SchemaError(f"$ref {pointer!r} refers to itself and to nothing else")
+        self.nodes[index] = resolved
+        return index
+
+    def literal(self, schema: dict, words: set[str]) -> int:
+        if words - {"enum", "const", "type"}:
+            raise SchemaError(f"enum and const cannot be combined with {', '.join(sorted(words - {'enum', 'const', 'type'}))}")
+        values = [schema["const"]] if "const" in schema else schema["enum"]
+        if not isinstance(values, list) or not values:
+            raise SchemaError("enum must be a non-empty list")
+        types = _types(schema.get("type", list(TYPES)))
+        texts = dict.fromkeys(_json_text(v) for v in values if any(_is_type(v, t) for t in types))
+        if not texts:
+            raise SchemaError(f"no value of enum/const is of type {', '.join(types)}")
+        index = self.reserve()
+        self.nodes[index] = LiteralNode(tuple(texts))
+        return index
+
+    def typed(self, schema: dict, words: set[str]) -> int:
+        if "type" in schema:
+            types = _types(schema["type"])
+        elif words & _OBJECT_WORDS:
+            types = ["object"]
+        elif words & _ARRAY_WORDS:
+            types = ["array"]
+        else:
+            return self.any()
+        index = self.reserve()
+        built = [self.of_type(t, schema) for t in dict.fromkeys(types)]
+        self.nodes[index] = built[0] if len(built) == 1 else UnionNode(tuple(self.add(n) for n in built))
+        return index
+
+    def add(self, node: Node) -> int:
+        index = self.reserve()
+        self.nodes[index] = node
+        return index
+
+    def of_type(self, kind: str, schema: dict) -> Node:
+        if kind == "object":
+            return self.object(schema)
+        if kind == "array":
+            return self.array(schema)
+        if kind in ("number", "integer"):
+            return NumberNode(integer=kind == "integer")
+        if kind == "string":
+            return StringNode()
+        return LiteralNode(("true", "false") if kind == "boolean" else ("null",))
+
+    def object(self, schema: dict) -> ObjectNode:
+        declared = schema.get("properties", {})
+        required = schema.get("required", [])
+        if not isinstance(declared, dict) or not all(isinstance(k, str) for k in declared):
+            raise SchemaError("properties must map key names to schemas")
+        if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
+            raise SchemaError("required must be a list of key names")
+        additional = schema.get("additionalProperties", False)
+        extra = None if additional is False else self.node(additional)
+        missing = [k for k in required if k not in declared]
+        if missing and extra is None:
+            raise SchemaError(f"required key {missing[0]!r} is not in properties, and "
+                              "additionalProperties does not allow other keys")
+        properties = {key: self.node(value) for key, value in declared.items()}
+        return ObjectNode(properties, frozenset(k for k in required if k in declared), extra,
+                          {_json_text(key): key for key in properties})
+
+    def array(self, schema: dict) -> ArrayNode:
+        low, high = schema.get("minItems", 0), schema.get("maxItems")
+        for name, bound in (("minItems", low), ("maxItems", high)):
+            if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+                raise SchemaError(f"{name} must be a non-negative integer, got {json.dumps(bound)}")
+        if high is not None and low > high:
+            raise SchemaError(f"minItems ({low}) is above maxItems ({high})")
+        items = self.node(schema.get("items", True)) if high != 0 else self.any()
+        return ArrayNode(items, low, high)
+
+    def any(self) -> int:
+        """Any JSON value; an object here takes any keys (it is the json_object format's)."""
+        if self.any_node is None:
+            self.any_node = index = self.reserve()
+            options = (ObjectNode({}, frozenset(), index, {}), ArrayNode(index, 0, None), StringNode(),
+                       NumberNode(integer=False), LiteralNode(("true", "false", "null")))
+            self.nodes[index] = UnionNode(tuple(self.add(node) for node in options))
+        return self.any_node
+
+
+def _types(value: Any) -> list[str]:
+    types = [value] if isinstance(value, str) else value
+    if not isinstance(types, list) or not types or any(t not in TYPES for t in types):
+        raise SchemaError(f"type must be one of {', '.join(TYPES)} or a list of them, got {json.dumps(value)}")
+    return types
+
+
+def _is_type(value: Any, kind: str) -> bool:
+    if kind == "integer":
+        return (isinstance(value, int) and not isinstance(value, bool)) or (
+            isinstance(value, float) and value.is_integer())
+    if kind == "number":
+        return isinstance(value, int | float) and not isinstance(value, bool)
+    expected = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
+    return isinstance(value, expected[kind])
+
+
+def _json_text(value: Any) -> str:
+    try:
+        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except ValueError:
+        raise SchemaError(f"{value!r} is not a JSON value") from None
+
+
+def _refuse_empty_cycles(nodes: tuple[Node, ...]) -> None:
+    """A union that reaches itself through unions alone would read no character on its way."""
+    finished: set[int] = set()
+
+    def visit(index: int, path: set[int]) -> None:
+        if index in finished or not isinstance(nodes[index], UnionNode):
+            return
+        if index in path:
+            raise SchemaError("a $ref or anyOf cycle that reads no character (a schema that is "
+                              "only itself)")
+        path.add(index)
+        for option in nodes[index].options:
+            visit(option, path)
+        path.discard(index)
+        finished.add(index)
+
+    for index in range(len(nodes)):
+        visit(index, set())

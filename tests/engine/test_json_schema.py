@@ -1,0 +1,278 @@
+"""The schema-held JSON recognizer against the jsonschema library, the reference validator.
+
+A text is complete exactly when json.loads reads it (nothing around it, no NaN) and jsonschema
+validates the value against the schema read with the grammar's documented stricter rules: no
+keys outside `properties` unless `additionalProperties` is given, a declared key at most once,
+an integer without a fraction, an enum's number spelled as json.dumps spells it. Random walks through the grammar end only in texts the reference
+validates, and never reach a state from which nothing goes on.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.json_schema import SchemaError, compile_schema
+
+from .json_edits import edit
+
+PERSON = {
+    "type": "object", "title": "Person", "required": ["name", "age"],
+    "properties": {
+        "name": {"type": "string", "description": "full name"},
+        "age": {"type": "integer"},
+        "score": {"enum": [1, 10, 1.5, "a b", None, True]},
+        "nick": {"anyOf": [{"type": "string"}, {"type": "null"}]},
+        "tags": {"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": 3},
+        "home": {"type": "object", "properties": {"city": {"type": "string"},
+                                                  "zip": {"type": ["integer", "null"]}}},
+        "ok": {"type": "boolean"},
+        "ratio": {"type": "number"},
+    },
+}
+TREE = {"$defs": {"node": {"type": "object", "required": ["v"], "properties": {
+    "v": {"type": "integer"}, "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}}}},
+    "$ref": "#/$defs/node"}
+MIXED = {"type": "object", "properties": {"id": {"type": "string"}},
+         "additionalProperties": {"type": "integer"}}
+PAIR = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
+CHOICE = {"enum": [1, 12, "a b", -0.5, None]}
+PYDANTIC = {  # what pydantic's model_json_schema() writes for a model with a nested model
+    "$defs": {"Pet": {"properties": {"kind": {"enum": ["cat", "dog"], "title": "Kind", "type": "string"},
+                                     "legs": {"default": 4, "title": "Legs", "type": "integer"}},
+                      "required": ["kind"], "title": "Pet", "type": "object"}},
+    "properties": {"owner": {"title": "Owner", "type": "string"},
+                   "pet": {"allOf": [{"$ref": "#/$defs/Pet"}]},
+                   "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
+    "required": ["owner", "pet"], "title": "Home", "type": "object"}
+SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "pair": PAIR, "choice": CHOICE,
+           "pydantic": PYDANTIC}
+
+VALID = {
+    "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"age": 0, "name": "", "score": 10, "nick": None,
+               "tags": ["x", "y z"], "home": {"zip": None, "city": "Oslo"}, "ok": False, "ratio": -2.5e-3},
+               {"name": "a", "age": 7, "score": 1.5, "home": {}, "tags": ["t"]}],
+    "tree": [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": []}, {"kids": [{"v": 4}], "v": 3}]}],
+    "mixed": [{}, {"id": "a", "n": 3, "m": -1}, {"x": 1, "id": "b"}],
+    "pair": [[1, 2.5], [-0.0, 1e10]],
+    "choice": [1, 12, "a b", -0.5, None],
+    "pydantic": [{"owner": "Ann", "pet": {"kind": "cat"}},
+                 {"pet": {"legs": 3, "kind": "dog"}, "owner": "Bo", "note": None}],
+}
+LAYOUTS = [{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " :\t")},
+           {"indent": "\n", "ensure_ascii": False}]
+
+
+def _strict(schema: Any) -> Any:
+    """The schema as the grammar reads it: objects without additionalProperties take no others."""
+    if isinstance(schema, list):
+        return [_strict(s) for s in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {k: _strict(v) if k not in ("enum", "const") else v for k, v in schema.items()}
+    if ("properties" in schema or schema.get("type") == "object") and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+def _declared(schema: Any) -> set[str]:
+    if isinstance(schema, list):
+        return set().union(*map(_declared, schema)) if schema else set()
+    if not isinstance(schema, dict):
+        return set()
+    names = set(schema.get("properties", {}))
+    return names.union(*(_declared(v) for k, v in schema.items() if k not in ("enum", "const")))
+
+
+class _SpelledInt(int):
+    text: str
+
+
+class _SpelledFloat(float):
+    text: str
+
+
+def _spelled(kind: type, text: str) -> Any:
+    number = kind(text)
+    number.text = text
+    return number
+
+
+def _enum_by_text(validator: Any, values: list, instance: Any, schema: dict) -> Any:
+    """A number matches an enum's number only spelled as json.dumps spells it (the grammar's rule)."""
+    if isinstance(instance, _SpelledInt | _SpelledFloat):
+        if not any(json.dumps(v) == instance.text for v in values
+                   if isinstance(v, int | float) and not isinstance(v, bool)):
+            yield jsonschema.ValidationError(f"{instance.text} is not spelled as in the enum")
+        return
+    yield from jsonschema.Draft202012Validator.VALIDATORS["enum"](validator, values, instance, schema)
+
+
+_INT_IS_INT = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
+    "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
+Reference = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_INT_IS_INT,
+                                         validators={"enum": _enum_by_text})
+
+
+def reference_accepts(schema: Any, text: str) -> bool:
+    if not text or text != text.strip(" \t\n\r"):
+        return False
+    declared = _declared(schema)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        keys = [k for k, _ in items]
+        if any(keys.count(k) > 1 for k in set(keys) & declared):
+            raise ValueError("a declared key twice")
+        return dict(items)
+
+    def refuse(constant: str) -> None:
+        raise ValueError(constant)
+
+    try:
+        value = json.loads(text, parse_constant=refuse, object_pairs_hook=pairs,
+                           parse_int=lambda t: _spelled(_SpelledInt, t),
+                           parse_float=lambda t: _spelled(_SpelledFloat, t))
+    except (ValueError, RecursionError):
+        return False
+    return Reference(_strict(schema)).is_valid(value)
+
+
+GRAMMARS = {name: JsonGrammar(schema) for name, schema in SCHEMAS.items()}
+
+
+def complete(name: str, text: str) -> bool:
+    grammar = GRAMMARS[name]
+    return grammar.is_complete(grammar.advance(grammar.start, text))
+
+
+@pytest.mark.parametrize("name", sorted(VALID))
+def test_valid_instances_in_every_layout_are_complete_and_every_prefix_viable(name):
+    grammar = GRAMMARS[name]
+    for value in VALID[name]:
+        for layout in LAYOUTS:
+            text = json.dumps(value, **layout)
+            assert reference_accepts(SCHEMAS[name], text), text  # the cases are valid
+            state = grammar.start
+            for i, ch in enumerate(text):
+                state = grammar.step(state, ch)
+                assert state is not None, text[: i + 1]
+            assert grammar.is_complete(state), text
+
+
+HAND_CASES = {
+    "person": ['{"name":"x"}', '{"age":1}', '{"name":"x","age":1.5}', '{"name":"x","age":1.0}',
+               '{"name":"x","age":1e2}', '{"name":"x","age":1,"zz":1}', '{"name":"x","name":"y","age":1}',
+               '{"name":"x","age":1,"score":100}', '{"name":"x","age":1,"score":15}',
+               '{"name":"x","age":1,"score":1.}', '{"name":"x","age":1,"score":"a b"}',
+               '{"name":"x","age":1,"score":"a"}', '{"name":"x","age":1,"tags":[]}',
+               '{"name":"x","age":1,"tags":["a","b","c","d"]}', '{"name":"x","age":1,"tags":[1]}',
+               '{"name":"x","age":1,"home":{"zip":"1"}}', '{"name":"x","age":1,"ok":null}',
+               '{"name":1,"age":1}', '{"name":"x","age":01}', '{"name":"x","age":-}', ' {"name":"x","age":1}',
+               '{"name":"x","age":1} ', '{"name":"x","age":1,}', '{"name":"x",,"age":1}', "{}", "[]", "null"],
+    "tree": ['{"v":1,"kids":[{}]}', '{"v":1,"kids":[{"v":"2"}]}', '{"v":1,"kids":{"v":2}}', '{"kids":[]}'],
+    "mixed": ['{"id":1}', '{"n":"x"}', '{"id":"a","id":"b"}', '{"n":1.5}', '{"\\u0069d":"a"}',
+              '{"\\u0069d":2}', '{"n":1,"n":2}'],
+    "pair": ["[1]", "[1,2,3]", "[1,2]", "[1, 2 ]", "[ 1,2]", '[1,"2"]', "[]"],
+    "choice": ["1", "12", "123", "2", '"a b"', '"a"', "1 ", "-1", "-0.50", "-0.5", "nul"],
+    "pydantic": ['{"owner":"a","pet":{"kind":"cow"}}', '{"owner":"a","pet":{"legs":4}}',
+                 '{"owner":"a","pet":{"kind":"cat"},"note":3}'],
+}
+
+
+@pytest.mark.parametrize("name", sorted(HAND_CASES))
+def test_hand_cases_agree_with_jsonschema(name):
+    for text in HAND_CASES[name] + [json.dumps(v) for v in VALID[name]]:
+        assert complete(name, text) == reference_accepts(SCHEMAS[name], text), text
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.sampled_from(sorted(VALID)), st.integers(0, 4), st.randoms())
+def test_edited_texts_are_complete_exactly_when_jsonschema_validates(name, layout, rng):
+    text = edit(json.dumps(rng.choice(VALID[name]), **LAYOUTS[layout]), rng,
+                '{}[]:,"\\ 0123456789.eE+-tfnrulasuvkidg\n')
+    assert complete(name, text) == reference_accepts(SCHEMAS[name], text), text
+
+
+ALPHABET = sorted(set('{}[]:,"\\ \n0123456789.eE+-truefalsnu/bfnrtxyz') | set(
+    "".join(json.dumps(SCHEMAS, ensure_ascii=False))))
+
+
+def _walk(grammar: JsonGrammar, rng: random.Random, budget: int) -> str | None:
+    """Random characters the grammar takes until it calls the text complete (None: too long)."""
+    state, text = grammar.start, []
+    while len(text) < 4 * budget:
+        if grammar.is_complete(state) and (len(text) > budget or rng.random() < 0.2):
+            return "".join(text)
+        options = {ch: nxt for ch in ALPHABET if (nxt := grammar.step(state, ch)) is not None}
+        assert options or grammar.is_complete(state), f"dead end after {''.join(text)!r}"
+        if not options:
+            return "".join(text)
+        if len(text) > budget:  # close: no whitespace, the characters that leave the least open
+            options = {ch: nxt for ch, nxt in options.items() if not ch.isspace()} or options
+            least = min(min(map(len, nxt)) for nxt in options.values())
+            options = {ch: nxt for ch, nxt in options.items() if min(map(len, nxt)) == least}
+        ch = rng.choice(sorted(options))
+        text.append(ch)
+        state = options[ch]
+    return None
+
+
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_random_walks_end_only_in_texts_jsonschema_validates(name):
+    rng = random.Random(name)
+    finished = 0
+    for _ in range(60):
+        text = _walk(GRAMMARS[name], rng, budget=60)
+        if text is not None:
+            assert reference_accepts(SCHEMAS[name], text), text
+            finished += 1
+    assert finished >= 50
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "string", "pattern": "^a"}, "keyword 'pattern' is not supported"),
+    ({"type": "integer", "minimum": 0}, "keyword 'minimum' is not supported"),
+    ({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}, "'format'"),
+    (False, "matches nothing"),
+    ({"type": "array", "items": False}, "matches nothing"),
+    ({"type": "date"}, "type must be one of"),
+    ({"$ref": "http://example.com/s.json"}, "only references inside the schema"),
+    ({"$ref": "#/$defs/missing"}, "points at nothing"),
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "refers to itself"),
+    ({"anyOf": [{"$ref": "#"}, {"type": "null"}]}, "cycle that reads no character"),
+    ({"type": "object", "required": ["a"]}, "required key 'a' is not in properties"),
+    ({"type": "array", "minItems": 3, "maxItems": 2}, "minItems (3) is above maxItems (2)"),
+    ({"type": "array", "maxItems": -1}, "maxItems must be a non-negative integer"),
+    ({"enum": []}, "enum must be a non-empty list"),
+    ({"type": "string", "enum": [1, 2]}, "no value of enum/const is of type string"),
+    ({"enum": [float("nan")]}, "is not a JSON value"),
+    ({"allOf": [{"type": "string"}, {"type": "null"}]}, "allOf with more than one"),
+    ({"type": "string", "anyOf": [{"type": "null"}]}, "anyOf cannot be combined with type"),
+    ("string", "a schema must be an object or a boolean"),
+])
+def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
+    with pytest.raises(SchemaError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        compile_schema(schema)
+
+
+def test_an_enum_s_arrays_and_objects_are_written_compactly():
+    grammar = JsonGrammar({"type": "object", "properties": {"v": {"enum": [[1, 2], {"k": None}]}}})
+    for text, whole in (('{"v":[1,2]}', True), ('{"v": {"k":null} }', True), ('{"v":[1, 2]}', False),
+                        ('{"v":{"k": null}}', False), ('{"v":[1]}', False)):
+        assert grammar.is_complete(grammar.advance(grammar.start, text)) == whole, text
+
+
+def test_an_empty_schema_takes_any_value_and_types_follow_their_keywords():
+    anything = JsonGrammar({})
+    for text in ('"s"', "-1.5e3", "[{}]", "null", '{"a":[true]}'):
+        assert anything.is_complete(anything.advance(anything.start, text)), text
+    implied = JsonGrammar({"properties": {"a": {"type": "integer"}}})  # no type: an object
+    assert implied.is_complete(implied.advance(implied.start, '{"a":1}'))
+    assert implied.advance(implied.start, '"a"') is None

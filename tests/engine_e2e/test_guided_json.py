@@ -1,0 +1,147 @@
+"""OpenAI's json_object and json_schema response formats through the engine, on the embedded
+model: every output that ends by EOS is a JSON object Python's json module reads, or a value
+jsonschema validates against the schema; a cut one is a prefix of one. The token filter's
+shortcuts are checked against reading every token in full."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import jsonschema
+import pytest
+
+from inferlab.engine.guided_json import JsonGuide, JsonTokenFilter, TokenIndex, token_texts
+from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InvalidParameterError
+
+GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
+START = GRAMMAR.start
+advance, is_complete = GRAMMAR.advance, GRAMMAR.is_complete
+SAMPLE = '{"name": "Zoë\\n", "tags": [1, -2.5e3, true, null], "nested": {"k": [{}, []]}}'
+
+
+@pytest.fixture(scope="module")
+def texts(make_llm) -> list[str | None]:
+    return token_texts(make_llm().tokenizer)
+
+
+def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
+    tokenizer = make_llm().tokenizer
+    for text in (' {"a": 1}\n', "Hello world, it's 3.14!", "  two  spaces\tand tab", SAMPLE):
+        ids = tokenizer.encode(text, add_special_tokens=False)
+        assert "".join(texts[i] for i in ids) == tokenizer.decode(ids) == text
+    assert all(texts[i] is None for i in tokenizer.all_special_ids)
+
+
+# numbers and literals that whitespace ends, and whitespace runs of every kind
+SPACED = '{\n\t"n" :  12\n ,"x":\t[ -0.5e3 \r\n, true\t] , "s" : " a\\tb " \n}'
+
+
+# declared keys and enum strings with whitespace inside, where whitespace is not between tokens
+PET = {"type": "object", "required": ["first name"], "properties": {
+    "first name": {"type": "string"}, "mood": {"enum": ["so  so", "ok", 10, 1]},
+    "legs": {"type": "integer"}, "extra": {"type": "object", "additionalProperties": {"type": "number"},
+                                           "properties": {"id": {"type": "string"}}}}}
+PET_SAMPLE = '{ "mood" : "so  so", "first name":"Rex \\"R\\"", "legs": 4, "extra": {"id":"a","w": 1.5}}'
+
+
+@pytest.mark.parametrize(("schema", "text"), [(OBJECT_SCHEMA, SAMPLE), (OBJECT_SCHEMA, SPACED),
+                                              (PET, PET_SAMPLE), ({"enum": [1, 12]}, "12")])
+def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, schema, text):
+    grammar = JsonGrammar(schema)
+    token_filter = JsonTokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
+    state = grammar.start
+    for i, ch in enumerate(text):
+        if i % 3 == 0 or ch in '"\\{}[]:, \t\n':  # strings, escapes, numbers, literals, structure
+            read_in_full = [t for t, token in enumerate(texts)
+                            if token is not None and grammar.advance(state, token) is not None]
+            if grammar.is_complete(state):
+                read_in_full.append(2)
+            assert token_filter.allowed(state).nonzero().flatten().tolist() == read_in_full, text[:i]
+        state = grammar.step(state, ch)
+    assert grammar.is_complete(state)
+
+
+def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
+    guide = JsonGuide(JsonTokenFilter(GRAMMAR, TokenIndex(texts, len(texts)), eos_token_id=2))
+    ids = [texts.index("{"), texts.index("}")]
+    assert guide.allowed_now([])[ids[0]] and not guide.allowed_now([])[2]
+    assert guide.allowed_now(ids[:1])[ids[1]] and not guide.allowed_now(ids[:1])[2]
+    assert guide.allowed_now(ids).nonzero().flatten().tolist() == [2]
+
+
+def test_a_model_with_more_rows_than_tokens_never_samples_the_extra_rows(texts):
+    token_filter = JsonTokenFilter(GRAMMAR, TokenIndex(texts, len(texts) + 64), eos_token_id=2)
+    in_string = advance(START, '{"a": "b')
+    assert token_filter.allowed(in_string).shape == (len(texts) + 64,)
+    assert not token_filter.allowed(in_string)[len(texts):].any()
+
+
+CAT = {"type": "object", "required": ["name", "age", "colors"], "properties": {
+    "name": {"type": "string"}, "age": {"type": "integer"},
+    "colors": {"type": "array", "items": {"enum": ["black", "white", "orange"]}, "minItems": 1,
+               "maxItems": 2},
+    "indoor": {"type": "boolean"}}}
+
+
+@pytest.mark.parametrize(("guide", "check", "prompts"), [
+    ({"json_object": True}, lambda text: isinstance(json.loads(text), dict),
+     ["What is the capital of France? Answer in JSON.", "Describe a cat as a JSON object."]),
+    ({"json_schema": CAT}, lambda text: jsonschema.validate(json.loads(text), CAT) is None,
+     ["Describe a cat as a JSON object.", "Tell me about your neighbour's cat."]),
+])
+def test_guided_outputs_are_what_the_format_asks(make_llm, guide, check, prompts):
+    llm = make_llm()
+    conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
+    greedy = SamplingParams(temperature=0, max_tokens=100, **guide)
+    sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=100, **guide)
+    grammar, stopped = JsonGrammar(SamplingParams(**guide).guided_schema), 0
+    for params in (greedy, sampled):
+        for out in llm.chat(conversations, params):
+            for completion in out.outputs:
+                if completion.finish_reason == "stop":
+                    assert check(completion.text), completion.text
+                    stopped += 1
+                else:
+                    assert completion.finish_reason == "length"
+                    assert grammar.advance(grammar.start, completion.text) is not None
+    assert stopped >= 4  # most of the eight end their value well within 100 tokens
+
+
+def test_a_schema_s_top_level_number_may_end_or_go_on(make_llm):
+    llm = make_llm()
+    eos = llm.engine.generation.eos_token_id
+    for eos_bias, text in ((100, "1"), (-100, "123")):  # EOS is offered at "1", "12" and "123"
+        params = SamplingParams(temperature=1.0, seed=0, n=3, max_tokens=6, logit_bias={eos: eos_bias},
+                                json_schema={"enum": [1, 12, 123]})
+        outputs = llm.generate(["Pick a number:"], params)[0].outputs
+        assert [(c.text, c.finish_reason) for c in outputs] == [(text, "stop")] * 3
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"ignore_eos": True}, "cannot be combined"),
+    ({"min_tokens": 3}, "cannot be combined"),
+    ({"guided_choice": ["a"]}, "guided_choice and json_object cannot"),
+    ({"json_schema": {"type": "object"}}, "json_object and json_schema cannot"),
+])
+def test_json_object_refuses_what_would_fight_it(fields, words):
+    with pytest.raises(InvalidParameterError, match=words):
+        SamplingParams(json_object=True, **fields)
+
+
+def test_a_schema_the_grammar_cannot_hold_is_refused_by_name():
+    with pytest.raises(InvalidParameterError, match="json_schema: JSON schema keyword 'pattern'"):
+        SamplingParams(json_schema={"type": "string", "pattern": "a+"})
+
+
+@pytest.mark.parametrize("fields", [{"json_object": True}, {"json_schema": CAT},
+                                    {"guided_choice": ["yes", "no"]}])
+def test_guided_decoding_needs_an_eos_to_end_with(make_llm, monkeypatch, fields):
+    llm = make_llm()
+    without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none
+    monkeypatch.setattr(llm.engine, "generation", without_eos)
+    with pytest.raises(InvalidParameterError, match="ends its output with EOS, and this model has none"):
+        llm.engine.add_request([1, 2, 3], SamplingParams(**fields))
+    assert not llm.engine.has_unfinished_requests()

@@ -1,0 +1,72 @@
+"""Guided decoding through the official `openai` client: guided_choice, json_object and JSON
+schemas, in each of the forms clients send them (OpenAI's response_format, vLLM's
+structured_outputs and guided_* fields). References: Python's json module and the jsonschema
+library, not the grammar under test."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+from server_helpers import MODEL_NAME
+
+GREEDY = {"temperature": 0.0}
+CITY = {"type": "object", "required": ["city", "country"], "properties": {
+    "city": {"type": "string"}, "country": {"type": "string"},
+    "population": {"type": "integer"}, "capital": {"type": "boolean"}}}
+MESSAGES = [{"role": "user", "content": "Name a large city as JSON."}]
+
+
+def test_json_object_answers_with_a_json_object(client):
+    """OpenAI's response_format json_object (chat, streamed too) and vLLM's structured_outputs
+    {"json_object": true} (completions): what ends by EOS is an object json.loads reads."""
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in JSON."}]
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=60,
+                                          response_format={"type": "json_object"}, **GREEDY)
+    assert chat.choices[0].finish_reason == "stop"
+    assert isinstance(json.loads(chat.choices[0].message.content), dict)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=60,
+                                            response_format={"type": "json_object"}, stream=True,
+                                            **GREEDY)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == chat.choices[0].message.content
+    completion = client.completions.create(
+        model=MODEL_NAME, prompt="A JSON object with a name and an age:", max_tokens=60, **GREEDY,
+        extra_body={"structured_outputs": {"json_object": True}})
+    if completion.choices[0].finish_reason == "stop":
+        assert isinstance(json.loads(completion.choices[0].text), dict)
+    assert completion.choices[0].text.startswith("{")
+
+
+def test_guided_choice_answers_with_one_of_the_choices(client):
+    """vLLM's guided_choice, and its newer structured_outputs {"choice": [...]}, chat and completions."""
+    choices = ["yes", "no", "it depends"]
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Is water wet?"}], max_tokens=10,
+        n=4, seed=11, temperature=1.2, extra_body={"guided_choice": choices})
+    assert all(c.message.content in choices and c.finish_reason == "stop" for c in chat.choices)
+    completion = client.completions.create(
+        model=MODEL_NAME, prompt="The answer is", max_tokens=10, **GREEDY,
+        extra_body={"structured_outputs": {"choice": choices}})
+    assert completion.choices[0].text in choices
+
+
+def test_json_schema_answers_validate_in_every_form(client):
+    """OpenAI's response_format json_schema (chat, and streamed: the same text), vLLM's
+    structured_outputs {"json": schema} and guided_json (a schema's text), completions."""
+    response_format = {"type": "json_schema", "json_schema": {"name": "city", "schema": CITY, "strict": True}}
+    whole = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=80,
+                                           response_format=response_format, **GREEDY)
+    assert whole.choices[0].finish_reason == "stop"
+    jsonschema.validate(json.loads(whole.choices[0].message.content), CITY)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=80,
+                                            response_format=response_format, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+        whole.choices[0].message.content
+    for extra in ({"structured_outputs": {"json": CITY}}, {"guided_json": json.dumps(CITY)}):
+        completion = client.completions.create(model=MODEL_NAME, prompt="A city as JSON:", max_tokens=80,
+                                               n=2, seed=4, temperature=1.0, extra_body=extra)
+        for choice in completion.choices:
+            if choice.finish_reason == "stop":
+                jsonschema.validate(json.loads(choice.text), CITY)
+            assert choice.text.startswith("{")
