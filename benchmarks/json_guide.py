@@ -1,6 +1,6 @@
-"""What JSON guided decoding costs (json_object, and a json_schema): building the token index, a
-grammar state's token set the first time it is met, the sampler's masking, and a served
-stream's time a token.
+"""What guided decoding by grammar costs (json_object, a json_schema, a guided_regex): building
+the token index, a grammar state's token set the first time it is met, the sampler's masking,
+and a stream's time a token.
 
 Run: .venv/bin/python benchmarks/json_guide.py [--rows 8] [--tokens 96]
 
@@ -17,9 +17,11 @@ import time
 
 import torch
 
-from inferlab.engine.guided_json import JsonTokenFilter, TokenIndex, token_texts
+from inferlab.engine.grammar import Grammar
+from inferlab.engine.guided_grammar import TokenFilter, TokenIndex, token_texts
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 from inferlab.engine.llm_engine import LLM
+from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
 
@@ -35,6 +37,7 @@ CAT_SCHEMA = {  # the sample's shape, as a schema
             "indoor": {"type": "boolean"}, "vet": {"anyOf": [{"type": "string"}, {"type": "null"}]}}},
     },
 }
+DATE = r"(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?"
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 
@@ -48,11 +51,10 @@ def token_index(llm: LLM) -> TokenIndex:
     return index
 
 
-def filter_costs(name: str, schema: dict, index: TokenIndex, eos: int) -> JsonTokenFilter:
-    token_filter = JsonTokenFilter(JsonGrammar(schema), index, eos)
-    grammar = token_filter.grammar
+def filter_costs(name: str, grammar: Grammar, sample: str, index: TokenIndex, eos: int) -> TokenFilter:
+    token_filter = TokenFilter(grammar, index, eos)
     state, cold = grammar.start, []
-    for ch in SAMPLE:
+    for ch in sample:
         if state not in token_filter._cache:
             t0 = time.perf_counter()
             token_filter.allowed(state)
@@ -63,7 +65,7 @@ def filter_costs(name: str, schema: dict, index: TokenIndex, eos: int) -> JsonTo
     return token_filter
 
 
-def sampler_cost(token_filter: JsonTokenFilter, rows: int, vocab: int) -> None:
+def sampler_cost(token_filter: TokenFilter, rows: int, vocab: int) -> None:
     grammar = token_filter.grammar
     in_string = grammar.advance(grammar.start, '{"name": "Fe')
     allowed = token_filter.allowed(in_string)
@@ -105,11 +107,13 @@ def main() -> None:
     llm = LLM(None)
     index = token_index(llm)
     eos = llm.engine.generation.eos_token_id
-    token_filter = filter_costs("json_object", OBJECT_SCHEMA, index, eos)
-    filter_costs("json_schema", CAT_SCHEMA, index, eos)
+    token_filter = filter_costs("json_object", JsonGrammar(OBJECT_SCHEMA), SAMPLE, index, eos)
+    filter_costs("json_schema", JsonGrammar(CAT_SCHEMA), SAMPLE, index, eos)
+    filter_costs("guided_regex", RegexGrammar(DATE), "2024-12-02 at 11:45", index, eos)
     sampler_cost(token_filter, args.rows, llm.engine.model_config.vocab_size)
     stream_cost(llm, args.tokens, json_object=True)
     stream_cost(llm, args.tokens, json_schema=CAT_SCHEMA)
+    stream_cost(llm, args.tokens, guided_regex=DATE)
 
 
 if __name__ == "__main__":

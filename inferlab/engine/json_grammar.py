@@ -8,7 +8,7 @@ cannot pad without end before or after it.
 A state is a set of stacks, one for each way the text so far can be read (a union's branches,
 a number that may end or go on); a stack holds a frame (node index, mode, data) for each value
 that is open, innermost last. The text is complete when one stack is empty. States are
-hashable: they key the token filter's cache (guided_json.py).
+hashable: they key the token filter's cache (guided_grammar.py).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inferlab.engine.grammar import Grammar
 from inferlab.engine.json_schema import (
     ArrayNode,
     LiteralNode,
@@ -73,45 +74,23 @@ def string_char(sub: str, ch: str) -> str | None:
     return "" if sub == "u4" else f"u{int(sub[1]) + 1}"
 
 
-class JsonGrammar:
-    """The schema's recognizer: `step` gives the state after one more character (None when no
-    value the schema takes begins with the text), `is_complete` whether the text is one."""
+class JsonGrammar(Grammar):
+    """The schema's recognizer: a text is complete when it is one JSON value the schema takes."""
 
-    def __init__(self, schema: Any, memo_size: int = 1 << 15) -> None:
+    def __init__(self, schema: Any) -> None:
+        super().__init__()
         self.nodes: tuple[Node, ...] = compile_schema(schema)
         self.start: State = frozenset({((0, "start", None),)})
-        # (state, character) -> the next state. The token filter reads thousands of tokens from
-        # one state, and tokens that begin alike walk the same states: they are stepped once.
-        self._memo: dict[tuple[State, str], State | None] = {}
-        self.memo_size = memo_size
 
-    def step(self, state: State, ch: str) -> State | None:
-        key = (state, ch)
-        if key in self._memo:
-            return self._memo[key]
+    def _next(self, state: State, ch: str) -> State | None:
         stacks = {after for stack in state for after in self._step(stack, ch)}
-        nxt = frozenset(stacks) if stacks else None
-        if len(self._memo) >= self.memo_size:
-            self._memo.clear()  # a new schema's or a long generation's states: start over
-        self._memo[key] = nxt
-        return nxt
+        return frozenset(stacks) if stacks else None
 
-    def advance(self, state: State | None, text: str) -> State | None:
-        """The state after `text`, or None as soon as no value the schema takes begins so."""
-        for ch in text:
-            if state is None:
-                return None
-            state = self.step(state, ch)
-        return state
-
-    @staticmethod
-    def is_complete(state: State | None) -> bool:
+    def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state
 
-    @staticmethod
-    def in_plain_string(state: State) -> bool:
-        """Every reading is inside a string of any text, after no backslash: a token without a
-        quote, a backslash or a control character goes on with it as it is."""
+    def in_plain_string(self, state: State) -> bool:
+        """Every reading is inside a string of any text, after no backslash."""
         return all(stack and stack[-1][1] in ("str", "key") and stack[-1][2][-1] == ""
                    for stack in state)
 

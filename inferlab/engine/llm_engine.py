@@ -21,7 +21,7 @@ import torch
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
-from inferlab.engine.guided_json import JsonFilters, TokenIndex, token_texts
+from inferlab.engine.guided_grammar import GrammarFilters, TokenIndex, token_texts
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
@@ -225,13 +225,15 @@ class LLMEngine:
         """A new guide for one request (each of n copies has its own place in the grammar)."""
         eos = self.generation.eos_token_id
         if params.guided_schema is not None:
-            return self.json_filters.guide(params.guided_schema)
+            return self.grammar_filters.guide("json", params.guided_schema)
+        if params.guided_regex is not None:
+            return self.grammar_filters.guide("regex", params.guided_regex)
         return ChoiceGuide(choices, eos) if choices else None
 
     @functools.cached_property
-    def json_filters(self) -> JsonFilters:
-        return JsonFilters(lambda: TokenIndex(token_texts(self.tokenizer), self.model_config.vocab_size),
-                           self.generation.eos_token_id)
+    def grammar_filters(self) -> GrammarFilters:
+        return GrammarFilters(lambda: TokenIndex(token_texts(self.tokenizer), self.model_config.vocab_size),
+                              self.generation.eos_token_id)
 
     def _check_priority(self, priority: int) -> None:
         if not isinstance(priority, int) or isinstance(priority, bool):

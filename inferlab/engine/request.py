@@ -18,7 +18,7 @@ if TYPE_CHECKING:  # the scheduler side of the engine runs without torch (inferl
 
 
 class Guide(Protocol):
-    """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_json.JsonGuide)."""
+    """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_grammar.GrammarGuide)."""
 
     def allowed_now(self, output: list[int]) -> list[int] | torch.Tensor:
         """The token ids the next token may be (a list, or a bool mask over the vocabulary),

@@ -7,6 +7,7 @@ from typing import Any
 
 from inferlab.engine.json_grammar import OBJECT_SCHEMA
 from inferlab.engine.json_schema import SchemaError, compile_schema
+from inferlab.engine.regex_grammar import RegexError, RegexGrammar
 from inferlab.errors import InvalidParameterError
 
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
@@ -58,11 +59,13 @@ class SamplingParams:
     # vLLM's guided_choice: the output is one of these strings, then EOS (guided_choice.py)
     guided_choice: list[str] | None = None
     # OpenAI's json_object response format: the output is one JSON object, then EOS
-    # (guided_json.py)
+    # (guided_grammar.py)
     json_object: bool = False
     # OpenAI's json_schema response format and vLLM's guided_json: the output is one JSON value
     # the schema takes, then EOS (json_schema.py says which keywords are held to)
     json_schema: dict[str, Any] | bool | None = None
+    # vLLM's guided_regex: the whole output matches the pattern, then EOS (regex_grammar.py)
+    guided_regex: str | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -82,7 +85,8 @@ class SamplingParams:
             self.guided_choice = list(self.guided_choice)
         guides = [name for name, given in (("guided_choice", self.guided_choice is not None),
                                            ("json_object", self.json_object),
-                                           ("json_schema", self.json_schema is not None)) if given]
+                                           ("json_schema", self.json_schema is not None),
+                                           ("guided_regex", self.guided_regex is not None)) if given]
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -117,7 +121,7 @@ class SamplingParams:
                 isinstance(c, str) and c for c in self.guided_choice)),
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
             (len(guides) < 2, f"{' and '.join(guides)} cannot be combined"),
-            *_schema_checks(self.json_schema),
+            *_grammar_checks(self.json_schema, self.guided_regex),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
@@ -143,6 +147,8 @@ class SamplingParams:
             return "json_object"
         if self.json_schema is not None:
             return "json_schema"
+        if self.guided_regex is not None:
+            return "guided_regex"
         return "guided_choice" if self.guided_choice is not None else None
 
     @property
@@ -171,17 +177,19 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
     return checks
 
 
-def _schema_checks(schema: dict[str, Any] | bool | None) -> list[tuple[bool, str]]:
-    """One (ok, message): whether guided decoding can hold an output to the schema."""
-    if schema is None:
-        return []
-    try:
-        compile_schema(schema)
-    except SchemaError as e:
-        return [(False, f"json_schema: {e}")]
-    except RecursionError:
-        return [(False, "json_schema: nested too deeply")]
-    return []
+def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None) -> list[tuple[bool, str]]:
+    """One (ok, message) for each grammar that guided decoding cannot hold an output to."""
+    checks = []
+    for name, build, spec in (("json_schema", compile_schema, schema), ("guided_regex", RegexGrammar, regex)):
+        if spec is None:
+            continue
+        try:
+            build(spec)
+        except (SchemaError, RegexError) as e:
+            checks.append((False, f"{name}: {e}"))
+        except RecursionError:
+            checks.append((False, f"{name}: nested too deeply"))
+    return checks
 
 
 def _is_token_id(token: object) -> bool:

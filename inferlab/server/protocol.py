@@ -48,7 +48,9 @@ class SamplingFields(_Request):
     priority: int = 0  # lower first, with --scheduling-policy priority
     guided_choice: list[str] | None = None  # the output is one of these strings
     guided_json: dict[str, Any] | bool | str | None = None  # a JSON schema (or its text)
-    # vLLM's newer form: {"choice": [...]}, {"json": schema} or {"json_object": true}
+    guided_regex: str | None = None  # the whole output matches this pattern
+    # vLLM's newer form: {"choice": [...]}, {"json": schema}, {"regex": pattern} or
+    # {"json_object": true}
     structured_outputs: dict[str, Any] | None = None
     # OpenAI's: {"type": "text" | "json_object"} or {"type": "json_schema", "json_schema":
     # {"name": ..., "schema": {...}}}

@@ -39,8 +39,8 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "allowed_token_ids": req.allowed_token_ids, "truncate_prompt_tokens": req.truncate_prompt_tokens,
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
-        "cache_salt": req.cache_salt, "guided_choice": _guided_choice(req),
-        **_json_guide(req), **fields,
+        "cache_salt": req.cache_salt, "guided_choice": _guided("choice", req.guided_choice, req),
+        "guided_regex": _guided("regex", req.guided_regex, req), **_json_guide(req), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -53,18 +53,18 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         raise parameter_error(str(e)) from None
 
 
-def _guided_choice(req: SamplingFields) -> list[str] | None:
-    """vLLM's guided_choice, or structured_outputs {"choice": [...]}; the structured outputs
-    this server does not hold to (regex, grammar) are refused by name."""
+def _guided(kind: str, value: Any, req: SamplingFields) -> Any:
+    """vLLM's guided_<kind> field, or structured_outputs {kind: ...} (given once); the structured
+    outputs this server does not hold to (grammar) are refused by name."""
     constraints = req.structured_outputs or {}
-    others = sorted(set(constraints) - {"choice", "json", "json_object"})
+    others = sorted(set(constraints) - {"choice", "regex", "json", "json_object"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(choice, json and json_object are)", "structured_outputs")
-    if req.guided_choice is not None and "choice" in constraints:
-        raise bad_request("give the choices once: guided_choice or structured_outputs.choice",
-                          "guided_choice")
-    return req.guided_choice if req.guided_choice is not None else constraints.get("choice")
+                          "(choice, regex, json and json_object are)", "structured_outputs")
+    if value is not None and kind in constraints:
+        raise bad_request(f"give the {kind} once: guided_{kind} or structured_outputs.{kind}",
+                          f"guided_{kind}")
+    return value if value is not None else constraints.get(kind)
 
 
 def _json_guide(req: SamplingFields) -> dict[str, Any]:

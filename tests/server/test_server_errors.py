@@ -70,7 +70,10 @@ def chat(server, **fields) -> httpx.Response:
     # with min_tokens these were held back by indexing the logits: it killed the engine loop
     ({"stop_token_ids": [9999999], "min_tokens": 2}, "stop_token_ids", "outside the vocabulary"),
     ({"stop_token_ids": [-1], "min_tokens": 2}, "stop_token_ids", "must be token ids"),
-    ({"structured_outputs": {"regex": "a+"}}, "structured_outputs", "regex is not supported"),
+    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs", "grammar is not supported"),
+    ({"guided_regex": "(a"}, "guided_regex", "missing ')'"),
+    ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex", "give the regex once"),
+    ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "guided_choice and guided_regex cannot"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "is not JSON"),
     ({"guided_json": {"$ref": "#/$defs/none"}}, "json_schema", "points at nothing"),
     ({"guided_json": {"type": "object"}, "structured_outputs": {"json": {}}}, "structured_outputs",

@@ -1,11 +1,12 @@
-"""Guided decoding through the official `openai` client: guided_choice, json_object and JSON
-schemas, in each of the forms clients send them (OpenAI's response_format, vLLM's
-structured_outputs and guided_* fields). References: Python's json module and the jsonschema
-library, not the grammar under test."""
+"""Guided decoding through the official `openai` client: guided_choice, json_object, JSON
+schemas and regexes, in each of the forms clients send them (OpenAI's response_format, vLLM's
+structured_outputs and guided_* fields). References: Python's json and re modules and the
+jsonschema library, not the grammars under test."""
 
 from __future__ import annotations
 
 import json
+import re
 
 import jsonschema
 from server_helpers import MODEL_NAME
@@ -70,3 +71,21 @@ def test_json_schema_answers_validate_in_every_form(client):
             if choice.finish_reason == "stop":
                 jsonschema.validate(json.loads(choice.text), CITY)
             assert choice.text.startswith("{")
+
+
+def test_guided_regex_answers_match_the_pattern(client):
+    """vLLM's guided_regex (chat, streamed: the same text) and structured_outputs regex."""
+    pattern = r"(Paris|Lyon), [A-Z][a-z]{2,8} \d{4}"
+    messages = [{"role": "user", "content": "Name a French city, a month and a year."}]
+    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=30,
+                                           extra_body={"guided_regex": pattern}, **GREEDY)
+    assert whole.choices[0].finish_reason == "stop"
+    assert re.fullmatch(pattern, whole.choices[0].message.content)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=30,
+                                            extra_body={"guided_regex": pattern}, stream=True, **GREEDY)
+    assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
+        whole.choices[0].message.content
+    completion = client.completions.create(model=MODEL_NAME, prompt="Where and when?", max_tokens=30,
+                                           n=3, seed=2, temperature=1.0,
+                                           extra_body={"structured_outputs": {"regex": pattern}})
+    assert all(re.fullmatch(pattern, c.text) and c.finish_reason == "stop" for c in completion.choices)

@@ -1,18 +1,21 @@
-"""OpenAI's json_object and json_schema response formats through the engine, on the embedded
-model: every output that ends by EOS is a JSON object Python's json module reads, or a value
-jsonschema validates against the schema; a cut one is a prefix of one. The token filter's
-shortcuts are checked against reading every token in full."""
+"""Guided decoding by grammar through the engine, on the embedded model: json_object, json_schema
+and guided_regex. Every output that ends by EOS is a JSON object Python's json module reads, a
+value jsonschema validates against the schema, or a text Python's re matches whole; a cut one
+is a prefix of one. The token filter's shortcuts are checked against reading every token in
+full."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import jsonschema
 import pytest
 
-from inferlab.engine.guided_json import JsonGuide, JsonTokenFilter, TokenIndex, token_texts
+from inferlab.engine.guided_grammar import GrammarGuide, TokenFilter, TokenIndex, token_texts
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
+from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InvalidParameterError
 
@@ -47,11 +50,17 @@ PET = {"type": "object", "required": ["first name"], "properties": {
 PET_SAMPLE = '{ "mood" : "so  so", "first name":"Rex \\"R\\"", "legs": 4, "extra": {"id":"a","w": 1.5}}'
 
 
-@pytest.mark.parametrize(("schema", "text"), [(OBJECT_SCHEMA, SAMPLE), (OBJECT_SCHEMA, SPACED),
-                                              (PET, PET_SAMPLE), ({"enum": [1, 12]}, "12")])
-def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, schema, text):
-    grammar = JsonGrammar(schema)
-    token_filter = JsonTokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
+DATE = r"\s*(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?\.?\s*"  # whitespace that loops, too
+
+
+@pytest.mark.parametrize(("grammar", "text"), [
+    (GRAMMAR, SAMPLE), (GRAMMAR, SPACED), (JsonGrammar(PET), PET_SAMPLE),
+    (JsonGrammar({"enum": [1, 12]}), "12"), (RegexGrammar(DATE), " \n2024-12-02 at 11:45. \t"),
+    # any whitespace, then only spaces: a second whitespace is not read as the first
+    (RegexGrammar(r"a\s( b|  +(the|of))"), "a   the"),
+])
+def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, text):
+    token_filter = TokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
     state = grammar.start
     for i, ch in enumerate(text):
         if i % 3 == 0 or ch in '"\\{}[]:, \t\n':  # strings, escapes, numbers, literals, structure
@@ -59,13 +68,13 @@ def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, schema, t
                             if token is not None and grammar.advance(state, token) is not None]
             if grammar.is_complete(state):
                 read_in_full.append(2)
-            assert token_filter.allowed(state).nonzero().flatten().tolist() == read_in_full, text[:i]
+            assert token_filter.allowed(state).nonzero().flatten().tolist() == sorted(read_in_full), text[:i]
         state = grammar.step(state, ch)
     assert grammar.is_complete(state)
 
 
 def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
-    guide = JsonGuide(JsonTokenFilter(GRAMMAR, TokenIndex(texts, len(texts)), eos_token_id=2))
+    guide = GrammarGuide(TokenFilter(GRAMMAR, TokenIndex(texts, len(texts)), eos_token_id=2))
     ids = [texts.index("{"), texts.index("}")]
     assert guide.allowed_now([])[ids[0]] and not guide.allowed_now([])[2]
     assert guide.allowed_now(ids[:1])[ids[1]] and not guide.allowed_now(ids[:1])[2]
@@ -73,7 +82,7 @@ def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
 
 
 def test_a_model_with_more_rows_than_tokens_never_samples_the_extra_rows(texts):
-    token_filter = JsonTokenFilter(GRAMMAR, TokenIndex(texts, len(texts) + 64), eos_token_id=2)
+    token_filter = TokenFilter(GRAMMAR, TokenIndex(texts, len(texts) + 64), eos_token_id=2)
     in_string = advance(START, '{"a": "b')
     assert token_filter.allowed(in_string).shape == (len(texts) + 64,)
     assert not token_filter.allowed(in_string)[len(texts):].any()
@@ -91,13 +100,16 @@ CAT = {"type": "object", "required": ["name", "age", "colors"], "properties": {
      ["What is the capital of France? Answer in JSON.", "Describe a cat as a JSON object."]),
     ({"json_schema": CAT}, lambda text: jsonschema.validate(json.loads(text), CAT) is None,
      ["Describe a cat as a JSON object.", "Tell me about your neighbour's cat."]),
+    ({"guided_regex": DATE}, lambda text: re.fullmatch(DATE, text),
+     ["When did the Berlin wall fall? Give the date.", "What is today's date?"]),
 ])
 def test_guided_outputs_are_what_the_format_asks(make_llm, guide, check, prompts):
     llm = make_llm()
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=100, **guide)
     sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=100, **guide)
-    grammar, stopped = JsonGrammar(SamplingParams(**guide).guided_schema), 0
+    grammar = RegexGrammar(DATE) if "guided_regex" in guide else JsonGrammar(greedy.guided_schema)
+    stopped = 0
     for params in (greedy, sampled):
         for out in llm.chat(conversations, params):
             for completion in out.outputs:
@@ -137,7 +149,7 @@ def test_a_schema_the_grammar_cannot_hold_is_refused_by_name():
 
 
 @pytest.mark.parametrize("fields", [{"json_object": True}, {"json_schema": CAT},
-                                    {"guided_choice": ["yes", "no"]}])
+                                    {"guided_regex": DATE}, {"guided_choice": ["yes", "no"]}])
 def test_guided_decoding_needs_an_eos_to_end_with(make_llm, monkeypatch, fields):
     llm = make_llm()
     without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none

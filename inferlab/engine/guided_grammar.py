@@ -1,26 +1,29 @@
-"""OpenAI's json_object and json_schema response formats: the output is one JSON value the
-schema takes (any object for json_object), then EOS.
+"""Guided decoding by a grammar: OpenAI's json_object and json_schema response formats (the
+output is one JSON value the schema takes, json_grammar.py) and vLLM's guided_regex (the output
+matches the pattern, regex_grammar.py), then EOS.
 
-At each step a request may sample only the tokens whose text keeps its output a prefix of such
-a value (json_grammar.py), and EOS once it is whole. Which tokens those are depends only on the
-grammar state, so `JsonTokenFilter` computes each state's set once and keeps it: a generation
-meets a few dozen states, most of them again and again. Computing a set reads only the tokens
-that can start there (by their first character, or the first after their leading whitespace)
-and, inside a string, only the tokens that hold a quote, a backslash or a control character:
-any other token just continues the string.
+At each step a request may sample only the tokens whose text keeps its output a prefix of an
+allowed one, and EOS once it is whole. Which tokens those are depends only on the grammar
+state, so `TokenFilter` computes each state's set once and keeps it: a generation meets a few
+dozen states, most of them again and again. Computing a set reads only the tokens that can
+start there (by their first character, or the first after their leading whitespace where every
+whitespace acts alike) and, where the grammar says any plain text goes on (inside a JSON
+string), only the tokens that hold a quote, a backslash or a control character.
 """
 
 from __future__ import annotations
 
 import functools
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import torch
 
-from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar, State
+from inferlab.engine.grammar import Grammar
+from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar
 from inferlab.engine.json_schema import canonical_text
+from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -48,16 +51,16 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
 
 
 class TokenIndex:
-    """A vocabulary's token texts indexed by how they begin; built once, shared by every schema."""
+    """A vocabulary's token texts indexed by how they begin; built once, shared by every grammar."""
 
     def __init__(self, texts: list[str | None], vocab_size: int) -> None:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
         self.by_first_char: dict[str, list[int]] = {}  # tokens that do not start with whitespace
-        # Between a container's tokens every whitespace character acts alike, and after one the
-        # state stays put: there, tokens that start with whitespace go by the first character
-        # after it (most tokens of a byte-level vocabulary begin with a space)
+        # Where every whitespace character acts alike, and after one the state stays put (between
+        # a JSON container's tokens), tokens that start with whitespace go by the first
+        # character after it (most tokens of a byte-level vocabulary begin with a space)
         self.after_space: dict[str, list[int]] = {}
         self.spaces: list[int] = []  # tokens of whitespace only
         self.by_space: dict[str, list[int]] = {}  # tokens that start with whitespace, by its first
@@ -81,20 +84,20 @@ class TokenIndex:
                 self.string_safe.append(token_id)
 
 
-class JsonTokenFilter:
+class TokenFilter:
     """For a grammar state, the tokens that may follow: a cached bool mask over the vocabulary
     (49 KB for 49k tokens; a mask costs the sampler a copy, where ids cost it a scatter). EOS is
     in it once the value is whole."""
 
-    def __init__(self, grammar: JsonGrammar, index: TokenIndex, eos_token_id: int,
+    def __init__(self, grammar: Grammar, index: TokenIndex, eos_token_id: int,
                  max_states: int = 512) -> None:
         self.grammar = grammar
         self.index = index
         self.eos_token_id = eos_token_id
         self.max_states = max_states
-        self._cache: OrderedDict[State, torch.Tensor] = OrderedDict()
+        self._cache: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
 
-    def allowed(self, state: State) -> torch.Tensor:
+    def allowed(self, state: Hashable) -> torch.Tensor:
         """bool [V]: the tokens whose whole text the grammar takes from `state`."""
         mask = self._cache.get(state)
         if mask is None:
@@ -107,7 +110,7 @@ class JsonTokenFilter:
             self._cache.move_to_end(state)
         return mask
 
-    def _compute(self, state: State) -> list[int]:
+    def _compute(self, state: Hashable) -> list[int]:
         grammar, index = self.grammar, self.index
         if grammar.in_plain_string(state):
             candidates, keep = index.string_unsafe, list(index.string_safe)
@@ -122,27 +125,27 @@ class JsonTokenFilter:
         allowed = keep + [i for i in candidates if grammar.advance(state, index.texts[i]) is not None]
         return allowed + [self.eos_token_id] if grammar.is_complete(state) else allowed
 
-    def _after_any_space(self, state: State) -> State | None:
+    def _after_any_space(self, state: Hashable) -> Hashable | None:
         """The state after any run of whitespace, where every whitespace character leads to it
-        and keeps it (between a container's tokens); None elsewhere."""
+        and keeps it (between a JSON container's tokens); None elsewhere."""
         spaced = self.grammar.step(state, " ")
         if spaced is None or any(self.grammar.step(s, w) != spaced
                                  for s in (state, spaced) for w in WHITESPACE):
             return None
         return spaced
 
-    def _starting(self, by_char: dict[str, list[int]], state: State) -> list[int]:
+    def _starting(self, by_char: dict[str, list[int]], state: Hashable) -> list[int]:
         """The indexed tokens whose indexed character the grammar takes from `state`."""
         return [i for ch, ids in by_char.items() if self.grammar.step(state, ch) is not None
                 for i in ids]
 
 
-class JsonGuide:
+class GrammarGuide:
     """One request's place in the grammar, advanced by the tokens it has sampled since."""
 
-    def __init__(self, token_filter: JsonTokenFilter) -> None:
+    def __init__(self, token_filter: TokenFilter) -> None:
         self.filter = token_filter
-        self.state: State | None = token_filter.grammar.start
+        self.state: Hashable | None = token_filter.grammar.start
         self.consumed = 0  # output tokens already read into self.state
 
     def allowed_now(self, output: list[int]) -> torch.Tensor | list[int]:
@@ -156,31 +159,35 @@ class JsonGuide:
         return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
 
 
-class JsonFilters:
-    """An engine's token filters, one for each schema in use (the last `max_schemas`, so their
+GRAMMARS: dict[str, Callable[[Any], Grammar]] = {"json": JsonGrammar, "regex": RegexGrammar}
+
+
+class GrammarFilters:
+    """An engine's token filters, one for each grammar in use (the last `max_grammars`, so their
     masks stay under ~200 MB for a 49k vocabulary), over one token index built when the first
     is needed (it decodes every token once, ~0.2 s)."""
 
     def __init__(self, build_index: Callable[[], TokenIndex], eos_token_id: int,
-                 max_schemas: int = 8) -> None:
+                 max_grammars: int = 8) -> None:
         self.build_index = build_index
         self.eos_token_id = eos_token_id
-        self.max_schemas = max_schemas
-        self._filters: OrderedDict[str, JsonTokenFilter] = OrderedDict()
+        self.max_grammars = max_grammars
+        self._filters: OrderedDict[tuple[str, str], TokenFilter] = OrderedDict()
 
     @functools.cached_property
     def index(self) -> TokenIndex:
         return self.build_index()
 
-    def guide(self, schema: dict[str, Any] | bool) -> JsonGuide:
-        """A new guide for one request (each of n copies has its own place in the grammar)."""
-        key = canonical_text(schema)
+    def guide(self, kind: str, spec: Any) -> GrammarGuide:
+        """A new guide for one request (each of n copies has its own place in the grammar):
+        kind "json" with a schema, or "regex" with a pattern."""
+        key = (kind, canonical_text(spec) if kind == "json" else spec)
         token_filter = self._filters.get(key)
         if token_filter is None:
-            token_filter = JsonTokenFilter(JsonGrammar(schema), self.index, self.eos_token_id)
+            token_filter = TokenFilter(GRAMMARS[kind](spec), self.index, self.eos_token_id)
             self._filters[key] = token_filter
-            if len(self._filters) > self.max_schemas:
+            if len(self._filters) > self.max_grammars:
                 self._filters.popitem(last=False)
         else:
             self._filters.move_to_end(key)
-        return JsonGuide(token_filter)
+        return GrammarGuide(token_filter)

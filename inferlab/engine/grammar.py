@@ -1,0 +1,50 @@
+"""What guided decoding's token filter asks of a grammar (JSON, regex): a hashable state that
+one character at a time moves, or kills when no allowed output begins with the text."""
+
+from __future__ import annotations
+
+from collections.abc import Hashable
+from typing import Any
+
+
+class Grammar:
+    """Subclasses give `start`, `_next` (one character's move) and `is_complete`. `step`
+    remembers its answers: the token filter reads thousands of tokens from one state, and tokens
+    that begin alike walk the same states, so each (state, character) is worked out once."""
+
+    start: Hashable
+
+    def __init__(self, memo_size: int = 1 << 15) -> None:
+        self._memo: dict[tuple[Hashable, str], Any] = {}
+        self.memo_size = memo_size
+
+    def _next(self, state: Any, ch: str) -> Any:
+        """The state after `ch`, None when no allowed output begins with the text."""
+        raise NotImplementedError
+
+    def is_complete(self, state: Any) -> bool:
+        """Whether the text so far is a whole allowed output (EOS may follow)."""
+        raise NotImplementedError
+
+    def in_plain_string(self, state: Any) -> bool:
+        """Whether any token without a quote, a backslash or a control character goes on from
+        `state` unchanged in what may follow (the token filter then reads only the others)."""
+        return False
+
+    def step(self, state: Any, ch: str) -> Any:
+        key = (state, ch)
+        if key in self._memo:
+            return self._memo[key]
+        nxt = self._next(state, ch)
+        if len(self._memo) >= self.memo_size:
+            self._memo.clear()  # another request's states, or a long one's: start over
+        self._memo[key] = nxt
+        return nxt
+
+    def advance(self, state: Any, text: str) -> Any:
+        """The state after `text`, or None as soon as no allowed output begins so."""
+        for ch in text:
+            if state is None:
+                return None
+            state = self.step(state, ch)
+        return state
