@@ -20,7 +20,8 @@ atoms = st.sampled_from(["a", "b", "0", r"\d", r"\w", r"\s", r"\D", ".", "[a-b]"
 
 
 def _quantified(inner: st.SearchStrategy[str]) -> st.SearchStrategy[str]:
-    quantifier = st.sampled_from(["", "", "*", "+", "?", "{2}", "{0,2}", "{1,}", "*?", "{,2}"])
+    # no lazy quantifiers: the regex package's partial matches get them wrong (a*?a takes "ab")
+    quantifier = st.sampled_from(["", "", "*", "+", "?", "{2}", "{0,2}", "{1,}", "{,2}"])
     return st.tuples(inner, quantifier).map(lambda t: f"(?:{t[0]}){t[1]}" if t[1] else t[0])
 
 
@@ -86,6 +87,18 @@ def test_hand_cases_agree_with_the_regex_package(pattern, texts):
     for text in texts:
         for cut in range(len(text) + 1):
             _agrees(pattern, text[:cut])
+
+
+@pytest.mark.parametrize(("lazy", "greedy"), [(r"a*?a", r"a*a"), (r"(ab)+?c", r"(ab)+c"),
+                                              (r"x{1,3}?y", r"x{1,3}y"), (r"\d??\.", r"\d?\.")])
+def test_lazy_quantifiers_take_the_strings_greedy_ones_take(lazy, greedy):
+    for text in ("", "a", "aa", "ab", "ababc", "abc", "xy", "xxxy", "xxxxy", "5.", ".", "55."):
+        _agrees(greedy, text)
+        lazy_grammar, greedy_grammar = RegexGrammar(lazy), RegexGrammar(greedy)
+        lazy_state = lazy_grammar.advance(lazy_grammar.start, text)
+        greedy_state = greedy_grammar.advance(greedy_grammar.start, text)
+        assert (lazy_state is None) == (greedy_state is None), text
+        assert lazy_grammar.is_complete(lazy_state) == greedy_grammar.is_complete(greedy_state), text
 
 
 @pytest.mark.parametrize(("pattern", "words"), [
