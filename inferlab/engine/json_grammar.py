@@ -27,6 +27,7 @@ from inferlab.engine.json_schema import (
     UnionNode,
     compile_schema,
 )
+from inferlab.engine.regex_grammar import RegexGrammar
 
 Frame = tuple[int, str, Any]  # (node index, mode, data)
 Stack = tuple[Frame, ...]
@@ -34,7 +35,8 @@ State = frozenset[Stack]
 
 WHITESPACE = frozenset(" \t\n\r")
 _HEX = frozenset("0123456789abcdefABCDEF")
-_ESCAPED = frozenset('"\\/bfnrt')
+_UNESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
+_ESCAPED = frozenset(_UNESCAPED)
 _CLOSED = "closed"  # a string's closing quote
 _NUMBER_ENDS = frozenset({"n_zero", "n_int", "n_frac", "n_exp"})  # a number may end here
 _NUMBER_STEPS = {  # mode -> {character class: next mode}
@@ -81,6 +83,9 @@ class JsonGrammar(Grammar):
         super().__init__()
         self.nodes: tuple[Node, ...] = compile_schema(schema)
         self.start: State = frozenset({((0, "start", None),)})
+        # node index -> the recognizer of its strings' decoded values (pattern, format)
+        self.patterns = {i: RegexGrammar(node.pattern) for i, node in enumerate(self.nodes)
+                         if isinstance(node, StringNode) and node.pattern is not None}
 
     def _next(self, state: State, ch: str) -> State | None:
         stacks = {after for stack in state for after in self._step(stack, ch)}
@@ -110,6 +115,8 @@ class JsonGrammar(Grammar):
             return self._literal(index, node.texts, data + ch, below)
         if isinstance(node, NumberNode):
             return self._number(index, node, mode, ch, below)
+        if mode == "pstr":
+            return self._pattern_string(index, data, ch, below)
         sub = string_char(data[0], ch)  # a StringNode: data is (sub-mode,)
         if sub is None:
             return []
@@ -125,13 +132,45 @@ class JsonGrammar(Grammar):
         if isinstance(node, ArrayNode):
             return [(*below, (index, "first", 0))] if ch == "[" else []
         if isinstance(node, StringNode):
-            return [(*below, (index, "str", ("",)))] if ch == '"' else []
+            if ch != '"':
+                return []
+            if index in self.patterns:
+                return [(*below, (index, "pstr", ("", self.patterns[index].start, "")))]
+            return [(*below, (index, "str", ("",)))]
         if isinstance(node, LiteralNode):
             return self._literal(index, node.texts, ch, below)
         if ch == "-" or "0" <= ch <= "9":
             mode = _NUMBER_STARTS.get(ch, "n_int")
             return [(*below, (index, mode, None))] + ([below] if mode in _NUMBER_ENDS else [])
         return []
+
+    def _pattern_string(self, index: int, data: tuple, ch: str, below: Stack) -> list[Stack]:
+        """A string whose decoded value must match a regex: `data` is (sub-mode, the regex's
+        state, the \\u escape's hex digits so far); each decoded character steps the regex."""
+        sub, inner, digits = data
+        regex = self.patterns[index]
+        if sub == "":
+            if ch == '"':
+                return [below] if regex.is_complete(inner) else []
+            if ch == "\\":  # an escape can write any character: one must be allowed
+                return [(*below, (index, "pstr", ("esc", inner, "")))] if regex.reads_more(inner) else []
+            decoded = None if ch < " " else ch
+        elif sub == "esc":
+            if ch == "u":
+                return [(*below, (index, "pstr", ("u", inner, "")))]
+            decoded = _UNESCAPED.get(ch)
+        else:
+            if ch not in _HEX:
+                return []
+            digits += ch
+            if len(digits) < 4:  # go on only if some character these digits begin is allowed
+                low = int(digits, 16) << 4 * (4 - len(digits))
+                if any(regex.step(inner, chr(c)) is not None for c in range(low, low + 16 ** (4 - len(digits)))):
+                    return [(*below, (index, "pstr", ("u", inner, digits)))]
+                return []
+            decoded = chr(int(digits, 16))
+        nxt = None if decoded is None else regex.step(inner, decoded)
+        return [] if nxt is None else [(*below, (index, "pstr", ("", nxt, "")))]
 
     @staticmethod
     def _literal(index: int, texts: tuple[str, ...], text: str, below: Stack) -> list[Stack]:

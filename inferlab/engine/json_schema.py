@@ -6,6 +6,9 @@ compile, and grammar states (tuples of indices) stay small and hashable. A keywo
 constrain values beyond what the grammar checks (pattern, minimum, minLength...) is refused by
 name, never ignored: every output the grammar lets through validates against the schema. Where
 JSON Schema leaves room, the grammar is stricter, and its outputs still validate:
+- a string's `format` is written in one common spelling (FORMATS: date, time, date-time,
+  email, uuid, ipv4); a `pattern` is read with Python's re (jsonschema's reading), each \\u
+  escape as one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
   a schema), as OpenAI's structured outputs require; a declared key comes at most once;
 - a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
@@ -22,6 +25,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from inferlab.engine.regex_grammar import RegexError, RegexGrammar
 
 
 class SchemaError(ValueError):
@@ -45,7 +50,7 @@ class ArrayNode:
 
 @dataclass(frozen=True)
 class StringNode:
-    pass
+    pattern: str | None = None  # a regex the decoded value matches whole (from pattern or format)
 
 
 @dataclass(frozen=True)
@@ -70,7 +75,8 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "discriminator"})
 _OBJECT_WORDS = frozenset({"properties", "required", "additionalProperties"})
 _ARRAY_WORDS = frozenset({"items", "minItems", "maxItems"})
-_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | {"type"}
+_STRING_WORDS = frozenset({"pattern", "format"})
+_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | _STRING_WORDS | {"type"}
 SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
@@ -174,6 +180,8 @@ class _Compiler:
             types = ["object"]
         elif words & _ARRAY_WORDS:
             types = ["array"]
+        elif words & _STRING_WORDS:
+            types = ["string"]
         else:
             return self.any()
         index = self.reserve()
@@ -194,7 +202,7 @@ class _Compiler:
         if kind in ("number", "integer"):
             return NumberNode(integer=kind == "integer")
         if kind == "string":
-            return StringNode()
+            return StringNode(_string_pattern(schema))
         return LiteralNode(("true", "false") if kind == "boolean" else ("null",))
 
     def object(self, schema: dict) -> ObjectNode:
@@ -232,6 +240,49 @@ class _Compiler:
                        NumberNode(integer=False), LiteralNode(("true", "false", "null")))
             self.nodes[index] = UnionNode(tuple(self.add(node) for node in options))
         return self.any_node
+
+
+# format -> the regex its strings are written in (RFC 3339, RFC 4122...): one common spelling of
+# each, so an output is a valid instance whichever validator checks the format; [0-9], since
+# Python's \d also takes other scripts' digits
+_DATE = (r"[1-9][0-9]{3}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
+         r"|02-(0[1-9]|1[0-9]|2[0-8]))")  # no February 29: a leap year is more than a regex says
+_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
+FORMATS = {
+    "date": _DATE,
+    "time": _TIME,
+    "date-time": f"{_DATE}T{_TIME}",
+    "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,4}\.[A-Za-z]{2,24}",
+    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
+    "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
+}
+
+
+def _string_pattern(schema: dict) -> str | None:
+    """The regex a string's decoded value must match whole. JSON Schema's pattern is a search
+    (Python's re.search, as jsonschema runs it): unanchored ends take any text."""
+    if "pattern" in schema and "format" in schema:
+        raise SchemaError("pattern and format cannot be combined in one schema")
+    if "format" in schema:
+        if schema["format"] not in FORMATS:
+            raise SchemaError(f"format {schema['format']!r} is not supported ({', '.join(FORMATS)} are)")
+        return FORMATS[schema["format"]]
+    pattern = schema.get("pattern")
+    if pattern is None:
+        return None
+    if not isinstance(pattern, str) or not pattern:
+        raise SchemaError("pattern must be a non-empty string")
+    starts = pattern.startswith("^")
+    ends = pattern.endswith("$") and not pattern.endswith("\\$")
+    core = pattern[int(starts):len(pattern) - int(ends)]
+    anything = r"[\s\S]*"
+    # Python's $ also matches before a last newline
+    regex = f"{'' if starts else anything}(?:{core}){chr(92) + 'n?' if ends else anything}"
+    try:
+        RegexGrammar(regex)
+    except RegexError as e:
+        raise SchemaError(f"pattern {pattern!r}: {str(e).split(': ', 1)[-1]}") from None
+    return regex
 
 
 def _types(value: Any) -> list[str]:

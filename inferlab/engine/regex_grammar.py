@@ -237,3 +237,8 @@ class RegexGrammar(Grammar):
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and 0 in state
+
+    @staticmethod
+    def reads_more(state: State) -> bool:
+        """Whether some character may follow (every atom reads at least one)."""
+        return any(i != 0 for i in state)

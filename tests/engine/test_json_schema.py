@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from typing import Any
 
 import jsonschema
@@ -52,8 +53,10 @@ PYDANTIC = {  # what pydantic's model_json_schema() writes for a model with a ne
                    "pet": {"allOf": [{"$ref": "#/$defs/Pet"}]},
                    "note": {"anyOf": [{"type": "string"}, {"type": "null"}], "default": None}},
     "required": ["owner", "pet"], "title": "Home", "type": "object"}
+PATTERNED = {"type": "object", "required": ["code"], "properties": {
+    "code": {"type": "string", "pattern": "^[A-Z]{2}-\\d{2,3}$"}, "tag": {"pattern": "ab|\u00e9"}}}
 SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "pair": PAIR, "choice": CHOICE,
-           "pydantic": PYDANTIC}
+           "pydantic": PYDANTIC, "patterned": PATTERNED}
 
 VALID = {
     "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"age": 0, "name": "", "score": 10, "nick": None,
@@ -63,6 +66,7 @@ VALID = {
     "mixed": [{}, {"id": "a", "n": 3, "m": -1}, {"x": 1, "id": "b"}],
     "pair": [[1, 2.5], [-0.0, 1e10]],
     "choice": [1, 12, "a b", -0.5, None],
+    "patterned": [{"code": "AB-12"}, {"tag": "x\u00e9\n", "code": "ZZ-999"}, {"code": "QQ-00", "tag": "abab"}],
     "pydantic": [{"owner": "Ann", "pet": {"kind": "cat"}},
                  {"pet": {"legs": 3, "kind": "dog"}, "owner": "Bo", "note": None}],
 }
@@ -181,6 +185,9 @@ HAND_CASES = {
               '{"\\u0069d":2}', '{"n":1,"n":2}'],
     "pair": ["[1]", "[1,2,3]", "[1,2]", "[1, 2 ]", "[ 1,2]", '[1,"2"]', "[]"],
     "choice": ["1", "12", "123", "2", '"a b"', '"a"', "1 ", "-1", "-0.50", "-0.5", "nul"],
+    "patterned": ['{"code":"AB-1"}', '{"code":"ab-12"}', '{"code":"AB-1234"}', '{"code":"AB-12","tag":"a"}',
+                  '{"code":"AB-12","tag":"\\u00e9"}', '{"code":"AB-12","tag":"\\u0061b"}',
+                  '{"code":"AB\\u002d12"}', '{"code":"AB-12","tag":"\\u00e"}', '{"code":"AB-12\\n"}'],
     "pydantic": ['{"owner":"a","pet":{"kind":"cow"}}', '{"owner":"a","pet":{"legs":4}}',
                  '{"owner":"a","pet":{"kind":"cat"},"note":3}'],
 }
@@ -237,9 +244,9 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
 
 
 @pytest.mark.parametrize(("schema", "words"), [
-    ({"type": "string", "pattern": "^a"}, "keyword 'pattern' is not supported"),
+    ({"type": "string", "maxLength": 9}, "keyword 'maxLength' is not supported"),
     ({"type": "integer", "minimum": 0}, "keyword 'minimum' is not supported"),
-    ({"type": "object", "properties": {"a": {"type": "string", "format": "date"}}}, "'format'"),
+    ({"type": "string", "minLength": 1}, "keyword 'minLength' is not supported"),
     (False, "matches nothing"),
     ({"type": "array", "items": False}, "matches nothing"),
     ({"type": "date"}, "type must be one of"),
@@ -259,6 +266,44 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
 ])
 def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
     with pytest.raises(SchemaError, match=words.replace("(", r"\(").replace(")", r"\)")):
+        compile_schema(schema)
+
+
+FORMATTED = {"type": "object", "properties": {
+    name: {"type": "string", "format": name} for name in ("date", "time", "date-time", "email", "uuid", "ipv4")}}
+CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
+
+
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("date", "2024-02-28", "2024-02-30"), ("time", "23:59:07.5+01:00", "24:00:00Z"),
+    ("date-time", "2024-12-02T11:45:00Z", "2024-12-02 11:45:00Z"), ("email", "ann.lee@mail.example.org", "ann.example.org"),
+    ("uuid", "123e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456"), ("ipv4", "192.168.0.255", "256.1.1.1"),
+])
+def test_formats_are_written_as_the_format_checker_accepts(fmt, good, bad):
+    grammar = JsonGrammar(FORMATTED)
+    for value, whole in ((good, True), (bad, False)):
+        text = json.dumps({fmt: value})
+        assert grammar.is_complete(grammar.advance(grammar.start, text)) == whole, text
+        if whole or fmt in CHECKER.checkers:  # jsonschema checks time formats only with extras
+            assert Reference(FORMATTED, format_checker=CHECKER).is_valid({fmt: value}) == whole, text
+
+
+def test_random_walks_through_formats_end_in_values_the_format_checker_accepts():
+    grammar, rng = JsonGrammar(FORMATTED), random.Random(7)
+    for _ in range(15):
+        text = _walk(grammar, rng, budget=60)
+        if text is not None:
+            Reference(FORMATTED, format_checker=CHECKER).validate(json.loads(text))
+
+
+@pytest.mark.parametrize(("schema", "words"), [
+    ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
+    ({"type": "string", "format": "date", "pattern": "a"}, "pattern and format cannot be combined"),
+    ({"type": "string", "pattern": "(a"}, "pattern '(a': missing ')'"),
+    ({"type": "string", "pattern": "a\\1"}, "backreference"),
+])
+def test_string_constraints_the_grammar_cannot_hold_are_refused(schema, words):
+    with pytest.raises(SchemaError, match=re.escape(words)):
         compile_schema(schema)
 
 
