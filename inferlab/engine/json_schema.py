@@ -92,7 +92,7 @@ def compile_schema(schema: Any) -> tuple[Node, ...]:
 
 def canonical_text(schema: Any) -> str:
     """One text for schemas equal as JSON: the key of a compiled grammar's cache."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"))
+    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
 
 
 class _Compiler:
@@ -112,7 +112,7 @@ class _Compiler:
         if schema is False:
             raise SchemaError("the schema false matches nothing")
         if not isinstance(schema, dict):
-            raise SchemaError(f"a schema must be an object or a boolean, got {json.dumps(schema)}")
+            raise SchemaError(f"a schema must be an object or a boolean, got {schema!r}")
         unknown = sorted(set(schema) - SUPPORTED - ANNOTATIONS)
         if unknown:
             raise SchemaError(f"JSON schema keyword {unknown[0]!r} is not supported "
@@ -226,7 +226,7 @@ class _Compiler:
         low, high = schema.get("minItems", 0), schema.get("maxItems")
         for name, bound in (("minItems", low), ("maxItems", high)):
             if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
-                raise SchemaError(f"{name} must be a non-negative integer, got {json.dumps(bound)}")
+                raise SchemaError(f"{name} must be a non-negative integer, got {bound!r}")
         if high is not None and low > high:
             raise SchemaError(f"minItems ({low}) is above maxItems ({high})")
         items = self.node(schema.get("items", True)) if high != 0 else self.any()
@@ -288,7 +288,7 @@ def _string_pattern(schema: dict) -> str | None:
 def _types(value: Any) -> list[str]:
     types = [value] if isinstance(value, str) else value
     if not isinstance(types, list) or not types or any(t not in TYPES for t in types):
-        raise SchemaError(f"type must be one of {', '.join(TYPES)} or a list of them, got {json.dumps(value)}")
+        raise SchemaError(f"type must be one of {', '.join(TYPES)} or a list of them, got {value!r}")
     return types
 
 
@@ -305,7 +305,7 @@ def _is_type(value: Any, kind: str) -> bool:
 def _json_text(value: Any) -> str:
     try:
         return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
-    except ValueError:
+    except (TypeError, ValueError):
         raise SchemaError(f"{value!r} is not a JSON value") from None
 
 
