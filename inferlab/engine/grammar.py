@@ -3,11 +3,12 @@ one character at a time moves, or kills when no allowed output begins with the t
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Hashable
 from typing import Any
 
 
-class Grammar:
+class Grammar(ABC):
     """Subclasses give `start`, `_next` (one character's move) and `is_complete`. `step`
     remembers its answers: the token filter reads thousands of tokens from one state, and tokens
     that begin alike walk the same states, so each (state, character) is worked out once."""
@@ -18,13 +19,13 @@ class Grammar:
         self._memo: dict[tuple[Hashable, str], Any] = {}
         self.memo_size = memo_size
 
+    @abstractmethod
     def _next(self, state: Any, ch: str) -> Any:
         """The state after `ch`, None when no allowed output begins with the text."""
-        raise NotImplementedError
 
+    @abstractmethod
     def is_complete(self, state: Any) -> bool:
         """Whether the text so far is a whole allowed output (EOS may follow)."""
-        raise NotImplementedError
 
     def in_plain_string(self, state: Any) -> bool:
         """Whether any token without a quote, a backslash or a control character goes on from
