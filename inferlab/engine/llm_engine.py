@@ -223,12 +223,9 @@ class LLMEngine:
 
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
         """A new guide for one request (each of n copies has its own place in the grammar)."""
-        eos = self.generation.eos_token_id
-        if params.guided_schema is not None:
-            return self.grammar_filters.guide("json", params.guided_schema)
-        if params.guided_regex is not None:
-            return self.grammar_filters.guide("regex", params.guided_regex)
-        return ChoiceGuide(choices, eos) if choices else None
+        if params.guided_grammar is not None:
+            return self.grammar_filters.guide(*params.guided_grammar)
+        return ChoiceGuide(choices, self.generation.eos_token_id) if choices else None
 
     @functools.cached_property
     def grammar_filters(self) -> GrammarFilters:

@@ -157,6 +157,14 @@ class SamplingParams:
         return OBJECT_SCHEMA if self.json_object else self.json_schema
 
     @property
+    def guided_grammar(self) -> tuple[str, Any] | None:
+        """The grammar the output is held to, as guided_grammar.GrammarFilters names it:
+        ("json", schema), ("regex", pattern), or None."""
+        if self.guided_schema is not None:
+            return ("json", self.guided_schema)
+        return None if self.guided_regex is None else ("regex", self.guided_regex)
+
+    @property
     def has_penalties(self) -> bool:
         return (
             self.repetition_penalty != 1.0

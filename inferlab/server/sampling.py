@@ -30,6 +30,7 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
     out; a max_tokens left out (None) is capped by the engine."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
+    _check_structured_outputs(req)
     given = {
         "n": req.n, "temperature": req.temperature, "top_p": req.top_p, "top_k": req.top_k,
         "min_p": req.min_p, "seed": req.seed, "stop": req.stop, "stop_token_ids": req.stop_token_ids,
@@ -53,14 +54,17 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         raise parameter_error(str(e)) from None
 
 
-def _guided(kind: str, value: Any, req: SamplingFields) -> Any:
-    """vLLM's guided_<kind> field, or structured_outputs {kind: ...} (given once); the structured
-    outputs this server does not hold to (grammar) are refused by name."""
-    constraints = req.structured_outputs or {}
-    others = sorted(set(constraints) - {"choice", "regex", "json", "json_object"})
+def _check_structured_outputs(req: SamplingFields) -> None:
+    """The structured outputs this server does not hold to (grammar) are refused by name."""
+    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
                           "(choice, regex, json and json_object are)", "structured_outputs")
+
+
+def _guided(kind: str, value: Any, req: SamplingFields) -> Any:
+    """vLLM's guided_<kind> field, or structured_outputs {kind: ...}, given once."""
+    constraints = req.structured_outputs or {}
     if value is not None and kind in constraints:
         raise bad_request(f"give the {kind} once: guided_{kind} or structured_outputs.{kind}",
                           f"guided_{kind}")
