@@ -114,9 +114,9 @@ class JsonGrammar(Grammar):
         if isinstance(node, LiteralNode):
             return self._literal(index, node.texts, data + ch, below)
         if isinstance(node, NumberNode):
-            return self._number(index, node, mode, ch, below)
+            return self._number(index, node, mode, data, ch, below)
         if mode == "pstr":
-            return self._pattern_string(index, data, ch, below)
+            return self._held_string(index, node, data, ch, below)
         sub = string_char(data[0], ch)  # a StringNode: data is (sub-mode,)
         if sub is None:
             return []
@@ -134,30 +134,35 @@ class JsonGrammar(Grammar):
         if isinstance(node, StringNode):
             if ch != '"':
                 return []
-            if index in self.patterns:
-                return [(*below, (index, "pstr", ("", self.patterns[index].start, "")))]
+            if node.constrained:
+                regex = self.patterns.get(index)
+                return [(*below, (index, "pstr", ("", None if regex is None else regex.start, "", 0)))]
             return [(*below, (index, "str", ("",)))]
         if isinstance(node, LiteralNode):
             return self._literal(index, node.texts, ch, below)
         if ch == "-" or "0" <= ch <= "9":
-            mode = _NUMBER_STARTS.get(ch, "n_int")
-            return [(*below, (index, mode, None))] + ([below] if mode in _NUMBER_ENDS else [])
+            return self._number_goes_on(index, node, _NUMBER_STARTS.get(ch, "n_int"), "", ch, below)
         return []
 
-    def _pattern_string(self, index: int, data: tuple, ch: str, below: Stack) -> list[Stack]:
-        """A string whose decoded value must match a regex: `data` is (sub-mode, the regex's
-        state, the \\u escape's hex digits so far); each decoded character steps the regex."""
-        sub, inner, digits = data
-        regex = self.patterns[index]
+    def _held_string(self, index: int, node: StringNode, data: tuple, ch: str,
+                     below: Stack) -> list[Stack]:
+        """A string held to a regex (pattern, format) or a length: `data` is (sub-mode, the
+        regex's state (None without one), the \\u escape's hex digits so far, the characters
+        read, counted no higher than the bounds need); each decoded character steps the regex."""
+        sub, inner, digits, count = data
+        regex = self.patterns.get(index)
+        room = node.max_length is None or count < node.max_length
         if sub == "":
             if ch == '"':
-                return [below] if regex.is_complete(inner) else []
+                whole = count >= node.min_length and (regex is None or regex.is_complete(inner))
+                return [below] if whole else []
             if ch == "\\":  # an escape can write any character: one must be allowed
-                return [(*below, (index, "pstr", ("esc", inner, "")))] if regex.reads_more(inner) else []
+                more = room and (regex is None or regex.reads_more(inner))
+                return [(*below, (index, "pstr", ("esc", inner, "", count)))] if more else []
             decoded = None if ch < " " else ch
         elif sub == "esc":
             if ch == "u":
-                return [(*below, (index, "pstr", ("u", inner, "")))]
+                return [(*below, (index, "pstr", ("u", inner, "", count)))]
             decoded = _UNESCAPED.get(ch)
         else:
             if ch not in _HEX:
@@ -165,12 +170,23 @@ class JsonGrammar(Grammar):
             digits += ch
             if len(digits) < 4:  # go on only if some character these digits begin is allowed
                 low = int(digits, 16) << 4 * (4 - len(digits))
-                if any(regex.step(inner, chr(c)) is not None for c in range(low, low + 16 ** (4 - len(digits)))):
-                    return [(*below, (index, "pstr", ("u", inner, digits)))]
+                if any(self._reads(regex, inner, chr(c)) for c in range(low, low + 16 ** (4 - len(digits)))):
+                    return [(*below, (index, "pstr", ("u", inner, digits, count)))]
                 return []
             decoded = chr(int(digits, 16))
-        nxt = None if decoded is None else regex.step(inner, decoded)
-        return [] if nxt is None else [(*below, (index, "pstr", ("", nxt, "")))]
+        if decoded is None or not room or not self._reads(regex, inner, decoded):
+            return []
+        cap = max(node.min_length, node.max_length or 0)
+        nxt = inner if regex is None else regex.step(inner, decoded)
+        return [(*below, (index, "pstr", ("", nxt, "", min(count + 1, cap))))]
+
+    @staticmethod
+    def _reads(regex: RegexGrammar | None, inner: Any, ch: str) -> bool:
+        """The regex (if any) takes `ch` next; half a surrogate pair is never a character here
+        (escaped, a pair would count two where a validator counts one)."""
+        if "\ud800" <= ch <= "\udfff":
+            return False
+        return regex is None or regex.step(inner, ch) is not None
 
     @staticmethod
     def _literal(index: int, texts: tuple[str, ...], text: str, below: Stack) -> list[Stack]:
@@ -179,11 +195,26 @@ class JsonGrammar(Grammar):
             t.startswith(text) and t != text for t in texts) else []
         return stacks + [below] if text in texts else stacks
 
-    def _number(self, index: int, node: NumberNode, mode: str, ch: str, below: Stack) -> list[Stack]:
+    def _number(self, index: int, node: NumberNode, mode: str, text: str | None, ch: str,
+                below: Stack) -> list[Stack]:
         nxt = _NUMBER_STEPS[mode].get(_number_class(ch))
-        if nxt is None or (node.integer and nxt in ("n_dot", "n_e")):
+        if nxt is None:
             return []  # where the number could end, the stack without it reads `ch`
-        return [(*below, (index, nxt, None))] + ([below] if nxt in _NUMBER_ENDS else [])
+        return self._number_goes_on(index, node, nxt, text, ch, below)
+
+    @staticmethod
+    def _number_goes_on(index: int, node: NumberNode, mode: str, text: str | None, ch: str,
+                        below: Stack) -> list[Stack]:
+        """The stacks after `ch` took the number to `mode`: it goes on, and it may end. A bounded
+        number keeps its text (`data`) and goes on only where some end of it is in bounds."""
+        if mode == "n_e" and (node.integer or node.bounds) or mode == "n_dot" and node.integer:
+            return []
+        bounds = node.bounds
+        if bounds is None:
+            return [(*below, (index, mode, None))] + ([below] if mode in _NUMBER_ENDS else [])
+        text += ch
+        stacks = [(*below, (index, mode, text))] if bounds.reachable(text) else []
+        return stacks + ([below] if mode in _NUMBER_ENDS and bounds.may_end(text) else [])
 
     def _object(self, index: int, node: ObjectNode, mode: str, data: Any, ch: str,
                 below: Stack) -> list[Stack]:
@@ -247,8 +278,9 @@ class JsonGrammar(Grammar):
             return [(*below, (index, "next", count))] if ch == "," and room else []
         if mode == "first" and node.max_items == 0:
             return []
-        cap = max(node.min_items, node.max_items or 0)
-        return self._begin(node.items, ch, (*below, (index, "after", min(count + 1, cap))))
+        cap = max(node.min_items, node.max_items or 0, len(node.prefix))
+        item = node.prefix[count] if count < len(node.prefix) else node.items
+        return self._begin(item, ch, (*below, (index, "after", min(count + 1, cap))))
 
 
 OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}  # json_object: any object

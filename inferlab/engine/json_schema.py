@@ -3,7 +3,7 @@ recognizer (json_grammar.py) can hold an output to.
 
 Nodes refer to each other by their index in the compiled tuple, so recursive schemas ($ref)
 compile, and grammar states (tuples of indices) stay small and hashable. A keyword that would
-constrain values beyond what the grammar checks (pattern, minimum, minLength...) is refused by
+constrain values beyond what the grammar checks (multipleOf, uniqueItems...) is refused by
 name, never ignored: every output the grammar lets through validates against the schema. Where
 JSON Schema leaves room, the grammar is stricter, and its outputs still validate:
 - a string's `format` is written in one common spelling (FORMATS: date, time, date-time,
@@ -13,7 +13,11 @@ JSON Schema leaves room, the grammar is stricter, and its outputs still validate
   a schema), as OpenAI's structured outputs require; a declared key comes at most once;
 - a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
   array), any value when none do;
-- `integer` is written without a fraction or exponent;
+- `integer` is written without a fraction or exponent; a number with bounds (minimum...)
+  without an exponent and, unless an integer, in at most 15 digits (json_numbers.py says why);
+- a string's length (minLength, maxLength) counts characters, and a \\u escape of half a
+  surrogate pair is not written in a string held to a length or a pattern (the character
+  itself is);
 - an enum's or const's values are written as one text each, as json.dumps writes them: arrays
   and objects compactly, 0.5 not 0.50;
 - `oneOf` is read as `anyOf`, as vLLM's grammars read it: branches that overlap can give an
@@ -23,9 +27,12 @@ JSON Schema leaves room, the grammar is stricter, and its outputs still validate
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
+from inferlab.engine.json_numbers import Bound, NumberBounds
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar
 
 
@@ -43,19 +50,27 @@ class ObjectNode:
 
 @dataclass(frozen=True)
 class ArrayNode:
-    items: int
+    items: int  # the node of the items after prefix
     min_items: int
     max_items: int | None
+    prefix: tuple[int, ...] = ()  # prefixItems: the first items' nodes, in order
 
 
 @dataclass(frozen=True)
 class StringNode:
     pattern: str | None = None  # a regex the decoded value matches whole (from pattern or format)
+    min_length: int = 0
+    max_length: int | None = None
+
+    @property
+    def constrained(self) -> bool:
+        return self.pattern is not None or self.min_length > 0 or self.max_length is not None
 
 
 @dataclass(frozen=True)
 class NumberNode:
     integer: bool
+    bounds: NumberBounds | None = None
 
 
 @dataclass(frozen=True)
@@ -74,9 +89,11 @@ ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema
                          "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
                          "discriminator"})
 _OBJECT_WORDS = frozenset({"properties", "required", "additionalProperties"})
-_ARRAY_WORDS = frozenset({"items", "minItems", "maxItems"})
-_STRING_WORDS = frozenset({"pattern", "format"})
-_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | _STRING_WORDS | {"type"}
+_ARRAY_WORDS = frozenset({"items", "prefixItems", "minItems", "maxItems"})
+_STRING_WORDS = frozenset({"pattern", "format", "minLength", "maxLength"})
+_BOUND_WORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
+_NUMBER_WORDS = frozenset(_BOUND_WORDS)
+_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | _STRING_WORDS | _NUMBER_WORDS | {"type"}
 SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 
@@ -182,6 +199,8 @@ class _Compiler:
             types = ["array"]
         elif words & _STRING_WORDS:
             types = ["string"]
+        elif words & _NUMBER_WORDS:
+            types = ["number"]
         else:
             return self.any()
         index = self.reserve()
@@ -200,9 +219,10 @@ class _Compiler:
         if kind == "array":
             return self.array(schema)
         if kind in ("number", "integer"):
-            return NumberNode(integer=kind == "integer")
+            return NumberNode(kind == "integer", _number_bounds(schema, kind == "integer"))
         if kind == "string":
-            return StringNode(_string_pattern(schema))
+            low, high = _count_bounds(schema, "minLength", "maxLength")
+            return StringNode(_string_pattern(schema), low, high)
         return LiteralNode(("true", "false") if kind == "boolean" else ("null",))
 
     def object(self, schema: dict) -> ObjectNode:
@@ -223,14 +243,17 @@ class _Compiler:
                           {_json_text(key): key for key in properties})
 
     def array(self, schema: dict) -> ArrayNode:
-        low, high = schema.get("minItems", 0), schema.get("maxItems")
-        for name, bound in (("minItems", low), ("maxItems", high)):
-            if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
-                raise SchemaError(f"{name} must be a non-negative integer, got {bound!r}")
-        if high is not None and low > high:
-            raise SchemaError(f"minItems ({low}) is above maxItems ({high})")
-        items = self.node(schema.get("items", True)) if high != 0 else self.any()
-        return ArrayNode(items, low, high)
+        low, high = _count_bounds(schema, "minItems", "maxItems")
+        prefix_schemas = schema.get("prefixItems", [])
+        if not isinstance(prefix_schemas, list):
+            raise SchemaError("prefixItems must be a list of schemas")
+        if schema.get("items", True) is False:  # nothing after the prefix
+            high = len(prefix_schemas) if high is None else min(high, len(prefix_schemas))
+            if low > high:
+                raise SchemaError(f"minItems ({low}) is above the {high} items that items: false allows")
+        prefix = tuple(self.node(s) for s in prefix_schemas[:high])
+        items = self.node(schema.get("items", True)) if high is None or high > len(prefix) else self.any()
+        return ArrayNode(items, low, high, prefix)
 
     def any(self) -> int:
         """Any JSON value; an object here takes any keys (it is the json_object format's)."""
@@ -256,6 +279,42 @@ FORMATS = {
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])",
 }
+
+
+def _count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int | None]:
+    """(minItems, maxItems) or (minLength, maxLength), checked."""
+    low, high = schema.get(low_word, 0), schema.get(high_word)
+    for name, bound in ((low_word, low), (high_word, high)):
+        if bound is not None and (not isinstance(bound, int) or isinstance(bound, bool) or bound < 0):
+            raise SchemaError(f"{name} must be a non-negative integer, got {bound!r}")
+    if high is not None and low > high:
+        raise SchemaError(f"{low_word} ({low}) is above {high_word} ({high})")
+    return low, high
+
+
+def _number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
+    """The tighter of minimum and exclusiveMinimum, of maximum and exclusiveMaximum."""
+    found: dict[str, Bound] = {}
+    for word in _BOUND_WORDS:
+        if word not in schema:
+            continue
+        value = schema[word]
+        if not isinstance(value, int | float) or isinstance(value, bool) or (
+                isinstance(value, float) and not math.isfinite(value)):
+            raise SchemaError(f"{word} must be a finite number, got {value!r}")
+        side = "high" if "max" in word.lower() else "low"
+        bound = Bound(Fraction(str(value)), word.startswith("exclusive"))
+        held = found.get(side)
+        tighter = held is None or (bound.value > held.value if side == "low" else bound.value < held.value)
+        if tighter or (bound.value == held.value and bound.strict):
+            found[side] = bound
+    if not found:
+        return None
+    bounds = NumberBounds(found.get("low"), found.get("high"), integer)
+    if not bounds.reachable(""):
+        raise SchemaError(f"no {'integer' if integer else 'number'} the grammar writes lies within "
+                          f"{', '.join(f'{w} {schema[w]}' for w in _BOUND_WORDS if w in schema)}")
+    return bounds
 
 
 def _string_pattern(schema: dict) -> str | None:

@@ -91,7 +91,7 @@ def test_a_model_with_more_rows_than_tokens_never_samples_the_extra_rows(texts):
 
 
 CAT = {"type": "object", "required": ["name", "age", "colors"], "properties": {
-    "name": {"type": "string"}, "age": {"type": "integer"},
+    "name": {"type": "string", "minLength": 1, "maxLength": 20}, "age": {"type": "integer", "minimum": 0, "maximum": 30},
     "colors": {"type": "array", "items": {"enum": ["black", "white", "orange"]}, "minItems": 1,
                "maxItems": 2},
     "indoor": {"type": "boolean"}}}
@@ -146,8 +146,8 @@ def test_json_object_refuses_what_would_fight_it(fields, words):
 
 
 def test_a_schema_the_grammar_cannot_hold_is_refused_by_name():
-    with pytest.raises(InvalidParameterError, match="json_schema: JSON schema keyword 'minimum'"):
-        SamplingParams(json_schema={"type": "integer", "minimum": 0})
+    with pytest.raises(InvalidParameterError, match="json_schema: JSON schema keyword 'multipleOf'"):
+        SamplingParams(json_schema={"type": "integer", "multipleOf": 2})
 
 
 @pytest.mark.parametrize("fields", [{"json_object": True}, {"json_schema": CAT},

@@ -1,0 +1,82 @@
+"""Numbers held to bounds and strings held to lengths, against jsonschema over every short text.
+
+For each bounded number schema: every number text of a grid of values is complete exactly when
+jsonschema validates it (read with the grammar's spelling rule, test_json_schema.Reference),
+and every prefix the grammar keeps alive still has an end it calls complete (no dead ends).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from inferlab.engine.json_grammar import JsonGrammar
+
+from .test_json_schema import Reference, _spelled, _SpelledFloat, _SpelledInt
+
+NUMBER_SCHEMAS = [
+    {"type": "integer", "minimum": 18, "maximum": 120},
+    {"type": "integer", "exclusiveMinimum": -30, "maximum": -7},
+    {"type": "integer", "minimum": 7, "maximum": 7},
+    {"type": "integer", "maximum": -100},
+    {"type": "number", "exclusiveMinimum": -2.5, "exclusiveMaximum": 0.1},
+    {"type": "number", "minimum": 0.5},
+    {"type": "number", "maximum": -0.25},
+    {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.002},
+    {"type": "number", "minimum": 99.5, "maximum": 100, "exclusiveMaximum": 100.5},
+    {"type": "number", "minimum": 1e14, "maximum": 2e14},  # 15 digits before the point
+]
+FRACTIONS = ("", ".", ".0", ".05", ".1", ".25", ".5", ".001", ".0015", ".999", "e1", "E-2")
+
+
+def _number_texts() -> list[str]:
+    texts = ["", "-", "00", "01", "-01", "--1", "1-", "1..5", "0.0019999", "0.00199999999999999",
+             # at the 15-digit limit of a non-integer's digits, and past it
+             "123456789012345", "123456789012345.", "1234567890123456", "12345678901234.5",
+             "12345678901234.56", "0.000000000000015", "0.0000000000000151", "-0.000000000000015"]
+    for whole in [*range(0, 131), 999]:
+        texts += [sign + str(whole) + fraction for sign in ("", "-") for fraction in FRACTIONS]
+    return texts
+
+
+def _reference(schema: dict, text: str) -> bool:
+    try:
+        value = json.loads(text, parse_int=lambda t: _spelled(_SpelledInt, t),
+                           parse_float=lambda t: _spelled(_SpelledFloat, t))
+    except ValueError:
+        return False
+    return Reference(schema).is_valid(value)
+
+
+def _finishes(grammar: JsonGrammar, state, depth: int) -> bool:
+    """Some text of at most `depth` more characters takes `state` to a complete one (depth
+    first: where every live state can end, the first live path ends)."""
+    if grammar.is_complete(state):
+        return True
+    return depth > 0 and any(
+        (nxt := grammar.step(state, ch)) is not None and _finishes(grammar, nxt, depth - 1)
+        for ch in "0123456789.-")
+
+
+@pytest.mark.parametrize("schema", NUMBER_SCHEMAS, ids=lambda s: json.dumps(s)[:60])
+def test_bounded_numbers_are_complete_exactly_when_jsonschema_validates(schema):
+    grammar = JsonGrammar(schema)
+    for text in _number_texts():
+        assert grammar.is_complete(grammar.advance(grammar.start, text)) == _reference(schema, text), text
+
+
+@pytest.mark.parametrize("schema", NUMBER_SCHEMAS, ids=lambda s: json.dumps(s)[:60])
+def test_every_prefix_a_bounded_number_keeps_alive_can_still_end(schema):
+    grammar = JsonGrammar(schema)
+    seeds = ("", "-", "12345678901", "0.0000000000", "-0.0000000000")  # the last near the digit limit
+    frontier = [(seed, 0, state) for seed in seeds if (state := grammar.advance(grammar.start, seed)) is not None]
+    seen = 0
+    while frontier:
+        text, depth, state = frontier.pop()
+        assert _finishes(grammar, state, 16), f"dead end after {text!r}"
+        seen += 1
+        if depth < 5:  # a few digits of each kind: 0, small, middle, large
+            frontier += [(text + ch, depth + 1, nxt) for ch in "01579.-"
+                         if (nxt := grammar.step(state, ch)) is not None]
+    assert seen >= 2  # the start and a first character at least
