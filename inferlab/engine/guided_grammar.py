@@ -1,6 +1,7 @@
 """Guided decoding by a grammar: OpenAI's json_object and json_schema response formats (the
-output is one JSON value the schema takes, json_grammar.py) and vLLM's guided_regex (the output
-matches the pattern, regex_grammar.py), then EOS.
+output is one JSON value the schema takes, json_grammar.py), vLLM's guided_regex (the output
+matches the pattern, regex_grammar.py) and guided_grammar (a whole root of an EBNF grammar,
+ebnf_grammar.py), then EOS.
 
 At each step a request may sample only the tokens whose text keeps its output a prefix of an
 allowed one, and EOS once it is whole. Which tokens those are depends only on the grammar
@@ -20,6 +21,7 @@ from typing import Any
 
 import torch
 
+from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import Grammar
 from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar
 from inferlab.engine.json_schema import canonical_text
@@ -159,7 +161,7 @@ class GrammarGuide:
         return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
 
 
-GRAMMARS: dict[str, Callable[[Any], Grammar]] = {"json": JsonGrammar, "regex": RegexGrammar}
+GRAMMARS: dict[str, Callable[[Any], Grammar]] = {"json": JsonGrammar, "regex": RegexGrammar, "ebnf": EbnfGrammar}
 
 
 class GrammarFilters:
@@ -180,7 +182,7 @@ class GrammarFilters:
 
     def guide(self, kind: str, spec: Any) -> GrammarGuide:
         """A new guide for one request (each of n copies has its own place in the grammar):
-        kind "json" with a schema, or "regex" with a pattern."""
+        kind "json" with a schema, "regex" with a pattern, "ebnf" with a grammar's text."""
         key = (kind, canonical_text(spec) if kind == "json" else spec)
         token_filter = self._filters.get(key)
         if token_filter is None:

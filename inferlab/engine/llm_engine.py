@@ -223,8 +223,8 @@ class LLMEngine:
 
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
         """A new guide for one request (each of n copies has its own place in the grammar)."""
-        if params.guided_grammar is not None:
-            return self.grammar_filters.guide(*params.guided_grammar)
+        if params.grammar is not None:
+            return self.grammar_filters.guide(*params.grammar)
         return ChoiceGuide(choices, self.generation.eos_token_id) if choices else None
 
     @functools.cached_property

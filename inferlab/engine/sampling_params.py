@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from inferlab.engine.ebnf_grammar import EbnfGrammar
+from inferlab.engine.ebnf_parse import GrammarError
 from inferlab.engine.json_grammar import OBJECT_SCHEMA
 from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar
@@ -66,6 +68,9 @@ class SamplingParams:
     json_schema: dict[str, Any] | bool | None = None
     # vLLM's guided_regex: the whole output matches the pattern, then EOS (regex_grammar.py)
     guided_regex: str | None = None
+    # vLLM's guided_grammar: the output is a whole `root` of this EBNF grammar (llama.cpp's GBNF
+    # notation), then EOS (ebnf_parse.py)
+    guided_grammar: str | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -86,7 +91,8 @@ class SamplingParams:
         guides = [name for name, given in (("guided_choice", self.guided_choice is not None),
                                            ("json_object", self.json_object),
                                            ("json_schema", self.json_schema is not None),
-                                           ("guided_regex", self.guided_regex is not None)) if given]
+                                           ("guided_regex", self.guided_regex is not None),
+                                           ("guided_grammar", self.guided_grammar is not None)) if given]
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -121,7 +127,7 @@ class SamplingParams:
                 isinstance(c, str) and c for c in self.guided_choice)),
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
             (len(guides) < 2, f"{' and '.join(guides)} cannot be combined"),
-            *_grammar_checks(self.json_schema, self.guided_regex),
+            *_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
@@ -147,9 +153,10 @@ class SamplingParams:
             return "json_object"
         if self.json_schema is not None:
             return "json_schema"
-        if self.guided_regex is not None:
-            return "guided_regex"
-        return "guided_choice" if self.guided_choice is not None else None
+        for name in ("guided_regex", "guided_grammar", "guided_choice"):
+            if getattr(self, name) is not None:
+                return name
+        return None
 
     @property
     def guided_schema(self) -> dict[str, Any] | bool | None:
@@ -157,12 +164,14 @@ class SamplingParams:
         return OBJECT_SCHEMA if self.json_object else self.json_schema
 
     @property
-    def guided_grammar(self) -> tuple[str, Any] | None:
+    def grammar(self) -> tuple[str, Any] | None:
         """The grammar the output is held to, as guided_grammar.GrammarFilters names it:
-        ("json", schema), ("regex", pattern), or None."""
+        ("json", schema), ("regex", pattern), ("ebnf", grammar text), or None."""
         if self.guided_schema is not None:
             return ("json", self.guided_schema)
-        return None if self.guided_regex is None else ("regex", self.guided_regex)
+        if self.guided_regex is not None:
+            return ("regex", self.guided_regex)
+        return None if self.guided_grammar is None else ("ebnf", self.guided_grammar)
 
     @property
     def has_penalties(self) -> bool:
@@ -185,15 +194,17 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
     return checks
 
 
-def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None) -> list[tuple[bool, str]]:
+def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None,
+                    grammar: str | None) -> list[tuple[bool, str]]:
     """One (ok, message) for each grammar that guided decoding cannot hold an output to."""
     checks = []
-    for name, build, spec in (("json_schema", compile_schema, schema), ("guided_regex", RegexGrammar, regex)):
+    for name, build, spec in (("json_schema", compile_schema, schema), ("guided_regex", RegexGrammar, regex),
+                              ("guided_grammar", EbnfGrammar, grammar)):
         if spec is None:
             continue
         try:
             build(spec)
-        except (SchemaError, RegexError) as e:
+        except (SchemaError, RegexError, GrammarError) as e:
             checks.append((False, f"{name}: {e}"))
         except RecursionError:
             checks.append((False, f"{name}: nested too deeply"))

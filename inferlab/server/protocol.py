@@ -49,6 +49,7 @@ class SamplingFields(_Request):
     guided_choice: list[str] | None = None  # the output is one of these strings
     guided_json: dict[str, Any] | bool | str | None = None  # a JSON schema (or its text)
     guided_regex: str | None = None  # the whole output matches this pattern
+    guided_grammar: str | None = None  # the output is a whole root of this EBNF (GBNF) grammar
     # vLLM's newer form: {"choice": [...]}, {"json": schema}, {"regex": pattern} or
     # {"json_object": true}
     structured_outputs: dict[str, Any] | None = None

@@ -41,7 +41,8 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "include_stop_str_in_output": req.include_stop_str_in_output,
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
         "cache_salt": req.cache_salt, "guided_choice": _guided("choice", req.guided_choice, req),
-        "guided_regex": _guided("regex", req.guided_regex, req), **_json_guide(req), **fields,
+        "guided_regex": _guided("regex", req.guided_regex, req),
+        "guided_grammar": _guided("grammar", req.guided_grammar, req), **_json_guide(req), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -55,11 +56,11 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
 
 
 def _check_structured_outputs(req: SamplingFields) -> None:
-    """The structured outputs this server does not hold to (grammar) are refused by name."""
-    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object"})
+    """The structured outputs this server does not hold to (structural_tag...) are refused by name."""
+    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object", "grammar"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(choice, regex, json and json_object are)", "structured_outputs")
+                          "(choice, regex, json, json_object and grammar are)", "structured_outputs")
 
 
 def _guided(kind: str, value: Any, req: SamplingFields) -> Any:

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 
-from .json_edits import edit
+from .grammar_fuzz import edit
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
 START = GRAMMAR.start

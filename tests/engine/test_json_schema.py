@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import SchemaError, compile_schema
 
-from .json_edits import edit
+from .grammar_fuzz import complete, edit, finished_walks, read_whole
 
 PERSON = {
     "type": "object", "title": "Person", "required": ["name", "age"],
@@ -180,11 +180,6 @@ def reference_accepts(schema: Any, text: str) -> bool:
 GRAMMARS = {name: JsonGrammar(schema) for name, schema in SCHEMAS.items()}
 
 
-def complete(name: str, text: str) -> bool:
-    grammar = GRAMMARS[name]
-    return grammar.is_complete(grammar.advance(grammar.start, text))
-
-
 @pytest.mark.parametrize("name", sorted(VALID))
 def test_valid_instances_in_every_layout_are_complete_and_every_prefix_viable(name):
     grammar = GRAMMARS[name]
@@ -192,11 +187,7 @@ def test_valid_instances_in_every_layout_are_complete_and_every_prefix_viable(na
         for layout in LAYOUTS:
             text = json.dumps(value, **layout)
             assert reference_accepts(SCHEMAS[name], text), text  # the cases are valid
-            state = grammar.start
-            for i, ch in enumerate(text):
-                state = grammar.step(state, ch)
-                assert state is not None, text[: i + 1]
-            assert grammar.is_complete(state), text
+            read_whole(grammar, text)
 
 
 HAND_CASES = {
@@ -235,7 +226,7 @@ HAND_CASES = {
 @pytest.mark.parametrize("name", sorted(HAND_CASES))
 def test_hand_cases_agree_with_jsonschema(name):
     for text in HAND_CASES[name] + [json.dumps(v) for v in VALID[name]]:
-        assert complete(name, text) == reference_accepts(SCHEMAS[name], text), text
+        assert complete(GRAMMARS[name], text) == reference_accepts(SCHEMAS[name], text), text
 
 
 @settings(max_examples=150, deadline=None)
@@ -243,43 +234,19 @@ def test_hand_cases_agree_with_jsonschema(name):
 def test_edited_texts_are_complete_exactly_when_jsonschema_validates(name, layout, rng):
     text = edit(json.dumps(rng.choice(VALID[name]), **LAYOUTS[layout]), rng,
                 '{}[]:,"\\ 0123456789.eE+-tfnrulasuvkidg\n')
-    assert complete(name, text) == reference_accepts(SCHEMAS[name], text), text
+    assert complete(GRAMMARS[name], text) == reference_accepts(SCHEMAS[name], text), text
 
 
 ALPHABET = sorted(set('{}[]:,"\\ \n0123456789.eE+-truefalsnu/bfnrtxyz') | set(
     "".join(json.dumps(SCHEMAS, ensure_ascii=False))))
 
 
-def _walk(grammar: JsonGrammar, rng: random.Random, budget: int) -> str | None:
-    """Random characters the grammar takes until it calls the text complete (None: too long)."""
-    state, text = grammar.start, []
-    while len(text) < 4 * budget:
-        if grammar.is_complete(state) and (len(text) > budget or rng.random() < 0.2):
-            return "".join(text)
-        options = {ch: nxt for ch in ALPHABET if (nxt := grammar.step(state, ch)) is not None}
-        assert options or grammar.is_complete(state), f"dead end after {''.join(text)!r}"
-        if not options:
-            return "".join(text)
-        if len(text) > budget:  # close: no whitespace, the characters that leave the least open
-            options = {ch: nxt for ch, nxt in options.items() if not ch.isspace()} or options
-            least = min(min(map(len, nxt)) for nxt in options.values())
-            options = {ch: nxt for ch, nxt in options.items() if min(map(len, nxt)) == least}
-        ch = rng.choice(sorted(options))
-        text.append(ch)
-        state = options[ch]
-    return None
-
-
 @pytest.mark.parametrize("name", sorted(SCHEMAS))
 def test_random_walks_end_only_in_texts_jsonschema_validates(name):
-    rng = random.Random(name)
-    finished = 0
-    for _ in range(60):
-        text = _walk(GRAMMARS[name], rng, budget=60)
-        if text is not None:
-            assert reference_accepts(SCHEMAS[name], text), text
-            finished += 1
-    assert finished >= 50
+    texts = finished_walks(GRAMMARS[name], random.Random(name), 60, budget=60, alphabet=ALPHABET)
+    assert len(texts) >= 50
+    for text in texts:
+        assert reference_accepts(SCHEMAS[name], text), text
 
 
 @pytest.mark.parametrize(("schema", "words"), [
@@ -333,30 +300,27 @@ def test_formats_are_written_as_the_format_checker_accepts(fmt, good, bad):
     grammar = JsonGrammar(FORMATTED)
     for value, whole in ((good, True), (bad, False)):
         text = json.dumps({fmt: value})
-        assert grammar.is_complete(grammar.advance(grammar.start, text)) == whole, text
+        assert complete(grammar, text) == whole, text
         if whole or fmt in CHECKER.checkers:  # jsonschema checks time formats only with extras
             assert Reference(FORMATTED, format_checker=CHECKER).is_valid({fmt: value}) == whole, text
 
 
 def test_random_walks_through_formats_end_in_values_the_format_checker_accepts():
-    grammar, rng = JsonGrammar(FORMATTED), random.Random(7)
-    for _ in range(15):
-        text = _walk(grammar, rng, budget=60)
-        if text is not None:
-            Reference(FORMATTED, format_checker=CHECKER).validate(json.loads(text))
+    for text in finished_walks(JsonGrammar(FORMATTED), random.Random(7), 15, budget=60, alphabet=ALPHABET):
+        Reference(FORMATTED, format_checker=CHECKER).validate(json.loads(text))
 
 
 def test_an_enum_s_arrays_and_objects_are_written_compactly():
     grammar = JsonGrammar({"type": "object", "properties": {"v": {"enum": [[1, 2], {"k": None}]}}})
     for text, whole in (('{"v":[1,2]}', True), ('{"v": {"k":null} }', True), ('{"v":[1, 2]}', False),
                         ('{"v":{"k": null}}', False), ('{"v":[1]}', False)):
-        assert grammar.is_complete(grammar.advance(grammar.start, text)) == whole, text
+        assert complete(grammar, text) == whole, text
 
 
 def test_an_empty_schema_takes_any_value_and_types_follow_their_keywords():
     anything = JsonGrammar({})
     for text in ('"s"', "-1.5e3", "[{}]", "null", '{"a":[true]}'):
-        assert anything.is_complete(anything.advance(anything.start, text)), text
+        assert complete(anything, text), text
     implied = JsonGrammar({"properties": {"a": {"type": "integer"}}})  # no type: an object
     assert implied.is_complete(implied.advance(implied.start, '{"a":1}'))
     assert implied.advance(implied.start, '"a"') is None

@@ -1,7 +1,7 @@
-"""Guided decoding by grammar through the engine, on the embedded model: json_object, json_schema
-and guided_regex. Every output that ends by EOS is a JSON object Python's json module reads, a
-value jsonschema validates against the schema, or a text Python's re matches whole; a cut one
-is a prefix of one. The token filter's shortcuts are checked against reading every token in
+"""Guided decoding by grammar through the engine, on the embedded model: json_object, json_schema,
+guided_regex and guided_grammar. Every output that ends by EOS is a JSON object Python's json
+module reads, a value jsonschema validates against the schema, a text Python's re matches whole,
+or one lark parses; a cut one is a prefix of one. The token filter's shortcuts are checked against reading every token in
 full."""
 
 from __future__ import annotations
@@ -12,8 +12,16 @@ import re
 
 import jsonschema
 import pytest
+from lark import Lark
 
-from inferlab.engine.guided_grammar import GrammarGuide, TokenFilter, TokenIndex, token_texts
+from inferlab.engine.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided_grammar import (
+    GRAMMARS,
+    GrammarGuide,
+    TokenFilter,
+    TokenIndex,
+    token_texts,
+)
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampling_params import SamplingParams
@@ -51,6 +59,11 @@ PET_SAMPLE = '{ "mood" : "so  so", "first name":"Rex \\"R\\"", "legs": 4, "extra
 
 
 DATE = r"\s*(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?\.?\s*"  # whitespace that loops, too
+ANSWER = '''
+root ::= "The answer is " ("yes" | "no" | [0-9]{1,3}) (", because " [a-z ]{1,40})? "."
+'''
+ANSWER_LARK = Lark('root: "The answer is " ("yes" | "no" | /[0-9]/ ~ 1..3) (", because " /[a-z ]/ ~ 1..40)? "."',
+                   start="root", parser="earley", lexer="dynamic")
 
 
 @pytest.mark.parametrize(("grammar", "text"), [
@@ -60,6 +73,8 @@ DATE = r"\s*(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?\.?\s*"  # whitespace tha
      '{"d":"2024-12-02","t":"a\\u0062 c"}'), (RegexGrammar(DATE), " \n2024-12-02 at 11:45. \t"),
     # any whitespace, then only spaces: a second whitespace is not read as the first
     (RegexGrammar(r"a\s( b|  +(the|of))"), "a   the"),
+    (EbnfGrammar(ANSWER), "The answer is 42, because it is."),
+    (JsonGrammar({"properties": {"n": {"type": "number", "minimum": -1.5, "maximum": 20}}}), '{"n": -0.25}'),
 ])
 def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, text):
     token_filter = TokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
@@ -104,13 +119,16 @@ CAT = {"type": "object", "required": ["name", "age", "colors"], "properties": {
      ["Describe a cat as a JSON object.", "Tell me about your neighbour's cat."]),
     ({"guided_regex": DATE}, lambda text: re.fullmatch(DATE, text),
      ["When did the Berlin wall fall? Give the date.", "What is today's date?"]),
+    ({"guided_grammar": ANSWER}, ANSWER_LARK.parse,
+     ["Is the sky blue? Say why.", "How many legs does a spider have?"]),
 ])
 def test_guided_outputs_are_what_the_format_asks(make_llm, guide, check, prompts):
     llm = make_llm()
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=100, **guide)
     sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=100, **guide)
-    grammar = RegexGrammar(DATE) if "guided_regex" in guide else JsonGrammar(greedy.guided_schema)
+    kind, spec = greedy.grammar
+    grammar = GRAMMARS[kind](spec)
     stopped = 0
     for params in (greedy, sampled):
         for out in llm.chat(conversations, params):
@@ -145,13 +163,20 @@ def test_json_object_refuses_what_would_fight_it(fields, words):
         SamplingParams(json_object=True, **fields)
 
 
-def test_a_schema_the_grammar_cannot_hold_is_refused_by_name():
-    with pytest.raises(InvalidParameterError, match="json_schema: JSON schema keyword 'multipleOf'"):
-        SamplingParams(json_schema={"type": "integer", "multipleOf": 2})
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"json_schema": {"type": "integer", "multipleOf": 2}}, "json_schema: JSON schema keyword 'multipleOf'"),
+    ({"guided_grammar": 'root ::= "a" | b'}, "guided_grammar: grammar: rule 'b' is used but never defined"),
+    ({"guided_grammar": ["root ::= x"]}, "guided_grammar: a grammar must be a string"),
+    ({"guided_grammar": 'root ::= "a"', "guided_regex": "a"}, "guided_regex and guided_grammar cannot be combined"),
+])
+def test_a_grammar_that_cannot_be_held_is_refused_by_name(fields, words):
+    with pytest.raises(InvalidParameterError, match=re.escape(words)):
+        SamplingParams(**fields)
 
 
 @pytest.mark.parametrize("fields", [{"json_object": True}, {"json_schema": CAT},
-                                    {"guided_regex": DATE}, {"guided_choice": ["yes", "no"]}])
+                                    {"guided_regex": DATE}, {"guided_grammar": ANSWER},
+                                    {"guided_choice": ["yes", "no"]}])
 def test_guided_decoding_needs_an_eos_to_end_with(make_llm, monkeypatch, fields):
     llm = make_llm()
     without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none

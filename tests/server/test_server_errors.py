@@ -70,7 +70,11 @@ def chat(server, **fields) -> httpx.Response:
     # with min_tokens these were held back by indexing the logits: it killed the engine loop
     ({"stop_token_ids": [9999999], "min_tokens": 2}, "stop_token_ids", "outside the vocabulary"),
     ({"stop_token_ids": [-1], "min_tokens": 2}, "stop_token_ids", "must be token ids"),
-    ({"structured_outputs": {"grammar": "root ::= \"a\""}}, "structured_outputs", "grammar is not supported"),
+    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural_tag is not supported"),
+    ({"guided_grammar": "root ::= x"}, "guided_grammar", "rule 'x' is used but never defined"),
+    ({"structured_outputs": {"grammar": "root ::= \"a"}}, "guided_grammar", "a string is not closed"),
+    ({"guided_grammar": "root ::= \"a\"", "structured_outputs": {"grammar": "root ::= \"b\""}}, "guided_grammar",
+     "give the grammar once"),
     ({"guided_regex": "(a"}, "guided_regex", "missing ')'"),
     ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex", "give the regex once"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "guided_choice and guided_regex cannot"),

@@ -1,7 +1,7 @@
 """Guided decoding through the official `openai` client: guided_choice, json_object, JSON
-schemas and regexes, in each of the forms clients send them (OpenAI's response_format, vLLM's
-structured_outputs and guided_* fields). References: Python's json and re modules and the
-jsonschema library, not the grammars under test."""
+schemas, regexes and EBNF grammars, in each of the forms clients send them (OpenAI's
+response_format, vLLM's structured_outputs and guided_* fields). References: Python's json and
+re modules, the jsonschema library and lark's parser, not the grammars under test."""
 
 from __future__ import annotations
 
@@ -9,6 +9,9 @@ import json
 import re
 
 import jsonschema
+import pytest
+from lark import Lark
+from lark.exceptions import LarkError
 from server_helpers import MODEL_NAME
 
 GREEDY = {"temperature": 0.0}
@@ -73,19 +76,43 @@ def test_json_schema_answers_validate_in_every_form(client):
             assert choice.text.startswith("{")
 
 
-def test_guided_regex_answers_match_the_pattern(client):
-    """vLLM's guided_regex (chat, streamed: the same text) and structured_outputs regex."""
-    pattern = r"(Paris|Lyon), [A-Z][a-z]{2,8} \d{4}"
-    messages = [{"role": "user", "content": "Name a French city, a month and a year."}]
-    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=30,
-                                           extra_body={"guided_regex": pattern}, **GREEDY)
+SQL = '''
+root ::= "SELECT " column " FROM " table (" WHERE " column " = " [0-9]+)? ";"
+column ::= "name" | "age" | "city"
+table ::= "users" | "orders"
+'''
+SQL_LARK = Lark('''root: "SELECT " column " FROM " table (" WHERE " column " = " /[0-9]/+)? ";"
+column: "name" | "age" | "city"
+table: "users" | "orders"''', start="root", parser="earley", lexer="dynamic")
+
+
+def _parses(text: str) -> bool:
+    try:
+        SQL_LARK.parse(text)
+    except LarkError:
+        return False
+    return True
+
+
+REGEX = r"(Paris|Lyon), [A-Z][a-z]{2,8} \d{4}"
+
+
+@pytest.mark.parametrize(("kind", "spec", "check", "question", "prompt"), [
+    ("regex", REGEX, lambda text: re.fullmatch(REGEX, text), "Name a French city, a month and a year.",
+     "Where and when?"),
+    ("grammar", SQL, _parses, "Write an SQL query for the names of users aged 30.", "A query:"),
+])
+def test_guided_answers_are_whole(client, kind, spec, check, question, prompt):
+    """vLLM's guided_<kind> (chat, streamed: the same text) and structured_outputs <kind>."""
+    messages = [{"role": "user", "content": question}]
+    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=40,
+                                           extra_body={f"guided_{kind}": spec}, **GREEDY)
     assert whole.choices[0].finish_reason == "stop"
-    assert re.fullmatch(pattern, whole.choices[0].message.content)
-    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=30,
-                                            extra_body={"guided_regex": pattern}, stream=True, **GREEDY)
+    assert check(whole.choices[0].message.content), whole.choices[0].message.content
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=40,
+                                            extra_body={f"guided_{kind}": spec}, stream=True, **GREEDY)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == \
         whole.choices[0].message.content
-    completion = client.completions.create(model=MODEL_NAME, prompt="Where and when?", max_tokens=30,
-                                           n=3, seed=2, temperature=1.0,
-                                           extra_body={"structured_outputs": {"regex": pattern}})
-    assert all(re.fullmatch(pattern, c.text) and c.finish_reason == "stop" for c in completion.choices)
+    completion = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, n=3, seed=2,
+                                           temperature=1.0, extra_body={"structured_outputs": {kind: spec}})
+    assert all(check(c.text) and c.finish_reason == "stop" for c in completion.choices), completion.choices

@@ -1,0 +1,119 @@
+"""A recognizer of an EBNF grammar (ebnf_parse.py) one character at a time, for guided decoding
+by vLLM's guided_grammar: the output is a whole `root`.
+
+A state is a set of stacks, one for each way the text so far can be read; a stack's frames are
+(alternative, position) pairs, the innermost last, each waiting for the element at its
+position. Every stack of a state waits for a character (its top element is a character class),
+or is empty: the text is a whole root. A rule called as the last element of an alternative
+replaces its caller's frame (a tail call), so repetitions keep stacks short.
+
+Left recursion (a rule that can reach itself before reading a character) would make a stack
+grow without reading anything; such grammars are refused by name, as llama.cpp refuses them.
+"""
+
+from __future__ import annotations
+
+from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, parse_grammar
+from inferlab.engine.grammar import Grammar
+
+Frame = tuple[int, int]  # (alternative, position of the element it waits for)
+Stack = tuple[Frame, ...]
+State = frozenset[Stack]
+
+
+class EbnfGrammar(Grammar):
+    def __init__(self, text: str) -> None:
+        super().__init__()
+        compiled = parse_grammar(text)
+        _refuse_left_recursion(compiled)
+        self.alternatives: list[tuple[Element, ...]] = []  # all rules' alternatives, numbered
+        self.rule_alternatives: list[list[int]] = []  # rule -> its alternatives' numbers
+        for options in compiled.alternatives:
+            self.rule_alternatives.append(list(range(len(self.alternatives), len(self.alternatives) + len(options))))
+            self.alternatives.extend(options)
+        self.matchers = compiled.matchers
+        self.start: State = frozenset(self._settle(self._call(compiled.root, ())))
+
+    def _next(self, state: State, ch: str) -> State | None:
+        stacks = set()
+        for stack in state:
+            if stack:
+                alternative, position = stack[-1]
+                if self.matchers[self.alternatives[alternative][position][1]].matches(ch):
+                    stacks.update(self._settle([(*stack[:-1], (alternative, position + 1))]))
+        return frozenset(stacks) if stacks else None
+
+    def is_complete(self, state: State | None) -> bool:
+        return state is not None and () in state
+
+    def _call(self, rule: int, below: Stack) -> list[Stack]:
+        return [(*below, (alternative, 0)) for alternative in self.rule_alternatives[rule]]
+
+    def _settle(self, todo: list[Stack]) -> list[Stack]:
+        """The stacks `todo` become once each waits for a character (or is empty): finished
+        frames popped, called rules expanded."""
+        settled, seen = [], set()
+        while todo:
+            stack = todo.pop()
+            if stack in seen:
+                continue
+            seen.add(stack)
+            if not stack:
+                settled.append(stack)
+                continue
+            alternative, position = stack[-1]
+            elements = self.alternatives[alternative]
+            if position == len(elements):
+                todo.append(stack[:-1])
+                continue
+            kind, value = elements[position]
+            if kind == "char":
+                settled.append(stack)
+                continue
+            below = stack[:-1] if position + 1 == len(elements) else (*stack[:-1], (alternative, position + 1))
+            todo.extend(self._call(value, below))
+        return settled
+
+
+def _refuse_left_recursion(compiled: Compiled) -> None:
+    """A rule that can reach itself before reading a character (through rules that can be
+    empty) is refused, named as its grammar names it."""
+    empty = _nullable(compiled)
+    first_calls: list[set[int]] = [set() for _ in compiled.names]  # rules callable before a char
+    for rule, options in enumerate(compiled.alternatives):
+        for option in options:
+            for kind, value in option:
+                if kind == "char":
+                    break
+                first_calls[rule].add(value)
+                if not empty[value]:
+                    break
+    finished: set[int] = set()
+
+    def visit(rule: int, path: list[int]) -> None:
+        if rule in finished:
+            return
+        if rule in path:
+            name = compiled.names[rule].split("/")[0]
+            raise GrammarError(f"grammar: rule {name!r} is left-recursive (it can reach itself before "
+                               "reading a character); write the repetition on the right")
+        path.append(rule)
+        for callee in first_calls[rule]:
+            visit(callee, path)
+        path.pop()
+        finished.add(rule)
+
+    for rule in range(len(compiled.names)):
+        visit(rule, [])
+
+
+def _nullable(compiled: Compiled) -> list[bool]:
+    """Which rules can match the empty text: a fixed point over the alternatives."""
+    empty = [False] * len(compiled.names)
+    changed = True
+    while changed:
+        changed = False
+        for rule, options in enumerate(compiled.alternatives):
+            if not empty[rule] and any(all(k == "rule" and empty[v] for k, v in option) for option in options):
+                empty[rule] = changed = True
+    return empty
