@@ -1,4 +1,5 @@
-"""What guided decoding by grammar costs (json_object, a json_schema, a guided_regex): building
+"""What guided decoding by grammar costs (json_object, a json_schema, a guided_regex, a
+guided_grammar): building
 the token index, a grammar state's token set the first time it is met, the sampler's masking,
 and a stream's time a token.
 
@@ -17,6 +18,7 @@ import time
 
 import torch
 
+from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import Grammar
 from inferlab.engine.guided_grammar import TokenFilter, TokenIndex, token_texts
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
@@ -38,6 +40,13 @@ CAT_SCHEMA = {  # the sample's shape, as a schema
     },
 }
 DATE = r"(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?"
+SQL = '''
+root ::= "SELECT " column ("," " "? column)* " FROM " table (" WHERE " column " " op " " value)? ";"
+column ::= "name" | "age" | "city" | "color" | "owner"
+table ::= "cats" | "owners"
+op ::= "=" | "<" | ">"
+value ::= [0-9]+ | "'" [a-zA-Z ]* "'"
+'''
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 
@@ -110,10 +119,12 @@ def main() -> None:
     token_filter = filter_costs("json_object", JsonGrammar(OBJECT_SCHEMA), SAMPLE, index, eos)
     filter_costs("json_schema", JsonGrammar(CAT_SCHEMA), SAMPLE, index, eos)
     filter_costs("guided_regex", RegexGrammar(DATE), "2024-12-02 at 11:45", index, eos)
+    filter_costs("guided_grammar", EbnfGrammar(SQL), "SELECT name, age FROM cats WHERE color = 'black';", index, eos)
     sampler_cost(token_filter, args.rows, llm.engine.model_config.vocab_size)
     stream_cost(llm, args.tokens, json_object=True)
     stream_cost(llm, args.tokens, json_schema=CAT_SCHEMA)
     stream_cost(llm, args.tokens, guided_regex=DATE)
+    stream_cost(llm, args.tokens, guided_grammar=SQL)
 
 
 if __name__ == "__main__":
