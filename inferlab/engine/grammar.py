@@ -1,4 +1,4 @@
-"""What guided decoding's token filter asks of a grammar (JSON, regex): a hashable state that
+"""What guided decoding's token filter asks of a grammar (JSON, regex, EBNF): a hashable state that
 one character at a time moves, or kills when no allowed output begins with the text."""
 
 from __future__ import annotations
@@ -27,10 +27,11 @@ class Grammar(ABC):
     def is_complete(self, state: Any) -> bool:
         """Whether the text so far is a whole allowed output (EOS may follow)."""
 
-    def in_plain_string(self, state: Any) -> bool:
-        """Whether any token without a quote, a backslash or a control character goes on from
-        `state` unchanged in what may follow (the token filter then reads only the others)."""
-        return False
+    def plain_text_room(self, state: Any) -> float | None:
+        """How many characters of plain text (no quote, backslash, control character or half
+        surrogate) `state` takes, whichever they are: math.inf for any number, None where that
+        does not hold (the token filter then reads only the other tokens, and counts these)."""
+        return None
 
     def step(self, state: Any, ch: str) -> Any:
         key = (state, ch)

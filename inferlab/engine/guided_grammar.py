@@ -9,12 +9,15 @@ state, so `TokenFilter` computes each state's set once and keeps it: a generatio
 dozen states, most of them again and again. Computing a set reads only the tokens that can
 start there (by their first character, or the first after their leading whitespace where every
 whitespace acts alike) and, where the grammar says any plain text goes on (inside a JSON
-string), only the tokens that hold a quote, a backslash or a control character.
+string, or one held to a length alone), only the tokens that hold a quote, a backslash or a
+control character: the others are kept by their length.
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
+import re
 from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -27,6 +30,8 @@ from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar
 from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.models.tokenizer import TextTokenizer
+
+_SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
@@ -66,7 +71,9 @@ class TokenIndex:
         self.after_space: dict[str, list[int]] = {}
         self.spaces: list[int] = []  # tokens of whitespace only
         self.by_space: dict[str, list[int]] = {}  # tokens that start with whitespace, by its first
-        self.string_safe: list[int] = []  # tokens that continue any string as they are
+        # tokens that continue any string as they are, shortest first, and their lengths
+        self.string_safe: list[int] = []
+        self.string_safe_lengths: list[int] = []
         self.string_unsafe: list[int] = []
         for token_id, text in enumerate(self.texts):
             if text is None:
@@ -80,10 +87,12 @@ class TokenIndex:
                     self.after_space.setdefault(rest[0], []).append(token_id)
                 else:
                     self.spaces.append(token_id)
-            if '"' in text or "\\" in text or min(text) < " ":
+            if '"' in text or "\\" in text or min(text) < " " or _SURROGATES.search(text):
                 self.string_unsafe.append(token_id)
             else:
                 self.string_safe.append(token_id)
+        self.string_safe.sort(key=lambda i: len(self.texts[i]))
+        self.string_safe_lengths = [len(self.texts[i]) for i in self.string_safe]
 
 
 class TokenFilter:
@@ -114,8 +123,10 @@ class TokenFilter:
 
     def _compute(self, state: Hashable) -> list[int]:
         grammar, index = self.grammar, self.index
-        if grammar.in_plain_string(state):
-            candidates, keep = index.string_unsafe, list(index.string_safe)
+        room = grammar.plain_text_room(state)
+        if room is not None:
+            candidates = index.string_unsafe
+            keep = index.string_safe[:bisect.bisect_right(index.string_safe_lengths, room)]
         else:
             candidates, keep = self._starting(index.by_first_char, state), []
             spaced = self._after_any_space(state)

@@ -14,6 +14,7 @@ hashable: they key the token filter's cache (guided_grammar.py).
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from inferlab.engine.grammar import Grammar
@@ -94,10 +95,22 @@ class JsonGrammar(Grammar):
     def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state
 
-    def in_plain_string(self, state: State) -> bool:
-        """Every reading is inside a string of any text, after no backslash."""
-        return all(stack and stack[-1][1] in ("str", "key") and stack[-1][2][-1] == ""
-                   for stack in state)
+    def plain_text_room(self, state: State) -> float | None:
+        """Every reading is inside a string of any text (or held to a length alone), after no
+        backslash: the most characters one of them takes."""
+        rooms = [self._plain_room(stack) for stack in state]
+        return None if None in rooms or not rooms else max(rooms)
+
+    def _plain_room(self, stack: Stack) -> float | None:
+        if not stack:
+            return None
+        index, mode, data = stack[-1]
+        if mode in ("str", "key") and data[-1] == "":
+            return math.inf
+        if mode != "pstr" or data[0] != "" or index in self.patterns:
+            return None
+        node = self.nodes[index]
+        return math.inf if node.max_length is None else node.max_length - data[3]
 
     def _step(self, stack: Stack, ch: str) -> list[Stack]:
         if not stack:

@@ -75,12 +75,16 @@ ANSWER_LARK = Lark('root: "The answer is " ("yes" | "no" | /[0-9]/ ~ 1..3) (", b
     (RegexGrammar(r"a\s( b|  +(the|of))"), "a   the"),
     (EbnfGrammar(ANSWER), "The answer is 42, because it is."),
     (JsonGrammar({"properties": {"n": {"type": "number", "minimum": -1.5, "maximum": 20}}}), '{"n": -0.25}'),
+    # strings held to a length: the tokens of plain text counted, not read
+    (JsonGrammar({"type": "string", "minLength": 2, "maxLength": 7}), '"a b, c"'),
+    (JsonGrammar({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "maxLength": 9}]}), '"xyz\\n q"'),
+    (JsonGrammar({"anyOf": [{"type": "string", "maxLength": 4}, {"type": "string", "pattern": "^a+$"}]}), '"aaaaa"'),
 ])
 def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, text):
     token_filter = TokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
     state = grammar.start
     for i, ch in enumerate(text):
-        if i % 3 == 0 or ch in '"\\{}[]:, \t\n':  # strings, escapes, numbers, literals, structure
+        if i % 3 == 0 or ch in '"\\{}[]:, \t\n' or text[0] == '"':  # strings, escapes, numbers, literals, structure
             read_in_full = [t for t, token in enumerate(texts)
                             if token is not None and grammar.advance(state, token) is not None]
             if grammar.is_complete(state):
