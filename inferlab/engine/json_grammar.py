@@ -220,8 +220,8 @@ class JsonGrammar(Grammar):
                         below: Stack) -> list[Stack]:
         """The stacks after `ch` took the number to `mode`: it goes on, and it may end. A bounded
         number keeps its text (`data`) and goes on only where some end of it is in bounds."""
-        if mode == "n_e" and (node.integer or node.bounds) or mode == "n_dot" and node.integer:
-            return []
+        if (mode == "n_e" and (node.integer or node.bounds)) or (mode == "n_dot" and node.integer):
+            return []  # integers have no fraction; integers and bounded numbers no exponent
         bounds = node.bounds
         if bounds is None:
             return [(*below, (index, mode, None))] + ([below] if mode in _NUMBER_ENDS else [])
