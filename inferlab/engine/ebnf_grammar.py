@@ -13,6 +13,8 @@ grow without reading anything; such grammars are refused by name, as llama.cpp r
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, parse_grammar
 from inferlab.engine.grammar import Grammar
 
@@ -45,6 +47,13 @@ class EbnfGrammar(Grammar):
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state
+
+    def char_key(self, state: State) -> Callable[[str], tuple[bool, ...]]:
+        """Which of the character classes the stacks wait for take a character: the next state
+        depends on nothing else."""
+        classes = [self.matchers[m] for m in sorted({self.alternatives[a][p][1] for a, p in
+                                                      (stack[-1] for stack in state if stack)})]
+        return lambda ch: tuple(c.matches(ch) for c in classes)
 
     def _call(self, rule: int, below: Stack) -> list[Stack]:
         return [(*below, (alternative, 0)) for alternative in self.rule_alternatives[rule]]

@@ -4,7 +4,7 @@ one character at a time moves, or kills when no allowed output begins with the t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 
@@ -31,6 +31,11 @@ class Grammar(ABC):
         """How many characters of plain text (no quote, backslash, control character or half
         surrogate) `state` takes, whichever they are: math.inf for any number, None where that
         does not hold (the token filter then reads only the other tokens, and counts these)."""
+        return None
+
+    def char_key(self, state: Any) -> Callable[[str], Hashable] | None:
+        """A key of characters such that those with equal keys take `state` to the same next
+        state (the token filter then steps once per key); None: every character its own."""
         return None
 
     def step(self, state: Any, ch: str) -> Any:

@@ -6,11 +6,12 @@ ebnf_grammar.py), then EOS.
 At each step a request may sample only the tokens whose text keeps its output a prefix of an
 allowed one, and EOS once it is whole. Which tokens those are depends only on the grammar
 state, so `TokenFilter` computes each state's set once and keeps it: a generation meets a few
-dozen states, most of them again and again. Computing a set reads only the tokens that can
-start there (by their first character, or the first after their leading whitespace where every
-whitespace acts alike) and, where the grammar says any plain text goes on (inside a JSON
-string, or one held to a length alone), only the tokens that hold a quote, a backslash or a
-control character: the others are kept by their length.
+dozen states, most of them again and again. Computing a set walks all tokens together, one
+character position at a time (`TokenFilter._taken`), so the grammar steps once for each state
+and character (or class of characters it tells apart) the vocabulary reaches, not once for each
+token's each character. Where the grammar says any plain text goes on (inside a JSON string,
+or one held to a length alone), only the tokens that hold a quote, a backslash or a control
+character are walked: the others are kept by their length.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import torch
 
 from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import Grammar
-from inferlab.engine.json_grammar import WHITESPACE, JsonGrammar
+from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.models.tokenizer import TextTokenizer
@@ -58,41 +59,42 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
 
 
 class TokenIndex:
-    """A vocabulary's token texts indexed by how they begin; built once, shared by every grammar."""
+    """A vocabulary's token texts as character ids, for walking them all at once through a
+    grammar (TokenFilter); built once, shared by every grammar."""
 
-    def __init__(self, texts: list[str | None], vocab_size: int) -> None:
+    def __init__(self, texts: list[str | None], vocab_size: int, depth: int = 24) -> None:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
-        self.by_first_char: dict[str, list[int]] = {}  # tokens that do not start with whitespace
-        # Where every whitespace character acts alike, and after one the state stays put (between
-        # a JSON container's tokens), tokens that start with whitespace go by the first
-        # character after it (most tokens of a byte-level vocabulary begin with a space)
-        self.after_space: dict[str, list[int]] = {}
-        self.spaces: list[int] = []  # tokens of whitespace only
-        self.by_space: dict[str, list[int]] = {}  # tokens that start with whitespace, by its first
+        self.depth = depth  # characters held in char_ids; a longer token's rest is read as text
+        self.chars = sorted({ch for text in self.texts if text for ch in text})
+        char_id = {ch: i for i, ch in enumerate(self.chars)}
+        rows = [[char_id[c] for c in (text or "")[:depth]] for text in self.texts]
+        self.char_ids = torch.tensor([row + [-1] * (depth - len(row)) for row in rows], dtype=torch.int32)  # [V, depth]
+        self.lengths = torch.tensor([len(text or "") for text in self.texts], dtype=torch.int64)  # [V]
+        token_ids = [i for i, text in enumerate(self.texts) if text]
         # tokens that continue any string as they are, shortest first, and their lengths
-        self.string_safe: list[int] = []
-        self.string_safe_lengths: list[int] = []
-        self.string_unsafe: list[int] = []
-        for token_id, text in enumerate(self.texts):
-            if text is None:
-                continue
-            rest = text.lstrip("".join(WHITESPACE))
-            if rest == text:
-                self.by_first_char.setdefault(text[0], []).append(token_id)
-            else:
-                self.by_space.setdefault(text[0], []).append(token_id)
-                if rest:
-                    self.after_space.setdefault(rest[0], []).append(token_id)
-                else:
-                    self.spaces.append(token_id)
-            if '"' in text or "\\" in text or min(text) < " " or _SURROGATES.search(text):
-                self.string_unsafe.append(token_id)
-            else:
-                self.string_safe.append(token_id)
-        self.string_safe.sort(key=lambda i: len(self.texts[i]))
-        self.string_safe_lengths = [len(self.texts[i]) for i in self.string_safe]
+        unsafe = [i for i in token_ids if _string_unsafe(self.texts[i])]
+        safe = sorted(set(token_ids) - set(unsafe), key=lambda i: len(self.texts[i]))
+        self.string_safe = torch.tensor(safe, dtype=torch.int64)
+        self.string_safe_lengths = [len(self.texts[i]) for i in safe]
+        # every token, and the string-unsafe ones, split by their first character
+        self.all_tokens = self.split(torch.tensor(token_ids, dtype=torch.int64), 0)
+        self.string_unsafe = self.split(torch.tensor(unsafe, dtype=torch.int64), 0)
+
+    def split(self, ids: torch.Tensor, depth: int) -> list[tuple[str, torch.Tensor]]:
+        """`ids` (all longer than `depth` characters) by their character at `depth`."""
+        chars, order = torch.sort(self.char_ids[ids, depth])
+        values, counts = torch.unique_consecutive(chars, return_counts=True)
+        return [(self.chars[c], part) for c, part in zip(values.tolist(), torch.split(ids[order], counts.tolist()),
+                                                          strict=True)]
+
+
+def _string_unsafe(text: str) -> bool:
+    return '"' in text or "\\" in text or min(text) < " " or _SURROGATES.search(text) is not None
+
+
+FEW_TOKENS = 512  # a state's tokens up to this many are read one by one: cheaper than splitting them
 
 
 class TokenFilter:
@@ -114,6 +116,8 @@ class TokenFilter:
         if mask is None:
             mask = torch.zeros(len(self.index.texts), dtype=torch.bool)
             mask[self._compute(state)] = True
+            if self.grammar.is_complete(state):
+                mask[self.eos_token_id] = True
             self._cache[state] = mask
             if len(self._cache) > self.max_states:
                 self._cache.popitem(last=False)
@@ -121,36 +125,53 @@ class TokenFilter:
             self._cache.move_to_end(state)
         return mask
 
-    def _compute(self, state: Hashable) -> list[int]:
-        grammar, index = self.grammar, self.index
-        room = grammar.plain_text_room(state)
-        if room is not None:
-            candidates = index.string_unsafe
-            keep = index.string_safe[:bisect.bisect_right(index.string_safe_lengths, room)]
-        else:
-            candidates, keep = self._starting(index.by_first_char, state), []
-            spaced = self._after_any_space(state)
-            if spaced is not None:
-                keep = list(index.spaces)
-                candidates += self._starting(index.after_space, spaced)
-            else:
-                candidates += self._starting(index.by_space, state)
-        allowed = keep + [i for i in candidates if grammar.advance(state, index.texts[i]) is not None]
-        return allowed + [self.eos_token_id] if grammar.is_complete(state) else allowed
+    def _compute(self, state: Hashable) -> torch.Tensor:
+        """The ids of the tokens the grammar takes from `state`."""
+        index = self.index
+        room = self.grammar.plain_text_room(state)
+        if room is None:
+            return self._taken(state, index.all_tokens)
+        # plain text goes on by its length alone: only the other tokens are read
+        keep = index.string_safe[:bisect.bisect_right(index.string_safe_lengths, room)]
+        return torch.cat([keep, self._taken(state, index.string_unsafe)])
 
-    def _after_any_space(self, state: Hashable) -> Hashable | None:
-        """The state after any run of whitespace, where every whitespace character leads to it
-        and keeps it (between a JSON container's tokens); None elsewhere."""
-        spaced = self.grammar.step(state, " ")
-        if spaced is None or any(self.grammar.step(s, w) != spaced
-                                 for s in (state, spaced) for w in WHITESPACE):
-            return None
-        return spaced
+    def _taken(self, state: Hashable, candidates: list[tuple[str, torch.Tensor]]) -> torch.Tensor:
+        """The candidates (split by their first character) whose whole text the grammar takes
+        from `state`, walked together one character position at a time: at each, the tokens
+        that reached the same state are split by their next character, and the grammar steps
+        once for each set of characters it tells apart (char_key), not once a token."""
+        index = self.index
+        taken: list[torch.Tensor] = []
+        read: list[int] = []  # tokens read one by one: a few left in a state, or past index.depth
+        groups = self._moves(state, candidates)
+        for depth in range(1, index.depth + 1):
+            after: dict[Hashable, list[torch.Tensor]] = {}
+            for at, members in groups.items():
+                members = torch.cat(members)
+                if depth == index.depth or members.numel() <= FEW_TOKENS:
+                    read += [i for i in members.tolist()
+                             if self.grammar.advance(at, index.texts[i][depth:]) is not None]
+                    continue
+                ended = index.lengths[members] == depth
+                taken.append(members[ended])
+                if not bool(ended.all()):
+                    for nxt, parts in self._moves(at, index.split(members[~ended], depth)).items():
+                        after.setdefault(nxt, []).extend(parts)
+            groups = after
+        return torch.cat([*taken, torch.tensor(read, dtype=torch.int64)])
 
-    def _starting(self, by_char: dict[str, list[int]], state: Hashable) -> list[int]:
-        """The indexed tokens whose indexed character the grammar takes from `state`."""
-        return [i for ch, ids in by_char.items() if self.grammar.step(state, ch) is not None
-                for i in ids]
+    def _moves(self, state: Hashable, parts: list[tuple[str, torch.Tensor]]) -> dict[Hashable, list[torch.Tensor]]:
+        """Each part (tokens whose next character is `ch`) by the state `ch` leads to; dead
+        parts dropped. Characters the grammar's char_key tells alike are stepped once."""
+        key, steps = self.grammar.char_key(state), {}
+        moves: dict[Hashable, list[torch.Tensor]] = {}
+        for ch, part in parts:
+            k = ch if key is None else key(ch)
+            if k not in steps:
+                steps[k] = self.grammar.step(state, ch)
+            if steps[k] is not None:
+                moves.setdefault(steps[k], []).append(part)
+        return moves
 
 
 class GrammarGuide:

@@ -238,6 +238,12 @@ class RegexGrammar(Grammar):
     def is_complete(self, state: State | None) -> bool:
         return state is not None and 0 in state
 
+    def char_key(self, state: State) -> Callable[[str], tuple[bool, ...]]:
+        """Which of the atoms the state's positions read take a character: the next state
+        depends on nothing else."""
+        atoms = list({self.nodes[i].accepts for i in state if i != 0})
+        return lambda ch: tuple(atom(ch) is not None for atom in atoms)
+
     @staticmethod
     def reads_more(state: State) -> bool:
         """Whether some character may follow (every atom reads at least one)."""

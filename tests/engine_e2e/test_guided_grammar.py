@@ -12,6 +12,7 @@ import re
 
 import jsonschema
 import pytest
+import torch
 from lark import Lark
 
 from inferlab.engine.ebnf_grammar import EbnfGrammar
@@ -92,6 +93,17 @@ def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, 
             assert token_filter.allowed(state).nonzero().flatten().tolist() == sorted(read_in_full), text[:i]
         state = grammar.step(state, ch)
     assert grammar.is_complete(state)
+
+
+def test_tokens_longer_than_the_index_holds_are_read_whole(texts):
+    """The filter walks the first `depth` characters of every token together, then reads the
+    rest of each: an index of 4 characters gives the masks of the full one."""
+    grammar = EbnfGrammar(ANSWER)
+    short, full = (TokenFilter(grammar, TokenIndex(texts, len(texts), depth=d), eos_token_id=2) for d in (4, 24))
+    state = grammar.start
+    for ch in "The answer is 42, because it is.":
+        assert torch.equal(short.allowed(state), full.allowed(state))
+        state = grammar.step(state, ch)
 
 
 def test_a_guide_offers_eos_only_once_the_object_is_closed(texts):
