@@ -1,7 +1,6 @@
 """What guided decoding by grammar costs (json_object, a json_schema, a guided_regex, a
-guided_grammar): building
-the token index, a grammar state's token set the first time it is met, the sampler's masking,
-and a stream's time a token.
+guided_grammar, and free text counted out by each): building the token index, a grammar
+state's token set the first time it is met, the sampler's masking, and a stream's time a token.
 
 Run: .venv/bin/python benchmarks/json_guide.py [--rows 8] [--tokens 96]
 
@@ -47,6 +46,7 @@ table ::= "cats" | "owners"
 op ::= "=" | "<" | ">"
 value ::= [0-9]+ | "'" [a-zA-Z ]* "'"
 '''
+COUNTED = "the quick brown fox jumps over the lazy dog."
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 
@@ -120,6 +120,11 @@ def main() -> None:
     filter_costs("json_schema", JsonGrammar(CAT_SCHEMA), SAMPLE, index, eos)
     filter_costs("guided_regex", RegexGrammar(DATE), "2024-12-02 at 11:45", index, eos)
     filter_costs("guided_grammar", EbnfGrammar(SQL), "SELECT name, age FROM cats WHERE color = 'black';", index, eos)
+    # free text counted out: each character a new state, each state met for the first time
+    filter_costs("guided_regex [a-z ]{1,40}", RegexGrammar(r"[a-z ]{1,40}\."), COUNTED, index, eos)
+    filter_costs("guided_grammar [a-z ]{1,40}", EbnfGrammar('root ::= [a-z ]{1,40} "."'), COUNTED, index, eos)
+    filter_costs("json_schema maxLength 40", JsonGrammar({"type": "string", "maxLength": 40}), f'"{COUNTED[:-1]}"',
+                 index, eos)
     sampler_cost(token_filter, args.rows, llm.engine.model_config.vocab_size)
     stream_cost(llm, args.tokens, json_object=True)
     stream_cost(llm, args.tokens, json_schema=CAT_SCHEMA)
