@@ -46,7 +46,7 @@ table ::= "cats" | "owners"
 op ::= "=" | "<" | ">"
 value ::= [0-9]+ | "'" [a-zA-Z ]* "'"
 '''
-COUNTED = "the quick brown fox jumps over the lazy dog."
+COUNTED = "the quick brown fox jumps over the dog."  # 38 letters and spaces, then the end
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 
