@@ -65,6 +65,8 @@ class TokenIndex:
     def __init__(self, texts: list[str | None], vocab_size: int, depth: int = 24) -> None:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
+        if depth < 1:
+            raise ValueError(f"the index holds at least a token's first character, not {depth}")
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
         self.depth = depth  # characters held in char_ids; a longer token's rest is read as text
         self.chars = sorted({ch for text in self.texts if text for ch in text})

@@ -97,12 +97,13 @@ def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, 
 
 def test_tokens_longer_than_the_index_holds_are_read_whole(texts):
     """The filter walks the first `depth` characters of every token together, then reads the
-    rest of each: an index of 4 characters gives the masks of the full one."""
+    rest of each: indexes of one and of four characters give the masks of the full one."""
     grammar = EbnfGrammar(ANSWER)
-    short, full = (TokenFilter(grammar, TokenIndex(texts, len(texts), depth=d), eos_token_id=2) for d in (4, 24))
+    one, four, full = (TokenFilter(grammar, TokenIndex(texts, len(texts), depth=d), eos_token_id=2) for d in (1, 4, 24))
     state = grammar.start
     for ch in "The answer is 42, because it is.":
-        assert torch.equal(short.allowed(state), full.allowed(state))
+        assert torch.equal(one.allowed(state), full.allowed(state))
+        assert torch.equal(four.allowed(state), full.allowed(state))
         state = grammar.step(state, ch)
 
 
