@@ -12,6 +12,8 @@ from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar
 from inferlab.errors import InvalidParameterError
 
+# the fields that guide decoding, one per request at most
+GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided_grammar")
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
 SEED_MIN, SEED_END = -2**63, 2**64
 
@@ -88,11 +90,7 @@ class SamplingParams:
             self.allowed_token_ids = list(self.allowed_token_ids)
         if self.guided_choice is not None and not isinstance(self.guided_choice, str):
             self.guided_choice = list(self.guided_choice)
-        guides = [name for name, given in (("guided_choice", self.guided_choice is not None),
-                                           ("json_object", self.json_object),
-                                           ("json_schema", self.json_schema is not None),
-                                           ("guided_regex", self.guided_regex is not None),
-                                           ("guided_grammar", self.guided_grammar is not None)) if given]
+        guides = [name for name in GUIDES if self._guides_by(name)]
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
@@ -148,15 +146,13 @@ class SamplingParams:
 
     @property
     def guided_by(self) -> str | None:
-        """The field whose guided decoding decides what may be sampled and ends it at EOS."""
-        if self.json_object:
-            return "json_object"
-        if self.json_schema is not None:
-            return "json_schema"
-        for name in ("guided_regex", "guided_grammar", "guided_choice"):
-            if getattr(self, name) is not None:
-                return name
-        return None
+        """The field whose guided decoding decides what may be sampled and ends it at EOS
+        (one at most: __post_init__ refuses two)."""
+        return next((name for name in GUIDES if self._guides_by(name)), None)
+
+    def _guides_by(self, name: str) -> bool:
+        value = getattr(self, name)
+        return bool(value) if name == "json_object" else value is not None
 
     @property
     def guided_schema(self) -> dict[str, Any] | bool | None:
