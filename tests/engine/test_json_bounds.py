@@ -1,7 +1,8 @@
-"""Numbers held to bounds and strings held to lengths, against jsonschema over every short text.
+"""Numbers held to bounds, against jsonschema over every short number text (strings held to
+lengths are test_json_schema's).
 
 For each bounded number schema: every number text of a grid of values is complete exactly when
-jsonschema validates it (read with the grammar's spelling rule, test_json_schema.Reference),
+jsonschema validates it (test_json_schema.reference_accepts, with the grammar's spelling rule),
 and every prefix the grammar keeps alive still has an end it calls complete (no dead ends).
 """
 
@@ -14,7 +15,7 @@ import pytest
 from inferlab.engine.json_grammar import JsonGrammar
 
 from .grammar_fuzz import complete
-from .test_json_schema import Reference, _spelled, _SpelledFloat, _SpelledInt
+from .test_json_schema import reference_accepts
 
 NUMBER_SCHEMAS = [
     {"type": "integer", "minimum": 18, "maximum": 120},
@@ -41,15 +42,6 @@ def _number_texts() -> list[str]:
     return texts
 
 
-def _reference(schema: dict, text: str) -> bool:
-    try:
-        value = json.loads(text, parse_int=lambda t: _spelled(_SpelledInt, t),
-                           parse_float=lambda t: _spelled(_SpelledFloat, t))
-    except ValueError:
-        return False
-    return Reference(schema).is_valid(value)
-
-
 def _finishes(grammar: JsonGrammar, state, depth: int) -> bool:
     """Some text of at most `depth` more characters takes `state` to a complete one (depth
     first: where every live state can end, the first live path ends)."""
@@ -64,7 +56,7 @@ def _finishes(grammar: JsonGrammar, state, depth: int) -> bool:
 def test_bounded_numbers_are_complete_exactly_when_jsonschema_validates(schema):
     grammar = JsonGrammar(schema)
     for text in _number_texts():
-        assert complete(grammar, text) == _reference(schema, text), text
+        assert complete(grammar, text) == reference_accepts(schema, text), text
 
 
 @pytest.mark.parametrize("schema", NUMBER_SCHEMAS, ids=lambda s: json.dumps(s)[:60])
