@@ -13,7 +13,7 @@ from inferlab.engine.outputs import (
     RequestOutput,
     TokenLogprobs,
 )
-from inferlab.engine.request import Request
+from inferlab.engine.request import Request, RequestStatus
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -135,7 +135,11 @@ class OutputProcessor:
             finishing = completion.finish_reason is not None
             # vLLM's min_tokens: stop strings count once the output is longer than it
             past_min = request.num_output_tokens > request.sampling_params.min_tokens
-            text, hit = completion.detokenizer.add(new_ids, finishing, past_min)
+            shown = new_ids
+            if (request.status is RequestStatus.FINISHED_STOPPED and new_ids
+                    and not request.sampling_params.include_stop_str_in_output):
+                shown = new_ids[:-1]  # a stop token's text (EOS's too) is not output, as in vLLM
+            text, hit = completion.detokenizer.add(shown, finishing, past_min)
             # a stop string completed by the token that also hit max_tokens (or a stop token)
             # still reports it, as vLLM does: the text is cut at it either way
             if hit is not None and completion.finish_reason != "abort":

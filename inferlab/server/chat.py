@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -29,33 +30,46 @@ from inferlab.server.protocol import (
 from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import chat_params
 from inferlab.server.sse import event
+from inferlab.server.tool_parsers import ToolParser
+from inferlab.server.tools import ToolReply, ToolUse, tool_use
 
 # what the template gets from the request itself and the tokenizer, never from chat_template_kwargs
-_TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token"}
+_TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
 
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
-    params = chat_params(req, ctx.engine.sampling_defaults)
+    tools = tool_use(req, ctx.settings)
+    params = chat_params(req, ctx.engine.sampling_defaults, tools.schema,
+                         keep_special_tokens=_marks_special(tools, ctx.engine.tokenizer))
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
     fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
         chat_prompt_ids, ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
         req.continue_final_message, req.add_special_tokens, ctx.settings.chat_template,
-        req.chat_template_kwargs, fits)
+        req.chat_template_kwargs, fits, tools.template_tools)
     gen = await ctx.generate(request, [prompt_ids], params, req.priority)
-    fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}")
+    fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}", tools.parser)
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
+
+
+def _marks_special(tools: ToolUse, tokenizer: TextTokenizer) -> bool:
+    """Whether the tool parser looks for a special token (Llama 3's <|python_tag|>): then the
+    reply's text must keep them, as vLLM's parsers ask."""
+    return any(set(tokenizer.encode(m, add_special_tokens=False)) & tokenizer.all_special_ids
+               for m in tools.markers)
 
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
                     add_generation_prompt: bool = True, continue_final_message: bool = False,
                     add_special_tokens: bool = False, template: str | None = None,
                     template_kwargs: dict[str, Any] | None = None,
-                    check_fits: Callable[[int], None] | None = None) -> list[int]:
+                    check_fits: Callable[[int], None] | None = None,
+                    tools: list[dict[str, Any]] | None = None) -> list[int]:
     """template: the server's --chat-template (None: the model's); template_kwargs: the
     request's chat_template_kwargs; check_fits: refuses a number of characters the context
-    cannot hold (LLMEngine.check_text_fits), called with the messages' before rendering."""
+    cannot hold (LLMEngine.check_text_fits), called with the messages' before rendering;
+    tools: the template's `tools` (the request's tool definitions)."""
     if not messages:
         raise bad_request("'messages' must not be empty", "messages")
     taken = sorted(set(template_kwargs or ()) & _TEMPLATE_VARIABLES)
@@ -65,11 +79,12 @@ def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
     if continue_final_message and add_generation_prompt:
         raise bad_request("'continue_final_message' needs 'add_generation_prompt': false",
                           "continue_final_message")
-    plain = [{"role": m.role, "content": _message_text(m, i)} for i, m in enumerate(messages)]
+    plain = [_template_message(m, i) for i, m in enumerate(messages)]
     if check_fits is not None:
         check_fits(sum(len(m["content"]) for m in plain))
+    variables = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                         template=template, **(template_kwargs or {}))
+                                         template=template, **variables)
     if continue_final_message:
         text = _open_final_message(text, plain[-1]["content"])
     # the template writes the special tokens; add_special_tokens adds the tokenizer's (a BOS) too
@@ -97,6 +112,28 @@ def _echoed(req: ChatCompletionRequest) -> str:
     return _message_text(last, len(req.messages) - 1)
 
 
+def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
+    """A message as chat templates read it. An earlier call's arguments are given as an object
+    where they are JSON, as vLLM gives them: templates write them out with tojson."""
+    out: dict[str, Any] = {"role": message.role, "content": _message_text(message, index)}
+    if message.name is not None:
+        out["name"] = message.name
+    if message.tool_call_id is not None:
+        out["tool_call_id"] = message.tool_call_id
+    if message.tool_calls:
+        out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
+            "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
+            for c in message.tool_calls]
+    return out
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
 def _message_text(message: ChatMessage, index: int) -> str:
     if message.content is None or isinstance(message.content, str):
         return message.content or ""
@@ -111,7 +148,7 @@ def _message_text(message: ChatMessage, index: int) -> str:
 
 class _Formatter:
     def __init__(self, ctx: ServerContext, req: ChatCompletionRequest, gen: Generation,
-                 response_id: str) -> None:
+                 response_id: str, parser: Callable[[], ToolParser] | None) -> None:
         self.ctx = ctx
         self.req = req
         self.gen = gen
@@ -120,13 +157,20 @@ class _Formatter:
         self.num_top = req.top_logprobs or 0
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
         self.echo = _echoed(req)
+        self.replies = [ToolReply(parser() if parser else None) for _ in range(gen.params.n)]
 
     def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
         (final,) = finals  # chat has one prompt
-        choices = [ChatChoice(index=c.index, message=AssistantMessage(content=self.echo + c.text),
-                              logprobs=self._logprobs(c.logprobs), finish_reason=c.finish_reason,
-                              stop_reason=c.stop_reason)
-                   for c in final.outputs]
+        choices = []
+        for c in final.outputs:
+            reply = self.replies[c.index]
+            content = self.echo + reply.read(c.text, finished=True).content
+            message = AssistantMessage(content=content if content or not reply.names else None,
+                                       tool_calls=reply.calls)
+            choices.append(ChatChoice(index=c.index, message=message,
+                                      logprobs=self._logprobs(c.logprobs),
+                                      finish_reason=reply.finish_reason(c.finish_reason),
+                                      stop_reason=c.stop_reason))
         return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
                               choices=choices, usage=self.gen.usage())
 
@@ -143,14 +187,17 @@ class _Formatter:
             for c in out.outputs:
                 if c.index in finished:
                     continue
+                reply = self.replies[c.index]
+                delta = reply.delta(reply.read(c.text_delta, c.finished))
                 logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
-                if c.text_delta or (logprobs is not None and logprobs.content):
-                    yield self._chunk(ChatChunkChoice(index=c.index, delta={"content": c.text_delta},
+                if delta or (logprobs is not None and logprobs.content):
+                    yield self._chunk(ChatChunkChoice(index=c.index, delta=delta or {"content": ""},
                                                       logprobs=logprobs), continuous)
                 if c.finished:
                     finished.add(c.index)
-                    yield self._chunk(ChatChunkChoice(index=c.index, delta={},
-                                                      finish_reason=c.finish_reason), continuous)
+                    yield self._chunk(ChatChunkChoice(
+                        index=c.index, delta={}, finish_reason=reply.finish_reason(c.finish_reason)),
+                        continuous)
         if options is not None and options.include_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
                                             model=self.ctx.model_name, choices=[],

@@ -13,6 +13,7 @@ import sys
 from inferlab.config import parse_bytes
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.server.settings import ServerSettings
+from inferlab.server.tool_parsers import AUTO_PARSERS
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
 
@@ -43,6 +44,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--chat-template", default=None,
                        help="a Jinja chat template file, or the template itself, for chat "
                             "requests instead of the model's own")
+    group.add_argument("--enable-auto-tool-choice", action="store_true",
+                       help='serve tool_choice "auto" (the default with tools): the model decides '
+                            "to call, and --tool-call-parser reads its calls out of the text")
+    group.add_argument("--tool-call-parser", choices=sorted(AUTO_PARSERS), default=None,
+                       help="how the model writes calls: hermes (<tool_call>{...}</tool_call>) "
+                            "or llama3_json (a reply of {\"name\": ..., \"parameters\": ...})")
+    group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                       help='with tool_choice "none", do not show the tools to the chat template')
     parser.set_defaults(func=run_serve)
 
 
@@ -72,6 +81,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
         chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
         allowed_origins=tuple(origin for given in args.allowed_origins for origin in given),
+        enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
+        exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
     )
 
 

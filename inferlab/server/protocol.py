@@ -77,10 +77,35 @@ class ContentPart(_Request):
     text: str | None = None
 
 
+class FunctionCall(_Request):
+    name: str
+    arguments: str  # the arguments' JSON text
+
+
+class ToolCall(_Request):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatMessage(_Request):
     role: str
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None  # a JSON schema; None: no arguments
+    strict: bool | None = None  # a forced call is always held to the schema; auto never is
+
+
+class ToolDefinition(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class ChatCompletionRequest(SamplingFields):
@@ -94,6 +119,9 @@ class ChatCompletionRequest(SamplingFields):
     echo: bool = False  # vLLM's: the reply starts with the last message when it is in the reply's role
     add_special_tokens: bool = False  # vLLM's: True adds a BOS before what the template wrote
     chat_template_kwargs: dict[str, Any] | None = None  # more variables for the template
+    tools: list[ToolDefinition] | None = None
+    tool_choice: str | dict[str, Any] | None = None  # None: "auto" with tools, else "none"
+    parallel_tool_calls: bool | None = None  # False: at most one call with "required"
 
 
 class TokenizeRequest(_Request):
@@ -103,6 +131,7 @@ class TokenizeRequest(_Request):
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ToolDefinition] | None = None  # given to the chat template, as chat gives them
 
 
 class DetokenizeRequest(_Request):
@@ -175,7 +204,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None  # None: the reply is tool calls only
+    tool_calls: list[ToolCall] = Field(default_factory=list)
 
 
 class ChatChoice(BaseModel):
@@ -197,7 +227,8 @@ class ChatCompletion(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    delta: dict[str, str]  # {"role": "assistant", "content": ""} first, then {"content": ...}
+    # {"role": "assistant", "content": ""} first, then {"content": ...} and {"tool_calls": [...]}
+    delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
 

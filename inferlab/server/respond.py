@@ -23,7 +23,7 @@ RequestT = TypeVar("RequestT", bound=SamplingFields)
 
 async def read_request(request: Request, ctx: ServerContext, model: type[RequestT]) -> RequestT:
     body = await read_json_body(request, ctx.settings.max_request_body_bytes)
-    reject_unsupported(body)
+    reject_unsupported(body, model.model_fields)
     req = parse_body(model, body)
     ctx.check_model(req.model)
     return req

@@ -17,12 +17,18 @@ def completion_params(req: CompletionRequest, defaults: dict[str, Any]) -> Sampl
                   prompt_logprobs=max(asked) if asked else None)
 
 
-def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
+def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any],
+                tool_schema: dict[str, Any] | None = None,
+                keep_special_tokens: bool = False) -> SamplingParams:
+    """tool_schema: a forced tool call's guide; keep_special_tokens: the tool parser reads one."""
     if req.top_logprobs is not None and not req.logprobs:
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs)
+    tools = {"json_schema": tool_schema} if tool_schema is not None else {}
+    if keep_special_tokens:
+        tools["skip_special_tokens"] = False
+    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs, **tools)
 
 
 def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> SamplingParams:

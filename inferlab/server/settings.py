@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
+from inferlab.server.tool_parsers import AUTO_PARSERS
 
 
 @dataclass(frozen=True)
@@ -23,6 +24,10 @@ class ServerSettings:
     chat_template: str | None = None  # instead of the model's (vLLM's --chat-template); None: its own
     # browser origins allowed to call the API (CORS), "*" for any; empty: none (vLLM allows any)
     allowed_origins: tuple[str, ...] = ()
+    # tool_choice "auto": the model's calls are read out of its text by this parser (vLLM's flags)
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None  # hermes or llama3_json
+    exclude_tools_when_tool_choice_none: bool = False  # the template sees no tools with "none"
 
     def __post_init__(self) -> None:
         checks = [
@@ -38,6 +43,10 @@ class ServerSettings:
             (self.health_max_silence_s > 0,
              f"health max silence must be > 0 s, got {self.health_max_silence_s}"),
             (self.retry_after_s >= 0, f"retry-after must be >= 0 s, got {self.retry_after_s}"),
+            (self.tool_call_parser in (None, *AUTO_PARSERS), f"tool call parser "
+             f"{self.tool_call_parser!r} is not one of {', '.join(AUTO_PARSERS)}"),
+            (not self.enable_auto_tool_choice or self.tool_call_parser is not None,
+             "--enable-auto-tool-choice needs --tool-call-parser"),
         ]
         for ok, message in checks:
             if not ok:

@@ -29,7 +29,8 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
         tokens = await asyncio.to_thread(
             chat_prompt_ids, tokenizer, req.messages, req.add_generation_prompt,
             add_special_tokens=req.add_special_tokens is True, template=ctx.settings.chat_template,
-            template_kwargs=req.chat_template_kwargs)
+            template_kwargs=req.chat_template_kwargs,
+            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None)
     return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
 
 

@@ -1,12 +1,13 @@
 """OpenAI fields this server does not implement: refused by name rather than silently ignored.
 
 A field is refused only when its value would change the answer; a client library that sends the
-neutral value (tools=[], tool_choice="none", best_of=1...) is served.
+neutral value (tools=[] on completions, best_of=1...) is served. A route whose request declares
+one of these fields (chat declares tools) serves it itself.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 from inferlab.server.errors import bad_request
@@ -23,10 +24,10 @@ def _always(_: Any, __: dict[str, Any]) -> bool:
 # field -> is this value neutral (safe to ignore)?
 _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "tools": _empty,
-    "functions": _empty,
-    "function_call": lambda v, _: _empty(v, _) or v == "none",
     "tool_choice": lambda v, _: _empty(v, _) or v == "none",
     "parallel_tool_calls": _always,  # meaningless without tools
+    "functions": _empty,  # the deprecated form of tools
+    "function_call": lambda v, _: _empty(v, _) or v == "none",
     "suffix": _empty,
     "best_of": lambda v, body: v is None or v == 1 or v == body.get("n", 1),
     "audio": _empty,
@@ -43,7 +44,8 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
 }
 
 
-def reject_unsupported(body: dict[str, Any]) -> None:
+def reject_unsupported(body: dict[str, Any], served: Collection[str] = ()) -> None:
+    """served: the fields the route's request declares."""
     for name, neutral in _NEUTRAL.items():
-        if name in body and not neutral(body[name], body):
+        if name in body and name not in served and not neutral(body[name], body):
             raise bad_request(f"'{name}' is not supported by this server", name)

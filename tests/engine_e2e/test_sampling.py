@@ -173,7 +173,8 @@ def test_stop_string_included_on_request(make_llm):
 
 def test_special_tokens_shown_on_request(make_llm):
     """EOS forced twice (logit_bias, ignore_eos): skipped from the text by default, its
-    <|im_end|> written out with skip_special_tokens=False."""
+    <|im_end|> written out with skip_special_tokens=False; an EOS that stops the output is not
+    written out, unless include_stop_str_in_output."""
     llm = make_llm()
     eos = llm.tokenizer.eos_token_id
     forced = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True, logit_bias={eos: 100})
@@ -181,6 +182,12 @@ def test_special_tokens_shown_on_request(make_llm):
     hidden_out, shown_out = (o.outputs[0] for o in llm.generate(["Hi", "Hi"], [forced, shown]))
     assert hidden_out.token_ids == shown_out.token_ids == [eos, eos]
     assert (hidden_out.text, shown_out.text) == ("", "<|im_end|>" * 2)
+    # an EOS that ends the output is left out of its text, shown or not, unless asked for
+    ending = dataclasses.replace(shown, ignore_eos=False)
+    kept = dataclasses.replace(ending, include_stop_str_in_output=True)
+    ended, kept_out = (o.outputs[0] for o in llm.generate(["Hi", "Hi"], [ending, kept]))
+    assert ended.token_ids == kept_out.token_ids == [eos] and ended.finish_reason == "stop"
+    assert (ended.text, kept_out.text) == ("", "<|im_end|>")
 
 
 def test_allowed_ids_and_prompt_truncation_in_the_engine(make_llm):
@@ -292,6 +299,11 @@ def test_stop_token_ids_and_min_tokens(make_llm):
                                                            stop_token_ids=[ids[2]]))[0].outputs[0]
     first = ids.index(ids[2])
     assert out.token_ids == ids[:first + 1] and out.stop_reason == ids[2]
+    # the stop token's text is left out of the output unless asked for, as vLLM does
+    assert out.text == llm.tokenizer.decode(ids[:first])
+    kept = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(
+        temperature=0, max_tokens=10, stop_token_ids=[ids[2]], include_stop_str_in_output=True))
+    assert kept[0].outputs[0].text == llm.tokenizer.decode(ids[:first + 1]) != out.text
     # min_tokens = 3 masks the stop token for the first three tokens: greedy then takes the
     # runner-up of the unmasked first distribution
     ranked = llm.generate(["1, 2, 3, 4, 5,"], SamplingParams(temperature=0, max_tokens=1,

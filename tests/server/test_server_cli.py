@@ -132,13 +132,13 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     assert step(["serve", "--max-num-batched-tokens", "1024"]) == 1024
 
 
-@pytest.mark.parametrize("value, words", [
-    ("{% if %}", "chat template: "),  # a Jinja syntax error
-    ("no-such-template.jinja", "no such file, and not a Jinja template"),
+@pytest.mark.parametrize("flags, words", [
+    (["--chat-template", "{% if %}"], "chat template: "),  # a Jinja syntax error
+    (["--chat-template", "no-such-template.jinja"], "no such file, and not a Jinja template"),
+    (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
 ])
-def test_serve_with_a_broken_chat_template_fails_with_one_line(value, words):
-    result = subprocess.run([*serve_command(0), "--chat-template", value], capture_output=True,
-                            text=True, timeout=120)
+def test_serve_with_broken_settings_fails_with_one_line(flags, words):
+    result = subprocess.run([*serve_command(0), *flags], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: ") and words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
@@ -151,9 +151,13 @@ def test_the_server_flags_reach_its_settings(tmp_path):
     path = tmp_path / "template.jinja"
     path.write_text("{% for m in messages %}{{ m['content'] }}{% endfor %}")
     argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test",
-            "--allowed-origins", '["http://b.test", "*"]', "some-model-dir"]
+            "--allowed-origins", '["http://b.test", "*"]', "--enable-auto-tool-choice",
+            "--tool-call-parser", "llama3_json", "--exclude-tools-when-tool-choice-none",
+            "some-model-dir"]
     args = build_parser(argv).parse_args(argv)
     settings = settings_from_args(args)
     assert settings.chat_template == path.read_text()  # the file's text, read at start
     assert settings.allowed_origins == ("http://a.test", "http://b.test", "*")  # vLLM's JSON too
+    assert settings.enable_auto_tool_choice and settings.tool_call_parser == "llama3_json"
+    assert settings.exclude_tools_when_tool_choice_none
     assert args.model == "some-model-dir"

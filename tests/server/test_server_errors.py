@@ -11,6 +11,7 @@ import openai
 import pytest
 from server_helpers import MAX_MODEL_LEN, MODEL_NAME
 
+TOOL = {"type": "function", "function": {"name": "f"}}
 ERROR_KEYS = {"message", "type", "param", "code"}
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
          405: "invalid_request_error", 413: "invalid_request_error"}
@@ -97,6 +98,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"priority": 2}, "priority", "--scheduling-policy priority"),  # this server is fcfs
     ({"seed": 2**70}, "seed", "2**64"),  # beyond torch's generators: it once killed the engine
     ({"seed": 2**64 - 1, "n": 2}, "seed", "copies"),  # the second copy's seed would be 2**64
+    ({"tools": [TOOL]}, "tools", "not supported"),  # chat's, not completions'
 ])
 def test_invalid_completion_fields_are_400_naming_the_field(server, fields, param, words):
     assert words in check_error(completion(server, **fields), 400, param)
@@ -108,7 +110,20 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"messages": [{"content": "Hi"}]}, "messages.0.role", "required"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]},
      "messages.0.content", "image_url"),
-    ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools", "not supported"),
+    ({"tools": [TOOL]}, "tool_choice", "--enable-auto-tool-choice"),  # "auto" by default
+    ({"tools": [TOOL], "tool_choice": {"type": "function", "function": {"name": "g"}}},
+     "tool_choice", "'g' is not among"),
+    ({"tools": [TOOL], "tool_choice": "sometimes"}, "tool_choice", 'must be "none"'),
+    ({"tool_choice": "required"}, "tool_choice", "needs 'tools'"),
+    ({"tools": [TOOL, TOOL], "tool_choice": "required"}, "tools", "unique"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}],
+      "tool_choice": "required"}, "tools", "tool 'f': parameters: JSON schema keyword 'multipleOf'"),
+    ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
+     "tool_choice", "cannot be combined"),
+    ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"},
+     "tools.0.function.name", "at least 1 character"),
+    ({"functions": [{"name": "f"}]}, "functions", "not supported"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
      "needs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"multipleOf": 3}}}},

@@ -1,0 +1,166 @@
+"""A chat request's tools, read as vLLM reads them: which tool_choice applies, what the chat
+template is given, the JSON schema a forced call holds the reply to, and the parser that reads
+the calls out of the reply (tool_parsers.py).
+
+- "none": the reply is plain text (the template still sees the tools, unless the server runs
+  with --exclude-tools-when-tool-choice-none);
+- a named function: the reply is that function's arguments, held to its `parameters`;
+- "required": one or more calls, held to a JSON array of {"name", "parameters"} objects (at most
+  one with parallel_tool_calls false);
+- "auto" (the default when tools are given): the model decides; the server's
+  --tool-call-parser reads its calls out of the text, so "auto" needs
+  --enable-auto-tool-choice, as in vLLM.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from inferlab.engine.json_schema import SchemaError, compile_schema
+from inferlab.server.errors import bad_request
+from inferlab.server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
+from inferlab.server.settings import ServerSettings
+from inferlab.server.tool_parsers import (
+    AUTO_PARSERS,
+    NamedCall,
+    ParsedDelta,
+    RequiredCalls,
+    ToolParser,
+)
+
+_NO_ARGUMENTS = {"type": "object", "properties": {}}
+
+
+@dataclass(frozen=True)
+class ToolUse:
+    template_tools: list[dict[str, Any]] | None  # the chat template's `tools`
+    schema: dict[str, Any] | None  # the reply's guide (a forced call)
+    parser: Callable[[], ToolParser] | None  # one per choice; None: the reply is plain text
+    markers: tuple[str, ...] = ()  # texts the parser looks for
+
+
+def tool_use(req: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
+    tools = {t.function.name: t for t in req.tools or ()}
+    if len(tools) < len(req.tools or ()):
+        raise bad_request("tool names must be unique", "tools")
+    choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
+    template_tools = [t.model_dump(exclude_none=True) for t in tools.values()] or None
+    if choice == "none":
+        hidden = settings.exclude_tools_when_tool_choice_none
+        return ToolUse(None if hidden else template_tools, None, None)
+    if not tools:
+        raise bad_request("tool_choice needs 'tools'", "tool_choice")
+    if choice == "auto":
+        if settings.tool_call_parser is None or not settings.enable_auto_tool_choice:
+            raise bad_request('"auto" tool choice requires --enable-auto-tool-choice and '
+                              "--tool-call-parser to be set", "tool_choice")
+        parser = AUTO_PARSERS[settings.tool_call_parser]
+        return ToolUse(template_tools, None, parser, parser.markers)
+    if _guided(req):
+        raise bad_request("a forced tool call sets the reply's form: it cannot be combined with "
+                          "response_format, structured_outputs or guided_* fields", "tool_choice")
+    parameters = {name: _parameters(t.function.parameters, name) for name, t in tools.items()}
+    if choice == "required":
+        limit = {"maxItems": 1} if req.parallel_tool_calls is False else {}
+        return ToolUse(template_tools, _calls_schema(parameters, limit), RequiredCalls)
+    name = _named(choice)
+    if name not in tools:
+        raise bad_request(f"tool {name!r} is not among the request's tools", "tool_choice")
+    return ToolUse(template_tools, parameters[name], lambda: NamedCall(name))
+
+
+def _named(choice: Any) -> str:
+    """The function a tool_choice object names; a string other than the four is refused."""
+    function = choice.get("function") if isinstance(choice, dict) else None
+    if (not isinstance(function, dict) or choice.get("type", "function") != "function"
+            or not isinstance(function.get("name"), str)):
+        raise bad_request('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                          '"function": {"name": ...}}', "tool_choice")
+    return function["name"]
+
+
+def _parameters(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
+    """A function's parameters schema (no parameters: an empty object), refused now, naming the
+    tool, when the guide cannot hold a reply to it."""
+    schema = _NO_ARGUMENTS if schema is None else schema
+    try:
+        compile_schema(schema)
+    except SchemaError as e:
+        raise bad_request(f"tool {name!r}: parameters: {e}", "tools") from None
+    return schema
+
+
+def _calls_schema(parameters: dict[str, dict[str, Any]], limit: dict[str, int]) -> dict[str, Any]:
+    """vLLM's schema for tool_choice "required": an array of calls, each one of the tools by
+    name with its parameters; the tools' $defs move to the root, where their $refs point."""
+    definitions: dict[str, Any] = {}
+    calls = []
+    for name, schema in parameters.items():
+        own = schema.get("$defs", {})
+        for key, value in own.items():
+            if definitions.setdefault(key, value) != value:
+                raise bad_request(f"$defs {key!r} differs between tools: give each its own name",
+                                  "tools")
+        calls.append({"type": "object", "required": ["name", "parameters"], "properties": {
+            "name": {"enum": [name]},
+            "parameters": {k: v for k, v in schema.items() if k != "$defs"}}})
+    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **limit}
+    return {**schema, "$defs": definitions} if definitions else schema
+
+
+def _guided(req: ChatCompletionRequest) -> bool:
+    fields = (req.guided_choice, req.guided_json, req.guided_regex, req.guided_grammar)
+    text_format = (req.response_format or {}).get("type", "text") == "text"
+    return any(f is not None for f in fields) or bool(req.structured_outputs) or not text_format
+
+
+class ToolReply:
+    """One choice's text read through its tool parser (None: all of it is content): what each
+    delta adds, in the shapes OpenAI streams, and the calls so far, each with its id."""
+
+    def __init__(self, parser: ToolParser | None) -> None:
+        self.parser = parser
+        self.names: list[str] = []
+        self.arguments: list[str] = []
+        self.ids: list[str] = []
+
+    def read(self, text: str, finished: bool) -> ParsedDelta:
+        if self.parser is None:
+            return ParsedDelta(content=text)
+        out = self.parser.feed(text)
+        if finished:
+            rest = self.parser.finish()
+            out.content += rest.content
+            out.calls += rest.calls
+        for call in out.calls:
+            if call.name is not None:
+                self.names.append(call.name)
+                self.arguments.append("")
+                self.ids.append(f"chatcmpl-tool-{uuid.uuid4().hex}")
+            self.arguments[call.index] += call.arguments
+        return out
+
+    def delta(self, parsed: ParsedDelta) -> dict[str, Any]:
+        """A stream chunk's delta: the new content and pieces of calls, a call's id, type and
+        name in its first piece only."""
+        out: dict[str, Any] = {"content": parsed.content} if parsed.content else {}
+        if parsed.calls:
+            out["tool_calls"] = [
+                {"index": c.index, "function": {"arguments": c.arguments}} if c.name is None else
+                {"index": c.index, "id": self.ids[c.index], "type": "function",
+                 "function": {"name": c.name, "arguments": c.arguments}}
+                for c in parsed.calls]
+        return out
+
+    @property
+    def calls(self) -> list[ToolCall]:
+        return [ToolCall(id=i, function=FunctionCall(name=n, arguments=a))
+                for i, n, a in zip(self.ids, self.names, self.arguments, strict=True)]
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        """"tool_calls" for a reply that ended by itself with calls the model chose to make."""
+        chose = self.parser is not None and self.parser.reports_calls and self.names
+        return "tool_calls" if chose and reason == "stop" else reason
