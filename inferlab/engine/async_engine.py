@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlab.config import EngineConfig
+from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -100,6 +101,27 @@ class AsyncEngine:
         finally:
             if not finished:
                 self._post(lambda: self._abort(request_id))
+
+    async def beam_search(self, prompt: str | Sequence[int], params: BeamSearchParams,
+                          request_id: str, priority: int = 0) -> RequestOutput:
+        """The best params.beam_width beams of the prompt, as one finished output (vLLM's
+        engine-client beam_search; beam_search.py says how). Each round's beams run as requests
+        side by side with everything else; cancelling aborts the round's requests."""
+        text, ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt)
+        search = BeamSearch(ids, params, set(self.engine.generation.end_token_ids),
+                            self.max_model_len)
+        round_params = params.round_params()
+        while not search.done:
+            search.advance(list(await asyncio.gather(*(
+                self._last_output(beam, round_params, f"{request_id}-{search.rounds}-{i}", priority)
+                for i, beam in enumerate(search.beams())))))
+        return search.output(request_id, self.tokenizer, text)
+
+    async def _last_output(self, prompt: list[int], params: SamplingParams, request_id: str,
+                           priority: int) -> RequestOutput:
+        async for out in self.generate(prompt, params, request_id, priority):
+            last = out
+        return last
 
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
                      sink: Callable[[RequestOutput | BaseException], None],

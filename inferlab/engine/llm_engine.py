@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
+from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
 from inferlab.engine.guided_grammar import GrammarFilters, TokenIndex, token_texts
@@ -390,6 +391,27 @@ class LLM:
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, params)
+
+    def beam_search(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
+                    params: BeamSearchParams) -> list[RequestOutput]:
+        """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
+        the completions of one output (beam_search.py says how they are found)."""
+        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+            prompts = [prompts]  # type: ignore[list-item]
+        searches = []
+        for prompt in prompts:
+            text, ids = self.engine.tokenize_prompt(prompt)
+            searches.append((text, BeamSearch(ids, params, set(self.engine.generation.end_token_ids),
+                                              self.engine.max_model_len)))
+        while active := [search for _, search in searches if not search.done]:
+            outputs = self.generate([beam for search in active for beam in search.beams()],
+                                    params.round_params())
+            for search in active:
+                taken = len(search.live)
+                search.advance(outputs[:taken])
+                outputs = outputs[taken:]
+        return [search.output(f"beam-{i}", self.tokenizer, text)
+                for i, (text, search) in enumerate(searches)]
 
     def _run(self, request_ids: list[str]) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}

@@ -28,7 +28,7 @@ from inferlab.server.protocol import (
     ChatMessage,
 )
 from inferlab.server.respond import read_request, respond
-from inferlab.server.sampling import chat_params
+from inferlab.server.sampling import beam_search_params, chat_params
 from inferlab.server.sse import event
 from inferlab.server.tool_parsers import ToolParser
 from inferlab.server.tools import ToolReply, ToolUse, tool_use
@@ -42,13 +42,16 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     tools = tool_use(req, ctx.settings)
     params = chat_params(req, ctx.engine.sampling_defaults, tools.schema,
                          keep_special_tokens=_marks_special(tools, ctx.engine.tokenizer))
+    beam = beam_search_params(req, params)
+    if beam is not None and tools.parser is not None:
+        raise bad_request("beam search does not take tool calls", "tool_choice")
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
     fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
         chat_prompt_ids, ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
         req.continue_final_message, req.add_special_tokens, ctx.settings.chat_template,
         req.chat_template_kwargs, fits, tools.template_tools)
-    gen = await ctx.generate(request, [prompt_ids], params, req.priority)
+    gen = await ctx.generate(request, [prompt_ids], params, req.priority, beam)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}", tools.parser)
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 

@@ -23,7 +23,7 @@ from inferlab.server.protocol import (
     PromptLogprob,
 )
 from inferlab.server.respond import read_request, respond
-from inferlab.server.sampling import completion_params
+from inferlab.server.sampling import beam_search_params, completion_params
 from inferlab.server.sse import event
 
 
@@ -34,7 +34,8 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         truncating = req.truncate_prompt_tokens is not None
         prompts = [(await asyncio.to_thread(ctx.engine.engine.tokenize_prompt, p, truncating, False))[1]
                    if isinstance(p, str) else p for p in prompts]
-    gen = await ctx.generate(request, prompts, completion_params(req, ctx.engine.sampling_defaults), req.priority)
+    params = completion_params(req, ctx.engine.sampling_defaults)
+    gen = await ctx.generate(request, prompts, params, req.priority, beam_search_params(req, params))
     fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
 

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Sequence
 
 from fastapi import Request
 
 from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.admission import Admission
 from inferlab.server.disconnect import unless_disconnected
 from inferlab.server.errors import APIError
-from inferlab.server.generation import Generation
+from inferlab.server.generation import BeamGeneration, Generation
 from inferlab.server.logprobs import TokenTexts, token_id_text
 from inferlab.server.metrics import ServerMetrics
 from inferlab.server.settings import ServerSettings
@@ -47,8 +49,10 @@ class ServerContext:
                         headers={"Retry-After": str(self.settings.retry_after_s)})
 
     async def generate(self, request: Request, prompts: Sequence[str | list[int]],
-                       params: SamplingParams, priority: int = 0) -> Generation:
-        """Admit, hand to the engine, and wait for every prompt's first output."""
+                       params: SamplingParams, priority: int = 0,
+                       beam: BeamSearchParams | None = None) -> Generation:
+        """Admit, hand to the engine, and wait for every prompt's first output; beam: a beam
+        search instead (its output comes whole, at the end)."""
         if self.draining:
             raise self._unavailable("shutting_down", "the server is shutting down")
         num_seqs = len(prompts) * params.n
@@ -56,8 +60,10 @@ class ServerContext:
             raise self._unavailable("queue_full", f"the server is busy: "
                                     f"{self.admission.max_queued} sequences are already waiting; "
                                     "retry later")
-        gen = Generation(self.engine, prompts, params, request.state.request_id, self.metrics,
-                         priority=priority, on_close=lambda: self.admission.release(num_seqs))
+        args = (self.engine, prompts, params, request.state.request_id, self.metrics)
+        on_close = functools.partial(self.admission.release, num_seqs)
+        gen = (Generation(*args, priority=priority, on_close=on_close) if beam is None else
+               BeamGeneration(*args, priority=priority, on_close=on_close, beam=beam))
         request.state.generation = gen  # the access log reads its token counts and TTFT
         try:
             await unless_disconnected(request, gen.start())

@@ -15,8 +15,10 @@ import functools
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
 
 from inferlab.engine.async_engine import AsyncEngine, EngineDeadError
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
@@ -63,10 +65,7 @@ class Generation:
     async def start(self) -> None:
         """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""
         try:
-            await asyncio.gather(*(
-                self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i),
-                                   self.priority)
-                for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))))
+            await self._submit()
         except Exception as e:
             await self.close()
             raise _start_error(e) from None
@@ -81,6 +80,12 @@ class Generation:
             started.add(index)
             self._latest[index] = item  # usage counts are right from the first chunk on
             self._buffer.append((index, item))
+
+    async def _submit(self) -> None:
+        await asyncio.gather(*(
+            self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i),
+                               self.priority)
+            for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))))
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) until every prompt has finished."""
@@ -101,12 +106,15 @@ class Generation:
         if self._closed:
             return
         self._closed = True
+        await self._abort_unfinished()
+        self._on_close()
+
+    async def _abort_unfinished(self) -> None:
         for index, request_id in enumerate(self.request_ids):
             if index not in self._finished:
                 # also covers a prompt whose add was still queued for the engine thread when
                 # start() was cancelled: the abort is queued behind it
                 await self.engine.abort(request_id)
-        self._on_close()
 
     def _arrive(self, index: int, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait((index, item))
@@ -120,6 +128,32 @@ class Generation:
         if out.finished:
             self._finished.add(index)
             self.metrics.observe_finished(out)
+
+
+class BeamGeneration(Generation):
+    """A beam search request: each prompt's search runs as a task of its own (many engine
+    requests a round), and its one output, the best beams, arrives as the finished output of a
+    plain generation would; start() therefore returns when every search has ended."""
+
+    def __init__(self, *args: Any, beam: BeamSearchParams, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.beam = beam
+        self._tasks: list[asyncio.Task] = []
+
+    async def _submit(self) -> None:
+        for index, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True)):
+            task = asyncio.create_task(self.engine.beam_search(prompt, self.beam, rid, self.priority))
+            task.add_done_callback(functools.partial(self._search_ended, index))
+            self._tasks.append(task)
+
+    def _search_ended(self, index: int, task: asyncio.Task) -> None:
+        if not task.cancelled():
+            self._arrive(index, task.exception() or task.result())
+
+    async def _abort_unfinished(self) -> None:
+        for task in self._tasks:
+            task.cancel()  # the round's requests are aborted as their streams close
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
 def _start_error(error: BaseException) -> APIError:

@@ -58,6 +58,8 @@ class SamplingFields(_Request):
     response_format: dict[str, Any] | None = None
     ignore_eos: bool = False
     min_tokens: int = 0
+    use_beam_search: bool = False  # vLLM's: the n best beams (n is the beam width), no sampling
+    length_penalty: float = 1.0  # beam search: a beam's score is logprob / length ** this
     stream: bool = False
     stream_options: StreamOptions | None = None
     user: str | None = None

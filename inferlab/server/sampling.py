@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.errors import bad_request, parameter_error
 from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, SamplingFields
@@ -127,3 +128,31 @@ def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
         if not (key.isascii() and key.isdigit()):
             raise bad_request(f"logit_bias keys must be token ids, got {key!r}", "logit_bias")
     return {int(key): value for key, value in bias.items()}
+
+
+# what beam search does not hold to: set to anything but its default, it is refused by name
+# (temperature is taken and has no effect, as in vLLM: beams rank by the model's own logprobs)
+_NOT_FOR_BEAMS = ("seed", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty",
+                  "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
+                  "bad_words", "min_tokens", "logprobs", "top_logprobs", "prompt_logprobs",
+                  "guided_choice", "guided_json", "guided_regex", "guided_grammar",
+                  "structured_outputs", "response_format", "include_stop_str_in_output")
+
+
+def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearchParams | None:
+    """vLLM's use_beam_search: the n best beams of params.max_tokens tokens; None without it."""
+    if not req.use_beam_search:
+        if req.length_penalty != 1.0:
+            raise bad_request("'length_penalty' needs 'use_beam_search': true", "length_penalty")
+        return None
+    fields = type(req).model_fields
+    for name in _NOT_FOR_BEAMS:
+        value = getattr(req, name, None)
+        if name in fields and value is not None and value != fields[name].default and value != {
+                "type": "text"}:
+            raise bad_request(f"beam search does not take '{name}'", name)
+    try:
+        return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens,
+                                ignore_eos=params.ignore_eos, length_penalty=req.length_penalty)
+    except ValueError as e:
+        raise bad_request(f"{e} (n is the beam width)", "n") from None

@@ -33,7 +33,6 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "audio": _empty,
     "modalities": lambda v, _: _empty(v, _) or v == ["text"],
     "prediction": _empty,
-    "use_beam_search": lambda v, _: not v,
     # vLLM's own extensions this server does not implement, neutral at their defaults
     "spaces_between_special_tokens": lambda v, _: v is None or v is True,
     "logits_processors": _empty,

@@ -1,0 +1,113 @@
+"""Beam search as vLLM runs it: outside the sampler, one engine request per beam per token.
+
+Each round asks the engine for one greedy token of every live beam with the top 2 x width
+log-probabilities. Every beam's candidates go on with their cumulative logprob; a candidate
+that is an end token (EOS, or an end id of the model's generation config) is set aside as
+finished, unless ignore_eos. The best `width` others are the next round's beams. After
+max_tokens rounds (or when no beam is left) the finished and live beams are ranked by vLLM's
+score, cumulative logprob / length ** length_penalty (the length counts the prompt and not a
+final end token), and the best `width` are the answer. The beams share the prompt and their
+common past through the prefix cache, so a round recomputes about a block of each beam.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.models.tokenizer import TextTokenizer
+
+MAX_BEAM_WIDTH = 10  # a round asks for 2 x width logprobs, and the engine gives at most 20
+
+
+@dataclass(frozen=True)
+class BeamSearchParams:
+    beam_width: int
+    max_tokens: int | None = None  # None: to the context's end
+    ignore_eos: bool = False
+    length_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        checks = [
+            (1 <= self.beam_width <= MAX_BEAM_WIDTH,
+             f"beam width must be in [1, {MAX_BEAM_WIDTH}], got {self.beam_width}"),
+            (self.max_tokens is None or self.max_tokens >= 1,
+             f"max_tokens must be at least 1, got {self.max_tokens}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise InvalidParameterError(message)
+
+    def round_params(self) -> SamplingParams:
+        """What the engine is asked for each beam in a round: the model's own top 2 x width."""
+        return SamplingParams(temperature=0.0, max_tokens=1, logprobs=2 * self.beam_width,
+                              ignore_eos=True, detokenize=False)
+
+
+@dataclass
+class _Beam:
+    tokens: list[int]  # the prompt's and the output's
+    logprobs: list[TokenLogprobs] = field(default_factory=list)
+    cumulative_logprob: float = 0.0
+    ended: bool = False  # its last token is an end token
+
+
+class BeamSearch:
+    """One prompt's search: `beams()` are the token lists to extend by one token, `advance()`
+    takes the engine's answer for each, in order; `output()` once `done`."""
+
+    def __init__(self, prompt_ids: list[int], params: BeamSearchParams, end_ids: set[int],
+                 max_model_len: int) -> None:
+        room = max_model_len - len(prompt_ids)
+        max_tokens = params.max_tokens if params.max_tokens is not None else room
+        if not prompt_ids or max_tokens > room or room < 1:
+            raise InferlabError(f"the prompt has {len(prompt_ids)} tokens and max_tokens is "
+                                f"{max_tokens}: more than the context's {max_model_len}")
+        self.params = params
+        self.prompt_ids = list(prompt_ids)
+        self.prompt_len = len(prompt_ids)
+        self.max_tokens = max_tokens
+        self.end_ids = set() if params.ignore_eos else end_ids
+        self.live = [_Beam(list(prompt_ids))]
+        self.finished: list[_Beam] = []
+        self.rounds = 0
+
+    @property
+    def done(self) -> bool:
+        return not self.live or self.rounds >= self.max_tokens
+
+    def beams(self) -> list[list[int]]:
+        return [beam.tokens for beam in self.live]
+
+    def advance(self, outputs: list[RequestOutput]) -> None:
+        candidates = []
+        for beam, out in zip(self.live, outputs, strict=True):
+            (step,) = out.outputs[0].logprobs or ()  # one token, with the top 2 x width
+            for rank, (token, logprob) in enumerate(step.top, start=1):
+                grown = _Beam([*beam.tokens, token],
+                              [*beam.logprobs, TokenLogprobs(token, logprob, rank, step.top)],
+                              beam.cumulative_logprob + logprob, token in self.end_ids)
+                (self.finished if grown.ended else candidates).append(grown)
+        self.live = sorted(candidates, key=self._score, reverse=True)[:self.params.beam_width]
+        self.rounds += 1
+
+    def output(self, request_id: str, tokenizer: TextTokenizer, prompt: str | None) -> RequestOutput:
+        """The best beams, best first, as the completions of one request."""
+        best = sorted(self.finished + self.live, key=self._score, reverse=True)
+        completions = []
+        for index, beam in enumerate(best[:self.params.beam_width]):
+            shown = beam.tokens[self.prompt_len:len(beam.tokens) - beam.ended]  # not the end token
+            text, token_ids = tokenizer.decode(shown), beam.tokens[self.prompt_len:]
+            # the only output of the search: all of it is new (a stream sends it in one piece)
+            completions.append(CompletionOutput(
+                index=index, text=text, token_ids=token_ids,
+                finish_reason="stop" if beam.ended else "length", logprobs=beam.logprobs,
+                text_delta=text, token_ids_delta=token_ids, logprobs_delta=beam.logprobs))
+        return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=self.prompt_ids,
+                             outputs=completions, finished=True)
+
+    def _score(self, beam: _Beam) -> float:
+        length = len(beam.tokens) - beam.ended
+        return beam.cumulative_logprob / length ** self.params.length_penalty

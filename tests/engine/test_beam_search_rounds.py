@@ -1,0 +1,65 @@
+"""BeamSearch's rounds on hand-made engine answers: which candidates go on, which finish, and
+how the answer is ranked, each worked out by hand."""
+
+from __future__ import annotations
+
+import math
+
+from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
+from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+
+EOS = 0
+
+
+def answer(top: list[tuple[int, float]]) -> RequestOutput:
+    """An engine output of one token whose top candidates are `top` (token, logprob)."""
+    step = TokenLogprobs(top[0][0], top[0][1], 1, top)
+    return RequestOutput("r", None, [], [CompletionOutput(0, "", [top[0][0]], "length",
+                                                          logprobs=[step])], True)
+
+
+class Letters:
+    """A tokenizer whose token t spells the letter chr(ord('a') + t - 1)."""
+
+    @staticmethod
+    def decode(ids: list[int]) -> str:
+        return "".join(chr(ord("a") + t - 1) for t in ids)
+
+
+def test_end_tokens_finish_and_the_next_candidates_take_their_place():
+    """Width 2, so 4 candidates a beam: EOS is the best candidate of the prompt, and finishes;
+    the two best others go on. Round two: from a, "a c" (-0.5 - 0.2) and "a EOS" (-0.5 - 0.3)
+    and from b, "b d" (-0.7 - 0.1): the best two that go on are "a c" and "b d"."""
+    search = BeamSearch([5, 6], BeamSearchParams(beam_width=2, max_tokens=2), {EOS}, 64)
+    search.advance([answer([(EOS, -0.1), (1, -0.5), (2, -0.7), (3, -2.0)])])
+    assert search.beams() == [[5, 6, 1], [5, 6, 2]]
+    search.advance([answer([(3, -0.2), (EOS, -0.3), (4, -1.0), (2, -3.0)]),
+                    answer([(4, -0.1), (1, -1.5), (EOS, -2.0), (3, -2.5)])])
+    assert search.done and search.beams() == [[5, 6, 1, 3], [5, 6, 2, 4]]
+    # scores, length with the prompt and without an ending EOS: "EOS" -0.1/2, "a EOS" -0.8/3,
+    # "a c" -0.7/4, "b d" -0.8/4, "b EOS" -2.7/3: the best two are "EOS" and "a c"
+    out = search.output("r", Letters(), None)
+    assert [(c.token_ids, c.text, c.finish_reason) for c in out.outputs] == [
+        ([EOS], "", "stop"), ([1, 3], "ac", "length")]
+    assert math.isclose(out.outputs[1].cumulative_logprob, -0.7)
+
+
+def test_length_penalty_decides_between_short_and_long():
+    """One finished beam of 1 token (-0.4 + EOS -0.2 = -0.6, length 3 with the prompt) against a
+    live one of 2 tokens (-0.4 - 0.5 = -0.9, length 4). Penalty 1: -0.2 against -0.225, the
+    short one first; penalty 3: -0.6/27 = -0.0222 against -0.9/64 = -0.0141, the long one."""
+    def ranked(penalty: float) -> list[list[int]]:
+        search = BeamSearch([7, 8], BeamSearchParams(beam_width=1, max_tokens=2,
+                                                     length_penalty=penalty), {EOS}, 64)
+        search.advance([answer([(1, -0.4), (2, -3.0)])])
+        search.advance([answer([(EOS, -0.2), (3, -0.5)])])
+        return [c.token_ids for c in search.output("r", Letters(), None).outputs]
+
+    assert ranked(1.0) == [[1, EOS]]
+    assert ranked(3.0) == [[1, 3]]
+
+
+def test_ignore_eos_keeps_eos_as_a_plain_token():
+    search = BeamSearch([5], BeamSearchParams(beam_width=1, max_tokens=2, ignore_eos=True), {EOS}, 64)
+    search.advance([answer([(EOS, -0.1), (1, -0.5)])])
+    assert search.beams() == [[5, EOS]] and not search.done

@@ -1,0 +1,83 @@
+"""vLLM's use_beam_search through the `openai` client: the n best beams as the choices, the same
+as transformers' beam search, whole or streamed; what it cannot take is refused by name; a
+client that leaves mid-search leaves nothing running."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+import torch
+from server_helpers import MODEL_NAME, tokenize, wait_until
+from test_server_robustness import engine_idle
+
+PROMPT = "The capital of France is"
+BEAMS = {"n": 3, "max_tokens": 6, "extra_body": {"use_beam_search": True, "ignore_eos": True}}
+
+
+@pytest.fixture(scope="module")
+def reference_beams(server, hf_smollm) -> list[list[int]]:
+    """transformers' 3 beams of 6 tokens, no end token taken (as ignore_eos)."""
+    ids = tokenize(server, prompt=PROMPT)
+    never = hf_smollm.config.vocab_size - 1
+    with torch.no_grad():
+        rows = hf_smollm.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                  do_sample=False, num_beams=3, num_return_sequences=3, max_new_tokens=6,
+                                  eos_token_id=never, pad_token_id=never)
+    return [row[len(ids):].tolist() for row in rows]
+
+
+def test_completions_beams_are_transformers_beams(client, server, reference_beams):
+    """The choices are the beams, best first, whole and streamed; usage counts every beam."""
+    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, **BEAMS)
+    texts = [c.text for c in whole.choices]
+    expected = [httpx.post(f"{server.url}/detokenize", headers=server.headers,
+                           json={"tokens": beam}).json()["prompt"] for beam in reference_beams]
+    assert texts == expected and len(set(texts)) == 3
+    assert [c.finish_reason for c in whole.choices] == ["length"] * 3
+    assert whole.usage.completion_tokens == 18
+    streamed = [""] * 3
+    for chunk in client.completions.create(model=MODEL_NAME, prompt=PROMPT, stream=True, **BEAMS):
+        for choice in chunk.choices:
+            streamed[choice.index] += choice.text
+    assert streamed == texts
+
+
+def test_chat_beams(client):
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Name a fruit."}], n=2, max_tokens=12,
+        extra_body={"use_beam_search": True, "length_penalty": 0.5})
+    assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
+    assert all(c.finish_reason in ("stop", "length") for c in chat.choices)
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"use_beam_search": True, "seed": 3}, "seed", "beam search does not take 'seed'"),
+    ({"use_beam_search": True, "stop": ["."]}, "stop", "does not take 'stop'"),
+    ({"use_beam_search": True, "n": 11}, "n", "beam width must be in [1, 10]"),
+    ({"length_penalty": 0.5}, "length_penalty", "needs 'use_beam_search'"),
+    ({"use_beam_search": True, "max_tokens": 10**6}, None, "more than the context"),
+])
+def test_what_beam_search_cannot_take_is_refused(server, fields, param, words):
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": PROMPT, **fields})
+    assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
+    assert r.json()["error"]["param"] == param
+
+
+def test_a_client_gone_mid_search_leaves_nothing_running(server):
+    """The search stops with the client (a round's requests aborted, or no next round), so
+    the engine makes no more tokens for it: far from its 4 x 400."""
+    assert wait_until(lambda: engine_idle(server), 10)
+    before = server.metric("vllm:generation_tokens_total")
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=1.5,
+                   json={"prompt": PROMPT, "n": 4, "max_tokens": 400, "ignore_eos": True,
+                         "use_beam_search": True})
+    counts = []  # the engine's token count a second apart, until it stops moving
+    while len(counts) < 2 or counts[-1] != counts[-2] or not engine_idle(server):
+        assert len(counts) < 15, f"the engine went on making tokens: {counts}"
+        counts.append(server.metric("vllm:generation_tokens_total"))
+        time.sleep(1.0)
+    assert counts[-1] < before + 4 * 400
