@@ -27,11 +27,13 @@ from inferlab.server.protocol import (
     ChatLogprobs,
     ChatMessage,
 )
+from inferlab.server.reasoning import REASONING_PARSERS
+from inferlab.server.reply import ReplyReader
 from inferlab.server.respond import read_request, respond
 from inferlab.server.sampling import beam_search_params, chat_params
 from inferlab.server.sse import event
 from inferlab.server.tool_parsers import ToolParser
-from inferlab.server.tools import ToolReply, ToolUse, tool_use
+from inferlab.server.tools import ToolUse, tool_use
 
 # what the template gets from the request itself and the tokenizer, never from chat_template_kwargs
 _TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
@@ -45,6 +47,9 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     beam = beam_search_params(req, params)
     if beam is not None and tools.parser is not None:
         raise bad_request("beam search does not take tool calls", "tool_choice")
+    if ctx.settings.reasoning_parser and params.guided_by:
+        raise bad_request(f"{params.guided_by} is not supported on a server with --reasoning-parser "
+                          "(the guide would hold the thinking too)", params.guided_by)
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
     fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
@@ -160,16 +165,22 @@ class _Formatter:
         self.num_top = req.top_logprobs or 0
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
         self.echo = _echoed(req)
-        self.replies = [ToolReply(parser() if parser else None) for _ in range(gen.params.n)]
+        thinking = ctx.settings.reasoning_parser
+        self.replies = [ReplyReader(parser() if parser else None,
+                                    REASONING_PARSERS[thinking]() if thinking else None,
+                                    req.include_reasoning) for _ in range(gen.params.n)]
 
     def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
         (final,) = finals  # chat has one prompt
         choices = []
         for c in final.outputs:
             reply = self.replies[c.index]
-            content = self.echo + reply.read(c.text, finished=True).content
-            message = AssistantMessage(content=content if content or not reply.names else None,
-                                       tool_calls=reply.calls)
+            reasoning, parsed = reply.read(c.text, finished=True)
+            content = self.echo + parsed.content
+            # vLLM's: a reply that is all thinking, or all calls, has no content
+            message = AssistantMessage(
+                content=content if content or not (reply.names or reasoning) else None,
+                reasoning_content=reasoning or None, tool_calls=reply.calls)
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.logprobs),
                                       finish_reason=reply.finish_reason(c.finish_reason),
@@ -191,7 +202,7 @@ class _Formatter:
                 if c.index in finished:
                     continue
                 reply = self.replies[c.index]
-                delta = reply.delta(reply.read(c.text_delta, c.finished))
+                delta = reply.delta(*reply.read(c.text_delta, c.finished))
                 logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
                 if delta or (logprobs is not None and logprobs.content):
                     yield self._chunk(ChatChunkChoice(index=c.index, delta=delta or {"content": ""},

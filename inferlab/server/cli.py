@@ -12,6 +12,7 @@ import sys
 
 from inferlab.config import parse_bytes
 from inferlab.engine.args import add_engine_args, engine_config_from_args
+from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tool_parsers import AUTO_PARSERS
 
@@ -52,6 +53,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "or llama3_json (a reply of {\"name\": ..., \"parameters\": ...})")
     group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                        help='with tool_choice "none", do not show the tools to the chat template')
+    group.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
+                       help="split a reasoning model's thinking (<think>...</think>) from its "
+                            "answer into reasoning_content: deepseek_r1 (the reply starts "
+                            "thinking) or qwen3 (only a reply that opens with <think>)")
     parser.set_defaults(func=run_serve)
 
 
@@ -83,6 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         allowed_origins=tuple(origin for given in args.allowed_origins for origin in given),
         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
+        reasoning_parser=args.reasoning_parser,
     )
 
 

@@ -124,6 +124,7 @@ class ChatCompletionRequest(SamplingFields):
     tools: list[ToolDefinition] | None = None
     tool_choice: str | dict[str, Any] | None = None  # None: "auto" with tools, else "none"
     parallel_tool_calls: bool | None = None  # False: at most one call with "required"
+    include_reasoning: bool = True  # vLLM's: False leaves the thinking out of the reply
 
 
 class TokenizeRequest(_Request):
@@ -206,7 +207,8 @@ class ChatLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str | None  # None: the reply is tool calls only
+    content: str | None  # None: the reply is tool calls only, or thinking only
+    reasoning_content: str | None = None  # the thinking, with --reasoning-parser
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 

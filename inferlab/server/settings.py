@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
+from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.tool_parsers import AUTO_PARSERS
 
 
@@ -28,6 +29,7 @@ class ServerSettings:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None  # hermes or llama3_json
     exclude_tools_when_tool_choice_none: bool = False  # the template sees no tools with "none"
+    reasoning_parser: str | None = None  # deepseek_r1 or qwen3: thinking as reasoning_content
 
     def __post_init__(self) -> None:
         checks = [
@@ -47,6 +49,8 @@ class ServerSettings:
              f"{self.tool_call_parser!r} is not one of {', '.join(AUTO_PARSERS)}"),
             (not self.enable_auto_tool_choice or self.tool_call_parser is not None,
              "--enable-auto-tool-choice needs --tool-call-parser"),
+            (self.reasoning_parser in (None, *REASONING_PARSERS), f"reasoning parser "
+             f"{self.reasoning_parser!r} is not one of {', '.join(REASONING_PARSERS)}"),
         ]
         for ok, message in checks:
             if not ok:

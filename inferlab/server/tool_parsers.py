@@ -154,7 +154,7 @@ class RequiredCalls(ToolParser):
         return ParsedDelta(content="" if whole else rest)
 
 
-def _held_back(text: str, marker: str) -> tuple[str, str]:
+def held_back(text: str, marker: str) -> tuple[str, str]:
     """(the text that can go out, its tail that may be the start of marker: held until the next
     text settles it)."""
     for keep in range(min(len(marker) - 1, len(text)), 0, -1):
@@ -187,7 +187,7 @@ class HermesCalls(ToolParser):
                 self._content(out, self.pending[:at])
             self.pending, self.in_call = self.pending[at + len(marker):], not self.in_call
         if not self.in_call:
-            passed, self.pending = _held_back(self.pending, self.OPEN)
+            passed, self.pending = held_back(self.pending, self.OPEN)
             self._content(out, passed)
         return out
 

@@ -14,22 +14,15 @@ the calls out of the reply (tool_parsers.py).
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.server.errors import bad_request
-from inferlab.server.protocol import ChatCompletionRequest, FunctionCall, ToolCall
+from inferlab.server.protocol import ChatCompletionRequest
 from inferlab.server.settings import ServerSettings
-from inferlab.server.tool_parsers import (
-    AUTO_PARSERS,
-    NamedCall,
-    ParsedDelta,
-    RequiredCalls,
-    ToolParser,
-)
+from inferlab.server.tool_parsers import AUTO_PARSERS, NamedCall, RequiredCalls, ToolParser
 
 _NO_ARGUMENTS = {"type": "object", "properties": {}}
 
@@ -116,51 +109,3 @@ def _guided(req: ChatCompletionRequest) -> bool:
     text_format = (req.response_format or {}).get("type", "text") == "text"
     return any(f is not None for f in fields) or bool(req.structured_outputs) or not text_format
 
-
-class ToolReply:
-    """One choice's text read through its tool parser (None: all of it is content): what each
-    delta adds, in the shapes OpenAI streams, and the calls so far, each with its id."""
-
-    def __init__(self, parser: ToolParser | None) -> None:
-        self.parser = parser
-        self.names: list[str] = []
-        self.arguments: list[str] = []
-        self.ids: list[str] = []
-
-    def read(self, text: str, finished: bool) -> ParsedDelta:
-        if self.parser is None:
-            return ParsedDelta(content=text)
-        out = self.parser.feed(text)
-        if finished:
-            rest = self.parser.finish()
-            out.content += rest.content
-            out.calls += rest.calls
-        for call in out.calls:
-            if call.name is not None:
-                self.names.append(call.name)
-                self.arguments.append("")
-                self.ids.append(f"chatcmpl-tool-{uuid.uuid4().hex}")
-            self.arguments[call.index] += call.arguments
-        return out
-
-    def delta(self, parsed: ParsedDelta) -> dict[str, Any]:
-        """A stream chunk's delta: the new content and pieces of calls, a call's id, type and
-        name in its first piece only."""
-        out: dict[str, Any] = {"content": parsed.content} if parsed.content else {}
-        if parsed.calls:
-            out["tool_calls"] = [
-                {"index": c.index, "function": {"arguments": c.arguments}} if c.name is None else
-                {"index": c.index, "id": self.ids[c.index], "type": "function",
-                 "function": {"name": c.name, "arguments": c.arguments}}
-                for c in parsed.calls]
-        return out
-
-    @property
-    def calls(self) -> list[ToolCall]:
-        return [ToolCall(id=i, function=FunctionCall(name=n, arguments=a))
-                for i, n, a in zip(self.ids, self.names, self.arguments, strict=True)]
-
-    def finish_reason(self, reason: str | None) -> str | None:
-        """"tool_calls" for a reply that ended by itself with calls the model chose to make."""
-        chose = self.parser is not None and self.parser.reports_calls and self.names
-        return "tool_calls" if chose and reason == "stop" else reason

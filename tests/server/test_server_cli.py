@@ -153,11 +153,11 @@ def test_the_server_flags_reach_its_settings(tmp_path):
     argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test",
             "--allowed-origins", '["http://b.test", "*"]', "--enable-auto-tool-choice",
             "--tool-call-parser", "llama3_json", "--exclude-tools-when-tool-choice-none",
-            "some-model-dir"]
+            "--reasoning-parser", "deepseek_r1", "some-model-dir"]
     args = build_parser(argv).parse_args(argv)
     settings = settings_from_args(args)
     assert settings.chat_template == path.read_text()  # the file's text, read at start
     assert settings.allowed_origins == ("http://a.test", "http://b.test", "*")  # vLLM's JSON too
     assert settings.enable_auto_tool_choice and settings.tool_call_parser == "llama3_json"
-    assert settings.exclude_tools_when_tool_choice_none
+    assert settings.exclude_tools_when_tool_choice_none and settings.reasoning_parser == "deepseek_r1"
     assert args.model == "some-model-dir"

@@ -1,0 +1,72 @@
+"""A reasoning model's thinking split from its answer, as vLLM's --reasoning-parser splits it:
+the thinking goes out as `reasoning_content`, the rest as `content` (where tool calls, if
+any, are then read).
+
+- deepseek_r1: DeepSeek-R1 and its distills (Llama ones among them). Their chat template opens
+  the thinking in the prompt, so the reply starts inside it: everything up to `</think>` is
+  reasoning (a `<think>` the model writes itself is dropped); a reply with no `</think>` is
+  all reasoning.
+- qwen3: Qwen3 and models that think in `<think>...</think>` only when asked: a reply that
+  opens with `<think>` is reasoning up to `</think>`; any other reply is all content.
+
+A parser is fed the reply's text deltas and says, for each, what is reasoning and what is
+content; text that may be the start of a marker is held until the next text settles it, so a
+stream and a whole reply split alike.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from inferlab.server.tool_parsers import held_back
+
+OPEN, CLOSE = "<think>", "</think>"
+
+
+@dataclass
+class Split:
+    reasoning: str = ""
+    content: str = ""
+
+
+class ReasoningParser:
+    markers = (OPEN, CLOSE)
+    starts_inside = True  # deepseek_r1: the prompt opened the thinking
+
+    def __init__(self) -> None:
+        self.pending = ""  # text not yet settled
+        self.state = "opening"  # "opening" (has the reply opened with <think>?), "thinking", "answer"
+
+    def feed(self, text: str, finished: bool = False) -> Split:
+        out = Split()
+        self.pending += text
+        if self.state == "opening":
+            self._open(finished)
+        if self.state == "thinking":
+            at = self.pending.find(CLOSE)
+            if at >= 0:
+                out.reasoning, self.pending = self.pending[:at], self.pending[at + len(CLOSE):]
+                self.state = "answer"
+            else:
+                out.reasoning, self.pending = ((self.pending, "") if finished else
+                                               held_back(self.pending, CLOSE))
+        if self.state == "answer":
+            out.content, self.pending = out.content + self.pending, ""
+        return out
+
+    def _open(self, finished: bool) -> None:
+        head = self.pending.lstrip()
+        if head.startswith(OPEN):
+            self.pending, self.state = head[len(OPEN):], "thinking"
+        elif not finished and OPEN.startswith(head):
+            return  # nothing yet, or the start of <think>: wait
+        else:
+            self.state = "thinking" if self.starts_inside else "answer"
+
+
+class Qwen3Reasoning(ReasoningParser):
+    starts_inside = False
+
+
+REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
+    "deepseek_r1": ReasoningParser, "qwen3": Qwen3Reasoning}

@@ -1,0 +1,79 @@
+"""--reasoning-parser through the `openai` client: the thinking comes back as
+reasoning_content, the answer as content, whole and streamed alike. The reference is the same
+request to a server without a parser (greedy, one engine), its text split at `</think>` by hand."""
+
+from __future__ import annotations
+
+import httpx
+import openai
+import pytest
+from server_helpers import API_KEY, MODEL_NAME, start_server
+
+GREEDY = {"temperature": 0.0, "max_tokens": 40}
+# a reply continued from a prefill that thinks in a pattern, so the model closes its thinking
+PATTERN = [{"role": "user", "content": "Count with me."}, {"role": "assistant", "content": (
+    "<think>\nI think it is 1.\n</think>\nIt is 1.\n<think>\nI think it is 2.\n</think>\nIt is 2."
+    "\n<think>\nI think it is 3")}]
+CONTINUED = {"messages": PATTERN,
+             "extra_body": {"add_generation_prompt": False, "continue_final_message": True}}
+
+
+def parser_client(engine, parser: str):
+    for server in start_server(engine, api_key=API_KEY, reasoning_parser=parser):
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+
+@pytest.fixture(scope="module")
+def r1_client(engine):
+    yield from parser_client(engine, "deepseek_r1")
+
+
+@pytest.fixture(scope="module")
+def qwen3_client(engine):
+    yield from parser_client(engine, "qwen3")
+
+
+def reply(client, stream: bool = False, **body) -> tuple[str | None, str | None]:
+    """(reasoning_content, content) of one greedy chat reply, put together if streamed."""
+    if not stream:
+        message = client.chat.completions.create(model=MODEL_NAME, **GREEDY, **body).choices[0].message
+        return getattr(message, "reasoning_content", None), message.content
+    parts: dict[str, str] = {}
+    for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, **GREEDY, **body):
+        for choice in chunk.choices:
+            for key in ("reasoning_content", "content"):
+                piece = getattr(choice.delta, key, None)
+                if piece:
+                    parts[key] = parts.get(key, "") + piece
+    return parts.get("reasoning_content"), parts.get("content")
+
+
+def test_deepseek_r1_splits_at_the_end_of_thinking(client, r1_client):
+    plain = reply(client, **CONTINUED)[1]
+    thinking, closed, answer = plain.partition("</think>")
+    assert closed and thinking and answer  # the premise: the model closed its thinking
+    expected = (thinking, answer)
+    assert reply(r1_client, **CONTINUED) == expected
+    assert reply(r1_client, stream=True, **CONTINUED) == expected
+    hidden = {"messages": PATTERN, "extra_body": {**CONTINUED["extra_body"], "include_reasoning": False}}
+    assert reply(r1_client, **hidden) == (None, answer)
+    # a reply that never closes its thinking is all thinking, as R1's prompt opened it
+    messages = [{"role": "user", "content": "Say hi."}]
+    free = reply(client, messages=messages)[1]
+    assert "</think>" not in free and reply(r1_client, messages=messages) == (free, None)
+
+
+def test_qwen3_thinks_only_in_a_reply_that_opens_with_think(client, qwen3_client):
+    messages = [{"role": "user", "content": "Say hi."}]
+    assert reply(qwen3_client, messages=messages) == (None, reply(client, messages=messages)[1])
+    plain = reply(client, **CONTINUED)[1]  # does not open with <think>: all content
+    assert reply(qwen3_client, **CONTINUED) == (None, plain)
+
+
+def test_a_guide_is_refused_on_a_reasoning_server(r1_client):
+    r = httpx.post(f"{str(r1_client.base_url).rstrip('/')}/chat/completions",
+                   headers={"Authorization": f"Bearer {API_KEY}"},
+                   json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
+                         "response_format": {"type": "json_object"}}, timeout=60)
+    assert r.status_code == 400 and "--reasoning-parser" in r.json()["error"]["message"]
+    assert r.json()["error"]["param"] == "json_object"
