@@ -30,6 +30,7 @@ from inferlab.engine.grammar import Grammar
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
+from inferlab.engine.thinking_grammar import AfterThinking
 from inferlab.models.tokenizer import TextTokenizer
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -208,19 +209,23 @@ class GrammarFilters:
         self.build_index = build_index
         self.eos_token_id = eos_token_id
         self.max_grammars = max_grammars
-        self._filters: OrderedDict[tuple[str, str], TokenFilter] = OrderedDict()
+        self._filters: OrderedDict[tuple[str, str, str | None], TokenFilter] = OrderedDict()
 
     @functools.cached_property
     def index(self) -> TokenIndex:
         return self.build_index()
 
-    def guide(self, kind: str, spec: Any) -> GrammarGuide:
+    def guide(self, kind: str, spec: Any, after: str | None = None) -> GrammarGuide:
         """A new guide for one request (each of n copies has its own place in the grammar):
-        kind "json" with a schema, "regex" with a pattern, "ebnf" with a grammar's text."""
-        key = (kind, canonical_text(spec) if kind == "json" else spec)
+        kind "json" with a schema, "regex" with a pattern, "ebnf" with a grammar's text; after:
+        the text (a reasoning model's `</think>`) the grammar starts after."""
+        key = (kind, canonical_text(spec) if kind == "json" else spec, after)
         token_filter = self._filters.get(key)
         if token_filter is None:
-            token_filter = TokenFilter(GRAMMARS[kind](spec), self.index, self.eos_token_id)
+            grammar = GRAMMARS[kind](spec)
+            if after is not None:
+                grammar = AfterThinking(grammar, after)
+            token_filter = TokenFilter(grammar, self.index, self.eos_token_id)
             self._filters[key] = token_filter
             if len(self._filters) > self.max_grammars:
                 self._filters.popitem(last=False)

@@ -9,6 +9,10 @@ any, are then read).
 - qwen3: Qwen3 and models that think in `<think>...</think>` only when asked: a reply that
   opens with `<think>` is reasoning up to `</think>`; any other reply is all content.
 
+With deepseek_r1, a guide (structured outputs, a forced tool call) holds the answer only: it
+starts after `</think>` (thinking_grammar.py), as vLLM's does. With qwen3, whose replies may
+or may not think, guides are refused.
+
 A parser is fed the reply's text deltas and says, for each, what is reasoning and what is
 content; text that may be the start of a marker is held until the next text settles it, so a
 stream and a whole reply split alike.
@@ -32,6 +36,8 @@ class Split:
 class ReasoningParser:
     markers = (OPEN, CLOSE)
     starts_inside = True  # deepseek_r1: the prompt opened the thinking
+    # where a guide (structured outputs) starts: after the thinking; None: not known in advance
+    guide_after: str | None = CLOSE
 
     def __init__(self) -> None:
         self.pending = ""  # text not yet settled
@@ -66,6 +72,7 @@ class ReasoningParser:
 
 class Qwen3Reasoning(ReasoningParser):
     starts_inside = False
+    guide_after = None  # the reply may think or not
 
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {

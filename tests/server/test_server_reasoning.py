@@ -4,6 +4,8 @@ request to a server without a parser (greedy, one engine), its text split at `</
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -70,10 +72,25 @@ def test_qwen3_thinks_only_in_a_reply_that_opens_with_think(client, qwen3_client
     assert reply(qwen3_client, **CONTINUED) == (None, plain)
 
 
-def test_a_guide_is_refused_on_a_reasoning_server(r1_client):
-    r = httpx.post(f"{str(r1_client.base_url).rstrip('/')}/chat/completions",
+def test_deepseek_r1_guides_hold_the_answer_only(client, r1_client):
+    """A guide starts after `</think>` (and a little whitespace), as vLLM's does: the same
+    thinking as the unguided reply, then an answer the guide allows."""
+    thinking = reply(client, **CONTINUED)[1].partition("</think>")[0]
+    choices = ["It is 3.", "It is three."]
+    reasoning, content = reply(r1_client, **{**CONTINUED, "extra_body": {
+        **CONTINUED["extra_body"], "guided_choice": choices}})
+    assert reasoning == thinking and content.strip() in choices and not content[0].isalnum()
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"],
+              "additionalProperties": False}
+    reasoning, content = reply(r1_client, **CONTINUED, response_format={
+        "type": "json_schema", "json_schema": {"name": "count", "schema": schema}})
+    assert reasoning == thinking and isinstance(json.loads(content)["n"], int)
+
+
+def test_a_guide_is_refused_where_thinking_is_optional(qwen3_client):
+    r = httpx.post(f"{str(qwen3_client.base_url).rstrip('/')}/chat/completions",
                    headers={"Authorization": f"Bearer {API_KEY}"},
                    json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
                          "response_format": {"type": "json_object"}}, timeout=60)
-    assert r.status_code == 400 and "--reasoning-parser" in r.json()["error"]["message"]
+    assert r.status_code == 400 and "--reasoning-parser qwen3" in r.json()["error"]["message"]
     assert r.json()["error"]["param"] == "json_object"
