@@ -21,9 +21,9 @@ import time
 
 import torch
 from workloads import (
+    announced_roofline,
     bytes_read_per_decode_step,
     decode_step_floor_s,
-    machine_roofline,
     prefill_flops_per_token,
     wikitext_prompts,
 )
@@ -66,10 +66,7 @@ def main() -> None:
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
-    roof = machine_roofline()
-    bandwidth, peak = roof["memory_bandwidth_bytes_per_s"], roof["peak_flops"]["bf16" if dtype == torch.bfloat16 else "fp32"]
-    print(f"machine: {roof['cpu']}, {roof['threads']} threads, {bandwidth / 1e9:.1f} GB/s, "
-          f"{peak / 1e12:.2f} TFLOP/s ({args.dtype} matmul); medians of {args.rounds} interleaved rounds")
+    bandwidth, peak = announced_roofline(args.dtype, args.rounds)
 
     llm = LLM(dtype=args.dtype, kv_cache_memory="3GiB", max_num_seqs=args.requests)
     model = llm.engine.loaded.model

@@ -27,6 +27,16 @@ def machine_roofline() -> dict:
     return measure_cpu(repeats=3)
 
 
+def announced_roofline(dtype_name: str, rounds: int) -> tuple[float, float]:
+    """(bandwidth bytes/s, matmul peak FLOP/s for dtype_name), measured now and printed."""
+    roof = machine_roofline()
+    bandwidth = roof["memory_bandwidth_bytes_per_s"]
+    peak = roof["peak_flops"]["bf16" if dtype_name == "bfloat16" else "fp32"]
+    print(f"machine: {roof['cpu']}, {roof['threads']} threads, {bandwidth / 1e9:.1f} GB/s, "
+          f"{peak / 1e12:.2f} TFLOP/s ({dtype_name} matmul); medians of {rounds} interleaved rounds")
+    return bandwidth, peak
+
+
 def bytes_read_per_decode_step(model) -> int:
     """Bytes of the weights one decode step reads: every linear layer and norm (the embedding
     and RoPE tables are only indexed, a few rows per step)."""

@@ -111,8 +111,12 @@ def _choice_text(choice: dict) -> str:
     if isinstance(choice.get("text"), str):
         return choice["text"]
     delta = choice.get("delta") or {}
-    return (delta.get("content") or delta.get("reasoning_content")
-            or delta.get("reasoning") or "")
+    # what a chat chunk generated: thinking (vLLM names it both ways), the answer, and pieces of
+    # tool calls' arguments, in the order they were written
+    calls = delta.get("tool_calls") if isinstance(delta.get("tool_calls"), list) else []
+    pieces = [delta.get("reasoning_content") or delta.get("reasoning"), delta.get("content"),
+              *((c.get("function") or {}).get("arguments") for c in calls if isinstance(c, dict))]
+    return "".join(p for p in pieces if isinstance(p, str))
 
 
 def _error_text(error: object) -> str:

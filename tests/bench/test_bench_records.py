@@ -64,6 +64,18 @@ def test_reasoning_content_counts_as_generated_text():
     assert stream.texts == ["hmm", "ok"] and stream.chunk_ns == [1, 2]
 
 
+def test_thinking_answers_and_tool_call_arguments_all_count():
+    """A chunk where the thinking ends and the answer starts carries both; a tool call's
+    arguments are generated text too (its id and name are not)."""
+    call = {"index": 0, "id": "chatcmpl-tool-1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": '}}
+    stream = parse_events([1, 2, 3], [
+        chat({"reasoning_content": "so.", "content": "It"}),
+        chat({"tool_calls": [call]}),
+        chat({"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]})])
+    assert stream.texts == ["so.It", '{"city": ', '"Paris"}']
+
+
 def test_comments_and_multiline_data_are_handled():
     block = (b': keep-alive\ndata: {"choices": [{"text": "x",\n'
              b'data: "finish_reason": null}]}')
