@@ -385,13 +385,15 @@ class LLM:
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | None = None, add_generation_prompt: bool = True,
              chat_template: str | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None) -> list[RequestOutput]:
-        """chat_template: instead of the model's; chat_template_kwargs: more variables for it."""
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
+        """chat_template: instead of the model's; chat_template_kwargs: more variables for it;
+        tools: OpenAI-style tool definitions, the template's `tools` (vLLM's LLM.chat)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
+        variables = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
         prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      template=chat_template,
-                                                      **(chat_template_kwargs or {}))
+                                                      template=chat_template, **variables)
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, params)

@@ -49,8 +49,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help='serve tool_choice "auto" (the default with tools): the model decides '
                             "to call, and --tool-call-parser reads its calls out of the text")
     group.add_argument("--tool-call-parser", choices=sorted(AUTO_PARSERS), default=None,
-                       help="how the model writes calls: hermes (<tool_call>{...}</tool_call>) "
-                            "or llama3_json (a reply of {\"name\": ..., \"parameters\": ...})")
+                       help="how the model writes calls: hermes (<tool_call>{...}</tool_call>), "
+                            "llama3_json (a reply of {\"name\": ..., \"parameters\": ...}) or "
+                            "mistral ([TOOL_CALLS][{...}])")
     group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                        help='with tool_choice "none", do not show the tools to the chat template')
     group.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,

@@ -27,7 +27,7 @@ class ServerSettings:
     allowed_origins: tuple[str, ...] = ()
     # tool_choice "auto": the model's calls are read out of its text by this parser (vLLM's flags)
     enable_auto_tool_choice: bool = False
-    tool_call_parser: str | None = None  # hermes or llama3_json
+    tool_call_parser: str | None = None  # hermes, llama3_json or mistral
     exclude_tools_when_tool_choice_none: bool = False  # the template sees no tools with "none"
     reasoning_parser: str | None = None  # deepseek_r1 or qwen3: thinking as reasoning_content
 

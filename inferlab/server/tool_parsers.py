@@ -12,6 +12,8 @@ a streamed reply and a whole one always agree. Four readings, as vLLM names them
 - Llama3JsonCalls (--tool-call-parser llama3_json): a reply that opens with `{` (or Llama 3's
   `<|python_tag|>`) is one or more {"name", "parameters"} objects, separated by `;`; any other
   reply is content.
+- MistralCalls (--tool-call-parser mistral): content, then `[TOOL_CALLS]` and a JSON array of
+  {"name", "arguments"} objects.
 A block or object that does not read as a call goes out as content, word for word: nothing the
 model wrote is lost.
 """
@@ -90,7 +92,7 @@ class _ObjectEnds:
         self.depth = 0
         self.in_string = self.escaped = False
         self.start: int | None = None  # where the open object began
-        self.closed_array = False  # the array around the objects (level 1) has closed
+        self.array_end: int | None = None  # just past the array around the objects (level 1)
 
     def scan(self, text: str, start: int) -> Iterator[tuple[int, int]]:
         """Spans [begin, end) of the objects at the level that close in text[start:]."""
@@ -110,7 +112,8 @@ class _ObjectEnds:
                 if self.depth == self.level and ch == "}" and self.start is not None:
                     yield self.start, i + 1
                     self.start = None
-                self.closed_array |= self.depth < self.level
+                if self.depth < self.level and self.array_end is None:
+                    self.array_end = i + 1
 
 
 def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
@@ -129,6 +132,10 @@ def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
 
 
 class RequiredCalls(ToolParser):
+    """A JSON array of calls, each under `arguments_key`."""
+
+    arguments_key = "parameters"
+
     def __init__(self) -> None:
         super().__init__()
         self.text = ""
@@ -139,7 +146,7 @@ class RequiredCalls(ToolParser):
         out = ParsedDelta()
         start, self.text = len(self.text), self.text + text
         for begin, end in self.ends.scan(self.text, start):
-            call = _object(self.text[begin:end], ("parameters",))
+            call = _object(self.text[begin:end], (self.arguments_key,))
             if call is None:  # the guide holds the reply to the schema; kept for plain models
                 out.content += self.text[self.used:end]
             else:
@@ -148,10 +155,54 @@ class RequiredCalls(ToolParser):
         return out
 
     def finish(self) -> ParsedDelta:
+        end = self.ends.array_end
+        if end is not None:  # what follows the array is content, unless blank
+            rest = self.text[end:]
+            return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is
         rest = self.text[self.used:]
-        whole = self.ends.closed_array or not rest.strip(" \t\r\n,")
-        return ParsedDelta(content="" if whole else rest)
+        return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
+
+
+class _MistralArray(RequiredCalls):
+    arguments_key = "arguments"
+
+
+class MistralCalls(ToolParser):
+    """Mistral's: content, then `[TOOL_CALLS]` and a JSON array of {"name", "arguments"}."""
+
+    TAG = "[TOOL_CALLS]"
+    markers = (TAG,)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending = ""  # text that may be the start of the tag
+        self.array: _MistralArray | None = None
+
+    def feed(self, text: str) -> ParsedDelta:
+        if self.array is not None:
+            return self._read(self.array.feed(text))
+        self.pending += text
+        at = self.pending.find(self.TAG)
+        if at < 0:
+            passed, self.pending = held_back(self.pending, self.TAG)
+            return ParsedDelta(content=passed)
+        before, rest = self.pending[:at], self.pending[at + len(self.TAG):]
+        self.pending, self.array = "", _MistralArray()
+        out = self._read(self.array.feed(rest))
+        out.content = before + out.content
+        return out
+
+    def finish(self) -> ParsedDelta:
+        if self.array is None:
+            out, self.pending = ParsedDelta(content=self.pending), ""
+            return out
+        return self._read(self.array.finish())
+
+    def _read(self, out: ParsedDelta) -> ParsedDelta:
+        assert self.array is not None
+        self.num_calls = self.array.num_calls
+        return out
 
 
 def held_back(text: str, marker: str) -> tuple[str, str]:
@@ -274,4 +325,5 @@ class Llama3JsonCalls(ToolParser):
         return out
 
 
-AUTO_PARSERS: dict[str, type[ToolParser]] = {"hermes": HermesCalls, "llama3_json": Llama3JsonCalls}
+AUTO_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesCalls, "llama3_json": Llama3JsonCalls, "mistral": MistralCalls}

@@ -75,3 +75,9 @@ def test_llm_chat_takes_a_template_and_its_variables(make_llm):
     assert chatted.prompt_token_ids == llm.tokenizer.encode("Name a colour! ", add_special_tokens=False)
     direct = llm.generate([chatted.prompt_token_ids], params)[0]
     assert chatted.outputs[0].token_ids == direct.outputs[0].token_ids
+    # tools reach the template as its `tools`, as vLLM's LLM.chat gives them
+    listing = "{% for t in tools %}{{ t.function.name }};{% endfor %}" + template
+    tool = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+    with_tools = llm.chat(conversation, params, chat_template=listing, tools=[tool])[0]
+    assert with_tools.prompt_token_ids == llm.tokenizer.encode("get_time;Name a colour ",
+                                                               add_special_tokens=False)

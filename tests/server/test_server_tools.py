@@ -1,6 +1,6 @@
 """Tool calling through the official `openai` client, as vLLM serves it: a named function and
-"required" (the reply held to the tools' schemas), "auto" read by the hermes and llama3_json
-parsers, the tools and earlier calls given to the chat template. References: the jsonschema
+"required" (the reply held to the tools' schemas), "auto" read by the hermes, llama3_json and
+mistral parsers, the tools and earlier calls given to the chat template. References: the jsonschema
 library for the arguments, and hand-written prompts for what the template must render."""
 
 from __future__ import annotations
@@ -44,6 +44,13 @@ def tool_server(engine, parser: str) -> Iterator[RunningServer]:
 @pytest.fixture(scope="module")
 def hermes_client(engine):
     for server in tool_server(engine, "hermes"):
+        yield openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
+                            timeout=120)
+
+
+@pytest.fixture(scope="module")
+def mistral_client(engine):
+    for server in tool_server(engine, "mistral"):
         yield openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0,
                             timeout=120)
 
@@ -130,6 +137,9 @@ def test_tool_choice_none_answers_in_text(client):
     ("llama3_client",
      r'\{"name": "get_weather", "parameters": \{"city": "[A-Z][a-z]{2,8}", "unit": "celsius"\}\}',
      None),
+    ("mistral_client",
+     r'\[TOOL_CALLS\]\[\{"name": "get_weather", "arguments": \{"city": "[A-Z][a-z]{2,8}", '
+     r'"unit": "celsius"\}\}\]', None),
 ])
 def test_auto_reads_the_calls_the_model_writes(request, client_name, forced, calls_text):
     """tool_choice "auto" (the default with tools): the server's parser reads the calls out of

@@ -10,6 +10,7 @@ import pytest
 from inferlab.server.tool_parsers import (
     HermesCalls,
     Llama3JsonCalls,
+    MistralCalls,
     NamedCall,
     ParsedDelta,
     RequiredCalls,
@@ -62,6 +63,10 @@ CASES = [
     (Llama3JsonCalls, '{"name": "f"} {"name": "g", "parameters": {}} and {"name": "h", "param',
      '{"name": "f"} and {"name": "h", "param', [("g", {})]),
     (Llama3JsonCalls, "<|python", "<|python", []),
+    (MistralCalls, 'Sure. [TOOL_CALLS] [{"name": "f", "arguments": {"q": "[x]"}}, {"name": "g", '
+                   '"arguments": {}}] Done', "Sure.  Done", [("f", {"q": "[x]"}), ("g", {})]),
+    (MistralCalls, "No call [TOOL_", "No call [TOOL_", []),
+    (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name"', ', {"name"', [("f", {})]),
 ]
 
 
@@ -98,6 +103,6 @@ def test_hermes_content_goes_out_before_the_call_is_whole():
     assert parser.num_calls == 0
 
 
-@pytest.mark.parametrize("make", [RequiredCalls, HermesCalls, Llama3JsonCalls])
+@pytest.mark.parametrize("make", [RequiredCalls, HermesCalls, Llama3JsonCalls, MistralCalls])
 def test_finish_reason_counts_calls_the_model_chose(make):
     assert make.reports_calls and not NamedCall.reports_calls
