@@ -146,6 +146,8 @@ def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, wor
 
 
 def test_neutral_values_of_unsupported_fields_are_accepted(server):
+    for choice in ("none", "auto"):  # no tools to call (clients send both): a plain reply
+        assert chat(server, tools=[], tool_choice=choice, max_tokens=2).status_code == 200
     r = chat(server, tools=[], tool_choice="none", response_format={"type": "text"}, max_tokens=2,
              store=False, metadata={"who": "test"}, echo=False, add_special_tokens=False,
              continue_final_message=False, spaces_between_special_tokens=True)
