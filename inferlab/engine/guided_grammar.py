@@ -209,22 +209,23 @@ class GrammarFilters:
         self.build_index = build_index
         self.eos_token_id = eos_token_id
         self.max_grammars = max_grammars
-        self._filters: OrderedDict[tuple[str, str, str | None], TokenFilter] = OrderedDict()
+        self._filters: OrderedDict[tuple[Any, ...], TokenFilter] = OrderedDict()
 
     @functools.cached_property
     def index(self) -> TokenIndex:
         return self.build_index()
 
-    def guide(self, kind: str, spec: Any, after: str | None = None) -> GrammarGuide:
+    def guide(self, kind: str, spec: Any,
+              after: tuple[str | None, str] | None = None) -> GrammarGuide:
         """A new guide for one request (each of n copies has its own place in the grammar):
         kind "json" with a schema, "regex" with a pattern, "ebnf" with a grammar's text; after:
-        the text (a reasoning model's `</think>`) the grammar starts after."""
+        a reasoning model's (opener, closer) of its thinking, which the grammar starts after."""
         key = (kind, canonical_text(spec) if kind == "json" else spec, after)
         token_filter = self._filters.get(key)
         if token_filter is None:
             grammar = GRAMMARS[kind](spec)
             if after is not None:
-                grammar = AfterThinking(grammar, after)
+                grammar = AfterThinking(grammar, closer=after[1], opener=after[0])
             token_filter = TokenFilter(grammar, self.index, self.eos_token_id)
             self._filters[key] = token_filter
             if len(self._filters) > self.max_grammars:

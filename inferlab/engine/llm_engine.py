@@ -226,10 +226,10 @@ class LLMEngine:
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
         """A new guide for one request (each of n copies has its own place in the grammar)."""
         if params.grammar is not None:
-            return self.grammar_filters.guide(*params.grammar, after=params.guide_after)
-        if choices and params.guide_after is not None:  # a choice among texts, as a pattern
+            return self.grammar_filters.guide(*params.grammar, after=params.guide_after_thinking)
+        if choices and params.guide_after_thinking is not None:  # a choice among texts, as a pattern
             pattern = "|".join(re.escape(choice) for choice in params.guided_choice or ())
-            return self.grammar_filters.guide("regex", pattern, after=params.guide_after)
+            return self.grammar_filters.guide("regex", pattern, after=params.guide_after_thinking)
         return ChoiceGuide(choices, self.generation.eos_token_id) if choices else None
 
     @functools.cached_property

@@ -68,9 +68,10 @@ class SamplingParams:
     # OpenAI's json_schema response format and vLLM's guided_json: the output is one JSON value
     # the schema takes, then EOS (json_schema.py says which keywords are held to)
     json_schema: dict[str, Any] | bool | None = None
-    # the guide starts after this text in the output: the end of a reasoning model's thinking
-    # (`</think>`), as vLLM's structured outputs start with a reasoning parser (thinking_grammar.py)
-    guide_after: str | None = None
+    # (opener, closer) of a reasoning model's thinking: the guide holds the answer after it, as
+    # vLLM's structured outputs do with a reasoning parser (thinking_grammar.py); opener None:
+    # the reply starts inside the thinking (R1), else it may open with it or answer at once
+    guide_after_thinking: tuple[str | None, str] | None = None
     # vLLM's guided_regex: the whole output matches the pattern, then EOS (regex_grammar.py)
     guided_regex: str | None = None
     # vLLM's guided_grammar: the output is a whole `root` of this EBNF grammar (llama.cpp's GBNF
@@ -128,9 +129,9 @@ class SamplingParams:
                 isinstance(c, str) and c for c in self.guided_choice)),
              f"guided_choice must be a non-empty list of non-empty strings, got {self.guided_choice!r}"),
             (len(guides) < 2, f"{' and '.join(guides)} cannot be combined"),
-            (self.guide_after is None or (isinstance(self.guide_after, str) and self.guide_after
-                                          and bool(guides)),
-             f"guide_after must be a non-empty text, with a guide, got {self.guide_after!r}"),
+            (self.guide_after_thinking is None or (bool(guides) and _thinking_markers(
+                self.guide_after_thinking)), "guide_after_thinking must be (opener or None, "
+             f"closer) texts, with a guide, got {self.guide_after_thinking!r}"),
             *_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
@@ -215,3 +216,11 @@ def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None,
 
 def _is_token_id(token: object) -> bool:
     return isinstance(token, int) and not isinstance(token, bool) and token >= 0
+
+
+def _thinking_markers(markers: Any) -> bool:
+    if not isinstance(markers, tuple) or len(markers) != 2:
+        return False
+    opener, closer = markers
+    return isinstance(closer, str) and bool(closer) and (opener is None or (
+        isinstance(opener, str) and bool(opener)))

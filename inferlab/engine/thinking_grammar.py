@@ -1,7 +1,11 @@
 """A guide that starts after a reasoning model's thinking, as vLLM's structured outputs do with a
-reasoning parser: free text up to and through a marker (`</think>`), up to MAX_GAP whitespace
-characters (R1 writes "</think>\\n\\n"), then the inner grammar. The output may end anywhere in
-the thinking, as an unguided one may; after the marker, only where the inner grammar does.
+reasoning parser: free text up to and through the closer (`</think>`), up to MAX_GAP whitespace
+characters (R1 writes "</think>\n\n"), then the inner grammar. The output may end anywhere in
+the thinking, as an unguided one may; after the closer, only where the inner grammar does.
+
+With an opener (Qwen3's `<think>`), thinking is optional: a reply that opens with the opener
+thinks until the closer; any other is held to the inner grammar from its first character.
+Without one (R1, whose prompt opened the thinking), the reply starts inside the thinking.
 """
 
 from __future__ import annotations
@@ -16,18 +20,23 @@ _SPACE = " \t\r\n"
 
 
 class AfterThinking(Grammar):
-    """States: ("think", k), k characters of the marker matched; ("gap", n), n whitespace
+    """States: ("open", (k, the inner state)) while the text so far is the opener's first k
+    characters (and, read as the answer, leads the inner grammar to that state, None if
+    nowhere); ("think", k), k characters of the closer matched; ("gap", n), n whitespace
     characters after it; ("answer", the inner grammar's state)."""
 
-    def __init__(self, inner: Grammar, marker: str) -> None:
+    def __init__(self, inner: Grammar, closer: str, opener: str | None = None) -> None:
         super().__init__()
         self.inner = inner
-        self.marker = marker
-        self.start = ("think", 0)
-        self._marker_chars = frozenset(marker)
+        self.marker = closer
+        self.opener = opener
+        self.start = ("think", 0) if opener is None else ("open", (0, inner.start))
+        self._marker_chars = frozenset(closer)
 
     def _next(self, state: Any, ch: str) -> Any:
         phase, value = state
+        if phase == "open":
+            return self._opening(*value, ch)
         if phase == "think":
             matched = self._matched(value, ch)
             return ("gap", 0) if matched == len(self.marker) else ("think", matched)
@@ -36,6 +45,15 @@ class AfterThinking(Grammar):
         inner = self.inner.start if phase == "gap" else value
         nxt = self.inner.step(inner, ch)
         return None if nxt is None else ("answer", nxt)
+
+    def _opening(self, matched: int, inner: Any, ch: str) -> Any:
+        """The opener whole: thinking (a grammar that could also read it as an answer is not
+        asked); still its start: both readings kept; else the answer, if the grammar takes it."""
+        assert self.opener is not None
+        inner = None if inner is None else self.inner.step(inner, ch)
+        if self.opener[matched] == ch:
+            return ("think", 0) if matched + 1 == len(self.opener) else ("open", (matched + 1, inner))
+        return None if inner is None else ("answer", inner)
 
     def _matched(self, matched: int, ch: str) -> int:
         """How much of the marker the text ends with after `ch`, given that it ended with its
@@ -50,6 +68,8 @@ class AfterThinking(Grammar):
         phase, value = state
         if phase == "think":
             return True
+        if phase == "open":  # an empty reply, or the start of the opener read as the answer
+            return value[1] is not None and self.inner.is_complete(value[1])
         return self.inner.is_complete(self.inner.start if phase == "gap" else value)
 
     def plain_text_room(self, state: Any) -> float | None:

@@ -48,13 +48,9 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     beam = beam_search_params(req, params)
     if beam is not None and tools.parser is not None:
         raise bad_request("beam search does not take tool calls", "tool_choice")
-    if ctx.settings.reasoning_parser and params.guided_by:
-        after = REASONING_PARSERS[ctx.settings.reasoning_parser].guide_after
-        if after is None:
-            raise bad_request(f"{params.guided_by} is not supported with --reasoning-parser "
-                              f"{ctx.settings.reasoning_parser}: a reply may think or not, so "
-                              "where the guide starts is not known", params.guided_by)
-        params = dataclasses.replace(params, guide_after=after)  # the guide holds the answer
+    if ctx.settings.reasoning_parser and params.guided_by:  # the guide holds the answer only
+        markers = REASONING_PARSERS[ctx.settings.reasoning_parser].guide_markers
+        params = dataclasses.replace(params, guide_after_thinking=markers)
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
     fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(

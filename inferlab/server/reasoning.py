@@ -9,9 +9,9 @@ any, are then read).
 - qwen3: Qwen3 and models that think in `<think>...</think>` only when asked: a reply that
   opens with `<think>` is reasoning up to `</think>`; any other reply is all content.
 
-With deepseek_r1, a guide (structured outputs, a forced tool call) holds the answer only: it
-starts after `</think>` (thinking_grammar.py), as vLLM's does. With qwen3, whose replies may
-or may not think, guides are refused.
+A guide (structured outputs, a forced tool call) holds the answer only: it starts after the
+thinking (thinking_grammar.py), as vLLM's does; with qwen3, a reply that does not open with
+`<think>` is held from its first character.
 
 A parser is fed the reply's text deltas and says, for each, what is reasoning and what is
 content; text that may be the start of a marker is held until the next text settles it, so a
@@ -36,8 +36,9 @@ class Split:
 class ReasoningParser:
     markers = (OPEN, CLOSE)
     starts_inside = True  # deepseek_r1: the prompt opened the thinking
-    # where a guide (structured outputs) starts: after the thinking; None: not known in advance
-    guide_after: str | None = CLOSE
+    # (opener, closer) a guide (structured outputs) starts after: opener None, the reply starts
+    # inside the thinking
+    guide_markers: tuple[str | None, str] = (None, CLOSE)
 
     def __init__(self) -> None:
         self.pending = ""  # text not yet settled
@@ -72,7 +73,7 @@ class ReasoningParser:
 
 class Qwen3Reasoning(ReasoningParser):
     starts_inside = False
-    guide_after = None  # the reply may think or not
+    guide_markers = (OPEN, CLOSE)  # a reply that does not open with <think> is all answer
 
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {

@@ -6,6 +6,8 @@ from __future__ import annotations
 import random
 import re
 
+import pytest
+
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.thinking_grammar import AfterThinking
 
@@ -14,8 +16,13 @@ MARKER = "</think>"
 REFERENCE = re.compile(r"(?s:(?:(?!</think>).)*)|(?s:(?:(?!</think>).)*</think>[ \t\r\n]{0,4}[0-9]+)")
 
 
-def grammar() -> AfterThinking:
-    return AfterThinking(RegexGrammar("[0-9]+"), MARKER)
+# with Qwen3's opener: thinking only in a reply that opens with <think>, else the answer at once
+OPTIONAL = re.compile(r"(?s:<think>(?:(?!</think>).)*)|(?s:<think>(?:(?!</think>).)*</think>"
+                      r"[ \t\r\n]{0,4}[0-9]+)|[0-9]+")
+
+
+def grammar(opener: str | None = None) -> AfterThinking:
+    return AfterThinking(RegexGrammar("[0-9]+"), MARKER, opener)
 
 
 def test_hand_cases():
@@ -29,10 +36,11 @@ def test_hand_cases():
         assert g.advance(g.start, dead) is None, dead
 
 
-def test_random_texts_agree_with_re():
-    """Texts from the marker's characters, digits, spaces and a letter: a text the grammar
+@pytest.mark.parametrize(("opener", "reference"), [(None, REFERENCE), ("<think>", OPTIONAL)])
+def test_random_texts_agree_with_re(opener, reference):
+    """Texts from the markers' characters, digits, spaces and a letter: a text the grammar
     keeps alive is whole exactly when re matches it; a text it kills, re does not match."""
-    g = grammar()
+    g = grammar(opener)
     rng = random.Random(0)
     alphabet = list("</think>") + ["1", "2", " ", "\n", "x"]
     for _ in range(4000):
@@ -40,9 +48,21 @@ def test_random_texts_agree_with_re():
         if rng.random() < 0.3:
             cut = rng.randint(0, len(text))
             text = text[:cut] + MARKER + text[cut:]
+        if rng.random() < 0.4:
+            text = "<think>" + text
         state = g.advance(g.start, text)
-        expected = REFERENCE.fullmatch(text) is not None
+        expected = reference.fullmatch(text) is not None
         assert (state is not None and g.is_complete(state)) == expected, repr(text)
+
+
+def test_an_opener_makes_thinking_optional():
+    g = grammar("<think>")
+    for text, whole in [("42", True), ("<think>hm</think>\n7", True), ("<think>hm", True),
+                        ("<thi", False), ("", False)]:
+        state = g.advance(g.start, text)
+        assert state is not None and g.is_complete(state) == whole, text
+    for dead in ["x", "<thx", "4<think>", "hm</think>7"]:
+        assert g.advance(g.start, dead) is None, dead
 
 
 def test_char_keys_group_characters_that_move_alike():

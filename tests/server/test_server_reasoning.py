@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import openai
 import pytest
 from server_helpers import API_KEY, MODEL_NAME, start_server
@@ -87,10 +86,19 @@ def test_deepseek_r1_guides_hold_the_answer_only(client, r1_client):
     assert reasoning == thinking and isinstance(json.loads(content)["n"], int)
 
 
-def test_a_guide_is_refused_where_thinking_is_optional(qwen3_client):
-    r = httpx.post(f"{str(qwen3_client.base_url).rstrip('/')}/chat/completions",
-                   headers={"Authorization": f"Bearer {API_KEY}"},
-                   json={"model": MODEL_NAME, "messages": [{"role": "user", "content": "Hi"}],
-                         "response_format": {"type": "json_object"}}, timeout=60)
-    assert r.status_code == 400 and "--reasoning-parser qwen3" in r.json()["error"]["message"]
-    assert r.json()["error"]["param"] == "json_object"
+def test_qwen3_guides_hold_the_answer_whether_the_reply_thinks_or_not(client, qwen3_client):
+    """A reply that opens with <think> thinks freely, then the guide holds its answer; one that
+    does not is held from its first character."""
+    opens = [*PATTERN[:1], {"role": "assistant", "content": (
+        "<think>\nI think it is 1.\n</think>\nIt is 1.\n<think>\nI think it is 2.\n</think>\n"
+        "It is 2.\n")}]
+    body = {"messages": opens, "extra_body": {**CONTINUED["extra_body"],
+                                              "guided_choice": ["It is 3.", "It is three."]}}
+    plain = reply(client, messages=opens, extra_body=CONTINUED["extra_body"])[1]
+    assert plain.startswith("<think>") and "</think>" in plain  # the premise
+    reasoning, content = reply(qwen3_client, **body)
+    assert reasoning == plain.removeprefix("<think>").partition("</think>")[0]
+    assert content.strip() in ("It is 3.", "It is three.")
+    direct = reply(qwen3_client, messages=[{"role": "user", "content": "Is it 3?"}],
+                   extra_body={"guided_choice": ["yes", "no"]})
+    assert direct in ((None, "yes"), (None, "no"))
