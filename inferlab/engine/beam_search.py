@@ -28,6 +28,7 @@ class BeamSearchParams:
     max_tokens: int | None = None  # None: to the context's end
     ignore_eos: bool = False
     length_penalty: float = 1.0
+    logprobs: int | None = None  # each output token's top k alternatives too (k <= 20)
 
     def __post_init__(self) -> None:
         checks = [
@@ -35,15 +36,19 @@ class BeamSearchParams:
              f"beam width must be in [1, {MAX_BEAM_WIDTH}], got {self.beam_width}"),
             (self.max_tokens is None or self.max_tokens >= 1,
              f"max_tokens must be at least 1, got {self.max_tokens}"),
+            (self.logprobs is None or 0 <= self.logprobs <= 20,
+             f"logprobs must be in [0, 20], got {self.logprobs}"),
         ]
         for ok, message in checks:
             if not ok:
                 raise InvalidParameterError(message)
 
     def round_params(self) -> SamplingParams:
-        """What the engine is asked for each beam in a round: the model's own top 2 x width."""
-        return SamplingParams(temperature=0.0, max_tokens=1, logprobs=2 * self.beam_width,
-                              ignore_eos=True, detokenize=False)
+        """What the engine is asked for each beam in a round: the model's own top 2 x width
+        (or the top k asked for, if more)."""
+        top = max(2 * self.beam_width, self.logprobs or 0)
+        return SamplingParams(temperature=0.0, max_tokens=1, logprobs=top, ignore_eos=True,
+                              detokenize=False)
 
 
 @dataclass
@@ -85,7 +90,8 @@ class BeamSearch:
         candidates = []
         for beam, out in zip(self.live, outputs, strict=True):
             (step,) = out.outputs[0].logprobs or ()  # one token, with the top 2 x width
-            for rank, (token, logprob) in enumerate(step.top, start=1):
+            # the candidates are the top 2 x width (the round gives more when logprobs asks)
+            for rank, (token, logprob) in enumerate(step.top[:2 * self.params.beam_width], 1):
                 grown = _Beam([*beam.tokens, token],
                               [*beam.logprobs, TokenLogprobs(token, logprob, rank, step.top)],
                               beam.cumulative_logprob + logprob, token in self.end_ids)

@@ -134,7 +134,7 @@ def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:
 # (temperature is taken and has no effect, as in vLLM: beams rank by the model's own logprobs)
 _NOT_FOR_BEAMS = ("seed", "top_p", "top_k", "min_p", "stop", "stop_token_ids", "presence_penalty",
                   "frequency_penalty", "repetition_penalty", "logit_bias", "allowed_token_ids",
-                  "bad_words", "min_tokens", "logprobs", "top_logprobs", "prompt_logprobs",
+                  "bad_words", "min_tokens", "prompt_logprobs",
                   "guided_choice", "guided_json", "guided_regex", "guided_grammar",
                   "structured_outputs", "response_format", "include_stop_str_in_output")
 
@@ -153,6 +153,7 @@ def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearc
             raise bad_request(f"beam search does not take '{name}'", name)
     try:
         return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens,
-                                ignore_eos=params.ignore_eos, length_penalty=req.length_penalty)
+                                ignore_eos=params.ignore_eos, length_penalty=req.length_penalty,
+                                logprobs=params.logprobs)
     except ValueError as e:
         raise bad_request(f"{e} (n is the beam width)", "n") from None

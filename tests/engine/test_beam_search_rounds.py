@@ -63,3 +63,16 @@ def test_ignore_eos_keeps_eos_as_a_plain_token():
     search = BeamSearch([5], BeamSearchParams(beam_width=1, max_tokens=2, ignore_eos=True), {EOS}, 64)
     search.advance([answer([(EOS, -0.1), (1, -0.5)])])
     assert search.beams() == [[5, EOS]] and not search.done
+
+
+def test_logprobs_asked_for_do_not_widen_the_candidates():
+    """Width 1 asking for 3 logprobs: the round asks the engine for 3, but only the top 2 are
+    candidates. Both end (EOS and another end id), so nothing goes on: the third, though
+    given, is not a beam."""
+    params = BeamSearchParams(beam_width=1, max_tokens=3, logprobs=3)
+    assert params.round_params().logprobs == 3
+    search = BeamSearch([5], params, {EOS, 9}, 64)
+    search.advance([answer([(EOS, -0.1), (9, -0.2), (4, -3.0)])])
+    assert search.done and search.beams() == []
+    (best,) = search.output("r", Letters(), None).outputs
+    assert best.token_ids == [EOS] and len(best.logprobs[0].top) == 3  # all 3 reported

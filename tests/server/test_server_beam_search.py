@@ -44,6 +44,23 @@ def test_completions_beams_are_transformers_beams(client, server, reference_beam
     assert streamed == texts
 
 
+def test_beams_report_logprobs_of_the_reference_distribution(client, server, hf_smollm):
+    """logprobs=2 with beam search: each beam token's logprob is the model's (a transformers
+    forward pass), with its top 2."""
+    named = {**BEAMS, "extra_body": {**BEAMS["extra_body"], "return_tokens_as_token_ids": True}}
+    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, logprobs=2, **named)
+    ids = tokenize(server, prompt=PROMPT)
+    for choice in out.choices:
+        beam = [int(token.removeprefix("token_id:")) for token in choice.logprobs.tokens]
+        with torch.no_grad():
+            logits = hf_smollm(torch.tensor([ids + beam])).logits[0]
+        rows = torch.log_softmax(logits.float(), dim=-1)[len(ids) - 1:-1]
+        expected = rows.gather(1, torch.tensor(beam)[:, None])[:, 0].tolist()
+        assert len(choice.logprobs.token_logprobs) == len(beam) == 6
+        assert all(abs(a - b) < 1e-3 for a, b in zip(choice.logprobs.token_logprobs, expected, strict=True))
+        assert all(2 <= len(top) <= 3 for top in choice.logprobs.top_logprobs)
+
+
 def test_chat_beams(client):
     chat = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Name a fruit."}], n=2, max_tokens=12,
