@@ -27,7 +27,7 @@ from workloads import (
 )
 
 from inferlab.engine.beam_search import BeamSearchParams
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 
 
 def run_inferlab(llm: LLM, prompts: list[list[int]], width: int, tokens: int) -> tuple[float, list]:

@@ -134,7 +134,7 @@ class Transformers:
 def step_bytes(model: str | None, dtype: str) -> tuple[int, ModelConfig]:
     """Bytes of weights one decode step reads, as the server holds them (packed or quantized),
     and the model's config."""
-    from inferlab.engine.llm_engine import LLM
+    from inferlab.engine.llm import LLM
 
     llm = LLM(model, dtype=dtype, kv_cache_memory="64MiB")  # the layers exactly as served
     return bytes_read_per_decode_step(llm.engine.loaded.model), llm.engine.model_config

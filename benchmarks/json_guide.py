@@ -21,7 +21,7 @@ from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import Grammar
 from inferlab.engine.guided_grammar import TokenFilter, TokenIndex, token_texts
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams

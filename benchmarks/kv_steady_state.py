@@ -19,7 +19,8 @@ import time
 
 from workloads import wikitext_prompts
 
-from inferlab.engine.llm_engine import LLM, LLMEngine
+from inferlab.engine.llm import LLM
+from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.sampling_params import SamplingParams
 
 REQUESTS, PROMPT_TOKENS, OUTPUT_TOKENS = 64, 300, 96

@@ -17,7 +17,7 @@ CHILD = r"""
 import json, resource, sys, time
 t0 = time.perf_counter()
 import torch
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 dtype = sys.argv[1]
 llm = LLM(dtype=dtype, kv_cache_memory="256MiB")

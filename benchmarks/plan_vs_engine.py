@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.planner.budget import MemoryConfig, plan_memory
 from inferlab.planner.measure import cpu_local_hardware, measure_cpu

@@ -10,7 +10,7 @@ import time
 
 from torch.profiler import profile
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 
 

@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import httpx
 from workloads import wikitext_prompts
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 
 

@@ -24,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.models.loader import embedded_model_path
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlab.config import EngineConfig
-from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -107,9 +107,7 @@ class AsyncEngine:
         """The best params.beam_width beams of the prompt, as one finished output (vLLM's
         engine-client beam_search; beam_search.py says how). Each round's beams run as requests
         side by side with everything else; cancelling aborts the round's requests."""
-        text, ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt)
-        search = BeamSearch(ids, params, set(self.engine.generation.end_token_ids),
-                            self.max_model_len)
+        text, search = await asyncio.to_thread(self.engine.start_beam_search, prompt, params)
         round_params = params.round_params()
         while not search.done:
             search.advance(list(await asyncio.gather(*(

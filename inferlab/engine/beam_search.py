@@ -72,7 +72,6 @@ class BeamSearch:
                                 f"{max_tokens}: more than the context's {max_model_len}")
         self.params = params
         self.prompt_ids = list(prompt_ids)
-        self.prompt_len = len(prompt_ids)
         self.max_tokens = max_tokens
         self.end_ids = set() if params.ignore_eos else end_ids
         self.live = [_Beam(list(prompt_ids))]
@@ -104,8 +103,8 @@ class BeamSearch:
         best = sorted(self.finished + self.live, key=self._score, reverse=True)
         completions = []
         for index, beam in enumerate(best[:self.params.beam_width]):
-            shown = beam.tokens[self.prompt_len:len(beam.tokens) - beam.ended]  # not the end token
-            text, token_ids = tokenizer.decode(shown), beam.tokens[self.prompt_len:]
+            token_ids = beam.tokens[len(self.prompt_ids):]
+            text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended])  # not the end token
             # the only output of the search: all of it is new (a stream sends it in one piece)
             completions.append(CompletionOutput(
                 index=index, text=text, token_ids=token_ids,

@@ -15,11 +15,10 @@ import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
-from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig, parse_bytes
+from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
@@ -223,6 +222,13 @@ class LLMEngine:
         self.counters.prompt_tokens += len(ids)
         return request_id
 
+    def start_beam_search(self, prompt: str | Sequence[int],
+                          params: BeamSearchParams) -> tuple[str | None, BeamSearch]:
+        """(the prompt's text, a beam search over it) that LLM and AsyncEngine drive round by
+        round, ending at the model's end tokens and within the context."""
+        text, ids = self.tokenize_prompt(prompt)
+        return text, BeamSearch(ids, params, set(self.generation.end_token_ids), self.max_model_len)
+
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
         """A new guide for one request (each of n copies has its own place in the grammar)."""
         if params.grammar is not None:
@@ -318,17 +324,6 @@ class LLMEngine:
             self.counters.requests_finished[reason] = self.counters.requests_finished.get(reason, 0) + 1
 
 
-def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
-    """EngineConfig from keyword arguments; kv_cache_memory may be a string like '2GiB'."""
-    if "kv_cache_memory" in kwargs:
-        size = kwargs.pop("kv_cache_memory")
-        kwargs["kv_cache_memory_bytes"] = None if size is None else parse_bytes(size)
-    try:
-        return EngineConfig(model=model, **kwargs)
-    except TypeError as e:
-        raise InferlabError(f"unknown engine option: {e}") from None
-
-
 def bad_words_token_ids(tokenizer: TextTokenizer, words: list[str]) -> list[list[int]]:
     """Each bad word as token ids, as vLLM encodes them: the word alone, and again after a space
     when that spelling starts with another token and has as many (" word" is often one token of
@@ -341,87 +336,3 @@ def bad_words_token_ids(tokenizer: TextTokenizer, words: list[str]) -> list[list
         if spaced[0] != bare[0] and len(spaced) == len(bare):
             encoded.append(spaced)
     return encoded
-
-
-class LLM:
-    """Offline batch inference: `LLM(model).generate(prompts, SamplingParams(...))`."""
-
-    def __init__(self, model: str | None = None, loaded: LoadedModel | None = None,
-                 **engine_args: Any) -> None:
-        """`loaded` reuses weights already in memory (several engines over one model)."""
-        self.engine = LLMEngine(engine_config(model, **engine_args), loaded)
-        self.tokenizer = self.engine.tokenizer
-
-    @property
-    def num_kv_blocks(self) -> int:
-        return self.engine.num_kv_blocks
-
-    def get_default_sampling_params(self) -> SamplingParams:
-        """What generate() uses without params: the model's generation_config.json defaults."""
-        return self.engine.generation.default_params()
-
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
-                 priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        params = params or self.engine.generation.default_params()
-        all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
-        priorities = list(priority) if priority is not None else [0] * len(prompts)
-        for name, values in (("sampling params", all_params), ("priorities", priorities)):
-            if len(values) != len(prompts):
-                raise InferlabError(f"{len(prompts)} prompts but {len(values)} {name}")
-        ids: list[str] = []
-        try:
-            for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
-                ids.append(self.engine.add_request(prompt, sp, priority=rank))
-            return self._run(ids)
-        except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
-            for request_id in ids:
-                self.engine.abort_request(request_id)
-            raise
-
-    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             params: SamplingParams | None = None, add_generation_prompt: bool = True,
-             chat_template: str | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
-        """chat_template: instead of the model's; chat_template_kwargs: more variables for it;
-        tools: OpenAI-style tool definitions, the template's `tools` (vLLM's LLM.chat)."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        variables = {**(chat_template_kwargs or {}), **({"tools": tools} if tools else {})}
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      template=chat_template, **variables)
-                   for c in conversations]
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(ids, params)
-
-    def beam_search(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                    params: BeamSearchParams) -> list[RequestOutput]:
-        """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
-        the completions of one output (beam_search.py says how they are found)."""
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
-        searches = []
-        for prompt in prompts:
-            text, ids = self.engine.tokenize_prompt(prompt)
-            searches.append((text, BeamSearch(ids, params, set(self.engine.generation.end_token_ids),
-                                              self.engine.max_model_len)))
-        while active := [search for _, search in searches if not search.done]:
-            outputs = self.generate([beam for search in active for beam in search.beams()],
-                                    params.round_params())
-            for search in active:
-                taken = len(search.live)
-                search.advance(outputs[:taken])
-                outputs = outputs[taken:]
-        return [search.output(f"beam-{i}", self.tokenizer, text)
-                for i, (text, search) in enumerate(searches)]
-
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
-        final: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step(final_only=True):
-                final[out.request_id] = out
-        return [final[i] for i in request_ids]

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.models.loader import LoadedModel
 from inferlab.planner.memory import kv_cache_bytes_per_token

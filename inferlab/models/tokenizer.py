@@ -86,9 +86,14 @@ class TextTokenizer:
         return self.backend.id_to_token(token_id)
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
-                            template: str | None = None, **kwargs: Any) -> str:
-        """template: one to use instead of the model's (vLLM's --chat-template); kwargs: more
-        variables for it (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
+                            template: str | None = None, tools: list[dict[str, Any]] | None = None,
+                            **kwargs: Any) -> str:
+        """template: one to use instead of the model's (vLLM's --chat-template); tools:
+        OpenAI-style tool definitions, the template's `tools` (left undefined when there are
+        none, as transformers leaves them); kwargs: more variables for it (vLLM's
+        chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
+        if tools:
+            kwargs["tools"] = tools
         template = template or self.info.chat_template
         if not template:
             raise ModelLoadError("this model has no chat template; use a completion prompt, or "

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -65,8 +66,13 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
 def _marks_special(tools: ToolUse, tokenizer: TextTokenizer) -> bool:
     """Whether the tool parser looks for a special token (Llama 3's <|python_tag|>): then the
     reply's text must keep them, as vLLM's parsers ask."""
-    return any(set(tokenizer.encode(m, add_special_tokens=False)) & tokenizer.all_special_ids
-               for m in tools.markers)
+    return any(_is_special(tokenizer, marker) for marker in tools.markers)
+
+
+@functools.lru_cache(maxsize=64)
+def _is_special(tokenizer: TextTokenizer, marker: str) -> bool:
+    """Whether `marker` encodes to a special token: asked for each request, encoded once."""
+    return bool(set(tokenizer.encode(marker, add_special_tokens=False)) & tokenizer.all_special_ids)
 
 
 def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
@@ -91,9 +97,8 @@ def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
     plain = [_template_message(m, i) for i, m in enumerate(messages)]
     if check_fits is not None:
         check_fits(sum(len(m["content"]) for m in plain))
-    variables = {**(template_kwargs or {}), **({"tools": tools} if tools else {})}
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                         template=template, **variables)
+                                         template=template, tools=tools, **(template_kwargs or {}))
     if continue_final_message:
         text = _open_final_message(text, plain[-1]["content"])
     # the template writes the special tokens; add_special_tokens adds the tokenizer's (a BOS) too

@@ -26,10 +26,10 @@ def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any],
         raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
     max_tokens = req.max_completion_tokens if req.max_completion_tokens is not None else req.max_tokens
     logprobs = (req.top_logprobs or 0) if req.logprobs else None
-    tools = {"json_schema": tool_schema} if tool_schema is not None else {}
+    for_tools: dict[str, Any] = {} if tool_schema is None else {"json_schema": tool_schema}
     if keep_special_tokens:
-        tools["skip_special_tokens"] = False
-    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs, **tools)
+        for_tools["skip_special_tokens"] = False
+    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs, **for_tools)
 
 
 def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> SamplingParams:

@@ -21,6 +21,7 @@ model wrote is lost.
 from __future__ import annotations
 
 import json
+from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,8 +43,8 @@ class ParsedDelta:
         return bool(self.content or self.calls)
 
 
-class ToolParser:
-    """Base: feed() text deltas, then finish() once; both return what goes out now."""
+class ToolParser(ABC):
+    """feed() text deltas, then finish() once; both return what goes out now."""
 
     markers: tuple[str, ...] = ()  # texts the parser looks for (special tokens must be decoded)
     reports_calls = True  # a reply with calls finishes with "tool_calls" (not a named call)
@@ -51,8 +52,9 @@ class ToolParser:
     def __init__(self) -> None:
         self.num_calls = 0
 
+    @abstractmethod
     def feed(self, text: str) -> ParsedDelta:
-        raise NotImplementedError
+        """What goes out of `text` now (a marker's possible start may be held back)."""
 
     def finish(self) -> ParsedDelta:
         return ParsedDelta()

@@ -4,7 +4,7 @@ import dataclasses
 
 import pytest
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.model_runner import ModelRunner
 
 

@@ -13,7 +13,7 @@ from models.tiny_gguf import write_tiny_gguf
 from quant.tiny import tiny_model_dir
 
 from inferlab.config import EngineConfig
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.gguf import read_gguf_config

@@ -8,7 +8,7 @@ import dataclasses
 import pytest
 import torch
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 
 from .conftest import use_graph_runner

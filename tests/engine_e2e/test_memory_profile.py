@@ -55,7 +55,7 @@ def test_on_a_cpu_the_cache_defaults_to_a_fixed_size(make_llm) -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_on_a_gpu_the_engine_stays_within_its_share() -> None:
     pytest.importorskip("triton")
-    from inferlab.engine.llm_engine import LLM
+    from inferlab.engine.llm import LLM
 
     total = torch.cuda.mem_get_info()[1]
     share = 0.3

@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample, top_k_top_p
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InvalidParameterError

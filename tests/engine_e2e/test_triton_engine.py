@@ -13,7 +13,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from inferlab.engine.llm_engine import LLM  # noqa: E402
+from inferlab.engine.llm import LLM  # noqa: E402
 from inferlab.engine.sampling_params import SamplingParams  # noqa: E402
 from inferlab.kernels import fused, triton_norm_rope  # noqa: E402
 from inferlab.kernels.attention import triton_paged  # noqa: E402

@@ -7,7 +7,7 @@ import pytest
 import torch
 from quant.tiny import write_tokenizer
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.models.loader import read_model_config

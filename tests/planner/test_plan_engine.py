@@ -8,7 +8,7 @@ from inferlab.planner.budget import MemoryConfig, plan_memory
 from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
 
-llm_engine = pytest.importorskip("inferlab.engine.llm_engine")
+llm_module = pytest.importorskip("inferlab.engine.llm")
 
 KV_BUDGET_BYTES = 64 * 2**20
 
@@ -18,7 +18,7 @@ def test_engine_allocates_exactly_the_planned_kv_blocks():
     planned = plan_memory(spec.config, weight_bytes(spec.config, weight_format("bf16")),
                           MemoryConfig(device_memory_bytes=2**34, kv_dtype="bf16", block_size=16,
                                        kv_cache_bytes=KV_BUDGET_BYTES))
-    llm = llm_engine.LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=4)
+    llm = llm_module.LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=4)
     # 64 MiB / (16 tokens × 23,040 B) = 182.04 -> 182 whole blocks, by hand
     assert planned.num_blocks == 182
     assert llm.num_kv_blocks == planned.num_blocks

@@ -8,7 +8,7 @@ import random
 import pytest
 import torch
 
-from inferlab.engine.llm_engine import LLM
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.quant.linear import QuantLinear
 from inferlab.quant.recipe import Recipe
