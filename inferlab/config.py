@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.sampling_params import check_seed
+from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
@@ -47,8 +48,13 @@ class EngineConfig:
     generation_config: str = "auto"
     num_threads: int | None = None  # CPU threads for torch; None: torch's default
     seed: int = 0  # for requests without their own seed
+    # n-gram drafts verified a step ahead (vLLM's speculative_config; a dict is read as one)
+    speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.speculative_config, dict):
+            object.__setattr__(self, "speculative_config",
+                               SpeculativeConfig.from_dict(self.speculative_config))
         if self.dtype not in DTYPES:
             raise InferlabError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):

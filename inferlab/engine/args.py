@@ -6,6 +6,8 @@ import argparse
 
 from inferlab.config import DTYPES, EngineConfig, parse_bytes
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
+from inferlab.engine.spec_decode import SpeculativeConfig
+from inferlab.errors import InferlabError
 
 _DEFAULTS = EngineConfig()
 # The server's default step: prefill in chunks of this many tokens between decode steps. When
@@ -55,7 +57,18 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                             "eos_token_id list ends generations in every case "
                             "(default: %(default)s)")
     group.add_argument("--num-threads", type=int, default=None, help="CPU threads for torch")
+    group.add_argument("--speculative-config", type=_speculative_config, default=None,
+                       help="speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
+                            "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}': drafts "
+                            "from n-grams of the prompt and output, verified in one step")
     group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+
+
+def _speculative_config(text: str) -> SpeculativeConfig:
+    try:
+        return SpeculativeConfig.from_json(text)
+    except InferlabError as e:  # argparse's usage error (exit 2), not a traceback
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
@@ -67,5 +80,5 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         scheduling_policy=args.scheduling_policy, generation_config=args.generation_config,
-        num_threads=args.num_threads, seed=args.seed,
+        num_threads=args.num_threads, seed=args.seed, speculative_config=args.speculative_config,
     )

@@ -8,6 +8,7 @@ queues, so the event loop never waits for a forward pass.
 from __future__ import annotations
 
 import asyncio
+import copy
 import logging
 import queue
 import threading
@@ -22,6 +23,7 @@ from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.spec_decode import SpecDecodeCounters
 from inferlab.errors import InferlabError
 from inferlab.kernels import cpu_ops
 
@@ -49,6 +51,7 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished: dict[str, int]  # by finish reason: stop, length, abort
+    spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on
 
 
 class AsyncEngine:
@@ -285,6 +288,8 @@ class AsyncEngine:
             num_preemptions_total=s.num_preemptions_total,
             prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
             requests_finished=dict(c.requests_finished),
+            spec_decode=(copy.deepcopy(self.engine.spec_counters)
+                         if self.engine.config.speculative_config is not None else None),
         )
 
 

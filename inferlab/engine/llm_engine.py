@@ -27,7 +27,7 @@ from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.engine.output_processor import OutputProcessor
-from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerOutput
 from inferlab.engine.platform import (
     available_memory_bytes,
     keep_freed_memory,
@@ -38,6 +38,7 @@ from inferlab.engine.request import Guide, Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
+from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
 from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import LoadedModel, load_model
@@ -96,6 +97,7 @@ class LLMEngine:
             max_model_len=self.max_model_len))
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
+        self.spec_counters = SpecDecodeCounters()
         self.last_step_tokens = 0  # tokens the last step computed (/metrics reads it)
         self._ids = itertools.count()
         # What exists now (model, tokenizer, libraries) lives as long as the engine: moved out of
@@ -308,15 +310,34 @@ class LLMEngine:
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)
+        self._count_drafts(sched, runner_output)
         updated = self.scheduler.update_from_output(sched, runner_output)
         outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        self.counters.generation_tokens += len(runner_output.sampled_token_ids)
+        self.counters.generation_tokens += sum(map(len, runner_output.sampled_token_ids.values()))
         for out in outputs:
             if out.finished:
                 self._count_finished(out)
+        if self.config.speculative_config is not None:
+            self._propose_drafts(self.config.speculative_config)
         return outputs
+
+    def _propose_drafts(self, config: SpeculativeConfig) -> None:
+        """Drafts for every running request whose next step is a decode: never more than its
+        max_tokens leaves room for after the token the step adds. A guided request gets none (its
+        guide reads each output token once)."""
+        for request in self.scheduler.running:
+            if request.guide is None and request.num_computed_tokens == request.num_tokens - 1:
+                room = request.max_tokens - request.num_output_tokens - 1
+                request.spec_token_ids = propose_ngram(
+                    request.all_token_ids, config, min(config.num_speculative_tokens, room))
+
+    def _count_drafts(self, sched: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
+        for chunk in sched.chunks:
+            tokens = runner_output.sampled_token_ids.get(chunk.request.request_id)
+            if chunk.spec_token_ids and tokens is not None:
+                self.spec_counters.record(len(chunk.spec_token_ids), len(tokens) - 1)
 
     def _count_finished(self, output: RequestOutput) -> None:
         for completion in output.outputs:

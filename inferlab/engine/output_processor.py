@@ -77,7 +77,7 @@ class OutputProcessor:
             parent, index = self.child_of[request.request_id]
             completion = parent.children[index]
             if completion.logprobs is not None and request.request_id in runner_output.logprobs:
-                completion.logprobs.append(runner_output.logprobs[request.request_id])
+                completion.logprobs += runner_output.logprobs[request.request_id]
             if request.finished:
                 completion.finish_reason = request.status.finish_reason
                 completion.stop_reason = request.stop_reason
@@ -129,17 +129,9 @@ class OutputProcessor:
         request = completion.request
         new_ids = request.output_token_ids[completion.emitted_tokens:]
         start = completion.emitted_tokens
-        completion.emitted_tokens = request.num_output_tokens
         text = ""
         if completion.detokenizer is not None:
-            finishing = completion.finish_reason is not None
-            # vLLM's min_tokens: stop strings count once the output is longer than it
-            past_min = request.num_output_tokens > request.sampling_params.min_tokens
-            shown = new_ids
-            if (request.status is RequestStatus.FINISHED_STOPPED and new_ids
-                    and not request.sampling_params.include_stop_str_in_output):
-                shown = new_ids[:-1]  # a stop token's text (EOS's too) is not output, as in vLLM
-            text, hit = completion.detokenizer.add(shown, finishing, past_min)
+            text, hit, kept = self._detokenize(completion, new_ids)
             # a stop string completed by the token that also hit max_tokens (or a stop token)
             # still reports it, as vLLM does: the text is cut at it either way
             if hit is not None and completion.finish_reason != "abort":
@@ -147,7 +139,38 @@ class OutputProcessor:
                     request.finished_time = time.monotonic()  # the scheduler frees it right after
                     stopped.append(request.request_id)
                 completion.finish_reason, completion.stop_reason = "stop", hit
+                if kept < len(new_ids):  # drafts kept past the stop string's token
+                    new_ids = new_ids[:kept]
+                    request.truncate_output(start + kept)
+                    if completion.logprobs is not None:
+                        del completion.logprobs[start + kept:]
+        completion.emitted_tokens = request.num_output_tokens
         return text, new_ids, start
+
+    @staticmethod
+    def _detokenize(completion: _Completion, new_ids: list[int]) -> tuple[str, str | None, int]:
+        """(text delta, the stop string hit or None, how many of new_ids the output keeps)."""
+        request, detokenizer = completion.request, completion.detokenizer
+        params = request.sampling_params
+        start = completion.emitted_tokens
+        shown = new_ids
+        if (request.status is RequestStatus.FINISHED_STOPPED and new_ids
+                and not params.include_stop_str_in_output):
+            shown = new_ids[:-1]  # a stop token's text (EOS's too) is not output, as in vLLM
+        # Several tokens at once (speculative drafts kept): stop strings are looked for after
+        # each, so that the output ends at the token that completed one, as without drafts.
+        pieces = [shown] if len(shown) <= 1 or not params.stop else [[t] for t in shown]
+        text = ""
+        for i, piece in enumerate(pieces):
+            count = start + (len(new_ids) if len(pieces) == 1 else i + 1)
+            last = i == len(pieces) - 1
+            # vLLM's min_tokens: stop strings count once the output is longer than it
+            delta, hit = detokenizer.add(piece, last and completion.finish_reason is not None,
+                                         count > params.min_tokens)
+            text += delta
+            if hit is not None:
+                return text, hit, count - start
+        return text, None, len(new_ids)
 
     @staticmethod
     def _completion_output(index: int, c: _Completion, delta: tuple[str, list[int], int] | None

@@ -19,13 +19,23 @@ class ScheduledChunk:
     request: Request
     # Tokens already in the KV cache before this step (prefix-cache hits included).
     num_computed_tokens: int
-    # Tokens computed this step: request.all_token_ids[num_computed_tokens:][:num_new_tokens].
+    # Tokens computed this step: request.all_token_ids[num_computed_tokens:] followed by
+    # spec_token_ids, num_new_tokens in all.
     num_new_tokens: int
+    # Draft tokens verified this step after the request's newest token (speculative decoding).
+    spec_token_ids: list[int] = field(default_factory=list)
 
     @property
     def samples(self) -> bool:
         """True when this chunk reaches the request's newest token, so a token is sampled."""
-        return self.num_computed_tokens + self.num_new_tokens == self.request.num_tokens
+        return (self.num_computed_tokens + self.num_new_tokens - len(self.spec_token_ids)
+                == self.request.num_tokens)
+
+    @property
+    def input_token_ids(self) -> list[int]:
+        start = self.num_computed_tokens
+        tokens = self.request.all_token_ids[start:start + self.num_new_tokens]
+        return tokens + self.spec_token_ids if self.spec_token_ids else tokens
 
 
 @dataclass
@@ -60,10 +70,12 @@ class TokenLogprobs:
 class ModelRunnerOutput:
     """What one step of the model runner produced."""
 
-    # request_id -> sampled token, for chunks whose `samples` is True.
-    sampled_token_ids: dict[str, int]
-    # request_id -> logprobs of the sampled token, where the request asked for logprobs.
-    logprobs: dict[str, TokenLogprobs] = field(default_factory=dict)
+    # request_id -> the tokens the step outputs, for chunks whose `samples` is True: one, or
+    # with drafts the ones kept and the token after them. The scheduler cuts a list at the
+    # token that finishes its request.
+    sampled_token_ids: dict[str, list[int]]
+    # request_id -> logprobs of each sampled token, where the request asked for logprobs.
+    logprobs: dict[str, list[TokenLogprobs]] = field(default_factory=dict)
     # request_id -> (position of the first entry, logprobs of the prompt tokens computed this
     # step); position 0 has no logprob (None). A resumed request may send positions again.
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs | None]]] = field(default_factory=dict)

@@ -74,6 +74,9 @@ class Request:
     num_cached_tokens: int = -1
     num_preemptions: int = 0
     stop_reason: int | str | None = None  # the stop token id or stop string that finished it
+    # Draft tokens (speculative decoding) to verify after its newest token at the next step;
+    # they are not output tokens until a step accepts them.
+    spec_token_ids: list[int] = field(default_factory=list)
 
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
@@ -103,6 +106,11 @@ class Request:
     @property
     def finished(self) -> bool:
         return self.status.finished
+
+    def truncate_output(self, num_output_tokens: int) -> None:
+        """Drop the output after its first num_output_tokens (a stop string ended it there)."""
+        del self.output_token_ids[num_output_tokens:]
+        del self._all_token_ids[self.num_prompt_tokens + num_output_tokens:]
 
     def append_output_token(self, token_id: int, now: float) -> None:
         self.output_token_ids.append(token_id)

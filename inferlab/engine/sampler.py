@@ -1,7 +1,7 @@
 """Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs.
 
-One pass over the whole batch with per-row parameter tensors; the only per-request loop draws
-noise for seeded requests from their own generators, so a seed gives the same tokens whatever
+One pass over the whole batch with per-row parameter tensors; a seeded request's rows bring
+their own uniform draws (model_runner.SeededUniforms), so a seed gives the same tokens whatever
 else is in the batch.
 """
 
@@ -24,7 +24,8 @@ class SamplingBatch:
     """The sampling rows of one step, in logits-row order."""
 
     params: list[SamplingParams]
-    generators: list[torch.Generator | None]  # a request's own generator when it has a seed
+    # a seeded row's uniform draw [1] (float64, from its request's generator); None: drawn here
+    uniforms: list[torch.Tensor | None]
     prompt_ids: list[list[int]]  # for the repetition penalty
     output_ids: list[list[int]]  # for all three penalties
     # per row, token ids it may not sample now: EOS and stop token ids before min_tokens, and
@@ -59,7 +60,7 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     if all(greedy):
         tokens = argmax(logits)
     else:
-        tokens = _sample_random(logits, params, batch.generators)
+        tokens = _sample_random(logits, params, batch.uniforms)
         if any(greedy):
             tokens = torch.where(torch.tensor(greedy, device=logits.device), argmax(logits), tokens)
     logprobs: list[TokenLogprobs | None] = [None] * len(params)
@@ -146,17 +147,17 @@ def _token_counts(token_lists: list[list[int]], rows: int, vocab: int,
 
 
 def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
-                   generators: list[torch.Generator | None]) -> torch.Tensor:
+                   seeded: list[torch.Tensor | None]) -> torch.Tensor:
     device = logits.device
     temperatures = [p.temperature or 1.0 for p in params]
     logits = top_k_top_p(logits, params)
-    # Inverse CDF: one uniform draw per row (from the request's own generator when it has a
-    # seed) against the running mass. Drawing noise for every vocabulary entry instead (an
-    # exponential race) cost ~25 ms a step at 16 rows here.
+    # Inverse CDF: one uniform draw per row (a seeded row's own) against the running mass.
+    # Drawing noise for every vocabulary entry instead (an exponential race) cost ~25 ms a step
+    # at 16 rows here.
     uniform = torch.rand(len(params), 1, device=device, dtype=torch.float64)
-    for row, generator in enumerate(generators):
-        if generator is not None:
-            uniform[row] = torch.rand(1, generator=generator, device=device, dtype=torch.float64)
+    for row, draw in enumerate(seeded):
+        if draw is not None:
+            uniform[row] = draw
     min_p = [p.min_p for p in params]
     if _c_rows(logits):  # one C call, not ~15 torch ops (~0.2 ms a step)
         return cpu_ops.sample(logits, temperatures, min_p, uniform)

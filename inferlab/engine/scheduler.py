@@ -2,7 +2,8 @@
 
 The rule: each step, within max_num_batched_tokens tokens and max_num_seqs requests, every
 request is given tokens toward its num_tokens. Running requests go first, in admission
-order (a decode costs 1 token, an unfinished prompt takes a chunk of what budget is left);
+order (a decode costs 1 token and its drafts if any, as many drafts as the budget leaves
+room for; an unfinished prompt takes a chunk of what budget is left);
 a running request that cannot get KV blocks preempts a running request, which is freed and
 queued again: under "fcfs" the most recently admitted (itself if it is that one), under
 "priority" the lowest priority (its chunk taken back if it had one this step). Preempting
@@ -101,19 +102,35 @@ class Scheduler:
             if request.status is not RequestStatus.RUNNING:  # aborted since schedule()
                 continue
             samples = chunk.samples
-            request.num_computed_tokens += chunk.num_new_tokens
+            request.num_computed_tokens += chunk.num_new_tokens - len(chunk.spec_token_ids)
+            request.spec_token_ids = []
             if not samples:
                 continue
-            request.append_output_token(runner_output.sampled_token_ids[request.request_id], now)
-            stop = self._stop_status(request)
-            if stop is not None:
-                request.stop_reason = stop[1]
-                self._finish(request, stop[0], now)
+            tokens = runner_output.sampled_token_ids[request.request_id]
+            request.num_computed_tokens += len(tokens) - 1  # the drafts kept: their K/V are cached
+            if self._append_until_stop(request, tokens, runner_output, now):
                 stopped.add(request.request_id)
             changed.append(request)
         if stopped:
             self.running = [r for r in self.running if r.request_id not in stopped]
         return changed
+
+    def _append_until_stop(self, request: Request, tokens: list[int],
+                           runner_output: ModelRunnerOutput, now: float) -> bool:
+        """Append a step's tokens up to the first that ends the request (the rest are cut from
+        the runner's output, logprobs included); True if one did."""
+        for i, token in enumerate(tokens):
+            request.append_output_token(token, now)
+            stop = self._stop_status(request)
+            if stop is not None:
+                request.stop_reason = stop[1]
+                self._finish(request, stop[0], now)
+                del tokens[i + 1:]
+                logprobs = runner_output.logprobs.get(request.request_id)
+                if logprobs is not None:
+                    del logprobs[i + 1:]
+                return True
+        return False
 
     def finish_requests(self, request_ids: str | Iterable[str],
                         status: RequestStatus) -> list[Request]:
@@ -170,10 +187,11 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             remaining = request.num_tokens - request.num_computed_tokens
-            num_new = min(remaining, budget)
+            num_new = min(remaining + len(request.spec_token_ids), budget)
             if not self.config.enable_chunked_prefill and num_new < remaining:
                 i += 1  # a whole prompt or nothing
                 continue
+            drafts = request.spec_token_ids[:max(num_new - remaining, 0)]  # as many as the budget takes
             while not self.block_manager.allocate_slots(request, num_new):
                 victim, at = self._preempt_one(preempted)
                 if victim is request:
@@ -184,7 +202,7 @@ class Scheduler:
                     if taken is not None:
                         chunks.remove(taken)
                         budget += taken.num_new_tokens
-            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new))
+            chunks.append(ScheduledChunk(request, request.num_computed_tokens, num_new, drafts))
             budget -= num_new
             i += 1
         return budget
@@ -203,6 +221,7 @@ class Scheduler:
         self.block_manager.free(request)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0  # recomputed on resumption; outputs are kept
+        request.spec_token_ids = []
         request.num_preemptions += 1
         self.num_preemptions_total += 1
         self.waiting.requeue(request)

@@ -15,6 +15,7 @@ from prometheus_client.registry import Collector
 
 from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.spec_decode import SpecDecodeCounters
 
 # seconds; log-spaced from what a GPU does to what a loaded CPU does
 _LATENCY_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.08, 0.15, 0.3, 0.5, 0.75, 1.0, 1.5, 2.5, 5.0,
@@ -151,6 +152,8 @@ class _EngineCollector(Collector):
         for reason in sorted({"stop", "length", "abort", *s.requests_finished}):
             success.add_metric([self.model_name, reason], s.requests_finished.get(reason, 0))
         yield success
+        if s.spec_decode is not None:
+            yield from _spec_decode_metrics(s.spec_decode, self.model_name, counter)
         yield gauge("inferlab:kv_cache_blocks", "KV blocks in the cache.", s.num_kv_blocks)
         yield gauge("inferlab:kv_cache_free_blocks", "Free KV blocks (evictable cached ones "
                     "included).", s.num_free_kv_blocks)
@@ -158,3 +161,17 @@ class _EngineCollector(Collector):
                     "yet finished.", self.in_flight())
         yield gauge("inferlab:engine_heartbeat_age_seconds", "Time since the engine loop last "
                     "went round.", time.monotonic() - self.engine.heartbeat)
+
+
+def _spec_decode_metrics(spec: SpecDecodeCounters, model_name: str,
+                         counter: Callable[[str, str, float], Metric]) -> Iterator[Metric]:
+    """vLLM's speculative decoding series: acceptance rate = accepted / draft tokens, mean
+    acceptance length = 1 + accepted / drafts."""
+    yield counter("vllm:spec_decode_num_drafts", "Steps in which a request had drafts.", spec.num_drafts)
+    yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.", spec.num_draft_tokens)
+    yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens kept.", spec.num_accepted_tokens)
+    per_position = CounterMetricFamily("vllm:spec_decode_num_accepted_tokens_per_pos", "Draft tokens "
+                                       "kept, by position in the drafts.", labels=["model_name", "position"])
+    for position, count in enumerate(spec.accepted_per_position):
+        per_position.add_metric([model_name, str(position)], count)
+    yield per_position

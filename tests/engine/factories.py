@@ -40,7 +40,7 @@ def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int 
 
 def run_output(output: SchedulerOutput, token_id: int = 7) -> ModelRunnerOutput:
     """What a model runner would return: `token_id` for every chunk that samples."""
-    return ModelRunnerOutput({c.request.request_id: token_id for c in output.chunks if c.samples})
+    return ModelRunnerOutput({c.request.request_id: [token_id] for c in output.chunks if c.samples})
 
 
 def chunk_sizes(output: SchedulerOutput) -> dict[str, int]:

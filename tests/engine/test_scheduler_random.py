@@ -122,7 +122,7 @@ def test_random_workloads_finish_with_correct_kv_and_no_leaked_block(
         output = s.schedule()
         check_step(s, output, running_before, waiting_before)
         kv.write_then_read(output)
-        sampled = {c.request.request_id: fake_token(c.request) for c in output.chunks if c.samples}
+        sampled = {c.request.request_id: [fake_token(c.request)] for c in output.chunks if c.samples}
         s.update_from_output(output, ModelRunnerOutput(sampled))
         check_blocks(s)
         if not s.has_unfinished_requests() and step_index > 6:

@@ -2,7 +2,7 @@
 stop strings, logprobs, logit biases, allowed and bad words, guided choices, JSON objects and
 JSON schemas, truncated prompts,
 cache salts and shared prefixes mixed, under either scheduling policy (priorities drawn at
-random): whatever the order, every request ends with a valid reason and a length within its
+random; the priority run with speculative n-gram drafts too): whatever the order, every request ends with a valid reason and a length within its
 bounds, and nothing is left behind (blocks, requests, output state)."""
 
 from __future__ import annotations
@@ -53,10 +53,12 @@ def _prompt(rng: random.Random) -> list[int]:
     return SHARED_PREFIX + own[:30] if rng.random() < 0.3 else own
 
 
-@pytest.mark.parametrize("policy", ["fcfs", "priority"])
-def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, policy):
+@pytest.mark.parametrize(("policy", "speculative"), [
+    ("fcfs", None), ("priority", {"num_speculative_tokens": 3, "prompt_lookup_max": 2})])
+def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, policy, speculative):
     llm = make_llm(kv_cache_memory=16 * 16 * FP32_BYTES_PER_TOKEN, max_model_len=200,
-                   max_num_seqs=8, max_num_batched_tokens=64, scheduling_policy=policy)
+                   max_num_seqs=8, max_num_batched_tokens=64, scheduling_policy=policy,
+                   speculative_config=speculative)
     engine = llm.engine
     blocks = engine.scheduler.stats().num_free_blocks
     rng = random.Random(0)
@@ -86,6 +88,8 @@ def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, polic
 
     stats = engine.scheduler.stats()
     assert stats.num_preemptions_total > 0  # the cache was small enough to matter
+    if speculative:
+        assert engine.spec_counters.num_accepted_tokens > 0
     assert stats.num_free_blocks == blocks and not live and not engine.outputs.parents
     assert set(finished) == set(params)
     for request_id, out in finished.items():

@@ -25,9 +25,9 @@ def sampling_path(request, monkeypatch):
         pytest.skip("no C compiler here")
 
 
-def _batch(params, prompt=None, output=None, generators=None):
+def _batch(params, prompt=None, output=None, uniforms=None):
     n = len(params)
-    return SamplingBatch(params, generators or [None] * n, prompt or [[]] * n, output or [[]] * n)
+    return SamplingBatch(params, uniforms or [None] * n, prompt or [[]] * n, output or [[]] * n)
 
 
 def test_penalties_by_hand():

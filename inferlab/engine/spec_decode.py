@@ -1,0 +1,128 @@
+"""Speculative decoding with n-gram drafts (vLLM's `speculative_config={"method": "ngram"}`).
+
+After each step, a decoding request whose last tokens appeared earlier in its prompt or output
+is given the tokens that followed them there as drafts. The next step feeds the request's new
+token and its drafts together, so one forward pass scores every draft position (at one sequence
+the step reads the weights once, as a plain decode step does).
+
+The verification is lossless, greedy or not. At each draft position the runner samples a token
+from the target distribution exactly as a plain step would (penalties, top-k/p, min-p,
+temperature); the drafts are accepted while they equal those tokens, and the first token that
+differs (or the one after the last draft) ends the step's output. For a draft that is one token
+with certainty (an n-gram's), this is the rejection sampling of Leviathan et al.: a draft d is
+kept with probability p(d), and otherwise the token comes from p without d, renormalized.
+"""
+
+from __future__ import annotations
+
+import json
+from array import array
+from dataclasses import dataclass, field
+
+from inferlab.errors import InferlabError
+
+_INT = array("i").itemsize
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """vLLM's speculative_config for the n-gram method; unset lookup bounds take each other's
+    value, both 5 when neither is given (vLLM's defaults)."""
+
+    num_speculative_tokens: int
+    method: str = "ngram"
+    prompt_lookup_max: int | None = None
+    prompt_lookup_min: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.method != "ngram":
+            raise InferlabError(f"speculative method {self.method!r} is not supported here "
+                                "(only 'ngram': this engine loads no draft model)")
+        k = self.num_speculative_tokens
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise InferlabError(f"num_speculative_tokens must be a positive integer, got {k!r}")
+        low, high = self.prompt_lookup_min, self.prompt_lookup_max
+        low, high = (low or high or 5), (high or low or 5)
+        for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InferlabError(f"{name} must be a positive integer, got {value!r}")
+        if low > high:
+            raise InferlabError(f"prompt_lookup_min ({low}) is over prompt_lookup_max ({high})")
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
+
+    @classmethod
+    def from_json(cls, text: str) -> SpeculativeConfig:
+        """--speculative-config's JSON object, e.g. '{"method": "ngram", "num_speculative_tokens": 4}'."""
+        try:
+            fields = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise InferlabError(f"speculative config is not JSON: {e}") from None
+        if not isinstance(fields, dict):
+            raise InferlabError("speculative config must be a JSON object")
+        return cls.from_dict(fields)
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> SpeculativeConfig:
+        known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min"}
+        unknown = sorted(set(fields) - known)
+        if unknown:
+            raise InferlabError(f"speculative config: unknown field(s) {', '.join(unknown)} "
+                                f"(known: {', '.join(sorted(known))})")
+        if "num_speculative_tokens" not in fields:
+            raise InferlabError("speculative config needs num_speculative_tokens")
+        return cls(**fields)
+
+
+def propose_ngram(token_ids: list[int], config: SpeculativeConfig, max_drafts: int) -> list[int]:
+    """Up to max_drafts tokens that followed the latest earlier occurrence of the sequence's last
+    n tokens, trying n from prompt_lookup_max down to prompt_lookup_min; [] when none occurred.
+
+    The search runs on the tokens' bytes (bytes.rfind, in C), so a step costs no Python loop
+    over the context; a hit at a byte offset inside a token is skipped.
+    """
+    num_tokens = len(token_ids)
+    if max_drafts < 1 or num_tokens < config.prompt_lookup_min + 1:
+        return []
+    data = array("i", token_ids).tobytes()
+    for n in range(min(config.prompt_lookup_max, num_tokens - 1), config.prompt_lookup_min - 1, -1):
+        pattern = data[(num_tokens - n) * _INT:]
+        end = (num_tokens - 1) * _INT  # an occurrence must leave a token after it
+        while (at := data.rfind(pattern, 0, end)) >= 0:
+            if at % _INT == 0:
+                start = at // _INT + n
+                return token_ids[start:start + max_drafts]
+            end = at + len(pattern) - 1  # misaligned: look further back
+    return []
+
+
+def accepted_tokens(drafts: list[int], sampled: list[int]) -> list[int]:
+    """The tokens a step outputs: sampled[j] was drawn at draft position j (after drafts[:j]),
+    len(sampled) == len(drafts) + 1. Drafts are kept while they equal what was sampled at their
+    position; the first sampled token that differs, or the one after every draft, ends it."""
+    out = []
+    for draft, token in zip(drafts, sampled, strict=False):
+        out.append(token)
+        if token != draft:
+            return out
+    out.append(sampled[len(drafts)])
+    return out
+
+
+@dataclass
+class SpecDecodeCounters:
+    """Totals since start, as vLLM exports them (vllm:spec_decode_*)."""
+
+    num_drafts: int = 0  # steps in which a request had drafts
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    accepted_per_position: list[int] = field(default_factory=list)  # [j]: drafts kept at j
+
+    def record(self, num_drafts: int, num_accepted: int) -> None:
+        self.num_drafts += 1
+        self.num_draft_tokens += num_drafts
+        self.num_accepted_tokens += num_accepted
+        if len(self.accepted_per_position) < num_drafts:
+            self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
+        for j in range(num_accepted):
+            self.accepted_per_position[j] += 1

@@ -1,0 +1,67 @@
+"""A server started with --speculative-config (n-gram drafts): the same answers as the plain
+server, whole and streamed (a chunk may carry several tokens), and vLLM's spec_decode series
+on /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import pytest
+from server_helpers import MAX_MODEL_LEN, MODEL_NAME, start_server
+
+from inferlab.config import EngineConfig
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.llm_engine import LLMEngine
+
+PROMPT = ("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew. "
+          "Again: apple, banana,")
+BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 1}
+
+
+@pytest.fixture(scope="module")
+def speculating(engine):
+    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_model_len=MAX_MODEL_LEN,
+                          speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
+    servers = start_server(own)
+    yield next(servers)
+    servers.close()
+    asyncio.run(own.shutdown(timeout_s=0))
+
+
+def _stream(url: str) -> tuple[str, list[str], int]:
+    """(text, token strings of the logprobs, the most tokens one chunk carried) of a stream."""
+    text, tokens, most = "", [], 0
+    with httpx.stream("POST", f"{url}/v1/completions", json={**BODY, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[6:])["choices"][0]
+                text += choice["text"]
+                chunk_tokens = (choice.get("logprobs") or {}).get("tokens") or []
+                tokens += chunk_tokens
+                most = max(most, len(chunk_tokens))
+    return text, tokens, most
+
+
+def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(server, speculating):
+    plain = httpx.post(f"{server.url}/v1/completions", json=BODY, headers=server.headers, timeout=60).json()
+    spec = httpx.post(f"{speculating.url}/v1/completions", json=BODY, timeout=60).json()
+    want = plain["choices"][0]
+    got = spec["choices"][0]
+    assert got["text"] == want["text"] and got["finish_reason"] == want["finish_reason"]
+    assert got["logprobs"]["tokens"] == want["logprobs"]["tokens"]
+    assert got["logprobs"]["token_logprobs"] == pytest.approx(want["logprobs"]["token_logprobs"], abs=1e-4)
+    assert spec["usage"] == plain["usage"]
+    text, tokens, most = _stream(speculating.url)
+    assert text == want["text"] and tokens == want["logprobs"]["tokens"]
+    assert most > 1  # drafts kept: a step's chunk carried several tokens
+
+    metrics = speculating.metrics()
+    drafts = metrics[f'vllm:spec_decode_num_draft_tokens_total{{model_name="{MODEL_NAME}"}}']
+    accepted = metrics[f'vllm:spec_decode_num_accepted_tokens_total{{model_name="{MODEL_NAME}"}}']
+    first = metrics[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{MODEL_NAME}",position="0"}}']
+    assert 0 < accepted <= drafts and 0 < first <= accepted
+    assert metrics[f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'] == 48  # two answers
+    assert not any(name.startswith("vllm:spec_decode") for name in server.metrics())
