@@ -82,6 +82,7 @@ def test_config_defaults_and_errors():
                          ('{"num_speculative_tokens": 2, "model": "x"}', "unknown field"),
                          ('{"num_speculative_tokens": 2, "prompt_lookup_min": 4, '
                           '"prompt_lookup_max": 2}', "over prompt_lookup_max"),
+                         ('{"num_speculative_tokens": 2, "disable_by_batch_size": 1}', "at least 2"),
                          ("[2]", "JSON object"), ("{", "not JSON")]:
         with pytest.raises(InferlabError, match=message):
             SpeculativeConfig.from_json(bad)

@@ -143,3 +143,20 @@ def test_bf16_drafts_verified_as_decode_rows_give_the_plain_tokens(monkeypatch):
     assert speculating.engine.spec_counters.num_accepted_tokens > 0
     if cpu_ops.decode_layer_available():
         assert in_c and all(in_c)
+
+
+def test_no_drafts_while_more_requests_than_disable_by_batch_size_run(make_llm, plain):
+    llm = make_llm(speculative_config={**NGRAM, "disable_by_batch_size": 2})
+    steps = []  # (sequences in the step, whether any had drafts)
+    execute = llm.engine.runner.execute
+
+    def recording(sched):
+        steps.append((len(sched.chunks), any(c.spec_token_ids for c in sched.chunks)))
+        return execute(sched)
+
+    llm.engine.runner.execute = recording
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (6, 24, 24)]
+    got = llm.generate(PROMPTS[:3], params)
+    assert _tokens(got) == _tokens(plain.generate(PROMPTS[:3], params))
+    assert not any(drafted for size, drafted in steps if size == 3)
+    assert any(drafted for size, drafted in steps if size <= 2)  # once the first finished
