@@ -5,7 +5,7 @@
 2. kernels, compiled for the GPU: Triton paged attention, KV write, RMSNorm, RoPE, W4A16 and
    the W8A8 linears against torch references, then timed against the torch paths;
 3. greedy decoding of the embedded model (fp32) by the engine equals transformers `generate`
-   with the same weights on the same GPU;
+   with the same weights on the same GPU, and the engine's own with n-gram drafts;
 4. a Llama-3.1-8B-shaped model with random bf16 weights built in memory: single-stream decode
    against the HBM roofline, with the engine's CUDA graphs and without; 256 concurrent requests (prompts 128-1024, outputs 128-1024,
    ignore_eos) against the bf16 matmul roofline; the engine against transformers `generate`
@@ -122,6 +122,15 @@ def greedy_section(s: Settings, report: Report) -> None:
     same = sum(a == b for a, b in zip(ours, theirs, strict=True))
     report.check("greedy", f"{label}, fp32: engine == transformers generate", same == len(ours),
                  f"{same}/{len(ours)} prompts x {s.greedy_tokens} tokens identical")
+    drafting = make_engine(loaded, "float32", s.device, 2**28, 16, 1024, speculative_config={
+        "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 1})
+    with_drafts = list(run_engine(drafting, work, s.device).outputs.values())
+    same = sum(a == b for a, b in zip(with_drafts, ours, strict=True))
+    counters = drafting.spec_counters
+    report.check("speculative", f"{label}, fp32: n-gram drafts (verified as decode rows) leave the "
+                 "greedy tokens as they are", same == len(ours),
+                 f"{same}/{len(ours)} prompts identical; {counters.num_accepted_tokens} of "
+                 f"{counters.num_draft_tokens} draft tokens kept")
 
 
 # --- 4. the 8B-shaped model -----------------------------------------------------------------------

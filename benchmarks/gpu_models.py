@@ -141,13 +141,13 @@ class Run:
 
 def make_engine(loaded: LoadedModel, dtype: str, device: torch.device, kv_bytes: int | None,
                 max_num_seqs: int, max_model_len: int, enforce_eager: bool = False,
-                gpu_memory_utilization: float = 0.9) -> LLMEngine:
+                gpu_memory_utilization: float = 0.9, speculative_config: dict | None = None) -> LLMEngine:
     """kv_bytes None: the engine sizes its cache from gpu_memory_utilization (CUDA)."""
     config = EngineConfig(dtype=dtype, device=device.type, kv_cache_memory_bytes=kv_bytes,
                           gpu_memory_utilization=gpu_memory_utilization,
                           max_num_seqs=max_num_seqs, max_num_batched_tokens=8192,
                           max_model_len=max_model_len, enable_prefix_caching=False,
-                          enforce_eager=enforce_eager)
+                          enforce_eager=enforce_eager, speculative_config=speculative_config)
     if device.type == "cpu":  # (smoke run) a CPU engine packs bf16 linears in place, and later
         loaded = copy.deepcopy(loaded)  # sections need the model's nn.Linear layers
     return LLMEngine(config, loaded)

@@ -9,6 +9,8 @@ model trained on its output knows best.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -23,8 +25,9 @@ class ChoiceGuide:
         self.choices = choices
         self.eos_token_id = eos_token_id
 
-    def allowed_now(self, output: list[int]) -> list[int]:
-        """The ids the next token may be, given the output so far."""
+    def allowed_now(self, output: list[int], drafts: Sequence[int] = ()) -> list[int]:
+        """The ids the next token may be, given the output so far and the drafts as if kept."""
+        output = output + list(drafts) if drafts else output
         done = len(output)
         allowed = {ids[done] for ids in self.choices if len(ids) > done and ids[:done] == output}
         if any(ids == output for ids in self.choices):

@@ -20,7 +20,7 @@ import bisect
 import functools
 import re
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 import torch
@@ -185,15 +185,22 @@ class GrammarGuide:
         self.state: Hashable | None = token_filter.grammar.start
         self.consumed = 0  # output tokens already read into self.state
 
-    def allowed_now(self, output: list[int]) -> torch.Tensor | list[int]:
-        texts = self.filter.index.texts
-        for token_id in output[self.consumed:]:
-            self.state = self.filter.grammar.advance(self.state, texts[token_id] or "")
+    def allowed_now(self, output: list[int], drafts: Sequence[int] = ()) -> torch.Tensor | list[int]:
+        """What may follow the output, and the drafts as if kept: the guide moves over the
+        output only (drafts may be rejected)."""
+        self.state = self._advance(self.state, output[self.consumed:])
         self.consumed = len(output)
-        if self.state is None:
+        state = self._advance(self.state, drafts)
+        if state is None:
             return [self.filter.eos_token_id]
-        mask = self.filter.allowed(self.state)
+        mask = self.filter.allowed(state)
         return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
+
+    def _advance(self, state: Hashable | None, token_ids: Sequence[int]) -> Hashable | None:
+        texts = self.filter.index.texts
+        for token_id in token_ids:
+            state = self.filter.grammar.advance(state, texts[token_id] or "")
+        return state
 
 
 GRAMMARS: dict[str, Callable[[Any], Grammar]] = {"json": JsonGrammar, "regex": RegexGrammar, "ebnf": EbnfGrammar}

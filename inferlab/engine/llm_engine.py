@@ -325,15 +325,14 @@ class LLMEngine:
 
     def _propose_drafts(self, config: SpeculativeConfig) -> None:
         """Drafts for every running request whose next step is a decode: never more than its
-        max_tokens leaves room for after the token the step adds. A guided request gets none (its
-        guide reads each output token once), nor does any while more than disable_by_batch_size
-        run."""
+        max_tokens leaves room for after the token the step adds; none while more than
+        disable_by_batch_size requests run."""
         running = self.scheduler.running
         limit = config.disable_by_batch_size
         drafting = limit is None or len(running) <= limit
         for request in running:
             request.spec_token_ids = []
-            if drafting and request.guide is None and request.num_computed_tokens == request.num_tokens - 1:
+            if drafting and request.num_computed_tokens == request.num_tokens - 1:
                 room = request.max_tokens - request.num_output_tokens - 1
                 request.spec_token_ids = propose_ngram(
                     request.all_token_ids, config, min(config.num_speculative_tokens, room))

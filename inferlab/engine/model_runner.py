@@ -100,15 +100,14 @@ class ModelRunner:
             request = c.request
             uniforms += self.seeded_uniforms.take(request, len(c.spec_token_ids) + 1, self.config.device)
             for j in range(len(c.spec_token_ids) + 1):
-                output = request.output_token_ids
-                if j:
-                    output = output + c.spec_token_ids[:j]
+                drafts = c.spec_token_ids[:j]
+                output = request.output_token_ids + drafts if j else request.output_token_ids
                 params.append(request.sampling_params)
                 prompts.append(request.prompt_token_ids)
                 outputs.append(output)
                 barred.append(_barred_now(request, output))
-                # a guided request has no drafts: its guide reads each output token once
-                allowed.append(request.guide.allowed_now(output) if request.guide is not None else None)
+                guide = request.guide
+                allowed.append(guide.allowed_now(request.output_token_ids, drafts) if guide is not None else None)
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, ends: list[int],

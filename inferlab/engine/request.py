@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
@@ -20,9 +21,10 @@ if TYPE_CHECKING:  # the scheduler side of the engine runs without torch (inferl
 class Guide(Protocol):
     """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_grammar.GrammarGuide)."""
 
-    def allowed_now(self, output: list[int]) -> list[int] | torch.Tensor:
+    def allowed_now(self, output: list[int], drafts: Sequence[int] = ()) -> list[int] | torch.Tensor:
         """The token ids the next token may be (a list, or a bool mask over the vocabulary),
-        given the output so far."""
+        given the output so far and, as if kept, speculative drafts after it (which do not move
+        the guide: they may be rejected)."""
 
 
 class RequestStatus(enum.Enum):
@@ -61,7 +63,7 @@ class Request:
     prompt_group: str | None = None
     # sampling_params.bad_words as token ids (engine.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
-    # guided decoding (guided_choice, json_object): allowed_now(output ids) -> what may come next
+    # guided decoding (guided_choice, json_object): allowed_now(output ids, drafts) -> what may come next
     guide: Guide | None = None
 
     output_token_ids: list[int] = field(default_factory=list)

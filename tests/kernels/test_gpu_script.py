@@ -21,7 +21,7 @@ def test_the_gpu_script_runs_every_section_on_cpu(tmp_path) -> None:
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "0 failed check(s)" in done.stdout
-    for section in ("kernels", "greedy", "8B bf16", "vs HF", "quantized", "memory"):
+    for section in ("kernels", "greedy", "speculative", "8B bf16", "vs HF", "quantized", "memory"):
         assert f"  {section} " in done.stdout, section
     assert "a dropped engine is freed by reference counting" in done.stdout
     assert out.is_file()
