@@ -8,11 +8,12 @@ and padding run eagerly (what the CPU tests check); the engine uses this path on
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 
 import torch
 
-from inferlab.engine.outputs import ScheduledChunk
+from inferlab.engine.outputs import ScheduledChunk, attention_rows
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
 from inferlab.kernels.cuda_graphs import CudaGraphConfig, DecodeGraphs, padded_batch_size
 from inferlab.models.llama import KVCache, LlamaForCausalLM
@@ -23,11 +24,12 @@ _PADDING = {"ids": 0, "positions": 0, "slots": -1, "seq_lens": 1, "tables": 0}
 
 
 def fits_graph(chunks: Sequence[ScheduledChunk]) -> bool:
-    """A step the graphs can run: every chunk one new token that samples, and nobody asking for
-    prompt logprobs (their rows are read from the hidden states the graph does not return)."""
+    """A step the graphs can run: every chunk one new token that samples, and its drafts (each a
+    decode row), and nobody asking for prompt logprobs (their rows are read from the hidden
+    states the graph does not return)."""
     return bool(chunks) and all(
-        c.num_new_tokens == 1 and c.samples and c.request.sampling_params.prompt_logprobs is None
-        for c in chunks)
+        c.num_new_tokens == 1 + len(c.spec_token_ids) and c.samples
+        and c.request.sampling_params.prompt_logprobs is None for c in chunks)
 
 
 class DecodeForward:
@@ -80,14 +82,13 @@ class GraphedDecode:
     def covers(self, batch_size: int) -> bool:
         return padded_batch_size(batch_size, self.graphs.sizes) is not None
 
-    def run(self, chunks: Sequence[ScheduledChunk], device: torch.device) -> torch.Tensor:
-        """One decode step -> final hidden states [B, hidden] of the chunks' new tokens."""
-        seq_lens = [c.num_computed_tokens + 1 for c in chunks]
-        ones = [1] * len(chunks)
-        meta = AttentionMetadata.build(ones, seq_lens, [c.request.block_ids for c in chunks],
-                                       self.block_size)  # host tensors, copied into the buffers
-        host = {
-            "ids": torch.tensor([c.request.all_token_ids[c.num_computed_tokens] for c in chunks]),
+    def run(self, chunks: list[ScheduledChunk], device: torch.device) -> torch.Tensor:
+        """One decode step -> final hidden states [R, hidden] of the chunks' new tokens and
+        drafts, a row each."""
+        ones, seq_lens, tables = attention_rows(chunks)
+        meta = AttentionMetadata.build(ones, seq_lens, tables, self.block_size)  # host tensors,
+        host = {  # copied into the buffers
+            "ids": torch.tensor(list(itertools.chain.from_iterable(c.input_token_ids for c in chunks))),
             "positions": token_positions(ones, seq_lens)[1], "slots": meta.slot_mapping,
             "seq_lens": meta.seq_lens, "tables": meta.block_tables,
         }

@@ -8,7 +8,12 @@ from dataclasses import dataclass
 import torch
 
 from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
-from inferlab.engine.outputs import ModelRunnerOutput, SchedulerOutput, TokenLogprobs
+from inferlab.engine.outputs import (
+    ModelRunnerOutput,
+    SchedulerOutput,
+    TokenLogprobs,
+    attention_rows,
+)
 from inferlab.engine.request import Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.engine.spec_decode import accepted_tokens
@@ -54,13 +59,14 @@ class ModelRunner:
         for request_id in sched.finished_request_ids:
             self.seeded_uniforms.forget(request_id)
         chunks = sched.chunks
-        if self.graphed is not None and fits_graph(chunks) and self.graphed.covers(len(chunks)):
-            # every chunk samples, and row b of the graph's output is chunk b's token
+        if (self.graphed is not None and fits_graph(chunks)
+                and self.graphed.covers(sum(c.num_new_tokens for c in chunks))):
+            # every row samples: each chunk's new token, then its drafts
             return self._sample(chunks, list(range(len(chunks))), self.graphed.run(chunks, self.config.device))
         # list slices joined in C, not per token
         input_ids = list(itertools.chain.from_iterable(c.input_token_ids for c in chunks))
         device = self.config.device
-        query_lens, seq_lens, tables = _attention_rows(chunks)
+        query_lens, seq_lens, tables = attention_rows(chunks)
         meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device)
         _, positions = token_positions(query_lens, seq_lens)
         hidden = self.model(torch.tensor(input_ids, device=device), positions.to(device),
@@ -131,29 +137,6 @@ class ModelRunner:
                 targets = torch.tensor(request.prompt_token_ids[first + 1:last + 1], device=rows.device)
                 entries += gather_logprobs(logprobs, targets, [top_n] * len(targets))
             output.prompt_logprobs[request.request_id] = (0 if first == 0 else first + 1, entries)
-
-
-def _attention_rows(chunks) -> tuple[list[int], list[int], list[list[int]]]:
-    """(query lens, sequence lens, block tables) of the step's attention. A chunk with drafts is
-    one decode row per token, each seeing its sequence up to itself: the step stays a batch of
-    decodes, which the CPU runs in one C call (a 5-token chunk as such took ~1.6x a decode step
-    there, against ~1.1x as 5 decode rows)."""
-    if not any(c.spec_token_ids for c in chunks):
-        return ([c.num_new_tokens for c in chunks],
-                [c.num_computed_tokens + c.num_new_tokens for c in chunks],
-                [c.request.block_ids for c in chunks])
-    query_lens, seq_lens, tables = [], [], []
-    for c in chunks:
-        end = c.num_computed_tokens + c.num_new_tokens
-        if c.spec_token_ids:
-            query_lens += [1] * c.num_new_tokens
-            seq_lens += range(c.num_computed_tokens + 1, end + 1)
-            tables += [c.request.block_ids] * c.num_new_tokens
-        else:
-            query_lens.append(c.num_new_tokens)
-            seq_lens.append(end)
-            tables.append(c.request.block_ids)
-    return query_lens, seq_lens, tables
 
 
 def _sampled_rows(hidden: torch.Tensor, chunks, ends: list[int], sampling: list[int]) -> torch.Tensor:

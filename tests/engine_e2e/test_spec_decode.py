@@ -194,3 +194,19 @@ def test_no_drafts_while_more_requests_than_disable_by_batch_size_run(make_llm, 
     assert _tokens(got) == _tokens(plain.generate(PROMPTS[:3], params))
     assert not any(drafted for size, drafted in steps if size == 3)
     assert any(drafted for size, drafted in steps if size <= 2)  # once the first finished
+
+
+def test_the_graph_path_runs_drafts_as_decode_rows(make_llm, plain):
+    """The CUDA-graph decode path (its buffers and padding, run eagerly on CPU) takes a step with
+    drafts as one row per token: the same tokens, in batches larger than the sequences."""
+    from .conftest import use_graph_runner
+
+    llm = make_llm(speculative_config=NGRAM)
+    use_graph_runner(llm, max_batch=16)
+    graphed = llm.engine.runner.graphed
+    rows, run = [], graphed.run
+    graphed.run = lambda chunks, device: rows.append(sum(c.num_new_tokens for c in chunks)) or run(chunks, device)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    assert _tokens(llm.generate(PROMPTS[:2], params)) == _tokens(plain.generate(PROMPTS[:2], params))
+    assert llm.engine.spec_counters.num_accepted_tokens > 0
+    assert max(rows) > 2  # two sequences, more rows: drafts went through the graph path
