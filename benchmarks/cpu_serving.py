@@ -76,12 +76,13 @@ def start_server(port: int, dtype: str, max_seqs: int, model: str | None = None,
     sys.exit("the server did not become healthy in 300 s")
 
 
-def bench(port: int, concurrency: int, requests: int, out: Path) -> dict:
+def bench(port: int, concurrency: int, requests: int, out: Path, extra: tuple[str, ...] = ()) -> dict:
+    """extra: more `inferlab bench` options (e.g. --extra-body '{"temperature": 0}')."""
     subprocess.run(
         [PYTHON, "-m", "inferlab.cli", "bench", "--target", f"http://127.0.0.1:{port}",
          "--profile", "concurrent", "--rate", str(concurrency), "--max-requests", str(requests),
          "--data", f"prompt_tokens={PROMPT_TOKENS},output_tokens={OUTPUT_TOKENS}", "--data-file", str(WIKITEXT),
-         "--max-seconds", "900", "--output", str(out), "--quiet"],
+         "--max-seconds", "900", "--output", str(out), "--quiet", *extra],
         check=True, stdout=subprocess.DEVNULL)
     summary = json.loads(out.read_text())["stages"][0]["summary"]
     ok = summary["metrics"]

@@ -12,16 +12,24 @@ with drafts equal its tokens without (they must: verification is lossless), and 
 the single-stream roofline (one token a step reading every weight at the measured bandwidth;
 drafts kept let a stream pass it).
 
-    .venv/bin/python benchmarks/spec_decode.py [--dtype bfloat16] [--rounds 3] [--k 4]
+Then, unless --skip-served, the same through HTTP: two `inferlab serve`, with drafts and
+without, each driven in turn by `inferlab bench` at one stream on issue 8's workload W (~300-token
+WikiText prompts, 128 tokens, ignore_eos), greedy (--extra-body '{"temperature": 0}').
+
+    .venv/bin/python benchmarks/spec_decode.py [--dtype bfloat16] [--rounds 3] [--k 4] [--skip-served]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
+from cpu_serving import bench, free_port, start_server
 from offline_throughput import load_transformers
 from workloads import announced_roofline, bytes_read_per_decode_step, wikitext_prompts
 
@@ -64,6 +72,33 @@ def run_transformers(model, prompts: list[list[int]], params: SamplingParams, lo
     return time.perf_counter() - start, outputs
 
 
+def served(args: argparse.Namespace, speculative: str) -> None:
+    """Two servers, with drafts and without, benched in turn at one stream, greedy."""
+    ports = {"plain": free_port(), "ngram": free_port()}
+    common = ("--kv-cache-memory", "512MiB")
+    servers = [start_server(ports["plain"], args.dtype, 1, extra=common),
+               start_server(ports["ngram"], args.dtype, 1, extra=(*common, "--speculative-config", speculative))]
+    results: dict[str, list[dict]] = {"plain": [], "ngram": []}
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                for name, port in ports.items():
+                    results[name].append(bench(port, 1, 8, Path(tmp) / f"{name}{r}.json",
+                                               ("--extra-body", '{"temperature": 0}')))
+    finally:
+        for server in servers:
+            server.terminate()
+            server.wait(timeout=60)
+    print("served, one stream, greedy (workload W through inferlab bench):")
+    for name, runs in results.items():
+        print(f"  {name:6s} {statistics.median(r['output_tok_s'] for r in runs):6.1f} output tok/s, "
+              f"ITL p50 {statistics.median(r['itl_p50_ms'] for r in runs):.2f} ms "
+              f"(rounds {' / '.join(format(r['output_tok_s'], '.1f') for r in runs)})")
+    ratios = [a["output_tok_s"] / b["output_tok_s"] for a, b in zip(results["ngram"], results["plain"], strict=True)]
+    print(f"  RATIO served ngram / plain: {statistics.median(ratios):.2f}x "
+          f"(rounds {' / '.join(f'{v:.2f}' for v in ratios)})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
@@ -73,12 +108,13 @@ def main() -> None:
                         "prompt_lookup_num_tokens)")
     parser.add_argument("--lookup-max", type=int, default=3, help="prompt_lookup_max")
     parser.add_argument("--lookup-min", type=int, default=1, help="prompt_lookup_min")
+    parser.add_argument("--skip-served", action="store_true")
     args = parser.parse_args()
     bandwidth, _ = announced_roofline(args.dtype, args.rounds)
+    speculative = {"num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
+                   "prompt_lookup_min": args.lookup_min}
     plain = LLM(dtype=args.dtype)
-    drafting = LLM(loaded=plain.engine.loaded, dtype=args.dtype, speculative_config={
-        "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
-        "prompt_lookup_min": args.lookup_min})
+    drafting = LLM(loaded=plain.engine.loaded, dtype=args.dtype, speculative_config=speculative)
     hf = load_transformers(plain, getattr(torch, args.dtype))
     eos = plain.engine.generation.eos_token_id
     roofline_tok_s = bandwidth / bytes_read_per_decode_step(plain.engine.loaded.model)
@@ -116,6 +152,9 @@ def main() -> None:
             ratios = [a / b for a, b in zip(rates[(name, ours)], rates[(name, theirs)], strict=True)]
             print(f"  RATIO {ours} / {theirs}: {statistics.median(ratios):.2f}x "
                   f"(rounds {' / '.join(f'{v:.2f}' for v in ratios)})")
+    if not args.skip_served:
+        del plain, drafting, hf  # the servers load their own
+        served(args, json.dumps(speculative))
 
 
 if __name__ == "__main__":
