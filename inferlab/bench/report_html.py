@@ -139,11 +139,12 @@ def _server_charts(result: RunResult) -> str:
              for name in ("running", "waiting") if name in server.series]
     cache = [Series("KV-cache usage", server.t_s, server.series["kv_cache_usage"])
              ] if "kv_cache_usage" in server.series else []
-    hit_rate = server.prefix_hit_rate()
-    if hit_rate:
-        cache.append(Series("prefix-cache hit rate", server.t_s, hit_rate))
+    for name, rate in (("prefix-cache hit rate", server.prefix_hit_rate()),
+                       ("draft acceptance rate", server.draft_acceptance_rate())):
+        if rate:
+            cache.append(Series(name, server.t_s, rate))
     charts = [line_chart("Server queue", queue, "seconds", "requests", bands) if queue
               else empty_chart("Server queue", "no running/waiting metrics"),
-              line_chart("Server caches", cache, "seconds", "fraction", bands) if cache
-              else empty_chart("Server caches", "no KV/prefix cache metrics")]
+              line_chart("Server caches and drafts", cache, "seconds", "fraction", bands) if cache
+              else empty_chart("Server caches and drafts", "no KV/prefix cache metrics")]
     return f'<div class="charts">{"".join(charts)}</div>'

@@ -25,6 +25,10 @@ SERIES = {
                           "vllm:gpu_prefix_cache_hits_total"),
     "prefix_cache_queries": ("vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries",
                              "vllm:gpu_prefix_cache_queries_total"),
+    # speculative decoding, on servers that draft
+    "draft_tokens": ("vllm:spec_decode_num_draft_tokens_total", "vllm:spec_decode_num_draft_tokens"),
+    "accepted_draft_tokens": ("vllm:spec_decode_num_accepted_tokens_total",
+                              "vllm:spec_decode_num_accepted_tokens"),
 }
 
 
@@ -74,17 +78,24 @@ class ServerTimeline:
 
     def prefix_hit_rate(self) -> list[float | None]:
         """Hits / queries between consecutive scrapes (None where nothing was looked up)."""
-        hits = self.series.get("prefix_cache_hits")
-        queries = self.series.get("prefix_cache_queries")
-        if not hits or not queries:
+        return self._rate("prefix_cache_hits", "prefix_cache_queries")
+
+    def draft_acceptance_rate(self) -> list[float | None]:
+        """Draft tokens kept / drafted between consecutive scrapes (None where none was)."""
+        return self._rate("accepted_draft_tokens", "draft_tokens")
+
+    def _rate(self, part: str, whole: str) -> list[float | None]:
+        """The growth of counter `part` over that of counter `whole`, scrape to scrape."""
+        parts, wholes = self.series.get(part), self.series.get(whole)
+        if not parts or not wholes:
             return []
         out: list[float | None] = [None]
-        for i in range(1, len(hits)):
-            h0, h1, q0, q1 = hits[i - 1], hits[i], queries[i - 1], queries[i]
-            if None in (h0, h1, q0, q1) or q1 - q0 <= 0:  # type: ignore[operator]
+        for i in range(1, len(parts)):
+            p0, p1, w0, w1 = parts[i - 1], parts[i], wholes[i - 1], wholes[i]
+            if None in (p0, p1, w0, w1) or w1 - w0 <= 0:  # type: ignore[operator]
                 out.append(None)
             else:
-                out.append((h1 - h0) / (q1 - q0))  # type: ignore[operator]
+                out.append((p1 - p0) / (w1 - w0))  # type: ignore[operator]
         return out
 
 

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from inferlab.bench.server_metrics import canonical, parse_prometheus
+from inferlab.bench.server_metrics import ServerTimeline, canonical, parse_prometheus
 
 
 def sse_payloads(response: httpx.Response) -> list[str]:
@@ -113,3 +113,17 @@ nan_metric NaN
     assert "nan_metric" not in values
     assert canonical(values) == {"running": 5, "waiting": 4.0, "kv_cache_usage": 0.5,
                                  "prefix_cache_hits": 10}
+
+
+def test_rates_between_scrapes_follow_the_counters_growth():
+    """Hand-worked: between scrapes 0->1 the drafts grew by 8 and the kept ones by 6 (0.75), then
+    by 4 and 1 (0.25); no drafts between 2 and 3 (None). Prefix hits: 5 of 10, then a scrape
+    that missed the series (None)."""
+    timeline = ServerTimeline(True, "", [0.0, 1.0, 2.0, 3.0], {
+        "draft_tokens": [2, 10, 14, 14], "accepted_draft_tokens": [1, 7, 8, 8],
+        "prefix_cache_queries": [0, 10, None, 30], "prefix_cache_hits": [0, 5, None, 20]})
+    assert timeline.draft_acceptance_rate() == [None, 0.75, 0.25, None]
+    assert timeline.prefix_hit_rate() == [None, 0.5, None, None]
+    text = ('vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12\n'
+            'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 5\n')
+    assert canonical(parse_prometheus(text)) == {"draft_tokens": 12, "accepted_draft_tokens": 5}
