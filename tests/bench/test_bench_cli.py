@@ -61,7 +61,10 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
          "--profile", "constant", "--rate", "20", "--max-seconds", "60",
          "--data", "prompt_tokens=16,output_tokens=4", "--data-file", str(corpus),
          "--quiet", "--output", str(out_json)],
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        # as in a terminal: a suite started in the background (`make test &`) ignores SIGINT,
+        # and its children would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(4)  # the stage is running by now
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
