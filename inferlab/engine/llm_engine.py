@@ -324,18 +324,16 @@ class LLMEngine:
         return outputs
 
     def _propose_drafts(self, config: SpeculativeConfig) -> None:
-        """Drafts for every running request whose next step is a decode: never more than its
-        max_tokens leaves room for after the token the step adds; none while more than
-        disable_by_batch_size requests run."""
+        """Drafts for every running request whose next step is a decode: as many as the config
+        allows at this batch size, never more than its max_tokens leaves room for after the
+        token the step adds."""
         running = self.scheduler.running
-        limit = config.disable_by_batch_size
-        drafting = limit is None or len(running) <= limit
+        allowed = config.drafts_for(len(running))
         for request in running:
             request.spec_token_ids = []
-            if drafting and request.num_computed_tokens == request.num_tokens - 1:
+            if allowed and request.num_computed_tokens == request.num_tokens - 1:
                 room = request.max_tokens - request.num_output_tokens - 1
-                request.spec_token_ids = propose_ngram(
-                    request.all_token_ids, config, min(config.num_speculative_tokens, room))
+                request.spec_token_ids = propose_ngram(request.all_token_ids, config, min(allowed, room))
 
     def _count_drafts(self, sched: SchedulerOutput, runner_output: ModelRunnerOutput) -> None:
         for chunk in sched.chunks:

@@ -15,6 +15,7 @@ kept with probability p(d), and otherwise the token comes from p without d, reno
 
 from __future__ import annotations
 
+import itertools
 import json
 from array import array
 from dataclasses import dataclass, field
@@ -27,15 +28,20 @@ _INT = array("i").itemsize
 @dataclass(frozen=True)
 class SpeculativeConfig:
     """vLLM's speculative_config for the n-gram method; unset lookup bounds take each other's
-    value, both 5 when neither is given (vLLM's defaults). disable_by_batch_size: no drafts while
-    more requests than this run (verifying drafts stops paying once a step's rows make it
-    compute-bound: on this project's 2-core CPU, from about 4 streams)."""
+    value, both 5 when neither is given (vLLM's defaults).
+
+    Verifying drafts stops paying once a step's rows make it compute-bound (on this project's
+    2-core CPU, from about 4 streams), hence vLLM's two ways to draft less as more requests run:
+    disable_by_batch_size, no drafts while more requests than it run; and
+    num_speculative_tokens_per_batch_size, [[first, last, k], ...]: k drafts at most while
+    first..last requests run (num_speculative_tokens outside every range)."""
 
     num_speculative_tokens: int
     method: str = "ngram"
     prompt_lookup_max: int | None = None
     prompt_lookup_min: int | None = None
     disable_by_batch_size: int | None = None
+    num_speculative_tokens_per_batch_size: tuple[tuple[int, int, int], ...] | None = None
 
     def __post_init__(self) -> None:
         if self.method != "ngram":
@@ -51,11 +57,23 @@ class SpeculativeConfig:
                 raise InferlabError(f"{name} must be a positive integer, got {value!r}")
         if low > high:
             raise InferlabError(f"prompt_lookup_min ({low}) is over prompt_lookup_max ({high})")
+        object.__setattr__(self, "prompt_lookup_min", low)
+        object.__setattr__(self, "prompt_lookup_max", high)
         limit = self.disable_by_batch_size
         if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 2):
             raise InferlabError(f"disable_by_batch_size must be an integer of at least 2, got {limit!r}")
-        object.__setattr__(self, "prompt_lookup_min", low)
-        object.__setattr__(self, "prompt_lookup_max", high)
+        if self.num_speculative_tokens_per_batch_size is not None:
+            object.__setattr__(self, "num_speculative_tokens_per_batch_size",
+                               _batch_size_table(self.num_speculative_tokens_per_batch_size, k))
+
+    def drafts_for(self, batch_size: int) -> int:
+        """How many drafts a request may get while batch_size requests run."""
+        if self.disable_by_batch_size is not None and batch_size > self.disable_by_batch_size:
+            return 0
+        for first, last, k in self.num_speculative_tokens_per_batch_size or ():
+            if first <= batch_size <= last:
+                return k
+        return self.num_speculative_tokens
 
     @classmethod
     def from_json(cls, text: str) -> SpeculativeConfig:
@@ -71,7 +89,7 @@ class SpeculativeConfig:
     @classmethod
     def from_dict(cls, fields: dict) -> SpeculativeConfig:
         known = {"method", "num_speculative_tokens", "prompt_lookup_max", "prompt_lookup_min",
-                 "disable_by_batch_size"}
+                 "disable_by_batch_size", "num_speculative_tokens_per_batch_size"}
         unknown = sorted(set(fields) - known)
         if unknown:
             raise InferlabError(f"speculative config: unknown field(s) {', '.join(unknown)} "
@@ -79,6 +97,30 @@ class SpeculativeConfig:
         if "num_speculative_tokens" not in fields:
             raise InferlabError("speculative config needs num_speculative_tokens")
         return cls(**fields)
+
+
+def _batch_size_table(entries: object, max_k: int) -> tuple[tuple[int, int, int], ...]:
+    """[[first, last, k], ...] checked: integers, 1 <= first <= last, 0 <= k <= max_k, ranges
+    apart."""
+    def is_int(x: object) -> bool:
+        return isinstance(x, int) and not isinstance(x, bool)
+
+    if not isinstance(entries, (list, tuple)):
+        raise InferlabError("num_speculative_tokens_per_batch_size must be a list of [first, last, k]")
+    table = []
+    for entry in entries:
+        if not (isinstance(entry, (list, tuple)) and len(entry) == 3 and all(map(is_int, entry))):
+            raise InferlabError(f"num_speculative_tokens_per_batch_size: {entry!r} is not [first, last, k]")
+        first, last, k = entry
+        if not 1 <= first <= last or not 0 <= k <= max_k:
+            raise InferlabError(f"num_speculative_tokens_per_batch_size: {list(entry)} needs "
+                                f"1 <= first <= last and 0 <= k <= num_speculative_tokens ({max_k})")
+        table.append((first, last, k))
+    table.sort()
+    for (_, last, _), (first, _, _) in itertools.pairwise(table):
+        if first <= last:
+            raise InferlabError("num_speculative_tokens_per_batch_size: its ranges overlap")
+    return tuple(table)
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, max_drafts: int) -> list[int]:

@@ -88,6 +88,23 @@ def test_config_defaults_and_errors():
             SpeculativeConfig.from_json(bad)
 
 
+def test_drafts_by_batch_size():
+    """vLLM's num_speculative_tokens_per_batch_size ([first, last, k], any order) and
+    disable_by_batch_size, each alone and together; outside every range, the maximum."""
+    table = SpeculativeConfig.from_dict({"num_speculative_tokens": 4,
+                                         "num_speculative_tokens_per_batch_size": [[3, 8, 0], [1, 2, 3]]})
+    assert [table.drafts_for(b) for b in (1, 2, 3, 8, 9)] == [3, 3, 0, 0, 4]
+    both = SpeculativeConfig(4, disable_by_batch_size=4, num_speculative_tokens_per_batch_size=[[1, 2, 2]])
+    assert [both.drafts_for(b) for b in (1, 2, 3, 4, 5)] == [2, 2, 4, 4, 0]
+    assert [SpeculativeConfig(4).drafts_for(b) for b in (1, 500)] == [4, 4]
+    for bad, message in [([[1, 4, 2], [4, 8, 1]], "overlap"), ([[1, 2, 5]], "0 <= k"),
+                         ([[2, 1, 0]], "first <= last"), ([[0, 1, 0]], "1 <= first"),
+                         ([[1, 2]], r"not \[first, last, k\]"), ([[1, 2, True]], r"not \[first"),
+                         ("1-2:3", "a list")]:
+        with pytest.raises(InferlabError, match=message):
+            SpeculativeConfig(4, num_speculative_tokens_per_batch_size=bad)
+
+
 def test_the_command_line_reads_the_config_and_refuses_a_bad_one(capsys):
     import argparse
 

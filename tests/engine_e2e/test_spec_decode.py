@@ -179,8 +179,12 @@ def test_bf16_drafts_verified_as_decode_rows_give_the_plain_tokens(monkeypatch):
         assert in_c and all(in_c)
 
 
-def test_no_drafts_while_more_requests_than_disable_by_batch_size_run(make_llm, plain):
-    llm = make_llm(speculative_config={**NGRAM, "disable_by_batch_size": 2})
+@pytest.mark.parametrize("by_batch_size", [
+    {"disable_by_batch_size": 2},
+    {"num_speculative_tokens_per_batch_size": [[1, 2, 4], [3, 64, 0]]},
+], ids=["disable_by_batch_size", "per_batch_size"])
+def test_no_drafts_while_more_requests_than_the_config_allows_run(make_llm, plain, by_batch_size):
+    llm = make_llm(speculative_config={**NGRAM, **by_batch_size})
     steps = []  # (sequences in the step, whether any had drafts)
     execute = llm.engine.runner.execute
 
