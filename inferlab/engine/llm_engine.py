@@ -310,7 +310,9 @@ class LLMEngine:
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)
-        self._count_drafts(sched, runner_output)
+        speculative = self.config.speculative_config
+        if speculative is not None:  # before the scheduler cuts outputs at a stop
+            self._count_drafts(sched, runner_output)
         updated = self.scheduler.update_from_output(sched, runner_output)
         outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:
@@ -319,8 +321,8 @@ class LLMEngine:
         for out in outputs:
             if out.finished:
                 self._count_finished(out)
-        if self.config.speculative_config is not None:
-            self._propose_drafts(self.config.speculative_config)
+        if speculative is not None:
+            self._propose_drafts(speculative)
         return outputs
 
     def _propose_drafts(self, config: SpeculativeConfig) -> None:

@@ -103,7 +103,7 @@ class ModelRunner:
         sees the output as if the drafts before it were kept."""
         params, uniforms, prompts, outputs, barred, allowed = [], [], [], [], [], []
         for c in chunks:
-            request = c.request
+            request, guide = c.request, c.request.guide
             uniforms += self.seeded_uniforms.take(request, len(c.spec_token_ids) + 1, self.config.device)
             for j in range(len(c.spec_token_ids) + 1):
                 drafts = c.spec_token_ids[:j]
@@ -112,7 +112,6 @@ class ModelRunner:
                 prompts.append(request.prompt_token_ids)
                 outputs.append(output)
                 barred.append(_barred_now(request, output))
-                guide = request.guide
                 allowed.append(guide.allowed_now(request.output_token_ids, drafts) if guide is not None else None)
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
 
@@ -142,9 +141,9 @@ class ModelRunner:
 def _sampled_rows(hidden: torch.Tensor, chunks, ends: list[int], sampling: list[int]) -> torch.Tensor:
     """hidden [N, hidden] -> the rows of chunks[sampling] that sample: each one's newest token
     and drafts, its last 1 + len(drafts) rows [S, hidden]; ends: where each chunk's rows end."""
-    rows = [r for i in sampling for r in range(ends[i] - len(chunks[i].spec_token_ids) - 1, ends[i])]
-    if len(rows) == len(hidden):  # every row samples (single-token decode): the rows as they are
+    if len(sampling) == len(hidden):  # one token a chunk, all sampling: the rows as they are
         return hidden  # (four tensor ops saved, ~50 us of a ~6 ms single-stream step)
+    rows = [r for i in sampling for r in range(ends[i] - len(chunks[i].spec_token_ids) - 1, ends[i])]
     return hidden[torch.tensor(rows, device=hidden.device)] if rows else hidden[:0]
 
 

@@ -167,11 +167,13 @@ class SpecDecodeCounters:
     num_accepted_tokens: int = 0
     accepted_per_position: list[int] = field(default_factory=list)  # [j]: drafts kept at j
 
-    def record(self, num_drafts: int, num_accepted: int) -> None:
+    def record(self, num_draft_tokens: int, num_accepted: int) -> None:
+        """One request's step: how many drafts it verified, how many it kept."""
         self.num_drafts += 1
-        self.num_draft_tokens += num_drafts
+        self.num_draft_tokens += num_draft_tokens
         self.num_accepted_tokens += num_accepted
-        if len(self.accepted_per_position) < num_drafts:
-            self.accepted_per_position += [0] * (num_drafts - len(self.accepted_per_position))
+        missing = num_draft_tokens - len(self.accepted_per_position)
+        if missing > 0:
+            self.accepted_per_position += [0] * missing
         for j in range(num_accepted):
             self.accepted_per_position[j] += 1
