@@ -38,6 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
                        help="/health is 503 when the engine loop has been stuck this many seconds")
+    group.add_argument("--timeout-keep-alive", type=float,
+                       default=_DEFAULTS["keep_alive_timeout_s"],
+                       help="seconds an idle keep-alive connection stays open")
     group.add_argument("--allowed-origins", action="append", default=[], type=_origins,
                        help="a browser origin allowed to call the API (CORS), e.g. "
                             "http://localhost:3000, '*' for any, or vLLM's JSON list; repeatable "
@@ -85,6 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         max_queued_requests=args.max_queued_requests,
         max_request_body_bytes=parse_bytes(args.max_request_body),
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
+        keep_alive_timeout_s=args.timeout_keep_alive,
         chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),
         allowed_origins=tuple(origin for given in args.allowed_origins for origin in given),
         enable_auto_tool_choice=args.enable_auto_tool_choice, tool_call_parser=args.tool_call_parser,

@@ -46,6 +46,7 @@ def url_of(sock: socket.socket) -> str:
 
 def _uvicorn_config(app: FastAPI, settings: ServerSettings) -> uvicorn.Config:
     return uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                          timeout_keep_alive=settings.keep_alive_timeout_s,
                           timeout_graceful_shutdown=settings.shutdown_timeout_s + _CLOSE_MARGIN_S)
 
 
@@ -100,8 +101,7 @@ class ServerThread:
     def __init__(self, app: FastAPI, host: str = "127.0.0.1") -> None:
         self.sock = bind(host, 0)
         self.url = url_of(self.sock)
-        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
-                                                    lifespan="off"))
+        self.server = uvicorn.Server(_uvicorn_config(app, app.state.inferlab.settings))
         self.thread = threading.Thread(target=self._run, name="inferlab-server", daemon=True)
 
     def _run(self) -> None:

@@ -21,6 +21,8 @@ class ServerSettings:
     shutdown_timeout_s: float = 10.0  # on SIGTERM: in-flight requests get this long, then abort
     # /health is 503 when the engine loop has not gone round for this long (a stalled step).
     health_max_silence_s: float = 30.0
+    # an idle keep-alive connection is closed after this long (uvicorn's and vLLM's 5 s)
+    keep_alive_timeout_s: float = 5.0
     retry_after_s: int = 1  # the Retry-After header on 503s
     chat_template: str | None = None  # instead of the model's (vLLM's --chat-template); None: its own
     # browser origins allowed to call the API (CORS), "*" for any; empty: none (vLLM allows any)
@@ -44,6 +46,8 @@ class ServerSettings:
              f"shutdown timeout must be >= 0 s, got {self.shutdown_timeout_s}"),
             (self.health_max_silence_s > 0,
              f"health max silence must be > 0 s, got {self.health_max_silence_s}"),
+            (self.keep_alive_timeout_s > 0,
+             f"keep-alive timeout must be > 0 s, got {self.keep_alive_timeout_s}"),
             (self.retry_after_s >= 0, f"retry-after must be >= 0 s, got {self.retry_after_s}"),
             (self.tool_call_parser in (None, *AUTO_PARSERS), f"tool call parser "
              f"{self.tool_call_parser!r} is not one of {', '.join(AUTO_PARSERS)}"),

@@ -46,6 +46,10 @@ def start_server(engine, api_key: str | None = None, **settings) -> Iterator[Run
     from inferlab.server.runner import ServerThread
     from inferlab.server.settings import ServerSettings
 
+    # A test client's pooled connection can sit idle past uvicorn's 5 s between tests; a server
+    # closing it just as the client reuses it fails that request ("Server disconnected without
+    # sending a response"), so the test servers keep idle connections open.
+    settings.setdefault("keep_alive_timeout_s", 3600.0)
     app = create_app(engine, ServerSettings(served_model_name=MODEL_NAME, api_key=api_key,
                                             **settings))
     thread = ServerThread(app)

@@ -136,6 +136,7 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     (["--chat-template", "{% if %}"], "chat template: "),  # a Jinja syntax error
     (["--chat-template", "no-such-template.jinja"], "no such file, and not a Jinja template"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
+    (["--timeout-keep-alive", "0"], "keep-alive timeout must be > 0 s, got 0.0"),
 ])
 def test_serve_with_broken_settings_fails_with_one_line(flags, words):
     result = subprocess.run([*serve_command(0), *flags], capture_output=True, text=True, timeout=120)
@@ -153,11 +154,12 @@ def test_the_server_flags_reach_its_settings(tmp_path):
     argv = ["serve", "--chat-template", str(path), "--allowed-origins", "http://a.test",
             "--allowed-origins", '["http://b.test", "*"]', "--enable-auto-tool-choice",
             "--tool-call-parser", "llama3_json", "--exclude-tools-when-tool-choice-none",
-            "--reasoning-parser", "deepseek_r1", "some-model-dir"]
+            "--reasoning-parser", "deepseek_r1", "--timeout-keep-alive", "75", "some-model-dir"]
     args = build_parser(argv).parse_args(argv)
     settings = settings_from_args(args)
     assert settings.chat_template == path.read_text()  # the file's text, read at start
     assert settings.allowed_origins == ("http://a.test", "http://b.test", "*")  # vLLM's JSON too
     assert settings.enable_auto_tool_choice and settings.tool_call_parser == "llama3_json"
     assert settings.exclude_tools_when_tool_choice_none and settings.reasoning_parser == "deepseek_r1"
+    assert settings.keep_alive_timeout_s == 75.0
     assert args.model == "some-model-dir"

@@ -1,11 +1,13 @@
 """Options a server is started with, each on a server of its own: --scheduling-policy priority,
---generation-config, --chat-template and --allowed-origins."""
+--generation-config, --chat-template, --allowed-origins and --timeout-keep-alive."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
+from urllib.parse import urlsplit
 
 import httpx
 from server_helpers import MAX_MODEL_LEN, MODEL_NAME, start_server, tokenize, wait_until
@@ -149,3 +151,35 @@ def test_cors_is_off_unless_origins_are_allowed(engine, server):
     closed = httpx.options(f"{server.url}/v1/completions", headers={"Origin": ui, **preflight},
                            timeout=10)
     assert closed.status_code == 405 and "access-control-allow-origin" not in closed.headers
+
+
+def idle_connection(url: str) -> socket.socket:
+    """A keep-alive connection that has had one answer and now waits, non-blocking."""
+    address = urlsplit(url)
+    conn = socket.create_connection((address.hostname, address.port), timeout=10)
+    conn.sendall(b"GET /health HTTP/1.1\r\nHost: test\r\n\r\n")
+    assert conn.recv(4096).startswith(b"HTTP/1.1 200")
+    conn.setblocking(False)
+    return conn
+
+
+def closed_by_server(conn: socket.socket) -> bool:
+    try:
+        return conn.recv(1) == b""
+    except BlockingIOError:  # nothing to read: still open
+        return False
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(engine):
+    """--timeout-keep-alive 0.2 closes an idle connection; one to a server keeping them open
+    for an hour, idle as long, is still open."""
+    servers = [start_server(engine, keep_alive_timeout_s=0.2), start_server(engine)]
+    short, long = (next(s) for s in servers)
+    try:
+        kept, dropped = idle_connection(long.url), idle_connection(short.url)
+        with kept, dropped:
+            assert wait_until(lambda: closed_by_server(dropped), 30)
+            assert not closed_by_server(kept)
+    finally:
+        for s in servers:
+            s.close()
