@@ -41,6 +41,7 @@ from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
 from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
@@ -73,6 +74,8 @@ class LLMEngine:
         self.loaded = loaded or load_model(config.model, self.dtype, self.device)
         if packed_linear_supported(self.device, self.dtype):
             use_packed_linears(self.loaded.model)
+        elif onednn_linear_supported(self.device, self.dtype):
+            use_onednn_linears(self.loaded.model)
         self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)

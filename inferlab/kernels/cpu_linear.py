@@ -9,6 +9,8 @@ its weight, in that layout, and every product goes through the C kernels.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 
@@ -58,10 +60,18 @@ def use_packed_linears(model: nn.Module) -> int:
     """Replace every bf16 nn.Linear of `model` whose shape the kernels take by a PackedLinear, in
     place; returns how many. The row-major weights are released unless something else holds them
     (a tied embedding)."""
+    return replace_linears(model, PackedLinear, lambda child: (
+        child.weight.dtype == torch.bfloat16
+        and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)))
+
+
+def replace_linears(model: nn.Module, kernel: Callable[[nn.Linear], nn.Module],
+                    takes: Callable[[nn.Linear], bool]) -> int:
+    """Replace, in place, every plain nn.Linear of `model` that `takes` by `kernel(linear)`;
+    returns how many."""
     swaps = [(parent, name, child) for parent in model.modules()
              for name, child in parent.named_children()
-             if type(child) is nn.Linear and child.weight.dtype == torch.bfloat16
-             and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)]
+             if type(child) is nn.Linear and takes(child)]
     for parent, name, child in swaps:
-        setattr(parent, name, PackedLinear(child))
+        setattr(parent, name, kernel(child))
     return len(swaps)

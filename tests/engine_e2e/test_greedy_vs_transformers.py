@@ -6,6 +6,7 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.kernels.onednn_linear import OneDnnLinear
 
 PROMPTS = [
     "The capital of France is",
@@ -21,6 +22,8 @@ PROMPTS = [
 
 def test_eight_prompts_token_identical(make_llm, hf_smollm):
     llm = make_llm()
+    # fp32 linears run on oneDNN, not on torch's F.linear as in transformers
+    assert isinstance(llm.engine.loaded.model.lm_head, OneDnnLinear)
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32))
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         ids = llm.tokenizer.encode(prompt)
