@@ -6,8 +6,9 @@ matmul (inferlab/kernels/onednn_linear.py) against F.linear's MKL sgemm. Prints 
 ratio and each side's fraction of the matmul rate `inferlab.planner.measure` finds in the same run.
 
 With --model-pass: instead, all of the model's linears (30 layers' four and the lm_head, 269 MB
-of bf16 weights, 538 MB of fp32: eight times the L3 or more) called in the model's order, as a forward pass meets them,
-so each one's weights come from memory; the median pass of each side, alternating.
+of bf16 weights, 538 MB of fp32: eight times the L3 or more) called in the model's order, as a
+forward pass meets them, so each one's weights come from memory; the median pass of each side,
+alternating.
 
     .venv/bin/python benchmarks/gemm.py [--dtype float32] [--rows 1 16 64 512 2048] [--rounds 3]
         [--model-pass]
@@ -90,7 +91,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.dtype == "bfloat16" and not cpu_ops.bf16_linear_available():
         raise SystemExit("the packed bf16 kernels need AVX512-BF16 and a C compiler")
-    dtype, reference = getattr(torch, args.dtype), KERNELS[args.dtype][1]
+    dtype, (kernel, reference) = getattr(torch, args.dtype), KERNELS[args.dtype]
     peak = machine_roofline()["peak_flops"]["bf16" if args.dtype == "bfloat16" else "fp32"]
     print(f"{torch.get_num_threads()} threads, AMX {'on' if cpu_ops.amx_available() else 'off'}, "
           f"{args.dtype} matmul rate measured now {peak / 1e12:.2f} TFLOP/s; medians of {args.rounds} "
@@ -102,8 +103,7 @@ def main() -> None:
     for rows in args.rows:
         for name, (k_in, n_out) in SHAPES.items():
             dense = torch.nn.Linear(k_in, n_out, bias=False).to(dtype)
-            a, b = medians(dense, KERNELS[args.dtype][0], torch.randn(rows, k_in, dtype=dtype),
-                           args.rounds)
+            a, b = medians(dense, kernel, torch.randn(rows, k_in, dtype=dtype), args.rounds)
             flops = 2 * rows * k_in * n_out
             print(f"rows {rows:5d} {name:13} ours {a * 1e3:7.3f} ms ({flops / a / 1e12:.2f} TFLOP/s, "
                   f"{flops / a / peak:4.0%})  {reference} {b * 1e3:7.3f} ms ({flops / b / 1e12:.2f}, "

@@ -12,6 +12,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from inferlab.kernels.cpu_linear import replace_linears
+
 
 def onednn_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
@@ -40,6 +42,4 @@ class OneDnnLinear(nn.Module):
 
 def use_onednn_linears(model: nn.Module) -> int:
     """Replace every fp32 nn.Linear of `model` by a OneDnnLinear, in place; returns how many."""
-    from inferlab.kernels.cpu_linear import replace_linears
-
     return replace_linears(model, OneDnnLinear, lambda child: child.weight.dtype == torch.float32)
