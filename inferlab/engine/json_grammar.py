@@ -2,8 +2,10 @@
 guided decoding (OpenAI's json_object and json_schema response formats).
 
 The text must be one JSON value (RFC 8259) that the schema takes, with nothing before or after
-it: whitespace is taken between tokens inside containers, not around the value, so a model
-cannot pad without end before or after it.
+it: whitespace is taken between tokens inside containers, not around the value, and a gap
+between two tokens holds at most one line break and GAP_BLANKS spaces or tabs (llama.cpp's JSON
+grammars bound it the same way, outlines to one space). Unbounded, a small model held to a schema
+pads without end: SmolLM2-135M spent a 60-token tool call on newlines and indentation.
 
 A state is a set of stacks, one for each way the text so far can be read (a union's branches,
 a number that may end or go on); a stack holds a frame (node index, mode, data) for each value
@@ -35,6 +37,8 @@ Stack = tuple[Frame, ...]
 State = frozenset[Stack]
 
 WHITESPACE = frozenset(" \t\n\r")
+GAP_BLANKS = 20  # spaces and tabs in one gap: an indent of 2 ten levels deep
+Gap = tuple[bool, bool, int]  # (a line break read, a "\r" read that "\n" must follow, blanks read)
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UNESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _ESCAPED = frozenset(_UNESCAPED)
@@ -59,6 +63,16 @@ def _number_class(ch: str) -> str:
     if "1" <= ch <= "9":
         return "1"
     return {"E": "e", "-": "+"}.get(ch, ch)
+
+
+def gap_char(gap: Gap, ch: str) -> Gap | None:
+    """A gap between two tokens after whitespace `ch`, or None where the gap cannot take it."""
+    broke, carriage_return, blanks = gap
+    if carriage_return:
+        return (True, False, blanks) if ch == "\n" else None
+    if ch in "\r\n":
+        return None if broke else (ch == "\n", ch == "\r", blanks)
+    return (broke, False, blanks + 1) if blanks < GAP_BLANKS else None
 
 
 def string_char(sub: str, ch: str) -> str | None:
@@ -117,6 +131,10 @@ class JsonGrammar(Grammar):
             return []  # the value is whole: nothing may follow it
         index, mode, data = stack[-1]
         below = stack[:-1]
+        if mode == "gap":  # the container below reads the token after it
+            if ch in WHITESPACE:
+                return self._gap(below, data, ch)
+            return [] if data[1] else self._step(below, ch)
         if mode == "start":
             return self._begin(index, ch, below)
         node = self.nodes[index]
@@ -134,6 +152,12 @@ class JsonGrammar(Grammar):
         if sub is None:
             return []
         return [below] if sub == _CLOSED else [(*below, (index, "str", (sub,)))]
+
+    @staticmethod
+    def _gap(container: Stack, gap: Gap, ch: str) -> list[Stack]:
+        """Whitespace `ch` between two tokens of the container on top of `container`."""
+        after = gap_char(gap, ch)
+        return [] if after is None else [(*container, (-1, "gap", after))]
 
     def _begin(self, index: int, ch: str, below: Stack) -> list[Stack]:
         """The stacks after `ch` starts a value of node `index` (its container already past it)."""
@@ -235,7 +259,7 @@ class JsonGrammar(Grammar):
         (after ':'), after (after a value). `data` begins with the declared keys seen, sorted."""
         seen = data if mode in ("first", "next", "after") else data[0]
         if mode in ("first", "next", "colon", "value", "after") and ch in WHITESPACE:
-            return [(*below, (index, mode, data))]
+            return self._gap((*below, (index, mode, data)), (False, False, 0), ch)
         if mode in ("first", "next") and ch == '"':
             if node.extra is None:
                 return self._declared_key(index, node, seen, ch, below)
@@ -283,7 +307,7 @@ class JsonGrammar(Grammar):
         """Modes: first (after '['), next (after ','), after (after an item). `count` is the items
         read, held no higher than the bounds need, so long arrays share their states."""
         if ch in WHITESPACE:
-            return [(*below, (index, mode, count))]
+            return self._gap((*below, (index, mode, count)), (False, False, 0), ch)
         if ch == "]" and mode != "next" and count >= node.min_items:
             return [below]
         if mode == "after":

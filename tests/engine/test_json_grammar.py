@@ -1,8 +1,9 @@
 """The JSON object recognizer (json_object: any object) against Python's json module, the reference parser.
 
 A text is complete for the recognizer exactly when json.loads reads it as an object with nothing
-around it (NaN and Infinity, which json.loads takes, refused); every prefix of such a text stays
-viable, so guided decoding can always go on to a whole object.
+around it (NaN and Infinity, which json.loads takes, refused) and its whitespace runs stay in
+bounds (gaps_in_bounds); every prefix of such a text stays viable, so guided decoding can always
+go on to a whole object.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 
-from .grammar_fuzz import edit
+from .grammar_fuzz import edit, gaps_in_bounds
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
 START = GRAMMAR.start
@@ -32,7 +33,7 @@ def reference_accepts(text: str) -> bool:
         value = json.loads(text, parse_constant=refuse)
     except (ValueError, RecursionError):
         return False
-    return isinstance(value, dict)
+    return isinstance(value, dict) and gaps_in_bounds(text)
 
 
 HAND_CASES = [
@@ -41,6 +42,8 @@ HAND_CASES = [
     "{,}", '{"a"}', "[1]", " {}", "{} ", '{"a":"\x01"}', '{"a":tru}', '{"a":1e5}', '{"a":1E+5}',
     '{"a":1e}', '{"\\q":1}', '{"a":NaN}', '{"a":Infinity}', '{"a":[1,]}', '{"a":[,1]}',
     '{"a":{}}}', '{"\\u12g4":1}', '{"a":"\\u00"}', "{'a':1}", '{"a":1 2}', '{"a":-01}',
+    '{\r\n "a" :\t1 \n}', '{\n\n"a":1}', '{"a":\r1}', '{"a":\n\r\n1}', '{"a":' + " " * 20 + "1}",
+    '{"a":' + " " * 21 + "1}", '{"a":[1 ,\t\t\n' + "\t" * 18 + '2]}', '{"a":"\n\n   \n"}',
 ]
 
 
@@ -55,13 +58,16 @@ json_values = st.recursive(
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=5), inner, max_size=4),
     max_leaves=12)
 layouts = st.sampled_from([{}, {"indent": 2}, {"separators": (",", ":")},
-                           {"separators": (" , ", " :\t")}, {"indent": "\n", "ensure_ascii": False}])
+                           {"separators": (" , ", " :\t")}, {"indent": "\t", "ensure_ascii": False}])
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.dictionaries(st.text(max_size=5), json_values, max_size=5), layouts)
 def test_every_prefix_of_an_object_is_viable_and_the_whole_is_complete(value, layout):
     text = json.dumps(value, **layout)
+    if not gaps_in_bounds(text):  # indented past 20 spaces
+        assert advance(START, text) is None
+        return
     state = START
     for i, ch in enumerate(text):
         state = advance(state, ch)
@@ -73,7 +79,7 @@ def test_every_prefix_of_an_object_is_viable_and_the_whole_is_complete(value, la
 @settings(max_examples=400, deadline=None)
 @given(st.dictionaries(st.text(max_size=3), json_values, max_size=3), layouts, st.randoms())
 def test_edited_texts_are_complete_exactly_when_json_loads_reads_an_object(value, layout, rng):
-    text = edit(json.dumps(value, **layout), rng, '{}[]:,"\\ 0123456789.eE+-tfnrulasu\n\x01')
+    text = edit(json.dumps(value, **layout), rng, '{}[]:,"\\ 0123456789.eE+-tfnrulasu\n\r\t\x01')
     assert is_complete(advance(START, text)) == reference_accepts(text), text
 
 

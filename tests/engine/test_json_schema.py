@@ -1,7 +1,8 @@
 """The schema-held JSON recognizer against the jsonschema library, the reference validator.
 
-A text is complete exactly when json.loads reads it (nothing around it, no NaN) and jsonschema
-validates the value against the schema read with the grammar's documented stricter rules: no
+A text is complete exactly when json.loads reads it (nothing around it, no NaN, whitespace runs in
+bounds: gaps_in_bounds) and jsonschema validates the value against the schema read with the
+grammar's documented stricter rules: no
 keys outside `properties` unless `additionalProperties` is given, a declared key at most once,
 an integer without a fraction, an enum's number spelled as json.dumps spells it, a bounded number
 without an exponent (and at most 15 digits unless an integer). Random walks through the grammar end only in texts the reference
@@ -23,7 +24,7 @@ from hypothesis import strategies as st
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import SchemaError, compile_schema
 
-from .grammar_fuzz import complete, edit, finished_walks, read_whole
+from .grammar_fuzz import complete, edit, finished_walks, gaps_in_bounds, read_whole
 
 PERSON = {
     "type": "object", "title": "Person", "required": ["name", "age"],
@@ -85,7 +86,7 @@ VALID = {
                  {"pet": {"legs": 3, "kind": "dog"}, "owner": "Bo", "note": None}],
 }
 LAYOUTS = [{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " :\t")},
-           {"indent": "\n", "ensure_ascii": False}]
+           {"indent": "\t", "ensure_ascii": False}]
 
 
 def _strict(schema: Any) -> Any:
@@ -155,7 +156,7 @@ Reference = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_c
 
 
 def reference_accepts(schema: Any, text: str) -> bool:
-    if not text or text != text.strip(" \t\n\r"):
+    if not text or text != text.strip(" \t\n\r") or not gaps_in_bounds(text):
         return False
     declared = _declared(schema)
 
