@@ -6,7 +6,8 @@ a streamed reply and a whole one always agree. Four readings, as vLLM names them
 - NamedCall: tool_choice names a function; the reply is its arguments (a JSON object the
   guide held to the function's `parameters`), streamed as they come.
 - RequiredCalls: tool_choice "required"; the reply is a JSON array of {"name", "parameters"}
-  objects (held to the tools' schemas); each call goes out when its object closes.
+  objects (held to the tools' schemas); a call goes out once its name is read, then its
+  arguments as they come.
 - HermesCalls (--tool-call-parser hermes): `<tool_call>{"name": ..., "arguments": {...}}
   </tool_call>` blocks in free text; text outside them is content.
 - Llama3JsonCalls (--tool-call-parser llama3_json): a reply that opens with `{` (or Llama 3's
@@ -87,7 +88,8 @@ class NamedCall(ToolParser):
 
 class _ObjectEnds:
     """Where JSON objects at one nesting level close, as text arrives: strings and their escapes
-    are followed, so a brace inside a string does not count."""
+    are followed, so a brace inside a string does not count. For the object open at the level it
+    also notes where each key's value lies, once the value is a string, object or array."""
 
     def __init__(self, level: int) -> None:
         self.level = level  # 0: objects at the top; 1: objects inside one array
@@ -95,28 +97,56 @@ class _ObjectEnds:
         self.in_string = self.escaped = False
         self.start: int | None = None  # where the open object began
         self.array_end: int | None = None  # just past the array around the objects (level 1)
+        self.fields: dict[str, list[int | None]] = {}  # key -> [value start, end (None: open)]
+        self.key: str | None = None  # the open object's key whose value comes next
+        self.key_start = 0  # where the key being read began
 
     def scan(self, text: str, start: int) -> Iterator[tuple[int, int]]:
         """Spans [begin, end) of the objects at the level that close in text[start:]."""
         for i in range(start, len(text)):
             ch = text[i]
+            inside = self.start is not None and self.depth == self.level + 1
             if self.in_string:
                 self.escaped, self.in_string = (False, True) if self.escaped else (
                     ch == "\\", ch != '"')
+                if inside and not self.in_string:
+                    self._string_closed(text, i)
             elif ch == '"':
                 self.in_string = True
+                if inside:
+                    self._value_opens(i)
+                    self.key_start = i
             elif ch in "[{":
                 if self.depth == self.level and ch == "{":
-                    self.start = i
+                    self.start, self.fields, self.key = i, {}, None
+                elif inside:
+                    self._value_opens(i)
                 self.depth += 1
             elif ch in "]}":
                 self.depth -= 1
+                if self.depth == self.level + 1 and self.key in self.fields:
+                    self._value_closes(i + 1)
                 if self.depth == self.level and ch == "}" and self.start is not None:
                     yield self.start, i + 1
                     self.start = None
                 if self.depth < self.level and self.array_end is None:
                     self.array_end = i + 1
+            elif ch == "," and inside:
+                self.key = None  # after a number or literal
 
+    def _value_opens(self, at: int) -> None:
+        if self.key is not None:
+            self.fields[self.key] = [at, None]
+
+    def _value_closes(self, end: int) -> None:
+        self.fields[str(self.key)][1] = end
+        self.key = None
+
+    def _string_closed(self, text: str, at: int) -> None:
+        if self.key is None:  # a key: its value comes next
+            self.key = json.loads(text[self.key_start:at + 1])
+        elif self.key in self.fields:
+            self._value_closes(at + 1)
 
 def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
     """(name, arguments) of a call's JSON text, the arguments under the first of `keys` it has;
@@ -134,27 +164,53 @@ def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
 
 
 class RequiredCalls(ToolParser):
-    """A JSON array of calls, each under `arguments_key`."""
+    """A JSON array of calls, each under `arguments_key`. The guide holds each object to a call
+    of a given tool, so a call goes out once its name is read, and its arguments' text as it
+    comes (vLLM streams them so too)."""
 
     arguments_key = "parameters"
+    streams_arguments = True  # False: each call goes out whole when its object closes
 
     def __init__(self) -> None:
         super().__init__()
         self.text = ""
         self.ends = _ObjectEnds(level=1)
         self.used = 0  # characters of text gone out (as calls)
+        self.sent: int | None = None  # the open call's argument characters gone out (None: unnamed)
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
         start, self.text = len(self.text), self.text + text
         for begin, end in self.ends.scan(self.text, start):
-            call = _object(self.text[begin:end], (self.arguments_key,))
-            if call is None:  # the guide holds the reply to the schema; kept for plain models
+            if self.streams_arguments and self._stream(out):
+                self.sent = None
+            elif (call := _object(self.text[begin:end], (self.arguments_key,))) is None:
                 out.content += self.text[self.used:end]
             else:
                 self._call(out, *call)
             self.used = end
+        if self.streams_arguments and self.ends.start is not None:
+            self._stream(out)
         return out
+
+    def _stream(self, out: ParsedDelta) -> bool:
+        """What is new of the open object's call, once its name is read; False before that."""
+        fields = self.ends.fields
+        name, arguments = fields.get("name"), fields.get(self.arguments_key)
+        if self.sent is None:
+            if name is None or name[1] is None:
+                return False
+            out.calls.append(CallDelta(self.num_calls, json.loads(self.text[name[0]:name[1]]), ""))
+            self.num_calls += 1
+            self.sent = 0
+        if arguments is not None:
+            start, end = arguments[0] + self.sent, arguments[1] or len(self.text)
+            if end > start:
+                if not out.calls or out.calls[-1].index != self.num_calls - 1:
+                    out.calls.append(CallDelta(self.num_calls - 1, None, ""))
+                out.calls[-1].arguments += self.text[start:end]
+                self.sent += end - start
+        return True
 
     def finish(self) -> ParsedDelta:
         end = self.ends.array_end
@@ -162,12 +218,13 @@ class RequiredCalls(ToolParser):
             rest = self.text[end:]
             return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is
-        rest = self.text[self.used:]
+        rest = self.text[self.used:self.ends.start if self.sent is not None else None]
         return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
 
 
 class _MistralArray(RequiredCalls):
     arguments_key = "arguments"
+    streams_arguments = False  # unguided: an object may turn out not to be a call
 
 
 class MistralCalls(ToolParser):

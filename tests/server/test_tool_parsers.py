@@ -4,6 +4,7 @@ in pieces (every split in two, and a character at a time), which must agree."""
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 
@@ -18,8 +19,9 @@ from inferlab.server.tool_parsers import (
 )
 
 
-def read(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str, dict]], list[ParsedDelta]]:
-    """(content, [(name, arguments)], what each piece gave) of a reply fed in pieces."""
+def read(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str, Any]], list[ParsedDelta]]:
+    """(content, [(name, arguments: read as JSON, or the text of arguments cut short)], what each
+    piece gave) of a reply fed in pieces."""
     outs = [parser.feed(p) for p in pieces] + [parser.finish()]
     content = "".join(o.content for o in outs)
     names: list[str] = []
@@ -30,7 +32,14 @@ def read(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str, di
             names.append(call.name)
             arguments.append("")
         arguments[call.index] += call.arguments
-    return content, [(n, json.loads(a)) for n, a in zip(names, arguments, strict=True)], outs
+    return content, [(n, as_json(a)) for n, a in zip(names, arguments, strict=True)], outs
+
+
+def as_json(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def splits(text: str) -> list[list[str]]:
@@ -44,8 +53,10 @@ CASES = [
     (RequiredCalls, '[{"name": "get_weather", "parameters": {"city": "Paris"}}, '
                     '{"parameters": {"q": "a}b\\"]"}, "name": "search"}]', "",
      [("get_weather", {"city": "Paris"}), ("search", {"q": 'a}b"]'})]),
-    (RequiredCalls, '[{"name": "f", "parameters": {}}, {"name": "g", "par',
-     ', {"name": "g", "par', [("f", {})]),  # cut short by max_tokens
+    (RequiredCalls, '[{"name": "f", "parameters": {}}, {"name": "g", "par', "",
+     [("f", {}), ("g", "")]),  # cut short by max_tokens: a call is whatever came of it
+    (RequiredCalls, '[ {"name" : "f" ,"parameters":\n {"q": ["}"]} } ,{"parameters": {"q": "ab',
+     ' ,{"parameters": {"q": "ab', [("f", {"q": ["}"]})]),  # the second call's name never came
     (HermesCalls, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
                   '"Paris"}}\n</tool_call>\n<tool_call>\n{"name": "search", "arguments": {}}\n'
                   '</tool_call>\n', "Let me check.\n",
@@ -87,12 +98,16 @@ def test_a_named_call_streams_its_arguments_as_they_come():
     assert [(c.name, c.arguments) for c in empty.finish().calls] == [("f", "")]
 
 
-def test_a_required_call_goes_out_when_its_object_closes():
+def test_a_required_call_goes_out_once_named_and_then_its_arguments_as_they_come():
     parser = RequiredCalls()
-    assert not parser.feed('[{"name": "f", "parameters": {"x": 1}')
-    out = parser.feed('}, {"name"')
-    assert [(c.name, json.loads(c.arguments)) for c in out.calls] == [("f", {"x": 1})]
-    assert not out.content
+    pieces = ['[{"na', 'me": "f", "param', 'eters": {"x"', ': "a\\"}"', "} ", '}, {"parameters": {"y": 2}',
+              ', "name": "g"}]']
+    assert [[(c.index, c.name, c.arguments) for c in parser.feed(p).calls] for p in pieces] == [
+        [], [(0, "f", "")], [(0, None, '{"x"')], [(0, None, ': "a\\"}"')], [(0, None, "}")], [],
+        [(1, "g", '{"y": 2}')]]
+    assert not parser.finish()
+    other = RequiredCalls()  # a number before the name (outside the guide's schema) is passed over
+    assert [(c.name, c.arguments) for c in other.feed('[{"id": 7, "name": "f"').calls] == [("f", "")]
 
 
 def test_hermes_content_goes_out_before_the_call_is_whole():
