@@ -203,7 +203,9 @@ class GrammarGuide:
         return state
 
 
-GRAMMARS: dict[str, Callable[[Any], Grammar]] = {"json": JsonGrammar, "regex": RegexGrammar, "ebnf": EbnfGrammar}
+GRAMMARS: dict[str, Callable[[Any], Grammar]] = {
+    "json": JsonGrammar, "compact_json": functools.partial(JsonGrammar, whitespace=False),
+    "regex": RegexGrammar, "ebnf": EbnfGrammar}
 
 
 class GrammarFilters:
@@ -225,9 +227,10 @@ class GrammarFilters:
     def guide(self, kind: str, spec: Any,
               after: tuple[str | None, str] | None = None) -> GrammarGuide:
         """A new guide for one request (each of n copies has its own place in the grammar):
-        kind "json" with a schema, "regex" with a pattern, "ebnf" with a grammar's text; after:
+        kind "json" or "compact_json" (no whitespace) with a schema, "regex" with a pattern,
+        "ebnf" with a grammar's text; after:
         a reasoning model's (opener, closer) of its thinking, which the grammar starts after."""
-        key = (kind, canonical_text(spec) if kind == "json" else spec, after)
+        key = (kind, canonical_text(spec) if kind.endswith("json") else spec, after)
         token_filter = self._filters.get(key)
         if token_filter is None:
             grammar = GRAMMARS[kind](spec)

@@ -94,8 +94,10 @@ def string_char(sub: str, ch: str) -> str | None:
 class JsonGrammar(Grammar):
     """The schema's recognizer: a text is complete when it is one JSON value the schema takes."""
 
-    def __init__(self, schema: Any) -> None:
+    def __init__(self, schema: Any, whitespace: bool = True) -> None:
+        """whitespace False: none at all, compact JSON (vLLM's disable_any_whitespace)."""
         super().__init__()
+        self.whitespace = whitespace
         self.nodes: tuple[Node, ...] = compile_schema(schema)
         self.start: State = frozenset({((0, "start", None),)})
         # node index -> the recognizer of its strings' decoded values (pattern, format)
@@ -153,10 +155,9 @@ class JsonGrammar(Grammar):
             return []
         return [below] if sub == _CLOSED else [(*below, (index, "str", (sub,)))]
 
-    @staticmethod
-    def _gap(container: Stack, gap: Gap, ch: str) -> list[Stack]:
+    def _gap(self, container: Stack, gap: Gap, ch: str) -> list[Stack]:
         """Whitespace `ch` between two tokens of the container on top of `container`."""
-        after = gap_char(gap, ch)
+        after = gap_char(gap, ch) if self.whitespace else None
         return [] if after is None else [(*container, (-1, "gap", after))]
 
     def _begin(self, index: int, ch: str, below: Stack) -> list[Stack]:

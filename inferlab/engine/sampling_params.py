@@ -68,6 +68,9 @@ class SamplingParams:
     # OpenAI's json_schema response format and vLLM's guided_json: the output is one JSON value
     # the schema takes, then EOS (json_schema.py says which keywords are held to)
     json_schema: dict[str, Any] | bool | None = None
+    # vLLM's structured_outputs disable_any_whitespace: JSON guides take no whitespace between
+    # tokens, so the output is compact JSON
+    disable_any_whitespace: bool = False
     # (opener, closer) of a reasoning model's thinking: the guide holds the answer after it, as
     # vLLM's structured outputs do with a reasoning parser (thinking_grammar.py); opener None:
     # the reply starts inside the thinking (R1), else it may open with it or answer at once
@@ -141,6 +144,8 @@ class SamplingParams:
              f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
              "cache_salt must be a non-empty string"),
+            (isinstance(self.disable_any_whitespace, bool),
+             f"disable_any_whitespace must be true or false, got {self.disable_any_whitespace!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -169,9 +174,9 @@ class SamplingParams:
     @property
     def grammar(self) -> tuple[str, Any] | None:
         """The grammar the output is held to, as guided_grammar.GrammarFilters names it:
-        ("json", schema), ("regex", pattern), ("ebnf", grammar text), or None."""
+        ("json" or "compact_json", schema), ("regex", pattern), ("ebnf", grammar text), or None."""
         if self.guided_schema is not None:
-            return ("json", self.guided_schema)
+            return ("compact_json" if self.disable_any_whitespace else "json", self.guided_schema)
         if self.guided_regex is not None:
             return ("regex", self.guided_regex)
         return None if self.guided_grammar is None else ("ebnf", self.guided_grammar)

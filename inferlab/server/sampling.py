@@ -49,7 +49,8 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "skip_special_tokens": req.skip_special_tokens, "bad_words": req.bad_words,
         "cache_salt": req.cache_salt, "guided_choice": _guided("choice", req.guided_choice, req),
         "guided_regex": _guided("regex", req.guided_regex, req),
-        "guided_grammar": _guided("grammar", req.guided_grammar, req), **_json_guide(req), **fields,
+        "guided_grammar": _guided("grammar", req.guided_grammar, req), **_json_guide(req),
+        "disable_any_whitespace": (req.structured_outputs or {}).get("disable_any_whitespace"), **fields,
     }
     for name, value in defaults.items():
         if given.get(name) is None and name != "max_tokens":
@@ -64,10 +65,12 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
 
 def _check_structured_outputs(req: SamplingFields) -> None:
     """The structured outputs this server does not hold to (structural_tag...) are refused by name."""
-    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object", "grammar"})
+    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object", "grammar",
+                                                         "disable_any_whitespace"})
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(choice, regex, json, json_object and grammar are)", "structured_outputs")
+                          "(choice, regex, json, json_object, grammar and disable_any_whitespace are)",
+                          "structured_outputs")
 
 
 def _guided(kind: str, value: Any, req: SamplingFields) -> Any:

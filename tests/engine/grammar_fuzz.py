@@ -12,11 +12,16 @@ from inferlab.engine.grammar import Grammar
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
+def whitespace_runs(text: str) -> list[str]:
+    """The runs of JSON whitespace outside the strings of a JSON text."""
+    return re.findall(r"[ \t\r\n]+", _JSON_STRING.sub('""', text))
+
+
 def gaps_in_bounds(text: str) -> bool:
     """Every whitespace run outside the strings of a JSON text holds at most one line break
     ("\\n" or "\\r\\n", never a lone "\\r") and at most 20 spaces or tabs: how far the JSON
     recognizer lets a model pad."""
-    for run in re.findall(r"[ \t\r\n]+", _JSON_STRING.sub('""', text)):
+    for run in whitespace_runs(text):
         blanks = len(run) - run.count("\n") - run.count("\r")
         if run.count("\n") > 1 or run.count("\r") != run.count("\r\n") or blanks > 20:
             return False

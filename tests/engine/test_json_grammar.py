@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 
-from .grammar_fuzz import edit, gaps_in_bounds
+from .grammar_fuzz import edit, gaps_in_bounds, whitespace_runs
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
 START = GRAMMAR.start
@@ -93,3 +93,10 @@ def test_deep_nesting_closes_each_container_with_its_own_bracket():
     for wrong in ("]", ","):
         swapped = text[:first_close] + wrong
         assert advance(START, swapped) is None and not reference_accepts(swapped + text[first_close + 1:])
+
+
+def test_without_whitespace_only_compact_texts_are_complete():
+    compact = JsonGrammar(OBJECT_SCHEMA, whitespace=False)
+    for text in HAND_CASES:
+        tight = reference_accepts(text) and not whitespace_runs(text)
+        assert compact.is_complete(compact.advance(compact.start, text)) == tight, text

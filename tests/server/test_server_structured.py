@@ -9,6 +9,7 @@ import json
 import re
 
 import jsonschema
+import openai
 import pytest
 from lark import Lark
 from lark.exceptions import LarkError
@@ -74,6 +75,26 @@ def test_json_schema_answers_validate_in_every_form(client):
             if choice.finish_reason == "stop":
                 jsonschema.validate(json.loads(choice.text), CITY)
             assert choice.text.startswith("{")
+
+
+def test_disable_any_whitespace_gives_compact_json(client):
+    """vLLM's structured_outputs disable_any_whitespace: the schema's answer has no whitespace
+    outside its strings; without it this prompt gets some."""
+    def answer(options: dict) -> str:
+        chat = client.chat.completions.create(
+            model=MODEL_NAME, messages=MESSAGES, max_tokens=80, **GREEDY,
+            extra_body={"structured_outputs": {"json": CITY, **options}})
+        assert chat.choices[0].finish_reason == "stop"
+        return chat.choices[0].message.content
+
+    def spaced_out(text: str) -> bool:  # whitespace outside the strings
+        return bool(re.search(r"\s", re.sub(r'"(?:[^"\\]|\\.)*"', '""', text)))
+
+    spaced, tight = answer({}), answer({"disable_any_whitespace": True})
+    assert spaced_out(spaced) and not spaced_out(tight)
+    jsonschema.validate(json.loads(tight), CITY)
+    with pytest.raises(openai.BadRequestError, match="disable_any_whitespace must be true or false"):
+        answer({"disable_any_whitespace": "yes"})
 
 
 SQL = '''
