@@ -143,10 +143,20 @@ class _ObjectEnds:
         self.key = None
 
     def _string_closed(self, text: str, at: int) -> None:
-        if self.key is None:  # a key: its value comes next
-            self.key = json.loads(text[self.key_start:at + 1])
+        if self.key is None:  # a key: its value comes next (a key JSON cannot read is kept raw)
+            raw = text[self.key_start:at + 1]
+            self.key = _json_string(raw) or raw
         elif self.key in self.fields:
             self._value_closes(at + 1)
+
+def _json_string(text: str) -> str | None:
+    """The string a JSON string literal stands for; None if it is not one."""
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return None
+    return value if isinstance(value, str) else None
+
 
 def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
     """(name, arguments) of a call's JSON text, the arguments under the first of `keys` it has;
@@ -177,6 +187,7 @@ class RequiredCalls(ToolParser):
         self.ends = _ObjectEnds(level=1)
         self.used = 0  # characters of text gone out (as calls)
         self.sent: int | None = None  # the open call's argument characters gone out (None: unnamed)
+        self.wrote_content = False  # an object that was not a call went out as content
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
@@ -186,6 +197,7 @@ class RequiredCalls(ToolParser):
                 self.sent = None
             elif (call := _object(self.text[begin:end], (self.arguments_key,))) is None:
                 out.content += self.text[self.used:end]
+                self.wrote_content = True
             else:
                 self._call(out, *call)
             self.used = end
@@ -198,9 +210,10 @@ class RequiredCalls(ToolParser):
         fields = self.ends.fields
         name, arguments = fields.get("name"), fields.get(self.arguments_key)
         if self.sent is None:
-            if name is None or name[1] is None:
+            called = None if name is None or name[1] is None else _json_string(self.text[name[0]:name[1]])
+            if called is None:
                 return False
-            out.calls.append(CallDelta(self.num_calls, json.loads(self.text[name[0]:name[1]]), ""))
+            out.calls.append(CallDelta(self.num_calls, called, ""))
             self.num_calls += 1
             self.sent = 0
         if arguments is not None:
@@ -214,8 +227,8 @@ class RequiredCalls(ToolParser):
 
     def finish(self) -> ParsedDelta:
         end = self.ends.array_end
-        if end is not None:  # what follows the array is content, unless blank
-            rest = self.text[end:]
+        if end is not None:  # what follows the array is content, unless blank (and its closing
+            rest = self.text[self.used if self.wrote_content else end:]  # bracket, if some was)
             return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is
         rest = self.text[self.used:self.ends.start if self.sent is not None else None]

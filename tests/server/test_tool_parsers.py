@@ -77,6 +77,11 @@ CASES = [
     (MistralCalls, 'Sure. [TOOL_CALLS] [{"name": "f", "arguments": {"q": "[x]"}}, {"name": "g", '
                    '"arguments": {}}] Done', "Sure.  Done", [("f", {"q": "[x]"}), ("g", {})]),
     (MistralCalls, "No call [TOOL_", "No call [TOOL_", []),
+    (MistralCalls, '[TOOL_CALLS][{"na\\qme": "f"}, {"a b": 1, "name": "g", "arguments": {}}] ok',
+     '[{"na\\qme": "f"}] ok', [("g", {})]),  # a key JSON cannot read; the text kept whole
+    (Llama3JsonCalls, '{"a\nb": 1, "name": "f", "parameters": {}}', '{"a\nb": 1, "name": "f", "parameters": {}}',
+     []),  # a raw line break in a key: not JSON
+    (RequiredCalls, '[{"name": {"x": 1}, "parameters": {}}]', '[{"name": {"x": 1}, "parameters": {}}]', []),
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name"', ', {"name"', [("f", {})]),
 ]
 
