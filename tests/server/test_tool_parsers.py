@@ -7,6 +7,8 @@ import json
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from inferlab.server.tool_parsers import (
     HermesCalls,
@@ -126,3 +128,33 @@ def test_hermes_content_goes_out_before_the_call_is_whole():
 @pytest.mark.parametrize("make", [RequiredCalls, HermesCalls, Llama3JsonCalls, MistralCalls])
 def test_finish_reason_counts_calls_the_model_chose(make):
     assert make.reports_calls and not NamedCall.reports_calls
+
+
+PARSERS = [lambda: NamedCall("f"), RequiredCalls, HermesCalls, Llama3JsonCalls, MistralCalls]
+PIECES = ['{"name": "f", ', '"arguments": {"x": 1}', '"parameters": {}', "}", "{", "[", "]", ",", '"',
+          "\\", "\\q", "\n", " ", ";", "a", "<tool_call>", "</tool_call>", "[TOOL_CALLS]",
+          "<|python_tag|>", '"na', 'me"', ": ", "1", '"k\\q": 2, ', '"a\nb": 3, ']
+
+
+@settings(max_examples=1000, deadline=None)
+@given(st.sampled_from(range(len(PARSERS))), st.lists(st.sampled_from(PIECES), max_size=14),
+       st.randoms())
+def test_any_reply_reads_the_same_whole_and_in_pieces_without_raising(which, parts, rng):
+    """Model text of any shape (unguided replies are): no parser raises, and the reading does
+    not depend on how the text was split."""
+    text = "".join(parts)
+    cuts = sorted(rng.sample(range(len(text) + 1), min(3, len(text) + 1)))
+    pieces = [text[a:b] for a, b in zip([0, *cuts], [*cuts, len(text)], strict=True)]
+    whole, split = read_raw(PARSERS[which](), [text]), read_raw(PARSERS[which](), pieces)
+    assert whole == split, pieces
+
+
+def read_raw(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str, str]]]:
+    """(content, [(name, arguments text)]) of a reply fed in pieces."""
+    outs = [parser.feed(p) for p in pieces] + [parser.finish()]
+    calls: list[list[str]] = []
+    for call in (c for o in outs for c in o.calls):
+        if call.name is not None:
+            calls.append([call.name, ""])
+        calls[call.index][1] += call.arguments
+    return "".join(o.content for o in outs), [(n, a) for n, a in calls]
