@@ -145,9 +145,11 @@ class _ObjectEnds:
     def _string_closed(self, text: str, at: int) -> None:
         if self.key is None:  # a key: its value comes next (a key JSON cannot read is kept raw)
             raw = text[self.key_start:at + 1]
-            self.key = _json_string(raw) or raw
+            key = _json_string(raw)
+            self.key = raw if key is None else key
         elif self.key in self.fields:
             self._value_closes(at + 1)
+
 
 def _json_string(text: str) -> str | None:
     """The string a JSON string literal stands for; None if it is not one."""
