@@ -1,4 +1,5 @@
-"""Load time of the embedded model, peak RSS after load, and one 512-token prefill at fp32 and bf16.
+"""Load time of the embedded model (its default 2 GiB KV cache included), peak RSS after load, and
+one 512-token prefill at fp32 and bf16.
 
 Each dtype loads in a fresh process (so "cold" includes importing torch); the page cache is warm
 after the first. The prefill is one sequence through the engine's flat forward, compared side by
@@ -20,7 +21,7 @@ import torch
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 dtype = sys.argv[1]
-llm = LLM(dtype=dtype, kv_cache_memory="256MiB")
+llm = LLM(dtype=dtype)  # the default KV cache, as `inferlab serve` starts
 load_s = time.perf_counter() - t0
 rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 prompt = [(13 * i) % 40000 + 100 for i in range(512)]
