@@ -91,7 +91,8 @@ class RotaryEmbedding(nn.Module):
         self.theta, self.scaling = theta, scaling
         self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
-        self.reset_buffers()
+        if self.cos.device.type != "meta":  # filled once materialized (loader.materialize_buffers)
+            self.reset_buffers()
 
     def reset_buffers(self) -> None:
         """Fill the cos/sin tables (also after the model is materialized from the meta device)."""

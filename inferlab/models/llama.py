@@ -91,7 +91,12 @@ class LlamaDecoderLayer(nn.Module):
 class LlamaModel(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # on the meta device (the loader's), no random init: torch runs it there through its
+        # Python reference ops, whose first call imports torch._dynamo (~1.3 s of every start)
+        meta = torch.empty(0).device.type == "meta"
+        self.embed_tokens = nn.Embedding(
+            cfg.vocab_size, cfg.hidden_size,
+            _weight=torch.empty(cfg.vocab_size, cfg.hidden_size) if meta else None)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
                                       cfg.rope_scaling)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
