@@ -39,6 +39,7 @@ State = frozenset[Stack]
 WHITESPACE = frozenset(" \t\n\r")
 GAP_BLANKS = 20  # spaces and tabs in one gap: an indent of 2 ten levels deep
 Gap = tuple[bool, bool, int]  # (a line break read, a "\r" read that "\n" must follow, blanks read)
+_NO_GAP: Gap = (False, False, 0)
 _HEX = frozenset("0123456789abcdefABCDEF")
 _UNESCAPED = {'"': '"', "\\": "\\", "/": "/", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t"}
 _ESCAPED = frozenset(_UNESCAPED)
@@ -260,7 +261,7 @@ class JsonGrammar(Grammar):
         (after ':'), after (after a value). `data` begins with the declared keys seen, sorted."""
         seen = data if mode in ("first", "next", "after") else data[0]
         if mode in ("first", "next", "colon", "value", "after") and ch in WHITESPACE:
-            return self._gap((*below, (index, mode, data)), (False, False, 0), ch)
+            return self._gap((*below, (index, mode, data)), _NO_GAP, ch)
         if mode in ("first", "next") and ch == '"':
             if node.extra is None:
                 return self._declared_key(index, node, seen, ch, below)
@@ -308,7 +309,7 @@ class JsonGrammar(Grammar):
         """Modes: first (after '['), next (after ','), after (after an item). `count` is the items
         read, held no higher than the bounds need, so long arrays share their states."""
         if ch in WHITESPACE:
-            return self._gap((*below, (index, mode, count)), (False, False, 0), ch)
+            return self._gap((*below, (index, mode, count)), _NO_GAP, ch)
         if ch == "]" and mode != "next" and count >= node.min_items:
             return [below]
         if mode == "after":

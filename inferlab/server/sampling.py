@@ -63,13 +63,15 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         raise parameter_error(str(e)) from None
 
 
+STRUCTURED_OUTPUTS = ("choice", "regex", "json", "json_object", "grammar", "disable_any_whitespace")
+
+
 def _check_structured_outputs(req: SamplingFields) -> None:
     """The structured outputs this server does not hold to (structural_tag...) are refused by name."""
-    others = sorted(set(req.structured_outputs or {}) - {"choice", "regex", "json", "json_object", "grammar",
-                                                         "disable_any_whitespace"})
+    others = sorted(set(req.structured_outputs or {}) - set(STRUCTURED_OUTPUTS))
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
-                          "(choice, regex, json, json_object, grammar and disable_any_whitespace are)",
+                          f"({', '.join(STRUCTURED_OUTPUTS[:-1])} and {STRUCTURED_OUTPUTS[-1]} are)",
                           "structured_outputs")
 
 
