@@ -11,7 +11,8 @@ from collections.abc import Iterator
 class ObjectEnds:
     """Where JSON objects at one nesting level close, as text arrives: strings and their escapes
     are followed, so a brace inside a string does not count. For the object open at the level it
-    also notes where each key's value lies, once the value is a string, object or array."""
+    also notes where each key's value lies, once the value is a string, object or array; a key's
+    first value only, so what is noted never changes with how far the text has come."""
 
     def __init__(self, level: int) -> None:
         self.level = level  # 0: objects at the top; 1: objects inside one array
@@ -22,6 +23,7 @@ class ObjectEnds:
         self.fields: dict[str, list[int | None]] = {}  # key -> [value start, end (None: open)]
         self.key: str | None = None  # the open object's key whose value comes next
         self.key_start = 0  # where the key being read began
+        self.noting = False  # the value being read is the first of its key's
 
     def scan(self, text: str, start: int) -> Iterator[tuple[int, int]]:
         """Spans [begin, end) of the objects at the level that close in text[start:]."""
@@ -46,10 +48,10 @@ class ObjectEnds:
                 self.depth += 1
             elif ch in "]}":
                 self.depth -= 1
-                if self.depth == self.level + 1 and self.key in self.fields:
+                if self.depth == self.level + 1:
                     self._value_closes(i + 1)
-                if self.depth == self.level and ch == "}" and self.start is not None:
-                    yield self.start, i + 1
+                if self.depth == self.level and self.start is not None:  # "]" too: ill-formed,
+                    yield self.start, i + 1  # but the object ends there all the same
                     self.start = None
                 if self.depth < self.level and self.array_end is None:
                     self.array_end = i + 1
@@ -57,19 +59,21 @@ class ObjectEnds:
                 self.key = None  # after a number or literal
 
     def _value_opens(self, at: int) -> None:
-        if self.key is not None:
-            self.fields[self.key] = [at, None]
+        self.noting = self.key is not None and self.key not in self.fields
+        if self.noting:
+            self.fields[str(self.key)] = [at, None]
 
     def _value_closes(self, end: int) -> None:
-        self.fields[str(self.key)][1] = end
-        self.key = None
+        if self.noting:
+            self.fields[str(self.key)][1] = end
+        self.key, self.noting = None, False
 
     def _string_closed(self, text: str, at: int) -> None:
         if self.key is None:  # a key: its value comes next (a key JSON cannot read is kept raw)
             raw = text[self.key_start:at + 1]
             key = json_string(raw)
             self.key = raw if key is None else key
-        elif self.key in self.fields:
+        else:
             self._value_closes(at + 1)
 
 

@@ -2,7 +2,7 @@
 
 Each parser is fed the reply's text deltas and says, for each, what the client gets: plain
 content and pieces of tool calls. A whole reply is the same parser fed the whole text once, so
-a streamed reply and a whole one always agree. Four readings, as vLLM names them:
+a streamed reply and a whole one always agree. Five readings, as vLLM names them:
 - NamedCall: tool_choice names a function; the reply is its arguments (a JSON object the
   guide held to the function's `parameters`), streamed as they come.
 - RequiredCalls: tool_choice "required"; the reply is a JSON array of {"name", "parameters"}
@@ -15,16 +15,15 @@ a streamed reply and a whole one always agree. Four readings, as vLLM names them
   reply is content.
 - MistralCalls (--tool-call-parser mistral): content, then `[TOOL_CALLS]` and a JSON array of
   {"name", "arguments"} objects.
-A block or object that does not read as a call goes out as content, word for word: nothing the
-model wrote is lost.
+Every call streams (CallObjects): it goes out once it reads as one, then its arguments' text as
+the model writes it. A block or object that never reads as a call goes out as content, word for
+word: nothing the model wrote is lost.
 """
 
 from __future__ import annotations
 
-import json
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
-from typing import Any
 
 from inferlab.server.json_scan import ObjectEnds, json_string
 
@@ -61,10 +60,6 @@ class ToolParser(ABC):
     def finish(self) -> ParsedDelta:
         return ParsedDelta()
 
-    def _call(self, out: ParsedDelta, name: str, arguments: Any) -> None:
-        out.calls.append(CallDelta(self.num_calls, name, json.dumps(arguments, ensure_ascii=False)))
-        self.num_calls += 1
-
 
 class NamedCall(ToolParser):
     reports_calls = False  # OpenAI finishes a forced call with "stop", as any reply
@@ -87,86 +82,94 @@ class NamedCall(ToolParser):
         return ParsedDelta(calls=[CallDelta(0, self.name, "")])
 
 
-def _object(text: str, keys: tuple[str, ...]) -> tuple[str, Any] | None:
-    """(name, arguments) of a call's JSON text, the arguments under the first of `keys` it has;
-    None when it is not such an object."""
-    try:
-        value = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    key = next((k for k in keys if k in value), None)
-    if key is None or not isinstance(value[key], dict):
-        return None
-    return value["name"], value[key]
+class CallObjects:
+    """Calls in the JSON objects at one nesting level of a text as it arrives (ObjectEnds). The
+    open object's call goes out once it reads as one: its name read and, unless `sure`, its
+    arguments (under the first of `keys` to come) opened as an object. Then its arguments' text
+    goes out as the model writes it, as vLLM streams it; a key's later values are passed over."""
 
-
-class RequiredCalls(ToolParser):
-    """A JSON array of calls, each under `arguments_key`. The guide holds each object to a call
-    of a given tool, so a call goes out once its name is read, and its arguments' text as it
-    comes (vLLM streams them so too)."""
-
-    arguments_key = "parameters"
-    streams_arguments = True  # False: each call goes out whole when its object closes
-
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, level: int, keys: tuple[str, ...], sure: bool) -> None:
+        self.ends = ObjectEnds(level)
+        self.keys, self.sure = keys, sure
         self.text = ""
-        self.ends = ObjectEnds(level=1)
-        self.used = 0  # characters of text gone out (as calls)
         self.sent: int | None = None  # the open call's argument characters gone out (None: unnamed)
-        self.wrote_content = False  # an object that was not a call went out as content
 
-    def feed(self, text: str) -> ParsedDelta:
-        out = ParsedDelta()
+    def feed(self, parser: ToolParser, out: ParsedDelta, text: str) -> list[tuple[int, int, bool]]:
+        """Adds text, puts what is new of the calls in out, and returns the objects it closed:
+        (begin, end, whether it was a call)."""
         start, self.text = len(self.text), self.text + text
+        closed = []
         for begin, end in self.ends.scan(self.text, start):
-            if self.streams_arguments and self._stream(out):
-                self.sent = None
-            elif (call := _object(self.text[begin:end], (self.arguments_key,))) is None:
-                out.content += self.text[self.used:end]
-                self.wrote_content = True
-            else:
-                self._call(out, *call)
-            self.used = end
-        if self.streams_arguments and self.ends.start is not None:
-            self._stream(out)
-        return out
+            closed.append((begin, end, self._stream(parser, out)))
+            self.sent = None
+        if self.ends.start is not None:
+            self._stream(parser, out)
+        return closed
 
-    def _stream(self, out: ParsedDelta) -> bool:
-        """What is new of the open object's call, once its name is read; False before that."""
+    @property
+    def in_call(self) -> bool:
+        """Whether the open object has gone out as a call."""
+        return self.ends.start is not None and self.sent is not None
+
+    def _stream(self, parser: ToolParser, out: ParsedDelta) -> bool:
+        """What is new of the open object's call; False while it does not read as one."""
         fields = self.ends.fields
-        name, arguments = fields.get("name"), fields.get(self.arguments_key)
+        name = fields.get("name")
+        arguments = min((fields[k] for k in self.keys if k in fields), default=None,
+                        key=lambda span: span[0])  # whichever came first stays first
         if self.sent is None:
             called = None if name is None or name[1] is None else json_string(self.text[name[0]:name[1]])
-            if called is None:
+            opened = arguments is not None and self.text[arguments[0]] == "{"
+            if called is None or not (self.sure or opened):
                 return False
-            out.calls.append(CallDelta(self.num_calls, called, ""))
-            self.num_calls += 1
+            out.calls.append(CallDelta(parser.num_calls, called, ""))
+            parser.num_calls += 1
             self.sent = 0
         if arguments is not None:
             start, end = arguments[0] + self.sent, arguments[1] or len(self.text)
             if end > start:
-                if not out.calls or out.calls[-1].index != self.num_calls - 1:
-                    out.calls.append(CallDelta(self.num_calls - 1, None, ""))
+                if not out.calls or out.calls[-1].index != parser.num_calls - 1:
+                    out.calls.append(CallDelta(parser.num_calls - 1, None, ""))
                 out.calls[-1].arguments += self.text[start:end]
                 self.sent += end - start
         return True
 
+
+class RequiredCalls(ToolParser):
+    """A JSON array of calls, each under `arguments_key`. The guide holds each object to a call
+    of a given tool, so a call goes out once its name is read."""
+
+    arguments_key = "parameters"
+    guided = True  # False: an object must open its arguments as well to read as a call
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.objects = CallObjects(level=1, keys=(self.arguments_key,), sure=self.guided)
+        self.used = 0  # characters of text gone out (as calls or content)
+        self.wrote_content = False  # an object that was not a call went out as content
+
+    def feed(self, text: str) -> ParsedDelta:
+        out = ParsedDelta()
+        for _, end, called in self.objects.feed(self, out, text):
+            if not called:
+                out.content += self.objects.text[self.used:end]
+                self.wrote_content = True
+            self.used = end
+        return out
+
     def finish(self) -> ParsedDelta:
-        end = self.ends.array_end
+        text, end = self.objects.text, self.objects.ends.array_end
         if end is not None:  # what follows the array is content, unless blank (and its closing
-            rest = self.text[self.used if self.wrote_content else end:]  # bracket, if some was)
+            rest = text[self.used if self.wrote_content else end:]  # bracket, if some was)
             return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is
-        rest = self.text[self.used:self.ends.start if self.sent is not None else None]
+        rest = text[self.used:self.objects.ends.start if self.objects.in_call else None]
         return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
 
 
 class _MistralArray(RequiredCalls):
     arguments_key = "arguments"
-    streams_arguments = False  # unguided: an object may turn out not to be a call
+    guided = False
 
 
 class MistralCalls(ToolParser):
@@ -221,44 +224,54 @@ class HermesCalls(ToolParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending = ""  # text not yet settled: a possible marker's start, or an open block
-        self.in_call = False
+        self.pending = ""  # text that may be the start of a marker, held until the next settles it
+        self.block: CallObjects | None = None  # the open block's objects
+        self.closed: list[tuple[int, int, bool]] = []  # the objects closed in the open block
         self.blank = ""  # whitespace after a call, shown only if more content follows
 
     def feed(self, text: str) -> ParsedDelta:
         out = ParsedDelta()
         self.pending += text
-        while True:
-            marker = self.CLOSE if self.in_call else self.OPEN
-            at = self.pending.find(marker)
-            if at < 0:
-                break
-            if self.in_call:
-                self._block(out, self.pending[:at])
+        while (at := self.pending.find(self.CLOSE if self.block else self.OPEN)) >= 0:
+            body = self.pending[:at]
+            self.pending = self.pending[at + len(self.CLOSE if self.block else self.OPEN):]
+            if self.block is None:
+                self._content(out, body)
+                self.block, self.closed = CallObjects(level=0, keys=("arguments",), sure=False), []
             else:
-                self._content(out, self.pending[:at])
-            self.pending, self.in_call = self.pending[at + len(marker):], not self.in_call
-        if not self.in_call:
-            passed, self.pending = held_back(self.pending, self.OPEN)
+                self._end_block(out, body, closed=True)
+        passed, self.pending = held_back(self.pending, self.CLOSE if self.block else self.OPEN)
+        if self.block is None:
             self._content(out, passed)
+        else:
+            self.closed += self.block.feed(self, out, passed)
         return out
 
     def finish(self) -> ParsedDelta:
-        out = ParsedDelta()
-        if self.in_call:  # a block left open at the end is read as if closed, as vLLM reads it
-            self._block(out, self.pending, closed=False)
-        else:
-            self._content(out, self.pending)
-        self.pending = ""
+        out, rest, self.pending = ParsedDelta(), self.pending, ""
+        if self.block is None:
+            self._content(out, rest)
+        else:  # a block left open at the end is read as if closed, as vLLM reads it
+            self._end_block(out, rest, closed=False)
         return out
 
-    def _block(self, out: ParsedDelta, body: str, closed: bool = True) -> None:
-        call = _object(body.strip(), ("arguments",))
-        if call is None:
-            self._content(out, self.OPEN + body + (self.CLOSE if closed else ""))
-        else:
-            self.blank = ""
-            self._call(out, *call)
+    def _end_block(self, out: ParsedDelta, body: str, closed: bool) -> None:
+        """A block with no call goes out as content word for word; in one with calls, the text
+        outside them goes out as content unless it is blank."""
+        assert self.block is not None
+        block, self.block = self.block, None
+        spans = self.closed + block.feed(self, out, body)
+        calls = [(b, e) for b, e, called in spans if called]
+        if block.in_call:  # cut short by the end of the block
+            calls.append((block.ends.start, len(block.text)))
+        if not calls:
+            self._content(out, self.OPEN + block.text + (self.CLOSE if closed else ""))
+            return
+        cuts = [0, *(at for span in calls for at in span), len(block.text)]
+        outside = "".join(block.text[cuts[i]:cuts[i + 1]] for i in range(0, len(cuts), 2))
+        self.blank = ""
+        if outside.strip():
+            self._content(out, outside)
 
     def _content(self, out: ParsedDelta, text: str) -> None:
         if self.num_calls and not (self.blank + text).strip():
@@ -277,53 +290,50 @@ class Llama3JsonCalls(ToolParser):
 
     def __init__(self) -> None:
         super().__init__()
-        self.text = ""
+        self.head = ""  # the reply's opening, until it tells calls from content
         self.mode: str | None = None  # "calls" or "content", decided by how the reply opens
-        self.ends = ObjectEnds(level=0)
-        self.used = 0  # characters of text gone out
-        self.scanned = 0  # characters of text the object scan has read
+        self.objects = CallObjects(level=0, keys=("parameters", "arguments"), sure=False)
+        self.used = 0  # characters of the objects' text gone out
 
     def feed(self, text: str) -> ParsedDelta:
-        self.text += text
         if self.mode is None:
+            self.head += text
             self.mode = self._opening()
-            head = len(self.text) - len(self.text.lstrip())
-            if self.mode == "calls" and self.text.startswith(self.TAG, head):
-                self.used = self.scanned = head + len(self.TAG)
+            if self.mode is None:
+                return ParsedDelta()
+            text, self.head = self.head, ""
+            if self.mode == "calls" and text.lstrip().startswith(self.TAG):
+                text = text.lstrip()[len(self.TAG):]
         if self.mode == "content":
-            out, self.used = ParsedDelta(content=self.text[self.used:]), len(self.text)
-            return out
-        return self._calls() if self.mode == "calls" else ParsedDelta()
-
-    def finish(self) -> ParsedDelta:
-        if self.mode is None:
-            self.mode = "content"
-        out = self._calls() if self.mode == "calls" else ParsedDelta()
-        rest, self.used = self.text[self.used:], len(self.text)
-        if self.mode == "content" or rest.strip(_SEPARATORS):  # not the space after the calls
-            out.content += rest
+            return ParsedDelta(content=text)
+        out = ParsedDelta()
+        for begin, end, called in self.objects.feed(self, out, text):
+            self._rest(out, begin)
+            if not called:
+                out.content += self.objects.text[begin:end]
+            self.used = end
         return out
 
+    def finish(self) -> ParsedDelta:
+        if self.mode is None:  # too short to tell
+            self.mode = "content"
+            return ParsedDelta(content=self.head)
+        out = ParsedDelta()
+        if self.mode == "calls":  # a call cut short (max_tokens) went out; other text is content
+            self._rest(out, self.objects.ends.start if self.objects.in_call else None)
+        return out
+
+    def _rest(self, out: ParsedDelta, end: int | None) -> None:
+        """The text from the last object to end goes out as content, unless only separators."""
+        gap = self.objects.text[self.used:end]
+        if gap.strip(_SEPARATORS):
+            out.content += gap
+
     def _opening(self) -> str | None:
-        head = self.text.lstrip()
+        head = self.head.lstrip()
         if head.startswith("{") or head.startswith(self.TAG):
             return "calls"
         return None if head == "" or self.TAG.startswith(head) else "content"
-
-    def _calls(self) -> ParsedDelta:
-        out = ParsedDelta()
-        start, self.scanned = self.scanned, len(self.text)
-        for begin, end in self.ends.scan(self.text, start):
-            gap = self.text[self.used:begin]
-            if gap.strip(_SEPARATORS):
-                out.content += gap
-            call = _object(self.text[begin:end], ("parameters", "arguments"))
-            if call is None:
-                out.content += self.text[begin:end]
-            else:
-                self._call(out, *call)
-            self.used = end
-        return out
 
 
 AUTO_PARSERS: dict[str, type[ToolParser]] = {

@@ -4,10 +4,11 @@ in pieces (every split in two, and a character at a time), which must agree."""
 from __future__ import annotations
 
 import json
+import random
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from inferlab.server.tool_parsers import (
@@ -81,10 +82,16 @@ CASES = [
     (MistralCalls, "No call [TOOL_", "No call [TOOL_", []),
     (MistralCalls, '[TOOL_CALLS][{"na\\qme": "f"}, {"a b": 1, "name": "g", "arguments": {}}] ok',
      '[{"na\\qme": "f"}] ok', [("g", {})]),  # a key JSON cannot read; the text kept whole
-    (Llama3JsonCalls, '{"a\nb": 1, "name": "f", "parameters": {}}', '{"a\nb": 1, "name": "f", "parameters": {}}',
-     []),  # a raw line break in a key: not JSON
+    (Llama3JsonCalls, '{"a\nb": 1, "name": "f", "parameters": {}}', "",
+     [("f", {})]),  # a raw line break in a key: not JSON, but a call once named with arguments
     (RequiredCalls, '[{"name": {"x": 1}, "parameters": {}}]', '[{"name": {"x": 1}, "parameters": {}}]', []),
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name"', ', {"name"', [("f", {})]),
+    (HermesCalls, '<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}, "name": "g"}'
+                  '</tool_call>', "", [("f", {"a": 1})]),  # a key's first value counts, as it went out
+    (HermesCalls, '<tool_call>\n{"name": "f", "arguments": {}} oops\n</tool_call>', "\n oops\n",
+     [("f", {})]),  # the text beside a block's call is content
+    (Llama3JsonCalls, '{"arguments": {"q": "x"}, "parameters": [], "name": "f"}', "",
+     [("f", {"q": "x"})]),  # the arguments key that came first
 ]
 
 
@@ -117,6 +124,17 @@ def test_a_required_call_goes_out_once_named_and_then_its_arguments_as_they_come
     assert [(c.name, c.arguments) for c in other.feed('[{"id": 7, "name": "f"').calls] == [("f", "")]
 
 
+@pytest.mark.parametrize(("make", "opening"), [
+    (HermesCalls, "Sure.\n<tool_call>\n"), (Llama3JsonCalls, "<|python_tag|>"), (MistralCalls, "[TOOL_CALLS] [")])
+def test_an_unguided_call_goes_out_once_named_with_arguments_and_then_as_they_come(make, opening):
+    parser = make()
+    pieces = [opening, '{"name": "get_weather"', ', "arguments": {"city"', ': "Par', 'is"}', "}"]
+    got = [[(c.index, c.name, c.arguments) for c in parser.feed(p).calls] for p in pieces]
+    assert got == [[], [], [(0, "get_weather", '{"city"')], [(0, None, ': "Par')], [(0, None, 'is"}')], []]
+    named_only = make()  # a name alone may be an object that is no call: held until it closes
+    assert not named_only.feed(opening + '{"name": "f", "x": 1').calls
+
+
 def test_hermes_content_goes_out_before_the_call_is_whole():
     parser = HermesCalls()
     assert parser.feed("It is <to").content == "It is "  # "<to" may open a call: held
@@ -137,6 +155,7 @@ PIECES = ['{"name": "f", ', '"arguments": {"x": 1}', '"parameters": {}', "}", "{
 
 
 @settings(max_examples=1000, deadline=None)
+@example(1, ['{"name": "f", ', '{"name": "f", ', "]", '"arguments": {"x": 1}'], random.Random(0))  # "]" ends
 @given(st.sampled_from(range(len(PARSERS))), st.lists(st.sampled_from(PIECES), max_size=14),
        st.randoms())
 def test_any_reply_reads_the_same_whole_and_in_pieces_without_raising(which, parts, rng):
