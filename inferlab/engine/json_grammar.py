@@ -167,7 +167,7 @@ class JsonGrammar(Grammar):
         if isinstance(node, UnionNode):
             return [stack for option in node.options for stack in self._begin(option, ch, below)]
         if isinstance(node, ObjectNode):
-            return [(*below, (index, "first", ()))] if ch == "{" else []
+            return [(*below, (index, "first", 0))] if ch == "{" else []
         if isinstance(node, ArrayNode):
             return [(*below, (index, "first", 0))] if ch == "[" else []
         if isinstance(node, StringNode):
@@ -258,16 +258,17 @@ class JsonGrammar(Grammar):
     def _object(self, index: int, node: ObjectNode, mode: str, data: Any, ch: str,
                 below: Stack) -> list[Stack]:
         """Modes: first (after '{'), next (after ','), key / lkey (in a key), colon, value
-        (after ':'), after (after a value). `data` begins with the declared keys seen, sorted."""
-        seen = data if mode in ("first", "next", "after") else data[0]
+        (after ':'), after (after a value). `data` begins with the place in the declared keys'
+        order from which they may still come (ObjectNode)."""
+        at = data if mode in ("first", "next", "after") else data[0]
         if mode in ("first", "next", "colon", "value", "after") and ch in WHITESPACE:
             return self._gap((*below, (index, mode, data)), _NO_GAP, ch)
         if mode in ("first", "next") and ch == '"':
             if node.extra is None:
-                return self._declared_key(index, node, seen, ch, below)
-            return [(*below, (index, "key", (seen, "" if node.properties else None, "")))]
+                return self._declared_key(index, node, at, ch, below)
+            return [(*below, (index, "key", (at, "" if node.properties else None, "")))]
         if mode == "lkey":
-            return self._declared_key(index, node, seen, data[1] + ch, below)
+            return self._declared_key(index, node, at, data[1] + ch, below)
         if mode == "key":
             return self._free_key(index, node, data, ch, below)
         if mode == "colon":
@@ -275,34 +276,37 @@ class JsonGrammar(Grammar):
         if mode == "value":
             key = data[1]
             if key in node.properties:
-                after = (*below, (index, "after", tuple(sorted((*seen, key)))))
+                after = (*below, (index, "after", node.position[key] + 1))
                 return self._begin(node.properties[key], ch, after)
-            return self._begin(node.extra, ch, (*below, (index, "after", seen)))
-        if ch == "}" and mode != "next" and node.required.issubset(seen):
+            return self._begin(node.extra, ch, (*below, (index, "after", len(node.properties))))
+        if ch == "}" and mode != "next" and node.may_end(at):
             return [below]
-        more = node.extra is not None or len(seen) < len(node.properties)
-        return [(*below, (index, "next", seen))] if mode == "after" and ch == "," and more else []
+        more = node.extra is not None or at < len(node.properties)
+        return [(*below, (index, "next", at))] if mode == "after" and ch == "," and more else []
 
     @staticmethod
-    def _declared_key(index: int, node: ObjectNode, seen: tuple[str, ...], text: str,
-                      below: Stack) -> list[Stack]:
-        """A key that must be one of the declared ones not yet seen, matched as its JSON text."""
-        open_keys = [t for t, key in node.key_texts.items() if key not in seen and t.startswith(text)]
+    def _declared_key(index: int, node: ObjectNode, at: int, text: str, below: Stack) -> list[Stack]:
+        """A key that must be one of the declared ones that may come next, matched as its JSON
+        text."""
+        allowed = node.open_keys(at)
+        open_keys = [t for t, key in node.key_texts.items() if key in allowed and t.startswith(text)]
         if text in open_keys:  # a key's text ends at its quote: no other goes on from it
-            return [(*below, (index, "colon", (seen, node.key_texts[text])))]
-        return [(*below, (index, "lkey", (seen, text)))] if open_keys else []
+            return [(*below, (index, "colon", (at, node.key_texts[text])))]
+        return [(*below, (index, "lkey", (at, text)))] if open_keys else []
 
     @staticmethod
     def _free_key(index: int, node: ObjectNode, data: Any, ch: str, below: Stack) -> list[Stack]:
-        """Any key (additionalProperties); its text is kept only to find a declared key's schema."""
-        seen, raw, sub = data
+        """Any key (additionalProperties); its text is kept only to find a declared key's schema.
+        A declared key must be one that may come next, any other comes after the required ones."""
+        at, raw, sub = data
         nxt = string_char(sub, ch)
         if nxt is None:
             return []
         if nxt == _CLOSED:
             key = json.loads(f'"{raw}"') if raw is not None else None
-            return [] if key in seen else [(*below, (index, "colon", (seen, key)))]
-        return [(*below, (index, "key", (seen, None if raw is None else raw + ch, nxt)))]
+            fits = key in node.open_keys(at) if key in node.properties else node.may_end(at)
+            return [(*below, (index, "colon", (at, key)))] if fits else []
+        return [(*below, (index, "key", (at, None if raw is None else raw + ch, nxt)))]
 
     def _array(self, index: int, node: ArrayNode, mode: str, count: int, ch: str,
                below: Stack) -> list[Stack]:

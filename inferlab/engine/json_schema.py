@@ -10,7 +10,9 @@ JSON Schema leaves room, the grammar is stricter, and its outputs still validate
   email, uuid, ipv4); a `pattern` is read with Python's re (jsonschema's reading), each \\u
   escape as one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
-  a schema), as OpenAI's structured outputs require; a declared key comes at most once;
+  a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
+  declared keys in the order of `properties` and the others after them (ObjectNode), as
+  xgrammar and llguidance write objects;
 - a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
   array), any value when none do;
 - `integer` is written without a fraction or exponent; a number with bounds (minimum...)
@@ -30,6 +32,7 @@ import json
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import cached_property
 from typing import Any
 
 from inferlab.engine.json_numbers import Bound, NumberBounds
@@ -42,10 +45,36 @@ class SchemaError(ValueError):
 
 @dataclass(frozen=True)
 class ObjectNode:
+    """Declared keys come in the order of `properties`, as xgrammar and llguidance hold them (a
+    reply then reads in the order the schema was written: a call's name before its arguments),
+    each optional one may be left out, and other keys only after every required one."""
+
     properties: dict[str, int]  # declared key -> its value's node
     required: frozenset[str]
     extra: int | None  # the node of any other key's value; None: no other keys
     key_texts: dict[str, str]  # a declared key's JSON text, quotes included -> the key
+
+    @cached_property
+    def position(self) -> dict[str, int]:
+        """A declared key's place in the order."""
+        return {key: i for i, key in enumerate(self.properties)}
+
+    @cached_property
+    def _next_required(self) -> tuple[int, ...]:
+        """[at]: the place of the first required key from place `at` on (len(properties): none)."""
+        keys = list(self.properties)
+        return tuple(next((i for i in range(at, len(keys)) if keys[i] in self.required), len(keys))
+                     for at in range(len(keys) + 1))
+
+    def open_keys(self, at: int) -> list[str]:
+        """The declared keys that may come next once those before place `at` are behind: up to
+        the first required one, which may not be left out."""
+        return list(self.properties)[at:self._next_required[at] + 1]
+
+    def may_end(self, at: int) -> bool:
+        """Whether no required key is left from place `at` on (so the object may close, and other
+        keys may come)."""
+        return self._next_required[at] == len(self.properties)
 
 
 @dataclass(frozen=True)

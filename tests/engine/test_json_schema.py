@@ -4,6 +4,7 @@ A text is complete exactly when json.loads reads it (nothing around it, no NaN, 
 bounds: gaps_in_bounds) and jsonschema validates the value against the schema read with the
 grammar's documented stricter rules: no
 keys outside `properties` unless `additionalProperties` is given, a declared key at most once,
+declared keys in the order of `properties` and other keys after them (as xgrammar and llguidance),
 an integer without a fraction, an enum's number spelled as json.dumps spells it, a bounded number
 without an exponent (and at most 15 digits unless an integer). Random walks through the grammar end only in texts the reference
 validates, and never reach a state from which nothing goes on.
@@ -71,19 +72,19 @@ SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "pair": PAIR, "choice
            "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED}
 
 VALID = {
-    "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"age": 0, "name": "", "score": 10, "nick": None,
-               "tags": ["x", "y z"], "home": {"zip": None, "city": "Oslo"}, "ok": False, "ratio": -2.5e-3},
-               {"name": "a", "age": 7, "score": 1.5, "home": {}, "tags": ["t"]}],
-    "tree": [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": []}, {"kids": [{"v": 4}], "v": 3}]}],
-    "mixed": [{}, {"id": "a", "n": 3, "m": -1}, {"x": 1, "id": "b"}],
+    "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"name": "", "age": 0, "score": 10, "nick": None,
+               "tags": ["x", "y z"], "home": {"city": "Oslo", "zip": None}, "ok": False, "ratio": -2.5e-3},
+               {"name": "a", "age": 7, "score": 1.5, "tags": ["t"], "home": {}}],
+    "tree": [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3, "kids": [{"v": 4}]}]}],
+    "mixed": [{}, {"id": "a", "n": 3, "m": -1}, {"id": "b", "x": 1}],
     "pair": [[1, 2.5], [-0.0, 1e10]],
     "choice": [1, 12, "a b", -0.5, None],
-    "patterned": [{"code": "AB-12"}, {"tag": "x\u00e9\n", "code": "ZZ-999"}, {"code": "QQ-00", "tag": "abab"}],
+    "patterned": [{"code": "AB-12"}, {"code": "ZZ-999", "tag": "x\u00e9\n"}, {"code": "QQ-00", "tag": "abab"}],
     "bounded": [{"age": 18}, {"age": 120, "t": -2.4999, "k": -8, "code": "ab", "word": "xyz", "row": [0, "a"],
-                 "log": ["v1", 0.5, 7]}, {"k": -29, "t": 0.09, "age": 99, "code": "\u00e9\"\n\u00e9", "row": [],
-                 "word": "a", "log": ["v1", 12.25]}, {"age": 20, "t": -0.0, "row": [31], "k": -7}],
+                 "log": ["v1", 0.5, 7]}, {"age": 99, "t": 0.09, "k": -29, "code": "\u00e9\"\n\u00e9", "word": "a",
+                 "row": [], "log": ["v1", 12.25]}, {"age": 20, "t": -0.0, "k": -7, "row": [31]}],
     "pydantic": [{"owner": "Ann", "pet": {"kind": "cat"}},
-                 {"pet": {"legs": 3, "kind": "dog"}, "owner": "Bo", "note": None}],
+                 {"owner": "Bo", "pet": {"kind": "dog", "legs": 3}, "note": None}],
 }
 LAYOUTS = [{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " :\t")},
            {"indent": "\t", "ensure_ascii": False}]
@@ -147,10 +148,21 @@ def _bounded_spelling(word: str) -> Any:
     return check
 
 
+def _properties_in_order(validator: Any, properties: dict, instance: Any, schema: dict) -> Any:
+    """Declared keys come in the order of `properties`, other keys after them (the grammar's
+    rule), then as jsonschema checks. The instance's dicts keep the text's key order."""
+    if validator.is_type(instance, "object"):
+        places = [list(properties).index(k) if k in properties else len(properties) for k in instance]
+        if places != sorted(places):
+            yield jsonschema.ValidationError(f"keys {list(instance)} are not in the schema's order")
+    yield from jsonschema.Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
+
+
 _INT_IS_INT = jsonschema.Draft202012Validator.TYPE_CHECKER.redefine(
     "integer", lambda _, value: isinstance(value, int) and not isinstance(value, bool))
 Reference = jsonschema.validators.extend(jsonschema.Draft202012Validator, type_checker=_INT_IS_INT,
-                                         validators={"enum": _enum_by_text, **{
+                                         validators={"enum": _enum_by_text,
+                                                     "properties": _properties_in_order, **{
                                              w: _bounded_spelling(w) for w in ("minimum", "maximum",
                                                                                "exclusiveMinimum", "exclusiveMaximum")}})
 
@@ -200,9 +212,11 @@ HAND_CASES = {
                '{"name":"x","age":1,"tags":["a","b","c","d"]}', '{"name":"x","age":1,"tags":[1]}',
                '{"name":"x","age":1,"home":{"zip":"1"}}', '{"name":"x","age":1,"ok":null}',
                '{"name":1,"age":1}', '{"name":"x","age":01}', '{"name":"x","age":-}', ' {"name":"x","age":1}',
-               '{"name":"x","age":1} ', '{"name":"x","age":1,}', '{"name":"x",,"age":1}', "{}", "[]", "null"],
-    "tree": ['{"v":1,"kids":[{}]}', '{"v":1,"kids":[{"v":"2"}]}', '{"v":1,"kids":{"v":2}}', '{"kids":[]}'],
-    "mixed": ['{"id":1}', '{"n":"x"}', '{"id":"a","id":"b"}', '{"n":1.5}', '{"\\u0069d":"a"}',
+               '{"name":"x","age":1} ', '{"name":"x","age":1,}', '{"name":"x",,"age":1}', "{}", "[]", "null",
+               '{"age":1,"name":"x"}', '{"name":"x","age":1,"ok":true,"tags":["a"]}',
+               '{"name":"x","age":1,"home":{"zip":1,"city":"a"}}'],
+    "tree": ['{"kids":[],"v":1}', '{"v":1,"kids":[{"kids":[],"v":2}]}', '{"v":1,"kids":[{}]}', '{"v":1,"kids":[{"v":"2"}]}', '{"v":1,"kids":{"v":2}}', '{"kids":[]}'],
+    "mixed": ['{"n":1,"id":"a"}', '{"id":"a","n":1,"m":2}', '{"id":1}', '{"n":"x"}', '{"id":"a","id":"b"}', '{"n":1.5}', '{"\\u0069d":"a"}',
               '{"\\u0069d":2}', '{"n":1,"n":2}'],
     "pair": ["[1]", "[1,2,3]", "[1,2]", "[1, 2 ]", "[ 1,2]", '[1,"2"]', "[]"],
     "choice": ["1", "12", "123", "2", '"a b"', '"a"', "1 ", "-1", "-0.50", "-0.5", "nul"],
@@ -219,7 +233,8 @@ HAND_CASES = {
                 '{"age":20,"row":[0,"a","b"]}', '{"age":20,"row":[-1]}', '{"age":20,"row":["a"]}',
                 '{"age":20,"row":[1,"ab"]}', '{"age":20,"log":["v1"]}', '{"age":20,"log":["v1",0.4]}',
                 '{"age":20,"log":[0.5,0.5]}', '{"age":20,"log":["v1",0.5,"v1"]}'],
-    "pydantic": ['{"owner":"a","pet":{"kind":"cow"}}', '{"owner":"a","pet":{"legs":4}}',
+    "pydantic": ['{"pet":{"kind":"cat"},"owner":"a"}', '{"owner":"a","pet":{"legs":3,"kind":"dog"}}',
+                 '{"owner":"a","pet":{"kind":"cow"}}', '{"owner":"a","pet":{"legs":4}}',
                  '{"owner":"a","pet":{"kind":"cat"},"note":3}'],
 }
 

@@ -56,7 +56,7 @@ PET = {"type": "object", "required": ["first name"], "properties": {
     "first name": {"type": "string"}, "mood": {"enum": ["so  so", "ok", 10, 1]},
     "legs": {"type": "integer"}, "extra": {"type": "object", "additionalProperties": {"type": "number"},
                                            "properties": {"id": {"type": "string"}}}}}
-PET_SAMPLE = '{ "mood" : "so  so", "first name":"Rex \\"R\\"", "legs": 4, "extra": {"id":"a","w": 1.5}}'
+PET_SAMPLE = '{ "first name":"Rex \\"R\\"", "mood" : "so  so", "legs": 4, "extra": {"id":"a","w": 1.5}}'
 
 
 DATE = r"\s*(\d{4})-(0[1-9]|1[0-2])-\d\d( at \d+:\d\d)?\.?\s*"  # whitespace that loops, too
