@@ -190,16 +190,17 @@ class _Formatter:
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.logprobs),
                                       finish_reason=reply.finish_reason(c.finish_reason),
-                                      stop_reason=c.stop_reason))
+                                      stop_reason=c.stop_reason, token_ids=self._ids(c.token_ids)))
         return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
-                              choices=choices, usage=self.gen.usage())
+                              choices=choices, usage=self.gen.usage(),
+                              prompt_token_ids=self._ids(final.prompt_token_ids))
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
         continuous = options is not None and options.continuous_usage_stats
         for i in range(self.gen.params.n):
             yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
-                              continuous)
+                              continuous, self._ids(self.gen.prompt_token_ids(0)) if i == 0 else None)
         for i in range(self.gen.params.n if self.echo else 0):
             yield self._chunk(ChatChunkChoice(index=i, delta={"content": self.echo}), continuous)
         finished: set[int] = set()
@@ -210,9 +211,10 @@ class _Formatter:
                 reply = self.replies[c.index]
                 delta = reply.delta(*reply.read(c.text_delta, c.finished))
                 logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
-                if delta or (logprobs is not None and logprobs.content):
+                ids = self._ids(c.token_ids_delta) if c.token_ids_delta else None
+                if delta or (logprobs is not None and logprobs.content) or ids:
                     yield self._chunk(ChatChunkChoice(index=c.index, delta=delta or {"content": ""},
-                                                      logprobs=logprobs), continuous)
+                                                      logprobs=logprobs, token_ids=ids), continuous)
                 if c.finished:
                     finished.add(c.index)
                     yield self._chunk(ChatChunkChoice(
@@ -223,9 +225,15 @@ class _Formatter:
                                             model=self.ctx.model_name, choices=[],
                                             usage=self.gen.usage()))
 
-    def _chunk(self, choice: ChatChunkChoice, continuous: bool) -> bytes:
+    def _chunk(self, choice: ChatChunkChoice, continuous: bool,
+               prompt_token_ids: list[int] | None = None) -> bytes:
         return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
-                                         choices=[choice], usage=self.gen.usage() if continuous else None))
+                                         choices=[choice], usage=self.gen.usage() if continuous else None,
+                                         prompt_token_ids=prompt_token_ids))
+
+    def _ids(self, token_ids: Sequence[int]) -> list[int] | None:
+        """Token ids for the response, when return_token_ids asks for them."""
+        return list(token_ids) if self.req.return_token_ids else None
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
         if entries is None or not self.req.logprobs:

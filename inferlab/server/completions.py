@@ -94,24 +94,29 @@ class _Formatter:
     def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
         if c.text_delta or c.finished or (self.req.echo and key not in self.states):
             return True
-        return self.req.logprobs is not None and bool(c.token_ids_delta)
+        wants_tokens = self.req.logprobs is not None or self.req.return_token_ids
+        return wants_tokens and bool(c.token_ids_delta)
 
     def _choice(self, p: int, out: RequestOutput, c: CompletionOutput, text: str,
                 token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> CompletionChoice:
         state = self.states.setdefault((p, c.index), _ChoiceState())
         top_n = self.req.logprobs
         logprobs = CompletionLogprobs() if top_n is not None else None
-        prompt_entries = None
+        prompt_entries = prompt_ids = None
         if not state.started:  # a choice's first chunk carries what is about the prompt
             state.started = True
             prompt_entries = self._prompt_logprobs(out)
+            prompt_ids = out.prompt_token_ids
             text = self._echo(out, logprobs, state) + text
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
                 logprobs, token_ids, entries, self.names, state.text_offset, top_n)
+        ids = self.req.return_token_ids
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                prompt_logprobs=prompt_entries)
+                                prompt_logprobs=prompt_entries,
+                                prompt_token_ids=list(prompt_ids) if ids and prompt_ids is not None else None,
+                                token_ids=list(token_ids) if ids else None)
 
     def _prompt_logprobs(self, out: RequestOutput) -> list[dict[int, PromptLogprob] | None] | None:
         top_n = self.req.prompt_logprobs

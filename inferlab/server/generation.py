@@ -56,6 +56,10 @@ class Generation:
     def output_tokens(self) -> int:
         return sum(len(c.token_ids) for out in self._latest.values() for c in out.outputs)
 
+    def prompt_token_ids(self, index: int) -> list[int]:
+        """Prompt `index`'s token ids, known from its first output on (start())."""
+        return self._latest[index].prompt_token_ids
+
     def usage(self) -> Usage:
         prompt, output = self.prompt_tokens, self.output_tokens
         cached = sum(out.num_cached_tokens for out in self._latest.values())

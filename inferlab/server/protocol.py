@@ -44,6 +44,7 @@ class SamplingFields(_Request):
     truncate_prompt_tokens: int | None = None
     bad_words: list[str] | None = None
     return_tokens_as_token_ids: bool = False  # logprobs name tokens "token_id:<id>"
+    return_token_ids: bool = False  # the prompt's and the output's token ids beside the text
     cache_salt: str | None = None
     priority: int = 0  # lower first, with --scheduling-policy priority
     guided_choice: list[str] | None = None  # the output is one of these strings
@@ -178,6 +179,10 @@ class CompletionChoice(BaseModel):
     # vLLM's shape: per prompt token (None for the first), token id -> its logprob and rank, for
     # the token itself and the top k; in a stream, in each choice's first chunk
     prompt_logprobs: list[dict[int, PromptLogprob] | None] | None = None
+    # return_token_ids: the prompt's (in a stream, in each choice's first chunk) and the
+    # output's (in a stream, each chunk's new ones)
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
 
 
 class Completion(BaseModel):
@@ -218,6 +223,7 @@ class ChatChoice(BaseModel):
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: the reply's
 
 
 class ChatCompletion(BaseModel):
@@ -227,6 +233,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    prompt_token_ids: list[int] | None = None  # return_token_ids: the rendered conversation's
 
 
 class ChatChunkChoice(BaseModel):
@@ -235,6 +242,7 @@ class ChatChunkChoice(BaseModel):
     delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    token_ids: list[int] | None = None  # return_token_ids: the chunk's new ones
 
 
 class ChatCompletionChunk(BaseModel):
@@ -244,6 +252,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: in the first chunk
 
 
 class ModelCard(BaseModel):
