@@ -136,6 +136,7 @@ class TokenizeRequest(_Request):
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None  # given to the chat template, as chat gives them
+    return_token_strs: bool = False  # each token's own string (its vocabulary entry) too
 
 
 class DetokenizeRequest(_Request):

@@ -31,7 +31,9 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
             add_special_tokens=req.add_special_tokens is True, template=ctx.settings.chat_template,
             template_kwargs=req.chat_template_kwargs,
             tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None)
-    return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens}
+    strings = [tokenizer.id_to_token(t) for t in tokens] if req.return_token_strs else None
+    return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens,
+            "token_strs": strings}
 
 
 async def detokenize(request: Request, ctx: ServerContext) -> dict:

@@ -378,7 +378,7 @@ def test_logit_bias_forces_and_bans_tokens(client, server):
     assert banned.choices[0].text == runner_up
 
 
-def test_tokenize_detokenize_round_trip(server):
+def test_tokenize_detokenize_round_trip(server, hf_smollm_tokenizer):
     text = "Paged attention, continuous batching: 42 tokens/s."
     ids = tokenize(server, prompt=text, add_special_tokens=False)
     r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
@@ -387,3 +387,7 @@ def test_tokenize_detokenize_round_trip(server):
     r = httpx.post(f"{server.url}/tokenize", json={"prompt": text}, headers=server.headers,
                    timeout=30)
     assert r.json()["count"] == len(r.json()["tokens"]) and r.json()["max_model_len"] == MAX_MODEL_LEN
+    assert r.json()["token_strs"] is None
+    r = httpx.post(f"{server.url}/tokenize", json={"prompt": text, "return_token_strs": True},
+                   headers=server.headers, timeout=30)  # vLLM's: each token's vocabulary entry
+    assert r.json()["token_strs"] == hf_smollm_tokenizer.convert_ids_to_tokens(r.json()["tokens"])
