@@ -78,6 +78,13 @@ def streamed(client, **request) -> tuple[str | None, list[tuple[str, str, str]],
     return content, [tuple(c) for c in calls.values()], finish
 
 
+def argument_pieces(client, **request) -> int:
+    """How many stream chunks carried a piece of a call's arguments."""
+    return sum(bool(piece.function.arguments)
+               for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, **request)
+               for choice in chunk.choices for piece in choice.delta.tool_calls or ())
+
+
 def whole(client, **request) -> tuple[str | None, list[tuple[str, str, str]], str]:
     choice = client.chat.completions.create(model=MODEL_NAME, **request).choices[0]
     calls = [(c.id, c.function.name, c.function.arguments) for c in choice.message.tool_calls or ()]
@@ -152,6 +159,7 @@ def test_auto_reads_the_calls_the_model_writes(request, client_name, forced, cal
     ((_, name, arguments),) = calls
     assert name == "get_weather" and json.loads(arguments)["unit"] == "celsius"
     assert without_ids(streamed(client, **body)) == without_ids(reply)
+    assert argument_pieces(client, **body) > 3  # the arguments go out as the model writes them
     plain = whole(client, **{**body, "extra_body": {"guided_regex": "It is sunny"}})
     assert plain == ("It is sunny", [], "stop")  # no call written: plain content
 
