@@ -1,8 +1,8 @@
 """Running statistics of a linear layer's inputs, gathered batch by batch during calibration.
 
-Nothing keeps all activations: the Hessian (GPTQ, SparseGPT) and the per-channel means and
-maxima (AWQ, SmoothQuant) are sums, and AWQ's search keeps a random sample of at most
-`sample_rows` rows, whatever the number of batches.
+Nothing keeps all activations: the Hessian (GPTQ, SparseGPT) is a sum and the per-channel
+maxima (SmoothQuant, static activation scales) a running maximum, and AWQ's search keeps a random
+sample of at most `sample_rows` rows, whatever the number of batches.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ class InputStats:
 
     def __init__(self, in_features: int, hessian: bool, sample_rows: int, seed: int = 0) -> None:
         self.in_features = in_features
-        self.tokens = 0
         self.weight_sum = 0.0  # of the Hessian's row weights
         self.xtx = torch.zeros(in_features, in_features, dtype=torch.float64) if hessian else None
-        self.abs_sum = torch.zeros(in_features, dtype=torch.float64)  # sum |x| per channel
         self.abs_max = torch.zeros(in_features)  # max |x| per channel
         self.sample_rows = sample_rows
         self._samples = torch.zeros(0, in_features)  # [<= sample_rows, K], in arrival order
@@ -35,10 +33,7 @@ class InputStats:
             else:
                 self.xtx += ((x * row_weights[:, None]).t() @ x).double()
                 self.weight_sum += float(row_weights.sum())
-        self.tokens += x.shape[0]
-        a = x.abs()
-        self.abs_sum += a.sum(dim=0).double()
-        torch.maximum(self.abs_max, a.amax(dim=0), out=self.abs_max)
+        torch.maximum(self.abs_max, x.abs().amax(dim=0), out=self.abs_max)
         if self.sample_rows:
             self._keep_sample(x)
 
@@ -66,9 +61,6 @@ class InputStats:
             raise RuntimeError("no Hessian was accumulated for this layer")
         return (2.0 * self.xtx / self.weight_sum).float()
 
-    def abs_mean(self) -> torch.Tensor:
-        return (self.abs_sum / max(self.tokens, 1)).float()
-
     def samples(self) -> torch.Tensor:
         """A uniform random subset of the input rows [<= sample_rows, K], in arrival order
         (all of them while they fit); the same rows every call."""
@@ -78,7 +70,6 @@ class InputStats:
         """The producer was divided by `scale` [K]: the inputs are now x / scale, and every
         statistic follows exactly (X^T X becomes S^-1 X^T X S^-1)."""
         self._samples = self._samples / scale
-        self.abs_sum /= scale.double()
         self.abs_max /= scale
         if self.xtx is not None:
             s = scale.double()
