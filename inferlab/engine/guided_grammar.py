@@ -1,7 +1,8 @@
 """Guided decoding by a grammar: OpenAI's json_object and json_schema response formats (the
 output is one JSON value the schema takes, json_grammar.py), vLLM's guided_regex (the output
-matches the pattern, regex_grammar.py) and guided_grammar (a whole root of an EBNF grammar,
-ebnf_grammar.py), then EOS.
+matches the pattern, regex_grammar.py), guided_grammar (a whole root of an EBNF grammar,
+ebnf_grammar.py) and structural tags (free text with JSON in given tags, structural_tag.py),
+then EOS.
 
 At each step a request may sample only the tokens whose text keeps its output a prefix of an
 allowed one, and EOS once it is whole. Which tokens those are depends only on the grammar
@@ -30,6 +31,7 @@ from inferlab.engine.grammar import Grammar
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
+from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.engine.thinking_grammar import AfterThinking
 from inferlab.models.tokenizer import TextTokenizer
 
@@ -205,7 +207,7 @@ class GrammarGuide:
 
 GRAMMARS: dict[str, Callable[[Any], Grammar]] = {
     "json": JsonGrammar, "compact_json": functools.partial(JsonGrammar, whitespace=False),
-    "regex": RegexGrammar, "ebnf": EbnfGrammar}
+    "regex": RegexGrammar, "ebnf": EbnfGrammar, "structural_tag": StructuralTagGrammar}
 
 
 class GrammarFilters:
@@ -230,7 +232,7 @@ class GrammarFilters:
         kind "json" or "compact_json" (no whitespace) with a schema, "regex" with a pattern,
         "ebnf" with a grammar's text; after:
         a reasoning model's (opener, closer) of its thinking, which the grammar starts after."""
-        key = (kind, canonical_text(spec) if kind.endswith("json") else spec, after)
+        key = (kind, spec if isinstance(spec, str) else canonical_text(spec), after)
         token_filter = self._filters.get(key)
         if token_filter is None:
             grammar = GRAMMARS[kind](spec)

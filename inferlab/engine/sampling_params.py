@@ -10,10 +10,11 @@ from inferlab.engine.ebnf_parse import GrammarError
 from inferlab.engine.json_grammar import OBJECT_SCHEMA
 from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar
+from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.errors import InvalidParameterError
 
 # the fields that guide decoding, one per request at most
-GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided_grammar")
+GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided_grammar", "structural_tag")
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
 SEED_MIN, SEED_END = -2**63, 2**64
 
@@ -80,6 +81,9 @@ class SamplingParams:
     # vLLM's guided_grammar: the output is a whole `root` of this EBNF grammar (llama.cpp's GBNF
     # notation), then EOS (ebnf_parse.py)
     guided_grammar: str | None = None
+    # vLLM's structural_tag: free text in which each structure's begin is followed by JSON its
+    # schema takes and its end, watched for the triggers (structural_tag.py)
+    structural_tag: dict[str, Any] | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
@@ -135,7 +139,7 @@ class SamplingParams:
             (self.guide_after_thinking is None or (bool(guides) and _thinking_markers(
                 self.guide_after_thinking)), "guide_after_thinking must be (opener or None, "
              f"closer) texts, with a guide, got {self.guide_after_thinking!r}"),
-            *_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar),
+            *_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar, self.structural_tag),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
@@ -174,11 +178,14 @@ class SamplingParams:
     @property
     def grammar(self) -> tuple[str, Any] | None:
         """The grammar the output is held to, as guided_grammar.GrammarFilters names it:
-        ("json" or "compact_json", schema), ("regex", pattern), ("ebnf", grammar text), or None."""
+        ("json" or "compact_json", schema), ("regex", pattern), ("ebnf", grammar text),
+        ("structural_tag", spec), or None."""
         if self.guided_schema is not None:
             return ("compact_json" if self.disable_any_whitespace else "json", self.guided_schema)
         if self.guided_regex is not None:
             return ("regex", self.guided_regex)
+        if self.structural_tag is not None:
+            return ("structural_tag", self.structural_tag)
         return None if self.guided_grammar is None else ("ebnf", self.guided_grammar)
 
     @property
@@ -202,12 +209,13 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
     return checks
 
 
-def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None,
-                    grammar: str | None) -> list[tuple[bool, str]]:
+def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None, grammar: str | None,
+                    tag: dict[str, Any] | None) -> list[tuple[bool, str]]:
     """One (ok, message) for each grammar that guided decoding cannot hold an output to."""
     checks = []
     for name, build, spec in (("json_schema", compile_schema, schema), ("guided_regex", RegexGrammar, regex),
-                              ("guided_grammar", EbnfGrammar, grammar)):
+                              ("guided_grammar", EbnfGrammar, grammar),
+                              ("structural_tag", StructuralTagGrammar, tag)):
         if spec is None:
             continue
         try:

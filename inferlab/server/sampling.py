@@ -50,6 +50,7 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         "cache_salt": req.cache_salt, "guided_choice": _guided("choice", req.guided_choice, req),
         "guided_regex": _guided("regex", req.guided_regex, req),
         "guided_grammar": _guided("grammar", req.guided_grammar, req), **_json_guide(req),
+        "structural_tag": _structural_tag(req),
         "disable_any_whitespace": (req.structured_outputs or {}).get("disable_any_whitespace"), **fields,
     }
     for name, value in defaults.items():
@@ -63,11 +64,12 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
         raise parameter_error(str(e)) from None
 
 
-STRUCTURED_OUTPUTS = ("choice", "regex", "json", "json_object", "grammar", "disable_any_whitespace")
+STRUCTURED_OUTPUTS = ("choice", "regex", "json", "json_object", "grammar", "structural_tag",
+                      "disable_any_whitespace")
 
 
 def _check_structured_outputs(req: SamplingFields) -> None:
-    """The structured outputs this server does not hold to (structural_tag...) are refused by name."""
+    """The structured outputs this server does not hold to (whitespace_pattern...) are refused by name."""
     others = sorted(set(req.structured_outputs or {}) - set(STRUCTURED_OUTPUTS))
     if others:
         raise bad_request(f"structured_outputs {', '.join(others)} is not supported by this server "
@@ -90,9 +92,9 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
     {"json": schema}) or vLLM's guided_json. A schema is given once."""
     response_format = req.response_format or {}
     kind = response_format.get("type", "text")
-    if kind not in ("text", "json_object", "json_schema"):
+    if kind not in ("text", "json_object", "json_schema", "structural_tag"):
         raise bad_request(f"response_format type {kind!r} is not supported by this server "
-                          "(text, json_object and json_schema are)", "response_format")
+                          "(text, json_object, json_schema and structural_tag are)", "response_format")
     constraints = req.structured_outputs or {}
     flag = constraints.get("json_object", False)
     if not isinstance(flag, bool):
@@ -115,14 +117,30 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
             "json_schema": next(iter(schemas.values()), None)}
 
 
-def _schema(value: Any, field: str) -> Any:
-    """A schema, or its JSON text (vLLM takes both)."""
+def _structural_tag(req: SamplingFields) -> dict[str, Any] | None:
+    """vLLM's structural tag: response_format {"type": "structural_tag", "structures": [...],
+    "triggers": [...]}, or structured_outputs {"structural_tag": the same (or its JSON text)}."""
+    response_format = req.response_format or {}
+    given = {}
+    if response_format.get("type") == "structural_tag":
+        given["response_format"] = {k: v for k, v in response_format.items() if k != "type"}
+    if "structural_tag" in (req.structured_outputs or {}):
+        given["structured_outputs"] = _schema(req.structured_outputs["structural_tag"], "structured_outputs",
+                                              "structural tag")
+    if len(given) > 1:
+        raise bad_request("give the structural tag once, not in both response_format and "
+                          "structured_outputs", "response_format")
+    return next(iter(given.values()), None)
+
+
+def _schema(value: Any, field: str, what: str = "JSON schema") -> Any:
+    """A schema (or structural tag), or its JSON text (vLLM takes both)."""
     if not isinstance(value, str):
         return value
     try:
         return json.loads(value)
     except ValueError:
-        raise bad_request(f"{field}: the JSON schema's text is not JSON", field) from None
+        raise bad_request(f"{field}: the {what}'s text is not JSON", field) from None
 
 
 def _token_keys(bias: dict[str, float] | None) -> dict[int, float] | None:

@@ -1,5 +1,5 @@
 """Guided decoding by grammar through the engine, on the embedded model: json_object, json_schema,
-guided_regex and guided_grammar. Every output that ends by EOS is a JSON object Python's json
+guided_regex, guided_grammar and structural tags. Every output that ends by EOS is a JSON object Python's json
 module reads, a value jsonschema validates against the schema, a text Python's re matches whole,
 or one lark parses; a cut one is a prefix of one. The token filter's shortcuts are checked against reading every token in
 full."""
@@ -26,6 +26,7 @@ from inferlab.engine.guided_grammar import (
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.errors import InvalidParameterError
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
@@ -80,6 +81,8 @@ ANSWER_LARK = Lark('root: "The answer is " ("yes" | "no" | /[0-9]/ ~ 1..3) (", b
     (JsonGrammar({"type": "string", "minLength": 2, "maxLength": 7}), '"a b, c"'),
     (JsonGrammar({"anyOf": [{"type": "string", "maxLength": 2}, {"type": "string", "maxLength": 9}]}), '"xyz\\n q"'),
     (JsonGrammar({"anyOf": [{"type": "string", "maxLength": 4}, {"type": "string", "pattern": "^a+$"}]}), '"aaaaa"'),
+    (StructuralTagGrammar({"structures": [{"begin": "<f=w>", "schema": PET, "end": "</f>"}], "triggers": ["<f="]}),
+     'Sure < <f <f=w>' + PET_SAMPLE + '</f> then {"a": 1}'),
 ])
 def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, text):
     token_filter = TokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
@@ -157,6 +160,40 @@ def test_guided_outputs_are_what_the_format_asks(make_llm, guide, check, prompts
                     assert completion.finish_reason == "length"
                     assert grammar.advance(grammar.start, completion.text) is not None
     assert stopped >= 4  # most of the eight end their value well within 100 tokens
+
+
+TAG = {"structures": [
+    {"begin": "<n>", "schema": {"type": "integer", "minimum": 0, "maximum": 99}, "end": "</n>"},
+    {"begin": "<city>", "schema": {"type": "object", "properties": {"name": {"type": "string", "maxLength": 12}},
+                                   "required": ["name"]}, "end": "</city>"}],
+    "triggers": ["<"]}
+
+
+def test_a_structural_tag_holds_what_follows_each_trigger(make_llm):
+    """Prompts that show the tags, and "<" a little likelier: whatever follows a "<" is a whole
+    tag, by the definition (engine.test_structural_tag.reference); a cut reply is so up to its
+    last end."""
+    from engine.test_structural_tag import reference
+
+    llm = make_llm()
+    (less_than,) = llm.tokenizer.encode("<", add_special_tokens=False)
+    conversations = [[{"role": "user", "content": prompt}] for prompt in (
+        "How many legs does a spider have? Answer like this: <n>5</n>",
+        'Which city is the capital of France? Answer like this: <city>{"name": "Rome"}</city>')]
+    grammar = StructuralTagGrammar(TAG)
+    tags = 0
+    for params in (SamplingParams(temperature=0), SamplingParams(temperature=1.0, seed=1, n=3)):
+        params = dataclasses.replace(params, max_tokens=60, structural_tag=TAG, logit_bias={less_than: 5})
+        for completion in (c for out in llm.chat(conversations, params) for c in out.outputs):
+            text = completion.text
+            tags += text.count("</n>") + text.count("</city>")
+            if completion.finish_reason == "stop":
+                assert reference(TAG, text), text
+            else:
+                assert grammar.advance(grammar.start, text) is not None, text
+                last = max(text.rfind("</n>") + 4, text.rfind("</city>") + 7)
+                assert reference(TAG, text[:last]), text
+    assert tags >= 8
 
 
 def test_a_schema_s_top_level_number_may_end_or_go_on(make_llm):

@@ -13,7 +13,7 @@ import openai
 import pytest
 from lark import Lark
 from lark.exceptions import LarkError
-from server_helpers import MODEL_NAME
+from server_helpers import MODEL_NAME, tokenize
 
 GREEDY = {"temperature": 0.0}
 CITY = {"type": "object", "required": ["city", "country"], "properties": {
@@ -137,3 +137,34 @@ def test_guided_answers_are_whole(client, kind, spec, check, question, prompt):
     completion = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=40, n=3, seed=2,
                                            temperature=1.0, extra_body={"structured_outputs": {kind: spec}})
     assert all(check(c.text) and c.finish_reason == "stop" for c in completion.choices), completion.choices
+
+
+TAG = {"structures": [{"begin": "<city>", "schema": {
+    "type": "object", "properties": {"name": {"type": "string", "maxLength": 12}}, "required": ["name"]},
+    "end": "</city>"}], "triggers": ["<"]}
+
+
+def test_a_structural_tag_holds_each_tag_the_reply_opens(client, server):
+    """vLLM's response_format structural_tag, and structured_outputs structural_tag (its JSON
+    text): the same replies, each whole by the definition (engine.test_structural_tag), with "<"
+    made likelier so that tags are written."""
+    from engine.test_structural_tag import reference
+
+    (less_than,) = tokenize(server, prompt="<", add_special_tokens=False)
+    ask = {"model": MODEL_NAME, "n": 3, "seed": 1, "temperature": 1.0, "max_tokens": 60,
+           "logit_bias": {str(less_than): 5}, "messages": [{"role": "user", "content": (
+               'Which city is the capital of France? Answer like this: <city>{"name": "Rome"}</city>')}]}
+    chat = client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG})
+    replies = [c.message.content for c in chat.choices]
+    for choice, reply in zip(chat.choices, replies, strict=True):  # a cut reply: up to its last tag
+        whole = reply if choice.finish_reason == "stop" else reply[:reply.rfind("</city>") + 7] \
+            if "</city>" in reply else reply.split("<")[0]
+        assert reference(TAG, whole), reply
+    assert sum(c.finish_reason == "stop" and "</city>" in r for c, r in zip(chat.choices, replies, strict=True)) >= 2
+    by_text = client.chat.completions.create(**ask, extra_body={"structured_outputs": {"structural_tag": json.dumps(TAG)}})
+    assert [c.message.content for c in by_text.choices] == replies
+    with pytest.raises(openai.BadRequestError, match="structural_tag: trigger '\\[' starts no"):
+        client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG, "triggers": ["<", "["]})
+    with pytest.raises(openai.BadRequestError, match="give the structural tag once"):
+        client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG},
+                                       extra_body={"structured_outputs": {"structural_tag": TAG}})
