@@ -1,5 +1,5 @@
 """What guided decoding by grammar costs (json_object, a json_schema, a guided_regex, a
-guided_grammar, and free text counted out by each): building the token index, a grammar
+guided_grammar, a structural tag, and free text counted out by each): building the token index, a grammar
 state's token set the first time it is met, the sampler's masking, and a stream's time a token.
 
 Run: .venv/bin/python benchmarks/json_guide.py [--rows 8] [--tokens 96]
@@ -25,6 +25,7 @@ from inferlab.engine.llm import LLM
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.structural_tag import StructuralTagGrammar
 
 SAMPLE = ('{"name": "Felix", "age": 10, "tags": ["cat", "black"], "owner": {"name": "Ann", '
           '"since": 2019.5, "indoor": true, "vet": null}}')
@@ -46,6 +47,7 @@ table ::= "cats" | "owners"
 op ::= "=" | "<" | ">"
 value ::= [0-9]+ | "'" [a-zA-Z ]* "'"
 '''
+TAG = {"structures": [{"begin": "<cat>", "schema": CAT_SCHEMA, "end": "</cat>"}], "triggers": ["<cat"]}
 COUNTED = "the quick brown fox jumps over the dog."  # 38 letters and spaces, then the end
 MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
@@ -120,6 +122,7 @@ def main() -> None:
     filter_costs("json_schema", JsonGrammar(CAT_SCHEMA), SAMPLE, index, eos)
     filter_costs("guided_regex", RegexGrammar(DATE), "2024-12-02 at 11:45", index, eos)
     filter_costs("guided_grammar", EbnfGrammar(SQL), "SELECT name, age FROM cats WHERE color = 'black';", index, eos)
+    filter_costs("structural_tag", StructuralTagGrammar(TAG), f"Here it is: <cat>{SAMPLE}</cat> A cat.", index, eos)
     # free text counted out: each character a new state, each state met for the first time
     filter_costs("guided_regex [a-z ]{1,40}", RegexGrammar(r"[a-z ]{1,40}\."), COUNTED, index, eos)
     filter_costs("guided_grammar [a-z ]{1,40}", EbnfGrammar('root ::= [a-z ]{1,40} "."'), COUNTED, index, eos)
@@ -130,6 +133,7 @@ def main() -> None:
     stream_cost(llm, args.tokens, json_schema=CAT_SCHEMA)
     stream_cost(llm, args.tokens, guided_regex=DATE)
     stream_cost(llm, args.tokens, guided_grammar=SQL)
+    stream_cost(llm, args.tokens, structural_tag=TAG)
 
 
 if __name__ == "__main__":

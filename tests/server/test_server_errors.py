@@ -71,7 +71,9 @@ def chat(server, **fields) -> httpx.Response:
     # with min_tokens these were held back by indexing the logits: it killed the engine loop
     ({"stop_token_ids": [9999999], "min_tokens": 2}, "stop_token_ids", "outside the vocabulary"),
     ({"stop_token_ids": [-1], "min_tokens": 2}, "stop_token_ids", "must be token ids"),
-    ({"structured_outputs": {"structural_tag": "{}"}}, "structured_outputs", "structural_tag is not supported"),
+    ({"structured_outputs": {"whitespace_pattern": " "}}, "structured_outputs", "whitespace_pattern is not supported"),
+    ({"structured_outputs": {"structural_tag": "{"}}, "structured_outputs", "structural tag's text is not JSON"),
+    ({"response_format": {"type": "structural_tag", "structures": []}}, "structural_tag", "a structural tag is"),
     ({"guided_grammar": "root ::= x"}, "guided_grammar", "rule 'x' is used but never defined"),
     ({"structured_outputs": {"grammar": "root ::= \"a"}}, "guided_grammar", "a string is not closed"),
     ({"guided_grammar": "root ::= \"a\"", "structured_outputs": {"grammar": "root ::= \"b\""}}, "guided_grammar",
