@@ -31,7 +31,7 @@ from inferlab.server.protocol import (
 )
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.reply import ReplyReader
-from inferlab.server.respond import read_request, respond
+from inferlab.server.respond import asked_ids, read_request, respond
 from inferlab.server.sampling import beam_search_params, chat_params
 from inferlab.server.sse import event
 from inferlab.server.tool_parsers import ToolParser
@@ -190,17 +190,17 @@ class _Formatter:
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.logprobs),
                                       finish_reason=reply.finish_reason(c.finish_reason),
-                                      stop_reason=c.stop_reason, token_ids=self._ids(c.token_ids)))
+                                      stop_reason=c.stop_reason, token_ids=asked_ids(self.req, c.token_ids)))
         return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
                               choices=choices, usage=self.gen.usage(),
-                              prompt_token_ids=self._ids(final.prompt_token_ids))
+                              prompt_token_ids=asked_ids(self.req, final.prompt_token_ids))
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
         continuous = options is not None and options.continuous_usage_stats
         for i in range(self.gen.params.n):
             yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
-                              continuous, self._ids(self.gen.prompt_token_ids(0)) if i == 0 else None)
+                              continuous, asked_ids(self.req, self.gen.prompt_token_ids(0)) if i == 0 else None)
         for i in range(self.gen.params.n if self.echo else 0):
             yield self._chunk(ChatChunkChoice(index=i, delta={"content": self.echo}), continuous)
         finished: set[int] = set()
@@ -211,7 +211,7 @@ class _Formatter:
                 reply = self.replies[c.index]
                 delta = reply.delta(*reply.read(c.text_delta, c.finished))
                 logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
-                ids = self._ids(c.token_ids_delta) if c.token_ids_delta else None
+                ids = asked_ids(self.req, c.token_ids_delta) if c.token_ids_delta else None
                 if delta or (logprobs is not None and logprobs.content) or ids:
                     yield self._chunk(ChatChunkChoice(index=c.index, delta=delta or {"content": ""},
                                                       logprobs=logprobs, token_ids=ids), continuous)
@@ -230,10 +230,6 @@ class _Formatter:
         return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
                                          choices=[choice], usage=self.gen.usage() if continuous else None,
                                          prompt_token_ids=prompt_token_ids))
-
-    def _ids(self, token_ids: Sequence[int]) -> list[int] | None:
-        """Token ids for the response, when return_token_ids asks for them."""
-        return list(token_ids) if self.req.return_token_ids else None
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
         if entries is None or not self.req.logprobs:

@@ -22,7 +22,7 @@ from inferlab.server.protocol import (
     CompletionRequest,
     PromptLogprob,
 )
-from inferlab.server.respond import read_request, respond
+from inferlab.server.respond import asked_ids, read_request, respond
 from inferlab.server.sampling import beam_search_params, completion_params
 from inferlab.server.sse import event
 
@@ -111,12 +111,10 @@ class _Formatter:
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
                 logprobs, token_ids, entries, self.names, state.text_offset, top_n)
-        ids = self.req.return_token_ids
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-                                prompt_logprobs=prompt_entries,
-                                prompt_token_ids=list(prompt_ids) if ids and prompt_ids is not None else None,
-                                token_ids=list(token_ids) if ids else None)
+                                prompt_logprobs=prompt_entries, prompt_token_ids=asked_ids(self.req, prompt_ids),
+                                token_ids=asked_ids(self.req, token_ids))
 
     def _prompt_logprobs(self, out: RequestOutput) -> list[dict[int, PromptLogprob] | None] | None:
         top_n = self.req.prompt_logprobs

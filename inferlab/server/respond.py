@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
 from fastapi import Request
@@ -27,6 +27,11 @@ async def read_request(request: Request, ctx: ServerContext, model: type[Request
     req = parse_body(model, body)
     ctx.check_model(req.model)
     return req
+
+
+def asked_ids(req: SamplingFields, token_ids: Sequence[int] | None) -> list[int] | None:
+    """Token ids for a response field, when the request's return_token_ids asks for them."""
+    return list(token_ids) if req.return_token_ids and token_ids is not None else None
 
 
 async def respond(request: Request, gen: Generation, stream: bool,
