@@ -33,6 +33,12 @@ class Grammar(ABC):
         does not hold (the token filter then reads only the other tokens, and counts these)."""
         return None
 
+    def moving_chars(self, state: Any) -> frozenset[str] | None:
+        """The characters that take `state` elsewhere, where every other character leaves it as
+        it is (free text: a token without any of them is taken unread); None where that does
+        not hold."""
+        return None
+
     def char_key(self, state: Any) -> Callable[[str], Hashable] | None:
         """A key of characters such that those with equal keys take `state` to the same next
         state (the token filter then steps once per key); None: every character its own."""

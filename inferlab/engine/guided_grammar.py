@@ -73,11 +73,13 @@ class TokenIndex:
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
         self.depth = depth  # characters held in char_ids; a longer token's rest is read as text
         self.chars = sorted({ch for text in self.texts if text for ch in text})
-        char_id = {ch: i for i, ch in enumerate(self.chars)}
-        rows = [[char_id[c] for c in (text or "")[:depth]] for text in self.texts]
+        self.char_id = {ch: i for i, ch in enumerate(self.chars)}
+        rows = [[self.char_id[c] for c in (text or "")[:depth]] for text in self.texts]
         self.char_ids = torch.tensor([row + [-1] * (depth - len(row)) for row in rows], dtype=torch.int32)  # [V, depth]
         self.lengths = torch.tensor([len(text or "") for text in self.texts], dtype=torch.int64)  # [V]
         token_ids = [i for i, text in enumerate(self.texts) if text]
+        self.token_ids = torch.tensor(token_ids, dtype=torch.int64)
+        self.long_ids = [i for i in token_ids if len(self.texts[i]) > depth]  # read past char_ids
         # tokens that continue any string as they are, shortest first, and their lengths
         unsafe = [i for i in token_ids if _string_unsafe(self.texts[i])]
         safe = sorted(set(token_ids) - set(unsafe), key=lambda i: len(self.texts[i]))
@@ -86,6 +88,15 @@ class TokenIndex:
         # every token, and the string-unsafe ones, split by their first character
         self.all_tokens = self.split(torch.tensor(token_ids, dtype=torch.int64), 0)
         self.string_unsafe = self.split(torch.tensor(unsafe, dtype=torch.int64), 0)
+
+    def partition(self, chars: frozenset[str]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(the tokens without any of `chars`, the tokens with some)."""
+        ids = torch.tensor([self.char_id[c] for c in chars if c in self.char_id], dtype=torch.int32)
+        holds = torch.isin(self.char_ids[self.token_ids], ids).any(dim=1)  # [tokens]
+        for i in self.long_ids:  # what char_ids does not hold of them
+            if not chars.isdisjoint(self.texts[i][self.depth:]):
+                holds[int(torch.searchsorted(self.token_ids, i))] = True
+        return self.token_ids[~holds], self.token_ids[holds]
 
     def split(self, ids: torch.Tensor, depth: int) -> list[tuple[str, torch.Tensor]]:
         """`ids` (all longer than `depth` characters) by their character at `depth`."""
@@ -133,6 +144,10 @@ class TokenFilter:
     def _compute(self, state: Hashable) -> torch.Tensor:
         """The ids of the tokens the grammar takes from `state`."""
         index = self.index
+        moving = self.grammar.moving_chars(state)
+        if moving is not None:  # free text: only the tokens that may leave the state are read
+            staying, leaving = index.partition(moving)
+            return torch.cat([staying, self._taken(state, index.split(leaving, 0))])
         room = self.grammar.plain_text_room(state)
         if room is None:
             return self._taken(state, index.all_tokens)

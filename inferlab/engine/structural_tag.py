@@ -68,6 +68,7 @@ class StructuralTagGrammar(Grammar):
         self.bodies = [JsonGrammar(s.schema) for s in self.structures]
         self.start: frozenset[Reading] = frozenset({("free", "")})
         self._trigger_chars = frozenset("".join(self.triggers))
+        self._trigger_starts = frozenset(t[0] for t in self.triggers)
 
     def _next(self, state: frozenset[Reading], ch: str) -> frozenset[Reading] | None:
         readings = {after for reading in state for after in self._read(reading, ch)}
@@ -128,6 +129,10 @@ class StructuralTagGrammar(Grammar):
         if reading[0] != "body" or self.bodies[reading[1]].is_complete(reading[2]):
             return None
         return self.bodies[reading[1]].plain_text_room(reading[2])
+
+    def moving_chars(self, state: frozenset[Reading]) -> frozenset[str] | None:
+        """Free text with no trigger begun: only a trigger's first character moves it."""
+        return self._trigger_starts if state == self.start else None
 
     def char_key(self, state: frozenset[Reading]) -> Callable[[str], Hashable] | None:
         if len(state) != 1 or next(iter(state))[0] != "free":

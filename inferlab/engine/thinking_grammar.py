@@ -76,6 +76,10 @@ class AfterThinking(Grammar):
         phase, value = state
         return self.inner.plain_text_room(value) if phase == "answer" else None
 
+    def moving_chars(self, state: Any) -> frozenset[str] | None:
+        """Thinking with none of the closer matched: only its first character moves it."""
+        return frozenset(self.marker[0]) if state == ("think", 0) else None
+
     def char_key(self, state: Any) -> Callable[[str], Hashable] | None:
         phase, value = state
         if phase == "think":  # characters outside the marker all start the match over

@@ -27,6 +27,7 @@ from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.structural_tag import StructuralTagGrammar
+from inferlab.engine.thinking_grammar import AfterThinking
 from inferlab.errors import InvalidParameterError
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
@@ -83,6 +84,10 @@ ANSWER_LARK = Lark('root: "The answer is " ("yes" | "no" | /[0-9]/ ~ 1..3) (", b
     (JsonGrammar({"anyOf": [{"type": "string", "maxLength": 4}, {"type": "string", "pattern": "^a+$"}]}), '"aaaaa"'),
     (StructuralTagGrammar({"structures": [{"begin": "<f=w>", "schema": PET, "end": "</f>"}], "triggers": ["<f="]}),
      'Sure < <f <f=w>{"first name": "Rex", "legs": 4}</f> then {"a": 1}'),
+    (AfterThinking(RegexGrammar(DATE), closer="</think>"), "Hm, a < b </thi no.</think>\n2024-12-02"),
+    # a trigger inside many tokens (" about", "table"): those die in free text, unless "ab:" follows
+    (StructuralTagGrammar({"structures": [{"begin": "ab:", "schema": {"type": "integer"}, "end": "."}],
+                           "triggers": ["ab"]}), "We ab:12. go"),
 ])
 def test_the_filter_allows_exactly_the_tokens_the_grammar_takes(texts, grammar, text):
     token_filter = TokenFilter(grammar, TokenIndex(texts, len(texts)), eos_token_id=2)
