@@ -11,8 +11,9 @@ JSON Schema leaves room, the grammar is stricter, and its outputs still validate
   escape as one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
   a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
-  declared keys in the order of `properties` and the others after them (ObjectNode), as
-  xgrammar and llguidance write objects;
+  declared keys in the order of `properties` (then the required keys it does not declare, in
+  the order of `required`) and the others after them (ObjectNode), as xgrammar and llguidance
+  write objects;
 - a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
   array), any value when none do;
 - `integer` is written without a fraction or exponent; a number with bounds (minimum...)
@@ -268,7 +269,8 @@ class _Compiler:
             raise SchemaError(f"required key {missing[0]!r} is not in properties, and "
                               "additionalProperties does not allow other keys")
         properties = {key: self.node(value) for key, value in declared.items()}
-        return ObjectNode(properties, frozenset(k for k in required if k in declared), extra,
+        properties.update(dict.fromkeys(missing, extra))  # held to additionalProperties' schema
+        return ObjectNode(properties, frozenset(required), extra,
                           {_json_text(key): key for key in properties})
 
     def array(self, schema: dict) -> ArrayNode:

@@ -46,6 +46,7 @@ TREE = {"$defs": {"node": {"type": "object", "required": ["v"], "properties": {
     "$ref": "#/$defs/node"}
 MIXED = {"type": "object", "properties": {"id": {"type": "string"}},
          "additionalProperties": {"type": "integer"}}
+NEEDS_OTHER = {**MIXED, "required": ["n"]}  # a required key that only additionalProperties takes
 PAIR = {"type": "array", "items": {"type": "number"}, "minItems": 2, "maxItems": 2}
 CHOICE = {"enum": [1, 12, "a b", -0.5, None]}
 PYDANTIC = {  # what pydantic's model_json_schema() writes for a model with a nested model
@@ -68,7 +69,7 @@ BOUNDED = {"type": "object", "required": ["age"], "properties": {
             "items": False},
     "log": {"type": "array", "prefixItems": [{"const": "v1"}], "items": {"type": "number", "minimum": 0.5},
             "minItems": 2}}}
-SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "pair": PAIR, "choice": CHOICE,
+SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "needs_other": NEEDS_OTHER, "pair": PAIR, "choice": CHOICE,
            "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED}
 
 VALID = {
@@ -77,6 +78,7 @@ VALID = {
                {"name": "a", "age": 7, "score": 1.5, "tags": ["t"], "home": {}}],
     "tree": [{"v": 1}, {"v": 1, "kids": [{"v": 2, "kids": []}, {"v": 3, "kids": [{"v": 4}]}]}],
     "mixed": [{}, {"id": "a", "n": 3, "m": -1}, {"id": "b", "x": 1}],
+    "needs_other": [{"n": 0}, {"id": "a", "n": 3, "m": -1}, {"id": "b", "n": 2, "x": 1}],
     "pair": [[1, 2.5], [-0.0, 1e10]],
     "choice": [1, 12, "a b", -0.5, None],
     "patterned": [{"code": "AB-12"}, {"code": "ZZ-999", "tag": "x\u00e9\n"}, {"code": "QQ-00", "tag": "abab"}],
@@ -97,17 +99,19 @@ def _strict(schema: Any) -> Any:
     if not isinstance(schema, dict):
         return schema
     out = {k: _strict(v) if k not in ("enum", "const") else v for k, v in schema.items()}
-    if ("properties" in schema or schema.get("type") == "object") and "additionalProperties" not in schema:
-        out["additionalProperties"] = False
+    if "properties" in schema or schema.get("type") == "object":
+        out.setdefault("additionalProperties", False)
+        out.setdefault("properties", {})  # so that the key order is checked (_properties_in_order)
     return out
 
 
 def _declared(schema: Any) -> set[str]:
+    """The keys the grammar takes at most once: those in properties, and the required ones."""
     if isinstance(schema, list):
         return set().union(*map(_declared, schema)) if schema else set()
     if not isinstance(schema, dict):
         return set()
-    names = set(schema.get("properties", {}))
+    names = set(schema.get("properties", {})) | set(schema.get("required", []))
     return names.union(*(_declared(v) for k, v in schema.items() if k not in ("enum", "const")))
 
 
@@ -149,10 +153,12 @@ def _bounded_spelling(word: str) -> Any:
 
 
 def _properties_in_order(validator: Any, properties: dict, instance: Any, schema: dict) -> Any:
-    """Declared keys come in the order of `properties`, other keys after them (the grammar's
-    rule), then as jsonschema checks. The instance's dicts keep the text's key order."""
+    """Declared keys come in the order of `properties`, then the required keys it does not
+    declare in the order of `required`, other keys after them (the grammar's rule); then as
+    jsonschema checks. The instance's dicts keep the text's key order."""
     if validator.is_type(instance, "object"):
-        places = [list(properties).index(k) if k in properties else len(properties) for k in instance]
+        order = list(properties) + [k for k in schema.get("required", []) if k not in properties]
+        places = [order.index(k) if k in order else len(order) for k in instance]
         if places != sorted(places):
             yield jsonschema.ValidationError(f"keys {list(instance)} are not in the schema's order")
     yield from jsonschema.Draft202012Validator.VALIDATORS["properties"](validator, properties, instance, schema)
@@ -216,6 +222,8 @@ HAND_CASES = {
                '{"age":1,"name":"x"}', '{"name":"x","age":1,"ok":true,"tags":["a"]}',
                '{"name":"x","age":1,"home":{"zip":1,"city":"a"}}'],
     "tree": ['{"kids":[],"v":1}', '{"v":1,"kids":[{"kids":[],"v":2}]}', '{"v":1,"kids":[{}]}', '{"v":1,"kids":[{"v":"2"}]}', '{"v":1,"kids":{"v":2}}', '{"kids":[]}'],
+    "needs_other": ['{"n":1,"id":"a"}', '{"id":"a","m":2,"n":1}', '{}', '{"id":"a"}', '{"m":1}', '{"n":"x"}',
+                    '{"n":1,"n":2}'],
     "mixed": ['{"n":1,"id":"a"}', '{"id":"a","n":1,"m":2}', '{"id":1}', '{"n":"x"}', '{"id":"a","id":"b"}', '{"n":1.5}', '{"\\u0069d":"a"}',
               '{"\\u0069d":2}', '{"n":1,"n":2}'],
     "pair": ["[1]", "[1,2,3]", "[1,2]", "[1, 2 ]", "[ 1,2]", '[1,"2"]', "[]"],
@@ -257,7 +265,7 @@ ALPHABET = sorted(set('{}[]:,"\\ \n0123456789.eE+-truefalsnu/bfnrtxyz') | set(
     "".join(json.dumps(SCHEMAS, ensure_ascii=False))))
 
 
-@pytest.mark.parametrize("name", sorted(SCHEMAS))
+@pytest.mark.parametrize("name", sorted(set(SCHEMAS) - {"needs_other"}))  # random keys seldom spell "n"
 def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     texts = finished_walks(GRAMMARS[name], random.Random(name), 60, budget=60, alphabet=ALPHABET)
     assert len(texts) >= 50
