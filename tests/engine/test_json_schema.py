@@ -300,7 +300,7 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     ({"allOf": [{"type": "string"}, {"type": "null"}]}, "allOf with more than one"),
     ({"type": "string", "anyOf": [{"type": "null"}]}, "anyOf cannot be combined with type"),
     ("string", "a schema must be an object or a boolean"),
-    ({"type": "string", "format": "hostname"}, "format 'hostname' is not supported"),
+    ({"type": "string", "format": "iri"}, "format 'iri' is not supported"),
     ({"type": "string", "format": "date", "pattern": "a"}, "pattern and format cannot be combined"),
     ({"type": "string", "pattern": "(a"}, "pattern '(a': missing ')'"),
     ({"type": "string", "pattern": "a\\1"}, "backreference"),
@@ -311,7 +311,8 @@ def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
 
 
 FORMATTED = {"type": "object", "properties": {
-    name: {"type": "string", "format": name} for name in ("date", "time", "date-time", "email", "uuid", "ipv4")}}
+    name: {"type": "string", "format": name} for name in (
+        "date", "time", "date-time", "duration", "email", "hostname", "uuid", "ipv4", "ipv6", "uri")}}
 CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
 
 
@@ -319,19 +320,31 @@ CHECKER = jsonschema.Draft202012Validator.FORMAT_CHECKER
     ("date", "2024-02-28", "2024-02-30"), ("time", "23:59:07.5+01:00", "24:00:00Z"),
     ("date-time", "2024-12-02T11:45:00Z", "2024-12-02 11:45:00Z"), ("email", "ann.lee@mail.example.org", "ann.example.org"),
     ("uuid", "123e4567-e89b-12d3-a456-426614174000", "123e4567-e89b-12d3-a456"), ("ipv4", "192.168.0.255", "256.1.1.1"),
+    ("duration", "P3Y6M4DT12H30M5S", "P1DT"), ("duration", "PT0S", "P"), ("duration", "P2W", "P1H"),
+    ("hostname", "api.example.com", "-api.example.com"), ("hostname", "localhost", "a..b"),
+    ("ipv6", "2001:db8::8a2e:370:7334", "2001:db8:::1"), ("ipv6", "::1", "1:2:3:4:5:6:7:8:9"),
+    ("ipv6", "fe80::", "12345::"),
+    ("uri", "https://example.com:8080/a/b?x=1&y=%20#top", "example.com/a"),
+    ("uri", "ftp://10.0.0.1/f.txt", "http://exa mple.com"),
 ])
 def test_formats_are_written_as_the_format_checker_accepts(fmt, good, bad):
     grammar = JsonGrammar(FORMATTED)
     for value, whole in ((good, True), (bad, False)):
         text = json.dumps({fmt: value})
         assert complete(grammar, text) == whole, text
-        if whole or fmt in CHECKER.checkers:  # jsonschema checks time formats only with extras
-            assert Reference(FORMATTED, format_checker=CHECKER).is_valid({fmt: value}) == whole, text
+        assert Reference(FORMATTED, format_checker=CHECKER).is_valid({fmt: value}) == whole, text
 
 
-def test_random_walks_through_formats_end_in_values_the_format_checker_accepts():
-    for text in finished_walks(JsonGrammar(FORMATTED), random.Random(7), 15, budget=60, alphabet=ALPHABET):
-        Reference(FORMATTED, format_checker=CHECKER).validate(json.loads(text))
+# an email is whole only after "@", a domain and a dot: random walks seldom get there (the
+# hand cases check it)
+@pytest.mark.parametrize("fmt", sorted(set(FORMATTED["properties"]) - {"email"}))
+def test_random_walks_through_formats_end_in_values_the_format_checker_accepts(fmt):
+    assert fmt in CHECKER.checkers  # jsonschema[format-nongpl] brings every format's checker
+    schema = FORMATTED["properties"][fmt]
+    texts = finished_walks(JsonGrammar(schema), random.Random(fmt), 8, budget=30, alphabet=ALPHABET)
+    assert len(texts) >= 3
+    for text in texts:
+        Reference(schema, format_checker=CHECKER).validate(json.loads(text))
 
 
 def test_an_enum_s_arrays_and_objects_are_written_compactly():
