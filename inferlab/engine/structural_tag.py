@@ -7,8 +7,9 @@ its own tags and stay free elsewhere.
     {"structures": [{"begin": "<function=get_weather>", "schema": {...}, "end": "</function>"}],
      "triggers": ["<function="]}
 
-Every begin must start with a trigger, and every trigger must start a begin. The JSON follows its begin at once and the end follows the JSON at once (put
-a line break in the begin or end to allow one), and is read as json_grammar.py reads JSON.
+Every begin must start with a trigger, and every trigger must start a begin. The JSON follows
+its begin at once and the end follows the JSON at once (put a line break in the begin or end to
+allow one); it is read as json_grammar.py reads JSON.
 """
 
 from __future__ import annotations
