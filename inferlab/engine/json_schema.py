@@ -4,7 +4,7 @@ recognizer (json_grammar.py) can hold an output to.
 Nodes refer to each other by their index in the compiled tuple, so recursive schemas ($ref)
 compile, and grammar states (tuples of indices) stay small and hashable. A keyword that would
 constrain values beyond what the grammar checks (multipleOf, uniqueItems...) is refused by
-name, never ignored: every output the grammar lets through validates against the schema. Where
+name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as absent): every output the grammar lets through validates against the schema. Where
 JSON Schema leaves room, the grammar is stricter, and its outputs still validate:
 - a string's `format` is written in one common spelling (FORMATS: date, time, date-time,
   duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read with Python's re (jsonschema's reading), each \\u
@@ -126,6 +126,8 @@ _NUMBER_WORDS = frozenset(_BOUND_WORDS)
 _TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | _STRING_WORDS | _NUMBER_WORDS | {"type"}
 SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
+# keywords the grammar does not hold to, at the value that constrains nothing (read as absent)
+NEUTRAL = {"uniqueItems": False, "minProperties": 0}
 
 
 def compile_schema(schema: Any) -> tuple[Node, ...]:
@@ -160,6 +162,10 @@ class _Compiler:
             raise SchemaError("the schema false matches nothing")
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, got {schema!r}")
+        schema = {k: v for k, v in schema.items()
+                  if not (k in NEUTRAL and v == NEUTRAL[k] and type(v) is type(NEUTRAL[k]))}
+        if not schema:
+            return self.any()
         unknown = sorted(set(schema) - SUPPORTED - ANNOTATIONS)
         if unknown:
             raise SchemaError(f"JSON schema keyword {unknown[0]!r} is not supported "

@@ -310,6 +310,20 @@ def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
         compile_schema(schema)
 
 
+def test_a_refused_keyword_at_its_neutral_value_is_read_as_absent():
+    for neutral, plain, text in (
+            ({"type": "array", "items": {"type": "integer"}, "uniqueItems": False},
+             {"type": "array", "items": {"type": "integer"}}, "[1,1]"),
+            ({"type": "object", "minProperties": 0}, {"type": "object"}, "{}"),
+            ({"uniqueItems": False}, {}, '"x"')):
+        assert compile_schema(neutral) == compile_schema(plain)
+        assert complete(JsonGrammar(neutral), text) and Reference(neutral).is_valid(json.loads(text))
+    for constraining in ({"type": "array", "uniqueItems": True}, {"type": "object", "minProperties": 1},
+                         {"type": "array", "uniqueItems": 0}):
+        with pytest.raises(SchemaError, match="is not supported"):
+            compile_schema(constraining)
+
+
 FORMATTED = {"type": "object", "properties": {
     name: {"type": "string", "format": name} for name in (
         "date", "time", "date-time", "duration", "email", "hostname", "uuid", "ipv4", "ipv6", "uri")}}
