@@ -4,11 +4,12 @@ recognizer (json_grammar.py) can hold an output to.
 Nodes refer to each other by their index in the compiled tuple, so recursive schemas ($ref)
 compile, and grammar states (tuples of indices) stay small and hashable. A keyword that would
 constrain values beyond what the grammar checks (multipleOf, uniqueItems...) is refused by
-name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as absent): every output the grammar lets through validates against the schema. Where
-JSON Schema leaves room, the grammar is stricter, and its outputs still validate:
+name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as absent): every
+output the grammar lets through validates against the schema. Where JSON Schema leaves room,
+the grammar is stricter, and its outputs still validate:
 - a string's `format` is written in one common spelling (FORMATS: date, time, date-time,
-  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read with Python's re (jsonschema's reading), each \\u
-  escape as one character;
+  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read with Python's re
+  (jsonschema's reading), each \\u escape as one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
   a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
   declared keys in the order of `properties` (then the required keys it does not declare, in
