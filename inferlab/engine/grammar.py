@@ -4,8 +4,17 @@ one character at a time moves, or kills when no allowed output begins with the t
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
+
+def marker_tail(text: str, markers: Sequence[str]) -> str:
+    """The longest end of `text` that one of `markers` starts with ("" if none): how much of a
+    marker the text may be partway through, as a string search keeps it."""
+    for length in range(min(len(text), max(map(len, markers))), 0, -1):
+        if any(m.startswith(text[-length:]) for m in markers):
+            return text[-length:]
+    return ""
 
 
 class Grammar(ABC):

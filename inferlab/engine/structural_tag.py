@@ -18,7 +18,7 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.grammar import Grammar, marker_tail
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import SchemaError
 
@@ -99,15 +99,13 @@ class StructuralTagGrammar(Grammar):
         return out
 
     def _free(self, text: str) -> Reading:
-        """Free text ending in `text`: a whole trigger starts a begin, else the longest end of
-        it that a trigger starts with is kept."""
-        for length in range(min(len(text), max(map(len, self.triggers))), 0, -1):
-            tail = text[-length:]
-            if tail in self.triggers:
-                return ("begin", tail)
-            if any(t.startswith(tail) for t in self.triggers):
-                return ("free", tail)
-        return ("free", "")
+        """Free text ending in `text`: a trigger it ends with starts a begin (the longest, should
+        two end here), even where a longer trigger is still partway; else the longest end of it
+        that a trigger starts with is kept."""
+        whole = [t for t in self.triggers if text.endswith(t)]
+        if whole:
+            return ("begin", max(whole, key=len))
+        return ("free", marker_tail(text, self.triggers))
 
     def _settle(self, readings: set[Reading]) -> set[Reading]:
         """A structure whose end is read whole (or empty, after its JSON) is free text again."""

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.grammar import Grammar, marker_tail
 
 MAX_GAP = 4  # whitespace characters between the thinking and the answer
 _SPACE = " \t\r\n"
@@ -57,12 +57,8 @@ class AfterThinking(Grammar):
 
     def _matched(self, matched: int, ch: str) -> int:
         """How much of the marker the text ends with after `ch`, given that it ended with its
-        first `matched` characters (the longest such prefix, as a string search keeps it)."""
-        text = self.marker[:matched] + ch
-        for length in range(len(text), 0, -1):
-            if self.marker.startswith(text[-length:]):
-                return length
-        return 0
+        first `matched` characters."""
+        return len(marker_tail(self.marker[:matched] + ch, (self.marker,)))
 
     def is_complete(self, state: Any) -> bool:
         phase, value = state

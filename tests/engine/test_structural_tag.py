@@ -54,6 +54,16 @@ def test_hand_cases_agree_with_the_definition(text, whole):
     assert complete(GRAMMAR, text) == whole == reference(SPEC, text)
 
 
+def test_a_trigger_inside_the_start_of_a_longer_one_still_fires():
+    """"ab" is whole in "xab" while "xab!" is still begun: the text goes on as the begin "ab:"."""
+    spec = {"structures": [{"begin": "ab:", "schema": {"type": "integer"}, "end": "."},
+                           {"begin": "xab!", "schema": {"type": "integer"}, "end": "."}],
+            "triggers": ["ab", "xab!"]}
+    grammar = StructuralTagGrammar(spec)
+    for text in ("xabz", "xab:1.", "xab!2.", "xab!2", "xa b"):
+        assert complete(grammar, text) == reference(spec, text), text
+
+
 PIECES = ["It ", "is ", "<f=w>", "<f=n>", "<f=", "<f", "<", "[n]", "[n", "[", "]", '{"city":"P"}',
           '{"city": "Lyon"}', '{ "city":"P"}', "{}", "7", "-3", "1.5", "</f>", "</", "f>", " ", "\n", "x"]
 
