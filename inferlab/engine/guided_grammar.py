@@ -79,23 +79,24 @@ class TokenIndex:
         self.lengths = torch.tensor([len(text or "") for text in self.texts], dtype=torch.int64)  # [V]
         token_ids = [i for i, text in enumerate(self.texts) if text]
         self.token_ids = torch.tensor(token_ids, dtype=torch.int64)
-        self.long_ids = [i for i in token_ids if len(self.texts[i]) > depth]  # read past char_ids
+        # the tokens longer than char_ids holds, as (their row in token_ids, their id)
+        self.long_tokens = [(row, i) for row, i in enumerate(token_ids) if len(self.texts[i]) > depth]
         # tokens that continue any string as they are, shortest first, and their lengths
         unsafe = [i for i in token_ids if _string_unsafe(self.texts[i])]
         safe = sorted(set(token_ids) - set(unsafe), key=lambda i: len(self.texts[i]))
         self.string_safe = torch.tensor(safe, dtype=torch.int64)
         self.string_safe_lengths = [len(self.texts[i]) for i in safe]
         # every token, and the string-unsafe ones, split by their first character
-        self.all_tokens = self.split(torch.tensor(token_ids, dtype=torch.int64), 0)
+        self.all_tokens = self.split(self.token_ids, 0)
         self.string_unsafe = self.split(torch.tensor(unsafe, dtype=torch.int64), 0)
 
     def partition(self, chars: frozenset[str]) -> tuple[torch.Tensor, torch.Tensor]:
         """(the tokens without any of `chars`, the tokens with some)."""
         ids = torch.tensor([self.char_id[c] for c in chars if c in self.char_id], dtype=torch.int32)
         holds = torch.isin(self.char_ids[self.token_ids], ids).any(dim=1)  # [tokens]
-        for i in self.long_ids:  # what char_ids does not hold of them
+        for row, i in self.long_tokens:  # what char_ids does not hold of them
             if not chars.isdisjoint(self.texts[i][self.depth:]):
-                holds[int(torch.searchsorted(self.token_ids, i))] = True
+                holds[row] = True
         return self.token_ids[~holds], self.token_ids[holds]
 
     def split(self, ids: torch.Tensor, depth: int) -> list[tuple[str, torch.Tensor]]:
@@ -245,7 +246,7 @@ class GrammarFilters:
               after: tuple[str | None, str] | None = None) -> GrammarGuide:
         """A new guide for one request (each of n copies has its own place in the grammar):
         kind "json" or "compact_json" (no whitespace) with a schema, "regex" with a pattern,
-        "ebnf" with a grammar's text; after:
+        "ebnf" with a grammar's text, "structural_tag" with a tag's spec; after:
         a reasoning model's (opener, closer) of its thinking, which the grammar starts after."""
         key = (kind, spec if isinstance(spec, str) else canonical_text(spec), after)
         token_filter = self._filters.get(key)
