@@ -7,7 +7,7 @@ constrain values beyond what the grammar checks (multipleOf, uniqueItems...) is 
 name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as absent): every
 output the grammar lets through validates against the schema. Where JSON Schema leaves room,
 the grammar is stricter, and its outputs still validate:
-- a string's `format` is written in one common spelling (FORMATS: date, time, date-time,
+- a string's `format` is written in one common spelling (json_formats.py: date, time, date-time,
   duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read with Python's re
   (jsonschema's reading), each \\u escape as one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
@@ -37,6 +37,7 @@ from fractions import Fraction
 from functools import cached_property
 from typing import Any
 
+from inferlab.engine.json_formats import FORMATS
 from inferlab.engine.json_numbers import Bound, NumberBounds
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar
 
@@ -301,39 +302,6 @@ class _Compiler:
                        NumberNode(integer=False), LiteralNode(("true", "false", "null")))
             self.nodes[index] = UnionNode(tuple(self.add(node) for node in options))
         return self.any_node
-
-
-# format -> the regex its strings are written in (RFC 3339, RFC 4122...): one common spelling of
-# each, so an output is a valid instance whichever validator checks the format; [0-9], since
-# Python's \d also takes other scripts' digits
-_DATE = (r"[1-9][0-9]{3}-((0[13578]|1[02])-(0[1-9]|[12][0-9]|3[01])|(0[469]|11)-(0[1-9]|[12][0-9]|30)"
-         r"|02-(0[1-9]|1[0-9]|2[0-8]))")  # no February 29: a leap year is more than a regex says
-_TIME = r"([01][0-9]|2[0-3]):[0-5][0-9]:[0-5][0-9](\.[0-9]{1,6})?(Z|[+-]([01][0-9]|2[0-3]):[0-5][0-9])"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]{0,60}[A-Za-z0-9])?"  # RFC 1123, at most 62 characters
-_HOSTNAME = rf"({_LABEL}\.){{0,3}}[A-Za-z]([A-Za-z0-9-]{{0,60}}[A-Za-z0-9])?"  # 4 labels: <= 253
-_IPV4 = r"((25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9][0-9]|[1-9]?[0-9])"
-_H16 = "[0-9a-fA-F]{1,4}"
-_IPV6 = "|".join((  # RFC 4291's text forms, "::" standing for the zeros it leaves out
-    f"({_H16}:){{7}}{_H16}", f"({_H16}:){{1,7}}:", f":(:{_H16}){{1,7}}", "::",
-    *(f"({_H16}:){{1,{k}}}(:{_H16}){{1,{7 - k}}}" for k in range(1, 7))))
-_DIGITS = "[0-9]{1,4}"
-_CLOCK = f"T({_DIGITS}H({_DIGITS}M)?({_DIGITS}S)?|{_DIGITS}M({_DIGITS}S)?|{_DIGITS}S)"
-_CALENDAR = f"{_DIGITS}Y({_DIGITS}M)?({_DIGITS}D)?|{_DIGITS}M({_DIGITS}D)?|{_DIGITS}D"
-_URI_CHAR = r"([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"  # RFC 3986's pchar
-FORMATS = {
-    "date": _DATE,
-    "time": _TIME,
-    "date-time": f"{_DATE}T{_TIME}",
-    "duration": f"P(({_CALENDAR})({_CLOCK})?|{_CLOCK}|{_DIGITS}W)",  # RFC 3339, appendix A
-    "hostname": _HOSTNAME,
-    "ipv6": f"({_IPV6})",
-    # an absolute URI with a host (RFC 3986): scheme://host[:port][/path][?query][#fragment]
-    "uri": (rf"[A-Za-z][A-Za-z0-9+.-]{{0,15}}://({_HOSTNAME}|{_IPV4})(:[0-9]{{1,5}})?(/{_URI_CHAR}*)*"
-            rf"(\?({_URI_CHAR}|[/?])*)?(#({_URI_CHAR}|[/?])*)?"),
-    "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,4}\.[A-Za-z]{2,24}",
-    "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
-    "ipv4": _IPV4,
-}
 
 
 def _count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int | None]:
