@@ -207,7 +207,8 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     device = logits.device
     vocab = logits.shape[-1]
     picked = [params[row] for row in rows]
-    top_k = torch.tensor([p.top_k or vocab for p in picked], device=device)
+    # a top_k past the vocabulary keeps every token, as vLLM's does (and fits an int64)
+    top_k = torch.tensor([min(p.top_k or vocab, vocab) for p in picked], device=device)
     top_p = torch.tensor([p.top_p for p in picked], device=device)
     index = torch.tensor(rows, device=device)
     asking = logits[index]  # [R, V]

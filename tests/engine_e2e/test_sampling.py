@@ -66,6 +66,15 @@ def test_top_k_top_p_touch_only_the_rows_that_ask():
     assert torch.equal(got[2][got[2].isfinite()], logits[2][got[2].isfinite()])  # untempered
 
 
+def test_a_top_k_past_the_vocabulary_keeps_every_token():
+    """vLLM reads such a top_k as off; 2**63 once failed the step (an int64 overflow in the
+    tensor of k's) and stopped the engine for every request. Beside it, top_k = 2 still cuts."""
+    logits = torch.randn(2, 50, generator=torch.Generator().manual_seed(1))
+    got = top_k_top_p(logits, [SamplingParams(top_k=2**63), SamplingParams(top_k=2)])
+    assert torch.equal(got[0], logits[0])
+    assert int(got[1].isfinite().sum()) == 2
+
+
 def test_top_p_one_keeps_the_tail_an_fp32_running_sum_rounds_away():
     """One token holds all but ~5e-12 of the mass, so the fp32 running sum is 1.0 from the
     second token on; top_p = 1 must still keep all top_k = 50 tokens."""
