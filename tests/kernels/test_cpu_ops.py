@@ -196,6 +196,30 @@ def test_decode_result_does_not_depend_on_the_batch():
         assert torch.equal(alone[0], together[b])
 
 
+@pytest.mark.skipif(cpu_ops.amx_available(), reason="AMX tiles sum in their own order "
+                    "(test_cpu_without_amx runs this on the AVX512 path)")
+@pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 8)])
+def test_a_prefill_row_gives_the_bits_of_the_same_token_decoded(head_dim, block_size):
+    """Each new token of a bf16 prefill chunk against a decode step of that token over the same
+    positions: the same bits. Chunked prefill, preemption (a recomputed output) and speculative
+    drafts run a token through one kernel or the other depending on the rest of the batch, and
+    a seeded sample must not. Before the prefill summed its scores as decode does, about one
+    chunk in fifty differed in some head (keys scaled up, so scores spread as a model's do)."""
+    gen = random.Random(11)
+    for trial in range(30):
+        new, context = gen.randint(2, 40), gen.randint(0, 90)
+        (q, k, v), (kc, vc), meta = _random_batch([new], [context], torch.bfloat16, seed=trial,
+                                                  d=head_dim, block_size=block_size)
+        kc.mul_(gen.uniform(1, 8))
+        chunk = cpu_paged.paged_attention(q, k, v, kc, vc, meta, head_dim ** -0.5)
+        table = meta.block_tables[0].tolist()
+        for r in range(new):
+            step = AttentionMetadata.build([1], [context + r + 1], [table], block_size)
+            decoded = cpu_paged.paged_attention(q[r:r + 1], k[r:r + 1], v[r:r + 1], kc, vc, step,
+                                                head_dim ** -0.5)
+            assert torch.equal(decoded[0], chunk[r]), (trial, new, context, r)
+
+
 @pytest.mark.parametrize("block_size, head_dim, heads", [(16, 64, (9, 3)), (8, 128, (32, 8)),
                                                          (32, 64, (4, 4)), (16, 96, (14, 2))])
 def test_decodes_sharing_a_prompt_give_the_bits_each_gives_alone(block_size, head_dim, heads):

@@ -32,21 +32,6 @@ int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride, const i
     return blocks * block_size / 16 * 16;
 }
 
-/* The shared prefix's scores for `rows` query rows (a multiple of 4, bf16, D apart). */
-static void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt, int64_t shared,
-                          int64_t dim, float scale, float *scores, int64_t stride) {
-    const int64_t k_steps = dim / 32;
-    for (int64_t c = 0; c < shared / 16; c++)
-        for (int64_t r = 0; r < rows; r += 4) {
-            const uint16_t *qr = qbuf + r * dim;
-            const uint32_t *chunk = kt + c * k_steps * 256;
-            float *sr = scores + r * stride + c * 16;
-            if (k_steps == 2) prefix_scores_tile(qr, dim, chunk, 2, scale, sr, stride);
-            else if (k_steps == 4) prefix_scores_tile(qr, dim, chunk, 4, scale, sr, stride);
-            else prefix_scores_tile(qr, dim, chunk, (int)k_steps, scale, sr, stride);
-        }
-}
-
 /* Tokens a task: 8 left the two threads unevenly loaded (4% slower), 2 wasted tile rows. */
 #define PREFIX_GROUP 4
 #define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */

@@ -1,6 +1,7 @@
 /* The decode attention kernels' building blocks (included by decode_attention.c and
- * decode_prefix.c): the softmax rows, the AVX512-BF16 register kernels that read a token's paged
- * keys and values 16 positions at a time, and a token's attention from a given position on. */
+ * decode_prefix.c, and by prefill_attention.c for the same sums): the softmax rows, the
+ * AVX512-BF16 register kernels that read a token's paged keys and values 16 positions at a time,
+ * and a token's attention from a given position on. */
 #ifndef INFERLAB_DECODE_TILES_H
 #define INFERLAB_DECODE_TILES_H
 #include <math.h>
@@ -18,6 +19,10 @@ static inline int64_t row_floats(int64_t len) { return round_up(len, 32); }
 static inline __attribute__((always_inline)) void softmax_rows(
         float *scores, int64_t r0, int64_t r1, int64_t len, int64_t stride, float *total) {
     for (int64_t r = r0; r < r1; r++) {
+#ifdef __AVX512BF16__
+        total[r] = softmax_numerators_ps(scores + r * stride, len);
+        continue;
+#endif
         float *sr = scores + r * stride, top = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : top)
         for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
@@ -160,6 +165,24 @@ static inline __attribute__((always_inline)) void prefix_scores_tile(
         const __m512 sum = _mm512_add_ps(x0[r], _mm512_add_ps(x2[r], x3[r]));
         _mm512_storeu_ps(scores + r * stride, _mm512_mul_ps(sum, _mm512_set1_ps(scale)));
     }
+}
+
+/* Scores of `rows` query rows (a multiple of 4, bf16, D apart) against the first `shared`
+ * positions (a multiple of 16) of layout_head's K^T tiles, summed as scores_bf16 sums them: a
+ * decode token's shared prefix, and a prefill's query tiles, so that a token's scores do not
+ * depend on the kernel that ran it. */
+static inline void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt, int64_t shared,
+                          int64_t dim, float scale, float *scores, int64_t stride) {
+    const int64_t k_steps = dim / 32;
+    for (int64_t c = 0; c < shared / 16; c++)
+        for (int64_t r = 0; r < rows; r += 4) {
+            const uint16_t *qr = qbuf + r * dim;
+            const uint32_t *chunk = kt + c * k_steps * 256;
+            float *sr = scores + r * stride + c * 16;
+            if (k_steps == 2) prefix_scores_tile(qr, dim, chunk, 2, scale, sr, stride);
+            else if (k_steps == 4) prefix_scores_tile(qr, dim, chunk, 4, scale, sr, stride);
+            else prefix_scores_tile(qr, dim, chunk, (int)k_steps, scale, sr, stride);
+        }
 }
 
 /* A row's softmax weights (fp32, len of them) as bf16 in place, two positions to a 32-bit pair,

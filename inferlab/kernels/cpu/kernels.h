@@ -2,6 +2,7 @@
  * the files that call one another's, and the dtype conversions several files need. */
 #ifndef INFERLAB_CPU_KERNELS_H
 #define INFERLAB_CPU_KERNELS_H
+#include <math.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -122,6 +123,29 @@ static inline __m512 exp_nonpositive_ps(__m512 x) {
     for (int i = 0; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[i]));
     __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
     return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* Softmax numerators exp(x - max) of row[0, n) in place; returns their sum, taken lane by lane
+ * (position p in lane p % 16, in order) and then across the lanes. Decode and prefill attention
+ * both take a row's weights from here, so a token's attention does not depend on which of them
+ * ran it: a prompt cut into chunks otherwise (its last token a decode-shaped step) gave other
+ * logits than the same prompt in one piece, and a seeded sample another token. */
+static inline float softmax_numerators_ps(float *row, int64_t n) {
+    __m512 top_v = _mm512_set1_ps(-INFINITY);
+    for (int64_t p = 0; p < n; p += 16) {
+        const __mmask16 live = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
+        top_v = _mm512_mask_max_ps(top_v, live, top_v, _mm512_maskz_loadu_ps(live, row + p));
+    }
+    const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));
+    __m512 sum = _mm512_setzero_ps();
+    for (int64_t p = 0; p < n; p += 16) {
+        const __mmask16 live = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
+        const __m512 e = _mm512_maskz_mov_ps(
+            live, exp_nonpositive_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + p), top)));
+        sum = _mm512_add_ps(sum, e);
+        _mm512_mask_storeu_ps(row + p, live, e);
+    }
+    return _mm512_reduce_add_ps(sum);
 }
 
 /* rows[i] lane j -> rows[j] lane i: a 16 x 16 transpose of 32-bit elements in four rounds of

@@ -21,6 +21,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "decode_tiles.h"
 #include "kernels.h"
 
 #ifdef __AVX512BF16__
@@ -141,6 +142,26 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
     }
 }
 
+/* scores [16][width] = scale * Q K^T for the tile's rows and the positions below `visible`. On
+ * AMX tiles their own order; else summed as decode attention sums them (prefix_scores), so that
+ * a token gets the same scores whether it comes in a prompt's chunk, alone as a decode step, or
+ * as a speculative draft. */
+static void amx_scores_or(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t rows,
+                          int64_t visible, float scale, int64_t width, float *scores, int amx) {
+#if defined(__AMX_BF16__)
+    if (amx) {
+        tile_scores(qbuf, kt, dim, visible, width, scores);
+        const __m512 scale_v = _mm512_set1_ps(scale);
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t p = 0; p < visible; p += 16)
+                _mm512_storeu_ps(scores + r * width + p, _mm512_mul_ps(_mm512_loadu_ps(scores + r * width + p), scale_v));
+        return;
+    }
+#endif
+    (void)amx;
+    prefix_scores(qbuf, round_up(rows, 4), kt, round_up(visible, 16), dim, scale, scores, width);
+}
+
 /* Scratch of one query tile: the queries [16][D] bf16, scores [16][len] fp32, probabilities
  * [16][len] bf16 (len rounded up to 32), a pass's outputs [16][64] fp32, the row sums. */
 static size_t tile_scratch_bytes(int64_t max_len, int64_t dim) {
@@ -165,32 +186,15 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
         if (r < rows) memcpy(qbuf + r * s.dim, q + (q0 + t0 + r) * q_stride + qh * s.dim, (size_t)s.dim * 2);
         else memset(qbuf + r * s.dim, 0, (size_t)s.dim * 2);
     }
-#if defined(__AMX_BF16__)
-    if (amx) tile_scores(qbuf, kt, s.dim, visible, width, scores);
-    else
-#endif
-        vnni_product(qbuf, s.dim, rows, s.dim / 2, (const uint16_t *)kt, s.dim / 32 * 512, 32, 512,
-                     (visible + 15) / 16, scores, width);
-    const __m512 scale_v = _mm512_set1_ps(scale);
+    amx_scores_or(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
         float *sr = scores + r * width;
-        __m512 top_v = _mm512_set1_ps(-INFINITY);
-        for (int64_t p = 0; p < n; p += 16) {
-            __mmask16 live = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
-            __m512 v = _mm512_mul_ps(_mm512_maskz_loadu_ps(live, sr + p), scale_v);
-            _mm512_mask_storeu_ps(sr + p, live, v);
-            top_v = _mm512_mask_max_ps(top_v, live, top_v, v);
-        }
-        const __m512 top = _mm512_set1_ps(_mm512_reduce_max_ps(top_v));
-        __m512 sum = _mm512_setzero_ps();
+        total[r] = softmax_numerators_ps(sr, n);
         for (int64_t p = 0; p < width; p += 16) {
             __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
-            __m512 e = _mm512_maskz_mov_ps(live, exp_nonpositive_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, sr + p), top)));
-            sum = _mm512_add_ps(sum, e);
-            store_bf16(probs + r * width + p, e);
+            store_bf16(probs + r * width + p, _mm512_maskz_loadu_ps(live, sr + p));
         }
-        total[r] = _mm512_reduce_add_ps(sum);
     }
     for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
         const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
