@@ -159,6 +159,17 @@ def test_neutral_values_of_unsupported_fields_are_accepted(server):
     assert r.status_code == 200, r.text
 
 
+def test_integers_past_int64_are_served_or_refused_never_fatal(server):
+    """JSON integers have no bound: top_k 2**63 once overflowed the sampler's int64 tensor mid-step
+    and stopped the engine, so every later request got 503. Past the vocabulary top_k keeps every
+    token (vLLM's reading); a seed past torch's range is a 400."""
+    for top_k in (2**63, 10**30):
+        r = completion(server, max_tokens=2, temperature=1.0, top_k=top_k, seed=1)
+        assert r.status_code == 200, r.text
+    assert "seed" in check_error(completion(server, max_tokens=2, seed=2**64), 400, "seed")
+    assert completion(server, max_tokens=2).status_code == 200  # the engine still serves
+
+
 def test_prompt_over_the_context_is_400_with_the_numbers(server):
     prompt = "hello " * 100
     count = post(server, "/tokenize", json={"prompt": prompt}).json()["count"]
