@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import sys
+import tempfile
 import time
 
 from inferlab.errors import InferlabError
@@ -98,6 +99,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         read_text(args.calib)  # a missing file fails now, not after loading the model
     if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
         raise InferlabError(f"{args.out}: exists and is not empty (choose a new --out)")
+    _check_writable(args.out)
     if args.threads is not None:
         if args.threads < 1:
             raise InferlabError(f"--threads must be at least 1, got {args.threads}")
@@ -114,3 +116,16 @@ def run_quantize(args: argparse.Namespace) -> int:
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(summary, indent=2), file=sys.stdout)
     return 0
+
+
+def _check_writable(out: str) -> None:
+    """Fail now, not after the quantization, where --out cannot be made: the checkpoint is
+    written beside it (out.partial-PID) and moved into place, so its nearest existing
+    ancestor must take a new directory."""
+    parent = os.path.dirname(os.path.abspath(out))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".inferlab-probe-", dir=parent))
+    except OSError as e:
+        raise InferlabError(f"{out}: cannot write a directory in {parent} ({e.strerror})") from None

@@ -195,6 +195,19 @@ def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
     assert (tmp_path / "out" / "keep.txt").read_text() == "mine"
 
 
+@pytest.mark.parametrize("out", ["file/out", "/proc/inferlab-out"], ids=["under a file", "in /proc"])
+def test_cli_refuses_an_output_it_cannot_create_before_quantizing(source, tmp_path, capsys, monkeypatch,
+                                                                   out) -> None:
+    """Once a traceback after the whole run (os.makedirs of out.partial-PID)."""
+    (tmp_path / "file").write_text("not a directory")
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
+    assert main(["quantize", str(source[0]), "--scheme", "W8A16", "--out", out]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write a directory" in err and "Traceback" not in err and not ran
+
+
 @pytest.mark.parametrize(("arch", "scheme"), [("llama", "W8A16"), ("llama-tied", "W8A16"),
                                             ("llama-tied", "FP8")])
 def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str, scheme: str) -> None:
