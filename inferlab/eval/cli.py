@@ -44,8 +44,10 @@ def run_eval(args: argparse.Namespace) -> int:
                         seq_len=args.seq_len, limit=args.limit, dtype=args.dtype,
                         device=args.device, via_engine=args.via_engine, output=args.output)
     from inferlab.eval.perplexity import evaluate  # torch loads only once the flags are valid
-    from inferlab.eval.result import render, write_json
+    from inferlab.eval.result import check_writable, render, write_json
 
+    if config.output:
+        check_writable(config.output)
     result = evaluate(config)
     print(render(result))
     if config.output:

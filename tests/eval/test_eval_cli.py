@@ -74,6 +74,7 @@ def other_vocab_model(tmp_path_factory):
     ("window_too_long", f"--seq-len {MAX_POSITIONS + 1} is longer than base can take"),
     ("engine_window_too_long", "the engine needs one position"),
     ("other_vocabulary", "have different vocabularies"),
+    ("unwritable_output", "cannot write the result"),  # before the run, not after it
 ])
 def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
                                           other_vocab_model, tmp_path, capsys):
@@ -92,8 +93,10 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
         "engine_window_too_long": [str(base_dir), *data, "--seq-len", str(MAX_POSITIONS),
                                    "--via-engine"],
         "other_vocabulary": [str(base_dir), *data, "--baseline", str(other_vocab_model)],
+        "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
     }[case]
     code, stdout, stderr = _run(capsys, *argv)
     assert code == 2
     assert stderr.startswith("error: ") and message in stderr
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
+    assert stdout == ""  # refused before the run: no result half delivered
