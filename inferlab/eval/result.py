@@ -80,8 +80,7 @@ def check_writable(path: str) -> None:
     file is left as it is, a new one removed again."""
     existed = os.path.exists(path)
     try:
-        with open(path, "a", encoding="utf-8"):
-            pass
+        open(path, "a", encoding="utf-8").close()  # appends nothing: an existing file stays
     except OSError as e:
         raise InferlabError(f"{path}: cannot write the result ({e.strerror})") from None
     if not existed:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
 
@@ -98,3 +101,36 @@ def test_priority_needs_the_priority_policy(make_llm):
     with pytest.raises(InferlabError, match="2 prompts but 1 priorities"):
         llm.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[0])
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_seeded_bf16_sampling_and_logprobs_ignore_the_batch():
+    """bf16, the default dtype on this CPU: the same request alone and beside copies of itself
+    and other prompts (decode batches of 1 and of 6, prefills of 4 and of ~20 rows) samples the
+    same tokens with the same logprobs, bit for bit."""
+    llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True, logprobs=0)
+    alone = llm.generate(["Tell me a story"], params)[0].outputs[0]
+    batch = llm.generate(["Tell me a story", "Why", "Tell me a story", "A long time ago", "B", "C"],
+                         [params, SamplingParams(temperature=1.0, max_tokens=9), params,
+                          SamplingParams(temperature=0.5, max_tokens=12), params, params])
+    for out in (batch[0].outputs[0], batch[2].outputs[0]):
+        assert out.token_ids == alone.token_ids
+        assert [e.logprob for e in out.logprobs] == [e.logprob for e in alone.logprobs]
+
+
+def test_seeded_bf16_sampling_ignores_where_the_prompt_is_cut():
+    """bf16: a prompt prefilled whole, in chunks of 7, and in one of 60 tokens whose last token
+    then runs alone as a decode-shaped step (what a busy batch's token budget does to it):
+    the same sampled tokens and logprobs, bit for bit. Before the prefill attention summed its
+    scores as the decode kernel does, the last cut moved this prompt's first logprob from
+    -4.64 to -4.69."""
+    whole = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
+    gen = random.Random(1)
+    prompt = [gen.randrange(100, 40000) for _ in range(61)]
+    params = SamplingParams(temperature=1.0, seed=3, max_tokens=8, ignore_eos=True, logprobs=0)
+    expected = whole.generate([prompt], params)[0].outputs[0]
+    for step in (7, 60):
+        cut = LLM(loaded=whole.engine.loaded, dtype="bfloat16", kv_cache_memory="64MiB",
+                  max_num_batched_tokens=step).generate([prompt], params)[0].outputs[0]
+        assert cut.token_ids == expected.token_ids, step
+        assert [e.logprob for e in cut.logprobs] == [e.logprob for e in expected.logprobs], step

@@ -18,11 +18,10 @@ static inline int64_t row_floats(int64_t len) { return round_up(len, 32); }
  * [r0, r1); sums to total[r]. */
 static inline __attribute__((always_inline)) void softmax_rows(
         float *scores, int64_t r0, int64_t r1, int64_t len, int64_t stride, float *total) {
-    for (int64_t r = r0; r < r1; r++) {
 #ifdef __AVX512BF16__
-        total[r] = softmax_numerators_ps(scores + r * stride, len);
-        continue;
-#endif
+    for (int64_t r = r0; r < r1; r++) total[r] = softmax_numerators_ps(scores + r * stride, len);
+#else
+    for (int64_t r = r0; r < r1; r++) {
         float *sr = scores + r * stride, top = -INFINITY, sum = 0.0f;
 #pragma omp simd reduction(max : top)
         for (int64_t p = 0; p < len; p++) top = sr[p] > top ? sr[p] : top;
@@ -33,6 +32,7 @@ static inline __attribute__((always_inline)) void softmax_rows(
         }
         total[r] = sum;
     }
+#endif
 }
 
 #ifdef __AVX512BF16__
@@ -171,8 +171,9 @@ static inline __attribute__((always_inline)) void prefix_scores_tile(
  * positions (a multiple of 16) of layout_head's K^T tiles, summed as scores_bf16 sums them: a
  * decode token's shared prefix, and a prefill's query tiles, so that a token's scores do not
  * depend on the kernel that ran it. */
-static inline void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt, int64_t shared,
-                          int64_t dim, float scale, float *scores, int64_t stride) {
+static inline void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint32_t *kt,
+                                 int64_t shared, int64_t dim, float scale, float *scores,
+                                 int64_t stride) {
     const int64_t k_steps = dim / 32;
     for (int64_t c = 0; c < shared / 16; c++)
         for (int64_t r = 0; r < rows; r += 4) {

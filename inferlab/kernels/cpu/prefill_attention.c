@@ -146,8 +146,8 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
  * AMX tiles their own order; else summed as decode attention sums them (prefix_scores), so that
  * a token gets the same scores whether it comes in a prompt's chunk, alone as a decode step, or
  * as a speculative draft. */
-static void amx_scores_or(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t rows,
-                          int64_t visible, float scale, int64_t width, float *scores, int amx) {
+static void query_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t rows,
+                         int64_t visible, float scale, int64_t width, float *scores, int amx) {
 #if defined(__AMX_BF16__)
     if (amx) {
         tile_scores(qbuf, kt, dim, visible, width, scores);
@@ -186,7 +186,7 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
         if (r < rows) memcpy(qbuf + r * s.dim, q + (q0 + t0 + r) * q_stride + qh * s.dim, (size_t)s.dim * 2);
         else memset(qbuf + r * s.dim, 0, (size_t)s.dim * 2);
     }
-    amx_scores_or(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
+    query_scores(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
         float *sr = scores + r * width;
