@@ -30,7 +30,8 @@ logger = logging.getLogger("inferlab.kernels")
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
                                          "vnni_gemm.c", "quant_linear.c", "dynamic_linear.c",
-                                         "prefill_attention.c", "decode_layer.c", "sampling.c"))
+                                         "prefill_attention.c", "decode_amx.c", "decode_layer.c",
+                                         "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h")
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers

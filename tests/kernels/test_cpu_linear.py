@@ -56,25 +56,26 @@ def test_a_row_does_not_depend_on_its_neighbours():
     torch.manual_seed(0)
     layer = PackedLinear(nn.Linear(576, 960).to(torch.bfloat16))
     x = torch.randn(37, 576, dtype=torch.bfloat16)
-    few = layer(x[:4])  # the AVX512 kernel
+    few = layer(x[:4])  # the AVX512 kernel (AMX: tiles of 4 rows)
     for i in range(4):
         assert torch.equal(layer(x[i:i + 1])[0], few[i])
     many = layer(x)  # AMX where present: 37 rows = a full block of 32 and a padded one of 5
     assert torch.equal(layer(x[:5]), many[:5]) and torch.equal(layer(x[32:]), many[32:])
 
 
-@pytest.mark.skipif(cpu_ops.amx_available(), reason="AMX tiles sum in their own order")
 @pytest.mark.parametrize("shape, bias", [((576, 960), True), ((576, 2048), False), ((1536, 576), False)])
 def test_a_row_gets_the_same_bits_whatever_the_batch_around_it(shape, bias):
-    """1-4 rows (the single-row kernel) and more (the GEMM's tiles) sum each output as one
-    vdpbf16ps chain in k order, so a request's hidden states and fp32 logits do not depend on how
-    many rows share its step. (Two chains, even and odd pairs, in the small kernel had made a
-    seeded bf16 request sample differently alone and in a batch.)"""
+    """Without AMX, 1-4 rows (the single-row kernel) and more (the GEMM's register tiles) sum
+    each output as one vdpbf16ps chain in k order; with AMX, every row count runs on tiles (of
+    as many rows up to 16, in blocks of 32 beyond). Either way a request's hidden states and fp32
+    logits do not depend on how many rows share its step. (Two chains, even and odd pairs, in
+    the small kernel had made a seeded bf16 request sample differently alone and in a batch; on
+    AMX, the single-row AVX512 kernel beside the GEMM's tiles did.)"""
     torch.manual_seed(2)
     layer = PackedLinear(nn.Linear(*shape, bias=bias).to(torch.bfloat16))
     x = torch.randn(64, shape[0], dtype=torch.bfloat16)
     alone_sums, alone = layer.forward_fp32(x[:1])[0], layer(x[:1])[0]
-    for rows in (2, 4, 5, 6, 17, 64):
+    for rows in (2, 4, 5, 6, 16, 17, 33, 64):
         assert torch.equal(layer.forward_fp32(x[:rows])[0], alone_sums), rows
         assert torch.equal(layer(x[:rows])[0], alone), rows
 

@@ -168,10 +168,11 @@ def test_long_prefill_chunks_match_the_oracle_alone_or_together(head_dim):
         assert torch.equal(alone, together[rows])
 
 
-@pytest.mark.parametrize("heads", [(32, 8), (4, 4), (16, 1), (6, 3)])
+@pytest.mark.parametrize("heads", [(32, 8), (4, 4), (16, 1), (6, 3), (40, 2)])
 def test_decode_head_layouts_match_the_oracle_alone_or_together(heads):
-    """bf16 decodes with GQA groups of 4 (AMX: two bands of heads a tile), 1, 16 and 2: the
-    oracle's result, and the same bits alone (one KV head a task) or batched (all heads)."""
+    """bf16 decodes with GQA groups of 4, 1, 16, 2 and 20 (on AMX: a KV head's query heads are
+    the columns of one tile, 20 of them two bands): the oracle's result, and the same bits alone
+    (one KV head a task) or batched (all heads)."""
     query_lens, context_lens = [1] * 6, [5, 77, 300, 16, 1, 140]
     (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=7,
                                               d=128, heads=heads)
@@ -196,20 +197,20 @@ def test_decode_result_does_not_depend_on_the_batch():
         assert torch.equal(alone[0], together[b])
 
 
-@pytest.mark.skipif(cpu_ops.amx_available(), reason="AMX tiles sum in their own order "
-                    "(test_cpu_without_amx runs this on the AVX512 path)")
-@pytest.mark.parametrize("head_dim, block_size", [(64, 16), (128, 8)])
-def test_a_prefill_row_gives_the_bits_of_the_same_token_decoded(head_dim, block_size):
+@pytest.mark.parametrize("head_dim, block_size, heads", [(64, 16, (9, 3)), (128, 8, (9, 3)),
+                                                         (64, 32, (40, 2))])
+def test_a_prefill_row_gives_the_bits_of_the_same_token_decoded(head_dim, block_size, heads):
     """Each new token of a bf16 prefill chunk against a decode step of that token over the same
     positions: the same bits. Chunked prefill, preemption (a recomputed output) and speculative
     drafts run a token through one kernel or the other depending on the rest of the batch, and
-    a seeded sample must not. Before the prefill summed its scores as decode does, about one
-    chunk in fifty differed in some head (keys scaled up, so scores spread as a model's do)."""
+    a seeded sample must not. Without AMX, before the prefill summed its scores as decode does,
+    about one chunk in fifty differed in some head (keys scaled up, so scores spread as a
+    model's do); with AMX, before decode ran on tiles too, every chunk did."""
     gen = random.Random(11)
     for trial in range(30):
         new, context = gen.randint(2, 40), gen.randint(0, 90)
         (q, k, v), (kc, vc), meta = _random_batch([new], [context], torch.bfloat16, seed=trial,
-                                                  d=head_dim, block_size=block_size)
+                                                  d=head_dim, heads=heads, block_size=block_size)
         kc.mul_(gen.uniform(1, 8))
         chunk = cpu_paged.paged_attention(q, k, v, kc, vc, meta, head_dim ** -0.5)
         table = meta.block_tables[0].tolist()

@@ -2,8 +2,9 @@
  * token's query against its sequence's cached positions, read block by block where they lie,
  * no gather. Generic fp32/bf16 loops, and AVX512-BF16 score and value kernels (decode_tiles.h):
  * fp32 scores and softmax, the weights rounded to bf16 for the values (as prefill_attention.c
- * and GPU flash attention round them), fp32 sums. See paged_decode_attention for how work is
- * split.
+ * and GPU flash attention round them), fp32 sums. On CPUs with AMX, bf16 tokens go to
+ * decode_amx.c instead, whose sums are the AMX prefill's. See paged_decode_attention for how
+ * work is split.
  *
  * Why C: torch's path gathered each sequence's K/V out of the blocks and ran SDPA per
  * sequence; here one call covers the batch (inferlab/kernels/cpu_ops.py builds and calls it).
@@ -211,6 +212,14 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
         max_len = seq_lens[seqs[i]] > max_len ? seq_lens[seqs[i]] : max_len;
     int64_t heads_per_task = num_decodes >= 2 * omp_get_max_threads() ? num_kv_heads : 1;
     int64_t tasks_per_token = num_kv_heads / heads_per_task;
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    /* where prefill attention runs on AMX tiles, decode tokens must too (decode_amx.c) */
+    if (bf16_kernels_fit(elem, dim) && has_amx()) {
+        span_t s = {NULL, max_len, 0, num_kv_heads, group, num_kv_heads, dim, block_size};
+        return decode_amx(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, rows,
+                          seqs, num_decodes, out, s, heads_per_task, scale);
+    }
+#endif
 #ifdef __AVX512BF16__
     /* too few (token, KV head) tasks to keep every thread busy: the team takes a token at a time */
     if (num_decodes * num_kv_heads < 2 * omp_get_max_threads() && omp_get_max_threads() > 1

@@ -186,6 +186,27 @@ static inline void prefix_scores(const uint16_t *qbuf, int64_t rows, const uint3
         }
 }
 
+/* Values of positions [p0, p0 + 32) (zeros past s.len) of KV head h, dims [d0, d0 + dims) (dims
+ * a multiple of 32), as B tiles of vdpbf16ps pairs: tile t holds dims d0 + 16t .. + 15, its row
+ * i positions p0 + 2i and p0 + 2i + 1 interleaved dim by dim (a[0] b[0] a[1] b[1] ...). */
+static inline void pair_values(const uint16_t *v_cache, span_t s, int64_t h, int64_t p0,
+                               int64_t d0, int64_t dims, uint16_t *tiles) {
+    static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
+                                            8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i lo = _mm512_loadu_si512(interleave), hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
+    for (int64_t i = 0; i < 16; i++) {
+        const int64_t p = p0 + 2 * i;
+        const uint16_t *a = p < s.len ? v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) : NULL;
+        const uint16_t *b = p + 1 < s.len ? v_cache + kv_offset(s.table, p + 1, s.block_size, s.num_kv_heads, h, s.dim) : NULL;
+        for (int64_t d = 0; d < dims; d += 32) {
+            const __m512i va = a ? _mm512_loadu_si512(a + d0 + d) : _mm512_setzero_si512();
+            const __m512i vb = b ? _mm512_loadu_si512(b + d0 + d) : _mm512_setzero_si512();
+            _mm512_storeu_si512(tiles + (d / 16) * 512 + i * 32, _mm512_permutex2var_epi16(va, lo, vb));
+            _mm512_storeu_si512(tiles + (d / 16 + 1) * 512 + i * 32, _mm512_permutex2var_epi16(va, hi, vb));
+        }
+    }
+}
+
 /* A row's softmax weights (fp32, len of them) as bf16 in place, two positions to a 32-bit pair,
  * zeros up to the next multiple of 32 positions: rows must lie at least round_up(len, 32)
  * floats apart. Writing 64 bytes at 2p never reaches floats not yet read (at 4p + 128). */

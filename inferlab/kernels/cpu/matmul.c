@@ -10,11 +10,13 @@
  *   partial sums with no horizontal reduction, and 16 consecutive k-pairs of a block are one
  *   1 KiB AMX tile.
  *
- * Up to VNNI_MAX_ROWS rows take the AVX512 kernel (bound by reading the weights once); more go
- * to AMX tiles (16x32 x 32x16 per instruction) when the CPU has them, else to register tiles
- * of 6 rows x 64 outputs (vnni_gemm.c). Sums are fp32 and round to bf16 once at the end. The
- * AVX512 kernel and the register tiles sum each output as one chain in k order, so without AMX a
- * row's result does not depend on the other rows at all; AMX tiles sum in their own order.
+ * Without AMX, up to VNNI_MAX_ROWS rows take the AVX512 kernel (bound by reading the weights
+ * once) and more the register tiles of 6 rows x 64 outputs (vnni_gemm.c); both sum each output
+ * as one chain in k order. AMX tiles (16x32 x 32x16 per instruction) sum in their own order,
+ * which no AVX512 code reproduces, so on a CPU with AMX every row count runs on tiles: up to
+ * AMX_MAX_ROWS rows on tiles of that many rows (amx_rows), more in blocks of 32 (amx_gemm).
+ * Either way a row's result does not depend on the other rows. Sums are fp32 and round to bf16
+ * once at the end.
  * N must be a multiple of 16 and K of 32 (checked by the caller).
  */
 #include <omp.h>
@@ -28,9 +30,11 @@
 #include <immintrin.h>
 
 #define VNNI_MAX_ROWS 4
+#define AMX_MAX_ROWS 16 /* amx_rows; more go to amx_gemm's blocks of 32 */
 #define L2_BUDGET_BYTES (1 << 20) /* weights an AMX thread keeps in its L2 at a time */
 #define CHUNKS_PER_THREAD 2 /* AMX column chunks per thread, handed out dynamically (4: ~15% slower) */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
+#define AMX_PREFETCH_BYTES 2048 /* amx_rows: how far ahead on each weight stream */
 
 /* w [N, K] row-major -> packed [N/16][K/2][16][2]. */
 void pack_bf16_vnni(const uint16_t *w, uint16_t *packed, int64_t n_out, int64_t k_in) {
@@ -121,19 +125,75 @@ static int amx_permitted(void) {
     return permitted;
 }
 
-/* Every tile 16 rows x 64 bytes, for this thread. amx_gemm uses 0-3 as C (16 x 16 fp32), 4-5 as A
- * (16 rows x 32 bf16), 6-7 as B (16 k-pairs x 16 x 2); the attention kernels assign their own. */
-void amx_configure_tiles(void) {
+static __thread int configured_rows;  /* this thread's A and C tile rows; 0: released */
+
+/* Every tile 64 bytes wide, for this thread; tiles 0, 1, 4 and 5 a_rows rows, the others 16.
+ * amx_gemm (a_rows 16) uses 0-3 as C (16 x 16 fp32), 4-5 as A (16 rows x 32 bf16), 6-7 as B (16
+ * k-pairs x 16 x 2); amx_rows 0-1 as C, 4-5 as A and 2-3, 6-7 as B; the attention kernels assign
+ * their own (with a_rows 16). A thread keeps its configuration between
+ * calls: a decode step makes ~120 linear calls, and an ldtilecfg and tilerelease each time cost
+ * about 1 us a call here. */
+static void configure_tiles(int a_rows) {
+    if (configured_rows == a_rows) return;
+    configured_rows = a_rows;
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
     for (int t = 0; t < 8; t++) {
-        cfg.rows[t] = 16;
+        cfg.rows[t] = t < 2 || t == 4 || t == 5 ? a_rows : 16;
         cfg.colsb[t] = 64;
     }
     /* gcc does not see ldtilecfg read the whole struct and drops the stores above without this */
     __asm__ volatile("" : : "m"(cfg) : "memory");
     _tile_loadconfig(&cfg);
+}
+
+/* Up to 16 rows (a decode batch) on AMX tiles of that many rows, two output blocks a task,
+ * each block's weights streamed once as vnni_linear streams them. A row's sums are the bits
+ * amx_gemm gives it (the same tile products over the same k-steps; a tile's rows do not see
+ * each other), so a token's hidden states do not depend on how many rows came with it. */
+static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+                     const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
+    const int64_t row_bytes = k_in * 2, block_bytes = 16 * row_bytes, blocks = n_out / 16;
+#pragma omp parallel
+    {
+        configure_tiles((int)rows);
+        float c[2][16 * 16] __attribute__((aligned(64)));
+#pragma omp for schedule(static)
+        for (int64_t b0 = 0; b0 < blocks; b0 += 2) {
+            const int nb = blocks - b0 < 2 ? 1 : 2;
+            const uint8_t *w[2] = {(const uint8_t *)packed + b0 * block_bytes,
+                                   (const uint8_t *)packed + (b0 + nb - 1) * block_bytes};
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int64_t k = 0; k < row_bytes; k += 128) {
+                for (int b = 0; b < 2; b++)  /* AMX_PREFETCH_BYTES ahead on each weight stream */
+                    for (int line = 0; line < 32; line++)
+                        _mm_prefetch(task_prefetch_at(w[b], k * 16 + AMX_PREFETCH_BYTES + 64 * line,
+                                                      block_bytes, 2), _MM_HINT_T0);
+                _tile_loadd(4, (const uint8_t *)x + k, x_stride * 2);
+                _tile_loadd(6, w[0] + k * 16, 64);
+                _tile_loadd(7, w[1] + k * 16, 64);
+                _tile_dpbf16ps(0, 4, 6);
+                _tile_dpbf16ps(1, 4, 7);
+                if (k + 64 < row_bytes) {  /* the next k-step in other tiles: no wait on these */
+                    _tile_loadd(5, (const uint8_t *)x + k + 64, x_stride * 2);
+                    _tile_loadd(2, w[0] + (k + 64) * 16, 64);
+                    _tile_loadd(3, w[1] + (k + 64) * 16, 64);
+                    _tile_dpbf16ps(0, 5, 2);
+                    _tile_dpbf16ps(1, 5, 3);
+                }
+            }
+            _tile_stored(0, c[0], 64);
+            _tile_stored(1, c[1], 64);
+            for (int b = 0; b < nb; b++) {
+                const __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
+                for (int64_t m = 0; m < rows; m++)
+                    store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem,
+                               _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv));
+            }
+        }
+    }
 }
 
 /* The A side of amx_gemm: x's rows, x_stride bytes apart, loaded as tiles in place; the rows of
@@ -261,7 +321,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     const int64_t chunks = by_cols ? (col_blocks + chunk_blocks - 1) / chunk_blocks : threads;
 #pragma omp parallel
     {
-        amx_configure_tiles();
+        configure_tiles(16);
         /* software-pipelined: block j's tile products run while block j-1's rows are stored */
         float c[2][4][16 * 16] __attribute__((aligned(64)));
         out_block_t last = {0, 0, 0, 0};
@@ -287,14 +347,17 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
         }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
-        _tile_release();
     }
     free((void *)a.tail);
     return 0;
 }
 
 int has_amx(void) { return amx_permitted(); }
-void amx_release_tiles(void) { _tile_release(); }
+void amx_configure_tiles(void) { configure_tiles(16); }
+void amx_release_tiles(void) {
+    _tile_release();
+    configured_rows = 0;
+}
 #else
 int has_amx(void) { return 0; }
 void amx_configure_tiles(void) {}
@@ -323,6 +386,12 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t 
  * memory. */
 int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                 const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (rows <= AMX_MAX_ROWS && has_amx()) {
+        amx_rows(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
+        return 0;
+    }
+#endif
     if (rows > VNNI_MAX_ROWS)
         return bf16_gemm(x, x_stride, rows, packed, k_in, NULL, NULL, bias, y, y_elem, n_out);
     vnni_linear(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);

@@ -14,7 +14,9 @@
  * that head (16 new tokens of one query head) then multiplies them: S = Q K^T in fp32, scaled,
  * masked past each token's own position, softmax in fp32, the probabilities rounded to bf16
  * (as GPU flash attention rounds them), O = P V in fp32, divided by the fp32 sums, rounded to
- * bf16 once. A token's result depends only on its sequence, not on the rest of the batch.
+ * bf16 once. A token's result depends only on its sequence, not on the rest of the batch, and
+ * is the bits a decode step gives it: without AMX the register tiles sum as the decode kernels
+ * do (prefix_scores, vnni_product), and with AMX decode tokens run on tiles too (decode_amx.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -124,22 +126,8 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
                 _mm512_storeu_si512(kt + (p0 / 16 * k_steps + k) * 256 + j * 16, rows[j]);
         }
     }
-    static const uint16_t interleave[32] = {0, 32, 1, 33, 2, 34, 3, 35, 4, 36, 5, 37, 6, 38, 7, 39,
-                                            8, 40, 9, 41, 10, 42, 11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
-    const __m512i lo = _mm512_loadu_si512(interleave);  /* a[0] b[0] a[1] b[1] ... a[15] b[15] */
-    const __m512i hi = _mm512_add_epi16(lo, _mm512_set1_epi16(16));
-    const int64_t d_tiles = s.dim / 16;
-    for (int64_t p = p_lo; p < p_hi; p += 2) {
-        uint16_t *chunk = vp + p / 32 * d_tiles * 512 + (p % 32) / 2 * 32;
-        for (int64_t d = 0; d < s.dim; d += 32) {
-            __m512i va = p < s.len ? _mm512_loadu_si512(v_cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, h, s.dim) + d)
-                                   : _mm512_setzero_si512();
-            __m512i vb = p + 1 < s.len ? _mm512_loadu_si512(v_cache + kv_offset(s.table, p + 1, s.block_size, s.num_kv_heads, h, s.dim) + d)
-                                       : _mm512_setzero_si512();
-            _mm512_storeu_si512(chunk + (d / 16) * 512, _mm512_permutex2var_epi16(va, lo, vb));
-            _mm512_storeu_si512(chunk + (d / 16 + 1) * 512, _mm512_permutex2var_epi16(va, hi, vb));
-        }
-    }
+    for (int64_t p0 = p_lo; p0 < p_hi; p0 += 32)
+        pair_values(v_cache, s, h, p0, 0, s.dim, vp + p0 / 32 * (s.dim / 16) * 512);
 }
 
 /* scores [16][width] = scale * Q K^T for the tile's rows and the positions below `visible`. On
