@@ -125,17 +125,12 @@ static int amx_permitted(void) {
     return permitted;
 }
 
-static __thread int configured_rows;  /* this thread's A and C tile rows; 0: released */
-
 /* Every tile 64 bytes wide, for this thread; tiles 0, 1, 4 and 5 a_rows rows, the others 16.
  * amx_gemm (a_rows 16) uses 0-3 as C (16 x 16 fp32), 4-5 as A (16 rows x 32 bf16), 6-7 as B (16
  * k-pairs x 16 x 2); amx_rows 0-1 as C, 4-5 as A and 2-3, 6-7 as B; the attention kernels assign
- * their own (with a_rows 16). A thread keeps its configuration between
- * calls: a decode step makes ~120 linear calls, and an ldtilecfg and tilerelease each time cost
- * about 1 us a call here. */
+ * their own (with a_rows 16). Every kernel configures its tiles anew: oneDNN's AMX kernels, in
+ * torch's calls on the same threads, load their own configuration and release it. */
 static void configure_tiles(int a_rows) {
-    if (configured_rows == a_rows) return;
-    configured_rows = a_rows;
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette_id = 1;
@@ -354,10 +349,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
 
 int has_amx(void) { return amx_permitted(); }
 void amx_configure_tiles(void) { configure_tiles(16); }
-void amx_release_tiles(void) {
-    _tile_release();
-    configured_rows = 0;
-}
+void amx_release_tiles(void) { _tile_release(); }
 #else
 int has_amx(void) { return 0; }
 void amx_configure_tiles(void) {}
