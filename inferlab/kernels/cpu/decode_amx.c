@@ -11,6 +11,7 @@
  * either way round), scaled, softmax_numerators_ps, the weights rounded to bf16, and P V over
  * chunks of 32 positions in order with the values in layout_head's pairs, divided by the sum.
  */
+#include <omp.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,19 +23,23 @@
 #include <immintrin.h>
 
 /* One thread's scratch for tokens of up to max_len positions: Q^T tiles (one per k-step), a C
- * tile, the 64-dim output sums, the value pairs of one chunk of 32 positions, 16 weight rows
- * (bf16), the scores of those rows and their sums. Tiles always take 16 rows (columns of Q^T):
- * those past a KV head's query heads hold whatever they held, and as a tile product keeps rows
- * (and columns) apart, only their own results, never read, see it. */
+ * tile, the value pairs of one chunk of 32 positions, and 32 rows (a tile of 16 rows read from
+ * any of the first 16) of weights (bf16), scores, output sums (fp32, 64 dims) and the sums of the
+ * prefix's values, one such block a pass of 64 dims. Tiles always take 16 rows (columns of
+ * Q^T): those past a task's rows hold whatever they held, and as a tile product keeps rows (and
+ * columns) apart, only their own results, never read, see it. */
 typedef struct {
     uint16_t *qt, *pairs, *weights;
-    float *tile, *sums, *scores, *total;
+    float *tile, *sums, *prefix_sums, *scores, *total;
     int64_t width;  /* positions a weight and score row has room for */
 } amx_scratch_t;
 
+#define SCRATCH_ROWS 32
+
 static int64_t scratch_bytes(int64_t max_len, int64_t dim) {
-    const int64_t width = round_up(max_len, 32);
-    return dim / 32 * 1024 + 1024 + 16 * 64 * 4 + 4096 + 16 * width * 2 + 16 * width * 4 + 64;
+    const int64_t width = round_up(max_len, 32), passes = (dim + 63) / 64;
+    return dim / 32 * 1024 + 1024 + 4096
+           + SCRATCH_ROWS * (width * 2 + width * 4 + 64 * 4 * (1 + passes) + 4);
 }
 
 static int scratch_init(amx_scratch_t *w, int64_t max_len, int64_t dim) {
@@ -43,33 +48,37 @@ static int scratch_init(amx_scratch_t *w, int64_t max_len, int64_t dim) {
     w->width = round_up(max_len, 32);
     w->qt = (uint16_t *)at;
     w->tile = (float *)(at + dim / 32 * 1024);
-    w->sums = w->tile + 256;
-    w->pairs = (uint16_t *)(w->sums + 16 * 64);
+    w->pairs = (uint16_t *)(w->tile + 256);
     w->weights = w->pairs + 2048;
-    w->scores = (float *)(w->weights + 16 * w->width);
-    w->total = w->scores + 16 * w->width;
+    w->scores = (float *)(w->weights + SCRATCH_ROWS * w->width);
+    w->sums = w->scores + SCRATCH_ROWS * w->width;
+    w->prefix_sums = w->sums + SCRATCH_ROWS * 64;
+    w->total = w->prefix_sums + SCRATCH_ROWS * 64 * ((dim + 63) / 64);
     return 0;
 }
 
-/* B tiles of Q^T for n query heads (rows D apart): k-step k's row d holds each head's dims
- * 32k + 2d, 32k + 2d + 1 side by side. */
-static void query_columns(const uint16_t *q, int64_t n, int64_t dim, uint16_t *qt) {
+/* Columns [c0, c0 + n) of the B tiles of Q^T from n query heads (rows D apart): k-step k's row
+ * d holds each head's dims 32k + 2d, 32k + 2d + 1 side by side. */
+static void query_columns(const uint16_t *q, int64_t n, int64_t dim, int64_t c0, uint16_t *qt) {
     for (int64_t k = 0; k < dim / 32; k++)
         for (int64_t d = 0; d < 16; d++)
             for (int64_t j = 0; j < n; j++)
-                memcpy(qt + k * 512 + d * 32 + 2 * j, q + j * dim + 32 * k + 2 * d, 4);
+                memcpy(qt + k * 512 + d * 32 + 2 * (c0 + j), q + j * dim + 32 * k + 2 * d, 4);
 }
 
-/* scores[j][p] = scale * q_j . k_p for the n heads and positions [0, s.len) of KV head s.h0. */
-static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n,
-                       amx_scratch_t *w) {
+/* scores[row0 + j][p] = scale * q_j . k_p for the n columns of Q^T and positions [p_lo, p_hi)
+ * (p_lo a multiple of 16) of KV head s.h0. */
+static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n, int64_t p_lo,
+                       int64_t p_hi, int64_t row0, amx_scratch_t *w) {
     const int64_t k_steps = s.dim / 32, row_bytes = s.num_kv_heads * s.dim * 2;
     uint16_t gathered[16 * 32] __attribute__((aligned(64)));
     const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
                                               _mm512_set1_epi32(16));
-    for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
+    span_t upto = s;
+    upto.len = p_hi;  /* chunk_rows' view: rows past p_hi repeat its first */
+    for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
         const uint16_t *keys[16];
-        chunk_rows(k_cache, s, p0, keys);
+        chunk_rows(k_cache, upto, p0, keys);
         _tile_zero(0);
         for (int64_t k = 0; k < k_steps; k++) {
             if (s.block_size >= 16) _tile_loadd(4, keys[0] + 32 * k, row_bytes);
@@ -80,76 +89,113 @@ static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n
             _tile_loadd(6, w->qt + k * 512, 64);
             _tile_dpbf16ps(0, 4, 6);
         }
-        _tile_stored(0, w->tile, 64);  /* [16 positions][16 heads] */
+        _tile_stored(0, w->tile, 64);  /* [16 positions][16 columns] */
         for (int64_t j = 0; j < n; j++)
-            _mm512_storeu_ps(w->scores + j * w->width + p0,
+            _mm512_storeu_ps(w->scores + (row0 + j) * w->width + p0,
                              _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)j)),
                                                                w->tile, 4), _mm512_set1_ps(scale)));
     }
 }
 
-/* out rows [n][D] (bf16, D apart) = the weights times the values of KV head s.h0, divided by
- * the rows' sums; a chunk's values are paired as layout_head pairs them, 64 dims at a time. */
-static void amx_values(const uint16_t *v_cache, span_t s, int64_t n, amx_scratch_t *w,
-                       uint16_t *out) {
-    for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
-        const int four = s.dim - d0 >= 64;
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        for (int64_t p0 = 0; p0 < s.len; p0 += 32) {
-            pair_values(v_cache, s, s.h0, p0, d0, four ? 64 : 32, w->pairs);
-            _tile_loadd(4, w->weights + p0, w->width * 2);
-            _tile_loadd(5, w->pairs, 64);
-            _tile_dpbf16ps(0, 4, 5);
-            _tile_loadd(6, w->pairs + 512, 64);
-            _tile_dpbf16ps(1, 4, 6);
-            if (four) {
-                _tile_loadd(7, w->pairs + 1024, 64);
-                _tile_dpbf16ps(2, 4, 7);
-                _tile_loadd(5, w->pairs + 1536, 64);
-                _tile_dpbf16ps(3, 4, 5);
-            }
-        }
-        _tile_stored(0, w->sums, 256); _tile_stored(1, w->sums + 16, 256);
-        _tile_stored(2, w->sums + 32, 256); _tile_stored(3, w->sums + 48, 256);
-        for (int64_t j = 0; j < n; j++) {
-            const __m512 inv = _mm512_set1_ps(1.0f / w->total[j]);
-            for (int64_t d = 0; d < (four ? 64 : 32); d += 16)
-                store_bf16(out + j * s.dim + d0 + d, _mm512_mul_ps(_mm512_loadu_ps(w->sums + j * 64 + d), inv));
+/* Row r's softmax weights in bf16 over its len positions, zeros up to the next 32. */
+static void weights_row(amx_scratch_t *w, int64_t r, int64_t len) {
+    float *row = w->scores + r * w->width;
+    w->total[r] = softmax_numerators_ps(row, len);
+    for (int64_t p = 0; p < round_up(len, 32); p += 16) {
+        const __mmask16 live = p + 16 <= len ? 0xffff : p < len ? (__mmask16)((1u << (len - p)) - 1) : 0;
+        store_bf16(w->weights + r * w->width + p, _mm512_maskz_loadu_ps(live, row + p));
+    }
+}
+
+/* C tiles 0-3 (dims d0 .. d0 + 63; 0-1 and 32 dims when not `four`) += the weight rows [row0,
+ * row0 + 16) times the values of positions [p_lo, p_hi) (p_lo a multiple of 32) of KV head
+ * s.h0, chunk by chunk in order, each chunk paired as layout_head pairs it. */
+static void amx_values(const uint16_t *v_cache, span_t s, int64_t d0, int four, int64_t p_lo,
+                       int64_t p_hi, int64_t row0, amx_scratch_t *w) {
+    span_t upto = s;
+    upto.len = p_hi;
+    for (int64_t p0 = p_lo; p0 < p_hi; p0 += 32) {
+        pair_values(v_cache, upto, s.h0, p0, d0, four ? 64 : 32, w->pairs);
+        _tile_loadd(4, w->weights + row0 * w->width + p0, w->width * 2);
+        _tile_loadd(5, w->pairs, 64);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_loadd(6, w->pairs + 512, 64);
+        _tile_dpbf16ps(1, 4, 6);
+        if (four) {
+            _tile_loadd(7, w->pairs + 1024, 64);
+            _tile_dpbf16ps(2, 4, 7);
+            _tile_loadd(5, w->pairs + 1536, 64);
+            _tile_dpbf16ps(3, 4, 5);
         }
     }
 }
 
-/* One decode token's query heads of KV heads [s.h0, s.h1), 16 heads at a time; q and out
- * point at the token's rows [Hq, D]. */
-static void attend_amx(const uint16_t *q, const uint16_t *k_cache, const uint16_t *v_cache,
-                       span_t s, float scale, amx_scratch_t *w, uint16_t *out) {
-    for (int64_t h = s.h0; h < s.h1; h++)
-        for (int64_t g0 = 0; g0 < s.group; g0 += 16) {
-            const int64_t n = s.group - g0 < 16 ? s.group - g0 : 16, first = (h * s.group + g0) * s.dim;
-            span_t head = s;
-            head.h0 = h;
-            head.h1 = h + 1;
-            query_columns(q + first, n, s.dim, w->qt);
-            amx_scores(k_cache, head, scale, n, w);
+/* Tokens [first, first + count) of decode_amx's list, query heads [g0, g0 + n) of KV head h
+ * (count * n <= 16), whose first `shared` positions (a multiple of 32) are the same blocks:
+ * those positions' scores and weighted values as one tile product for all the tokens' heads,
+ * each token's own positions after them alone. The sums go the per-token way (shared 0,
+ * count 1), so a token's result does not depend on its company: the prefix's value sums are
+ * the C tiles a lone token holds after its first shared / 32 chunks, and carry on from there. */
+static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
+                         const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
+                         const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
+                         int64_t first, int64_t count, span_t s, int64_t h, int64_t g0, int64_t n,
+                         int64_t shared, float scale, amx_scratch_t *w, uint16_t *out) {
+    span_t token[16];
+    for (int64_t i = 0; i < count; i++) {
+        token[i] = s;
+        token[i].table = block_tables + seqs[first + i] * table_stride;
+        token[i].len = seq_lens[seqs[first + i]];
+        token[i].h0 = h;
+        token[i].h1 = h + 1;
+        query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, i * n, w->qt);
+    }
+    amx_scores(k_cache, token[0], scale, count * n, 0, shared, 0, w);
+    for (int64_t i = 0; i < count; i++) {
+        if (count > 1)  /* the token's own columns, at 0 */
+            query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, 0, w->qt);
+        amx_scores(k_cache, token[i], scale, n, shared, token[i].len, i * n, w);
+        for (int64_t j = 0; j < n; j++) weights_row(w, i * n + j, token[i].len);
+    }
+    for (int64_t d0 = 0, pass = 0; d0 < s.dim; d0 += 64, pass++) {
+        const int four = s.dim - d0 >= 64;
+        float *prefix = w->prefix_sums + pass * SCRATCH_ROWS * 64;
+        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+        amx_values(v_cache, token[0], d0, four, 0, shared, 0, w);
+        _tile_stored(0, prefix, 256); _tile_stored(1, prefix + 16, 256);
+        _tile_stored(2, prefix + 32, 256); _tile_stored(3, prefix + 48, 256);
+        for (int64_t i = 0; i < count; i++) {
+            const float *from = prefix + i * n * 64;
+            _tile_loadd(0, from, 256); _tile_loadd(1, from + 16, 256);
+            _tile_loadd(2, from + 32, 256); _tile_loadd(3, from + 48, 256);
+            amx_values(v_cache, token[i], d0, four, shared, token[i].len, i * n, w);
+            _tile_stored(0, w->sums, 256); _tile_stored(1, w->sums + 16, 256);
+            _tile_stored(2, w->sums + 32, 256); _tile_stored(3, w->sums + 48, 256);
+            uint16_t *o = out + rows[first + i] * s.num_kv_heads * s.group * s.dim + (h * s.group + g0) * s.dim;
             for (int64_t j = 0; j < n; j++) {
-                float *row = w->scores + j * w->width;
-                w->total[j] = softmax_numerators_ps(row, s.len);
-                for (int64_t p = 0; p < round_up(s.len, 32); p += 16) {
-                    const __mmask16 live = p + 16 <= s.len ? 0xffff : p < s.len ? (__mmask16)((1u << (s.len - p)) - 1) : 0;
-                    store_bf16(w->weights + j * w->width + p, _mm512_maskz_loadu_ps(live, row + p));
-                }
+                const __m512 inv = _mm512_set1_ps(1.0f / w->total[i * n + j]);
+                for (int64_t d = 0; d < (four ? 64 : 32); d += 16)
+                    store_bf16(o + j * s.dim + d0 + d, _mm512_mul_ps(_mm512_loadu_ps(w->sums + j * 64 + d), inv));
             }
-            amx_values(v_cache, head, n, w, out + first);
         }
+    }
 }
 
-/* paged_decode_attention's tokens on AMX tiles, a task per (token, KV heads). Returns 0, or -1
- * when scratch memory could not be allocated. */
+/* paged_decode_attention's tokens on AMX tiles. A task is one KV head (a band of 16 of its
+ * query heads, when it has more) of one token, or, when the batch's sequences share their first
+ * blocks (at least PREFIX_MIN_POSITIONS positions) and tokens are enough to keep the threads
+ * busy, of as many tokens as their heads fill a tile's 16 columns. Returns 0, or -1 when
+ * scratch memory could not be allocated. */
 int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, const uint16_t *v_cache,
                const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
                const int32_t *rows, const int32_t *seqs, int64_t num_decodes, uint16_t *out,
-               span_t s, int64_t heads_per_task, float scale) {
-    const int64_t tasks_per_token = s.num_kv_heads / heads_per_task;
+               span_t s, float scale) {
+    const int64_t bands = (s.group + 15) / 16, band = s.group < 16 ? s.group : 16;
+    int64_t shared = num_decodes >= 2 * omp_get_max_threads() && s.group <= 8
+        ? shared_prefix(block_tables, table_stride, seq_lens, seqs, num_decodes, s.block_size) / 32 * 32 : 0;
+    shared = shared >= PREFIX_MIN_POSITIONS ? shared : 0;
+    const int64_t per_task = shared ? 16 / s.group : 1;
+    const int64_t groups = (num_decodes + per_task - 1) / per_task;
     int failed = 0;
 #pragma omp parallel reduction(+ : failed)
     {
@@ -158,16 +204,14 @@ int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, con
         failed += !ok;
         if (ok) amx_configure_tiles();
 #pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < num_decodes * tasks_per_token; task++) {
+        for (int64_t task = 0; task < groups * s.num_kv_heads * bands; task++) {
             if (!ok) continue;
-            const int64_t i = task / tasks_per_token, h0 = task % tasks_per_token * heads_per_task;
-            span_t token = s;
-            token.table = block_tables + seqs[i] * table_stride;
-            token.len = seq_lens[seqs[i]];
-            token.h0 = h0;
-            token.h1 = h0 + heads_per_task;
-            attend_amx(q + rows[i] * q_stride, k_cache, v_cache, token, scale, &w,
-                       out + rows[i] * s.num_kv_heads * s.group * s.dim);
+            const int64_t first = task / (s.num_kv_heads * bands) * per_task;
+            const int64_t h = task / bands % s.num_kv_heads, g0 = task % bands * 16;
+            const int64_t count = num_decodes - first < per_task ? num_decodes - first : per_task;
+            attend_group(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, rows,
+                         seqs, first, count, s, h, g0, s.group - g0 < band ? s.group - g0 : band,
+                         shared, scale, &w, out);
         }
         if (ok) free(w.qt);
     }

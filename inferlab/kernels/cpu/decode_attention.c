@@ -217,7 +217,7 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     if (bf16_kernels_fit(elem, dim) && has_amx()) {
         span_t s = {NULL, max_len, 0, num_kv_heads, group, num_kv_heads, dim, block_size};
         return decode_amx(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, rows,
-                          seqs, num_decodes, out, s, heads_per_task, scale);
+                          seqs, num_decodes, out, s, scale);
     }
 #endif
 #ifdef __AVX512BF16__

@@ -242,7 +242,7 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
 int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, const uint16_t *v_cache,
                const int32_t *block_tables, int64_t table_stride, const int32_t *seq_lens,
                const int32_t *rows, const int32_t *seqs, int64_t num_decodes, uint16_t *out,
-               span_t s, int64_t heads_per_task, float scale);
+               span_t s, float scale);
 
 /* The two products without AMX, from the same layouts: a k-pair of the K^T tiles is 16
  * positions' (d, d+1) and one of the V tiles 16 dims' (p, p+1), as vdpbf16ps takes them.
