@@ -10,6 +10,8 @@
  * the token's query heads of one KV head the columns of B; a tile product gives the same bits
  * either way round), scaled, softmax_numerators_ps, the weights rounded to bf16, and P V over
  * chunks of 32 positions in order with the values in layout_head's pairs, divided by the sum.
+ * Tokens that share a prompt's blocks meet its positions together (attend_group), as
+ * decode_prefix.c's cascade does without AMX.
  */
 #include <omp.h>
 #include <stdint.h>
