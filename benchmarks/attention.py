@@ -1,5 +1,6 @@
 """Paged attention on CPU: the C kernels (inferlab/kernels/cpu/decode_attention.c for decode,
-prefill_attention.c on AMX or AVX512-BF16 register tiles for prefill) beside torch's SDPA path
+decode_amx.c on CPUs with AMX; prefill_attention.c on AMX or AVX512-BF16 register tiles for
+prefill) beside torch's SDPA path
 (inferlab/kernels/attention/torch_paged.py), one layer of the embedded model's shape (9 query
 heads, 3 KV heads, head dim 64, bf16), on the same paged cache in one run.
 
