@@ -99,16 +99,6 @@ static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n
     }
 }
 
-/* Row r's softmax weights in bf16 over its len positions, zeros up to the next 32. */
-static void weights_row(amx_scratch_t *w, int64_t r, int64_t len) {
-    float *row = w->scores + r * w->width;
-    w->total[r] = softmax_numerators_ps(row, len);
-    for (int64_t p = 0; p < round_up(len, 32); p += 16) {
-        const __mmask16 live = p + 16 <= len ? 0xffff : p < len ? (__mmask16)((1u << (len - p)) - 1) : 0;
-        store_bf16(w->weights + r * w->width + p, _mm512_maskz_loadu_ps(live, row + p));
-    }
-}
-
 /* C tiles 0-3 (dims d0 .. d0 + 63; 0-1 and 32 dims when not `four`) += the weight rows [row0,
  * row0 + 16) times the values of positions [p_lo, p_hi) (p_lo a multiple of 32) of KV head
  * s.h0, chunk by chunk in order, each chunk paired as layout_head pairs it. */
@@ -118,17 +108,7 @@ static void amx_values(const uint16_t *v_cache, span_t s, int64_t d0, int four, 
     upto.len = p_hi;
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 32) {
         pair_values(v_cache, upto, s.h0, p0, d0, four ? 64 : 32, w->pairs);
-        _tile_loadd(4, w->weights + row0 * w->width + p0, w->width * 2);
-        _tile_loadd(5, w->pairs, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, w->pairs + 512, 64);
-        _tile_dpbf16ps(1, 4, 6);
-        if (four) {
-            _tile_loadd(7, w->pairs + 1024, 64);
-            _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, w->pairs + 1536, 64);
-            _tile_dpbf16ps(3, 4, 5);
-        }
+        amx_weighted_values(w->weights + row0 * w->width + p0, w->width * 2, w->pairs, four);
     }
 }
 
@@ -157,28 +137,23 @@ static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
         if (count > 1)  /* the token's own columns, at 0 */
             query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, 0, w->qt);
         amx_scores(k_cache, token[i], scale, n, shared, token[i].len, i * n, w);
-        for (int64_t j = 0; j < n; j++) weights_row(w, i * n + j, token[i].len);
+        for (int64_t r = i * n; r < (i + 1) * n; r++)
+            w->total[r] = weights_bf16(w->scores + r * w->width, token[i].len,
+                                       round_up(token[i].len, 32), w->weights + r * w->width);
     }
     for (int64_t d0 = 0, pass = 0; d0 < s.dim; d0 += 64, pass++) {
         const int four = s.dim - d0 >= 64;
         float *prefix = w->prefix_sums + pass * SCRATCH_ROWS * 64;
         _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
         amx_values(v_cache, token[0], d0, four, 0, shared, 0, w);
-        _tile_stored(0, prefix, 256); _tile_stored(1, prefix + 16, 256);
-        _tile_stored(2, prefix + 32, 256); _tile_stored(3, prefix + 48, 256);
+        store_sum_tiles(prefix);
         for (int64_t i = 0; i < count; i++) {
-            const float *from = prefix + i * n * 64;
-            _tile_loadd(0, from, 256); _tile_loadd(1, from + 16, 256);
-            _tile_loadd(2, from + 32, 256); _tile_loadd(3, from + 48, 256);
+            load_sum_tiles(prefix + i * n * 64);
             amx_values(v_cache, token[i], d0, four, shared, token[i].len, i * n, w);
-            _tile_stored(0, w->sums, 256); _tile_stored(1, w->sums + 16, 256);
-            _tile_stored(2, w->sums + 32, 256); _tile_stored(3, w->sums + 48, 256);
+            store_sum_tiles(w->sums);
             uint16_t *o = out + rows[first + i] * s.num_kv_heads * s.group * s.dim + (h * s.group + g0) * s.dim;
-            for (int64_t j = 0; j < n; j++) {
-                const __m512 inv = _mm512_set1_ps(1.0f / w->total[i * n + j]);
-                for (int64_t d = 0; d < (four ? 64 : 32); d += 16)
-                    store_bf16(o + j * s.dim + d0 + d, _mm512_mul_ps(_mm512_loadu_ps(w->sums + j * 64 + d), inv));
-            }
+            for (int64_t j = 0; j < n; j++)
+                store_divided(w->sums + j * 64, four ? 64 : 32, w->total[i * n + j], o + j * s.dim + d0);
         }
     }
 }
@@ -215,7 +190,8 @@ int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, con
                          seqs, first, count, s, h, g0, s.group - g0 < band ? s.group - g0 : band,
                          shared, scale, &w, out);
         }
-        if (ok) free(w.qt);
+        if (ok) amx_release_tiles();
+        free(w.qt);
     }
     return failed ? -1 : 0;
 }

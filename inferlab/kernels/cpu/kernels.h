@@ -148,6 +148,54 @@ static inline float softmax_numerators_ps(float *row, int64_t n) {
     return _mm512_reduce_add_ps(sum);
 }
 
+/* A row's softmax weights: its scaled scores (n of them) turned into the numerators in place,
+ * then as bf16 at weights, zeros from n up to `upto` (a multiple of 16); returns their sum. The
+ * prefill and the AMX decode take a row's weights from here. */
+static inline float weights_bf16(float *row, int64_t n, int64_t upto, uint16_t *weights) {
+    const float total = softmax_numerators_ps(row, n);
+    for (int64_t p = 0; p < upto; p += 16) {
+        const __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
+        store_bf16(weights + p, _mm512_maskz_loadu_ps(live, row + p));
+    }
+    return total;
+}
+
+/* out[d] = sums[d] / total as bf16, for dims (a multiple of 16) of a row's finished sums. */
+static inline void store_divided(const float *sums, int64_t dims, float total, uint16_t *out) {
+    const __m512 inv = _mm512_set1_ps(1.0f / total);
+    for (int64_t d = 0; d < dims; d += 16) store_bf16(out + d, _mm512_mul_ps(_mm512_loadu_ps(sums + d), inv));
+}
+
+#if defined(__AMX_BF16__)
+/* C tiles 0-3 += 16 weight rows (bf16, w_bytes apart) over 32 positions times those positions'
+ * values in pair tiles 512 elements apart (dims 0-15, 16-31, ...): four tiles, or two (32 dims)
+ * when not `four`. The AMX prefill and decode multiply their values by this one sequence. */
+static inline void amx_weighted_values(const uint16_t *w, int64_t w_bytes, const uint16_t *v, int four) {
+    _tile_loadd(4, w, w_bytes);
+    _tile_loadd(5, v, 64);
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_loadd(6, v + 512, 64);
+    _tile_dpbf16ps(1, 4, 6);
+    if (four) {
+        _tile_loadd(7, v + 1024, 64);
+        _tile_dpbf16ps(2, 4, 7);
+        _tile_loadd(5, v + 1536, 64);
+        _tile_dpbf16ps(3, 4, 5);
+    }
+}
+
+/* C tiles 0-3 to and from sums [16][64] (tile t: columns 16t .. 16t + 15). */
+static inline void store_sum_tiles(float *sums) {
+    _tile_stored(0, sums, 256); _tile_stored(1, sums + 16, 256);
+    _tile_stored(2, sums + 32, 256); _tile_stored(3, sums + 48, 256);
+}
+
+static inline void load_sum_tiles(const float *sums) {
+    _tile_loadd(0, sums, 256); _tile_loadd(1, sums + 16, 256);
+    _tile_loadd(2, sums + 32, 256); _tile_loadd(3, sums + 48, 256);
+}
+#endif
+
 /* rows[i] lane j -> rows[j] lane i: a 16 x 16 transpose of 32-bit elements in four rounds of
  * shuffles (within 32 bits, 64 bits, then 128-bit lanes twice). */
 static inline void transpose_16x16(__m512i rows[16]) {

@@ -128,9 +128,9 @@ static int amx_permitted(void) {
 /* Every tile 64 bytes wide, for this thread; tiles 0, 1, 4 and 5 a_rows rows, the others 16.
  * amx_gemm (a_rows 16) uses 0-3 as C (16 x 16 fp32), 4-5 as A (16 rows x 32 bf16), 6-7 as B (16
  * k-pairs x 16 x 2); amx_rows 0-1 as C, 4-5 as A and 2-3, 6-7 as B; the attention kernels assign
- * their own (with a_rows 16). Every kernel configures its tiles anew (an ldtilecfg takes ~50 ns
- * here): oneDNN's AMX kernels, in torch's calls on the same threads, load their own
- * configuration and release it. */
+ * their own (with a_rows 16). Every kernel configures its tiles and releases them when done (an
+ * ldtilecfg takes ~50 ns here), as oneDNN's AMX kernels, in torch's calls on the same threads,
+ * do with theirs. */
 static void configure_tiles(int a_rows) {
     struct tile_config cfg;
     memset(&cfg, 0, sizeof cfg);
@@ -160,8 +160,7 @@ static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const ui
             const int nb = blocks - b0 < 2 ? 1 : 2;
             const uint8_t *w[2] = {(const uint8_t *)packed + b0 * block_bytes,
                                    (const uint8_t *)packed + (b0 + nb - 1) * block_bytes};
-            _tile_zero(0);
-            _tile_zero(1);
+            _tile_zero(0); _tile_zero(1);
             for (int64_t k = 0; k < row_bytes; k += 128) {
                 for (int b = 0; b < 2; b++)  /* AMX_PREFETCH_BYTES ahead on each weight stream */
                     for (int line = 0; line < 32; line++)
@@ -180,8 +179,7 @@ static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const ui
                     _tile_dpbf16ps(1, 5, 3);
                 }
             }
-            _tile_stored(0, c[0], 64);
-            _tile_stored(1, c[1], 64);
+            _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
             for (int b = 0; b < nb; b++) {
                 const __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
                 for (int64_t m = 0; m < rows; m++)
@@ -189,6 +187,7 @@ static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const ui
                                _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv));
             }
         }
+        _tile_release();
     }
 }
 
@@ -343,6 +342,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
         }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
+        _tile_release();
     }
     free((void *)a.tail);
     return 0;

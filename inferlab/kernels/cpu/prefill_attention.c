@@ -71,22 +71,9 @@ static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, i
 static void values_amx(const uint16_t *probs, int64_t width, const uint16_t *v0, int64_t dim,
                        int64_t visible, int four, float *sums) {
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t c = 0; c * 32 < visible; c++) {
-        const uint16_t *v = v0 + c * (dim / 16) * 512;
-        _tile_loadd(4, probs + 32 * c, width * 2);
-        _tile_loadd(5, v, 64);
-        _tile_dpbf16ps(0, 4, 5);
-        _tile_loadd(6, v + 512, 64);
-        _tile_dpbf16ps(1, 4, 6);
-        if (four) {
-            _tile_loadd(7, v + 1024, 64);
-            _tile_dpbf16ps(2, 4, 7);
-            _tile_loadd(5, v + 1536, 64);
-            _tile_dpbf16ps(3, 4, 5);
-        }
-    }
-    _tile_stored(0, sums, 256); _tile_stored(1, sums + 16, 256);
-    _tile_stored(2, sums + 32, 256); _tile_stored(3, sums + 48, 256);
+    for (int64_t c = 0; c * 32 < visible; c++)
+        amx_weighted_values(probs + 32 * c, width * 2, v0 + c * (dim / 16) * 512, four);
+    store_sum_tiles(sums);
 }
 #endif
 
@@ -177,12 +164,7 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
     query_scores(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
-        float *sr = scores + r * width;
-        total[r] = softmax_numerators_ps(sr, n);
-        for (int64_t p = 0; p < width; p += 16) {
-            __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
-            store_bf16(probs + r * width + p, _mm512_maskz_loadu_ps(live, sr + p));
-        }
+        total[r] = weights_bf16(scores + r * width, n, width, probs + r * width);
     }
     for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
         const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
@@ -192,12 +174,9 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
 #endif
             vnni_product(probs, width, rows, round_up(visible, 32) / 2, vp + d0 / 16 * 512, 512, 32,
                          s.dim / 16 * 512, four ? 4 : 2, sums, 64);
-        for (int64_t r = 0; r < rows; r++) {
-            const __m512 inv = _mm512_set1_ps(1.0f / total[r]);
-            uint16_t *o = out + (q0 + t0 + r) * num_heads * s.dim + qh * s.dim + d0;
-            for (int64_t d = 0; d < (four ? 64 : 32); d += 16)
-                store_bf16(o + d, _mm512_mul_ps(_mm512_loadu_ps(sums + r * 64 + d), inv));
-        }
+        for (int64_t r = 0; r < rows; r++)
+            store_divided(sums + r * 64, four ? 64 : 32, total[r],
+                          out + (q0 + t0 + r) * num_heads * s.dim + qh * s.dim + d0);
     }
 }
 
