@@ -4,7 +4,9 @@ blocks are written, and returned when the cache goes."""
 from __future__ import annotations
 
 import gc
+import mmap
 
+import pytest
 import torch
 
 from inferlab.engine.model_runner import zeroed
@@ -34,3 +36,38 @@ def test_a_cpu_cache_holds_only_the_pages_written_and_frees_them():
     del cache
     gc.collect()
     assert resident_bytes() - before < GIB // 16
+
+
+def _huge_page_bytes(address: int) -> int:
+    """AnonHugePages of the mapping of this process that holds address."""
+    with open("/proc/self/smaps") as f:
+        inside = False
+        for line in f:
+            fields = line.split()
+            if "-" in fields[0] and len(fields) >= 5:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                inside = start <= address < end
+            elif inside and fields[0] == "AnonHugePages:":
+                return int(fields[1]) * 1024
+    return 0
+
+
+def _kernel_grants_huge_pages_on_request() -> bool:
+    """Whether a private anonymous mapping that asks for huge pages gets them here (the kernel
+    may have them off, or memory too fragmented to give them)."""
+    memory = mmap.mmap(-1, 8 * 2**20, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    memory.madvise(mmap.MADV_HUGEPAGE)
+    probe = torch.frombuffer(memory, dtype=torch.uint8)
+    probe.fill_(1)
+    granted = _huge_page_bytes(probe.data_ptr()) > 0
+    del probe
+    memory.close()
+    return granted
+
+
+def test_a_cpu_cache_is_written_into_huge_pages():
+    if not _kernel_grants_huge_pages_on_request():
+        pytest.skip("this kernel gives no transparent huge pages to a mapping that asks")
+    cache = zeroed((32 * 2**20,), torch.bfloat16, "cpu")  # 64 MiB
+    cache.fill_(1)
+    assert _huge_page_bytes(cache.data_ptr()) >= 32 * 2**20
