@@ -71,3 +71,10 @@ def test_a_cpu_cache_is_written_into_huge_pages():
     cache = zeroed((32 * 2**20,), torch.bfloat16, "cpu")  # 64 MiB
     cache.fill_(1)
     assert _huge_page_bytes(cache.data_ptr()) >= 32 * 2**20
+
+
+def test_a_kernel_that_refuses_huge_pages_still_gives_a_cache(monkeypatch):
+    monkeypatch.setattr(mmap, "MADV_HUGEPAGE", 0x7FFF, raising=False)  # advice no kernel knows
+    cache = zeroed((4, 16, 3, 64), torch.bfloat16, "cpu")
+    cache[3, 15] = 2.0
+    assert cache.sum() == 2.0 * 3 * 64
