@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import mmap
@@ -49,10 +50,8 @@ def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.devic
     if torch.device(device).type != "cpu" or numel == 0:
         return torch.zeros(shape, dtype=dtype, device=device)
     memory = mmap.mmap(-1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
+    with contextlib.suppress(AttributeError, OSError):  # no such advice here (not Linux, or no THP)
         memory.madvise(mmap.MADV_HUGEPAGE)
-    except (AttributeError, OSError):  # no such advice here (not Linux, or THP built out)
-        pass
     return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
