@@ -349,7 +349,7 @@ def test_sample_matches_the_torch_inverse_cdf() -> None:
 
 
 RELEASE_PROBE = """
-import os, torch
+import os, time, torch
 from inferlab.kernels import cpu_ops
 threads = lambda: len(os.listdir("/proc/self/task"))
 cpu_ops.release_openmp_threads()
@@ -357,6 +357,9 @@ before = threads()
 torch.ones(1 << 24).sum()  # a parallel region on this thread: its pool's workers start
 with_pool = threads()
 released = cpu_ops.release_openmp_threads()
+deadline = time.monotonic() + 5  # a released worker is told to end; it leaves /proc soon after
+while threads() > before and time.monotonic() < deadline:
+    time.sleep(0.01)
 print(torch.get_num_threads(), before, with_pool, threads(), released)
 """
 
