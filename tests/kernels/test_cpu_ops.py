@@ -267,6 +267,23 @@ def test_cache_write_skips_negative_slots(write_kv) -> None:
     assert k_storage.count_nonzero() == 16 and v_storage.count_nonzero() == 16
 
 
+def test_a_prompt_of_many_tokens_lands_at_its_slots():
+    """600 tokens (a prompt's chunk: the C copy splits them over the threads), scattered over
+    the blocks, every tenth one padding: each real token's K and V at its slot, nothing else
+    written, as torch's index_copy places them."""
+    gen = torch.Generator().manual_seed(12)
+    k, v = (torch.randn(600, 3, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
+    slots = torch.randperm(64 * 16, generator=gen)[:600]
+    slots[::10] = -1
+    ours, ref = [torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16) for _ in range(2)], \
+        [torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16) for _ in range(2)]
+    cpu_ops.write_kv(k, v, ours[0], ours[1], slots)
+    torch_paged.write_kv(k, v, ref[0], ref[1], slots)
+    assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
+    assert ours[0].view(-1, 3, 64)[slots[slots >= 0]].equal(k[slots >= 0])
+    assert ours[0].view(-1, 192).abs().sum(dim=1).count_nonzero() == 540
+
+
 def test_bad_layouts_are_refused():
     q = torch.randn(2, 9, 64)
     cache = torch.zeros(4, 12, 3, 64)  # block size 12: not a power of two

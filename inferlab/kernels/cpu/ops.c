@@ -122,6 +122,9 @@ void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
               const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
               int64_t kv_width, int elem) {
     size_t bytes = (size_t)kv_width * elem;
+    /* a prompt chunk's rows over the threads: each copy waits on its own cache misses (512
+     * tokens into 30 layers' caches: 1.83 -> 1.07 ms) */
+#pragma omp parallel for schedule(static) if (tokens >= 256)
     for (int64_t t = 0; t < tokens; t++) {
         if (slots[t] < 0)
             continue;
