@@ -275,8 +275,8 @@ def test_a_prompt_of_many_tokens_lands_at_its_slots():
     k, v = (torch.randn(600, 3, 64, generator=gen).to(torch.bfloat16) for _ in range(2))
     slots = torch.randperm(64 * 16, generator=gen)[:600]
     slots[::10] = -1
-    ours, ref = [torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16) for _ in range(2)], \
-        [torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16) for _ in range(2)]
+    ours = [torch.zeros(64, 16, 3, 64, dtype=torch.bfloat16) for _ in range(2)]
+    ref = [torch.zeros_like(cache) for cache in ours]
     cpu_ops.write_kv(k, v, ours[0], ours[1], slots)
     torch_paged.write_kv(k, v, ref[0], ref[1], slots)
     assert torch.equal(ours[0], ref[0]) and torch.equal(ours[1], ref[1])
