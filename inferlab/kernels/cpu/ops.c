@@ -93,6 +93,21 @@ void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weigh
     }
 }
 
+#ifdef __AVX512BF16__
+/* One bf16 head of rotary, 16 pairs at a time (dim % 32 == 0), the same sums as the loop below:
+ * that loop, through fp32 buffers, ran at ~1.8 G values/s, 6% of a 512-token prefill. */
+static void rotary_bf16_head(uint16_t *row, const float *c, const float *s, int64_t half) {
+    for (int64_t i = 0; i < half; i += 16) {
+        __m512 lo = bf16x16_to_f32(row + i), hi = bf16x16_to_f32(row + i + half);
+        __m512 out_lo = _mm512_fmsub_ps(lo, _mm512_loadu_ps(c + i), _mm512_mul_ps(hi, _mm512_loadu_ps(s + i)));
+        __m512 out_hi = _mm512_fmadd_ps(hi, _mm512_loadu_ps(c + i + half),
+                                        _mm512_mul_ps(lo, _mm512_loadu_ps(s + i + half)));
+        store_bf16(row + i, out_lo);
+        store_bf16(row + i + half, out_hi);
+    }
+}
+#endif
+
 /* Neox (rotate-half) RoPE in place on `heads` heads of each token: x[t] at x + t*tok_stride,
  * head h at + h*dim. cos/sin are fp32 tables [max_positions, dim]. fp32 math, one rounding. */
 void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,
@@ -103,6 +118,12 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
         const float *c = cos_table + positions[t] * dim, *s = sin_table + positions[t] * dim;
         for (int64_t h = 0; h < heads; h++) {
             char *row = (char *)x + (t * tok_stride + h * dim) * elem;
+#ifdef __AVX512BF16__
+            if (elem == 2 && half % 16 == 0) {
+                rotary_bf16_head((uint16_t *)row, c, s, half);
+                continue;
+            }
+#endif
             float v[512], o[512];
             load_f32(row, elem, v, dim);
 #pragma omp simd
