@@ -169,17 +169,18 @@ static inline void store_divided(const float *sums, int64_t dims, float total, u
 #if defined(__AMX_BF16__)
 /* C tiles 0-3 += 16 weight rows (bf16, w_bytes apart) over 32 positions times those positions'
  * values in pair tiles 512 elements apart (dims 0-15, 16-31, ...): four tiles, or two (32 dims)
- * when not `four`. The AMX prefill and decode multiply their values by this one sequence. */
+ * when not `four`. The AMX prefill and decode multiply their values by this one sequence; the
+ * value tiles load with the streaming hint (see prefill_attention.c's tile_scores). */
 static inline void amx_weighted_values(const uint16_t *w, int64_t w_bytes, const uint16_t *v, int four) {
     _tile_loadd(4, w, w_bytes);
-    _tile_loadd(5, v, 64);
+    _tile_stream_loadd(5, v, 64);
     _tile_dpbf16ps(0, 4, 5);
-    _tile_loadd(6, v + 512, 64);
+    _tile_stream_loadd(6, v + 512, 64);
     _tile_dpbf16ps(1, 4, 6);
     if (four) {
-        _tile_loadd(7, v + 1024, 64);
+        _tile_stream_loadd(7, v + 1024, 64);
         _tile_dpbf16ps(2, 4, 7);
-        _tile_loadd(5, v + 1536, 64);
+        _tile_stream_loadd(5, v + 1536, 64);
         _tile_dpbf16ps(3, 4, 5);
     }
 }

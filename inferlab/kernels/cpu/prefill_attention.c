@@ -32,7 +32,11 @@
 #if defined(__AMX_BF16__)
 
 /* S = Q K^T for the chunks of 16 positions below `visible`, into scores (row stride width). With
- * D = 64 the two query tiles stay loaded and two chunks run at once (independent sums). */
+ * D = 64 the two query tiles stay loaded and two chunks run at once (independent sums). Key
+ * tiles load with the streaming hint, as amx_weighted_values loads value tiles: a query tile
+ * reads each once (a head's keys and values are 128 KiB at 512 positions, more than L1), and
+ * loaded plainly they evicted the score and weight rows the softmax works on (prompts of 256
+ * to 768 tokens, alone or after cached positions: 7-13% faster). */
 static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t visible,
                         int64_t width, float *scores) {
     const int64_t k_steps = dim / 32, chunks = (visible + 15) / 16;
@@ -44,12 +48,12 @@ static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, i
             const uint32_t *b = kt + c * 512;
             _tile_zero(0);
             _tile_zero(1);
-            _tile_loadd(6, b, 64);
-            _tile_loadd(2, b + 512, 64);
+            _tile_stream_loadd(6, b, 64);
+            _tile_stream_loadd(2, b + 512, 64);
             _tile_dpbf16ps(0, 4, 6);
             _tile_dpbf16ps(1, 4, 2);
-            _tile_loadd(7, b + 256, 64);
-            _tile_loadd(3, b + 768, 64);
+            _tile_stream_loadd(7, b + 256, 64);
+            _tile_stream_loadd(3, b + 768, 64);
             _tile_dpbf16ps(0, 5, 7);
             _tile_dpbf16ps(1, 5, 3);
             _tile_stored(0, scores + c * 16, width * 4);
@@ -60,7 +64,7 @@ static void tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, i
         _tile_zero(0);
         for (int64_t k = 0; k < k_steps; k++) {
             _tile_loadd(4, qbuf + 32 * k, dim * 2);
-            _tile_loadd(6, kt + (c * k_steps + k) * 256, 64);
+            _tile_stream_loadd(6, kt + (c * k_steps + k) * 256, 64);
             _tile_dpbf16ps(0, 4, 6);
         }
         _tile_stored(0, scores + c * 16, width * 4);
