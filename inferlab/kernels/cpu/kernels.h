@@ -121,8 +121,7 @@ static inline __m512 exp_nonpositive_ps(__m512 x) {
     static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
     __m512 p = _mm512_set1_ps(0.00138873165f);
     for (int i = 0; i < 6; i++) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(poly[i]));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+    return _mm512_scalef_ps(p, n);  /* p * 2^n, exact: the result is never below FLT_MIN */
 }
 
 /* Softmax numerators exp(x - max) of row[0, n) in place; returns their sum, taken lane by lane
