@@ -138,8 +138,8 @@ static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
             query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, 0, w->qt);
         amx_scores(k_cache, token[i], scale, n, shared, token[i].len, i * n, w);
         for (int64_t r = i * n; r < (i + 1) * n; r++)
-            w->total[r] = weights_bf16(w->scores + r * w->width, token[i].len,
-                                       round_up(token[i].len, 32), w->weights + r * w->width);
+            w->total[r] = softmax_numerators_ps(w->scores + r * w->width, token[i].len,
+                                                w->weights + r * w->width, round_up(token[i].len, 32));
     }
     for (int64_t d0 = 0, pass = 0; d0 < s.dim; d0 += 64, pass++) {
         const int four = s.dim - d0 >= 64;

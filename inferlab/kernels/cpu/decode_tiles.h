@@ -19,7 +19,7 @@ static inline int64_t row_floats(int64_t len) { return round_up(len, 32); }
 static inline __attribute__((always_inline)) void softmax_rows(
         float *scores, int64_t r0, int64_t r1, int64_t len, int64_t stride, float *total) {
 #ifdef __AVX512BF16__
-    for (int64_t r = r0; r < r1; r++) total[r] = softmax_numerators_ps(scores + r * stride, len);
+    for (int64_t r = r0; r < r1; r++) total[r] = softmax_numerators_ps(scores + r * stride, len, NULL, 0);
 #else
     for (int64_t r = r0; r < r1; r++) {
         float *sr = scores + r * stride, top = -INFINITY, sum = 0.0f;

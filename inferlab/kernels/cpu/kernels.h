@@ -124,12 +124,14 @@ static inline __m512 exp_nonpositive_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);  /* p * 2^n, exact: the result is never below FLT_MIN */
 }
 
-/* Softmax numerators exp(x - max) of row[0, n) in place; returns their sum, taken lane by lane
- * (position p in lane p % 16, in order) and then across the lanes. Decode and prefill attention
- * both take a row's weights from here, so a token's attention does not depend on which of them
- * ran it: a prompt cut into chunks otherwise (its last token a decode-shaped step) gave other
- * logits than the same prompt in one piece, and a seeded sample another token. */
-static inline float softmax_numerators_ps(float *row, int64_t n) {
+/* Softmax numerators exp(x - max) of row[0, n): in place, or, given weights, as bf16 there
+ * with zeros from n up to `upto` (a multiple of 16), the fp32 row left as it was; returns their
+ * sum, taken lane by lane (position p in lane p % 16, in order) and then across the lanes.
+ * Decode and prefill attention both take a row's weights from here, so a token's attention does
+ * not depend on which of them ran it: a prompt cut into chunks otherwise (its last token a
+ * decode-shaped step) gave other logits than the same prompt in one piece, and a seeded sample
+ * another token. Straight to bf16 saves the prefill a pass over its scores. */
+static inline float softmax_numerators_ps(float *row, int64_t n, uint16_t *weights, int64_t upto) {
     __m512 top_v = _mm512_set1_ps(-INFINITY);
     for (int64_t p = 0; p < n; p += 16) {
         const __mmask16 live = n - p >= 16 ? 0xffff : (__mmask16)((1u << (n - p)) - 1);
@@ -142,21 +144,11 @@ static inline float softmax_numerators_ps(float *row, int64_t n) {
         const __m512 e = _mm512_maskz_mov_ps(
             live, exp_nonpositive_ps(_mm512_sub_ps(_mm512_maskz_loadu_ps(live, row + p), top)));
         sum = _mm512_add_ps(sum, e);
-        _mm512_mask_storeu_ps(row + p, live, e);
+        if (weights) store_bf16(weights + p, e);
+        else _mm512_mask_storeu_ps(row + p, live, e);
     }
+    for (int64_t p = (n + 15) / 16 * 16; weights && p < upto; p += 16) store_bf16(weights + p, _mm512_setzero_ps());
     return _mm512_reduce_add_ps(sum);
-}
-
-/* A row's softmax weights: its scaled scores (n of them) turned into the numerators in place,
- * then as bf16 at weights, zeros from n up to `upto` (a multiple of 16); returns their sum. The
- * prefill and the AMX decode take a row's weights from here. */
-static inline float weights_bf16(float *row, int64_t n, int64_t upto, uint16_t *weights) {
-    const float total = softmax_numerators_ps(row, n);
-    for (int64_t p = 0; p < upto; p += 16) {
-        const __mmask16 live = p + 16 <= n ? 0xffff : p < n ? (__mmask16)((1u << (n - p)) - 1) : 0;
-        store_bf16(weights + p, _mm512_maskz_loadu_ps(live, row + p));
-    }
-    return total;
 }
 
 /* out[d] = sums[d] / total as bf16, for dims (a multiple of 16) of a row's finished sums. */

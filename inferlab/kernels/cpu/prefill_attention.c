@@ -168,7 +168,7 @@ static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t 
     query_scores(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
     for (int64_t r = 0; r < 16; r++) {
         const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
-        total[r] = weights_bf16(scores + r * width, n, width, probs + r * width);
+        total[r] = softmax_numerators_ps(scores + r * width, n, probs + r * width, width);
     }
     for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
         const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
