@@ -13,7 +13,7 @@ from inferlab.quant.checkpoint import cat_rows
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
-from inferlab.quant.scheme import make_scheme
+from inferlab.quant.scheme import INT, ActivationArgs, make_scheme
 
 ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
 ct_args = pytest.importorskip("compressed_tensors.quantization")
@@ -142,6 +142,25 @@ def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
         + bias.double()
     half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())  # fp32 scaling
+
+
+@pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 4-row kernel; int8 GEMM tiles above
+def test_c_w8a8_with_a_static_scale_clamps_the_codes_it_exceeds(rows: int) -> None:
+    """A checkpoint's input_scale quantizes every row with it: codes round half to even from
+    x * (1 / scale) and saturate to [-128, 127] where |x| outruns 127 scales."""
+    gen = torch.Generator().manual_seed(100 + rows)
+    scheme = make_scheme("W8A8")
+    qw = quantize_rtn(torch.randn(208, 192, generator=gen), scheme.weights)
+    qw.input_scale = torch.tensor([0.01])
+    layer = build_quant_linear(qw, ActivationArgs(INT, static=True), None, torch.bfloat16)
+    assert type(layer).__name__ == "PackedW8A8Linear"
+    x = torch.randn(rows, 192, generator=gen).to(torch.bfloat16)  # |x| past 1.27: saturated
+    codes = torch.round(x.float() * (1 / torch.tensor(0.01))).clamp(-128, 127)
+    assert (codes == 127).any() and (codes == -128).any()
+    exact = (codes.double() @ qw.codes.double().T) * 0.01 * layer.scale.double()
+    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())
 
 
 def fp8_reference_round(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

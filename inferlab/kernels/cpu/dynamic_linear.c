@@ -46,26 +46,38 @@
 #define TILE_ROWS 4
 #define FP8_MAX 448.0f
 
+/* A bf16 row's largest |x|, from the bits: a non-negative float's bits order as integers do,
+ * so 32 magnitudes a step go through an integer max without widening (NaN, whose bits are the
+ * largest, comes out, as torch's amax gives it). */
 static inline float row_absmax(const uint16_t *row, int64_t k_in) {  /* K % 32 == 0 */
-    __m512 top = _mm512_setzero_ps();
-    for (int64_t k = 0; k < k_in; k += 16) top = _mm512_max_ps(top, _mm512_abs_ps(bf16x16_to_f32(row + k)));
-    return _mm512_reduce_max_ps(top);
+    const __m512i magnitude = _mm512_set1_epi16(0x7fff);
+    __m512i top = _mm512_setzero_si512();
+    for (int64_t k = 0; k < k_in; k += 32)
+        top = _mm512_max_epu16(top, _mm512_and_si512(_mm512_loadu_si512(row + k), magnitude));
+    top = _mm512_max_epu32(_mm512_and_si512(top, _mm512_set1_epi32(0xffff)), _mm512_srli_epi32(top, 16));
+    return bf16_to_f32((uint16_t)_mm512_reduce_max_epu32(top));
 }
 
 /* rows of bf16 x -> int8 codes [rows][K] and their scales; the codes XOR flip: 0x80 stores
- * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). */
+ * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). 64 codes a
+ * step narrow through two saturating packs and one dword permute (vpmovsdb, four to a step, was
+ * twice the shuffles): packs leave each 128-bit lane holding dwords l, 4 + l, 8 + l, 12 + l. */
 static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
                           const float *static_scale, uint8_t flip, int8_t *xq, float *scales) {
+    const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
-        /* a static scale can be exceeded: the saturating narrowing clamps to [-128, 127] */
+        /* a static scale can be exceeded: the saturating packs clamp to [-128, 127] */
         const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / 127.0f;
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
-        for (int64_t k = 0; k < k_in; k += 16) {
-            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k), inv));  /* ties to even */
-            _mm_storeu_si128((__m128i *)(xq + r * k_in + k),
-                             _mm_xor_si128(_mm512_cvtsepi32_epi8(q), _mm_set1_epi8((char)flip)));
+        for (int64_t k = 0; k < k_in; k += 64) {
+            __m512i q[4];
+            for (int g = 0; g < 4; g++)  /* ties to even */
+                q[g] = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k + 16 * g), inv));
+            const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
+            _mm512_storeu_si512(xq + r * k_in + k,
+                                _mm512_xor_si512(_mm512_permutexvar_epi32(order, bytes), _mm512_set1_epi8((char)flip)));
         }
         scales[r] = scale;
     }
