@@ -80,7 +80,7 @@ static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n
     upto.len = p_hi;  /* chunk_rows' view: rows past p_hi repeat its first */
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
         const uint16_t *keys[16];
-        chunk_rows(k_cache, upto, p0, keys);
+        chunk_rows(k_cache, upto, p0, keys, 0);
         _tile_zero(0);
         for (int64_t k = 0; k < k_steps; k++) {
             if (s.block_size >= 16) _tile_loadd(4, keys[0] + 32 * k, row_bytes);

@@ -99,7 +99,7 @@ static inline __attribute__((always_inline)) void attend_together(
         for (int64_t g = 0; g < s.group; g++) memset(ar + g * s.dim, 0, 32 * sizeof(float));
         for (int64_t p0 = 0; p0 < s.len; p0 += 16) {
             const uint16_t *v[16];
-            int n = chunk_rows(v_cache, head, p0, v);
+            int n = chunk_rows(v_cache, head, p0, v, 1);
             for (int i = 0; i < 16; i++) v[i] += 32 * u;
             for (int64_t g0 = 0; g0 < s.group;)
                 g0 += values_rows(v, n, (const uint32_t *)scores + (h * s.group + g0) * stride + p0 / 2,

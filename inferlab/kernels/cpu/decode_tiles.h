@@ -69,13 +69,17 @@ static inline __attribute__((always_inline)) void prefetch_two_chunks(const uint
 }
 
 /* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
- * head h0; and a prefetch of the 32 after them, all heads of the range. The blocks are
- * scattered, so the hardware prefetchers do not see them coming. Each line is thus asked for
- * twice, two chunks and one chunk ahead: on an AMD EPYC (Zen 5), 64 tokens of 420 positions
+ * head h0; and a prefetch of the chunks after them, all heads of the range. The blocks are
+ * scattered, so the hardware prefetchers do not see them coming. With `twice`, each line is
+ * asked for two chunks and one chunk ahead: on an AMD EPYC (Zen 5), 64 tokens of 420 positions
  * over blocks in random order took 41 -> 22 ns a position (asking one chunk ahead twice: 23;
- * only two chunks ahead: 32), so the first request is often lost. Blocks in order: no change. */
+ * only two chunks ahead: 32), so the first request is often lost. Blocks in order: no change.
+ * On the Intel Xeon with AMX the second asks stalled on its 16 fill buffers instead: the AMX
+ * decode asks once, two chunks ahead (16 tokens of 400 positions from memory, 30 layers:
+ * 10.0-10.2 -> 9.2-9.5 ms). */
 static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cache, span_t s,
-                                                            int64_t p0, const uint16_t *rows[16]) {
+                                                            int64_t p0, const uint16_t *rows[16],
+                                                            const int twice) {
     int n = s.len - p0 < 16 ? (int)(s.len - p0) : 16;
     const int64_t bytes = (s.h1 - s.h0) * s.dim * 2, row = s.num_kv_heads * s.dim;
     if (s.block_size < 16) {  /* a chunk spans blocks: position by position */
@@ -88,7 +92,7 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
      * block, `row` elements apart, found with one lookup in the table */
     const uint16_t *first = cache + kv_offset(s.table, p0, s.block_size, s.num_kv_heads, s.h0, s.dim);
     for (int i = 0; i < 16; i++) rows[i] = first + (i < n ? i : 0) * row;
-    for (int64_t c = p0 + 16; c < p0 + 48 && c < s.len; c += 16) {
+    for (int64_t c = p0 + (twice ? 16 : 32); c < p0 + 48 && c < s.len; c += 16) {
         const char *next = (const char *)(cache + kv_offset(s.table, c, s.block_size, s.num_kv_heads, s.h0, s.dim));
         for (int64_t i = 0; i < 16 && c + i < s.len; i++, next += row * 2)
             for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
@@ -109,7 +113,7 @@ static inline __attribute__((always_inline)) void scores_bf16(
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
         const uint16_t *k[16];
-        int n = chunk_rows(k_cache, s, p0, k);
+        int n = chunk_rows(k_cache, s, p0, k, 1);
         for (int64_t r = 0, h = 0; h < s.h1 - s.h0; h++)  /* r = h * group + g, no division */
             for (int64_t g = 0; g < s.group; g++, r++) {
                 const uint16_t *qr = q + (s.h0 * s.group + r) * s.dim;
@@ -301,7 +305,7 @@ static inline __attribute__((always_inline)) void values_bf16(
     const int ch = (int)(s.dim / 16);
     for (int64_t p0 = from; p0 < s.len; p0 += 16) {
         const uint16_t *v[16], *vh[16];
-        int n = chunk_rows(v_cache, s, p0, v);
+        int n = chunk_rows(v_cache, s, p0, v, 1);
         for (int64_t h = 0; h < s.h1 - s.h0; h++) {
             for (int i = 0; i < 16; i++) vh[i] = v[i] + h * s.dim;
             for (int64_t g0 = 0; g0 < s.group;)
