@@ -101,12 +101,16 @@ static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n
 
 /* C tiles 0-3 (dims d0 .. d0 + 63; 0-1 and 32 dims when not `four`) += the weight rows [row0,
  * row0 + 16) times the values of positions [p_lo, p_hi) (p_lo a multiple of 32) of KV head
- * s.h0, chunk by chunk in order, each chunk paired as layout_head pairs it. */
+ * s.h0, chunk by chunk in order, each chunk paired as layout_head pairs it. The value rows of
+ * a chunk are scattered over blocks as the keys are, so the next chunk's are prefetched as
+ * chunk_rows prefetches keys (64 tokens of ~300 positions, a whole engine step: 52.5-53.9 ->
+ * 51.7-52.0 ms). */
 static void amx_values(const uint16_t *v_cache, span_t s, int64_t d0, int four, int64_t p_lo,
                        int64_t p_hi, int64_t row0, amx_scratch_t *w) {
     span_t upto = s;
     upto.len = p_hi;
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 32) {
+        prefetch_two_chunks(v_cache, upto, p0 + 32);  /* the next 32 rows, asked for once */
         pair_values(v_cache, upto, s.h0, p0, d0, four ? 64 : 32, w->pairs);
         amx_weighted_values(w->weights + row0 * w->width + p0, w->width * 2, w->pairs, four);
     }
