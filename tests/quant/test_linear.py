@@ -67,6 +67,11 @@ def rounded_activations(x: torch.Tensor, block: int, bits: int) -> torch.Tensor:
     return (torch.round(blocks / step) * step).reshape(x.shape)
 
 
+def half_bf16_ulp(exact: torch.Tensor) -> torch.Tensor:
+    """Half a bf16 ulp of each exact value: as far as one rounding to bf16 may move it."""
+    return torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+
+
 def test_rounded_activations_keep_values_near_the_block_maximum() -> None:
     """The rule in hand-checked numbers: block max 3.0 (e = 1, step 2^-13 for 15 bits)."""
     x = torch.tensor([[3.0, 1.5, 2.0 ** -7, 2.0 ** -20, -0.0048828125, 1e-4, 0.0, 0.0]])
@@ -94,7 +99,7 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
     group = layer.group_size  # W8A16 is per channel whatever the scheme was asked
     inputs = rounded_activations(x, min(64, group & -group), 14)
     exact = inputs @ held_weight(layer).T
-    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    half_ulp = half_bf16_ulp(exact)
     scale_mass = x.double().abs() @ layer.scale.double().t().repeat_interleave(layer.group_size, 1).T
     group_roundings = 256 // group * 2.0 ** -24 * (inputs.abs() @ held_weight(layer).abs().T)
     slack = half_ulp + 2e-6 * scale_mass + group_roundings
@@ -140,7 +145,7 @@ def test_c_w8a8_is_the_exact_integer_product_rounded_once(rows: int) -> None:
     assert codes.abs().max() <= 127
     exact = (codes.double() @ qw.codes.double().T) * x_scale.double() * layer.scale.double() \
         + bias.double()
-    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    half_ulp = half_bf16_ulp(exact)
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())  # fp32 scaling
 
 
@@ -159,7 +164,7 @@ def test_c_w8a8_with_a_static_scale_clamps_the_codes_it_exceeds(rows: int) -> No
     codes = torch.round(x.float() * (1 / torch.tensor(0.01))).clamp(-128, 127)
     assert (codes == 127).any() and (codes == -128).any()
     exact = (codes.double() @ qw.codes.double().T) * 0.01 * layer.scale.double()
-    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    half_ulp = half_bf16_ulp(exact)
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())
 
 
@@ -229,7 +234,7 @@ def test_c_fp8_is_the_exact_product_rounded_once(rows: int) -> None:
     w = qw.codes.double()
     exact = (values.double() @ w.T) * scales + bias.double()
     mass = (values.double().abs() @ w.abs().T) * scales
-    half_ulp = torch.exp2(torch.floor(torch.log2(exact.abs())) - 8)
+    half_ulp = half_bf16_ulp(exact)
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001 + 2.0 ** -22 * mass).all())
     assert torch.equal(vnni.unpack_int8(layer.packed).view(torch.float8_e4m3fn), qw.codes)
 
