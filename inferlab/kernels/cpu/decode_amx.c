@@ -68,34 +68,62 @@ static void query_columns(const uint16_t *q, int64_t n, int64_t dim, int64_t c0,
                 memcpy(qt + k * 512 + d * 32 + 2 * (c0 + j), q + j * dim + 32 * k + 2 * d, 4);
 }
 
+/* Chunk p0's scores out of its C tile, stored at tile ([16 positions][16 columns]): column j to
+ * row row0 + j, scaled. */
+static inline void spread_scores(const float *tile, int64_t n, float scale, int64_t p0, int64_t row0,
+                                 amx_scratch_t *w) {
+    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
+                                              _mm512_set1_epi32(16));
+    for (int64_t j = 0; j < n; j++)
+        _mm512_storeu_ps(w->scores + (row0 + j) * w->width + p0,
+                         _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)j)), tile, 4),
+                                       _mm512_set1_ps(scale)));
+}
+
+/* C tile T = the chunk's 16 keys (rows `keys`) times the columns of Q^T, k-step by k-step. A
+ * macro: tile numbers must be constants. */
+#define CHUNK_SCORES(T)                                                                         \
+    do {                                                                                        \
+        _tile_zero(T);                                                                          \
+        for (int64_t k = 0; k < k_steps; k++) {                                                 \
+            if (s.block_size >= 16) _tile_loadd(4, keys[0] + 32 * k, row_bytes);               \
+            else { /* a chunk spans blocks: its rows copied side by side */                     \
+                for (int i = 0; i < 16; i++) memcpy(gathered + 32 * i, keys[i] + 32 * k, 64);   \
+                _tile_loadd(4, gathered, 64);                                                   \
+            }                                                                                   \
+            _tile_loadd(6, w->qt + k * 512, 64);                                                \
+            _tile_dpbf16ps(T, 4, 6);                                                            \
+        }                                                                                       \
+    } while (0)
+
 /* scores[row0 + j][p] = scale * q_j . k_p for the n columns of Q^T and positions [p_lo, p_hi)
- * (p_lo a multiple of 16) of KV head s.h0. */
+ * (p_lo a multiple of 16) of KV head s.h0. Chunks alternate between C tiles 0 and 1, and a
+ * chunk's tile is stored and spread out after the next chunk's products are issued, so that
+ * those run while it is. */
 static void amx_scores(const uint16_t *k_cache, span_t s, float scale, int64_t n, int64_t p_lo,
                        int64_t p_hi, int64_t row0, amx_scratch_t *w) {
     const int64_t k_steps = s.dim / 32, row_bytes = s.num_kv_heads * s.dim * 2;
     uint16_t gathered[16 * 32] __attribute__((aligned(64)));
-    const __m512i column = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0),
-                                              _mm512_set1_epi32(16));
     span_t upto = s;
     upto.len = p_hi;  /* chunk_rows' view: rows past p_hi repeat its first */
     for (int64_t p0 = p_lo; p0 < p_hi; p0 += 16) {
         const uint16_t *keys[16];
         chunk_rows(k_cache, upto, p0, keys, 0);
-        _tile_zero(0);
-        for (int64_t k = 0; k < k_steps; k++) {
-            if (s.block_size >= 16) _tile_loadd(4, keys[0] + 32 * k, row_bytes);
-            else {  /* a chunk spans blocks: its rows copied side by side */
-                for (int i = 0; i < 16; i++) memcpy(gathered + 32 * i, keys[i] + 32 * k, 64);
-                _tile_loadd(4, gathered, 64);
-            }
-            _tile_loadd(6, w->qt + k * 512, 64);
-            _tile_dpbf16ps(0, 4, 6);
+        if ((p0 - p_lo) & 16) {
+            CHUNK_SCORES(1);
+            _tile_stored(0, w->tile, 64);
+        } else {
+            CHUNK_SCORES(0);
+            if (p0 == p_lo) continue;
+            _tile_stored(1, w->tile, 64);
         }
-        _tile_stored(0, w->tile, 64);  /* [16 positions][16 columns] */
-        for (int64_t j = 0; j < n; j++)
-            _mm512_storeu_ps(w->scores + (row0 + j) * w->width + p0,
-                             _mm512_mul_ps(_mm512_i32gather_ps(_mm512_add_epi32(column, _mm512_set1_epi32((int)j)),
-                                                               w->tile, 4), _mm512_set1_ps(scale)));
+        spread_scores(w->tile, n, scale, p0 - 16, row0, w);
+    }
+    if (p_hi > p_lo) {  /* the last chunk's tile */
+        const int64_t last = p_lo + (p_hi - p_lo - 1) / 16 * 16;
+        if ((last - p_lo) & 16) _tile_stored(1, w->tile, 64);
+        else _tile_stored(0, w->tile, 64);
+        spread_scores(w->tile, n, scale, last, row0, w);
     }
 }
 
