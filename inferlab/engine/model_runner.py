@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import itertools
-import math
-import mmap
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +18,7 @@ from inferlab.engine.request import Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.engine.spec_decode import accepted_tokens
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
+from inferlab.kernels.host_memory import zeroed
 from inferlab.models.llama import KVCache, LlamaForCausalLM
 
 
@@ -35,25 +33,6 @@ class RunnerConfig:
     # max_model_len sets the graphs' block-table width.
     max_graph_batch_size: int = 0
     max_model_len: int = 0
-
-
-def zeroed(shape: tuple[int, ...], dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
-    """A zero tensor. On a CPU, over private anonymous memory, whose pages the OS hands out
-    zeroed when first written: filling the default 2 GiB KV cache with zeros took ~2 s of every
-    start on this VM, and a cache never filled holds only the pages it used (2 MiB ones where
-    granted). Asked for in 2 MiB pages (transparent huge pages, where the kernel grants them to
-    mappings that ask): a first write then zeroes 2 MiB at once instead of faulting 4 KiB by
-    4 KiB, which made a 512-token prefill over fresh blocks 120 ms against 109.5 ms over written
-    ones, and decode attention's scattered reads miss the TLB less (64 tokens x 300 positions,
-    30 layers: 31.3 -> 29.6 ms). (Python's default for mmap(-1), a shared mapping, gets no huge
-    pages.)"""
-    numel = math.prod(shape)
-    if torch.device(device).type != "cpu" or numel == 0:
-        return torch.zeros(shape, dtype=dtype, device=device)
-    memory = mmap.mmap(-1, numel * dtype.itemsize, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    with contextlib.suppress(AttributeError, OSError):  # no such advice here (not Linux, or no THP)
-        memory.madvise(mmap.MADV_HUGEPAGE)
-    return torch.frombuffer(memory, dtype=dtype).view(shape)
 
 
 class ModelRunner:

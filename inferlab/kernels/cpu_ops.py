@@ -25,6 +25,8 @@ from pathlib import Path
 
 import torch
 
+from inferlab.kernels import host_memory
+
 logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
@@ -324,13 +326,14 @@ def bf16_linear_fits(out_features: int, in_features: int) -> bool:
 
 
 def pack_bf16(weight: torch.Tensor) -> torch.Tensor:
-    """bf16 weight [N, K] -> the kernels' layout [N/16, K/2, 16, 2] (see matmul.c)."""
+    """bf16 weight [N, K] -> the kernels' layout [N/16, K/2, 16, 2] (see matmul.c), in 2 MiB
+    pages (host_memory)."""
     n_out, k_in = weight.shape
     if weight.dtype != torch.bfloat16 or not bf16_linear_fits(n_out, k_in):
         raise ValueError(f"pack_bf16 takes bf16 [N, K] with N % 16 == 0 and K % 32 == 0, "
                          f"not {weight.dtype} {list(weight.shape)}")
     weight = weight.contiguous()
-    packed = torch.empty(n_out // 16, k_in // 2, 16, 2, dtype=torch.bfloat16)
+    packed = host_memory.empty_in_huge_pages((n_out // 16, k_in // 2, 16, 2), torch.bfloat16)
     _library().pack_bf16_vnni(weight.data_ptr(), packed.data_ptr(), n_out, k_in)
     return packed
 

@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_ops
+from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import QuantizedWeight
@@ -164,7 +165,7 @@ class PackedQuantLinear(CKernelLinear):
         super().__init__(k, n, bias, dtype)
         self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
         pack = vnni.pack_uint8_quads if self.bits == 8 else vnni.pack_int4
-        self.register_buffer("packed", pack(qw.codes))
+        self.register_buffer("packed", in_huge_pages(pack(qw.codes)))
         self.register_buffer("scale", qw.scale.to(torch.bfloat16).t().contiguous())  # [K/G, N]
         zero = None if qw.zero_point is None else qw.zero_point.to(torch.bfloat16).t().contiguous()
         self.register_buffer("zero_point", zero)  # [K/G, N] or None

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.kernels import cpu_ops, scaled_mm
+from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import INT8_MAX, CKernelLinear, DequantLinear, QuantLinear, tensor_ptr
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
@@ -95,7 +96,7 @@ class PackedW8A8Linear(CKernelLinear):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
-        self.register_buffer("packed", vnni.pack_int8(qw.codes, inputs=4))
+        self.register_buffer("packed", in_huge_pages(vnni.pack_int8(qw.codes, inputs=4)))
         self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
         self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
         self.register_buffer("weight_sums", qw.codes.sum(dim=1, dtype=torch.int32).contiguous())
@@ -125,7 +126,7 @@ class PackedFp8Linear(CKernelLinear):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
-        self.register_buffer("packed", vnni.pack_int8(qw.codes.view(torch.uint8), inputs=2))
+        self.register_buffer("packed", in_huge_pages(vnni.pack_int8(qw.codes.view(torch.uint8), inputs=2)))
         self.register_buffer("scale", qw.scale.reshape(n).float().contiguous())
         self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
 

@@ -1,5 +1,6 @@
-"""The KV cache's memory on a CPU (model_runner.zeroed): zeros, committed page by page as
-blocks are written, and returned when the cache goes."""
+"""Host memory in 2 MiB pages (inferlab.kernels.host_memory): the KV cache (zeroed): zeros,
+committed page by page as blocks are written, and returned when the cache goes; and the packed
+weights' arena, which the bf16 and quantized C linears pack into."""
 
 from __future__ import annotations
 
@@ -8,8 +9,14 @@ import mmap
 
 import pytest
 import torch
+from torch import nn
 
-from inferlab.engine.model_runner import zeroed
+from inferlab.kernels import cpu_ops, host_memory
+from inferlab.kernels.cpu_linear import PackedLinear
+from inferlab.kernels.host_memory import empty_in_huge_pages, in_huge_pages, zeroed
+from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.qparams import quantize_rtn
+from inferlab.quant.scheme import make_scheme
 
 GIB = 2**30
 
@@ -78,3 +85,42 @@ def test_a_kernel_that_refuses_huge_pages_still_gives_a_cache(monkeypatch):
     cache = zeroed((4, 16, 3, 64), torch.bfloat16, "cpu")
     cache[3, 15] = 2.0
     assert cache.sum() == 2.0 * 3 * 64
+
+
+def test_arena_tensors_are_copies_apart_and_aligned():
+    sources = [torch.randn(n, 96).to(torch.bfloat16) for n in (1, 37, 5000)]
+    copies = [in_huge_pages(t) for t in sources]
+    for source, copy in zip(sources, copies, strict=True):
+        assert torch.equal(copy, source) and copy.is_contiguous()
+        assert copy.data_ptr() % host_memory.ALIGN_BYTES == 0
+    copies[1].fill_(7)  # its neighbours keep their values
+    assert torch.equal(copies[0], sources[0]) and torch.equal(copies[2], sources[2])
+    assert torch.equal(empty_in_huge_pages((3, 5), torch.int32), torch.zeros(3, 5, dtype=torch.int32))
+
+
+def test_a_tensor_larger_than_a_chunk_gets_its_own_and_is_freed_with_it():
+    before = resident_bytes()
+    big = empty_in_huge_pages((host_memory.ARENA_CHUNK_BYTES * 2,), torch.uint8)
+    assert big.data_ptr() % host_memory.HUGE_PAGE_BYTES == 0
+    big.fill_(1)
+    assert resident_bytes() - before >= host_memory.ARENA_CHUNK_BYTES * 2 - GIB // 64
+    assert int(big.sum()) == host_memory.ARENA_CHUNK_BYTES * 2
+    del big
+    gc.collect()
+    assert resident_bytes() - before < GIB // 64
+
+
+@pytest.mark.skipif(not cpu_ops.bf16_linear_available(), reason="no AVX512-BF16 C kernels here")
+def test_packed_weights_are_written_into_huge_pages():
+    if not _kernel_grants_huge_pages_on_request():
+        pytest.skip("this kernel gives no transparent huge pages to a mapping that asks")
+    host_memory._WEIGHTS = host_memory._Arena()  # a fresh chunk: earlier tests' tensors hold none of it
+    dense = nn.Linear(1536, 2048, bias=False).to(torch.bfloat16)  # 6 MiB of weights
+    packed = PackedLinear(dense).packed
+    assert _huge_page_bytes(packed.data_ptr()) >= 2 * host_memory.HUGE_PAGE_BYTES
+    for name in ("W8A16", "W4A16", "W8A8"):  # the weight-only and the dynamic C layers
+        scheme = make_scheme(name, 128, False)
+        qw = quantize_rtn(torch.randn(2048, 1536), scheme.weights)
+        layer = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
+        if hasattr(layer, "c_desc"):
+            assert _huge_page_bytes(layer.packed.data_ptr()) >= host_memory.HUGE_PAGE_BYTES, name
