@@ -18,7 +18,7 @@ from inferlab.engine.request import Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.engine.spec_decode import accepted_tokens
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
-from inferlab.kernels.host_memory import zeroed
+from inferlab.kernels.host_memory import commit_pages, zeroed
 from inferlab.models.llama import KVCache, LlamaForCausalLM
 
 
@@ -45,6 +45,9 @@ class ModelRunner:
             (zeroed(shape, config.kv_dtype, config.device), zeroed(shape, config.kv_dtype, config.device))
             for _ in range(cfg.num_layers)
         ]
+        for pair in self.kv_caches:
+            for cache in pair:
+                commit_pages(cache)
         self.seeded_uniforms = SeededUniforms()
         torch.manual_seed(config.seed)
         self.graphed: GraphedDecode | None = None

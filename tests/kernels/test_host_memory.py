@@ -13,7 +13,7 @@ from torch import nn
 
 from inferlab.kernels import cpu_ops, host_memory
 from inferlab.kernels.cpu_linear import PackedLinear
-from inferlab.kernels.host_memory import empty_in_huge_pages, in_huge_pages, zeroed
+from inferlab.kernels.host_memory import commit_pages, empty_in_huge_pages, in_huge_pages, zeroed
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
@@ -45,8 +45,8 @@ def test_a_cpu_cache_holds_only_the_pages_written_and_frees_them():
     assert resident_bytes() - before < GIB // 16
 
 
-def _huge_page_bytes(address: int) -> int:
-    """AnonHugePages of the mapping of this process that holds address."""
+def _mapping_bytes(address: int, field: str) -> int:
+    """A field of /proc/self/smaps (Rss:, AnonHugePages:) for the mapping that holds address."""
     with open("/proc/self/smaps") as f:
         inside = False
         for line in f:
@@ -54,9 +54,13 @@ def _huge_page_bytes(address: int) -> int:
             if "-" in fields[0] and len(fields) >= 5:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 inside = start <= address < end
-            elif inside and fields[0] == "AnonHugePages:":
+            elif inside and fields[0] == field:
                 return int(fields[1]) * 1024
     return 0
+
+
+def _huge_page_bytes(address: int) -> int:
+    return _mapping_bytes(address, "AnonHugePages:")
 
 
 def _kernel_grants_huge_pages_on_request() -> bool:
@@ -124,3 +128,24 @@ def test_packed_weights_are_written_into_huge_pages():
         layer = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
         if hasattr(layer, "c_desc"):
             assert _huge_page_bytes(layer.packed.data_ptr()) >= host_memory.HUGE_PAGE_BYTES, name
+
+
+def test_committed_pages_are_resident_zeros():
+    before = resident_bytes()
+    cache = zeroed((16 * 2**20,), torch.bfloat16, "cpu")  # 32 MiB
+    assert resident_bytes() - before < 2**20
+    commit_pages(cache)
+    assert resident_bytes() - before >= 32 * 2**20
+    assert torch.equal(cache, torch.zeros_like(cache))
+
+
+def test_the_engines_kv_cache_is_committed_when_built():
+    """Filling every page of a committed cache adds nothing resident."""
+    from inferlab.engine.llm import LLM
+
+    llm = LLM(dtype="float32", kv_cache_memory="64MiB")
+    before = resident_bytes()
+    for k_cache, v_cache in llm.engine.runner.kv_caches:
+        k_cache.fill_(1)
+        v_cache.fill_(1)
+    assert resident_bytes() - before < 4 * 2**20
