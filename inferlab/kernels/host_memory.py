@@ -14,6 +14,7 @@ import contextlib
 import math
 import mmap
 import threading
+import weakref
 
 import torch
 
@@ -57,23 +58,26 @@ def commit_pages(t: torch.Tensor) -> None:
 class _Arena:
     """Tensors side by side in 2 MiB-aligned chunks of huge_page_mapping: a linear's weights
     (0.6-3.5 MB in the embedded model) are too small, one mapping each, for whole 2 MiB pages.
-    A chunk is unmapped when the last tensor in it goes (each holds its mapping)."""
+    Each tensor holds its chunk; the arena only a weak reference to the chunk it fills, so a
+    chunk is unmapped when the last tensor in it goes (a model dropped returns all of its)."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._chunk: mmap.mmap | None = None
+        self._chunk = lambda: None  # a weak reference to the chunk being filled
         self._used = self._end = 0
 
     def empty(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         count = math.prod(shape)
         nbytes = count * dtype.itemsize
-        if nbytes > ARENA_CHUNK_BYTES:  # a mapping of its own, gone with the tensor
+        if nbytes > ARENA_CHUNK_BYTES:  # a mapping of its own
             chunk, offset, _ = self._new_chunk(nbytes)
         else:
             with self._lock:
-                if self._chunk is None or self._end - self._used < nbytes:
-                    self._chunk, self._used, self._end = self._new_chunk(ARENA_CHUNK_BYTES)
-                chunk, offset = self._chunk, self._used
+                chunk = self._chunk()
+                if chunk is None or self._end - self._used < nbytes:
+                    chunk, self._used, self._end = self._new_chunk(ARENA_CHUNK_BYTES)
+                    self._chunk = weakref.ref(chunk)
+                offset = self._used
                 self._used += -(-nbytes // ALIGN_BYTES) * ALIGN_BYTES
         return torch.frombuffer(chunk, dtype=dtype, count=count, offset=offset).view(shape)
 

@@ -114,6 +114,18 @@ def test_a_tensor_larger_than_a_chunk_gets_its_own_and_is_freed_with_it():
     assert resident_bytes() - before < GIB // 64
 
 
+def test_the_arena_returns_its_chunks_when_their_tensors_go():
+    host_memory._WEIGHTS = host_memory._Arena()
+    before = resident_bytes()
+    tensors = [empty_in_huge_pages((2**20,), torch.uint8) for _ in range(96)]  # 96 MiB: two chunks
+    for t in tensors:
+        t.fill_(1)
+    assert resident_bytes() - before >= 96 * 2**20
+    del tensors, t
+    gc.collect()
+    assert resident_bytes() - before < GIB // 64
+
+
 @pytest.mark.skipif(not cpu_ops.bf16_linear_available(), reason="no AVX512-BF16 C kernels here")
 def test_packed_weights_are_written_into_huge_pages():
     if not _kernel_grants_huge_pages_on_request():
