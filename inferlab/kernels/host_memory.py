@@ -49,7 +49,7 @@ def commit_pages(t: torch.Tensor) -> None:
     (it writes a zero into each 4 KiB). The KV cache's first writes otherwise fault its pages
     in during decode steps, a block at a time as the allocator walks the pool: each 2 MiB page
     took 0.2-2.4 ms here (2.4 where the VM had to back fresh memory first), ~3 ms of a 48 ms
-    step of 64 tokens. Committing the default 2 GiB cache takes 0.2-2.4 s of a start; offline
+    step of 64 tokens. Committing the default 2 GiB cache takes 0.2-4.6 s of a start; offline
     throughput went 910 -> 1040 tokens/s with it (benchmarks/offline_throughput.py)."""
     if t.device.type == "cpu" and t.numel():
         t.view(-1).view(torch.uint8)[::4096] = 0
