@@ -34,6 +34,7 @@
 #define L2_BUDGET_BYTES (1 << 20) /* weights an AMX thread keeps in its L2 at a time */
 #define CHUNKS_PER_THREAD 2 /* AMX column chunks per thread, handed out dynamically (4: ~15% slower) */
 #define PREFETCH_STEPS 4 /* AMX k-steps of 32 inputs (1 KiB of each B tile) fetched ahead */
+#define COLS_OUTER_ROW_BLOCKS 2 /* amx_gemm: up to this many blocks of 32 rows go outputs outer */
 /* amx_rows: how far ahead on each weight stream. Half an iteration's 2 KiB: the 121 linears of
  * the embedded model from memory took 8.3-8.4 ms at 1 row and 9.3 at 16 (2,048 bytes ahead:
  * 8.9 and 9.9-10.0; 4,096: 9.1 and 10.0; none: 9.4 and 10.2) */
@@ -241,14 +242,16 @@ typedef struct {
 } out_block_t;
 
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
- * memory, so ask for them PREFETCH_STEPS k-steps ahead. bf16 B tiles load with the streaming
+ * memory, so ask for them PREFETCH_STEPS k-steps ahead; pf: weights to fetch to L2 meanwhile,
+ * this block's k-step k taking share step0 + k of per_step lines. bf16 B tiles load with the streaming
  * hint (tileloaddt1): a row block reads each B tile once, and loaded plainly they evicted its A
  * tiles (36 KiB of rows at K = 576) from L1, which then came from L2 too (qkv and gate_up at
  * 2,048 rows: 1.13 and 3.62 ms -> 0.98 and 2.79; the model's linears at 64 rows 25.7 -> 22.2
  * ms). int8 rows are half as long, a row block's A tiles and a block's B tiles fit in L1
  * together, and the plain loads were ~5% faster (W8A8 at 512 rows). */
 static inline __attribute__((always_inline)) void block_products(
-        const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8) {
+        const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8,
+        prefetch_t pf, int64_t step0, int64_t per_step) {
     const int64_t row_bytes = a->row_bytes, block_bytes = 16 * row_bytes;
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
@@ -256,6 +259,7 @@ static inline __attribute__((always_inline)) void block_products(
     const uint8_t *b0 = packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + block_bytes : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
+        prefetch_share(pf, step0 + k / 64, per_step);
         if (first_use && k + PREFETCH_STEPS * 64 < row_bytes)
             for (int line = 0; line < 16; line++) {
                 _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
@@ -340,16 +344,33 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t c1 = by_cols && c0 + chunk_blocks < col_blocks ? c0 + chunk_blocks : col_blocks;
             const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
             const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
-            for (int64_t rb = r0; rb < r1; rb++)
-                for (int64_t nb = c0; nb < c1; nb++) {
+            /* rows outer (each row block's A tiles stay in L1 while the chunk's weights come
+             * from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks with
+             * bf16 outputs, outputs outer: a block's weights come from memory once for all its
+             * rows, and the next block's are fetched to L2 over its k-steps (the 121 linears
+             * from memory at 32 / 48 / 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 /
+             * 15.7-15.9 ms). The fp32 logits of 64 rows were slower that way (3.5 -> 4.5 ms). */
+            const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
+            const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
+            for (int64_t i = 0; i < outer; i++) {
+                prefetch_t next = {NULL, 0};
+                if (cols_outer && c0 + i + 1 < c1) {
+                    next.at = (const char *)packed + (c0 + i + 1) * 32 * row_bytes;
+                    next.lines = ((c0 + i + 1) * 32 + 16 < n_out ? 32 : 16) * row_bytes / 64;
+                }
+                const int64_t per_step = prefetch_per_step(next, inner * (row_bytes / 64));
+                for (int64_t j = 0; j < inner; j++) {
+                    const int64_t rb = cols_outer ? r0 + j : r0 + i, nb = cols_outer ? c0 + i : c0 + j;
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    block_products(&a, (const uint8_t *)packed, o, rb == r0, int8);
+                    block_products(&a, (const uint8_t *)packed, o, cols_outer ? i == 0 && j == 0 : rb == r0,
+                                   int8, next, j * (row_bytes / 64), per_step);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
                 }
+            }
         }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
