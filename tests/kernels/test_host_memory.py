@@ -45,8 +45,8 @@ def test_a_cpu_cache_holds_only_the_pages_written_and_frees_them():
     assert resident_bytes() - before < GIB // 16
 
 
-def _mapping_bytes(address: int, field: str) -> int:
-    """A field of /proc/self/smaps (Rss:, AnonHugePages:) for the mapping that holds address."""
+def _huge_page_bytes(address: int) -> int:
+    """AnonHugePages of the mapping of this process that holds address."""
     with open("/proc/self/smaps") as f:
         inside = False
         for line in f:
@@ -54,13 +54,9 @@ def _mapping_bytes(address: int, field: str) -> int:
             if "-" in fields[0] and len(fields) >= 5:
                 start, end = (int(x, 16) for x in fields[0].split("-"))
                 inside = start <= address < end
-            elif inside and fields[0] == field:
+            elif inside and fields[0] == "AnonHugePages:":
                 return int(fields[1]) * 1024
     return 0
-
-
-def _huge_page_bytes(address: int) -> int:
-    return _mapping_bytes(address, "AnonHugePages:")
 
 
 def _kernel_grants_huge_pages_on_request() -> bool:

@@ -243,12 +243,12 @@ typedef struct {
 
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
  * memory, so ask for them PREFETCH_STEPS k-steps ahead; pf: weights to fetch to L2 meanwhile,
- * this block's k-step k taking share step0 + k of per_step lines. bf16 B tiles load with the streaming
- * hint (tileloaddt1): a row block reads each B tile once, and loaded plainly they evicted its A
- * tiles (36 KiB of rows at K = 576) from L1, which then came from L2 too (qkv and gate_up at
- * 2,048 rows: 1.13 and 3.62 ms -> 0.98 and 2.79; the model's linears at 64 rows 25.7 -> 22.2
- * ms). int8 rows are half as long, a row block's A tiles and a block's B tiles fit in L1
- * together, and the plain loads were ~5% faster (W8A8 at 512 rows). */
+ * this block's k-step k taking share step0 + k of per_step lines. bf16 B tiles load with the
+ * streaming hint (tileloaddt1): a row block reads each B tile once, and loaded plainly they
+ * evicted its A tiles (36 KiB of rows at K = 576) from L1, which then came from L2 too (qkv
+ * and gate_up at 2,048 rows: 1.13 and 3.62 ms -> 0.98 and 2.79; the model's linears at 64 rows
+ * 25.7 -> 22.2 ms). int8 rows are half as long, a row block's A tiles and a block's B tiles fit
+ * in L1 together, and the plain loads were ~5% faster (W8A8 at 512 rows). */
 static inline __attribute__((always_inline)) void block_products(
         const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8,
         prefetch_t pf, int64_t step0, int64_t per_step) {
@@ -329,6 +329,13 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     const int64_t even = (col_blocks + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
     const int64_t cap = fit > 0 ? fit : 1, chunk_blocks = by_cols ? (even < cap ? even : cap) : col_blocks;
     const int64_t chunks = by_cols ? (col_blocks + chunk_blocks - 1) / chunk_blocks : threads;
+    /* a chunk goes rows outer (each row block's A tiles stay in L1 while the chunk's weights
+     * come from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks with bf16
+     * outputs, outputs outer: a block's weights come from memory once for all its rows, and the
+     * next block's are fetched to L2 over its k-steps (the 121 linears from memory at 32 / 48 /
+     * 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The fp32 logits of
+     * 64 rows were slower that way (3.5 -> 4.5 ms). */
+    const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
 #pragma omp parallel
     {
         configure_tiles(16);
@@ -344,13 +351,6 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t c1 = by_cols && c0 + chunk_blocks < col_blocks ? c0 + chunk_blocks : col_blocks;
             const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
             const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
-            /* rows outer (each row block's A tiles stay in L1 while the chunk's weights come
-             * from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks with
-             * bf16 outputs, outputs outer: a block's weights come from memory once for all its
-             * rows, and the next block's are fetched to L2 over its k-steps (the 121 linears
-             * from memory at 32 / 48 / 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 /
-             * 15.7-15.9 ms). The fp32 logits of 64 rows were slower that way (3.5 -> 4.5 ms). */
-            const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
             const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
             for (int64_t i = 0; i < outer; i++) {
                 prefetch_t next = {NULL, 0};
