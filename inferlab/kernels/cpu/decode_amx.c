@@ -144,17 +144,38 @@ static void amx_values(const uint16_t *v_cache, span_t s, int64_t d0, int four, 
     }
 }
 
+/* The prefix's scores for the rows of a group (row i * n + j: token first + i's query head
+ * h * group + g0 + j), scaled, at w->scores: the prefill's product (amx_tile_scores), 16 query
+ * rows against the prefix's key tiles, every row of a C tile stored in place. */
+static void prefix_rows_scores(const uint16_t *q, int64_t q_stride, const int32_t *rows,
+                               int64_t first, int64_t count, span_t s, int64_t h, int64_t g0,
+                               int64_t n, const uint8_t *tiles, int64_t shared, float scale,
+                               amx_scratch_t *w) {
+    uint16_t *qbuf = w->qt;  /* [16][D]: Q^T's room, before the tokens' own columns take it */
+    for (int64_t i = 0; i < count; i++)
+        memcpy(qbuf + i * n * s.dim, q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim,
+               sizeof(uint16_t) * (size_t)(n * s.dim));
+    amx_tile_scores(qbuf, (const uint32_t *)tiles, s.dim, shared, w->width, w->scores);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < count * n; r++)
+        for (int64_t p = 0; p < shared; p += 16)
+            _mm512_storeu_ps(w->scores + r * w->width + p,
+                             _mm512_mul_ps(_mm512_loadu_ps(w->scores + r * w->width + p), scale_v));
+}
+
 /* Tokens [first, first + count) of decode_amx's list, query heads [g0, g0 + n) of KV head h
- * (count * n <= 16), whose first `shared` positions (a multiple of 32) are the same blocks:
- * those positions' scores and weighted values as one tile product for all the tokens' heads,
- * each token's own positions after them alone. The sums go the per-token way (shared 0,
- * count 1), so a token's result does not depend on its company: the prefix's value sums are
- * the C tiles a lone token holds after its first shared / 32 chunks, and carry on from there. */
+ * (count * n <= 16), whose first `shared` positions (a multiple of 32) are the same blocks,
+ * laid out once in `tiles` (this head's): those positions' scores and weighted values as one
+ * tile product for all the tokens' heads, each token's own positions after them alone. The sums
+ * go the per-token way (shared 0, count 1), so a token's result does not depend on its company:
+ * the prefix's value sums are the C tiles a lone token holds after its first shared / 32
+ * chunks, and carry on from there. */
 static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache,
                          const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                          const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                          int64_t first, int64_t count, span_t s, int64_t h, int64_t g0, int64_t n,
-                         int64_t shared, float scale, amx_scratch_t *w, uint16_t *out) {
+                         const uint8_t *tiles, int64_t shared, float scale, amx_scratch_t *w,
+                         uint16_t *out) {
     span_t token[16];
     for (int64_t i = 0; i < count; i++) {
         token[i] = s;
@@ -162,23 +183,22 @@ static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
         token[i].len = seq_lens[seqs[first + i]];
         token[i].h0 = h;
         token[i].h1 = h + 1;
-        query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, i * n, w->qt);
     }
-    amx_scores(k_cache, token[0], scale, count * n, 0, shared, 0, w);
+    if (shared)
+        prefix_rows_scores(q, q_stride, rows, first, count, s, h, g0, n, tiles, shared, scale, w);
     for (int64_t i = 0; i < count; i++) {
-        if (count > 1)  /* the token's own columns, at 0 */
-            query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, 0, w->qt);
+        query_columns(q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim, n, s.dim, 0, w->qt);
         amx_scores(k_cache, token[i], scale, n, shared, token[i].len, i * n, w);
         for (int64_t r = i * n; r < (i + 1) * n; r++)
             w->total[r] = softmax_numerators_ps(w->scores + r * w->width, token[i].len,
                                                 w->weights + r * w->width, round_up(token[i].len, 32));
     }
+    const uint16_t *prefix_values = shared ? (const uint16_t *)(tiles + key_tile_bytes(shared, s.dim)) : NULL;
     for (int64_t d0 = 0, pass = 0; d0 < s.dim; d0 += 64, pass++) {
         const int four = s.dim - d0 >= 64;
         float *prefix = w->prefix_sums + pass * SCRATCH_ROWS * 64;
-        _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-        amx_values(v_cache, token[0], d0, four, 0, shared, 0, w);
-        store_sum_tiles(prefix);
+        amx_values_from_tiles(w->weights, w->width, prefix_values + d0 / 16 * 512, s.dim, shared,
+                              four, prefix);
         for (int64_t i = 0; i < count; i++) {
             load_sum_tiles(prefix + i * n * 64);
             amx_values(v_cache, token[i], d0, four, shared, token[i].len, i * n, w);
@@ -210,9 +230,16 @@ int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, con
      * prefetchers bring in around one head's are the next head's (a decode step of 64 tokens
      * of ~300 positions: attention 39 -> 35 ms; one head a claim, the threads took turns) */
     const int per_claim = groups >= 4 * omp_get_max_threads() ? (int)per_group : 1;
+    const int64_t tile_bytes = shared ? prefix_tile_bytes(shared, s.dim) : 0;
+    uint8_t *tiles = shared ? aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes)) : NULL;
+    if (shared && !tiles) return -1;
+    span_t prefix = s;
+    prefix.table = block_tables + seqs[0] * table_stride;
+    prefix.len = shared;
     int failed = 0;
 #pragma omp parallel reduction(+ : failed)
     {
+        if (shared) layout_prefix(k_cache, v_cache, prefix, tiles);
         amx_scratch_t w = {0};
         const int ok = scratch_init(&w, s.len, s.dim) == 0;
         failed += !ok;
@@ -225,11 +252,12 @@ int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, con
             const int64_t count = num_decodes - first < per_task ? num_decodes - first : per_task;
             attend_group(q, q_stride, k_cache, v_cache, block_tables, table_stride, seq_lens, rows,
                          seqs, first, count, s, h, g0, s.group - g0 < band ? s.group - g0 : band,
-                         shared, scale, &w, out);
+                         shared ? tiles + h * tile_bytes : NULL, shared, scale, &w, out);
         }
         if (ok) amx_release_tiles();
         free(w.qt);
     }
+    free(tiles);
     return failed ? -1 : 0;
 }
 #endif

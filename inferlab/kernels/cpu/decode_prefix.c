@@ -32,9 +32,28 @@ int64_t shared_prefix(const int32_t *block_tables, int64_t table_stride, const i
     return blocks * block_size / 16 * 16;
 }
 
+#define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */
+
+int64_t prefix_tile_bytes(int64_t shared, int64_t dim) {
+    return round_up((int64_t)head_tile_bytes(shared, dim), 64);
+}
+
+/* The prefix's (positions [0, prefix.len) of prefix.table) keys and values as layout_head's
+ * tiles, prefix_tile_bytes apart by KV head, in tasks of PREFIX_LAYOUT_POSITIONS shared out
+ * among the threads of the enclosing parallel region (all of which must call it). */
+void layout_prefix(const uint16_t *k_cache, const uint16_t *v_cache, span_t prefix, uint8_t *tiles) {
+    const int64_t parts = (prefix.len + PREFIX_LAYOUT_POSITIONS - 1) / PREFIX_LAYOUT_POSITIONS;
+    const int64_t tile_bytes = prefix_tile_bytes(prefix.len, prefix.dim);
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t task = 0; task < prefix.num_kv_heads * parts; task++) {
+        const int64_t h = task / parts, p_lo = task % parts * PREFIX_LAYOUT_POSITIONS;
+        layout_head(k_cache, v_cache, prefix, h, tiles + h * tile_bytes, p_lo,
+                    p_lo + PREFIX_LAYOUT_POSITIONS);
+    }
+}
+
 /* Tokens a task: 8 left the two threads unevenly loaded (4% slower), 2 wasted tile rows. */
 #define PREFIX_GROUP 4
-#define PREFIX_LAYOUT_POSITIONS 128  /* a task of laying out the prefix (a multiple of 32) */
 
 /* The scratch floats of one group: query rows (bf16), scores, sums and totals, by KV head. */
 static int64_t group_scratch_floats(span_t s) {
@@ -92,7 +111,7 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
                        const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                        const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                        int64_t num_decodes, uint16_t *out, span_t s, int64_t shared, float scale) {
-    const int64_t tile_bytes = round_up((int64_t)head_tile_bytes(shared, s.dim), 64);
+    const int64_t tile_bytes = prefix_tile_bytes(shared, s.dim);
     uint8_t *tiles = aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes));
     if (!tiles) return -1;
     span_t prefix = s;
@@ -101,13 +120,7 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
     int failed = 0;
 #pragma omp parallel reduction(+ : failed)
     {
-        const int64_t parts = (shared + PREFIX_LAYOUT_POSITIONS - 1) / PREFIX_LAYOUT_POSITIONS;
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t task = 0; task < s.num_kv_heads * parts; task++) {
-            const int64_t h = task / parts, p_lo = task % parts * PREFIX_LAYOUT_POSITIONS;
-            layout_head(k_cache, v_cache, prefix, h, tiles + h * tile_bytes, p_lo,
-                        p_lo + PREFIX_LAYOUT_POSITIONS);
-        }
+        layout_prefix(k_cache, v_cache, prefix, tiles);
         float *scratch = malloc(sizeof(float) * (size_t)group_scratch_floats(s));
         failed += scratch == NULL;
 #pragma omp for schedule(dynamic, 1)

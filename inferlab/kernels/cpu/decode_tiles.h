@@ -378,5 +378,9 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
                        const uint16_t *v_cache, const int32_t *block_tables, int64_t table_stride,
                        const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                        int64_t num_decodes, uint16_t *out, span_t s, int64_t shared, float scale);
+/* The prefix's layout_head tiles, laid out once for the batch (decode_prefix.c and decode_amx.c's
+ * cascades): bytes a KV head, and the layout, shared out in an enclosing parallel region. */
+int64_t prefix_tile_bytes(int64_t shared, int64_t dim);
+void layout_prefix(const uint16_t *k_cache, const uint16_t *v_cache, span_t prefix, uint8_t *tiles);
 #endif
 #endif
