@@ -336,6 +336,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
      * 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The fp32 logits of
      * 64 rows were slower that way (3.5 -> 4.5 ms). */
     const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
+    const int64_t k_steps = row_bytes / 64;
+    int64_t claimed = 0;  /* chunks handed out so far */
 #pragma omp parallel
     {
         configure_tiles(16);
@@ -343,8 +345,12 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
         float c[2][4][16 * 16] __attribute__((aligned(64)));
         out_block_t last = {0, 0, 0, 0};
         int64_t count = 0;  /* blocks multiplied; block i's tiles are stored in c[i & 1] */
-#pragma omp for schedule(dynamic, 1)
-        for (int64_t chunk = 0; chunk < chunks; chunk++) {
+        /* a thread claims its next chunk as it starts one, so that going rows outer it can fetch
+         * that chunk's weights to L2 over this one's k-steps: the first row block otherwise
+         * waits on memory for every weight of the chunk */
+        int64_t chunk = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        while (chunk < chunks) {
+            const int64_t following = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             /* a chunk: output blocks [c0, c1) for all rows, or (fewer output blocks than
              * threads) a thread's share of the rows for all output blocks */
             const int64_t c0 = by_cols ? chunk * chunk_blocks : 0;
@@ -352,18 +358,25 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
             const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
             const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
+            prefetch_t ahead = {NULL, 0};
+            if (by_cols && !cols_outer && following < chunks) {
+                const int64_t f0 = following * chunk_blocks * 32;
+                const int64_t f1 = f0 + chunk_blocks * 32 < n_out ? f0 + chunk_blocks * 32 : n_out;
+                ahead = (prefetch_t){(const char *)packed + f0 * row_bytes, (f1 - f0) * row_bytes / 64};
+            }
+            const int64_t ahead_per_step = prefetch_per_step(ahead, outer * inner * k_steps);
             for (int64_t i = 0; i < outer; i++) {
-                prefetch_t next = {NULL, 0};
+                prefetch_t next = ahead;
                 if (cols_outer && c0 + i + 1 < c1) {
                     next.at = (const char *)packed + (c0 + i + 1) * 32 * row_bytes;
                     next.lines = ((c0 + i + 1) * 32 + 16 < n_out ? 32 : 16) * row_bytes / 64;
                 }
-                const int64_t per_step = prefetch_per_step(next, inner * (row_bytes / 64));
+                const int64_t per_step = cols_outer ? prefetch_per_step(next, inner * k_steps) : ahead_per_step;
                 for (int64_t j = 0; j < inner; j++) {
                     const int64_t rb = cols_outer ? r0 + j : r0 + i, nb = cols_outer ? c0 + i : c0 + j;
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
                     block_products(&a, (const uint8_t *)packed, o, cols_outer ? i == 0 && j == 0 : rb == r0,
-                                   int8, next, j * (row_bytes / 64), per_step);
+                                   int8, next, ((cols_outer ? 0 : i * inner) + j) * k_steps, per_step);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
                     store_tiles(c[count & 1], o);
@@ -371,6 +384,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
                     count++;
                 }
             }
+            chunk = following;
         }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
