@@ -1,5 +1,5 @@
 """The C kernels of inferlab/kernels/cpu/ (ops.c, decode_attention.c, decode_prefix.c, matmul.c,
-quant_linear.c, dynamic_linear.c, prefill_attention.c, decode_layer.c), built at first use, called
+quant_linear.c, dynamic_linear.c, prefill_attention.c, model_forward.c), built at first use, called
 through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
@@ -32,7 +32,7 @@ logger = logging.getLogger("inferlab.kernels")
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
                                          "vnni_gemm.c", "quant_linear.c", "dynamic_linear.c",
-                                         "prefill_attention.c", "decode_amx.c", "decode_layer.c",
+                                         "prefill_attention.c", "decode_amx.c", "model_forward.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h")
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
@@ -54,7 +54,7 @@ _SIGNATURES = {
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
     "has_dynamic_linear": (ctypes.c_int, []),
-    "has_decode_layer": (ctypes.c_int, []),
+    "has_model_forward": (ctypes.c_int, []),
     "release_openmp_threads": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
@@ -62,7 +62,7 @@ _BF16_LINEAR_SIGNATURES = {
     "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, _I64]),
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
-_DECODE_LAYER_SIGNATURES = {"decode_model": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
+_MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
 
@@ -122,7 +122,7 @@ def _library() -> ctypes.CDLL | None:
         fn.restype, fn.argtypes = restype, argtypes
     optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
                 (lib.has_quant_linear(), _QUANT_LINEAR_SIGNATURES),
-                (lib.has_decode_layer(), _DECODE_LAYER_SIGNATURES)]
+                (lib.has_model_forward(), _MODEL_FORWARD_SIGNATURES)]
     for present, signatures in optional:
         for name, (restype, argtypes) in signatures.items() if present else ():
             fn = getattr(lib, name)
@@ -242,11 +242,16 @@ def amx_available() -> bool:
 
 
 def prefill_attention_fits(q: torch.Tensor, k_cache: torch.Tensor) -> bool:
-    """paged_prefill_attention takes these shapes here: bf16, head dim % 32 (and <= 256)."""
+    """paged_prefill_attention takes these shapes here: bf16, a power-of-two block size, and a
+    head dim prefill_head_dim_fits."""
+    return (q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
+            and not k_cache.shape[1] & (k_cache.shape[1] - 1) and prefill_head_dim_fits(q.shape[2]))
+
+
+def prefill_head_dim_fits(head_dim: int) -> bool:
+    """paged_prefill_attention's tiles take this head dim here (a multiple of 32, <= 256)."""
     lib = _library()
-    return (lib is not None and q.dtype == torch.bfloat16 and k_cache.dtype == torch.bfloat16
-            and not k_cache.shape[1] & (k_cache.shape[1] - 1)
-            and bool(lib.prefill_attention_fits(q.shape[2])))
+    return lib is not None and bool(lib.prefill_attention_fits(head_dim))
 
 
 def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -385,11 +390,11 @@ def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     return y
 
 
-def decode_layer_available() -> bool:
-    """The whole-model decode function (decode_layer.c's decode_model)."""
-    return _built_with("decode_layer")
+def model_forward_available() -> bool:
+    """The whole-model forward function (model_forward.c)."""
+    return _built_with("model_forward")
 
 
-def decode_model_function() -> ctypes._CFuncPtr:
-    """decode_model(out, residual, rows, layers, num_layers, &batch); see cpu_decode.py."""
-    return _library().decode_model
+def model_forward_function() -> ctypes._CFuncPtr:
+    """model_forward(out, residual, rows, layers, num_layers, &batch); see cpu_model.py."""
+    return _library().model_forward

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from inferlab.errors import ModelLoadError
-from inferlab.kernels import cpu_decode
+from inferlab.kernels import cpu_model
 from inferlab.kernels.attention import AttentionMetadata, paged_attention
 from inferlab.kernels.fused import rotary_embedding, silu_and_mul
 from inferlab.models.config import ModelConfig
@@ -105,7 +105,7 @@ class LlamaModel(nn.Module):
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor,
                 kv_caches: list[KVCache], meta: AttentionMetadata) -> torch.Tensor:
         rope = (positions, self.rotary.cos, self.rotary.sin)
-        hidden = cpu_decode.run_model(self, input_ids, rope, kv_caches, meta)  # None: not here
+        hidden = cpu_model.run_model(self, input_ids, rope, kv_caches, meta)  # None: not here
         if hidden is not None:  # the same kernels as below, in one C call
             return hidden
         x = self.embed_tokens(input_ids)  # [N, hidden]

@@ -140,8 +140,8 @@ class Int4WeightOnlyLinear(QuantLinear):
 
 
 class CKernelLinear(QuantLinear, abc.ABC):
-    """A layer the C kernels run through linear_forward (also inside the decode path's one
-    call, see inferlab/kernels/cpu_decode.py); the bias is added inside, before the one rounding
+    """A layer the C kernels run through linear_forward (also inside the whole-model
+    call, see inferlab/kernels/cpu_model.py); the bias is added inside, before the one rounding
     to bf16."""
 
     bias_in_matmul = True

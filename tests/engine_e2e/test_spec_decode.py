@@ -156,7 +156,7 @@ def test_bf16_drafts_verified_as_decode_rows_give_the_plain_tokens(monkeypatch):
     """In bf16 on this CPU, a chunk with drafts runs as decode rows through the one-call C path,
     as plain decode steps do: the same greedy tokens, and every decode step in C."""
     from inferlab.engine.llm import LLM
-    from inferlab.kernels import cpu_decode, cpu_ops
+    from inferlab.kernels import cpu_model, cpu_ops
 
     plain = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
     speculating = LLM(loaded=plain.engine.loaded, dtype="bfloat16", kv_cache_memory="64MiB",
@@ -164,7 +164,7 @@ def test_bf16_drafts_verified_as_decode_rows_give_the_plain_tokens(monkeypatch):
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     expected = _tokens(plain.generate(PROMPTS, params))
     in_c = []  # per forward after the prompts': whether the C path took it
-    run_model = cpu_decode.run_model
+    run_model = cpu_model.run_model
 
     def recording(model, input_ids, rope, kv_caches, meta):
         hidden = run_model(model, input_ids, rope, kv_caches, meta)
@@ -172,10 +172,10 @@ def test_bf16_drafts_verified_as_decode_rows_give_the_plain_tokens(monkeypatch):
             in_c.append(hidden is not None)
         return hidden
 
-    monkeypatch.setattr(cpu_decode, "run_model", recording)
+    monkeypatch.setattr(cpu_model, "run_model", recording)
     assert _tokens(speculating.generate(PROMPTS[0], params)) == expected[:1]
     assert speculating.engine.spec_counters.num_accepted_tokens > 0
-    if cpu_ops.decode_layer_available():
+    if cpu_ops.model_forward_available():
         assert in_c and all(in_c)
 
 

@@ -17,23 +17,23 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """Same contract as torch_paged.paged_attention. q: [N, Hq, D]; k, v: [N, Hkv, D]."""
     cpu_ops.write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty(q.shape, dtype=q.dtype)
-    rows, seqs = _decode_rows(meta)
+    rows, seqs = decode_rows(meta)
     if rows.numel():
         cpu_ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
                                        rows, seqs, scale, out)
     if rows.numel() < meta.num_seqs:
         if cpu_ops.prefill_attention_fits(q, k_cache):
             cpu_ops.paged_prefill_attention(q, k_cache, v_cache, meta.block_tables,
-                                            meta.query_start_loc, meta.seq_lens, _prefill_seqs(meta),
+                                            meta.query_start_loc, meta.seq_lens, prefill_seqs(meta),
                                             scale, out)
         else:
             prefill_attention(q, k_cache, v_cache, meta, scale, out)
     return out
 
 
-def _decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
+def decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     """Flat row and sequence index of every single-token sequence, int32 [Bd] each; the same in
-    every layer of a forward, so built once."""
+    every layer of a forward, so built once (the C model forward takes them too)."""
     cached = meta.backend_cache.get("cpu_decode")
     if cached is None:
         starts = meta.query_start_loc.tolist()
@@ -43,7 +43,7 @@ def _decode_rows(meta: AttentionMetadata) -> tuple[torch.Tensor, torch.Tensor]:
     return cached
 
 
-def _prefill_seqs(meta: AttentionMetadata) -> torch.Tensor:
+def prefill_seqs(meta: AttentionMetadata) -> torch.Tensor:
     """Sequences with several new tokens, int32 [Bp]; built once per forward."""
     cached = meta.backend_cache.get("cpu_prefill")
     if cached is None:

@@ -1,10 +1,10 @@
-"""Decode batches on CPU, the whole model in one C call (inferlab/kernels/cpu/decode_layer.c).
+"""The whole model's forward on CPU in one C call (inferlab/kernels/cpu/model_forward.c).
 
-When every sequence in the batch brings one new token, the model is bf16 and its linears are
-packed for the C kernels (bf16, W8A16, W4A16 or W8A8), a layer is ten kernel calls with nothing
-to decide between them; the C function makes them in the order the Python layer does, so
-outputs are identical, and the ~200 us per layer of Python, tensor views and ctypes between
-them go away.
+When the model is bf16 and its linears are packed for the C kernels (bf16, W8A16, W4A16, W8A8 or
+FP8), a layer is about ten kernel calls with nothing to decide between them, whatever mix of
+prompts and decode tokens the batch holds; the C function makes them in the order the Python
+layer does, so outputs are identical, and the ~200 us per layer of Python, tensor views and
+ctypes between them go away.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import torch
 from torch import nn
 
 from inferlab.kernels import cpu_ops
+from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear
 from inferlab.quant.linear import CKernelLinear
@@ -54,19 +55,22 @@ class _LayerWeights(ctypes.Structure):
                 ("k_cache", _P), ("v_cache", _P)]
 
 
-class _DecodeBatch(ctypes.Structure):
+class _ForwardBatch(ctypes.Structure):
     _fields_ = [*((name, _I64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim",
                                             "intermediate", "block_size", "table_stride", "vocab")),
                 ("eps", _F32), ("final_eps", _F32), ("scale", _F32),
                 *((name, _P) for name in ("token_ids", "positions", "slots", "cos_table", "sin_table",
-                                          "block_tables", "seq_lens", "embed", "final_norm"))]
+                                          "block_tables", "seq_lens", "query_start_loc",
+                                          "decode_rows", "decode_seqs", "prefill_seqs")),
+                ("num_decodes", _I64), ("num_prefills", _I64),
+                *((name, _P) for name in ("embed", "final_norm"))]
 
 
 class _Plan(NamedTuple):
     registrations: int  # _registrations when it was built
     kv_caches: tuple  # the (k, v) pairs it was built for
     layers: ctypes.Array  # each layer's _LayerWeights, in order
-    model_fields: dict  # the model's fields of _DecodeBatch (sizes, eps, scale, tables)
+    model_fields: dict  # the model's fields of _ForwardBatch (sizes, eps, scale, tables)
 
 
 def _ptr(t: torch.Tensor | None) -> int | None:
@@ -108,31 +112,38 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
               kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
               meta: AttentionMetadata) -> torch.Tensor | None:
     """The LlamaModel's forward for input_ids [M] -> final hidden states [M, H], or None when
-    this forward does not fit the C path (not CPU bf16, not decodes only, a layer the C function
-    does not implement): the caller then runs its Python layers."""
+    this forward does not fit the C path (not CPU bf16, a layer the C function does not
+    implement, prompts whose head dim the C prefill attention does not take): the caller then
+    runs its Python layers."""
     embed, block_size = model.embed_tokens.weight, meta.block_size
     if not (input_ids.device.type == "cpu" and embed.dtype == torch.bfloat16
-            and input_ids.dim() == 1 and len(meta.decode_seqs) == meta.num_seqs == input_ids.shape[0]
-            and block_size & (block_size - 1) == 0 and cpu_ops.decode_layer_available()):
+            and input_ids.dim() == 1 and block_size & (block_size - 1) == 0
+            and cpu_ops.model_forward_available()):
         return None
     plan = _plan(model, kv_caches)
-    if plan is None:
+    all_decodes = len(meta.decode_seqs) == meta.num_seqs == input_ids.shape[0]
+    if plan is None or not (all_decodes or cpu_ops.prefill_head_dim_fits(plan.model_fields["head_dim"])):
         return None
     positions, cos, sin = rope
     ids, positions = input_ids.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     slots = meta.slot_mapping.contiguous()
     out = torch.empty(ids.shape[0], plan.model_fields["hidden"], dtype=torch.bfloat16)
     residual = torch.empty_like(out)
-    batch = _DecodeBatch(
+    rows, seqs = (None, None) if all_decodes else decode_rows(meta)
+    prompts = None if all_decodes else prefill_seqs(meta)
+    batch = _ForwardBatch(
         **plan.model_fields, block_size=block_size, table_stride=meta.block_tables.stride(0),
         token_ids=_ptr(ids), positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos),
-        sin_table=_ptr(sin), block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens))
-    status = cpu_ops.decode_model_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
-                                             plan.layers, len(plan.layers), ctypes.byref(batch))
+        sin_table=_ptr(sin), block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens),
+        query_start_loc=_ptr(meta.query_start_loc), decode_rows=_ptr(rows), decode_seqs=_ptr(seqs),
+        prefill_seqs=_ptr(prompts), num_decodes=len(meta.decode_seqs),
+        num_prefills=meta.num_seqs - len(meta.decode_seqs))
+    status = cpu_ops.model_forward_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
+                                              plan.layers, len(plan.layers), ctypes.byref(batch))
     if status == -3:
         raise IndexError(f"a token id outside the embedding table (0..{plan.model_fields['vocab'] - 1})")
     if status:
-        raise MemoryError("the C decode layers could not allocate their scratch memory")
+        raise MemoryError("the C model forward could not allocate its scratch memory")
     return out
 
 

@@ -1,11 +1,12 @@
-"""The one-call-per-layer C decode path gives exactly what the Python layers give."""
+"""The one-call C model forward gives exactly what the Python layers give, for decode tokens,
+prompts, chunks of prompts after cached positions, and batches mixing them."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from inferlab.kernels import cpu_decode, cpu_ops
+from inferlab.kernels import cpu_model, cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.config import ModelConfig
@@ -17,7 +18,7 @@ from inferlab.quant.scheme import INT, ActivationArgs, QuantScheme, WeightArgs, 
 
 pytestmark = pytest.mark.skipif(
     not (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
-         and cpu_ops.decode_layer_available()),
+         and cpu_ops.model_forward_available()),
     reason="this CPU (or its compiler) has no AVX512-BF16 kernels")
 
 BLOCK = 16
@@ -40,50 +41,70 @@ def tiny_model(head_dim: int, bias: bool, pack: bool = True) -> LlamaForCausalLM
     return model
 
 
-def random_decode_batch(model, context_lens: list[int], seed: int):
+def random_batch(model, context_lens: list[int], query_lens: list[int] | None, seed: int):
+    """Sequences of context_lens[b] cached positions and query_lens[b] new tokens (1 each when
+    None: a decode batch), their blocks in a random order over random caches."""
     cfg = model.config
+    query_lens = query_lens or [1] * len(context_lens)
     gen = torch.Generator().manual_seed(seed)
-    need = [-(-(c + 1) // BLOCK) for c in context_lens]
+    need = [-(-(c + q) // BLOCK) for c, q in zip(context_lens, query_lens, strict=True)]
     order = torch.randperm(sum(need) + 3, generator=gen).tolist()
     tables, start = [], 0
     for n in need:
         tables.append(order[start:start + n])
         start += n
-    meta = AttentionMetadata.build([1] * len(context_lens), [c + 1 for c in context_lens], tables, BLOCK)
+    seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)
     shape = (len(order), BLOCK, cfg.num_kv_heads, cfg.head_dim)
     caches = [(torch.randn(shape, generator=gen).to(torch.bfloat16),
                torch.randn(shape, generator=gen).to(torch.bfloat16)) for _ in range(cfg.num_layers)]
-    ids = torch.randint(0, cfg.vocab_size, (len(context_lens),), generator=gen)
-    return ids, torch.tensor(context_lens), caches, meta
+    ids = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
+    positions = torch.cat([torch.arange(c, c + q) for c, q in zip(context_lens, query_lens, strict=True)])
+    return ids, positions, caches, meta
+
+
+BATCHES = {  # (cached positions, new tokens) of each sequence
+    "one decode": ([40], None), "decodes": ([3, 130, 17, 0, 64], None), "9 decodes": ([200] * 9, None),
+    "a prompt": ([0], [37]), "a chunk after cached positions": ([48], [70]),
+    "decodes, chunks and prompts": ([40, 100, 0, 7, 0], [1, 23, 70, 1, 2]),
+}
+
+
+def forward_both_ways(model, batch, seed, monkeypatch):
+    """(the C path's hidden states and caches, the Python layers'), from the same start."""
+    ids, positions, caches, meta = random_batch(model, *batch, seed=seed)
+    with torch.no_grad():
+        c_caches = [(k.clone(), v.clone()) for k, v in caches]
+        ours = model(ids, positions, c_caches, meta)
+        with monkeypatch.context() as patch:
+            patch.setattr(cpu_model, "run_model", lambda *args: None)
+            reference = model(ids, positions, caches, meta)
+    return (ours, c_caches), (reference, caches)
 
 
 @pytest.mark.parametrize(("head_dim", "bias"), [(64, False), (32, True), (16, False)])
-@pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64], [200] * 9])
-def test_c_layers_equal_the_python_layers(head_dim, bias, context_lens, monkeypatch):
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_c_layers_equal_the_python_layers(head_dim, bias, batch, monkeypatch):
     model = tiny_model(head_dim, bias)
-    ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=len(context_lens))
-    with torch.no_grad():
+    (ours, c_caches), (reference, caches) = forward_both_ways(model, batch, len(batch[0]), monkeypatch)
+    if batch[1] is None or head_dim % 32 == 0:  # the C path took it (prefill tiles: dims of 32s)
+        ids, positions, scratch, meta = random_batch(model, *batch, seed=len(batch[0]))
         rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
-        scratch = [(k.clone(), v.clone()) for k, v in caches]
-        assert cpu_decode.run_model(model.model, ids, rope, scratch, meta) is not None
-        c_caches = [(k.clone(), v.clone()) for k, v in caches]
-        ours = model(ids, positions, c_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
-        reference = model(ids, positions, caches, meta)
+        assert cpu_model.run_model(model.model, ids, rope, scratch, meta) is not None
     assert torch.equal(ours, reference)
     assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
                for a, b in zip(pair, ref, strict=True))
 
 
-def test_a_prefill_in_the_batch_keeps_the_python_layers():
-    model = tiny_model(64, False)
-    meta = AttentionMetadata.build([1, 5], [10, 5], [[0], [1]], BLOCK)
-    caches = [(torch.zeros(4, BLOCK, 2, 64, dtype=torch.bfloat16),) * 2] * 3
-    ids = torch.zeros(6, dtype=torch.int64)
-    rope = (torch.zeros(6, dtype=torch.int64), model.model.rotary.cos, model.model.rotary.sin)
-    assert cpu_decode.run_model(model.model, ids, rope, caches, meta) is None
-    decodes = AttentionMetadata.build([1, 1], [10, 5], [[0], [1]], BLOCK)
-    assert cpu_decode.run_model(model.model.float(), ids[:2], rope, caches, decodes) is None
+def test_what_the_c_forward_does_not_take_keeps_the_python_layers():
+    model = tiny_model(16, False)  # head dim 16: no prefill tiles
+    ids, positions, caches, meta = random_batch(model, [9, 0], [1, 5], seed=1)
+    rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+    assert cpu_model.run_model(model.model, ids, rope, caches, meta) is None
+    ids, positions, caches, decodes = random_batch(model, [9, 4], None, seed=1)
+    rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+    assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is not None
+    assert cpu_model.run_model(model.model.float(), ids, rope, caches, decodes) is None
 
 
 STATIC_W8A8 = QuantScheme("W8A8-static", WeightArgs(8), ActivationArgs(INT, static=True))
@@ -106,23 +127,19 @@ def quantize_linears(model, scheme_name: str) -> None:
 
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC", "FP8", "W8A8-static"])
-@pytest.mark.parametrize("context_lens", [[40], [3, 130, 17, 0, 64]])  # the kernels, then > 4 rows
-def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, context_lens, monkeypatch):
+@pytest.mark.parametrize("batch", [BATCHES["one decode"], BATCHES["decodes"], BATCHES["decodes, chunks and prompts"]],
+                         ids=["one decode", "decodes", "decodes, chunks and prompts"])  # the kernels, > 4 rows, > 16
+def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, batch, monkeypatch):
     model = tiny_model(64, False, pack=False)
     quantize_linears(model, scheme)
-    ids, positions, caches, meta = random_decode_batch(model, context_lens, seed=7)
-    with torch.no_grad():
-        c_caches = [(k.clone(), v.clone()) for k, v in caches]
-        assert cpu_decode._layer_weights(model.model.layers[0], *caches[0]) is not None
-        ours = model(ids, positions, c_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
-        reference = model(ids, positions, caches, meta)
+    assert cpu_model._layer_weights(model.model.layers[0], *random_batch(model, *batch, seed=7)[2][0]) is not None
+    (ours, _), (reference, _) = forward_both_ways(model, batch, 7, monkeypatch)
     assert torch.equal(ours, reference)
 
 
 def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatch):
     model = tiny_model(64, False)
-    ids, positions, caches, meta = random_decode_batch(model, [40, 7], seed=3)
+    ids, positions, caches, meta = random_batch(model, [40, 7], None, seed=3)
     ours_caches = [(k.clone(), v.clone()) for k, v in caches]  # the same pairs both steps
     with torch.no_grad():
         model(ids, positions, ours_caches, meta)  # plans the C path (rewrites only these slots)
@@ -131,15 +148,15 @@ def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatc
         qw = quantize_rtn(new_weight, make_scheme("W8A16", 32).weights)
         attn.o_proj = build_quant_linear(qw, None, None, torch.bfloat16)
         ours = model(ids, positions, ours_caches, meta)
-        monkeypatch.setattr(cpu_decode, "run_model", lambda *args: None)
+        monkeypatch.setattr(cpu_model, "run_model", lambda *args: None)
         reference = model(ids, positions, caches, meta)
     assert torch.equal(ours, reference)
 
 
 def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read():
     model = tiny_model(64, False)
-    ids, positions, caches, meta = random_decode_batch(model, [40, 7], seed=5)
+    ids, positions, caches, meta = random_batch(model, [40, 7], None, seed=5)
     ids[1] = model.config.vocab_size  # one past the table
     rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
     with pytest.raises(IndexError, match="outside the embedding table"):
-        cpu_decode.run_model(model.model, ids, rope, caches, meta)
+        cpu_model.run_model(model.model, ids, rope, caches, meta)
