@@ -145,7 +145,7 @@ static void amx_values(const uint16_t *v_cache, span_t s, int64_t d0, int four, 
 }
 
 /* The prefix's scores for the rows of a group (row i * n + j: token first + i's query head
- * h * group + g0 + j), scaled, at w->scores: the prefill's product (amx_tile_scores), 16 query
+ * h * group + g0 + j), scaled, at w->scores: the prefill's product (amx_scaled_scores), 16 query
  * rows against the prefix's key tiles, every row of a C tile stored in place. */
 static void prefix_rows_scores(const uint16_t *q, int64_t q_stride, const int32_t *rows,
                                int64_t first, int64_t count, span_t s, int64_t h, int64_t g0,
@@ -155,12 +155,8 @@ static void prefix_rows_scores(const uint16_t *q, int64_t q_stride, const int32_
     for (int64_t i = 0; i < count; i++)
         memcpy(qbuf + i * n * s.dim, q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim,
                sizeof(uint16_t) * (size_t)(n * s.dim));
-    amx_tile_scores(qbuf, (const uint32_t *)tiles, s.dim, shared, w->width, w->scores);
-    const __m512 scale_v = _mm512_set1_ps(scale);
-    for (int64_t r = 0; r < count * n; r++)
-        for (int64_t p = 0; p < shared; p += 16)
-            _mm512_storeu_ps(w->scores + r * w->width + p,
-                             _mm512_mul_ps(_mm512_loadu_ps(w->scores + r * w->width + p), scale_v));
+    amx_scaled_scores(qbuf, (const uint32_t *)tiles, s.dim, count * n, shared, scale, w->width,
+                      w->scores);
 }
 
 /* Tokens [first, first + count) of decode_amx's list, query heads [g0, g0 + n) of KV head h

@@ -227,6 +227,18 @@ static inline void amx_tile_scores(const uint16_t *qbuf, const uint32_t *kt, int
     }
 }
 
+/* amx_tile_scores, then the first `rows` rows' scores times scale: the prefill's scores, and the
+ * decode cascade's over a shared prefix, so that both give a token the same bits. */
+static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim,
+                                     int64_t rows, int64_t visible, float scale, int64_t width,
+                                     float *scores) {
+    amx_tile_scores(qbuf, kt, dim, visible, width, scores);
+    const __m512 scale_v = _mm512_set1_ps(scale);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t p = 0; p < visible; p += 16)
+            _mm512_storeu_ps(scores + r * width + p, _mm512_mul_ps(_mm512_loadu_ps(scores + r * width + p), scale_v));
+}
+
 /* O = P V over layout_head's value tiles, for dims [d0, d0 + 64) (32 when not `four`), into
  * sums [16][64]; v0 at d0's tile. */
 static inline void amx_values_from_tiles(const uint16_t *probs, int64_t width, const uint16_t *v0,

@@ -301,6 +301,13 @@ static inline __attribute__((always_inline)) void store_block(
                         (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem);
 }
 
+/* The packed weights of outputs [first, first + count) (clipped at n_out), as lines to prefetch. */
+static prefetch_t output_weights(const void *packed, int64_t row_bytes, int64_t first, int64_t count,
+                                 int64_t n_out) {
+    const int64_t end = first + count < n_out ? first + count : n_out;
+    return (prefetch_t){(const char *)packed + first * row_bytes, (end - first) * row_bytes / 64};
+}
+
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
  * (packed as pack_bf16_vnni) or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are
  * 64 bytes per row of a k-step and per output of a B tile row. int8 sums are exact int32. With
@@ -358,19 +365,13 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
             const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
             const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
-            prefetch_t ahead = {NULL, 0};
-            if (by_cols && !cols_outer && following < chunks) {
-                const int64_t f0 = following * chunk_blocks * 32;
-                const int64_t f1 = f0 + chunk_blocks * 32 < n_out ? f0 + chunk_blocks * 32 : n_out;
-                ahead = (prefetch_t){(const char *)packed + f0 * row_bytes, (f1 - f0) * row_bytes / 64};
-            }
+            const prefetch_t ahead = by_cols && !cols_outer && following < chunks
+                ? output_weights(packed, row_bytes, following * chunk_blocks * 32, chunk_blocks * 32, n_out)
+                : (prefetch_t){NULL, 0};
             const int64_t ahead_per_step = prefetch_per_step(ahead, outer * inner * k_steps);
             for (int64_t i = 0; i < outer; i++) {
-                prefetch_t next = ahead;
-                if (cols_outer && c0 + i + 1 < c1) {
-                    next.at = (const char *)packed + (c0 + i + 1) * 32 * row_bytes;
-                    next.lines = ((c0 + i + 1) * 32 + 16 < n_out ? 32 : 16) * row_bytes / 64;
-                }
+                const prefetch_t next = cols_outer && c0 + i + 1 < c1
+                    ? output_weights(packed, row_bytes, (c0 + i + 1) * 32, 32, n_out) : ahead;
                 const int64_t per_step = cols_outer ? prefetch_per_step(next, inner * k_steps) : ahead_per_step;
                 for (int64_t j = 0; j < inner; j++) {
                     const int64_t rb = cols_outer ? r0 + j : r0 + i, nb = cols_outer ? c0 + i : c0 + j;

@@ -77,11 +77,7 @@ static void query_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, 
                          int64_t visible, float scale, int64_t width, float *scores, int amx) {
 #if defined(__AMX_BF16__)
     if (amx) {
-        amx_tile_scores(qbuf, kt, dim, visible, width, scores);
-        const __m512 scale_v = _mm512_set1_ps(scale);
-        for (int64_t r = 0; r < rows; r++)
-            for (int64_t p = 0; p < visible; p += 16)
-                _mm512_storeu_ps(scores + r * width + p, _mm512_mul_ps(_mm512_loadu_ps(scores + r * width + p), scale_v));
+        amx_scaled_scores(qbuf, kt, dim, rows, visible, scale, width, scores);
         return;
     }
 #endif
