@@ -121,7 +121,7 @@ def _best_rate(grid: dict[str, dict[str, float]]) -> float:
 def _tiny_model_forward(num_layers: int):  # -> a callable running one decode forward
     """The engine's own Llama layers at width 128 (bf16, linears as the engine runs them),
     one decode token over a 4-token paged context. Their data is tiny, so their time is the
-    host's cost of running a layer: Python and operator launches, or the C decode path's
+    host's cost of running a layer: Python and operator launches, or the C model forward's
     per-layer share of its one call where the engine has it."""
     import torch
 
