@@ -45,7 +45,7 @@ static int64_t scratch_bytes(int64_t max_len, int64_t dim) {
 }
 
 static int scratch_init(amx_scratch_t *w, int64_t max_len, int64_t dim) {
-    uint8_t *at = aligned_alloc(64, (size_t)round_up(scratch_bytes(max_len, dim), 64));
+    uint8_t *at = alloc_lines((size_t)scratch_bytes(max_len, dim));
     if (!at) return -1;
     w->width = round_up(max_len, 32);
     w->qt = (uint16_t *)at;
@@ -227,7 +227,7 @@ int decode_amx(const uint16_t *q, int64_t q_stride, const uint16_t *k_cache, con
      * of ~300 positions: attention 39 -> 35 ms; one head a claim, the threads took turns) */
     const int per_claim = groups >= 4 * omp_get_max_threads() ? (int)per_group : 1;
     const int64_t tile_bytes = shared ? prefix_tile_bytes(shared, s.dim) : 0;
-    uint8_t *tiles = shared ? aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes)) : NULL;
+    uint8_t *tiles = shared ? alloc_lines((size_t)(s.num_kv_heads * tile_bytes)) : NULL;
     if (shared && !tiles) return -1;
     span_t prefix = s;
     prefix.table = block_tables + seqs[0] * table_stride;

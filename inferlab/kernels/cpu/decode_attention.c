@@ -174,7 +174,7 @@ static int decode_together(const void *q, int64_t q_stride, const void *k_cache,
                            const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                            int64_t num_decodes, void *out, int64_t num_heads, span_t s, float scale) {
     const int64_t query_rows = s.num_kv_heads * s.group, stride = row_floats(s.len);
-    float *scores = malloc(sizeof(float) * (size_t)(query_rows * (stride + s.dim + 1)));
+    float *scores = alloc_lines(sizeof(float) * (size_t)(query_rows * (stride + s.dim + 1)));
     if (!scores) return -1;
     float *acc = scores + query_rows * stride, *total = acc + query_rows * s.dim;
 #pragma omp parallel
@@ -240,7 +240,7 @@ int paged_decode_attention(const void *q, int64_t q_stride, const void *k_cache,
     const size_t scratch_floats = (size_t)attend_scratch_floats(heads_per_task * group, max_len, dim);
 #pragma omp parallel reduction(+ : failed)
     {
-        float *scratch = malloc(sizeof(float) * scratch_floats);  /* one per thread */
+        float *scratch = alloc_lines(sizeof(float) * scratch_floats);  /* one per thread */
         failed += scratch == NULL;
         /* every thread takes part in the loop (its barrier), a thread without scratch idly */
 #pragma omp for schedule(dynamic, 1)

@@ -112,7 +112,7 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
                        const int32_t *seq_lens, const int32_t *rows, const int32_t *seqs,
                        int64_t num_decodes, uint16_t *out, span_t s, int64_t shared, float scale) {
     const int64_t tile_bytes = prefix_tile_bytes(shared, s.dim);
-    uint8_t *tiles = aligned_alloc(64, (size_t)(s.num_kv_heads * tile_bytes));
+    uint8_t *tiles = alloc_lines((size_t)(s.num_kv_heads * tile_bytes));
     if (!tiles) return -1;
     span_t prefix = s;
     prefix.table = block_tables + seqs[0] * table_stride;
@@ -121,7 +121,7 @@ int decode_with_prefix(const uint16_t *q, int64_t q_stride, const uint16_t *k_ca
 #pragma omp parallel reduction(+ : failed)
     {
         layout_prefix(k_cache, v_cache, prefix, tiles);
-        float *scratch = malloc(sizeof(float) * (size_t)group_scratch_floats(s));
+        float *scratch = alloc_lines(sizeof(float) * (size_t)group_scratch_floats(s));
         failed += scratch == NULL;
 #pragma omp for schedule(dynamic, 1)
         for (int64_t first = 0; first < num_decodes; first += PREFIX_GROUP) {

@@ -257,7 +257,7 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         vnni_gemm(&g, rows);
         return 0;
     }
-    uint16_t *wide = aligned_alloc(64, sizeof(uint16_t) * (size_t)(l->n_out * k));
+    uint16_t *wide = alloc_lines(sizeof(uint16_t) * (size_t)(l->n_out * k));
     if (!wide) return -2;
     widen_codes(l, wide);
     int status = bf16_gemm(xq, k, rows, wide, k, x_scale, l->scale, l->bias, y, 2, l->n_out);
@@ -270,7 +270,7 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
  * of memory. */
 int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y) {
     const int fp8 = l->kind == LINEAR_FP8;
-    void *xq = malloc((size_t)(rows * l->k_in * (fp8 ? 2 : 1)));
+    void *xq = alloc_lines((size_t)(rows * l->k_in * (fp8 ? 2 : 1)));
     float *scales = malloc(sizeof(float) * (size_t)rows);
     int status = xq && scales ? 0 : -2;
     if (!status) {

@@ -206,8 +206,9 @@ static int pad_tail(a_rows_t *a, int64_t rows) {
     a->tail_r0 = rows / 32 * 32;
     a->tail = NULL;
     if (a->tail_r0 == rows) return 0;
-    uint8_t *tail = calloc(32, (size_t)a->row_bytes);
+    uint8_t *tail = alloc_lines((size_t)(32 * a->row_bytes));
     if (!tail) return -2;
+    memset(tail, 0, (size_t)(32 * a->row_bytes));
     for (int64_t r = a->tail_r0; r < rows; r++)
         memcpy(tail + (r - a->tail_r0) * a->row_bytes, a->x + r * a->x_stride, (size_t)a->row_bytes);
     a->tail = tail;

@@ -93,7 +93,7 @@ int model_forward(uint16_t *out, uint16_t *residual, int64_t rows, const layer_w
     const int64_t q_size = batch->num_heads * batch->head_dim;
     const int64_t kv_size = batch->num_kv_heads * batch->head_dim;
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * batch->intermediate);
-    uint16_t *qkv = malloc(elems * 2);
+    uint16_t *qkv = alloc_lines(elems * 2);
     forward_batch_t b = *batch;
     int32_t *index = b.decode_rows ? NULL : malloc(sizeof(int32_t) * (size_t)b.num_decodes);
     int status = qkv && (b.decode_rows || index) ? 0 : -2;

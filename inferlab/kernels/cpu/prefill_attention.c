@@ -162,7 +162,7 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
             offset[i * num_kv_heads + h + 1] = offset[i * num_kv_heads + h] + head_tile_bytes(len, dim);
         first_task[i + 1] = first_task[i] + num_heads * ((q_len + 15) / 16);
     }
-    uint8_t *tiles = aligned_alloc(64, round_up((int64_t)offset[num_seqs * num_kv_heads], 64) + 64);
+    uint8_t *tiles = alloc_lines(offset[num_seqs * num_kv_heads] + 64);
     int failed = tiles == NULL;
     if (!failed) {
 #pragma omp parallel for schedule(dynamic, 1)
@@ -175,7 +175,7 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
         }
 #pragma omp parallel reduction(+ : failed)
         {
-            uint8_t *scratch = malloc(tile_scratch_bytes(max_len, dim));
+            uint8_t *scratch = alloc_lines(tile_scratch_bytes(max_len, dim));
             failed += scratch == NULL;
             if (scratch && amx) amx_configure_tiles();
 #pragma omp for schedule(dynamic, 1)

@@ -261,7 +261,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
 static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                         uint16_t *y) {
     const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
-    int8_t *xhi = malloc((size_t)(2 * rows * k));
+    int8_t *xhi = alloc_lines((size_t)(2 * rows * k));
     float *xscale = malloc((sizeof(float) + sizeof(int32_t)) * (size_t)(rows * act_blocks));
     if (!xhi || !xscale) {
         free(xhi);
@@ -350,7 +350,7 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, 2, l->n_out, l->k_in);
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
     if (rows <= TILE_ROWS) return quant_kernel(l, x, x_stride, rows, y);
-    uint16_t *packed = aligned_alloc(64, (size_t)l->n_out * l->k_in * 2);
+    uint16_t *packed = alloc_lines((size_t)l->n_out * l->k_in * 2);
     if (!packed) return -2;
     dequantize_vnni(l, packed);
     int status = bf16_linear(x, x_stride, rows, packed, l->bias, y, 2, l->n_out, l->k_in);
