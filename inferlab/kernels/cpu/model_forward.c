@@ -95,8 +95,8 @@ int model_forward(uint16_t *out, uint16_t *residual, int64_t rows, const layer_w
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * batch->intermediate);
     uint16_t *qkv = alloc_lines(elems * 2);
     forward_batch_t b = *batch;
-    int32_t *index = b.decode_rows ? NULL : malloc(sizeof(int32_t) * (size_t)b.num_decodes);
-    int status = qkv && (b.decode_rows || index) ? 0 : -2;
+    int32_t *index = b.decode_rows || !b.num_decodes ? NULL : malloc(sizeof(int32_t) * (size_t)b.num_decodes);
+    int status = qkv && (b.decode_rows || index || !b.num_decodes) ? 0 : -2;
     if (index) {  /* every sequence one token: row i is sequence i */
         for (int64_t i = 0; i < b.num_decodes; i++) index[i] = (int32_t)i;
         b.decode_rows = b.decode_seqs = index;
