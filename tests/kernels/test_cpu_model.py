@@ -71,26 +71,26 @@ BATCHES = {  # (cached positions, new tokens) of each sequence
 
 
 def forward_both_ways(model, batch, seed, monkeypatch):
-    """(the C path's hidden states and caches, the Python layers'), from the same start."""
+    """(the hidden states and caches of the model's forward, whether the C path took it), and
+    (the Python layers' hidden states and caches), from the same start."""
     ids, positions, caches, meta = random_batch(model, *batch, seed=seed)
-    with torch.no_grad():
+    run_model, took = cpu_model.run_model, []
+    with torch.no_grad(), monkeypatch.context() as patch:
+        patch.setattr(cpu_model, "run_model", lambda *args: took.append(run_model(*args)) or took[-1])
         c_caches = [(k.clone(), v.clone()) for k, v in caches]
         ours = model(ids, positions, c_caches, meta)
-        with monkeypatch.context() as patch:
-            patch.setattr(cpu_model, "run_model", lambda *args: None)
-            reference = model(ids, positions, caches, meta)
-    return (ours, c_caches), (reference, caches)
+        patch.setattr(cpu_model, "run_model", lambda *args: None)
+        reference = model(ids, positions, caches, meta)
+    return (ours, c_caches, took[0] is not None), (reference, caches)
 
 
 @pytest.mark.parametrize(("head_dim", "bias"), [(64, False), (32, True), (16, False)])
 @pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
 def test_c_layers_equal_the_python_layers(head_dim, bias, batch, monkeypatch):
     model = tiny_model(head_dim, bias)
-    (ours, c_caches), (reference, caches) = forward_both_ways(model, batch, len(batch[0]), monkeypatch)
+    (ours, c_caches, in_c), (reference, caches) = forward_both_ways(model, batch, len(batch[0]), monkeypatch)
     if batch[1] is None or head_dim % 32 == 0:  # the C path took it (prefill tiles: dims of 32s)
-        ids, positions, scratch, meta = random_batch(model, *batch, seed=len(batch[0]))
-        rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
-        assert cpu_model.run_model(model.model, ids, rope, scratch, meta) is not None
+        assert in_c
     assert torch.equal(ours, reference)
     assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
                for a, b in zip(pair, ref, strict=True))
@@ -127,13 +127,12 @@ def quantize_linears(model, scheme_name: str) -> None:
 
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC", "FP8", "W8A8-static"])
-@pytest.mark.parametrize("batch", [BATCHES["one decode"], BATCHES["decodes"], BATCHES["decodes, chunks and prompts"]],
-                         ids=["one decode", "decodes", "decodes, chunks and prompts"])  # the kernels, > 4 rows, > 16
-def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, batch, monkeypatch):
+@pytest.mark.parametrize("batch_name", ["one decode", "decodes", "decodes, chunks and prompts"])  # the kernels, > 4 rows, > 16
+def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, batch_name, monkeypatch):
     model = tiny_model(64, False, pack=False)
     quantize_linears(model, scheme)
-    assert cpu_model._layer_weights(model.model.layers[0], *random_batch(model, *batch, seed=7)[2][0]) is not None
-    (ours, _), (reference, _) = forward_both_ways(model, batch, 7, monkeypatch)
+    (ours, _, in_c), (reference, _) = forward_both_ways(model, BATCHES[batch_name], 7, monkeypatch)
+    assert in_c
     assert torch.equal(ours, reference)
 
 
