@@ -196,14 +196,17 @@ static inline void load_sum_tiles(const float *sums) {
     _tile_loadd(2, sums + 32, 256); _tile_loadd(3, sums + 48, 256);
 }
 
-/* S = Q K^T for the chunks of 16 positions below `visible`, into scores (row stride width). With
- * D = 64 the two query tiles stay loaded and two chunks run at once (independent sums). Key
- * tiles load with the streaming hint, as amx_weighted_values loads value tiles: a query tile
- * reads each once (a head's keys and values are 128 KiB at 512 positions, more than L1), and
- * loaded plainly they evicted the score and weight rows the softmax works on (prompts of 256
- * to 768 tokens, alone or after cached positions: 7-13% faster). */
-static inline void amx_tile_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim,
-                                   int64_t visible, int64_t width, float *scores) {
+/* scores [16][width] = scale * Q K^T for the chunks of 16 positions below `visible` (the first
+ * `rows` rows scaled): the prefill's scores, and the decode cascade's over a shared prefix, so
+ * that both give a token the same bits. With D = 64 the two query tiles stay loaded and two
+ * chunks run at once (independent sums). Key tiles load with the streaming hint, as
+ * amx_weighted_values loads value tiles: a query tile reads each once (a head's keys and
+ * values are 128 KiB at 512 positions, more than L1), and loaded plainly they evicted the
+ * score and weight rows the softmax works on (prompts of 256 to 768 tokens, alone or after
+ * cached positions: 7-13% faster). */
+static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim,
+                                     int64_t rows, int64_t visible, float scale, int64_t width,
+                                     float *scores) {
     const int64_t k_steps = dim / 32, chunks = (visible + 15) / 16;
     int64_t c = 0;
     if (k_steps == 2) {
@@ -234,14 +237,6 @@ static inline void amx_tile_scores(const uint16_t *qbuf, const uint32_t *kt, int
         }
         _tile_stored(0, scores + c * 16, width * 4);
     }
-}
-
-/* amx_tile_scores, then the first `rows` rows' scores times scale: the prefill's scores, and the
- * decode cascade's over a shared prefix, so that both give a token the same bits. */
-static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim,
-                                     int64_t rows, int64_t visible, float scale, int64_t width,
-                                     float *scores) {
-    amx_tile_scores(qbuf, kt, dim, visible, width, scores);
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t p = 0; p < visible; p += 16)
