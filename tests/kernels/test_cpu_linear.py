@@ -73,11 +73,15 @@ def test_a_row_gets_the_same_bits_whatever_the_batch_around_it(shape, bias):
     AMX, the single-row AVX512 kernel beside the GEMM's tiles did.)"""
     torch.manual_seed(2)
     layer = PackedLinear(nn.Linear(*shape, bias=bias).to(torch.bfloat16))
-    x = torch.randn(64, shape[0], dtype=torch.bfloat16)
+    x = torch.randn(200, shape[0], dtype=torch.bfloat16)
     alone_sums, alone = layer.forward_fp32(x[:1])[0], layer(x[:1])[0]
-    for rows in (2, 4, 5, 6, 16, 17, 33, 64):
+    for rows in (2, 4, 5, 6, 16, 17, 33, 64, 200):
         assert torch.equal(layer.forward_fp32(x[:rows])[0], alone_sums), rows
         assert torch.equal(layer(x[:rows])[0], alone), rows
+    # a prompt's rows: each thread starts at its own row block (AMX) and the last is padded
+    prompt = layer(x)
+    for r in (95, 100, 199):
+        assert torch.equal(prompt[r], layer(x[r:r + 1])[0]), r
 
 
 def test_packs_into_blocks_of_16_outputs_by_input_pairs():

@@ -242,9 +242,16 @@ typedef struct {
     int two_cols, two_row_tiles;  /* else the second B (A) tile would multiply padding */
 } out_block_t;
 
+/* Lines to fetch to L2 over a run of blocks' k-steps: this block's k-step k takes share
+ * step0 + k of per_step lines. */
+typedef struct {
+    prefetch_t lines;
+    int64_t step0, per_step;
+} prefetch_run_t;
+
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
- * memory, so ask for them PREFETCH_STEPS k-steps ahead; pf: weights to fetch to L2 meanwhile,
- * this block's k-step k taking share step0 + k of per_step lines. bf16 B tiles load with the
+ * memory, so ask for them PREFETCH_STEPS k-steps ahead; runs: weights and rows of A to fetch to
+ * L2 meanwhile. bf16 B tiles load with the
  * streaming hint (tileloaddt1): a row block reads each B tile once, and loaded plainly they
  * evicted its A tiles (36 KiB of rows at K = 576) from L1, which then came from L2 too (qkv
  * and gate_up at 2,048 rows: 1.13 and 3.62 ms -> 0.98 and 2.79; the model's linears at 64 rows
@@ -252,7 +259,7 @@ typedef struct {
  * in L1 together, and the plain loads were ~5% faster (W8A8 at 512 rows). */
 static inline __attribute__((always_inline)) void block_products(
         const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8,
-        prefetch_t pf, int64_t step0, int64_t per_step) {
+        const prefetch_run_t runs[2]) {
     const int64_t row_bytes = a->row_bytes, block_bytes = 16 * row_bytes;
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
@@ -260,7 +267,8 @@ static inline __attribute__((always_inline)) void block_products(
     const uint8_t *b0 = packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + block_bytes : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
-        prefetch_share(pf, step0 + k / 64, per_step);
+        for (int run = 0; run < 2; run++)
+            prefetch_share(runs[run].lines, runs[run].step0 + k / 64, runs[run].per_step);
         if (first_use && k + PREFETCH_STEPS * 64 < row_bytes)
             for (int line = 0; line < 16; line++) {
                 _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
@@ -307,6 +315,13 @@ static prefetch_t output_weights(const void *packed, int64_t row_bytes, int64_t 
                                  int64_t n_out) {
     const int64_t end = first + count < n_out ? first + count : n_out;
     return (prefetch_t){(const char *)packed + first * row_bytes, (end - first) * row_bytes / 64};
+}
+
+/* Row block rb's rows of A as lines to prefetch, when x's rows lie one after another and the
+ * block is not in the padded tail; else none. */
+static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
+    if (a->x_stride != a->row_bytes || (rb + 1) * 32 > a->tail_r0) return (prefetch_t){NULL, 0};
+    return (prefetch_t){(const char *)a->x + rb * 32 * a->row_bytes, 32 * a->row_bytes / 64};
 }
 
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
@@ -370,15 +385,27 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
                 ? output_weights(packed, row_bytes, following * chunk_blocks * 32, chunk_blocks * 32, n_out)
                 : (prefetch_t){NULL, 0};
             const int64_t ahead_per_step = prefetch_per_step(ahead, outer * inner * k_steps);
+            /* a prompt's rows outer: each thread starts at its own share of the row blocks and
+             * goes round, so that the two read other rows of A, and fetches its next row block's
+             * to L2 over the current one's k-steps. A was just written by the kernel before,
+             * partly on the other core, and the first k-steps of each row block waited for it
+             * (a 512-token prefill's linears in the C forward: 45.3-46.1 -> 43.3-44.0 ms) */
+            const int spread = by_cols && !cols_outer && outer > COLS_OUTER_ROW_BLOCKS;
+            const int64_t first_row = spread ? omp_get_thread_num() * outer / threads : 0;
             for (int64_t i = 0; i < outer; i++) {
+                const int64_t rb_outer = r0 + (first_row + i) % outer;
                 const prefetch_t next = cols_outer && c0 + i + 1 < c1
                     ? output_weights(packed, row_bytes, (c0 + i + 1) * 32, 32, n_out) : ahead;
+                const prefetch_t next_rows = spread ? row_block_lines(&a, r0 + (first_row + i + 1) % outer)
+                                                    : (prefetch_t){NULL, 0};
                 const int64_t per_step = cols_outer ? prefetch_per_step(next, inner * k_steps) : ahead_per_step;
                 for (int64_t j = 0; j < inner; j++) {
-                    const int64_t rb = cols_outer ? r0 + j : r0 + i, nb = cols_outer ? c0 + i : c0 + j;
+                    const int64_t rb = cols_outer ? r0 + j : rb_outer, nb = cols_outer ? c0 + i : c0 + j;
                     out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    block_products(&a, (const uint8_t *)packed, o, cols_outer ? i == 0 && j == 0 : rb == r0,
-                                   int8, next, ((cols_outer ? 0 : i * inner) + j) * k_steps, per_step);
+                    const prefetch_run_t runs[2] = {
+                        {next, ((cols_outer ? 0 : i * inner) + j) * k_steps, per_step},
+                        {next_rows, j * k_steps, prefetch_per_step(next_rows, inner * k_steps)}};
+                    block_products(&a, (const uint8_t *)packed, o, i == 0 && (!cols_outer || j == 0), int8, runs);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
                     store_tiles(c[count & 1], o);
