@@ -61,7 +61,8 @@ _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),
     "bf16_linear": (ctypes.c_int, [_P, _I64, _I64, _P, _P, _P, ctypes.c_int, _I64, _I64]),
 }
-_QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P])}
+_QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
+                            "glu_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P, _P])}
 _MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
@@ -377,16 +378,31 @@ def dynamic_linear_available() -> bool:
     return _built_with("dynamic_linear") and quant_linear_available()
 
 
+def _check_rows(name: str, x: torch.Tensor, desc: LinearDesc) -> None:
+    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
+        raise ValueError(f"{name} takes bf16 [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+
+
 def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     """x [M, K] bf16 (unit stride along K) -> bf16 [M, N] through the layer `desc` describes;
     the caller keeps the tensors behind desc's pointers alive."""
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
-        raise ValueError(f"linear_forward takes bf16 [M, {desc.k_in}] rows, not {x.dtype} "
-                         f"{list(x.shape)}")
+    _check_rows("linear_forward", x, desc)
     y = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
     if _library().linear_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
                                  y.data_ptr()):
         raise MemoryError("linear_forward could not allocate its scratch memory")
+    return y
+
+
+def glu_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
+    """silu(gate) * up of a gate_up layer's outputs: x [M, K] -> bf16 [M, N / 2], the bits of
+    silu_and_mul(linear_forward(x, desc)), which the C forward fuses on AMX tiles."""
+    _check_rows("glu_forward", x, desc)
+    both = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
+    y = torch.empty(x.shape[0], desc.n_out // 2, dtype=torch.bfloat16)
+    if _library().glu_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
+                              both.data_ptr(), y.data_ptr()):
+        raise MemoryError("glu_forward could not allocate its scratch memory")
     return y
 
 

@@ -120,3 +120,18 @@ def test_swaps_only_the_shapes_the_kernels_take_and_keeps_tied_weights():
 def test_rejects_a_weight_the_layout_cannot_hold():
     with pytest.raises(ValueError, match="N % 16"):
         cpu_ops.pack_bf16(torch.zeros(40, 64, dtype=torch.bfloat16))
+
+
+@pytest.mark.skipif(not cpu_ops.quant_linear_available(), reason="no C linear_forward")
+@pytest.mark.parametrize("rows", [1, 16, 17, 33, 64, 65, 100, 300])
+def test_the_fused_glu_gives_the_bits_of_the_linear_then_silu_and_mul(rows):
+    """On AMX tiles, beyond 16 rows (decode batches outputs outer, prompts rows outer), silu(gate)
+    * up is taken from each block's sums as they leave the tiles; it must round as the linear's
+    stored outputs and silu_and_mul do."""
+    torch.manual_seed(rows)
+    layer = PackedLinear(nn.Linear(576, 2 * 1536, bias=False).to(torch.bfloat16))
+    x = torch.randn(rows, 576, dtype=torch.bfloat16) * 2
+    desc = layer.c_desc()
+    fused = cpu_ops.glu_forward(x, desc)
+    assert fused.shape == (rows, 1536)
+    assert torch.equal(fused, cpu_ops.silu_and_mul(cpu_ops.linear_forward(x, desc)))

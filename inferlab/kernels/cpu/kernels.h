@@ -133,6 +133,22 @@ static inline __m512 exp_nonpositive_ps(__m512 x) {
     return _mm512_scalef_ps(p, n);  /* p * 2^n, exact: the result is never below FLT_MIN */
 }
 
+/* silu(g) * u, 16 lanes of bf16 values g and u at a time: bf16(g * sigmoid(g)) * u from e =
+ * exp(-|g|): sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below. The reciprocal is rcp14
+ * refined by one Newton step (within an ulp of the quotient; rounding to bf16 then matches
+ * torch's silu on all but a few in a million values): a 512-bit division retires one per ~16
+ * cycles and was silu_and_mul's bound. silu_and_mul and amx_gemm's GLU outputs both take it. */
+static inline __m512 silu_mul_ps(__m512 gate, __m512 up) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    const __m512 e = exp_nonpositive_ps(_mm512_or_ps(gate, _mm512_set1_ps(-0.0f)));  /* never overflows */
+    const __m512 d = _mm512_add_ps(one, e);
+    __m512 inv = _mm512_rcp14_ps(d);
+    inv = _mm512_fmadd_ps(inv, _mm512_fnmadd_ps(d, inv, one), inv);
+    const __mmask16 negative = _mm512_cmp_ps_mask(gate, _mm512_setzero_ps(), _CMP_LT_OQ);
+    const __m512 sigmoid = _mm512_mask_mul_ps(inv, negative, e, inv);
+    return _mm512_mul_ps(round_bf16(_mm512_mul_ps(gate, sigmoid)), up);
+}
+
 /* Softmax numerators exp(x - max) of row[0, n): in place, or, given weights, as bf16 there
  * with zeros from n up to `upto` (a multiple of 16), the fp32 row left as it was; returns their
  * sum, taken lane by lane (position p in lane p % 16, in order) and then across the lanes.
@@ -407,8 +423,9 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
 int has_amx(void);
 void amx_configure_tiles(void);  /* every tile 16 rows x 64 bytes, for this thread */
 void amx_release_tiles(void);
+enum { GEMM_INT8 = 1, GEMM_GLU = 2 };  /* amx_gemm's flags */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
-             int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
+             int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);
 #ifdef __AVX512BF16__
 typedef struct {  /* one vnni_gemm call: y = x @ W^T (scaled as amx_gemm scales, + bias) */
@@ -423,6 +440,8 @@ typedef struct {  /* one vnni_gemm call: y = x @ W^T (scaled as amx_gemm scales,
 } gemm_args_t;
 void vnni_gemm(const gemm_args_t *g, int64_t rows);
 #endif
+int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed, uint16_t *y,
+             int64_t inter, int64_t k_in);
 int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
               int64_t k_in, const float *row_scale, const float *col_scale, const uint16_t *bias,
               void *y, int y_elem, int64_t n_out);
@@ -441,4 +460,6 @@ typedef struct {
 int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                    uint16_t *y);
+int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *both,
+                uint16_t *y);
 #endif

@@ -217,10 +217,11 @@ static int pad_tail(a_rows_t *a, int64_t rows) {
 
 /* Row r of one 32 x 32 output block from its four C tiles (c[0], c[1]: rows 0-15 of the two
  * 16-output halves; c[2], c[3]: rows 16-31), scaled, biased and rounded to bf16 once; two halves
- * go out as one 64-byte store. */
+ * go out as one 64-byte store. A GLU's halves are its gate and up outputs, rounded to bf16 as
+ * they would be stored, and 16 outputs silu(gate) * up go out. */
 static inline __attribute__((always_inline)) void store_block_row(
-        float c[4][16 * 16], int r, int two_cols, int int8, const float *row_scale, const __m512 cs[2],
-        const __m512 bv[2], void *y, int y_elem) {
+        float c[4][16 * 16], int r, int two_cols, int int8, int glu, const float *row_scale,
+        const __m512 cs[2], const __m512 bv[2], void *y, int y_elem) {
     __m512 sum[2];
     for (int half = 0; half < 1 + two_cols; half++) {
         const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
@@ -229,18 +230,36 @@ static inline __attribute__((always_inline)) void store_block_row(
             sum[half] = _mm512_mul_ps(sum[half], _mm512_mul_ps(cs[half], _mm512_set1_ps(*row_scale)));
         sum[half] = _mm512_add_ps(sum[half], bv[half]);
     }
-    if (two_cols && y_elem == 2) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
+    if (glu) store_bf16(y, silu_mul_ps(round_bf16(sum[0]), round_bf16(sum[1])));
+    else if (two_cols && y_elem == 2) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
     else
         for (int half = 0; half < 1 + two_cols; half++)
             store_sums((char *)y + 16 * half * y_elem, y_elem, sum[half]);
 }
 
 /* One block of the output: rows [r0, r0 + 32) (fewer at the end) by outputs [col, col + 32)
- * (16 when two_cols is 0). */
+ * (16 when two_cols is 0, or for a GLU). */
 typedef struct {
     int64_t r0, col;
     int two_cols, two_row_tiles;  /* else the second B (A) tile would multiply padding */
 } out_block_t;
+
+/* The B side of amx_gemm: the packed weights, and where a block's two B tiles of 16 outputs
+ * each lie. A block of outputs [col, col + 32) takes weight rows col .. col + 31. A GLU's
+ * weights are its gate's n_out rows and then its up projection's, and its block of outputs
+ * [col, col + 16) takes gate rows col .. col + 15 and the up rows n_out further. */
+typedef struct {
+    const uint8_t *packed;
+    int64_t row_bytes, n_out;  /* n_out: outputs of y */
+    int glu;
+} b_side_t;
+
+static inline int64_t block_outputs(const b_side_t *b) { return b->glu ? 16 : 32; }
+
+/* Bytes from a block's first B tile to its second. */
+static inline int64_t second_tile(const b_side_t *b) {
+    return (b->glu ? b->n_out : 16) * b->row_bytes;
+}
 
 /* Lines to fetch to L2 over a run of blocks' k-steps: this block's k-step k takes share
  * step0 + k of per_step lines. */
@@ -250,24 +269,24 @@ typedef struct {
 } prefetch_run_t;
 
 /* The block's sums over the whole K, left in C tiles 0-3. first_use: the weights come from
- * memory, so ask for them PREFETCH_STEPS k-steps ahead; runs: weights and rows of A to fetch to
- * L2 meanwhile. bf16 B tiles load with the
+ * memory, so ask for them PREFETCH_STEPS k-steps ahead; runs: weights (a GLU's in two runs)
+ * and rows of A to fetch to L2 meanwhile. bf16 B tiles load with the
  * streaming hint (tileloaddt1): a row block reads each B tile once, and loaded plainly they
  * evicted its A tiles (36 KiB of rows at K = 576) from L1, which then came from L2 too (qkv
  * and gate_up at 2,048 rows: 1.13 and 3.62 ms -> 0.98 and 2.79; the model's linears at 64 rows
  * 25.7 -> 22.2 ms). int8 rows are half as long, a row block's A tiles and a block's B tiles fit
  * in L1 together, and the plain loads were ~5% faster (W8A8 at 512 rows). */
 static inline __attribute__((always_inline)) void block_products(
-        const a_rows_t *a, const uint8_t *packed, out_block_t o, int first_use, int int8,
-        const prefetch_run_t runs[2]) {
-    const int64_t row_bytes = a->row_bytes, block_bytes = 16 * row_bytes;
+        const a_rows_t *a, const b_side_t *b, out_block_t o, int first_use, int int8,
+        const prefetch_run_t runs[3]) {
+    const int64_t row_bytes = a->row_bytes;
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
     const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
-    const uint8_t *b0 = packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + block_bytes : b0;
+    const uint8_t *b0 = b->packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + second_tile(b) : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
-        for (int run = 0; run < 2; run++)
+        for (int run = 0; run < 3; run++)
             prefetch_share(runs[run].lines, runs[run].step0 + k / 64, runs[run].per_step);
         if (first_use && k + PREFETCH_STEPS * 64 < row_bytes)
             for (int line = 0; line < 16; line++) {
@@ -297,7 +316,7 @@ static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16
 
 /* The block's rows of y from its stored C tiles. */
 static inline __attribute__((always_inline)) void store_block(
-        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, const float *row_scale,
+        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, int glu, const float *row_scale,
         const float *col_scale, const uint16_t *bias, void *y, int y_elem, int64_t n_out) {
     __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
     for (int half = 0; half < 2; half++) {
@@ -306,15 +325,17 @@ static inline __attribute__((always_inline)) void store_block(
         if (row_scale && has) cs[half] = _mm512_loadu_ps(col_scale + o.col + 16 * half);
     }
     for (int r = 0; r < 32 && o.r0 + r < rows; r++)
-        store_block_row(c, r, o.two_cols, int8, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
+        store_block_row(c, r, o.two_cols, int8, glu, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
                         (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem);
 }
 
-/* The packed weights of outputs [first, first + count) (clipped at n_out), as lines to prefetch. */
-static prefetch_t output_weights(const void *packed, int64_t row_bytes, int64_t first, int64_t count,
-                                 int64_t n_out) {
-    const int64_t end = first + count < n_out ? first + count : n_out;
-    return (prefetch_t){(const char *)packed + first * row_bytes, (end - first) * row_bytes / 64};
+/* The weights of output blocks [first, first + count) (clipped at the last), as lines to
+ * prefetch: one run, or a GLU's gate and up rows. */
+static void block_weights(const b_side_t *b, int64_t first, int64_t count, prefetch_t out[2]) {
+    const int64_t width = block_outputs(b), w0 = first * width;
+    const int64_t w1 = (first + count) * width < b->n_out ? (first + count) * width : b->n_out;
+    out[0] = (prefetch_t){(const char *)b->packed + w0 * b->row_bytes, (w1 - w0) * b->row_bytes / 64};
+    out[1] = b->glu ? (prefetch_t){out[0].at + second_tile(b), out[0].lines} : (prefetch_t){NULL, 0};
 }
 
 /* Row block rb's rows of A as lines to prefetch, when x's rows lie one after another and the
@@ -325,10 +346,13 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
 }
 
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
- * (packed as pack_bf16_vnni) or int8 ones (dynamic_linear.c's [N/16][K/4][16][4]): both are
- * 64 bytes per row of a k-step and per output of a B tile row. int8 sums are exact int32. With
- * row_scale (and col_scale) given, y = sum * row_scale[r] * col_scale[c] (W8A8, FP8_DYNAMIC).
- * Blocks of 32 rows (two A tiles) by 32 outputs (two B tiles), four C tiles each.
+ * (packed as pack_bf16_vnni) or int8 ones (flags GEMM_INT8; dynamic_linear.c's
+ * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
+ * int8 sums are exact int32. With row_scale (and col_scale) given, y = sum * row_scale[r] *
+ * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles) by 32 outputs (two B
+ * tiles), four C tiles each. With GEMM_GLU (bf16, no bias or scales), W holds 2N rows, a gate's
+ * and an up projection's, and y = silu(x W_gate^T) * (x W_up^T): a block is 16 outputs, its B
+ * tiles the gate's and the up projection's (see bf16_glu).
  *
  * Cache blocking: the output blocks are cut into column chunks (row ranges, when there are
  * fewer output blocks than threads) whose weights fit in half of an L2, and a thread walks a
@@ -339,9 +363,11 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
  * static split then ran at the slow core's pace (1.5-1.8x slower at 512-2,048 rows in such
  * minutes). An odd last output block computes its B tile twice and keeps one. */
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
-             int int8, const float *row_scale, const float *col_scale, const uint16_t *bias,
+             int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out) {
-    const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + 31) / 32;
+    const int int8 = flags & GEMM_INT8;
+    const b_side_t b = {(const uint8_t *)packed, row_bytes, n_out, flags & GEMM_GLU};
+    const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + block_outputs(&b) - 1) / block_outputs(&b);
     const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes);
     a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
     if (pad_tail(&a, rows)) return -2;
@@ -381,10 +407,10 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
             const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
             const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
-            const prefetch_t ahead = by_cols && !cols_outer && following < chunks
-                ? output_weights(packed, row_bytes, following * chunk_blocks * 32, chunk_blocks * 32, n_out)
-                : (prefetch_t){NULL, 0};
-            const int64_t ahead_per_step = prefetch_per_step(ahead, outer * inner * k_steps);
+            prefetch_t ahead[2] = {{NULL, 0}, {NULL, 0}};
+            if (by_cols && !cols_outer && following < chunks)
+                block_weights(&b, following * chunk_blocks, chunk_blocks, ahead);
+            const int64_t ahead_per_step = prefetch_per_step(ahead[0], outer * inner * k_steps);
             /* a prompt's rows outer: each thread starts at its own share of the row blocks and
              * goes round, so that the two read other rows of A, and fetches its next row block's
              * to L2 over the current one's k-steps. A was just written by the kernel before,
@@ -394,20 +420,26 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             const int64_t first_row = spread ? omp_get_thread_num() * outer / threads : 0;
             for (int64_t i = 0; i < outer; i++) {
                 const int64_t rb_outer = r0 + (first_row + i) % outer;
-                const prefetch_t next = cols_outer && c0 + i + 1 < c1
-                    ? output_weights(packed, row_bytes, (c0 + i + 1) * 32, 32, n_out) : ahead;
+                prefetch_t next[2] = {ahead[0], ahead[1]};
+                if (cols_outer) {
+                    next[0] = next[1] = (prefetch_t){NULL, 0};
+                    if (c0 + i + 1 < c1) block_weights(&b, c0 + i + 1, 1, next);
+                }
                 const prefetch_t next_rows = spread ? row_block_lines(&a, r0 + (first_row + i + 1) % outer)
                                                     : (prefetch_t){NULL, 0};
-                const int64_t per_step = cols_outer ? prefetch_per_step(next, inner * k_steps) : ahead_per_step;
+                const int64_t per_step = cols_outer ? prefetch_per_step(next[0], inner * k_steps) : ahead_per_step;
                 for (int64_t j = 0; j < inner; j++) {
                     const int64_t rb = cols_outer ? r0 + j : rb_outer, nb = cols_outer ? c0 + i : c0 + j;
-                    out_block_t o = {rb * 32, nb * 32, nb * 32 + 16 < n_out, rb * 32 + 16 < rows};
-                    const prefetch_run_t runs[2] = {
-                        {next, ((cols_outer ? 0 : i * inner) + j) * k_steps, per_step},
+                    const int64_t col = nb * block_outputs(&b);
+                    out_block_t o = {rb * 32, col, b.glu || col + 16 < n_out, rb * 32 + 16 < rows};
+                    const int64_t step0 = ((cols_outer ? 0 : i * inner) + j) * k_steps;
+                    const prefetch_run_t runs[3] = {
+                        {next[0], step0, per_step}, {next[1], step0, per_step},
                         {next_rows, j * k_steps, prefetch_per_step(next_rows, inner * k_steps)}};
-                    block_products(&a, (const uint8_t *)packed, o, i == 0 && (!cols_outer || j == 0), int8, runs);
+                    block_products(&a, &b, o, i == 0 && (!cols_outer || j == 0), int8, runs);
                     if (count)
-                        store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
+                        store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y,
+                                    y_elem, n_out);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
@@ -416,7 +448,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             chunk = following;
         }
         if (count)
-            store_block(c[(count - 1) & 1], last, rows, int8, row_scale, col_scale, bias, y, y_elem, n_out);
+            store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y, y_elem,
+                        n_out);
         _tile_release();
     }
     free((void *)a.tail);
@@ -464,6 +497,21 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
         return bf16_gemm(x, x_stride, rows, packed, k_in, NULL, NULL, bias, y, y_elem, n_out);
     vnni_linear(x, x_stride, rows, packed, bias, y, y_elem, n_out, k_in);
     return 0;
+}
+
+/* y [rows, inter] = silu(gate) * up, the outputs [rows, 2 * inter] of a gate_up layer (W packed
+ * by pack_bf16_vnni, the gate's rows first, no bias) through silu_and_mul's activation, the same
+ * bits, where amx_gemm takes the rows: the activation then runs on each block's sums as they
+ * leave the tiles, while the next block's products run, and the gate and up outputs are never
+ * stored (a 512-token prefill: silu_and_mul was 7% of it). Returns 0, -2 when out of memory, or
+ * 1 (nothing done) for rows it leaves to bf16_linear and silu_and_mul. */
+int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed, uint16_t *y,
+             int64_t inter, int64_t k_in) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (rows > AMX_MAX_ROWS && inter % 16 == 0 && has_amx())
+        return amx_gemm(x, x_stride * 2, rows, packed, k_in * 2, GEMM_GLU, NULL, NULL, NULL, y, 2, inter);
+#endif
+    return 1;
 }
 
 int has_bf16_linear(void) { return 1; }

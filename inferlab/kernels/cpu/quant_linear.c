@@ -358,6 +358,19 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     return status;
 }
 
+/* y [rows, N/2] = silu(gate) * up of a gate_up layer's outputs [rows, N] (the gate's first), as
+ * linear_forward and then silu_and_mul give them: both [rows, N] is their scratch, which
+ * bf16_glu does not need where it fuses the two. Returns 0, or -2 when out of memory. */
+int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *both,
+                uint16_t *y) {
+    const int64_t inter = l->n_out / 2;
+    int status = l->kind == LINEAR_BF16 && !l->bias ? bf16_glu(x, x_stride, rows, l->weight, y, inter, l->k_in) : 1;
+    if (status != 1) return status;
+    status = linear_forward(l, x, x_stride, rows, both);
+    if (!status) silu_and_mul(both, y, rows, inter, 2);
+    return status;
+}
+
 int has_quant_linear(void) { return 1; }
 #else
 int has_quant_linear(void) { return 0; }
