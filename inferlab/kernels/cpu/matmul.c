@@ -148,6 +148,15 @@ static void configure_tiles(int a_rows) {
     _tile_loadconfig(&cfg);
 }
 
+/* Whether fp32 sums go to y as streaming stores: they are a decode batch's logits (12.6 MB at
+ * 64 rows of the embedded model), read next by the sampler, and stored past the caches their
+ * lines are not first read in for ownership (an engine step's lm_head at 64 rows: 5.35-5.43 ->
+ * 3.48-3.76 ms, at 16 rows 2.08-2.13 -> 1.83-1.89 ms). Each store is 16 sums, 64 bytes, so y
+ * must start on a cache line. */
+static int streams_sums(const void *y, int y_elem, int64_t n_out) {
+    return y_elem == 4 && ((uintptr_t)y & 63) == 0 && n_out % 16 == 0;
+}
+
 /* Up to 16 rows (a decode batch) on AMX tiles of that many rows, two output blocks a task,
  * each block's weights streamed once as vnni_linear streams them. A row's sums are the bits
  * amx_gemm gives it (the same tile products over the same k-steps; a tile's rows do not see
@@ -155,6 +164,7 @@ static void configure_tiles(int a_rows) {
 static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
                      const uint16_t *bias, void *y, int y_elem, int64_t n_out, int64_t k_in) {
     const int64_t row_bytes = k_in * 2, block_bytes = 16 * row_bytes, blocks = n_out / 16;
+    const int stream = streams_sums(y, y_elem, n_out);
 #pragma omp parallel
     {
         configure_tiles((int)rows);
@@ -186,11 +196,15 @@ static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const ui
             _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
             for (int b = 0; b < nb; b++) {
                 const __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
-                for (int64_t m = 0; m < rows; m++)
-                    store_sums((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem,
-                               _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv));
+                for (int64_t m = 0; m < rows; m++) {
+                    char *at = (char *)y + (m * n_out + (b0 + b) * 16) * y_elem;
+                    const __m512 sum = _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv);
+                    if (stream) _mm512_stream_ps((float *)at, sum);
+                    else store_sums(at, y_elem, sum);
+                }
             }
         }
+        if (stream) _mm_sfence();
         _tile_release();
     }
 }
@@ -218,10 +232,11 @@ static int pad_tail(a_rows_t *a, int64_t rows) {
 /* Row r of one 32 x 32 output block from its four C tiles (c[0], c[1]: rows 0-15 of the two
  * 16-output halves; c[2], c[3]: rows 16-31), scaled, biased and rounded to bf16 once; two halves
  * go out as one 64-byte store. A GLU's halves are its gate and up outputs, rounded to bf16 as
- * they would be stored, and 16 outputs silu(gate) * up go out. */
+ * they would be stored, and 16 outputs silu(gate) * up go out. fp32 sums (logits) go out as
+ * streaming stores when y is on cache lines (see amx_gemm). */
 static inline __attribute__((always_inline)) void store_block_row(
         float c[4][16 * 16], int r, int two_cols, int int8, int glu, const float *row_scale,
-        const __m512 cs[2], const __m512 bv[2], void *y, int y_elem) {
+        const __m512 cs[2], const __m512 bv[2], void *y, int y_elem, int stream) {
     __m512 sum[2];
     for (int half = 0; half < 1 + two_cols; half++) {
         const float *tile = c[(r / 16) * 2 + half] + (r % 16) * 16;
@@ -231,6 +246,8 @@ static inline __attribute__((always_inline)) void store_block_row(
         sum[half] = _mm512_add_ps(sum[half], bv[half]);
     }
     if (glu) store_bf16(y, silu_mul_ps(round_bf16(sum[0]), round_bf16(sum[1])));
+    else if (stream)
+        for (int half = 0; half < 1 + two_cols; half++) _mm512_stream_ps((float *)y + 16 * half, sum[half]);
     else if (two_cols && y_elem == 2) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
     else
         for (int half = 0; half < 1 + two_cols; half++)
@@ -317,7 +334,7 @@ static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16
 /* The block's rows of y from its stored C tiles. */
 static inline __attribute__((always_inline)) void store_block(
         float c[4][16 * 16], out_block_t o, int64_t rows, int int8, int glu, const float *row_scale,
-        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int64_t n_out) {
+        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int64_t n_out, int stream) {
     __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
     for (int half = 0; half < 2; half++) {
         int has = half == 0 || o.two_cols;
@@ -326,7 +343,7 @@ static inline __attribute__((always_inline)) void store_block(
     }
     for (int r = 0; r < 32 && o.r0 + r < rows; r++)
         store_block_row(c, r, o.two_cols, int8, glu, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
-                        (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem);
+                        (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem, stream);
 }
 
 /* The weights of output blocks [first, first + count) (clipped at the last), as lines to
@@ -385,6 +402,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
      * 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The fp32 logits of
      * 64 rows were slower that way (3.5 -> 4.5 ms). */
     const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
+    const int stream = streams_sums(y, y_elem, n_out);
     const int64_t k_steps = row_bytes / 64;
     int64_t claimed = 0;  /* chunks handed out so far */
 #pragma omp parallel
@@ -439,7 +457,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
                     block_products(&a, &b, o, i == 0 && (!cols_outer || j == 0), int8, runs);
                     if (count)
                         store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y,
-                                    y_elem, n_out);
+                                    y_elem, n_out, stream);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
@@ -449,7 +467,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
         }
         if (count)
             store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y, y_elem,
-                        n_out);
+                        n_out, stream);
+        if (stream) _mm_sfence();  /* the streaming stores land before the caller reads y */
         _tile_release();
     }
     free((void *)a.tail);
