@@ -122,16 +122,32 @@ def test_rejects_a_weight_the_layout_cannot_hold():
         cpu_ops.pack_bf16(torch.zeros(40, 64, dtype=torch.bfloat16))
 
 
-@pytest.mark.skipif(not cpu_ops.quant_linear_available(), reason="no C linear_forward")
-@pytest.mark.parametrize("rows", [1, 16, 17, 33, 64, 65, 100, 300])
-def test_the_fused_glu_gives_the_bits_of_the_linear_then_silu_and_mul(rows):
-    """On AMX tiles, beyond 16 rows (decode batches outputs outer, prompts rows outer), silu(gate)
-    * up is taken from each block's sums as they leave the tiles; it must round as the linear's
-    stored outputs and silu_and_mul do."""
+def gate_up_desc(scheme: str) -> tuple[nn.Module, cpu_ops.LinearDesc]:
+    """A gate_up layer of the embedded model's shape (576 -> 2 x 1536), bf16 or quantized."""
+    dense = nn.Linear(576, 2 * 1536, bias=False).to(torch.bfloat16)
+    if scheme == "bf16":
+        layer = PackedLinear(dense)
+    else:
+        from inferlab.quant.linear import build_quant_linear
+        from inferlab.quant.qparams import quantize_rtn
+        from inferlab.quant.scheme import make_scheme
+        args = make_scheme(scheme, 64)
+        qw = quantize_rtn(dense.weight.detach().float(), args.weights)
+        layer = build_quant_linear(qw, args.activations, None, torch.bfloat16)
+    return layer, layer.c_desc()
+
+
+@pytest.mark.skipif(not (cpu_ops.quant_linear_available() and cpu_ops.dynamic_linear_available()),
+                    reason="no C linear_forward")
+@pytest.mark.parametrize("scheme", ["bf16", "W8A8"])
+@pytest.mark.parametrize("rows", [1, 5, 16, 17, 33, 64, 65, 100, 300])
+def test_the_fused_glu_gives_the_bits_of_the_linear_then_silu_and_mul(scheme, rows):
+    """On AMX tiles (bf16 beyond 16 rows, W8A8 beyond 4; decode batches outputs outer, prompts
+    rows outer), silu(gate) * up is taken from each block's sums as they leave the tiles; it must
+    round as the linear's stored outputs and silu_and_mul do."""
     torch.manual_seed(rows)
-    layer = PackedLinear(nn.Linear(576, 2 * 1536, bias=False).to(torch.bfloat16))
+    layer, desc = gate_up_desc(scheme)
     x = torch.randn(rows, 576, dtype=torch.bfloat16) * 2
-    desc = layer.c_desc()
     fused = cpu_ops.glu_forward(x, desc)
     assert fused.shape == (rows, 1536)
     assert torch.equal(fused, cpu_ops.silu_and_mul(cpu_ops.linear_forward(x, desc)))

@@ -243,14 +243,16 @@ static void widen_codes(const linear_t *l, uint16_t *packed) {
 }
 
 /* More than TILE_ROWS rows: int8 tiles on the codes (AMX, or AVX512 register tiles), or bf16
- * tiles (the same) on the fp8 codes widened once. Returns 0, or -2 when out of memory. */
+ * tiles (the same) on the fp8 codes widened once. glu (W8A8 on AMX only, see dynamic_glu): y
+ * gets silu(gate) * up of the N outputs. Returns 0, or -2 when out of memory. */
 static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
-                     uint16_t *y) {
+                     uint16_t *y, int glu) {
     const int64_t k = l->k_in;
     if (l->kind == LINEAR_W8A8) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
         if (has_amx())
-            return amx_gemm(xq, k, rows, l->weight, k, GEMM_INT8, x_scale, l->scale, l->bias, y, 2, l->n_out);
+            return amx_gemm(xq, k, rows, l->weight, k, GEMM_INT8 | (glu ? GEMM_GLU : 0), x_scale, l->scale,
+                            l->bias, y, 2, glu ? l->n_out / 2 : l->n_out);
 #endif
         const gemm_args_t g = {xq, l->weight, k, k, l->n_out, 2, x_scale, l->scale, l->bias, y,
                                l->weight_sums};
@@ -266,9 +268,10 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
 }
 
 /* y [rows, N] = quantized(x) [rows, K] @ W^T, scaled (+ bias), for LINEAR_W8A8 (K % 64 == 0)
- * and LINEAR_FP8 (K % 32 == 0); N % 16 == 0 (checked by the caller). Returns 0, or -2 when out
- * of memory. */
-int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y) {
+ * and LINEAR_FP8 (K % 32 == 0); N % 16 == 0 (checked by the caller); with glu, see
+ * dynamic_glu. Returns 0, or -2 when out of memory. */
+static int dynamic_product(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                           uint16_t *y, int glu) {
     const int fp8 = l->kind == LINEAR_FP8;
     void *xq = alloc_lines((size_t)(rows * l->k_in * (fp8 ? 2 : 1)));
     float *scales = malloc(sizeof(float) * (size_t)rows);
@@ -277,12 +280,24 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
         if (fp8) quantize_fp8(x, x_stride, rows, l->k_in, l->input_scale, xq, scales);
         else quantize_int8(x, x_stride, rows, l->k_in, l->input_scale,
                            rows > TILE_ROWS && has_amx() ? 0 : 0x80, xq, scales);
-        if (rows > TILE_ROWS) status = gemm_rows(l, xq, scales, rows, y);
+        if (rows > TILE_ROWS) status = gemm_rows(l, xq, scales, rows, y, glu);
         else kernel_rows(l, xq, scales, rows, y);
     }
     free(xq);
     free(scales);
     return status;
+}
+
+int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y) {
+    return dynamic_product(l, x, x_stride, rows, y, 0);
+}
+
+/* y [rows, N/2] = silu(gate) * up of a W8A8 gate_up layer's outputs (the gate's first), as
+ * dynamic_linear and silu_and_mul give them, where amx_gemm takes the rows (see bf16_glu).
+ * Returns 0, -2 when out of memory, or 1 (nothing done) where it does not. */
+int dynamic_glu(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y) {
+    if (l->kind != LINEAR_W8A8 || rows <= TILE_ROWS || !has_amx() || l->n_out % 32) return 1;
+    return dynamic_product(l, x, x_stride, rows, y, 1);
 }
 
 int has_dynamic_linear(void) { return 1; }

@@ -458,6 +458,7 @@ typedef struct {
     const float *input_scale;  /* W8A8, FP8: one static activation scale, or NULL: per token */
 } linear_t;
 int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
+int dynamic_glu(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y);
 int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                    uint16_t *y);
 int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *both,

@@ -273,10 +273,8 @@ typedef struct {
 
 static inline int64_t block_outputs(const b_side_t *b) { return b->glu ? 16 : 32; }
 
-/* Bytes from a block's first B tile to its second. */
-static inline int64_t second_tile(const b_side_t *b) {
-    return (b->glu ? b->n_out : 16) * b->row_bytes;
-}
+/* Weight rows (outputs, their scales and biases) from a block's first B tile to its second. */
+static inline int64_t second_tile(const b_side_t *b) { return b->glu ? b->n_out : 16; }
 
 /* Lines to fetch to L2 over a run of blocks' k-steps: this block's k-step k takes share
  * step0 + k of per_step lines. */
@@ -300,7 +298,7 @@ static inline __attribute__((always_inline)) void block_products(
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
     const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
-    const uint8_t *b0 = b->packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + second_tile(b) : b0;
+    const uint8_t *b0 = b->packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + second_tile(b) * row_bytes : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
         for (int run = 0; run < 3; run++)
@@ -333,17 +331,18 @@ static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16
 
 /* The block's rows of y from its stored C tiles. */
 static inline __attribute__((always_inline)) void store_block(
-        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, int glu, const float *row_scale,
-        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int64_t n_out, int stream) {
+        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, const b_side_t *b, const float *row_scale,
+        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int stream) {
     __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
     for (int half = 0; half < 2; half++) {
-        int has = half == 0 || o.two_cols;
-        bv[half] = bias_f32(bias && has ? bias + o.col + 16 * half : NULL);
-        if (row_scale && has) cs[half] = _mm512_loadu_ps(col_scale + o.col + 16 * half);
+        const int has = half == 0 || o.two_cols;
+        const int64_t at = o.col + half * second_tile(b);
+        bv[half] = bias_f32(bias && has ? bias + at : NULL);
+        if (row_scale && has) cs[half] = _mm512_loadu_ps(col_scale + at);
     }
     for (int r = 0; r < 32 && o.r0 + r < rows; r++)
-        store_block_row(c, r, o.two_cols, int8, glu, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
-                        (char *)y + ((o.r0 + r) * n_out + o.col) * y_elem, y_elem, stream);
+        store_block_row(c, r, o.two_cols, int8, b->glu, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
+                        (char *)y + ((o.r0 + r) * b->n_out + o.col) * y_elem, y_elem, stream);
 }
 
 /* The weights of output blocks [first, first + count) (clipped at the last), as lines to
@@ -352,7 +351,7 @@ static void block_weights(const b_side_t *b, int64_t first, int64_t count, prefe
     const int64_t width = block_outputs(b), w0 = first * width;
     const int64_t w1 = (first + count) * width < b->n_out ? (first + count) * width : b->n_out;
     out[0] = (prefetch_t){(const char *)b->packed + w0 * b->row_bytes, (w1 - w0) * b->row_bytes / 64};
-    out[1] = b->glu ? (prefetch_t){out[0].at + second_tile(b), out[0].lines} : (prefetch_t){NULL, 0};
+    out[1] = b->glu ? (prefetch_t){out[0].at + second_tile(b) * b->row_bytes, out[0].lines} : (prefetch_t){NULL, 0};
 }
 
 /* Row block rb's rows of A as lines to prefetch, when x's rows lie one after another and the
@@ -367,9 +366,10 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
  * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
  * int8 sums are exact int32. With row_scale (and col_scale) given, y = sum * row_scale[r] *
  * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles) by 32 outputs (two B
- * tiles), four C tiles each. With GEMM_GLU (bf16, no bias or scales), W holds 2N rows, a gate's
- * and an up projection's, and y = silu(x W_gate^T) * (x W_up^T): a block is 16 outputs, its B
- * tiles the gate's and the up projection's (see bf16_glu).
+ * tiles), four C tiles each. With GEMM_GLU, W (col_scale, bias) holds 2N rows, a gate's and an
+ * up projection's, and y = silu(x W_gate^T) * (x W_up^T), each product first rounded to bf16
+ * as y would be: a block is 16 outputs, its B tiles the gate's and the up projection's (see
+ * bf16_glu).
  *
  * Cache blocking: the output blocks are cut into column chunks (row ranges, when there are
  * fewer output blocks than threads) whose weights fit in half of an L2, and a thread walks a
@@ -456,8 +456,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
                         {next_rows, j * k_steps, prefetch_per_step(next_rows, inner * k_steps)}};
                     block_products(&a, &b, o, i == 0 && (!cols_outer || j == 0), int8, runs);
                     if (count)
-                        store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y,
-                                    y_elem, n_out, stream);
+                        store_block(c[(count - 1) & 1], last, rows, int8, &b, row_scale, col_scale, bias, y,
+                                    y_elem, stream);
                     store_tiles(c[count & 1], o);
                     last = o;
                     count++;
@@ -466,8 +466,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             chunk = following;
         }
         if (count)
-            store_block(c[(count - 1) & 1], last, rows, int8, b.glu, row_scale, col_scale, bias, y, y_elem,
-                        n_out, stream);
+            store_block(c[(count - 1) & 1], last, rows, int8, &b, row_scale, col_scale, bias, y, y_elem, stream);
         if (stream) _mm_sfence();  /* the streaming stores land before the caller reads y */
         _tile_release();
     }
