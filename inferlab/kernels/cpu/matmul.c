@@ -298,7 +298,8 @@ static inline __attribute__((always_inline)) void block_products(
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
     const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
-    const uint8_t *b0 = b->packed + o.col * row_bytes, *b1 = o.two_cols ? b0 + second_tile(b) * row_bytes : b0;
+    const uint8_t *b0 = b->packed + o.col * row_bytes;
+    const uint8_t *b1 = o.two_cols ? b0 + second_tile(b) * row_bytes : b0;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
     for (int64_t k = 0; k < row_bytes; k += 64) {
         for (int run = 0; run < 3; run++)
@@ -361,6 +362,80 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
     return (prefetch_t){(const char *)a->x + rb * 32 * a->row_bytes, 32 * a->row_bytes / 64};
 }
 
+/* What amx_gemm's threads share: the operands, and how the output blocks are cut into chunks. */
+typedef struct {
+    a_rows_t a;
+    b_side_t b;
+    int64_t rows, row_blocks, col_blocks, chunk_blocks, chunks, k_steps, threads;
+    int int8, by_cols, cols_outer, stream, y_elem;
+    const float *row_scale, *col_scale;
+    const uint16_t *bias;
+    void *y;
+} gemm_plan_t;
+
+/* A thread's pipeline: block j's tile products run while block j-1's rows are stored. */
+typedef struct {
+    float c[2][4][16 * 16] __attribute__((aligned(64)));
+    out_block_t last;
+    int64_t count;  /* blocks multiplied; block i's tiles are stored in c[i & 1] */
+} gemm_pipe_t;
+
+static inline __attribute__((always_inline)) void store_last(const gemm_plan_t *g, gemm_pipe_t *p) {
+    store_block(p->c[(p->count - 1) & 1], p->last, g->rows, g->int8, &g->b, g->row_scale,
+                g->col_scale, g->bias, g->y, g->y_elem, g->stream);
+}
+
+/* Output blocks [c0, c1) for all rows (or, with fewer output blocks than threads, a thread's
+ * share of the rows for all of them): one chunk. `following` is the chunk this thread takes
+ * next, whose weights a walk rows outer fetches to L2 over this one's k-steps. Inlined: called
+ * through a pointer to the plan, not inlined, a 512-token prefill took 76-78 ms, not 70-72. */
+static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *g, int64_t chunk,
+                                                             int64_t following, gemm_pipe_t *p) {
+    const b_side_t *b = &g->b;
+    const int64_t c0 = g->by_cols ? chunk * g->chunk_blocks : 0;
+    const int64_t c1 = g->by_cols && c0 + g->chunk_blocks < g->col_blocks ? c0 + g->chunk_blocks : g->col_blocks;
+    const int64_t r0 = g->by_cols ? 0 : g->row_blocks * chunk / g->chunks;
+    const int64_t r1 = g->by_cols ? g->row_blocks : g->row_blocks * (chunk + 1) / g->chunks;
+    const int cols_outer = g->cols_outer;
+    const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
+    const int64_t k_steps = g->k_steps;
+    prefetch_t ahead[2] = {{NULL, 0}, {NULL, 0}};
+    if (g->by_cols && !cols_outer && following < g->chunks)
+        block_weights(b, following * g->chunk_blocks, g->chunk_blocks, ahead);
+    const int64_t ahead_per_step = prefetch_per_step(ahead[0], outer * inner * k_steps);
+    /* a prompt's rows outer: each thread starts at its own share of the row blocks and goes
+     * round, so that the two read other rows of A, and fetches its next row block's to L2 over
+     * the current one's k-steps. A was just written by the kernel before, partly on the other
+     * core, and the first k-steps of each row block waited for it (a 512-token prefill's
+     * linears in the C forward: 45.3-46.1 -> 43.3-44.0 ms) */
+    const int spread = g->by_cols && !cols_outer && outer > COLS_OUTER_ROW_BLOCKS;
+    const int64_t first_row = spread ? omp_get_thread_num() * outer / g->threads : 0;
+    for (int64_t i = 0; i < outer; i++) {
+        prefetch_t next[2] = {ahead[0], ahead[1]};
+        if (cols_outer) {  /* the next output block's weights */
+            next[0] = next[1] = (prefetch_t){NULL, 0};
+            if (c0 + i + 1 < c1) block_weights(b, c0 + i + 1, 1, next);
+        }
+        const prefetch_t next_rows = spread ? row_block_lines(&g->a, r0 + (first_row + i + 1) % outer)
+                                            : (prefetch_t){NULL, 0};
+        const int64_t per_step = cols_outer ? prefetch_per_step(next[0], inner * k_steps) : ahead_per_step;
+        for (int64_t j = 0; j < inner; j++) {
+            const int64_t rb = cols_outer ? r0 + j : r0 + (first_row + i) % outer;
+            const int64_t col = (cols_outer ? c0 + i : c0 + j) * block_outputs(b);
+            const out_block_t o = {rb * 32, col, b->glu || col + 16 < b->n_out, rb * 32 + 16 < g->rows};
+            const int64_t step0 = ((cols_outer ? 0 : i * inner) + j) * k_steps;
+            const prefetch_run_t runs[3] = {
+                {next[0], step0, per_step}, {next[1], step0, per_step},
+                {next_rows, j * k_steps, prefetch_per_step(next_rows, inner * k_steps)}};
+            block_products(&g->a, b, o, i == 0 && (!cols_outer || j == 0), g->int8, runs);
+            if (p->count) store_last(g, p);
+            store_tiles(p->c[p->count & 1], o);
+            p->last = o;
+            p->count++;
+        }
+    }
+}
+
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
  * (packed as pack_bf16_vnni) or int8 ones (flags GEMM_INT8; dynamic_linear.c's
  * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
@@ -382,95 +457,49 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out) {
-    const int int8 = flags & GEMM_INT8;
-    const b_side_t b = {(const uint8_t *)packed, row_bytes, n_out, flags & GEMM_GLU};
-    const int64_t row_blocks = (rows + 31) / 32, col_blocks = (n_out + block_outputs(&b) - 1) / block_outputs(&b);
-    const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes);
-    a_rows_t a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes};
-    if (pad_tail(&a, rows)) return -2;
+    gemm_plan_t g = {.a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes},
+                     .b = {(const uint8_t *)packed, row_bytes, n_out, flags & GEMM_GLU},
+                     .rows = rows, .k_steps = row_bytes / 64, .threads = omp_get_max_threads(),
+                     .int8 = flags & GEMM_INT8, .y_elem = y_elem, .row_scale = row_scale,
+                     .col_scale = col_scale, .bias = bias, .y = y};
+    if (pad_tail(&g.a, rows)) return -2;
+    g.row_blocks = (rows + 31) / 32;
+    g.col_blocks = (n_out + block_outputs(&g.b) - 1) / block_outputs(&g.b);
     /* column chunks handed out dynamically, about CHUNKS_PER_THREAD each, so that a thread the
      * VM slows down does not hold the other at the barrier; a chunk's weights fit in L2 */
-    const int64_t threads = omp_get_max_threads();
-    const int by_cols = col_blocks >= threads;
-    const int64_t even = (col_blocks + threads * CHUNKS_PER_THREAD - 1) / (threads * CHUNKS_PER_THREAD);
-    const int64_t cap = fit > 0 ? fit : 1, chunk_blocks = by_cols ? (even < cap ? even : cap) : col_blocks;
-    const int64_t chunks = by_cols ? (col_blocks + chunk_blocks - 1) / chunk_blocks : threads;
+    const int64_t fit = L2_BUDGET_BYTES / (32 * row_bytes), cap = fit > 0 ? fit : 1;
+    const int64_t even = (g.col_blocks + g.threads * CHUNKS_PER_THREAD - 1) / (g.threads * CHUNKS_PER_THREAD);
+    g.by_cols = g.col_blocks >= g.threads;
+    g.chunk_blocks = g.by_cols ? (even < cap ? even : cap) : g.col_blocks;
+    g.chunks = g.by_cols ? (g.col_blocks + g.chunk_blocks - 1) / g.chunk_blocks : g.threads;
     /* a chunk goes rows outer (each row block's A tiles stay in L1 while the chunk's weights
      * come from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks with bf16
      * outputs, outputs outer: a block's weights come from memory once for all its rows, and the
      * next block's are fetched to L2 over its k-steps (the 121 linears from memory at 32 / 48 /
      * 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The fp32 logits of
      * 64 rows were slower that way (3.5 -> 4.5 ms). */
-    const int cols_outer = by_cols && row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
-    const int stream = streams_sums(y, y_elem, n_out);
-    const int64_t k_steps = row_bytes / 64;
+    g.cols_outer = g.by_cols && g.row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
+    g.stream = streams_sums(y, y_elem, n_out);
     int64_t claimed = 0;  /* chunks handed out so far */
 #pragma omp parallel
     {
         configure_tiles(16);
-        /* software-pipelined: block j's tile products run while block j-1's rows are stored */
-        float c[2][4][16 * 16] __attribute__((aligned(64)));
-        out_block_t last = {0, 0, 0, 0};
-        int64_t count = 0;  /* blocks multiplied; block i's tiles are stored in c[i & 1] */
+        gemm_pipe_t pipe;
+        pipe.count = 0;
         /* a thread claims its next chunk as it starts one, so that going rows outer it can fetch
          * that chunk's weights to L2 over this one's k-steps: the first row block otherwise
          * waits on memory for every weight of the chunk */
         int64_t chunk = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
-        while (chunk < chunks) {
+        while (chunk < g.chunks) {
             const int64_t following = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
-            /* a chunk: output blocks [c0, c1) for all rows, or (fewer output blocks than
-             * threads) a thread's share of the rows for all output blocks */
-            const int64_t c0 = by_cols ? chunk * chunk_blocks : 0;
-            const int64_t c1 = by_cols && c0 + chunk_blocks < col_blocks ? c0 + chunk_blocks : col_blocks;
-            const int64_t r0 = by_cols ? 0 : row_blocks * chunk / chunks;
-            const int64_t r1 = by_cols ? row_blocks : row_blocks * (chunk + 1) / chunks;
-            const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
-            prefetch_t ahead[2] = {{NULL, 0}, {NULL, 0}};
-            if (by_cols && !cols_outer && following < chunks)
-                block_weights(&b, following * chunk_blocks, chunk_blocks, ahead);
-            const int64_t ahead_per_step = prefetch_per_step(ahead[0], outer * inner * k_steps);
-            /* a prompt's rows outer: each thread starts at its own share of the row blocks and
-             * goes round, so that the two read other rows of A, and fetches its next row block's
-             * to L2 over the current one's k-steps. A was just written by the kernel before,
-             * partly on the other core, and the first k-steps of each row block waited for it
-             * (a 512-token prefill's linears in the C forward: 45.3-46.1 -> 43.3-44.0 ms) */
-            const int spread = by_cols && !cols_outer && outer > COLS_OUTER_ROW_BLOCKS;
-            const int64_t first_row = spread ? omp_get_thread_num() * outer / threads : 0;
-            for (int64_t i = 0; i < outer; i++) {
-                const int64_t rb_outer = r0 + (first_row + i) % outer;
-                prefetch_t next[2] = {ahead[0], ahead[1]};
-                if (cols_outer) {
-                    next[0] = next[1] = (prefetch_t){NULL, 0};
-                    if (c0 + i + 1 < c1) block_weights(&b, c0 + i + 1, 1, next);
-                }
-                const prefetch_t next_rows = spread ? row_block_lines(&a, r0 + (first_row + i + 1) % outer)
-                                                    : (prefetch_t){NULL, 0};
-                const int64_t per_step = cols_outer ? prefetch_per_step(next[0], inner * k_steps) : ahead_per_step;
-                for (int64_t j = 0; j < inner; j++) {
-                    const int64_t rb = cols_outer ? r0 + j : rb_outer, nb = cols_outer ? c0 + i : c0 + j;
-                    const int64_t col = nb * block_outputs(&b);
-                    out_block_t o = {rb * 32, col, b.glu || col + 16 < n_out, rb * 32 + 16 < rows};
-                    const int64_t step0 = ((cols_outer ? 0 : i * inner) + j) * k_steps;
-                    const prefetch_run_t runs[3] = {
-                        {next[0], step0, per_step}, {next[1], step0, per_step},
-                        {next_rows, j * k_steps, prefetch_per_step(next_rows, inner * k_steps)}};
-                    block_products(&a, &b, o, i == 0 && (!cols_outer || j == 0), int8, runs);
-                    if (count)
-                        store_block(c[(count - 1) & 1], last, rows, int8, &b, row_scale, col_scale, bias, y,
-                                    y_elem, stream);
-                    store_tiles(c[count & 1], o);
-                    last = o;
-                    count++;
-                }
-            }
+            gemm_chunk(&g, chunk, following, &pipe);
             chunk = following;
         }
-        if (count)
-            store_block(c[(count - 1) & 1], last, rows, int8, &b, row_scale, col_scale, bias, y, y_elem, stream);
-        if (stream) _mm_sfence();  /* the streaming stores land before the caller reads y */
+        if (pipe.count) store_last(&g, &pipe);
+        if (g.stream) _mm_sfence();  /* the streaming stores land before the caller reads y */
         _tile_release();
     }
-    free((void *)a.tail);
+    free((void *)g.a.tail);
     return 0;
 }
 
@@ -519,10 +548,11 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
 
 /* y [rows, inter] = silu(gate) * up, the outputs [rows, 2 * inter] of a gate_up layer (W packed
  * by pack_bf16_vnni, the gate's rows first, no bias) through silu_and_mul's activation, the same
- * bits, where amx_gemm takes the rows: the activation then runs on each block's sums as they
- * leave the tiles, while the next block's products run, and the gate and up outputs are never
- * stored (a 512-token prefill: silu_and_mul was 7% of it). Returns 0, -2 when out of memory, or
- * 1 (nothing done) for rows it leaves to bf16_linear and silu_and_mul. */
+ * bits, where amx_gemm takes the rows: the activation runs on each block's sums as they leave
+ * the tiles, and the gate and up outputs are never stored or read back, nor another parallel
+ * region started (30 such layers at 64 rows: 5.7-6.4 -> 4.7-5.3 ms; at 512 rows the
+ * activation's arithmetic remains, 26.6-26.9 -> 25.6-25.9 ms). Returns 0, -2 when out of
+ * memory, or 1 (nothing done) for rows it leaves to bf16_linear and silu_and_mul. */
 int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed, uint16_t *y,
              int64_t inter, int64_t k_in) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
