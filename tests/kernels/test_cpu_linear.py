@@ -123,8 +123,9 @@ def test_rejects_a_weight_the_layout_cannot_hold():
 
 
 def gate_up_desc(scheme: str) -> tuple[nn.Module, cpu_ops.LinearDesc]:
-    """A gate_up layer of the embedded model's shape (576 -> 2 x 1536), bf16 or quantized."""
-    dense = nn.Linear(576, 2 * 1536, bias=False).to(torch.bfloat16)
+    """A gate_up layer of the embedded model's shape (576 -> 2 x 1536), bf16 (with a bias:
+    the up half's lies 1536 further) or quantized."""
+    dense = nn.Linear(576, 2 * 1536, bias=scheme == "bf16").to(torch.bfloat16)
     if scheme == "bf16":
         layer = PackedLinear(dense)
     else:

@@ -251,8 +251,8 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
     if (l->kind == LINEAR_W8A8) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
         if (has_amx())
-            return amx_gemm(xq, k, rows, l->weight, k, GEMM_INT8 | (glu ? GEMM_GLU : 0), x_scale, l->scale,
-                            l->bias, y, 2, glu ? l->n_out / 2 : l->n_out);
+            return amx_gemm(xq, k, rows, l->weight, k, GEMM_INT8 | (glu ? GEMM_GLU : 0), x_scale,
+                            l->scale, l->bias, y, 2, glu ? l->n_out / 2 : l->n_out);
 #endif
         const gemm_args_t g = {xq, l->weight, k, k, l->n_out, 2, x_scale, l->scale, l->bias, y,
                                l->weight_sums};

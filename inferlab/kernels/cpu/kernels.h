@@ -440,8 +440,8 @@ typedef struct {  /* one vnni_gemm call: y = x @ W^T (scaled as amx_gemm scales,
 } gemm_args_t;
 void vnni_gemm(const gemm_args_t *g, int64_t rows);
 #endif
-int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed, uint16_t *y,
-             int64_t inter, int64_t k_in);
+int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
+             const uint16_t *bias, uint16_t *y, int64_t inter, int64_t k_in);
 int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
               int64_t k_in, const float *row_scale, const float *col_scale, const uint16_t *bias,
               void *y, int y_elem, int64_t n_out);

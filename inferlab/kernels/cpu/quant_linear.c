@@ -365,7 +365,7 @@ int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t 
                 uint16_t *y) {
     const int64_t inter = l->n_out / 2;
     int status = 1;  /* fused where amx_gemm takes the rows */
-    if (l->kind == LINEAR_BF16 && !l->bias) status = bf16_glu(x, x_stride, rows, l->weight, y, inter, l->k_in);
+    if (l->kind == LINEAR_BF16) status = bf16_glu(x, x_stride, rows, l->weight, l->bias, y, inter, l->k_in);
     if (l->kind == LINEAR_W8A8) status = dynamic_glu(l, x, x_stride, rows, y);
     if (status != 1) return status;
     status = linear_forward(l, x, x_stride, rows, both);
