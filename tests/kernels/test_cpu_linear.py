@@ -26,7 +26,7 @@ def assert_rounded_once(ours: torch.Tensor, exact: torch.Tensor) -> None:
     assert bool(((ours.float() - exact).abs() <= ulp / 2 + 1e-5).all())
 
 
-@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 33, 64, 100])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 16, 20, 32, 33, 64, 100])
 # (in, out); (8192, 320): a thread's weights span several L2-sized chunks; (96, 32): fewer output
 # blocks than threads, so the AMX kernel splits the rows
 @pytest.mark.parametrize("shape", [(96, 160), (576, 960), (1536, 576), (64, 48), (8192, 320), (96, 32)])

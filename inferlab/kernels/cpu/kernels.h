@@ -313,7 +313,7 @@ typedef struct {
 } prefetch_t;
 
 static inline int64_t prefetch_per_step(prefetch_t pf, int64_t steps) {
-    return (pf.lines + steps - 1) / steps;
+    return steps > 0 ? (pf.lines + steps - 1) / steps : 0;  /* no steps: a thread with no rows */
 }
 
 static inline __attribute__((always_inline)) void prefetch_share(prefetch_t pf, int64_t step,
