@@ -157,6 +157,11 @@ static int streams_sums(const void *y, int y_elem, int64_t n_out) {
     return y_elem == 4 && ((uintptr_t)y & 63) == 0 && n_out % 16 == 0;
 }
 
+static inline void store_out(void *y, int y_elem, int stream, __m512 sum) {  /* see streams_sums */
+    if (stream) _mm512_stream_ps((float *)y, sum);
+    else store_sums(y, y_elem, sum);
+}
+
 /* Up to 16 rows (a decode batch) on AMX tiles of that many rows, two output blocks a task,
  * each block's weights streamed once as vnni_linear streams them. A row's sums are the bits
  * amx_gemm gives it (the same tile products over the same k-steps; a tile's rows do not see
@@ -196,12 +201,9 @@ static void amx_rows(const uint16_t *x, int64_t x_stride, int64_t rows, const ui
             _tile_stored(0, c[0], 64); _tile_stored(1, c[1], 64);
             for (int b = 0; b < nb; b++) {
                 const __m512 bv = bias_f32(bias ? bias + (b0 + b) * 16 : NULL);
-                for (int64_t m = 0; m < rows; m++) {
-                    char *at = (char *)y + (m * n_out + (b0 + b) * 16) * y_elem;
-                    const __m512 sum = _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv);
-                    if (stream) _mm512_stream_ps((float *)at, sum);
-                    else store_sums(at, y_elem, sum);
-                }
+                for (int64_t m = 0; m < rows; m++)
+                    store_out((char *)y + (m * n_out + (b0 + b) * 16) * y_elem, y_elem, stream,
+                              _mm512_add_ps(_mm512_load_ps(c[b] + m * 16), bv));
             }
         }
         if (stream) _mm_sfence();
@@ -246,12 +248,10 @@ static inline __attribute__((always_inline)) void store_block_row(
         sum[half] = _mm512_add_ps(sum[half], bv[half]);
     }
     if (glu) store_bf16(y, silu_mul_ps(round_bf16(sum[0]), round_bf16(sum[1])));
-    else if (stream)
-        for (int half = 0; half < 1 + two_cols; half++) _mm512_stream_ps((float *)y + 16 * half, sum[half]);
     else if (two_cols && y_elem == 2) _mm512_storeu_si512(y, (__m512i)_mm512_cvtne2ps_pbh(sum[1], sum[0]));
     else
         for (int half = 0; half < 1 + two_cols; half++)
-            store_sums((char *)y + 16 * half * y_elem, y_elem, sum[half]);
+            store_out((char *)y + 16 * half * y_elem, y_elem, stream, sum[half]);
 }
 
 /* One block of the output: rows [r0, r0 + 32) (fewer at the end) by outputs [col, col + 32)
@@ -330,20 +330,31 @@ static inline __attribute__((always_inline)) void store_tiles(float c[4][16 * 16
     if (o.two_row_tiles) { _tile_stored(2, c[2], 64); _tile_stored(3, c[3], 64); }
 }
 
+/* What amx_gemm's threads share: the operands, and how the output blocks are cut into chunks. */
+typedef struct {
+    a_rows_t a;
+    b_side_t b;
+    int64_t rows, row_blocks, col_blocks, chunk_blocks, chunks, k_steps, threads;
+    int int8, by_cols, cols_outer, stream, y_elem;
+    const float *row_scale, *col_scale;
+    const uint16_t *bias;
+    void *y;
+} gemm_plan_t;
+
 /* The block's rows of y from its stored C tiles. */
-static inline __attribute__((always_inline)) void store_block(
-        float c[4][16 * 16], out_block_t o, int64_t rows, int int8, const b_side_t *b, const float *row_scale,
-        const float *col_scale, const uint16_t *bias, void *y, int y_elem, int stream) {
+static inline __attribute__((always_inline)) void store_block(float c[4][16 * 16], out_block_t o,
+                                                              const gemm_plan_t *g) {
     __m512 cs[2] = {_mm512_setzero_ps(), _mm512_setzero_ps()}, bv[2];
     for (int half = 0; half < 2; half++) {
         const int has = half == 0 || o.two_cols;
-        const int64_t at = o.col + half * second_tile(b);
-        bv[half] = bias_f32(bias && has ? bias + at : NULL);
-        if (row_scale && has) cs[half] = _mm512_loadu_ps(col_scale + at);
+        const int64_t at = o.col + half * second_tile(&g->b);
+        bv[half] = bias_f32(g->bias && has ? g->bias + at : NULL);
+        if (g->row_scale && has) cs[half] = _mm512_loadu_ps(g->col_scale + at);
     }
-    for (int r = 0; r < 32 && o.r0 + r < rows; r++)
-        store_block_row(c, r, o.two_cols, int8, b->glu, row_scale ? row_scale + o.r0 + r : NULL, cs, bv,
-                        (char *)y + ((o.r0 + r) * b->n_out + o.col) * y_elem, y_elem, stream);
+    for (int r = 0; r < 32 && o.r0 + r < g->rows; r++)
+        store_block_row(c, r, o.two_cols, g->int8, g->b.glu, g->row_scale ? g->row_scale + o.r0 + r : NULL,
+                        cs, bv, (char *)g->y + ((o.r0 + r) * g->b.n_out + o.col) * g->y_elem, g->y_elem,
+                        g->stream);
 }
 
 /* The weights of output blocks [first, first + count) (clipped at the last), as lines to
@@ -362,17 +373,6 @@ static prefetch_t row_block_lines(const a_rows_t *a, int64_t rb) {
     return (prefetch_t){(const char *)a->x + rb * 32 * a->row_bytes, 32 * a->row_bytes / 64};
 }
 
-/* What amx_gemm's threads share: the operands, and how the output blocks are cut into chunks. */
-typedef struct {
-    a_rows_t a;
-    b_side_t b;
-    int64_t rows, row_blocks, col_blocks, chunk_blocks, chunks, k_steps, threads;
-    int int8, by_cols, cols_outer, stream, y_elem;
-    const float *row_scale, *col_scale;
-    const uint16_t *bias;
-    void *y;
-} gemm_plan_t;
-
 /* A thread's pipeline: block j's tile products run while block j-1's rows are stored. */
 typedef struct {
     float c[2][4][16 * 16] __attribute__((aligned(64)));
@@ -381,8 +381,7 @@ typedef struct {
 } gemm_pipe_t;
 
 static inline __attribute__((always_inline)) void store_last(const gemm_plan_t *g, gemm_pipe_t *p) {
-    store_block(p->c[(p->count - 1) & 1], p->last, g->rows, g->int8, &g->b, g->row_scale,
-                g->col_scale, g->bias, g->y, g->y_elem, g->stream);
+    store_block(p->c[(p->count - 1) & 1], p->last, g);
 }
 
 /* Output blocks [c0, c1) for all rows (or, with fewer output blocks than threads, a thread's
