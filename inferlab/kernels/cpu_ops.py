@@ -1,6 +1,6 @@
 """The C kernels of inferlab/kernels/cpu/ (ops.c, decode_attention.c, decode_prefix.c, matmul.c,
-quant_linear.c, dynamic_linear.c, prefill_attention.c, model_forward.c), built at first use, called
-through ctypes.
+amx_gemm.c, quant_linear.c, dynamic_linear.c, prefill_attention.c, model_forward.c), built at first
+use, called through ctypes.
 
 The library is compiled with the machine's C compiler (`cc`, a few seconds) into
 ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed by the source's hash, and linked against the
@@ -31,7 +31,7 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
-                                         "vnni_gemm.c", "quant_linear.c", "dynamic_linear.c",
+                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h")
