@@ -237,12 +237,13 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
 }
 
 /* y [rows, inter] = silu(gate) * up, the outputs [rows, 2 * inter] of a gate_up layer (W packed
- * by pack_bf16_vnni and bias, if any, the gate's rows first) through silu_and_mul's activation, the same
- * bits, where amx_gemm takes the rows: the activation runs on each block's sums as they leave
- * the tiles, and the gate and up outputs are never stored or read back, nor another parallel
- * region started (30 such layers at 64 rows: 5.7-6.4 -> 4.7-5.3 ms; at 512 rows the
- * activation's arithmetic remains, 26.6-26.9 -> 25.6-25.9 ms). Returns 0, -2 when out of
- * memory, or 1 (nothing done) for rows it leaves to bf16_linear and silu_and_mul. */
+ * by pack_bf16_vnni and bias, if any, the gate's rows first) through silu_and_mul's activation,
+ * the same bits, where amx_gemm takes the rows: the activation runs on each block's sums as they
+ * leave the tiles, beside the next block's products (amx_gemm.c's pending_t), and the gate and
+ * up outputs are never stored or read back, nor another parallel region started (30 such layers
+ * at 64 rows: 5.7-6.4 -> 4.7-5.3 ms; at 512 rows 26.6-26.9 -> 25.6-25.9 ms, and on a faster
+ * day 22.9-24.3 -> 20.7-21.0 ms once the activation ran beside the products). Returns 0, -2 when
+ * out of memory, or 1 (nothing done) for rows it leaves to bf16_linear and silu_and_mul. */
 int bf16_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t *packed,
              const uint16_t *bias, uint16_t *y, int64_t inter, int64_t k_in) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
