@@ -156,7 +156,7 @@ static void prefix_rows_scores(const uint16_t *q, int64_t q_stride, const int32_
         memcpy(qbuf + i * n * s.dim, q + rows[first + i] * q_stride + (h * s.group + g0) * s.dim,
                sizeof(uint16_t) * (size_t)(n * s.dim));
     amx_scaled_scores(qbuf, (const uint32_t *)tiles, s.dim, count * n, shared, scale, w->width,
-                      w->scores);
+                      w->scores, NULL);
 }
 
 /* Tokens [first, first + count) of decode_amx's list, query heads [g0, g0 + n) of KV head h
@@ -194,7 +194,7 @@ static void attend_group(const uint16_t *q, int64_t q_stride, const uint16_t *k_
         const int four = s.dim - d0 >= 64;
         float *prefix = w->prefix_sums + pass * SCRATCH_ROWS * 64;
         amx_values_from_tiles(w->weights, w->width, prefix_values + d0 / 16 * 512, s.dim, shared,
-                              four, prefix);
+                              four, prefix, NULL);
         for (int64_t i = 0; i < count; i++) {
             load_sum_tiles(prefix + i * n * 64);
             amx_values(v_cache, token[i], d0, four, shared, token[i].len, i * n, w);

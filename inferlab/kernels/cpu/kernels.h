@@ -226,6 +226,27 @@ static inline void load_sum_tiles(const float *sums) {
     _tile_loadd(2, sums + 32, 256); _tile_loadd(3, sums + 48, 256);
 }
 
+/* A query tile's softmax, its rows taken a few at a time beside another tile's tile products
+ * (`beside` below; see prefill_attention.c's query_pair): row r < rows sees row_len0 + r
+ * positions of scores, the others none (zero weights); the numerators go to probs as bf16, the
+ * sums to total. The softmax is half of a prefill's attention, and AVX512 runs it while the
+ * tiles multiply (30 layers' attention of 8 prompts of 256 tokens after 512 cached positions:
+ * 117-118 -> 108-110 ms; of a 2,048-token prompt 167-169 -> 162-164 ms; shares finer than a
+ * row, resuming within rows, gave the same). */
+typedef struct {
+    float *scores, *total;
+    uint16_t *probs;
+    int64_t width, rows, row_len0, next;  /* next: the first row not yet done */
+} softmax_rows_t;
+
+static inline void softmax_upto(softmax_rows_t *j, int64_t upto) {
+    if (!j) return;
+    for (; j->next < upto; j->next++) {
+        const int64_t r = j->next, n = r < j->rows ? j->row_len0 + r : 0;
+        j->total[r] = softmax_numerators_ps(j->scores + r * j->width, n, j->probs + r * j->width, j->width);
+    }
+}
+
 /* scores [16][width] = scale * Q K^T for the chunks of 16 positions below `visible` (the first
  * `rows` rows scaled): the prefill's scores, and the decode cascade's over a shared prefix, so
  * that both give a token the same bits. With D = 64 the two query tiles stay loaded and two
@@ -233,10 +254,10 @@ static inline void load_sum_tiles(const float *sums) {
  * amx_weighted_values loads value tiles: a query tile reads each once (a head's keys and
  * values are 128 KiB at 512 positions, more than L1), and loaded plainly they evicted the
  * score and weight rows the softmax works on (prompts of 256 to 768 tokens, alone or after
- * cached positions: 7-13% faster). */
+ * cached positions: 7-13% faster). With beside, that tile's softmax meanwhile. */
 static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim,
                                      int64_t rows, int64_t visible, float scale, int64_t width,
-                                     float *scores) {
+                                     float *scores, softmax_rows_t *beside) {
     const int64_t k_steps = dim / 32, chunks = (visible + 15) / 16;
     int64_t c = 0;
     if (k_steps == 2) {
@@ -254,6 +275,7 @@ static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, i
             _tile_stream_loadd(3, b + 768, 64);
             _tile_dpbf16ps(0, 5, 7);
             _tile_dpbf16ps(1, 5, 3);
+            softmax_upto(beside, 16 * (c + 2) / chunks);
             _tile_stored(0, scores + c * 16, width * 4);
             _tile_stored(1, scores + c * 16 + 16, width * 4);
         }
@@ -265,8 +287,10 @@ static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, i
             _tile_stream_loadd(6, kt + (c * k_steps + k) * 256, 64);
             _tile_dpbf16ps(0, 4, 6);
         }
+        softmax_upto(beside, 16 * (c + 1) / chunks);
         _tile_stored(0, scores + c * 16, width * 4);
     }
+    softmax_upto(beside, 16);
     const __m512 scale_v = _mm512_set1_ps(scale);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t p = 0; p < visible; p += 16)
@@ -274,12 +298,17 @@ static inline void amx_scaled_scores(const uint16_t *qbuf, const uint32_t *kt, i
 }
 
 /* O = P V over layout_head's value tiles, for dims [d0, d0 + 64) (32 when not `four`), into
- * sums [16][64]; v0 at d0's tile. */
+ * sums [16][64]; v0 at d0's tile. With beside, that tile's softmax meanwhile. */
 static inline void amx_values_from_tiles(const uint16_t *probs, int64_t width, const uint16_t *v0,
-                                         int64_t dim, int64_t visible, int four, float *sums) {
+                                         int64_t dim, int64_t visible, int four, float *sums,
+                                         softmax_rows_t *beside) {
+    const int64_t chunks = (visible + 31) / 32;
     _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t c = 0; c * 32 < visible; c++)
+    for (int64_t c = 0; c < chunks; c++) {
         amx_weighted_values(probs + 32 * c, width * 2, v0 + c * (dim / 16) * 512, four);
+        softmax_upto(beside, 16 * (c + 1) / chunks);
+    }
+    softmax_upto(beside, 16);
     store_sum_tiles(sums);
 }
 #endif

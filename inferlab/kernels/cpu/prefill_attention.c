@@ -72,17 +72,19 @@ void layout_head(const uint16_t *k_cache, const uint16_t *v_cache, span_t s, int
 /* scores [16][width] = scale * Q K^T for the tile's rows and the positions below `visible`. On
  * AMX tiles their own order; else summed as decode attention sums them (prefix_scores), so that
  * a token gets the same scores whether it comes in a prompt's chunk, alone as a decode step, or
- * as a speculative draft. */
+ * as a speculative draft. With beside, another tile's softmax meanwhile (done by the return). */
 static void query_scores(const uint16_t *qbuf, const uint32_t *kt, int64_t dim, int64_t rows,
-                         int64_t visible, float scale, int64_t width, float *scores, int amx) {
+                         int64_t visible, float scale, int64_t width, float *scores, int amx,
+                         softmax_rows_t *beside) {
 #if defined(__AMX_BF16__)
     if (amx) {
-        amx_scaled_scores(qbuf, kt, dim, rows, visible, scale, width, scores);
+        amx_scaled_scores(qbuf, kt, dim, rows, visible, scale, width, scores, beside);
         return;
     }
 #endif
     (void)amx;
     prefix_scores(qbuf, round_up(rows, 4), kt, round_up(visible, 16), dim, scale, scores, width);
+    softmax_upto(beside, 16);
 }
 
 /* Scratch of one query tile: the queries [16][D] bf16, scores [16][len] fp32, probabilities
@@ -91,41 +93,76 @@ static size_t tile_scratch_bytes(int64_t max_len, int64_t dim) {
     return (size_t)(16 * dim * 2 + 16 * round_up(max_len, 32) * 6 + 16 * 64 * 4 + 64);
 }
 
-/* Rows [t0, t0 + 16) of query head `qh` (new tokens t0.. of a sequence whose first new token is
- * at position `context`, its row in q at q0) against the head's tiles. */
-static void query_tile(const uint16_t *q, int64_t q_stride, int64_t q0, int64_t q_len,
-                       int64_t context, int64_t t0, int64_t qh, span_t s, float scale,
-                       const uint8_t *tiles, uint8_t *scratch, uint16_t *out, int64_t num_heads,
-                       int amx) {
-    const int64_t rows = q_len - t0 < 16 ? q_len - t0 : 16;
-    const int64_t visible = context + t0 + rows, width = round_up(visible, 32);  /* the last row's */
-    const uint32_t *kt = (const uint32_t *)tiles;
-    const uint16_t *vp = (const uint16_t *)(tiles + key_tile_bytes(s.len, s.dim));
-    uint16_t *qbuf = (uint16_t *)scratch;
-    float *scores = (float *)(qbuf + 16 * s.dim);
-    uint16_t *probs = (uint16_t *)(scores + 16 * width);
-    float *sums = (float *)(probs + 16 * width), *total = sums + 16 * 64;
+/* Rows [t0, t0 + 16) of query head `qh` of a sequence (its first new token at position context,
+ * its row in q at q0) against its KV head's tiles (span s, head s.h0), in scratch of its own. */
+typedef struct {
+    span_t s;
+    const uint8_t *tiles;
+    uint16_t *qbuf;
+    float *sums;
+    int64_t q0, t0, qh, rows, visible, width;
+    softmax_rows_t softmax;
+} query_tile_t;
+
+static query_tile_t query_tile(span_t s, const uint8_t *tiles, int64_t q0, int64_t q_len,
+                               int64_t t0, int64_t qh, uint8_t *scratch) {
+    query_tile_t t = {.s = s, .tiles = tiles, .q0 = q0, .t0 = t0, .qh = qh};
+    const int64_t context = s.len - q_len;
+    t.rows = q_len - t0 < 16 ? q_len - t0 : 16;
+    t.visible = context + t0 + t.rows;  /* the last row's */
+    t.width = round_up(t.visible, 32);
+    t.qbuf = (uint16_t *)scratch;
+    float *scores = (float *)(t.qbuf + 16 * s.dim);
+    uint16_t *probs = (uint16_t *)(scores + 16 * t.width);
+    t.sums = (float *)(probs + 16 * t.width);
+    t.softmax = (softmax_rows_t){scores, t.sums + 16 * 64, probs, t.width, t.rows, context + t0 + 1, 0};
+    return t;
+}
+
+/* The tile's scores, with `beside` another tile's softmax meanwhile. */
+static void tile_scores(query_tile_t *t, const uint16_t *q, int64_t q_stride, float scale, int amx,
+                        softmax_rows_t *beside) {
+    const int64_t dim = t->s.dim;
     for (int64_t r = 0; r < 16; r++) {  /* rows past the chunk's end: zeros, never stored */
-        if (r < rows) memcpy(qbuf + r * s.dim, q + (q0 + t0 + r) * q_stride + qh * s.dim, (size_t)s.dim * 2);
-        else memset(qbuf + r * s.dim, 0, (size_t)s.dim * 2);
+        if (r < t->rows) memcpy(t->qbuf + r * dim, q + (t->q0 + t->t0 + r) * q_stride + t->qh * dim, (size_t)dim * 2);
+        else memset(t->qbuf + r * dim, 0, (size_t)dim * 2);
     }
-    query_scores(qbuf, kt, s.dim, rows, visible, scale, width, scores, amx);
-    for (int64_t r = 0; r < 16; r++) {
-        const int64_t n = r < rows ? context + t0 + r + 1 : 0;  /* positions this row sees */
-        total[r] = softmax_numerators_ps(scores + r * width, n, probs + r * width, width);
-    }
-    for (int64_t d0 = 0; d0 < s.dim; d0 += 64) {
-        const int four = s.dim - d0 >= 64;  /* else 32 dims: two tiles */
+    query_scores(t->qbuf, (const uint32_t *)t->tiles, dim, t->rows, t->visible, scale, t->width,
+                 t->softmax.scores, amx, beside);
+}
+
+/* The tile's outputs (its softmax finished first, where no other tile's products ran it), with
+ * `beside` another tile's softmax meanwhile. */
+static void tile_outputs(query_tile_t *t, uint16_t *out, int64_t num_heads, int amx,
+                         softmax_rows_t *beside) {
+    const int64_t dim = t->s.dim;
+    const uint16_t *vp = (const uint16_t *)(t->tiles + key_tile_bytes(t->s.len, dim));
+    softmax_upto(&t->softmax, 16);
+    for (int64_t d0 = 0; d0 < dim; d0 += 64) {
+        const int four = dim - d0 >= 64;  /* else 32 dims: two tiles */
 #if defined(__AMX_BF16__)
-        if (amx) amx_values_from_tiles(probs, width, vp + d0 / 16 * 512, s.dim, visible, four, sums);
+        if (amx) amx_values_from_tiles(t->softmax.probs, t->width, vp + d0 / 16 * 512, dim, t->visible,
+                                       four, t->sums, beside);
         else
 #endif
-            vnni_product(probs, width, rows, round_up(visible, 32) / 2, vp + d0 / 16 * 512, 512, 32,
-                         s.dim / 16 * 512, four ? 4 : 2, sums, 64);
-        for (int64_t r = 0; r < rows; r++)
-            store_divided(sums + r * 64, four ? 64 : 32, total[r],
-                          out + (q0 + t0 + r) * num_heads * s.dim + qh * s.dim + d0);
+            vnni_product(t->softmax.probs, t->width, t->rows, round_up(t->visible, 32) / 2,
+                         vp + d0 / 16 * 512, 512, 32, dim / 16 * 512, four ? 4 : 2, t->sums, 64);
+        softmax_upto(beside, 16);
+        for (int64_t r = 0; r < t->rows; r++)
+            store_divided(t->sums + r * 64, four ? 64 : 32, t->softmax.total[r],
+                          out + (t->q0 + t->t0 + r) * num_heads * dim + t->qh * dim + d0);
     }
+}
+
+/* Two query tiles of a thread in turn (b may be NULL): a's softmax runs beside b's score
+ * products and b's beside a's output products, on AVX512 while the AMX tiles multiply (each
+ * tile's own sums as before). */
+static void query_pair(query_tile_t *a, query_tile_t *b, const uint16_t *q, int64_t q_stride,
+                       float scale, uint16_t *out, int64_t num_heads, int amx) {
+    tile_scores(a, q, q_stride, scale, amx, NULL);
+    if (b) tile_scores(b, q, q_stride, scale, amx, &a->softmax);
+    tile_outputs(a, out, num_heads, amx, b ? &b->softmax : NULL);
+    if (b) tile_outputs(b, out, num_heads, amx, NULL);
 }
 
 int prefill_attention_fits(int64_t dim) { return dim % 32 == 0 && dim <= 256; }
@@ -175,21 +212,29 @@ int paged_prefill_attention(const uint16_t *q, int64_t q_stride, const uint16_t 
         }
 #pragma omp parallel reduction(+ : failed)
         {
-            uint8_t *scratch = alloc_lines(tile_scratch_bytes(max_len, dim));
+            const size_t scratch_bytes = tile_scratch_bytes(max_len, dim);
+            uint8_t *scratch = alloc_lines(2 * scratch_bytes);
             failed += scratch == NULL;
             if (scratch && amx) amx_configure_tiles();
+            const int64_t tasks = first_task[num_seqs];
 #pragma omp for schedule(dynamic, 1)
-            for (int64_t task = 0; task < first_task[num_seqs]; task++) {
+            for (int64_t pair = 0; pair < (tasks + 1) / 2; pair++) {
                 if (!scratch) continue;
-                int64_t i = 0;
-                while (first_task[i + 1] <= task) i++;
-                const int64_t b = seqs[i], local = task - first_task[i];
-                const int64_t qh = local % num_heads, t0 = local / num_heads * 16, h = qh / group;
-                const int64_t q0 = query_start_loc[b], q_len = query_start_loc[b + 1] - q0;
-                span_t s = {block_tables + b * table_stride, seq_lens[b], h, h + 1, group,
-                            num_kv_heads, dim, block_size};
-                query_tile(q, q_stride, q0, q_len, seq_lens[b] - q_len, t0, qh, s, scale,
-                           tiles + offset[i * num_kv_heads + h], scratch, out, num_heads, amx);
+                query_tile_t tile[2];
+                for (int64_t k = 0; k < 2 && 2 * pair + k < tasks; k++) {
+                    const int64_t task = 2 * pair + k;
+                    int64_t i = 0;
+                    while (first_task[i + 1] <= task) i++;
+                    const int64_t b = seqs[i], local = task - first_task[i];
+                    const int64_t qh = local % num_heads, t0 = local / num_heads * 16, h = qh / group;
+                    const int64_t q0 = query_start_loc[b], q_len = query_start_loc[b + 1] - q0;
+                    const span_t s = {block_tables + b * table_stride, seq_lens[b], h, h + 1, group,
+                                      num_kv_heads, dim, block_size};
+                    tile[k] = query_tile(s, tiles + offset[i * num_kv_heads + h], q0, q_len, t0, qh,
+                                         scratch + k * scratch_bytes);
+                }
+                query_pair(&tile[0], 2 * pair + 1 < tasks ? &tile[1] : NULL, q, q_stride, scale, out,
+                           num_heads, amx);
             }
             if (scratch && amx) amx_release_tiles();
             free(scratch);
