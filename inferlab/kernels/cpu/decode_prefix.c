@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "attention_tiles.h"
 #include "decode_tiles.h"
 #include "kernels.h"
 
