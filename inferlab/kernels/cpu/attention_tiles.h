@@ -22,6 +22,27 @@ static inline void store_divided(const float *sums, int64_t dims, float total, u
     for (int64_t d = 0; d < dims; d += 16) store_bf16(out + d, _mm512_mul_ps(_mm512_loadu_ps(sums + d), inv));
 }
 
+/* A query tile's softmax, its rows taken a few at a time beside another tile's tile products
+ * (`beside` below; see prefill_attention.c's query_pair): row r < rows sees row_len0 + r
+ * positions of scores, the others none (zero weights); the numerators go to probs as bf16, the
+ * sums to total. The softmax is half of a prefill's attention, and AVX512 runs it while the
+ * tiles multiply (30 layers' attention of 8 prompts of 256 tokens after 512 cached positions:
+ * 117-118 -> 108-110 ms; of a 2,048-token prompt 167-169 -> 162-164 ms; shares finer than a
+ * row, resuming within rows, gave the same). */
+typedef struct {
+    float *scores, *total;
+    uint16_t *probs;
+    int64_t width, rows, row_len0, next;  /* next: the first row not yet done */
+} softmax_rows_t;
+
+static inline void softmax_upto(softmax_rows_t *j, int64_t upto) {
+    if (!j) return;
+    for (; j->next < upto; j->next++) {
+        const int64_t r = j->next, n = r < j->rows ? j->row_len0 + r : 0;
+        j->total[r] = softmax_numerators_ps(j->scores + r * j->width, n, j->probs + r * j->width, j->width);
+    }
+}
+
 #if defined(__AMX_BF16__)
 /* C tiles 0-3 += 16 weight rows (bf16, w_bytes apart) over 32 positions times those positions'
  * values in pair tiles 512 elements apart (dims 0-15, 16-31, ...): four tiles, or two (32 dims)
@@ -52,26 +73,6 @@ static inline void load_sum_tiles(const float *sums) {
     _tile_loadd(2, sums + 32, 256); _tile_loadd(3, sums + 48, 256);
 }
 
-/* A query tile's softmax, its rows taken a few at a time beside another tile's tile products
- * (`beside` below; see prefill_attention.c's query_pair): row r < rows sees row_len0 + r
- * positions of scores, the others none (zero weights); the numerators go to probs as bf16, the
- * sums to total. The softmax is half of a prefill's attention, and AVX512 runs it while the
- * tiles multiply (30 layers' attention of 8 prompts of 256 tokens after 512 cached positions:
- * 117-118 -> 108-110 ms; of a 2,048-token prompt 167-169 -> 162-164 ms; shares finer than a
- * row, resuming within rows, gave the same). */
-typedef struct {
-    float *scores, *total;
-    uint16_t *probs;
-    int64_t width, rows, row_len0, next;  /* next: the first row not yet done */
-} softmax_rows_t;
-
-static inline void softmax_upto(softmax_rows_t *j, int64_t upto) {
-    if (!j) return;
-    for (; j->next < upto; j->next++) {
-        const int64_t r = j->next, n = r < j->rows ? j->row_len0 + r : 0;
-        j->total[r] = softmax_numerators_ps(j->scores + r * j->width, n, j->probs + r * j->width, j->width);
-    }
-}
 
 /* scores [16][width] = scale * Q K^T for the chunks of 16 positions below `visible` (the first
  * `rows` rows scaled): the prefill's scores, and the decode cascade's over a shared prefix, so
