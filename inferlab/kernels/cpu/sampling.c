@@ -42,7 +42,7 @@ static inline float weight_of(float x, float top, float inv_temp, float min_p) {
 static float block_weight(const float *x, int64_t n, float top, float inv_temp, float min_p) {
     int64_t c = 0;
     float sum = 0.0f;
-#ifdef __AVX512F__
+#ifdef __AVX512BF16__  /* exp_nonpositive_ps (kernels.h) is there */
     const __m512 top_v = _mm512_set1_ps(top), t_v = _mm512_set1_ps(inv_temp);
     const __m512 floor_v = _mm512_set1_ps(EXP_FLOOR), min_p_v = _mm512_set1_ps(min_p);
     __m512 acc = _mm512_setzero_ps();
