@@ -41,14 +41,18 @@ def test_a_cached_build_is_reused_only_on_the_same_kind_of_cpu(tmp_path, monkeyp
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
-def test_the_kernels_build_and_load_for_a_cpu_without_avx512(tmp_path):
-    """Most of the sources sit behind #ifdef __AVX512BF16__; a helper used outside those guards
-    but defined inside them compiled here with a warning and then failed to load (an undefined
-    symbol) on CPUs without AVX-512. Built for AVX2 only, the library must load."""
+@pytest.mark.parametrize("march", ["x86-64-v3", "skylake-avx512", "cooperlake"])
+def test_the_kernels_build_and_load_for_a_cpu_without_amx(march, tmp_path):
+    """The sources sit behind #ifdef __AVX512BF16__ and __AMX_BF16__; a helper used outside its
+    guard but defined inside it fails to build or to load on the CPUs the guard leaves out, and
+    this machine (with AMX) never sees it: AVX2 only (a helper compiled with a warning, then an
+    undefined symbol), AVX-512 without BF16 (the sampler's vector loop took an exp defined for
+    BF16 only) and AVX-512-BF16 without AMX (the prefill softmax job was defined inside the AMX
+    guard). Built for each, the library must load."""
     import ctypes
 
-    out = tmp_path / "cpu_ops_avx2.so"
-    cmd = [os.environ.get("CC", "cc"), "-O1", "-march=x86-64-v3", "-fopenmp", "-shared", "-fPIC",
+    out = tmp_path / f"cpu_ops_{march}.so"
+    cmd = [os.environ.get("CC", "cc"), "-O1", f"-march={march}", "-fopenmp", "-shared", "-fPIC",
            "-std=gnu11", "-Werror=implicit-function-declaration", "-o", str(out),
            *map(str, cpu_ops.SOURCES), "-lm"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
