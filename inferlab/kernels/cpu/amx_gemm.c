@@ -109,16 +109,15 @@ typedef struct {
  * ~18.3 as plain linears (rows after each k-step's products: 21.6-22.1); a 512-token prefill
  * 67-70 -> 65-68 ms, a 64-token decode step 40.5-40.9 -> 39.9 ms. */
 typedef struct {
-    float (*c)[16 * 16];
+    float (*c)[16 * 16];  /* NULL: no block pending */
     out_block_t o;
     __m512 cs[2], bv[2];
-    int live;
 } pending_t;
 
 static inline __attribute__((always_inline)) pending_t pending_block(float c[4][16 * 16],
                                                                      out_block_t o,
                                                                      const gemm_plan_t *g) {
-    pending_t s = {.c = c, .o = o, .live = 1, .cs = {_mm512_setzero_ps(), _mm512_setzero_ps()}};
+    pending_t s = {.c = c, .o = o, .cs = {_mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int half = 0; half < 2; half++) {
         const int has = half == 0 || o.two_cols;
         const int64_t at = o.col + half * second_tile(&g->b);
@@ -153,7 +152,7 @@ static inline __attribute__((always_inline)) void block_products(
     const a_rows_t *a = &g->a;
     const b_side_t *b = &g->b;
     const int int8 = g->int8;
-    const int64_t row_bytes = a->row_bytes, k_steps = row_bytes / 64;
+    const int64_t row_bytes = a->row_bytes, k_steps = g->k_steps;
     const int in_tail = o.r0 >= a->tail_r0;
     const int64_t a_stride = in_tail ? row_bytes : a->x_stride;
     const uint8_t *a0 = in_tail ? a->tail : a->x + o.r0 * a->x_stride, *a1 = a0 + 16 * a_stride;
@@ -168,7 +167,7 @@ static inline __attribute__((always_inline)) void block_products(
                 _mm_prefetch((const char *)b0 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
                 _mm_prefetch((const char *)b1 + (k + PREFETCH_STEPS * 64) * 16 + 64 * line, _MM_HINT_T0);
             }
-        if (pending->live)  /* the previous block's rows, while this step's products run */
+        if (pending->c)  /* the previous block's rows, while this step's products run */
             pending_rows(pending, g, (int)(k / 64 * 32 / k_steps), (int)((k / 64 + 1) * 32 / k_steps));
         _tile_loadd(4, a0 + k, a_stride);
         if (int8) {
@@ -218,7 +217,7 @@ typedef struct {
 /* The last block multiplied, as the pending block of the next (none before the first). */
 static inline __attribute__((always_inline)) pending_t last_block(const gemm_plan_t *g,
                                                                   gemm_pipe_t *p) {
-    return p->count ? pending_block(p->c[(p->count - 1) & 1], p->last, g) : (pending_t){.live = 0};
+    return p->count ? pending_block(p->c[(p->count - 1) & 1], p->last, g) : (pending_t){.c = NULL};
 }
 
 /* Output blocks [c0, c1) for all rows (or, with fewer output blocks than threads, a thread's
@@ -332,7 +331,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
             chunk = following;
         }
         const pending_t last = last_block(&g, &pipe);
-        if (last.live) pending_rows(&last, &g, 0, 32);
+        if (last.c) pending_rows(&last, &g, 0, 32);
         if (g.stream) _mm_sfence();  /* the streaming stores land before the caller reads y */
         _tile_release();
     }
