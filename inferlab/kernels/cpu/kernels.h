@@ -116,11 +116,11 @@ static inline void store_sums(void *y, int y_elem, __m512 sum) {  /* bf16, or fp
     else store_bf16(y, sum);
 }
 
-/* Whether fp32 sums go to y as streaming stores (amx_rows, amx_gemm): they are a decode batch's logits (12.6 MB at
- * 64 rows of the embedded model), read next by the sampler, and stored past the caches their
- * lines are not first read in for ownership (an engine step's lm_head at 64 rows: 5.35-5.43 ->
- * 3.48-3.76 ms, at 16 rows 2.08-2.13 -> 1.83-1.89 ms). Each store is 16 sums, 64 bytes, so y
- * must start on a cache line. */
+/* Whether fp32 sums go to y as streaming stores (amx_rows, amx_gemm): they are a decode batch's
+ * logits (12.6 MB at 64 rows of the embedded model), read next by the sampler, and stored past
+ * the caches their lines are not first read in for ownership (an engine step's lm_head at 64
+ * rows: 5.35-5.43 -> 3.48-3.76 ms, at 16 rows 2.08-2.13 -> 1.83-1.89 ms). Each store is 16 sums,
+ * 64 bytes, so y must start on a cache line. */
 static inline int streams_sums(const void *y, int y_elem, int64_t n_out) {
     return y_elem == 4 && ((uintptr_t)y & 63) == 0 && n_out % 16 == 0;
 }
