@@ -325,8 +325,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
      * products take half the time of bf16's: with it skipped (results wrong), a W8A8 512-token
      * prefill took 42.6 ms instead of 56, a bf16 one 57 instead of 65. So an int8 block asks for
      * its rows of y, for writing, over its k-steps, before its epilogue stores them: W8A8
-     * prefills 55.3-56.2 -> 53.0-53.6 ms. Asked for in bf16 blocks too, the bf16 prefill took
-     * 67.1-67.8 ms against 65.3-65.5. */
+     * prefills 55.2-55.3 -> 53.0-53.1 ms (builds alternated). Asked for in bf16 blocks too, the
+     * bf16 prefill slowed by 0.4-2.3 ms in each of six alternations (65.3-67.8 -> 67.1-69.0). */
     g.claim_y = g.int8 && !g.stream;
     int64_t claimed = 0;  /* chunks handed out so far */
 #pragma omp parallel
