@@ -58,19 +58,11 @@ static inline float row_absmax(const uint16_t *row, int64_t k_in) {  /* K % 32 =
     return bf16_to_f32((uint16_t)_mm512_reduce_max_epu32(top));
 }
 
-/* Row r + ROWS_AHEAD of x asked for while row r is quantized. x was just written, in part by the
- * other core, and each row's first read (the absmax) waited on it: a W8A8 512-token prefill's
- * 120 quantizations took 4.2-4.3 ms, 2.9-3.1 ms so (1, 4 and 8 rows ahead: 3.2, 3.1, 3.3). */
+/* Row r + ROWS_AHEAD of x asked for while row r is quantized (prefetch_lines). x was just
+ * written, in part by the other core, and each row's first read (the absmax) waited on it: a
+ * W8A8 512-token prefill's 120 quantizations took 4.2-4.3 ms, 2.9-3.1 ms so (1, 4 and 8 rows
+ * ahead: 3.2, 3.1, 3.3). */
 #define ROWS_AHEAD 2
-
-/* always_inline: a plain inline function holding only prefetches counts as having no effect, and
- * GCC 12 dropped its calls. */
-static inline __attribute__((always_inline)) void prefetch_row_ahead(
-        const uint16_t *row, int64_t x_stride, int64_t r, int64_t rows, int64_t k_in) {
-    if (r + ROWS_AHEAD >= rows) return;
-    const char *ahead = (const char *)(row + ROWS_AHEAD * x_stride);
-    for (int64_t byte = 0; byte < k_in * 2; byte += 64) _mm_prefetch(ahead + byte, _MM_HINT_T0);
-}
 
 /* rows of bf16 x -> int8 codes [rows][K] and their scales; the codes XOR flip: 0x80 stores
  * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). 64 codes a
@@ -82,7 +74,7 @@ static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
-        prefetch_row_ahead(row, x_stride, r, rows, k_in);
+        if (r + ROWS_AHEAD < rows) prefetch_lines(row + ROWS_AHEAD * x_stride, k_in * 2);
         /* a static scale can be exceeded: the saturating packs clamp to [-128, 127] */
         const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / 127.0f;
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
@@ -120,7 +112,7 @@ static void quantize_fp8(const uint16_t *x, int64_t x_stride, int64_t rows, int6
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
-        prefetch_row_ahead(row, x_stride, r, rows, k_in);
+        if (r + ROWS_AHEAD < rows) prefetch_lines(row + ROWS_AHEAD * x_stride, k_in * 2);
         const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / FP8_MAX;
         const __m512 scale_v = _mm512_set1_ps(scale);
         for (int64_t k = 0; k < k_in; k += 16)

@@ -216,6 +216,14 @@ static inline __attribute__((always_inline)) void prefetch_share(prefetch_t pf, 
         _mm_prefetch(pf.at + i * 64, _MM_HINT_T1);
 }
 
+/* The lines of [at, at + bytes) asked for into L1: a row that a kernel reads a step or two
+ * later, just written by the kernel before it, in part on the other core. always_inline: a plain
+ * inline function holding only prefetches counts as having no effect, and GCC 12 dropped its
+ * calls. */
+static inline __attribute__((always_inline)) void prefetch_lines(const void *at, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)at + b, _MM_HINT_T0);
+}
+
 /* acc[r][j] = sum over k-pairs kp of row r of a (bf16, a_stride elements apart) times output
  * block j of b, in VNNI pairs: block j's pair kp (16 lanes x 2) at b + j * b_step + kp / 16 *
  * b_group + kp % 16 * b_pair. R <= 6 and NB <= 4 are constants, so the sums stay in registers;

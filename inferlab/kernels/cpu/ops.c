@@ -119,6 +119,11 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
 #pragma omp parallel for schedule(static) if (tokens * heads * dim >= (1 << 16))
     for (int64_t t = 0; t < tokens; t++) {
         const float *c = cos_table + positions[t] * dim, *s = sin_table + positions[t] * dim;
+#ifdef __AVX512BF16__
+        if (t + 2 < tokens)  /* the token two ahead, as the quantization reads rows (a 512-token
+                                prefill's rotary: 1.65-1.66 -> 1.37-1.39 ms) */
+            prefetch_lines((char *)x + (t + 2) * tok_stride * elem, heads * dim * elem);
+#endif
         for (int64_t h = 0; h < heads; h++) {
             char *row = (char *)x + (t * tok_stride + h * dim) * elem;
 #ifdef __AVX512BF16__
