@@ -64,7 +64,7 @@ static inline __attribute__((always_inline)) void prefetch_two_chunks(const uint
     const int64_t bytes = (s.h1 - s.h0) * s.dim * 2;
     for (int64_t p = p0; p < p0 + 32 && p < s.len; p++) {
         const char *at = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
-        for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(at + off, _MM_HINT_T0);
+        prefetch_lines(at, bytes);
     }
 }
 
@@ -95,8 +95,7 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
     for (int i = 0; i < 16; i++) rows[i] = first + (i < n ? i : 0) * row;
     for (int64_t c = p0 + (twice ? 16 : 32); c < p0 + 48 && c < s.len; c += 16) {
         const char *next = (const char *)(cache + kv_offset(s.table, c, s.block_size, s.num_kv_heads, s.h0, s.dim));
-        for (int64_t i = 0; i < 16 && c + i < s.len; i++, next += row * 2)
-            for (int64_t off = 0; off < bytes; off += 64) _mm_prefetch(next + off, _MM_HINT_T0);
+        for (int64_t i = 0; i < 16 && c + i < s.len; i++, next += row * 2) prefetch_lines(next, bytes);
     }
     return n;
 }

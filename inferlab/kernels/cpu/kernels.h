@@ -216,10 +216,10 @@ static inline __attribute__((always_inline)) void prefetch_share(prefetch_t pf, 
         _mm_prefetch(pf.at + i * 64, _MM_HINT_T1);
 }
 
-/* The lines of [at, at + bytes) asked for into L1: a row that a kernel reads a step or two
- * later, just written by the kernel before it, in part on the other core. always_inline: a plain
- * inline function holding only prefetches counts as having no effect, and GCC 12 dropped its
- * calls. */
+/* The lines of [at, at + bytes) asked for into L1: a row a kernel reads a step or two later (one
+ * just written by the kernel before it, in part on the other core; a KV chunk of paged decode
+ * attention). always_inline: a plain inline function holding only prefetches counts as having
+ * no effect, and GCC 12 dropped its calls. */
 static inline __attribute__((always_inline)) void prefetch_lines(const void *at, int64_t bytes) {
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)at + b, _MM_HINT_T0);
 }
