@@ -40,6 +40,7 @@
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
 #define TILE_ROWS 4
 #define LINE 64 /* bytes of one block's weights per step; prefetched 32 steps ahead */
+#define TASK_BLOCKS 2 /* 16-output blocks a task, see quant_kernel */
 
 /* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
  * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
@@ -155,25 +156,27 @@ static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) 
     return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
 }
 
-/* The int32 sums of q * xq over activation block a for NB 16-output blocks, from the unsigned
- * codes u = q + offset (int8: one quad per 64-byte line; int4: two): vpdpbusd multiplies u by
- * each half of xq = 128 hi + lo, and offset * sum(xq) comes off in integers, so nothing
- * cancels in floating point. At most 16 quads of 255 * 2^7 * 4 per half: below 2^29 in all. */
+/* The int32 sums of q * xq over activation block a for a task's 16-output blocks, from the
+ * unsigned codes u = q + offset (int8: one quad per 64-byte line; int4: two): vpdpbusd
+ * multiplies u by each half of xq = 128 hi + lo, and offset * sum(xq) comes off in integers, so
+ * nothing cancels in floating point. At most 16 quads of 255 * 2^7 * 4 per half: below 2^29 in
+ * all. */
 static inline __attribute__((always_inline)) void block_sums(
-        const lines_t w[2], const int BITS, const int NB, const act_t *x, int64_t k, int64_t a,
+        const lines_t w[2], const int BITS, const act_t *x, int64_t k, int64_t a,
         const int ROWS, __m512i sums[2][TILE_ROWS]) {
     const int quads_per_line = BITS == 8 ? 1 : 2;
     const int64_t act_blocks = k / x->block, lines = x->block / (4 * quads_per_line);
     __v16si hi[2][TILE_ROWS], lo[2][TILE_ROWS];  /* see vnni_gemm.c's int8_tile_sums: not __m512i */
-    for (int b = 0; b < NB; b++)
+    for (int b = 0; b < TASK_BLOCKS; b++)
         for (int m = 0; m < ROWS; m++) hi[b][m] = lo[b][m] = (__v16si)_mm512_setzero_si512();
     for (int64_t line = a * lines; line < (a + 1) * lines; line++) {
         __m512i quads[2][2];
-        for (int b = 0; b < NB; b++) {
+        for (int b = 0; b < TASK_BLOCKS; b++) {
             const uint8_t *src = w[b].start + line * w[b].stride;
             /* 32 lines ahead; an int4 pair's stream runs on into the next pair by itself */
             _mm_prefetch(BITS == 4 ? (const char *)src + 32 * w[b].stride
-                                   : task_prefetch_at(w[b].start, line * LINE + 2048, act_blocks * lines * LINE, NB),
+                                   : task_prefetch_at(w[b].start, line * LINE + 2048,
+                                                      act_blocks * lines * LINE, TASK_BLOCKS),
                          _MM_HINT_T0);
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
             else int4_quads(src, quads[b]);
@@ -185,7 +188,7 @@ static inline __attribute__((always_inline)) void block_sums(
                 memcpy(&high, x->hi + at, 4);
                 memcpy(&low, x->lo + at, 4);
                 __m512i hv = _mm512_set1_epi32(high), lv = _mm512_set1_epi32(low);
-                for (int b = 0; b < NB; b++) {
+                for (int b = 0; b < TASK_BLOCKS; b++) {
                     hi[b][m] = (__v16si)_mm512_dpbusd_epi32((__m512i)hi[b][m], quads[b][q], hv);
                     lo[b][m] = (__v16si)_mm512_dpbusd_epi32((__m512i)lo[b][m], quads[b][q], lv);
                 }
@@ -193,24 +196,24 @@ static inline __attribute__((always_inline)) void block_sums(
     }
     for (int m = 0; m < ROWS; m++) {
         __m512i offset = _mm512_set1_epi32((BITS == 8 ? 128 : 8) * x->sum[m * act_blocks + a]);
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < TASK_BLOCKS; b++)
             sums[b][m] = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32((__m512i)hi[b][m], 7), (__m512i)lo[b][m]),
                                           offset);
     }
 }
 
-/* NB (1 or 2) 16-output blocks from b0 (with 2, an odd last block is read twice and written
- * once) for ROWS <= TILE_ROWS rows; BITS, NB and ROWS are constants so the sums stay in
- * registers. Each activation block's integer sums are scaled into the group's fp32 sum; then
- * y += scale * (sum - zero * sum(xq over the group)). */
+/* The TASK_BLOCKS 16-output blocks from b0 (an odd last block is read twice and written once)
+ * for ROWS <= TILE_ROWS rows; BITS and ROWS are constants so the sums stay in registers. Each
+ * activation block's integer sums are scaled into the group's fp32 sum; then y += scale * (sum -
+ * zero * sum(xq over the group)). */
 static inline __attribute__((always_inline)) void quant_blocks(
-        const linear_t *l, const int BITS, const int NB, const act_t *x, const int ROWS, uint16_t *y,
+        const linear_t *l, const int BITS, const act_t *x, const int ROWS, uint16_t *y,
         int64_t b0) {
     const int64_t n = l->n_out, k = l->k_in, blocks = n / 16, act_blocks = k / x->block;
-    const int nb = blocks - b0 < NB ? 1 : NB;
+    const int nb = blocks - b0 < TASK_BLOCKS ? 1 : TASK_BLOCKS;
     const lines_t w[2] = {block_lines(l, BITS, b0), block_lines(l, BITS, b0 + nb - 1)};
     __m512 out[2][TILE_ROWS];
-    for (int b = 0; b < NB; b++)
+    for (int b = 0; b < TASK_BLOCKS; b++)
         for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 sum[2][TILE_ROWS];
@@ -222,20 +225,20 @@ static inline __attribute__((always_inline)) void quant_blocks(
                 if (l->group_zero)
                     _mm_prefetch((const char *)(l->group_zero + (g + 1) * n + (b0 + b) * 16), _MM_HINT_T0);
             }
-        for (int b = 0; b < NB; b++)
+        for (int b = 0; b < TASK_BLOCKS; b++)
             for (int m = 0; m < ROWS; m++) sum[b][m] = _mm512_setzero_ps();
         for (int64_t a = g * (l->group / x->block); a < (g + 1) * (l->group / x->block); a++) {
             __m512i sums[2][TILE_ROWS];
-            block_sums(w, BITS, NB, x, k, a, ROWS, sums);
+            block_sums(w, BITS, x, k, a, ROWS, sums);
             for (int m = 0; m < ROWS; m++) {
                 const float step = x->scale[m * act_blocks + a];
                 group_xsum[m] += (float)x->sum[m * act_blocks + a] * step;
-                for (int b = 0; b < NB; b++)
+                for (int b = 0; b < TASK_BLOCKS; b++)
                     sum[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[b][m]), _mm512_set1_ps(step),
                                                 sum[b][m]);
             }
         }
-        for (int b = 0; b < NB; b++) {
+        for (int b = 0; b < TASK_BLOCKS; b++) {
             const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
             __m512 scale = bf16x16_to_f32(l->group_scale + g * n + col);
             for (int m = 0; m < ROWS; m++) {
@@ -271,22 +274,22 @@ static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, 
     int32_t *xsum = (int32_t *)(xscale + rows * act_blocks);
     quantize_activations(x, x_stride, rows, k, block, xhi, xhi + rows * k, xscale, xsum);
     const act_t act = {xhi, xhi + rows * k, xscale, xsum, block};
-    /* int8 at one row: a block a task, so that each thread reads one weight stream, ~10% faster
-     * from memory than two streams 9-25 KB apart on an AMD EPYC (Zen 5). For int4, or more rows,
-     * a block a task was no faster from memory and slower from cache: they keep two blocks a
-     * task, which share each broadcast of the activations. */
-    const int64_t step = rows == 1 && l->kind == LINEAR_INT8 ? 1 : 2;
+    /* Two blocks a task, which share each broadcast of the activations: a thread reads two
+     * weight streams. On an Intel Xeon with AMX, int8 at one row went faster than with one block
+     * a task (the model's W8A16 linears at 1.10-1.13x of a plain read of their bytes, against
+     * 1.15-1.19x; decode steps 1.49-1.52x -> 1.57-1.61x as fast as bf16's); on an AMD EPYC
+     * (Zen 5), one stream a thread had been ~5-10% faster for int8 (session 19). */
 #pragma omp parallel for schedule(static)
-    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += step) {
+    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += TASK_BLOCKS) {
         switch ((int)rows + (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS)) {
-        case 1: quant_blocks(l, 8, 1, &act, 1, y, b0); break;
-        case 2: quant_blocks(l, 8, 2, &act, 2, y, b0); break;
-        case 3: quant_blocks(l, 8, 2, &act, 3, y, b0); break;
-        case 4: quant_blocks(l, 8, 2, &act, 4, y, b0); break;
-        case 5: quant_blocks(l, 4, 2, &act, 1, y, b0); break;
-        case 6: quant_blocks(l, 4, 2, &act, 2, y, b0); break;
-        case 7: quant_blocks(l, 4, 2, &act, 3, y, b0); break;
-        default: quant_blocks(l, 4, 2, &act, 4, y, b0); break;
+        case 1: quant_blocks(l, 8, &act, 1, y, b0); break;
+        case 2: quant_blocks(l, 8, &act, 2, y, b0); break;
+        case 3: quant_blocks(l, 8, &act, 3, y, b0); break;
+        case 4: quant_blocks(l, 8, &act, 4, y, b0); break;
+        case 5: quant_blocks(l, 4, &act, 1, y, b0); break;
+        case 6: quant_blocks(l, 4, &act, 2, y, b0); break;
+        case 7: quant_blocks(l, 4, &act, 3, y, b0); break;
+        default: quant_blocks(l, 4, &act, 4, y, b0); break;
         }
     }
     free(xhi);
