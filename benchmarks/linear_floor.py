@@ -17,7 +17,10 @@ the same minute. Compiles a small C file with the system's `cc` that calls the e
 `linear_forward` through a function pointer, so the kernels measured are the library the engine
 loads.
 
-    .venv/bin/python benchmarks/linear_floor.py [MODEL] [--schemes W8A16,W4A16] [--turns 20]
+With `--rows N` the linears take N rows a call, as a decode batch of N sequences does: the
+kernels then do N rows of arithmetic on each weight byte, and the read is the bound no more.
+
+    .venv/bin/python benchmarks/linear_floor.py [MODEL] [--schemes W8A16,W4A16] [--turns 20] [--rows 1]
 """
 
 from __future__ import annotations
@@ -86,12 +89,13 @@ int64_t total_code_bytes(const linear_t *ls, int64_t n) {
     return total;
 }
 
-/* Seconds for one pass of the n linears at one row (x, y: scratch wide enough), or -1 when a
- * kernel could not allocate its scratch memory. */
-double time_linears(forward_fn forward, const linear_t *ls, int64_t n, const uint16_t *x, uint16_t *y) {
+/* Seconds for one pass of the n linears at `rows` rows (x [rows][k_max], y: scratch wide
+ * enough), or -1 when a kernel could not allocate its scratch memory. */
+double time_linears(forward_fn forward, const linear_t *ls, int64_t n, const uint16_t *x, int64_t x_stride,
+                    int64_t rows, uint16_t *y) {
     double start = now();
     for (int64_t i = 0; i < n; i++)
-        if (forward(&ls[i], x, ls[i].k_in, 1, y)) return -1.0;
+        if (forward(&ls[i], x, x_stride, rows, y)) return -1.0;
     return now() - start;
 }
 
@@ -114,7 +118,7 @@ def build_harness(workdir: Path) -> ctypes.CDLL:
                     f"-I{cpu_ops.SOURCES[0].parent}", "-o", str(library), str(source)], check=True)
     lib = ctypes.CDLL(str(library))
     lib.time_linears.restype = lib.time_reads.restype = ctypes.c_double
-    lib.time_linears.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64] + [ctypes.c_void_p] * 2
+    lib.time_linears.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
     lib.time_reads.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p]
     lib.flush_caches.argtypes = [ctypes.c_void_p, ctypes.c_int64]
     lib.total_code_bytes.restype = ctypes.c_int64
@@ -134,17 +138,18 @@ def variant_linears(model: str | None, schemes: list[str], group_size: int) -> t
     return variants, group
 
 
-def interleaved_seconds(harness: ctypes.CDLL, descs: dict, turns: int) -> dict[tuple[str, str], list[float]]:
+def interleaved_seconds(harness: ctypes.CDLL, descs: dict, turns: int,
+                        rows: int) -> dict[tuple[str, str], list[float]]:
     """(variant, "kernel" or "read") -> seconds of each turn's pass, every pass after a flush."""
     forward = ctypes.cast(cpu_ops._library().linear_forward, ctypes.c_void_p)
-    x = torch.randn(max(d.k_in for ds in descs.values() for d in ds)).to(torch.bfloat16)
-    y = torch.empty(max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
+    x = torch.randn(rows, max(d.k_in for ds in descs.values() for d in ds)).to(torch.bfloat16)
+    y = torch.empty(rows, max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
     junk, sink = torch.ones(FLUSH_BYTES, dtype=torch.uint8), ctypes.c_int32(0)
     times: dict[tuple[str, str], list[float]] = {}
     for _ in range(turns):
         for name, ds in descs.items():
             harness.flush_caches(junk.data_ptr(), FLUSH_BYTES)
-            seconds = harness.time_linears(forward, ds, len(ds), x.data_ptr(), y.data_ptr())
+            seconds = harness.time_linears(forward, ds, len(ds), x.data_ptr(), x.stride(0), rows, y.data_ptr())
             if seconds < 0:
                 raise MemoryError("linear_forward could not allocate its scratch memory")
             times.setdefault((name, "kernel"), []).append(seconds)
@@ -159,7 +164,10 @@ def main() -> None:
     parser.add_argument("--schemes", default="W8A16,W4A16")
     parser.add_argument("--group-size", type=int, default=128)
     parser.add_argument("--turns", type=int, default=20)
+    parser.add_argument("--rows", type=int, default=1, help="rows a call (a decode batch)")
     args = parser.parse_args()
+    if args.rows < 1:
+        raise SystemExit("--rows must be at least 1")
     if not (cpu_ops.quant_linear_available() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)):
         raise SystemExit("the C linear kernels are not available on this machine")
     variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)
@@ -168,9 +176,9 @@ def main() -> None:
              for name, ms in variants.items()}
     with tempfile.TemporaryDirectory() as tmp:
         harness = build_harness(Path(tmp))
-        times = interleaved_seconds(harness, descs, args.turns)
+        times = interleaved_seconds(harness, descs, args.turns, args.rows)
     codes = {name: harness.total_code_bytes(ds, len(ds)) for name, ds in descs.items()}
-    print(f"{len(descs['bf16'])} decoder linears at one row, caches flushed before each pass, "
+    print(f"{len(descs['bf16'])} decoder linears at {args.rows} row(s), caches flushed before each pass, "
           f"medians of {args.turns} turns (group size {group})")
     print(f"{'variant':10} {'kernel ms':>10} {'GB/s':>6} {'read ms':>8} {'GB/s':>6} {'kernel / read':>14}")
     for name in descs:

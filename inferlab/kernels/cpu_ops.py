@@ -31,10 +31,10 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
-                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "dynamic_linear.c",
+                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c",
                                          "sampling.c"))
-HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h")
+HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
 MAX_HEAD_DIM = 512  # the rotary kernel's stack buffers
 

@@ -34,7 +34,9 @@ def library_dequantize(qw) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("name", "group", "asym", "cls"), WEIGHT_ONLY)
-@pytest.mark.parametrize("rows", [1, 3, 64])  # the kernel path and the dequantizing path
+# 2 x rows: the register kernel, its groups of 4 rows, AMX tiles (where the CPU has them), the
+# dequantizing path
+@pytest.mark.parametrize("rows", [1, 3, 20, 64])
 def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows) -> None:
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(96, 128, generator=gen)
@@ -84,7 +86,7 @@ def test_rounded_activations_keep_values_near_the_block_maximum() -> None:
 @pytest.mark.parametrize(("name", "group", "asym"), [("W8A16", 128, False), ("W8A16", 128, True),
                                                      ("W4A16", 8, False), ("W4A16", 32, False), ("W4A16", 64, True),
                                                      ("W4A16", 128, False)])
-@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 40])
 def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) -> None:
     """bf16 decode rows through quant_linear.c: the product of the inputs, rounded as the kernels
     specify (rounded_activations, 14-bit codes), and the weight the layer holds (codes, zero
@@ -107,17 +109,36 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
 
 
 @needs_quant_kernels
+@pytest.mark.parametrize(("name", "group", "asym"), [("W8A16", 128, False), ("W8A16", 128, True),
+                                                     ("W4A16", 32, False), ("W4A16", 64, True),
+                                                     ("W4A16", 128, False)])
+def test_c_decode_rows_get_the_bits_they_get_alone(name, group, asym) -> None:
+    """Up to 64 rows (a decode batch) each row's output is the one it gets alone, whichever path
+    the count takes (the register kernel, its groups of 4 rows, AMX int8 tiles): a request's
+    tokens do not depend on the batch it shares a step with. Rows of different magnitudes, a
+    zero block, an odd last block pair, and a bias."""
+    gen = torch.Generator().manual_seed(group)
+    qw = quantize_rtn(torch.randn(208, 256, generator=gen), make_scheme(name, group, asym).weights)
+    layer = build_quant_linear(qw, None, torch.randn(208, generator=gen).to(torch.bfloat16), torch.bfloat16)
+    x = (torch.randn(64, 256, generator=gen) * torch.rand(64, 1, generator=gen) * 8).to(torch.bfloat16)
+    x[3, 64:128] = 0
+    alone = torch.cat([layer(row[None]) for row in x])
+    for rows in (5, 12, 13, 16, 17, 33, 64):
+        assert torch.equal(layer(x[:rows]), alone[:rows]), rows
+
+
+@needs_quant_kernels
 @pytest.mark.parametrize("name", ["W8A16", "W4A16"])
 @pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float32])
 def test_c_dequantizing_path_matches_the_held_weight(name: str, scale_dtype: torch.dtype) -> None:
-    """More than four rows: the weight dequantized to bf16, then the bf16 GEMM. The layer holds
+    """More than 64 rows: the weight dequantized to bf16, then the bf16 GEMM. The layer holds
     bf16 scales: a bf16 checkpoint's (what `inferlab quantize` writes for a bf16 model) as they
     are, fp32 ones rounded once."""
     gen = torch.Generator().manual_seed(5)
     qw = quantize_rtn(torch.randn(112, 128, generator=gen), make_scheme(name, 32, True).weights, scale_dtype)
     bias = torch.randn(112, generator=gen).to(torch.bfloat16)  # 7 blocks: an odd last one
     layer = build_quant_linear(qw, None, bias, torch.bfloat16)
-    x = torch.randn(40, 128, generator=gen).to(torch.bfloat16)
+    x = torch.randn(80, 128, generator=gen).to(torch.bfloat16)
     weight_bf16 = held_weight(layer).to(torch.bfloat16).double()
     expected = x.double() @ weight_bf16.T + bias.double()
     torch.testing.assert_close(layer(x).double(), expected, rtol=2 ** -8, atol=1e-3)

@@ -17,18 +17,25 @@
  *   a bf16 checkpoint's scales pass unchanged, and int4 in groups of 64 streams 3% fewer bytes
  *   than with fp32 scales (5% faster linears at one row).
  *
- * The activations of up to TILE_ROWS (4) rows are quantized first: 14-bit codes xq with one
- * power-of-two scale per block of up to 64 inputs, 2^(e - 13) for e the exponent of the block's
- * largest |x|, split as 128 hi + lo into two bytes, each multiplied against u. A bf16 value at
- * most 2^6 times smaller than its block's largest keeps all its bits; a smaller one rounds to a
- * multiple of the scale, off by at most 2^-14 of the block's largest. Per activation block the
- * integer sum of q * xq is exact (the offset comes off in integers); per group,
- * y += scale * (sum - zero * sum(xq)). Before, the codes were widened to bf16 for vdpbf16ps:
- * six instructions per int8 k-pair (W8A16 streamed ~18 GB/s) and eleven per int4 line at one
- * row (~14 GB/s).
+ * The activations of a decode batch (up to KERNEL_MAX_ROWS rows) are quantized first: 14-bit
+ * codes xq with one power-of-two scale per block of up to 64 inputs, 2^(e - 13) for e the
+ * exponent of the block's largest |x|, split as 128 hi + lo into two bytes, each multiplied
+ * against u. A bf16 value at most 2^6 times smaller than its block's largest keeps all its bits;
+ * a smaller one rounds to a multiple of the scale, off by at most 2^-14 of the block's largest.
+ * Per activation block the integer sum of q * xq is exact (the offset comes off in integers);
+ * per group, y += scale * (sum - zero * sum(xq)). Before, the codes were widened to bf16 for
+ * vdpbf16ps: six instructions per int8 k-pair (W8A16 streamed ~18 GB/s) and eleven per int4
+ * line at one row (~14 GB/s).
  *
- * More rows dequantize the weight into matmul.c's bf16 layout once per call and take bf16_gemm
- * (AMX tiles, else vnni_gemm.c's register tiles), which a prefill is bound by the arithmetic of.
+ * Then each task of two output blocks takes its rows TILE_ROWS (4) at a time, the weights read
+ * from memory for the first rows only; from 13 rows, on a CPU with AMX, quant_tiles.c takes
+ * them with the same bits. A row's output thus does not depend on how many rows came with it,
+ * and a decode batch reads the compressed weights: the model's linears at 16 rows took 14.0
+ * (W8A16) and 10.8 ms (W4A16) dequantized as below, against 6.6 and 7.4 ms (bf16: 7.8).
+ *
+ * More rows (a prompt's) dequantize the weight into matmul.c's bf16 layout once per call and
+ * take bf16_gemm (AMX tiles, else vnni_gemm.c's register tiles), which a prefill is bound by the
+ * arithmetic of.
  */
 #include <math.h>
 #include <stdint.h>
@@ -36,24 +43,11 @@
 #include <string.h>
 
 #include "kernels.h"
+#include "quant_linear.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-#define TILE_ROWS 4
-#define LINE 64 /* bytes of one block's weights per step; prefetched 32 steps ahead */
 #define TASK_BLOCKS 2 /* 16-output blocks a task, see quant_kernel */
-
-/* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
- * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
-static inline __attribute__((always_inline)) void int4_quads(const uint8_t *src, __m512i quads[2]) {
-    const __m512i nibble = _mm512_set1_epi8(0xf);
-    __m512i bytes = _mm512_loadu_si512(src);
-    quads[0] = _mm512_and_si512(bytes, nibble);
-#ifdef __GFNI__  /* each byte shifted right by 4 in one instruction: an affine map over GF(2) */
-    quads[1] = _mm512_gf2p8affine_epi64_epi8(bytes, _mm512_set1_epi64(0x1020408000000000LL), 0);
-#else
-    quads[1] = _mm512_and_si512(_mm512_srli_epi16(bytes, 4), nibble);
-#endif
-}
+#define KERNEL_MAX_ROWS 64 /* more rows: the weight dequantized, then the bf16 GEMM */
 
 /* A quad of unsigned bytes (16 outputs x 4 inputs) -> its two input pairs as 16-bit words in
  * the VNNI pair layout (word 2j + t: output j, input t), zero-extended: within each 32-bit
@@ -90,13 +84,6 @@ static inline __attribute__((always_inline)) void decode_line(const uint8_t *src
     }
 }
 
-/* Inputs per activation scale: the largest power of two up to 64 dividing the group. */
-static int64_t act_block(const linear_t *l) {
-    int64_t block = 64;
-    while (l->group % block) block /= 2;
-    return block;
-}
-
 /* Rows of bf16 x -> 14-bit integer codes xq, split as xq = 128 hi + lo (hi signed, lo in
  * [0, 128)) into xhi, xlo [rows][K], with one power-of-two scale 2^(e - 13) per block (e the
  * exponent of the block's largest |x|) and each block's sum of codes: xscale, xsum
@@ -107,6 +94,7 @@ static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t ro
                                  int32_t *xsum) {
     const __m512 sign = _mm512_set1_ps(-0.0f);
     const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
+#pragma omp parallel for schedule(static) if (rows > TILE_ROWS)
     for (int64_t m = 0; m < rows; m++)
         for (int64_t b = 0; b < k / block; b++) {
             const uint16_t *src = x + m * x_stride + b * block;
@@ -133,27 +121,10 @@ static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t ro
         }
 }
 
-/* A decode row's activations as the kernels take them (quantize_activations). */
-typedef struct {
-    const int8_t *hi, *lo;  /* [rows][K] */
-    const float *scale;  /* [rows][K / block] */
-    const int32_t *sum;  /* [rows][K / block] */
-    int64_t block;
-} act_t;
-
-/* Where block b's weight lines start and how many bytes apart they are (see the layouts
- * above): int4 pairs of blocks alternate their lines; int8 blocks follow one another. */
-typedef struct {
-    const uint8_t *start;
-    int64_t stride;
-} lines_t;
-
-static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) {
-    const int64_t block_bytes = l->k_in * 2 * BITS;
-    const uint8_t *weight = (const uint8_t *)l->weight;
-    if (BITS == 8 || (b ^ 1) >= l->n_out / 16)  /* int8, or int4's odd last block */
-        return (lines_t){weight + b * block_bytes, LINE};
-    return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
+/* Rows r0 .. of x's activations, as a kernel for up to TILE_ROWS rows takes them. */
+static inline act_t act_rows(const act_t *x, int64_t k, int64_t r0) {
+    const int64_t per_row = k / x->block;
+    return (act_t){x->hi + r0 * k, x->lo + r0 * k, x->scale + r0 * per_row, x->sum + r0 * per_row, x->block};
 }
 
 /* The int32 sums of q * xq over activation block a for a task's 16-output blocks, from the
@@ -237,7 +208,7 @@ static inline __attribute__((always_inline)) void quant_blocks(
             block_sums(w, BITS, x, k, a, ROWS, sums);
             for (int m = 0; m < ROWS; m++) {
                 const float step = x->scale[m * act_blocks + a];
-                group_xsum[m] += (float)x->sum[m * act_blocks + a] * step;
+                group_xsum[m] = fmaf((float)x->sum[m * act_blocks + a], step, group_xsum[m]);
                 for (int b = 0; b < TASK_BLOCKS; b++)
                     sum[b][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums[b][m]), _mm512_set1_ps(step),
                                                 sum[b][m]);
@@ -262,41 +233,53 @@ static inline __attribute__((always_inline)) void quant_blocks(
     }
 }
 
-/* Up to TILE_ROWS rows, reading the weights once: the activations quantized, then the kernel.
- * The switch sits inside the parallel loop so that every case inlines its kernel with constant
- * BITS and ROWS: a constant passed into the loop from outside reaches OpenMP's outlined body as
- * a variable. Returns 0, or -2 when out of memory. */
+/* Up to KERNEL_MAX_ROWS rows, reading the weights once: the activations quantized, then the
+ * kernel, TILE_ROWS rows at a time (or quant_tiles.c's). The switch sits inside the parallel
+ * loop so that every case inlines its kernel with constant BITS and ROWS: a constant passed
+ * into the loop from outside reaches OpenMP's outlined body as a variable. Returns 0, or -2 when
+ * out of memory. */
 static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
                         uint16_t *y) {
     const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
-    int8_t *xhi = alloc_lines((size_t)(2 * rows * k));
-    float *xscale = malloc((sizeof(float) + sizeof(int32_t)) * (size_t)(rows * act_blocks));
+    const int tiles = quant_tiles_fit(l, rows);
+    const int64_t padded = tiles ? round_up(rows, 16) : rows;  /* a tile loads 16 rows */
+    int8_t *xhi = alloc_lines((size_t)(2 * padded * k));
+    float *xscale = calloc((size_t)(padded * act_blocks), sizeof(float) + sizeof(int32_t));
     if (!xhi || !xscale) {
         free(xhi);
         free(xscale);
         return -2;
     }
-    int32_t *xsum = (int32_t *)(xscale + rows * act_blocks);
-    quantize_activations(x, x_stride, rows, k, block, xhi, xhi + rows * k, xscale, xsum);
-    const act_t act = {xhi, xhi + rows * k, xscale, xsum, block};
+    int32_t *xsum = (int32_t *)(xscale + padded * act_blocks);
+    quantize_activations(x, x_stride, rows, k, block, xhi, xhi + padded * k, xscale, xsum);
+    const act_t act = {xhi, xhi + padded * k, xscale, xsum, block};
+    if (tiles) {
+        const int status = quant_tiles(l, &act, rows, y);
+        free(xhi);
+        free(xscale);
+        return status;
+    }
     /* Two blocks a task, which share each broadcast of the activations: a thread reads two
      * weight streams. On an Intel Xeon with AMX, int8 at one row went faster than with one block
      * a task (the model's W8A16 linears at 1.10-1.13x of a plain read of their bytes, against
      * 1.15-1.19x; decode steps 1.49-1.52x -> 1.57-1.61x as fast as bf16's); on an AMD EPYC
      * (Zen 5), one stream a thread had been ~5-10% faster for int8 (session 19). */
 #pragma omp parallel for schedule(static)
-    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += TASK_BLOCKS) {
-        switch ((int)rows + (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS)) {
-        case 1: quant_blocks(l, 8, &act, 1, y, b0); break;
-        case 2: quant_blocks(l, 8, &act, 2, y, b0); break;
-        case 3: quant_blocks(l, 8, &act, 3, y, b0); break;
-        case 4: quant_blocks(l, 8, &act, 4, y, b0); break;
-        case 5: quant_blocks(l, 4, &act, 1, y, b0); break;
-        case 6: quant_blocks(l, 4, &act, 2, y, b0); break;
-        case 7: quant_blocks(l, 4, &act, 3, y, b0); break;
-        default: quant_blocks(l, 4, &act, 4, y, b0); break;
+    for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += TASK_BLOCKS)
+        for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
+            const act_t group = act_rows(&act, k, r0);
+            uint16_t *yr = y + r0 * l->n_out;
+            switch ((int)(rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS) + (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS)) {
+            case 1: quant_blocks(l, 8, &group, 1, yr, b0); break;
+            case 2: quant_blocks(l, 8, &group, 2, yr, b0); break;
+            case 3: quant_blocks(l, 8, &group, 3, yr, b0); break;
+            case 4: quant_blocks(l, 8, &group, 4, yr, b0); break;
+            case 5: quant_blocks(l, 4, &group, 1, yr, b0); break;
+            case 6: quant_blocks(l, 4, &group, 2, yr, b0); break;
+            case 7: quant_blocks(l, 4, &group, 3, yr, b0); break;
+            default: quant_blocks(l, 4, &group, 4, yr, b0); break;
+            }
         }
-    }
     free(xhi);
     free(xscale);
     return 0;
@@ -357,7 +340,7 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     if (l->kind == LINEAR_BF16)
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, 2, l->n_out, l->k_in);
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
-    if (rows <= TILE_ROWS) return quant_kernel(l, x, x_stride, rows, y);
+    if (rows <= KERNEL_MAX_ROWS) return quant_kernel(l, x, x_stride, rows, y);
     uint16_t *packed = alloc_lines((size_t)l->n_out * l->k_in * 2);
     if (!packed) return -2;
     dequantize_vnni(l, packed);
