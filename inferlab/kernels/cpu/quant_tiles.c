@@ -46,21 +46,26 @@ static inline __attribute__((always_inline)) void act_block_sums(
     const int64_t k = l->k_in, act_blocks = k / 64, per_group = l->group / 64;
     const int last = (a + 1) % per_group == 0;
     const int64_t g = a / per_group;
-    const __m512 scale = last ? bf16x16_to_f32(l->group_scale + g * l->n_out + col) : _mm512_setzero_ps();
-    const __m512 zero = last && l->group_zero ? bf16x16_to_f32(l->group_zero + g * l->n_out + col) : _mm512_setzero_ps();
+    const __m512 none = _mm512_setzero_ps();
+    const __m512 scale = last ? bf16x16_to_f32(l->group_scale + g * l->n_out + col) : none;
+    const __m512 zero = last && l->group_zero ? bf16x16_to_f32(l->group_zero + g * l->n_out + col)
+                                              : none;
     for (int m = 0; m < 16; m++) {
         const int64_t at = (r0 + m) * act_blocks;
-        const __m512i sums = _mm512_sub_epi32(
-            _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512(hl[0] + m * 16), 7), _mm512_load_si512(hl[1] + m * 16)),
-            _mm512_set1_epi32((BITS == 8 ? 128 : 8) * x->sum[at + a]));
-        __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x->scale[at + a]), _mm512_load_ps(sum[m]));
+        const __m512i hi = _mm512_load_si512(hl[0] + m * 16);
+        const __m512i lo = _mm512_load_si512(hl[1] + m * 16);
+        const __m512i offset = _mm512_set1_epi32((BITS == 8 ? 128 : 8) * x->sum[at + a]);
+        const __m512i sums = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi, 7), lo), offset);
+        __m512 s = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x->scale[at + a]),
+                                   _mm512_load_ps(sum[m]));
         if (!last) {
             _mm512_store_ps(sum[m], s);
             continue;
         }
         if (l->group_zero) {  /* the group's sum of scaled codes, in quant_blocks' order */
             float xsum = 0.0f;
-            for (int64_t i = g * per_group; i <= a; i++) xsum = fmaf((float)x->sum[at + i], x->scale[at + i], xsum);
+            for (int64_t i = g * per_group; i <= a; i++)
+                xsum = fmaf((float)x->sum[at + i], x->scale[at + i], xsum);
             s = _mm512_fnmadd_ps(zero, _mm512_set1_ps(xsum), s);
         }
         _mm512_store_ps(out[m], _mm512_fmadd_ps(scale, s, _mm512_load_ps(out[m])));
@@ -105,14 +110,14 @@ static inline __attribute__((always_inline)) void tile_chunk(
 }
 
 /* A tile takes 16 rows whatever the count: up to 12, the register kernel's groups of 4 rows
- * were as fast or faster (the model's linears at 8 rows: W8A16 5.9 against 6.0 ms on tiles,
- * W4A16 4.8 against 6.7; at 16 rows 8.8 and 8.0 against 6.6 and 7.4). */
+ * were as fast or faster (the model's linears at 8 rows: W8A16 5.9 against 6.0-6.2 ms on
+ * tiles, W4A16 4.8 against 6.7-6.9; at 16 rows 8.8 and 8.0 against 6.6 and 7.4). */
 int quant_tiles_fit(const linear_t *l, int64_t rows) {
     return rows > 3 * TILE_ROWS && act_block(l) == 64 && has_amx();
 }
 
 /* All rows on tiles: each thread a contiguous range of output blocks, in chunks; a chunk's B
- * tiles once (int4 unpacked to the thread's buffer), then each 16 rows. Sets *failed when a
+ * tiles once (int4 unpacked to the thread's buffer), then each 16 rows. Returns 0, or -2 when a
  * thread's buffers could not be allocated. */
 int quant_tiles(const linear_t *l, const act_t *x, int64_t rows, uint16_t *y) {
     int failed = 0;
@@ -126,18 +131,21 @@ int quant_tiles(const linear_t *l, const act_t *x, int64_t rows, uint16_t *y) {
         if (!ok) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         else amx_configure_tiles();
         const int t = omp_get_thread_num(), threads = omp_get_num_threads();
-        for (int64_t b0 = blocks * t / threads; ok && b0 < blocks * (t + 1) / threads; b0 += CHUNK_BLOCKS) {
-            const int64_t end = blocks * (t + 1) / threads, nb = end - b0 < CHUNK_BLOCKS ? end - b0 : CHUNK_BLOCKS;
+        const int64_t end = blocks * (t + 1) / threads;
+        for (int64_t b0 = blocks * t / threads; ok && b0 < end; b0 += CHUNK_BLOCKS) {
+            const int64_t nb = end - b0 < CHUNK_BLOCKS ? end - b0 : CHUNK_BLOCKS;
             const uint8_t *tiles[CHUNK_BLOCKS];
             for (int64_t j = 0; j < nb; j++)
-                tiles[j] = BITS == 8 ? weight_tiles(l, 8, b0 + j, NULL) : weight_tiles(l, 4, b0 + j, buf + j * tile_bytes);
+                tiles[j] = BITS == 8 ? weight_tiles(l, 8, b0 + j, NULL)
+                                     : weight_tiles(l, 4, b0 + j, buf + j * tile_bytes);
             for (int64_t r0 = 0; r0 < rows; r0 += 16) {
                 if (BITS == 8) tile_chunk(l, 8, x, r0, b0, nb, tiles, st);
                 else tile_chunk(l, 4, x, r0, b0, nb, tiles, st);
                 for (int64_t j = 0; j < nb; j++) {
                     const __m512 bias = bias_f32(l->bias ? l->bias + (b0 + j) * 16 : NULL);
                     for (int64_t m = r0; m < rows && m < r0 + 16; m++)
-                        store_bf16(y + m * n + (b0 + j) * 16, _mm512_add_ps(_mm512_load_ps(st->out[j][m - r0]), bias));
+                        store_bf16(y + m * n + (b0 + j) * 16,
+                                   _mm512_add_ps(_mm512_load_ps(st->out[j][m - r0]), bias));
                 }
             }
         }
