@@ -8,7 +8,8 @@
 * FP8_DYNAMIC: this CPU has no fp8 arithmetic (`torch._scaled_mm` measured at ~0.02x bf16), but
   e4m3 values are exact in bf16. bf16 models on a CPU with AVX512-BF16 take the C kernels of
   inferlab/kernels/cpu/dynamic_linear.c (PackedFp8Linear): x rounded to fp8 per token in C, the
-  codes widened in registers for `vdpbf16ps` up to 4 rows, once per call for AMX tiles above.
+  codes widened in registers for `vdpbf16ps` up to 4 rows, a chunk at a time into each thread's
+  L2 for AMX tiles above.
   Elsewhere (fp32 models) torch rounds x and both operands go through `F.linear`, the fp8 weight
   widened per call, never kept wide (Fp8DynamicLinear).
 * Static activations (FP8, or a W8A8 checkpoint with `input_scale`s) take the same layers with

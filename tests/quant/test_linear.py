@@ -239,7 +239,7 @@ def test_c_fp8_decodes_every_code() -> None:
 
 
 @needs_fp8_kernels
-@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40])
+@pytest.mark.parametrize("rows", [1, 2, 4, 5, 40, 100])  # the register kernel, AMX decode- and prompt-wise
 def test_c_fp8_is_the_exact_product_rounded_once(rows: int) -> None:
     """fp8(x) and the fp8 codes are exact in bf16, their products exact, the sums fp32: the
     result is the exact product, scaled, within half a bf16 ulp (plus fp32 summation)."""

@@ -291,7 +291,10 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
 int has_amx(void);
 void amx_configure_tiles(void);  /* every tile 16 rows x 64 bytes, for this thread */
 void amx_release_tiles(void);
-enum { GEMM_INT8 = 1, GEMM_GLU = 2 };  /* amx_gemm's flags */
+enum { GEMM_INT8 = 1, GEMM_GLU = 2, GEMM_FP8 = 4 };  /* amx_gemm's flags */
+/* fp8 (e4m3) codes of `pairs` k-pairs of 16 outputs in the VNNI pair layout -> the same numbers
+ * as bf16 (dynamic_linear.c; amx_gemm widens a GEMM_FP8 weight's chunks with it). */
+void widen_fp8_pairs(const uint8_t *codes, int64_t pairs, uint16_t *wide);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);
