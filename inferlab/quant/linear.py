@@ -7,8 +7,9 @@ and picks its arithmetic by the number of rows in the call:
   inferlab/kernels/cpu/quant_linear.c, in their own layouts (PackedQuantLinear). Up to 64 rows
   (a decode batch) the codes load as `vpdpbusd`'s unsigned operand (AMX int8 tiles from 13
   rows) against 14-bit activation codes, so a decode step reads a half or a quarter of bf16's
-  bytes and each row gets the bits it gets alone; more rows dequantize the weight to bf16 once
-  per call and take the AMX GEMM, which a prefill is bound by the arithmetic of.
+  bytes and each row gets the bits it gets alone; more rows dequantize the weight to bf16 (on
+  AMX a chunk at a time, in each thread's L2) and take the GEMM, which a prefill is bound by the
+  arithmetic of.
 * weight-only elsewhere (fp32 models, CPUs without AVX512-BF16): torch's CPU kernels
   (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`). They read few bytes but do not tile
   well; measured on this 2-core AMX CPU with `benchmarks/quant_speed.py --layer-sweep`

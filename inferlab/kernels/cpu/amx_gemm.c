@@ -1,8 +1,8 @@
 /* The AMX GEMM of bf16 (and int8) linears for more than AMX_MAX_ROWS rows (matmul.c): a
  * prompt's rows, and decode batches of more than 16 tokens. Blocks of 32 rows by 32 outputs,
  * four C tiles each, walked in column chunks whose weights fit in L2; see amx_gemm below. The
- * weights are matmul.c's packed bf16 layout or dynamic_linear.c's int8 one, or fp8 codes in the
- * bf16 layout's order, which each thread widens to bf16 a chunk at a time.
+ * weights are matmul.c's packed bf16 layout or dynamic_linear.c's int8 one, or a compressed
+ * weight that each thread widens to bf16 a chunk at a time (widen_t).
  */
 #include <omp.h>
 #include <stdint.h>
@@ -77,7 +77,7 @@ typedef struct {
     const uint8_t *packed;
     int64_t row_bytes, n_out;  /* n_out: outputs of y */
     int glu;
-    const uint8_t *fp8;  /* GEMM_FP8: the codes, widened a chunk at a time to bf16 at packed */
+    const widen_t *widen;  /* GEMM_WIDEN: the weight, widened a chunk at a time to packed */
 } b_side_t;
 
 static inline int64_t block_outputs(const b_side_t *b) { return b->glu ? 16 : 32; }
@@ -238,11 +238,10 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
     const int64_t c0 = g->by_cols ? chunk * g->chunk_blocks : 0;
     const int64_t c1 = g->by_cols && c0 + g->chunk_blocks < g->col_blocks ? c0 + g->chunk_blocks : g->col_blocks;
     gemm_plan_t widened;
-    if (g->b.fp8) {  /* the chunk's codes as bf16 in this thread's buffer, where its B tiles load */
+    if (g->b.widen) {  /* the chunk's weights as bf16 in this thread's buffer, where its B tiles load */
         const int64_t w0 = c0 * block_outputs(&g->b);
         const int64_t w1 = c1 * block_outputs(&g->b) < g->b.n_out ? c1 * block_outputs(&g->b) : g->b.n_out;
-        const int64_t pairs_per_block = g->b.row_bytes / 4;  /* k-pairs of 16 outputs */
-        widen_fp8_pairs(g->b.fp8 + w0 / 16 * pairs_per_block * 32, (w1 - w0) / 16 * pairs_per_block, wide);
+        g->b.widen->blocks(g->b.widen->weight, w0 / 16, (w1 - w0) / 16, wide);
         widened = *g;
         widened.b.packed = (const uint8_t *)wide - w0 * g->b.row_bytes;
         g = &widened;
@@ -254,7 +253,7 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
     const int64_t outer = cols_outer ? c1 - c0 : r1 - r0, inner = cols_outer ? r1 - r0 : c1 - c0;
     const int64_t k_steps = g->k_steps;
     prefetch_t ahead[2] = {{NULL, 0}, {NULL, 0}};
-    if (g->by_cols && !cols_outer && following < g->chunks && !b->fp8)
+    if (g->by_cols && !cols_outer && following < g->chunks && !b->widen)
         block_weights(b, following * g->chunk_blocks, g->chunk_blocks, ahead);
     const int64_t ahead_per_step = prefetch_per_step(ahead[0], outer * inner * k_steps);
     /* a prompt's rows outer: each thread starts at its own share of the row blocks and goes
@@ -268,7 +267,7 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
         prefetch_t next[2] = {ahead[0], ahead[1]};
         if (cols_outer) {  /* the next output block's weights (widened already: in L2) */
             next[0] = next[1] = (prefetch_t){NULL, 0};
-            if (c0 + i + 1 < c1 && !b->fp8) block_weights(b, c0 + i + 1, 1, next);
+            if (c0 + i + 1 < c1 && !b->widen) block_weights(b, c0 + i + 1, 1, next);
         }
         const prefetch_t next_rows = spread ? row_block_lines(&g->a, r0 + (first_row + i + 1) % outer)
                                             : (prefetch_t){NULL, 0};
@@ -293,9 +292,9 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
  * (packed as pack_bf16_vnni) or int8 ones (flags GEMM_INT8; dynamic_linear.c's
  * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
- * GEMM_FP8: e4m3 codes in pack_bf16_vnni's order (row_bytes still the bf16 rows'), widened
- * (widen_fp8_pairs) a chunk at a time into a buffer of the thread's; returns -2 when a thread's
- * buffer could not be allocated.
+ * GEMM_WIDEN: packed is a widen_t, whose weight each thread widens (row_bytes: the bf16 rows')
+ * a chunk at a time into a buffer of its own; returns -2 when a thread's buffer could not be
+ * allocated.
  * int8 sums are exact int32. With row_scale (and col_scale) given, y = sum * row_scale[r] *
  * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles) by 32 outputs (two B
  * tiles), four C tiles each. With GEMM_GLU, W (col_scale, bias) holds 2N rows, a gate's and an
@@ -315,8 +314,8 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out) {
     gemm_plan_t g = {.a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes},
-                     .b = {flags & GEMM_FP8 ? NULL : (const uint8_t *)packed, row_bytes, n_out,
-                           flags & GEMM_GLU, flags & GEMM_FP8 ? (const uint8_t *)packed : NULL},
+                     .b = {flags & GEMM_WIDEN ? NULL : (const uint8_t *)packed, row_bytes, n_out,
+                           flags & GEMM_GLU, flags & GEMM_WIDEN ? (const widen_t *)packed : NULL},
                      .rows = rows, .k_steps = row_bytes / 64, .threads = omp_get_max_threads(),
                      .int8 = flags & GEMM_INT8, .y_elem = y_elem, .row_scale = row_scale,
                      .col_scale = col_scale, .bias = bias, .y = y};
@@ -349,15 +348,15 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     int failed = 0;
 #pragma omp parallel
     {
-        uint16_t *wide = g.b.fp8 ? alloc_lines((size_t)(g.chunk_blocks * block_outputs(&g.b) * row_bytes)) : NULL;
-        if (g.b.fp8 && !wide) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
+        uint16_t *wide = g.b.widen ? alloc_lines((size_t)(g.chunk_blocks * block_outputs(&g.b) * row_bytes)) : NULL;
+        if (g.b.widen && !wide) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         amx_configure_tiles();
         gemm_pipe_t pipe;
         pipe.count = 0;
         /* a thread claims its next chunk as it starts one, so that going rows outer it can fetch
          * that chunk's weights to L2 over this one's k-steps: the first row block otherwise
          * waits on memory for every weight of the chunk */
-        int64_t chunk = g.b.fp8 && !wide ? g.chunks : __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
+        int64_t chunk = g.b.widen && !wide ? g.chunks : __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
         while (chunk < g.chunks) {
             const int64_t following = __atomic_fetch_add(&claimed, 1, __ATOMIC_RELAXED);
             gemm_chunk(&g, chunk, following, &pipe, wide);

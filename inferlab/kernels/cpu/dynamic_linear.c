@@ -245,8 +245,15 @@ static void kernel_rows(const linear_t *l, const void *xq, const float *x_scale,
     }
 }
 
-void widen_fp8_pairs(const uint8_t *codes, int64_t pairs, uint16_t *wide) {
+static void widen_fp8_pairs(const uint8_t *codes, int64_t pairs, uint16_t *wide) {
     for (int64_t p = 0; p < pairs; p++) _mm512_storeu_si512(wide + p * 32, (__m512i)fp8_pair(codes + p * 32));
+}
+
+/* A widen_t's blocks for an fp8 linear_t: output blocks [first, first + count) as bf16. */
+static void fp8_blocks_widened(const void *weight, int64_t first, int64_t count, uint16_t *dst) {
+    const linear_t *l = weight;
+    const int64_t pairs = l->k_in / 2;  /* a block's k-pairs */
+    widen_fp8_pairs((const uint8_t *)l->weight + first * pairs * 32, count * pairs, dst);
 }
 
 /* The codes as their bf16 values (unscaled) in matmul.c's layout: the same bytes per pair. */
@@ -259,7 +266,7 @@ static void widen_codes(const linear_t *l, uint16_t *packed) {
 
 /* More than TILE_ROWS rows: int8 tiles on the codes (AMX, or AVX512 register tiles), or bf16
  * tiles (the same) on the fp8 codes widened: on AMX a chunk at a time into each thread's L2
- * (amx_gemm's GEMM_FP8; the model's linears at 16 rows 13.0 -> 10.7 ms, at 512 rows 54.5 ->
+ * (amx_gemm's GEMM_WIDEN; the model's linears at 16 rows 13.0 -> 10.7 ms, at 512 rows 54.5 ->
  * 52.8), else the whole weight once. glu (W8A8 on AMX only, see dynamic_glu): y gets silu(gate)
  * * up of the N outputs. Returns 0, or -2 when out of memory. */
 static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
@@ -277,9 +284,11 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         return 0;
     }
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (has_amx())  /* the codes widened chunk by chunk, each chunk in the thread's L2 */
-        return amx_gemm(xq, k * 2, rows, l->weight, k * 2, GEMM_FP8, x_scale, l->scale, l->bias, y, 2,
+    if (has_amx()) {  /* the codes widened chunk by chunk, each chunk in the thread's L2 */
+        const widen_t widen = {fp8_blocks_widened, l};
+        return amx_gemm(xq, k * 2, rows, &widen, k * 2, GEMM_WIDEN, x_scale, l->scale, l->bias, y, 2,
                         l->n_out);
+    }
 #endif
     uint16_t *wide = alloc_lines(sizeof(uint16_t) * (size_t)(l->n_out * k));
     if (!wide) return -2;

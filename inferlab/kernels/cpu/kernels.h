@@ -291,10 +291,14 @@ int bf16_linear(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_
 int has_amx(void);
 void amx_configure_tiles(void);  /* every tile 16 rows x 64 bytes, for this thread */
 void amx_release_tiles(void);
-enum { GEMM_INT8 = 1, GEMM_GLU = 2, GEMM_FP8 = 4 };  /* amx_gemm's flags */
-/* fp8 (e4m3) codes of `pairs` k-pairs of 16 outputs in the VNNI pair layout -> the same numbers
- * as bf16 (dynamic_linear.c; amx_gemm widens a GEMM_FP8 weight's chunks with it). */
-void widen_fp8_pairs(const uint8_t *codes, int64_t pairs, uint16_t *wide);
+enum { GEMM_INT8 = 1, GEMM_GLU = 2, GEMM_WIDEN = 4 };  /* amx_gemm's flags */
+/* A compressed weight that amx_gemm (GEMM_WIDEN) widens to bf16 a chunk at a time: `blocks`
+ * writes output blocks [first, first + count) of `weight` (16 outputs each) to dst in
+ * pack_bf16_vnni's layout. */
+typedef struct {
+    void (*blocks)(const void *weight, int64_t first, int64_t count, uint16_t *dst);
+    const void *weight;
+} widen_t;
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);
