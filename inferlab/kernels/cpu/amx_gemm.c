@@ -292,9 +292,9 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
  * (packed as pack_bf16_vnni) or int8 ones (flags GEMM_INT8; dynamic_linear.c's
  * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
- * GEMM_WIDEN: packed is a widen_t, whose weight each thread widens (row_bytes: the bf16 rows')
- * a chunk at a time into a buffer of its own; returns -2 when a thread's buffer could not be
- * allocated.
+ * GEMM_WIDEN (not with GEMM_GLU, whose blocks take rows N apart): packed is a widen_t, whose
+ * weight each thread widens (row_bytes: the bf16 rows') a chunk at a time into a buffer of its
+ * own; returns -2 when a thread's buffer could not be allocated.
  * int8 sums are exact int32. With row_scale (and col_scale) given, y = sum * row_scale[r] *
  * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles) by 32 outputs (two B
  * tiles), four C tiles each. With GEMM_GLU, W (col_scale, bias) holds 2N rows, a gate's and an
