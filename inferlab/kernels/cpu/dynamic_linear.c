@@ -245,28 +245,18 @@ static void kernel_rows(const linear_t *l, const void *xq, const float *x_scale,
     }
 }
 
-static void widen_fp8_pairs(const uint8_t *codes, int64_t pairs, uint16_t *wide) {
-    for (int64_t p = 0; p < pairs; p++) _mm512_storeu_si512(wide + p * 32, (__m512i)fp8_pair(codes + p * 32));
-}
-
-/* A widen_t's blocks for an fp8 linear_t: output blocks [first, first + count) as bf16. */
+/* A widen_t's blocks for an fp8 linear_t: output blocks [first, first + count), each code's
+ * number as bf16 in matmul.c's layout (the same bytes per pair). */
 static void fp8_blocks_widened(const void *weight, int64_t first, int64_t count, uint16_t *dst) {
     const linear_t *l = weight;
-    const int64_t pairs = l->k_in / 2;  /* a block's k-pairs */
-    widen_fp8_pairs((const uint8_t *)l->weight + first * pairs * 32, count * pairs, dst);
-}
-
-/* The codes as their bf16 values (unscaled) in matmul.c's layout: the same bytes per pair. */
-static void widen_codes(const linear_t *l, uint16_t *packed) {
-    const int64_t pairs = l->n_out / 16 * (l->k_in / 2);
-#pragma omp parallel for schedule(static)
-    for (int64_t p = 0; p < pairs; p += 64)
-        widen_fp8_pairs((const uint8_t *)l->weight + p * 32, pairs - p < 64 ? pairs - p : 64, packed + p * 32);
+    const uint8_t *codes = (const uint8_t *)l->weight + first * (l->k_in / 2) * 32;
+    for (int64_t p = 0; p < count * (l->k_in / 2); p++)
+        _mm512_storeu_si512(dst + p * 32, (__m512i)fp8_pair(codes + p * 32));
 }
 
 /* More than TILE_ROWS rows: int8 tiles on the codes (AMX, or AVX512 register tiles), or bf16
  * tiles (the same) on the fp8 codes widened: on AMX a chunk at a time into each thread's L2
- * (amx_gemm's GEMM_WIDEN; the model's linears at 16 rows 13.0 -> 10.7 ms, at 512 rows 54.5 ->
+ * (widened_gemm; the model's linears at 16 rows 13.0 -> 10.7 ms, at 512 rows 54.5 ->
  * 52.8), else the whole weight once. glu (W8A8 on AMX only, see dynamic_glu): y gets silu(gate)
  * * up of the N outputs. Returns 0, or -2 when out of memory. */
 static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
@@ -283,19 +273,8 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         vnni_gemm(&g, rows);
         return 0;
     }
-#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (has_amx()) {  /* the codes widened chunk by chunk, each chunk in the thread's L2 */
-        const widen_t widen = {fp8_blocks_widened, l};
-        return amx_gemm(xq, k * 2, rows, &widen, k * 2, GEMM_WIDEN, x_scale, l->scale, l->bias, y, 2,
-                        l->n_out);
-    }
-#endif
-    uint16_t *wide = alloc_lines(sizeof(uint16_t) * (size_t)(l->n_out * k));
-    if (!wide) return -2;
-    widen_codes(l, wide);
-    int status = bf16_gemm(xq, k, rows, wide, k, x_scale, l->scale, l->bias, y, 2, l->n_out);
-    free(wide);
-    return status;
+    const widen_t widen = {fp8_blocks_widened, l};
+    return widened_gemm(xq, k, rows, &widen, k, x_scale, l->scale, l->bias, y, l->n_out);
 }
 
 /* y [rows, N] = quantized(x) [rows, K] @ W^T, scaled (+ bias), for LINEAR_W8A8 (K % 64 == 0)

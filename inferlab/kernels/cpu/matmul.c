@@ -219,6 +219,28 @@ int bf16_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const uint16_t 
     return 0;
 }
 
+/* bf16_gemm for a compressed weight w (K = k_in): on AMX widened to bf16 a chunk at a time in
+ * each thread's L2 (amx_gemm's GEMM_WIDEN), else the whole weight widened once per call. The
+ * same bits either way: the tile products do not see where their B tiles came from. Returns 0,
+ * or -2 when out of memory. */
+int widened_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_t *w, int64_t k_in,
+                 const float *row_scale, const float *col_scale, const uint16_t *bias, uint16_t *y,
+                 int64_t n_out) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (has_amx())
+        return amx_gemm(x, x_stride * 2, rows, w, k_in * 2, GEMM_WIDEN, row_scale, col_scale, bias,
+                        y, 2, n_out);
+#endif
+    uint16_t *wide = alloc_lines(sizeof(uint16_t) * (size_t)(n_out * k_in));
+    if (!wide) return -2;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < n_out / 16; b++) w->blocks(w->weight, b, 1, wide + b * 16 * k_in);
+    const int status = bf16_gemm(x, x_stride, rows, wide, k_in, row_scale, col_scale, bias, y, 2,
+                                 n_out);
+    free(wide);
+    return status;
+}
+
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni;
  * y bf16 (y_elem 2) or the fp32 sums unrounded (y_elem 4: logits). Returns 0, or -2 when out of
  * memory. */

@@ -34,11 +34,10 @@
  * (W8A16) and 10.8 ms (W4A16) dequantized as below, against 6.6 and 7.4 ms (bf16: 7.8).
  *
  * More rows (a prompt's) dequantize the weight into matmul.c's bf16 layout and take the bf16
- * GEMM, which a prefill is bound by the arithmetic of: on AMX a chunk at a time into each
- * thread's L2 (amx_gemm's GEMM_WIDEN), else the whole weight once per call (vnni_gemm.c's
- * register tiles then). Chunked, and with the codes prefetched, a 512-token prefill took 71-72
- * ms (W8A16) and 68 (W4A16) against 77.5 and 75 with the whole weight dequantized first (bf16:
- * 67-68).
+ * GEMM, which a prefill is bound by the arithmetic of (widened_gemm: on AMX a chunk at a time
+ * into each thread's L2, else the whole weight once per call). Chunked, and with the codes
+ * prefetched, a 512-token prefill took 71-72 ms (W8A16) and 68 (W4A16) against 77.5 and 75
+ * with the whole weight dequantized first (bf16: 67-68).
  */
 #include <math.h>
 #include <stdint.h>
@@ -332,16 +331,8 @@ static inline __attribute__((always_inline)) void dequantize_block(
     }
 }
 
-static void dequantize_vnni(const linear_t *l, uint16_t *packed) {
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < l->n_out / 16; b++) {
-        if (l->kind == LINEAR_INT8) dequantize_block(l, 8, b, packed + b * (l->k_in / 2) * 32);
-        else dequantize_block(l, 4, b, packed + b * (l->k_in / 2) * 32);
-    }
-}
-
-/* A widen_t's blocks for an int8 or int4 linear_t: output blocks [first, first + count) as
- * dequantize_vnni writes them. */
+/* A widen_t's blocks for an int8 or int4 linear_t: output blocks [first, first + count)
+ * dequantized (dequantize_block). */
 static void dequantized_blocks(const void *weight, int64_t first, int64_t count, uint16_t *dst) {
     const linear_t *l = weight;
     for (int64_t b = first; b < first + count; b++) {
@@ -358,19 +349,8 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
         return bf16_linear(x, x_stride, rows, l->weight, l->bias, y, 2, l->n_out, l->k_in);
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) return dynamic_linear(l, x, x_stride, rows, y);
     if (rows <= KERNEL_MAX_ROWS) return quant_kernel(l, x, x_stride, rows, y);
-#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
-    if (has_amx()) {  /* the weight dequantized chunk by chunk, each chunk in the thread's L2 */
-        const widen_t widen = {dequantized_blocks, l};
-        return amx_gemm(x, x_stride * 2, rows, &widen, l->k_in * 2, GEMM_WIDEN, NULL, NULL, l->bias, y,
-                        2, l->n_out);
-    }
-#endif
-    uint16_t *packed = alloc_lines((size_t)l->n_out * l->k_in * 2);
-    if (!packed) return -2;
-    dequantize_vnni(l, packed);
-    int status = bf16_linear(x, x_stride, rows, packed, l->bias, y, 2, l->n_out, l->k_in);
-    free(packed);
-    return status;
+    const widen_t widen = {dequantized_blocks, l};
+    return widened_gemm(x, x_stride, rows, &widen, l->k_in, NULL, NULL, l->bias, y, l->n_out);
 }
 
 /* y [rows, N/2] = silu(gate) * up of a gate_up layer's outputs [rows, N] (the gate's first), as
