@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import signal
 import subprocess
 import sys
 import time
+import urllib.request
 
 import pytest
 
@@ -54,6 +56,19 @@ def test_run_from_the_command_line_writes_json_and_csv(mock_cli, corpus, tmp_pat
     assert float(rows[1]["floor_ttft_ms_median"]) < float(rows[1]["ttft_ms_median"])
 
 
+def _wait_for_prompts(url: str, proc: subprocess.Popen, timeout_s: float = 120) -> None:
+    """Block until the mock has looked up a prompt: a fixed sleep raced a loaded CI machine,
+    where start-up alone could outlast it and the interrupt then came before any stage."""
+    give_up_at = time.monotonic() + timeout_s
+    while time.monotonic() < give_up_at and proc.poll() is None:
+        with urllib.request.urlopen(url + "/metrics", timeout=10) as response:
+            text = response.read().decode()
+        if re.search(r"^vllm:prefix_cache_queries_total\S* [1-9]", text, re.MULTILINE):
+            return
+        time.sleep(0.1)
+    pytest.fail("the bench run sent no prompt")
+
+
 def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_path):
     out_json = tmp_path / "run.json"
     proc = subprocess.Popen(
@@ -65,7 +80,8 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
         # as in a terminal: a suite started in the background (`make test &`) ignores SIGINT,
         # and its children would inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    time.sleep(4)  # the stage is running by now
+    _wait_for_prompts(mock_cli, proc)
+    time.sleep(1.5)  # ~30 requests at 20/s: the stage is well under way
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
     assert proc.returncode == 130, err
