@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass
 
+from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.sampling_params import check_seed
 from inferlab.engine.spec_decode import SpeculativeConfig
@@ -64,6 +65,7 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InferlabError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        CacheConfig(block_size=self.block_size)  # checks the block size before any model loads
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.num_threads is not None and self.num_threads < 1:

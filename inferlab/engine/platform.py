@@ -7,6 +7,8 @@ import functools
 
 import torch
 
+from inferlab.errors import InferlabError
+
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -65,6 +67,9 @@ def keep_freed_memory() -> bool:
 def resolve_device(device: str) -> torch.device:
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device == "cuda" and not torch.cuda.is_available():
+        raise InferlabError("device cuda: torch sees no CUDA GPU here (a CPU build of torch, "
+                            "or no GPU visible)")
     return torch.device(device)
 
 

@@ -10,6 +10,7 @@ the median (p50 / median). Paths naming errors or cancelled requests are skipped
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -38,8 +39,8 @@ def _leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, .
     if isinstance(obj, dict):
         for key, value in obj.items():
             yield from _leaves(value, (*path, str(key).lower()))
-    elif isinstance(obj, int | float) and not isinstance(obj, bool):
-        yield path, float(obj)
+    elif isinstance(obj, int | float) and not isinstance(obj, bool) and math.isfinite(obj):
+        yield path, float(obj)  # NaN or 1e400 (inf) in a result is no figure
 
 
 def _metric(run: dict[str, Any], name: re.Pattern[str], median: bool) -> float | None:
@@ -136,11 +137,13 @@ def compare(plan: Plan, result: Any) -> list[Comparison]:
 
 def load_bench_result(path: Path) -> Any:
     try:
-        return json.loads(path.read_text())
+        return json.loads(path.read_text(encoding="utf-8"))
     except OSError as e:
         raise InferlabError(f"--compare-bench: cannot read {path}: {e.strerror}") from None
     except json.JSONDecodeError as e:
         raise InferlabError(f"--compare-bench: {path} is not JSON ({e.msg} at line {e.lineno})") from None
+    except UnicodeDecodeError:
+        raise InferlabError(f"--compare-bench: {path} is not UTF-8 text") from None
 
 
 def render_comparisons(comparisons: list[Comparison]) -> str:

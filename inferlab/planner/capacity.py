@@ -31,9 +31,12 @@ def _parse_pairs(text: str, keys: tuple[str, ...], what: str) -> dict[str, float
         if not sep or key.strip() not in keys:
             raise InferlabError(f"{what}: cannot read {part!r}; expected {','.join(k + '=N' for k in keys)}")
         try:
-            values[key.strip()] = float(value)
+            number = float(value)
         except ValueError:
             raise InferlabError(f"{what}: {key.strip()}={value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise InferlabError(f"{what}: {key.strip()}={value!r} is not a finite number")
+        values[key.strip()] = number
     return values
 
 
@@ -139,10 +142,10 @@ def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, m
                   limited_by_memory: bool, tp: int = 1, request_rate: float | None = None,
                   price_per_gpu_hour: float | None = None) -> CapacityPlan:
     """The best batch per replica within the SLO, then replicas for `request_rate`."""
-    if request_rate is not None and request_rate <= 0:
-        raise InferlabError(f"--request-rate must be positive, got {request_rate}")
-    if price_per_gpu_hour is not None and price_per_gpu_hour <= 0:
-        raise InferlabError(f"--price-per-hour must be positive, got {price_per_gpu_hour}")
+    if request_rate is not None and not 0 < request_rate < math.inf:
+        raise InferlabError(f"--request-rate must be positive and finite, got {request_rate}")
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
+        raise InferlabError(f"--price-per-hour must be positive and finite, got {price_per_gpu_hour}")
     best, limited_by = None, "memory" if limited_by_memory else "max_num_seqs"
     for batch in range(1, max_batch + 1):
         point = replica_point(cost, hw, workload, batch, tp)

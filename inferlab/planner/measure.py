@@ -201,10 +201,7 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
 def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3) -> dict[str, Any]:
     """The cached figures if they were measured on this CPU, else a new measurement, cached."""
     if not remeasure and cache_path.is_file():
-        try:
-            cached = json.loads(cache_path.read_text())
-        except (OSError, json.JSONDecodeError):
-            cached = {}
+        cached = _read_cache(cache_path)
         if cached.get("cpu") == cpu_name() and all(k in cached for k in MEASURED_KEYS):
             return cached
     figures = measure_cpu(repeats)
@@ -214,6 +211,21 @@ def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3)
     except OSError as e:
         raise InferlabError(f"cannot write the cpu-local cache {cache_path}: {e}") from None
     return figures
+
+
+def _read_cache(cache_path: Path) -> dict[str, Any]:
+    """The cache's figures; an unreadable cache is measured again and rewritten, but a file
+    that is no cache at all is refused rather than overwritten."""
+    try:
+        cached = json.loads(cache_path.read_text(encoding="utf-8"))
+    except OSError:
+        return {}
+    except ValueError:  # not JSON, or not UTF-8
+        cached = None
+    if not isinstance(cached, dict):
+        raise InferlabError(f"--cache {cache_path}: not a cpu-local cache (a JSON object); "
+                            f"remove it or choose another path")
+    return cached
 
 
 def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:

@@ -97,9 +97,9 @@ def run_quantize(args: argparse.Namespace) -> int:
         from inferlab.quant.calibration import read_text
 
         read_text(args.calib)  # a missing file fails now, not after loading the model
-    if os.path.exists(args.out) and (not os.path.isdir(args.out) or os.listdir(args.out)):
-        raise InferlabError(f"{args.out}: exists and is not empty (choose a new --out)")
-    _check_writable(args.out)
+    if args.batch_size < 1:
+        raise InferlabError(f"--batch-size must be at least 1, got {args.batch_size}")
+    _check_out(args.out)
     if args.threads is not None:
         if args.threads < 1:
             raise InferlabError(f"--threads must be at least 1, got {args.threads}")
@@ -118,10 +118,17 @@ def run_quantize(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_writable(out: str) -> None:
+def _check_out(out: str) -> None:
     """Fail now, not after the quantization, where --out cannot be made: the checkpoint is
-    written beside it (out.partial-PID) and moved into place, so its nearest existing
-    ancestor must take a new directory."""
+    written beside it (out.partial-PID) and moved into place, so it must be new or an empty
+    directory other than the working one, and its nearest existing ancestor must take a new
+    directory."""
+    if not out.strip():
+        raise InferlabError("--out is empty: name the directory to write")
+    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+        raise InferlabError(f"{out}: exists and is not empty (choose a new --out)")
+    if os.path.realpath(out) in (os.path.realpath(os.getcwd()), "/"):
+        raise InferlabError(f"{out}: the working directory cannot be replaced (choose a new --out)")
     parent = os.path.dirname(os.path.abspath(out))
     while not os.path.exists(parent):
         parent = os.path.dirname(parent)

@@ -8,6 +8,7 @@ tensor dense; the tokenizer and chat template are copied along.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -160,6 +161,7 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
     config["quantization_config"] = quantization_config(
         recipe.scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
     staging = f"{os.path.normpath(out_dir)}.partial-{os.getpid()}"
+    made = _missing_parents(staging)
     os.makedirs(staging)
     try:
         save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
@@ -171,7 +173,20 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
         os.replace(staging, out_dir)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        for parent in made:  # deepest first; a folder someone else filled meanwhile stays
+            with contextlib.suppress(OSError):
+                os.rmdir(parent)
         raise
+
+
+def _missing_parents(path: str) -> list[str]:
+    """The folders above `path` that do not exist yet, deepest first."""
+    missing = []
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        missing.append(parent)
+        parent = os.path.dirname(parent)
+    return missing
 
 
 def _write_json(path: str, data: dict[str, Any]) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from inferlab.errors import InferlabError
@@ -60,6 +61,8 @@ class Recipe:
             raise InferlabError(f"--sink-weight must be positive, got {self.sink_weight}")
         if not 0 <= self.smoothquant_alpha <= 1:
             raise InferlabError(f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}")
+        for target in self.ignore:
+            _check_pattern(target)
 
     @property
     def needs_hessian(self) -> bool:
@@ -75,3 +78,12 @@ class Recipe:
         static = (self.scheme is not None and self.scheme.activations is not None
                   and self.scheme.activations.static)
         return static or self.method not in ("rtn", "magnitude")
+
+
+def _check_pattern(target: str) -> None:
+    """An --ignore "re:" pattern that does not compile fails here, before the model loads."""
+    if target.startswith("re:"):
+        try:
+            re.compile(target[3:])
+        except re.error as e:
+            raise InferlabError(f"--ignore {target!r}: not a regular expression ({e})") from None

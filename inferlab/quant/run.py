@@ -82,6 +82,9 @@ def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: st
     if recipe.needs_calibration:
         from inferlab.quant.calibration import load_calibration
 
+        if seq_len > loaded.config.max_position_embeddings:  # its activations would be wrong
+            raise InferlabError(f"--seq-len {seq_len} is longer than {loaded.name} can take: "
+                                f"{loaded.config.max_position_embeddings} positions")
         tokens = load_calibration(calib, loaded.tokenizer, num_samples, seq_len, seed)
     qweights = compress_model(net, tokens, recipe, batch_size, dtype, progress)
     info = {"model": loaded.name, "source": loaded.path,

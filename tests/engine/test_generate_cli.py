@@ -16,6 +16,7 @@ from inferlab.cli import main
     (["--sampling-seed", str(2**70)], "seed must be in"),  # these once ended in a traceback
     (["--seed", str(-2**63 - 1)], "seed must be in"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1]"),
+    (["--block-size", "0"], "block_size must be a power of two"),  # once a ZeroDivisionError
 ])
 def test_bad_flags_are_one_line_errors(capsys, monkeypatch, command, flags, words):
     import inferlab.engine.llm_engine as llm_engine
@@ -27,5 +28,18 @@ def test_bad_flags_are_one_line_errors(capsys, monkeypatch, command, flags, word
     assert err.startswith("error: ") and words in err and err.count("\n") == 1
 
 
-def _no_model(self, config) -> None:
+def test_cuda_asked_for_without_one_is_a_one_line_error(capsys, monkeypatch):
+    """Once torch's AssertionError traceback, after the flags were taken."""
+    import torch
+
+    import inferlab.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(llm_engine, "load_model", _no_model)
+    assert main(["generate", "hi", "--device", "cuda"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: device cuda:") and err.count("\n") == 1
+
+
+def _no_model(*args) -> None:
     raise AssertionError("the model was loaded before the flags were checked")

@@ -97,6 +97,17 @@ def test_cli_unreadable_result_is_one_line(tmp_path, capsys):
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench",
                  str(tmp_path / "missing.json")]) == 2
     assert "cannot read" in capsys.readouterr().err
+    bad.write_bytes(b"\xff\xfe")  # once a UnicodeDecodeError traceback
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
+    assert "is not UTF-8 text" in capsys.readouterr().err
+
+
+def test_non_finite_figures_are_no_figures(plan):
+    """NaN and 1e400 (inf) parse as JSON numbers; once a traceback converting them to a batch."""
+    (run,) = compare(plan, json.loads('{"ttft_ms": {"p50": 10}, "prompt_tokens": NaN, '
+                                      '"concurrency": 1e400, "itl_ms": NaN}'))
+    assert run.workload == plan.inputs.workload and run.label.startswith("single stream")
+    assert run.measured["ttft_ms"] == 10 and run.measured["itl_ms"] is None
 
 
 def test_a_real_inferlab_bench_result(tmp_path, capsys):

@@ -66,6 +66,13 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-8B", "--hardware", "A100-80GB", "--kv-dtype", "bf61"], "did you mean bf16"),
     (["Llama-3.1-70B", "--hardware", "L4"], "does not fit"),
     (["Llama-3.1-8B", "--hardware", "L4", "--memory", "lots"], "cannot read 'lots' as a size"),
+    # once a ValueError / OverflowError traceback, or taken and printed as nan
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=nan,output=10"], "not a finite number"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=inf,output=10"], "not a finite number"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms=nan"], "not a finite number"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "inf"], "positive and finite"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "nan"], "positive and finite"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--price-per-hour", "nan"], "positive and finite"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(capsys, argv, expected):
     code, out, err = _run(capsys, *argv)

@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from inferlab.errors import InferlabError
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.measure import (
     cpu_local_hardware,
@@ -48,6 +49,21 @@ def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
                         lambda repeats: calls.append(repeats) or stale | {"cpu": cpu_name()})
     figures = load_or_measure(cache)
     assert calls == [3] and figures["cpu"] == cpu_name()
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[]", b"not json"])
+def test_a_file_that_is_no_cache_is_refused_not_overwritten(tmp_path, monkeypatch, content):
+    """Once a traceback (bad UTF-8, a list); text that is not JSON was measured over."""
+    cache = tmp_path / "notes.json"
+    cache.write_bytes(content)
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu", _no_measuring)
+    with pytest.raises(InferlabError, match="not a cpu-local cache"):
+        load_or_measure(cache)
+    assert cache.read_bytes() == content
+
+
+def _no_measuring(repeats):
+    raise AssertionError("measured instead of refusing the file")
 
 
 def test_streaming_rate_is_interpolated_on_log_scales():

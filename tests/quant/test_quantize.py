@@ -208,6 +208,48 @@ def test_cli_refuses_an_output_it_cannot_create_before_quantizing(source, tmp_pa
     assert "cannot write a directory" in err and "Traceback" not in err and not ran
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--out", ""], "--out is empty"),
+    (["--out", "."], "the working directory cannot be replaced"),
+    (["--out", "q", "--ignore", "re:["], "not a regular expression"),
+    (["--out", "q", "--method", "gptq", "--batch-size", "0"], "--batch-size must be at least 1"),
+], ids=["empty out", "working directory", "bad regex", "batch size 0"])
+def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, monkeypatch, flags,
+                                                     message) -> None:
+    """Each once a traceback, some only after the whole quantization had run."""
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
+    assert main(["quantize", str(source[0]), "--scheme", "W8A16", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not ran
+
+
+def test_a_calibration_window_longer_than_the_model_is_refused(source, tmp_path, capsys) -> None:
+    """Once ran on until memory ran out: 100,000-token windows through an 8,192-position model."""
+    directory, calib, _ = source
+    limit = json.loads((directory / "config.json").read_text())["max_position_embeddings"]
+    assert main(["quantize", str(directory), "--scheme", "W8A16", "--method", "gptq", "--calib",
+                 str(calib), "--seq-len", str(limit + 1), "--out", str(tmp_path / "q")]) == 2
+    assert f"--seq-len {limit + 1} is longer" in capsys.readouterr().err
+    assert not (tmp_path / "q").exists()
+
+
+def test_an_interrupted_export_leaves_no_folders_behind(source, tmp_path, monkeypatch) -> None:
+    """Ctrl-C while the checkpoint is written: the staging folder goes, and so do the parents
+    of --out that the export created; a parent that existed stays."""
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("inferlab.quant.export.save_file", interrupted)
+    directory, calib, _ = source
+    recipe = Recipe(make_scheme("W8A16"), "rtn")
+    with pytest.raises(KeyboardInterrupt):
+        quantize_to_directory(str(directory), recipe, str(tmp_path / "new" / "deeper" / "q"),
+                              str(calib), 4, 16, 2, 0, "auto", False)
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.parametrize(("arch", "scheme"), [("llama", "W8A16"), ("llama-tied", "W8A16"),
                                             ("llama-tied", "FP8")])
 def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str, scheme: str) -> None:
