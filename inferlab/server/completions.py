@@ -23,7 +23,7 @@ from inferlab.server.protocol import (
     PromptLogprob,
 )
 from inferlab.server.respond import asked_ids, read_request, respond
-from inferlab.server.sampling import beam_search_params, completion_params
+from inferlab.server.sampling import beam_search_params, completion_params, echo_only
 from inferlab.server.sse import event
 
 
@@ -66,6 +66,7 @@ class _Formatter:
         self.created = int(time.time())
         self.states: dict[tuple[int, int], _ChoiceState] = {}
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
+        self.echo_only = echo_only(req)
 
     def whole(self, finals: list[RequestOutput]) -> Completion:
         choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
@@ -100,6 +101,8 @@ class _Formatter:
     def _choice(self, p: int, out: RequestOutput, c: CompletionOutput, text: str,
                 token_ids: Sequence[int], entries: Sequence[TokenLogprobs] | None) -> CompletionChoice:
         state = self.states.setdefault((p, c.index), _ChoiceState())
+        if self.echo_only:  # the token the engine sampled is not part of the reply
+            text, token_ids, entries = "", (), None
         top_n = self.req.logprobs
         logprobs = CompletionLogprobs() if top_n is not None else None
         prompt_entries = prompt_ids = None

@@ -14,8 +14,15 @@ from inferlab.server.protocol import ChatCompletionRequest, CompletionRequest, S
 def completion_params(req: CompletionRequest, defaults: dict[str, Any]) -> SamplingParams:
     # the prompt's logprobs serve echo with logprobs and vLLM's prompt_logprobs: the larger top k
     asked = [k for k in (req.logprobs if req.echo else None, req.prompt_logprobs) if k is not None]
-    return _build(req, defaults, max_tokens=req.max_tokens, logprobs=req.logprobs,
-                  prompt_logprobs=max(asked) if asked else None)
+    return _build(req, defaults, max_tokens=1 if echo_only(req) else req.max_tokens,
+                  logprobs=req.logprobs, prompt_logprobs=max(asked) if asked else None)
+
+
+def echo_only(req: CompletionRequest) -> bool:
+    """OpenAI's max_tokens 0 with echo, how clients score a text's log-likelihood: the prompt
+    and its logprobs come back and nothing else. The engine still samples one token (a request
+    must), as vLLM's does, and the reply leaves it out."""
+    return req.echo and req.max_tokens == 0
 
 
 def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any],

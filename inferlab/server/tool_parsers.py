@@ -162,8 +162,13 @@ class RequiredCalls(ToolParser):
         if end is not None:  # what follows the array is content, unless blank (and its closing
             rest = text[self.used if self.wrote_content else end:]  # bracket, if some was)
             return ParsedDelta(content=rest if rest.strip() else "")
-        # an array cut short (max_tokens): what did not become a call goes out as it is
-        rest = text[self.used:self.objects.ends.start if self.objects.in_call else None]
+        # an array cut short (max_tokens): what did not become a call goes out as it is, but
+        # not the array's opening bracket; under the guide all of it is the calls' framing, as
+        # vLLM reads a required call's reply
+        if self.guided:
+            return ParsedDelta()
+        start = self.used or text.find("[") + 1
+        rest = text[start:self.objects.ends.start if self.objects.in_call else None]
         return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
 
 
@@ -239,7 +244,7 @@ class HermesCalls(ToolParser):
                 self._content(out, body)
                 self.block, self.closed = CallObjects(level=0, keys=("arguments",), sure=False), []
             else:
-                self._end_block(out, body, closed=True)
+                self._end_block(out, body, self.CLOSE)
         passed, self.pending = held_back(self.pending, self.CLOSE if self.block else self.OPEN)
         if self.block is None:
             self._content(out, passed)
@@ -251,13 +256,16 @@ class HermesCalls(ToolParser):
         out, rest, self.pending = ParsedDelta(), self.pending, ""
         if self.block is None:
             self._content(out, rest)
-        else:  # a block left open at the end is read as if closed, as vLLM reads it
-            self._end_block(out, rest, closed=False)
+        else:  # a block left open at the end is read as if closed, as vLLM reads it; text held
+            # back after its objects can only be the start of its closing tag, cut short
+            tail = rest if self.block.ends.start is None else ""
+            self._end_block(out, rest[:len(rest) - len(tail)], tail)
         return out
 
-    def _end_block(self, out: ParsedDelta, body: str, closed: bool) -> None:
-        """A block with no call goes out as content word for word; in one with calls, the text
-        outside them goes out as content unless it is blank."""
+    def _end_block(self, out: ParsedDelta, body: str, close: str) -> None:
+        """A block with no call goes out as content word for word (close: its closing tag as
+        written); in one with calls, the text outside them goes out as content unless it is
+        blank."""
         assert self.block is not None
         block, self.block = self.block, None
         spans = self.closed + block.feed(self, out, body)
@@ -265,7 +273,7 @@ class HermesCalls(ToolParser):
         if block.in_call:  # cut short by the end of the block
             calls.append((block.ends.start, len(block.text)))
         if not calls:
-            self._content(out, self.OPEN + block.text + (self.CLOSE if closed else ""))
+            self._content(out, self.OPEN + block.text + close)
             return
         cuts = [0, *(at for span in calls for at in span), len(block.text)]
         outside = "".join(block.text[cuts[i]:cuts[i + 1]] for i in range(0, len(cuts), 2))

@@ -183,6 +183,18 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     firsts = [c.choices[0].model_extra.get("prompt_logprobs") for c in streamed if c.choices]
     assert firsts[0] == by_id and all(f is None for f in firsts[1:])
 
+    # max_tokens 0 with echo (how clients score a text): the prompt and its logprobs alone,
+    # whole or streamed; it was a 400
+    alone = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=0, logprobs=1,
+                                      echo=True).choices[0]
+    assert alone.text == PROMPT + out.text and alone.finish_reason == "length"
+    assert alone.logprobs.tokens == prompt_lp.tokens[:len(both)]
+    assert alone.logprobs.token_logprobs == prompt_lp.token_logprobs[:len(both)]
+    chunks = [c.choices[0] for c in client.completions.create(
+        model=MODEL_NAME, prompt=both, max_tokens=0, echo=True, stream=True) if c.choices]
+    assert "".join(c.text for c in chunks) == PROMPT + out.text
+    assert chunks[-1].finish_reason == "length"
+
 
 def test_logprobs_can_name_tokens_by_id(client, server):
     """return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and

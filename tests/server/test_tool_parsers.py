@@ -59,7 +59,9 @@ CASES = [
     (RequiredCalls, '[{"name": "f", "parameters": {}}, {"name": "g", "par', "",
      [("f", {}), ("g", "")]),  # cut short by max_tokens: a call is whatever came of it
     (RequiredCalls, '[ {"name" : "f" ,"parameters":\n {"q": ["}"]} } ,{"parameters": {"q": "ab',
-     ' ,{"parameters": {"q": "ab', [("f", {"q": ["}"]})]),  # the second call's name never came
+     "", [("f", {"q": ["}"]})]),  # the second call's name never came: the guide's framing
+    (RequiredCalls, '[\n    {"name": "f", "parameters": {"cit', "", [("f", '{"cit')]),  # no "[" as content
+    (RequiredCalls, "[\n    {", "", []),
     (HermesCalls, 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": '
                   '"Paris"}}\n</tool_call>\n<tool_call>\n{"name": "search", "arguments": {}}\n'
                   '</tool_call>\n', "Let me check.\n",
@@ -88,6 +90,9 @@ CASES = [
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"name"', ', {"name"', [("f", {})]),
     (HermesCalls, '<tool_call>{"name": "f", "arguments": {"a": 1}, "arguments": {"b": 2}, "name": "g"}'
                   '</tool_call>', "", [("f", {"a": 1})]),  # a key's first value counts, as it went out
+    (HermesCalls, '<tool_call>\n{"name": "f", "arguments": {}}\n</tool_', "", [("f", {})]),  # cut in the tag
+    (HermesCalls, '<tool_call>\n{"name": oops}\n</tool', '<tool_call>\n{"name": oops}\n</tool', []),
+    (MistralCalls, '[TOOL_CALLS] [{"name": "f", "arguments": {"q', "", [("f", '{"q')]),
     (HermesCalls, '<tool_call>\n{"name": "f", "arguments": {}} oops\n</tool_call>', "\n oops\n",
      [("f", {})]),  # the text beside a block's call is content
     (Llama3JsonCalls, '{"arguments": {"q": "x"}, "parameters": [], "name": "f"}', "",
