@@ -49,8 +49,13 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:  # `inferlab info | head`: the reader left, which is no error of ours
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no second error at exit
+        silence_stdout()
         return 0
+
+
+def silence_stdout() -> None:
+    """After a broken pipe: stdout goes nowhere, so that its flush at exit fails no second time."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 if __name__ == "__main__":

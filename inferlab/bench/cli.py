@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import math
 import sys
+from collections.abc import Callable
 
 from inferlab.bench.config import (
     PROFILES,
@@ -153,15 +155,8 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         outputs=tuple(args.output))
 
 
-def _console():  # type: ignore[no-untyped-def]
-    from rich.console import Console
-
-    # piped to a file, rich would wrap at 80 columns: the report tables are wider
-    return Console() if sys.stdout.isatty() else Console(width=200)
-
-
 def run_bench(args: argparse.Namespace) -> int:
-    from inferlab.bench.console import print_summary
+    from inferlab.bench.console import print_summary, stdout_console
     from inferlab.bench.outputs import check_output_paths, write_outputs
     from inferlab.bench.progress import LiveProgress, NullProgress
     from inferlab.bench.session import run_benchmark
@@ -170,10 +165,9 @@ def run_bench(args: argparse.Namespace) -> int:
     check_output_paths(config.outputs)  # before the run, so a typo does not lose it
     progress = NullProgress() if args.quiet else LiveProgress()
     result = run_benchmark(config, progress)
-    print_summary(result, _console())
-    for path in write_outputs(result, config.outputs):
+    for path in write_outputs(result, config.outputs):  # first: stdout's reader may be gone
         print(f"wrote {path}", file=sys.stderr)
-    return 130 if result.interrupted else 0
+    return _printed(lambda: print_summary(result, stdout_console()), 130 if result.interrupted else 0)
 
 
 def run_mock_server(args: argparse.Namespace) -> int:
@@ -201,25 +195,55 @@ def run_mock_server(args: argparse.Namespace) -> int:
 def run_compare(args: argparse.Namespace) -> int:
     from inferlab.bench.compare import compare, regressions
     from inferlab.bench.compare_report import print_comparison, write_comparison_html
+    from inferlab.bench.console import stdout_console
     from inferlab.bench.report_json import load_run
+
+    _check_compare_args(args)
+    runs = [load_run(path) for path in args.runs]
+    comparisons = [compare(runs[0], other) for other in runs[1:]]
+    failures = []
+    if args.fail_on_regression is not None:
+        failures = [row for comparison in comparisons
+                    for row in regressions(comparison, args.fail_on_regression, args.alpha)]
+    for path in args.output:  # before printing: stdout's reader may be gone
+        write_comparison_html(comparisons, path, args.alpha, failures)
+        print(f"wrote {path}", file=sys.stderr)
+
+    def show() -> None:
+        console = stdout_console()
+        for comparison in comparisons:
+            print_comparison(comparison, console, args.alpha)
+        for row in failures:
+            console.print(f"[red]regression: {row.stage} {row.metric} {row.stat} "
+                          f"{row.base:.3f} -> {row.other:.3f} ({row.change:+.1%})[/]")
+
+    return _printed(show, 1 if failures else 0)
+
+
+def _printed(show: Callable[[], None], code: int) -> int:
+    """code, once show() has printed: a reader of stdout that left (`| head`) changes no
+    verdict, a regression found or a run interrupted."""
+    try:
+        show()
+    except BrokenPipeError:
+        from inferlab.cli import silence_stdout
+
+        silence_stdout()
+    return code
+
+
+def _check_compare_args(args: argparse.Namespace) -> None:
+    from inferlab.bench.outputs import check_writable
 
     if len(args.runs) < 2:
         raise InferlabError("compare needs at least two JSON reports")
+    threshold = args.fail_on_regression
+    # a negative threshold would flag identical runs; NaN compares false to everything
+    if threshold is not None and not 0 <= threshold < math.inf:
+        raise InferlabError(f"--fail-on-regression must be a percentage >= 0, got {threshold}")
+    if not 0 < args.alpha < 1:
+        raise InferlabError(f"--alpha must be in (0, 1), got {args.alpha}")
     for path in args.output:
         if not path.endswith(".html"):
             raise InferlabError(f"compare --output {path}: use an .html name")
-    runs = [load_run(path) for path in args.runs]
-    comparisons = [compare(runs[0], other) for other in runs[1:]]
-    console = _console()
-    failures = []
-    for comparison in comparisons:
-        print_comparison(comparison, console, args.alpha)
-        if args.fail_on_regression is not None:
-            failures += regressions(comparison, args.fail_on_regression, args.alpha)
-    for path in args.output:
-        write_comparison_html(comparisons, path, args.alpha, failures)
-        print(f"wrote {path}", file=sys.stderr)
-    for row in failures:
-        console.print(f"[red]regression: {row.stage} {row.metric} {row.stat} "
-                      f"{row.base:.3f} -> {row.other:.3f} ({row.change:+.1%})[/]")
-    return 1 if failures else 0
+        check_writable(path, "compare --output")

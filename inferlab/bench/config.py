@@ -152,6 +152,13 @@ class TargetConfig:
     def __post_init__(self) -> None:
         if not self.url.strip():
             raise InferlabError("--target needs a URL, e.g. http://127.0.0.1:8000")
+        # header bytes are ASCII to httpx; anything else would fail on the first request
+        if self.api_key is not None and not self.api_key.isascii():
+            raise InferlabError("--api-key must be ASCII: it is sent in an HTTP header")
+        for name, value in self.headers:
+            if not (name + value).isascii():
+                raise InferlabError(f"--header {name}: HTTP header names and values must be "
+                                    "ASCII")
 
     def request_headers(self) -> dict[str, str]:
         headers = dict(self.headers)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 from rich.console import Console
 from rich.table import Table
 
@@ -9,6 +11,17 @@ from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
 from inferlab.bench.session import RunResult
 
 SHOWN = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+
+
+class _StdoutConsole(Console):
+    def on_broken_pipe(self) -> None:
+        # rich exits 1; a reader that left (`| head`) is no error: inferlab.cli.main says so
+        raise BrokenPipeError
+
+
+def stdout_console() -> Console:
+    # piped to a file, rich would wrap at 80 columns: the report tables are wider
+    return _StdoutConsole() if sys.stdout.isatty() else _StdoutConsole(width=200)
 
 
 def _n(value: float | None, digits: int = 1) -> str:

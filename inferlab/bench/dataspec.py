@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,9 +62,12 @@ class SyntheticSpec:
             if not sep:
                 raise InferlabError(f"bad --data item {item!r}: expected key=value")
             try:
-                fields[key.strip()] = float(value)
+                number = float(value)
             except ValueError:
-                raise InferlabError(f"bad --data value for {key}: {value!r}") from None
+                number = math.nan  # refused below, as float() lets nan and inf through
+            if not math.isfinite(number):
+                raise InferlabError(f"bad --data value for {key}: {value!r}")
+            fields[key.strip()] = number
         known = {f"{base}{suffix}" for base in ("prompt_tokens", "output_tokens")
                  for suffix in ("", "_stdev", "_min", "_max")} | {"prefix_tokens"}
         unknown = sorted(set(fields) - known)

@@ -43,6 +43,8 @@ class MockConfig:
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:  # the words of `inferlab serve`'s ServerSettings
+            raise InferlabError(f"port must be in [0, 65535], got {self.port}")
         if self.ttft_ms < 0 or self.itl_ms < 0:
             raise InferlabError("mock latencies must be >= 0 ms")
         if self.tokens_per_chunk < 1 or self.default_max_tokens < 1 or self.max_running < 0:

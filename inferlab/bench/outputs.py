@@ -17,9 +17,23 @@ def check_output_paths(paths: tuple[str, ...]) -> None:
     for path in paths:
         if Path(path).suffix not in WRITERS:
             raise InferlabError(f"--output {path}: use a .json, .csv or .html name")
-        parent = Path(path).parent
-        if not parent.is_dir():
-            raise InferlabError(f"--output {path}: folder {parent} does not exist")
+        check_writable(path, "--output")
+
+
+def check_writable(path: str, flag: str) -> None:
+    """Open `path` as its writer will, now: a missing folder, a folder of that name or a
+    place that takes no files fails before the work, not after it with the result lost."""
+    target = Path(path)
+    if not target.parent.is_dir():
+        raise InferlabError(f"{flag} {path}: folder {target.parent} does not exist")
+    existed = target.exists()
+    try:
+        with target.open("a"):  # append: an existing file keeps its content until written
+            pass
+    except OSError as e:
+        raise InferlabError(f"{flag} {path}: cannot write ({e.strerror})") from None
+    if not existed:
+        target.unlink()  # nothing left behind if the work then fails
 
 
 def write_outputs(result: RunResult, paths: tuple[str, ...]) -> list[str]:

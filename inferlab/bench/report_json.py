@@ -6,6 +6,7 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from inferlab.bench.files import read_text
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
 from inferlab.bench.records import RequestRecord
 from inferlab.bench.session import RunResult
@@ -53,9 +54,7 @@ class LoadedRun:
 def load_run(path: str | Path) -> LoadedRun:
     """Read a JSON report written by `inferlab bench --output X.json`."""
     try:
-        data = json.loads(Path(path).read_text())
-    except FileNotFoundError:
-        raise InferlabError(f"no such report: {path}") from None
+        data = json.loads(read_text(path))
     except json.JSONDecodeError as e:
         raise InferlabError(f"{path} is not JSON ({e.msg})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 from inferlab.bench.config import (
@@ -38,3 +40,13 @@ def bench_config(url: str, corpus: Path, profile: str = "constant",
 
 def run(config: BenchConfig) -> RunResult:
     return run_benchmark(config, NullProgress())
+
+
+def closed_stdout_exit_code(argv: list[str]) -> int:
+    """Run `inferlab ARGV | true`: the reader of stdout is gone before the first byte."""
+    proc = subprocess.Popen([sys.executable, "-m", "inferlab.cli", *argv],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert "Traceback" not in err, err
+    return proc.returncode

@@ -13,6 +13,7 @@ import time
 import urllib.request
 
 import pytest
+from bench_helpers import closed_stdout_exit_code
 
 from inferlab.bench.report_csv import header
 from inferlab.cli import main
@@ -108,11 +109,75 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
      "--slo-search needs --slo"),
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--warmup", "soon"],
      "bad warmup/cooldown"),
+    # an --output that cannot be written fails before the run, which would reach no server
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--output",
+      "folder.json"], "--output folder.json: cannot write (Is a directory)"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--output",
+      "/proc/r.json"], "--output /proc/r.json: cannot write"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
+      "--max-requests", "1", "--output", "new.json"], "cannot reach"),  # and no new.json
+    (["bench", "compare", "folder.json", "r.json"], "folder.json: cannot read (Is a directory)"),
+    (["bench", "compare", "latin1.json", "r.json"], "latin1.json: not UTF-8 text"),
+    # compare's --output and thresholds are checked before the (missing) reports are read
+    (["bench", "compare", "r.json", "r.json", "--output", "nope/c.html"],
+     "folder nope does not exist"),
+    (["bench", "compare", "r.json", "r.json", "--output", "folder.html"],
+     "compare --output folder.html: cannot write (Is a directory)"),
+    (["bench", "compare", "r.json", "r.json", "--fail-on-regression", "-5"],
+     "--fail-on-regression must be a percentage >= 0, got -5.0"),
+    (["bench", "compare", "r.json", "r.json", "--fail-on-regression", "nan"],
+     "--fail-on-regression must be a percentage >= 0, got nan"),
+    (["bench", "compare", "r.json", "r.json", "--alpha", "2"], "--alpha must be in (0, 1)"),
+    (["bench", "compare", "r.json", "r.json", "--alpha", "-1"], "--alpha must be in (0, 1)"),
+    (["bench", "--target", "http://127.0.0.1:abc", "--profile", "synchronous",
+      "--max-requests", "1"], "bad --target 'http://127.0.0.1:abc'"),
+    (["bench", "--target", "http://[::1", "--profile", "synchronous", "--max-requests", "1"],
+     "bad --target 'http://[::1'"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--api-key", "日本"],
+     "--api-key must be ASCII"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--header", "X-A:日本"],
+     "--header X-A: HTTP header names and values must be ASCII"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--data",
+      "prompt_tokens=nan,output_tokens=8"], "bad --data value for prompt_tokens: 'nan'"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--data",
+      "prompt_tokens=inf,output_tokens=8"], "bad --data value for prompt_tokens: 'inf'"),
+    (["bench", "mock-server", "--port", "70000"], "port must be in [0, 65535], got 70000"),
+    (["bench", "mock-server", "--port", "-1"], "port must be in [0, 65535], got -1"),
 ])
-def test_bad_input_is_a_one_line_error(argv, message, capsys):
+def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # where argv's relative paths point
+    (tmp_path / "folder.json").mkdir()
+    (tmp_path / "folder.html").mkdir()
+    (tmp_path / "latin1.json").write_bytes("{\"format\": \"é\"}".encode("latin-1"))
+    before = sorted(tmp_path.iterdir())
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert sorted(tmp_path.iterdir()) == before  # nothing left behind
+
+
+def test_a_closed_stdout_loses_no_report(mock_server, corpus, tmp_path):
+    report, page = tmp_path / "r.json", tmp_path / "c.html"
+    assert closed_stdout_exit_code(
+        ["bench", "--target", mock_server(), "--profile", "synchronous", "--max-requests", "3",
+         "--data", "prompt_tokens=8,output_tokens=4", "--data-file", str(corpus),
+         "--calibration-seconds", "0", "--quiet", "--output", str(report)]) == 0
+    assert len(json.loads(report.read_text())["stages"][0]["requests"]) == 3
+    # not 1, compare's "regression found"; and its page is written too
+    assert closed_stdout_exit_code(
+        ["bench", "compare", str(report), str(report), "--output", str(page)]) == 0
+    assert "<svg" in page.read_text()
+
+
+@pytest.mark.parametrize("name", ["prompts.jsonl", "sharegpt.json"])
+def test_a_data_file_that_is_not_utf8_is_named(name, mock_server, tmp_path, capsys):
+    data = tmp_path / name
+    data.write_bytes(b'{"prompt": "caf\xe9"}\n')  # latin-1
+    argv = ["bench", "--target", mock_server(), "--profile", "synchronous",
+            "--max-requests", "1", "--data", str(data), "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"{data}: not UTF-8 text" in err and err.count("\n") == 1
 
 
 def test_missing_data_file_is_named(mock_server, tmp_path, capsys):

@@ -7,7 +7,7 @@ import math
 
 import numpy as np
 import pytest
-from bench_helpers import bench_config, run
+from bench_helpers import bench_config, closed_stdout_exit_code, run
 
 from inferlab.bench.outputs import write_outputs
 from inferlab.bench.report_json import load_run
@@ -58,6 +58,8 @@ def test_compare_flags_a_slowed_server(mock_server, corpus, tmp_path, capsys):
     assert "<svg" in html.read_text() and "Mann-Whitney" in html.read_text()
     # the same run against itself passes the gate
     assert main(["bench", "compare", base, base, "--fail-on-regression", "20"]) == 0
+    # a reader of the table that left (`| head`) changes no verdict
+    assert closed_stdout_exit_code(["bench", "compare", base, slow, "--fail-on-regression", "20"]) == 1
     loaded = load_run(base)
     assert loaded.stages[0].label == "concurrent@4" and loaded.stages[0].records
 
