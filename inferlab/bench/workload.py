@@ -36,7 +36,7 @@ def resolve_model(base_url: str, model: str | None, headers: dict[str, str]) -> 
     url = base_url.rstrip("/") + "/v1/models"
     try:
         response = httpx.get(url, headers=headers, timeout=10.0)
-    except httpx.InvalidURL as e:  # no HTTPError: httpx raises it before any request
+    except (httpx.InvalidURL, UnicodeError) as e:  # not HTTPErrors: raised before any request
         raise InferlabError(f"bad --target {base_url!r}: {e}") from None
     except httpx.HTTPError as e:
         raise InferlabError(f"cannot reach {url}: {e}; is the server running?") from None

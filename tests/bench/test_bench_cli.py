@@ -133,6 +133,8 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
       "--max-requests", "1"], "bad --target 'http://127.0.0.1:abc'"),
     (["bench", "--target", "http://[::1", "--profile", "synchronous", "--max-requests", "1"],
      "bad --target 'http://[::1'"),
+    (["bench", "--target", "http://a..b", "--profile", "synchronous", "--max-requests", "1"],
+     "bad --target 'http://a..b'"),  # httpx's UnicodeError from the host's IDNA encoding
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--api-key", "日本"],
      "--api-key must be ASCII"),
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--header", "X-A:日本"],
