@@ -47,6 +47,9 @@ class LLM:
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
+        if not isinstance(prompts, str | Sequence):  # None, a bare token id...
+            raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
+                                f"got {type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         params = params or self.engine.generation.default_params()
@@ -85,6 +88,9 @@ class LLM:
                     params: BeamSearchParams) -> list[RequestOutput]:
         """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
         the completions of one output (beam_search.py says how they are found)."""
+        if not isinstance(prompts, str | Sequence):  # None, a bare token id...
+            raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
+                                f"got {type(prompts).__name__}")
         if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
             prompts = [prompts]  # type: ignore[list-item]
         searches = [self.engine.start_beam_search(prompt, params) for prompt in prompts]

@@ -62,6 +62,9 @@ def test_requests_that_can_never_fit_are_rejected(make_llm):
         llm.generate([[1, 2, 99999]], SamplingParams(max_tokens=1))
     with pytest.raises(InferlabError, match="must be integers"):
         llm.generate([[1, 2.5]], SamplingParams(max_tokens=1))
+    for wrong in (None, 5):  # once a TypeError from inside generate
+        with pytest.raises(InferlabError, match="prompts must be a str"):
+            llm.generate(wrong, SamplingParams(max_tokens=1))
     tiny = make_llm(kv_cache_memory=2 * 16 * 46080)  # two blocks
     with pytest.raises(InferlabError):
         tiny.generate([list(range(1, 40))], SamplingParams(max_tokens=2))
