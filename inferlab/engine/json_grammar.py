@@ -175,7 +175,10 @@ class JsonGrammar(Grammar):
                 return []
             if node.constrained:
                 regex = self.patterns.get(index)
-                return [(*below, (index, "pstr", ("", None if regex is None else regex.start, "", 0)))]
+                inner = None if regex is None else regex.start
+                if not self._can_finish(regex, inner, node, 0, 0):
+                    return []  # the pattern takes no text of a length the bounds allow
+                return [(*below, (index, "pstr", ("", inner, "", 0)))]
             return [(*below, (index, "str", ("",)))]
         if isinstance(node, LiteralNode):
             return self._literal(index, node.texts, ch, below)
@@ -196,7 +199,7 @@ class JsonGrammar(Grammar):
                 whole = count >= node.min_length and (regex is None or regex.is_complete(inner))
                 return [below] if whole else []
             if ch == "\\":  # an escape can write any character: one must be allowed
-                more = room and (regex is None or regex.reads_more(inner))
+                more = room and self._can_finish(regex, inner, node, count, 1)
                 return [(*below, (index, "pstr", ("esc", inner, "", count)))] if more else []
             decoded = None if ch < " " else ch
         elif sub == "esc":
@@ -209,15 +212,36 @@ class JsonGrammar(Grammar):
             digits += ch
             if len(digits) < 4:  # go on only if some character these digits begin is allowed
                 low = int(digits, 16) << 4 * (4 - len(digits))
-                if any(self._reads(regex, inner, chr(c)) for c in range(low, low + 16 ** (4 - len(digits)))):
+                if any(self._takes(regex, inner, node, count, chr(c))
+                       for c in range(low, low + 16 ** (4 - len(digits)))):
                     return [(*below, (index, "pstr", ("u", inner, digits, count)))]
                 return []
             decoded = chr(int(digits, 16))
-        if decoded is None or not room or not self._reads(regex, inner, decoded):
+        if decoded is None or not room or not self._takes(regex, inner, node, count, decoded):
             return []
         cap = max(node.min_length, node.max_length or 0)
         nxt = inner if regex is None else regex.step(inner, decoded)
         return [(*below, (index, "pstr", ("", nxt, "", min(count + 1, cap))))]
+
+    def _takes(self, regex: RegexGrammar | None, inner: Any, node: StringNode, count: int,
+               ch: str) -> bool:
+        """Whether `ch` may be the string's next character: the regex reads it, and after it
+        the pattern and the length bounds can still both be met. Else a text such as "bb for
+        ^(a|bbbb)$ with maxLength 2 would be let through, after which no character, not even
+        the closing quote, is allowed."""
+        if not self._reads(regex, inner, ch):
+            return False
+        return regex is None or self._can_finish(regex, regex.step(inner, ch), node, count + 1, 0)
+
+    @staticmethod
+    def _can_finish(regex: RegexGrammar | None, inner: Any, node: StringNode, count: int,
+                    more: int) -> bool:
+        """Whether the string, `count` characters in, can close after at least `more` others
+        with its regex matched and its length within the bounds."""
+        high = None if node.max_length is None else node.max_length - count
+        if high is not None and high < more:
+            return False
+        return regex is None or regex.can_finish(inner, max(more, node.min_length - count), high)
 
     @staticmethod
     def _reads(regex: RegexGrammar | None, inner: Any, ch: str) -> bool:

@@ -215,6 +215,8 @@ class RegexGrammar(Grammar):
         start = builder.build(_Parser(pattern).parse(), 0)
         self.nodes = builder.nodes
         self.start: State = self._closure({start})
+        self._any_char: dict[State, State] = {}
+        self._finishes: dict[tuple[State, int, int | None], bool] = {}
 
     def _closure(self, positions: set[int]) -> State:
         """The positions that read a character (or match), reached without reading one."""
@@ -248,3 +250,27 @@ class RegexGrammar(Grammar):
     def reads_more(state: State) -> bool:
         """Whether some character may follow (every atom reads at least one)."""
         return any(i != 0 for i in state)
+
+    def can_finish(self, state: State, low: int, high: int | None) -> bool:
+        """Whether some text of low to high characters (high None: no limit) takes `state` to
+        a match: a JSON string's pattern beside its length bounds. Which characters they are
+        is free, as every atom reads at least one, so a step moves every reading position."""
+        key = (state, low, high)
+        if key not in self._finishes:
+            self._finishes[key] = self._finishes_within(state, low, high)
+        return self._finishes[key]
+
+    def _finishes_within(self, layer: State, low: int, high: int | None) -> bool:
+        seen: set[State] = set()  # layers from step `low` on: one seen again never matches
+        steps = 0
+        while layer and (high is None or steps <= high):
+            if steps >= low:
+                if 0 in layer:
+                    return True
+                if layer in seen:
+                    return False
+                seen.add(layer)
+            if layer not in self._any_char:
+                self._any_char[layer] = self._closure({self.nodes[i].outs[0] for i in layer if i != 0})
+            layer, steps = self._any_char[layer], steps + 1
+        return False

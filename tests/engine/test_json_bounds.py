@@ -1,5 +1,5 @@
 """Numbers held to bounds, against jsonschema over every short number text (strings held to
-lengths are test_json_schema's).
+lengths are test_json_schema's), and strings whose pattern and length bounds meet.
 
 For each bounded number schema: every number text of a grid of values is complete exactly when
 jsonschema validates it (test_json_schema.reference_accepts, with the grammar's spelling rule),
@@ -42,14 +42,14 @@ def _number_texts() -> list[str]:
     return texts
 
 
-def _finishes(grammar: JsonGrammar, state, depth: int) -> bool:
+def _finishes(grammar: JsonGrammar, state, depth: int, alphabet: str = "0123456789.-") -> bool:
     """Some text of at most `depth` more characters takes `state` to a complete one (depth
     first: where every live state can end, the first live path ends)."""
     if grammar.is_complete(state):
         return True
     return depth > 0 and any(
-        (nxt := grammar.step(state, ch)) is not None and _finishes(grammar, nxt, depth - 1)
-        for ch in "0123456789.-")
+        (nxt := grammar.step(state, ch)) is not None and _finishes(grammar, nxt, depth - 1, alphabet)
+        for ch in alphabet)
 
 
 @pytest.mark.parametrize("schema", NUMBER_SCHEMAS, ids=lambda s: json.dumps(s)[:60])
@@ -73,3 +73,29 @@ def test_every_prefix_a_bounded_number_keeps_alive_can_still_end(schema):
             frontier += [(text + ch, depth + 1, nxt) for ch in "01579.-"
                          if (nxt := grammar.step(state, ch)) is not None]
     assert seen >= 2  # the start and a first character at least
+
+
+STRING_SCHEMAS = [  # each once let a text through after which nothing was allowed
+    ({"type": "string", "pattern": "^(a|bbbb)$", "maxLength": 2}, ['"a"'], ['"b', '"\\u0062']),
+    ({"type": "string", "pattern": "^[a-z]*$", "minLength": 2}, ['"ab"', '"\\u0061b"'],
+     ['"\\n']),  # Python's $ takes a last line break: then no character may follow
+    ({"type": "string", "pattern": "^(ab)+$", "minLength": 3, "maxLength": 5}, ['"abab"'],
+     ['"ab"', '"ababa']),
+]
+STRING_ALPHABET = '"ab\\nu0612'  # the quote first: short ends are found first
+
+
+@pytest.mark.parametrize(("schema", "whole", "refused"), STRING_SCHEMAS, ids=lambda s: json.dumps(s)[:50])
+def test_a_string_whose_pattern_and_lengths_meet_never_reaches_a_dead_end(schema, whole, refused):
+    grammar = JsonGrammar(schema)
+    assert all(complete(grammar, text) and reference_accepts(schema, text) for text in whole)
+    assert all(grammar.advance(grammar.start, text) is None for text in refused)
+    frontier, seen = [("", grammar.start)], 0
+    while frontier:
+        text, state = frontier.pop()
+        assert _finishes(grammar, state, 12, STRING_ALPHABET), f"dead end after {text!r}"
+        seen += 1
+        if len(text) < 6:
+            frontier += [(text + ch, nxt) for ch in STRING_ALPHABET
+                         if (nxt := grammar.step(state, ch)) is not None]
+    assert seen >= 3
