@@ -39,10 +39,16 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 
 def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
-    """The text each token adds to an output, None for special and empty tokens.
+    """The text each token adds to an output, None for special and empty tokens and for those
+    that hold part of a character's UTF-8 bytes.
 
     A token is decoded after an anchor token and the anchor's text cut off, so tokenizers that
-    drop a word's leading space when it starts the text (SentencePiece) keep it here.
+    drop a word's leading space when it starts the text (SentencePiece) keep it here. A byte
+    fallback token decodes alone to U+FFFD: read as that one character, two or three of them
+    that make one character counted as two or three (under [^\\x00-\\x7f]{3} the reply was one
+    character), and a sequence cut short passed as a character. The grammars read characters,
+    not bytes, so guides leave these tokens out: a character the vocabulary spells only in
+    bytes cannot be written under a guide (xgrammar's byte-level automata can).
     """
     anchor = tokenizer.encode("a", add_special_tokens=False)[-1]
     anchor_text = tokenizer.decode([anchor], skip_special_tokens=False)
@@ -57,7 +63,7 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
             text = text[len(anchor_text):]
         else:
             text = tokenizer.decode([token_id], skip_special_tokens=False)
-        texts.append(text or None)
+        texts.append(None if "\ufffd" in text else text or None)
     return texts
 
 
