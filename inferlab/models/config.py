@@ -38,7 +38,8 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear" or "llama3"
     tie_word_embeddings: bool = False
-    attention_bias: bool = False  # Qwen2: bias on q, k, v
+    attention_bias: bool = False  # bias on q, k, v (Qwen2's, or attention_bias)
+    o_bias: bool = False  # and on o_proj: transformers' Llama and Qwen3 with attention_bias
     qk_norm: bool = False  # Qwen3: RMSNorm per head on q and k
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
@@ -86,6 +87,8 @@ class ModelConfig:
         attn = h * (self.q_size + 2 * self.kv_size) + self.q_size * h
         if self.attention_bias:
             attn += self.q_size + 2 * self.kv_size
+        if self.o_bias:
+            attn += h
         if self.qk_norm:
             attn += 2 * self.head_dim
         layer = attn + 3 * h * i + 2 * h
@@ -131,7 +134,12 @@ class ModelConfig:
                 rope_theta=float(rope_theta or 10000.0),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-                attention_bias=bool(cfg.get("attention_bias", archs[0] == "Qwen2ForCausalLM")),
+                # as transformers builds them: Qwen2's q, k, v always; Mistral's none; Llama's
+                # and Qwen3's all four projections with attention_bias
+                attention_bias=archs[0] == "Qwen2ForCausalLM" or (
+                    archs[0] != "MistralForCausalLM" and bool(cfg.get("attention_bias"))),
+                o_bias=archs[0] in ("LlamaForCausalLM", "Qwen3ForCausalLM")
+                and bool(cfg.get("attention_bias")),
                 qk_norm=archs[0] == "Qwen3ForCausalLM",
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,

@@ -76,6 +76,7 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         rope_scaling=rope_scaling,
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
+        o_bias="blk.0.attn_output.bias" in names,
         qk_norm="blk.0.attn_q_norm.weight" in names,
         bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
         eos_token_ids=tuple(dict.fromkeys(int(i) for i in end_ids if i is not None)),

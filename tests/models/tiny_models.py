@@ -27,6 +27,8 @@ ARCHITECTURES = {
                    dict(rope_scaling={"rope_type": "yarn", "factor": 4.0,
                                       "original_max_position_embeddings": 32})),
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
+    # biases on q, k, v and o: such a checkpoint was once refused (o_proj.bias unexpected)
+    "llama-attention-bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True)),
 }
 
 
