@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import copy
 import logging
+import math
 import queue
 import threading
 import time
@@ -62,6 +63,7 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.sampling_defaults = engine.generation.sampling  # the model's, for what requests leave out
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
+        self._drain_deadline = math.inf  # monotonic time the shutdown under way waits until
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Callable[[Any], None]]] = {}
         self._wake = threading.Event()
         self._stop = threading.Event()
@@ -164,13 +166,18 @@ class AsyncEngine:
         return len(self._streams)
 
     async def shutdown(self, timeout_s: float = 30.0) -> None:
-        """Let in-flight requests finish for up to timeout_s, abort the rest, stop the thread."""
-        deadline = time.monotonic() + timeout_s
-        while self._streams and time.monotonic() < deadline:
+        """Let in-flight requests finish for up to timeout_s (or until cut_drain_short), abort
+        the rest, stop the thread."""
+        self._drain_deadline = min(self._drain_deadline, time.monotonic() + timeout_s)
+        while self._streams and time.monotonic() < self._drain_deadline:
             await asyncio.sleep(0.05)
         for request_id in list(self._streams):
             self._post(lambda rid=request_id: self._abort(rid))
         await asyncio.to_thread(self._drain_and_stop)
+
+    def cut_drain_short(self) -> None:
+        """A second Ctrl-C: the shutdown under way (or about to start) aborts what runs now."""
+        self._drain_deadline = -math.inf
 
     # -- the engine thread ----------------------------------------------------------------------
 

@@ -68,6 +68,8 @@ class _DrainingServer(uvicorn.Server):
         self.loop.call_soon_threadsafe(self._start_drain)
 
     def _start_drain(self) -> None:
+        if self.force_exit:  # a second Ctrl-C, as in uvicorn and vLLM: no more waiting
+            self.ctx.engine.cut_drain_short()
         if self.drain_task is None:
             self.ctx.draining = True
             timeout = self.ctx.settings.shutdown_timeout_s

@@ -60,19 +60,7 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
         assert httpx.get(f"{url}/v1/models", headers=key, timeout=30).json()["data"][0]["id"] == "cli-model"
 
         events: list[str] = []
-        first = threading.Event()
-
-        def stream() -> None:
-            body = {"prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
-            with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=key, timeout=60) as r:
-                for line in r.iter_lines():
-                    if line.startswith("data: "):
-                        events.append(line.removeprefix("data: "))
-                        first.set()
-
-        streamer = threading.Thread(target=stream)
-        streamer.start()
-        assert first.wait(60)
+        streamer = _streaming(url, key, events)
         proc.send_signal(signal.SIGTERM)
 
         # new connections are refused at once, while the in-flight stream carries on
@@ -99,6 +87,54 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
         access = [line for line in err if "POST /v1/completions" in line]
         assert re.search(r"status=200 prompt_tokens=\d+ output_tokens=\d+ ttft_ms=[\d.]+ "
                          r"total_ms=[\d.]+", access[-1])
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+
+
+def _streaming(url: str, headers: dict[str, str], events: list[str]) -> threading.Thread:
+    """A 400-token stream in a thread, its SSE data lines into events; returns once one came."""
+    first = threading.Event()
+
+    def stream() -> None:
+        body = {"prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    events.append(line.removeprefix("data: "))
+                    first.set()
+
+    streamer = threading.Thread(target=stream)
+    streamer.start()
+    assert first.wait(60)
+    return streamer
+
+
+def test_a_second_ctrl_c_ends_the_drain_at_once():
+    """The first Ctrl-C drains for --shutdown-timeout (here 120 s); a second one, as in uvicorn
+    and vLLM, aborts what runs and exits. It once had no effect: the drain ran its course."""
+    proc = subprocess.Popen([*serve_command(0), "--shutdown-timeout", "120"], text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out: list[str] = []
+    err: list[str] = []
+    readers = [_read_lines(proc.stdout, out), _read_lines(proc.stderr, err)]
+    try:
+        match = _wait_for(out, r"serving cli-model at (http://127\.0\.0\.1:\d+)", 180)
+        if match is None and proc.poll() is not None and "embedded model is not installed" in "".join(err):
+            pytest.skip("the embedded model is not installed")
+        assert match, f"no URL printed; stderr: {''.join(err)[-2000:]}"
+        events: list[str] = []
+        streamer = _streaming(match.group(1), {}, events)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        streamer.join(timeout=30)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"  # not its 400 tokens
+        assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
             proc.kill()
