@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 
 import httpx
 import pytest
@@ -42,9 +44,10 @@ def _wait_for(lines: list[str], pattern: str, timeout_s: float) -> re.Match | No
     return None
 
 
-def test_serve_prints_its_url_and_drains_on_sigterm():
-    env = {**os.environ, "INFERLAB_API_KEY": "sk-from-env"}
-    proc = subprocess.Popen([*serve_command(0), "--shutdown-timeout", "2"], env=env, text=True,
+@contextlib.contextmanager
+def _serving(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[subprocess.Popen, str, list[str]]]:
+    """`inferlab serve` as a process for the block: (the process, its URL, its stderr lines)."""
+    proc = subprocess.Popen([*serve_command(0), *flags], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out: list[str] = []
     err: list[str] = []
@@ -54,7 +57,18 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
         if match is None and proc.poll() is not None and "embedded model is not installed" in "".join(err):
             pytest.skip("the embedded model is not installed")
         assert match, f"no URL printed; stderr: {''.join(err)[-2000:]}"
-        url = match.group(1)
+        yield proc, match.group(1), err
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        for reader in readers:
+            reader.join(timeout=5)
+
+
+def test_serve_prints_its_url_and_drains_on_sigterm():
+    env = {**os.environ, "INFERLAB_API_KEY": "sk-from-env"}
+    with _serving("--shutdown-timeout", "2", env=env) as (proc, url, err):
         key = {"Authorization": "Bearer sk-from-env"}
         assert httpx.get(f"{url}/v1/models", timeout=30).status_code == 401  # the env key is on
         assert httpx.get(f"{url}/v1/models", headers=key, timeout=30).json()["data"][0]["id"] == "cli-model"
@@ -87,12 +101,6 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
         access = [line for line in err if "POST /v1/completions" in line]
         assert re.search(r"status=200 prompt_tokens=\d+ output_tokens=\d+ ttft_ms=[\d.]+ "
                          r"total_ms=[\d.]+", access[-1])
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for reader in readers:
-            reader.join(timeout=5)
 
 
 def _streaming(url: str, headers: dict[str, str], events: list[str]) -> threading.Thread:
@@ -116,18 +124,9 @@ def _streaming(url: str, headers: dict[str, str], events: list[str]) -> threadin
 def test_a_second_ctrl_c_ends_the_drain_at_once():
     """The first Ctrl-C drains for --shutdown-timeout (here 120 s); a second one, as in uvicorn
     and vLLM, aborts what runs and exits. It once had no effect: the drain ran its course."""
-    proc = subprocess.Popen([*serve_command(0), "--shutdown-timeout", "120"], text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    out: list[str] = []
-    err: list[str] = []
-    readers = [_read_lines(proc.stdout, out), _read_lines(proc.stderr, err)]
-    try:
-        match = _wait_for(out, r"serving cli-model at (http://127\.0\.0\.1:\d+)", 180)
-        if match is None and proc.poll() is not None and "embedded model is not installed" in "".join(err):
-            pytest.skip("the embedded model is not installed")
-        assert match, f"no URL printed; stderr: {''.join(err)[-2000:]}"
+    with _serving("--shutdown-timeout", "120") as (proc, url, _):
         events: list[str] = []
-        streamer = _streaming(match.group(1), {}, events)
+        streamer = _streaming(url, {}, events)
         proc.send_signal(signal.SIGINT)
         time.sleep(0.5)
         proc.send_signal(signal.SIGINT)
@@ -135,12 +134,6 @@ def test_a_second_ctrl_c_ends_the_drain_at_once():
         assert events[-1] == "[DONE]"
         assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"  # not its 400 tokens
         assert proc.wait(timeout=30) == 0
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        for reader in readers:
-            reader.join(timeout=5)
 
 
 def test_serve_on_a_taken_port_fails_with_one_line():
