@@ -28,8 +28,7 @@ def check_writable(path: str, flag: str) -> None:
         raise InferlabError(f"{flag} {path}: folder {target.parent} does not exist")
     existed = target.exists()
     try:
-        with target.open("a"):  # append: an existing file keeps its content until written
-            pass
+        target.open("a").close()  # append: an existing file keeps its content until written
     except OSError as e:
         raise InferlabError(f"{flag} {path}: cannot write ({e.strerror})") from None
     if not existed:

@@ -129,9 +129,10 @@ def _check_out(out: str) -> None:
         raise InferlabError(f"{out}: exists and is not empty (choose a new --out)")
     if os.path.realpath(out) in (os.path.realpath(os.getcwd()), "/"):
         raise InferlabError(f"{out}: the working directory cannot be replaced (choose a new --out)")
-    parent = os.path.dirname(os.path.abspath(out))
-    while not os.path.exists(parent):
-        parent = os.path.dirname(parent)
+    from inferlab.quant.export import missing_parents
+
+    missing = missing_parents(out)
+    parent = os.path.dirname(missing[-1] if missing else os.path.abspath(out))
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".inferlab-probe-", dir=parent))
     except OSError as e:

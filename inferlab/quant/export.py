@@ -161,7 +161,7 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
     config["quantization_config"] = quantization_config(
         recipe.scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
     staging = f"{os.path.normpath(out_dir)}.partial-{os.getpid()}"
-    made = _missing_parents(staging)
+    made = missing_parents(staging)
     os.makedirs(staging)
     try:
         save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
@@ -179,7 +179,7 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
         raise
 
 
-def _missing_parents(path: str) -> list[str]:
+def missing_parents(path: str) -> list[str]:
     """The folders above `path` that do not exist yet, deepest first."""
     missing = []
     parent = os.path.dirname(os.path.abspath(path))
