@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, parse_grammar
+from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, Matcher, parse_grammar
 from inferlab.engine.grammar import Grammar
 
 Frame = tuple[int, int]  # (alternative, position of the element it waits for)
@@ -51,9 +51,16 @@ class EbnfGrammar(Grammar):
     def char_key(self, state: State) -> Callable[[str], tuple[bool, ...]]:
         """Which of the character classes the stacks wait for take a character: the next state
         depends on nothing else."""
-        classes = [self.matchers[m] for m in sorted({self.alternatives[a][p][1] for a, p in
-                                                      (stack[-1] for stack in state if stack)})]
+        classes = self._classes(state)
         return lambda ch: tuple(c.matches(ch) for c in classes)
+
+    def _takes_one_of(self, state: State, lo: str, hi: str) -> bool:
+        return any(c.meets(lo, hi) for c in self._classes(state))
+
+    def _classes(self, state: State) -> list[Matcher]:
+        """The character classes the stacks wait for."""
+        return [self.matchers[m] for m in sorted({self.alternatives[a][p][1] for a, p in
+                                                  (stack[-1] for stack in state if stack)})]
 
     def _call(self, rule: int, below: Stack) -> list[Stack]:
         return [(*below, (alternative, 0)) for alternative in self.rule_alternatives[rule]]

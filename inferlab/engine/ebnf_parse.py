@@ -38,6 +38,17 @@ class Matcher:
     def matches(self, ch: str) -> bool:
         return any(lo <= ch <= hi for lo, hi in self.ranges) != self.negated
 
+    def meets(self, lo: str, hi: str) -> bool:
+        """Whether some character from lo to hi matches."""
+        if not self.negated:
+            return any(a <= hi and lo <= b for a, b in self.ranges)
+        first_free = ord(lo)  # the first character of the span not yet found in a range
+        for a, b in sorted(self.ranges):
+            if ord(a) > first_free:
+                break
+            first_free = max(first_free, ord(b) + 1)
+        return first_free <= ord(hi)
+
 
 @dataclass
 class Compiled:

@@ -1,11 +1,15 @@
 """What guided decoding's token filter asks of a grammar (JSON, regex, EBNF): a hashable state that
-one character at a time moves, or kills when no allowed output begins with the text."""
+one character at a time moves, or kills when no allowed output begins with the text; and, for
+tokens that hold part of a character (utf8_tokens.py), whether some character of a range moves
+it."""
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Hashable, Sequence
 from typing import Any
+
+from inferlab.engine.utf8_tokens import completions, split_utf8
 
 
 def marker_tail(text: str, markers: Sequence[str]) -> str:
@@ -26,6 +30,7 @@ class Grammar(ABC):
 
     def __init__(self, memo_size: int = 1 << 15) -> None:
         self._memo: dict[tuple[Hashable, str], Any] = {}
+        self._takes_memo: dict[tuple[Hashable, str, str], bool] = {}
         self.memo_size = memo_size
 
     @abstractmethod
@@ -53,15 +58,40 @@ class Grammar(ABC):
         state (the token filter then steps once per key); None: every character its own."""
         return None
 
+    def _takes_one_of(self, state: Any, lo: str, hi: str) -> bool:
+        """Whether some character from lo to hi (all beyond ASCII) takes `state` somewhere.
+        False where a grammar cannot tell cheaply: the guide then leaves out the byte tokens
+        that begin such a character, so it never starts one it cannot end. Here: plain text
+        takes any, and free text any it does not move on."""
+        room = self.plain_text_room(state)
+        if room is not None:
+            return room >= 1
+        moving = self.moving_chars(state)
+        if moving is None:
+            return False
+        inside = [ch for ch in moving if lo <= ch <= hi]
+        return len(inside) <= ord(hi) - ord(lo) or any(self.step(state, ch) is not None for ch in inside)
+
     def step(self, state: Any, ch: str) -> Any:
-        key = (state, ch)
-        if key in self._memo:
-            return self._memo[key]
-        nxt = self._next(state, ch)
-        if len(self._memo) >= self.memo_size:
-            self._memo.clear()  # another request's states, or a long one's: start over
-        self._memo[key] = nxt
-        return nxt
+        return _remembered(self._memo, self.memo_size, (state, ch), self._next)
+
+    def takes_one_of(self, state: Any, lo: str, hi: str) -> bool:
+        return _remembered(self._takes_memo, self.memo_size, (state, lo, hi), self._takes_one_of)
+
+    def advance_bytes(self, state: Any, pending: bytes, raw: bytes) -> tuple[Any, bytes] | None:
+        """(the state, the bytes of a character begun and not ended) after a byte token's
+        `raw` bytes, read after `pending`; None when no allowed output begins so."""
+        split = split_utf8(pending + raw)
+        state = None if split is None else self.advance_split(state, *split)
+        return None if state is None else (state, split[1])
+
+    def advance_split(self, state: Any, text: str, tail: bytes) -> Any:
+        """The state after `text`, where `tail` begins a character the grammar takes next; None
+        when no allowed output begins so."""
+        state = self.advance(state, text)
+        if state is None or (tail and not self.takes_one_of(state, *completions(tail))):
+            return None
+        return state
 
     def advance(self, state: Any, text: str) -> Any:
         """The state after `text`, or None as soon as no allowed output begins so."""
@@ -70,3 +100,14 @@ class Grammar(ABC):
                 return None
             state = self.step(state, ch)
         return state
+
+
+def _remembered(memo: dict, memo_size: int, key: tuple, compute: Callable[..., Any]) -> Any:
+    """compute(*key), kept in `memo` (emptied when it holds memo_size answers)."""
+    if key in memo:
+        return memo[key]
+    answer = compute(*key)
+    if len(memo) >= memo_size:
+        memo.clear()  # another request's states, or a long one's: start over
+    memo[key] = answer
+    return answer

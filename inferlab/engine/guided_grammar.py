@@ -12,7 +12,9 @@ character position at a time (`TokenFilter._taken`), so the grammar steps once f
 and character (or class of characters it tells apart) the vocabulary reaches, not once for each
 token's each character. Where the grammar says any plain text goes on (inside a JSON string,
 or one held to a length alone), only the tokens that hold a quote, a backslash or a control
-character are walked: the others are kept by their length.
+character are walked: the others are kept by their length. Tokens that hold part of a
+character's bytes are read by their bytes, a character begun carried beside the grammar's state
+(utf8_tokens.py).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.engine.thinking_grammar import AfterThinking
+from inferlab.engine.utf8_tokens import byte_spellings, split_utf8
 from inferlab.models.tokenizer import TextTokenizer
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -40,15 +43,13 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
     """The text each token adds to an output, None for special and empty tokens and for those
-    that hold part of a character's UTF-8 bytes.
+    that hold part of a character's UTF-8 bytes (utf8_tokens.byte_spellings gives their bytes).
 
     A token is decoded after an anchor token and the anchor's text cut off, so tokenizers that
     drop a word's leading space when it starts the text (SentencePiece) keep it here. A byte
-    fallback token decodes alone to U+FFFD: read as that one character, two or three of them
-    that make one character counted as two or three (under [^\\x00-\\x7f]{3} the reply was one
-    character), and a sequence cut short passed as a character. The grammars read characters,
-    not bytes, so guides leave these tokens out: a character the vocabulary spells only in
-    bytes cannot be written under a guide (xgrammar's byte-level automata can).
+    token decodes alone to U+FFFD: read as that one character, two or three of them that make
+    one character would be counted as two or three (under [^\\x00-\\x7f]{3} the reply was one
+    character), and a sequence cut short passed as a character.
     """
     anchor = tokenizer.encode("a", add_special_tokens=False)[-1]
     anchor_text = tokenizer.decode([anchor], skip_special_tokens=False)
@@ -67,16 +68,28 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
     return texts
 
 
+def token_index(tokenizer: TextTokenizer, vocab_size: int) -> TokenIndex:
+    """The index of a tokenizer's vocabulary, its byte tokens with their bytes."""
+    texts = token_texts(tokenizer)
+    return TokenIndex(texts, vocab_size, byte_tokens=byte_spellings(tokenizer, texts))
+
+
 class TokenIndex:
     """A vocabulary's token texts as character ids, for walking them all at once through a
     grammar (TokenFilter); built once, shared by every grammar."""
 
-    def __init__(self, texts: list[str | None], vocab_size: int, depth: int = 24) -> None:
+    def __init__(self, texts: list[str | None], vocab_size: int, depth: int = 24,
+                 byte_tokens: dict[int, bytes] | None = None) -> None:
         # one entry a row of the logits: a model may have more rows than its tokenizer has
         # tokens (never sampled here), or fewer (the extra tokens cannot be sampled)
         if depth < 1:
             raise ValueError(f"the index holds at least a token's first character, not {depth}")
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
+        # tokens read by their bytes (each holds part of a character), as (id, bytes)
+        self.byte_tokens = sorted((i, raw) for i, raw in (byte_tokens or {}).items() if i < vocab_size)
+        self.spelling = dict(self.byte_tokens)
+        # those that may start a text, as (id, the whole characters, the start of one more)
+        self.byte_starts = [(i, *split) for i, raw in self.byte_tokens if (split := split_utf8(raw))]
         self.depth = depth  # characters held in char_ids; a longer token's rest is read as text
         self.chars = sorted({ch for text in self.texts if text for ch in text})
         self.char_id = {ch: i for i, ch in enumerate(self.chars)}
@@ -133,19 +146,27 @@ class TokenFilter:
         self.max_states = max_states
         self._cache: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
 
-    def allowed(self, state: Hashable) -> torch.Tensor:
-        """bool [V]: the tokens whose whole text the grammar takes from `state`."""
-        mask = self._cache.get(state)
+    def allowed(self, state: Hashable, pending: bytes = b"") -> torch.Tensor:
+        """bool [V]: the tokens whose whole text the grammar takes from `state`, after `pending`,
+        the bytes of a character begun (then only byte tokens may follow)."""
+        key = (state, pending)
+        mask = self._cache.get(key)
         if mask is None:
             mask = torch.zeros(len(self.index.texts), dtype=torch.bool)
-            mask[self._compute(state)] = True
-            if self.grammar.is_complete(state):
-                mask[self.eos_token_id] = True
-            self._cache[state] = mask
+            if pending:
+                mask[[i for i, raw in self.index.byte_tokens
+                      if self.grammar.advance_bytes(state, pending, raw) is not None]] = True
+            else:
+                mask[[i for i, text, tail in self.index.byte_starts
+                      if self.grammar.advance_split(state, text, tail) is not None]] = True
+                mask[self._compute(state)] = True
+                if self.grammar.is_complete(state):
+                    mask[self.eos_token_id] = True
+            self._cache[key] = mask
             if len(self._cache) > self.max_states:
                 self._cache.popitem(last=False)
         else:
-            self._cache.move_to_end(state)
+            self._cache.move_to_end(key)
         return mask
 
     def _compute(self, state: Hashable) -> torch.Tensor:
@@ -207,24 +228,34 @@ class GrammarGuide:
     def __init__(self, token_filter: TokenFilter) -> None:
         self.filter = token_filter
         self.state: Hashable | None = token_filter.grammar.start
+        self.pending = b""  # the bytes of a character begun and not yet ended
         self.consumed = 0  # output tokens already read into self.state
 
     def allowed_now(self, output: list[int], drafts: Sequence[int] = ()) -> torch.Tensor | list[int]:
         """What may follow the output, and the drafts as if kept: the guide moves over the
         output only (drafts may be rejected)."""
-        self.state = self._advance(self.state, output[self.consumed:])
+        self.state, self.pending = self._advance(self.state, self.pending, output[self.consumed:])
         self.consumed = len(output)
-        state = self._advance(self.state, drafts)
+        state, pending = self._advance(self.state, self.pending, drafts)
         if state is None:
             return [self.filter.eos_token_id]
-        mask = self.filter.allowed(state)
+        mask = self.filter.allowed(state, pending)
         return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
 
-    def _advance(self, state: Hashable | None, token_ids: Sequence[int]) -> Hashable | None:
-        texts = self.filter.index.texts
+    def _advance(self, state: Hashable | None, pending: bytes,
+                 token_ids: Sequence[int]) -> tuple[Hashable | None, bytes]:
+        grammar, index = self.filter.grammar, self.filter.index
         for token_id in token_ids:
-            state = self.filter.grammar.advance(state, texts[token_id] or "")
-        return state
+            if state is None:
+                break
+            raw = index.spelling.get(token_id)
+            if raw is not None:
+                state, pending = grammar.advance_bytes(state, pending, raw) or (None, b"")
+            elif pending:  # a whole character where the last one has not ended
+                state = None
+            else:
+                state = grammar.advance(state, index.texts[token_id] or "")
+        return state, pending
 
 
 GRAMMARS: dict[str, Callable[[Any], Grammar]] = {

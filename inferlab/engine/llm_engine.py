@@ -22,7 +22,7 @@ from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
-from inferlab.engine.guided_grammar import GrammarFilters, TokenIndex, token_texts
+from inferlab.engine.guided_grammar import GrammarFilters, token_index
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
@@ -245,7 +245,7 @@ class LLMEngine:
 
     @functools.cached_property
     def grammar_filters(self) -> GrammarFilters:
-        return GrammarFilters(lambda: TokenIndex(token_texts(self.tokenizer), self.model_config.vocab_size),
+        return GrammarFilters(lambda: token_index(self.tokenizer, self.model_config.vocab_size),
                               self.generation.eos_token_id)
 
     def _check_priority(self, priority: int) -> None:

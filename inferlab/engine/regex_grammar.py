@@ -3,10 +3,13 @@ guided_regex and structured_outputs regex): the whole output must match the patt
 
 The pattern's structure (alternation, groups, quantifiers) is parsed here into a Thompson NFA;
 each single-character atom (a literal, an escape such as \\d or \\w, '.', a [class]) is matched
-by Python's own `re`, so a character class means exactly what it means in Python. A state is
-the set of NFA positions the text so far can reach; it is hashable, so it keys the token
-filter's cache. Python's `re` flags, anchors inside the pattern, backreferences and lookaround
-have no place in a one-pass match of the whole output: they are refused by name.
+by Python's own `re` with re.ASCII, so a class means what it means in Python, except that \\d,
+\\w and \\s are [0-9], [a-zA-Z0-9_] and [ \\t\\n\\r\\f\\v]: JSON Schema's patterns (ECMA-262) read
+\\d and \\w so, and a Unicode \\s* let the embedded model pad a reply with U+205F spaces once
+guides took byte tokens. A state is the set of NFA positions the text so far can reach; it is
+hashable, so it keys the token filter's cache. Python's `re` flags, anchors inside the pattern,
+backreferences and lookaround have no place in a one-pass match of the whole output: they are
+refused by name.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from inferlab.engine.grammar import Grammar
+from inferlab.engine.utf8_tokens import chars_between
 
 MAX_NFA_NODES = 20_000  # (a{1000}){1000} would otherwise build a million positions
 _BOUNDS = re.compile(r"\{(\d*)(,?)(\d*)\}")  # {m}, {m,}, {m,n}, {,n}
@@ -28,10 +32,10 @@ class RegexError(ValueError):
 
 @dataclass
 class _Node:
-    """A position: reads one character (`accepts`), or branches without reading (`outs` only),
-    or is the match (neither)."""
+    """A position: reads one character (that `atom` matches), or branches without reading
+    (`outs` only), or is the match (neither)."""
 
-    accepts: Callable[[str], object] | None = None
+    atom: re.Pattern[str] | None = None
     outs: tuple[int, ...] = ()
 
 
@@ -156,12 +160,19 @@ def _escape_length(text: str) -> int:
 
 
 @functools.lru_cache(maxsize=4096)
-def _atom_matcher(atom: str) -> Callable[[str], object]:
-    """Whether one character matches the atom, as Python's re decides ('.': any but a newline)."""
+def _atom_pattern(atom: str) -> re.Pattern[str]:
+    """The atom as Python's re reads it, ASCII classes ('.': any character but a newline)."""
     try:
-        return re.compile(atom).fullmatch
+        return re.compile(atom, re.ASCII)
     except re.error as e:
         raise RegexError(f"regex atom {atom!r}: {e}") from None
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _atom_meets(atom: re.Pattern[str], lo: str, hi: str) -> bool:
+    """Whether the atom matches some character from lo to hi: one search of them all, kept, as
+    a pattern's few atoms recur in its many states."""
+    return atom.search(chars_between(lo, hi)) is not None
 
 
 class _Builder:
@@ -180,7 +191,7 @@ class _Builder:
     def build(self, ast: _Ast, after: int) -> int:
         kind = ast[0]
         if kind == "atom":
-            return self.add(_Node(accepts=_atom_matcher(ast[1]), outs=(after,)))
+            return self.add(_Node(atom=_atom_pattern(ast[1]), outs=(after,)))
         if kind == "seq":
             for item in reversed(ast[1]):
                 after = self.build(item, after)
@@ -224,7 +235,7 @@ class RegexGrammar(Grammar):
         while todo:
             index = todo.pop()
             node = self.nodes[index]
-            if node.accepts is not None or index == 0:
+            if node.atom is not None or index == 0:
                 reading.add(index)
                 continue
             for out in node.outs:
@@ -234,7 +245,7 @@ class RegexGrammar(Grammar):
         return frozenset(reading)
 
     def _next(self, state: State, ch: str) -> State | None:
-        moved = {self.nodes[i].outs[0] for i in state if i != 0 and self.nodes[i].accepts(ch)}
+        moved = {self.nodes[i].outs[0] for i in state if i != 0 and self.nodes[i].atom.fullmatch(ch)}
         return self._closure(moved) if moved else None
 
     def is_complete(self, state: State | None) -> bool:
@@ -243,8 +254,11 @@ class RegexGrammar(Grammar):
     def char_key(self, state: State) -> Callable[[str], tuple[bool, ...]]:
         """Which of the atoms the state's positions read take a character: the next state
         depends on nothing else."""
-        atoms = list({self.nodes[i].accepts for i in state if i != 0})
-        return lambda ch: tuple(atom(ch) is not None for atom in atoms)
+        atoms = list({self.nodes[i].atom for i in state if i != 0})
+        return lambda ch: tuple(atom.fullmatch(ch) is not None for atom in atoms)
+
+    def _takes_one_of(self, state: State, lo: str, hi: str) -> bool:
+        return any(_atom_meets(self.nodes[i].atom, lo, hi) for i in state if i != 0)
 
     @staticmethod
     def reads_more(state: State) -> bool:

@@ -133,6 +133,24 @@ class StructuralTagGrammar(Grammar):
         """Free text with no trigger begun: only a trigger's first character moves it."""
         return self._trigger_starts if state == self.start else None
 
+    def _takes_one_of(self, state: frozenset[Reading], lo: str, hi: str) -> bool:
+        return any(self._reading_takes(reading, lo, hi) for reading in state)
+
+    def _reading_takes(self, reading: Reading, lo: str, hi: str) -> bool:
+        """Whether some character from lo to hi takes the reading on (see _read)."""
+        kind = reading[0]
+        if kind == "free":
+            return True
+        if kind == "begin":
+            at = len(reading[1])
+            return any(s.begin.startswith(reading[1]) and len(s.begin) > at and lo <= s.begin[at] <= hi
+                       for s in self.structures)
+        end = self.structures[reading[1]].end
+        if kind == "end":
+            return lo <= end[reading[2]] <= hi
+        body, inner = self.bodies[reading[1]], reading[2]
+        return body.takes_one_of(inner, lo, hi) or (body.is_complete(inner) and bool(end) and lo <= end[0] <= hi)
+
     def char_key(self, state: frozenset[Reading]) -> Callable[[str], Hashable] | None:
         if len(state) != 1 or next(iter(state))[0] != "free":
             return None

@@ -76,6 +76,15 @@ class AfterThinking(Grammar):
         """Thinking with none of the closer matched: only its first character moves it."""
         return frozenset(self.marker[0]) if state == ("think", 0) else None
 
+    def _takes_one_of(self, state: Any, lo: str, hi: str) -> bool:
+        phase, value = state
+        if phase == "think":  # any character goes on thinking
+            return True
+        if phase == "open":
+            matched, inner = value
+            return lo <= self.opener[matched] <= hi or (inner is not None and self.inner.takes_one_of(inner, lo, hi))
+        return self.inner.takes_one_of(self.inner.start if phase == "gap" else value, lo, hi)
+
     def char_key(self, state: Any) -> Callable[[str], Hashable] | None:
         phase, value = state
         if phase == "think":  # characters outside the marker all start the match over

@@ -21,6 +21,7 @@ from inferlab.engine.guided_grammar import (
     GrammarGuide,
     TokenFilter,
     TokenIndex,
+    token_index,
     token_texts,
 )
 from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
@@ -51,6 +52,62 @@ def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
     ids = tokenizer.encode("\u05e2", add_special_tokens=False)
     assert len(ids) == 2 and tokenizer.decode(ids) == "\u05e2"
     assert [texts[i] for i in ids] == [None, None]
+
+
+@pytest.fixture(scope="module")
+def index(make_llm) -> TokenIndex:
+    tokenizer = make_llm().tokenizer
+    return token_index(tokenizer, tokenizer.vocab_size)
+
+
+def test_byte_tokens_spell_the_utf8_of_what_they_write(make_llm, index):
+    tokenizer = make_llm().tokenizer
+    text = "Zoë écrit עברית, 中文 and 😀!"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    spelled = [index.spelling.get(i) or index.texts[i].encode() for i in ids]
+    assert b"".join(spelled) == text.encode() and any(i in index.spelling for i in ids)
+    # a byte-level vocabulary: every token without a text of its own is spelled in bytes
+    assert set(index.spelling) == {i for i, t in enumerate(index.texts) if t is None} - tokenizer.all_special_ids
+
+
+HEBREW_LETTERS = [chr(c).encode() for c in range(0x5D0, 0x5EB)]
+
+
+def test_a_guide_takes_the_byte_tokens_that_begin_an_allowed_character(index):
+    """One Hebrew letter: first its text tokens and the byte tokens a letter's UTF-8 begins
+    with; after its first byte, the bytes that end one; EOS only once it is whole."""
+    token_filter = TokenFilter(RegexGrammar("[\u05d0-\u05ea]"), index, eos_token_id=2)
+    guide = GrammarGuide(token_filter)
+    first = guide.allowed_now([]).nonzero().flatten().tolist()
+    assert first == sorted([i for i, raw in index.byte_tokens if any(h.startswith(raw) for h in HEBREW_LETTERS)]
+                           + [i for i, t in enumerate(index.texts) if t is not None and t.encode() in HEBREW_LETTERS])
+    (lead,) = [i for i, raw in index.byte_tokens if raw == b"\xd7"]
+    ending = guide.allowed_now([lead]).nonzero().flatten().tolist()
+    assert ending == [i for i, raw in index.byte_tokens if b"\xd7" + raw in HEBREW_LETTERS]
+    (aleph_end,) = [i for i, raw in index.byte_tokens if raw == b"\x90"]  # U+05D0 is d7 90
+    assert guide.allowed_now([lead, aleph_end]).nonzero().flatten().tolist() == [2]
+
+
+@pytest.mark.parametrize(("guide", "check"), [
+    ({"guided_regex": "[\u05d0-\u05ea ]{2,8}"}, lambda text: re.fullmatch("[\u05d0-\u05ea ]{2,8}", text)),
+    ({"json_schema": {"type": "string", "maxLength": 3}}, lambda text: len(json.loads(text)) <= 3),
+    ({"guided_grammar": 'root ::= [^a-zA-Z"]{2,6}'}, lambda text: re.fullmatch('[^a-zA-Z"]{2,6}', text)),
+])
+def test_guided_replies_write_characters_spelled_only_in_bytes(make_llm, index, guide, check):
+    """Hebrew's UTF-8 lead byte made likelier: the guide lets it in, then holds the reply to a
+    byte that ends a character it takes (a reply cut short ends within its last character)."""
+    llm = make_llm()
+    (lead,) = [i for i, raw in index.byte_tokens if raw == b"\xd7"]
+    params = SamplingParams(temperature=1.0, seed=5, n=4, max_tokens=24, logit_bias={lead: 8}, **guide)
+    kind, spec = params.grammar
+    grammar = GRAMMARS[kind](spec)
+    (out,) = llm.chat([[{"role": "user", "content": "Write a word in Hebrew."}]], params)
+    for completion in out.outputs:
+        assert any(index.spelling.get(i) == b"\xd7" for i in completion.token_ids), completion.text
+        if completion.finish_reason == "stop":
+            assert "\ufffd" not in completion.text and check(completion.text), completion.text
+        else:
+            assert grammar.advance(grammar.start, completion.text.rstrip("\ufffd")) is not None
 
 
 # numbers and literals that whitespace ends, and whitespace runs of every kind

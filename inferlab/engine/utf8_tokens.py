@@ -1,0 +1,97 @@
+"""Tokens that hold part of a character's UTF-8 bytes, for guided decoding.
+
+A byte-level vocabulary (GPT-2's BPE, SentencePiece's byte fallback) spells a character it has
+no token for in byte tokens: "\u05e2" is two tokens here, b"\\xd7" and b"\\xa2", neither of which
+decodes to text alone. The grammars read characters, so a guide carries the bytes of a
+character begun and not yet ended beside the grammar's state, and lets a byte token in only
+where some character its bytes begin is one the grammar takes (Grammar.takes_one_of): a guide
+never writes itself into a corner it cannot finish a character from.
+"""
+
+from __future__ import annotations
+
+import codecs
+import functools
+import re
+
+from inferlab.models.tokenizer import TextTokenizer
+
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
+_SURROGATES = (0xD800, 0xDFFF)
+
+
+@functools.cache
+def _byte_level_alphabet() -> dict[str, int]:
+    """The characters a byte-level BPE (tokenizers' ByteLevel, GPT-2's) spells each byte with:
+    the printable Latin-1 bytes as themselves, the other 68 as U+0100 on, in byte order."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    alphabet = {chr(b): b for b in printable}
+    others = sorted(set(range(256)) - set(printable))
+    alphabet.update({chr(0x100 + n): b for n, b in enumerate(others)})
+    return alphabet
+
+
+def _spelling(vocab_entry: str) -> bytes | None:
+    """A token's bytes from its vocabulary entry, None for one spelled neither way."""
+    if (fallback := _BYTE_TOKEN.fullmatch(vocab_entry)) is not None:
+        return bytes([int(fallback[1], 16)])
+    alphabet = _byte_level_alphabet()
+    if vocab_entry and all(ch in alphabet for ch in vocab_entry):
+        return bytes(alphabet[ch] for ch in vocab_entry)
+    return None
+
+
+def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[int, bytes]:
+    """The bytes of each token that decodes to text only beside others (token_texts gave it no
+    text), where its vocabulary entry spells them and they decode, with U+FFFD for what is not
+    whole, to what the tokenizer decodes: a tokenizer spelled otherwise keeps them out."""
+    backend, specials = tokenizer.backend, tokenizer.all_special_ids
+    candidates = [i for i, text in enumerate(texts) if text is None and i not in specials]
+    decoded = backend.decode_batch([[i] for i in candidates], skip_special_tokens=False)
+    spellings = {}
+    for token_id, text in zip(candidates, decoded, strict=True):
+        entry = backend.id_to_token(token_id)
+        raw = None if entry is None else _spelling(entry)
+        if raw and raw.decode("utf-8", "replace") == text:
+            spellings[token_id] = raw
+    return spellings
+
+
+def split_utf8(data: bytes) -> tuple[str, bytes] | None:
+    """(the whole characters `data` begins with, the bytes after them: the start of one more
+    character, or b""), or None when no UTF-8 text begins with `data`."""
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        text = decoder.decode(data, final=False)
+    except UnicodeDecodeError:
+        return None
+    tail = decoder.getstate()[0]
+    return (text, tail) if not tail or completions(tail) is not None else None
+
+
+@functools.lru_cache(maxsize=4096)
+def completions(tail: bytes) -> tuple[str, str] | None:
+    """The first and last of the characters whose UTF-8 bytes begin with `tail` (one to three
+    bytes, a valid start of a longer character), None if only surrogates do."""
+    lead = tail[0]
+    length = 2 if lead < 0xE0 else 3 if lead < 0xF0 else 4
+    point = lead & (0x7F >> length)
+    for byte in tail[1:]:
+        point = point << 6 | byte & 0x3F
+    free_bits = 6 * (length - len(tail))
+    lo, hi = point << free_bits, (point << free_bits) | ((1 << free_bits) - 1)
+    lo = max(lo, (0x80, 0x800, 0x10000)[length - 2])
+    hi = min(hi, (0x7FF, 0xFFFF, 0x10FFFF)[length - 2])
+    if _SURROGATES[0] <= lo and hi <= _SURROGATES[1]:
+        return None
+    if _SURROGATES[0] <= hi <= _SURROGATES[1]:
+        hi = _SURROGATES[0] - 1
+    return chr(lo), chr(hi)
+
+
+@functools.lru_cache(maxsize=256)
+def chars_between(lo: str, hi: str) -> str:
+    """Every character from lo to hi (the surrogates left out): a text a compiled pattern can
+    search for one it takes, at C speed."""
+    return "".join(chr(c) for c in range(ord(lo), ord(hi) + 1)
+                   if not _SURROGATES[0] <= c <= _SURROGATES[1])

@@ -1,0 +1,97 @@
+"""Guides over byte tokens: splitting bytes into characters and the start of one more, the range
+of characters such a start can end as, and whether a grammar takes one of a range; hand-checked
+against the UTF-8 encoding (RFC 3629) and the grammars' own character classes."""
+
+from __future__ import annotations
+
+import pytest
+
+from inferlab.engine.ebnf_grammar import EbnfGrammar
+from inferlab.engine.ebnf_parse import Matcher
+from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.regex_grammar import RegexGrammar
+from inferlab.engine.structural_tag import StructuralTagGrammar
+from inferlab.engine.thinking_grammar import AfterThinking
+from inferlab.engine.utf8_tokens import completions, split_utf8
+
+HEBREW = ("\u05c0", "\u05ff")  # what b"\xd7" can end as: 110_10111 10xxxxxx
+
+
+@pytest.mark.parametrize(("data", "split"), [
+    (b"a\xe4\xb8", ("a", b"\xe4\xb8")),          # one whole character, two bytes of the next
+    (b"\xe4\xb8\xad", ("\u4e2d", b"")),
+    (b"\xd7", ("", b"\xd7")),
+    (b"\xf0\x9f\x98", ("", b"\xf0\x9f\x98")),
+    (b"\x80", None),                              # a continuation byte cannot start a character
+    (b"a\xa2", None),
+    (b"\xe0\x80", None),                          # an overlong form begun
+    (b"\xf4\x90", None),                          # beyond U+10FFFF
+    (b"\xed\xa0", None),                          # a surrogate begun
+    (b"\xc0", None), (b"\xf5", None),             # bytes that never occur in UTF-8
+])
+def test_split_utf8(data, split):
+    assert split_utf8(data) == split
+
+
+@pytest.mark.parametrize(("tail", "first", "last"), [
+    (b"\xd7", 0x5C0, 0x5FF),
+    (b"\xc2", 0x80, 0xBF),
+    (b"\xe4\xb8", 0x4E00, 0x4E3F),
+    (b"\xe0", 0x800, 0xFFF),
+    (b"\xed", 0xD000, 0xD7FF),                    # the surrogates D800-DFFF are not characters
+    (b"\xf0", 0x10000, 0x3FFFF),
+    (b"\xf0\x9f\x98", 0x1F600, 0x1F63F),
+    (b"\xf4\x8f", 0x10F000, 0x10FFFF),
+])
+def test_completions_are_the_characters_a_start_can_end_as(tail, first, last):
+    assert completions(tail) == (chr(first), chr(last))
+    assert chr(first).encode().startswith(tail) and chr(last).encode().startswith(tail)
+
+
+def test_matcher_meets_a_range_where_some_character_matches():
+    hebrew = Matcher(((("\u05d0", "\u05ea")),))
+    assert hebrew.meets(*HEBREW) and not hebrew.meets("\u4e00", "\u4e3f")
+    assert Matcher(((("\u05d0", "\u05ea")),), negated=True).meets(*HEBREW)  # U+05C0-05CF is free
+    covering = Matcher((("\u05c0", "\u05cf"), ("\u05d0", "\u05ff")), negated=True)
+    assert not covering.meets(*HEBREW) and covering.meets("\u05c0", "\u0600")
+
+
+def test_regex_and_ebnf_take_a_range_where_a_class_they_wait_for_does():
+    hebrew = RegexGrammar("[\u05d0-\u05ea]+")
+    assert hebrew.takes_one_of(hebrew.start, *HEBREW)
+    assert not hebrew.takes_one_of(hebrew.start, "\u4e00", "\u4e3f")
+    word, other = RegexGrammar(r"\w+"), RegexGrammar(r"\W+")  # ASCII classes: Arabic is \W
+    assert not word.takes_one_of(word.start, "\u0640", "\u067f")
+    assert other.takes_one_of(other.start, "\u0640", "\u067f")
+    ebnf = EbnfGrammar('root ::= "a" [^\u05c0-\u05ff]')
+    after_a = ebnf.step(ebnf.start, "a")
+    assert not ebnf.takes_one_of(ebnf.start, *HEBREW)  # only "a" first
+    assert not ebnf.takes_one_of(after_a, *HEBREW) and ebnf.takes_one_of(after_a, "\u4e00", "\u4e3f")
+
+
+def test_plain_and_free_text_take_any_character_that_fits():
+    name = JsonGrammar({"type": "string", "maxLength": 1})
+    opened = name.step(name.start, '"')
+    assert name.takes_one_of(opened, *HEBREW)
+    assert not name.takes_one_of(name.step(opened, "x"), *HEBREW)  # its one character written
+    assert not name.takes_one_of(name.start, *HEBREW)  # a value starts with '"', not a letter
+    thinking = AfterThinking(RegexGrammar("[a-z]+"), closer="</think>")
+    assert thinking.takes_one_of(thinking.start, *HEBREW)
+    assert not thinking.takes_one_of(thinking.advance(thinking.start, "hm</think>"), *HEBREW)
+    tags = StructuralTagGrammar({"structures": [{"begin": "<\u05e2>", "schema": {"type": "string"}, "end": "."}],
+                                 "triggers": ["<"]})
+    assert tags.takes_one_of(tags.start, "\u4e00", "\u4e3f")  # free text
+    begun = tags.step(tags.start, "<")
+    assert tags.takes_one_of(begun, *HEBREW) and not tags.takes_one_of(begun, "\u4e00", "\u4e3f")
+
+
+def test_advance_bytes_carries_a_character_begun_until_it_ends():
+    grammar = RegexGrammar("\u05e2\u05e9")  # UTF-8: d7 a2, d7 a9
+    state, pending = grammar.advance_bytes(grammar.start, b"", b"\xd7")
+    assert pending == b"\xd7" and state == grammar.start
+    state, pending = grammar.advance_bytes(state, pending, b"\xa2\xd7")
+    assert pending == b"\xd7" and state == grammar.advance(grammar.start, "\u05e2")
+    assert grammar.advance_bytes(state, pending, b"\xa2") is None  # U+05E2 again: not allowed
+    assert grammar.advance_bytes(state, b"", b"\xa9") is None  # no character starts so
+    end, pending = grammar.advance_bytes(state, pending, b"\xa9")
+    assert pending == b"" and grammar.is_complete(end)
