@@ -8,8 +8,10 @@ name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as 
 output the grammar lets through validates against the schema. Where JSON Schema leaves room,
 the grammar is stricter, and its outputs still validate:
 - a string's `format` is written in one common spelling (json_formats.py: date, time, date-time,
-  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read with Python's re
-  (jsonschema's reading), each \\u escape as one character;
+  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read as guided_regex
+  reads it (regex_grammar.py: Python's syntax, \\d, \\w and \\s ASCII's, as ECMA-262 reads \\d and
+  \\w), so jsonschema's Python reading takes every output but one where a negated class (\\D,
+  \\W, \\S) took a character beyond ASCII; each \\u escape is one character;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
   a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
   declared keys in the order of `properties` (then the required keys it does not declare, in
