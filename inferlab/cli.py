@@ -38,9 +38,24 @@ def build_parser(argv: list[str]) -> argparse.ArgumentParser:
     return parser
 
 
+def parse_command_line(argv: list[str]) -> argparse.Namespace:
+    """`inferlab COMMAND ...` with the command's options and positionals in any order, as
+    parse_intermixed_args reads them (`generate hi --max-tokens 3 MODEL`: parse_args would take
+    MODEL for an unknown argument, the optional positional being passed over by then); a command
+    with subcommands of its own (bench) as parse_args reads it."""
+    parser = build_parser(argv)
+    commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    command = commands.choices.get(argv[0]) if argv else None
+    if command is None or any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
+        return parser.parse_args(argv)
+    args = command.parse_intermixed_args(argv[1:])
+    args.command = argv[0]
+    return args
+
+
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = build_parser(argv).parse_args(argv)
+    args = parse_command_line(argv)
     try:
         return int(args.func(args) or 0)
     except InferlabError as e:

@@ -43,3 +43,13 @@ def test_cuda_asked_for_without_one_is_a_one_line_error(capsys, monkeypatch):
 
 def _no_model(*args) -> None:
     raise AssertionError("the model was loaded before the flags were checked")
+
+
+@pytest.mark.parametrize("order", [["hi", "--max-tokens", "3", "MODEL"], ["--max-tokens", "3", "hi", "MODEL"],
+                                   ["hi", "MODEL", "--max-tokens", "3"]])
+def test_the_model_may_come_after_the_options(capsys, tmp_path, order):
+    """Once "unrecognized arguments: MODEL" when it followed an option (argparse had passed
+    over the optional positional by then): it reaches the loader wherever it stands."""
+    missing = str(tmp_path / "no-such-model")
+    assert main(["generate", *[missing if a == "MODEL" else a for a in order]]) == 2
+    assert capsys.readouterr().err == f"error: {missing}: no such file or directory\n"
