@@ -31,14 +31,15 @@ def _byte_level_alphabet() -> dict[str, int]:
     return alphabet
 
 
-def _spelling(vocab_entry: str) -> bytes | None:
-    """A token's bytes from its vocabulary entry, None for one spelled neither way."""
+def _spelling(vocab_entry: str, text: str) -> bytes | None:
+    """A token's bytes from its vocabulary entry: a byte fallback's hex, a byte-level token's
+    alphabet, or the entry itself where it is the text (a token for U+FFFD)."""
     if (fallback := _BYTE_TOKEN.fullmatch(vocab_entry)) is not None:
         return bytes([int(fallback[1], 16)])
     alphabet = _byte_level_alphabet()
     if vocab_entry and all(ch in alphabet for ch in vocab_entry):
         return bytes(alphabet[ch] for ch in vocab_entry)
-    return None
+    return text.encode() if vocab_entry == text else None
 
 
 def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[int, bytes]:
@@ -51,7 +52,7 @@ def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[in
     spellings = {}
     for token_id, text in zip(candidates, decoded, strict=True):
         entry = backend.id_to_token(token_id)
-        raw = None if entry is None else _spelling(entry)
+        raw = None if entry is None else _spelling(entry, text)
         if raw and raw.decode("utf-8", "replace") == text:
             spellings[token_id] = raw
     return spellings

@@ -5,14 +5,17 @@ against the UTF-8 encoding (RFC 3629) and the grammars' own character classes.""
 from __future__ import annotations
 
 import pytest
+from tokenizers import Tokenizer, decoders, models, normalizers
 
 from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.ebnf_parse import Matcher
+from inferlab.engine.guided_grammar import token_texts
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.engine.thinking_grammar import AfterThinking
-from inferlab.engine.utf8_tokens import completions, split_utf8
+from inferlab.engine.utf8_tokens import byte_spellings, completions, split_utf8
+from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
 
 HEBREW = ("\u05c0", "\u05ff")  # what b"\xd7" can end as: 110_10111 10xxxxxx
 
@@ -95,3 +98,17 @@ def test_advance_bytes_carries_a_character_begun_until_it_ends():
     assert grammar.advance_bytes(state, b"", b"\xa9") is None  # no character starts so
     end, pending = grammar.advance_bytes(state, pending, b"\xa9")
     assert pending == b"" and grammar.is_complete(end)
+
+
+def test_sentencepiece_byte_fallback_tokens_are_spelled_by_their_hex():
+    """A Llama-2-style vocabulary: "\u05e2" has no token of its own, so it is written as <0xD7>
+    <0xA2>, its UTF-8 bytes; "\ufffd" itself has one, and decodes as what it is."""
+    vocab = {"<unk>": 0, "</s>": 1, "\u2581": 2, "a": 3, "\ufffd": 4, "<0xD7>": 5, "<0xA2>": 6, "<0x41>": 7}
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token="<unk>", byte_fallback=True))
+    backend.normalizer = normalizers.Replace(" ", "\u2581")
+    backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
+    tokenizer = TextTokenizer(backend, TokenizerInfo(eos_token="</s>"))
+    assert tokenizer.encode("a\u05e2", add_special_tokens=False) == [3, 5, 6]
+    texts = token_texts(tokenizer)
+    assert texts[3:8] == ["a", None, None, None, "A"]
+    assert byte_spellings(tokenizer, texts) == {4: "\ufffd".encode(), 5: b"\xd7", 6: b"\xa2"}
