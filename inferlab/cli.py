@@ -42,11 +42,13 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
     """`inferlab COMMAND ...` with the command's options and positionals in any order, as
     parse_intermixed_args reads them (`generate hi --max-tokens 3 MODEL`: parse_args would take
     MODEL for an unknown argument, the optional positional being passed over by then); a command
-    with subcommands of its own (bench) as parse_args reads it."""
+    with subcommands of its own (bench), or a `--` (`generate -- -hello`: intermixed parsing
+    drops it and reads what follows as options again), as parse_args reads it."""
     parser = build_parser(argv)
     commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     command = commands.choices.get(argv[0]) if argv else None
-    if command is None or any(isinstance(a, argparse._SubParsersAction) for a in command._actions):
+    if (command is None or "--" in argv
+            or any(isinstance(a, argparse._SubParsersAction) for a in command._actions)):
         return parser.parse_args(argv)
     args = command.parse_intermixed_args(argv[1:])
     args.command = argv[0]

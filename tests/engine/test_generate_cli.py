@@ -53,3 +53,16 @@ def test_the_model_may_come_after_the_options(capsys, tmp_path, order):
     missing = str(tmp_path / "no-such-model")
     assert main(["generate", *[missing if a == "MODEL" else a for a in order]]) == 2
     assert capsys.readouterr().err == f"error: {missing}: no such file or directory\n"
+
+
+@pytest.mark.parametrize(("argv", "named"), [
+    (["generate", "--", "-hello", "MODEL"], "MODEL"),  # a prompt that starts with '-'
+    (["generate", "--", "--max-tokens", "MODEL"], "MODEL"),
+    (["info", "--", "-MODEL"], "-MODEL"),  # a path that starts with '-'
+])
+def test_a_double_dash_ends_the_options(capsys, tmp_path, monkeypatch, argv, named):
+    """What follows `--` is positional, as argparse reads it; intermixed parsing once dropped the
+    `--` and read "-hello" as -h."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: {named}: no such file or directory\n"
