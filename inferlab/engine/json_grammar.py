@@ -129,6 +129,29 @@ class JsonGrammar(Grammar):
         node = self.nodes[index]
         return math.inf if node.max_length is None else node.max_length - data[3]
 
+    def _takes_one_of(self, state: State, lo: str, hi: str) -> bool:
+        return any(self._stack_takes(stack, lo, hi) for stack in state)
+
+    def _stack_takes(self, stack: Stack, lo: str, hi: str) -> bool:
+        """The top of the stack is inside a string that takes any plain character, or inside a
+        declared key or an enum or const text whose next character is in the range. (A string
+        held to a pattern answers False: its regex and its length bounds would both be asked.)"""
+        if not stack:
+            return False
+        index, mode, data = stack[-1]
+        if mode in ("str", "key"):
+            return data[-1] == ""  # not inside an escape
+        if mode == "pstr":
+            return (self._plain_room(stack) or 0) >= 1
+        if mode == "lit":
+            texts, read = self.nodes[index].texts, data
+        elif mode == "lkey":
+            node, (at, read) = self.nodes[index], data
+            texts = [t for t, key in node.key_texts.items() if key in node.open_keys(at)]
+        else:
+            return False
+        return any(lo <= t[len(read)] <= hi for t in texts if t.startswith(read) and t != read)
+
     def _step(self, stack: Stack, ch: str) -> list[Stack]:
         if not stack:
             return []  # the value is whole: nothing may follow it

@@ -88,6 +88,20 @@ def test_plain_and_free_text_take_any_character_that_fits():
     assert tags.takes_one_of(begun, *HEBREW) and not tags.takes_one_of(begun, "\u4e00", "\u4e3f")
 
 
+def test_json_texts_written_exactly_take_their_next_character():
+    """A declared key and an enum string go on only with their own next character: U+05DD
+    (d7 9d) after U+05E9, so b"\\xd7" goes in and a CJK lead does not."""
+    shin = "\u05e9\u05dd"
+    for schema, text in (({"properties": {shin: {"type": "string"}}, "required": [shin]}, '{"\u05e9'),
+                         ({"enum": [shin, "no"]}, '"\u05e9'), ({"const": shin}, '"\u05e9')):
+        grammar = JsonGrammar(schema)
+        state = grammar.advance(grammar.start, text)
+        assert grammar.takes_one_of(state, *HEBREW) and not grammar.takes_one_of(state, "\u4e00", "\u4e3f")
+        assert grammar.advance_bytes(state, b"", b"\xd7") == (state, b"\xd7")
+        assert grammar.advance_bytes(state, b"\xd7", b"\x9d")[1] == b""
+        assert grammar.advance_bytes(state, b"\xd7", b"\xa2") is None  # U+05E2: not the key's
+
+
 def test_advance_bytes_carries_a_character_begun_until_it_ends():
     grammar = RegexGrammar("\u05e2\u05e9")  # UTF-8: d7 a2, d7 a9
     state, pending = grammar.advance_bytes(grammar.start, b"", b"\xd7")

@@ -92,6 +92,9 @@ def test_a_guide_takes_the_byte_tokens_that_begin_an_allowed_character(index):
     ({"guided_regex": "[\u05d0-\u05ea ]{2,8}"}, lambda text: re.fullmatch("[\u05d0-\u05ea ]{2,8}", text)),
     ({"json_schema": {"type": "string", "maxLength": 3}}, lambda text: len(json.loads(text)) <= 3),
     ({"guided_grammar": 'root ::= [^a-zA-Z"]{2,6}'}, lambda text: re.fullmatch('[^a-zA-Z"]{2,6}', text)),
+    # enum texts are written exactly: once the vocabulary let in U+05E9 and then only EOS
+    ({"json_schema": {"enum": ["\u05e2\u05dd", "\u05e9\u05dd"]}},
+     lambda text: json.loads(text) in ("\u05e2\u05dd", "\u05e9\u05dd")),
 ])
 def test_guided_replies_write_characters_spelled_only_in_bytes(make_llm, index, guide, check):
     """Hebrew's UTF-8 lead byte made likelier: the guide lets it in, then holds the reply to a
