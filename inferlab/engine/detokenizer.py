@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferlab.engine.utf8_tokens import ends_inside_a_character
 from inferlab.models.tokenizer import TextTokenizer
 
 # tokens decoded before the new ones, so merges across the boundary come out right
@@ -39,7 +40,9 @@ class IncrementalDetokenizer:
         skip = self.skip_special_tokens
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip)
         full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip)
-        if len(full) > len(prefix) and not full.endswith("\ufffd"):
+        cut_inside = full.endswith("\ufffd") and (
+            not finished or ends_inside_a_character(self.tokenizer, self.ids[self.read_offset:]))
+        if len(full) > len(prefix) and not cut_inside:
             searched_from = max(len(self.text) - self.search_back, 0)
             self.text += full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)

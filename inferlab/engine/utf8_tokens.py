@@ -51,11 +51,29 @@ def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[in
     decoded = backend.decode_batch([[i] for i in candidates], skip_special_tokens=False)
     spellings = {}
     for token_id, text in zip(candidates, decoded, strict=True):
-        entry = backend.id_to_token(token_id)
+        entry = tokenizer.id_to_token(token_id)
         raw = None if entry is None else _spelling(entry, text)
         if raw and raw.decode("utf-8", "replace") == text:
             spellings[token_id] = raw
     return spellings
+
+
+def ends_inside_a_character(tokenizer: TextTokenizer, token_ids: list[int]) -> bool:
+    """Whether the tokens' bytes end partway through a character (a reply cut inside one), read
+    back to the last token whose entry spells no bytes (its text is whole); special tokens
+    write nothing. A text that decodes to U+FFFD otherwise (U+FFFD itself, bytes that are no
+    UTF-8) is what the tokens say."""
+    raw = b""
+    for token_id in reversed(token_ids):
+        if token_id in tokenizer.all_special_ids:
+            continue
+        entry = tokenizer.id_to_token(token_id)
+        spelled = None if entry is None else _spelling(entry, tokenizer.decode([token_id], False))
+        if spelled is None:
+            break
+        raw = spelled + raw
+    split = split_utf8(raw)
+    return split is not None and split[1] != b""
 
 
 def split_utf8(data: bytes) -> tuple[str, bytes] | None:

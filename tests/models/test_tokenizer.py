@@ -73,6 +73,20 @@ def test_incremental_detokenization_never_splits_a_character(smollm_fp32):
     assert any("\ufffd" in tokenizer.decode([t]) for t in ids)
 
 
+@pytest.mark.parametrize(("text", "cut", "shown"), [
+    ("a\ufffd", 0, "a\ufffd"),  # U+FFFD itself ends a reply whole (it once came out as "a")
+    ("\ufffd", 0, "\ufffd"),
+    ("ok \u05e2", 1, "ok"),  # cut inside U+05E2 (d7 a2): its token " \xd7" is not shown
+])
+def test_a_finished_reply_keeps_what_its_tokens_spell(smollm_fp32, text, cut, shown):
+    tokenizer = smollm_fp32.tokenizer
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    ids = ids[:len(ids) - cut]
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[])
+    deltas = [detok.add([t], finished=False)[0] for t in ids] + [detok.add([], finished=True)[0]]
+    assert "".join(deltas) == shown
+
+
 def test_stop_string_across_token_boundaries(smollm_fp32):
     tokenizer = smollm_fp32.tokenizer
     ids = tokenizer.encode("alpha beta gamma delta")
