@@ -177,8 +177,10 @@ class _Parser:
         return [("rule", self.rule_index(match.group()))]
 
     def repeated(self, atom: list[Element]) -> list[Element]:
-        """`atom` with the repetitions that follow it applied, as elements of the sequence."""
-        while self.pos < len(self.text) and self.text[self.pos] in "*+?{":
+        """`atom` with the repetitions that follow it applied, as elements of the sequence; spaces
+        may come before each (`("a" | "b") +`, as llama.cpp reads it)."""
+        while (after := _after_space(self.text, self.pos)) < len(self.text) and self.text[after] in "*+?{":
+            self.pos = after
             low, high = self.repetition()
             if not atom:  # "" or (): any number of nothings is nothing
                 continue

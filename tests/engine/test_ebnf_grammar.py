@@ -117,6 +117,17 @@ def test_repetitions_keep_stacks_short():
     assert grammar.is_complete(grammar.step(state, "."))
 
 
+@pytest.mark.parametrize(("grammar", "texts", "refused"), [
+    ('root ::= ("a" | "b") +', ["a", "abba"], ["", "c"]),  # once "unexpected '+'"
+    ('root ::= "x" *  "y" ?', ["", "xxy", "y"], ["yy", "yx"]),
+    ('root ::= [0-9] {2,3}\t"."', ["12.", "123."], ["1.", "1234."]),
+])
+def test_spaces_may_come_before_a_repetition_as_llama_cpp_reads_them(grammar, texts, refused):
+    ebnf = EbnfGrammar(grammar)
+    assert all(ebnf.is_complete(ebnf.advance(ebnf.start, t)) for t in texts)
+    assert not any(ebnf.is_complete(ebnf.advance(ebnf.start, t)) for t in refused)
+
+
 @pytest.mark.parametrize(("text", "words"), [
     ("", "grammar line 1 column 1: the grammar is empty"),
     ("root ::= x", "rule 'x' is used but never defined"),
