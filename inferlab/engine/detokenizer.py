@@ -25,10 +25,8 @@ class IncrementalDetokenizer:
         self.stop = stop
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
-        # a stop string may end in the new text and start this far before it
-        self.search_back = max((len(s) for s in stop), default=1) - 1
         # text held back while it could still be the start of a stop string left out of the output
-        self.hold = 0 if include_stop else self.search_back
+        self.hold = 0 if include_stop else max((len(s) for s in stop), default=1) - 1
         self.text = ""  # all decoded output text (after a stop string excluded)
         self.emitted = 0  # characters of self.text already returned as deltas
 
@@ -40,22 +38,25 @@ class IncrementalDetokenizer:
         skip = self.skip_special_tokens
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip)
         full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip)
-        cut_inside = full.endswith("\ufffd") and (
-            not finished or ends_inside_a_character(self.tokenizer, self.ids[self.read_offset:]))
-        if len(full) > len(prefix) and not cut_inside:
-            searched_from = max(len(self.text) - self.search_back, 0)
+        if finished and full.endswith("\ufffd") and ends_inside_a_character(self.tokenizer, self.ids[self.read_offset:]):
+            full = full[:-1]  # a character cut short: its bytes decode to one U+FFFD
+        if len(full) > len(prefix) and (finished or not full.endswith("\ufffd")):
+            new_from = len(self.text)
             self.text += full[len(prefix):]
             self.prefix_offset, self.read_offset = self.read_offset, len(self.ids)
-            hit = self._find_stop(searched_from) if find_stops else None
+            hit = self._find_stop(new_from) if find_stops else None
             if hit is not None:
                 return self._delta(len(self.text)), hit
         end = len(self.text) if finished else max(len(self.text) - self.hold, self.emitted)
         return self._delta(end), None
 
-    def _find_stop(self, start: int) -> str | None:
+    def _find_stop(self, new_from: int) -> str | None:
+        """The first stop string that ends in the text from `new_from` on (it may begin before),
+        as vLLM looks for them: one that lies wholly in text not searched (min_tokens) is not
+        found later either."""
         best: tuple[int, str] | None = None
         for s in self.stop:
-            i = self.text.find(s, start)
+            i = self.text.find(s, max(new_from - len(s) + 1, 0))
             if i != -1 and (best is None or i < best[0]):
                 best = (i, s)
         if best is None:

@@ -59,21 +59,26 @@ def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[in
 
 
 def ends_inside_a_character(tokenizer: TextTokenizer, token_ids: list[int]) -> bool:
-    """Whether the tokens' bytes end partway through a character (a reply cut inside one), read
-    back to the last token whose entry spells no bytes (its text is whole); special tokens
-    write nothing. A text that decodes to U+FFFD otherwise (U+FFFD itself, bytes that are no
-    UTF-8) is what the tokens say."""
+    """Whether the tokens' bytes end partway through a character (a reply cut inside one): their
+    last lead byte, within the last three, begins a character not ended. Read back to the last
+    token whose entry spells no bytes (its text is whole); special tokens write nothing. A text
+    that decodes to U+FFFD otherwise (U+FFFD itself, bytes that are no UTF-8) is what the
+    tokens say."""
     raw = b""
     for token_id in reversed(token_ids):
         if token_id in tokenizer.all_special_ids:
             continue
         entry = tokenizer.id_to_token(token_id)
         spelled = None if entry is None else _spelling(entry, tokenizer.decode([token_id], False))
-        if spelled is None:
+        if spelled is None or len(raw) >= 3:
             break
         raw = spelled + raw
-    split = split_utf8(raw)
-    return split is not None and split[1] != b""
+    for start in range(len(raw) - 1, max(len(raw) - 4, -1), -1):
+        if raw[start] < 0x80:  # ASCII: whole
+            return False
+        if raw[start] >= 0xC0:  # a lead byte
+            return split_utf8(raw[start:]) == ("", raw[start:])
+    return False
 
 
 def split_utf8(data: bytes) -> tuple[str, bytes] | None:

@@ -76,7 +76,7 @@ def test_incremental_detokenization_never_splits_a_character(smollm_fp32):
 @pytest.mark.parametrize(("text", "cut", "shown"), [
     ("a\ufffd", 0, "a\ufffd"),  # U+FFFD itself ends a reply whole (it once came out as "a")
     ("\ufffd", 0, "\ufffd"),
-    ("ok \u05e2", 1, "ok"),  # cut inside U+05E2 (d7 a2): its token " \xd7" is not shown
+    ("ok \u05e2", 1, "ok "),  # cut inside U+05E2 (d7 a2): of its token " \xd7", the space stays
 ])
 def test_a_finished_reply_keeps_what_its_tokens_spell(smollm_fp32, text, cut, shown):
     tokenizer = smollm_fp32.tokenizer
@@ -85,6 +85,32 @@ def test_a_finished_reply_keeps_what_its_tokens_spell(smollm_fp32, text, cut, sh
     detok = IncrementalDetokenizer(tokenizer, [], stop=[])
     deltas = [detok.add([t], finished=False)[0] for t in ids] + [detok.add([], finished=True)[0]]
     assert "".join(deltas) == shown
+
+
+@pytest.mark.parametrize(("entries", "shown"), [  # byte-level vocabulary entries, each a token
+    (["x", "ï¿½", "é"], "x\ufffd"),  # U+FFFD (ef bf bd) kept, the lead byte e9 after it not
+    (["ĠÂ"], " "),  # the space in the token that begins c2 stays
+    (["ĠÂ", "ĠÂ", "ĠÂ"], " \ufffd \ufffd "),  # c2 then a space is no UTF-8: what decode says
+    (["Ģ", "ä"], "\ufffd"),  # a stray 80, then e4 cut short
+])
+def test_a_reply_cut_inside_a_character_loses_only_that_character(smollm_fp32, entries, shown):
+    tokenizer = smollm_fp32.tokenizer
+    ids = [tokenizer.backend.token_to_id(e) for e in entries]
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[])
+    text = "".join(detok.add([t], finished=i == len(ids) - 1)[0] for i, t in enumerate(ids))
+    assert text == shown
+
+
+def test_a_stop_string_in_text_written_before_min_tokens_is_not_found_later(smollm_fp32):
+    """"." lies before min_tokens' end; a longer stop string beside it once widened the search
+    back over it, and the reply stopped there."""
+    tokenizer = smollm_fp32.tokenizer
+    ids = tokenizer.encode(" Paris.\n\nThe answer is", add_special_tokens=False)
+    searched_from = len(tokenizer.encode(" Paris.", add_special_tokens=False))
+    detok = IncrementalDetokenizer(tokenizer, [], stop=[".", "zzzzzzzz"])
+    hits = [detok.add([t], finished=False, find_stops=i >= searched_from)[1] for i, t in enumerate(ids)]
+    assert hits == [None] * len(ids)
+    assert detok.add([], finished=True)[0] and detok.text == " Paris.\n\nThe answer is"
 
 
 def test_stop_string_across_token_boundaries(smollm_fp32):
