@@ -85,11 +85,10 @@ class TokenIndex:
         if depth < 1:
             raise ValueError(f"the index holds at least a token's first character, not {depth}")
         self.texts = (texts + [None] * vocab_size)[:vocab_size]
-        # tokens read by their bytes (each holds part of a character), as (id, bytes)
-        self.byte_tokens = sorted((i, raw) for i, raw in (byte_tokens or {}).items() if i < vocab_size)
-        self.spelling = dict(self.byte_tokens)
+        # tokens read by their bytes (each holds part of a character): id -> bytes, ids in order
+        self.spelling = {i: raw for i, raw in sorted((byte_tokens or {}).items()) if i < vocab_size}
         # those that may start a text, as (id, the whole characters, the start of one more)
-        self.byte_starts = [(i, *split) for i, raw in self.byte_tokens if (split := split_utf8(raw))]
+        self.byte_starts = [(i, *split) for i, raw in self.spelling.items() if (split := split_utf8(raw))]
         self.depth = depth  # characters held in char_ids; a longer token's rest is read as text
         self.chars = sorted({ch for text in self.texts if text for ch in text})
         self.char_id = {ch: i for i, ch in enumerate(self.chars)}
@@ -154,7 +153,7 @@ class TokenFilter:
         if mask is None:
             mask = torch.zeros(len(self.index.texts), dtype=torch.bool)
             if pending:
-                mask[[i for i, raw in self.index.byte_tokens
+                mask[[i for i, raw in self.index.spelling.items()
                       if self.grammar.advance_bytes(state, pending, raw) is not None]] = True
             else:
                 mask[[i for i, text, tail in self.index.byte_starts

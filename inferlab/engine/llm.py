@@ -47,11 +47,7 @@ class LLM:
                  params: SamplingParams | Sequence[SamplingParams] | None = None,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
-        if not isinstance(prompts, str | Sequence):  # None, a bare token id...
-            raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
-                                f"got {type(prompts).__name__}")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         params = params or self.engine.generation.default_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
@@ -88,11 +84,7 @@ class LLM:
                     params: BeamSearchParams) -> list[RequestOutput]:
         """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
         the completions of one output (beam_search.py says how they are found)."""
-        if not isinstance(prompts, str | Sequence):  # None, a bare token id...
-            raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
-                                f"got {type(prompts).__name__}")
-        if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-            prompts = [prompts]  # type: ignore[list-item]
+        prompts = _prompt_list(prompts)
         searches = [self.engine.start_beam_search(prompt, params) for prompt in prompts]
         while active := [search for _, search in searches if not search.done]:
             outputs = self.generate([beam for search in active for beam in search.beams()],
@@ -110,3 +102,13 @@ class LLM:
             for out in self.engine.step(final_only=True):
                 final[out.request_id] = out
         return [final[i] for i in request_ids]
+
+
+def _prompt_list(prompts: str | Sequence[str] | Sequence[Sequence[int]]) -> list:
+    """One prompt (a text or a token id list) or many, as a list of prompts."""
+    if not isinstance(prompts, str | Sequence):  # None, a bare token id...
+        raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
+                            f"got {type(prompts).__name__}")
+    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
+        return [prompts]
+    return list(prompts)

@@ -31,9 +31,12 @@ def _byte_level_alphabet() -> dict[str, int]:
     return alphabet
 
 
-def _spelling(vocab_entry: str, text: str) -> bytes | None:
+def _spelling(vocab_entry: str | None, text: str) -> bytes | None:
     """A token's bytes from its vocabulary entry: a byte fallback's hex, a byte-level token's
-    alphabet, or the entry itself where it is the text (a token for U+FFFD)."""
+    alphabet, or the entry itself where it is the text (a token for U+FFFD); None for no entry
+    or one spelled otherwise."""
+    if vocab_entry is None:
+        return None
     if (fallback := _BYTE_TOKEN.fullmatch(vocab_entry)) is not None:
         return bytes([int(fallback[1], 16)])
     alphabet = _byte_level_alphabet()
@@ -46,13 +49,12 @@ def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[in
     """The bytes of each token that decodes to text only beside others (token_texts gave it no
     text), where its vocabulary entry spells them and they decode, with U+FFFD for what is not
     whole, to what the tokenizer decodes: a tokenizer spelled otherwise keeps them out."""
-    backend, specials = tokenizer.backend, tokenizer.all_special_ids
+    specials = tokenizer.all_special_ids
     candidates = [i for i, text in enumerate(texts) if text is None and i not in specials]
-    decoded = backend.decode_batch([[i] for i in candidates], skip_special_tokens=False)
+    decoded = tokenizer.backend.decode_batch([[i] for i in candidates], skip_special_tokens=False)
     spellings = {}
     for token_id, text in zip(candidates, decoded, strict=True):
-        entry = tokenizer.id_to_token(token_id)
-        raw = None if entry is None else _spelling(entry, text)
+        raw = _spelling(tokenizer.id_to_token(token_id), text)
         if raw and raw.decode("utf-8", "replace") == text:
             spellings[token_id] = raw
     return spellings
@@ -68,8 +70,7 @@ def ends_inside_a_character(tokenizer: TextTokenizer, token_ids: list[int]) -> b
     for token_id in reversed(token_ids):
         if token_id in tokenizer.all_special_ids:
             continue
-        entry = tokenizer.id_to_token(token_id)
-        spelled = None if entry is None else _spelling(entry, tokenizer.decode([token_id], False))
+        spelled = _spelling(tokenizer.id_to_token(token_id), tokenizer.decode([token_id], False))
         if spelled is None or len(raw) >= 3:
             break
         raw = spelled + raw

@@ -79,12 +79,12 @@ def test_a_guide_takes_the_byte_tokens_that_begin_an_allowed_character(index):
     token_filter = TokenFilter(RegexGrammar("[\u05d0-\u05ea]"), index, eos_token_id=2)
     guide = GrammarGuide(token_filter)
     first = guide.allowed_now([]).nonzero().flatten().tolist()
-    assert first == sorted([i for i, raw in index.byte_tokens if any(h.startswith(raw) for h in HEBREW_LETTERS)]
+    assert first == sorted([i for i, raw in index.spelling.items() if any(h.startswith(raw) for h in HEBREW_LETTERS)]
                            + [i for i, t in enumerate(index.texts) if t is not None and t.encode() in HEBREW_LETTERS])
-    (lead,) = [i for i, raw in index.byte_tokens if raw == b"\xd7"]
+    (lead,) = [i for i, raw in index.spelling.items() if raw == b"\xd7"]
     ending = guide.allowed_now([lead]).nonzero().flatten().tolist()
-    assert ending == [i for i, raw in index.byte_tokens if b"\xd7" + raw in HEBREW_LETTERS]
-    (aleph_end,) = [i for i, raw in index.byte_tokens if raw == b"\x90"]  # U+05D0 is d7 90
+    assert ending == [i for i, raw in index.spelling.items() if b"\xd7" + raw in HEBREW_LETTERS]
+    (aleph_end,) = [i for i, raw in index.spelling.items() if raw == b"\x90"]  # U+05D0 is d7 90
     assert guide.allowed_now([lead, aleph_end]).nonzero().flatten().tolist() == [2]
 
 
@@ -100,7 +100,7 @@ def test_guided_replies_write_characters_spelled_only_in_bytes(make_llm, index, 
     """Hebrew's UTF-8 lead byte made likelier: the guide lets it in, then holds the reply to a
     byte that ends a character it takes (a reply cut short ends within its last character)."""
     llm = make_llm()
-    (lead,) = [i for i, raw in index.byte_tokens if raw == b"\xd7"]
+    (lead,) = [i for i, raw in index.spelling.items() if raw == b"\xd7"]
     params = SamplingParams(temperature=1.0, seed=5, n=4, max_tokens=24, logit_bias={lead: 8}, **guide)
     kind, spec = params.grammar
     grammar = GRAMMARS[kind](spec)
