@@ -6,9 +6,9 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-from inferlab.bench.files import read_text
 from inferlab.bench.tokens import TokenCounter
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ def load_file(path: str, counter: TokenCounter, default_output_tokens: int) -> l
 
 def _load_jsonl(file: Path, counter: TokenCounter, default_output_tokens: int) -> list[Prompt]:
     prompts = []
-    for number, line in enumerate(read_text(file).splitlines(), 1):
+    for number, line in enumerate(read_user_text(file).splitlines(), 1):
         if not line.strip():
             continue
         try:
@@ -79,7 +79,7 @@ def _check_message(message: object, name: str, number: int) -> dict:
 def _load_sharegpt(file: Path, counter: TokenCounter) -> list[Prompt]:
     """The first human turn is the prompt; the reply's length is the output length."""
     try:
-        data = json.loads(read_text(file))
+        data = json.loads(read_user_text(file))
     except json.JSONDecodeError as e:
         raise InferlabError(f"{file.name}: not JSON ({e.msg})") from None
     if not isinstance(data, list):

@@ -6,12 +6,12 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from inferlab.bench.files import read_text
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
 from inferlab.bench.records import RequestRecord
 from inferlab.bench.session import RunResult
 from inferlab.bench.summary import StageSummary
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 FORMAT = "inferlab-bench/1"
 
@@ -54,7 +54,7 @@ class LoadedRun:
 def load_run(path: str | Path) -> LoadedRun:
     """Read a JSON report written by `inferlab bench --output X.json`."""
     try:
-        data = json.loads(read_text(path))
+        data = json.loads(read_user_text(path))
     except json.JSONDecodeError as e:
         raise InferlabError(f"{path} is not JSON ({e.msg})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:

@@ -5,21 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 
 def read_text(path: str) -> str:
     """The whole file as text, CRLF line ends turned into LF (WikiText ships with CRLF)."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            text = f.read()
-    except FileNotFoundError:
-        raise InferlabError(f"{path}: no such dataset file") from None
-    except IsADirectoryError:
-        raise InferlabError(f"{path}: is a directory, expected a text file") from None
-    except UnicodeDecodeError as e:
-        raise InferlabError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
-    except OSError as e:
-        raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
+    text = read_user_text(path, "dataset file")
     if not text.strip():
         raise InferlabError(f"{path}: the dataset is empty")
     return text.replace("\r\n", "\n")

@@ -20,6 +20,7 @@ from typing import Any
 from inferlab.errors import InferlabError
 from inferlab.planner.capacity import Workload, replica_point
 from inferlab.planner.plan import Plan
+from inferlab.user_files import read_user_text
 
 TTFT = re.compile(r"ttft|time_to_first_token")
 ITL = re.compile(r"itl|inter_token|tpot|time_per_output_token")
@@ -136,14 +137,11 @@ def compare(plan: Plan, result: Any) -> list[Comparison]:
 
 
 def load_bench_result(path: Path) -> Any:
+    text = read_user_text(path, "bench result (--compare-bench)")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except OSError as e:
-        raise InferlabError(f"--compare-bench: cannot read {path}: {e.strerror}") from None
+        return json.loads(text)
     except json.JSONDecodeError as e:
         raise InferlabError(f"--compare-bench: {path} is not JSON ({e.msg} at line {e.lineno})") from None
-    except UnicodeDecodeError:
-        raise InferlabError(f"--compare-bench: {path} is not UTF-8 text") from None
 
 
 def render_comparisons(comparisons: list[Comparison]) -> str:

@@ -6,12 +6,12 @@ tokens are drawn at seeded random offsets, so a run is reproducible.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 DEFAULT_CALIB = "../shared/data/wikitext-2-valid/valid.txt"  # relative to the project root
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -22,13 +22,8 @@ def default_calib_path() -> str:
 
 
 def read_text(path: str) -> str:
-    if not os.path.isfile(path):
-        raise InferlabError(f"calibration file {path}: no such file (point --calib at a text file)")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read().replace("\r\n", "\n")
-    except UnicodeDecodeError as e:
-        raise InferlabError(f"calibration file {path}: not UTF-8 text ({e.reason})") from None
+    """The calibration file's text, CRLF line ends turned into LF."""
+    return read_user_text(path, "calibration file (--calib)").replace("\r\n", "\n")
 
 
 def sample_windows(token_ids: list[int], num_samples: int, seq_len: int, seed: int = 0,

@@ -116,7 +116,7 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
       "/proc/r.json"], "--output /proc/r.json: cannot write"),
     (["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
       "--max-requests", "1", "--output", "new.json"], "cannot reach"),  # and no new.json
-    (["bench", "compare", "folder.json", "r.json"], "folder.json: cannot read (Is a directory)"),
+    (["bench", "compare", "folder.json", "r.json"], "folder.json: is a directory, not a file"),
     (["bench", "compare", "latin1.json", "r.json"], "latin1.json: not UTF-8 text"),
     # compare's --output and thresholds are checked before the (missing) reports are read
     (["bench", "compare", "r.json", "r.json", "--output", "nope/c.html"],

@@ -96,10 +96,10 @@ def test_cli_unreadable_result_is_one_line(tmp_path, capsys):
     assert "is not JSON" in err and err.count("\n") == 1
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench",
                  str(tmp_path / "missing.json")]) == 2
-    assert "cannot read" in capsys.readouterr().err
+    assert "missing.json: no such bench result (--compare-bench)" in capsys.readouterr().err
     bad.write_bytes(b"\xff\xfe")  # once a UnicodeDecodeError traceback
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
-    assert "is not UTF-8 text" in capsys.readouterr().err
+    assert "bad.json: not UTF-8 text" in capsys.readouterr().err
 
 
 def test_non_finite_figures_are_no_figures(plan):

@@ -132,7 +132,7 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
     (["--scheme", "W4A16", "--method", "hqq"], "unknown method 'hqq'"),
     (["--scheme", "W4A16", "--group-size", "48"], "group size 48 does not divide its 64 inputs"),
     (["--scheme", "FP8_BLOCK", "--group-size", "64"], "blocks of 64 rows do not divide its 32 outputs"),
-    (["--scheme", "W4A16", "--method", "gptq", "--calib", "/no/such.txt"], "no such file"),
+    (["--scheme", "W4A16", "--method", "gptq", "--calib", "/no/such.txt"], "no such calibration file (--calib)"),
     (["--scheme", "W4A16", "--method", "smoothquant"], "smoothquant migrates activation outliers"),
     (["--scheme", "W8A8", "--sparsity", "1:2"], "unknown sparsity '1:2'"),
     (["--method", "gptq"], "nothing to do"),
