@@ -35,7 +35,7 @@ from pathlib import Path
 import torch
 from quant_speed import largest_group, measured, quantized_modules
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
 
@@ -115,7 +115,7 @@ def build_harness(workdir: Path) -> ctypes.CDLL:
     source, library = workdir / "floor.c", workdir / "floor.so"
     source.write_text(SOURCE)
     subprocess.run(["cc", "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=gnu11",
-                    f"-I{cpu_ops.SOURCES[0].parent}", "-o", str(library), str(source)], check=True)
+                    f"-I{cpu_library.SOURCES[0].parent}", "-o", str(library), str(source)], check=True)
     lib = ctypes.CDLL(str(library))
     lib.time_linears.restype = lib.time_reads.restype = ctypes.c_double
     lib.time_linears.argtypes = [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_void_p] + [ctypes.c_int64] * 2 + [ctypes.c_void_p]
@@ -141,7 +141,7 @@ def variant_linears(model: str | None, schemes: list[str], group_size: int) -> t
 def interleaved_seconds(harness: ctypes.CDLL, descs: dict, turns: int,
                         rows: int) -> dict[tuple[str, str], list[float]]:
     """(variant, "kernel" or "read") -> seconds of each turn's pass, every pass after a flush."""
-    forward = ctypes.cast(cpu_ops._library().linear_forward, ctypes.c_void_p)
+    forward = ctypes.cast(cpu_library.library().linear_forward, ctypes.c_void_p)
     x = torch.randn(rows, max(d.k_in for ds in descs.values() for d in ds)).to(torch.bfloat16)
     y = torch.empty(rows, max(d.n_out for ds in descs.values() for d in ds), dtype=torch.bfloat16)
     junk, sink = torch.ones(FLUSH_BYTES, dtype=torch.uint8), ctypes.c_int32(0)
@@ -172,7 +172,7 @@ def main() -> None:
         raise SystemExit("the C linear kernels are not available on this machine")
     variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)
     # pointers into the variants' tensors, which stay alive as long as `variants`
-    descs = {name: (cpu_ops.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
+    descs = {name: (cpu_library.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
              for name, ms in variants.items()}
     with tempfile.TemporaryDirectory() as tmp:
         harness = build_harness(Path(tmp))

@@ -14,7 +14,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 
 
 def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -46,10 +46,10 @@ class PackedLinear(nn.Module):
         y = cpu_ops.bf16_linear(x2, self.packed, bias, out_dtype)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def c_desc(self) -> cpu_ops.LinearDesc:
+    def c_desc(self) -> cpu_library.LinearDesc:
         """The layer for the C kernels (pointers into this module's tensors)."""
-        return cpu_ops.LinearDesc(
-            kind=cpu_ops.LINEAR_BF16, n_out=self.out_features, k_in=self.in_features,
+        return cpu_library.LinearDesc(
+            kind=cpu_library.LINEAR_BF16, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), bias=None if self.bias is None else self.bias.data_ptr())
 
     def extra_repr(self) -> str:

@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear
@@ -51,7 +51,7 @@ for _register in (torch.nn.modules.module.register_module_module_registration_ho
 
 class _LayerWeights(ctypes.Structure):
     _fields_ = [("input_norm", _P), ("post_norm", _P),
-                *((name, cpu_ops.LinearDesc) for name in _LINEARS),
+                *((name, cpu_library.LinearDesc) for name in _LINEARS),
                 ("k_cache", _P), ("v_cache", _P)]
 
 

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
@@ -149,7 +149,7 @@ class CKernelLinear(QuantLinear, abc.ABC):
     bias_in_matmul = True
 
     @abc.abstractmethod
-    def c_desc(self) -> cpu_ops.LinearDesc:
+    def c_desc(self) -> cpu_library.LinearDesc:
         """The layer for the C kernels (pointers into this module's buffers)."""
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
@@ -179,9 +179,9 @@ class PackedQuantLinear(CKernelLinear):
                 and qw.args.num_bits in (4, 8) and cpu_ops.quant_linear_available()
                 and cpu_ops.bf16_linear_fits(n, k) and _group_of(qw) % 8 == 0)
 
-    def c_desc(self) -> cpu_ops.LinearDesc:
-        kind = cpu_ops.LINEAR_INT8 if self.bits == 8 else cpu_ops.LINEAR_INT4
-        return cpu_ops.LinearDesc(
+    def c_desc(self) -> cpu_library.LinearDesc:
+        kind = cpu_library.LINEAR_INT8 if self.bits == 8 else cpu_library.LINEAR_INT4
+        return cpu_library.LinearDesc(
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
             weight=self.packed.data_ptr(), group_scale=self.scale.data_ptr(),
             group_zero=None if self.zero_point is None else self.zero_point.data_ptr(),

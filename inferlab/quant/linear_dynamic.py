@@ -25,7 +25,7 @@ import functools
 import torch
 import torch.nn.functional as F
 
-from inferlab.kernels import cpu_ops, scaled_mm
+from inferlab.kernels import cpu_library, cpu_ops, scaled_mm
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import INT8_MAX, CKernelLinear, DequantLinear, QuantLinear, tensor_ptr
@@ -110,9 +110,9 @@ class PackedW8A8Linear(CKernelLinear):
                 and qw.args.num_bits == 8 and qw.zero_point is None and qw.scale.numel() == n
                 and n % 16 == 0 and k % 64 == 0 and cpu_ops.dynamic_linear_available())
 
-    def c_desc(self) -> cpu_ops.LinearDesc:
-        return cpu_ops.LinearDesc(
-            kind=cpu_ops.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
+    def c_desc(self) -> cpu_library.LinearDesc:
+        return cpu_library.LinearDesc(
+            kind=cpu_library.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
             bias=tensor_ptr(self.bias),
             weight_sums=self.weight_sums.data_ptr(), input_scale=tensor_ptr(self.input_scale))
@@ -139,9 +139,9 @@ class PackedFp8Linear(CKernelLinear):
                 and qw.codes.dtype == torch.float8_e4m3fn and qw.scale.numel() == n
                 and cpu_ops.dynamic_linear_available() and cpu_ops.bf16_linear_fits(n, k))
 
-    def c_desc(self) -> cpu_ops.LinearDesc:
-        return cpu_ops.LinearDesc(
-            kind=cpu_ops.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
+    def c_desc(self) -> cpu_library.LinearDesc:
+        return cpu_library.LinearDesc(
+            kind=cpu_library.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
             bias=tensor_ptr(self.bias),
             input_scale=tensor_ptr(self.input_scale))

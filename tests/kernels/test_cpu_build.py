@@ -9,13 +9,13 @@ import subprocess
 
 import pytest
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library
 
 
 @pytest.mark.skipif(shutil.which(os.environ.get("CC", "cc")) is None, reason="no C compiler here")
 def test_the_kernels_build_where_a_compiler_is():
     try:
-        library = cpu_ops._build(cpu_ops.SOURCES)
+        library = cpu_library._build(cpu_library.SOURCES)
     except subprocess.CalledProcessError as exc:
         pytest.fail(f"the CPU kernels do not compile:\n{exc.stderr[:3000]}")
     assert library.is_file()
@@ -31,12 +31,12 @@ def test_a_cached_build_is_reused_only_on_the_same_kind_of_cpu(tmp_path, monkeyp
         open(out, "wb").close()
 
     monkeypatch.setenv("INFERLAB_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(cpu_ops.subprocess, "run", fake_compiler)
-    monkeypatch.setattr(cpu_ops, "_cpu_features", lambda: b"flags: avx512f amx_tile")
-    intel = cpu_ops._build(cpu_ops.SOURCES)
-    assert cpu_ops._build(cpu_ops.SOURCES) == intel and len(compiled) == 1
-    monkeypatch.setattr(cpu_ops, "_cpu_features", lambda: b"flags: avx512f")
-    amd = cpu_ops._build(cpu_ops.SOURCES)
+    monkeypatch.setattr(cpu_library.subprocess, "run", fake_compiler)
+    monkeypatch.setattr(cpu_library, "_cpu_features", lambda: b"flags: avx512f amx_tile")
+    intel = cpu_library._build(cpu_library.SOURCES)
+    assert cpu_library._build(cpu_library.SOURCES) == intel and len(compiled) == 1
+    monkeypatch.setattr(cpu_library, "_cpu_features", lambda: b"flags: avx512f")
+    amd = cpu_library._build(cpu_library.SOURCES)
     assert amd != intel and len(compiled) == 2 and amd.is_file() and intel.is_file()
 
 
@@ -54,7 +54,7 @@ def test_the_kernels_build_and_load_for_a_cpu_without_amx(march, tmp_path):
     out = tmp_path / f"cpu_ops_{march}.so"
     cmd = [os.environ.get("CC", "cc"), "-O1", f"-march={march}", "-fopenmp", "-shared", "-fPIC",
            "-std=gnu11", "-Werror=implicit-function-declaration", "-o", str(out),
-           *map(str, cpu_ops.SOURCES), "-lm"]
+           *map(str, cpu_library.SOURCES), "-lm"]
     result = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr[:3000]
     library = ctypes.CDLL(str(out))

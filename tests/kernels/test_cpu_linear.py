@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 
 pytestmark = pytest.mark.skipif(not packed_linear_supported(torch.device("cpu"), torch.bfloat16),
@@ -122,7 +122,7 @@ def test_rejects_a_weight_the_layout_cannot_hold():
         cpu_ops.pack_bf16(torch.zeros(40, 64, dtype=torch.bfloat16))
 
 
-def gate_up_desc(scheme: str) -> tuple[nn.Module, cpu_ops.LinearDesc]:
+def gate_up_desc(scheme: str) -> tuple[nn.Module, cpu_library.LinearDesc]:
     """A gate_up layer of the embedded model's shape (576 -> 2 x 1536), bf16 (with a bias:
     the up half's lies 1536 further) or quantized."""
     dense = nn.Linear(576, 2 * 1536, bias=scheme == "bf16").to(torch.bfloat16)
