@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from inferlab.engine.grammar import Grammar
-from inferlab.engine.json_schema import (
+from inferlab.engine.json_nodes import (
     ArrayNode,
     LiteralNode,
     Node,
@@ -28,8 +28,8 @@ from inferlab.engine.json_schema import (
     ObjectNode,
     StringNode,
     UnionNode,
-    compile_schema,
 )
+from inferlab.engine.json_schema import compile_schema
 from inferlab.engine.regex_grammar import RegexGrammar
 
 Frame = tuple[int, str, Any]  # (node index, mode, data)
