@@ -3,9 +3,10 @@ recognizer (json_grammar.py) can hold an output to.
 
 The nodes (json_nodes.py) refer to each other by their index in the compiled tuple, so recursive
 schemas ($ref) compile. A keyword that would constrain values beyond what the grammar checks
-(multipleOf, uniqueItems...) is refused by name, never ignored (at a value that constrains nothing, NEUTRAL, it is read as absent): every
-output the grammar lets through validates against the schema. Where JSON Schema leaves room,
-the grammar is stricter, and its outputs still validate:
+(multipleOf, uniqueItems...) is refused by name, never ignored (at a value that constrains
+nothing, NEUTRAL, it is read as absent): every output the grammar lets through validates
+against the schema. Where JSON Schema leaves room, the grammar is stricter, and its outputs
+still validate:
 - a string's `format` is written in one common spelling (json_formats.py: date, time, date-time,
   duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read as guided_regex
   reads it (regex_grammar.py: Python's syntax, \\d, \\w and \\s ASCII's, as ECMA-262 reads \\d and
