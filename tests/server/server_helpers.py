@@ -81,3 +81,9 @@ def tokenize(server, **body) -> list[int]:
     r = httpx.post(f"{server.url}/tokenize", json=body, headers=server.headers, timeout=30)
     assert r.status_code == 200, r.text
     return r.json()["tokens"]
+
+
+def token_counts(usage) -> tuple[int, int, int]:
+    """The token counts; prompt_tokens_details.cached_tokens differ between two identical
+    requests (the second hits the first's blocks)."""
+    return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens

@@ -1,4 +1,5 @@
-"""The server through the official `openai` client: completions and chat, whole and streamed.
+"""The server through the official `openai` client: completions (chat: test_server_chat.py), whole
+and streamed.
 
 References are independent of the code under test: streamed text must equal the whole text,
 token counts must match /tokenize, stop strings are cut where str.find says, sampled-token
@@ -48,12 +49,6 @@ def test_completion_stream_equals_whole_and_usage_matchestokenize(client, server
     assert all(c.choices[0].finish_reason is None for c in content[:-1])
     assert all(c.usage is None for c in content)
     assert last.choices == [] and last.usage == whole.usage
-
-
-def _counts(usage) -> tuple[int, int, int]:
-    """The token counts; prompt_tokens_details.cached_tokens differ between two identical
-    requests (the second hits the first's blocks)."""
-    return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
 
 
 def test_usage_counts_the_prompt_tokens_served_by_the_prefix_cache(client):
@@ -280,97 +275,6 @@ def test_prompt_forms_give_the_same_completions(client, server):
 
 
 # SmolLM2-Instruct's chat template, written out by hand: default system turn, then the user.
-SMOLLM2_CHAT = ("<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by "
-                "Hugging Face<|im_end|>\n<|im_start|>user\nSay hi<|im_end|>\n<|im_start|>assistant\n")
-
-
-def test_chat_uses_the_model_template(client, server):
-    messages = [{"role": "user", "content": "Say hi"}]
-    ids = tokenize(server, messages=messages)
-    r = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, headers=server.headers,
-                   timeout=30)
-    decoded = r.json()["prompt"]
-    assert decoded.replace("<|im_start|>", "").replace("<|im_end|>", "") == \
-        SMOLLM2_CHAT.replace("<|im_start|>", "").replace("<|im_end|>", "")
-    assert ids == tokenize(server, prompt=SMOLLM2_CHAT, add_special_tokens=False)
-    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
-                                           **GREEDY)
-    assert reply.usage.prompt_tokens == len(ids)
-    # echo of a user's last message: not the reply's role, so nothing goes before the reply
-    same = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
-                                          extra_body={"echo": True}, **GREEDY)
-    assert same.choices[0].message.content == reply.choices[0].message.content
-    # without the generation prompt, the template stops before the assistant's turn
-    bare = SMOLLM2_CHAT.removesuffix("<|im_start|>assistant\n")
-    reply = client.chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=4,
-                                           extra_body={"add_generation_prompt": False}, **GREEDY)
-    assert reply.usage.prompt_tokens == len(tokenize(server, prompt=bare, add_special_tokens=False))
-    # continue_final_message: the template written out by hand up to the prefilled reply
-    prefilled = messages + [{"role": "assistant", "content": "Hi there, my name"}]
-    reply = client.chat.completions.create(
-        model=MODEL_NAME, messages=prefilled, max_tokens=4, **GREEDY,
-        extra_body={"add_generation_prompt": False, "continue_final_message": True})
-    opened = SMOLLM2_CHAT + "Hi there, my name"
-    assert reply.usage.prompt_tokens == len(tokenize(server, prompt=opened, add_special_tokens=False))
-    # echo puts the prefilled reply before the continuation, whole or streamed
-    prefill = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
-    echoed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
-                                            extra_body=prefill, **GREEDY).choices[0].message.content
-    assert echoed == "Hi there, my name" + reply.choices[0].message.content
-    streamed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
-                                              extra_body=prefill, stream=True, **GREEDY)
-    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == echoed
-
-
-def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
-    messages = [{"role": "system", "content": "You answer briefly."},
-                {"role": "user", "content": [{"type": "text", "text": "Name a fruit."}]}]
-    whole = client.chat.completions.create(model=MODEL_NAME, messages=messages,
-                                           max_completion_tokens=10, **GREEDY)
-    choice = whole.choices[0]
-    assert whole.object == "chat.completion" and choice.message.role == "assistant"
-    assert choice.message.content and choice.finish_reason in ("stop", "length")
-    assert whole.usage.completion_tokens <= 10
-
-    chunks = list(client.chat.completions.create(model=MODEL_NAME, messages=messages,
-                                                 max_completion_tokens=10, stream=True,
-                                                 stream_options={"include_usage": True}, **GREEDY))
-    with_choices = [c for c in chunks if c.choices]
-    assert with_choices[0].choices[0].delta.role == "assistant"
-    assert with_choices[-1].choices[0].finish_reason == choice.finish_reason
-    assert all(c.choices[0].finish_reason is None for c in with_choices[:-1])
-    assert "".join(c.choices[0].delta.content or "" for c in with_choices) == choice.message.content
-    assert chunks[-1].choices == [] and _counts(chunks[-1].usage) == _counts(whole.usage)
-
-    as_string = [messages[0], {"role": "user", "content": "Name a fruit."}]
-    same = client.chat.completions.create(model=MODEL_NAME, messages=as_string,
-                                          max_tokens=10, **GREEDY)
-    assert same.choices[0].message.content == choice.message.content
-
-
-def test_chat_logprobs_and_n(client):
-    out = client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
-        logprobs=True, top_logprobs=3, n=2, **GREEDY, extra_body={"ignore_eos": True})
-    assert [c.index for c in out.choices] == [0, 1]
-    assert out.choices[0].message.content == out.choices[1].message.content  # greedy twice
-    content = out.choices[0].logprobs.content
-    assert len(content) == 6
-    for entry in content:
-        assert len(entry.top_logprobs) == 3
-        assert entry.token == entry.top_logprobs[0].token  # greedy: the most likely token
-        assert entry.logprob == entry.top_logprobs[0].logprob <= 0
-        assert bytes(entry.bytes) == entry.token.encode()
-    assert "".join(e.token for e in content).startswith(out.choices[0].message.content)
-
-    streamed = list(client.chat.completions.create(
-        model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,
-        logprobs=True, top_logprobs=3, stream=True, **GREEDY, extra_body={"ignore_eos": True}))
-    tokens = [e.token for c in streamed if c.choices and c.choices[0].logprobs
-              for e in c.choices[0].logprobs.content]
-    assert tokens == [e.token for e in content]
-
-
 def test_logit_bias_forces_and_bans_tokens(client, server):
     """+100 on the id /tokenize gives for " the" makes a greedy completion " the the the
     the"; -100 on the greedy first token gives the runner-up of the unbiased top logprobs."""
