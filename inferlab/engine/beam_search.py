@@ -6,12 +6,14 @@ that is an end token (EOS, or an end id of the model's generation config) is set
 finished, unless ignore_eos. The best `width` others are the next round's beams. After
 max_tokens rounds (or when no beam is left) the finished and live beams are ranked by vLLM's
 score, cumulative logprob / length ** length_penalty (the length counts the prompt and not a
-final end token), and the best `width` are the answer. The beams share the prompt and their
+final end token), and the best `width` are the answer; the scores are compared through their
+logarithms, so no length_penalty overflows them. The beams share the prompt and their
 common past through the prefix cache, so a round recomputes about a block of each beam.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
@@ -38,6 +40,8 @@ class BeamSearchParams:
              f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20,
              f"logprobs must be in [0, 20], got {self.logprobs}"),
+            (math.isfinite(self.length_penalty),
+             f"length_penalty must be a finite number, got {self.length_penalty}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -114,5 +118,10 @@ class BeamSearch:
                              outputs=completions, finished=True)
 
     def _score(self, beam: _Beam) -> float:
+        """A key in the order of vLLM's score, c / length ** penalty for the cumulative logprob
+        c <= 0: -log(-c / length ** penalty), which a penalty of +-1000 does not overflow (the
+        power did, and failed the request); c = 0 scores best."""
         length = len(beam.tokens) - beam.ended
-        return beam.cumulative_logprob / length ** self.params.length_penalty
+        if beam.cumulative_logprob >= 0.0:
+            return math.inf
+        return self.params.length_penalty * math.log(length) - math.log(-beam.cumulative_logprob)

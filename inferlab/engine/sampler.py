@@ -218,9 +218,10 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     drop = ranks >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep the smallest prefix whose mass reaches top_p (the token crossing it included); at
-    # top_p = 1 nothing goes, though an fp32 running sum can reach 1 before the tail does
+    # top_p = 1 nothing goes, though an fp32 running sum can reach 1 before the tail does; the
+    # first token always stays (a top_p below fp32's smallest, 1e-46, reads as 0)
     mass_before = torch.cumsum(probs, dim=-1) - probs
-    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0)
+    drop |= (mass_before >= top_p[:, None]) & (top_p[:, None] < 1.0) & (ranks > 0)
     dropped = torch.empty_like(drop).scatter_(-1, order, drop)  # [R, V], vocabulary order
     logits = logits.clone()
     logits[index] = asking.masked_fill(dropped, float("-inf"))

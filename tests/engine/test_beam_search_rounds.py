@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import math
 
+import pytest
+
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
+from inferlab.errors import InvalidParameterError
 
 EOS = 0
 
@@ -57,6 +60,12 @@ def test_length_penalty_decides_between_short_and_long():
 
     assert ranked(1.0) == [[1, EOS]]
     assert ranked(3.0) == [[1, 3]]
+    # powers past a float's range (they once failed the request): at +1000, -0.9 / 4**1000 is
+    # nearer 0 than -0.6 / 3**1000, the long one first; at -1000, -0.6 * 3**1000 is, the short
+    assert ranked(1000.0) == [[1, 3]]
+    assert ranked(-1000.0) == [[1, EOS]]
+    with pytest.raises(InvalidParameterError, match="length_penalty must be a finite number"):
+        BeamSearchParams(beam_width=1, length_penalty=math.inf)
 
 
 def test_ignore_eos_keeps_eos_as_a_plain_token():

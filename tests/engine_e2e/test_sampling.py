@@ -83,6 +83,14 @@ def test_top_p_one_keeps_the_tail_an_fp32_running_sum_rounds_away():
     assert int(got.isfinite().sum()) == 50
 
 
+def test_a_top_p_below_fp32s_smallest_keeps_the_top_token(sampling_path):
+    """top_p = 1e-46 is a valid top_p that reads as 0.0 in fp32: the top token must stay (it
+    once dropped every token, and the step sampled token 0)."""
+    logits = torch.tensor([[0.0, 2.0, 1.0]]).repeat(50, 1)
+    tokens, _ = sample(logits, _batch([SamplingParams(temperature=0.5, top_p=1e-46)] * 50))
+    assert set(tokens.tolist()) == {1}
+
+
 def test_temperature_sampling_follows_the_distribution(sampling_path):
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().repeat(6000, 1)
