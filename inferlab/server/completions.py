@@ -113,7 +113,8 @@ class _Formatter:
             text = self._echo(out, logprobs, state) + text
         if logprobs is not None and entries:
             state.text_offset = append_completion_logprobs(
-                logprobs, token_ids, entries, self.names, state.text_offset, top_n)
+                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset, top_n,
+                self.names)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                 prompt_logprobs=prompt_entries, prompt_token_ids=asked_ids(self.req, prompt_ids),
@@ -133,6 +134,6 @@ class _Formatter:
             self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
         if logprobs is not None and out.prompt_logprobs is not None:
             append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                       self.names, 0, self.req.logprobs)
+                                       self.ctx.token_texts, 0, self.req.logprobs, self.names)
         state.text_offset = len(prompt_text)
         return prompt_text

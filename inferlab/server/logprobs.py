@@ -32,20 +32,23 @@ def token_id_text(token_id: int) -> str:
 
 def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int],
                                entries: Sequence[TokenLogprobs | None], texts: Callable[[int], str],
-                               text_offset: int, top_n: int) -> int:
+                               text_offset: int, top_n: int,
+                               names: Callable[[int], str] | None = None) -> int:
     """Add one entry per token (None entries: the first prompt token), each with its top_n;
-    returns the new offset."""
+    returns the new offset. Tokens are listed by `names` where given (return_tokens_as_token_ids),
+    and the offset moves on by each token's text either way."""
+    names = names or texts
     for token_id, entry in zip(token_ids, entries, strict=True):
-        text = texts(token_id)
+        text = names(token_id)
         into.tokens.append(text)
         into.text_offset.append(text_offset)
-        text_offset += len(text)
+        text_offset += len(texts(token_id))
         if entry is None:
             into.token_logprobs.append(None)
             into.top_logprobs.append(None)
             continue
         into.token_logprobs.append(entry.logprob)
-        top = {texts(t): lp for t, lp in entry.top[:top_n]}
+        top = {names(t): lp for t, lp in entry.top[:top_n]}
         top.setdefault(text, entry.logprob)  # the chosen token is always listed, as OpenAI does
         into.top_logprobs.append(top)
     return text_offset

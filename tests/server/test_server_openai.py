@@ -193,7 +193,8 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
 
 def test_logprobs_can_name_tokens_by_id(client, server):
     """return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and
-    /detokenize of each id gives the text the plain request named it by."""
+    /detokenize of each id gives the text the plain request named it by; the text offsets stay
+    those of the text (they once moved on by the names' lengths)."""
     asked = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 4, "logprobs": 1, **GREEDY}
     plain = client.completions.create(**asked, extra_body={"ignore_eos": True}).choices[0].logprobs
     named = client.completions.create(**asked, extra_body={
@@ -202,6 +203,7 @@ def test_logprobs_can_name_tokens_by_id(client, server):
     texts = [httpx.post(f"{server.url}/detokenize", json={"tokens": [int(t.removeprefix("token_id:"))]},
                         headers=server.headers, timeout=30).json()["prompt"] for t in named.tokens]
     assert texts == plain.tokens and named.token_logprobs == plain.token_logprobs
+    assert named.text_offset == plain.text_offset == [sum(map(len, texts[:i])) for i in range(4)]
     chat = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Hi"}], max_tokens=3, logprobs=True,
         top_logprobs=1, extra_body={"return_tokens_as_token_ids": True}, **GREEDY)
