@@ -30,7 +30,7 @@ class EbnfGrammar(Grammar):
         _refuse_left_recursion(compiled)
         self.alternatives: list[tuple[Element, ...]] = []  # all rules' alternatives, numbered
         self.rule_alternatives: list[list[int]] = []  # rule -> its alternatives' numbers
-        for options in compiled.alternatives:
+        for options in _productive_alternatives(compiled):
             self.rule_alternatives.append(list(range(len(self.alternatives), len(self.alternatives) + len(options))))
             self.alternatives.extend(options)
         self.matchers = compiled.matchers
@@ -124,12 +124,42 @@ def _refuse_left_recursion(compiled: Compiled) -> None:
 
 
 def _nullable(compiled: Compiled) -> list[bool]:
-    """Which rules can match the empty text: a fixed point over the alternatives."""
-    empty = [False] * len(compiled.names)
+    """Which rules can match the empty text."""
+    return _rules_where(compiled, lambda matcher: False)
+
+
+def _productive_alternatives(compiled: Compiled) -> list[list[tuple[Element, ...]]]:
+    """Each rule's alternatives less those that match no text (one reads a class no character is
+    in, or calls a rule that only calls itself), so that every text the guide lets through can
+    still be finished; a root left with none is refused, as the guide could only force an end."""
+    def reads(matcher: Matcher) -> bool:
+        return matcher.meets("\0", "\U0010ffff")
+
+    productive = _rules_where(compiled, reads)
+    if not productive[compiled.root]:
+        raise GrammarError(f"grammar: {compiled.names[compiled.root]!r} matches no text")
+    return [[option for option in options if _option_ok(option, productive, compiled, reads)]
+            for options in compiled.alternatives]
+
+
+def _nullable(compiled: Compiled) -> list[bool]:
+    """Which rules can match the empty text."""
+    return _rules_where(compiled, lambda matcher: False)
+
+
+def _rules_where(compiled: Compiled, char_ok: Callable[[Matcher], bool]) -> list[bool]:
+    """Which rules match some text whose characters are read by classes char_ok takes: a fixed
+    point over the alternatives."""
+    ok = [False] * len(compiled.names)
     changed = True
     while changed:
         changed = False
         for rule, options in enumerate(compiled.alternatives):
-            if not empty[rule] and any(all(k == "rule" and empty[v] for k, v in option) for option in options):
-                empty[rule] = changed = True
-    return empty
+            if not ok[rule] and any(_option_ok(option, ok, compiled, char_ok) for option in options):
+                ok[rule] = changed = True
+    return ok
+
+
+def _option_ok(option: tuple[Element, ...], rule_ok: list[bool], compiled: Compiled,
+               char_ok: Callable[[Matcher], bool]) -> bool:
+    return all(rule_ok[v] if k == "rule" else char_ok(compiled.matchers[v]) for k, v in option)

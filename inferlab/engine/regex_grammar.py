@@ -175,6 +175,15 @@ def _atom_meets(atom: re.Pattern[str], lo: str, hi: str) -> bool:
     return atom.search(chars_between(lo, hi)) is not None
 
 
+# where an atom is first looked for: ASCII, then each Unicode plane
+_SPANS = (("\0", "\x7f"), *((chr(plane << 16), chr((plane << 16) | 0xFFFF)) for plane in range(17)))
+
+
+def _reads_a_character(atom: re.Pattern[str]) -> bool:
+    """Whether some character matches the atom ([^\\s\\S] matches none)."""
+    return any(_atom_meets(atom, lo, hi) for lo, hi in _SPANS)
+
+
 class _Builder:
     """The AST as NFA positions, built backwards: each piece is given the position after it."""
 
@@ -190,8 +199,9 @@ class _Builder:
 
     def build(self, ast: _Ast, after: int) -> int:
         kind = ast[0]
-        if kind == "atom":
-            return self.add(_Node(atom=_atom_pattern(ast[1]), outs=(after,)))
+        if kind == "atom":  # one that matches no character is a dead end
+            atom = _atom_pattern(ast[1])
+            return self.add(_Node(atom=atom, outs=(after,)) if _reads_a_character(atom) else _Node())
         if kind == "seq":
             for item in reversed(ast[1]):
                 after = self.build(item, after)
@@ -228,6 +238,8 @@ class RegexGrammar(Grammar):
         self.start: State = self._closure({start})
         self._any_char: dict[State, State] = {}
         self._finishes: dict[tuple[State, int, int | None], bool] = {}
+        if not self.can_finish(self.start, 0, None):  # the guide could only force an end
+            raise RegexError(f"regex {pattern!r}: it matches no text")
 
     def _closure(self, positions: set[int]) -> State:
         """The positions that read a character (or match), reached without reading one."""
@@ -246,7 +258,7 @@ class RegexGrammar(Grammar):
 
     def _next(self, state: State, ch: str) -> State | None:
         moved = {self.nodes[i].outs[0] for i in state if i != 0 and self.nodes[i].atom.fullmatch(ch)}
-        return self._closure(moved) if moved else None
+        return self._closure(moved) or None  # nothing reached, or only dead ends
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and 0 in state

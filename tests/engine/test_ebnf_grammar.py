@@ -147,7 +147,17 @@ def test_spaces_may_come_before_a_repetition_as_llama_cpp_reads_them(grammar, te
     ('root ::= "a" ) "b"', "expected a rule: name ::= ..."),
     ('root ::= "a" @', "unexpected '@'"),
     ('root ::= "a"{0,60000} "b"{0,60000}', "unrolls to over 100000 elements"),
+    ("root ::= [^\\x00-\\U0010ffff]", "grammar: 'root' matches no text"),
+    ('root ::= "a" x\nx ::= "b" x', "grammar: 'root' matches no text"),
 ])
 def test_grammars_the_recognizer_cannot_read_are_refused_by_line_and_column(text, words):
     with pytest.raises(GrammarError, match=re.escape(words)):
         EbnfGrammar(text)
+
+
+def test_an_alternative_that_matches_no_text_is_never_entered():
+    """x only calls itself, so "a" x can never be finished: "a" is refused at once, and "c",
+    the other alternative, still completes."""
+    grammar = EbnfGrammar('root ::= "a" x | "c"\nx ::= "b" x')
+    assert grammar.advance(grammar.start, "a") is None
+    assert grammar.is_complete(grammar.advance(grammar.start, "c"))

@@ -286,6 +286,7 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     ({"type": "array", "prefixItems": {"type": "string"}}, "prefixItems must be a list of schemas"),
     ({"type": "array", "prefixItems": [{}], "items": False, "minItems": 2}, "minItems (2) is above the 1 items"),
     (False, "matches nothing"),
+    ({"type": "string", "pattern": "[^\\s\\S]"}, "it matches no text"),
     ({"type": "date"}, "type must be one of"),
     ({"$ref": "http://example.com/s.json"}, "only references inside the schema"),
     ({"$ref": "#/$defs/missing"}, "points at nothing"),

@@ -118,10 +118,21 @@ def test_lazy_quantifiers_take_the_strings_greedy_ones_take(lazy, greedy):
     (r"(a{1000}){1000}", "too large"),
     (r"[z-a]", "bad character range"),
     ("", "non-empty string"),
+    (r"[^\s\S]", "it matches no text"),  # the guide could only force an end (once: "stop")
+    (r"a[^\s\S]", "it matches no text"),
+    (r"(b|[^\d\D]a)*[^\d\D]", "it matches no text"),
 ])
 def test_what_the_recognizer_does_not_take_is_refused_by_name(pattern, words):
     with pytest.raises(RegexError, match=regex.escape(words)):
         RegexGrammar(pattern)
+
+
+def test_a_branch_no_character_matches_is_never_entered():
+    """'a' could only start the dead branch, so it is refused at once rather than accepted into
+    a text that cannot be finished; the live branch is untouched."""
+    grammar = RegexGrammar(r"a[^\s\S]|b+")
+    assert grammar.advance(grammar.start, "a") is None
+    assert grammar.is_complete(grammar.advance(grammar.start, "bb"))
 
 
 def test_many_texts_share_their_states():

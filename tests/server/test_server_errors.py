@@ -79,6 +79,9 @@ def chat(server, **fields) -> httpx.Response:
     ({"guided_grammar": "root ::= \"a\"", "structured_outputs": {"grammar": "root ::= \"b\""}}, "guided_grammar",
      "give the grammar once"),
     ({"guided_regex": "(a"}, "guided_regex", "missing ')'"),
+    # guides that match no text once forced an end at once and answered "stop"
+    ({"guided_regex": "a[^\\s\\S]"}, "guided_regex", "it matches no text"),
+    ({"guided_grammar": "root ::= [^\\x00-\\U0010ffff]"}, "guided_grammar", "matches no text"),
     ({"guided_regex": "a", "structured_outputs": {"regex": "b"}}, "guided_regex", "give the regex once"),
     ({"guided_regex": "a", "guided_choice": ["a"]}, "guided_choice", "guided_choice and guided_regex cannot"),
     ({"structured_outputs": {"json": "{not json"}}, "structured_outputs", "is not JSON"),
