@@ -66,11 +66,14 @@ def prepare(config: EvalConfig) -> Setup:
 
 
 def _check_fits(loaded: LoadedModel, config: EvalConfig) -> None:
-    room = loaded.config.max_position_embeddings - (1 if config.via_engine else 0)
+    """Its positions, and its sliding window, which attention here does not slide (the model's
+    max_context)."""
+    room = loaded.config.max_context - (1 if config.via_engine else 0)
     if config.seq_len > room:
+        windowed = loaded.config.max_context < loaded.config.max_position_embeddings
         extra = " (the engine needs one position for the token it samples)" if config.via_engine else ""
         raise InferlabError(f"--seq-len {config.seq_len} is longer than {loaded.name} can take: "
-                            f"{room} positions{extra}")
+                            f"{room} {'tokens of sliding window' if windowed else 'positions'}{extra}")
 
 
 def _check_same_vocabulary(loaded: LoadedModel, baseline: LoadedModel) -> None:

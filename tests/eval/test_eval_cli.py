@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 from eval_helpers import MAX_POSITIONS, make_char_model
@@ -64,6 +66,15 @@ def other_vocab_model(tmp_path_factory):
     return directory
 
 
+def _windowed_copy(model_dir: Path, directory: Path, window: int) -> Path:
+    """The model as a Mistral with a sliding window of `window` tokens (the same weights)."""
+    shutil.copytree(model_dir, directory)
+    config = json.loads((directory / "config.json").read_text())
+    config.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=window)
+    (directory / "config.json").write_text(json.dumps(config))
+    return directory
+
+
 @pytest.mark.parametrize(("case", "message"), [
     ("missing_dataset", "no such dataset file"),
     ("seq_len_1", "--seq-len must be at least 2"),
@@ -72,6 +83,8 @@ def other_vocab_model(tmp_path_factory):
     ("engine_and_baseline", "--via-engine gives only the prompt tokens' logprobs"),
     ("text_too_short", "fewer than one window of --seq-len 120"),
     ("window_too_long", f"--seq-len {MAX_POSITIONS + 1} is longer than base can take"),
+    # once a traceback, from the forward's own check
+    ("sliding_window_too_long", "--seq-len 16 is longer than windowed can take: 8 tokens of sliding window"),
     ("engine_window_too_long", "the engine needs one position"),
     ("other_vocabulary", "have different vocabularies"),
     ("unwritable_output", "cannot write the result"),  # before the run, not after it
@@ -94,6 +107,7 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
                                    "--via-engine"],
         "other_vocabulary": [str(base_dir), *data, "--baseline", str(other_vocab_model)],
         "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
+        "sliding_window_too_long": [str(_windowed_copy(base_dir, tmp_path / "windowed", 8)), *data],
     }[case]
     code, stdout, stderr = _run(capsys, *argv)
     assert code == 2
