@@ -50,6 +50,12 @@ class MemoryConfig:
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise InferlabError(f"KV cache memory must be positive, got {self.kv_cache_bytes} bytes")
 
+    @property
+    def max_step_seqs(self) -> int:
+        """Sequences one step can hold: the scheduler gives each at least one of the step's
+        max_num_batched_tokens."""
+        return min(self.max_num_seqs, self.max_num_batched_tokens)
+
 
 def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
     """KV heads split across devices; with more devices than KV heads each holds a copy of one."""
@@ -67,9 +73,9 @@ def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
 def activation_bytes(model: ModelConfig, cfg: MemoryConfig, act_bytes: int) -> int:
     """Peak activations of one step: the residual stream and its normed copy (2 × hidden), the
     MLP's gate, up and gated product (3 × intermediate / tp) for every batched token, plus fp32
-    logits and probabilities for every sequence sampled."""
+    logits and probabilities for every sequence a step samples."""
     per_token = 2 * model.hidden_size + 3 * model.intermediate_size // cfg.tensor_parallel
-    logits = 2 * cfg.max_num_seqs * model.vocab_size * LOGITS_BYTES
+    logits = 2 * cfg.max_step_seqs * model.vocab_size * LOGITS_BYTES
     return cfg.max_num_batched_tokens * per_token * act_bytes + logits
 
 

@@ -5,6 +5,10 @@ The reader is tolerant of the result's layout: it looks for runs (a list of dict
 TTFT figure, or the whole file as one run) and, in each, for numbers whose key path names the
 metric (ttft / time_to_first_token, itl / inter_token / tpot, output throughput) and, for latency,
 the median (p50 / median). Paths naming errors or cancelled requests are skipped.
+
+A run is predicted at its measured mean concurrency where it has one (a concurrency cap only
+bounds it), else at its request rate's (Little's law) or its concurrency setting. A run at a
+request rate is predicted to deliver that rate, up to the replica's capacity.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from inferlab.errors import InferlabError
-from inferlab.planner.capacity import Workload, replica_point
+from inferlab.planner.capacity import ReplicaPoint, Workload, replica_point
 from inferlab.planner.plan import Plan
 from inferlab.user_files import read_user_text
 
@@ -31,7 +35,10 @@ EXCLUDED = re.compile(r"error|cancel|fail|incomplete|aborted|floor|intended")
 PROMPT = re.compile(r"^(mean_)?(prompt|input)_(tokens|len)(_mean)?$")
 OUTPUT = re.compile(r"^(mean_)?(output|completion)_(tokens|len)(_mean)?$|^max_tokens$")
 CONCURRENCY = re.compile(r"concurrency|num_streams|streams")
+MEAN = re.compile(r"(^|[/_])(mean|avg|average)([/_]|$)")
 RATE = re.compile(r"^(request_)?rate(_per_s)?$|^requests_per_s_target$")
+# inferlab bench's closed-loop profiles: a stage's `rate` counts its streams, not requests/s
+CLOSED_LOOPS = ("synchronous", "concurrent", "throughput")
 
 
 def _leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
@@ -68,6 +75,26 @@ def _setting(run: dict[str, Any], name: re.Pattern[str]) -> float | None:
     return found[0][1] if found else None
 
 
+def _measured_concurrency(run: dict[str, Any]) -> float | None:
+    """The mean of the requests in flight, as measured (inferlab bench's concurrency_mean);
+    unlike a concurrency cap, it is what the server saw."""
+    return next((value for path, value in _leaves(run)
+                 if CONCURRENCY.search(key := "/".join(path)) and MEAN.search(key)
+                 and not any(EXCLUDED.search(p) for p in path)), None)
+
+
+def _offered_rate(run: dict[str, Any]) -> float | None:
+    """Requests/s the run sent, or None for a closed loop (a fixed number of streams)."""
+    def kinds(obj: Any) -> Iterator[str]:
+        if isinstance(obj, dict):
+            for key, value in obj.items():
+                if key in ("kind", "profile") and isinstance(value, str):
+                    yield value.lower()
+                yield from kinds(value)
+
+    return None if any(k in CLOSED_LOOPS for k in kinds(run)) else _setting(run, RATE)
+
+
 def find_runs(result: Any) -> list[dict[str, Any]]:
     """The runs in a bench result: dicts in a list that carry a TTFT figure, else the file itself."""
     def carries_ttft(obj: Any) -> bool:
@@ -95,22 +122,35 @@ class Comparison:
         return None if measured is None else measured / self.predicted[key]
 
 
-def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload) -> tuple[int, str]:
-    """Sequences decoding together: the run's concurrency, or from its request rate by Little's
-    law (in flight = rate × time in system), iterated to a fixed point."""
-    cost, hw, tp = plan.cost, plan.inputs.hardware, plan.inputs.memory.tensor_parallel
-    concurrency = _setting(run, CONCURRENCY)
-    if concurrency is not None:
-        return max(1, min(round(concurrency), plan.max_batch)), f"concurrency {concurrency:.3g}"
-    rate = _setting(run, RATE)
+def _batch(plan: Plan, concurrency: float) -> int:
+    return max(1, min(round(concurrency), plan.max_batch))
+
+
+def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload,
+                 rate: float | None) -> tuple[int, str]:
+    """Sequences decoding together: the run's measured mean concurrency, else from its request
+    rate by Little's law (in flight = rate × time in system, iterated to a fixed point, within
+    any concurrency cap), else its concurrency setting."""
+    measured, setting = _measured_concurrency(run), _setting(run, CONCURRENCY)
+    if measured is not None:
+        label = f"mean concurrency {measured:.3g}"
+        return _batch(plan, measured), label if rate is None else f"rate {rate:g} req/s, {label}"
     if rate is None:
-        return 1, "single stream (no concurrency or rate found)"
+        if setting is None:
+            return 1, "single stream (no concurrency or rate found)"
+        return _batch(plan, setting), f"concurrency {setting:.3g}"
+    cap = plan.max_batch if setting is None else _batch(plan, setting)
     batch = 1
     for _ in range(20):
-        point = replica_point(cost, hw, workload, batch, tp)
+        point = _predict(plan, workload, batch)
         latency_s = (point.ttft_ms + (workload.output_tokens - 1) * point.itl_ms) / 1e3
-        batch = max(1, min(round(rate * latency_s), plan.max_batch))
+        batch = max(1, min(round(rate * latency_s), cap))
     return batch, f"rate {rate:g} req/s"
+
+
+def _predict(plan: Plan, workload: Workload, batch: int) -> ReplicaPoint:
+    return replica_point(plan.cost, plan.inputs.hardware, workload, batch,
+                         plan.inputs.memory.tensor_parallel, plan.inputs.memory.max_num_batched_tokens)
 
 
 def compare(plan: Plan, result: Any) -> list[Comparison]:
@@ -122,16 +162,18 @@ def compare(plan: Plan, result: Any) -> list[Comparison]:
         prompt = _setting(run, PROMPT) or plan.inputs.workload.prompt_tokens
         output = _setting(run, OUTPUT) or plan.inputs.workload.output_tokens
         workload = Workload(max(1, round(prompt)), max(1, round(output)))
-        batch, label = _concurrency(plan, run, workload)
-        point = replica_point(plan.cost, plan.inputs.hardware, workload, batch,
-                              plan.inputs.memory.tensor_parallel)
+        rate = _offered_rate(run)
+        batch, label = _concurrency(plan, run, workload, rate)
+        point = _predict(plan, workload, batch)
+        # a rate-limited run is served what it offers, up to the replica's capacity
+        served = point.requests_per_s if rate is None else min(rate, point.requests_per_s)
         comparisons.append(Comparison(
             label=label, workload=workload, concurrency=batch,
             measured={"ttft_ms": _metric(run, TTFT, median=True),
                       "itl_ms": _metric(run, ITL, median=True),
                       "output_tokens_per_s": _metric(run, THROUGHPUT, median=False)},
             predicted={"ttft_ms": point.ttft_ms, "itl_ms": point.itl_ms,
-                       "output_tokens_per_s": point.requests_per_s * workload.output_tokens},
+                       "output_tokens_per_s": served * workload.output_tokens},
         ))
     return comparisons
 
@@ -146,13 +188,13 @@ def load_bench_result(path: Path) -> Any:
 
 def render_comparisons(comparisons: list[Comparison]) -> str:
     lines = ["Measured (bench) vs predicted (planner)",
-             f"  {'run':<34} {'metric':<20} {'measured':>10} {'predicted':>10} {'ratio':>7}"]
+             f"  {'run':<48} {'metric':<20} {'measured':>10} {'predicted':>10} {'ratio':>7}"]
     for c in comparisons:
         label = f"{c.label}, {c.workload.prompt_tokens}+{c.workload.output_tokens} tok"
         for key in ("ttft_ms", "itl_ms", "output_tokens_per_s"):
             measured, ratio = c.measured[key], c.ratio(key)
             m_text = "n/a" if measured is None else f"{measured:,.2f}"
             r_text = "n/a" if ratio is None else f"{ratio:.2f}"
-            lines.append(f"  {label:<34} {key:<20} {m_text:>10} {c.predicted[key]:>10,.2f} {r_text:>7}")
+            lines.append(f"  {label:<48} {key:<20} {m_text:>10} {c.predicted[key]:>10,.2f} {r_text:>7}")
             label = ""
     return "\n".join(lines) + "\n"

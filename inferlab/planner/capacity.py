@@ -7,7 +7,13 @@ r × O = b × (1 − r × T_prefill) / t_step(b), that is
 
     r(b)   = b / (O × t_step(b) + b × T_prefill)        requests/s per replica
     ITL(b) = t_step(b) + b × T_prefill / O              each prompt's prefill, spread over O steps
-    TTFT(b)= T_prefill + t_step(b)                      a new prompt waits at most one step
+    TTFT(b)= T_prefill + n(b) × t_step(b)               the prompt rides in n(b) decode steps
+
+A step computes at most B = max_num_batched_tokens tokens and the scheduler serves the running
+sequences first, so a prompt gets the B − (b − 1) tokens the others' decodes leave: it takes
+n(b) = ⌈P / (B − b + 1)⌉ steps, and no more than B sequences decode at once. The budget also
+caps the rate: each request needs P + O of the B tokens a step (of at least t_step(b)) computes,
+so r(b) is at most B / ((P + O) × t_step(b)).
 
 The planner takes the batch with the highest r(b) that meets both SLOs and fits in memory.
 Queueing near saturation adds to TTFT; these figures are for a replica at its capacity.
@@ -92,23 +98,33 @@ class ReplicaPoint:
     requests_per_s: float
 
 
-def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int, tp: int) -> ReplicaPoint:
+def prefill_steps(prompt_tokens: int, batch: int, step_tokens: int) -> int:
+    """n(b): the steps a prompt's prefill takes beside `batch` − 1 decoding sequences
+    (`batch` <= `step_tokens`)."""
+    return -(-prompt_tokens // (step_tokens - batch + 1))
+
+
+def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int, tp: int,
+                  step_tokens: int) -> ReplicaPoint:
     step_s = decode_step(cost, hw, batch, workload.mean_decode_context, tp).time_s
+    # the prompt's own work: its chunks share weight reads with the decode steps they ride in
     prefill_s = prefill(cost, hw, workload.prompt_tokens, tp).time_s
     out = workload.output_tokens
     return ReplicaPoint(
         batch=batch, step_ms=step_s * 1e3,
-        ttft_ms=(prefill_s + step_s) * 1e3,
+        ttft_ms=(prefill_s + prefill_steps(workload.prompt_tokens, batch, step_tokens) * step_s) * 1e3,
         itl_ms=(step_s + batch * prefill_s / out) * 1e3,
-        requests_per_s=batch / (out * step_s + batch * prefill_s),
+        requests_per_s=min(batch / (out * step_s + batch * prefill_s),
+                           step_tokens / (workload.context_len * step_s)),
     )
 
 
 @dataclass(frozen=True)
 class CapacityPlan:
     best: ReplicaPoint  # the batch each replica runs at
-    max_batch: int  # the most sequences memory and max_num_seqs allow
-    limited_by: str  # what stopped the batch growing: memory, max_num_seqs, itl_ms or ttft_ms
+    max_batch: int  # the most sequences memory, max_num_seqs and max_num_batched_tokens allow
+    # what stopped the batch growing: memory, max_num_seqs, max_num_batched_tokens, itl_ms or ttft_ms
+    limited_by: str
     request_rate: float | None
     replicas: int | None
     gpus: int | None
@@ -139,16 +155,17 @@ class CapacityPlan:
 
 
 def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, max_batch: int,
-                  limited_by_memory: bool, tp: int = 1, request_rate: float | None = None,
+                  limited_by: str, step_tokens: int, tp: int = 1, request_rate: float | None = None,
                   price_per_gpu_hour: float | None = None) -> CapacityPlan:
-    """The best batch per replica within the SLO, then replicas for `request_rate`."""
+    """The best batch per replica within the SLO, then replicas for `request_rate`;
+    `limited_by` names what set `max_batch`."""
     if request_rate is not None and not 0 < request_rate < math.inf:
         raise InferlabError(f"--request-rate must be positive and finite, got {request_rate}")
     if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
         raise InferlabError(f"--price-per-hour must be positive and finite, got {price_per_gpu_hour}")
-    best, limited_by = None, "memory" if limited_by_memory else "max_num_seqs"
+    best = None
     for batch in range(1, max_batch + 1):
-        point = replica_point(cost, hw, workload, batch, tp)
+        point = replica_point(cost, hw, workload, batch, tp, step_tokens)
         broken = [name for name, limit, value in (("ttft_ms", slo.ttft_ms, point.ttft_ms),
                                                   ("itl_ms", slo.itl_ms, point.itl_ms))
                   if limit is not None and value > limit]

@@ -6,6 +6,7 @@ import argparse
 import json
 from pathlib import Path
 
+from inferlab.bench.outputs import check_writable
 from inferlab.errors import InferlabError
 from inferlab.planner.budget import KV_DTYPES, MemoryConfig
 from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
@@ -13,7 +14,7 @@ from inferlab.planner.capacity import SLO, Workload
 from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
 from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
 from inferlab.planner.memory import weight_format
-from inferlab.planner.model_shapes import resolve_model
+from inferlab.planner.model_shapes import checkpoint_weight_format, resolve_model
 from inferlab.planner.plan import PlanInputs, build_plan
 from inferlab.planner.presets import PRESETS
 from inferlab.planner.report_html import render_html
@@ -33,14 +34,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--measure", action="store_true", help=f"measure this machine again for {CPU_LOCAL}")
     p.add_argument("--cache", type=Path, default=None, help="where the cpu-local figures are cached")
     p.add_argument("--list", action="store_true", help="list model presets and hardware, then exit")
-    p.add_argument("--weight-format", default="bf16",
-                   help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size)")
+    p.add_argument("--weight-format", default=None,
+                   help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size) "
+                        "(default: a compressed-tensors checkpoint's own, else bf16)")
     p.add_argument("--kv-dtype", default=DEFAULTS.kv_dtype, help=f"one of {', '.join(KV_DTYPES)}")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
     p.add_argument("--tensor-parallel", "-tp", type=int, default=DEFAULTS.tensor_parallel)
     p.add_argument("--memory", default=None, help="override the device memory (e.g. 24GiB)")
     p.add_argument("--kv-cache-memory", default=None,
-                   help="a fixed KV cache budget per device (e.g. 64MiB), as the engine's option")
+                   help="a fixed KV cache budget per device (e.g. 64MiB), as the engine's option "
+                        f"(default on {CPU_LOCAL}: the engine's CPU default)")
     p.add_argument("--block-size", type=int, default=DEFAULTS.block_size)
     p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
@@ -82,8 +85,8 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
 
 def build_inputs(args: argparse.Namespace) -> PlanInputs:
     hw = resolve_hardware(args)
-    kv_bytes = None if args.kv_cache_memory is None else parse_bytes(args.kv_cache_memory,
-                                                                    "--kv-cache-memory")
+    kv_bytes = (hw.engine_kv_cache_bytes if args.kv_cache_memory is None
+                else parse_bytes(args.kv_cache_memory, "--kv-cache-memory"))
     memory = MemoryConfig(
         device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel=args.tensor_parallel, kv_dtype=args.kv_dtype.lower(),
@@ -91,8 +94,11 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
         max_num_batched_tokens=args.max_num_batched_tokens,
         runtime_overhead_bytes=hw.runtime_overhead_bytes, kv_cache_bytes=kv_bytes,
     )
+    model = resolve_model(args.model)
+    fmt = (weight_format(args.weight_format) if args.weight_format is not None
+           else checkpoint_weight_format(model) or weight_format("bf16"))
     return PlanInputs(
-        model=resolve_model(args.model), hardware=hw, weight_format=weight_format(args.weight_format),
+        model=model, hardware=hw, weight_format=fmt,
         memory=memory, workload=Workload.parse(args.workload), slo=SLO.parse(args.slo),
         request_rate=args.request_rate, price_per_gpu_hour=args.price_per_hour,
         context_len=args.context_len,
@@ -118,6 +124,8 @@ def run_plan(args: argparse.Namespace) -> int:
     if args.context_len is not None and args.context_len < 1:
         raise InferlabError(f"--context-len must be at least 1, got {args.context_len}")
 
+    if args.html is not None:
+        check_writable(str(args.html), "--html")
     plan = build_plan(build_inputs(args))
     comparisons = [] if args.compare_bench is None else compare(plan, load_bench_result(args.compare_bench))
     if args.json:

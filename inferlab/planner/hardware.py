@@ -38,6 +38,9 @@ class Hardware:
     # measured hardware: bytes/s matmuls stream weights at, by rows (tokens) then layer width
     stream_rates: dict[int, dict[int, float]] | None = None
     measured: bool = False
+    # the KV budget inferlab's engine takes here unless told (--kv-cache-memory); None: what
+    # --gpu-memory-utilization leaves after weights and activations
+    engine_kv_cache_bytes: int | None = None
 
     def __post_init__(self) -> None:
         if self.memory_bytes <= 0:

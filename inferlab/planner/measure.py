@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from inferlab.config import CPU_KV_CACHE_BYTES
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
 
@@ -247,4 +248,5 @@ def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:
         compute_efficiency=1.0,
         layer_overhead_s=float(figures["layer_overhead_s"]),
         measured=True,
+        engine_kv_cache_bytes=CPU_KV_CACHE_BYTES,
     )

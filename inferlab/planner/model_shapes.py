@@ -12,8 +12,10 @@ from pathlib import Path
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig
 from inferlab.models.gguf import read_gguf_config
+from inferlab.planner.memory import WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
+from inferlab.quant.scheme import FLOAT, GROUP, QuantScheme
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -62,3 +64,35 @@ def resolve_model(model: str | None) -> ModelSpec:
     close = closest_names(model, PRESETS)
     hint = f"did you mean {', '.join(close)}?" if close else f"presets: {', '.join(PRESETS)}"
     raise InferlabError(f"model {model!r} is neither a file, a directory nor a preset; {hint}")
+
+
+def scheme_weight_format(scheme: QuantScheme) -> WeightFormat:
+    """A compressed-tensors scheme as the planner costs it: quantized activations run the matmuls
+    at their 8-bit rate; weight-only schemes dequantize inside a bf16 matmul."""
+    w, acts = scheme.weights, scheme.activations
+    group = w.group_size if w.strategy == GROUP else None
+    compute = "bf16" if acts is None else "fp8" if acts.kind == FLOAT else "int8"
+    name = (f"{'fp' if w.kind == FLOAT else 'int'}{w.num_bits}" + (f"-g{group}" if group else "")
+            + ("-wo" if acts is None and w.num_bits == 8 else ""))
+    return WeightFormat(name, w.num_bits, group, True, compute)
+
+
+def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:
+    """The format a compressed-tensors checkpoint stores its linears in, None if it is not one;
+    read as `inferlab info` and the loader read it, so a config they refuse fails here too."""
+    config = spec.config.extra.get("quantization_config")
+    if not config:
+        return None
+    # imports torch, which the planner otherwise never needs: only for quantized checkpoints
+    from inferlab.quant.load import parse_quantization_config
+
+    try:
+        groups = parse_quantization_config(config, spec.source).groups
+    except InferlabError as e:
+        raise InferlabError(f"{e}; plan it with --weight-format") from None
+    formats = {scheme_weight_format(g.scheme) for g in groups}
+    if len(formats) > 1:
+        names = ", ".join(sorted(f.name for f in formats))
+        raise InferlabError(f"{spec.source}: the checkpoint mixes weight formats ({names}); "
+                            "choose one with --weight-format")
+    return next(iter(formats), None)

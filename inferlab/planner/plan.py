@@ -44,7 +44,7 @@ class Plan:
     memory: MemoryPlan
     cost: ModelCost
     context_len: int
-    max_batch: int  # sequences of context_len that fit, capped by max_num_seqs
+    max_batch: int  # sequences of context_len that fit, capped by what one step holds
     prefill: StepEstimate  # the workload's prompt
     decode_batch1: StepEstimate
     curve: list[CurvePoint]
@@ -89,6 +89,15 @@ class Plan:
         }
 
 
+def batch_limit(cfg: MemoryConfig, fitting: int) -> tuple[int, str]:
+    """The most sequences that decode together, and what sets it: `fitting` (memory), or one
+    step's max_num_seqs or max_num_batched_tokens (each sequence takes a token of the step)."""
+    limits = {"max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
+              "memory": fitting}
+    limited_by = min(limits, key=limits.__getitem__)
+    return limits[limited_by], limited_by
+
+
 def build_plan(inputs: PlanInputs) -> Plan:
     model, hw, fmt = inputs.model.config, inputs.hardware, inputs.weight_format
     tp = inputs.memory.tensor_parallel
@@ -103,21 +112,21 @@ def build_plan(inputs: PlanInputs) -> Plan:
         raise InferlabError(
             f"does not fit: one sequence of {context} tokens needs {-(-context // memory.block_size)} "
             f"KV blocks, only {memory.num_blocks} fit on {hw.name}")
-    max_batch = min(fitting, inputs.memory.max_num_seqs)
+    max_batch, limited_by = batch_limit(inputs.memory, fitting)
+    step_tokens = inputs.memory.max_num_batched_tokens
     cost = model_cost(model, weights, fmt, memory, tp)
     notes = []
     _, used = hw.flops_for(fmt.compute_dtype)
     if used != fmt.compute_dtype and not (fmt.compute_dtype == "fp16" and used == "bf16"):
         notes.append(f"{hw.name} lists no {fmt.compute_dtype} rate: matmuls are costed at its {used} rate")
-    capacity = plan_capacity(cost, hw, inputs.workload, inputs.slo, max_batch,
-                             limited_by_memory=fitting < inputs.memory.max_num_seqs, tp=tp,
-                             request_rate=inputs.request_rate,
+    capacity = plan_capacity(cost, hw, inputs.workload, inputs.slo, max_batch, limited_by,
+                             step_tokens, tp=tp, request_rate=inputs.request_rate,
                              price_per_gpu_hour=inputs.price_per_gpu_hour)
     decode_context = inputs.workload.mean_decode_context
     return Plan(
         inputs=inputs, weights=weights, memory=memory, cost=cost, context_len=context,
         max_batch=max_batch,
-        prefill=prefill(cost, hw, inputs.workload.prompt_tokens, tp),
+        prefill=prefill(cost, hw, inputs.workload.prompt_tokens, tp, step_tokens),
         decode_batch1=decode_step(cost, hw, 1, decode_context, tp),
         curve=throughput_curve(cost, hw, decode_context, max_batch, tp),
         crossover_batch=crossover_batch(cost, hw, decode_context),

@@ -24,15 +24,22 @@ def _header(plan: Plan) -> list[str]:
     ]
 
 
+def _kv_source(plan: Plan) -> str:
+    i, mem = plan.inputs, plan.memory
+    if not mem.fixed_kv_budget:
+        return (f"{format_bytes(mem.usable_bytes)} usable ({format_bytes(mem.device_memory_bytes)} × "
+                f"{i.memory.gpu_memory_utilization:g}) − the above")
+    if i.memory.kv_cache_bytes == i.hardware.engine_kv_cache_bytes:
+        return f"the engine's default on {i.hardware.name} (--kv-cache-memory sets it)"
+    return "fixed by --kv-cache-memory"
+
+
 def _memory(plan: Plan) -> list[str]:
     i, w, mem = plan.inputs, plan.weights, plan.memory
     m, cfg, fmt = i.model.config, i.memory, i.weight_format
     tp = f" / {cfg.tensor_parallel} devices" if cfg.tensor_parallel > 1 else ""
     scales = (f" + {w.num_scales:,} scales × {fmt.scale_bytes} B" if w.num_scales else "")
     group = f" (group {fmt.group_size})" if fmt.group_size else ""
-    kv_source = ("fixed by --kv-cache-memory" if mem.fixed_kv_budget else
-                 f"{format_bytes(mem.usable_bytes)} usable ({format_bytes(mem.device_memory_bytes)} × "
-                 f"{cfg.gpu_memory_utilization:g}) − the above")
     ctx_blocks = -(-plan.context_len // mem.block_size)
     lines = [
         "Memory (per device)",
@@ -40,16 +47,16 @@ def _memory(plan: Plan) -> list[str]:
         f"{fmt.bits} bits{group}{scales} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
-        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × 4 B",
+        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_step_seqs} seqs × {m.vocab_size} vocab × 4 B",
         f"  runtime overhead  {format_bytes(mem.overhead_bytes):>12}   context, graphs, workspaces",
-        f"  KV cache          {format_bytes(mem.kv_cache_bytes):>12}   {kv_source}",
+        f"  KV cache          {format_bytes(mem.kv_cache_bytes):>12}   {_kv_source(plan)}",
         f"    per token       {mem.kv_bytes_per_token:>10,} B   2 × {m.num_layers} layers × {mem.kv_heads} KV heads"
         f" × {m.head_dim} head dim × {DTYPE_BYTES[cfg.kv_dtype]} B ({cfg.kv_dtype})",
         f"    blocks          {mem.num_blocks:>12,}   of {mem.block_size} tokens ({format_bytes(mem.block_bytes)}"
         f" each): {mem.kv_tokens:,} tokens",
         f"    sequences       {mem.max_sequences(plan.context_len):>12,}   of {plan.context_len:,} tokens "
         f"({ctx_blocks} blocks each) at once; batch limit {plan.max_batch} "
-        f"(max_num_seqs {cfg.max_num_seqs})",
+        f"(max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens})",
     ]
     return lines
 
@@ -61,22 +68,30 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
         why = (f"{format_rate(step.flops, 'FLOP')} / ({format_rate(peak, 'FLOP/s')} × "
                f"{hw.compute_efficiency:g})")
     else:
-        bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens)
-        rows = f"{step.tokens} row{'s' if step.tokens > 1 else ''}"
+        bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens_per_step)
+        rows = f"{step.tokens_per_step} row{'s' if step.tokens_per_step > 1 else ''}"
         width = f" at width {plan.cost.hidden_size}, {rows}" if hw.stream_rates else ""
         why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(bandwidth, 'B/s')}{width}"
                f" × {hw.bandwidth_efficiency:g})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""
-    ops = (f" + {plan.cost.num_layers} layers × {hw.layer_overhead_s * 1e6:.0f} µs launch overhead"
+    steps = f"{step.steps} steps × " if step.steps > 1 else ""
+    ops = (f" + {steps}{plan.cost.num_layers} layers × {hw.layer_overhead_s * 1e6:.0f} µs launch overhead"
            if step.overhead_s else "")
     return f"{step.bound}-bound: {why}{comm}{ops}"
+
+
+def _chunks(plan: Plan) -> str:
+    step = plan.prefill
+    if step.steps == 1:
+        return ""
+    return f" in {step.steps} steps of up to {step.tokens_per_step} (max_num_batched_tokens)"
 
 
 def _speed(plan: Plan) -> list[str]:
     wl = plan.inputs.workload
     lines = [
         f"Speed (roofline; decode attends to {wl.mean_decode_context} tokens, the workload's mean)",
-        f"  TTFT   {plan.prefill.time_s * 1e3:10.2f} ms   prefill of {wl.prompt_tokens} tokens, "
+        f"  TTFT   {plan.prefill.time_s * 1e3:10.2f} ms   prefill of {wl.prompt_tokens} tokens{_chunks(plan)}, "
         f"{_step_factors(plan.prefill, plan)}",
         f"  ITL    {plan.decode_batch1.time_s * 1e3:10.2f} ms   decode step at batch 1, "
         f"{_step_factors(plan.decode_batch1, plan)}",

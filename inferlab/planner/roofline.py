@@ -58,17 +58,26 @@ def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memo
 
 @dataclass(frozen=True)
 class StepEstimate:
-    tokens: int  # tokens computed in the step
+    """One step, or a prompt prefilled over `steps` steps (the figures are then their sums)."""
+
+    tokens: int  # tokens computed, all steps together
     bytes_moved: int
     flops: int
     memory_s: float  # bytes / (bandwidth × efficiency)
     compute_s: float  # flops / (peak × efficiency)
     comm_s: float  # tensor-parallel all-reduces
-    overhead_s: float  # layers × the hardware's host time to launch one layer
+    overhead_s: float  # steps × layers × the hardware's host time to launch one layer
     flops_dtype: str  # whose peak was used
+    steps: int = 1
+
+    @property
+    def tokens_per_step(self) -> int:
+        return -(-self.tokens // self.steps)
 
     @property
     def time_s(self) -> float:
+        # over several steps this max of sums stands for the sum of each step's max: the steps of
+        # one prompt are alike, so they share a bound
         return max(self.memory_s, self.compute_s) + self.comm_s + self.overhead_s
 
     @property
@@ -77,16 +86,18 @@ class StepEstimate:
 
 
 def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flops: int,
-              tp: int) -> StepEstimate:
+              tp: int, steps: int = 1) -> StepEstimate:
     peak, used = hw.flops_for(cost.compute_dtype)
     ring = 2 * (tp - 1) / tp  # a ring all-reduce sends and receives this share of the message
-    comm = cost.num_allreduces * (ALLREDUCE_LATENCY_S + ring * tokens * cost.allreduce_bytes_per_token
+    comm = cost.num_allreduces * (steps * ALLREDUCE_LATENCY_S + ring * tokens * cost.allreduce_bytes_per_token
                                   / hw.interconnect_bytes_per_s)
+    rows = -(-tokens // steps)
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
-        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, tokens) * hw.bandwidth_efficiency),
+        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency),
         compute_s=flops / (peak * hw.compute_efficiency),
-        comm_s=comm, overhead_s=cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
+        comm_s=comm, overhead_s=steps * cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
+        steps=steps,
     )
 
 
@@ -99,13 +110,19 @@ def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp:
     return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
 
 
-def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1) -> StepEstimate:
-    """A whole prompt in one step, logits for its last token; causal attention: token i attends
-    to i tokens."""
+def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1,
+            step_tokens: int | None = None) -> StepEstimate:
+    """A prompt in chunks of at most `step_tokens` (None: one step), logits for its last token;
+    causal attention: token i attends to i tokens, however the prompt is cut. Each step reads
+    the weights again, and the K/V the earlier steps wrote."""
+    chunk = min(step_tokens or prompt_len, prompt_len)
+    steps = -(-prompt_len // chunk)
     attention = cost.attention_flops_per_context_token * prompt_len * (prompt_len + 1) // 2
     flops = prompt_len * cost.linear_flops_per_token + cost.lm_head_flops + attention
-    bytes_moved = cost.weight_bytes_per_step + prompt_len * cost.kv_bytes_per_token
-    return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp)
+    earlier_kv_reads = chunk * steps * (steps - 1) // 2  # step k reads the k × chunk tokens before it
+    bytes_moved = (steps * cost.weight_bytes_per_step
+                   + (prompt_len + earlier_kv_reads) * cost.kv_bytes_per_token)
+    return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp, steps)
 
 
 def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | None:

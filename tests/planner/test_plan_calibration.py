@@ -38,6 +38,28 @@ GUIDELLM_LIKE = {"benchmarks": [{"concurrency": 4, "metrics": {
     "output_tokens_per_second": {"successful": {"mean": 500.0}}}}]}
 
 
+
+def _inferlab_stage(kind: str, rate: float, max_concurrency: int | None, concurrency_mean: float) -> dict:
+    """A stage as `inferlab bench --output X.json` writes it (report_json.py): the spec asked
+    for, then the summary measured; prompts of 64 tokens, 16 output tokens."""
+    def stats(value: float) -> dict:
+        return {"ok": {"count": 8, "mean": value, "median": value}, "error": {"count": 0, "median": None}}
+
+    return {"spec": {"kind": kind, "rate": rate, "max_concurrency": max_concurrency, "seed": 0,
+                     "limits": {"max_seconds": None, "max_requests": 8}},
+            "summary": {"info": {"stage": 0, "label": f"{kind}@{rate:g}", "kind": kind, "rate": rate},
+                        "sent_rate": rate, "scheduled_rate": rate, "request_throughput": rate,
+                        "output_token_throughput": 16 * rate, "concurrency_mean": concurrency_mean,
+                        "concurrency_max": 2, "metrics": {
+                            "ttft_ms": stats(20.0), "itl_ms": stats(5.0),
+                            "prompt_tokens": stats(64), "output_tokens": stats(16)}},
+            "requests": []}
+
+
+def _inferlab_result(*stages: dict) -> dict:
+    return {"format": "inferlab-bench/1", "meta": {"profile": "constant"}, "stages": list(stages)}
+
+
 @pytest.fixture(scope="module")
 def plan():
     hw = datasheet_hardware("L4")
@@ -62,6 +84,28 @@ def test_flat_keys_and_a_request_rate(plan):
     assert run.measured == {"ttft_ms": 40.0, "itl_ms": 7.5, "output_tokens_per_s": 120.0}
     assert run.workload == Workload(256, 64)
     assert run.label == "rate 2 req/s" and run.concurrency >= 1
+
+
+def test_a_rate_limited_run_is_predicted_at_its_measured_concurrency(plan):
+    """Once predicted at its cap (--max-concurrency 64) with the replica's full throughput."""
+    (run,) = compare(plan, _inferlab_result(_inferlab_stage("constant", 5.0, 64, 0.14)))
+    assert run.concurrency == 1 and run.label == "rate 5 req/s, mean concurrency 0.14"
+    # served what it offers, far below what one replica can do: 5 req/s × 16 output tokens
+    assert run.predicted["output_tokens_per_s"] == pytest.approx(80.0)
+    assert run.measured["output_tokens_per_s"] == 80.0
+
+
+def test_an_overloaded_run_is_predicted_at_capacity(plan):
+    overloaded, closed = compare(plan, _inferlab_result(
+        _inferlab_stage("poisson", 1000.0, 64, 64.0),
+        # a closed loop: inferlab bench writes its 64 streams as its `rate`
+        _inferlab_stage("concurrent", 64.0, None, 64.0)))
+    assert overloaded.concurrency == closed.concurrency == 64
+    assert closed.label == "mean concurrency 64"
+    # 1,000 req/s is more than a replica serves at batch 64: both get its capacity, which is
+    # more than 64 req/s (the closed loop's stream count, read as a rate)
+    assert overloaded.predicted == closed.predicted
+    assert 64 * 16 < closed.predicted["output_tokens_per_s"] < 1000 * 16
 
 
 def test_guidellm_like_layout(plan):
@@ -117,16 +161,24 @@ def test_a_real_inferlab_bench_result(tmp_path, capsys):
                              "--itl-ms", "10"], stdout=subprocess.PIPE, text=True)
     try:
         url = mock.stdout.readline().split()[-1]
-        result = tmp_path / "bench.json"
-        done = subprocess.run(
-            [*inferlab, "bench", "--target", url, "--profile", "concurrent", "--rate", "1", "4",
-             "--max-requests", "8", "--max-tokens", "16", "--calibration-seconds", "0",
-             "--data", "prompt_tokens=64,output_tokens=16", "--output", str(result), "--quiet"],
-            capture_output=True, text=True, timeout=120)
-        assert done.returncode == 0, done.stderr
+        result, rated = tmp_path / "bench.json", tmp_path / "rated.json"
+        for load, path in ((["concurrent", "--rate", "1", "4", "--max-requests", "8"], result),
+                           (["constant", "--rate", "2", "--max-concurrency", "64", "--max-requests", "4"],
+                            rated)):
+            done = subprocess.run(
+                [*inferlab, "bench", "--target", url, "--profile", *load, "--max-tokens", "16",
+                 "--calibration-seconds", "0", "--data", "prompt_tokens=64,output_tokens=16",
+                 "--output", str(path), "--quiet"],
+                capture_output=True, text=True, timeout=120)
+            assert done.returncode == 0, done.stderr
     finally:
         mock.terminate()
         mock.wait(timeout=30)
+    assert main(["plan", "--hardware", "L4", "--json", "--compare-bench", str(rated)]) == 0
+    (run,) = json.loads(capsys.readouterr().out)["compare_bench"]
+    # 2 req/s of 200 ms requests: under one in flight, not the cap of 64; 2 × 16 tokens/s
+    assert run["concurrency"] == 1 and run["run"].startswith("rate 2 req/s, mean concurrency")
+    assert run["predicted"]["output_tokens_per_s"] == pytest.approx(32.0)
     assert main(["plan", "--hardware", "L4", "--json", "--compare-bench", str(result)]) == 0
     runs = json.loads(capsys.readouterr().out)["compare_bench"]
     assert [r["concurrency"] for r in runs] == [1, 4]

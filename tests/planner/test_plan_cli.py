@@ -47,6 +47,21 @@ def test_default_is_the_embedded_model_on_cpu_local(capsys, cache):
     assert plan["decode_batch1"]["time_ms"] == pytest.approx(11.8238 + 3.0, abs=1e-3)
 
 
+def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache):
+    """Once 0.9 × the machine's memory (~20 GiB, 739 sequences), not the engine's CPU default."""
+    code, out, _ = _run(capsys, "--cache", str(cache), "--json")
+    memory = json.loads(out)["memory"]
+    assert code == 0
+    # the engine's 2 GiB CPU default // (16 tokens × 23,040 B) = 5,825 blocks; sequences of
+    # 1,280 tokens take 80 blocks each: 72
+    assert memory["kv_cache_bytes"] == 2 * 2**30
+    assert memory["num_blocks"] == 5_825 and memory["max_batch"] == 72
+    code, out, _ = _run(capsys, "--cache", str(cache))
+    assert "the engine's default on cpu-local" in out and "batch 72 (limited by memory)" in out
+    code, out, _ = _run(capsys, "--cache", str(cache), "--kv-cache-memory", "64MiB", "--json")
+    assert json.loads(out)["memory"]["num_blocks"] == 182  # 67,108,864 // 368,640
+
+
 def test_console_report_shows_factors(capsys, cache):
     code, out, _ = _run(capsys, "Llama-3.1-8B", "--hardware", "h100-sxm", "--slo", "itl_ms=30",
                         "--request-rate", "20", "--price-per-hour", "2.5")
@@ -73,6 +88,9 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "inf"], "positive and finite"),
     (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "nan"], "positive and finite"),
     (["Llama-3.1-8B", "--hardware", "L4", "--price-per-hour", "nan"], "positive and finite"),
+    # once the whole plan printed first, then the error
+    (["Llama-3.1-8B", "--hardware", "L4", "--html", "/nonexistent/plan.html"],
+     "--html /nonexistent/plan.html: folder /nonexistent does not exist"),
 ])
 def test_bad_input_is_one_line_with_exit_code_2(capsys, argv, expected):
     code, out, err = _run(capsys, *argv)
@@ -98,6 +116,48 @@ def test_model_directory_and_gguf_file(capsys, tmp_path, cache):
     code, out, _ = _run(capsys, str(tmp_path / "llama2"), "--hardware", "h100-sxm",
                         "--kv-dtype", "fp16", "--json")
     assert code == 0 and json.loads(out)["memory"]["kv_bytes_per_token"] == 524_288
+
+
+def _w8a16(targets: list[str], num_bits: int = 8, group_size: int | None = None) -> dict:
+    """A compressed-tensors group as `inferlab quantize --scheme W8A16` (or W4A16) writes it."""
+    return {"targets": targets, "input_activations": None, "output_activations": None,
+            "weights": {"num_bits": num_bits, "type": "int", "symmetric": True, "dynamic": False,
+                        "strategy": "group" if group_size else "channel", "group_size": group_size}}
+
+
+def _quantized_smollm2(folder: Path, groups: dict) -> Path:
+    # SmolLM2-135M's config.json with a quantization_config
+    config = {"architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+              "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3,
+              "vocab_size": 49152, "max_position_embeddings": 8192, "tie_word_embeddings": True,
+              "quantization_config": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                                      "config_groups": groups, "ignore": ["lm_head"]}}
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(config))
+    return folder
+
+
+def test_a_quantized_checkpoint_plans_its_own_weight_format(capsys, tmp_path):
+    """Once planned as bf16 (256.57 MiB) while `inferlab info` said int8 weights."""
+    q8 = _quantized_smollm2(tmp_path / "q8", {"group_0": _w8a16(["Linear"])})
+    code, out, _ = _run(capsys, str(q8), "--hardware", "L4", "--json")
+    plan = json.loads(out)
+    assert code == 0 and plan["weight_format"]["name"] == "int8-wo"
+    # 106,168,320 linear weights × 1 B + one bf16 scale per output row (30 layers × 5,184 rows)
+    # + 28,346,688 embedding and norm params × 2 B
+    assert plan["weights"]["total_bytes"] == 106_168_320 + 155_520 * 2 + 28_346_688 * 2
+    code, out, _ = _run(capsys, str(q8), "--hardware", "L4", "--weight-format", "bf16", "--json")
+    assert json.loads(out)["weights"]["total_bytes"] == 269_030_016
+
+
+def test_a_mixed_quantized_checkpoint_asks_for_a_weight_format(capsys, tmp_path):
+    mixed = _quantized_smollm2(tmp_path / "mixed", {
+        "attention": _w8a16(["re:.*self_attn.*"]), "mlp": _w8a16(["re:.*mlp.*"], 4, 128)})
+    code, out, err = _run(capsys, str(mixed), "--hardware", "L4")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "mixes weight formats (int4-g128, int8-wo)" in err and "--weight-format" in err
+    code, _, _ = _run(capsys, str(mixed), "--hardware", "L4", "--weight-format", "int4-g128")
+    assert code == 0
 
 
 class _SVGCounter(HTMLParser):

@@ -20,9 +20,11 @@ ROUND = Hardware("round", 80 * 10**9, 1e12, {"bf16": 1e15}, 1e11, "test figures"
                  runtime_overhead_bytes=0, bandwidth_efficiency=1.0, compute_efficiency=1.0)
 
 
-def _plan(model: str | None, hw: Hardware = ROUND, tp: int = 1, fmt: str = "bf16", **kw):
+def _plan(model: str | None, hw: Hardware = ROUND, tp: int = 1, fmt: str = "bf16",
+          step_tokens: int = 2048, **kw):
     memory = MemoryConfig(hw.memory_bytes, tensor_parallel=tp, kv_dtype="bf16",
-                          runtime_overhead_bytes=hw.runtime_overhead_bytes)
+                          runtime_overhead_bytes=hw.runtime_overhead_bytes,
+                          max_num_batched_tokens=step_tokens)
     return build_plan(PlanInputs(resolve_model(model), hw, weight_format(fmt), memory,
                                  kw.pop("workload", Workload()), kw.pop("slo", SLO()), **kw))
 
@@ -45,6 +47,32 @@ def test_prefill_llama2_7b_hand_count():
     assert step.flops == 56_003_657_728_000
     assert step.bound == "compute"
     assert step.time_s == pytest.approx(56.003657728e-3)
+
+
+def test_prefill_in_chunks_of_the_step_budget_hand_count():
+    # 1,024 tokens in steps of 16: 64 steps, each reading the weights (13,214,687,232 B) again,
+    # writing its K/V and reading the 16 × (0 + 1 + … + 63) = 32,256 tokens' K/V written before:
+    # 64 × 13,214,687,232 + (1,024 + 32,256) × 524,288 = 863,188,287,488 B -> 863.19 ms at 1 TB/s;
+    # FLOPs as in one step: 1,024 × 12,952,010,752 + 262,144,000 + 524,288 × 1,024 × 1,025 / 2
+    step = prefill(_plan("Llama-2-7B").cost, ROUND, prompt_len=1024, step_tokens=16)
+    assert step.steps == 64
+    assert step.bytes_moved == 863_188_287_488
+    assert step.flops == 13_538_267_496_448
+    assert step.time_s == pytest.approx(0.863188287488)
+
+
+def test_max_num_batched_tokens_caps_the_batch_and_the_rate():
+    """Once planned at batch 256 and one-step prefill whatever the step budget."""
+    plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
+    assert plan.max_batch == 16 and plan.capacity.limited_by == "max_num_batched_tokens"
+    assert plan.prefill.steps == 64
+    # batch 1: its decode step reads 13,214,687,232 B of weights + 1,026 × 524,288 B of K/V
+    # = 13.75260672 ms; the prompt takes 1,024 / 16 = 64 of those steps plus its one-step
+    # prefill time (13.751558144 ms, memory-bound): TTFT 893.918388224 ms
+    point = replica_point(plan.cost, ROUND, Workload(1024, 2), 1, 1, step_tokens=16)
+    assert point.ttft_ms == pytest.approx(893.918388224)
+    # each request needs its 1,026 tokens of 16-token steps: 16 / (1,026 × 13.75260672 ms)
+    assert point.requests_per_s == pytest.approx(1.1339335318629242)
 
 
 def test_tensor_parallel_adds_allreduces():
@@ -89,7 +117,7 @@ def test_capacity_respects_the_itl_slo():
     cap, wl = plan.capacity, plan.inputs.workload
     assert cap.limited_by == "itl_ms"
     assert cap.best.itl_ms <= 20
-    beyond = replica_point(plan.cost, ROUND, wl, cap.best.batch + 1, 1)
+    beyond = replica_point(plan.cost, ROUND, wl, cap.best.batch + 1, 1, step_tokens=2048)
     assert beyond.itl_ms > 20
     assert cap.replicas == math.ceil(50 / cap.best.requests_per_s)
 
@@ -112,7 +140,8 @@ def test_cost_per_million_tokens_hand_case():
 def test_unreachable_slo_is_one_line():
     cost = _plan("Llama-2-7B").cost
     with pytest.raises(InferlabError) as e:
-        plan_capacity(cost, ROUND, Workload(), SLO(itl_ms=1), max_batch=8, limited_by_memory=False)
+        plan_capacity(cost, ROUND, Workload(), SLO(itl_ms=1), max_batch=8, limited_by="max_num_seqs",
+                      step_tokens=2048)
     assert "itl_ms" in str(e.value) and "\n" not in str(e.value)
 
 
