@@ -86,6 +86,7 @@ class LLMEngine:
         self.num_kv_blocks = num_kv_blocks(self._kv_cache_budget_bytes(), config.block_size,
                                            self.kv_bytes_per_token)
         self._check_kv_cache_fits(self.num_kv_blocks * config.block_size * self.kv_bytes_per_token)
+        self.max_model_len = self._context_within_cache(self.max_model_len)
         cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -141,6 +142,23 @@ class LLMEngine:
                     config.gpu_memory_utilization, format_bytes(memory.peak_torch_bytes),
                     format_bytes(memory.non_torch_bytes))
         return kv_bytes
+
+    def _context_within_cache(self, context: int) -> int:
+        """A context one request can fill in the KV cache. An asked max_model_len past it is
+        refused at start, as vLLM refuses it (else every long request would be refused for want
+        of blocks); the model's own is lowered to it, so that what the server advertises
+        (/v1/models) and the default max_tokens fit."""
+        capacity = self.num_kv_blocks * self.config.block_size
+        if context <= capacity:
+            return context
+        cache = format_bytes(capacity * self.kv_bytes_per_token)
+        if self.config.max_model_len is not None:
+            raise InferlabError(
+                f"max_model_len {context} does not fit in the KV cache: {cache} holds {capacity} "
+                "tokens; raise --kv-cache-memory or lower --max-model-len")
+        logger.warning("max_model_len lowered from %d to %d tokens, what the KV cache (%s) holds",
+                       context, capacity, cache)
+        return capacity
 
     def _check_kv_cache_fits(self, kv_cache_bytes: int) -> None:
         """Refuse a cache the device cannot hold: on a host, zeroing it would end in the OOM

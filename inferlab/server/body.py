@@ -2,7 +2,7 @@
 
 Bodies are parsed here rather than by FastAPI so that every way a body can be wrong (too big,
 not UTF-8, not JSON, not an object, a field of the wrong type) is a 400 or 413 with a message
-that says which, never a 422 or a 500.
+that says which, never a 422 or a 500; a body that is not sent as JSON is a 415.
 """
 
 from __future__ import annotations
@@ -25,7 +25,8 @@ _UNION_TAGS = {"str", "int", "float", "bool", "list", "dict", "none", "null"}
 
 
 async def read_json_body(request: Request, limit_bytes: int) -> dict[str, Any]:
-    raw = await _read_limited(request, limit_bytes)
+    raw = await _read_limited(request, limit_bytes)  # first: a client sending a big body gets its 413
+    _check_media_type(request)
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -40,6 +41,15 @@ async def read_json_body(request: Request, limit_bytes: int) -> dict[str, Any]:
     if not isinstance(body, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(body).__name__}")
     return body
+
+
+def _check_media_type(request: Request) -> None:
+    """A body sent as something other than JSON (curl -d without a Content-Type sends a form) is
+    refused as vLLM refuses it, rather than read as JSON regardless."""
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json" and not media.endswith("+json"):
+        raise APIError(415, "the request body must be JSON sent with Content-Type: application/json, "
+                            f"not {media or 'no Content-Type'}", code="unsupported_media_type")
 
 
 async def _read_limited(request: Request, limit_bytes: int) -> bytes:

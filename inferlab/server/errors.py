@@ -16,7 +16,8 @@ logger = logging.getLogger("inferlab.server")
 
 # status -> the OpenAI error type clients switch on
 _TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-          405: "invalid_request_error", 413: "invalid_request_error", 503: "service_unavailable"}
+          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
+          503: "service_unavailable"}
 
 
 @dataclass

@@ -12,6 +12,8 @@ from inferlab.engine import platform
 from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.sampling_params import SamplingParams
 
+FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32: 30 layers x 3 heads x 64 x 2 x 4
+
 
 @pytest.mark.parametrize(("flags", "device", "expected"), [
     ({"avx512f", "avx512_bf16"}, "cpu", torch.bfloat16),  # AVX512-BF16 (Zen 4+, Cooper Lake)
@@ -57,4 +59,22 @@ def test_a_context_longer_than_the_models_is_refused(make_llm):
 
     with pytest.raises(InferlabError, match="max_model_len 8193 is over the model's 8192 positions"):
         make_llm(max_model_len=8193)
-    assert make_llm(max_model_len=8192).engine.max_model_len == 8192
+    whole = 8192 * FP32_BYTES_PER_TOKEN  # a KV cache of exactly 8192 tokens
+    assert make_llm(max_model_len=8192, kv_cache_memory=whole).engine.max_model_len == 8192
+
+
+def test_a_context_the_kv_cache_cannot_hold_is_refused_or_lowered(make_llm):
+    """16 blocks of 16 tokens hold 256: an asked max_model_len of 257 is refused at start, as
+    vLLM refuses it; unasked, the model's 8192 is lowered to 256 (it once stayed 8192, and a
+    chat request without max_tokens was refused for want of blocks)."""
+    from inferlab.errors import InferlabError
+
+    cache = 16 * 16 * FP32_BYTES_PER_TOKEN
+    with pytest.raises(InferlabError, match=r"max_model_len 257 does not fit in the KV cache: "
+                                            r"11\.25 MiB holds 256 tokens"):
+        make_llm(max_model_len=257, kv_cache_memory=cache)
+    assert make_llm(max_model_len=256, kv_cache_memory=cache).engine.max_model_len == 256
+    llm = make_llm(kv_cache_memory=cache)
+    assert llm.engine.max_model_len == 256
+    out = llm.generate(["Hi"], SamplingParams(max_tokens=None, ignore_eos=True))[0].outputs[0]
+    assert len(out.token_ids) == 256 - len(llm.engine.tokenize_prompt("Hi")[1])

@@ -14,7 +14,7 @@ from server_helpers import MAX_MODEL_LEN, MODEL_NAME
 TOOL = {"type": "function", "function": {"name": "f"}}
 ERROR_KEYS = {"message", "type", "param", "code"}
 TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
-         405: "invalid_request_error", 413: "invalid_request_error"}
+         405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error"}
 
 
 def check_error(r: httpx.Response, status: int, param: str | None = None) -> str:
@@ -210,6 +210,14 @@ def test_text_with_a_lone_surrogate_is_400(server, path, body):
 def test_malformed_bodies_are_400_never_500(server, body, words):
     r = post(server, "/v1/completions", content=body, headers={"content-type": "application/json"})
     assert words in check_error(r, 400)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_not_sent_as_json_is_415(server, content_type):
+    """What curl -d sends without -H: once read as JSON regardless."""
+    headers = {"content-type": content_type} if content_type else {}
+    r = post(server, "/v1/completions", content=b'{"prompt": "Hi"}', headers=headers)
+    assert "Content-Type: application/json" in check_error(r, 415)
 
 
 def test_missing_field_is_400(server):

@@ -269,7 +269,7 @@ def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
     from inferlab.config import EngineConfig
     from inferlab.engine.async_engine import AsyncEngine
 
-    own = AsyncEngine.from_config(EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20,
+    own = AsyncEngine.from_config(EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20,
                                                max_model_len=MAX_MODEL_LEN))
     servers = start_server(own)
     broken = next(servers)

@@ -22,7 +22,7 @@ BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 
 
 @pytest.fixture(scope="module")
 def speculating(engine):
-    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=16 * 2**20, max_model_len=MAX_MODEL_LEN,
+    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
                           speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 3})
     own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
     servers = start_server(own)
