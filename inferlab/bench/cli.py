@@ -145,12 +145,13 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                         args.sweep_sync_seconds, args.ramp_up, args.seed, args.slo_search,
                         args.slo_search_steps),
         limits=StageLimits(args.max_seconds, args.max_requests, args.max_error_rate,
-                           Span.parse(args.warmup), Span.parse(args.cooldown),
+                           Span.parse(args.warmup, "--warmup"),
+                           Span.parse(args.cooldown, "--cooldown"),
                            args.drain_seconds, args.request_timeout),
         data=DataConfig(args.data, args.data_file, args.tokenizer, args.ignore_eos,
                         args.max_tokens, args.seed),
         measure=MeasureConfig(args.workers, args.calibration_seconds,
-                              args.scrape_interval if args.scrape_interval > 0 else None),
+                              args.scrape_interval if args.scrape_interval != 0 else None),
         slo=Slo.parse(args.slo) if args.slo else None,
         outputs=tuple(args.output))
 

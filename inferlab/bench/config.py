@@ -10,6 +10,20 @@ from inferlab.errors import InferlabError
 
 PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
 SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
+# durations become ns timers and event-loop deadlines: a bound keeps them finite, and no
+# benchmark runs for a year
+MAX_SECONDS = 365 * 24 * 3600.0
+UNITS_PER_SECOND = {"seconds": 1, "ms": 1000}
+
+
+def check_duration(flag: str, value: float, *, zero_ok: bool, unit: str = "seconds") -> None:
+    """Refuse a duration that is negative (or zero unless allowed), NaN, or over a year."""
+    above = value >= 0 if zero_ok else value > 0
+    most = MAX_SECONDS * UNITS_PER_SECOND[unit]
+    if not (above and value <= most):
+        bound = ">= 0" if zero_ok else "> 0"
+        raise InferlabError(f"{flag} must be {bound} and at most {most:.0f} {unit} (a year), "
+                            f"got {value}")
 
 
 @dataclass(frozen=True)
@@ -19,12 +33,13 @@ class Span:
     seconds: float = 0.0
     fraction: float = 0.0
 
-    def __post_init__(self) -> None:
-        if self.seconds < 0 or not 0 <= self.fraction < 1:
-            raise InferlabError("warmup/cooldown must be >= 0 seconds or a fraction in [0, 1)")
+    def check(self, flag: str) -> None:
+        check_duration(flag, self.seconds, zero_ok=True)
+        if not 0 <= self.fraction < 1:
+            raise InferlabError(f"{flag} as a fraction must be in [0, 1), got {self.fraction}")
 
     @classmethod
-    def parse(cls, text: str) -> Span:
+    def parse(cls, text: str, flag: str) -> Span:
         """'5' or '5s': seconds; '0.1' (below 1) or '10%': a fraction of the stage."""
         text = text.strip()
         try:
@@ -34,7 +49,7 @@ class Span:
                 return cls(seconds=float(text[:-1]))
             value = float(text)
         except ValueError:
-            raise InferlabError(f"bad warmup/cooldown {text!r}: use 5, 5s, 0.1 or 10%") from None
+            raise InferlabError(f"bad {flag} {text!r}: use 5, 5s, 0.1 or 10%") from None
         return cls(fraction=value) if 0 < value < 1 else cls(seconds=value)
 
     def resolve_s(self, duration_s: float) -> float:
@@ -56,14 +71,16 @@ class StageLimits:
     def __post_init__(self) -> None:
         if self.max_seconds is None and self.max_requests is None:
             raise InferlabError("each stage needs a bound: set --max-seconds or --max-requests")
-        if self.max_seconds is not None and not self.max_seconds > 0:
-            raise InferlabError(f"--max-seconds must be > 0, got {self.max_seconds}")
+        if self.max_seconds is not None:
+            check_duration("--max-seconds", self.max_seconds, zero_ok=False)
         if self.max_requests is not None and self.max_requests < 1:
             raise InferlabError(f"--max-requests must be >= 1, got {self.max_requests}")
         if self.max_error_rate is not None and not 0 <= self.max_error_rate <= 1:
             raise InferlabError(f"--max-error-rate must be in [0, 1], got {self.max_error_rate}")
-        if self.drain_seconds < 0 or not self.request_timeout_s > 0:
-            raise InferlabError("--drain-seconds must be >= 0 and --request-timeout > 0")
+        check_duration("--drain-seconds", self.drain_seconds, zero_ok=True)
+        check_duration("--request-timeout", self.request_timeout_s, zero_ok=False)
+        self.warmup.check("--warmup")
+        self.cooldown.check("--cooldown")
 
 
 @dataclass(frozen=True)
@@ -125,16 +142,26 @@ class LoadConfig:
         if not needs_rate and self.rates:
             what = "--max-concurrency" if self.profile == "throughput" else "no rate"
             raise InferlabError(f"--profile {self.profile} takes {what}, not --rate")
-        if any(not (r > 0 and math.isfinite(r)) for r in self.rates):
-            raise InferlabError(f"--rate values must be positive, got {list(self.rates)}")
+        # a send schedule spaces requests 1 / rate apart: a slower one overflows its clock
+        if any(not (1 / MAX_SECONDS <= r < math.inf) for r in self.rates):
+            raise InferlabError(f"--rate values must be at least {1 / MAX_SECONDS:.3g} (one "
+                                f"request a year) and finite, got {list(self.rates)}")
         if self.profile == "concurrent" and any(r != int(r) for r in self.rates):
             raise InferlabError("--profile concurrent takes whole numbers of streams as --rate")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise InferlabError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.sweep_size < 1 or self.slo_search_steps < 1:
             raise InferlabError("--sweep-size and --slo-search-steps must be >= 1")
-        if self.ramp_up_s < 0 or not self.sync_max_seconds > 0:
-            raise InferlabError("--ramp-up must be >= 0")
+        check_duration("--ramp-up", self.ramp_up_s, zero_ok=True)
+        check_duration("--sweep-sync-seconds", self.sync_max_seconds, zero_ok=False)
+
+
+# request fields the load tester writes itself, and the flag that sets each: an
+# --extra-body value would silently override them (None: no flag, streaming is how
+# tokens are timed)
+OWN_BODY_FIELDS = {"model": "--model", "prompt": "--data", "messages": "--data",
+                   "max_tokens": "--data or --max-tokens", "ignore_eos": "--ignore-eos",
+                   "stream": None, "stream_options": "--continuous-usage"}
 
 
 @dataclass(frozen=True)
@@ -159,12 +186,22 @@ class TargetConfig:
             if not (name + value).isascii():
                 raise InferlabError(f"--header {name}: HTTP header names and values must be "
                                     "ASCII")
+        _check_extra_body(self.extra_body)
 
     def request_headers(self) -> dict[str, str]:
         headers = dict(self.headers)
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
+
+
+def _check_extra_body(extra_body: tuple[tuple[str, object], ...]) -> None:
+    for key, _ in extra_body:
+        if key in OWN_BODY_FIELDS:
+            flag = OWN_BODY_FIELDS[key]
+            instead = f"use {flag}" if flag else "it times tokens on a stream"
+            raise InferlabError(f"--extra-body cannot set {key!r}: the load tester sets it "
+                                f"({instead})")
 
 
 @dataclass(frozen=True)
@@ -205,10 +242,9 @@ class MeasureConfig:
     def __post_init__(self) -> None:
         if self.workers is not None and self.workers < 1:
             raise InferlabError(f"--workers must be >= 1, got {self.workers}")
-        if self.calibration_seconds < 0:
-            raise InferlabError("--calibration-seconds must be >= 0")
-        if self.scrape_interval_s is not None and not self.scrape_interval_s > 0:
-            raise InferlabError("--scrape-interval must be > 0")
+        check_duration("--calibration-seconds", self.calibration_seconds, zero_ok=True)
+        if self.scrape_interval_s is not None:
+            check_duration("--scrape-interval", self.scrape_interval_s, zero_ok=False)
 
 
 @dataclass(frozen=True)

@@ -53,6 +53,11 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         if self.prefix_tokens < 0:
             raise InferlabError(f"prefix_tokens must be >= 0, got {self.prefix_tokens}")
+        # a request asks for at least one token: lower ones would silently be sent as 1
+        for key, value in (("output_tokens", self.output.mean),
+                           ("output_tokens_max", self.output.max)):
+            if value is not None and value < 1:
+                raise InferlabError(f"--data {key} must be >= 1, got {value}")
 
     @classmethod
     def parse(cls, text: str) -> SyntheticSpec:

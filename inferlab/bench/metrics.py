@@ -27,13 +27,17 @@ DEFINITIONS = {
     "output_tokens": "output tokens, from the server's usage (counted chunks if none)",
 }
 THROUGHPUT_DEFINITIONS = {
-    "request_throughput": "successful requests ending in the window / window length (req/s)",
+    "request_throughput": "successful requests ending in the window, whenever they started, "
+                          "/ window length (req/s)",
     "output_token_throughput": "output tokens of successful requests that arrived in the "
-                               "window / window length (tok/s)",
+                               "window, whenever their request started, / window length "
+                               "(tok/s)",
     "total_token_throughput": "prompt tokens of successful requests whose first token "
                               "arrived in the window, plus output tokens, / window length",
     "goodput": "successful requests ending in the window that met every --slo bound "
                "(latencies from the intended send time) / window length (req/s)",
+    "slo_fraction": "requests started in the window that succeeded and met every --slo bound "
+                    "/ requests started in the window",
     "sent_rate": "achieved send rate (req/s): 1 / the least-squares slope of the sorted "
                  "start times against their rank",
     "scheduled_rate": "the same requests' rate by their intended send times (a poisson "

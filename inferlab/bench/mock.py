@@ -5,8 +5,10 @@ latency to measure its own floor. It is a real HTTP/1.1 server on asyncio socket
 keep-alive, chunked SSE streams, `/v1/completions`, `/v1/chat/completions`,
 `/v1/models`, `/health` and a `/metrics` page with vLLM's metric names.
 
-Token k of a request is written at `arrival + ttft + k * itl` on an absolute schedule,
-so timer jitter does not accumulate along a stream. A "token" is a word: prompts are
+Token k of a request is written at `start + ttft + k * itl` on an absolute schedule,
+so timer jitter does not accumulate along a stream; `start` is its arrival, or, for one
+that queued behind `max_running` streams, when a slot freed (its TTFT, counted from
+arrival, includes the wait, as a real server's does). A "token" is a word: prompts are
 counted in whitespace-separated words, and the output is common one-token words.
 """
 
@@ -19,6 +21,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from inferlab.bench import mock_format as fmt
+from inferlab.bench.config import check_duration
 from inferlab.errors import InferlabError
 
 PREFIX_BLOCK_WORDS = 16  # the mock's prefix cache works on blocks of this many words
@@ -32,7 +35,7 @@ class MockConfig:
     host: str = "127.0.0.1"
     port: int = 0  # 0: any free port
     model: str = "mock-model"
-    ttft_ms: float = 0.0  # from the request's arrival to its first content chunk
+    ttft_ms: float = 0.0  # from a stream's start (see the module doc) to its first chunk
     itl_ms: float = 0.0  # between consecutive tokens
     tokens_per_chunk: int = 1  # tokens carried by each SSE content chunk
     default_max_tokens: int = 16  # when a request does not say
@@ -45,14 +48,16 @@ class MockConfig:
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:  # the words of `inferlab serve`'s ServerSettings
             raise InferlabError(f"port must be in [0, 65535], got {self.port}")
-        if self.ttft_ms < 0 or self.itl_ms < 0:
-            raise InferlabError("mock latencies must be >= 0 ms")
+        for flag, ms in (("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)):
+            check_duration(flag, ms, zero_ok=True, unit="ms")
         if self.tokens_per_chunk < 1 or self.default_max_tokens < 1 or self.max_running < 0:
             raise InferlabError("tokens_per_chunk and default_max_tokens must be >= 1, "
                                 "max_running >= 0")
         rates = (self.error_rate, self.hang_rate, self.close_rate)
-        if min(rates) < 0 or sum(rates) > 1:
-            raise InferlabError("error, hang and close rates must be >= 0 and sum to <= 1")
+        # written so that NaN, which compares false to everything, fails too
+        if not (all(rate >= 0 for rate in rates) and sum(rates) <= 1):
+            raise InferlabError("--error-rate, --hang-rate and --close-rate must be >= 0 and "
+                                f"sum to <= 1, got {list(rates)}")
 
 
 class _PrefixCache:
@@ -142,20 +147,27 @@ class MockServer:
             conn.write(fmt.error_response(500, "injected error"))
             return True
         self.waiting += 1
-        if self.slots is not None:
-            await self.slots.acquire()
+        start = await self._admit(raw.arrival)
         self.waiting -= 1
         self.running += 1
         self.running_tokens += len(prompt_words)
         self.prefix.lookup(prompt_words)
         try:
             stream = _StreamJob(self, request, chat, len(prompt_words), max_tokens, mode)
-            return await stream.run(raw.arrival, conn)
+            return await stream.run(start, conn)
         finally:
             self.running -= 1
             self.running_tokens -= len(prompt_words)
             if self.slots is not None:
                 self.slots.release()
+
+    async def _admit(self, arrival: float) -> float:
+        """Wait for a free slot; returns when the stream's schedule starts."""
+        if self.slots is None:
+            return arrival
+        queued = self.slots.locked()
+        await self.slots.acquire()
+        return asyncio.get_running_loop().time() if queued else arrival
 
     def _draw_mode(self) -> str:
         u, c = self.rng.random(), self.config
@@ -179,12 +191,12 @@ class _StreamJob:
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
         self.encoder = fmt.StreamEncoder(server.requests, server.config.model, chat)
 
-    async def run(self, arrival: float, conn: _MockConnection) -> bool:
+    async def run(self, start: float, conn: _MockConnection) -> bool:
         loop = asyncio.get_running_loop()
         config = self.server.config
         ttft_s, itl_s = config.ttft_ms / 1000, config.itl_ms / 1000
         if not self.stream:
-            await asyncio.sleep(max(0.0, arrival + ttft_s + (self.max_tokens - 1) * itl_s
+            await asyncio.sleep(max(0.0, start + ttft_s + (self.max_tokens - 1) * itl_s
                                     - loop.time()))
             conn.write(fmt.json_response(200, self._whole_response()))
             return True
@@ -192,7 +204,7 @@ class _StreamJob:
         if self.chat:
             conn.write(self.encoder.role())
         chunks = self._encode_chunks(config.tokens_per_chunk)
-        dues = [arrival + ttft_s + (last - 1) * itl_s for last, _ in chunks]
+        dues = [start + ttft_s + (last - 1) * itl_s for last, _ in chunks]
         stop_at = self.max_tokens // 2 if self.mode in ("hang", "close") else self.max_tokens
         outcome = await _Emitter(conn, loop, chunks, dues, stop_at).finished
         if outcome == "fail":
@@ -274,7 +286,7 @@ class _Request:
     path: str
     headers: dict[str, str]
     body: bytes
-    arrival: float  # loop.time() when its last byte was read: the latency schedule's origin
+    arrival: float  # loop.time() when its last byte was read: when its TTFT begins
 
 
 class _MockConnection(asyncio.Protocol):

@@ -59,10 +59,17 @@ def load_run(path: str | Path) -> LoadedRun:
         raise InferlabError(f"{path} is not JSON ({e.msg})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InferlabError(f"{path} is not an inferlab bench report ({FORMAT})")
-    stages = []
-    for stage in data["stages"]:
-        summary = StageSummary.from_dict(stage["summary"])
-        floor = StageSummary.from_dict(stage["floor"]) if stage.get("floor") else None
-        stages.append(LoadedStage(summary.info.label, summary, floor,
-                                  [RequestRecord.from_dict(r) for r in stage["requests"]]))
-    return LoadedRun(str(path), data["meta"], stages)
+    try:
+        return LoadedRun(str(path), data["meta"], [_stage(stage) for stage in data["stages"]])
+    # a report cut short or edited by hand: a missing key, or a value of the wrong type
+    except (KeyError, TypeError, AttributeError, ValueError) as e:
+        detail = f"no {e} field" if isinstance(e, KeyError) else str(e)
+        raise InferlabError(f"{path} is an incomplete or damaged {FORMAT} report "
+                            f"({detail})") from None
+
+
+def _stage(stage: dict) -> LoadedStage:
+    summary = StageSummary.from_dict(stage["summary"])
+    floor = StageSummary.from_dict(stage["floor"]) if stage.get("floor") else None
+    return LoadedStage(summary.info.label, summary, floor,
+                       [RequestRecord.from_dict(r) for r in stage["requests"]])

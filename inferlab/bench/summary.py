@@ -32,7 +32,9 @@ class StageInfo:
 class StageSummary:
     info: StageInfo
     end_ns: int  # the last request's end
-    window_start_ns: int  # statistics cover requests started in [window_start, window_end]
+    # counts, send rates and latencies cover requests started in [window_start, window_end];
+    # throughputs, what was delivered in it
+    window_start_ns: int
     window_end_ns: int
     counts: dict[str, int]  # requests in the window by outcome
     sent_rate: float | None  # achieved send rate, req/s
@@ -81,26 +83,26 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
         w0, w1 = info.start_ns, end_ns
     measured = [r for r in records if w0 <= started_ns(r) <= w1]
     window_s = max((w1 - w0) / NS, 1e-9)
-    ok = [r for r in measured if r.outcome == "ok"]
+    # throughputs count what the server delivered inside the window, whenever the request
+    # began: a closed loop's requests started in the warmup end in the window
+    ok = [r for r in records if r.outcome == "ok"]
+    output_tokens = _tokens_in(ok, w0, w1)
     summary = StageSummary(
         info=info, end_ns=end_ns, window_start_ns=w0, window_end_ns=w1,
         counts={o: sum(r.outcome == o for r in measured) for o in OUTCOMES},
         sent_rate=_rate([r.start_ns for r in measured if r.start_ns is not None]),
         scheduled_rate=_rate([r.intended_ns for r in measured if r.start_ns is not None]),
-        request_throughput=sum(r.end_ns is not None and w0 <= r.end_ns <= w1 for r in ok)
-        / window_s,
-        output_token_throughput=_tokens_in(ok, w0, w1) / window_s,
-        total_token_throughput=(_tokens_in(ok, w0, w1) + _prompt_tokens_in(ok, w0, w1))
-        / window_s,
+        request_throughput=_ended_in(ok, w0, w1) / window_s,
+        output_token_throughput=output_tokens / window_s,
+        total_token_throughput=(output_tokens + _prompt_tokens_in(ok, w0, w1)) / window_s,
         goodput=None, slo_fraction=None,
         concurrency_mean=_concurrency_mean(records, w0, w1),
         concurrency_max=_concurrency_max(records),
         metrics=_distributions(measured), warnings=warnings)
     if slo:
-        good = [r for r in ok if meets_slo(r, slo)]
-        summary.goodput = sum(r.end_ns is not None and w0 <= r.end_ns <= w1
-                              for r in good) / window_s
-        summary.slo_fraction = len(good) / len(measured) if measured else None
+        summary.goodput = _ended_in([r for r in ok if meets_slo(r, slo)], w0, w1) / window_s
+        good = sum(meets_slo(r, slo) for r in measured)
+        summary.slo_fraction = good / len(measured) if measured else None
     return summary
 
 
@@ -110,7 +112,7 @@ def started_ns(r: RequestRecord) -> int:
 
 
 def measured(summary: StageSummary, records: list[RequestRecord]) -> list[RequestRecord]:
-    """The requests a stage's statistics cover: those begun inside its window."""
+    """The requests a stage's latency statistics cover: those begun inside its window."""
     return [r for r in records
             if summary.window_start_ns <= started_ns(r) <= summary.window_end_ns]
 
@@ -125,6 +127,10 @@ def _rate(times_ns: list[int]) -> float | None:
     k = np.arange(t.size, dtype=np.float64)
     slope_s = float(np.sum((k - k.mean()) * (t - t.mean())) / np.sum((k - k.mean()) ** 2))
     return 1.0 / slope_s if slope_s > 0 else None
+
+
+def _ended_in(records: list[RequestRecord], w0: int, w1: int) -> int:
+    return sum(r.end_ns is not None and w0 <= r.end_ns <= w1 for r in records)
 
 
 def _tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:

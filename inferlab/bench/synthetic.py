@@ -15,6 +15,7 @@ from inferlab.bench.datasets import Prompt
 from inferlab.bench.dataspec import SyntheticSpec
 from inferlab.bench.tokens import TokenCounter, words_for_tokens
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 TAG_TOKENS_RESERVED = 8  # what a tag like "[a1b2c3-123456] " costs in common vocabularies
 
@@ -23,7 +24,7 @@ class TextSource:
     """The corpus as words, and as token ids when a tokenizer is given."""
 
     def __init__(self, path: Path, counter: TokenCounter) -> None:
-        text = path.read_text(encoding="utf-8", errors="replace")
+        text = read_user_text(path, "data file")
         self.words = text.split()
         if len(self.words) < 100:
             raise InferlabError(f"{path} has too little text to cut prompts from")

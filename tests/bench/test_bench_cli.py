@@ -94,6 +94,10 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
     assert report["stages"][0]["floor"] is None  # no calibration after an interrupt
 
 
+SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
+         "--max-requests", "2"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["bench"], "needs --target"),
     (["bench", "--target", "http://127.0.0.1:9", "--profile", "constant"], "needs --rate"),
@@ -108,7 +112,29 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--slo-search"],
      "--slo-search needs --slo"),
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--warmup", "soon"],
-     "bad warmup/cooldown"),
+     "bad --warmup 'soon'"),
+    # non-finite and huge durations become ns timers: refused, naming the flag
+    (SYNC2 + ["--warmup", "nan"], "--warmup must be >= 0 and at most 31536000 seconds"),
+    (SYNC2 + ["--warmup", "inf"], "--warmup must be >= 0 and at most 31536000 seconds"),
+    (SYNC2 + ["--warmup", "nan%"], "--warmup as a fraction must be in [0, 1), got nan"),
+    (SYNC2 + ["--cooldown", "inf"], "--cooldown must be >= 0 and at most"),
+    (SYNC2 + ["--ramp-up", "nan"], "--ramp-up must be >= 0 and at most"),
+    (SYNC2 + ["--ramp-up", "inf"], "--ramp-up must be >= 0 and at most"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--drain-seconds",
+      "nan"], "--drain-seconds must be >= 0 and at most"),
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1e300"],
+     "--max-seconds must be > 0 and at most 31536000 seconds (a year), got 1e+300"),
+    (SYNC2 + ["--request-timeout", "inf"], "--request-timeout must be > 0 and at most"),
+    (SYNC2 + ["--scrape-interval", "nan"], "--scrape-interval must be > 0 and at most"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "constant", "--rate", "1e-300",
+      "--max-requests", "2"], "--rate values must be at least 3.17e-08 (one request a year)"),
+    (SYNC2 + ["--extra-body", '{"stream": false}'],
+     "--extra-body cannot set 'stream': the load tester sets it"),
+    (SYNC2 + ["--extra-body", '{"prompt": "hi"}'], "--extra-body cannot set 'prompt'"),
+    (SYNC2 + ["--data", "prompt_tokens=8,output_tokens=0"],
+     "--data output_tokens must be >= 1, got 0"),
+    (SYNC2 + ["--data", "prompt_tokens=8,output_tokens=4,output_tokens_max=0"],
+     "--data output_tokens_max must be >= 1, got 0"),
     # an --output that cannot be written fails before the run, which would reach no server
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--output",
       "folder.json"], "--output folder.json: cannot write (Is a directory)"),
@@ -118,6 +144,11 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
       "--max-requests", "1", "--output", "new.json"], "cannot reach"),  # and no new.json
     (["bench", "compare", "folder.json", "r.json"], "folder.json: is a directory, not a file"),
     (["bench", "compare", "latin1.json", "r.json"], "latin1.json: not UTF-8 text"),
+    (["bench", "compare", "no_stages.json", "r.json"],
+     "no_stages.json is an incomplete or damaged inferlab-bench/1 report (no 'stages' field)"),
+    (["bench", "compare", "no_summary.json", "r.json"],
+     "no_summary.json is an incomplete or damaged inferlab-bench/1 report (no 'summary' "
+     "field)"),
     # compare's --output and thresholds are checked before the (missing) reports are read
     (["bench", "compare", "r.json", "r.json", "--output", "nope/c.html"],
      "folder nope does not exist"),
@@ -151,6 +182,9 @@ def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypa
     (tmp_path / "folder.json").mkdir()
     (tmp_path / "folder.html").mkdir()
     (tmp_path / "latin1.json").write_bytes("{\"format\": \"é\"}".encode("latin-1"))
+    (tmp_path / "no_stages.json").write_text('{"format": "inferlab-bench/1", "meta": {}}')
+    (tmp_path / "no_summary.json").write_text(
+        '{"format": "inferlab-bench/1", "meta": {}, "stages": [{"requests": []}]}')
     before = sorted(tmp_path.iterdir())
     assert main(argv) == 2
     err = capsys.readouterr().err

@@ -113,12 +113,27 @@ def test_sent_rate_is_not_skewed_by_one_late_send():
     assert s.sent_rate == pytest.approx(1000 / (20 + 100 * 49.5 / 83325))  # 49.85 req/s
 
 
-def test_warmup_drops_requests_started_before_it():
-    s = summarize(INFO, [A, B, C, D], Span(seconds=0.05), Span(), slo=None)
+def test_warmup_drops_requests_started_before_it_from_the_latencies_only():
+    s = summarize(INFO, [A, B, C, D], Span(seconds=0.05), Span(), slo={"ttft_ms": 150.0})
     assert s.window_start_ns == 50 * MS
     assert s.counts == {"ok": 1, "error": 1, "cancelled": 1}  # A started at 0: out
-    assert s.request_throughput == pytest.approx(1 / 0.26)
-    assert s.output_token_throughput == pytest.approx(4 / 0.26)
+    assert s.metrics["ttft_ms"]["ok"].count == 1  # B's alone
+    # but A ends at 135 ms, inside the 50..310 ms window: it counts as delivered there
+    assert s.request_throughput == pytest.approx(2 / 0.26)
+    assert s.output_token_throughput == pytest.approx(8 / 0.26)
+    assert s.total_token_throughput == pytest.approx((8 + 30) / 0.26)
+    assert s.goodput == pytest.approx(1 / 0.26)  # A (TTFT 100 ms) met the SLO; B (210) not
+    assert s.slo_fraction == 0  # of B, C and D, begun in the window, none met it
+
+
+def test_throughput_counts_the_tokens_that_arrived_inside_the_window():
+    # window 105..310 ms: A's first chunk (100 ms) and its prompt fall before it, its other
+    # three chunks inside; B started at 60 ms, before the window, and ends in it
+    s = summarize(INFO, [A, B, C, D], Span(seconds=0.105), Span(), slo=None)
+    assert s.counts == {"ok": 0, "error": 0, "cancelled": 1}  # only D began in the window
+    assert s.request_throughput == pytest.approx(2 / 0.205)
+    assert s.output_token_throughput == pytest.approx((3 + 4) / 0.205)
+    assert s.total_token_throughput == pytest.approx((3 + 4 + 20) / 0.205)
 
 
 def test_cooldown_as_a_fraction_of_the_stage():

@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
+import re
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
+from inferlab.bench.mock import MockConfig
 from inferlab.bench.server_metrics import ServerTimeline, canonical, parse_prometheus
+from inferlab.errors import InferlabError
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"ttft_ms": math.nan}, "--ttft-ms must be >= 0 and at most 31536000000 ms (a year), got nan"),
+    ({"itl_ms": math.inf}, "--itl-ms must be >= 0 and at most 31536000000 ms (a year), got inf"),
+    ({"error_rate": math.nan}, "--error-rate, --hang-rate and --close-rate must be >= 0"),
+    ({"hang_rate": 0.6, "close_rate": 0.6}, "and sum to <= 1"),
+])
+def test_mock_settings_that_are_not_finite_are_refused(settings, message):
+    with pytest.raises(InferlabError, match=re.escape(message)):
+        MockConfig(**settings)
 
 
 def sse_payloads(response: httpx.Response) -> list[str]:
@@ -127,3 +144,28 @@ def test_rates_between_scrapes_follow_the_counters_growth():
     text = ('vllm:spec_decode_num_draft_tokens_total{model_name="m"} 12\n'
             'vllm:spec_decode_num_accepted_tokens_total{model_name="m"} 5\n')
     assert canonical(parse_prometheus(text)) == {"draft_tokens": 12, "accepted_draft_tokens": 5}
+
+
+def _timed_stream(client: httpx.Client, url: str) -> tuple[float, float]:
+    """(seconds to the first text, seconds to the end) of one 3-token streamed completion."""
+    body = {"prompt": "x", "max_tokens": 3, "stream": True}
+    sent = time.monotonic()
+    first = None
+    with client.stream("POST", f"{url}/v1/completions", json=body) as response:
+        for line in response.iter_lines():
+            if first is None and line.startswith('data: {"'):
+                first = time.monotonic() - sent
+    return first, time.monotonic() - sent
+
+
+def test_max_running_queues_streams_one_after_another(mock_server):
+    # each stream takes 100 ms to its first token and 2 * 100 ms more to its third; with one
+    # slot, three at once run back to back: first tokens at 0.1, 0.4, 0.7 s, ends at 0.3,
+    # 0.6, 0.9 s (a queued stream that took its tokens from its arrival would end at 0.3 s)
+    url = mock_server(ttft_ms=100, itl_ms=100, max_running=1)
+    # one client made beforehand: making one (its TLS context) takes longer than a token
+    with httpx.Client(timeout=10) as client, ThreadPoolExecutor(3) as pool:
+        times = sorted(pool.map(lambda _: _timed_stream(client, url), range(3)))
+    firsts, ends = zip(*times, strict=True)
+    assert list(firsts) == pytest.approx([0.1, 0.4, 0.7], abs=0.12)
+    assert list(ends) == pytest.approx([0.3, 0.6, 0.9], abs=0.12)

@@ -94,13 +94,13 @@ def test_throughput_stage_with_a_request_cap_queues_everything_at_the_start():
 
 
 def test_span_parsing():
-    assert Span.parse("5") == Span(seconds=5.0)
-    assert Span.parse("2.5s") == Span(seconds=2.5)
-    assert Span.parse("0.1") == Span(fraction=0.1)
-    assert Span.parse("10%") == Span(fraction=0.1)
-    assert Span.parse("10%").resolve_s(30.0) == pytest.approx(3.0)
-    with pytest.raises(InferlabError):
-        Span.parse("soon")
+    assert Span.parse("5", "--warmup") == Span(seconds=5.0)
+    assert Span.parse("2.5s", "--warmup") == Span(seconds=2.5)
+    assert Span.parse("0.1", "--warmup") == Span(fraction=0.1)
+    assert Span.parse("10%", "--warmup") == Span(fraction=0.1)
+    assert Span.parse("10%", "--warmup").resolve_s(30.0) == pytest.approx(3.0)
+    with pytest.raises(InferlabError, match="bad --cooldown 'soon'"):
+        Span.parse("soon", "--cooldown")
 
 
 def test_slo_parsing():

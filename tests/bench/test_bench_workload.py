@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 import pytest
@@ -154,3 +155,10 @@ def test_bad_tokenizer_file_is_a_user_error(tmp_path):
     broken.write_text("{}")
     with pytest.raises(InferlabError, match="cannot load tokenizer"):
         TokenCounter(broken)
+
+
+def test_a_corpus_that_is_not_utf8_is_named(tmp_path):
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(" ".join(["café"] * 200).encode("latin-1"))
+    with pytest.raises(InferlabError, match=re.escape(f"{corpus}: not UTF-8 text")):
+        TextSource(corpus, TokenCounter(None))
