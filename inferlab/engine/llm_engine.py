@@ -217,9 +217,12 @@ class LLMEngine:
         self._check_priority(priority)
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
-        text, ids = self.tokenize_prompt(prompt, params.truncate_prompt_tokens is not None)
-        text = text if text is not None else prompt_text
         keep = params.truncate_prompt_tokens
+        if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
+            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is over the context "
+                                        f"length {self.max_model_len}: choose a smaller one")
+        text, ids = self.tokenize_prompt(prompt, keep is not None)
+        text = text if text is not None else prompt_text
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
             text, ids = None, ids[-keep:]
         params = self.generation.with_end_tokens(params)

@@ -97,6 +97,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"guided_choice": []}, "guided_choice", "non-empty list"),
     ({"guided_choice": ["yes"], "ignore_eos": True}, "guided_choice", "cannot be combined"),
     ({"truncate_prompt_tokens": 0}, "truncate_prompt_tokens", "at least 1"),
+    ({"truncate_prompt_tokens": 100_000}, "truncate_prompt_tokens", "is over the context length"),
     ({"bad_words": [" "]}, "bad_words", "blank"),
     ({"cache_salt": ""}, "cache_salt", "non-empty"),
     ({"prompt_logprobs": 21}, "prompt_logprobs", "[0, 20]"),
