@@ -109,7 +109,7 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
     schemas = {}
     if kind == "json_schema":
         spec = response_format.get("json_schema")
-        if not isinstance(spec, dict) or "schema" not in spec:
+        if not isinstance(spec, dict) or spec.get("schema") is None:  # null once meant no guide
             raise bad_request("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
                               "\"schema\": {...}}}", "response_format")
         schemas["response_format"] = spec["schema"]

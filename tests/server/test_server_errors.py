@@ -132,6 +132,8 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"functions": [{"name": "f"}]}, "functions", "not supported"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format",
      "needs"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": None}}},
+     "response_format", "needs"),  # once no guide at all
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"multipleOf": 3}}}},
      "json_schema", "keyword 'multipleOf' is not supported"),
     ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
