@@ -242,6 +242,9 @@ class LLMEngine:
                                     arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
                                     bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
+        taken = [c.request_id for c in children if c.request_id in self.outputs.child_of]
+        if taken:  # a copy's id ("r#1") can be another request's own
+            raise InferlabError(f"request id {taken[0]!r} is already in use")
         for child in children:
             self.scheduler.add_request(child)  # the first raises before anything is queued
         self.outputs.add(request_id, text, children)

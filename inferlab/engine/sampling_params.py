@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,6 +19,22 @@ from inferlab.errors import InvalidParameterError
 GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided_grammar", "structural_tag")
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
 SEED_MIN, SEED_END = -2**63, 2**64
+
+
+def _check_number_types(params: SamplingParams) -> None:
+    """Each int field an int (not a bool, not 2.5) and each float field a real number, by the
+    fields' annotations: a wrong type passes the range checks and once failed in the middle of
+    a step (a float seed in the generator, a float logprobs in topk), which ends an
+    AsyncEngine's loop for every request."""
+    for f in dataclasses.fields(params):
+        value = getattr(params, f.name)
+        if value is None and f.type.endswith("| None"):
+            continue
+        kind = f.type.removesuffix(" | None")
+        if kind == "int" and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
+            raise InvalidParameterError(f"{f.name} must be an integer, got {value!r}")
+        if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
+            raise InvalidParameterError(f"{f.name} must be a number, got {value!r}")
 
 
 def check_seed(seed: int | None, copies: int = 1) -> None:
@@ -89,8 +107,11 @@ class SamplingParams:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
+        _check_number_types(self)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        if isinstance(self.bad_words, str):
+            self.bad_words = [self.bad_words]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
         self.bad_words = list(self.bad_words or [])
@@ -123,10 +144,14 @@ class SamplingParams:
              f"logprobs must be in [0, 20], got {self.logprobs}"),
             (self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
              f"prompt_logprobs must be in [0, 20], got {self.prompt_logprobs}"),
-            (all(s for s in self.stop), "stop strings must not be empty"),
+            (all(isinstance(s, str) and s for s in self.stop),
+             f"stop must be non-empty strings, got {self.stop!r}"),
+            (self.detokenize or not self.stop, "stop strings need detokenize (they are looked for "
+             "in the text)"),
             (all(_is_token_id(t) for t in self.stop_token_ids),
              f"stop_token_ids must be token ids, got {self.stop_token_ids!r}"),
-            (all(w.strip() for w in self.bad_words), "bad_words must not be empty or blank"),
+            (all(isinstance(w, str) and w.strip() for w in self.bad_words),
+             f"bad_words must be strings, not empty or blank, got {self.bad_words!r}"),
             *_logit_bias_checks(self.logit_bias or {}),
             (self.allowed_token_ids is None or (bool(self.allowed_token_ids) and all(
                 _is_token_id(t) for t in self.allowed_token_ids)),

@@ -91,3 +91,18 @@ def test_a_kv_cache_larger_than_the_free_memory_is_refused(make_llm, monkeypatch
     with pytest.raises(InferlabError, match=r"63.98 MiB .* does not fit in the 32.00 MiB"):
         make_llm(kv_cache_memory="64MiB")
     assert make_llm(kv_cache_memory="16MiB").num_kv_blocks > 0
+
+
+def test_a_copys_id_taken_by_another_request_is_refused_with_nothing_queued(make_llm):
+    """n = 2 under "z" makes copies "z#0" and "z#1"; a running request of its own named "z#1"
+    once let "z#0" be queued before the clash was found, and the next step failed on it (an
+    AsyncEngine's loop died for every request)."""
+    engine = make_llm().engine
+    engine.add_request([1, 2, 3], SamplingParams(max_tokens=3), request_id="z#1")
+    with pytest.raises(InferlabError, match="request id 'z#1' is already in use"):
+        engine.add_request([4, 5], SamplingParams(n=2, max_tokens=2), request_id="z")
+    done = {}
+    while engine.has_unfinished_requests():
+        done.update((o.request_id, o) for o in engine.step() if o.finished)
+    assert list(done) == ["z#1"] and len(done["z#1"].outputs[0].token_ids) == 3
+

@@ -159,6 +159,30 @@ def test_logit_bias_steers_one_request_of_a_batch(make_llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"seed": True}, "seed must be an integer, got True"),  # once failed mid-step in the generator
+    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+    ({"logprobs": 1.5}, "logprobs must be an integer"),  # once failed mid-step in topk
+    ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer"),
+    ({"n": 2.5}, "n must be an integer"),
+    ({"max_tokens": 2.5}, "max_tokens must be an integer"),  # once gave 3 tokens
+    ({"top_k": math.inf}, "top_k must be an integer"),
+    ({"temperature": "1"}, "temperature must be a number"),
+    ({"top_p": True}, "top_p must be a number"),
+    ({"stop": [1]}, "stop must be non-empty strings"),  # once left a request no step could serve
+    ({"stop": ["Paris"], "detokenize": False}, "stop strings need detokenize"),  # once ignored
+    ({"bad_words": [3]}, "bad_words must be strings"),
+])
+def test_fields_of_the_wrong_type_are_refused_by_name(fields, words):
+    with pytest.raises(InvalidParameterError, match=re.escape(words)):
+        SamplingParams(**fields)
+
+
+def test_one_bad_word_given_as_a_string_is_one_word():
+    """As stop="x" is one stop string (it was read as the letters P, a, r, i, s)."""
+    assert SamplingParams(bad_words="Paris").bad_words == ["Paris"]
+
+
 def test_allowed_token_ids_by_hand(sampling_path):
     logits = torch.tensor([[1.0, 3.0, 2.0, 0.0]])
     allowed = SamplingParams(temperature=0, allowed_token_ids=[0, 2])
