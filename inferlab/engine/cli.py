@@ -7,6 +7,7 @@ import sys
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -69,20 +70,27 @@ def run_chat(args: argparse.Namespace) -> int:
     engine = _engine(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
+    failed = False  # a turn was refused: the exit code says so at the end
     while True:
         if scripted is not None:
             if not scripted:
-                return 0
+                return 2 if failed else 0
             user = scripted.pop(0)
             print(f"> {user}")
         else:
             try:
                 user = input("> ")
             except EOFError:
-                return 0
+                return 2 if failed else 0
             if user.strip() in ("/exit", "/quit"):
-                return 0
+                return 2 if failed else 0
         messages.append({"role": "user", "content": user})
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
+        try:
+            reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
+        except InferlabError as e:  # the turn is dropped; the conversation so far goes on
+            print(f"error: {e}", file=sys.stderr)
+            messages.pop()
+            failed = True
+            continue
         messages.append({"role": "assistant", "content": reply})

@@ -63,6 +63,26 @@ def test_chat_repl_keeps_the_conversation(capsys, monkeypatch, configs, make_llm
     assert capsys.readouterr().out == f"> {first}\n> {second}\n> "
 
 
+def test_chat_repl_reports_a_turn_over_the_context_and_goes_on(capsys, monkeypatch, configs,
+                                                               make_llm):
+    """A message that makes the conversation too long for the context is refused as one error
+    line and dropped; the next turn goes on from the conversation before it (once the REPL
+    ended with exit code 2 and the rest of stdin unread). The exit code still says a turn
+    failed."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("Hi.\n" + "word " * 60 + "\nBye.\n/exit\n"))
+    assert main(["chat", "--system", "Be brief.", "--max-tokens", "4", *ENGINE_FLAGS,
+                 "--max-model-len", "64"]) == 2
+    llm = make_llm()
+    params = SamplingParams(temperature=0, max_tokens=4)
+    conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
+    first = llm.chat(conversation, params)[0].outputs[0].text
+    conversation += [{"role": "assistant", "content": first}, {"role": "user", "content": "Bye."}]
+    second = llm.chat(conversation, params)[0].outputs[0].text
+    out, err = capsys.readouterr()
+    assert out == f"> {first}\n> > {second}\n> "
+    assert err == "error: the prompt has 95 tokens, the context holds 64: no room for output\n"
+
+
 def test_llm_chat_takes_a_template_and_its_variables(make_llm):
     """LLM.chat's chat_template and chat_template_kwargs, as vLLM's LLM.chat takes them: the
     prompt is the one the template writes, here by hand."""
