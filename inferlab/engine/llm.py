@@ -7,6 +7,7 @@ from typing import Any
 
 from inferlab.config import EngineConfig, parse_bytes
 from inferlab.engine.beam_search import BeamSearchParams
+from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -68,14 +69,16 @@ class LLM:
              params: SamplingParams | None = None, add_generation_prompt: bool = True,
              chat_template: str | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
-             tools: list[dict[str, Any]] | None = None) -> list[RequestOutput]:
-        """chat_template: instead of the model's; chat_template_kwargs: more variables for it;
-        tools: OpenAI-style tool definitions, the template's `tools` (vLLM's LLM.chat)."""
+             tools: list[dict[str, Any]] | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """vLLM's LLM.chat: messages with text or text parts (chat_prompt.py); chat_template:
+        instead of the model's; chat_template_kwargs: more variables for it; tools: OpenAI-style
+        tool definitions, the template's `tools`; continue_final_message: the reply goes on
+        from the last message (with add_generation_prompt=False)."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        prompts = [self.tokenizer.apply_chat_template(c, add_generation_prompt=add_generation_prompt,
-                                                      template=chat_template, tools=tools,
-                                                      **(chat_template_kwargs or {}))
+        prompts = [chat_prompt_text(self.tokenizer, c, add_generation_prompt, continue_final_message,
+                                    chat_template, chat_template_kwargs, tools)
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         return self.generate(ids, params)

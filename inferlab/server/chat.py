@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
-import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
@@ -13,6 +12,7 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from inferlab.engine.chat_prompt import ChatError, chat_prompt_text, message_text
 from inferlab.engine.outputs import RequestOutput, TokenLogprobs
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.context import ServerContext
@@ -36,9 +36,6 @@ from inferlab.server.sampling import beam_search_params, chat_params
 from inferlab.server.sse import event
 from inferlab.server.tool_parsers import ToolParser
 from inferlab.server.tools import ToolUse, tool_use
-
-# what the template gets from the request itself and the tokenizer, never from chat_template_kwargs
-_TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
 
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
@@ -81,40 +78,19 @@ def chat_prompt_ids(tokenizer: TextTokenizer, messages: list[ChatMessage],
                     template_kwargs: dict[str, Any] | None = None,
                     check_fits: Callable[[int], None] | None = None,
                     tools: list[dict[str, Any]] | None = None) -> list[int]:
-    """template: the server's --chat-template (None: the model's); template_kwargs: the
-    request's chat_template_kwargs; check_fits: refuses a number of characters the context
-    cannot hold (LLMEngine.check_text_fits), called with the messages' before rendering;
-    tools: the template's `tools` (the request's tool definitions)."""
-    if not messages:
-        raise bad_request("'messages' must not be empty", "messages")
-    taken = sorted(set(template_kwargs or ()) & _TEMPLATE_VARIABLES)
-    if taken:
-        raise bad_request(f"chat_template_kwargs cannot set {', '.join(taken)}: the request's own "
-                          "fields do", "chat_template_kwargs")
-    if continue_final_message and add_generation_prompt:
-        raise bad_request("'continue_final_message' needs 'add_generation_prompt': false",
-                          "continue_final_message")
-    plain = [_template_message(m, i) for i, m in enumerate(messages)]
-    if check_fits is not None:
-        check_fits(sum(len(m["content"]) for m in plain))
-    text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                         template=template, tools=tools, **(template_kwargs or {}))
-    if continue_final_message:
-        text = _open_final_message(text, plain[-1]["content"])
+    """chat_prompt_text's (engine/chat_prompt.py) for the request's messages, encoded: template,
+    the server's --chat-template (None: the model's)."""
+    try:
+        text = chat_prompt_text(tokenizer, [_as_dict(m) for m in messages], add_generation_prompt,
+                                continue_final_message, template, template_kwargs, tools, check_fits)
+    except ChatError as e:
+        raise bad_request(str(e), e.param) from None
     # the template writes the special tokens; add_special_tokens adds the tokenizer's (a BOS) too
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
-def _open_final_message(text: str, final: str) -> str:
-    """The rendered chat cut right after the final message's content, so that the model goes on
-    with it (a prefilled reply), as transformers' continue_final_message cuts it; a template
-    may have trimmed the content, so its stripped form is looked for too."""
-    for content in (final, final.strip()):
-        end = text.rfind(content) if content else -1
-        if end >= 0:
-            return text[:end + len(content)]
-    raise bad_request("the final message's content is not in the rendered chat, so it cannot be "
-                      "continued", "continue_final_message")
+def _as_dict(message: ChatMessage) -> dict[str, Any]:
+    return message.model_dump(exclude_none=True)
 
 
 def _echoed(req: ChatCompletionRequest) -> str:
@@ -123,41 +99,10 @@ def _echoed(req: ChatCompletionRequest) -> str:
     last = req.messages[-1]
     if not req.echo or (req.add_generation_prompt and last.role != "assistant"):
         return ""
-    return _message_text(last, len(req.messages) - 1)
-
-
-def _template_message(message: ChatMessage, index: int) -> dict[str, Any]:
-    """A message as chat templates read it. An earlier call's arguments are given as an object
-    where they are JSON, as vLLM gives them: templates write them out with tojson."""
-    out: dict[str, Any] = {"role": message.role, "content": _message_text(message, index)}
-    if message.name is not None:
-        out["name"] = message.name
-    if message.tool_call_id is not None:
-        out["tool_call_id"] = message.tool_call_id
-    if message.tool_calls:
-        out["tool_calls"] = [{"id": c.id, "type": c.type, "function": {
-            "name": c.function.name, "arguments": _json_or_text(c.function.arguments)}}
-            for c in message.tool_calls]
-    return out
-
-
-def _json_or_text(text: str) -> Any:
     try:
-        return json.loads(text)
-    except ValueError:
-        return text
-
-
-def _message_text(message: ChatMessage, index: int) -> str:
-    if message.content is None or isinstance(message.content, str):
-        return message.content or ""
-    texts = []
-    for part in message.content:
-        if part.type != "text" or part.text is None:
-            raise bad_request(f"content part type {part.type!r} is not supported (only 'text' "
-                              "parts with a 'text' field)", f"messages.{index}.content")
-        texts.append(part.text)
-    return "\n".join(texts)
+        return message_text(_as_dict(last), len(req.messages) - 1)
+    except ChatError as e:
+        raise bad_request(str(e), e.param) from None
 
 
 class _Formatter:

@@ -10,6 +10,7 @@ import pytest
 import inferlab.engine.llm_engine as llm_engine
 from inferlab.cli import main
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InvalidParameterError
 
 ENGINE_FLAGS = ["--dtype", "float32", "--block-size", "32", "--max-num-seqs", "3",
                 "--max-num-batched-tokens", "64", "--max-model-len", "512",
@@ -101,3 +102,27 @@ def test_llm_chat_takes_a_template_and_its_variables(make_llm):
     with_tools = llm.chat(conversation, params, chat_template=listing, tools=[tool])[0]
     assert with_tools.prompt_token_ids == llm.tokenizer.encode("get_time;Name a colour ",
                                                                add_special_tokens=False)
+
+
+def test_llm_chat_takes_what_the_servers_chat_takes(make_llm):
+    """Content as text parts or None, a prefilled reply to continue, and template variables the
+    call itself sets: once TypeErrors from LLM.chat (the server took the first two)."""
+    llm = make_llm()
+    template = "{% for m in messages %}{{ m['role'] }}:{{ m['content'] }}|{% endfor %}"
+    params = SamplingParams(temperature=0, max_tokens=2)
+
+    def prompt(messages, **options) -> str:
+        ids = llm.chat(messages, params, chat_template=template, **options)[0].prompt_token_ids
+        return llm.tokenizer.decode(ids)
+
+    parts = [{"type": "text", "text": "Name"}, {"type": "text", "text": "a colour"}]
+    assert prompt([{"role": "user", "content": parts}]) == "user:Name\na colour|"
+    assert prompt([{"role": "system", "content": None}, {"role": "user", "content": "Hi"}]) == \
+        "system:|user:Hi|"
+    prefilled = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello, I"}]
+    assert prompt(prefilled, add_generation_prompt=False, continue_final_message=True) == \
+        "user:Hi|assistant:Hello, I"
+    with pytest.raises(InvalidParameterError, match="chat_template_kwargs cannot set add_generation_prompt"):
+        llm.chat(prefilled, params, chat_template_kwargs={"add_generation_prompt": False})
+    with pytest.raises(InvalidParameterError, match="content part type 'image_url' is not supported"):
+        llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], params)

@@ -1,0 +1,96 @@
+"""A conversation, OpenAI's messages as dicts, through a model's chat template: for LLM.chat and
+for the server's chat completions and /tokenize. A message's content is text, None, or a list
+of text parts (joined by newlines, as vLLM joins them); an earlier turn's tool calls reach the
+template with their arguments as an object where they are JSON, as vLLM gives them (templates
+write them out with tojson); a prefilled final message can be continued."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from inferlab.errors import InvalidParameterError
+from inferlab.models.tokenizer import TextTokenizer
+
+# what the template gets from the call itself and the tokenizer, never from chat_template_kwargs
+TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+
+
+class ChatError(InvalidParameterError):
+    """A conversation the template cannot take; `param` says where ("messages.0.content")."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+def chat_prompt_text(tokenizer: TextTokenizer, messages: Sequence[Mapping[str, Any]],
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     template: str | None = None, template_kwargs: Mapping[str, Any] | None = None,
+                     tools: list[dict[str, Any]] | None = None,
+                     check_fits: Callable[[int], None] | None = None) -> str:
+    """template: instead of the model's; template_kwargs: more variables for it; tools: its
+    `tools`; check_fits: refuses a number of characters the context cannot hold
+    (LLMEngine.check_text_fits), called with the messages' before rendering."""
+    if not messages:
+        raise ChatError("'messages' must not be empty", "messages")
+    taken = sorted(set(template_kwargs or ()) & TEMPLATE_VARIABLES)
+    if taken:
+        raise ChatError(f"chat_template_kwargs cannot set {', '.join(taken)}: the request's own "
+                        "fields do", "chat_template_kwargs")
+    if continue_final_message and add_generation_prompt:
+        raise ChatError("'continue_final_message' needs 'add_generation_prompt': false",
+                        "continue_final_message")
+    plain = [template_message(m, i) for i, m in enumerate(messages)]
+    if check_fits is not None:
+        check_fits(sum(len(m["content"]) for m in plain))
+    text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
+                                         template=template, tools=tools, **(template_kwargs or {}))
+    return _open_final_message(text, plain[-1]["content"]) if continue_final_message else text
+
+
+def template_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
+    """A message as chat templates read it."""
+    if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
+        raise ChatError("a message is an object with a 'role'", f"messages.{index}")
+    out: dict[str, Any] = {"role": message["role"], "content": message_text(message, index)}
+    out.update((key, message[key]) for key in ("name", "tool_call_id") if message.get(key) is not None)
+    if message.get("tool_calls"):
+        out["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _json_or_text(
+            call["function"].get("arguments", ""))}} for call in message["tool_calls"]]
+    return out
+
+
+def message_text(message: Mapping[str, Any], index: int) -> str:
+    content = message.get("content")
+    if content is None or isinstance(content, str):
+        return content or ""
+    parts = content if isinstance(content, list) else [content]
+    texts = []
+    for part in parts:
+        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+        if kind != "text" or not isinstance(part.get("text"), str):
+            raise ChatError(f"content part type {kind!r} is not supported (only 'text' parts with "
+                            "a 'text' field)", f"messages.{index}.content")
+        texts.append(part["text"])
+    return "\n".join(texts)
+
+
+def _json_or_text(text: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _open_final_message(text: str, final: str) -> str:
+    """The rendered chat cut right after the final message's content, so that the model goes on
+    with it (a prefilled reply), as transformers' continue_final_message cuts it; a template
+    may have trimmed the content, so its stripped form is looked for too."""
+    for content in (final, final.strip()):
+        end = text.rfind(content) if content else -1
+        if end >= 0:
+            return text[:end + len(content)]
+    raise ChatError("the final message's content is not in the rendered chat, so it cannot be "
+                    "continued", "continue_final_message")
