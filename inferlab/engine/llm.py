@@ -49,7 +49,7 @@ class LLM:
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
         """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
         prompts = _prompt_list(prompts)
-        params = params or self.engine.generation.default_params()
+        params = params if params is not None else self.engine.generation.default_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         for name, values in (("sampling params", all_params), ("priorities", priorities)):

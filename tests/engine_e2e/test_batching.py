@@ -100,6 +100,8 @@ def test_priority_needs_the_priority_policy(make_llm):
         llm.generate("Hello", SamplingParams(max_tokens=2), priority=[1])
     with pytest.raises(InferlabError, match="2 prompts but 1 priorities"):
         llm.generate(["a", "b"], SamplingParams(max_tokens=2), priority=[0])
+    with pytest.raises(InferlabError, match="2 prompts but 0 sampling params"):  # once the defaults
+        llm.generate(["a", "b"], [])
     assert not llm.engine.has_unfinished_requests()
 
 
