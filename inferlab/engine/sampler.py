@@ -171,7 +171,9 @@ def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
 def _tempered(logits: torch.Tensor, temperatures: list[float]) -> torch.Tensor:
     if all(t == 1.0 for t in temperatures):  # a pass over [B, V] saved in the common case
         return logits
-    return logits / torch.tensor(temperatures, device=logits.device)[:, None]
+    # a temperature past fp32's largest would be inf, and a barred logit's -inf / inf NaN
+    fp32_max = torch.finfo(torch.float32).max
+    return logits / torch.tensor([min(t, fp32_max) for t in temperatures], device=logits.device)[:, None]
 
 
 def inverse_cdf(probs: torch.Tensor, uniform: torch.Tensor) -> torch.Tensor:
@@ -213,7 +215,10 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     index = torch.tensor(rows, device=device)
     asking = logits[index]  # [R, V]
     tempered = _tempered(asking, [p.temperature or 1.0 for p in picked])
-    sorted_logits, order = tempered.sort(dim=-1, descending=True)  # [R, V]
+    # ranked by the logits themselves, the order any temperature gives: at a temperature of
+    # ~1e39 every tempered logit is 0 in fp32, and the ranking would be lost to ties
+    order = asking.argsort(dim=-1, descending=True, stable=True)  # [R, V]
+    sorted_logits = tempered.gather(-1, order)
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= top_k[:, None]
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any
@@ -130,7 +131,8 @@ class SamplingParams:
             (self.min_tokens >= 0, f"min_tokens must be >= 0, got {self.min_tokens}"),
             (self.max_tokens is None or self.min_tokens <= self.max_tokens,
              f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})"),
-            (self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}"),
+            (0 <= self.temperature < math.inf,
+             f"temperature must be a finite number >= 0, got {self.temperature}"),
             (self.top_k >= 0, f"top_k must be -1, 0 or positive, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),

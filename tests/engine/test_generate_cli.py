@@ -11,7 +11,7 @@ from inferlab.cli import main
 @pytest.mark.parametrize("command", ["generate", "chat"])
 @pytest.mark.parametrize(("flags", "words"), [
     (["--max-tokens", "0"], "max_tokens must be at least 1"),
-    (["--temperature", "-1"], "temperature must be >= 0"),
+    (["--temperature", "-1"], "temperature must be a finite number >= 0"),
     (["--top-p", "0"], "top_p must be in (0, 1]"),
     (["--sampling-seed", str(2**70)], "seed must be in"),  # these once ended in a traceback
     (["--seed", str(-2**63 - 1)], "seed must be in"),

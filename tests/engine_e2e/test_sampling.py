@@ -91,6 +91,16 @@ def test_a_top_p_below_fp32s_smallest_keeps_the_top_token(sampling_path):
     assert set(tokens.tolist()) == {1}
 
 
+def test_top_k_keeps_the_top_token_at_any_temperature(sampling_path):
+    """temperature 1e39 is inf in fp32: every tempered logit was 0, and top_k = 1 kept whichever
+    token the sort left first (not the top one); an infinite temperature is refused."""
+    logits = torch.tensor([[0.0, 1.0, 3.0, 2.0]]).repeat(50, 1)
+    tokens, _ = sample(logits, _batch([SamplingParams(temperature=1e39, top_k=1)] * 50))
+    assert set(tokens.tolist()) == {2}
+    with pytest.raises(InvalidParameterError, match="temperature must be a finite number"):
+        SamplingParams(temperature=math.inf)
+
+
 def test_temperature_sampling_follows_the_distribution(sampling_path):
     probs = torch.tensor([0.6, 0.3, 0.1])
     logits = probs.log().repeat(6000, 1)
