@@ -147,9 +147,17 @@ class ModelConfig:
                 sliding_window=cfg.get("sliding_window")
                 if archs[0] == "MistralForCausalLM" or cfg.get("use_sliding_window") else None,
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
-                       "quantization_config": cfg.get("quantization_config")},
+                       "quantization_config": _object_or_none(cfg, "quantization_config")},
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
+
+
+def _object_or_none(cfg: dict[str, Any], key: str) -> dict[str, Any] | None:
+    """cfg[key] where it is a JSON object; another type is a ValueError (named by the caller)."""
+    value = cfg.get(key)
+    if value is not None and not isinstance(value, dict):
+        raise ValueError(f"{key} must be an object, got {type(value).__name__}")
+    return value

@@ -31,7 +31,6 @@ from inferlab.quant.scheme import (
     GROUP,
     GROUPED,
     PACK_QUANTIZED,
-    READABLE_FORMATS,
     TENSOR,
     QuantScheme,
     WeightArgs,
@@ -109,10 +108,8 @@ def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name
 def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme,
                           fmt: str, g_idx_required: bool = False) -> QuantizedWeight:
     """The tensors of layer `prefix` -> QuantizedWeight, validated against `scheme` and `fmt`
-    (`g_idx_required`: the config declares group act-order)."""
-    if fmt not in READABLE_FORMATS:
-        raise InferlabError(f"checkpoint: format {fmt!r} of {prefix} is not supported "
-                            f"(supported: {', '.join(READABLE_FORMATS)})")
+    (one of READABLE_FORMATS, as parse_quantization_config checks; `g_idx_required`: the config
+    declares group act-order)."""
     w = scheme.weights
     if fmt == PACK_QUANTIZED:
         codes = _read_packed(tensors, prefix, w.num_bits)

@@ -19,7 +19,12 @@ from torch import nn
 from inferlab.errors import InferlabError
 from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
 from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.scheme import QuantScheme, group_act_order, scheme_from_ct_group
+from inferlab.quant.scheme import (
+    READABLE_FORMATS,
+    QuantScheme,
+    group_act_order,
+    scheme_from_ct_group,
+)
 
 # fused module name -> its checkpoint shards, in output-row order
 FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
@@ -63,6 +68,8 @@ def parse_quantization_config(qc: Mapping, source: str = "quantization_config") 
         if qc.get(key):
             raise InferlabError(f"{source}: {key} is not supported")
     sparsity = qc.get("sparsity_config") or {}
+    if not isinstance(sparsity, Mapping):
+        raise InferlabError(f"{source}: sparsity_config must be an object, got {sparsity!r}")
     if sparsity.get("format") not in DENSE_SPARSITY_FORMATS:
         raise InferlabError(f"{source}: sparsity format {sparsity.get('format')!r} is not supported "
                             "(sparse weights must be stored dense)")
@@ -76,12 +83,17 @@ def parse_quantization_config(qc: Mapping, source: str = "quantization_config") 
         fmt = group.get("format") or qc.get("format")
         if fmt in (None, "mixed-precision", "dense"):
             fmt = scheme.format
+        if fmt not in READABLE_FORMATS:  # as loading refuses it, so that `info` does too
+            raise InferlabError(f"{where}: format {fmt!r} is not supported "
+                                f"(supported: {', '.join(READABLE_FORMATS)})")
         targets = group.get("targets") or []
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             raise InferlabError(f"{where}: targets must be a list of names")
         groups.append(ConfigGroup(name, scheme, tuple(targets), fmt,
                                   group_act_order(group["weights"], where)))
     ignore = qc.get("ignore") or []
+    if not isinstance(ignore, list) or not all(isinstance(name, str) for name in ignore):
+        raise InferlabError(f"{source}: ignore must be a list of names, got {ignore!r}")
     return ParsedConfig(tuple(groups), tuple(ignore))
 
 

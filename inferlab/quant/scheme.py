@@ -185,6 +185,7 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
         raise InferlabError(f"{where}: output activation quantization is not supported")
     if weights.get("dynamic"):
         raise InferlabError(f"{where}: dynamic weight quantization is not supported")
+    _check_field_types(weights, f"{where}.weights")
     strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
     if strategy not in (CHANNEL, GROUP, TENSOR, BLOCK):
         raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "
@@ -193,7 +194,8 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
     if not (isinstance(block, list) and len(block) == 2):
         raise InferlabError(f"{where}: block weights need a block_structure [rows, columns], got {block!r}")
     try:
-        w = WeightArgs(num_bits=int(weights.get("num_bits", 8)), kind=weights.get("type", INT),
+        w = WeightArgs(num_bits=8 if weights.get("num_bits") is None else weights["num_bits"],
+                       kind=weights.get("type") or INT,
                        strategy=strategy,
                        group_size=weights.get("group_size") if strategy == GROUP else block[1],
                        symmetric=bool(weights.get("symmetric", True)), block_rows=block[0])
@@ -202,7 +204,25 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
     acts = group.get("input_activations")
     if not acts:
         return QuantScheme("custom", w)
+    if not isinstance(acts, dict):
+        raise InferlabError(f"{where}: input_activations must be an object, got {acts!r}")
+    _check_field_types(acts, f"{where}.input_activations")
     return QuantScheme("custom", w, _activations_from_ct(acts, w, where))
+
+
+# the QuantizationArgs fields read here, by the JSON type compressed-tensors writes them in
+_FIELD_TYPES = {"num_bits": int, "group_size": int, "symmetric": bool, "dynamic": bool,
+                "type": str, "strategy": str, "actorder": (str, bool)}
+
+
+def _check_field_types(args: dict[str, Any], where: str) -> None:
+    """A field of another type ("num_bits": "4bit") is named here rather than failing later
+    as a traceback."""
+    for key, kind in _FIELD_TYPES.items():
+        value = args.get(key)
+        wrong_int = kind is int and isinstance(value, bool)
+        if value is not None and (not isinstance(value, kind) or wrong_int):
+            raise InferlabError(f"{where}.{key}: {value!r} is not of the type it takes")
 
 
 def _activations_from_ct(acts: dict[str, Any], w: WeightArgs, where: str) -> ActivationArgs:

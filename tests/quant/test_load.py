@@ -53,6 +53,33 @@ def test_the_untouched_checkpoint_loads_quantized(checkpoint) -> None:
     assert isinstance(net.lm_head, torch.nn.Linear)  # ignored
 
 
+def _group_0(qc: dict) -> dict:
+    return qc["config_groups"]["group_0"]
+
+
+@pytest.mark.parametrize(("edit", "message"), [
+    (lambda qc: _group_0(qc)["weights"].update(num_bits="4bit"),
+     "config_groups.group_0.weights.num_bits: '4bit' is not of the type it takes"),
+    (lambda qc: _group_0(qc)["weights"].update(group_size="64"), "weights.group_size: '64'"),
+    (lambda qc: _group_0(qc)["weights"].update(symmetric="no"), "weights.symmetric: 'no'"),
+    (lambda qc: _group_0(qc).update(input_activations="x"), "input_activations must be an object"),
+    (lambda qc: qc.update(sparsity_config="x"), "sparsity_config must be an object"),
+    (lambda qc: qc.update(ignore=[5]), "ignore must be a list of names, got [5]"),
+    (lambda qc: qc.update(ignore="lm_head"), "ignore must be a list of names"),  # not its letters
+    (lambda qc: _group_0(qc).update(format="sparse-bitmask"), "format 'sparse-bitmask' is not supported"),
+])
+def test_config_fields_of_the_wrong_type_are_one_line_errors(checkpoint, tmp_path, edit, message) -> None:
+    """Once tracebacks (int("4bit"), "x".get, 5.startswith) from loading and from `info`."""
+    assert message in _load_error(_variant(checkpoint, tmp_path, edit_config=edit))
+
+
+def test_a_quantization_config_that_is_not_an_object_is_one_line(checkpoint, tmp_path) -> None:
+    path = _variant(checkpoint, tmp_path)
+    config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps({**config, "quantization_config": "foo"}))
+    assert "quantization_config must be an object, got str" in _load_error(path)
+
+
 def test_missing_scale(checkpoint, tmp_path) -> None:
     path = _variant(checkpoint, tmp_path, edit_tensors=lambda t: t.pop(
         "model.layers.0.self_attn.k_proj.weight_scale"))
