@@ -11,6 +11,7 @@ import torch
 from inferlab.errors import InferlabError
 from inferlab.quant.export import export_checkpoint, shard_sizes
 from inferlab.quant.layer import LINEARS
+from inferlab.quant.load import checkpoint_names, matches
 from inferlab.quant.qparams import num_groups, rows_per_scale
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.sequential import compress_model, is_ignored
@@ -33,6 +34,20 @@ def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
                     rows_per_scale(recipe.scheme.weights, module.out_features if n < 0 else n, full)
             if recipe.sparsity is not None and k % 4:
                 raise InferlabError(f"{full}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
+
+
+def check_ignore(net: torch.nn.Module, recipe: Recipe) -> None:
+    """Each --ignore entry names some layer (a typo would quantize what it meant to keep, the
+    lm_head among them once the default is replaced), and some layer is left to compress."""
+    names = [shard for i in range(len(net.model.layers)) for name in LINEARS
+             for shard in checkpoint_names(f"model.layers.{i}.{name}")]
+    for pattern in recipe.ignore:
+        if not any(matches(name, pattern) for name in [*names, "lm_head"]):
+            raise InferlabError(f"--ignore {pattern!r} matches no layer (names look like "
+                                f"{names[0]} or lm_head; patterns like re:.*q_proj)")
+    if all(is_ignored(f"model.layers.{i}.{name}", recipe.ignore)
+           for i in range(len(net.model.layers)) for name in LINEARS):
+        raise InferlabError("--ignore leaves no decoder layer to compress")
 
 
 def dense_dtype_for(path: str, requested: str) -> torch.dtype:
@@ -77,6 +92,7 @@ def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: st
         raise InferlabError(f"{loaded.path}: already quantized (quantize the original model)")
     net = loaded.model
     check_shapes(net, recipe)
+    check_ignore(net, recipe)
     dtype = dense_dtype_for(loaded.path, dense_dtype)
     tokens = None
     if recipe.needs_calibration:

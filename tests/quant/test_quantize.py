@@ -138,6 +138,9 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
     (["--method", "gptq"], "nothing to do"),
     (["--method", "rtn", "--sparsity", "2:4"], "is done by --method sparsegpt or magnitude, not rtn"),
     (["--scheme", "W8A16", "--method", "gptq", "--sparsity", "2:4"], "not gptq"),
+    # once accepted silently: a typo quantized the lm_head too, "re:.*" wrote a dense model
+    (["--scheme", "W8A16", "--ignore", "foo_bar"], "--ignore 'foo_bar' matches no layer"),
+    (["--scheme", "W8A16", "--ignore", "re:.*"], "--ignore leaves no decoder layer to compress"),
 ])
 def test_bad_input_is_one_line(source, tmp_path, capsys, flags: list[str], message: str) -> None:
     code = main(["quantize", str(source[0]), "--out", str(tmp_path / "out"), "--quiet", *flags])
