@@ -155,7 +155,9 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
             config = json.load(f)
     else:
         config = hf_config_from(net.config)
-    config["torch_dtype"] = DTYPE_NAMES[dense_dtype]
+    # transformers 5 names it `dtype` and reads that first: a source's own would contradict it
+    config.update({key: DTYPE_NAMES[dense_dtype] for key in ("torch_dtype", "dtype")
+                   if key in config or key == "torch_dtype"})
     if "lm_head" in qweights:  # its own quantized tensors now, beside the dense embedding
         config["tie_word_embeddings"] = False
     config["quantization_config"] = quantization_config(

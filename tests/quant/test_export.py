@@ -94,3 +94,17 @@ def test_embedded_model_tokenizer_reads_back_in_transformers(embedded_out, hf_sm
     assert theirs.apply_chat_template(chat, tokenize=False, add_generation_prompt=True) == (
         hf_smollm_tokenizer.apply_chat_template(chat, tokenize=False, add_generation_prompt=True))
     assert (theirs.bos_token, theirs.eos_token) == ("<|im_start|>", "<|im_end|>")
+
+
+def test_a_source_that_names_its_dtype_the_transformers_5_way_gets_one_dtype(tmp_path, capsys) -> None:
+    """A config with "dtype" (transformers 5) kept the source's beside our "torch_dtype", and
+    transformers read the stale one first."""
+    source = tiny_model_dir(tmp_path / "src")
+    config = json.loads((source / "config.json").read_text())
+    config.pop("torch_dtype", None)
+    (source / "config.json").write_text(json.dumps({**config, "dtype": "bfloat16"}))
+    code = main(["quantize", str(source), "--scheme", "W8A16", "--dtype", "float32",
+                 "--out", str(tmp_path / "out"), "--quiet"])
+    assert code == 0, capsys.readouterr().err
+    written = json.loads((tmp_path / "out" / "config.json").read_text())
+    assert (written["dtype"], written["torch_dtype"]) == ("float32", "float32")
