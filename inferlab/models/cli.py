@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 
-from inferlab.planner.memory import kv_cache_bytes_per_token
+from inferlab.models.config import ModelConfig
+from inferlab.planner.memory import kv_cache_bytes_per_token, weight_bytes
+from inferlab.planner.model_shapes import ModelSpec, checkpoint_weight_format
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -43,7 +46,7 @@ def model_info(model: str | None, dtype: str) -> dict:
     params = cfg.num_parameters()
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": params * nbytes,
+        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, path),
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
@@ -55,6 +58,21 @@ def model_info(model: str | None, dtype: str) -> dict:
         "quantization": quantization,
         "checkpoint_bytes": _checkpoint_bytes(path),
     }
+
+
+def _weight_bytes(cfg: ModelConfig, dtype: str, path: str) -> int:
+    """What the weights take loaded in `dtype`: a compressed-tensors checkpoint's decoder linears
+    at their stored size (codes and scales as the planner counts them, and zero points of the
+    scales' size where asymmetric), the rest in dtype."""
+    config = cfg.extra.get("quantization_config")
+    if not config:
+        return cfg.num_parameters() * _DTYPE_BYTES[dtype]
+    from inferlab.quant.load import parse_quantization_config
+
+    fmt = checkpoint_weight_format(ModelSpec(path, cfg, path))
+    counted = weight_bytes(cfg, dataclasses.replace(fmt, dense_dtype=dtype))
+    asymmetric = any(not g.scheme.weights.symmetric for g in parse_quantization_config(config).groups)
+    return counted.total_bytes + (counted.scale_bytes if asymmetric else 0)
 
 
 def _quantization(config: dict | None) -> list[str]:
@@ -93,11 +111,12 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     nbytes = _DTYPE_BYTES[args.dtype]
+    stored = ", linears as stored" if info["quantization"] and not info["path"].endswith(".gguf") else ""
     rows = [
         ("model", f"{info['name']} ({info['path']})"),
         ("architecture", info["architecture"]),
         ("parameters", f"{info['parameters']:,}"),
-        (f"weight bytes ({args.dtype})", f"{info['weight_bytes']:,} ({info['weight_bytes'] / 2**20:.1f} MiB)"),
+        (f"weight bytes ({args.dtype}{stored})", f"{info['weight_bytes']:,} ({info['weight_bytes'] / 2**20:.1f} MiB)"),
         ("checkpoint bytes", f"{info['checkpoint_bytes']:,} ({info['checkpoint_bytes'] / 2**20:.1f} MiB)"),
         *(("quantization", line) for line in info["quantization"] or ["none"]),
         ("layers", info["layers"]),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -237,10 +238,15 @@ def test_info_describes_the_quantization(checkpoint, fp8_static, capsys) -> None
     assert main(["info", str(checkpoint), "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["quantization"] == ["int4 weights in groups of 32, asymmetric (Linear; ignores lm_head)"]
+    # the linears as loaded, codes, scales and zero points, the rest in bf16 (it was all bf16)
+    net, _ = load_network(str(checkpoint), torch.bfloat16)
+    held = {id(t): t.numel() * t.element_size() for m in net.modules() if m is not net.model.rotary
+            for t in [*m.parameters(recurse=False), *m.buffers(recurse=False)]}
+    assert info["weight_bytes"] == sum(held.values())
     assert main(["info", str(fp8_static)]) == 0
     out = capsys.readouterr().out
-    assert ("quantization                   float8 weights per tensor, float8 activations with one "
-            "static scale (Linear; ignores lm_head)") in out
+    assert re.search(r"\nquantization +float8 weights per tensor, float8 activations with one "
+                     r"static scale \(Linear; ignores lm_head\)\n", out)
 
 
 @pytest.fixture(scope="module")
