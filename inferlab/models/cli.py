@@ -44,9 +44,11 @@ def model_info(model: str | None, dtype: str) -> dict:
         generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]
     params = cfg.num_parameters()
+    weights = _weight_bytes(cfg, dtype, path)
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, path),
+        "parameters": params, "dtype": dtype, "weight_bytes": weights,
+        "linears_as_stored": weights != params * nbytes,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
@@ -65,11 +67,11 @@ def _weight_bytes(cfg: ModelConfig, dtype: str, path: str) -> int:
     at their stored size (codes and scales as the planner counts them, and zero points of the
     scales' size where asymmetric), the rest in dtype."""
     config = cfg.extra.get("quantization_config")
-    if not config:
+    fmt = checkpoint_weight_format(ModelSpec(path, cfg, path)) if config else None
+    if fmt is None:  # dense, or only pruned
         return cfg.num_parameters() * _DTYPE_BYTES[dtype]
     from inferlab.quant.load import parse_quantization_config
 
-    fmt = checkpoint_weight_format(ModelSpec(path, cfg, path))
     counted = weight_bytes(cfg, dataclasses.replace(fmt, dense_dtype=dtype))
     asymmetric = any(not g.scheme.weights.symmetric for g in parse_quantization_config(config).groups)
     return counted.total_bytes + (counted.scale_bytes if asymmetric else 0)
@@ -84,7 +86,13 @@ def _quantization(config: dict | None) -> list[str]:
 
     parsed = parse_quantization_config(config)
     ignore = f"; ignores {', '.join(parsed.ignore)}" if parsed.ignore else ""
-    return [f"{g.scheme.describe()} ({', '.join(g.targets)}{ignore})" for g in parsed.groups]
+    lines = [f"{g.scheme.describe()} ({', '.join(g.targets)}{ignore})" for g in parsed.groups]
+    sparsity = config.get("sparsity_config") or {}
+    if sparsity.get("sparsity_structure"):  # a pruned checkpoint, quantized or not
+        share = sparsity.get("global_sparsity")
+        zeros = f", {share:.0%} of the weights zero" if isinstance(share, float) else ""
+        lines.append(f"{sparsity['sparsity_structure']} sparsity, stored dense{zeros}")
+    return lines
 
 
 def _gguf_types(gguf_file) -> str:
@@ -111,7 +119,7 @@ def run_info(args: argparse.Namespace) -> int:
         print(json.dumps(info, indent=2))
         return 0
     nbytes = _DTYPE_BYTES[args.dtype]
-    stored = ", linears as stored" if info["quantization"] and not info["path"].endswith(".gguf") else ""
+    stored = ", linears as stored" if info["linears_as_stored"] else ""
     rows = [
         ("model", f"{info['name']} ({info['path']})"),
         ("architecture", info["architecture"]),

@@ -188,6 +188,12 @@ def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, sch
     net, _ = load_network(str(out), torch.float32)
     assert all(isinstance(m, QuantLinear) == (scheme is not None) for m in _decoder_linears(net))
     _assert_2of4_checkpoint(out, net)
+    # info says it is pruned (it said "none" for a pruned-only model, and counting its weight
+    # bytes failed on it once they counted quantized linears as stored)
+    assert main(["info", str(out), "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["quantization"][-1].startswith("2:4 sparsity, stored dense, ")
+    assert info["linears_as_stored"] == (scheme is not None)
 
 
 def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
