@@ -93,10 +93,12 @@ class BeamSearch:
         candidates = []
         for beam, out in zip(self.live, outputs, strict=True):
             (step,) = out.outputs[0].logprobs or ()  # one token, with the top 2 x width
-            # the candidates are the top 2 x width (the round gives more when logprobs asks)
+            # the candidates are the top 2 x width (the round gives more when logprobs asks);
+            # a token's reported alternatives, the logprobs asked for (none: none)
+            reported = step.top[:self.params.logprobs or 0]
             for rank, (token, logprob) in enumerate(step.top[:2 * self.params.beam_width], 1):
                 grown = _Beam([*beam.tokens, token],
-                              [*beam.logprobs, TokenLogprobs(token, logprob, rank, step.top)],
+                              [*beam.logprobs, TokenLogprobs(token, logprob, rank, reported)],
                               beam.cumulative_logprob + logprob, token in self.end_ids)
                 (self.finished if grown.ended else candidates).append(grown)
         self.live = sorted(candidates, key=self._score, reverse=True)[:self.params.beam_width]

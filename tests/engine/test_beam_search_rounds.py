@@ -85,3 +85,14 @@ def test_logprobs_asked_for_do_not_widen_the_candidates():
     assert search.done and search.beams() == []
     (best,) = search.output("r", Letters(), None).outputs
     assert best.token_ids == [EOS] and len(best.logprobs[0].top) == 3  # all 3 reported
+
+
+def test_a_token_reports_the_alternatives_asked_for_not_the_candidates():
+    """Width 2 asks each round for 4 logprobs (its candidates); logprobs=1 reports one
+    alternative a token (it reported all 4), and no logprobs none."""
+    for asked, reported in ((1, [(1, -0.1)]), (None, [])):
+        search = BeamSearch([5], BeamSearchParams(beam_width=2, max_tokens=1, logprobs=asked),
+                            {EOS}, 64)
+        search.advance([answer([(1, -0.1), (2, -0.2), (3, -0.3), (4, -0.4)])])
+        best = search.output("r", Letters(), None).outputs[0]
+        assert best.token_ids == [1] and best.logprobs[0].top == reported, asked
