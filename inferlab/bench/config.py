@@ -13,6 +13,8 @@ SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 # durations become ns timers and event-loop deadlines: a bound keeps them finite, and no
 # benchmark runs for a year
 MAX_SECONDS = 365 * 24 * 3600.0
+MAX_RATE = 100_000  # requests a second one process can send, and far past what it measures well
+MAX_STREAMS = 10_000  # concurrent streams: one connection each
 UNITS_PER_SECOND = {"seconds": 1, "ms": 1000}
 
 
@@ -148,6 +150,11 @@ class LoadConfig:
                                 f"request a year) and finite, got {list(self.rates)}")
         if self.profile == "concurrent" and any(r != int(r) for r in self.rates):
             raise InferlabError("--profile concurrent takes whole numbers of streams as --rate")
+        # more than one client process drives: a schedule of 10^8 sends was built in memory
+        most, unit = (MAX_STREAMS, "streams") if self.profile == "concurrent" else (MAX_RATE, "req/s")
+        if any(r > most for r in self.rates):
+            raise InferlabError(f"--rate values above {most:,} {unit} are more than one load "
+                                f"tester drives, got {list(self.rates)}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise InferlabError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
         if self.sweep_size < 1 or self.slo_search_steps < 1:
