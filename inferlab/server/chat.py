@@ -128,9 +128,9 @@ class _Formatter:
             reply = self.replies[c.index]
             reasoning, parsed = reply.read(c.text, finished=True)
             content = self.echo + parsed.content
-            # vLLM's: a reply that is all thinking, or all calls, has no content
+            # vLLM's: a reply that is all thinking (shown or not), or all calls, has no content
             message = AssistantMessage(
-                content=content if content or not (reply.names or reasoning) else None,
+                content=content if content or not (reply.names or reply.thought) else None,
                 reasoning_content=reasoning or None, tool_calls=reply.calls)
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.logprobs),

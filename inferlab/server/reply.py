@@ -18,6 +18,7 @@ class ReplyReader:
         self.tools = tools
         self.reasoning = reasoning
         self.show_reasoning = show_reasoning  # vLLM's include_reasoning
+        self.thought = False  # some of the reply was thinking, shown or not
         self.names: list[str] = []
         self.arguments: list[str] = []
         self.ids: list[str] = []
@@ -25,6 +26,7 @@ class ReplyReader:
     def read(self, text: str, finished: bool) -> tuple[str, ParsedDelta]:
         """(the new reasoning, the new content and pieces of calls)."""
         split = self.reasoning.feed(text, finished) if self.reasoning else Split(content=text)
+        self.thought = self.thought or bool(split.reasoning)
         reasoning = split.reasoning if self.show_reasoning else ""
         if self.tools is None:
             return reasoning, ParsedDelta(content=split.content)

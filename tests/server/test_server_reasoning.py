@@ -62,6 +62,8 @@ def test_deepseek_r1_splits_at_the_end_of_thinking(client, r1_client):
     messages = [{"role": "user", "content": "Say hi."}]
     free = reply(client, messages=messages)[1]
     assert "</think>" not in free and reply(r1_client, messages=messages) == (free, None)
+    # left out, all thinking is no content at all, as vLLM gives it (once "")
+    assert reply(r1_client, messages=messages, extra_body={"include_reasoning": False}) == (None, None)
 
 
 def test_qwen3_thinks_only_in_a_reply_that_opens_with_think(client, qwen3_client):
