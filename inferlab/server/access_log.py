@@ -46,6 +46,8 @@ class AccessLogMiddleware:
 
 def _log(scope: Scope, state: dict, status: int, started: float) -> None:
     gen = state.get("generation")
+    if gen is not None and gen.cut_short and status == 200:  # a stream the client left
+        status = CLIENT_GONE
     fields = [f"id={state['request_id']}", f"{scope['method']} {scope['path']}", f"status={status}"]
     if gen is not None:
         fields += [f"prompt_tokens={gen.prompt_tokens}", f"output_tokens={gen.output_tokens}"]

@@ -47,6 +47,7 @@ class Generation:
         self._finished: set[int] = set()
         self._closed = False
         self.first_output_at: float | None = None  # time.monotonic(), for the access log
+        self.cut_short = False  # closed before it finished: the client went away
 
     @property
     def prompt_tokens(self) -> int:
@@ -116,6 +117,7 @@ class Generation:
     async def _abort_unfinished(self) -> None:
         for index, request_id in enumerate(self.request_ids):
             if index not in self._finished:
+                self.cut_short = True
                 # also covers a prompt whose add was still queued for the engine thread when
                 # start() was cancelled: the abort is queued behind it
                 await self.engine.abort(request_id)

@@ -105,6 +105,19 @@ def test_abandoned_whole_request_is_aborted(server):
     assert aborted(server) == before + 1
 
 
+def test_a_stream_the_client_leaves_is_logged_as_499(server, caplog):
+    """As a whole request the client leaves is (its 200 went out with the first chunk)."""
+    assert wait_until(lambda: engine_idle(server), 10)
+    with caplog.at_level("INFO", logger="inferlab.server.access"):
+        with httpx.stream("POST", f"{server.url}/v1/completions", headers=server.headers, timeout=30,
+                          json={"prompt": "Once upon a time", "stream": True, **LONG}) as r:
+            next(r.iter_lines())
+        assert wait_until(lambda: engine_idle(server), 10)
+        assert wait_until(lambda: any("POST /v1/completions" in m for m in caplog.messages), 10)
+    (line,) = [m for m in caplog.messages if "POST /v1/completions" in m]
+    assert "status=499" in line
+
+
 def _gate_engine(engine, monkeypatch) -> threading.Event:
     """Hold every engine step until the returned event is set (a busy engine, on demand)."""
     gate = threading.Event()
