@@ -60,7 +60,10 @@ def load_run(path: str | Path) -> LoadedRun:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InferlabError(f"{path} is not an inferlab bench report ({FORMAT})")
     try:
-        return LoadedRun(str(path), data["meta"], [_stage(stage) for stage in data["stages"]])
+        stages = [_stage(stage) for stage in data["stages"]]
+        if not stages:  # a comparison against it would pass any regression gate
+            raise ValueError("it has no stages")
+        return LoadedRun(str(path), data["meta"], stages)
     # a report cut short or edited by hand: a missing key, or a value of the wrong type
     except (KeyError, TypeError, AttributeError, ValueError) as e:
         detail = f"no {e} field" if isinstance(e, KeyError) else str(e)

@@ -150,6 +150,9 @@ SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
     (["bench", "compare", "latin1.json", "r.json"], "latin1.json: not UTF-8 text"),
     (["bench", "compare", "no_stages.json", "r.json"],
      "no_stages.json is an incomplete or damaged inferlab-bench/1 report (no 'stages' field)"),
+    # once compared as an empty table, and passed --fail-on-regression
+    (["bench", "compare", "empty.json", "r.json", "--fail-on-regression", "0"],
+     "empty.json is an incomplete or damaged inferlab-bench/1 report (it has no stages)"),
     (["bench", "compare", "no_summary.json", "r.json"],
      "no_summary.json is an incomplete or damaged inferlab-bench/1 report (no 'summary' "
      "field)"),
@@ -187,6 +190,7 @@ def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypa
     (tmp_path / "folder.html").mkdir()
     (tmp_path / "latin1.json").write_bytes("{\"format\": \"é\"}".encode("latin-1"))
     (tmp_path / "no_stages.json").write_text('{"format": "inferlab-bench/1", "meta": {}}')
+    (tmp_path / "empty.json").write_text('{"format": "inferlab-bench/1", "meta": {}, "stages": []}')
     (tmp_path / "no_summary.json").write_text(
         '{"format": "inferlab-bench/1", "meta": {}, "stages": [{"requests": []}]}')
     before = sorted(tmp_path.iterdir())
