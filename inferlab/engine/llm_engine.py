@@ -218,6 +218,7 @@ class LLMEngine:
         if request_id in self.outputs.parents:
             raise InferlabError(f"request id {request_id!r} is already in use")
         keep = params.truncate_prompt_tokens
+        keep = self.max_model_len if keep == -1 else keep
         if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
             raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is over the context "
                                         f"length {self.max_model_len}: choose a smaller one")

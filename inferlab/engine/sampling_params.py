@@ -74,7 +74,8 @@ class SamplingParams:
     logit_bias: dict[int, float] | None = None
     # the tokens to sample from (vLLM's allowed_token_ids), None: all
     allowed_token_ids: list[int] | None = None
-    truncate_prompt_tokens: int | None = None  # keep only the prompt's last k tokens
+    # keep only the prompt's last k tokens; -1: as many as the context holds (vLLM's)
+    truncate_prompt_tokens: int | None = None
     # words never to write (vLLM's bad_words): a word's last token is barred when the output
     # ends with the tokens before it
     bad_words: list[str] = field(default_factory=list)
@@ -171,8 +172,10 @@ class SamplingParams:
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
              "with ignore_eos, min_tokens, bad_words or allowed_token_ids"),
-            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1,
-             f"truncate_prompt_tokens must be at least 1, got {self.truncate_prompt_tokens}"),
+            (self.truncate_prompt_tokens is None or self.truncate_prompt_tokens >= 1
+             or self.truncate_prompt_tokens == -1,
+             f"truncate_prompt_tokens must be at least 1 (or -1: the context length), got "
+             f"{self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
              "cache_salt must be a non-empty string"),
             (isinstance(self.disable_any_whitespace, bool),

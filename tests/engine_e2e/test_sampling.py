@@ -255,6 +255,23 @@ def test_allowed_ids_and_prompt_truncation_in_the_engine(make_llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+def test_truncate_prompt_tokens_minus_one_means_the_context_length(make_llm):
+    """vLLM's -1: the prompt's last max_model_len tokens (which leave no room for output here;
+    -1 was refused)."""
+    from inferlab.errors import InferlabError
+
+    llm = make_llm(max_model_len=64)
+    prompt = llm.tokenizer.encode("The quick brown fox jumps over the lazy dog") * 8  # 80 tokens
+    with pytest.raises(InferlabError, match="the prompt has 64 tokens, the context holds 64"):
+        llm.generate([prompt], SamplingParams(truncate_prompt_tokens=-1))
+    short = SamplingParams(temperature=0, max_tokens=4, truncate_prompt_tokens=-1)
+    plain = SamplingParams(temperature=0, max_tokens=4)
+    assert llm.generate([prompt[:10]], short)[0].outputs[0].token_ids == \
+        llm.generate([prompt[:10]], plain)[0].outputs[0].token_ids
+    with pytest.raises(InvalidParameterError, match="or -1"):
+        SamplingParams(truncate_prompt_tokens=-2)
+
+
 def test_a_row_with_every_token_barred_still_names_one_in_the_vocabulary(sampling_path):
     """A bad word can bar the last token allowed_token_ids left (it depends on the output, so
     add_request cannot refuse it): the row has no mass, and the sampler must not name a token
