@@ -23,6 +23,7 @@ FILE_NAME = "generation_config.json"
 SAMPLING_FIELDS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k",
                    "min_p": "min_p", "repetition_penalty": "repetition_penalty",
                    "max_new_tokens": "max_tokens"}
+_WHOLE_FIELDS = {"top_k", "max_tokens"}
 
 
 @dataclass(frozen=True)
@@ -68,4 +69,7 @@ def _sampling(raw: dict[str, Any], path: str) -> dict[str, Any]:
     for name, value in defaults.items():
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ModelLoadError(f"{path}: {name} must be a number, got {value!r}")
-    return defaults
+        if name in _WHOLE_FIELDS and value != int(value):
+            raise ModelLoadError(f"{path}: {name} must be a whole number, got {value!r}")
+    # a JSON writer's 20.0 is SamplingParams' 20, which takes integers only there
+    return {name: int(value) if name in _WHOLE_FIELDS else value for name, value in defaults.items()}

@@ -73,8 +73,9 @@ def test_every_listed_eos_ends_the_generation_as_in_transformers(model_dir, tmp_
 def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, tmp_path):
     greedy = tokens(tiny_llm(model_dir), SamplingParams(temperature=0, max_tokens=5)).token_ids
     # top_k 1 samples the argmax at any temperature; max_new_tokens caps a request without a max
-    directory = with_generation_config(model_dir, tmp_path / "m", temperature=0.8, top_k=1,
-                                       max_new_tokens=5, do_sample=True)
+    # (written 1.0 and 5.0, as some JSON writers do: SamplingParams takes them as integers)
+    directory = with_generation_config(model_dir, tmp_path / "m", temperature=0.8, top_k=1.0,
+                                       max_new_tokens=5.0, do_sample=True)
     llm = tiny_llm(directory)
     assert tokens(llm).token_ids == greedy  # LLM.generate without params
     chat = llm.get_default_sampling_params()
@@ -90,6 +91,7 @@ def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, t
     ({"eos_token_id": "</s>"}, "eos_token_id must be a token id or a list of them"),
     ({"top_p": 0.0}, "top_p must be in (0, 1]"),
     ({"temperature": "hot"}, "temperature must be a number"),
+    ({"top_k": 2.5}, "top_k must be a whole number, got 2.5"),
 ])
 def test_a_bad_generation_config_is_a_load_error_naming_the_file(model_dir, tmp_path, fields, words):
     directory = with_generation_config(model_dir, tmp_path / "m", **fields)
