@@ -87,3 +87,14 @@ def token_counts(usage) -> tuple[int, int, int]:
     """The token counts; prompt_tokens_details.cached_tokens differ between two identical
     requests (the second hits the first's blocks)."""
     return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
+
+
+def engine_idle(server) -> bool:
+    """No request running or queued, every KV block free, nothing admitted."""
+    m = server.metrics()
+    label = f'{{model_name="{MODEL_NAME}"}}'
+    return (m[f"vllm:num_requests_running{label}"] == 0
+            and m[f"vllm:num_requests_waiting{label}"] == 0
+            and m[f"vllm:kv_cache_usage_perc{label}"] == 0
+            and m[f"inferlab:kv_cache_free_blocks{label}"] == m[f"inferlab:kv_cache_blocks{label}"]
+            and m[f"inferlab:num_requests_in_flight{label}"] == 0)

@@ -1,4 +1,5 @@
-"""Disconnects, overload, a stalled engine, and many concurrent streams, checked from outside.
+"""Overload, a stalled or dead engine, metrics, and many concurrent streams, checked from outside
+(disconnects: test_server_disconnect.py).
 
 KV blocks and running requests are read through /metrics, as an operator would read them.
 """
@@ -6,116 +7,12 @@ KV blocks and running requests are read through /metrics, as an operator would r
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 import threading
 import time
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, async_client, start_server, wait_until
-
-from inferlab.engine.sampling_params import SamplingParams
-
-LONG = {"max_tokens": 400, "ignore_eos": True}  # far longer than any test waits for
-
-
-def engine_idle(server) -> bool:
-    """No request running or queued, every KV block free, nothing admitted."""
-    m = server.metrics()
-    label = f'{{model_name="{MODEL_NAME}"}}'
-    return (m[f"vllm:num_requests_running{label}"] == 0
-            and m[f"vllm:num_requests_waiting{label}"] == 0
-            and m[f"vllm:kv_cache_usage_perc{label}"] == 0
-            and m[f"inferlab:kv_cache_free_blocks{label}"] == m[f"inferlab:kv_cache_blocks{label}"]
-            and m[f"inferlab:num_requests_in_flight{label}"] == 0)
-
-
-def aborted(server) -> float:
-    return server.metric("vllm:request_success_total", finished_reason="abort")
-
-
-_STREAMING_CLIENT = """
-import sys, httpx
-url, key = sys.argv[1], sys.argv[2]
-body = {"prompt": "Once upon a time", "stream": True, "max_tokens": 400, "ignore_eos": True}
-with httpx.stream("POST", url + "/v1/completions", json=body, timeout=120,
-                  headers={"Authorization": "Bearer " + key}) as r:
-    for line in r.iter_lines():
-        if line.startswith("data: "):
-            print("streaming", flush=True)
-            sys.stdin.read()  # hold the connection open until killed
-"""
-
-
-def test_client_killed_mid_stream_frees_its_request_and_blocks(server):
-    assert wait_until(lambda: engine_idle(server), 10)
-    before = aborted(server)
-    client = subprocess.Popen([sys.executable, "-c", _STREAMING_CLIENT, server.url, server.api_key],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert client.stdout.readline().strip() == "streaming"
-        label = f'{{model_name="{MODEL_NAME}"}}'
-        assert server.metrics()[f"vllm:num_requests_running{label}"] == 1
-        assert server.metrics()[f"vllm:kv_cache_usage_perc{label}"] > 0
-    finally:
-        client.kill()  # SIGKILL: no goodbye, the socket just closes
-        client.wait()
-    assert wait_until(lambda: engine_idle(server), 10)
-    assert aborted(server) == before + 1  # aborted, not run to its 400 tokens
-
-
-def test_a_refused_prompt_among_several_leaves_nothing_running(server):
-    """Two prompts, the second refused (a token id past the vocabulary): a 400 before any
-    response, and the first, already added, is aborted at once with its blocks freed, not run
-    to its 400 tokens (several seconds here)."""
-    assert wait_until(lambda: engine_idle(server), 10)
-    r = httpx.post(f"{server.url}/v1/completions", headers={"Authorization": f"Bearer {server.api_key}"},
-                   json={"prompt": [[1, 2, 3] * 10, [5, 10**7]], "max_tokens": 400, "ignore_eos": True},
-                   timeout=60)
-    assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
-    time.sleep(1.0)  # /metrics shows a snapshot: let the engine take the add (and the abort)
-    assert wait_until(lambda: engine_idle(server), 0.5)
-
-
-def test_a_caller_loop_closed_mid_request_does_not_stop_the_engine(engine):
-    """An event loop that added a request and was closed while it ran (a script's asyncio.run
-    that returned): the engine thread aborts the request instead of dying on the closed loop,
-    and serves the next caller."""
-    loop = asyncio.new_event_loop()
-    loop.run_until_complete(engine.submit("Once upon a time", SamplingParams(max_tokens=300, ignore_eos=True),
-                                          "orphan", lambda out: None))
-    loop.close()
-    assert wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, 10)
-    assert engine.is_healthy()
-
-    async def next_caller():
-        return [out async for out in engine.generate("Hi", SamplingParams(max_tokens=2), "after-orphan")]
-
-    assert asyncio.run(next_caller())[-1].finished
-
-
-def test_abandoned_whole_request_is_aborted(server):
-    assert wait_until(lambda: engine_idle(server), 10)
-    before = aborted(server)
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=1.5,
-                   json={"prompt": "Once upon a time", **LONG})
-    assert wait_until(lambda: engine_idle(server), 10)
-    assert aborted(server) == before + 1
-
-
-def test_a_stream_the_client_leaves_is_logged_as_499(server, caplog):
-    """As a whole request the client leaves is (its 200 went out with the first chunk)."""
-    assert wait_until(lambda: engine_idle(server), 10)
-    with caplog.at_level("INFO", logger="inferlab.server.access"):
-        with httpx.stream("POST", f"{server.url}/v1/completions", headers=server.headers, timeout=30,
-                          json={"prompt": "Once upon a time", "stream": True, **LONG}) as r:
-            next(r.iter_lines())
-        assert wait_until(lambda: engine_idle(server), 10)
-        assert wait_until(lambda: any("POST /v1/completions" in m for m in caplog.messages), 10)
-    (line,) = [m for m in caplog.messages if "POST /v1/completions" in m]
-    assert "status=499" in line
+from server_helpers import MODEL_NAME, async_client, engine_idle, start_server, wait_until
 
 
 def _gate_engine(engine, monkeypatch) -> threading.Event:
