@@ -6,10 +6,14 @@ import argparse
 import dataclasses
 import json
 import os
+from typing import TYPE_CHECKING
 
 from inferlab.models.config import ModelConfig
-from inferlab.planner.memory import kv_cache_bytes_per_token, weight_bytes
-from inferlab.planner.model_shapes import ModelSpec, checkpoint_weight_format
+from inferlab.planner.memory import WeightFormat, kv_cache_bytes_per_token, weight_bytes
+from inferlab.planner.model_shapes import groups_weight_format
+
+if TYPE_CHECKING:  # quant.load imports torch: only a quantized checkpoint's info loads it
+    from inferlab.quant.load import ConfigGroup, ParsedConfig
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -32,7 +36,10 @@ def model_info(model: str | None, dtype: str) -> dict:
     path = resolve_model_path(model)
     cfg = read_model_config(path)
     generation = GenerationConfig()
-    quantization = _quantization(cfg.extra.get("quantization_config"))
+    config = cfg.extra.get("quantization_config")
+    parsed = _parsed_quantization(config)
+    groups = parsed.groups if parsed else ()
+    quantization = _quantization(config, parsed)
     if path.endswith(".gguf"):
         gguf_file = open_gguf(path)
         template = gguf_file.get("tokenizer.chat_template")
@@ -44,11 +51,11 @@ def model_info(model: str | None, dtype: str) -> dict:
         generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]
     params = cfg.num_parameters()
-    weights = _weight_bytes(cfg, dtype, path)
+    fmt = groups_weight_format(groups, path)
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": weights,
-        "linears_as_stored": weights != params * nbytes,
+        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, fmt, groups),
+        "linears_as_stored": fmt is not None,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
@@ -62,29 +69,32 @@ def model_info(model: str | None, dtype: str) -> dict:
     }
 
 
-def _weight_bytes(cfg: ModelConfig, dtype: str, path: str) -> int:
+def _weight_bytes(cfg: ModelConfig, dtype: str, fmt: WeightFormat | None,
+                  groups: tuple[ConfigGroup, ...]) -> int:
     """What the weights take loaded in `dtype`: a compressed-tensors checkpoint's decoder linears
-    at their stored size (codes and scales as the planner counts them, and zero points of the
-    scales' size where asymmetric), the rest in dtype."""
-    config = cfg.extra.get("quantization_config")
-    fmt = checkpoint_weight_format(ModelSpec(path, cfg, path)) if config else None
+    in their stored format `fmt` (codes and scales as the planner counts them, and zero points of
+    the scales' size where asymmetric), the rest in dtype."""
     if fmt is None:  # dense, or only pruned
         return cfg.num_parameters() * _DTYPE_BYTES[dtype]
-    from inferlab.quant.load import parse_quantization_config
-
     counted = weight_bytes(cfg, dataclasses.replace(fmt, dense_dtype=dtype))
-    asymmetric = any(not g.scheme.weights.symmetric for g in parse_quantization_config(config).groups)
+    asymmetric = any(not g.scheme.weights.symmetric for g in groups)
     return counted.total_bytes + (counted.scale_bytes if asymmetric else 0)
 
 
-def _quantization(config: dict | None) -> list[str]:
-    """Each compressed-tensors group in a line: what it quantizes and how (checked as loading
-    checks it, so a config the loader refuses fails here with the same error)."""
+def _parsed_quantization(config: dict | None) -> ParsedConfig | None:
+    """The compressed-tensors config, checked as loading checks it, so a config the loader
+    refuses fails here with the same error."""
     if not config:
-        return []
+        return None
     from inferlab.quant.load import parse_quantization_config
 
-    parsed = parse_quantization_config(config)
+    return parse_quantization_config(config)
+
+
+def _quantization(config: dict | None, parsed: ParsedConfig | None) -> list[str]:
+    """Each group in a line: what it quantizes and how; and the sparsity of a pruned model."""
+    if parsed is None:
+        return []
     ignore = f"; ignores {', '.join(parsed.ignore)}" if parsed.ignore else ""
     lines = [f"{g.scheme.describe()} ({', '.join(g.targets)}{ignore})" for g in parsed.groups]
     sparsity = config.get("sparsity_config") or {}

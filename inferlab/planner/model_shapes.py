@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig
@@ -16,6 +18,9 @@ from inferlab.planner.memory import WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
 from inferlab.quant.scheme import FLOAT, GROUP, QuantScheme
+
+if TYPE_CHECKING:  # quant.load imports torch, which the planner loads only when it must
+    from inferlab.quant.load import ConfigGroup
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -90,9 +95,14 @@ def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:
         groups = parse_quantization_config(config, spec.source).groups
     except InferlabError as e:
         raise InferlabError(f"{e}; plan it with --weight-format") from None
+    return groups_weight_format(groups, spec.source)
+
+
+def groups_weight_format(groups: Sequence[ConfigGroup], source: str) -> WeightFormat | None:
+    """The one format compressed-tensors `groups` store their linears in (None: no group)."""
     formats = {scheme_weight_format(g.scheme) for g in groups}
     if len(formats) > 1:
         names = ", ".join(sorted(f.name for f in formats))
-        raise InferlabError(f"{spec.source}: the checkpoint mixes weight formats ({names}); "
+        raise InferlabError(f"{source}: the checkpoint mixes weight formats ({names}); "
                             "choose one with --weight-format")
     return next(iter(formats), None)
