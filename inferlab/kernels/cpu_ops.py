@@ -45,6 +45,8 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     """Same contract as triton_norm_rope.rms_norm; with `residual`, both x and residual are
     overwritten (x with the normalised output, residual with x + residual)."""
     dim = x.shape[-1]
+    if weight.numel() != dim:
+        raise ValueError(f"rms_norm: {weight.numel()} weights for rows of {dim}")
     if residual is not None:  # written in place: rows of exactly `dim` elements
         x = x.contiguous()
     x2 = x.reshape(-1, dim)
@@ -89,6 +91,9 @@ def write_kv(k: torch.Tensor, v: torch.Tensor, k_cache: torch.Tensor, v_cache: t
     if not (_rows_ok(k) and _rows_ok(v) and k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("write_kv needs each token's heads contiguous and contiguous caches")
     slots = slot_mapping.to(torch.int64)
+    capacity = k_cache.shape[0] * k_cache.shape[1]
+    if slots.numel() and int(slots.max()) >= capacity:  # negative slots are skipped (padding)
+        raise ValueError(f"write_kv: slot {int(slots.max())} is past the cache's {capacity} slots")
     _library().write_kv(k.data_ptr(), k.stride(0), v.data_ptr(), v.stride(0), slots.data_ptr(),
                         k_cache.data_ptr(), v_cache.data_ptr(), k.shape[0],
                         k.shape[1] * k.shape[2], _ELEM[k.dtype])
@@ -104,14 +109,8 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
     if block_size & (block_size - 1):
         raise ValueError(f"the C decode attention needs a power-of-two block size, not {block_size}")
-    if num_heads % num_kv_heads:
-        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
-    if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous()
-            and block_tables.is_contiguous() and k_cache.is_contiguous()):
-        raise ValueError("paged_decode_attention: unexpected tensor layout")
-    for t in (block_tables, seq_lens, rows, seqs):
-        if t.dtype != torch.int32:
-            raise ValueError("paged_decode_attention: index tensors must be int32")
+    _check_attention("paged_decode_attention", q, k_cache, v_cache, out,
+                     (block_tables, seq_lens, rows, seqs))
     status = _library().paged_decode_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), seq_lens.data_ptr(), rows.data_ptr(), seqs.data_ptr(),
@@ -119,6 +118,22 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
         _ELEM[q.dtype])
     if status:
         raise MemoryError("paged_decode_attention could not allocate its scratch buffers")
+
+
+def _check_attention(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                     out: torch.Tensor, index: Sequence[torch.Tensor]) -> None:
+    """What both paged attention kernels rely on: grouped heads, one dtype, the layout they
+    read, int32 indices."""
+    num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
+    if num_heads % num_kv_heads:
+        raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
+    if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype):
+        raise ValueError(f"{name}: q, the caches and out must share one dtype")
+    if not (_rows_ok(q) and q.stride(1) == q.shape[2] and out.is_contiguous()
+            and k_cache.is_contiguous() and v_cache.is_contiguous() and index[0].is_contiguous()):
+        raise ValueError(f"{name}: unexpected tensor layout")
+    if any(t.dtype != torch.int32 for t in index):
+        raise ValueError(f"{name}: index tensors must be int32")
 
 
 def release_openmp_threads() -> bool:
@@ -157,9 +172,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
     [N, Hq, D] (contiguous). block_tables [B, W], query_start_loc [B+1], seq_lens [B], seqs: int32."""
     num_heads, dim = q.shape[1], q.shape[2]
     num_kv_heads, block_size = k_cache.shape[2], k_cache.shape[1]
-    if not (_rows_ok(q) and q.stride(1) == dim and out.is_contiguous() and k_cache.is_contiguous()
-            and block_tables.is_contiguous()):
-        raise ValueError("paged_prefill_attention: unexpected tensor layout")
+    _check_attention("paged_prefill_attention", q, k_cache, v_cache, out,
+                     (block_tables, query_start_loc, seq_lens, seqs))
     status = _library().paged_prefill_attention(
         q.data_ptr(), q.stride(0), k_cache.data_ptr(), v_cache.data_ptr(), block_tables.data_ptr(),
         block_tables.stride(0), query_start_loc.data_ptr(), seq_lens.data_ptr(), seqs.data_ptr(),
@@ -172,6 +186,8 @@ def paged_prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: tor
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     """[..., 2I] -> [..., I]: silu(gate) * up."""
+    if x.shape[-1] % 2:
+        raise ValueError(f"silu_and_mul takes gate and up halves, not a last dim of {x.shape[-1]}")
     inter = x.shape[-1] // 2
     x = x if x.is_contiguous() else x.contiguous()
     out = torch.empty(*x.shape[:-1], inter, dtype=x.dtype)
@@ -182,7 +198,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
 
 def argmax(x: torch.Tensor) -> torch.Tensor:
     """torch.argmax(x, dim=-1) for fp32 [B, V] (unit stride along V) on CPU; NaNs are skipped."""
-    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1:
+    if x.dtype != torch.float32 or x.dim() != 2 or x.stride(1) != 1 or not x.shape[1]:
         raise ValueError(f"argmax takes fp32 [B, V] rows, not {x.dtype} {list(x.shape)}")
     out = torch.empty(x.shape[0], dtype=torch.int64)
     _library().argmax_rows(x.data_ptr(), x.stride(0), x.shape[0], x.shape[1], out.data_ptr())
@@ -252,6 +268,8 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
     if out_dtype not in (torch.bfloat16, torch.float32):
         raise ValueError(f"bf16_linear writes bfloat16 or float32, not {out_dtype}")
     y = torch.empty(rows, n_out, dtype=out_dtype)
+    if not rows:  # the kernels' tile configuration needs a row
+        return y
     status = _library().bf16_linear(x.data_ptr(), x.stride(0), rows, packed.data_ptr(),
                                     None if bias is None else bias.data_ptr(), y.data_ptr(),
                                     _ELEM[out_dtype], n_out, k_in)
@@ -281,7 +299,7 @@ def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     the caller keeps the tensors behind desc's pointers alive."""
     _check_rows("linear_forward", x, desc)
     y = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
-    if _library().linear_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
+    if x.shape[0] and _library().linear_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
                                  y.data_ptr()):
         raise MemoryError("linear_forward could not allocate its scratch memory")
     return y
@@ -293,7 +311,7 @@ def glu_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     _check_rows("glu_forward", x, desc)
     both = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
     y = torch.empty(x.shape[0], desc.n_out // 2, dtype=torch.bfloat16)
-    if _library().glu_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
+    if x.shape[0] and _library().glu_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
                               both.data_ptr(), y.data_ptr()):
         raise MemoryError("glu_forward could not allocate its scratch memory")
     return y

@@ -68,7 +68,9 @@ static inline float row_absmax(const uint16_t *row, int64_t k_in) {  /* K % 32 =
 /* rows of bf16 x -> int8 codes [rows][K] and their scales; the codes XOR flip: 0x80 stores
  * them + 128, as vpdpbusd's unsigned operand, 0 as they are (AMX's signed tiles). 64 codes a
  * step narrow through two saturating packs and one dword permute (vpmovsdb, four to a step, was
- * twice the shuffles): packs leave each 128-bit lane holding dwords l, 4 + l, 8 + l, 12 + l. */
+ * twice the shuffles): packs leave each 128-bit lane holding dwords l, 4 + l, 8 + l, 12 + l.
+ * No code stands for a NaN, nor for an inf under a row's own scale: such a row gets a NaN scale,
+ * so that its outputs come out NaN, as torch's would, rather than finite and wrong. */
 static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
                           const float *static_scale, uint8_t flip, int8_t *xq, float *scales) {
     const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
@@ -76,18 +78,26 @@ static void quantize_int8(const uint16_t *x, int64_t x_stride, int64_t rows, int
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
         if (r + ROWS_AHEAD < rows) prefetch_lines(row + ROWS_AHEAD * x_stride, k_in * 2);
-        /* a static scale can be exceeded: the saturating packs clamp to [-128, 127] */
-        const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / 127.0f;
+        const float top = static_scale ? 0.0f : row_absmax(row, k_in);
+        const float scale = static_scale ? *static_scale : fmaxf(top, 1e-12f) / 127.0f;
         const __m512 inv = _mm512_set1_ps(1.0f / scale);
+        __mmask16 unordered = 0;
         for (int64_t k = 0; k < k_in; k += 64) {
             __m512i q[4];
-            for (int g = 0; g < 4; g++)  /* ties to even */
-                q[g] = _mm512_cvtps_epi32(_mm512_mul_ps(bf16x16_to_f32(row + k + 16 * g), inv));
+            for (int g = 0; g < 4; g++) {  /* ties to even */
+                __m512 v = _mm512_mul_ps(bf16x16_to_f32(row + k + 16 * g), inv);
+                if (static_scale) {  /* can be exceeded: clamped before the conversion, which
+                                        turns 2^31 and beyond into INT_MIN */
+                    unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+                    v = _mm512_min_ps(_mm512_max_ps(v, _mm512_set1_ps(-128.0f)), _mm512_set1_ps(127.0f));
+                }
+                q[g] = _mm512_cvtps_epi32(v);
+            }
             const __m512i bytes = _mm512_packs_epi16(_mm512_packs_epi32(q[0], q[1]), _mm512_packs_epi32(q[2], q[3]));
             _mm512_storeu_si512(xq + r * k_in + k,
                                 _mm512_xor_si512(_mm512_permutexvar_epi32(order, bytes), _mm512_set1_epi8((char)flip)));
         }
-        scales[r] = scale;
+        scales[r] = isfinite(top) && !unordered ? scale : NAN;
     }
 }
 
@@ -107,18 +117,24 @@ static inline __m512 round_to_e4m3(__m512 v) {
     return _mm512_mask_mov_ps(_mm512_castsi512_ps(normal), tiny, sub);
 }
 
-/* rows of bf16 x -> their fp8 values as bf16 [rows][K] (exact) and their scales. */
+/* rows of bf16 x -> their fp8 values as bf16 [rows][K] (exact) and their scales, NaN where
+ * quantize_int8's would be (round_to_e4m3 turns a NaN into 448). */
 static void quantize_fp8(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k_in,
                          const float *static_scale, uint16_t *xq, float *scales) {
 #pragma omp parallel for schedule(static) if (rows > 1)
     for (int64_t r = 0; r < rows; r++) {
         const uint16_t *row = x + r * x_stride;
         if (r + ROWS_AHEAD < rows) prefetch_lines(row + ROWS_AHEAD * x_stride, k_in * 2);
-        const float scale = static_scale ? *static_scale : fmaxf(row_absmax(row, k_in), 1e-12f) / FP8_MAX;
+        const float top = static_scale ? 0.0f : row_absmax(row, k_in);
+        const float scale = static_scale ? *static_scale : fmaxf(top, 1e-12f) / FP8_MAX;
         const __m512 scale_v = _mm512_set1_ps(scale);
-        for (int64_t k = 0; k < k_in; k += 16)
-            store_bf16(xq + r * k_in + k, round_to_e4m3(_mm512_div_ps(bf16x16_to_f32(row + k), scale_v)));
-        scales[r] = scale;
+        __mmask16 unordered = 0;
+        for (int64_t k = 0; k < k_in; k += 16) {
+            const __m512 v = _mm512_div_ps(bf16x16_to_f32(row + k), scale_v);
+            if (static_scale) unordered |= _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            store_bf16(xq + r * k_in + k, round_to_e4m3(v));
+        }
+        scales[r] = isfinite(top) && !unordered ? scale : NAN;
     }
 }
 

@@ -90,21 +90,22 @@ static inline __attribute__((always_inline)) void decode_line(const uint8_t *src
  * [0, 128)) into xhi, xlo [rows][K], with one power-of-two scale 2^(e - 13) per block (e the
  * exponent of the block's largest |x|) and each block's sum of codes: xscale, xsum
  * [rows][K / block]. Multiplying by a power of two is exact, so a code rounds only for a value
- * more than 2^6 times smaller than its block's largest. */
+ * more than 2^6 times smaller than its block's largest. The largest comes from the bits, as
+ * dynamic_linear.c's row_absmax takes it, so that a NaN or an inf shows there: its block gets a
+ * NaN scale, and its row's outputs come out NaN rather than finite and wrong. */
 static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
                                  int64_t block, int8_t *xhi, int8_t *xlo, float *xscale,
                                  int32_t *xsum) {
-    const __m512 sign = _mm512_set1_ps(-0.0f);
+    const __m256i magnitude = _mm256_set1_epi16(0x7fff);
     const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
 #pragma omp parallel for schedule(static) if (rows > TILE_ROWS)
     for (int64_t m = 0; m < rows; m++)
         for (int64_t b = 0; b < k / block; b++) {
             const uint16_t *src = x + m * x_stride + b * block;
-            __m512 top = _mm512_setzero_ps();
+            __m256i top = _mm256_setzero_si256();
             for (int64_t i = 0; i < block; i += 16)
-                top = _mm512_max_ps(top, _mm512_andnot_ps(sign, bf16x16_widen(
-                          _mm256_maskz_loadu_epi16(lanes, src + i))));
-            float largest = _mm512_reduce_max_ps(top);
+                top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_maskz_loadu_epi16(lanes, src + i), magnitude));
+            const float largest = bf16_to_f32((uint16_t)_mm512_reduce_max_epu32(_mm512_cvtepu16_epi32(top)));
             int e = largest > 0.0f ? ilogbf(largest) : 0;
             e = e < -100 ? -100 : e;  /* the scale's inverse stays finite */
             __m512 up = _mm512_set1_ps(ldexpf(1.0f, 13 - e));
@@ -118,7 +119,7 @@ static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t ro
                 _mm_mask_storeu_epi8(xlo + at, lanes, _mm512_cvtepi32_epi8(
                     _mm512_and_si512(q, _mm512_set1_epi32(127))));
             }
-            xscale[m * (k / block) + b] = ldexpf(1.0f, e - 13);
+            xscale[m * (k / block) + b] = isfinite(largest) ? ldexpf(1.0f, e - 13) : NAN;
             xsum[m * (k / block) + b] = _mm512_reduce_add_epi32(codes);
         }
 }
