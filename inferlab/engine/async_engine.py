@@ -231,15 +231,17 @@ class AsyncEngine:
                 self.heartbeat = time.monotonic()
                 while not self._ops.empty():
                     self._ops.get()()
+                outputs = []
                 if self.engine.has_unfinished_requests():
                     started = time.perf_counter()
                     outputs = self.engine.step()
                     self._observe_step(time.perf_counter() - started)
-                    self._deliver(outputs)
                 else:
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
+                # before the outputs go out: a scrape after a reply finds the reply counted
                 self._stats = self._snapshot()
+                self._deliver(outputs)
         except BaseException as e:  # a bug: fail every stream and queued call, never hang them
             logger.exception("engine loop died")
             with self._pending_lock:

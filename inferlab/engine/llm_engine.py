@@ -342,10 +342,11 @@ class LLMEngine:
         if speculative is not None:  # before the scheduler cuts outputs at a stop
             self._count_drafts(sched, runner_output)
         updated = self.scheduler.update_from_output(sched, runner_output)
+        emitted_before = self.outputs.emitted_tokens
         outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
-        self.counters.generation_tokens += sum(map(len, runner_output.sampled_token_ids.values()))
+        self.counters.generation_tokens += self.outputs.emitted_tokens - emitted_before
         for out in outputs:
             if out.finished:
                 self._count_finished(out)

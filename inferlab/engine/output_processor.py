@@ -44,6 +44,7 @@ class OutputProcessor:
         self.tokenizer = tokenizer
         self.parents: dict[str, _Parent] = {}
         self.child_of: dict[str, tuple[_Parent, int]] = {}
+        self.emitted_tokens = 0  # output tokens given out, after stop strings cut drafts
 
     def add(self, request_id: str, prompt: str | None, children: list[Request]) -> None:
         first = children[0]
@@ -145,6 +146,7 @@ class OutputProcessor:
                     if completion.logprobs is not None:
                         del completion.logprobs[start + kept:]
         completion.emitted_tokens = request.num_output_tokens
+        self.emitted_tokens += len(new_ids)
         return text, new_ids, start
 
     @staticmethod
@@ -207,4 +209,5 @@ def _metrics(parent: _Parent) -> RequestMetrics:
         finished_time=latest(r.finished_time for r in requests)
         if all(c.finish_reason for c in parent.children) else None,
         num_generation_tokens=sum(r.num_output_tokens for r in requests),
+        longest_completion_tokens=max(r.num_output_tokens for r in requests),
     )

@@ -138,7 +138,8 @@ class RequestMetrics:
     first_token_time: float | None = None
     last_token_time: float | None = None
     finished_time: float | None = None
-    num_generation_tokens: int = 0
+    num_generation_tokens: int = 0  # all n completions'
+    longest_completion_tokens: int = 0
 
     @property
     def queue_time_s(self) -> float | None:
@@ -168,11 +169,12 @@ class RequestMetrics:
 
     @property
     def mean_itl_s(self) -> float | None:
-        """Decode time over the tokens after the first (vLLM's time per output token)."""
+        """Decode time over the tokens after the first (vLLM's time per output token): of the
+        longest completion, as the n completions of a request decode side by side."""
         decode = self.decode_time_s
-        if decode is None or self.num_generation_tokens < 2:
+        if decode is None or self.longest_completion_tokens < 2:
             return None
-        return decode / (self.num_generation_tokens - 1)
+        return decode / (self.longest_completion_tokens - 1)
 
 
 def _span(start: float | None, end: float | None) -> float | None:

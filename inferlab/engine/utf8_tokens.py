@@ -45,6 +45,14 @@ def _spelling(vocab_entry: str | None, text: str) -> bytes | None:
     return text.encode() if vocab_entry == text else None
 
 
+def token_bytes(tokenizer: TextTokenizer, token_id: int, text: str) -> bytes:
+    """The bytes token `token_id` (whose text alone is `text`) stands for: its spelling where its
+    vocabulary entry gives one that decodes to `text` (a byte token's one byte, where `text` is
+    U+FFFD), else `text`'s own bytes."""
+    raw = _spelling(tokenizer.id_to_token(token_id), text)
+    return raw if raw is not None and raw.decode("utf-8", "replace") == text else text.encode()
+
+
 def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[int, bytes]:
     """The bytes of each token that decodes to text only beside others (token_texts gave it no
     text), where its vocabulary entry spells them and they decode, with U+FFFD for what is not

@@ -179,4 +179,5 @@ class _Formatter:
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:
         if entries is None or not self.req.logprobs:
             return None
-        return ChatLogprobs(content=chat_logprobs(entries, self.names, self.num_top))
+        return ChatLogprobs(content=chat_logprobs(entries, self.names, self.ctx.token_texts.spelling,
+                                                   self.num_top))

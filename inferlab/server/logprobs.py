@@ -5,16 +5,18 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from inferlab.engine.outputs import TokenLogprobs
+from inferlab.engine.utf8_tokens import token_bytes
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.protocol import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 
 class TokenTexts:
-    """Each token's text on its own, cached (a token's text never changes)."""
+    """Each token's text on its own, and its bytes, cached (a token's text never changes)."""
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._bytes: dict[int, list[int]] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -22,6 +24,15 @@ class TokenTexts:
             text = self.tokenizer.decode([token_id], skip_special_tokens=False)
             self._cache[token_id] = text
         return text
+
+    def spelling(self, token_id: int) -> list[int]:
+        """OpenAI's `bytes` of a token: what it stands for, which a token holding part of a
+        character's UTF-8 bytes decodes alone only to U+FFFD."""
+        raw = self._bytes.get(token_id)
+        if raw is None:
+            raw = list(token_bytes(self.tokenizer, token_id, self(token_id)))
+            self._bytes[token_id] = raw
+        return raw
 
 
 def token_id_text(token_id: int) -> str:
@@ -70,13 +81,13 @@ def prompt_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs | 
     return out
 
 
-def chat_logprobs(entries: Sequence[TokenLogprobs], texts: Callable[[int], str],
-                  num_top: int) -> list[TokenLogprob]:
+def chat_logprobs(entries: Sequence[TokenLogprobs], names: Callable[[int], str],
+                  spellings: Callable[[int], list[int]], num_top: int) -> list[TokenLogprob]:
+    """Each entry's token (as `names` gives it), logprob, bytes and top num_top."""
     out = []
     for entry in entries:
-        text = texts(entry.token_id)
-        top = [TopLogprob(token=texts(t), logprob=lp, bytes=list(texts(t).encode()))
+        top = [TopLogprob(token=names(t), logprob=lp, bytes=spellings(t))
                for t, lp in entry.top[:num_top]]
-        out.append(TokenLogprob(token=text, logprob=entry.logprob, bytes=list(text.encode()),
-                                top_logprobs=top))
+        out.append(TokenLogprob(token=names(entry.token_id), logprob=entry.logprob,
+                                bytes=spellings(entry.token_id), top_logprobs=top))
     return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferlab.engine.outputs import RequestMetrics
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 
@@ -52,6 +53,16 @@ def test_timestamps_in_order(make_llm):
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
     assert m.last_token_time <= m.finished_time
     assert m.num_generation_tokens == 5 and m.mean_itl_s > 0
+
+
+def test_time_per_output_token_of_n_completions_is_per_completion(make_llm):
+    out = make_llm().generate(["Hello there"], SamplingParams(n=3, temperature=1, seed=0,
+                                                                max_tokens=5, ignore_eos=True))[0]
+    assert (out.metrics.num_generation_tokens, out.metrics.longest_completion_tokens) == (15, 5)
+    # three completions decoding 0.4 s side by side: 0.1 s a token each, not 0.4 / 14
+    side_by_side = RequestMetrics(arrival_time=0.0, first_token_time=1.0, last_token_time=1.4,
+                                  num_generation_tokens=15, longest_completion_tokens=5)
+    assert side_by_side.mean_itl_s == pytest.approx(0.1)
 
 
 def test_requests_that_can_never_fit_are_rejected(make_llm):

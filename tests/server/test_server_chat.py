@@ -77,6 +77,21 @@ def test_chat_stream_role_first_finish_last_and_equal_to_whole(client):
     assert same.choices[0].message.content == choice.message.content
 
 
+def test_chat_logprob_bytes_spell_characters_split_across_tokens(client):
+    """Each emoji here is four byte tokens, each decoding alone to U+FFFD: their `bytes` are
+    what they stand for, so that the entries' bytes together spell the reply (OpenAI's use)."""
+    out = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Write emojis only: 🎉🎈🥳😀"}],
+        max_tokens=8, logprobs=True, top_logprobs=2, **GREEDY)
+    content = out.choices[0].logprobs.content
+    assert any(e.token == "\ufffd" for e in content)
+    joined, reply = b"".join(bytes(e.bytes) for e in content), out.choices[0].message.content
+    # the last emoji is cut by max_tokens: the reply leaves its first bytes out
+    assert joined.startswith(reply.encode()) and len(joined) - len(reply.encode()) < 4
+    for entry in content:
+        assert entry.top_logprobs[0].bytes == entry.bytes  # greedy: the top token
+
+
 def test_chat_logprobs_and_n(client):
     out = client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Count to five."}], max_tokens=6,

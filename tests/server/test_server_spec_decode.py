@@ -65,3 +65,12 @@ def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(server, sp
     assert 0 < accepted <= drafts and 0 < first <= accepted
     assert metrics[f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'] == 48  # two answers
     assert not any(name.startswith("vllm:spec_decode") for name in server.metrics())
+
+
+@pytest.mark.parametrize("stop", [" date", "elder"])
+def test_drafts_cut_by_a_stop_string_are_not_counted(speculating, stop):
+    key = f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'
+    before = speculating.metrics()[key]
+    out = httpx.post(f"{speculating.url}/v1/completions", json={**BODY, "stop": [stop]}, timeout=60).json()
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert speculating.metrics()[key] - before == out["usage"]["completion_tokens"]
