@@ -21,7 +21,14 @@ from inferlab.quant.algorithms.smoothquant import smoothing_scales
 from inferlab.quant.algorithms.sparsity import magnitude_2of4_mask
 from inferlab.quant.algorithms.stats import InputStats
 from inferlab.quant.linear import INT8_MAX, build_quant_linear
-from inferlab.quant.qparams import FP8_MAX, QuantizedWeight, compute_qparams, quantize, quantize_rtn
+from inferlab.quant.qparams import (
+    FP8_MAX,
+    QuantizedWeight,
+    compute_qparams,
+    quantize,
+    quantize_rtn,
+    stored_scale,
+)
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.scheme import FLOAT, ActivationArgs
 
@@ -129,7 +136,7 @@ def static_input_scale(stats: InputStats, activations: ActivationArgs,
     """[1]: the largest |x| the calibration fed this linear maps to the top code (min-max, as
     llm-compressor's static observers; after SmoothQuant the statistics are the smoothed x's)."""
     qmax = FP8_MAX if activations.kind == FLOAT else INT8_MAX
-    return (stats.abs_max.max().clamp(min=1e-12) / qmax).to(dtype).reshape(1)
+    return stored_scale(stats.abs_max.max().float().clamp(min=1e-12) / qmax, dtype).reshape(1)
 
 
 def process_layer(ctx: LayerContext) -> dict[str, QuantizedWeight]:

@@ -76,11 +76,20 @@ def compute_qparams(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype 
         lo = wg.amin(dim=-1).clamp(max=0) * clip  # zero must stay representable
         hi = wg.amax(dim=-1).clamp(min=0) * clip
         scale = (hi - lo) / (args.qmax - args.qmin)
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale)).to(scale_dtype)
+    scale = stored_scale(torch.where(scale > 0, scale, torch.ones_like(scale)), scale_dtype)
     if not args.symmetric:
         zero_point = (args.qmin - lo / scale.float()).round().clamp(args.qmin, args.qmax)
         zero_point = zero_point.to(torch.int8)
     return scale, zero_point
+
+
+def stored_scale(scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Positive fp32 scales -> `dtype`, rounded up: a scale rounded down puts a range's ends past
+    the codes (bf16 scales clipped asymmetric ranges' ends by up to 1.45 steps), and a tiny one
+    rounded to nearest can go to 0 in fp16 (FP8 rows of |w| < 1.3e-5: codes of 0 / 0)."""
+    stored = scale.to(dtype)
+    up = torch.nextafter(stored, torch.full_like(stored, float("inf")))
+    return torch.where(stored.float() < scale, up, stored)
 
 
 def rows_per_scale(args: WeightArgs, n: int, where: str) -> int:

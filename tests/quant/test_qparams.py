@@ -6,8 +6,13 @@ import pytest
 import torch
 
 from inferlab.errors import InferlabError
-from inferlab.quant.qparams import compute_qparams, quantize_rtn
+from inferlab.quant.algorithms.stats import InputStats
+from inferlab.quant.layer import static_input_scale
+from inferlab.quant.linear import INT8_MAX
+from inferlab.quant.qparams import FP8_MAX, compute_qparams, quantize_rtn
 from inferlab.quant.scheme import (
+    FLOAT,
+    INT,
     ActivationArgs,
     QuantScheme,
     WeightArgs,
@@ -60,6 +65,30 @@ def test_scale_is_rounded_before_the_codes() -> None:
     assert ((w / qw.scale.float() - qw.codes.float()).abs() <= 0.5 + 1e-4).all()
 
 
+@pytest.mark.parametrize("scale_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("args", [WeightArgs(8, "int", "channel", None, False), INT4_ASYM,
+                                  WeightArgs(4, "int", "group", 16, False)])
+def test_stored_scales_keep_every_weight_within_half_a_step(args, scale_dtype) -> None:
+    """A 16-bit scale rounded down left a range's ends past the codes: bf16 scales clipped
+    them by up to 1.45 steps on the embedded model's asymmetric W8A16."""
+    torch.manual_seed(0)
+    w = torch.randn(512, 256) * 0.02
+    qw = quantize_rtn(w, args, scale_dtype)
+    step = qw.scale.float().repeat_interleave(256 // qw.scale.shape[1], dim=1)
+    assert ((w - qw.dequantize()).abs() <= 0.5 * step * (1 + 1e-6)).all()
+
+
+def test_fp16_scales_of_tiny_fp8_rows_stay_positive() -> None:
+    """|w| of 1e-6 gives a scale of ~1e-8, which fp16 rounded to 0: codes of w / 0."""
+    torch.manual_seed(0)
+    w = torch.randn(4, 64) * 2e-6
+    w[0, ::3] = 0
+    qw = quantize_rtn(w, WeightArgs(8, "float", "channel"), torch.float16)
+    assert (qw.scale > 0).all() and not qw.codes.float().isnan().any()
+    # e4m3's 3 mantissa bits; its subnormals' steps of 2^-9 scale units for the smallest
+    assert torch.allclose(qw.dequantize(), w, rtol=2 ** -4, atol=float(qw.scale.max()) * 2 ** -10)
+
+
 def test_group_size_must_divide_inputs() -> None:
     with pytest.raises(InferlabError, match="group size 128 does not divide its 576 inputs .try --group-size 64"):
         quantize_rtn(torch.zeros(4, 576), WeightArgs(4, "int", "group", 128))
@@ -99,3 +128,15 @@ def test_compressed_tensors_groups_map_onto_schemes() -> None:
         scheme_from_ct_group({**block, "input_activations": static["input_activations"]}, "g")
     with pytest.raises(InferlabError, match="3-bit int weights are not supported"):
         scheme_from_ct_group({"weights": {"num_bits": 3, "strategy": "channel"}}, "g")
+
+
+def test_a_static_input_scale_maps_the_calibration_max_into_the_codes() -> None:
+    """fp16 rounded a calibration of |x| <= 4e-6 to a scale of 0; rounded up, the largest |x|
+    seen stays within the top code."""
+    stats = InputStats(8, hessian=False, sample_rows=0)
+    for top in (4e-6, 0.7):
+        stats.add(torch.full((2, 8), top))
+        for dtype, activations in ((torch.float16, ActivationArgs(FLOAT)), (torch.bfloat16, ActivationArgs(INT))):
+            scale = static_input_scale(stats, activations, dtype)
+            qmax = FP8_MAX if activations.kind == FLOAT else INT8_MAX
+            assert scale.dtype == dtype and 0 < top / scale.item() <= qmax
