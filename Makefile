@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PORT ?= 8000
 
-.PHONY: install serve chat test lint browser bench clean
+.PHONY: install serve chat test lint browser clean
 
 $(STAMP): pyproject.toml
 	$(PY) -m venv $(VENV)

@@ -17,6 +17,7 @@ system's `cc` (-march=native) and runs it on one core.
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import tempfile
 from pathlib import Path
@@ -91,6 +92,7 @@ int main(void) {
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "rate.c", Path(tmp) / "rate"
         src.write_text(SOURCE)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.config import EngineConfig
+from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import (
@@ -32,7 +33,8 @@ class MemoryConfig:
     kv_dtype: str = "bf16"
     block_size: int = ENGINE.block_size  # tokens per KV block
     max_num_seqs: int = ENGINE.max_num_seqs  # sequences in one step: sets the logits buffer
-    max_num_batched_tokens: int = ENGINE.max_num_batched_tokens  # sets the activation peak
+    # sets the activation peak; `inferlab serve`'s step, as a plan is for serving
+    max_num_batched_tokens: int = SERVING_MAX_NUM_BATCHED_TOKENS
     runtime_overhead_bytes: int = 0  # CUDA context, graphs, workspaces, allocator slack
     kv_cache_bytes: int | None = None  # a fixed KV budget (the engine's kv_cache_memory)
 

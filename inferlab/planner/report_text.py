@@ -84,7 +84,7 @@ def _chunks(plan: Plan) -> str:
     step = plan.prefill
     if step.steps == 1:
         return ""
-    return f" in {step.steps} steps of up to {step.tokens_per_step} (max_num_batched_tokens)"
+    return f" in {step.steps} steps of up to {plan.inputs.memory.max_num_batched_tokens} (max_num_batched_tokens)"
 
 
 def _speed(plan: Plan) -> list[str]:

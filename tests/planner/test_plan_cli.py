@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from inferlab.cli import main
+from inferlab.cli import main, parse_command_line
 from inferlab.planner.measure import cpu_name
 
 # what `--measure` writes, with round figures, so these tests need no micro-benchmark
@@ -60,6 +60,17 @@ def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache):
     assert "the engine's default on cpu-local" in out and "batch 72 (limited by memory)" in out
     code, out, _ = _run(capsys, "--cache", str(cache), "--kv-cache-memory", "64MiB", "--json")
     assert json.loads(out)["memory"]["num_blocks"] == 182  # 67,108,864 // 368,640
+
+
+def test_the_default_step_is_the_servers(capsys, cache):
+    """A plan is for serving: `inferlab serve`'s max_num_batched_tokens (768) sets the
+    activation peak and the prefill's chunks, not the offline commands' 2048."""
+    serve = parse_command_line(["serve"]).max_num_batched_tokens
+    code, out, _ = _run(capsys, "--cache", str(cache))
+    assert code == 0 and serve == 768
+    # 1,024 prompt tokens: a chunk of 768, then 256
+    assert f"{serve} tokens × (2 × 576 + 3 × 1536) × 2 B" in out
+    assert f"in 2 steps of up to {serve} (max_num_batched_tokens)" in out
 
 
 def test_console_report_shows_factors(capsys, cache):
