@@ -138,8 +138,9 @@ SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8", "FP8_BLOCK")
 
 
 def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> QuantScheme:
-    """A scheme by llm-compressor's name; `group_size` applies to W4A16, W8A16 and FP8_BLOCK (its
-    blocks' side), `asymmetric` to W4A16 and W8A16."""
+    """A scheme by llm-compressor's name; `group_size` applies to W4A16 and FP8_BLOCK (its
+    blocks' side; W8A16 is per channel, as llm-compressor's preset), `asymmetric` to W4A16 and
+    W8A16."""
     key = name.upper()
     if key not in SCHEME_NAMES:
         raise InferlabError(f"unknown scheme {name!r} (known: {', '.join(SCHEME_NAMES)})")
