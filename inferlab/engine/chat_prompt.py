@@ -15,6 +15,9 @@ from inferlab.models.tokenizer import TextTokenizer
 
 # what the template gets from the call itself and the tokenizer, never from chat_template_kwargs
 TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+# written after a prefilled final message's content, to find where the template put its end; its
+# space goes where a template trims the content's end
+_CONTINUE_MARK = "INFERLAB_CONTINUE_FINAL_MESSAGE "
 
 
 class ChatError(InvalidParameterError):
@@ -45,9 +48,11 @@ def chat_prompt_text(tokenizer: TextTokenizer, messages: Sequence[Mapping[str, A
     plain = [template_message(m, i) for i, m in enumerate(messages)]
     if check_fits is not None:
         check_fits(sum(len(m["content"]) for m in plain))
+    if continue_final_message:
+        plain[-1]["content"] += _CONTINUE_MARK
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
                                          template=template, tools=tools, **(template_kwargs or {}))
-    return _open_final_message(text, plain[-1]["content"]) if continue_final_message else text
+    return _open_final_message(text) if continue_final_message else text
 
 
 def template_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
@@ -84,13 +89,13 @@ def _json_or_text(text: str) -> Any:
         return text
 
 
-def _open_final_message(text: str, final: str) -> str:
-    """The rendered chat cut right after the final message's content, so that the model goes on
-    with it (a prefilled reply), as transformers' continue_final_message cuts it; a template
-    may have trimmed the content, so its stripped form is looked for too."""
-    for content in (final, final.strip()):
-        end = text.rfind(content) if content else -1
-        if end >= 0:
-            return text[:end + len(content)]
-    raise ChatError("the final message's content is not in the rendered chat, so it cannot be "
-                    "continued", "continue_final_message")
+def _open_final_message(text: str) -> str:
+    """The rendered chat cut where the final message's content ends (its mark), so that the model
+    goes on with it (a prefilled reply), as transformers' continue_final_message cuts it. Looking
+    for the content itself found it in the turn's end marker ("d" in "<|im_end|>"); a template
+    that trims the content's end took the mark's space, and the content's own trailing space."""
+    at = text.rfind(_CONTINUE_MARK.rstrip())
+    if at < 0:
+        raise ChatError("the chat template does not write the final message's content, so it "
+                        "cannot be continued", "continue_final_message")
+    return text[:at] if text.startswith(_CONTINUE_MARK, at) else text[:at].rstrip()

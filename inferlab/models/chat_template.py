@@ -8,7 +8,8 @@ import os
 from datetime import datetime
 from typing import Any
 
-from jinja2 import TemplateError
+from jinja2 import TemplateError, nodes
+from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inferlab.errors import InferlabError
@@ -24,10 +25,22 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
                       sort_keys=sort_keys)
 
 
+class _Generation(Extension):
+    """`{% generation %}...{% endgeneration %}`, which marks the assistant's text for
+    transformers' assistant-token masks: here its body renders as it is."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return nodes.Scope(body).set_lineno(lineno)
+
+
 @functools.lru_cache(maxsize=8)
 def _compile(template: str):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                       extensions=["jinja2.ext.loopcontrols"])
+                                       extensions=["jinja2.ext.loopcontrols", _Generation])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)

@@ -89,11 +89,10 @@ class TextTokenizer:
                             template: str | None = None, tools: list[dict[str, Any]] | None = None,
                             **kwargs: Any) -> str:
         """template: one to use instead of the model's (vLLM's --chat-template); tools:
-        OpenAI-style tool definitions, the template's `tools` (left undefined when there are
-        none, as transformers leaves them); kwargs: more variables for it (vLLM's
-        chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
-        if tools:
-            kwargs["tools"] = tools
+        OpenAI-style tool definitions, the template's `tools` (None when there are none, and
+        `documents` None unless kwargs give them, as transformers passes both); kwargs: more
+        variables for it (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
+        kwargs = {"tools": tools, "documents": None, **kwargs}
         template = template or self.info.chat_template
         if not template:
             raise ModelLoadError("this model has no chat template; use a completion prompt, or "

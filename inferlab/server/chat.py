@@ -119,7 +119,8 @@ class _Formatter:
         thinking = ctx.settings.reasoning_parser
         self.replies = [ReplyReader(parser() if parser else None,
                                     REASONING_PARSERS[thinking]() if thinking else None,
-                                    req.include_reasoning) for _ in range(gen.params.n)]
+                                    req.include_reasoning, req.parallel_tool_calls is not False)
+                        for _ in range(gen.params.n)]
 
     def whole(self, finals: list[RequestOutput]) -> ChatCompletion:
         (final,) = finals  # chat has one prompt

@@ -14,10 +14,11 @@ from inferlab.server.tool_parsers import ParsedDelta, ToolParser
 
 class ReplyReader:
     def __init__(self, tools: ToolParser | None, reasoning: ReasoningParser | None,
-                 show_reasoning: bool = True) -> None:
+                 show_reasoning: bool = True, parallel_calls: bool = True) -> None:
         self.tools = tools
         self.reasoning = reasoning
         self.show_reasoning = show_reasoning  # vLLM's include_reasoning
+        self.parallel_calls = parallel_calls  # False: the first call only, as vLLM filters them
         self.thought = False  # some of the reply was thinking, shown or not
         self.names: list[str] = []
         self.arguments: list[str] = []
@@ -35,6 +36,8 @@ class ReplyReader:
             rest = self.tools.finish()
             out.content += rest.content
             out.calls += rest.calls
+        if not self.parallel_calls:
+            out.calls = [call for call in out.calls if call.index == 0]
         for call in out.calls:
             if call.name is not None:
                 self.names.append(call.name)

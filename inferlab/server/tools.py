@@ -40,7 +40,7 @@ def tool_use(req: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
     if len(tools) < len(req.tools or ()):
         raise bad_request("tool names must be unique", "tools")
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
-    template_tools = [t.model_dump(exclude_none=True) for t in tools.values()] or None
+    template_tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in tools.values()]
     if choice == "none" or (choice == "auto" and req.tools == []):  # nothing to call: text
         hidden = settings.exclude_tools_when_tool_choice_none
         return ToolUse(None if hidden else template_tools, None, None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.detokenizer import IncrementalDetokenizer
 from inferlab.models.tokenizer import load_hf_tokenizer
 
@@ -49,6 +50,32 @@ def test_chat_template_renders_like_transformers(smollm_fp32, hf_smollm_tokenize
         expected = hf_smollm_tokenizer.apply_chat_template(
             conversation, tokenize=False, add_generation_prompt=generation_prompt)
         assert ours == expected
+
+
+@pytest.mark.parametrize("prefill", ["d", "", "end", "\n", "Sure, here  ", "<|im_end|>"])
+def test_continue_final_message_cuts_like_transformers(smollm_fp32, hf_smollm_tokenizer, prefill):
+    """The prompt stops where the prefilled reply does: "d" also sits in the turn's end marker
+    "<|im_end|>", and an empty reply still opens the assistant's turn."""
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": prefill}]
+    ours = chat_prompt_text(smollm_fp32.tokenizer, conversation, add_generation_prompt=False,
+                            continue_final_message=True)
+    expected = hf_smollm_tokenizer.apply_chat_template(
+        conversation, tokenize=False, add_generation_prompt=False, continue_final_message=True)
+    assert ours == expected
+
+
+@pytest.mark.parametrize("tools", [None, [], [{"type": "function", "function": {"name": "f"}}]])
+def test_templates_get_tools_and_documents_as_transformers_gives_them(smollm_fp32, hf_smollm_tokenizer,
+                                                                     tools):
+    """None where there are none, not undefined (`tools is not none` held for undefined), and
+    `{% generation %}` blocks render as their text."""
+    template = ("{% if tools is not none %}T{% endif %}|{{ tools }}|{{ documents }}|{% for m in "
+                "messages %}{% generation %}{{ m.content }}{% endgeneration %}{% endfor %}")
+    conversation = [{"role": "user", "content": "hi"}]
+    ours = smollm_fp32.tokenizer.apply_chat_template(conversation, False, template=template, tools=tools)
+    expected = hf_smollm_tokenizer.apply_chat_template(
+        conversation, tools=tools, chat_template=template, tokenize=False)
+    assert ours == expected
 
 
 def test_hf_directory_tokenizer(tmp_path, hf_smollm_tokenizer):

@@ -164,6 +164,20 @@ def test_auto_reads_the_calls_the_model_writes(request, client_name, forced, cal
     assert plain == ("It is sunny", [], "stop")  # no call written: plain content
 
 
+def test_auto_keeps_the_first_call_without_parallel_tool_calls(hermes_client):
+    """The model writes two calls; with parallel_tool_calls false the reply has the first only,
+    whole and streamed, as vLLM filters them."""
+    two = "".join(f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>\n'
+                  for city in ("Paris", "Rome"))
+    body = {"messages": MESSAGES, "tools": [WEATHER], "max_tokens": 100, **GREEDY,
+            "extra_body": {"guided_choice": [two]}}
+    assert [name for _, name, _ in whole(hermes_client, **body)[1]] == ["get_weather"] * 2
+    single = {**body, "parallel_tool_calls": False}
+    content, calls, finish = reply = whole(hermes_client, **single)
+    assert [json.loads(arguments) for _, _, arguments in calls] == [{"city": "Paris"}]
+    assert finish == "tool_calls" and without_ids(streamed(hermes_client, **single)) == without_ids(reply)
+
+
 def test_the_template_gets_the_tools_and_the_earlier_calls(hermes_client):
     """What the chat template renders, read back through /tokenize and /detokenize: the tools'
     definitions, an assistant's earlier call (its arguments as an object), the tool's answer."""
