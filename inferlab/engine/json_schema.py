@@ -80,8 +80,10 @@ def compile_schema(schema: Any) -> tuple[Node, ...]:
 
 
 def canonical_text(schema: Any) -> str:
-    """One text for schemas equal as JSON: the key of a compiled grammar's cache."""
-    return json.dumps(schema, sort_keys=True, separators=(",", ":"), default=repr)
+    """One text for schemas that compile alike: the key of a compiled grammar's cache. Key order
+    stays, since the grammar writes `properties` in their order (sorted keys gave a schema the
+    grammar of the same properties in another order)."""
+    return json.dumps(schema, separators=(",", ":"), default=repr)
 
 
 class _Compiler:

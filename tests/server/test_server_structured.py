@@ -97,6 +97,20 @@ def test_disable_any_whitespace_gives_compact_json(client):
         answer({"disable_any_whitespace": "yes"})
 
 
+def test_properties_come_in_each_schemas_own_order(client):
+    """Two schemas that differ only in the order of their properties: each answer writes them in
+    its own schema's order, whichever the server compiled first."""
+    def keys(first: str, second: str) -> list[str]:
+        schema = {"type": "object", "properties": {first: {"type": "integer"}, second: {"type": "integer"}},
+                  "required": ["alpha", "beta"], "additionalProperties": False}
+        out = client.completions.create(model=MODEL_NAME, prompt="JSON:", max_tokens=30, **GREEDY,
+                                        extra_body={"structured_outputs": {"json": schema, "disable_any_whitespace": True}})
+        return list(json.loads(out.choices[0].text))
+
+    assert keys("beta", "alpha") == ["beta", "alpha"]
+    assert keys("alpha", "beta") == ["alpha", "beta"]
+
+
 SQL = '''
 root ::= "SELECT " column " FROM " table (" WHERE " column " = " [0-9]+)? ";"
 column ::= "name" | "age" | "city"
