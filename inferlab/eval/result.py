@@ -36,7 +36,16 @@ class Tally:
 
     @property
     def ppl(self) -> float:
-        return math.exp(self.nll_sum / self.tokens)
+        return exp_or_inf(self.nll_sum / self.tokens)
+
+
+def exp_or_inf(mean_nll: float) -> float:
+    """Perplexity from a mean NLL: inf past what a float holds (a broken model's NLL in the
+    thousands), where math.exp raises OverflowError."""
+    try:
+        return math.exp(mean_nll)
+    except OverflowError:
+        return math.inf
 
 
 @dataclass
@@ -70,7 +79,7 @@ def kl_summary(tally: Tally) -> dict[str, float]:
     kl = torch.cat(tally.kl_parts).numpy()  # [tokens]
     median, p99 = np.percentile(kl, [50, 99])
     return dict(baseline_nll=tally.baseline_nll_sum / tally.tokens,
-                baseline_ppl=math.exp(tally.baseline_nll_sum / tally.tokens),
+                baseline_ppl=exp_or_inf(tally.baseline_nll_sum / tally.tokens),
                 kl_mean=float(kl.mean()), kl_median=float(median), kl_p99=float(p99),
                 kl_max=float(kl.max()), top1_agreement=tally.top1_same / tally.tokens)
 
@@ -88,9 +97,12 @@ def check_writable(path: str) -> None:
 
 
 def write_json(result: EvalResult, path: str) -> None:
+    """The result as strict JSON: an inf or NaN figure (a broken model's) is null there."""
+    fields = {k: None if isinstance(v, float) and not math.isfinite(v) else v
+              for k, v in result.to_dict().items()}
     try:
         with open(path, "w", encoding="utf-8") as f:
-            json.dump(result.to_dict(), f, indent=2)
+            json.dump(fields, f, indent=2, allow_nan=False)
             f.write("\n")
     except OSError as e:
         raise InferlabError(f"{path}: cannot write the result ({e.strerror})") from None

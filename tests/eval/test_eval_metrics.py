@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 
 from inferlab.eval.metrics import WindowScores, compare_window, kl_divergence, token_nll
 from inferlab.eval.perplexity import run_windows
-from inferlab.eval.result import Tally, kl_summary
+from inferlab.eval.result import EvalResult, Tally, kl_summary, write_json
 
 
 def test_token_nll_scores_tokens_one_to_last_from_the_row_before():
@@ -62,3 +63,26 @@ def test_kl_summary_percentiles_and_agreement_by_hand():
     assert summary["baseline_ppl"] == pytest.approx(math.exp(0.5))
     # not agreeing: positions 0,4,..,56 of the first part (15) and 0,4,..,40 of the second (11)
     assert summary["top1_agreement"] == pytest.approx((101 - 26) / 101)
+
+
+def test_a_broken_models_figures_are_inf_and_null_in_the_json(tmp_path):
+    """A mean NLL of 2459.6 (a norm weight x1000) is past exp's range: perplexity inf, not an
+    OverflowError that lost the run; NaN and inf figures go to the JSON file as null."""
+    tally = Tally()
+    n = 4
+    tally.add(WindowScores(nll=torch.full((n,), 2459.6, dtype=torch.float64),
+                           baseline_nll=torch.full((n,), 3.0, dtype=torch.float64),
+                           kl=torch.full((n,), float("nan"), dtype=torch.float64),
+                           top1_same=torch.zeros(n, dtype=torch.bool)))
+    assert tally.ppl == math.inf
+    result = EvalResult(model="broken", dataset="d", seq_len=5, dtype="float32", via_engine=False,
+                        windows=1, tokens=n, nll=2459.6, ppl=tally.ppl, elapsed_s=1.0,
+                        baseline="embedded", **kl_summary(tally))
+    write_json(result, str(tmp_path / "out.json"))
+
+    def strict(constant: str):
+        raise ValueError(f"not JSON: {constant}")
+
+    written = json.loads((tmp_path / "out.json").read_text(), parse_constant=strict)
+    assert written["ppl"] is None and written["kl_mean"] is None and written["nll"] == 2459.6
+    assert written["baseline_ppl"] == pytest.approx(math.exp(3.0))
