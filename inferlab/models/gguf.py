@@ -48,15 +48,21 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
                              f"(supported: {', '.join(ARCHITECTURES)})")
     names = {t.name for t in reader.tensors}
 
-    def meta(key: str, default: Any = None) -> Any:
+    def meta(key: str, default: Any = None, cast: type = int) -> Any:
         value = field(reader, f"{arch}.{key}", default)
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is missing")
-        return value
+        try:
+            return cast(value)
+        except (TypeError, ValueError):
+            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is {value!r}, not a "
+                                 "number") from None
 
-    hidden = int(meta("embedding_length"))
-    num_heads = int(meta("attention.head_count"))
-    head_dim = int(field(reader, f"{arch}.attention.key_length", 0) or hidden // num_heads)
+    hidden = meta("embedding_length")
+    num_heads = meta("attention.head_count")
+    if num_heads < 1:
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.attention.head_count is {num_heads}")
+    head_dim = meta("attention.key_length", 0) or hidden // num_heads
     vocab = field(reader, f"{arch}.vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
     rope_scaling = _rope_scaling(reader, arch, meta)
     # llama.cpp ends a generation at any of these (Llama 3's <|eot_id|> and <|eom_id|> besides EOS)
@@ -65,14 +71,14 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         architecture=ARCHITECTURES[arch],
         vocab_size=int(vocab),
         hidden_size=hidden,
-        intermediate_size=int(meta("feed_forward_length")),
-        num_layers=int(meta("block_count")),
+        intermediate_size=meta("feed_forward_length"),
+        num_layers=meta("block_count"),
         num_heads=num_heads,
-        num_kv_heads=int(meta("attention.head_count_kv", num_heads)),
+        num_kv_heads=meta("attention.head_count_kv", num_heads),
         head_dim=head_dim,
-        max_position_embeddings=int(meta("context_length")),
-        rms_norm_eps=float(meta("attention.layer_norm_rms_epsilon")),
-        rope_theta=float(meta("rope.freq_base", 10000.0)),
+        max_position_embeddings=meta("context_length"),
+        rms_norm_eps=meta("attention.layer_norm_rms_epsilon", cast=float),
+        rope_theta=meta("rope.freq_base", 10000.0, float),
         rope_scaling=rope_scaling,
         tie_word_embeddings="output.weight" not in names,
         attention_bias="blk.0.attn_q.bias" in names,
@@ -90,10 +96,10 @@ def _rope_scaling(reader: GGUFFile, arch: str, meta) -> dict[str, Any] | None:
     if kind in (None, "none"):
         return None
     if kind == "linear":
-        return {"rope_type": "linear", "factor": float(meta("rope.scaling.factor"))}
+        return {"rope_type": "linear", "factor": meta("rope.scaling.factor", cast=float)}
     if kind == "yarn":
-        return {"rope_type": "yarn", "factor": float(meta("rope.scaling.factor")),
-                "original_max_position_embeddings": int(meta("rope.scaling.original_context_length"))}
+        return {"rope_type": "yarn", "factor": meta("rope.scaling.factor", cast=float),
+                "original_max_position_embeddings": meta("rope.scaling.original_context_length")}
     return {"rope_type": kind}
 
 

@@ -25,6 +25,9 @@ GGUF_PRE_SPLITS = {
     "llama-bpe": (False, _LLAMA3_SPLIT), "llama3": (False, _LLAMA3_SPLIT),
     "qwen2": (False, _QWEN2_SPLIT),
 }
+# Llama 3's vocabularies: a word that is a token is one token, whatever the merges reach, and
+# BOS goes first unless tokenizer.ggml.add_bos_token says otherwise (llama.cpp's settings)
+GGUF_LLAMA3_PRES = {"llama-bpe", "llama3"}
 
 
 @dataclass
@@ -142,11 +145,15 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     if pre not in GGUF_PRE_SPLITS:
         raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
                              f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
-    tokens = field(reader, "tokenizer.ggml.tokens")
+    tokens, merges = _gguf_list(reader, path, "tokens"), _gguf_list(reader, path, "merges")
     types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
-    merges = [tuple(m.split(" ", 1)) for m in field(reader, "tokenizer.ggml.merges")]
+    if len(types) != len(tokens):
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type has {len(types)} "
+                             f"entries for {len(tokens)} tokens")
+    merges = [tuple(m.split(" ", 1)) for m in merges]
     vocab = {tok: i for i, tok in enumerate(tokens)}
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=False))
+    llama3 = pre in GGUF_LLAMA3_PRES
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=llama3))
     split_digits, pattern = GGUF_PRE_SPLITS[pre]
     steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
     steps += [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
@@ -161,10 +168,26 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
 
     def token_at(key: str) -> str | None:
         index = field(reader, key)
-        return None if index is None else tokens[int(index)]
+        if index is None:
+            return None
+        if not 0 <= int(index) < len(tokens):
+            raise ModelLoadError(f"{path}: GGUF metadata {key} is {index}, outside the "
+                                 f"{len(tokens)} tokens")
+        return tokens[int(index)]
 
     info = TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
                          eos_token=token_at("tokenizer.ggml.eos_token_id"),
                          chat_template=field(reader, "tokenizer.chat_template"),
-                         add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", False)))
+                         add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", llama3)))
     return TextTokenizer(tokenizer, info)
+
+
+def _gguf_list(reader, path: str, name: str) -> list[str]:
+    """tokenizer.ggml.<name>, a list of strings the tokenizer cannot do without."""
+    from inferlab.models.gguf import field
+
+    value = field(reader, f"tokenizer.ggml.{name}")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.{name} is missing or not a "
+                             "list of strings")
+    return value

@@ -163,3 +163,51 @@ def test_gguf_rope_scaling_keys(tmp_path):
     longrope = write_tiny_gguf(tmp_path / "longrope.gguf", **{"llama.rope.scaling.type": "longrope"})
     with pytest.raises(ModelLoadError, match="rope scaling 'longrope' is not supported"):
         read_gguf_config(str(longrope))
+
+
+@pytest.mark.parametrize(("metadata", "words"), [
+    ({"llama.attention.head_count": 0}, "llama.attention.head_count is 0"),
+    ({"llama.context_length": "abc"}, "llama.context_length is 'abc', not a number"),
+])
+def test_gguf_hyper_parameters_that_are_no_numbers(tmp_path, metadata, words):
+    path = write_tiny_gguf(tmp_path / "bad.gguf", **metadata)
+    with pytest.raises(ModelLoadError, match=words):
+        read_gguf_config(str(path))
+
+
+VOCAB = ["a", "b", "c", "ab", "abc", "Ġ", "x", "<|begin_of_text|>"]
+TOKENIZER = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.tokens": VOCAB,
+             "tokenizer.ggml.merges": ["a b"], "tokenizer.ggml.bos_token_id": 7}
+
+
+def _gguf_tokenizer(tmp_path, metadata):
+    """The tokenizer of a GGUF file holding `metadata` (TOKENIZER, changed)."""
+    from inferlab.models.gguf import open_gguf
+    from inferlab.models.tokenizer import load_gguf_tokenizer
+
+    path = str(write_tiny_gguf(tmp_path / "tok.gguf", **metadata))
+    return load_gguf_tokenizer(open_gguf(path), path)
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    ({"tokenizer.ggml.tokens": None}, "tokenizer.ggml.tokens is missing"),
+    ({"tokenizer.ggml.merges": None}, "tokenizer.ggml.merges is missing"),
+    ({"tokenizer.ggml.token_type": [1, 1]}, "token_type has 2 entries for 8 tokens"),
+    ({"tokenizer.ggml.bos_token_id": 60000}, "bos_token_id is 60000, outside the 8 tokens"),
+])
+def test_gguf_tokenizer_metadata_that_cannot_be_read(tmp_path, change, words):
+    metadata = {k: v for k, v in {**TOKENIZER, **change}.items() if v is not None}
+    with pytest.raises(ModelLoadError, match=words):
+        _gguf_tokenizer(tmp_path, metadata)
+
+
+@pytest.mark.parametrize(("pre", "tokens"), [
+    # GPT-2's rule: only what the merges reach ("abc" is in the vocabulary, no merge makes it)
+    ("gpt2", ["ab", "c", "Ġ", "x", "ab", "c"]),
+    # llama.cpp's for Llama 3: a word that is a token stays whole (tokenizers' ignore_merges),
+    # and BOS goes first
+    ("llama-bpe", ["<|begin_of_text|>", "abc", "Ġ", "x", "ab", "c"]),
+])
+def test_gguf_llama3_vocabularies_tokenize_as_llama_cpp(tmp_path, pre, tokens):
+    tokenizer = _gguf_tokenizer(tmp_path, {**TOKENIZER, "tokenizer.ggml.pre": pre})
+    assert [VOCAB[i] for i in tokenizer.encode("abc xabc")] == tokens
