@@ -243,8 +243,10 @@ class HermesCalls(ToolParser):
             if self.block is None:
                 self._content(out, body)
                 self.block, self.closed = CallObjects(level=0, keys=("arguments",), sure=False), []
+            elif self._inside_a_string(out, body):  # the tag is text the call's JSON holds
+                self.closed += self.block.feed(self, out, self.CLOSE)
             else:
-                self._end_block(out, body, self.CLOSE)
+                self._end_block(out, "", self.CLOSE)
         passed, self.pending = held_back(self.pending, self.CLOSE if self.block else self.OPEN)
         if self.block is None:
             self._content(out, passed)
@@ -261,6 +263,13 @@ class HermesCalls(ToolParser):
             tail = rest if self.block.ends.start is None else ""
             self._end_block(out, rest[:len(rest) - len(tail)], tail)
         return out
+
+    def _inside_a_string(self, out: ParsedDelta, body: str) -> bool:
+        """Reads the block's text up to a closing tag: whether the tag sits inside a string of
+        an object ('{"q": "</tool_call>"}' closes no block)."""
+        assert self.block is not None
+        self.closed += self.block.feed(self, out, body)
+        return self.block.ends.in_string and self.block.ends.start is not None
 
     def _end_block(self, out: ParsedDelta, body: str, close: str) -> None:
         """A block with no call goes out as content word for word (close: its closing tag as

@@ -97,6 +97,10 @@ CASES = [
      [("f", {})]),  # the text beside a block's call is content
     (Llama3JsonCalls, '{"arguments": {"q": "x"}, "parameters": [], "name": "f"}', "",
      [("f", {"q": "x"})]),  # the arguments key that came first
+    (HermesCalls, '<tool_call>{"name": "f", "arguments": {"q": "</tool_call>"}}</tool_call> ok',
+     " ok", [("f", {"q": "</tool_call>"})]),  # a closing tag inside a string closes nothing
+    (HermesCalls, '<tool_call>he said "hi</tool_call> ok', '<tool_call>he said "hi</tool_call> ok',
+     []),  # a quote outside any object opens no string
 ]
 
 
