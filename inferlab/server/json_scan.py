@@ -26,8 +26,11 @@ class ObjectEnds:
         self.noting = False  # the value being read is the first of its key's
 
     def scan(self, text: str, start: int) -> Iterator[tuple[int, int]]:
-        """Spans [begin, end) of the objects at the level that close in text[start:]."""
+        """Spans [begin, end) of the objects at the level that close in text[start:]; at level
+        1, none after the array around them has closed (what follows it is no call)."""
         for i in range(start, len(text)):
+            if self.level and self.array_end is not None:
+                return
             ch = text[i]
             inside = self.start is not None and self.depth == self.level + 1
             if self.in_string:

@@ -160,7 +160,9 @@ class RequiredCalls(ToolParser):
     def finish(self) -> ParsedDelta:
         text, end = self.objects.text, self.objects.ends.array_end
         if end is not None:  # what follows the array is content, unless blank (and its closing
-            rest = text[self.used if self.wrote_content else end:]  # bracket, if some was)
+            # bracket, if some was; all of it, if no call came of an unguided array)
+            kept = self.wrote_content or not (self.guided or self.num_calls)
+            rest = text[self.used if kept else end:]
             return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is, but
         # not the array's opening bracket; under the guide all of it is the calls' framing, as

@@ -101,6 +101,12 @@ CASES = [
      " ok", [("f", {"q": "</tool_call>"})]),  # a closing tag inside a string closes nothing
     (HermesCalls, '<tool_call>he said "hi</tool_call> ok', '<tool_call>he said "hi</tool_call> ok',
      []),  # a quote outside any object opens no string
+    # after the array, objects are content, not calls written twice
+    (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}] then [{"name": "g", "arguments": {}}]',
+     ' then [{"name": "g", "arguments": {}}]', [("f", {})]),
+    (MistralCalls, 'Text [TOOL_CALLS] [1, 2, 3]', "Text  [1, 2, 3]", []),  # no call: all of it
+    (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"x": 1}] end [{"name": "h", '
+                   '"arguments": {}}]', ', {"x": 1}] end [{"name": "h", "arguments": {}}]', [("f", {})]),
 ]
 
 
