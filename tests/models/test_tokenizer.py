@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.engine.chat_prompt import chat_prompt_text
+from inferlab.engine.chat_prompt import ChatError, chat_prompt_text
 from inferlab.engine.detokenizer import IncrementalDetokenizer
 from inferlab.models.tokenizer import load_hf_tokenizer
 
@@ -62,6 +62,14 @@ def test_continue_final_message_cuts_like_transformers(smollm_fp32, hf_smollm_to
     expected = hf_smollm_tokenizer.apply_chat_template(
         conversation, tokenize=False, add_generation_prompt=False, continue_final_message=True)
     assert ours == expected
+
+
+def test_a_final_message_the_template_does_not_write_cannot_be_continued(smollm_fp32):
+    conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "d"}]
+    with pytest.raises(ChatError, match="does not write the final message's content"):
+        chat_prompt_text(smollm_fp32.tokenizer, conversation, add_generation_prompt=False,
+                         continue_final_message=True,
+                         template="{% for m in messages[:-1] %}{{ m.content }}{% endfor %}")
 
 
 @pytest.mark.parametrize("tools", [None, [], [{"type": "function", "function": {"name": "f"}}]])

@@ -143,9 +143,6 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"response_format": {"type": "grammar"}}, "response_format", "'grammar' is not supported"),
     ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
     ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
-    ({"continue_final_message": True, "add_generation_prompt": False,
-      "messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": ""}]},
-     "continue_final_message", "cannot be continued"),
     ({"chat_template": "{{ messages }}"}, "chat_template", "not supported"),
     ({"max_completion_tokens": 0}, "max_tokens", "at least 1"),
 ])
