@@ -134,6 +134,7 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None  # default: True for a prompt, False for messages
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template_kwargs: dict[str, Any] | None = None
     tools: list[ToolDefinition] | None = None  # given to the chat template, as chat gives them
     return_token_strs: bool = False  # each token's own string (its vocabulary entry) too

@@ -28,9 +28,9 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
         assert req.messages is not None
         tokens = await asyncio.to_thread(
             chat_prompt_ids, tokenizer, req.messages, req.add_generation_prompt,
-            add_special_tokens=req.add_special_tokens is True, template=ctx.settings.chat_template,
-            template_kwargs=req.chat_template_kwargs,
-            tools=[t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None)
+            req.continue_final_message, add_special_tokens=req.add_special_tokens is True,
+            template=ctx.settings.chat_template, template_kwargs=req.chat_template_kwargs,
+            tools=None if req.tools is None else [t.model_dump(exclude_none=True) for t in req.tools])
     strings = [tokenizer.id_to_token(t) for t in tokens] if req.return_token_strs else None
     return {"count": len(tokens), "max_model_len": ctx.engine.max_model_len, "tokens": tokens,
             "token_strs": strings}

@@ -41,6 +41,8 @@ def test_chat_uses_the_model_template(client, server):
         extra_body={"add_generation_prompt": False, "continue_final_message": True})
     opened = SMOLLM2_CHAT + "Hi there, my name"
     assert reply.usage.prompt_tokens == len(tokenize(server, prompt=opened, add_special_tokens=False))
+    assert tokenize(server, messages=prefilled, add_generation_prompt=False, continue_final_message=True) \
+        == tokenize(server, prompt=opened, add_special_tokens=False)
     # echo puts the prefilled reply before the continuation, whole or streamed
     prefill = {"add_generation_prompt": False, "continue_final_message": True, "echo": True}
     echoed = client.chat.completions.create(model=MODEL_NAME, messages=prefilled, max_tokens=4,
