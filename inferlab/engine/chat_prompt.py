@@ -2,7 +2,8 @@
 for the server's chat completions and /tokenize. A message's content is text, None, or a list
 of text parts (joined by newlines, as vLLM joins them); an earlier turn's tool calls reach the
 template with their arguments as an object where they are JSON, as vLLM gives them (templates
-write them out with tojson); a prefilled final message can be continued."""
+write them out with tojson), and its earlier thinking under each name templates read it by; a
+prefilled final message can be continued."""
 
 from __future__ import annotations
 
@@ -15,6 +16,9 @@ from inferlab.models.tokenizer import TextTokenizer
 
 # what the template gets from the call itself and the tokenizer, never from chat_template_kwargs
 TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
+# a message's thinking, under any of these names, reaches the template under the first two
+# (Qwen3's templates read reasoning_content, gpt-oss's thinking), as transformers passes it
+REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 # written after a prefilled final message's content, to find where the template put its end; its
 # space goes where a template trims the content's end
 _CONTINUE_MARK = "INFERLAB_CONTINUE_FINAL_MESSAGE "
@@ -60,7 +64,13 @@ def template_message(message: Mapping[str, Any], index: int) -> dict[str, Any]:
     if not isinstance(message, Mapping) or not isinstance(message.get("role"), str):
         raise ChatError("a message is an object with a 'role'", f"messages.{index}")
     out: dict[str, Any] = {"role": message["role"], "content": message_text(message, index)}
-    out.update((key, message[key]) for key in ("name", "tool_call_id") if message.get(key) is not None)
+    out.update((key, message[key]) for key in ("name", "tool_call_id", *REASONING_FIELDS)
+               if message.get(key) is not None)
+    reasoning = next((out[key] for key in REASONING_FIELDS if key in out), None)
+    if reasoning is not None:
+        if not isinstance(reasoning, str):
+            raise ChatError("a message's reasoning is text", f"messages.{index}")
+        out = {"thinking": reasoning, **out, "reasoning_content": reasoning}
     if message.get("tool_calls"):
         out["tool_calls"] = [{**call, "function": {**call["function"], "arguments": _json_or_text(
             call["function"].get("arguments", ""))}} for call in message["tool_calls"]]

@@ -97,6 +97,8 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    reasoning_content: str | None = None  # an assistant's earlier thinking (vLLM's two names)
+    reasoning: str | None = None
 
 
 class FunctionDefinition(_Request):

@@ -64,6 +64,20 @@ def test_continue_final_message_cuts_like_transformers(smollm_fp32, hf_smollm_to
     assert ours == expected
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", "reasoning", "thinking"])
+def test_earlier_thinking_reaches_the_template_as_transformers_passes_it(smollm_fp32, hf_smollm_tokenizer,
+                                                                          field):
+    template = ("{% for m in messages %}{{ m.role }}:{{ m.reasoning_content }}|{{ m.thinking }}|"
+                "{{ m.content }}\n{% endfor %}")
+    conversation = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": "Hello.", field: "They greet me."},
+                    {"role": "user", "content": "bye"}]
+    ours = chat_prompt_text(smollm_fp32.tokenizer, conversation, template=template)
+    expected = hf_smollm_tokenizer.apply_chat_template(
+        conversation, chat_template=template, tokenize=False, add_generation_prompt=True)
+    assert ours == expected and "assistant:They greet me.|They greet me.|Hello." in ours
+
+
 def test_a_final_message_the_template_does_not_write_cannot_be_continued(smollm_fp32):
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "d"}]
     with pytest.raises(ChatError, match="does not write the final message's content"):
