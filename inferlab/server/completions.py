@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from fastapi import Request
 from fastapi.responses import Response
@@ -14,7 +14,7 @@ from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogpro
 from inferlab.server.context import ServerContext
 from inferlab.server.errors import bad_request
 from inferlab.server.generation import Generation
-from inferlab.server.logprobs import append_completion_logprobs, prompt_logprobs
+from inferlab.server.logprobs import TextOffsets, append_completion_logprobs, prompt_logprobs
 from inferlab.server.protocol import (
     Completion,
     CompletionChoice,
@@ -53,7 +53,7 @@ def _prompts(prompt: str | list[str] | list[int] | list[list[int]]) -> list[str 
 @dataclass
 class _ChoiceState:
     started: bool = False  # the echoed prompt has been sent
-    text_offset: int = 0  # characters of this choice's text so far, for logprobs.text_offset
+    offsets: TextOffsets = field(default_factory=TextOffsets)  # for logprobs.text_offset
 
 
 class _Formatter:
@@ -112,9 +112,8 @@ class _Formatter:
             prompt_ids = out.prompt_token_ids
             text = self._echo(out, logprobs, state) + text
         if logprobs is not None and entries:
-            state.text_offset = append_completion_logprobs(
-                logprobs, token_ids, entries, self.ctx.token_texts, state.text_offset, top_n,
-                self.names)
+            append_completion_logprobs(logprobs, token_ids, entries, self.ctx.token_texts,
+                                       state.offsets, top_n, self.names)
         return CompletionChoice(index=p * self.gen.params.n + c.index, text=text, logprobs=logprobs,
                                 finish_reason=c.finish_reason, stop_reason=c.stop_reason,
                                 prompt_logprobs=prompt_entries, prompt_token_ids=asked_ids(self.req, prompt_ids),
@@ -134,6 +133,7 @@ class _Formatter:
             self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
         if logprobs is not None and out.prompt_logprobs is not None:
             append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                       self.ctx.token_texts, 0, self.req.logprobs, self.names)
-        state.text_offset = len(prompt_text)
+                                       self.ctx.token_texts, TextOffsets(), self.req.logprobs,
+                                       self.names)
+        state.offsets = TextOffsets(len(prompt_text))
         return prompt_text

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 from collections.abc import Callable, Sequence
 
 from inferlab.engine.outputs import TokenLogprobs
@@ -41,19 +42,33 @@ def token_id_text(token_id: int) -> str:
     return f"token_id:{token_id}"
 
 
+class TextOffsets:
+    """Where each token begins in a choice's text, in characters, from the bytes each token
+    stands for: the tokens of one character's bytes all begin where it does (moving on by each
+    one's U+FFFD ran past the text)."""
+
+    def __init__(self, start: int = 0) -> None:
+        self.chars = start
+        self._decoder = codecs.getincrementaldecoder("utf-8")("replace")
+
+    def begin(self, raw: Sequence[int]) -> int:
+        """The next token's offset; raw: its bytes."""
+        begins = self.chars
+        self.chars += len(self._decoder.decode(bytes(raw)))
+        return begins
+
+
 def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int],
-                               entries: Sequence[TokenLogprobs | None], texts: Callable[[int], str],
-                               text_offset: int, top_n: int,
-                               names: Callable[[int], str] | None = None) -> int:
-    """Add one entry per token (None entries: the first prompt token), each with its top_n;
-    returns the new offset. Tokens are listed by `names` where given (return_tokens_as_token_ids),
-    and the offset moves on by each token's text either way."""
+                               entries: Sequence[TokenLogprobs | None], texts: TokenTexts,
+                               offsets: TextOffsets, top_n: int,
+                               names: Callable[[int], str] | None = None) -> None:
+    """Add one entry per token (None entries: the first prompt token), each with its top_n, and
+    its text offset. Tokens are listed by `names` where given (return_tokens_as_token_ids)."""
     names = names or texts
     for token_id, entry in zip(token_ids, entries, strict=True):
         text = names(token_id)
         into.tokens.append(text)
-        into.text_offset.append(text_offset)
-        text_offset += len(texts(token_id))
+        into.text_offset.append(offsets.begin(texts.spelling(token_id)))
         if entry is None:
             into.token_logprobs.append(None)
             into.top_logprobs.append(None)
@@ -62,7 +77,6 @@ def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int
         top = {names(t): lp for t, lp in entry.top[:top_n]}
         top.setdefault(text, entry.logprob)  # the chosen token is always listed, as OpenAI does
         into.top_logprobs.append(top)
-    return text_offset
 
 
 def prompt_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None],

@@ -191,6 +191,19 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     assert chunks[-1].finish_reason == "length"
 
 
+def test_text_offsets_of_a_characters_byte_tokens_are_where_it_begins(client):
+    """Each emoji here is three byte tokens, each alone U+FFFD: all three begin at the emoji,
+    whole or streamed (moving on by one U+FFFD each ran past the two-character text)."""
+    asked = {"model": MODEL_NAME, "prompt": "Party:", "max_tokens": 8, "logprobs": 1,
+             "extra_body": {"guided_regex": "🎉🎈"}, **GREEDY}
+    out = client.completions.create(**asked).choices[0]
+    assert out.text == "🎉🎈" and out.logprobs.tokens == ["\ufffd"] * 6 + ["<|im_end|>"]
+    assert out.logprobs.text_offset == [0, 0, 0, 1, 1, 1, 2]
+    streamed = [o for chunk in client.completions.create(**asked, stream=True)
+                for o in (chunk.choices[0].logprobs.text_offset if chunk.choices[0].logprobs else [])]
+    assert streamed == [0, 0, 0, 1, 1, 1, 2]
+
+
 def test_logprobs_can_name_tokens_by_id(client, server):
     """return_tokens_as_token_ids: the same logprobs, each token named "token_id:<id>", and
     /detokenize of each id gives the text the plain request named it by; the text offsets stay
