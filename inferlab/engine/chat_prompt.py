@@ -93,6 +93,10 @@ def message_text(message: Mapping[str, Any], index: int) -> str:
 
 
 def _json_or_text(text: str) -> Any:
+    """Arguments as the template gets them: an object where they are JSON, {} where empty (as
+    vLLM gives them), else the text."""
+    if not text:
+        return {}
     try:
         return json.loads(text)
     except ValueError:

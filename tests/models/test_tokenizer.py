@@ -78,6 +78,18 @@ def test_earlier_thinking_reaches_the_template_as_transformers_passes_it(smollm_
     assert ours == expected and "assistant:They greet me.|They greet me.|Hello." in ours
 
 
+@pytest.mark.parametrize(("arguments", "rendered"), [
+    ('{"city": "Paris"}', '{"city": "Paris"}'), ("", "{}"), ("not json", '"not json"')])
+def test_earlier_calls_arguments_reach_the_template_as_objects(smollm_fp32, arguments, rendered):
+    """As vLLM gives them: JSON as an object, empty as {}; other text stays text."""
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": arguments}}
+    conversation = [{"role": "user", "content": "hi"},
+                    {"role": "assistant", "content": None, "tool_calls": [call]}]
+    template = "{% for m in messages %}{% for c in m.tool_calls or [] %}{{ c.function.arguments | tojson }}{% endfor %}{% endfor %}"
+    assert chat_prompt_text(smollm_fp32.tokenizer, conversation, add_generation_prompt=False,
+                            template=template) == rendered
+
+
 def test_a_final_message_the_template_does_not_write_cannot_be_continued(smollm_fp32):
     conversation = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "d"}]
     with pytest.raises(ChatError, match="does not write the final message's content"):
