@@ -56,7 +56,12 @@ def prepare(config: EvalConfig) -> Setup:
     dtype = resolve_dtype(config.dtype, device)
     loaded = load_model(config.model, dtype, device)
     _check_fits(loaded, config)
-    windows = cut_windows(loaded.tokenizer.encode(text), config.seq_len, config.limit)
+    ids = loaded.tokenizer.encode(text)
+    top = max(ids, default=-1)
+    if top >= loaded.config.vocab_size:  # a tokenizer with tokens the model has no rows for
+        raise InferlabError(f"{loaded.name}'s tokenizer gives token id {top}, past its "
+                            f"{loaded.config.vocab_size} embedding rows")
+    windows = cut_windows(ids, config.seq_len, config.limit)
     baseline = None
     if config.baseline is not None:
         baseline = load_model(config.baseline, dtype, device)

@@ -75,6 +75,21 @@ def _windowed_copy(model_dir: Path, directory: Path, window: int) -> Path:
     return directory
 
 
+def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[str]:
+    """The model with 33 tokens added to its tokenizer (ids 96-128; the model has 128 rows), and
+    a text that holds the last."""
+    from tokenizers import Tokenizer
+
+    directory = tmp_path / "grown"
+    shutil.copytree(model_dir, directory)
+    tokenizer = Tokenizer.from_file(str(directory / "tokenizer.json"))
+    tokenizer.add_tokens([f"<x{i}>" for i in range(33)])
+    tokenizer.save(str(directory / "tokenizer.json"))
+    text = tmp_path / "grown.txt"
+    text.write_text(text_file.read_text() + " <x32> ")
+    return [str(directory), "--dataset", str(text)]
+
+
 @pytest.mark.parametrize(("case", "message"), [
     ("missing_dataset", "no such dataset file"),
     ("seq_len_1", "--seq-len must be at least 2"),
@@ -87,6 +102,7 @@ def _windowed_copy(model_dir: Path, directory: Path, window: int) -> Path:
     ("sliding_window_too_long", "--seq-len 16 is longer than windowed can take: 8 tokens of sliding window"),
     ("engine_window_too_long", "the engine needs one position"),
     ("other_vocabulary", "have different vocabularies"),
+    ("tokens_past_the_model", "gives token id 128, past its 128 embedding rows"),  # once an IndexError
     ("unwritable_output", "cannot write the result"),  # before the run, not after it
 ])
 def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
@@ -106,6 +122,7 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
         "engine_window_too_long": [str(base_dir), *data, "--seq-len", str(MAX_POSITIONS),
                                    "--via-engine"],
         "other_vocabulary": [str(base_dir), *data, "--baseline", str(other_vocab_model)],
+        "tokens_past_the_model": [*_grown_tokenizer(base_dir, tmp_path, char_text_file), "--seq-len", "16"],
         "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
         "sliding_window_too_long": [str(_windowed_copy(base_dir, tmp_path / "windowed", 8)), *data],
     }[case]
