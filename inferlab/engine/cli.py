@@ -71,19 +71,7 @@ def run_chat(args: argparse.Namespace) -> int:
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
     failed = False  # a turn was refused: the exit code says so at the end
-    while True:
-        if scripted is not None:
-            if not scripted:
-                return 2 if failed else 0
-            user = scripted.pop(0)
-            print(f"> {user}")
-        else:
-            try:
-                user = input("> ")
-            except EOFError:
-                return 2 if failed else 0
-            if user.strip() in ("/exit", "/quit"):
-                return 2 if failed else 0
+    while (user := _next_message(scripted)) is not None:
         messages.append({"role": "user", "content": user})
         prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         try:
@@ -94,3 +82,19 @@ def run_chat(args: argparse.Namespace) -> int:
             failed = True
             continue
         messages.append({"role": "assistant", "content": reply})
+    return 2 if failed else 0
+
+
+def _next_message(scripted: list[str] | None) -> str | None:
+    """The user's next message: the scripted ones in turn, else a line typed; None at the end
+    (the script done, end of input, /exit or /quit)."""
+    if scripted is not None:
+        if not scripted:
+            return None
+        print(f"> {scripted[0]}")
+        return scripted.pop(0)
+    try:
+        user = input("> ")
+    except EOFError:
+        return None
+    return None if user.strip() in ("/exit", "/quit") else user

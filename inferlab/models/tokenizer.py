@@ -145,7 +145,14 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     if pre not in GGUF_PRE_SPLITS:
         raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
                              f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
-    tokens, merges = _gguf_list(reader, path, "tokens"), _gguf_list(reader, path, "merges")
+    def strings(name: str) -> list[str]:  # a list the tokenizer cannot do without
+        value = field(reader, f"tokenizer.ggml.{name}")
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.{name} is missing or not "
+                                 "a list of strings")
+        return value
+
+    tokens, merges = strings("tokens"), strings("merges")
     types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type has {len(types)} "
@@ -180,14 +187,3 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
                          chat_template=field(reader, "tokenizer.chat_template"),
                          add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", llama3)))
     return TextTokenizer(tokenizer, info)
-
-
-def _gguf_list(reader, path: str, name: str) -> list[str]:
-    """tokenizer.ggml.<name>, a list of strings the tokenizer cannot do without."""
-    from inferlab.models.gguf import field
-
-    value = field(reader, f"tokenizer.ggml.{name}")
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.{name} is missing or not a "
-                             "list of strings")
-    return value

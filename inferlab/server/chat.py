@@ -99,10 +99,7 @@ def _echoed(req: ChatCompletionRequest) -> str:
     last = req.messages[-1]
     if not req.echo or (req.add_generation_prompt and last.role != "assistant"):
         return ""
-    try:
-        return message_text(_as_dict(last), len(req.messages) - 1)
-    except ChatError as e:
-        raise bad_request(str(e), e.param) from None
+    return message_text(_as_dict(last), len(req.messages) - 1)  # checked when the prompt was built
 
 
 class _Formatter:
