@@ -207,3 +207,7 @@ def quantized_layer_from(qw, scheme: str, bias: torch.Tensor | None,
 def quantized_layer(linear: nn.Linear, name: str, device: torch.device) -> nn.Module:
     scheme = QUANT_VARIANTS[name][0]
     return quantized_layer_from(rtn(linear.weight.detach(), scheme), scheme, linear.bias, device)
+
+
+if __name__ == "__main__":
+    raise SystemExit("a section of benchmarks/gpu.py, not a script: run benchmarks/gpu.py --help")

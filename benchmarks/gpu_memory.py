@@ -70,3 +70,7 @@ def memory_section(s: Settings, report: Report, loaded: LoadedModel) -> None:
     report.target("memory", "the dropped engine's memory is back",
                   after - before <= MEMORY_SLACK_BYTES,
                   f"{(after - before) / gib:+.2f} GiB against before it")
+
+
+if __name__ == "__main__":
+    raise SystemExit("a section of benchmarks/gpu.py, not a script: run benchmarks/gpu.py --help")

@@ -187,3 +187,7 @@ def run_transformers(hf: nn.Module, work: Workload, device: torch.device,
         results += [row[width:width + n].tolist() for row, n in zip(out, lens, strict=True)]
     sync(device)
     return time.perf_counter() - start, results
+
+
+if __name__ == "__main__":
+    raise SystemExit("a section of benchmarks/gpu.py, not a script: run benchmarks/gpu.py --help")

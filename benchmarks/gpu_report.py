@@ -123,3 +123,7 @@ def run_guarded(fn: Callable, report: Report, *args: object) -> None:
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    raise SystemExit("a section of benchmarks/gpu.py, not a script: run benchmarks/gpu.py --help")

@@ -82,3 +82,7 @@ def output_rate_bound(cfg, weight_bytes: int, streams: int, prompt_tokens: int, 
     step_s = max(decode_step_floor_s(cfg, weight_bytes, streams, prompt_tokens + output_tokens // 2,
                                      kv_elem_bytes, bandwidth, peak_flops))
     return streams * output_tokens / (streams * prefill_flops / peak_flops + output_tokens * step_s)
+
+
+if __name__ == "__main__":
+    raise SystemExit("the workloads that the benchmarks share, not a script: see BENCHMARKS.md")

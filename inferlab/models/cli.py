@@ -6,14 +6,11 @@ import argparse
 import dataclasses
 import json
 import os
-from typing import TYPE_CHECKING
 
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import WeightFormat, kv_cache_bytes_per_token, weight_bytes
 from inferlab.planner.model_shapes import groups_weight_format
-
-if TYPE_CHECKING:  # quant.load imports torch: only a quantized checkpoint's info loads it
-    from inferlab.quant.load import ConfigGroup, ParsedConfig
+from inferlab.quant.ct_config import ConfigGroup, ParsedConfig, parse_quantization_config
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -86,8 +83,6 @@ def _parsed_quantization(config: dict | None) -> ParsedConfig | None:
     refuses fails here with the same error."""
     if not config:
         return None
-    from inferlab.quant.load import parse_quantization_config
-
     return parse_quantization_config(config)
 
 

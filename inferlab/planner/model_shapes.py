@@ -9,7 +9,6 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig
@@ -17,10 +16,8 @@ from inferlab.models.gguf import read_gguf_config
 from inferlab.planner.memory import WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
+from inferlab.quant.ct_config import ConfigGroup, parse_quantization_config
 from inferlab.quant.scheme import FLOAT, GROUP, QuantScheme
-
-if TYPE_CHECKING:  # quant.load imports torch, which the planner loads only when it must
-    from inferlab.quant.load import ConfigGroup
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -88,9 +85,6 @@ def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:
     config = spec.config.extra.get("quantization_config")
     if not config:
         return None
-    # imports torch, which the planner otherwise never needs: only for quantized checkpoints
-    from inferlab.quant.load import parse_quantization_config
-
     try:
         groups = parse_quantization_config(config, spec.source).groups
     except InferlabError as e:

@@ -9,92 +9,18 @@ output dimension, which is exact because every scale belongs to one output row.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
 from inferlab.errors import InferlabError
 from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
+from inferlab.quant.ct_config import ConfigGroup, ParsedConfig, parse_quantization_config
 from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.scheme import (
-    READABLE_FORMATS,
-    QuantScheme,
-    group_act_order,
-    scheme_from_ct_group,
-)
 
 # fused module name -> its checkpoint shards, in output-row order
 FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
-DENSE_SPARSITY_FORMATS = ("dense", None)
-
-
-@dataclass(frozen=True)
-class ConfigGroup:
-    name: str
-    scheme: QuantScheme
-    targets: tuple[str, ...]
-    format: str
-    g_idx: bool = False  # group act-order: every layer must store a weight_g_idx
-
-
-@dataclass(frozen=True)
-class ParsedConfig:
-    groups: tuple[ConfigGroup, ...]
-    ignore: tuple[str, ...]
-
-    def group_for(self, name: str) -> ConfigGroup | None:
-        """The group quantizing linear layer `name` (HF name), or None when it stays dense."""
-        if any(matches(name, pattern) for pattern in self.ignore):
-            return None
-        return next((g for g in self.groups if any(matches(name, t) for t in g.targets)), None)
-
-
-def matches(name: str, target: str) -> bool:
-    """compressed-tensors' matching: 're:' regex from the start, the class 'Linear', or the name."""
-    if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
-    return target == "Linear" or target == name
-
-
-def parse_quantization_config(qc: Mapping, source: str = "quantization_config") -> ParsedConfig:
-    """Validate config.json's quantization_config; anything we cannot run raises one line."""
-    if qc.get("quant_method") != "compressed-tensors":
-        raise InferlabError(f"{source}: quant_method {qc.get('quant_method')!r} is not supported "
-                            "(supported: compressed-tensors)")
-    for key in ("kv_cache_scheme", "transform_config"):
-        if qc.get(key):
-            raise InferlabError(f"{source}: {key} is not supported")
-    sparsity = qc.get("sparsity_config") or {}
-    if not isinstance(sparsity, Mapping):
-        raise InferlabError(f"{source}: sparsity_config must be an object, got {sparsity!r}")
-    if sparsity.get("format") not in DENSE_SPARSITY_FORMATS:
-        raise InferlabError(f"{source}: sparsity format {sparsity.get('format')!r} is not supported "
-                            "(sparse weights must be stored dense)")
-    groups_raw = qc.get("config_groups") or {}
-    if not isinstance(groups_raw, Mapping):
-        raise InferlabError(f"{source}: config_groups must be an object")
-    groups = []
-    for name, group in groups_raw.items():
-        where = f"{source}: config_groups.{name}"
-        scheme = scheme_from_ct_group(group, where)
-        fmt = group.get("format") or qc.get("format")
-        if fmt in (None, "mixed-precision", "dense"):
-            fmt = scheme.format
-        if fmt not in READABLE_FORMATS:  # as loading refuses it, so that `info` does too
-            raise InferlabError(f"{where}: format {fmt!r} is not supported "
-                                f"(supported: {', '.join(READABLE_FORMATS)})")
-        targets = group.get("targets") or []
-        if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
-            raise InferlabError(f"{where}: targets must be a list of names")
-        groups.append(ConfigGroup(name, scheme, tuple(targets), fmt,
-                                  group_act_order(group["weights"], where)))
-    ignore = qc.get("ignore") or []
-    if not isinstance(ignore, list) or not all(isinstance(name, str) for name in ignore):
-        raise InferlabError(f"{source}: ignore must be a list of names, got {ignore!r}")
-    return ParsedConfig(tuple(groups), tuple(ignore))
 
 
 def checkpoint_names(module_name: str) -> list[str]:

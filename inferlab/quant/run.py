@@ -9,9 +9,10 @@ from typing import Any
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.quant.ct_config import matches
 from inferlab.quant.export import export_checkpoint, shard_sizes
 from inferlab.quant.layer import LINEARS
-from inferlab.quant.load import checkpoint_names, matches
+from inferlab.quant.load import checkpoint_names
 from inferlab.quant.qparams import num_groups, rows_per_scale
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.sequential import compress_model, is_ignored

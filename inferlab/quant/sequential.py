@@ -19,8 +19,9 @@ from tqdm import tqdm
 from inferlab.errors import InferlabError
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.quant.algorithms.stats import InputStats
+from inferlab.quant.ct_config import matches
 from inferlab.quant.layer import LINEARS, LayerContext, process_layer, static_input_scale
-from inferlab.quant.load import checkpoint_names, matches
+from inferlab.quant.load import checkpoint_names
 from inferlab.quant.qparams import QuantizedWeight, quantize_rtn
 from inferlab.quant.recipe import Recipe
 

@@ -206,13 +206,16 @@ def test_html_report_renders_in_a_real_browser(capsys, tmp_path):
     assert "Decode throughput and inter-token latency" in dom
 
 
-def test_planner_never_imports_torch():
+def test_planner_never_imports_torch(tmp_path):
+    """Not even for a quantized checkpoint (torch takes ~3 s to import)."""
+    q4 = _quantized_smollm2(tmp_path / "q4", {"group_0": _w8a16(["Linear"], 4, 64)})
     code = (
         "import sys, pkgutil, importlib, inferlab.planner as p\n"
         "for m in pkgutil.iter_modules(p.__path__): importlib.import_module('inferlab.planner.' + m.name)\n"
         "from inferlab.cli import main\n"
         "assert main(['plan', '--hardware', 'h100-sxm', '--json']) == 0\n"
         "assert main(['plan', 'Qwen3-8B', '--hardware', 'b200', '--html', '/dev/null']) == 0\n"
+        f"assert main(['plan', {str(q4)!r}, '--hardware', 'L4', '--json']) == 0\n"
         "print('TORCH' if 'torch' in sys.modules else 'NO-TORCH', file=sys.stderr)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
