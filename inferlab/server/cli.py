@@ -54,7 +54,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--tool-call-parser", choices=sorted(AUTO_PARSERS), default=None,
                        help="how the model writes calls: hermes (<tool_call>{...}</tool_call>), "
                             "llama3_json (a reply of {\"name\": ..., \"parameters\": ...}) or "
-                            "mistral ([TOOL_CALLS][{...}])")
+                            "mistral ([TOOL_CALLS][{...}], or [TOOL_CALLS]name[ARGS]{...} from v11)")
     group.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                        help='with tool_choice "none", do not show the tools to the chat template')
     group.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,

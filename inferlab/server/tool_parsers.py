@@ -14,7 +14,8 @@ a streamed reply and a whole one always agree. Five readings, as vLLM names them
   `<|python_tag|>`) is one or more {"name", "parameters"} objects, separated by `;`; any other
   reply is content.
 - MistralCalls (--tool-call-parser mistral): content, then `[TOOL_CALLS]` and a JSON array of
-  {"name", "arguments"} objects.
+  {"name", "arguments"} objects; or, from Mistral's v11 tokenizers on, `[TOOL_CALLS]name[ARGS]`
+  and the arguments object, once per call.
 Every call streams (CallObjects): it goes out once it reads as one, then its arguments' text as
 the model writes it. A block or object that never reads as a call goes out as content, word for
 word: nothing the model wrote is lost.
@@ -22,6 +23,7 @@ word: nothing the model wrote is lost.
 
 from __future__ import annotations
 
+import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 
@@ -180,35 +182,106 @@ class _MistralArray(RequiredCalls):
 
 
 class MistralCalls(ToolParser):
-    """Mistral's: content, then `[TOOL_CALLS]` and a JSON array of {"name", "arguments"}."""
+    """Mistral's two forms: content, then `[TOOL_CALLS]` and a JSON array of {"name",
+    "arguments"} (tokenizers before v11); or each call as `[TOOL_CALLS]name[ARGS]{...}`, v13's
+    with `[CALL_ID]id` before `[ARGS]` (v11 on). In the second, text after a call that is not
+    the next call's tag is content (blank text only if more content follows)."""
 
-    TAG = "[TOOL_CALLS]"
-    markers = (TAG,)
+    TAG, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    markers = (TAG, ARGS, CALL_ID)
+    _HEADER = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]\w*)?(?:\[ARGS\])?\s*")  # before the "{"
+    _HEADER_CHARS = re.compile(r"\s*[\w.\-\[\]]*\s*")  # what can still become a header
 
     def __init__(self) -> None:
         super().__init__()
-        self.pending = ""  # text that may be the start of the tag
-        self.array: _MistralArray | None = None
+        self.pending = ""  # text not yet gone out: a tag's possible start, a header, blank text
+        self.state = "content"  # or "tag" (just read one), "header", "arguments"
+        self.array: _MistralArray | None = None  # the pre-v11 form, to the end of the reply
+        self.arguments = ObjectEnds(0)  # where the open call's arguments object closes
+        self.arguments_text = ""  # that object's text so far
+        self.after_call = False  # no content since the last call: blank text is held
 
     def feed(self, text: str) -> ParsedDelta:
         if self.array is not None:
             return self._read(self.array.feed(text))
-        self.pending += text
-        at = self.pending.find(self.TAG)
-        if at < 0:
-            passed, self.pending = held_back(self.pending, self.TAG)
-            return ParsedDelta(content=passed)
-        before, rest = self.pending[:at], self.pending[at + len(self.TAG):]
-        self.pending, self.array = "", _MistralArray()
-        out = self._read(self.array.feed(rest))
-        out.content = before + out.content
+        out, self.pending = ParsedDelta(), self.pending + text
+        while self._step(out):
+            pass
         return out
 
     def finish(self) -> ParsedDelta:
-        if self.array is None:
-            out, self.pending = ParsedDelta(content=self.pending), ""
-            return out
-        return self._read(self.array.finish())
+        if self.array is not None:
+            return self._read(self.array.finish())
+        out = ParsedDelta()
+        if self.state in ("content", "header"):  # a header cut short goes out as what it was
+            self._content(out, self.pending)
+        self.pending = ""
+        return out
+
+    def _step(self, out: ParsedDelta) -> bool:
+        """Reads what it can of the pending text; whether the state moved on."""
+        if self.state == "content":
+            at = self.pending.find(self.TAG)
+            if at < 0:
+                passed, held = held_back(self.pending, self.TAG)
+                if self._content(out, passed):
+                    self.pending = held
+                return False
+            self._content(out, self.pending[:at])  # blank text between calls is dropped
+            self.pending, self.state = self.pending[at + len(self.TAG):], "tag"
+            return True
+        if self.state == "tag":
+            opening = self.pending.lstrip()
+            if not opening:
+                return False
+            if opening.startswith("[") and not self.num_calls:
+                self.array, rest, self.pending = _MistralArray(), self.pending, ""
+                read = self._read(self.array.feed(rest))
+                out.content += read.content
+                out.calls += read.calls
+                return False
+            self.state = "header"
+            return True
+        if self.state == "header":
+            return self._header(out)
+        return self._arguments(out)
+
+    def _content(self, out: ParsedDelta, text: str) -> bool:
+        """Puts text out as content, unless blank right after a call (held until more content
+        shows it is some); whether it went out."""
+        if self.after_call and not text.strip():
+            return False
+        out.content += text
+        self.after_call = False
+        return True
+
+    def _header(self, out: ParsedDelta) -> bool:
+        brace = self.pending.find("{")
+        header = self.pending if brace < 0 else self.pending[:brace]
+        if brace < 0 and self._HEADER_CHARS.fullmatch(header):
+            return False  # may still become one
+        match = self._HEADER.fullmatch(header) if brace >= 0 else None
+        if match is None:  # no call: the text goes out as content
+            self.state = "content"
+            return True
+        out.calls.append(CallDelta(self.num_calls, match.group(1), ""))
+        self.num_calls += 1
+        self.pending, self.state = self.pending[brace:], "arguments"
+        self.arguments, self.arguments_text = ObjectEnds(0), ""
+        return True
+
+    def _arguments(self, out: ParsedDelta) -> bool:
+        start = len(self.arguments_text)
+        self.arguments_text += self.pending
+        end = next((end for _, end in self.arguments.scan(self.arguments_text, start)), None)
+        taken = len(self.pending) if end is None else end - start
+        if taken:
+            out.calls.append(CallDelta(self.num_calls - 1, None, self.pending[:taken]))
+        self.pending = self.pending[taken:]
+        if end is None:
+            return False
+        self.state, self.after_call = "content", True
+        return True
 
     def _read(self, out: ParsedDelta) -> ParsedDelta:
         assert self.array is not None

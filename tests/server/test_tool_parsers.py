@@ -105,6 +105,18 @@ CASES = [
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}] then [{"name": "g", "arguments": {}}]',
      ' then [{"name": "g", "arguments": {}}]', [("f", {})]),
     (MistralCalls, 'Text [TOOL_CALLS] [1, 2, 3]', "Text  [1, 2, 3]", []),  # no call: all of it
+    # v11 on: each call as [TOOL_CALLS]name[ARGS]{...}; v13 with [CALL_ID]id
+    (MistralCalls, 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "Sure.",
+     [("get_weather", {"city": "Paris"})]),
+    (MistralCalls, '[TOOL_CALLS]f[ARGS]{"q": "}{"}\n[TOOL_CALLS]g.v2[ARGS]{}\n', "",
+     [("f", {"q": "}{"}), ("g.v2", {})]),  # the blank text between and after calls is no content
+    (MistralCalls, '[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": [1]} Done.', " Done.", [("f", {"x": [1]})]),
+    (MistralCalls, '[TOOL_CALLS]f{"x": 1}', "", [("f", {"x": 1})]),  # [ARGS] decoded away
+    (MistralCalls, '[TOOL_CALLS]I cannot {call} it', "I cannot {call} it", []),  # no name: text
+    (MistralCalls, '[TOOL_CALLS]f[ARGS]{"q": "ab', "", [("f", '{"q": "ab')]),  # cut short
+    (MistralCalls, 'Hi [TOOL_CALLS]get_wea', "Hi get_wea", []),  # cut in the name: text
+    (MistralCalls, '[TOOL_CALLS]f[ARGS]{} then [TOOL_CALLS][{"name": "g", "arguments": {}}]',
+     ' then [{"name": "g", "arguments": {}}]', [("f", {})]),  # no array after a named call
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"x": 1}] end [{"name": "h", '
                    '"arguments": {}}]', ', {"x": 1}] end [{"name": "h", "arguments": {}}]', [("f", {})]),
 ]
@@ -165,7 +177,7 @@ def test_finish_reason_counts_calls_the_model_chose(make):
 
 PARSERS = [lambda: NamedCall("f"), RequiredCalls, HermesCalls, Llama3JsonCalls, MistralCalls]
 PIECES = ['{"name": "f", ', '"arguments": {"x": 1}', '"parameters": {}', "}", "{", "[", "]", ",", '"',
-          "\\", "\\q", "\n", " ", ";", "a", "<tool_call>", "</tool_call>", "[TOOL_CALLS]",
+          "\\", "\\q", "\n", " ", ";", "a", "<tool_call>", "</tool_call>", "[TOOL_CALLS]", "[ARGS]", "f",
           "<|python_tag|>", '"na', 'me"', ": ", "1", '"k\\q": 2, ', '"a\nb": 3, ']
 
 
