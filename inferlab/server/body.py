@@ -12,7 +12,9 @@ from typing import Any, TypeVar
 
 from fastapi import Request
 from pydantic import BaseModel, ValidationError
+from starlette.requests import ClientDisconnect
 
+from inferlab.server.disconnect import ClientDisconnected
 from inferlab.server.errors import APIError, bad_request
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
@@ -58,12 +60,15 @@ async def _read_limited(request: Request, limit_bytes: int) -> bytes:
         raise _too_large(int(declared), limit_bytes)
     chunks: list[bytes] = []
     size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit_bytes + _DRAIN_BYTES:
-            raise _too_large(size, limit_bytes)
-        if size <= limit_bytes:
-            chunks.append(chunk)
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > limit_bytes + _DRAIN_BYTES:
+                raise _too_large(size, limit_bytes)
+            if size <= limit_bytes:
+                chunks.append(chunk)
+    except ClientDisconnect:  # gone before the whole body came: nobody to answer (499)
+        raise ClientDisconnected() from None
     if size > limit_bytes:
         raise _too_large(size, limit_bytes)
     return b"".join(chunks)

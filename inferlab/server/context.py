@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import time
 from collections.abc import Callable, Sequence
@@ -12,7 +13,8 @@ from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.admission import Admission
-from inferlab.server.disconnect import unless_disconnected
+from inferlab.server.body import read_json_body
+from inferlab.server.disconnect import unless, unless_disconnected
 from inferlab.server.errors import APIError
 from inferlab.server.generation import BeamGeneration, Generation
 from inferlab.server.logprobs import TokenTexts, token_id_text
@@ -30,6 +32,19 @@ class ServerContext:
         self.metrics = ServerMetrics(engine, self.model_name, lambda: self.admission.in_flight)
         self.token_texts = TokenTexts(engine.tokenizer)
         self.draining = False  # set on SIGTERM: no new work, /health 503
+        self.drain_started = asyncio.Event()
+
+    def start_draining(self) -> None:
+        self.draining = True
+        self.drain_started.set()
+
+    async def read_body(self, request: Request) -> dict:
+        """The request's JSON body. One still coming in when the server starts shutting down is
+        answered 503 at once: uvicorn would wait for it to the end of its grace period, then
+        cancel it with a traceback."""
+        return await unless(read_json_body(request, self.settings.max_request_body_bytes),
+                            self.drain_started.wait(),
+                            lambda: self._unavailable("shutting_down", "the server is shutting down"))
 
     def token_names(self, as_ids: bool) -> Callable[[int], str]:
         """How logprobs name a token: its text, or "token_id:<id>" (return_tokens_as_token_ids)."""

@@ -8,7 +8,7 @@ for its first token.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from fastapi import Request
@@ -28,13 +28,18 @@ async def _until_disconnected(request: Request) -> None:
 
 async def unless_disconnected(request: Request, work: Awaitable[T]) -> T:
     """Await `work`; if the client disconnects first, cancel it and raise ClientDisconnected."""
+    return await unless(work, _until_disconnected(request), ClientDisconnected)
+
+
+async def unless(work: Awaitable[T], stop: Awaitable[object], stopped: Callable[[], Exception]) -> T:
+    """Await `work`; if `stop` completes first, cancel `work` and raise `stopped()`."""
     task = asyncio.ensure_future(work)
-    watch = asyncio.ensure_future(_until_disconnected(request))
+    watch = asyncio.ensure_future(stop)
     try:
         await asyncio.wait({task, watch}, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
-        raise ClientDisconnected()
+        raise stopped()
     finally:
         watch.cancel()
         task.cancel()

@@ -10,7 +10,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
 from inferlab.engine.outputs import RequestOutput
-from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.body import parse_body
 from inferlab.server.context import ServerContext
 from inferlab.server.disconnect import unless_disconnected
 from inferlab.server.generation import Generation
@@ -22,7 +22,7 @@ RequestT = TypeVar("RequestT", bound=SamplingFields)
 
 
 async def read_request(request: Request, ctx: ServerContext, model: type[RequestT]) -> RequestT:
-    body = await read_json_body(request, ctx.settings.max_request_body_bytes)
+    body = await ctx.read_body(request)
     reject_unsupported(body, model.model_fields)
     req = parse_body(model, body)
     ctx.check_model(req.model)

@@ -71,7 +71,7 @@ class _DrainingServer(uvicorn.Server):
         if self.force_exit:  # a second Ctrl-C, as in uvicorn and vLLM: no more waiting
             self.ctx.engine.cut_drain_short()
         if self.drain_task is None:
-            self.ctx.draining = True
+            self.ctx.start_draining()
             timeout = self.ctx.settings.shutdown_timeout_s
             logger.info("shutting down: in-flight requests get %.1f s", timeout)
             self.drain_task = self.loop.create_task(self.ctx.engine.shutdown(timeout))

@@ -7,7 +7,7 @@ import asyncio
 from fastapi import Request
 
 from inferlab.errors import InferlabError
-from inferlab.server.body import parse_body, read_json_body
+from inferlab.server.body import parse_body
 from inferlab.server.chat import chat_prompt_ids
 from inferlab.server.context import ServerContext
 from inferlab.server.errors import bad_request
@@ -15,7 +15,7 @@ from inferlab.server.protocol import DetokenizeRequest, TokenizeRequest
 
 
 async def tokenize(request: Request, ctx: ServerContext) -> dict:
-    req = parse_body(TokenizeRequest, await read_json_body(request, ctx.settings.max_request_body_bytes))
+    req = parse_body(TokenizeRequest, await ctx.read_body(request))
     ctx.check_model(req.model)
     tokenizer = ctx.engine.tokenizer
     if (req.prompt is None) == (req.messages is None):
@@ -37,7 +37,7 @@ async def tokenize(request: Request, ctx: ServerContext) -> dict:
 
 
 async def detokenize(request: Request, ctx: ServerContext) -> dict:
-    req = parse_body(DetokenizeRequest, await read_json_body(request, ctx.settings.max_request_body_bytes))
+    req = parse_body(DetokenizeRequest, await ctx.read_body(request))
     ctx.check_model(req.model)
     try:
         ctx.engine.engine.tokenize_prompt(req.tokens)  # checks every id is in the vocabulary

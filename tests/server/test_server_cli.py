@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import os
 import re
@@ -119,6 +120,24 @@ def _streaming(url: str, headers: dict[str, str], events: list[str]) -> threadin
     streamer.start()
     assert first.wait(60)
     return streamer
+
+
+def test_a_body_still_coming_at_sigterm_is_answered_503_and_does_not_hold_the_exit():
+    """uvicorn waited for it to the end of --shutdown-timeout plus its margin, then cancelled it:
+    a traceback and a plain-text 500."""
+    with _serving("--shutdown-timeout", "120") as (proc, url, err):
+        host, port = url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         b"Content-Length: 100\r\n\r\n{")
+            time.sleep(0.5)
+            proc.send_signal(signal.SIGTERM)
+            reply = http.client.HTTPResponse(sock)
+            reply.begin()
+            assert reply.status == 503
+            assert json.loads(reply.read())["error"]["code"] == "shutting_down"
+        assert proc.wait(timeout=60) == 0  # not 125 s
+    assert "Traceback" not in "".join(err)
 
 
 def test_a_second_ctrl_c_ends_the_drain_at_once():

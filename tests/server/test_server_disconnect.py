@@ -5,6 +5,7 @@ stream left) and refused prompts: every request is aborted and every KV block fr
 from __future__ import annotations
 
 import asyncio
+import socket
 import subprocess
 import sys
 import time
@@ -103,3 +104,18 @@ def test_a_stream_the_client_leaves_is_logged_as_499(server, caplog):
         assert wait_until(lambda: any("POST /v1/completions" in m for m in caplog.messages), 10)
     (line,) = [m for m in caplog.messages if "POST /v1/completions" in m]
     assert "status=499" in line
+
+
+def test_a_client_gone_before_its_body_came_is_a_499_without_a_traceback(server, caplog):
+    """It was a 500 with two tracebacks in the log (Starlette's ClientDisconnect went unhandled)."""
+    host, port = server.url.removeprefix("http://").split(":")
+    with caplog.at_level("INFO", logger="inferlab.server"):
+        with socket.create_connection((host, int(port)), timeout=30) as sock:
+            sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                         f"Authorization: Bearer {server.api_key}\r\n"
+                         f"Content-Length: 100\r\n\r\n{{\"prompt\":".encode())
+            time.sleep(0.3)
+        assert wait_until(lambda: any("POST /v1/completions" in m for m in caplog.messages), 10)
+    (line,) = [m for m in caplog.messages if "POST /v1/completions" in m]
+    assert "status=499" in line
+    assert not [r for r in caplog.records if r.levelname == "ERROR" or r.exc_info]
