@@ -159,13 +159,27 @@ class BlockManager:
         return True
 
     def free(self, request: Request) -> None:
-        """Release the request's blocks, last block first, so a chain's tail is evicted first."""
+        """Release the request's blocks, last block first, so a chain's tail is evicted first.
+        Blocks it offered to the hash table beyond its computed tokens leave the table: a chunk
+        the scheduler took back in the step that allocated it (a priority preemption) was
+        never computed."""
+        self._forget_uncomputed(request)
         for block_id in reversed(request.block_ids):
             self._ref_counts[block_id] -= 1
             if self._ref_counts[block_id] == 0:
                 self._free_queue[block_id] = None
         request.block_ids = []
         self._requests.pop(request.request_id, None)
+
+    def _forget_uncomputed(self, request: Request) -> None:
+        state = self._requests.get(request.request_id)
+        if state is None:
+            return
+        for i in range(request.num_computed_tokens // self.block_size, state.num_registered_blocks):
+            block_id, block_hash = request.block_ids[i], state.block_hashes[i]
+            if self._hash_to_block.get(block_hash) == block_id:
+                del self._hash_to_block[block_hash]
+                self._block_hash[block_id] = None
 
     def reset_prefix_cache(self) -> None:
         """Forget every block hash (e.g. after new weights); blocks in use stay allocated."""

@@ -80,6 +80,25 @@ def test_a_chunk_taken_back_returns_its_tokens_to_the_step_budget() -> None:
     assert [r.request_id for r in s.running] == ["c", "b"] and list(s.waiting) == [a]
 
 
+def test_a_chunk_taken_back_leaves_no_block_in_the_prefix_cache() -> None:
+    """Its allocation had offered the block its tokens would fill to the hash table; taken
+    back uncomputed, the block stayed findable, and a later prompt with those tokens read K/V
+    that was never written."""
+    s = make_scheduler(num_blocks=5, block_size=4, policy="priority")
+    low = make_request("low", 6, max_tokens=8, priority=5)
+    s.add_request(low)
+    step(s)  # positions 0-5: 2 blocks
+    s.add_request(make_request("high", 8, max_tokens=8))
+    assert chunk_sizes(step(s)) == {"low": 1, "high": 8}  # 2 blocks more: 1 left
+    # low's position 7 fills its 2nd block, its 2 drafts take the last one; high's position 8
+    # needs a block: low goes, its chunk with it
+    low.spec_token_ids = [60, 61]
+    output = step(s)
+    assert chunk_sizes(output) == {"high": 1} and output.preempted_request_ids == ["low"]
+    probe = make_request("probe", [*low.prompt_token_ids, 7, 7, 1, 2])  # low's 8 tokens, then others
+    assert s.block_manager.get_computed_blocks(probe).num_tokens == 4  # the 1st block only
+
+
 def test_a_preempted_request_waits_behind_higher_priorities_not_in_front() -> None:
     s = make_scheduler(num_blocks=4, block_size=4, policy="priority")
     s.add_request(make_request("high", 7, max_tokens=4, priority=0))
