@@ -90,10 +90,11 @@ class AsyncEngine:
                        request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
         """Stream outputs; closing the iterator early (client gone) aborts the request."""
         outputs: asyncio.Queue = asyncio.Queue()
+        sink = outputs.put_nowait
         finished = False
         try:
             # inside the try: a caller cancelled while the add is queued still aborts it
-            await self.submit(prompt, params, request_id, outputs.put_nowait, priority)
+            await self.submit(prompt, params, request_id, sink, priority)
             while not finished:
                 out = await outputs.get()
                 if isinstance(out, BaseException):
@@ -105,7 +106,7 @@ class AsyncEngine:
             raise
         finally:
             if not finished:
-                self._post(lambda: self._abort(request_id))
+                self._post(lambda: self._abort(request_id, sink))
 
     async def beam_search(self, prompt: str | Sequence[int], params: BeamSearchParams,
                           request_id: str, priority: int = 0) -> RequestOutput:
@@ -218,7 +219,12 @@ class AsyncEngine:
         self.engine.add_request(ids, params, request_id, prompt_text=text, priority=priority)
         self._streams[request_id] = (loop, sink)
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, sink: Callable[[Any], None] | None = None) -> None:
+        """With `sink`, only if the request streams to it: a generate() cancelled before its add
+        came back (one refused for a request id in use) must not abort the id's holder."""
+        stream = self._streams.get(request_id)
+        if sink is not None and (stream is None or stream[1] is not sink):
+            return
         output = self.engine.abort_request(request_id)
         stream = self._streams.pop(request_id, None)
         if stream is not None and output is not None:

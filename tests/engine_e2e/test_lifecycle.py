@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
+import threading
+
 import pytest
 
-from inferlab.engine.outputs import RequestMetrics
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.outputs import RequestMetrics, RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 
@@ -117,3 +121,27 @@ def test_a_copys_id_taken_by_another_request_is_refused_with_nothing_queued(make
         done.update((o.request_id, o) for o in engine.step() if o.finished)
     assert list(done) == ["z#1"] and len(done["z#1"].outputs[0].token_ids) == 3
 
+
+
+def test_a_generate_cancelled_before_its_add_leaves_the_ids_holder_running(make_llm, monkeypatch):
+    """A second generate() under a request id in use, cancelled while its prompt was being
+    encoded, once aborted the first request: its abort went by the id alone."""
+    engine = AsyncEngine(make_llm().engine)
+    encoded = threading.Event()
+    encode = engine.engine.tokenize_prompt
+
+    async def run() -> RequestOutput:
+        holder = engine.generate("Hello", SamplingParams(max_tokens=12, ignore_eos=True), "dup")
+        first = await anext(holder)
+        monkeypatch.setattr(engine.engine, "tokenize_prompt",
+                            lambda *args: encoded.wait(30) and encode(*args))
+        second = asyncio.ensure_future(anext(engine.generate("Hi", SamplingParams(max_tokens=2), "dup")))
+        await asyncio.sleep(0.2)  # the second is encoding its prompt
+        second.cancel()
+        encoded.set()
+        outputs = [first] + [out async for out in holder]
+        await engine.shutdown(timeout_s=10)
+        return outputs[-1]
+
+    last = asyncio.run(run())
+    assert last.outputs[0].finish_reason == "length" and len(last.outputs[0].token_ids) == 12
