@@ -10,18 +10,23 @@ TOKEN_TOLERANCE = 0.02  # server usage vs tokenizer count, beyond one token
 DISPATCH_LAG_WARN_MS = 5.0  # p99 lag above this means the client fell behind its schedule
 
 
-def run_warnings(stages: list[StageResult], tokenizer: bool) -> list[str]:
+def run_warnings(stages: list[StageResult], tokenizer: bool, forced_length: bool) -> list[str]:
+    """`forced_length`: the requests asked for exactly max_tokens (ignore_eos)."""
     warnings: list[str] = []
     for stage in stages:
         label = stage.summary.info.label
         warnings += [f"{label}: {w}" for w in stage.summary.warnings]
-        warnings += [f"{label}: {w}" for w in stage_warnings(stage, tokenizer)]
+        warnings += [f"{label}: {w}" for w in stage_warnings(stage, tokenizer, forced_length)]
     return warnings
 
 
-def stage_warnings(stage: StageResult, tokenizer: bool) -> list[str]:
+def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> list[str]:
     out = []
     summary, ok = stage.summary, [r for r in stage.records if r.outcome == "ok"]
+    failed = [r for r in stage.records if r.outcome == "error"]
+    if failed:  # the table only counts them: say why, or a wrong --model looks like a slow run
+        out.append(f"{len(failed)} of {len(stage.records)} requests failed; the first: "
+                   f"{failed[0].error}")
     if summary.info.stop_reason == "max_error_rate":
         out.append("stopped early: the error rate passed --max-error-rate")
     if stage.spec.rate_based and summary.sent_rate and summary.scheduled_rate:
@@ -39,8 +44,9 @@ def stage_warnings(stage: StageResult, tokenizer: bool) -> list[str]:
     if no_usage:
         out.append(f"{no_usage} of {len(ok)} successful requests had no usage in their stream; "
                    "their output tokens were counted from chunks")
+    # without ignore_eos, max_tokens is a ceiling: stopping short of it is no fault
     short = sum(r.output_tokens_asked is not None and r.output_tokens != r.output_tokens_asked
-                for r in ok)
+                for r in ok) if forced_length else 0
     if short:
         out.append(f"{short} of {len(ok)} successful requests did not return the asked "
                    "number of output tokens (does the server honour ignore_eos?)")

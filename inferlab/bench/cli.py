@@ -62,7 +62,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rate", type=float, nargs="+", default=[],
                    help="req/s (constant, poisson) or streams (concurrent); several values "
                         "run one stage each")
-    g.add_argument("--max-concurrency", type=int, help="in-flight cap (throughput: streams)")
+    g.add_argument("--max-concurrency", type=int,
+                   help="in-flight cap over all workers (throughput: streams)")
     g.add_argument("--sweep-size", type=int, default=6)
     g.add_argument("--sweep-sync-seconds", type=float, default=15.0,
                    help="time bound of a sweep's synchronous stage")
@@ -84,7 +85,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "[,prefix_tokens=N]) or a .jsonl / ShareGPT .json file")
     g.add_argument("--data-file", help="text to cut synthetic prompts from "
                                        "(default: ../shared/data WikiText-2 test)")
-    g.add_argument("--tokenizer", help="tokenizer.json: exact lengths, output cross-check")
+    g.add_argument("--tokenizer", help="tokenizer.json: synthetic prompts of exact length "
+                                       "(the unique tag counted in), output cross-check")
     g.add_argument("--max-tokens", type=int, default=256,
                    help="max_tokens for file records that give no output length")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,

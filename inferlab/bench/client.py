@@ -17,6 +17,7 @@ from inferlab.bench.httpstream import ProtocolError, ResponseParser
 from inferlab.errors import InferlabError
 
 now_ns = time.monotonic_ns  # CLOCK_MONOTONIC: one clock shared by every process on the machine
+TIMEOUT_ERROR = "timeout after"  # how a request cut by --request-timeout fails
 
 
 @dataclass(frozen=True)
@@ -198,7 +199,7 @@ async def exchange(pool: ConnectionPool, request: bytes, record: RawExchange,
         raise
     except TimeoutError:
         _fill(record, parser)
-        record.error = f"timeout after {timeout_s:g} s"
+        record.error = f"{TIMEOUT_ERROR} {timeout_s:g} s"
         if conn is not None:
             conn.abort()
     except (OSError, ProtocolError) as e:

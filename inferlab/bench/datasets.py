@@ -17,7 +17,7 @@ class Prompt:
 
     text: str | None  # a completion prompt, or None for chat
     messages: tuple[dict, ...] | None  # chat messages, or None for a completion
-    prompt_tokens: int  # exact with a tokenizer, else estimated
+    prompt_tokens: int  # with the unique tag: exact with a tokenizer, else estimated
     output_tokens: int | None  # max_tokens to ask for
     tag_at: int = 0  # where in the text (or the first user message) the unique tag goes
 
@@ -58,11 +58,12 @@ def _load_jsonl(file: Path, counter: TokenCounter, default_output_tokens: int) -
         if not isinstance(output, int) or output < 1:
             raise InferlabError(f"{file.name}:{number}: output_tokens must be a positive int")
         if isinstance(record.get("prompt"), str):
-            prompts.append(Prompt(record["prompt"], None, counter.count(record["prompt"]), output))
+            prompts.append(Prompt(record["prompt"], None, counter.count_tagged(record["prompt"]),
+                                  output))
         elif isinstance(record.get("messages"), list):
             messages = tuple(_check_message(m, file.name, number) for m in record["messages"])
             text = " ".join(m["content"] for m in messages)
-            prompts.append(Prompt(None, messages, counter.count(text), output))
+            prompts.append(Prompt(None, messages, counter.count_tagged(text), output))
         else:
             raise InferlabError(f"{file.name}:{number}: needs a 'prompt' string or a "
                                 "'messages' list")
@@ -97,6 +98,6 @@ def _load_sharegpt(file: Path, counter: TokenCounter) -> list[Prompt]:
         if not question.strip() or not answer.strip():
             continue
         message = {"role": "user", "content": question}
-        prompts.append(Prompt(None, (message,), counter.count(question),
+        prompts.append(Prompt(None, (message,), counter.count_tagged(question),
                               max(1, counter.count(answer))))
     return prompts

@@ -11,11 +11,15 @@ from inferlab.errors import InferlabError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+# past the longest context windows served: a bigger length is a typo (1e10), and cutting
+# prompts of it would fill the memory
+MAX_TOKENS = 1 << 20
 
 
 @dataclass(frozen=True)
 class LengthDist:
-    """A token length: normal around `mean`, clipped to [min, max], at least 1."""
+    """A token length: normal around `mean`, clipped to [min, max], at least 1 and at most
+    MAX_TOKENS."""
 
     mean: int
     stdev: float = 0.0
@@ -31,6 +35,7 @@ class LengthDist:
 
     def sample(self, rng: random.Random) -> int:
         value = round(rng.gauss(self.mean, self.stdev)) if self.stdev else self.mean
+        value = min(MAX_TOKENS, value)  # a wide stdev must not ask for more than the bound
         if self.min is not None:
             value = max(self.min, value)
         if self.max is not None:
@@ -72,6 +77,9 @@ class SyntheticSpec:
                 number = math.nan  # refused below, as float() lets nan and inf through
             if not math.isfinite(number):
                 raise InferlabError(f"bad --data value for {key}: {value!r}")
+            if number > MAX_TOKENS:
+                raise InferlabError(f"--data {key.strip()} must be at most {MAX_TOKENS:,} tokens, "
+                                    f"got {value.strip()}")
             fields[key.strip()] = number
         known = {f"{base}{suffix}" for base in ("prompt_tokens", "output_tokens")
                  for suffix in ("", "_stdev", "_min", "_max")} | {"prefix_tokens"}

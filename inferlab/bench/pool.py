@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import math
 import multiprocessing as mp
 import os
 from multiprocessing.connection import Connection, wait
@@ -82,19 +81,16 @@ class WorkerPool:
 
 def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
                 ramp_up_s: float) -> list[WorkerStage]:
-    """Each worker's share: rate stages deal scheduled sends round-robin, closed-loop
-    stages deal streams in contiguous blocks and the request cap in equal parts."""
+    """Each worker's share: rate stages deal scheduled sends round-robin and the in-flight
+    cap in whole parts, closed-loop stages deal streams in contiguous blocks and the
+    request cap in equal parts."""
     limits = spec.limits
     stop_ns = None if limits.max_seconds is None else start_ns + round(limits.max_seconds * 1e9)
     hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * 1e9)
     common = {"stage": stage, "start_ns": start_ns, "stop_issuing_ns": stop_ns,
               "hard_stop_ns": hard_ns, "request_timeout_s": limits.request_timeout_s}
     if spec.rate_based:
-        offsets = send_offsets_ns(spec)
-        cap = None if spec.max_concurrency is None else math.ceil(spec.max_concurrency / workers)
-        return [WorkerStage(**common, offsets_ns=tuple(offsets[w::workers]),
-                            indices=tuple(range(w, len(offsets), workers)), max_in_flight=cap)
-                for w in range(workers)]
+        return _rate_plans(spec, workers, common)
     streams = spec.streams
     plans = []
     for w in range(workers):
@@ -107,3 +103,25 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
             queued_at_start=spec.kind == "throughput" and limits.max_requests is not None,
             ramp_up_ns=round(ramp_up_s * 1e9), stream_offset=lo, total_streams=streams))
     return plans
+
+
+def _rate_plans(spec: StageSpec, workers: int, common: dict) -> list[WorkerStage]:
+    """The in-flight cap is dealt exactly, so the workers' caps add up to --max-concurrency;
+    sends go round-robin to the workers with a part of it, and none to those without."""
+    offsets = send_offsets_ns(spec)
+    cap = spec.max_concurrency
+    senders = workers if cap is None else min(workers, cap)
+    plans = []
+    for w in range(workers):
+        mine = slice(w, None, senders) if w < senders else slice(0)
+        plans.append(WorkerStage(**common, offsets_ns=tuple(offsets[mine]),
+                                 indices=tuple(range(len(offsets))[mine]),
+                                 max_in_flight=None if cap is None else _part(cap, senders, w)))
+    return plans
+
+
+def _part(total: int, parts: int, k: int) -> int:
+    """Part k of `total` dealt into `parts` whole parts that add up to it; 0 past the last."""
+    if k >= parts:
+        return 0
+    return total * (k + 1) // parts - total * k // parts

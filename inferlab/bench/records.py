@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field
 
-from inferlab.bench.client import RawExchange
+from inferlab.bench.client import TIMEOUT_ERROR, RawExchange
 from inferlab.bench.templates import RequestTemplate
 from inferlab.bench.tokens import TokenCounter
 
@@ -50,6 +50,13 @@ class RequestRecord:
     @classmethod
     def from_dict(cls, data: dict) -> RequestRecord:
         return cls(**data)
+
+
+def ended_by_itself(r: RequestRecord) -> bool:
+    """Whether the exchange ended on its own (a success or the server's failure), not when
+    the benchmark cut it: cancelled at a stage's end or timed out by --request-timeout."""
+    return (r.end_ns is not None and r.outcome != "cancelled"
+            and not r.error.startswith(TIMEOUT_ERROR))
 
 
 @dataclass

@@ -46,7 +46,8 @@ def _meta_table(meta: dict) -> str:
     keys = ("target", "model", "endpoint", "profile", "data", "tokenizer", "workers",
             "started_at", "slo", "calibration_seconds")
     return table(["setting", "value"],
-                 [[escape(k), escape(str(meta.get(k)))] for k in keys], left=2)
+                 [[escape(k), escape("none" if meta.get(k) is None else str(meta[k]))]
+                  for k in keys], left=2)  # "none", not Python's None, for an unset one
 
 
 def _summary_table(stages: list[StageResult]) -> str:

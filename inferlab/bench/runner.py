@@ -96,6 +96,7 @@ class StageRunner:
         stop_reason = self._collect(spec, stage, start_ns, records)
         scheduled = (sum(len(p.offsets_ns or ()) for p in plans) if spec.rate_based
                      else sum(r.start_ns is not None for r in records))
+        stop_reason = stop_reason or self._natural_stop(spec, start_ns, scheduled)
         info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate,
                          start_ns - self.epoch_ns, stop_reason, scheduled)
         summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo)
@@ -104,7 +105,8 @@ class StageRunner:
 
     def _collect(self, spec: StageSpec, stage: int, start_ns: int,
                  records: list[RequestRecord]) -> str:
-        """Gather reports until every worker is done; returns why the stage stopped."""
+        """Gather reports until every worker is done; returns why the stage stopped early,
+        or "" when it ran to one of its bounds."""
         tally = _Tally()
         stop_reason = ""
         give_up_at = None
@@ -127,7 +129,7 @@ class StageRunner:
                 break
             self.progress.update(tally.snapshot(self.label_prefix + spec.label, spec, start_ns,
                                                 records))
-        return stop_reason or self._natural_stop(spec, start_ns)
+        return stop_reason
 
     def _parse(self, exchanges: list, stage: int, worker: int) -> list[RequestRecord]:
         assert self.epoch_ns is not None
@@ -143,8 +145,15 @@ class StageRunner:
         return counts["error"] / finished > limit
 
     @staticmethod
-    def _natural_stop(spec: StageSpec, start_ns: int) -> str:
+    def _natural_stop(spec: StageSpec, start_ns: int, scheduled: int) -> str:
+        """The bound that ended a stage. A rate stage's schedule was cut by the request cap
+        or else by --max-seconds, however early its requests finished; a closed loop ran
+        until --max-seconds, or else until the request cap."""
         limits = spec.limits
-        if limits.max_seconds is not None and now_ns() - start_ns >= limits.max_seconds * 1e9:
-            return "max_seconds"
-        return "max_requests" if limits.max_requests is not None else "completed"
+        if spec.rate_based:
+            capped = limits.max_requests is not None and scheduled >= limits.max_requests
+        else:
+            timed = (limits.max_seconds is not None
+                     and now_ns() - start_ns >= limits.max_seconds * 1e9)
+            capped = not timed and limits.max_requests is not None
+        return "max_requests" if capped else "max_seconds"

@@ -3,7 +3,6 @@ self-calibration, and the run-wide warnings."""
 
 from __future__ import annotations
 
-import secrets
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -18,6 +17,7 @@ from inferlab.bench.profiles import StageSpec
 from inferlab.bench.runner import Progress, StageResult, StageRunner
 from inferlab.bench.server_metrics import MetricsScraper, ServerTimeline
 from inferlab.bench.sweep import SloSearch, run_profile
+from inferlab.bench.tags import new_nonce
 from inferlab.bench.timeline import Timeline, build_timeline
 from inferlab.bench.workload import Workload, build_workload, resolve_model
 
@@ -38,7 +38,7 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
     model = resolve_model(config.target.url, config.target.model, headers)
     workload = build_workload(config, model)
     workers = config.measure.workers or auto_workers()
-    nonce = secrets.token_hex(3)
+    nonce = new_nonce()
     started = datetime.now(UTC).isoformat(timespec="seconds")
     epoch_ns = now_ns()
     scraper = None
@@ -55,7 +55,8 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
                                      config.slo.bounds() if config.slo else None)
     finally:
         pool.close()
-        server = scraper.stop() if scraper else ServerTimeline(False, "scraping turned off")
+        server = (scraper.stop() if scraper
+                  else ServerTimeline(False, "scraping turned off (--scrape-interval 0)"))
     if config.measure.calibration_seconds > 0 and not runner.interrupted and stages:
         calibrate(stages, workload, config, progress, workers)
     end_ns = max((s.summary.end_ns for s in stages), default=0)
@@ -69,8 +70,9 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
     result = RunResult(meta, stages, build_timeline([r for s in stages for r in s.records],
                                                     end_ns), server, search,
                        interrupted=runner.interrupted)
-    result.warnings = run_warnings(result.stages, workload.counter.exact)
-    if server.note:
+    result.warnings = run_warnings(result.stages, workload.counter.exact,
+                                   workload.forced_length)
+    if scraper is not None and server.note:  # not when --scrape-interval 0 turned it off
         result.warnings.append(server.note)
     return result
 
@@ -104,7 +106,7 @@ def calibrate(stages: list[StageResult], workload: Workload, config: BenchConfig
     """Replay each stage briefly against a zero-latency mock: the client's own floor."""
     seconds = config.measure.calibration_seconds
     with MockProcess(MockConfig()) as mock:
-        pool = WorkerPool(_setups(mock.url, workload, {}, workers, secrets.token_hex(3), config))
+        pool = WorkerPool(_setups(mock.url, workload, {}, workers, new_nonce(), config))
         runner = StageRunner(pool, workload.templates, None, progress, None,
                              config.load.ramp_up_s, label_prefix="floor ",
                              epoch_ns=now_ns())

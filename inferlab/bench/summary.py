@@ -9,7 +9,7 @@ import numpy as np
 
 from inferlab.bench.config import Span
 from inferlab.bench.metrics import PER_REQUEST, PER_SAMPLE, SLO_SOURCES, meets_slo
-from inferlab.bench.records import OUTCOMES, RequestRecord
+from inferlab.bench.records import OUTCOMES, RequestRecord, ended_by_itself
 from inferlab.bench.stats import Distribution
 
 NS = 1e9
@@ -24,16 +24,17 @@ class StageInfo:
     kind: str
     rate: float | None  # asked: req/s (constant, poisson) or streams (concurrent)
     start_ns: int  # scheduled start, ns since the run's epoch
-    stop_reason: str  # why it ended: completed, max_seconds, max_requests, error_rate...
+    stop_reason: str  # why it ended: max_seconds, max_requests, max_error_rate, interrupted
     scheduled: int  # requests it meant to send (rate stages), or sent (closed loops)
 
 
 @dataclass
 class StageSummary:
     info: StageInfo
-    end_ns: int  # the last request's end
+    end_ns: int  # the last request's end, cut ones included
     # counts, send rates and latencies cover requests started in [window_start, window_end];
-    # throughputs, what was delivered in it
+    # throughputs, what was delivered in it. The window ends at the last send or the last
+    # end of a request not cut by the benchmark (see _active_end_ns), less any cooldown
     window_start_ns: int
     window_end_ns: int
     counts: dict[str, int]  # requests in the window by outcome
@@ -72,15 +73,15 @@ class StageSummary:
 
 def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, cooldown: Span,
               slo: dict[str, float] | None) -> StageSummary:
-    ends = [r.end_ns for r in records if r.end_ns is not None]
-    end_ns = max(ends, default=info.start_ns)
-    duration_s = (end_ns - info.start_ns) / NS
+    end_ns = max((r.end_ns for r in records if r.end_ns is not None), default=info.start_ns)
+    active_end_ns = _active_end_ns(info, records)
+    duration_s = (active_end_ns - info.start_ns) / NS
     w0 = info.start_ns + round(warmup.resolve_s(duration_s) * NS)
-    w1 = end_ns - round(cooldown.resolve_s(duration_s) * NS)
+    w1 = active_end_ns - round(cooldown.resolve_s(duration_s) * NS)
     warnings = []
     if w1 <= w0:
         warnings.append("warmup + cooldown cover the whole stage; statistics use all of it")
-        w0, w1 = info.start_ns, end_ns
+        w0, w1 = info.start_ns, active_end_ns
     measured = [r for r in records if w0 <= started_ns(r) <= w1]
     window_s = max((w1 - w0) / NS, 1e-9)
     # throughputs count what the server delivered inside the window, whenever the request
@@ -104,6 +105,15 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
         good = sum(meets_slo(r, slo) for r in measured)
         summary.slo_fraction = good / len(measured) if measured else None
     return summary
+
+
+def _active_end_ns(info: StageInfo, records: list[RequestRecord]) -> int:
+    """Where a stage's window ends: its last send (or scheduled send) or the last end of a
+    request that ended by itself. Not where the benchmark cut requests (the drain's end, a
+    --request-timeout): throughputs would be divided by time the benchmark chose. A stage
+    whose requests were all cut ends at its last send."""
+    ends = [r.end_ns for r in records if ended_by_itself(r)]
+    return max([*ends, *map(started_ns, records)], default=info.start_ns)
 
 
 def started_ns(r: RequestRecord) -> int:

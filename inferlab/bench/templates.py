@@ -11,6 +11,7 @@ import json
 from dataclasses import dataclass
 
 from inferlab.bench.datasets import Prompt
+from inferlab.bench.tags import tagged
 from inferlab.errors import InferlabError
 
 COMPLETIONS_PATH = "/v1/completions"
@@ -37,7 +38,7 @@ class BodyOptions:
 class RequestTemplate:
     head: bytes  # JSON body up to the tag
     tail: bytes  # JSON body after the tag
-    prompt_tokens: int  # best estimate, tag included
+    prompt_tokens: int  # with the tag; exact with --tokenizer, else an estimate
     output_tokens: int | None  # max_tokens asked
 
     def body(self, tag: str) -> bytes:
@@ -50,7 +51,7 @@ def make_template(prompt: Prompt, options: BodyOptions) -> RequestTemplate:
         body["messages"] = _tagged_messages(prompt)
     else:
         text = prompt.text if prompt.text is not None else _single_message(prompt)
-        body["prompt"] = text[:prompt.tag_at] + _SLOT + text[prompt.tag_at:]
+        body["prompt"] = tagged(text, prompt.tag_at, _SLOT)
     if prompt.output_tokens is not None:
         body["max_tokens"] = prompt.output_tokens
         if options.force_length:
@@ -69,11 +70,11 @@ def make_template(prompt: Prompt, options: BodyOptions) -> RequestTemplate:
 def _tagged_messages(prompt: Prompt) -> list[dict]:
     if prompt.messages is None:
         text = prompt.text or ""
-        return [{"role": "user", "content": text[:prompt.tag_at] + _SLOT + text[prompt.tag_at:]}]
+        return [{"role": "user", "content": tagged(text, prompt.tag_at, _SLOT)}]
     messages = [dict(m) for m in prompt.messages]
     first_user = next((m for m in messages if m["role"] == "user"), messages[0])
     content = first_user["content"]
-    first_user["content"] = content[:prompt.tag_at] + _SLOT + content[prompt.tag_at:]
+    first_user["content"] = tagged(content, prompt.tag_at, _SLOT)
     return messages
 
 
@@ -83,8 +84,3 @@ def _single_message(prompt: Prompt) -> str:
     if len(messages) != 1:
         raise InferlabError("multi-message chat records need --endpoint chat")
     return messages[0]["content"]
-
-
-def request_tag(nonce: str, stage: int, index: int) -> str:
-    """The text put into a request's prompt: unique per run, stage and request."""
-    return f"[{nonce}-{stage}-{index}] "

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from inferlab.bench.tags import tagged
 from inferlab.errors import InferlabError
 
 WORDS_PER_TOKEN = 0.75  # the usual rule of thumb for English BPE vocabularies
+# without a tokenizer, what a request's tag "[0000001-00-123456] " is guessed to cost: 19
+# tokens where every digit is one, 10 where digits go in threes
+TAG_TOKENS_ESTIMATE = 16
 
 
 class TokenCounter:
@@ -39,6 +43,13 @@ class TokenCounter:
         if self.tokenizer is None:
             return estimate_tokens(text)
         return len(self.tokenizer.encode(text, add_special_tokens=False).ids)
+
+    def count_tagged(self, text: str, at: int = 0) -> int:
+        """Tokens in `text` once a request's unique tag is put in at character `at`: exact
+        with a tokenizer (every tag of a run costs the same, see tags.py), else estimated."""
+        if self.tokenizer is None:
+            return estimate_tokens(text) + TAG_TOKENS_ESTIMATE
+        return self.count(tagged(text, at))
 
     def encode(self, text: str) -> list[int]:
         if self.tokenizer is None:

@@ -16,7 +16,7 @@ from multiprocessing.connection import Connection
 from inferlab.bench.client import ConnectionPool, RawExchange, Target, build_request, exchange
 from inferlab.bench.client import now_ns as clock_ns
 from inferlab.bench.plans import WorkerReport, WorkerSetup, WorkerStage
-from inferlab.bench.templates import request_tag
+from inferlab.bench.tags import request_tag
 
 REPORT_INTERVAL_S = 0.1
 STOP, EXIT, READY = "stop", "exit", "ready"
@@ -106,7 +106,8 @@ class _Worker:
         task.add_done_callback(self.tasks.discard)
 
     async def _issue_on_schedule(self, plan: WorkerStage) -> None:
-        slots = asyncio.Semaphore(plan.max_in_flight) if plan.max_in_flight else None
+        # 0 is a cap too (a worker with no part of --max-concurrency is dealt no sends)
+        slots = None if plan.max_in_flight is None else asyncio.Semaphore(plan.max_in_flight)
         offsets = plan.offsets_ns or ()
         k = 0  # the next scheduled request
         try:

@@ -139,6 +139,9 @@ SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
      "--data output_tokens must be >= 1, got 0"),
     (SYNC2 + ["--data", "prompt_tokens=8,output_tokens=4,output_tokens_max=0"],
      "--data output_tokens_max must be >= 1, got 0"),
+    # a length no server takes, which cutting prompts of would exhaust the memory
+    (SYNC2 + ["--data", "prompt_tokens=1e10,output_tokens=3"],
+     "--data prompt_tokens must be at most 1,048,576 tokens, got 1e10"),
     # an --output that cannot be written fails before the run, which would reach no server
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--output",
       "folder.json"], "--output folder.json: cannot write (Is a directory)"),
@@ -230,6 +233,16 @@ def test_missing_data_file_is_named(mock_server, tmp_path, capsys):
             "--data-file", str(tmp_path / "none.txt"), "--quiet"]
     assert main(argv) == 2
     assert "--data-file not found" in capsys.readouterr().err
+
+
+def test_a_model_the_server_does_not_list_is_named(mock_server, capsys):
+    # every request would fail with HTTP 404 and the run would still exit 0
+    argv = ["bench", "--target", mock_server(), "--model", "nosuch", "--profile",
+            "synchronous", "--max-requests", "1", "--quiet"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err == "error: --model 'nosuch' is not served at " + argv[2] + "; it serves: " \
+                  "mock-model\n"
 
 
 def test_mock_server_port_in_use_is_a_user_error(mock_server, capsys):

@@ -38,10 +38,15 @@ def test_max_error_rate_stops_the_stage_early(mock_server, corpus):
     config = bench_config(url, corpus, "concurrent", (2,), max_seconds=20.0,
                           max_error_rate=0.5)
     started = time.monotonic()
-    (stage,) = run(config).stages
+    result = run(config)
+    (stage,) = result.stages
     assert time.monotonic() - started < 10
     assert stage.summary.info.stop_reason == "max_error_rate"
     assert stage.summary.counts["ok"] == 0 and stage.summary.counts["error"] >= 10
+    # the table only counts failures; the warnings the console prints say why
+    failed = sum(r.outcome == "error" for r in stage.records)
+    assert (f"concurrent@2: {failed} of {len(stage.records)} requests failed; the first: "
+            "HTTP 500: injected error") in result.warnings, result.warnings
 
 
 def test_time_limit_cancels_requests_after_the_drain(mock_server, corpus):

@@ -8,6 +8,7 @@ from bench_browser import load_page, require_chromium, screenshot
 from bench_helpers import bench_config, run
 
 from inferlab.bench.outputs import write_outputs
+from inferlab.bench.report_html import _meta_table
 
 
 def test_sweep_report_opens_in_chromium_without_console_errors(mock_server, corpus,
@@ -46,3 +47,24 @@ def test_a_page_with_a_script_error_is_caught(tmp_path):
     page.write_text("<html><body><script>undefinedFunction();</script></body></html>")
     _, messages = load_page(page)
     assert any("Uncaught ReferenceError" in m for m in messages)
+
+
+def test_unset_settings_read_none():
+    meta = {"target": "http://h:1", "model": "m", "endpoint": "chat", "profile": "sweep",
+            "data": "d.jsonl", "tokenizer": None, "workers": 1, "started_at": "today",
+            "slo": None, "calibration_seconds": 2.0}
+    html = _meta_table(meta)
+    for key in ("tokenizer", "slo"):
+        assert f'<td class="l">{key}</td><td class="l">none</td>' in html
+    assert "None" not in html
+
+
+def test_scraping_turned_off_is_no_warning(mock_server, corpus, tmp_path):
+    # --scrape-interval 0 is the user's choice: the report's server section says it is off
+    config = bench_config(mock_server(), corpus, "synchronous", max_seconds=None,
+                          max_requests=2, data="prompt_tokens=16,output_tokens=2")
+    result = run(config)
+    assert result.warnings == []
+    page = tmp_path / "report.html"
+    write_outputs(result, (str(page),))
+    assert "scraping turned off (--scrape-interval 0)" in page.read_text()

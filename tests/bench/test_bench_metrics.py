@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -141,6 +142,33 @@ def test_cooldown_as_a_fraction_of_the_stage():
     assert s.window_end_ns == 155 * MS  # 310 ms stage, last half dropped
     assert s.counts == {"ok": 2, "error": 1, "cancelled": 1}  # all started before 155 ms
     assert s.request_throughput == pytest.approx(1 / 0.155)  # only A ended by then
+
+
+def test_requests_the_benchmark_cut_do_not_stretch_the_window():
+    # E hung until the drain's end cancelled it at 5 s; F hung until --request-timeout at
+    # 2.2 s: neither end says anything about the server, so the window ends at B's 310 ms
+    e = rec("cancelled", 100, 100, 5000)
+    f = replace(rec("error", 200, 200, 2200), error="timeout after 2 s")
+    s = summarize(INFO, [A, B, e, f], Span(), Span(), slo=None)
+    assert (s.window_end_ns, s.end_ns) == (310 * MS, 5000 * MS)
+    assert s.counts == {"ok": 2, "error": 1, "cancelled": 1}
+    assert s.request_throughput == pytest.approx(2 / 0.31)
+    assert s.output_token_throughput == pytest.approx(8 / 0.31)
+    # a cut request sent after the last one that ended by itself still counts: the window
+    # runs to its send at 400 ms
+    late = rec("cancelled", 400, 400, 5000)
+    s = summarize(INFO, [A, B, late], Span(), Span(), slo=None)
+    assert s.window_end_ns == 400 * MS and s.counts["cancelled"] == 1
+    assert s.request_throughput == pytest.approx(2 / 0.4)
+
+
+def test_a_stage_whose_requests_were_all_cut_ends_at_its_last_send():
+    g = rec("cancelled", 0, 0, 3000)
+    h = replace(rec("error", 50, 50, 2050), error="timeout after 2 s")
+    s = summarize(INFO, [g, h, D], Span(), Span(), slo=None)  # D: scheduled at 120, never sent
+    assert s.window_end_ns == 120 * MS
+    assert s.counts == {"ok": 0, "error": 1, "cancelled": 2}
+    assert s.request_throughput == 0
 
 
 def test_slo_percentile_counts_failures_as_infinitely_slow():

@@ -1,8 +1,10 @@
-"""Profiles, schedules, sweep rates, the SLO bisection and how stages split over workers."""
+"""Profiles, schedules, sweep rates, the SLO bisection, how stages split over workers and
+why a stage stopped."""
 
 from __future__ import annotations
 
 import pytest
+from bench_helpers import bench_config, run
 
 from inferlab.bench.config import LoadConfig, Slo, Span, StageLimits
 from inferlab.bench.pool import split_stage
@@ -69,9 +71,23 @@ def test_rate_stage_split_deals_sends_round_robin():
     plans = split_stage(spec, stage=3, workers=2, start_ns=1_000, ramp_up_s=0)
     assert [p.indices for p in plans] == [(0, 2, 4, 6, 8), (1, 3, 5, 7, 9)]
     assert plans[1].offsets_ns[:2] == (100_000_000, 300_000_000)
-    assert [p.max_in_flight for p in plans] == [3, 3]
+    assert [p.max_in_flight for p in plans] == [2, 3]  # 5 in flight in all, not 3 + 3
     assert plans[0].stop_issuing_ns == 1_000 + 1_000_000_000
     assert plans[0].hard_stop_ns == 1_000 + 3_000_000_000
+
+
+def test_an_in_flight_cap_below_the_worker_count_leaves_workers_idle():
+    # --max-concurrency 2 --workers 4: two workers may each have one request in flight, the
+    # other two are dealt nothing (a cap of 1 each would allow 4 in flight)
+    spec = StageSpec("constant", 10.0, 2, StageLimits(max_seconds=0.6))
+    plans = split_stage(spec, stage=0, workers=4, start_ns=0, ramp_up_s=0)
+    assert [p.max_in_flight for p in plans] == [1, 1, 0, 0]
+    assert [p.indices for p in plans] == [(0, 2, 4), (1, 3, 5), (), ()]
+    assert [p.offsets_ns for p in plans][2:] == [(), ()]
+    uncapped = split_stage(StageSpec("constant", 10.0, None, StageLimits(max_seconds=0.3)),
+                           0, 4, 0, 0)
+    assert [p.indices for p in uncapped] == [(0,), (1,), (2,), ()]
+    assert all(p.max_in_flight is None for p in uncapped)
 
 
 def test_stream_stage_split_deals_streams_and_requests_in_proportion():
@@ -125,3 +141,13 @@ def test_load_config_errors(profile, rates, message):
 def test_a_stage_needs_a_bound():
     with pytest.raises(InferlabError, match="--max-seconds or --max-requests"):
         StageLimits()
+
+
+def test_a_rate_stage_cut_by_max_seconds_says_so(mock_server, corpus):
+    # 10 req/s for 1 s: the schedule ends at 0.9 s and every request is done well before
+    # 1 s, but the stage ended because --max-seconds cut its schedule, not by itself
+    config = bench_config(mock_server(), corpus, "constant", (10.0,), max_seconds=1.0,
+                          data="prompt_tokens=16,output_tokens=2")
+    (stage,) = run(config).stages
+    assert stage.summary.counts["ok"] == 10
+    assert stage.summary.info.stop_reason == "max_seconds"

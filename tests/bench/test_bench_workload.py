@@ -12,9 +12,11 @@ import pytest
 from inferlab.bench import dataspec
 from inferlab.bench.datasets import Prompt, load_file
 from inferlab.bench.dataspec import LengthDist, SyntheticSpec, is_synthetic, resolve_corpus
-from inferlab.bench.synthetic import TAG_TOKENS_RESERVED, TextSource, synthetic_prompts
-from inferlab.bench.templates import BodyOptions, make_template, request_tag
+from inferlab.bench.synthetic import TextSource, synthetic_prompts, tag_tokens
+from inferlab.bench.tags import request_tag
+from inferlab.bench.templates import BodyOptions, make_template
 from inferlab.bench.tokens import TokenCounter
+from inferlab.bench.workload import pool_size
 from inferlab.errors import InferlabError
 
 
@@ -30,6 +32,30 @@ def test_synthetic_spec_parsing():
             SyntheticSpec.parse(bad)
 
 
+def test_huge_lengths_are_refused_when_parsed():
+    # 1e10 tokens would be cut as a list of 7.5e9 words: memory runs out before any error
+    with pytest.raises(InferlabError, match=r"^--data prompt_tokens must be at most "
+                                            r"1,048,576 tokens, got 1e10$"):
+        SyntheticSpec.parse("prompt_tokens=1e10,output_tokens=3")
+    with pytest.raises(InferlabError, match="prompt_tokens_stdev must be at most"):
+        SyntheticSpec.parse("prompt_tokens=8,output_tokens=3,prompt_tokens_stdev=2e6")
+    at_bound = SyntheticSpec.parse("prompt_tokens=1048576,output_tokens=3,"
+                                   "prompt_tokens_stdev=1048576")
+    rng = random.Random(0)
+    assert max(at_bound.prompt.sample(rng) for _ in range(100)) == 1_048_576  # clipped
+
+
+def test_long_prompts_make_a_smaller_pool():
+    def pool(data: str, max_requests: int | None = None) -> int:
+        return pool_size(SyntheticSpec.parse(data), max_requests)
+
+    assert pool("prompt_tokens=256,output_tokens=8") == 512
+    assert pool("prompt_tokens=256,output_tokens=8", max_requests=3) == 3
+    # 2^24 tokens in all: 16 prompts of 2^20; 32 of 2^18 unique after a 2^18 prefix
+    assert pool("prompt_tokens=1048576,output_tokens=8") == 16
+    assert pool("prompt_tokens=262144,prefix_tokens=262144,output_tokens=8") == 32
+
+
 def test_length_distribution_respects_its_bounds():
     dist = LengthDist(100, 50.0, 80, 120)
     rng = random.Random(0)
@@ -38,17 +64,68 @@ def test_length_distribution_respects_its_bounds():
     assert LengthDist(5).sample(rng) == 5
 
 
+def sent_prompt_tokens(counter: TokenCounter, prompt: Prompt, tag: str) -> int:
+    """What the tokenizer counts in the prompt a request carries, its tag put in."""
+    body = make_template(prompt, BodyOptions("m", chat=False, force_length=True)).body(tag)
+    return counter.count(json.loads(body)["prompt"])
+
+
+# tags of other runs, stages and requests: the tag's digits differ, its cost must not
+TAGS = [request_tag("000000", 0, 0), request_tag("739251", 3, 41),
+        request_tag("999999", 12, 987654)]
+
+
 def test_exact_prompt_lengths_with_a_tokenizer(corpus, tokenizer_json):
     counter = TokenCounter(tokenizer_json)
+    # this tokenizer, which never saw a digit, splits the tag "[0000041-03-739251] " into 19
+    # one-character tokens and a space that joins the next word (a guess of 8 fell short)
+    assert tag_tokens(counter) == 19
     spec = SyntheticSpec.parse("prompt_tokens=64,output_tokens=8")
     prompts = synthetic_prompts(spec, TextSource(corpus, counter), 20, chat=False, seed=1)
     for p in prompts:
-        body_tokens = counter.count(p.text)
-        # decode/re-encode of a token slice can merge at most a token or two at the edges
-        assert abs(body_tokens - (64 - TAG_TOKENS_RESERVED)) <= 2
-        assert p.prompt_tokens == body_tokens + TAG_TOKENS_RESERVED
-        assert p.output_tokens == 8
+        assert p.prompt_tokens == 64 and p.output_tokens == 8
+        assert [sent_prompt_tokens(counter, p, tag) for tag in TAGS] == [64, 64, 64]
     assert len({p.text for p in prompts}) == 20  # every prompt cut from a different place
+
+
+def test_exact_lengths_count_the_shared_prefix_and_reach_the_shortest_possible(corpus,
+                                                                               tokenizer_json):
+    counter = TokenCounter(tokenizer_json)
+    spec = SyntheticSpec.parse("prompt_tokens=40,output_tokens=4,prefix_tokens=32")
+    prompts = synthetic_prompts(spec, TextSource(corpus, counter), 5, chat=False, seed=2)
+    (prefix,) = {p.text[:p.tag_at] for p in prompts}
+    assert counter.count(prefix.rstrip()) == 32  # its last space joins the tag's "["
+    for p in prompts:
+        assert p.prompt_tokens == 72
+        assert [sent_prompt_tokens(counter, p, tag) for tag in TAGS] == [72, 72, 72]
+    # the tag's 19 tokens and one of text is the least a prompt can be; less is refused
+    (shortest,) = synthetic_prompts(SyntheticSpec.parse("prompt_tokens=20,output_tokens=1"),
+                                    TextSource(corpus, counter), 1, chat=False, seed=0)
+    assert sent_prompt_tokens(counter, shortest, TAGS[1]) == 20
+    with pytest.raises(InferlabError, match="a prompt of 19 tokens .* needs at least 20"):
+        synthetic_prompts(SyntheticSpec.parse("prompt_tokens=19,output_tokens=1"),
+                          TextSource(corpus, counter), 1, chat=False, seed=0)
+
+
+def test_tags_differ_in_their_first_cache_block(tokenizer_json):
+    # a prefix cache reuses whole blocks of 16 tokens: if the tags of two requests agreed
+    # on their first 16 tokens, the second would find its first block cached
+    counter = TokenCounter(tokenizer_json)
+    firsts = {tuple(counter.encode(request_tag("123456", stage, index))[:16])
+              for stage in (0, 1) for index in range(300)}
+    assert len(firsts) == 600
+
+
+def test_a_tokenizer_that_merges_digits_is_flagged(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    # bytes, plus one merge: "99" is one token, so "[999999-99-9999999]" costs 11, not 19
+    vocab = {chr(b): b for b in range(33, 127)} | {"Ġ": 127, "99": 128}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[("9", "9")]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    path = tmp_path / "merging.json"
+    tokenizer.save(str(path))
+    assert tag_tokens(TokenCounter(path)) is None
 
 
 def test_shared_prefix_then_tag_then_unique_text(corpus):
@@ -61,7 +138,7 @@ def test_shared_prefix_then_tag_then_unique_text(corpus):
               for i, p in enumerate(prompts)]
     for i, body in enumerate(bodies):
         prefix = prompts[i].text[:prompts[i].tag_at]
-        assert body["prompt"].startswith(prefix + f"[abc-0-{i}] ")
+        assert body["prompt"].startswith(prefix + f"[{i:07d}-00-abc] ")
         assert body["max_tokens"] == 4 and body["ignore_eos"] is True
         assert body["stream"] is True and body["stream_options"] == {"include_usage": True}
 
@@ -73,7 +150,7 @@ def test_chat_templates_tag_the_user_message():
                           extra=(("temperature", 0),))
     body = json.loads(make_template(prompt, options).body(request_tag("n", 1, 7)))
     assert body["messages"][0] == {"role": "system", "content": "Be brief."}
-    assert body["messages"][1]["content"] == "[n-1-7] Why is the sky blue?"
+    assert body["messages"][1]["content"] == "[0000007-01-n] Why is the sky blue?"
     assert "ignore_eos" not in body and body["temperature"] == 0
     assert body["stream_options"] == {"include_usage": True, "continuous_usage_stats": True}
 
@@ -90,7 +167,8 @@ def test_jsonl_records(tmp_path):
     path.write_text('{"prompt": "one two three", "output_tokens": 5}\n\n'
                     '{"messages": [{"role": "user", "content": "hi there"}]}\n')
     first, second = load_file(str(path), TokenCounter(None), default_output_tokens=9)
-    assert (first.text, first.output_tokens, first.prompt_tokens) == ("one two three", 5, 4)
+    # 3 words are 4 tokens by the word rule, and the tag is guessed at 16
+    assert (first.text, first.output_tokens, first.prompt_tokens) == ("one two three", 5, 20)
     assert second.messages == ({"role": "user", "content": "hi there"},)
     assert second.output_tokens == 9
 
