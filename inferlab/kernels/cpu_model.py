@@ -99,7 +99,7 @@ def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
     *linears, norm, post_norm, k_cache, v_cache = parts
     if not (all(isinstance(m, _C_LINEARS) for m in linears)
             and attn.q_norm is None
-            and attn.head_dim % 2 == 0 and attn.head_dim <= cpu_ops.MAX_HEAD_DIM
+            and cpu_ops.rotary_fits(attn.head_dim)
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and k_cache.dtype == torch.bfloat16):
         return None

@@ -65,11 +65,16 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float,
     return x, residual
 
 
+def rotary_fits(head_dim: int) -> bool:
+    """Whether the rotary kernel takes heads of head_dim (its buffers are on the stack)."""
+    return head_dim % 2 == 0 and head_dim <= MAX_HEAD_DIM
+
+
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables."""
     dim = q.shape[-1]
-    if dim > MAX_HEAD_DIM or dim % 2 or cos.dtype != torch.float32 or not cos.is_contiguous():
+    if not rotary_fits(dim) or cos.dtype != torch.float32 or not cos.is_contiguous():
         raise ValueError(f"rotary kernel needs an even head dim <= {MAX_HEAD_DIM} and fp32 tables")
     positions = positions.to(torch.int64)
     n, hq, hkv, elem = q.shape[0], q.shape[1], k.shape[1], _ELEM[q.dtype]

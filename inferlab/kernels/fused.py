@@ -35,7 +35,7 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         from inferlab.kernels import triton_norm_rope
 
         return triton_norm_rope.rotary_embedding(positions, q, k, cos, sin)
-    if cpu_ops.available(q, k):
+    if cpu_ops.available(q, k) and cpu_ops.rotary_fits(q.shape[-1]):
         return cpu_ops.rotary_embedding(positions, q, k, cos, sin)
     return torch_rotary_embedding(positions, q, k, cos, sin)
 

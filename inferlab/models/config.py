@@ -16,6 +16,7 @@ SUPPORTED_ARCHITECTURES = (
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # RoPE scalings layers.py computes
+_ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
@@ -47,9 +48,15 @@ class ModelConfig:
     extra: dict[str, Any] = field(default_factory=dict, compare=False)
 
     def __post_init__(self) -> None:
-        if rope_kind(self.rope_scaling) not in ROPE_TYPES:
-            raise ModelLoadError(f"config: rope scaling {rope_kind(self.rope_scaling)!r} is not "
+        kind = rope_kind(self.rope_scaling)
+        if kind not in ROPE_TYPES:
+            raise ModelLoadError(f"config: rope scaling {kind!r} is not "
                                  f"supported (supported: {', '.join(ROPE_TYPES)})")
+        for key in _ROPE_NEEDS.get(kind, ()):
+            value = (self.rope_scaling or {}).get(key)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+                raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
+                                     f"{key}, got {value!r}")
         if self.architecture not in SUPPORTED_ARCHITECTURES:
             raise ModelLoadError(
                 f"architecture {self.architecture!r} is not supported "
@@ -117,7 +124,7 @@ class ModelConfig:
                 rope_scaling = None
             if cfg.get("mlp_bias"):
                 raise ModelLoadError(f"{source}: mlp_bias (biases in the MLP) is not supported")
-            if cfg.get("hidden_act", "silu") != "silu":
+            if cfg.get("hidden_act", "silu") not in ("silu", "swish"):  # one function in transformers
                 raise ModelLoadError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported "
                                      "(the Llama family's MLP is SiLU-gated)")
             return cls(

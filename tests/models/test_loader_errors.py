@@ -138,6 +138,10 @@ def test_a_reader_that_leaves_early_is_no_error():
     ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "rope scaling 'dynamic' is not supported"),
     ("mlp_bias", True, "mlp_bias (biases in the MLP) is not supported"),
     ("hidden_act", "gelu", "hidden_act 'gelu' is not supported"),  # it once loaded, wrong
+    # these two were KeyError tracebacks when the model was built
+    ("rope_scaling", {"rope_type": "linear"}, "rope scaling 'linear' needs a positive number factor"),
+    ("rope_scaling", {"rope_type": "llama3", "factor": 8.0},
+     "rope scaling 'llama3' needs a positive number original_max_position_embeddings"),
 ])
 def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path, field, value, words):
     d = _copy(tiny_dir, tmp_path / "m")

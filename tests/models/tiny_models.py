@@ -29,6 +29,10 @@ ARCHITECTURES = {
     "qwen3": ("Qwen3Config", "Qwen3ForCausalLM", dict(head_dim=32, tie_word_embeddings=False)),
     # biases on q, k, v and o: such a checkpoint was once refused (o_proj.bias unexpected)
     "llama-attention-bias": ("LlamaConfig", "LlamaForCausalLM", dict(attention_bias=True)),
+    # transformers' name for SiLU too; once refused
+    "llama-swish": ("LlamaConfig", "LlamaForCausalLM", dict(hidden_act="swish")),
+    # heads wider than the C rotary kernel's buffers: once a ValueError at the first forward
+    "llama-wide-heads": ("LlamaConfig", "LlamaForCausalLM", dict(head_dim=576)),
 }
 
 
