@@ -16,6 +16,8 @@ SUPPORTED_ARCHITECTURES = (
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # RoPE scalings layers.py computes
+# transformers' head_dim where config.json has none: Qwen3Config's is fixed, not hidden / heads
+_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
 
 
@@ -135,7 +137,7 @@ class ModelConfig:
                 num_layers=int(cfg["num_hidden_layers"]),
                 num_heads=num_heads,
                 num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-                head_dim=int(cfg.get("head_dim") or hidden // num_heads),
+                head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(archs[0], hidden // num_heads)),
                 max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or 10000.0),

@@ -12,7 +12,7 @@ import torch
 
 from inferlab.errors import ModelLoadError
 from inferlab.models.gguf import read_gguf_config
-from inferlab.models.loader import load_network
+from inferlab.models.loader import load_network, read_model_config
 
 from .tiny_gguf import write_tiny_gguf
 from .tiny_models import make_tiny_model
@@ -156,6 +156,18 @@ def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
+def test_a_config_without_head_dim_takes_transformers_default(tmp_path, architecture):
+    import transformers
+
+    hf_config = {"architectures": [architecture], "vocab_size": 160, "hidden_size": 64,
+                 "intermediate_size": 96, "num_hidden_layers": 2, "num_attention_heads": 4,
+                 "num_key_value_heads": 2, "max_position_embeddings": 128}
+    (tmp_path / "config.json").write_text(json.dumps(hf_config))
+    reference = getattr(transformers, architecture.replace("ForCausalLM", "Config"))(**hf_config)
+    assert read_model_config(str(tmp_path)).head_dim == reference.head_dim  # 16, and 128
 
 
 def test_gguf_rope_scaling_keys(tmp_path):
