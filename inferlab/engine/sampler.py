@@ -149,7 +149,7 @@ def _token_counts(token_lists: list[list[int]], rows: int, vocab: int,
 def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
                    seeded: list[torch.Tensor | None]) -> torch.Tensor:
     device = logits.device
-    temperatures = [p.temperature or 1.0 for p in params]
+    temperatures = [1.0 if p.greedy else p.temperature for p in params]  # greedy: argmax later
     logits = top_k_top_p(logits, params)
     # Inverse CDF: one uniform draw per row (a seeded row's own) against the running mass.
     # Drawing noise for every vocabulary entry instead (an exponential race) cost ~25 ms a step
@@ -202,7 +202,9 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     """logits [B, V] -> the same with the entries top-k and top-p drop at -inf. Only the rows
     that ask are touched, and each is ranked by its own tempered distribution, so a row's
     numbers never depend on what else is in the batch (a seed gives the same tokens alone or
-    batched); temperature is applied later, to every row the same way."""
+    batched); temperature is applied later, to every row the same way. top-p's mass is taken
+    after min-p, as vLLM orders them (min-p and top-k commute: both keep a head of the ranking,
+    and min-p compares to the largest probability, which renormalizing leaves in proportion)."""
     rows = [row for row, p in enumerate(params) if p.top_k or p.top_p < 1.0]
     if not rows:
         return logits
@@ -214,13 +216,15 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     top_p = torch.tensor([p.top_p for p in picked], device=device)
     index = torch.tensor(rows, device=device)
     asking = logits[index]  # [R, V]
-    tempered = _tempered(asking, [p.temperature or 1.0 for p in picked])
+    tempered = _tempered(asking, [1.0 if p.greedy else p.temperature for p in picked])
     # ranked by the logits themselves, the order any temperature gives: at a temperature of
     # ~1e39 every tempered logit is 0 in fp32, and the ranking would be lost to ties
     order = asking.argsort(dim=-1, descending=True, stable=True)  # [R, V]
     sorted_logits = tempered.gather(-1, order)
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= top_k[:, None]
+    min_p = torch.tensor([p.min_p for p in picked], device=device)[:, None]
+    drop |= torch.exp(sorted_logits - sorted_logits[:, :1]) < min_p
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep the smallest prefix whose mass reaches top_p (the token crossing it included); at
     # top_p = 1 nothing goes, though an fp32 running sum can reach 1 before the tail does; the

@@ -46,6 +46,11 @@ def check_seed(seed: int | None, copies: int = 1) -> None:
                                        if copies > 1 else ""))
 
 
+# vLLM's _SAMPLING_EPS: a temperature this small is greedy (1 / t past fp32's range would make
+# every weight NaN, and a draw fall on token 0)
+GREEDY_BELOW = 1e-5
+
+
 @dataclass
 class SamplingParams:
     """What to sample and when to stop; names follow vLLM and the OpenAI API."""
@@ -55,7 +60,7 @@ class SamplingParams:
     # before this many output tokens, EOS and stop token ids cannot be sampled and stop strings
     # do not end the output (vLLM's rule)
     min_tokens: int = 0
-    temperature: float = 1.0  # 0 means greedy
+    temperature: float = 1.0  # below GREEDY_BELOW (0 included): greedy
     top_k: int = 0  # 0 or -1: off
     top_p: float = 1.0
     min_p: float = 0.0
@@ -188,7 +193,7 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        return self.temperature < GREEDY_BELOW
 
     @property
     def guided_by(self) -> str | None:

@@ -49,6 +49,24 @@ def test_top_p_top_k_min_p_by_hand(sampling_path):
         assert set(tokens.tolist()) == allowed, params
 
 
+def test_min_p_comes_before_top_p_as_vllm_orders_them(sampling_path):
+    """min-p 0.2 keeps 0.5, 0.3 and 0.15 (not 0.05 < 0.2 x 0.5); renormalized, 0.5 and 0.3 make
+    0.842 >= 0.82, so top-p keeps two. Applied to the whole distribution top-p would keep three
+    (0.5 + 0.3 = 0.8 < 0.82): transformers' order, which this once followed."""
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log().repeat(400, 1)
+    tokens, _ = sample(logits, _batch([SamplingParams(top_p=0.82, min_p=0.2)] * 400))
+    assert set(tokens.tolist()) == {0, 1}
+
+
+@pytest.mark.parametrize("temperature", [1e-6, 1e-39, 5e-324])
+def test_a_temperature_below_vllms_epsilon_is_greedy(sampling_path, temperature):
+    """1 / 1e-39 is past fp32's range: every weight was NaN and the draw fell on token 0."""
+    logits = torch.tensor([[0.0, 2.0, 1.0]]).repeat(8, 1)
+    params = [SamplingParams(temperature=temperature, top_p=0.9), SamplingParams(temperature=temperature)]
+    tokens, _ = sample(logits, _batch(params * 4))
+    assert set(tokens.tolist()) == {1}
+
+
 def test_top_k_top_p_touch_only_the_rows_that_ask():
     """A row without top-k or top-p passes bit for bit, whatever its neighbours ask (before,
     one top-k row sent every row through torch's temperature division, which rounds otherwise
