@@ -17,8 +17,13 @@ _IPV6 = "|".join((  # RFC 4291's text forms, "::" standing for the zeros it leav
     f"({_H16}:){{7}}{_H16}", f"({_H16}:){{1,7}}:", f":(:{_H16}){{1,7}}", "::",
     *(f"({_H16}:){{1,{k}}}(:{_H16}){{1,{7 - k}}}" for k in range(1, 7))))
 _DIGITS = "[0-9]{1,4}"
-_CLOCK = f"T({_DIGITS}H({_DIGITS}M)?({_DIGITS}S)?|{_DIGITS}M({_DIGITS}S)?|{_DIGITS}S)"
-_CALENDAR = f"{_DIGITS}Y({_DIGITS}M)?({_DIGITS}D)?|{_DIGITS}M({_DIGITS}D)?|{_DIGITS}D"
+# RFC 3339's ABNF (appendix A): each part leads only to the next one down (dur-hour = 1*DIGIT "H"
+# [dur-minute]): P1Y2D and PT1H2S skip one and are no durations
+_CLOCK = f"T({_DIGITS}H({_DIGITS}M({_DIGITS}S)?)?|{_DIGITS}M({_DIGITS}S)?|{_DIGITS}S)"
+_CALENDAR = f"{_DIGITS}Y({_DIGITS}M({_DIGITS}D)?)?|{_DIGITS}M({_DIGITS}D)?|{_DIGITS}D"
+_ATOM = "[A-Za-z0-9_%+-]"  # of RFC 5322's atext, the characters every validator takes
+# a dot-atom (no dot first, last or twice) of at most 64 characters, at a domain of RFC 1123 labels
+_EMAIL = rf"{_ATOM}{{1,32}}(\.{_ATOM}{{1,15}}){{0,2}}@({_LABEL}\.){{1,3}}[A-Za-z]{{2,24}}"
 _URI_CHAR = r"([A-Za-z0-9\-._~!$&'()*+,;=:@]|%[0-9A-Fa-f]{2})"  # RFC 3986's pchar
 FORMATS = {
     "date": _DATE,
@@ -30,7 +35,7 @@ FORMATS = {
     # an absolute URI with a host (RFC 3986): scheme://host[:port][/path][?query][#fragment]
     "uri": (rf"[A-Za-z][A-Za-z0-9+.-]{{0,15}}://({_HOSTNAME}|{_IPV4})(:[0-9]{{1,5}})?(/{_URI_CHAR}*)*"
             rf"(\?({_URI_CHAR}|[/?])*)?(#({_URI_CHAR}|[/?])*)?"),
-    "email": r"[A-Za-z0-9._%+-]{1,64}@[A-Za-z0-9-]{1,63}(\.[A-Za-z0-9-]{1,63}){0,4}\.[A-Za-z]{2,24}",
+    "email": _EMAIL,
     "uuid": r"[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}",
     "ipv4": _IPV4,
 }

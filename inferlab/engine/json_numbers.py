@@ -2,11 +2,14 @@
 character at a time: which number prefixes can still end inside the bounds, so that guided
 decoding never walks into a number it cannot finish.
 
-A bounded number is written without an exponent, and a non-integer one with at most
-FLOAT_DIGITS digits (not counting the 0 of 0.xxx): decimals of up to 15 significant digits keep their order as doubles, so a
-value inside the bounds here is inside them for a validator that reads it as a float
-(jsonschema, JavaScript) too; with 20 digits, "0.09999999999999999999" reads as 0.1 and would
-break exclusiveMaximum 0.1. Integers have no such limit: readers keep them exact.
+A bounded number is written without an exponent, and one with a fraction in at most
+FLOAT_DIGITS digits (not counting the 0 of 0.xxx): decimals of up to 15 significant digits keep
+their order as doubles, so a value inside the bounds here is inside them for a validator that
+reads it as a float (jsonschema, JavaScript) too; with 20 digits, "0.09999999999999999999" reads
+as 0.1 and would break exclusiveMaximum 0.1. An integer literal (no fraction), under type
+integer or number, has no such limit: Python's json and jsonschema keep it exact, so minimum
+1e20 takes 100000000000000000000 (a reader of doubles rounds integers past 2**53, which keeps
+minimum and maximum but can meet an exclusive bound).
 
 Arithmetic is exact (Fraction); a bound is taken as its shortest decimal spelling (str), the
 number a validator reading the schema as JSON compares against.
@@ -14,7 +17,7 @@ number a validator reading the schema as JSON compares against.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fractions import Fraction
 
 FLOAT_DIGITS = 15
@@ -34,11 +37,14 @@ class NumberBounds:
 
     def may_end(self, text: str) -> bool:
         """The whole number `text` ("-12.5") lies inside the bounds."""
-        return (self.integer or _digits(text) <= FLOAT_DIGITS) and _inside(Fraction(text), self.low, self.high)
+        exact = self.integer or "." not in text or _digits(text) <= FLOAT_DIGITS
+        return exact and _inside(Fraction(text), self.low, self.high)
 
     def reachable(self, text: str) -> bool:
         """Some number the grammar can still write after the prefix `text` ("", "-", "12",
         "12.", "12.5"; no exponent) lies inside the bounds."""
+        if not self.integer and "." not in text and replace(self, integer=True).reachable(text):
+            return True  # an integer literal, exact at any length
         negative = text.startswith("-")
         body = text[negative:]
         if not body:  # a sign, then a first digit; or before it all, a sign or not

@@ -8,10 +8,12 @@ nothing, NEUTRAL, it is read as absent): every output the grammar lets through v
 against the schema. Where JSON Schema leaves room, the grammar is stricter, and its outputs
 still validate:
 - a string's `format` is written in one common spelling (json_formats.py: date, time, date-time,
-  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is read as guided_regex
-  reads it (regex_grammar.py: Python's syntax, \\d, \\w and \\s ASCII's, as ECMA-262 reads \\d and
-  \\w), so jsonschema's Python reading takes every output but one where a negated class (\\D,
-  \\W, \\S) took a character beyond ASCII; each \\u escape is one character;
+  duration, email, hostname, uuid, ipv4, ipv6, uri); a `pattern` is a search, as jsonschema
+  runs it (re.search: each top-level alternative anchored by its own ^ and $), its classes
+  read as guided_regex reads them (regex_grammar.py: Python's syntax, \\d, \\w and \\s ASCII's,
+  as ECMA-262 reads \\d and \\w, and a class takes only what Python's Unicode reading takes too),
+  so jsonschema's Python reading takes every output; each \\u escape is one character; a pattern
+  or format that no string of a length within minLength and maxLength matches is refused;
 - an object takes keys outside `properties` only when `additionalProperties` is given (true or
   a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
   declared keys in the order of `properties` (then the required keys it does not declare, in
@@ -26,8 +28,13 @@ still validate:
   itself is);
 - an enum's or const's values are written as one text each, as json.dumps writes them: arrays
   and objects compactly, 0.5 not 0.50;
-- `oneOf` is read as `anyOf`, as vLLM's grammars read it: branches that overlap can give an
-  output that more than one matches.
+- `oneOf` is read as `anyOf`, as xgrammar and llguidance read it: where its branches overlap
+  ({"oneOf": [{"type": "integer"}, {"type": "number"}]}), an output can match more than one,
+  which oneOf forbids;
+- `$id` is taken at the root only: below it, an embedded resource would change what its $refs
+  point at, so it is refused by name;
+- `enum` beside `const` takes the const if the enum holds it (as JSON compares: 1 is 1.0, true is
+  not 1).
 """
 
 from __future__ import annotations
@@ -48,7 +55,7 @@ from inferlab.engine.json_nodes import (
     UnionNode,
 )
 from inferlab.engine.json_numbers import Bound, NumberBounds
-from inferlab.engine.regex_grammar import RegexError, RegexGrammar
+from inferlab.engine.regex_grammar import RegexError, RegexGrammar, top_level_alternatives
 
 
 class SchemaError(ValueError):
@@ -68,6 +75,8 @@ SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
 TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
 # keywords the grammar does not hold to, at the value that constrains nothing (read as absent)
 NEUTRAL = {"uniqueItems": False, "minProperties": 0}
+_EMBEDDED_ID = ("{where}: $id below the root schema (an embedded resource, against which its $refs "
+                "resolve) is not supported")
 
 
 def compile_schema(schema: Any) -> tuple[Node, ...]:
@@ -104,6 +113,8 @@ class _Compiler:
             raise SchemaError("the schema false matches nothing")
         if not isinstance(schema, dict):
             raise SchemaError(f"a schema must be an object or a boolean, got {schema!r}")
+        if schema is not self.root and "$id" in schema:
+            raise SchemaError(_EMBEDDED_ID.format(where=f"$id {schema['$id']!r}"))
         schema = {k: v for k, v in schema.items()
                   if not (k in NEUTRAL and v == NEUTRAL[k] and type(v) is type(NEUTRAL[k]))}
         if not schema:
@@ -147,6 +158,8 @@ class _Compiler:
             if not isinstance(target, dict) or part not in target:
                 raise SchemaError(f"$ref {pointer!r} points at nothing in the schema")
             target = target[part]
+            if isinstance(target, dict) and isinstance(target.get("$id"), str):  # not a key named $id
+                raise SchemaError(_EMBEDDED_ID.format(where=f"$ref {pointer!r} reaches $id {target['$id']!r}"))
         index = self.refs[pointer] = self.reserve()
         resolved = self.nodes[self.node(target)]
         if resolved is None:
@@ -157,9 +170,13 @@ class _Compiler:
     def literal(self, schema: dict, words: set[str]) -> int:
         if words - {"enum", "const", "type"}:
             raise SchemaError(f"enum and const cannot be combined with {', '.join(sorted(words - {'enum', 'const', 'type'}))}")
-        values = [schema["const"]] if "const" in schema else schema["enum"]
+        values = schema.get("enum", [schema.get("const")])
         if not isinstance(values, list) or not values:
             raise SchemaError("enum must be a non-empty list")
+        if "const" in schema and "enum" in schema:  # both hold: the const, if the enum takes it
+            if not any(_json_equal(schema["const"], value) for value in values):
+                raise SchemaError(f"const {schema['const']!r} is not one of enum's values")
+            values = [schema["const"]]
         types = _types(schema.get("type", list(TYPES)))
         texts = dict.fromkeys(_json_text(v) for v in values if any(_is_type(v, t) for t in types))
         if not texts:
@@ -200,7 +217,7 @@ class _Compiler:
             return NumberNode(kind == "integer", _number_bounds(schema, kind == "integer"))
         if kind == "string":
             low, high = _count_bounds(schema, "minLength", "maxLength")
-            return StringNode(_string_pattern(schema), low, high)
+            return StringNode(_string_pattern(schema, low, high), low, high)
         return LiteralNode(("true", "false") if kind == "boolean" else ("null",))
 
     def object(self, schema: dict) -> ObjectNode:
@@ -280,31 +297,47 @@ def _number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
     return bounds
 
 
-def _string_pattern(schema: dict) -> str | None:
-    """The regex a string's decoded value must match whole. JSON Schema's pattern is a search
-    (Python's re.search, as jsonschema runs it): unanchored ends take any text."""
+def _string_pattern(schema: dict, low: int, high: int | None) -> str | None:
+    """The regex a string's decoded value must match whole (from `pattern` or `format`),
+    checked to match some text of low to high characters: else the grammar would open the
+    string and find no way to close it."""
     if "pattern" in schema and "format" in schema:
         raise SchemaError("pattern and format cannot be combined in one schema")
-    if "format" in schema:
-        if schema["format"] not in FORMATS:
-            raise SchemaError(f"format {schema['format']!r} is not supported ({', '.join(FORMATS)} are)")
-        return FORMATS[schema["format"]]
-    pattern = schema.get("pattern")
-    if pattern is None:
+    if "format" in schema and (not isinstance(schema["format"], str) or schema["format"] not in FORMATS):
+        raise SchemaError(f"format {schema['format']!r} is not supported ({', '.join(FORMATS)} are)")
+    if "format" not in schema and "pattern" not in schema:
         return None
-    if not isinstance(pattern, str) or not pattern:
+    if "pattern" in schema and (not isinstance(schema["pattern"], str) or not schema["pattern"]):
         raise SchemaError("pattern must be a non-empty string")
-    starts = pattern.startswith("^")
-    ends = pattern.endswith("$") and not pattern.endswith("\\$")
-    core = pattern[int(starts):len(pattern) - int(ends)]
-    anything = r"[\s\S]*"
-    # Python's $ also matches before a last newline
-    regex = f"{'' if starts else anything}(?:{core}){chr(92) + 'n?' if ends else anything}"
+    source = f"format {schema['format']!r}" if "format" in schema else f"pattern {schema['pattern']!r}"
     try:
-        RegexGrammar(regex)
+        regex = FORMATS[schema["format"]] if "format" in schema else _search_regex(schema["pattern"])
+        grammar = RegexGrammar(regex)
     except RegexError as e:
-        raise SchemaError(f"pattern {pattern!r}: {str(e).split(': ', 1)[-1]}") from None
+        raise SchemaError(f"{source}: {str(e).split(': ', 1)[-1]}") from None
+    if not grammar.can_finish(grammar.start, low, high):
+        lengths = ", ".join(f"{w} {schema[w]}" for w in ("minLength", "maxLength") if w in schema)
+        raise SchemaError(f"no string that {source} matches has a length within {lengths}")
     return regex
+
+
+def _search_regex(pattern: str) -> str:
+    """JSON Schema's pattern is a search (Python's re.search, as jsonschema runs it): the regex of
+    the whole texts it is found in, each top-level alternative anchored on its own (^a|b is ^a or
+    b, not ^(a|b))."""
+    return "|".join(map(_searched, top_level_alternatives(pattern)))
+
+
+def _searched(alternative: str) -> str:
+    """One alternative as the regex of the whole texts re.search finds it in: an end without its
+    anchor takes any text, and Python's $ also matches before a last newline."""
+    starts = alternative.startswith("^")
+    core = alternative[int(starts):]
+    escapes = len(core[:-1]) - len(core[:-1].rstrip("\\"))  # an odd count before $ makes \$ a dollar
+    ends = core.endswith("$") and escapes % 2 == 0
+    core = core[:len(core) - int(ends)]
+    anything = r"[\s\S]*"
+    return f"{'' if starts else anything}(?:{core}){chr(92) + 'n?' if ends else anything}"
 
 
 def _types(value: Any) -> list[str]:
@@ -322,6 +355,18 @@ def _is_type(value: Any, kind: str) -> bool:
         return isinstance(value, int | float) and not isinstance(value, bool)
     expected = {"object": dict, "array": list, "string": str, "boolean": bool, "null": type(None)}
     return isinstance(value, expected[kind])
+
+
+def _json_equal(a: Any, b: Any) -> bool:
+    """Equal as JSON values, as JSON Schema's const and enum compare them: 1 is 1.0, true is not 1,
+    arrays item by item, objects key by key."""
+    if isinstance(a, bool) or isinstance(b, bool):
+        return isinstance(a, bool) and isinstance(b, bool) and a == b
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(map(_json_equal, a, b))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_json_equal(a[key], b[key]) for key in a)
+    return a == b
 
 
 def _json_text(value: Any) -> str:

@@ -3,18 +3,21 @@ guided_regex and structured_outputs regex): the whole output must match the patt
 
 The pattern's structure (alternation, groups, quantifiers) is parsed here into a Thompson NFA;
 each single-character atom (a literal, an escape such as \\d or \\w, '.', a [class]) is matched
-by Python's own `re` with re.ASCII, so a class means what it means in Python, except that \\d,
-\\w and \\s are [0-9], [a-zA-Z0-9_] and [ \\t\\n\\r\\f\\v]: JSON Schema's patterns (ECMA-262) read
-\\d and \\w so, and a Unicode \\s* let the embedded model pad a reply with U+205F spaces once
-guides took byte tokens. A state is the set of NFA positions the text so far can reach; it is
-hashable, so it keys the token filter's cache. Python's `re` flags, anchors inside the pattern,
-backreferences and lookaround have no place in a one-pass match of the whole output: they are
-refused by name.
+by Python's own `re`, taking a character only where both its ASCII and its Unicode readings
+take it: \\d, \\w and \\s are [0-9], [a-zA-Z0-9_] and [ \\t\\n\\r\\f\\v] (JSON Schema's patterns,
+ECMA-262, read \\d and \\w so, and a Unicode \\s* let the embedded model pad a reply with U+205F
+spaces once guides took byte tokens), while \\D, \\W, \\S and [^\\s] take no character Python's
+Unicode \\d, \\w, \\s takes (\\S no U+001F, which the ASCII reading alone took), so Python's own
+reading (jsonschema's) takes every text this one does. A state is the set of NFA positions the
+text so far can reach; it is hashable, so it keys the token filter's cache. Python's `re` flags,
+anchors inside the pattern, backreferences and lookaround have no place in a one-pass match of
+the whole output: they are refused by name.
 """
 
 from __future__ import annotations
 
 import functools
+import itertools
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,7 +26,10 @@ from inferlab.engine.grammar import Grammar
 from inferlab.engine.utf8_tokens import chars_between
 
 MAX_NFA_NODES = 20_000  # (a{1000}){1000} would otherwise build a million positions
-_BOUNDS = re.compile(r"\{(\d*)(,?)(\d*)\}")  # {m}, {m,}, {m,n}, {,n}
+# {m}, {m,}, {m,n}, {,n}, {,} (as *); "{}" is no quantifier: Python reads it as text
+_BOUNDS = re.compile(r"\{(?!\})(\d*)(,?)(\d*)\}")
+_OCTAL = re.compile(r"\\[0-7]{3}")  # \177: three octal digits are a character, as Python reads them
+_GROUP_REF = re.compile(r"\\[0-9]{1,2}")  # \1, \12: Python reads fewer as a group's number
 
 
 class RegexError(ValueError):
@@ -88,7 +94,7 @@ class _Parser:
             self.at = bounds.end()
             low = int(bounds[1] or 0)
             high = None if bounds[2] and not bounds[3] else int(bounds[3] or bounds[1] or 0)
-            if not bounds[1] and not bounds[3] or (high is not None and low > high):
+            if high is not None and low > high:
                 raise self.fail(f"bad repetition {bounds[0]}")
         else:
             return item
@@ -115,9 +121,11 @@ class _Parser:
             escaped = self.text[self.at - 1:self.at]
             if not escaped:
                 raise self.fail("a trailing backslash")
-            if escaped in "bBAZz" or (escaped.isdigit() and escaped != "0"):
-                raise self.fail(f"\\{escaped} (an anchor or a backreference) is not supported")
-            if escaped in "xuUN0":  # \x41, \u00e9, \U0001F600, \N{...}, \0: Python reads the rest
+            if escaped in "bBAZz":
+                raise self.fail(f"\\{escaped} (an anchor) is not supported")
+            if escaped in "123456789" and not _OCTAL.match(self.text, start):
+                raise self.fail(f"{_GROUP_REF.match(self.text, start)[0]} (a backreference) is not supported")
+            if escaped in "xuUN0123456789":  # \x41, \u00e9, \U0001F600, \N{...}, \0, \177
                 self.at = start + _escape_length(self.text[start:])
         else:
             self.at += 1
@@ -151,9 +159,27 @@ class _Parser:
         return at + 1
 
 
+def top_level_alternatives(pattern: str) -> list[str]:
+    """The pattern's alternatives outside any group and [class]: "^a|b$" is "^a" and "b$", each
+    with its own anchors as re.search reads them."""
+    parser, depth, cuts = _Parser(pattern), 0, [-1]
+    while parser.at < len(pattern):
+        ch = parser.peek()
+        if ch == "[":
+            parser.at = parser.class_end()
+            continue
+        if ch == "|" and depth == 0:
+            cuts.append(parser.at)
+        depth += {"(": 1, ")": -1}.get(ch, 0)
+        parser.at += 2 if ch == "\\" else 1
+    cuts.append(len(pattern))
+    return [pattern[begin + 1:end] for begin, end in itertools.pairwise(cuts)]
+
+
 def _escape_length(text: str) -> int:
     """Length of the escape at the start of `text` as Python's re reads it (\\x41, \\u00e9...)."""
-    match = re.match(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|0[0-7]{0,2})", text)
+    match = re.match(r"\\(x[0-9a-fA-F]{2}|u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|N\{[^}]*\}|0[0-7]{0,2}|[0-7]{3})",
+                     text)
     if match is None:
         raise RegexError(f"regex escape {text[:4]!r} is incomplete")
     return match.end()
@@ -161,11 +187,12 @@ def _escape_length(text: str) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def _atom_pattern(atom: str) -> re.Pattern[str]:
-    """The atom as Python's re reads it, ASCII classes ('.': any character but a newline)."""
+    """The atom as Python's re reads it both with ASCII classes and with Unicode ones, taking a
+    character only where both readings do ('.': any character but a newline)."""
     try:
-        return re.compile(atom, re.ASCII)
+        return re.compile(f"(?=(?a:{atom})){atom}")
     except re.error as e:
-        raise RegexError(f"regex atom {atom!r}: {e}") from None
+        raise RegexError(f"regex atom {atom!r}: {e.msg}") from None  # e's position is in the wrapping
 
 
 @functools.lru_cache(maxsize=1 << 14)

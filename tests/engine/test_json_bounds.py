@@ -14,7 +14,7 @@ import pytest
 
 from inferlab.engine.json_grammar import JsonGrammar
 
-from .grammar_fuzz import complete
+from .grammar_fuzz import complete, read_whole
 from .test_json_schema import reference_accepts
 
 NUMBER_SCHEMAS = [
@@ -28,6 +28,8 @@ NUMBER_SCHEMAS = [
     {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 0.002},
     {"type": "number", "minimum": 99.5, "maximum": 100, "exclusiveMaximum": 100.5},
     {"type": "number", "minimum": 1e14, "maximum": 2e14},  # 15 digits before the point
+    {"type": "number", "maximum": 1e20},  # integers of 21 digits: exact, as under type integer
+    {"type": "number", "exclusiveMaximum": 1e20},
 ]
 FRACTIONS = ("", ".", ".0", ".05", ".1", ".25", ".5", ".001", ".0015", ".999", "e1", "E-2")
 
@@ -36,7 +38,10 @@ def _number_texts() -> list[str]:
     texts = ["", "-", "00", "01", "-01", "--1", "1-", "1..5", "0.0019999", "0.00199999999999999",
              # at the 15-digit limit of a non-integer's digits, and past it
              "123456789012345", "123456789012345.", "1234567890123456", "12345678901234.5",
-             "12345678901234.56", "0.000000000000015", "0.0000000000000151", "-0.000000000000015"]
+             "12345678901234.56", "0.000000000000015", "0.0000000000000151", "-0.000000000000015",
+             # integers past 15 digits, around 1e20
+             "100000000000000000000", "99999999999999999999", "100000000000000000001", "-100000000000000000000",
+             "100000000000000000000.5", "99999999999999999999.5", "1e20", "1234567890123456789012"]
     for whole in [*range(0, 131), 999]:
         texts += [sign + str(whole) + fraction for sign in ("", "-") for fraction in FRACTIONS]
     return texts
@@ -99,3 +104,14 @@ def test_a_string_whose_pattern_and_lengths_meet_never_reaches_a_dead_end(schema
             frontier += [(text + ch, nxt) for ch in STRING_ALPHABET
                          if (nxt := grammar.step(state, ch)) is not None]
     assert seen >= 3
+
+
+def test_a_number_bound_past_15_digits_is_met_by_integer_literals():
+    """minimum 1e20 was refused: the grammar wrote no integer literal past 15 digits under type
+    number, though readers keep integers exact."""
+    schema = {"type": "number", "minimum": 1e20}
+    grammar = JsonGrammar(schema)
+    for text in _number_texts():
+        assert complete(grammar, text) == reference_accepts(schema, text), text
+    read_whole(grammar, "100000000000000000000")
+    assert _finishes(grammar, grammar.advance(grammar.start, "10000000"), 16)  # a prefix can still end

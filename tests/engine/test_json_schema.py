@@ -6,7 +6,7 @@ grammar's documented stricter rules: no
 keys outside `properties` unless `additionalProperties` is given, a declared key at most once,
 declared keys in the order of `properties` and other keys after them (as xgrammar and llguidance),
 an integer without a fraction, an enum's number spelled as json.dumps spells it, a bounded number
-without an exponent (and at most 15 digits unless an integer). Random walks through the grammar end only in texts the reference
+without an exponent (and at most 15 digits if it has a fraction). Random walks through the grammar end only in texts the reference
 validates, and never reach a state from which nothing goes on.
 """
 
@@ -140,12 +140,12 @@ def _enum_by_text(validator: Any, values: list, instance: Any, schema: dict) -> 
 
 
 def _bounded_spelling(word: str) -> Any:
-    """A bounded number is written without an exponent and, unless the schema's type is
-    integer, in at most 15 digits past a leading 0 (the grammar's rule), then as jsonschema checks."""
+    """A bounded number is written without an exponent and, with a fraction, in at most 15
+    digits past a leading 0 (the grammar's rule), then as jsonschema checks."""
     def check(validator: Any, bound: Any, instance: Any, schema: dict) -> Any:
         if isinstance(instance, _SpelledInt | _SpelledFloat):
             body = instance.text.lstrip("-").removeprefix("0")
-            if "e" in body.lower() or schema.get("type") != "integer" and sum(c.isdigit() for c in body) > 15:
+            if "e" in body.lower() or "." in body and sum(c.isdigit() for c in body) > 15:
                 yield jsonschema.ValidationError(f"{instance.text} is not spelled as a bounded number")
                 return
         yield from jsonschema.Draft202012Validator.VALIDATORS[word](validator, bound, instance, schema)
@@ -280,7 +280,8 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     ({"type": "string", "maxLength": 1.5}, "maxLength must be a non-negative integer"),
     ({"type": "integer", "minimum": 1.5, "exclusiveMaximum": 2}, "no integer the grammar writes lies within "
      "minimum 1.5, exclusiveMaximum 2"),
-    ({"type": "number", "minimum": 1e20}, "no number the grammar writes lies within minimum 1e+20"),
+    ({"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1e-16},  # 16 digits: 0.0000000000000001
+     "no number the grammar writes lies within exclusiveMinimum 0, exclusiveMaximum 1e-16"),
     ({"type": "number", "minimum": 0, "exclusiveMaximum": 0}, "lies within minimum 0, exclusiveMaximum 0"),
     ({"type": "number", "exclusiveMinimum": True}, "exclusiveMinimum must be a finite number, got True"),
     ({"type": "array", "prefixItems": {"type": "string"}}, "prefixItems must be a list of schemas"),
@@ -305,6 +306,23 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     ({"type": "string", "format": "date", "pattern": "a"}, "pattern and format cannot be combined"),
     ({"type": "string", "pattern": "(a"}, "pattern '(a': missing ')'"),
     ({"type": "string", "pattern": "a\\1"}, "backreference"),
+    # a date is 10 characters, a time at least 9 ("00:00:00Z"), [a-c]+ at least 1
+    ({"type": "string", "format": "date", "maxLength": 5},
+     "no string that format 'date' matches has a length within maxLength 5"),
+    ({"type": "string", "pattern": "^[a-c]+$", "maxLength": 0},
+     "no string that pattern '^[a-c]+$' matches has a length within maxLength 0"),
+    ({"type": "string", "format": "time", "minLength": 1, "maxLength": 1}, "within minLength 1, maxLength 1"),
+    ({"type": "object", "properties": {"d": {"type": "string", "format": "date", "maxLength": 5}}},
+     "no string that format 'date' matches"),  # once the grammar took the key, then dead-ended
+    ({"enum": [1, 2], "const": 3}, "const 3 is not one of enum's values"),
+    ({"enum": [True, "1"], "const": 1}, "const 1 is not one of enum's values"),  # true is not 1
+    ({"$defs": {"z": {"type": "integer"}, "inner": {"$id": "http://example.com/inner", "$defs": {
+        "z": {"type": "string"}}, "properties": {"a": {"$ref": "#/$defs/z"}}}}, "$ref": "#/$defs/inner"},
+     "$id below the root schema"),  # its #/$defs/z is inner's, a string
+    ({"$defs": {"inner": {"$id": "inner.json", "properties": {"a": {"type": "integer"}}}},
+      "$ref": "#/$defs/inner/properties/a"}, "$ref '#/$defs/inner/properties/a' reaches $id 'inner.json'"),
+    ({"type": "object", "properties": {"a": {"$id": "a.json", "type": "integer"}}}, "$id 'a.json': $id below"),
+    ({"type": "string", "format": ["date"]}, "format ['date'] is not supported"),
 ])
 def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
     with pytest.raises(SchemaError, match=re.escape(words)):
@@ -376,3 +394,82 @@ def test_an_empty_schema_takes_any_value_and_types_follow_their_keywords():
     implied = JsonGrammar({"properties": {"a": {"type": "integer"}}})  # no type: an object
     assert implied.is_complete(implied.advance(implied.start, '{"a":1}'))
     assert implied.advance(implied.start, '"a"') is None
+
+
+@pytest.mark.parametrize(("schema", "text"), [
+    ({"type": "string", "format": "date", "maxLength": 10}, "2024-01-31"),
+    ({"type": "string", "format": "time", "minLength": 9, "maxLength": 9}, "00:00:00Z"),
+    ({"type": "string", "pattern": "^[a-c]+$", "maxLength": 1}, "c"),
+])
+def test_a_pattern_or_format_with_lengths_it_can_meet_compiles(schema, text):
+    assert complete(JsonGrammar(schema), json.dumps(text))
+    assert Reference(schema, format_checker=CHECKER).is_valid(text)
+
+
+SEARCHED = ("", "a", "b", "axyz", "xb", "ax", "xa", "abzz", "zzcd", "cd\n", "b\n", "a\nb", "x", "ab", "cdx",
+            "xa\\", "a$x", "\n", "|a", "^a", "xxb", "axx", "xbx")
+
+
+@pytest.mark.parametrize("pattern", ["^a|b$", "^a|b", "a|b$", "^ab|cd$", "^(a|b)$", "x|^$", "[|^]a|b$",
+                                     "a\\\\$", "a\\$", "a|(b|c)$"])
+def test_a_pattern_is_a_search_with_each_top_level_alternative_anchored_on_its_own(pattern):
+    """jsonschema runs re.search: ^a|b$ finds "a" at the start or "b" at the end, not ^(a|b)$."""
+    schema = {"type": "string", "pattern": pattern}
+    grammar = JsonGrammar(schema)
+    for text in SEARCHED:
+        assert complete(grammar, json.dumps(text)) == Reference(schema).is_valid(text), (pattern, text)
+
+
+def test_each_alternative_meets_the_length_bounds_on_its_own():
+    schema = {"type": "string", "pattern": "^a|b$", "minLength": 3}  # once refused as ^(a|b)$
+    grammar = JsonGrammar(schema)
+    for text in SEARCHED:
+        assert complete(grammar, json.dumps(text)) == Reference(schema).is_valid(text), text
+
+
+@pytest.mark.parametrize(("schema", "texts"), [
+    ({"enum": [1, 2], "const": 2}, ["2", "1", "3"]),
+    ({"enum": [1.0, "a"], "const": 1}, ["1", '"a"']),  # 1 is 1.0 to JSON Schema
+    ({"enum": [[1.0, {"k": True}], 0], "const": [1, {"k": True}]}, ['[1,{"k":true}]', "0"]),
+])
+def test_const_beside_enum_takes_the_values_both_allow(schema, texts):
+    grammar = JsonGrammar(schema)
+    for text in texts:
+        assert complete(grammar, text) == Reference(schema).is_valid(json.loads(text)), text
+
+
+def test_an_id_at_the_root_is_an_annotation():
+    schema = {"$id": "http://example.com/s", "$defs": {"n": {"type": "integer"}},
+              "properties": {"a": {"$ref": "#/$defs/n"}}}
+    grammar = JsonGrammar(schema)
+    for text in ('{"a":1}', '{"a":"x"}', "{}"):
+        assert complete(grammar, text) == reference_accepts(schema, text), text
+
+
+@pytest.mark.parametrize("pattern", ["^\\S+$", "^\\W$", "^\\D$", "^[^\\s]$", "^[^\\w\\d]$", "^.$"])
+def test_a_negated_class_takes_what_python_s_unicode_reading_takes(pattern):
+    """\\S under ASCII alone took U+001F, which Python's \\s (jsonschema's) holds a space. (\\d, \\w
+    and \\s stay ASCII's, stricter than Python's: test_regex_grammar's hand cases.)"""
+    schema = {"type": "string", "pattern": pattern}
+    grammar = JsonGrammar(schema)
+    for ch in "\x1c\x1d\x1e\x1f\x85\xa0\u2000\u205f\u3000\ufeff\u0663\u00e9a_1 \t":
+        assert complete(grammar, json.dumps(ch)) == Reference(schema).is_valid(ch), (pattern, ch)
+
+
+@pytest.mark.parametrize(("fmt", "good", "bad"), [
+    ("email", ["a.b@c-d.ee", "x_y+z%1@mail.example.org", "a@b.cc"],
+     [".a@b.cc", "a..b@c.de", "a.@b.cc", "a@-b.cc", "a@b-.cc", "a@b.-c.de"]),
+    ("duration", ["P1Y2M", "P1M2D", "P1YT3S", "PT1H2M", "PT1M2S", "P1DT2H3M4S", "P1Y2M3DT4H5M6S"],
+     ["P1Y2D", "PT1H2S", "P1Y2DT1H", "P1DT1H2S", "P1YT", "P1W2D"]),
+])
+def test_emails_and_durations_are_spelled_as_their_rfcs_write_them(fmt, good, bad):
+    """By hand, from the RFCs: RFC 5322's dot-atom has no dot first, last or twice, RFC 1123's labels
+    no hyphen first or last; RFC 3339's duration (appendix A) goes from a part only to the next one
+    down (dur-year = 1*DIGIT "Y" [dur-month]). jsonschema's checkers take most of the bad ones (an
+    email is anything with an "@"), so they judge the good ones only."""
+    schema = FORMATTED["properties"][fmt]
+    grammar = JsonGrammar(schema)
+    for value in good:
+        assert complete(grammar, json.dumps(value)) and CHECKER.conforms(value, fmt), value
+    for value in bad:
+        assert not complete(grammar, json.dumps(value)), value

@@ -1,11 +1,14 @@
 """The regex recognizer against the `regex` package, the reference: a text is complete exactly
 when the pattern matches it whole (`fullmatch`), and viable exactly when some longer text could
 be matched whole (`fullmatch(..., partial=True)`), for patterns drawn at random from the syntax
-the recognizer takes; both with ASCII classes (\\d is [0-9])."""
+the recognizer takes; both with ASCII classes (\\d is [0-9]), over an alphabet on which a class's
+ASCII and Unicode readings agree. Where they differ, the recognizer takes a character only where
+Python's `re` takes it under both (test_a_class_takes_a_character_only_where_both_readings_do)."""
 
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import regex
@@ -113,6 +116,8 @@ def test_lazy_quantifiers_take_the_strings_greedy_ones_take(lazy, greedy):
     (r"[ab", "missing ']'"),
     ("a\\", "trailing backslash"),
     (r"a{3,1}", "bad repetition"),
+    (r"\12", "\\12 (a backreference)"),  # two digits are a group's number, three octal ones a character
+    (r"\477", "octal escape value"),
     (r"a++", "possessive"),
     (r"a**", "multiple repeat"),
     (r"(a{1000}){1000}", "too large"),
@@ -142,3 +147,32 @@ def test_many_texts_share_their_states():
         grammar.advance(grammar.start, "".join(rng.choice("abc ") for _ in range(6)))
     states = {state for state in grammar._memo.values() if state is not None}
     assert len(states) <= 3  # inside a word, after a space, ... however long the text
+
+
+@pytest.mark.parametrize(("pattern", "texts"), [
+    (r"a{}", ["a{}", "a", ""]),  # "{}" is text to Python, "{,}" is *
+    (r"a{,}b", ["b", "aaab", "a{,}b"]),
+    (r"x{}{2}", ["x{}}", "x{}", "xx"]),
+    (r"{}", ["{}", ""]),
+    (r"\177+", ["\x7f\x7f", "177", ""]),  # an octal escape: DEL
+    (r"[\101-\103]\0", ["B\0", "D\0", "B"]),
+    (r"\1010", ["A0", "A", "1010"]),
+])
+def test_braces_and_octal_escapes_read_as_python_reads_them(pattern, texts):
+    grammar = RegexGrammar(pattern)
+    for text in texts:
+        assert grammar.is_complete(grammar.advance(grammar.start, text)) == bool(re.fullmatch(pattern, text)), text
+
+
+CLASS_ATOMS = [r"\S", r"\W", r"\D", r"[^\s]", r"[^\w\d]", r"[\S\d]", r"\s", r"\w", r"\d", r"[\s\W]", "."]
+
+
+@pytest.mark.parametrize("atom", CLASS_ATOMS)
+def test_a_class_takes_a_character_only_where_both_readings_do(atom):
+    """Python's Unicode reading (jsonschema's) takes whatever the recognizer takes: its \\S once
+    took U+001F under ASCII alone, which Python's \\s holds a space; \\d, \\w and \\s stay ASCII's."""
+    grammar = RegexGrammar(atom)
+    for code in [*range(0x3100), *range(0xFE00, 0x10000), 0x1D7CE, 0x10FFFF]:
+        ch = chr(code)
+        both = bool(re.fullmatch(atom, ch)) and bool(re.fullmatch(atom, ch, re.ASCII))
+        assert grammar.is_complete(grammar.advance(grammar.start, ch)) == both, (atom, hex(code))
