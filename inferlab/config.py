@@ -15,6 +15,7 @@ from inferlab.errors import InferlabError
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp fails near 20000
 CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
 
 
@@ -26,6 +27,11 @@ def parse_bytes(text: str | int) -> int:
     if not match or match.group(2).lower() not in _UNITS:
         raise InferlabError(f"cannot read {text!r} as a size (examples: 2GiB, 512MiB, 1.5GB)")
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+
+
+def check_threads(name: str, threads: int) -> None:
+    if not 1 <= threads <= MAX_THREADS:
+        raise InferlabError(f"{name} must be in [1, {MAX_THREADS}], got {threads}")
 
 
 @dataclass(frozen=True)
@@ -68,8 +74,8 @@ class EngineConfig:
         CacheConfig(block_size=self.block_size)  # checks the block size before any model loads
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
-        if self.num_threads is not None and self.num_threads < 1:
-            raise InferlabError(f"num_threads must be at least 1, got {self.num_threads}")
+        if self.num_threads is not None:
+            check_threads("num_threads", self.num_threads)
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.scheduling_policy!r}")

@@ -15,6 +15,7 @@ SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 MAX_SECONDS = 365 * 24 * 3600.0
 MAX_RATE = 100_000  # requests a second one process can send, and far past what it measures well
 MAX_STREAMS = 10_000  # concurrent streams: one connection each
+MAX_WORKERS = 64  # client processes; each is a Python interpreter (~50 MB)
 UNITS_PER_SECOND = {"seconds": 1, "ms": 1000}
 
 
@@ -247,8 +248,8 @@ class MeasureConfig:
     scrape_interval_s: float | None = 1.0  # /metrics polling; None: off
 
     def __post_init__(self) -> None:
-        if self.workers is not None and self.workers < 1:
-            raise InferlabError(f"--workers must be >= 1, got {self.workers}")
+        if self.workers is not None and not 1 <= self.workers <= MAX_WORKERS:
+            raise InferlabError(f"--workers must be in [1, {MAX_WORKERS}], got {self.workers}")
         check_duration("--calibration-seconds", self.calibration_seconds, zero_ok=True)
         if self.scrape_interval_s is not None:
             check_duration("--scrape-interval", self.scrape_interval_s, zero_ok=False)

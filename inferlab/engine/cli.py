@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
@@ -25,8 +26,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     chat.set_defaults(func=run_chat)
 
 
+DEFAULT_MAX_TOKENS = 256
+
+
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--max-tokens", type=int, default=None,
+                        help=f"tokens to generate at most (default: {DEFAULT_MAX_TOKENS}, or as "
+                             "many as the context has room for)")
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--top-k", type=int, default=0)
@@ -45,6 +51,9 @@ def _engine(args: argparse.Namespace):
 
 
 def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
+    if params.max_tokens is None:  # not asked: what the context leaves, up to the default
+        room = engine.max_model_len - len(prompt_ids)
+        params = dataclasses.replace(params, max_tokens=max(1, min(DEFAULT_MAX_TOKENS, room)))
     request_id = engine.add_request(prompt_ids, params)
     text = ""
     while engine.has_unfinished_requests():
@@ -60,6 +69,9 @@ def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
 
 def run_generate(args: argparse.Namespace) -> int:
     params = _sampling(args)  # a bad flag fails before the model loads
+    if not args.prompt:
+        raise InferlabError("the prompt is empty")
+    _check_text(args.prompt, "the prompt")
     engine = _engine(args)
     _stream(engine, engine.tokenizer.encode(args.prompt), params)
     return 0
@@ -67,6 +79,9 @@ def run_generate(args: argparse.Namespace) -> int:
 
 def run_chat(args: argparse.Namespace) -> int:
     params = _sampling(args)
+    _check_text(args.system or "", "--system")
+    for message in args.message or ():
+        _check_text(message, "--message")
     engine = _engine(args)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
@@ -83,6 +98,15 @@ def run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "assistant", "content": reply})
     return 2 if failed else 0
+
+
+def _check_text(text: str, name: str) -> None:
+    """Text from the command line that is not UTF-8 (Python keeps its bytes as surrogates) is
+    refused before the model loads: every turn would fail on it."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InferlabError(f"{name} is not valid UTF-8 (at character {e.start})") from None
 
 
 def _next_message(scripted: list[str] | None) -> str | None:

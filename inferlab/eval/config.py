@@ -31,6 +31,7 @@ class EvalConfig:
             (self.seq_len >= 2, f"--seq-len must be at least 2 (a window predicts tokens "
                                 f"1..L-1), got {self.seq_len}"),
             (self.limit is None or self.limit >= 1, f"--limit must be at least 1, got {self.limit}"),
+            (self.output is None or self.output.strip() != "", "--output must name a file"),
             (self.dtype in EVAL_DTYPES,
              f"--dtype must be one of {', '.join(EVAL_DTYPES)}, got {self.dtype!r}"),
             (self.device in ("auto", "cpu", "cuda"),

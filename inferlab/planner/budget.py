@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from inferlab.config import EngineConfig
 from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS
+from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import (
@@ -46,7 +47,8 @@ class MemoryConfig:
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_dtype not in KV_DTYPES:
             raise InferlabError(unknown_name_message("KV dtype", self.kv_dtype, KV_DTYPES))
-        for name in ("tensor_parallel", "block_size", "max_num_seqs", "max_num_batched_tokens"):
+        CacheConfig(block_size=self.block_size)  # a power of two, as the engine takes
+        for name in ("tensor_parallel", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise InferlabError(f"{name} must be at least 1, got {getattr(self, name)}")
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:

@@ -58,6 +58,8 @@ class Workload:
 
     @classmethod
     def parse(cls, text: str) -> Workload:
+        if not text.strip():
+            raise InferlabError("--workload is empty: give prompt=N,output=N tokens")
         values = _parse_pairs(text, ("prompt", "output"), "--workload")
         return cls(int(values.get("prompt", cls.prompt_tokens)), int(values.get("output", cls.output_tokens)))
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import tempfile
 import time
 
+from inferlab.config import check_threads
 from inferlab.errors import InferlabError
 from inferlab.quant.calibration import default_calib_path
 from inferlab.quant.recipe import METHODS
@@ -101,13 +103,15 @@ def run_quantize(args: argparse.Namespace) -> int:
         raise InferlabError(f"--batch-size must be at least 1, got {args.batch_size}")
     _check_out(args.out)
     if args.threads is not None:
-        if args.threads < 1:
-            raise InferlabError(f"--threads must be at least 1, got {args.threads}")
+        check_threads("--threads", args.threads)
         import torch
 
         torch.set_num_threads(args.threads)
     from inferlab.quant.run import quantize_to_directory
 
+    # SIGTERM (kill, a job scheduler) as an exception, as Ctrl-C is one: the half-written
+    # out.partial-PID is removed on the way out, where the bare signal left it behind
+    signal.signal(signal.SIGTERM, _exit_on_signal)
     started = time.perf_counter()
     summary = quantize_to_directory(args.model, recipe, args.out, calib=args.calib,
                                     num_samples=args.num_samples, seq_len=args.seq_len,
@@ -116,6 +120,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(summary, indent=2), file=sys.stdout)
     return 0
+
+
+def _exit_on_signal(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _check_out(out: str) -> None:

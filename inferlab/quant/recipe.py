@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
@@ -57,8 +58,8 @@ class Recipe:
                                 "(W4A16, W8A16)")
         if self.sparsity is not None and self.obs.act_order:
             raise InferlabError("--act-order cannot be combined with 2:4 sparsity")
-        if self.sink_weight is not None and self.sink_weight <= 0:
-            raise InferlabError(f"--sink-weight must be positive, got {self.sink_weight}")
+        if self.sink_weight is not None and not 0 < self.sink_weight < math.inf:  # NaN fails too
+            raise InferlabError(f"--sink-weight must be a positive number, got {self.sink_weight}")
         if not 0 <= self.smoothquant_alpha <= 1:
             raise InferlabError(f"--smoothquant-alpha must be in [0, 1], got {self.smoothquant_alpha}")
         for target in self.ignore:

@@ -100,6 +100,9 @@ SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
 
 @pytest.mark.parametrize("argv, message", [
     (["bench"], "needs --target"),
+    # once started processes until memory ran out
+    (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--workers", "100000"],
+     "--workers must be in [1, 64]"),
     (["bench", "--target", "http://127.0.0.1:9", "--profile", "constant"], "needs --rate"),
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--data",
       "prompt_tokens=8"], "output_tokens"),

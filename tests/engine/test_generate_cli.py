@@ -17,12 +17,29 @@ from inferlab.cli import main
     (["--seed", str(-2**63 - 1)], "seed must be in"),
     (["--gpu-memory-utilization", "1.5"], "gpu_memory_utilization must be in (0, 1]"),
     (["--block-size", "0"], "block_size must be a power of two"),  # once a ZeroDivisionError
+    (["--num-threads", "100000"], "num_threads must be in [1, 1024]"),  # once a segfault
 ])
 def test_bad_flags_are_one_line_errors(capsys, monkeypatch, command, flags, words):
     import inferlab.engine.llm_engine as llm_engine
 
     monkeypatch.setattr(llm_engine.LLMEngine, "__init__", _no_model)
     argv = [command, "hi", *flags] if command == "generate" else [command, "--message", "hi", *flags]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and words in err and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(("argv", "words"), [
+    (["generate", ""], "the prompt is empty"),
+    (["generate", "caf\udce9"], "the prompt is not valid UTF-8 (at character 3)"),  # argv's bytes
+    (["chat", "--system", "caf\udce9", "--message", "hi"], "--system is not valid UTF-8"),
+    (["chat", "--message", "hi", "--message", "\udcff"], "--message is not valid UTF-8"),
+])
+def test_bad_text_is_refused_before_the_model_loads(capsys, monkeypatch, argv, words):
+    """Once found only after loading; in chat every turn then failed on it."""
+    import inferlab.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", _no_model)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and words in err and err.count("\n") == 1

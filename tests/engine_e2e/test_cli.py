@@ -126,3 +126,14 @@ def test_llm_chat_takes_what_the_servers_chat_takes(make_llm):
         llm.chat(prefilled, params, chat_template_kwargs={"add_generation_prompt": False})
     with pytest.raises(InvalidParameterError, match="content part type 'image_url' is not supported"):
         llm.chat([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], params)
+
+
+def test_generate_without_max_tokens_fills_a_short_context(capsys, configs, make_llm):
+    """Its default of 256 tokens once made every prompt in a context of 256 or fewer positions
+    an error ("prompt + max_tokens over max_model_len")."""
+    prompt = "The capital of France is"  # 5 tokens
+    flags = [flag if flag != "512" else "12" for flag in ENGINE_FLAGS]  # --max-model-len 12
+    assert main(["generate", prompt, *flags]) == 0
+    expected = make_llm(max_model_len=12).generate([prompt], SamplingParams(temperature=0, max_tokens=7))[0]
+    assert expected.outputs[0].finish_reason == "length"  # the context's 12 positions all used
+    assert capsys.readouterr().out == expected.outputs[0].text + "\n"

@@ -104,6 +104,7 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
     ("other_vocabulary", "have different vocabularies"),
     ("tokens_past_the_model", "gives token id 128, past its 128 embedding rows"),  # once an IndexError
     ("unwritable_output", "cannot write the result"),  # before the run, not after it
+    ("empty_output", "--output must name a file"),  # once ignored: nothing written, exit 0
 ])
 def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
                                           other_vocab_model, tmp_path, capsys):
@@ -124,6 +125,7 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
         "other_vocabulary": [str(base_dir), *data, "--baseline", str(other_vocab_model)],
         "tokens_past_the_model": [*_grown_tokenizer(base_dir, tmp_path, char_text_file), "--seq-len", "16"],
         "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
+        "empty_output": [str(base_dir), *data, "--output", ""],
         "sliding_window_too_long": [str(_windowed_copy(base_dir, tmp_path / "windowed", 8)), *data],
     }[case]
     code, stdout, stderr = _run(capsys, *argv)

@@ -96,6 +96,9 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=nan,output=10"], "not a finite number"),
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=inf,output=10"], "not a finite number"),
     (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms=nan"], "not a finite number"),
+    # once planned, though the engine refuses the block size, or the default workload taken
+    (["Llama-3.1-8B", "--hardware", "L4", "--block-size", "7"], "block_size must be a power of two"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", ""], "--workload is empty"),
     (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "inf"], "positive and finite"),
     (["Llama-3.1-8B", "--hardware", "L4", "--request-rate", "nan"], "positive and finite"),
     (["Llama-3.1-8B", "--hardware", "L4", "--price-per-hour", "nan"], "positive and finite"),

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import signal
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -222,7 +225,11 @@ def test_cli_refuses_an_output_it_cannot_create_before_quantizing(source, tmp_pa
     (["--out", "."], "the working directory cannot be replaced"),
     (["--out", "q", "--ignore", "re:["], "not a regular expression"),
     (["--out", "q", "--method", "gptq", "--batch-size", "0"], "--batch-size must be at least 1"),
-], ids=["empty out", "working directory", "bad regex", "batch size 0"])
+    # a segfault in torch.set_num_threads; a Cholesky error after calibration
+    (["--out", "q", "--threads", "100000"], "--threads must be in [1, 1024]"),
+    (["--out", "q", "--scheme", "W4A16", "--method", "gptq", "--sink-weight", "nan"],
+     "--sink-weight must be a positive number"),
+], ids=["empty out", "working directory", "bad regex", "batch size 0", "threads", "sink weight"])
 def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, monkeypatch, flags,
                                                      message) -> None:
     """Each once a traceback, some only after the whole quantization had run."""
@@ -288,3 +295,26 @@ def test_lm_head_quantized_when_not_ignored(tmp_path, arch: str, scheme: str) ->
     with torch.no_grad():
         for got, seq in zip(ours, SEQS, strict=True):
             assert (got - theirs(torch.tensor([seq])).logits[0]).abs().max().item() < 1e-4
+
+
+_KILLED_WHILE_WRITING = """
+import os, signal, sys
+import inferlab.quant.export as export
+from inferlab.cli import main
+
+def save_file(*args, **kwargs):  # the checkpoint half written when the signal comes
+    real_save_file(*args, **kwargs)
+    os.kill(os.getpid(), signal.SIGTERM)
+
+real_save_file, export.save_file = export.save_file, save_file
+sys.exit(main(["quantize", sys.argv[1], "--scheme", "W8A16", "--out", sys.argv[2], "--quiet"]))
+"""
+
+
+def test_sigterm_while_writing_leaves_no_partial_checkpoint(source, tmp_path) -> None:
+    """SIGTERM (kill) once left out.partial-PID behind, with the tensors written so far."""
+    out = tmp_path / "q"
+    done = subprocess.run([sys.executable, "-c", _KILLED_WHILE_WRITING, str(source[0]), str(out)],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 128 + signal.SIGTERM, done.stderr[-2000:]
+    assert list(tmp_path.iterdir()) == [] and "Traceback" not in done.stderr
