@@ -3,7 +3,9 @@ is a one-line error that names the file, never a traceback."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
 from inferlab.errors import InferlabError
 
@@ -22,3 +24,11 @@ def read_user_text(path: str | Path, kind: str = "file") -> str:
         raise InferlabError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:  # no permission, a device...
         raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def read_user_json(path: str | Path, kind: str = "file") -> Any:
+    """The file's JSON value; a file that cannot be read or is not JSON is a one-line error."""
+    try:
+        return json.loads(read_user_text(path, kind))
+    except json.JSONDecodeError as e:
+        raise InferlabError(f"{path}: not valid JSON ({e})") from None

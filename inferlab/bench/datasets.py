@@ -8,7 +8,7 @@ from pathlib import Path
 
 from inferlab.bench.tokens import TokenCounter
 from inferlab.errors import InferlabError
-from inferlab.user_files import read_user_text
+from inferlab.user_files import read_user_json, read_user_text
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,7 @@ def _check_message(message: object, name: str, number: int) -> dict:
 
 def _load_sharegpt(file: Path, counter: TokenCounter) -> list[Prompt]:
     """The first human turn is the prompt; the reply's length is the output length."""
-    try:
-        data = json.loads(read_user_text(file))
-    except json.JSONDecodeError as e:
-        raise InferlabError(f"{file.name}: not JSON ({e.msg})") from None
+    data = read_user_json(file)
     if not isinstance(data, list):
         raise InferlabError(f"{file.name}: ShareGPT data is a list of conversations")
     prompts = []

@@ -13,6 +13,7 @@ from jinja2.ext import Extension
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from inferlab.errors import InferlabError
+from inferlab.user_files import read_user_text
 
 
 def _raise_exception(message: str) -> None:
@@ -57,13 +58,19 @@ def render_chat(template: str, messages: list[dict[str, Any]], add_generation_pr
         raise InferlabError(f"chat template: {e}") from None
 
 
+def read_template_file(path: str) -> str:
+    """A Jinja file's text, line ends as open() reads them (as transformers reads
+    chat_template.jinja); a directory or a file that is not UTF-8 is a one-line error."""
+    text = read_user_text(path, "chat template file")
+    return text.replace("\r\n", "\n").replace("\r", "\n")
+
+
 def load_chat_template(value: str) -> str:
     """vLLM's --chat-template: a file's path or the template itself; checked now, so that a
     broken one fails at start rather than at the first chat request."""
     template = value
-    if os.path.isfile(value):
-        with open(value, encoding="utf-8") as f:
-            template = f.read()
+    if os.path.isfile(value) or os.path.isdir(value):  # a folder: read_user_text says so
+        template = read_template_file(value)
     elif "{{" not in value and "{%" not in value:
         raise InferlabError(f"chat template {value!r}: no such file, and not a Jinja template")
     try:

@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from inferlab.errors import ModelLoadError
+from inferlab.user_files import read_user_json
 
 SUPPORTED_ARCHITECTURES = (
     "LlamaForCausalLM",
@@ -107,6 +108,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """Build from a Hugging Face config.json dict; errors name `source`."""
+        if not isinstance(cfg, dict):  # valid JSON of another type, e.g. a list
+            raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
         archs = cfg.get("architectures") or []
         if not archs:
             raise ModelLoadError(f"{source}: no 'architectures' entry")
@@ -115,10 +118,11 @@ class ModelConfig:
             hidden = int(cfg["hidden_size"])
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
-            rope_scaling = cfg.get("rope_scaling")
+            rope_scaling = _object_or_none(cfg, "rope_scaling")
             rope_theta = cfg.get("rope_theta")
-            rope_params = cfg.get("rope_parameters")  # transformers >= 5 keeps theta and scaling here
-            if isinstance(rope_params, dict):
+            # transformers >= 5 keeps theta and scaling here
+            rope_params = _object_or_none(cfg, "rope_parameters")
+            if rope_params is not None:
                 rope_theta = rope_params.get("rope_theta", rope_theta)
                 if rope_params.get("rope_type", "default") != "default":
                     rope_scaling = rope_params
@@ -152,9 +156,7 @@ class ModelConfig:
                 qk_norm=archs[0] == "Qwen3ForCausalLM",
                 bos_token_id=cfg.get("bos_token_id"),
                 eos_token_ids=eos_ids,
-                # Mistral's window is on whenever it is set; Qwen's only with use_sliding_window
-                sliding_window=cfg.get("sliding_window")
-                if archs[0] == "MistralForCausalLM" or cfg.get("use_sliding_window") else None,
+                sliding_window=_sliding_window(cfg, archs[0]),
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
                        "quantization_config": _object_or_none(cfg, "quantization_config")},
             )
@@ -162,6 +164,27 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
+
+
+def _sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
+    """The window attention keeps to, or None; a value that is no positive whole number is a
+    ValueError (it would cap the context below 1 token, or fail in formatting)."""
+    # Mistral's window is on whenever it is set; Qwen's only with use_sliding_window
+    if architecture != "MistralForCausalLM" and not cfg.get("use_sliding_window"):
+        return None
+    value = cfg.get("sliding_window")
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"sliding_window must be a positive whole number or null, got {value!r}")
+    return value
+
+
+def read_json_object(path: str) -> dict[str, Any]:
+    """A model folder's JSON file (config.json, the safetensors index, tokenizer_config.json);
+    one that is not UTF-8, not JSON or not an object is a one-line error naming it."""
+    raw = read_user_json(path)
+    if not isinstance(raw, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(raw).__name__}")
+    return raw
 
 
 def _object_or_none(cfg: dict[str, Any], key: str) -> dict[str, Any] | None:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,7 +11,7 @@ import torch
 
 from inferlab.errors import ModelLoadError
 from inferlab.models import gguf
-from inferlab.models.config import ModelConfig
+from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
@@ -53,12 +52,7 @@ def read_model_config(path: str) -> ModelConfig:
         config_path = os.path.join(path, "config.json")
         if not os.path.isfile(config_path):
             raise ModelLoadError(f"{config_path}: missing")
-        try:
-            with open(config_path, encoding="utf-8") as f:
-                raw = json.load(f)
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise ModelLoadError(f"{config_path}: not valid JSON ({e})") from None
-        return ModelConfig.from_hf_dict(raw, source=config_path)
+        return ModelConfig.from_hf_dict(read_json_object(config_path), source=config_path)
     if path.endswith(".gguf"):
         return gguf.read_gguf_config(path)
     raise ModelLoadError(f"{path}: expected a model directory (config.json + safetensors) or a .gguf file")
@@ -143,14 +137,24 @@ def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dt
 def _safetensors_files(model_dir: str) -> list[str]:
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-        return [os.path.join(model_dir, s) for s in shards]
+        return [os.path.join(model_dir, s) for s in _index_shards(index)]
     single = os.path.join(model_dir, "model.safetensors")
     if os.path.isfile(single):
         return [single]
     raise ModelLoadError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
                          "(pickled .bin checkpoints are never loaded)")
+
+
+def _index_shards(index: str) -> list[str]:
+    """The shard files an index's weight_map names (tensor name -> file name), each once."""
+    weight_map = read_json_object(index).get("weight_map")
+    if not isinstance(weight_map, dict):
+        raise ModelLoadError(f"{index}: weight_map must be an object of tensor name -> shard "
+                             f"file name, got {'nothing' if weight_map is None else type(weight_map).__name__}")
+    for name, shard in weight_map.items():
+        if not isinstance(shard, str) or not shard:
+            raise ModelLoadError(f"{index}: weight_map[{name!r}] is {shard!r}, not a file name")
+    return sorted(set(weight_map.values()))
 
 
 def _iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:

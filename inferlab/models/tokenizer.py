@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import functools
-import json
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -11,7 +10,8 @@ from typing import Any
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
 from inferlab.errors import InferlabError, ModelLoadError
-from inferlab.models.chat_template import render_chat
+from inferlab.models.chat_template import read_template_file, render_chat
+from inferlab.models.config import read_json_object
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre`, as each vocabulary was trained.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -105,8 +105,30 @@ class TextTokenizer:
                            **kwargs)
 
 
-def _token_text(value: Any) -> str | None:
-    return value.get("content") if isinstance(value, dict) else value
+def _token_text(config: dict[str, Any], key: str, config_path: str) -> str | None:
+    """A special token as tokenizer_config.json writes it: its text, or an AddedToken object
+    whose "content" is the text; another type is a one-line error, not a TypeError at lookup."""
+    value = config.get(key)
+    text = value.get("content") if isinstance(value, dict) else value
+    if text is not None and not isinstance(text, str):
+        raise ModelLoadError(f"{config_path}: {key} must be a string or an object with a "
+                             f"string 'content', got {value!r}")
+    return text
+
+
+def _chat_template(config: dict[str, Any], config_path: str, model_dir: str) -> str | None:
+    """tokenizer_config.json's template (a string, or named ones: the default is taken), else
+    the folder's chat_template.jinja."""
+    template = config.get("chat_template")
+    if template is None:
+        template_path = os.path.join(model_dir, "chat_template.jinja")
+        return read_template_file(template_path) if os.path.isfile(template_path) else None
+    if isinstance(template, list) and all(isinstance(t, dict) for t in template):
+        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
+    if template is not None and not isinstance(template, str):
+        raise ModelLoadError(f"{config_path}: chat_template must be a string or a list of "
+                             "{name, template} objects")
+    return template
 
 
 def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
@@ -117,20 +139,11 @@ def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
         tokenizer = Tokenizer.from_file(path)
     except Exception as e:
         raise ModelLoadError(f"{path}: cannot be read ({e})") from None
-    config: dict[str, Any] = {}
     config_path = os.path.join(model_dir, "tokenizer_config.json")
-    if os.path.isfile(config_path):
-        with open(config_path, encoding="utf-8") as f:
-            config = json.load(f)
-    template = config.get("chat_template")
-    template_path = os.path.join(model_dir, "chat_template.jinja")
-    if template is None and os.path.isfile(template_path):
-        with open(template_path, encoding="utf-8") as f:
-            template = f.read()
-    if isinstance(template, list):  # named templates: take the default one
-        template = next((t["template"] for t in template if t.get("name") == "default"), None)
-    info = TokenizerInfo(bos_token=_token_text(config.get("bos_token")),
-                         eos_token=_token_text(config.get("eos_token")), chat_template=template)
+    config = read_json_object(config_path) if os.path.isfile(config_path) else {}
+    info = TokenizerInfo(bos_token=_token_text(config, "bos_token", config_path),
+                         eos_token=_token_text(config, "eos_token", config_path),
+                         chat_template=_chat_template(config, config_path, model_dir))
     return TextTokenizer(tokenizer, info)
 
 

@@ -5,13 +5,12 @@ torch-free reader), never the weights."""
 from __future__ import annotations
 
 import importlib.util
-import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError, ModelLoadError
-from inferlab.models.config import ModelConfig
+from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.gguf import read_gguf_config
 from inferlab.planner.memory import WeightFormat
 from inferlab.planner.names import closest_names
@@ -39,11 +38,7 @@ def embedded_gguf_path() -> Path:
 
 
 def _read_config_json(path: Path) -> ModelConfig:
-    try:
-        cfg = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelLoadError(f"{path}: cannot read ({e})") from None
-    return ModelConfig.from_hf_dict(cfg, source=str(path))
+    return ModelConfig.from_hf_dict(read_json_object(str(path)), source=str(path))
 
 
 def resolve_model(model: str | None) -> ModelSpec:

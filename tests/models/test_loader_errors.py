@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from collections import Counter
@@ -10,9 +11,11 @@ from collections import Counter
 import pytest
 import torch
 
-from inferlab.errors import ModelLoadError
+from inferlab.errors import InferlabError, ModelLoadError
+from inferlab.models.chat_template import load_chat_template
 from inferlab.models.gguf import read_gguf_config
 from inferlab.models.loader import load_network, read_model_config
+from tests.quant.tiny import write_tokenizer
 
 from .tiny_gguf import write_tiny_gguf
 from .tiny_models import make_tiny_model
@@ -20,8 +23,10 @@ from .tiny_models import make_tiny_model
 
 @pytest.fixture(scope="module")
 def tiny_dir(tmp_path_factory):
+    """A whole model folder: config, weights and a tokenizer (`inferlab info` reads all three)."""
     directory = tmp_path_factory.mktemp("tiny")
     make_tiny_model("llama", directory)
+    write_tokenizer(directory)
     return directory
 
 
@@ -30,6 +35,16 @@ def _copy(src, dst):
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
     return dst
+
+
+def _one_line_error(*args) -> str:
+    """`inferlab ARGS`'s stderr, once it is checked to be the one line a user error gives (exit
+    2, no traceback)."""
+    result = subprocess.run([sys.executable, "-m", "inferlab.cli", *map(str, args)],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+    return result.stderr
 
 
 def test_unsupported_architecture(tiny_dir, tmp_path):
@@ -152,10 +167,86 @@ def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path
     with pytest.raises(ModelLoadError) as error:
         load_network(str(d))
     assert words in str(error.value)
-    result = subprocess.run([sys.executable, "-m", "inferlab.cli", "info", str(d)],
-                            capture_output=True, text=True, timeout=60)
-    assert result.returncode == 2 and words in result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1
+    assert words in _one_line_error("info", d)
+
+
+MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is read when set
+
+
+@pytest.mark.parametrize(("change", "words"), [
+    # each was an AttributeError or ValueError traceback
+    ([1, 2], "config.json: expected a JSON object, got list"),
+    ({"rope_scaling": 5}, "config.json: invalid value (rope_scaling must be an object, got int)"),
+    ({"rope_scaling": "linear"}, "rope_scaling must be an object, got str"),
+    ({"rope_parameters": "linear"}, "rope_parameters must be an object, got str"),  # was ignored
+    ({**MISTRAL, "sliding_window": "abc"},
+     "config.json: invalid value (sliding_window must be a positive whole number or null, got 'abc')"),
+    # was taken, then refused as a max_model_len the user never gave
+    ({**MISTRAL, "sliding_window": -5}, "sliding_window must be a positive whole number or null, got -5"),
+    ({**MISTRAL, "sliding_window": True}, "sliding_window must be a positive whole number or null"),
+])
+def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path, change, words):
+    d = _copy(tiny_dir, tmp_path / "m")
+    cfg = change if isinstance(change, list) else {**json.loads((d / "config.json").read_text()), **change}
+    (d / "config.json").write_text(json.dumps(cfg))
+    assert words in _one_line_error("info", d)
+
+
+@pytest.mark.parametrize(("index", "words"), [
+    ('{"nope": 1}', "weight_map must be an object of tensor name -> shard file name, got nothing"),
+    ("{bad", "model.safetensors.index.json: not valid JSON"),
+    ("[]", "model.safetensors.index.json: expected a JSON object, got list"),
+    ('{"weight_map": []}', "weight_map must be an object of tensor name -> shard file name, got list"),
+    ('{"weight_map": {"x": 5}}', "weight_map['x'] is 5, not a file name"),
+])
+def test_a_malformed_safetensors_index_is_a_one_line_error(tiny_dir, tmp_path, index, words):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / "model.safetensors.index.json").write_text(index)
+    assert words in _one_line_error("generate", "hi", d, "--max-tokens", "1")
+
+
+@pytest.mark.parametrize(("name", "content", "words"), [
+    ("tokenizer_config.json", b"{bad", "tokenizer_config.json: not valid JSON"),
+    ("tokenizer_config.json", b"[1]", "tokenizer_config.json: expected a JSON object, got list"),
+    ("tokenizer_config.json", b"\xff\xfe", "tokenizer_config.json: not UTF-8 text"),
+    ("tokenizer_config.json", b'{"bos_token": 7}',
+     "tokenizer_config.json: bos_token must be a string or an object with a string 'content', got 7"),
+    ("tokenizer_config.json", b'{"eos_token": {"content": 5}}', "eos_token must be a string"),
+    ("tokenizer_config.json", b'{"chat_template": 5}', "chat_template must be a string or a list"),
+    ("chat_template.jinja", "{{ caf\u00e9 }}".encode("latin-1"), "chat_template.jinja: not UTF-8 text"),
+])
+def test_bad_tokenizer_files_are_one_line_errors(tiny_dir, tmp_path, name, content, words):
+    d = _copy(tiny_dir, tmp_path / "m")
+    (d / name).write_bytes(content)
+    assert words in _one_line_error("info", d)
+
+
+def test_a_named_default_chat_template_and_a_jinja_file_still_load(tiny_dir, tmp_path):
+    from inferlab.models.tokenizer import load_hf_tokenizer
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    named = [{"name": "tools", "template": "T"}, {"name": "default", "template": "D"}]
+    (d / "tokenizer_config.json").write_text(json.dumps({"chat_template": named, "bos_token": {"content": "<s>"}}))
+    tokenizer = load_hf_tokenizer(str(d))
+    assert (tokenizer.chat_template, tokenizer.info.bos_token) == ("D", "<s>")
+    (d / "tokenizer_config.json").write_text("{}")
+    (d / "chat_template.jinja").write_bytes(b"{{ 1 }}\r\n{{ 2 }}\r\n")  # read as open() reads it
+    assert load_hf_tokenizer(str(d)).chat_template == "{{ 1 }}\n{{ 2 }}\n"
+
+
+@pytest.mark.parametrize(("content", "words"), [
+    (None, "is a directory, not a chat template file"),  # it said "no such file"
+    (b"{{ \xe9 }}", "not UTF-8 text (invalid continuation byte at byte 3)"),  # was a traceback
+])
+def test_serve_chat_template_files_that_cannot_be_read(tmp_path, content, words):
+    path = tmp_path / "template.jinja"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(InferlabError, match=re.escape(words)):
+        load_chat_template(str(path))
+    assert f"error: {path}: {words}" in _one_line_error("serve", "--chat-template", path)
 
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM"])
