@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from workloads import positive_int
+
 ROOT = Path(__file__).resolve().parent.parent
 INFERLAB = [sys.executable, "-m", "inferlab.cli"]
 
@@ -54,8 +56,10 @@ def evaluate(model: str | None, out: Path, limit: int | None) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--limit", type=int, default=None, help="windows per evaluation (all: 147)")
-    parser.add_argument("--only", nargs="*", default=None, help="configuration names to run")
+    parser.add_argument("--limit", type=positive_int, default=None,
+                        help="windows per evaluation (all: 147)")
+    parser.add_argument("--only", nargs="*", default=None, choices=CONFIGS, metavar="NAME",
+                        help=f"configuration names to run, of: {', '.join(map(repr, CONFIGS))}")
     args = parser.parse_args()
     work = ROOT / "out" / "accuracy" / (f"limit{args.limit}" if args.limit else "full")
     work.mkdir(parents=True, exist_ok=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 
 import torch
+from workloads import positive_int
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention import torch_paged
@@ -83,7 +84,7 @@ def run_decode_case(seqs: int, positions: int, shared: int, rounds: int) -> tupl
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=positive_int, default=5)
     args = parser.parse_args()
     probe = torch.zeros(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
     if not cpu_ops.prefill_attention_fits(probe, torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)):

@@ -23,6 +23,7 @@ from workloads import (
     announced_roofline,
     bytes_read_per_decode_step,
     decode_step_floor_s,
+    positive_int,
     wikitext_prompts,
 )
 
@@ -52,11 +53,11 @@ def run_transformers(model, prompts: list[list[int]], width: int, tokens: int) -
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--prompts", type=int, default=8)
-    parser.add_argument("--prompt-tokens", type=int, default=128)
-    parser.add_argument("--beam-width", type=int, default=4)
-    parser.add_argument("--output-tokens", type=int, default=32)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--prompts", type=positive_int, default=8)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=128)
+    parser.add_argument("--beam-width", type=positive_int, default=4)
+    parser.add_argument("--output-tokens", type=positive_int, default=32)
+    parser.add_argument("--rounds", type=positive_int, default=3)
     args = parser.parse_args()
     dtype = getattr(torch, args.dtype)
     bandwidth, peak = announced_roofline(args.dtype, args.rounds)

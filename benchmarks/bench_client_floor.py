@@ -27,7 +27,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from workloads import bounded_float, bounded_int, output_file
+
 from inferlab.bench.config import (
+    MAX_SECONDS,
+    MAX_WORKERS,
     BenchConfig,
     DataConfig,
     LoadConfig,
@@ -160,9 +164,11 @@ def table(rows: list[dict]) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seconds", type=float, default=3.0, help="length of each stage")
-    parser.add_argument("--max-workers", type=int, default=2)
-    parser.add_argument("--json", help="also write the figures to this file")
+    parser.add_argument("--seconds", type=bounded_float(WARMUP_S, MAX_SECONDS), default=3.0,
+                        help=f"length of each stage, over the {WARMUP_S:g} s warm-up left out of "
+                             "its figures")
+    parser.add_argument("--max-workers", type=bounded_int(1, MAX_WORKERS), default=2)
+    parser.add_argument("--json", type=output_file, help="also write the figures to this file")
     args = parser.parse_args()
     started = time.monotonic()
     load = os.getloadavg()
@@ -188,7 +194,8 @@ def main() -> int:
     figures["accuracy"], figures["rate_50"] = acc_rows, rate
     print(f"\n## Accuracy: mock TTFT {TTFT_MS:g} ms, ITL {ITL_MS:g} ms (target: within "
           f"{ACCURACY_MS:g} ms)\n\n" + table(acc_rows) + "\n")
-    print(f"constant 50 req/s: sent {rate['sent']:.3f} req/s ({rate['error_pct']:+.2f}%) "
+    sent = "none" if rate["sent"] is None else f"{rate['sent']:.3f}"  # too short to fit a rate
+    print(f"constant 50 req/s: sent {sent} req/s ({rate['error_pct']:+.2f}%) "
           f"{'PASS' if rate['pass'] else 'FAIL'}")
     print(f"\ntook {time.monotonic() - started:.0f} s")
     if args.json:

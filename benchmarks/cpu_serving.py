@@ -41,6 +41,7 @@ from workloads import (
     bytes_read_per_decode_step,
     machine_roofline,
     output_rate_bound,
+    positive_int,
     wikitext_prompts,
 )
 
@@ -143,17 +144,21 @@ def step_bytes(model: str | None, dtype: str) -> tuple[int, ModelConfig]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64])
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="alternating rounds of both sides; medians are reported")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--hf-requests", type=int, default=32)
+    parser.add_argument("--hf-requests", type=positive_int, default=32)
     parser.add_argument("--model", default=None,
                         help="a model or checkpoint directory (e.g. a W4A16 one) instead of the embedded model")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--serve-args", default="",
                         help="more `inferlab serve` options, e.g. '--block-size 64'")
     args = parser.parse_args()
+    try:
+        serve_args = tuple(shlex.split(args.serve_args))
+    except ValueError as e:  # an unclosed quote
+        parser.error(f"argument --serve-args: {e}")
     roof = machine_roofline()
     bandwidth = roof["memory_bandwidth_bytes_per_s"]
     peak = roof["peak_flops"]["bf16" if args.dtype == "bfloat16" else "fp32"]
@@ -164,7 +169,7 @@ def main() -> None:
     hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
     port = free_port()
     server = start_server(port, args.dtype, max(args.concurrency), args.model,
-                          tuple(shlex.split(args.serve_args)))
+                          serve_args)
     rounds: list[dict[int, dict]] = []
     hf_rates: list[float] = []
     try:

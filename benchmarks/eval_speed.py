@@ -13,7 +13,7 @@ import argparse
 import time
 
 import torch
-from workloads import WIKITEXT, machine_roofline, wikitext_prompts
+from workloads import WIKITEXT, bounded_int, machine_roofline, positive_int, wikitext_prompts
 
 from inferlab.eval.config import EvalConfig
 from inferlab.eval.dataset import read_text
@@ -32,8 +32,9 @@ def flops_per_token(model, seq_len: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--seq-len", type=int, default=512)
-    parser.add_argument("--windows", type=int, default=3)
+    parser.add_argument("--seq-len", type=bounded_int(2), default=512,
+                        help="tokens a window (a window predicts its tokens 1..L-1)")
+    parser.add_argument("--windows", type=positive_int, default=3, help="timed windows each way")
     args = parser.parse_args()
     roof = machine_roofline()
     peak = roof["peak_flops"]["bf16" if args.dtype == "bfloat16" else "fp32"]

@@ -20,7 +20,7 @@ import argparse
 import statistics
 
 import torch
-from workloads import machine_roofline
+from workloads import machine_roofline, positive_int
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.cpu_linear import PackedLinear
@@ -83,8 +83,8 @@ def model_pass(rows: list[int], rounds: int, peak: float, dtype_name: str) -> No
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 512, 2048])
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rows", type=positive_int, nargs="+", default=[1, 16, 64, 512, 2048])
+    parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(KERNELS))
     parser.add_argument("--model-pass", action="store_true",
                         help="the model's linears in order, weights from memory (see above)")

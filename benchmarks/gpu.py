@@ -77,6 +77,7 @@ from gpu_report import (  # noqa: E402
     run_guarded,
     settings_from,
 )
+from workloads import existing_file, output_file, positive_int  # noqa: E402
 
 from inferlab.engine.llm_engine import LLMEngine  # noqa: E402
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions  # noqa: E402
@@ -339,14 +340,19 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--smoke", action="store_true",
                         help="run every step on CPU with a tiny model (checks the script only)")
-    parser.add_argument("--json", help="also write the figures to this file")
-    parser.add_argument("--num-requests", type=int, default=256)
-    parser.add_argument("--hf-requests", type=int, default=64,
+    parser.add_argument("--json", type=output_file, help="also write the figures to this file")
+    parser.add_argument("--num-requests", type=positive_int, default=256)
+    parser.add_argument("--hf-requests", type=positive_int, default=64,
                         help="requests both engines run for the transformers comparison")
-    parser.add_argument("--embedded-gguf", help="the embedded model's GGUF file, if not installed")
+    parser.add_argument("--embedded-gguf", type=existing_file,
+                        help="the embedded model's GGUF file, if not installed")
     parser.add_argument("--skip", nargs="*", default=[], choices=("kernels", "greedy", "8b", "hf",
                                                                  "quant", "memory"))
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.hf_requests > args.num_requests:
+        parser.error(f"argument --hf-requests: at most --num-requests ({args.num_requests}), "
+                     f"got {args.hf_requests}")
+    return args
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -16,6 +16,7 @@ import statistics
 import time
 
 import torch
+from workloads import positive_int
 
 from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import Grammar
@@ -112,8 +113,10 @@ def stream_cost(llm: LLM, tokens: int, **guide: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--rows", type=int, default=8, help="rows of the sampler measurement")
-    parser.add_argument("--tokens", type=int, default=96, help="max tokens of the streamed answer")
+    parser.add_argument("--rows", type=positive_int, default=8,
+                        help="rows of the sampler measurement")
+    parser.add_argument("--tokens", type=positive_int, default=96,
+                        help="max tokens of the streamed answer")
     args = parser.parse_args()
     llm = LLM(None)
     index = token_index(llm)

@@ -17,7 +17,7 @@ import argparse
 import statistics
 import time
 
-from workloads import wikitext_prompts
+from workloads import positive_int, wikitext_prompts
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.llm_engine import LLMEngine
@@ -56,9 +56,12 @@ def wave(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--block-sizes", type=int, nargs="+", default=[16, 128])
-    parser.add_argument("--waves", type=int, default=5)
+    parser.add_argument("--block-sizes", type=positive_int, nargs="+", default=[16, 128],
+                        help="KV block sizes, powers of two")
+    parser.add_argument("--waves", type=positive_int, default=5)
     args = parser.parse_args()
+    if odd := [size for size in args.block_sizes if size & (size - 1)]:
+        parser.error(f"argument --block-sizes: a block size is a power of two, not {odd[0]}")
     first = LLM(max_num_seqs=REQUESTS, kv_cache_memory="1GiB", block_size=args.block_sizes[0])
     engines = {args.block_sizes[0]: first.engine}
     for size in args.block_sizes[1:]:

@@ -34,6 +34,7 @@ from pathlib import Path
 
 import torch
 from quant_speed import largest_group, measured, quantized_modules
+from workloads import positive_int
 
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
@@ -162,12 +163,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--schemes", default="W8A16,W4A16")
-    parser.add_argument("--group-size", type=int, default=128)
-    parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--rows", type=int, default=1, help="rows a call (a decode batch)")
+    parser.add_argument("--group-size", type=positive_int, default=128)
+    parser.add_argument("--turns", type=positive_int, default=20)
+    parser.add_argument("--rows", type=positive_int, default=1, help="rows a call (a decode batch)")
     args = parser.parse_args()
-    if args.rows < 1:
-        raise SystemExit("--rows must be at least 1")
     if not (cpu_ops.quant_linear_available() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)):
         raise SystemExit("the C linear kernels are not available on this machine")
     variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)

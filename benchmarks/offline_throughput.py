@@ -22,8 +22,10 @@ import time
 import torch
 from workloads import (
     announced_roofline,
+    bounded_int,
     bytes_read_per_decode_step,
     decode_step_floor_s,
+    positive_int,
     prefill_flops_per_token,
     wikitext_prompts,
 )
@@ -58,10 +60,11 @@ def run_transformers(model, prompts: list[list[int]], output_tokens: int, batch:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3,
+    parser.add_argument("--requests", type=positive_int, default=64)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=256)
+    parser.add_argument("--output-tokens", type=bounded_int(2), default=128,
+                        help="tokens a request (the decode rate needs one after the first)")
+    parser.add_argument("--rounds", type=positive_int, default=3,
                         help="interleaved rounds of each comparison; medians are reported")
     parser.add_argument("--skip-transformers", action="store_true")
     args = parser.parse_args()

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 import torch
+from workloads import positive_int, thread_count
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -68,11 +69,12 @@ def best_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=12, help="timed decode steps per round and batch")
-    parser.add_argument("--prompt-len", type=int, default=32)
-    parser.add_argument("--batches", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--threads", type=int, default=None,
+    parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--steps", type=positive_int, default=12,
+                        help="timed decode steps per round and batch")
+    parser.add_argument("--prompt-len", type=positive_int, default=32)
+    parser.add_argument("--batches", type=positive_int, nargs="+", default=[1, 16])
+    parser.add_argument("--threads", type=thread_count, default=None,
                         help="torch threads for both the micro-benchmark and the engine")
     args = parser.parse_args()
     if args.threads:

@@ -9,17 +9,19 @@ import argparse
 import time
 
 from torch.profiler import profile
+from workloads import positive_int
 
+from inferlab.config import DTYPES
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--batch", type=int, default=1)
-    parser.add_argument("--context", type=int, default=256)
-    parser.add_argument("--dtype", default="bfloat16")
-    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--batch", type=positive_int, default=1)
+    parser.add_argument("--context", type=positive_int, default=256)
+    parser.add_argument("--dtype", default="bfloat16", choices=DTYPES)
+    parser.add_argument("--steps", type=positive_int, default=20)
     args = parser.parse_args()
     engine = LLM(dtype=args.dtype, kv_cache_memory="2GiB").engine
     params = SamplingParams(temperature=0, max_tokens=4 * args.steps + 8, ignore_eos=True)

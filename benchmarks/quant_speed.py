@@ -29,6 +29,7 @@ import time
 
 import torch
 from torch import nn
+from workloads import output_file, positive_int, thread_count
 
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
@@ -178,19 +179,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--schemes", default="W8A16,W4A16,W8A8,FP8_DYNAMIC")
-    parser.add_argument("--group-size", type=int, default=128)
-    parser.add_argument("--prefill-tokens", type=int, default=512)
-    parser.add_argument("--decode-steps", type=int, default=16)
-    parser.add_argument("--decode-prompt", type=int, default=128)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
-    parser.add_argument("--json", default=None)
+    parser.add_argument("--group-size", type=positive_int, default=128)
+    parser.add_argument("--prefill-tokens", type=positive_int, default=512)
+    parser.add_argument("--decode-steps", type=positive_int, default=16)
+    parser.add_argument("--decode-prompt", type=positive_int, default=128,
+                        help="tokens before the timed decode steps, the first of the prefill's")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=None)
+    parser.add_argument("--json", type=output_file, default=None)
     parser.add_argument("--lm-head", action="store_true",
                         help="quantize the lm_head too (as `inferlab quantize --ignore` with no "
                              "names does); by default it stays bf16 in every variant")
     parser.add_argument("--layer-sweep", action="store_true",
                         help="also time each kernel path on the model's linear shapes by row count")
     args = parser.parse_args()
+    if args.decode_prompt > args.prefill_tokens:
+        parser.error(f"argument --decode-prompt: at most --prefill-tokens ({args.prefill_tokens}), "
+                     f"got {args.decode_prompt}")
     if args.threads:
         torch.set_num_threads(args.threads)
     loaded = load_model(args.model, torch.bfloat16)

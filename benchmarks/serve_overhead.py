@@ -30,10 +30,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
-from workloads import wikitext_prompts
+from workloads import positive_int, thread_count, wikitext_prompts
 
+from inferlab.config import DTYPES, parse_bytes
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.errors import InferlabError
 
 
 def run_offline(llm: LLM, prompts: list[list[int]], output_tokens: int) -> tuple[float, list[str]]:
@@ -146,14 +148,19 @@ def report(rounds: list[Round], args: argparse.Namespace) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--streams", type=int, default=16)
-    parser.add_argument("--prompt-tokens", type=int, default=256)
-    parser.add_argument("--output-tokens", type=int, default=128)
-    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--streams", type=positive_int, default=16)
+    parser.add_argument("--prompt-tokens", type=positive_int, default=256)
+    parser.add_argument("--output-tokens", type=positive_int, default=128)
+    parser.add_argument("--dtype", default="auto", choices=DTYPES)
     parser.add_argument("--kv-cache-memory", default="512MiB")
-    parser.add_argument("--num-threads", type=int, default=None, help="torch threads, both sides")
+    parser.add_argument("--num-threads", type=thread_count, default=None,
+                        help="torch threads, both sides")
     args = parser.parse_args()
+    try:
+        parse_bytes(args.kv_cache_memory)
+    except InferlabError as e:
+        parser.error(f"argument --kv-cache-memory: {e}")
 
     engine_args = ["--dtype", args.dtype, "--kv-cache-memory", args.kv_cache_memory]
     if args.num_threads:

@@ -31,7 +31,12 @@ from pathlib import Path
 import torch
 from cpu_serving import bench, free_port, start_server
 from offline_throughput import load_transformers
-from workloads import announced_roofline, bytes_read_per_decode_step, wikitext_prompts
+from workloads import (
+    announced_roofline,
+    bytes_read_per_decode_step,
+    positive_int,
+    wikitext_prompts,
+)
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -102,14 +107,17 @@ def served(args: argparse.Namespace, speculative: str) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--k", type=int, default=4, help="num_speculative_tokens (and transformers' "
-                        "prompt_lookup_num_tokens)")
-    parser.add_argument("--lookup-max", type=int, default=3, help="prompt_lookup_max")
-    parser.add_argument("--lookup-min", type=int, default=1, help="prompt_lookup_min")
+    parser.add_argument("--prompts", type=positive_int, default=4)
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--k", type=positive_int, default=4,
+                        help="num_speculative_tokens (and transformers' prompt_lookup_num_tokens)")
+    parser.add_argument("--lookup-max", type=positive_int, default=3, help="prompt_lookup_max")
+    parser.add_argument("--lookup-min", type=positive_int, default=1, help="prompt_lookup_min")
     parser.add_argument("--skip-served", action="store_true")
     args = parser.parse_args()
+    if args.lookup_min > args.lookup_max:
+        parser.error(f"argument --lookup-min: at most --lookup-max ({args.lookup_max}), "
+                     f"got {args.lookup_min}")
     bandwidth, _ = announced_roofline(args.dtype, args.rounds)
     speculative = {"num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
                    "prompt_lookup_min": args.lookup_min}

@@ -17,12 +17,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from workloads import existing_file, positive_int, thread_count
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -62,10 +65,13 @@ def inferlab_rates(llm: LLM, prompt: list[int]) -> dict[str, float]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--llama-bench", required=True, help="path to a llama.cpp llama-bench binary")
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--llama-bench", required=True, type=existing_file,
+                        help="path to a llama.cpp llama-bench binary")
+    parser.add_argument("--rounds", type=positive_int, default=3)
+    parser.add_argument("--threads", type=thread_count, default=2)
     args = parser.parse_args()
+    if not os.access(args.llama_bench, os.X_OK):
+        parser.error(f"argument --llama-bench: {args.llama_bench} is not executable")
     gguf = embedded_model_path()
     prompt = [(13 * i) % 40000 + 100 for i in range(300)]
     with tempfile.TemporaryDirectory() as tmp:

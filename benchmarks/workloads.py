@@ -1,11 +1,77 @@
-"""Shared by the benchmark scripts: prompts cut from WikiText-2 and this machine's roofline."""
+"""Shared by the benchmark scripts: prompts cut from WikiText-2, this machine's roofline, and
+the argparse types that refuse bad arguments when parsed (a usage line, one error line, exit 2)
+rather than as a traceback after a model load or a whole run."""
 
 from __future__ import annotations
 
+import argparse
+import math
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from inferlab.config import MAX_THREADS
+
 WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+
+
+def bounded_int(least: int, most: int | None = None) -> Callable[[str], int]:
+    """An argparse type: an integer from `least` (to `most`, when given)."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < least or (most is not None and value > most):
+            span = f">= {least}" if most is None else f"from {least} to {most}"
+            raise argparse.ArgumentTypeError(f"must be an integer {span}, got {value}")
+        return value
+    return parse
+
+
+positive_int = bounded_int(1)  # counts: rounds, steps, windows, rows, requests
+thread_count = bounded_int(1, MAX_THREADS)  # torch.set_num_threads(100000) is a segfault
+
+
+def bounded_float(above: float, most: float = math.inf) -> Callable[[str], float]:
+    """An argparse type: a finite number over `above` and at most `most` (NaN and inf refused)."""
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not (math.isfinite(value) and above < value <= most):
+            span = f"> {above:.15g}" + (f" and at most {most:.15g}" if most < math.inf else "")
+            raise argparse.ArgumentTypeError(f"must be a finite number {span}, got {text}")
+        return value
+    return parse
+
+
+def output_file(text: str) -> str:
+    """An argparse type: a file the results will be written to (--json), checked before the
+    run so that a missing or read-only folder does not lose a finished run's figures."""
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    if not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"the directory {path.parent} does not exist")
+    try:  # opened, not os.access, which says yes to root almost everywhere (/proc too)
+        if path.exists():
+            open(path, "a").close()  # leaves the file as it was
+        else:
+            open(path, "x").close()
+            path.unlink()
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror}") from None
+    return text
+
+
+def existing_file(text: str) -> str:
+    """An argparse type: a file that must be there (a GGUF file, a binary) when the run needs it,
+    maybe minutes in."""
+    if not Path(text).is_file():
+        raise argparse.ArgumentTypeError(f"{text} is not a file")
+    return text
 
 
 def wikitext_prompts(tokenizer, count: int, tokens: int, offset: int = 0) -> list[list[int]]:
