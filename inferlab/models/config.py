@@ -113,11 +113,14 @@ class ModelConfig:
         archs = cfg.get("architectures") or []
         if not archs:
             raise ModelLoadError(f"{source}: no 'architectures' entry")
+        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+            raise ModelLoadError(f"{source}: architectures must be a list of names, got {archs!r}")
         try:
-            num_heads = int(cfg["num_attention_heads"])
-            hidden = int(cfg["hidden_size"])
+            num_heads = _whole(cfg, "num_attention_heads")
+            hidden = _whole(cfg, "hidden_size")
             eos = cfg.get("eos_token_id")
-            eos_ids = tuple(eos) if isinstance(eos, list) else (() if eos is None else (int(eos),))
+            eos_ids = tuple(_whole({"eos_token_id": e}, "eos_token_id")
+                            for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
             rope_scaling = _object_or_none(cfg, "rope_scaling")
             rope_theta = cfg.get("rope_theta")
             # transformers >= 5 keeps theta and scaling here
@@ -135,14 +138,14 @@ class ModelConfig:
                                      "(the Llama family's MLP is SiLU-gated)")
             return cls(
                 architecture=archs[0],
-                vocab_size=int(cfg["vocab_size"]),
+                vocab_size=_whole(cfg, "vocab_size"),
                 hidden_size=hidden,
-                intermediate_size=int(cfg["intermediate_size"]),
-                num_layers=int(cfg["num_hidden_layers"]),
+                intermediate_size=_whole(cfg, "intermediate_size"),
+                num_layers=_whole(cfg, "num_hidden_layers"),
                 num_heads=num_heads,
-                num_kv_heads=int(cfg.get("num_key_value_heads") or num_heads),
-                head_dim=int(cfg.get("head_dim") or _DEFAULT_HEAD_DIM.get(archs[0], hidden // num_heads)),
-                max_position_embeddings=int(cfg.get("max_position_embeddings", 2048)),
+                num_kv_heads=_whole(cfg, "num_key_value_heads", num_heads),
+                head_dim=_whole(cfg, "head_dim", _DEFAULT_HEAD_DIM.get(archs[0], hidden // max(num_heads, 1))),
+                max_position_embeddings=_whole(cfg, "max_position_embeddings", 2048),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or 10000.0),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
@@ -154,7 +157,7 @@ class ModelConfig:
                 o_bias=archs[0] in ("LlamaForCausalLM", "Qwen3ForCausalLM")
                 and bool(cfg.get("attention_bias")),
                 qk_norm=archs[0] == "Qwen3ForCausalLM",
-                bos_token_id=cfg.get("bos_token_id"),
+                bos_token_id=_whole(cfg, "bos_token_id", None),
                 eos_token_ids=eos_ids,
                 sliding_window=_sliding_window(cfg, archs[0]),
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
@@ -164,6 +167,22 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
+
+
+_REQUIRED = object()
+
+
+def _whole(cfg: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
+    """cfg[key] as a whole number (64.0 too); null or absent: `default` (absent without one: a
+    KeyError). 64.7, true or "64" are a ValueError (named by the caller), not cut to 64 or 1."""
+    value = cfg.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise KeyError(key)
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+        raise ValueError(f"{key} must be a whole number, got {value!r}")
+    return int(value)
 
 
 def _sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:

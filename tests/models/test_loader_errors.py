@@ -184,6 +184,12 @@ MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is rea
     # was taken, then refused as a max_model_len the user never gave
     ({**MISTRAL, "sliding_window": -5}, "sliding_window must be a positive whole number or null, got -5"),
     ({**MISTRAL, "sliding_window": True}, "sliding_window must be a positive whole number or null"),
+    # these were taken: 64.7 cut to 64, the string's first letter as the architecture
+    ({"hidden_size": 64.7}, "hidden_size must be a whole number, got 64.7"),
+    ({"num_hidden_layers": True}, "num_hidden_layers must be a whole number, got True"),
+    ({"architectures": "LlamaForCausalLM"}, "architectures must be a list of names"),
+    ({"eos_token_id": ["a"]}, "eos_token_id must be a whole number, got 'a'"),
+    ({"num_attention_heads": 0}, "num_heads must be positive, got 0"),  # not a ZeroDivisionError
 ])
 def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path, change, words):
     d = _copy(tiny_dir, tmp_path / "m")
