@@ -72,7 +72,7 @@ class _Formatter:
         choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
                    for p, out in enumerate(finals) for c in out.outputs]
         return Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                          choices=choices, usage=self.gen.usage())
+                          choices=choices, usage=self.gen.usage(not self.echo_only))
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
@@ -87,10 +87,10 @@ class _Formatter:
                     finished.add(key)
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
                 yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                                       choices=[choice], usage=self.gen.usage() if continuous else None))
+                                       choices=[choice], usage=self.gen.usage(not self.echo_only) if continuous else None))
         if options is not None and options.include_usage:
             yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                                   choices=[], usage=self.gen.usage()))
+                                   choices=[], usage=self.gen.usage(not self.echo_only)))
 
     def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
         if c.text_delta or c.finished or (self.req.echo and key not in self.states):

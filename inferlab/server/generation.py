@@ -61,8 +61,10 @@ class Generation:
         """Prompt `index`'s token ids, known from its first output on (start())."""
         return self._latest[index].prompt_token_ids
 
-    def usage(self) -> Usage:
-        prompt, output = self.prompt_tokens, self.output_tokens
+    def usage(self, reply_tokens: bool = True) -> Usage:
+        """reply_tokens False: the reply carries none of the sampled tokens (echo with max_tokens
+        0), so none is counted as a completion token."""
+        prompt, output = self.prompt_tokens, self.output_tokens if reply_tokens else 0
         cached = sum(out.num_cached_tokens for out in self._latest.values())
         return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output,
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))

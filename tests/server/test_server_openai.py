@@ -183,6 +183,9 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     alone = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=0, logprobs=1,
                                       echo=True).choices[0]
     assert alone.text == PROMPT + out.text and alone.finish_reason == "length"
+    whole = client.completions.create(model=MODEL_NAME, prompt=both, max_tokens=0, echo=True)
+    assert whole.usage.completion_tokens == 0  # it counted the sampled token the reply drops
+    assert whole.usage.total_tokens == whole.usage.prompt_tokens == len(both)
     assert alone.logprobs.tokens == prompt_lp.tokens[:len(both)]
     assert alone.logprobs.token_logprobs == prompt_lp.token_logprobs[:len(both)]
     chunks = [c.choices[0] for c in client.completions.create(
