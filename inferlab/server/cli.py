@@ -14,7 +14,7 @@ from inferlab.config import parse_bytes
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.settings import ServerSettings
-from inferlab.server.tool_parsers import AUTO_PARSERS
+from inferlab.server.tool_call_formats import AUTO_PARSERS
 
 _DEFAULTS = {f.name: f.default for f in dataclasses.fields(ServerSettings)}
 

@@ -1,6 +1,6 @@
-"""JSON objects in text as it streams in, for the tool parsers (tool_parsers.py): where the
-objects at one nesting level open and close, and where the open one's values lie, without
-parsing the text again at each delta."""
+"""JSON objects in text as it streams in, for the tool parsers (tool_parsers.py,
+tool_call_formats.py): where the objects at one nesting level open and close, and where the open
+one's values lie, without parsing the text again at each delta."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
 from inferlab.server.reasoning import REASONING_PARSERS
-from inferlab.server.tool_parsers import AUTO_PARSERS
+from inferlab.server.tool_call_formats import AUTO_PARSERS
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """A chat request's tools, read as vLLM reads them: which tool_choice applies, what the chat
 template is given, the JSON schema a forced call holds the reply to, and the parser that reads
-the calls out of the reply (tool_parsers.py).
+the calls out of the reply (tool_parsers.py, tool_call_formats.py).
 
 - "none": the reply is plain text (the template still sees the tools, unless the server runs
   with --exclude-tools-when-tool-choice-none);
@@ -22,7 +22,8 @@ from inferlab.engine.json_schema import SchemaError, compile_schema
 from inferlab.server.errors import bad_request
 from inferlab.server.protocol import ChatCompletionRequest
 from inferlab.server.settings import ServerSettings
-from inferlab.server.tool_parsers import AUTO_PARSERS, NamedCall, RequiredCalls, ToolParser
+from inferlab.server.tool_call_formats import AUTO_PARSERS
+from inferlab.server.tool_parsers import NamedCall, RequiredCalls, ToolParser
 
 _NO_ARGUMENTS = {"type": "object", "properties": {}}
 

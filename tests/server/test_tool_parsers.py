@@ -11,15 +11,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from inferlab.server.tool_parsers import (
-    HermesCalls,
-    Llama3JsonCalls,
-    MistralCalls,
-    NamedCall,
-    ParsedDelta,
-    RequiredCalls,
-    ToolParser,
-)
+from inferlab.server.tool_call_formats import HermesCalls, Llama3JsonCalls, MistralCalls
+from inferlab.server.tool_parsers import NamedCall, ParsedDelta, RequiredCalls, ToolParser
 
 
 def read(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str, Any]], list[ParsedDelta]]:
