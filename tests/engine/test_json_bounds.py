@@ -2,7 +2,7 @@
 lengths are test_json_schema's), and strings whose pattern and length bounds meet.
 
 For each bounded number schema: every number text of a grid of values is complete exactly when
-jsonschema validates it (test_json_schema.reference_accepts, with the grammar's spelling rule),
+jsonschema validates it (json_reference.reference_accepts, with the grammar's spelling rule),
 and every prefix the grammar keeps alive still has an end it calls complete (no dead ends).
 """
 
@@ -15,7 +15,7 @@ import pytest
 from inferlab.engine.json_grammar import JsonGrammar
 
 from .grammar_fuzz import complete, read_whole
-from .test_json_schema import reference_accepts
+from .json_reference import reference_accepts
 
 NUMBER_SCHEMAS = [
     {"type": "integer", "minimum": 18, "maximum": 120},
