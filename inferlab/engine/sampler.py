@@ -223,8 +223,9 @@ def top_k_top_p(logits: torch.Tensor, params: list[SamplingParams]) -> torch.Ten
     sorted_logits = tempered.gather(-1, order)
     ranks = torch.arange(vocab, device=device)[None, :]
     drop = ranks >= top_k[:, None]
-    min_p = torch.tensor([p.min_p for p in picked], device=device)[:, None]
-    drop |= torch.exp(sorted_logits - sorted_logits[:, :1]) < min_p
+    if any(p.min_p > 0 for p in picked):  # an exp over [R, V] only where some row asks
+        min_p = torch.tensor([p.min_p for p in picked], device=device)[:, None]
+        drop |= torch.exp(sorted_logits - sorted_logits[:, :1]) < min_p
     probs = torch.softmax(sorted_logits.masked_fill(drop, float("-inf")), dim=-1)
     # keep the smallest prefix whose mass reaches top_p (the token crossing it included); at
     # top_p = 1 nothing goes, though an fp32 running sum can reach 1 before the tail does; the

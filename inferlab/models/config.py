@@ -119,7 +119,7 @@ class ModelConfig:
             num_heads = _whole(cfg, "num_attention_heads")
             hidden = _whole(cfg, "hidden_size")
             eos = cfg.get("eos_token_id")
-            eos_ids = tuple(_whole({"eos_token_id": e}, "eos_token_id")
+            eos_ids = tuple(_as_whole("eos_token_id", e)
                             for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
             rope_scaling = _object_or_none(cfg, "rope_scaling")
             rope_theta = cfg.get("rope_theta")
@@ -180,7 +180,12 @@ def _whole(cfg: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:
         if default is _REQUIRED:
             raise KeyError(key)
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != int(value):
+    return _as_whole(key, value)
+
+
+def _as_whole(key: str, value: Any) -> int:
+    if (isinstance(value, bool) or not isinstance(value, (int, float))
+            or isinstance(value, float) and not value.is_integer()):  # inf and NaN too
         raise ValueError(f"{key} must be a whole number, got {value!r}")
     return int(value)
 
