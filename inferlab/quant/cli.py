@@ -14,6 +14,7 @@ from inferlab.config import check_threads
 from inferlab.errors import InferlabError
 from inferlab.quant.calibration import default_calib_path
 from inferlab.quant.recipe import METHODS
+from inferlab.quant.scheme import DEFAULT_GROUP_SIZE, GROUP_SIZED_SCHEMES
 
 DENSE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
@@ -35,8 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="2:4, alone or with --scheme; done by --method sparsegpt (the default "
                         "then) or magnitude, which both imply it")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
-    p.add_argument("--group-size", type=int, default=128,
-                   help="W4A16 inputs per scale; FP8_BLOCK's block side (default 128)")
+    p.add_argument("--group-size", type=int, default=None,
+                   help="W4A16 inputs per scale; FP8_BLOCK's block side (default 128); the other "
+                        "schemes take none")
     p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "
@@ -77,9 +79,7 @@ def build_recipe(args: argparse.Namespace):
 
     scheme = None
     if args.scheme is not None:
-        if args.group_size <= 0:
-            raise InferlabError(f"--group-size must be positive, got {args.group_size}")
-        scheme = make_scheme(args.scheme, args.group_size, args.asymmetric)
+        scheme = make_scheme(args.scheme, _group_size(args), args.asymmetric)
     elif args.asymmetric:
         raise InferlabError("--asymmetric needs a --scheme")
     method = default_method(args.sparsity) if args.method is None else args.method.lower()
@@ -89,6 +89,17 @@ def build_recipe(args: argparse.Namespace):
                   obs=ObsConfig(args.block_size, args.dampening, act_order),
                   awq=AwqConfig(grid=args.awq_grid, clip=args.awq_clip),
                   smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight)
+
+
+def _group_size(args: argparse.Namespace) -> int:
+    if args.group_size is None:
+        return DEFAULT_GROUP_SIZE
+    if args.scheme.upper() not in GROUP_SIZED_SCHEMES:  # once ignored without a word
+        raise InferlabError(f"--group-size applies to {' and '.join(GROUP_SIZED_SCHEMES)}; "
+                            f"{args.scheme} has one scale per output channel or tensor")
+    if args.group_size <= 0:
+        raise InferlabError(f"--group-size must be positive, got {args.group_size}")
+    return args.group_size
 
 
 def run_quantize(args: argparse.Namespace) -> int:

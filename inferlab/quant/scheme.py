@@ -135,12 +135,15 @@ class QuantScheme:
 
 
 SCHEME_NAMES = ("W8A16", "W8A8", "W4A16", "FP8_DYNAMIC", "FP8", "FP8_BLOCK")
+GROUP_SIZED_SCHEMES = ("W4A16", "FP8_BLOCK")
+DEFAULT_GROUP_SIZE = 128
 
 
-def make_scheme(name: str, group_size: int = 128, asymmetric: bool = False) -> QuantScheme:
+def make_scheme(name: str, group_size: int = DEFAULT_GROUP_SIZE,
+                asymmetric: bool = False) -> QuantScheme:
     """A scheme by llm-compressor's name; `group_size` applies to W4A16 and FP8_BLOCK (its
-    blocks' side; W8A16 is per channel, as llm-compressor's preset), `asymmetric` to W4A16 and
-    W8A16."""
+    blocks' side), `asymmetric` to W4A16 and W8A16. W8A16 is per channel, the int8 kernel's
+    layout (compressed-tensors 0.20.1's preset of that name has groups of 128)."""
     key = name.upper()
     if key not in SCHEME_NAMES:
         raise InferlabError(f"unknown scheme {name!r} (known: {', '.join(SCHEME_NAMES)})")

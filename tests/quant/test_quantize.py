@@ -134,6 +134,9 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
     (["--scheme", "W3A16"], "unknown scheme 'W3A16'"),
     (["--scheme", "W4A16", "--method", "hqq"], "unknown method 'hqq'"),
     (["--scheme", "W4A16", "--group-size", "48"], "group size 48 does not divide its 64 inputs"),
+    # once ignored without a word: W8A16 stays per channel
+    (["--scheme", "W8A16", "--group-size", "64"], "--group-size applies to W4A16 and FP8_BLOCK"),
+    (["--scheme", "W4A16", "--group-size", "0"], "--group-size must be positive, got 0"),
     (["--scheme", "FP8_BLOCK", "--group-size", "64"], "blocks of 64 rows do not divide its 32 outputs"),
     (["--scheme", "W4A16", "--method", "gptq", "--calib", "/no/such.txt"], "no such calibration file (--calib)"),
     (["--scheme", "W4A16", "--method", "smoothquant"], "smoothquant migrates activation outliers"),
