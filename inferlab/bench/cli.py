@@ -39,8 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp = sub.add_parser("compare", help="compare JSON reports; a CI regression gate")
     cmp.add_argument("runs", nargs="+", help="JSON reports; the first is the baseline")
     cmp.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                     help="exit 1 if a median/p95 latency or a throughput is worse by more "
-                          "than PCT percent (latencies: and significant at --alpha)")
+                     help="exit 1 if a stage's median or p95 latency, or its request, "
+                          "output-token or goodput throughput, is worse by more than PCT "
+                          "percent, or its error rate rose by more than PCT points; latencies "
+                          "and the error rate must also be significant at --alpha (median: "
+                          "Mann-Whitney U; p95: a bootstrap of the p95 difference; error rate: "
+                          "Fisher's exact test)")
     cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
     cmp.add_argument("--output", action="append", default=[], metavar="PATH",
                      help="write the comparison to PATH (.html)")
@@ -196,8 +200,10 @@ def run_mock_server(args: argparse.Namespace) -> int:
 
 
 def run_compare(args: argparse.Namespace) -> int:
+    from rich.markup import escape
+
     from inferlab.bench.compare import compare, regressions
-    from inferlab.bench.compare_report import print_comparison, write_comparison_html
+    from inferlab.bench.compare_report import failure_line, print_comparison, write_comparison_html
     from inferlab.bench.console import stdout_console
     from inferlab.bench.report_json import load_run
 
@@ -217,8 +223,7 @@ def run_compare(args: argparse.Namespace) -> int:
         for comparison in comparisons:
             print_comparison(comparison, console, args.alpha)
         for row in failures:
-            console.print(f"[red]regression: {row.stage} {row.metric} {row.stat} "
-                          f"{row.base:.3f} -> {row.other:.3f} ({row.change:+.1%})[/]")
+            console.print(f"[red]{escape(failure_line(row))}[/]")
 
     return _printed(show, 1 if failures else 0)
 

@@ -7,8 +7,8 @@ from dataclasses import dataclass
 
 from inferlab.bench.metrics import PER_REQUEST
 from inferlab.bench.report_json import LoadedRun, LoadedStage
-from inferlab.bench.significance import mann_whitney_u
-from inferlab.bench.stats import STAT_NAMES
+from inferlab.bench.significance import fisher_exact, mann_whitney_u, percentile_difference_p
+from inferlab.bench.stats import PERCENTILES, STAT_NAMES
 from inferlab.bench.summary import measured
 from inferlab.errors import InferlabError
 
@@ -16,8 +16,12 @@ LATENCY_METRICS = ("ttft_ms", "ttft_intended_ms", "itl_ms", "tpot_ms", "e2e_ms",
                    "e2e_intended_ms")
 THROUGHPUT_METRICS = ("request_throughput", "output_token_throughput",
                       "total_token_throughput", "goodput")
-# what --fail-on-regression judges: typical and tail latency, and throughput
+# what --fail-on-regression judges: typical and tail latency, throughput, and failures
 GATED_STATS = ("median", "p95")
+GATED_THROUGHPUTS = ("request_throughput", "output_token_throughput", "goodput")
+# percentiles tested by a bootstrap of their own difference; the median by Mann-Whitney;
+# mean, min and max are shown untested (and not gated)
+BOOTSTRAPPED = {name: pct for name, pct in PERCENTILES if name != "median"}
 
 
 @dataclass
@@ -27,9 +31,10 @@ class Row:
     stat: str  # a STAT_NAMES entry, or "" for throughput
     base: float | None
     other: float | None
-    change: float | None  # (other - base) / base
-    p_value: float | None  # Mann-Whitney over per-request samples (latencies only)
+    change: float | None  # (other - base) / base; other - base when `points`
+    p_value: float | None  # the test of this row's own statistic; None: untested
     lower_is_better: bool
+    points: bool = False  # a rate whose change is its rise in points (from 0, no ratio)
 
     @property
     def worse_by(self) -> float | None:
@@ -47,9 +52,12 @@ class Comparison:
 
 
 def pair_stages(base: LoadedRun, other: LoadedRun) -> list[tuple[LoadedStage, LoadedStage]]:
-    """Stages with the same label; else, when both have as many stages, by position."""
+    """Stages with the same label, when labels are unique on both sides; else, when both
+    have as many stages, by position (a label shared by two stages names neither)."""
     labels = {s.label: s for s in other.stages}
-    if all(s.label in labels for s in base.stages):
+    unique = len(labels) == len(other.stages) and \
+        len({s.label for s in base.stages}) == len(base.stages)
+    if unique and all(s.label in labels for s in base.stages):
         return [(s, labels[s.label]) for s in base.stages]
     if len(base.stages) == len(other.stages):
         return list(zip(base.stages, other.stages, strict=True))
@@ -68,18 +76,27 @@ def compare(base: LoadedRun, other: LoadedRun) -> Comparison:
     for a, b in pair_stages(base, other):
         label = a.label if a.label == b.label else f"{a.label} / {b.label}"
         for metric in LATENCY_METRICS:
-            _, p = mann_whitney_u(_samples(a, metric), _samples(b, metric))
-            p_value = None if math.isnan(p) else p
-            for stat in STAT_NAMES:
-                x = a.summary.metrics[metric]["ok"].get(stat)
-                y = b.summary.metrics[metric]["ok"].get(stat)
-                rows.append(Row(label, metric, stat, x, y, _change(x, y), p_value, True))
+            rows += _latency_rows(label, metric, a, b)
         for metric in THROUGHPUT_METRICS:
             x, y = getattr(a.summary, metric), getattr(b.summary, metric)
             rows.append(Row(label, metric, "", x, y, _change(x, y), None, False))
-        x, y = _error_rate(a), _error_rate(b)
-        rows.append(Row(label, "error_rate", "", x, y, _change(x, y), None, True))
+        rows.append(_error_rate_row(label, a, b))
     return Comparison(base, other, rows)
+
+
+def _latency_rows(label: str, metric: str, a: LoadedStage, b: LoadedStage) -> list[Row]:
+    x, y = _samples(a, metric), _samples(b, metric)
+    p_values = dict(zip(BOOTSTRAPPED, percentile_difference_p(x, y, list(BOOTSTRAPPED.values())),
+                        strict=True))
+    p_values["median"] = mann_whitney_u(x, y)[1]
+    rows = []
+    for stat in STAT_NAMES:
+        p = p_values.get(stat)
+        u = a.summary.metrics[metric]["ok"].get(stat)
+        v = b.summary.metrics[metric]["ok"].get(stat)
+        rows.append(Row(label, metric, stat, u, v, _change(u, v),
+                        None if p is None or math.isnan(p) else p, True))
+    return rows
 
 
 def _samples(stage: LoadedStage, metric: str) -> list[float]:
@@ -88,21 +105,33 @@ def _samples(stage: LoadedStage, metric: str) -> list[float]:
             if r.outcome == "ok" and (v := fn(r)) is not None]
 
 
-def _error_rate(stage: LoadedStage) -> float | None:
-    finished = stage.summary.counts["ok"] + stage.summary.counts["error"]
-    return stage.summary.counts["error"] / finished if finished else None
+def _error_rate_row(label: str, a: LoadedStage, b: LoadedStage) -> Row:
+    """Failed / finished requests; its change is the rise in points, as a clean base
+    (0 failures) has no ratio to change by."""
+    (x_errors, x_finished), (y_errors, y_finished) = _errors(a), _errors(b)
+    x = x_errors / x_finished if x_finished else None
+    y = y_errors / y_finished if y_finished else None
+    p = fisher_exact(x_errors, x_finished, y_errors, y_finished)
+    return Row(label, "error_rate", "", x, y, None if x is None or y is None else y - x,
+               None if math.isnan(p) else p, True, points=True)
+
+
+def _errors(stage: LoadedStage) -> tuple[int, int]:
+    counts = stage.summary.counts
+    return counts["error"], counts["ok"] + counts["error"]
 
 
 def regressions(comparison: Comparison, threshold_pct: float, alpha: float) -> list[Row]:
-    """Gated rows worse by more than the threshold (and significant, for latencies)."""
+    """Gated rows worse by more than the threshold (percent, or points for the error
+    rate) and, where the row has a test, significant at alpha."""
     bad = []
     for row in comparison.rows:
         gated = (row.metric in LATENCY_METRICS and row.stat in GATED_STATS) or \
-            row.metric in ("request_throughput", "output_token_throughput")
+            row.metric in GATED_THROUGHPUTS or row.metric == "error_rate"
         worse = row.worse_by
         if not gated or worse is None or worse * 100 <= threshold_pct:
             continue
         if row.p_value is not None and row.p_value >= alpha:
-            continue  # a latency change the samples cannot tell from noise
+            continue  # a change the samples cannot tell from noise
         bad.append(row)
     return bad

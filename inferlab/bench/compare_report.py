@@ -17,8 +17,11 @@ from inferlab.bench.svg import histogram
 CONSOLE_STATS = ("", "median", "p95", "p99")  # the rest is in the HTML
 
 
-def _pct(value: float | None) -> str:
-    return "-" if value is None else f"{value:+.1%}"
+def format_change(row: Row) -> str:
+    """The change as the gate judges it: relative, or a rate's rise in points."""
+    if row.change is None:
+        return "-"
+    return f"{row.change * 100:+.1f} pts" if row.points else f"{row.change:+.1%}"
 
 
 def _p(value: float | None) -> str:
@@ -38,8 +41,14 @@ def print_comparison(comparison: Comparison, console: Console, alpha: float) -> 
                                                         or row.p_value < alpha):
             style = "red" if worse > 0 else "green"
         table.add_row(row.stage, _name(row), _v(row.base), _v(row.other),
-                      _pct(row.change), _p(row.p_value), style=style)
+                      format_change(row), _p(row.p_value), style=style)
     console.print(table)
+
+
+def failure_line(row: Row) -> str:
+    """One regression --fail-on-regression found (a gated row: both values known)."""
+    return (f"regression: {row.stage} {_name(row)} {row.base:.3f} -> {row.other:.3f} "
+            f"({format_change(row)})")
 
 
 def _name(row: Row) -> str:
@@ -54,10 +63,12 @@ def write_comparison_html(comparisons: list[Comparison], path: str | Path, alpha
                           failures: list[Row]) -> None:
     parts = ["<h1>inferlab bench compare</h1>",
              f"<p>Baseline: {escape(comparisons[0].base.path)}. Change = (other - base) / "
-             f"base. p: two-sided Mann-Whitney U over per-request samples of successful "
-             f"requests; differences with p &lt; {alpha:g} are coloured.</p>",
-             bullet_list([f"regression: {r.stage} {_name(r)} {_pct(r.change)}"
-                          for r in failures], "warn")]
+             f"base; for the error rate, other - base in percentage points. p: the "
+             f"two-sided test of each row's own statistic over the per-request samples of "
+             f"successful requests: Mann-Whitney U for a median, a bootstrap of the "
+             f"difference for the other percentiles, Fisher's exact test for the error "
+             f"rate; '-': untested. Differences with p &lt; {alpha:g} are coloured.</p>",
+             bullet_list([failure_line(r) for r in failures], "warn")]
     for comparison in comparisons:
         parts.append(f"<h2>{escape(comparison.base.path)} vs "
                      f"{escape(comparison.other.path)}</h2>")
@@ -75,7 +86,7 @@ def _rows_table(comparison: Comparison, alpha: float) -> str:
         if worse is not None and (row.p_value is None or row.p_value < alpha):
             css = "worse" if worse > 0.02 else "better" if worse < -0.02 else ""
         rows.append([escape(row.stage), escape(_name(row)), num(row.base, 3),
-                     num(row.other, 3), f'<span class="{css}">{_pct(row.change)}</span>',
+                     num(row.other, 3), f'<span class="{css}">{format_change(row)}</span>',
                      _p(row.p_value)])
     return table(["stage", "metric", "base", "other", "change", "p"], rows, left=2)
 

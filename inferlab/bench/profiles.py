@@ -40,7 +40,9 @@ class StageSpec:
         if self.kind == "concurrent":
             return f"concurrent@{int(self.rate or 0)}"
         if self.kind in ("constant", "poisson"):
-            return f"{self.kind}@{self.rate:.4g}/s"
+            # six significant digits: rates a user tells apart (1000.1, 1000.4) stay apart,
+            # and %g drops what is not there (20/s, not 20.0000/s)
+            return f"{self.kind}@{self.rate:.6g}/s"
         if self.kind == "throughput":
             return f"throughput@{self.streams}"
         return self.kind

@@ -79,8 +79,12 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
     w0 = info.start_ns + round(warmup.resolve_s(duration_s) * NS)
     w1 = active_end_ns - round(cooldown.resolve_s(duration_s) * NS)
     warnings = []
-    if w1 <= w0:
+    if not any(ended_by_itself(r) for r in records):
+        # not the warmup's doing: with nothing finished the stage spans no time
+        warnings.append("no request finished in the stage: it has no statistics")
+    elif w1 <= w0:
         warnings.append("warmup + cooldown cover the whole stage; statistics use all of it")
+    if w1 <= w0:
         w0, w1 = info.start_ns, active_end_ns
     measured = [r for r in records if w0 <= started_ns(r) <= w1]
     window_s = max((w1 - w0) / NS, 1e-9)

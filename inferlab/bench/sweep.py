@@ -64,7 +64,13 @@ def _sweep(runner: StageRunner, load: LoadConfig, limits: StageLimits) -> list[S
         return results
     results.append(runner.run(StageSpec("throughput", None, load.max_concurrency, limits), 1))
     low, high = (r.summary.request_throughput for r in results)
-    if runner.interrupted or low <= 0 or high <= 0:
+    if runner.interrupted:
+        return results
+    if low <= 0 or high <= 0:  # no rate to sweep between
+        results[-1].summary.warnings.append(
+            "the sweep's constant stages were skipped: the synchronous or the throughput "
+            "stage measured 0 req/s (no successful request), so there is no range of "
+            "rates to sweep")
         return results
     for i, rate in enumerate(sweep_rates(low, high, load.sweep_size)):
         if runner.interrupted:

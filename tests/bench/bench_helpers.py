@@ -11,11 +11,17 @@ from inferlab.bench.config import (
     DataConfig,
     LoadConfig,
     MeasureConfig,
+    Span,
     StageLimits,
     TargetConfig,
 )
 from inferlab.bench.progress import NullProgress
+from inferlab.bench.records import RequestRecord
+from inferlab.bench.report_json import LoadedStage
 from inferlab.bench.session import RunResult, run_benchmark
+from inferlab.bench.summary import StageInfo, summarize
+
+MS = 1_000_000
 
 
 def bench_config(url: str, corpus: Path, profile: str = "constant",
@@ -50,3 +56,22 @@ def closed_stdout_exit_code(argv: list[str]) -> int:
     _, err = proc.communicate(timeout=120)
     assert "Traceback" not in err, err
     return proc.returncode
+
+
+def synthetic_stage(ttfts_ms: list[float], errors: int = 0, label: str = "constant@20/s",
+                    slo_ttft_ms: float | None = None) -> LoadedStage:
+    """A stage of requests 50 ms apart with the given TTFTs, then `errors` failures."""
+    records = []
+    for i, ttft in enumerate([*ttfts_ms, *[None] * errors]):
+        start = i * 50 * MS
+        first = None if ttft is None else start + round(ttft * MS)
+        end = start + 5 * MS if first is None else first + 10 * MS
+        records.append(RequestRecord(
+            stage=0, index=i, outcome="ok" if first else "error",
+            error="" if first else "HTTP 500: boom", status=200 if first else 500,
+            intended_ns=start, start_ns=start, first_token_ns=first, end_ns=end,
+            chunk_ns=[first, end] if first else [], chunk_tokens=[1, 1] if first else [],
+            output_tokens=2 if first else 0, output_tokens_source="usage"))
+    info = StageInfo(0, label, "constant", 20.0, 0, "max_requests", len(records))
+    slo = {"ttft_ms": slo_ttft_ms} if slo_ttft_ms else None
+    return LoadedStage(label, summarize(info, records, Span(), Span(), slo), None, records)

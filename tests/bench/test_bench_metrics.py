@@ -162,6 +162,14 @@ def test_requests_the_benchmark_cut_do_not_stretch_the_window():
     assert s.request_throughput == pytest.approx(2 / 0.4)
 
 
+def test_a_stage_where_no_request_finished_says_so_not_that_warmup_covers_it():
+    for records in ([], [D], [rec("cancelled", 0, 0, 3000)]):  # no warmup, no cooldown
+        s = summarize(INFO, records, Span(), Span(), slo=None)
+        assert s.warnings == ["no request finished in the stage: it has no statistics"]
+    s = summarize(INFO, [A, B], Span(seconds=10), Span(), slo=None)  # a warmup that does
+    assert s.warnings == ["warmup + cooldown cover the whole stage; statistics use all of it"]
+
+
 def test_a_stage_whose_requests_were_all_cut_ends_at_its_last_send():
     g = rec("cancelled", 0, 0, 3000)
     h = replace(rec("error", 50, 50, 2050), error="timeout after 2 s")

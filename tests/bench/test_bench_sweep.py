@@ -37,6 +37,7 @@ class ModelRunner:
     """Runs nothing: answers each stage from the server model above."""
 
     interrupt_after: int | None = None
+    dead_throughput: bool = False  # the throughput stage completes no request
     ran: list[StageSpec] = field(default_factory=list)
     interrupted: bool = False
 
@@ -49,7 +50,8 @@ class ModelRunner:
         else:
             rate = spec.rate or 0.0
         ttft = 20.0 if rate <= KNEE_RATE else 300.0
-        records = records_at(rate, ttft)
+        records = [] if self.dead_throughput and spec.kind == "throughput" else \
+            records_at(rate, ttft)
         info = StageInfo(stage, spec.label, spec.kind, spec.rate, 0, "max_seconds",
                          len(records))
         if self.interrupt_after is not None and len(self.ran) >= self.interrupt_after:
@@ -99,3 +101,11 @@ def test_interrupt_stops_further_stages():
     runner = ModelRunner(interrupt_after=2)
     results, _ = run_profile(runner, LoadConfig("sweep", sweep_size=4), LIMITS, None)
     assert len(results) == 2
+
+
+def test_a_sweep_with_no_rate_range_says_why_it_ran_no_constant_stage():
+    runner = ModelRunner(dead_throughput=True)
+    results, _ = run_profile(runner, LoadConfig("sweep", sweep_size=3), LIMITS, None)
+    assert [s.kind for s in runner.ran] == ["synchronous", "throughput"]
+    assert any("constant stages were skipped" in w and "0 req/s" in w
+               for w in results[1].summary.warnings)
