@@ -89,10 +89,16 @@ class Generation:
             self._buffer.append((index, item))
 
     async def _submit(self) -> None:
-        await asyncio.gather(*(
+        # every submission settled before one's error is raised: an add still on its way
+        # (a prompt being encoded) would otherwise land after close()'s aborts and run unread
+        results = await asyncio.gather(*(
             self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i),
                                self.priority)
-            for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))))
+            for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))),
+            return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) until every prompt has finished."""

@@ -330,3 +330,26 @@ def test_prompts_are_encoded_off_the_event_loop_and_hopeless_ones_not_at_all(ser
     kept = httpx.post(f"{url}/completions", headers=headers, timeout=60, json={
         "model": MODEL_NAME, "prompt": hopeless, "max_tokens": 1, "truncate_prompt_tokens": 8})
     assert kept.status_code == 200 and kept.json()["usage"]["prompt_tokens"] == 8
+
+
+def test_a_refused_prompt_of_many_leaves_none_of_the_others_running(server, monkeypatch):
+    """Once the 400 went out while the other prompts were still being encoded: their adds
+    reached the engine after the request's aborts and ran to max_tokens with no reader."""
+    tokenizer = server.engine.tokenizer
+    encode = tokenizer.encode
+
+    def slow(text, *args, **kwargs):
+        time.sleep(0.5)  # still encoding when the hopeless prompt is refused
+        return encode(text, *args, **kwargs)
+
+    monkeypatch.setattr(tokenizer, "encode", slow)
+    hopeless = "a" * (4 * tokenizer.max_token_chars * (server.engine.max_model_len + 1))
+    generated = server.metric("vllm:generation_tokens_total")
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60, json={
+        "model": MODEL_NAME, "prompt": [hopeless] + [f"Story {i}: dragons" for i in range(4)],
+        "max_tokens": 40, "ignore_eos": True})
+    assert r.status_code == 400 and "at least" in r.json()["error"]["message"]
+    time.sleep(1.5)  # past the other prompts' encoding: any add of theirs has reached the engine
+    assert wait_until(lambda: engine_idle(server), timeout_s=30)
+    # at most a step's token each between an add and its abort, against 40 each unread
+    assert server.metric("vllm:generation_tokens_total") - generated <= 4
