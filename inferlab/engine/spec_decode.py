@@ -51,7 +51,9 @@ class SpeculativeConfig:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise InferlabError(f"num_speculative_tokens must be a positive integer, got {k!r}")
         low, high = self.prompt_lookup_min, self.prompt_lookup_max
-        low, high = (low or high or 5), (high or low or 5)
+        # one given sets both; neither: vLLM's 5 (a 0 is refused below, not read as unset)
+        low = (5 if high is None else high) if low is None else low
+        high = low if high is None else high
         for name, value in (("prompt_lookup_min", low), ("prompt_lookup_max", high)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise InferlabError(f"{name} must be a positive integer, got {value!r}")
@@ -124,24 +126,26 @@ def _batch_size_table(entries: object, max_k: int) -> tuple[tuple[int, int, int]
 
 
 def propose_ngram(token_ids: list[int], config: SpeculativeConfig, max_drafts: int) -> list[int]:
-    """Up to max_drafts tokens that followed the latest earlier occurrence of the sequence's last
-    n tokens, trying n from prompt_lookup_max down to prompt_lookup_min; [] when none occurred.
+    """Up to max_drafts tokens that followed the earliest occurrence of the sequence's last n
+    tokens, trying n from prompt_lookup_max down to prompt_lookup_min; [] when none occurred.
+    The earliest, as vLLM picks it: in a periodic stretch the latest occurrence sits one period
+    back, so its followers run into the sequence's end after a period's worth of drafts.
 
-    The search runs on the tokens' bytes (bytes.rfind, in C), so a step costs no Python loop
+    The search runs on the tokens' bytes (bytes.find, in C), so a step costs no Python loop
     over the context; a hit at a byte offset inside a token is skipped.
     """
     num_tokens = len(token_ids)
     if max_drafts < 1 or num_tokens < config.prompt_lookup_min + 1:
         return []
     data = array("i", token_ids).tobytes()
+    end = (num_tokens - 1) * _INT  # an occurrence must leave a token after it
     for n in range(min(config.prompt_lookup_max, num_tokens - 1), config.prompt_lookup_min - 1, -1):
-        pattern = data[(num_tokens - n) * _INT:]
-        end = (num_tokens - 1) * _INT  # an occurrence must leave a token after it
-        while (at := data.rfind(pattern, 0, end)) >= 0:
+        pattern, begin = data[(num_tokens - n) * _INT:], 0
+        while (at := data.find(pattern, begin, end)) >= 0:
             if at % _INT == 0:
                 start = at // _INT + n
                 return token_ids[start:start + max_drafts]
-            end = at + len(pattern) - 1  # misaligned: look further back
+            begin = at + 1  # misaligned: look further on
     return []
 
 

@@ -26,8 +26,18 @@ def test_the_longest_suffix_that_occurred_before_wins():
     tokens = [1, 2, 3, 9, 9, 7, 2, 3, 5, 6, 1, 2, 3]
     # suffix [1, 2, 3] occurred at 0 (followed by 9, 9, 7...); [2, 3] occurred later, at 6
     assert propose_ngram(tokens, _ngram(1, 3), 3) == [9, 9, 7]
-    # limited to bigrams, the latest occurrence of [2, 3] (at 6) gives what followed it
-    assert propose_ngram(tokens, _ngram(1, 2), 3) == [5, 6, 1]
+    # limited to unigrams, [3] occurred at 2 and 7: the earliest gives what followed it
+    assert propose_ngram(tokens, _ngram(1, 1), 3) == [9, 9, 7]
+
+
+@pytest.mark.parametrize(("tokens", "expected"), [
+    ([7] * 8, [7, 7, 7, 7]),
+    ([1, 2, 1, 2, 1, 2, 1, 2], [1, 2, 1, 2]),
+    ([1, 2, 3, 9, 9, 1, 2, 3, 8, 8, 1, 2, 3], [9, 9, 1, 2]),
+])
+def test_the_earliest_occurrence_drafts_as_vllm_does(tokens, expected):
+    """Once the latest: a periodic stretch got one period of drafts (a single [7] of 4)."""
+    assert propose_ngram(tokens, _ngram(1, 3, k=4), 4) == expected
 
 
 def test_drafts_stop_at_max_drafts_and_at_the_end_of_the_sequence():
@@ -45,10 +55,10 @@ def test_no_occurrence_or_too_short_gives_no_drafts():
 
 def test_a_match_across_token_boundaries_is_not_a_match():
     # little-endian int32 bytes: 16777221 = 05 00 00 01, 117899264 = 00 00 07 07, so bytes 2..5
-    # of [16777221, 117899264] spell 256 (00 01 00 00) across the two tokens
+    # of [16777221, 117899264] spell 256 (00 01 00 00) across the two tokens, before the real one
     a, b = 16777221, 117899264
-    tokens = [256, 9, a, b, 3, 256]
-    assert propose_ngram(tokens, _ngram(1, 1), 3) == [9, a, b]
+    tokens = [a, b, 256, 9, 3, 256]
+    assert propose_ngram(tokens, _ngram(1, 1), 3) == [9, 3, 256]
 
 
 @pytest.mark.parametrize(("drafts", "sampled", "expected"), [
@@ -83,6 +93,11 @@ def test_config_defaults_and_errors():
                          ('{"num_speculative_tokens": 2, "prompt_lookup_min": 4, '
                           '"prompt_lookup_max": 2}', "over prompt_lookup_max"),
                          ('{"num_speculative_tokens": 2, "disable_by_batch_size": 1}', "at least 2"),
+                         # once read as unset: min 0 became 3, max 0 became 5
+                         ('{"num_speculative_tokens": 4, "prompt_lookup_min": 0, '
+                          '"prompt_lookup_max": 3}', "prompt_lookup_min must be a positive"),
+                         ('{"num_speculative_tokens": 4, "prompt_lookup_max": 0}',
+                          "prompt_lookup_m.. must be a positive integer, got 0"),
                          ("[2]", "JSON object"), ("{", "not JSON")]:
         with pytest.raises(InferlabError, match=message):
             SpeculativeConfig.from_json(bad)
