@@ -10,7 +10,7 @@ import os
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import WeightFormat, kv_cache_bytes_per_token, weight_bytes
 from inferlab.planner.model_shapes import groups_weight_format
-from inferlab.quant.ct_config import ConfigGroup, ParsedConfig, parse_quantization_config
+from inferlab.quant.ct_config import ParsedConfig, parse_quantization_config
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
@@ -51,7 +51,7 @@ def model_info(model: str | None, dtype: str) -> dict:
     fmt = groups_weight_format(groups, path)
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, fmt, groups),
+        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, fmt),
         "linears_as_stored": fmt is not None,
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
@@ -66,16 +66,15 @@ def model_info(model: str | None, dtype: str) -> dict:
     }
 
 
-def _weight_bytes(cfg: ModelConfig, dtype: str, fmt: WeightFormat | None,
-                  groups: tuple[ConfigGroup, ...]) -> int:
+def _weight_bytes(cfg: ModelConfig, dtype: str, fmt: WeightFormat | None) -> int:
     """What the weights take loaded in `dtype`: a compressed-tensors checkpoint's decoder linears
-    in their stored format `fmt` (codes and scales as the planner counts them, and zero points of
-    the scales' size where asymmetric), the rest in dtype."""
+    in their stored format `fmt` (codes and scales as the planner counts them), the rest in
+    dtype. Loaded, zero points are held at the scales' size, not packed as the file has them."""
     if fmt is None:  # dense, or only pruned
         return cfg.num_parameters() * _DTYPE_BYTES[dtype]
     counted = weight_bytes(cfg, dataclasses.replace(fmt, dense_dtype=dtype))
-    asymmetric = any(not g.scheme.weights.symmetric for g in groups)
-    return counted.total_bytes + (counted.scale_bytes if asymmetric else 0)
+    return (counted.total_bytes - counted.zero_point_bytes
+            + (0 if fmt.symmetric else counted.scale_bytes))
 
 
 def _parsed_quantization(config: dict | None) -> ParsedConfig | None:

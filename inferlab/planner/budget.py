@@ -129,6 +129,11 @@ def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
             f"{format_bytes(activations)} + overhead {format_bytes(cfg.runtime_overhead_bytes)} + "
             f"KV cache {format_bytes(kv)} exceed {format_bytes(cfg.device_memory_bytes)} on {hardware_name}")
     blocks = num_kv_blocks(max(kv, 0), cfg.block_size, per_token)
+    if blocks == 0 and cfg.kv_cache_bytes is not None:  # the budget, not the device, is short
+        raise InferlabError(
+            f"does not fit: the KV cache budget of {format_bytes(kv)} (--kv-cache-memory) is less "
+            f"than one KV block ({format_bytes(cfg.block_size * per_token)}: {cfg.block_size} tokens "
+            f"× {per_token:,} B); give at least that")
     if blocks == 0:
         short = (f"leave {format_bytes(kv)}, less than one KV block ({format_bytes(cfg.block_size * per_token)})"
                  if kv > 0 else f"= {format_bytes(taken)}")

@@ -162,6 +162,11 @@ def compare(plan: Plan, result: Any) -> list[Comparison]:
         prompt = _setting(run, PROMPT) or plan.inputs.workload.prompt_tokens
         output = _setting(run, OUTPUT) or plan.inputs.workload.output_tokens
         workload = Workload(max(1, round(prompt)), max(1, round(output)))
+        if workload.context_len > plan.inputs.model.config.max_context:
+            raise InferlabError(
+                f"--compare-bench: a run of {workload.prompt_tokens} + {workload.output_tokens} tokens "
+                f"exceeds {plan.inputs.model.name}'s maximum context of "
+                f"{plan.inputs.model.config.max_context}: a result for another model?")
         rate = _offered_rate(run)
         batch, label = _concurrency(plan, run, workload, rate)
         point = _predict(plan, workload, batch)

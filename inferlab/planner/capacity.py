@@ -7,15 +7,18 @@ r × O = b × (1 − r × T_prefill) / t_step(b), that is
 
     r(b)   = b / (O × t_step(b) + b × T_prefill)        requests/s per replica
     ITL(b) = t_step(b) + b × T_prefill / O              each prompt's prefill, spread over O steps
-    TTFT(b)= T_prefill + n(b) × t_step(b)               the prompt rides in n(b) decode steps
 
 A step computes at most B = max_num_batched_tokens tokens and the scheduler serves the running
-sequences first, so a prompt gets the B − (b − 1) tokens the others' decodes leave: it takes
-n(b) = ⌈P / (B − b + 1)⌉ steps, and no more than B sequences decode at once. The budget also
-caps the rate: each request needs P + O of the B tokens a step (of at least t_step(b)) computes,
-so r(b) is at most B / ((P + O) × t_step(b)).
+sequences first, so a prompt gets the B − (b − 1) tokens the others' decodes leave: it goes in
+⌈P / (B − b + 1)⌉ chunks, each in a step that also decodes the b − 1 others, and TTFT(b) is the
+roofline time of those steps (weights read once a step; at batch 1, the plain chunked prefill).
+No more than B sequences decode at once. The budget also caps the rate: each request needs
+P + O of the B tokens a step (of at least t_step(b)) computes, so r(b) is at most
+B / ((P + O) × t_step(b)).
 
-The planner takes the batch with the highest r(b) that meets both SLOs and fits in memory.
+The planner takes the batch with the highest r(b) that meets both SLOs and fits in memory. Where
+r(b) peaks below the batch those allow, what binds is the step budget's cap on the rate
+(max_num_batched_tokens) or, on hardware whose steps slow faster than the batch grows, the step time.
 Queueing near saturation adds to TTFT; these figures are for a replica at its capacity.
 """
 
@@ -26,7 +29,7 @@ from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import Hardware
-from inferlab.planner.roofline import ModelCost, decode_step, prefill
+from inferlab.planner.roofline import ModelCost, decode_step, prefill, time_to_first_token
 
 
 def _parse_pairs(text: str, keys: tuple[str, ...], what: str) -> dict[str, float]:
@@ -61,6 +64,9 @@ class Workload:
         if not text.strip():
             raise InferlabError("--workload is empty: give prompt=N,output=N tokens")
         values = _parse_pairs(text, ("prompt", "output"), "--workload")
+        for key, value in values.items():
+            if not value.is_integer():
+                raise InferlabError(f"--workload: {key}={value:g} is not a whole number of tokens")
         return cls(int(values.get("prompt", cls.prompt_tokens)), int(values.get("output", cls.output_tokens)))
 
     @property
@@ -98,26 +104,25 @@ class ReplicaPoint:
     ttft_ms: float
     itl_ms: float
     requests_per_s: float
-
-
-def prefill_steps(prompt_tokens: int, batch: int, step_tokens: int) -> int:
-    """n(b): the steps a prompt's prefill takes beside `batch` − 1 decoding sequences
-    (`batch` <= `step_tokens`)."""
-    return -(-prompt_tokens // (step_tokens - batch + 1))
+    step_tokens_bound: bool  # the rate is max_num_batched_tokens' cap, not the decode steps'
 
 
 def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int, tp: int,
                   step_tokens: int) -> ReplicaPoint:
-    step_s = decode_step(cost, hw, batch, workload.mean_decode_context, tp).time_s
+    """A replica keeping `batch` (<= `step_tokens`) sequences decoding."""
+    context = workload.mean_decode_context
+    step_s = decode_step(cost, hw, batch, context, tp).time_s
     # the prompt's own work: its chunks share weight reads with the decode steps they ride in
     prefill_s = prefill(cost, hw, workload.prompt_tokens, tp).time_s
+    ttft = time_to_first_token(cost, hw, workload.prompt_tokens, batch - 1, context, tp, step_tokens)
     out = workload.output_tokens
+    decode_rate = batch / (out * step_s + batch * prefill_s)
+    step_token_rate = step_tokens / (workload.context_len * step_s)
     return ReplicaPoint(
-        batch=batch, step_ms=step_s * 1e3,
-        ttft_ms=(prefill_s + prefill_steps(workload.prompt_tokens, batch, step_tokens) * step_s) * 1e3,
+        batch=batch, step_ms=step_s * 1e3, ttft_ms=ttft.time_s * 1e3,
         itl_ms=(step_s + batch * prefill_s / out) * 1e3,
-        requests_per_s=min(batch / (out * step_s + batch * prefill_s),
-                           step_tokens / (workload.context_len * step_s)),
+        requests_per_s=min(decode_rate, step_token_rate),
+        step_tokens_bound=step_token_rate < decode_rate,
     )
 
 
@@ -125,7 +130,8 @@ def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int,
 class CapacityPlan:
     best: ReplicaPoint  # the batch each replica runs at
     max_batch: int  # the most sequences memory, max_num_seqs and max_num_batched_tokens allow
-    # what stopped the batch growing: memory, max_num_seqs, max_num_batched_tokens, itl_ms or ttft_ms
+    # what stopped the batch growing: memory, max_num_seqs, max_num_batched_tokens (a step's
+    # sequences or its token rate), itl_ms, ttft_ms, or `step time` (the rate falls past `best`)
     limited_by: str
     request_rate: float | None
     replicas: int | None
@@ -165,23 +171,25 @@ def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, m
         raise InferlabError(f"--request-rate must be positive and finite, got {request_rate}")
     if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
         raise InferlabError(f"--price-per-hour must be positive and finite, got {price_per_gpu_hour}")
-    best = None
+    points: list[ReplicaPoint] = []  # those within the SLO, by batch
     for batch in range(1, max_batch + 1):
         point = replica_point(cost, hw, workload, batch, tp, step_tokens)
         broken = [name for name, limit, value in (("ttft_ms", slo.ttft_ms, point.ttft_ms),
                                                   ("itl_ms", slo.itl_ms, point.itl_ms))
                   if limit is not None and value > limit]
         if broken:
-            if best is None:
+            if not points:
                 name = broken[0]
                 raise InferlabError(
                     f"the SLO cannot be met on {hw.name}: even at batch 1 {name} is "
                     f"{getattr(point, name):.1f} > {getattr(slo, name):g}")
             limited_by = broken[0]
             break
-        if best is None or point.requests_per_s >= best.requests_per_s:
-            best = point
-    assert best is not None  # max_batch >= 1
+        points.append(point)
+    # the highest rate, the larger batch on a tie
+    best = max(reversed(points), key=lambda p: p.requests_per_s)
+    if best is not points[-1]:  # the rate peaks below the batch the limits allow
+        limited_by = "max_num_batched_tokens" if points[best.batch].step_tokens_bound else "step time"
     replicas = None if request_rate is None else math.ceil(request_rate / best.requests_per_s)
     return CapacityPlan(
         best=best, max_batch=max_batch, limited_by=limited_by, request_rate=request_rate,

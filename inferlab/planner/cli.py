@@ -19,7 +19,7 @@ from inferlab.planner.plan import PlanInputs, build_plan
 from inferlab.planner.presets import PRESETS
 from inferlab.planner.report_html import render_html
 from inferlab.planner.report_text import render_text
-from inferlab.planner.units import format_rate, parse_bytes
+from inferlab.planner.units import format_bytes, format_rate, parse_bytes
 
 DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
 
@@ -35,7 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--cache", type=Path, default=None, help="where the cpu-local figures are cached")
     p.add_argument("--list", action="store_true", help="list model presets and hardware, then exit")
     p.add_argument("--weight-format", default=None,
-                   help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size) "
+                   help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size); "
+                        "-asym after int8-wo or int4-g… adds zero points "
                         "(default: a compressed-tensors checkpoint's own, else bf16)")
     p.add_argument("--kv-dtype", default=DEFAULTS.kv_dtype, help=f"one of {', '.join(KV_DTYPES)}")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
@@ -49,7 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
     p.add_argument("--runtime-overhead", default=None, help="override the runtime overhead (e.g. 2GiB)")
     p.add_argument("--context-len", type=int, default=None,
-                   help="sequence length for the concurrency figure (default: prompt + output)")
+                   help="sequence length for the concurrency figure only; capacity and cost follow "
+                        "the workload's prompt + output (default: prompt + output)")
     p.add_argument("--workload", default="prompt=1024,output=256", help="prompt=N,output=N tokens")
     p.add_argument("--slo", default="", help="latency targets, e.g. ttft_ms=500,itl_ms=50")
     p.add_argument("--request-rate", type=float, default=None, help="requests/s to serve")
@@ -109,7 +111,7 @@ def list_tables() -> str:
     lines = ["Model presets:"]
     lines += [f"  {name:<16} {source}" for name, (_, source) in PRESETS.items()]
     lines.append("Hardware:")
-    lines += [f"  {h.name:<12} {h.memory_bytes / 1e9:6.0f} GB "
+    lines += [f"  {h.name:<12} {format_bytes(h.memory_bytes):>10} "
               f"{format_rate(h.memory_bandwidth_bytes_per_s, 'B/s'):>10} "
               f"bf16 {format_rate(h.peak_flops['bf16'], 'FLOP/s'):>12}  {h.source}"
               for h in HARDWARE.values()]

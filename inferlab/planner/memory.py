@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
@@ -45,6 +46,7 @@ class WeightFormat:
     compute_dtype: str  # the dtype the matmuls run in: picks the hardware's peak FLOP/s
     dense_dtype: str = "bf16"
     scale_bytes: int = 2  # bf16/fp16 scales, as GPTQ, AWQ and compressed-tensors store them
+    symmetric: bool = True  # False: an integer zero point beside each scale
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8, 16, 32):
@@ -63,18 +65,29 @@ WEIGHT_FORMATS = {
     # weight-only: dequantized inside the matmul, which runs in bf16
     "int8-wo": WeightFormat("int8-wo", 8, None, True, "bf16"),
 }
+ASYMMETRIC = "-asym"  # the suffix of a weight-only format with zero points
 _INT4 = re.compile(r"^int4-g(\d+)$")
 
 
 def weight_format(name: str) -> WeightFormat:
-    """A name from WEIGHT_FORMATS, or `int4-g<group size>` (weight-only, symmetric, bf16 scales)."""
-    match = _INT4.match(name.lower())
+    """A name from WEIGHT_FORMATS, or `int4-g<group size>` (weight-only, bf16 scales); a
+    weight-only name (int8-wo, int4-g…) ending in `-asym` has zero points too."""
+    lower = name.lower()
+    base = lower.removesuffix(ASYMMETRIC)
+    match = _INT4.match(base)
     if match:
-        return WeightFormat(name.lower(), 4, int(match.group(1)), True, "bf16")
-    valid = [*WEIGHT_FORMATS, "int4-g128", "int4-g64", "int4-g32"]
-    if name.lower() not in WEIGHT_FORMATS:
+        fmt = WeightFormat(base, 4, int(match.group(1)), True, "bf16")
+    elif base in WEIGHT_FORMATS:
+        fmt = WEIGHT_FORMATS[base]
+    else:
+        valid = [*WEIGHT_FORMATS, "int4-g128", "int4-g64", "int4-g32", "int4-g128-asym", "int8-wo-asym"]
         raise InferlabError(unknown_name_message("weight format", name, valid))
-    return WEIGHT_FORMATS[name.lower()]
+    if base == lower:
+        return fmt
+    if fmt.compute_dtype != "bf16" or not fmt.has_scales:
+        raise InferlabError(f"weight format {name!r}: only weight-only formats (int8-wo, int4-g…) "
+                            "take zero points")
+    return replace(fmt, name=lower, symmetric=False)
 
 
 def block_linear_shapes(model: ModelConfig) -> list[tuple[int, int]]:
@@ -92,13 +105,16 @@ class WeightBytes:
     packed_bytes: int  # quantized_params × bits / 8
     num_scales: int  # one per output row, or per row and group of `group_size` input columns
     scale_bytes: int  # num_scales × bytes per scale
+    # asymmetric: one zero point per scale, `bits` wide, packed into int32 words down the output
+    # rows of each group column (compressed-tensors' pack-quantized, as vLLM holds them too)
+    zero_point_bytes: int
     dense_params: int  # embeddings, lm_head, norms, biases: kept in the dense dtype
     dense_bytes: int
     format: str
 
     @property
     def total_bytes(self) -> int:
-        return self.packed_bytes + self.scale_bytes + self.dense_bytes
+        return self.packed_bytes + self.scale_bytes + self.zero_point_bytes + self.dense_bytes
 
     @property
     def total_params(self) -> int:
@@ -108,18 +124,19 @@ class WeightBytes:
 def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
     shapes = block_linear_shapes(model)
     quantized = model.num_layers * sum(n_in * n_out for n_in, n_out in shapes)
-    if not fmt.has_scales:
-        scales = 0
-    elif fmt.group_size is None:
-        scales = model.num_layers * sum(n_out for _, n_out in shapes)
-    else:  # a partial last group still needs its own scale
-        scales = model.num_layers * sum(n_out * -(-n_in // fmt.group_size) for n_in, n_out in shapes)
+    # scale columns per layer: one, or one per group of inputs (a partial last group has its own)
+    columns = [1 if fmt.group_size is None else -(-n_in // fmt.group_size) for n_in, _ in shapes]
+    outputs = [n_out for _, n_out in shapes]
+    scales = model.num_layers * sum(map(operator.mul, outputs, columns)) if fmt.has_scales else 0
+    zero_point_words = model.num_layers * sum(-(-n_out * fmt.bits // 32) * c
+                                              for n_out, c in zip(outputs, columns, strict=True))
     dense = model.num_parameters() - quantized
     return WeightBytes(
         quantized_params=quantized,
         packed_bytes=quantized * fmt.bits // 8,
         num_scales=scales,
         scale_bytes=scales * fmt.scale_bytes,
+        zero_point_bytes=0 if fmt.symmetric else 4 * zero_point_words,
         dense_params=dense,
         dense_bytes=dense * dtype_bytes(fmt.dense_dtype),
         format=fmt.name,

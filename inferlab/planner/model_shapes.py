@@ -12,7 +12,7 @@ from pathlib import Path
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.gguf import read_gguf_config
-from inferlab.planner.memory import WeightFormat
+from inferlab.planner.memory import ASYMMETRIC, WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
 from inferlab.quant.ct_config import ConfigGroup, parse_quantization_config
@@ -70,8 +70,8 @@ def scheme_weight_format(scheme: QuantScheme) -> WeightFormat:
     group = w.group_size if w.strategy == GROUP else None
     compute = "bf16" if acts is None else "fp8" if acts.kind == FLOAT else "int8"
     name = (f"{'fp' if w.kind == FLOAT else 'int'}{w.num_bits}" + (f"-g{group}" if group else "")
-            + ("-wo" if acts is None and w.num_bits == 8 else ""))
-    return WeightFormat(name, w.num_bits, group, True, compute)
+            + ("-wo" if acts is None and w.num_bits == 8 else "") + ("" if w.symmetric else ASYMMETRIC))
+    return WeightFormat(name, w.num_bits, group, True, compute, symmetric=w.symmetric)
 
 
 def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:

@@ -19,8 +19,8 @@ from inferlab.planner.roofline import (
     crossover_batch,
     decode_step,
     model_cost,
-    prefill,
     throughput_curve,
+    time_to_first_token,
 )
 
 
@@ -34,7 +34,9 @@ class PlanInputs:
     slo: SLO
     request_rate: float | None = None  # requests/s to serve
     price_per_gpu_hour: float | None = None
-    context_len: int | None = None  # for the concurrency figure; default: the workload's
+    # only for the concurrency figure (sequences of this length that fit); capacity and cost
+    # follow the workload's own length. Default: the workload's
+    context_len: int | None = None
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,9 @@ class Plan:
     weights: WeightBytes
     memory: MemoryPlan
     cost: ModelCost
-    context_len: int
-    max_batch: int  # sequences of context_len that fit, capped by what one step holds
-    prefill: StepEstimate  # the workload's prompt
+    context_len: int  # of the concurrency figure
+    max_batch: int  # the workload's sequences that fit, capped by what one step holds
+    prefill: StepEstimate  # the workload's prompt alone: the TTFT at batch 1
     decode_batch1: StepEstimate
     curve: list[CurvePoint]
     crossover_batch: float | None
@@ -101,18 +103,20 @@ def batch_limit(cfg: MemoryConfig, fitting: int) -> tuple[int, str]:
 def build_plan(inputs: PlanInputs) -> Plan:
     model, hw, fmt = inputs.model.config, inputs.hardware, inputs.weight_format
     tp = inputs.memory.tensor_parallel
-    context = inputs.context_len or inputs.workload.context_len
-    if context > model.max_context:
-        raise InferlabError(f"context of {context} tokens exceeds {inputs.model.name}'s maximum "
-                            f"of {model.max_context}")
+    sequence = inputs.workload.context_len  # what the scheduler admits a request by
+    context = inputs.context_len or sequence
+    for tokens, what in ((sequence, "the workload's prompt + output"), (context, "--context-len")):
+        if tokens > model.max_context:
+            raise InferlabError(f"context of {tokens} tokens ({what}) exceeds {inputs.model.name}'s "
+                                f"maximum of {model.max_context}")
     weights = weight_bytes(model, fmt)
     memory = plan_memory(model, weights, inputs.memory, fmt.dense_dtype, hw.name)
-    fitting = memory.max_sequences(context)
-    if fitting == 0:
+    longest = max(sequence, context)
+    if memory.max_sequences(longest) == 0:
         raise InferlabError(
-            f"does not fit: one sequence of {context} tokens needs {-(-context // memory.block_size)} "
+            f"does not fit: one sequence of {longest} tokens needs {-(-longest // memory.block_size)} "
             f"KV blocks, only {memory.num_blocks} fit on {hw.name}")
-    max_batch, limited_by = batch_limit(inputs.memory, fitting)
+    max_batch, limited_by = batch_limit(inputs.memory, memory.max_sequences(sequence))
     step_tokens = inputs.memory.max_num_batched_tokens
     cost = model_cost(model, weights, fmt, memory, tp)
     notes = []
@@ -126,7 +130,8 @@ def build_plan(inputs: PlanInputs) -> Plan:
     return Plan(
         inputs=inputs, weights=weights, memory=memory, cost=cost, context_len=context,
         max_batch=max_batch,
-        prefill=prefill(cost, hw, inputs.workload.prompt_tokens, tp, step_tokens),
+        prefill=time_to_first_token(cost, hw, inputs.workload.prompt_tokens, 0, decode_context, tp,
+                                    step_tokens),
         decode_batch1=decode_step(cost, hw, 1, decode_context, tp),
         curve=throughput_curve(cost, hw, decode_context, max_batch, tp),
         crossover_batch=crossover_batch(cost, hw, decode_context),

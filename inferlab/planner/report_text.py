@@ -18,7 +18,7 @@ def _header(plan: Plan) -> list[str]:
         f"  model     {m.num_layers} layers, hidden {m.hidden_size}, MLP {m.intermediate_size}, "
         f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}, vocab {m.vocab_size}, "
         f"{m.num_parameters() / 1e9:.3g} B params  [{i.model.source}]",
-        f"  hardware  {format_rate(hw.memory_bytes, 'B')} memory, {format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
+        f"  hardware  {format_bytes(hw.memory_bytes)} memory, {format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
         f" × {hw.bandwidth_efficiency:g}, {used} {format_rate(peak, 'FLOP/s')} × {hw.compute_efficiency:g}"
         f"  [{hw.source}]",
     ]
@@ -39,12 +39,13 @@ def _memory(plan: Plan) -> list[str]:
     m, cfg, fmt = i.model.config, i.memory, i.weight_format
     tp = f" / {cfg.tensor_parallel} devices" if cfg.tensor_parallel > 1 else ""
     scales = (f" + {w.num_scales:,} scales × {fmt.scale_bytes} B" if w.num_scales else "")
+    zeros = f" + {w.zero_point_bytes:,} B of {fmt.bits}-bit zero points" if w.zero_point_bytes else ""
     group = f" (group {fmt.group_size})" if fmt.group_size else ""
     ctx_blocks = -(-plan.context_len // mem.block_size)
     lines = [
         "Memory (per device)",
         f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
-        f"{fmt.bits} bits{group}{scales} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B{tp}",
+        f"{fmt.bits} bits{group}{scales}{zeros} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
         f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_step_seqs} seqs × {m.vocab_size} vocab × 4 B",
@@ -55,10 +56,25 @@ def _memory(plan: Plan) -> list[str]:
         f"    blocks          {mem.num_blocks:>12,}   of {mem.block_size} tokens ({format_bytes(mem.block_bytes)}"
         f" each): {mem.kv_tokens:,} tokens",
         f"    sequences       {mem.max_sequences(plan.context_len):>12,}   of {plan.context_len:,} tokens "
-        f"({ctx_blocks} blocks each) at once; batch limit {plan.max_batch} "
-        f"(max_num_seqs {cfg.max_num_seqs}, max_num_batched_tokens {cfg.max_num_batched_tokens})",
+        f"({ctx_blocks} blocks each) at once",
+        f"    batch limit     {plan.max_batch:>12,}   {_workload_fit(plan)}max_num_seqs {cfg.max_num_seqs}, "
+        f"max_num_batched_tokens {cfg.max_num_batched_tokens}",
     ]
     return lines
+
+
+def _workload_fit(plan: Plan) -> str:
+    """How many of the workload's sequences fit, where --context-len made the line above
+    count sequences of another length."""
+    length = plan.inputs.workload.context_len
+    if length == plan.context_len:
+        return ""
+    return f"the workload's sequences of {length:,} tokens: {plan.memory.max_sequences(length):,} fit, "
+
+
+def _tokens_per_s(rate: float) -> str:
+    """Whole tokens/s, or three figures below 100 (a long prompt's few tokens/s are not 0)."""
+    return f"{rate:,.0f}" if rate >= 100 else f"{rate:.3g}"
 
 
 def _step_factors(step: StepEstimate, plan: Plan) -> str:
@@ -97,7 +113,7 @@ def _speed(plan: Plan) -> list[str]:
         f"{_step_factors(plan.decode_batch1, plan)}",
         f"  {'batch':>7} {'ITL ms':>10} {'tokens/s':>12}  bound",
     ]
-    lines += [f"  {p.batch:>7} {p.itl_ms:>10.2f} {p.output_tokens_per_s:>12,.0f}  {p.step.bound}"
+    lines += [f"  {p.batch:>7} {p.itl_ms:>10.2f} {_tokens_per_s(p.output_tokens_per_s):>12}  {p.step.bound}"
               for p in plan.curve]
     if plan.crossover_batch is None:
         lines.append("  decode stays memory-bound at every batch: each sequence's KV reads cost more "
@@ -115,7 +131,7 @@ def _capacity(plan: Plan) -> list[str]:
     lines = [
         f"Capacity (workload prompt={i.workload.prompt_tokens},output={i.workload.output_tokens}; SLO {slo})",
         f"  per replica  batch {best.batch} (limited by {cap.limited_by}): {best.requests_per_s:.3g} req/s, "
-        f"{cap.output_tokens_per_s_per_replica:,.0f} output tokens/s, TTFT {best.ttft_ms:.1f} ms, "
+        f"{_tokens_per_s(cap.output_tokens_per_s_per_replica)} output tokens/s, TTFT {best.ttft_ms:.1f} ms, "
         f"ITL {best.itl_ms:.2f} ms",
     ]
     if cap.replicas is not None:

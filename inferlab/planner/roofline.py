@@ -101,12 +101,19 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
     )
 
 
-def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp: int = 1) -> StepEstimate:
-    """One token for each of `batch` sequences holding `context_len` tokens: weights read once,
-    every sequence's KV read and one new KV entry written."""
+def _decode_work(cost: ModelCost, batch: int, context_len: int) -> tuple[int, int]:
+    """(bytes, FLOPs) of one decode token for each of `batch` sequences holding `context_len`
+    tokens, besides the step's weight reads: every sequence's KV read and one new entry written."""
     kv = batch * (context_len + 1) * cost.kv_bytes_per_token
     flops = batch * (cost.linear_flops_per_token + cost.lm_head_flops
                      + context_len * cost.attention_flops_per_context_token)
+    return kv, flops
+
+
+def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp: int = 1) -> StepEstimate:
+    """One token for each of `batch` sequences holding `context_len` tokens: weights read once,
+    every sequence's KV read and one new KV entry written."""
+    kv, flops = _decode_work(cost, batch, context_len)
     return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
 
 
@@ -123,6 +130,18 @@ def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1,
     bytes_moved = (steps * cost.weight_bytes_per_step
                    + (prompt_len + earlier_kv_reads) * cost.kv_bytes_per_token)
     return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp, steps)
+
+
+def time_to_first_token(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int,
+                        context_len: int, tp: int, step_tokens: int) -> StepEstimate:
+    """A prompt prefilled beside `decoding` running sequences (holding `context_len` tokens): the
+    scheduler gives each of them a token of every step first, so the prompt goes in chunks of the
+    `step_tokens` − `decoding` left, and each of its steps also carries their decode work (the
+    weights are read once a step for all). With nothing else decoding it is the plain prefill."""
+    alone = prefill(cost, hw, prompt_len, tp, step_tokens - decoding)
+    kv, flops = _decode_work(cost, decoding, context_len)
+    return _estimate(cost, hw, alone.tokens + alone.steps * decoding, alone.bytes_moved + alone.steps * kv,
+                     alone.flops + alone.steps * flops, tp, alone.steps)
 
 
 def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | None:

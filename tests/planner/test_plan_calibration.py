@@ -187,3 +187,9 @@ def test_a_real_inferlab_bench_result(tmp_path, capsys):
         assert run["measured"]["itl_ms"] == pytest.approx(10, rel=0.3)
         assert run["measured"]["output_tokens_per_s"] > 0
         assert run["workload"]["output_tokens"] == 16
+
+
+def test_a_run_longer_than_the_model_is_refused(plan):
+    """Once predicted a 1e9-token prompt on Qwen3-0.6B (40,960 tokens at most) without a word."""
+    with pytest.raises(InferlabError, match="exceeds Qwen3-0.6B's maximum context of 40960"):
+        compare(plan, {"ttft_ms": {"p50": 10}, "prompt_tokens": 1e9, "output_tokens": 16})

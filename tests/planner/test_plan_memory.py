@@ -9,6 +9,7 @@ import pytest
 from inferlab.errors import InferlabError
 from inferlab.models.gguf_reader import GGUFFile
 from inferlab.planner.budget import MemoryConfig, kv_heads_per_device, plan_memory
+from inferlab.planner.hardware import datasheet_hardware
 from inferlab.planner.memory import (
     kv_cache_bytes_per_token,
     num_kv_blocks,
@@ -129,3 +130,35 @@ def test_a_model_that_does_not_fit_says_so_in_one_line():
         _plan("Llama-3.1-70B", memory=24 * 10**9)
     message = str(e.value)
     assert "does not fit" in message and "\n" not in message and "--tensor-parallel" in message
+
+
+# memory.total as nvidia-smi prints it (MiB) on these GPUs, cudaMemGetInfo's total: what a server
+# multiplies by --gpu-memory-utilization, not the datasheet's decimal GB (H200 "141 GB")
+REPORTED_MIB = {"H100-SXM": 81559, "H100-PCIe": 81559, "H200": 143771, "A100-80GB": 81920,
+                "A100-40GB": 40960, "L4": 23034, "A10": 23028}
+
+
+@pytest.mark.parametrize(("name", "mib"), list(REPORTED_MIB.items()))
+def test_presets_carry_the_memory_the_device_reports(name, mib):
+    """Once 141e9 B for an H200 (131.3 GiB): its KV cache planned ~9 GiB short."""
+    assert datasheet_hardware(name).memory_bytes == mib * 2**20
+
+
+def test_h200_kv_budget_from_the_reported_total():
+    # Llama-3.1-8B bf16: int(143,771 MiB × 0.9) = 135,679,338,086 usable − 16,060,522,496 weights
+    # − activations (768 × (2×4096 + 3×14336) × 2 + 2 × 256 × 128,256 × 4 = 341,311,488)
+    # − 1 GiB overhead = 118,203,762,278 B -> // (16 × 131,072) = 56,363 blocks
+    hw = datasheet_hardware("H200")
+    plan = _plan("Llama-3.1-8B", memory=hw.memory_bytes, runtime_overhead_bytes=GiB,
+                 max_num_batched_tokens=768)
+    assert plan.kv_cache_bytes == 118_203_762_278
+    assert plan.num_blocks == 56_363
+
+
+def test_a_fixed_kv_budget_below_one_block_asks_for_a_larger_budget():
+    """Once advised a larger --tensor-parallel or other hardware, which a fixed budget ignores."""
+    with pytest.raises(InferlabError) as e:
+        _plan("Llama-3.1-8B", kv_cache_bytes=2**20)  # one block: 16 × 131,072 B = 2 MiB
+    message = str(e.value)
+    assert "--kv-cache-memory" in message and "less than one KV block (2.00 MiB" in message
+    assert "--tensor-parallel" not in message

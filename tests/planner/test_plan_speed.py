@@ -66,13 +66,36 @@ def test_max_num_batched_tokens_caps_the_batch_and_the_rate():
     plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
     assert plan.max_batch == 16 and plan.capacity.limited_by == "max_num_batched_tokens"
     assert plan.prefill.steps == 64
-    # batch 1: its decode step reads 13,214,687,232 B of weights + 1,026 × 524,288 B of K/V
-    # = 13.75260672 ms; the prompt takes 1,024 / 16 = 64 of those steps plus its one-step
-    # prefill time (13.751558144 ms, memory-bound): TTFT 893.918388224 ms
     point = replica_point(plan.cost, ROUND, Workload(1024, 2), 1, 1, step_tokens=16)
-    assert point.ttft_ms == pytest.approx(893.918388224)
-    # each request needs its 1,026 tokens of 16-token steps: 16 / (1,026 × 13.75260672 ms)
+    # each request needs its 1,026 tokens of 16-token steps; a batch-1 decode step reads
+    # 13,214,687,232 B of weights + 1,026 × 524,288 B of K/V = 13.75260672 ms:
+    # 16 / (1,026 × 13.75260672 ms)
     assert point.requests_per_s == pytest.approx(1.1339335318629242)
+
+
+def test_ttft_at_batch_1_is_the_chunked_prefill_and_the_slo_checks_it():
+    """Once TTFT at batch 1 added 64 decode steps to the prefill (893.92 ms), reading the
+    weights twice a step though nothing else decodes, so the headline TTFT and the SLO disagreed."""
+    plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
+    point = replica_point(plan.cost, ROUND, Workload(1024, 2), 1, 1, step_tokens=16)
+    # the 64 chunks of 16 alone, as test_prefill_in_chunks_of_the_step_budget_hand_count: 863.19 ms
+    assert point.ttft_ms == pytest.approx(863.188287488)
+    assert plan.prefill.time_s * 1e3 == pytest.approx(863.188287488)
+    met = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2), slo=SLO(ttft_ms=864))
+    assert met.capacity.best.ttft_ms <= 864
+    with pytest.raises(InferlabError, match="ttft_ms is 863.2 > 862"):
+        _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2), slo=SLO(ttft_ms=862))
+
+
+def test_ttft_beside_a_decoding_sequence_hand_count():
+    # batch 2: the other sequence takes a token of each 16-token step, so the prompt goes in
+    # ⌈1,024 / 15⌉ = 69 chunks of 15. Bytes: 69 weight reads of 13,214,687,232 B; the prompt's
+    # 1,024 K/V writes and 15 × (0 + 1 + … + 68) = 35,190 earlier-chunk reads; the other's
+    # 69 decode tokens over 1,025 + 1 K/V entries each: (1,024 + 35,190 + 69 × 1,026) × 524,288 B
+    # = 967,916,429,312 B -> 967.92 ms at 1 TB/s (FLOPs, ~14.5e12, take 14.5 ms at 1 PFLOP/s)
+    plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
+    point = replica_point(plan.cost, ROUND, Workload(1024, 2), 2, 1, step_tokens=16)
+    assert point.ttft_ms == pytest.approx(967.916429312)
 
 
 def test_tensor_parallel_adds_allreduces():
