@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import codecs
 import functools
+import json
 import re
 
 from inferlab.models.tokenizer import TextTokenizer
@@ -51,6 +52,27 @@ def token_bytes(tokenizer: TextTokenizer, token_id: int, text: str) -> bytes:
     U+FFFD), else `text`'s own bytes."""
     raw = _spelling(tokenizer.id_to_token(token_id), text)
     return raw if raw is not None and raw.decode("utf-8", "replace") == text else text.encode()
+
+
+def space_marker(tokenizer: TextTokenizer) -> str | None:
+    """The character a SentencePiece vocabulary spells a space with ("\u2581"), where the decoder
+    turns it back into one (a Metaspace, or a Replace of it by " "); None for a vocabulary
+    spelled otherwise. Such a decoder also drops the space a text begins with (the one
+    SentencePiece puts before the first word), so a token decoded alone loses it."""
+    decoder = json.loads(tokenizer.backend.to_str()).get("decoder")
+    return _marker(decoder) if isinstance(decoder, dict) else None
+
+
+def _marker(decoder: dict) -> str | None:
+    kind = decoder.get("type")
+    if kind == "Metaspace":
+        return decoder.get("replacement", "\u2581")
+    if kind == "Replace" and decoder.get("content") == " ":
+        pattern = decoder.get("pattern", {}).get("String")
+        return pattern if isinstance(pattern, str) and len(pattern) == 1 else None
+    if kind == "Sequence":
+        return next(filter(None, map(_marker, decoder.get("decoders", []))), None)
+    return None
 
 
 def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[int, bytes]:

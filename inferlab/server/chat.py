@@ -161,8 +161,8 @@ class _Formatter:
                 if c.finished:
                     finished.add(c.index)
                     yield self._chunk(ChatChunkChoice(
-                        index=c.index, delta={}, finish_reason=reply.finish_reason(c.finish_reason)),
-                        continuous)
+                        index=c.index, delta={}, finish_reason=reply.finish_reason(c.finish_reason),
+                        stop_reason=c.stop_reason), continuous)
         if options is not None and options.include_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
                                             model=self.ctx.model_name, choices=[],

@@ -129,11 +129,19 @@ class _Formatter:
         """The prompt's text when echo asks (its logprobs go into `logprobs`), else ""."""
         if not self.req.echo:
             return ""
+        # a prompt of token ids echoes as vLLM's does: all of them, special tokens too
         prompt_text = out.prompt if out.prompt is not None else \
-            self.ctx.engine.tokenizer.decode(out.prompt_token_ids)
+            self.ctx.engine.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False)
         if logprobs is not None and out.prompt_logprobs is not None:
+            offsets = TextOffsets()
             append_completion_logprobs(logprobs, out.prompt_token_ids, out.prompt_logprobs,
-                                       self.ctx.token_texts, TextOffsets(), self.req.logprobs,
+                                       self.ctx.token_texts, offsets, self.req.logprobs,
                                        self.names)
+            # a text can lack what its tokens spell at its start (a BOS its string never had,
+            # the space SentencePiece puts before the first word): they are placed from its
+            # end, where the reply goes on, so the offsets never run back
+            missing = offsets.chars - len(prompt_text)
+            if missing > 0:
+                logprobs.text_offset[:] = [max(0, o - missing) for o in logprobs.text_offset]
         state.offsets = TextOffsets(len(prompt_text))
         return prompt_text

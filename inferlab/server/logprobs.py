@@ -6,7 +6,7 @@ import codecs
 from collections.abc import Callable, Sequence
 
 from inferlab.engine.outputs import TokenLogprobs
-from inferlab.engine.utf8_tokens import token_bytes
+from inferlab.engine.utf8_tokens import space_marker, split_utf8, token_bytes
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.protocol import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
@@ -16,15 +16,27 @@ class TokenTexts:
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
+        self._marker = space_marker(tokenizer)
         self._cache: dict[int, str] = {}
         self._bytes: dict[int, list[int]] = {}
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
         if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self._decode(token_id)
             self._cache[token_id] = text
         return text
+
+    def _decode(self, token_id: int) -> str:
+        """The token decoded alone, with the spaces its SentencePiece entry begins with, which
+        the decoder drops from the front of a text ("\u2581hello" is " hello", as in vLLM's
+        convert_ids_list_to_tokens and in the text it writes after other tokens)."""
+        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+        entry = self.tokenizer.id_to_token(token_id)
+        if self._marker is None or entry is None:
+            return text
+        missing = (len(entry) - len(entry.lstrip(self._marker))) - (len(text) - len(text.lstrip(" ")))
+        return " " * missing + text
 
     def spelling(self, token_id: int) -> list[int]:
         """OpenAI's `bytes` of a token: what it stands for, which a token holding part of a
@@ -53,6 +65,10 @@ class TextOffsets:
 
     def begin(self, raw: Sequence[int]) -> int:
         """The next token's offset; raw: its bytes."""
+        pending = self._decoder.getstate()[0]
+        if pending and raw and split_utf8(pending + bytes(raw[:1])) is None:
+            # the character begun before cannot go on: its U+FFFD comes before this token
+            self.chars += len(self._decoder.decode(b"", final=True))
         begins = self.chars
         self.chars += len(self._decoder.decode(bytes(raw)))
         return begins

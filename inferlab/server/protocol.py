@@ -246,6 +246,7 @@ class ChatChunkChoice(BaseModel):
     delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: int | str | None = None  # in the last chunk, as in a whole reply's choice
     token_ids: list[int] | None = None  # return_token_ids: the chunk's new ones
 
 
