@@ -144,7 +144,7 @@ class BlockManager:
             request.block_ids.extend(prefix.block_ids)
             state.num_registered_blocks = len(request.block_ids)
             num_computed += prefix.num_tokens
-            if self._shares(request):
+            if self._in_cache_stats(request):
                 self.prefix_cache_queried_tokens += request.num_tokens
                 self.prefix_cache_hit_tokens += prefix.num_tokens
         num_needed = cdiv(num_computed + num_new_tokens, self.block_size) - len(request.block_ids)
@@ -204,6 +204,13 @@ class BlockManager:
         """Whether the request's full blocks are looked up and offered: all with prefix caching
         on; with it off, only the copies of an n > 1 request, among themselves."""
         return self.enable_prefix_caching or request.prompt_group is not None
+
+    def _in_cache_stats(self, request: Request) -> bool:
+        """Whether an admission counts in the prefix-cache queries and hits, as vLLM counts
+        them: only a first admission that reads the cache (on, and no prompt logprobs); n > 1
+        copies sharing with caching off, and a preempted request resuming, query no cache."""
+        return (self.enable_prefix_caching and request.num_preemptions == 0
+                and request.sampling_params.prompt_logprobs is None)
 
     def _touch(self, block_id: int) -> None:
         if self._ref_counts[block_id] == 0:

@@ -153,6 +153,25 @@ def test_reset_prefix_cache_and_disabled_cache_give_no_hits() -> None:
     assert off.num_cached_blocks == 0 and off.prefix_cache_queried_tokens == 0
 
 
+def test_cache_stats_count_only_first_admissions_that_read_the_cache() -> None:
+    """As vLLM counts them; once n > 1 copies with caching off counted (and hit), and so did
+    prompt-logprobs requests (which never read the cache) and preempted requests resuming."""
+    off = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    copies = [make_request(f"n{i}", list(range(9))) for i in range(2)]
+    for copy in copies:
+        copy.prompt_group = "n"
+    assert admit(off, copies[0]).num_tokens == 0 and admit(off, copies[1]).num_tokens == 8
+    assert (off.prefix_cache_queried_tokens, off.prefix_cache_hit_tokens) == (0, 0)
+
+    bm = BlockManager(num_blocks=8, block_size=4)
+    admit(bm, make_request("a", list(range(9))))
+    admit(bm, make_request("logprobs", list(range(9)), prompt_logprobs=0))
+    resumed = make_request("resumed", list(range(9)))
+    resumed.num_preemptions = 1
+    assert admit(bm, resumed).num_tokens == 8
+    assert (bm.prefix_cache_queried_tokens, bm.prefix_cache_hit_tokens) == (9, 0)
+
+
 def test_allocation_failure_changes_nothing() -> None:
     bm = BlockManager(num_blocks=3, block_size=4)
     a = make_request("a", 8)
