@@ -13,16 +13,20 @@ from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp fails near 20000
 CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
 
 
-def parse_bytes(text: str | int) -> int:
-    """'2GiB', '512MiB', '1.5GB', 1048576 -> bytes."""
-    if isinstance(text, int):
-        return text
+def parse_bytes(text: str | int | float) -> int:
+    """'2GiB', '512MiB', '1.5GB', 1048576, 1e9 -> bytes."""
+    if isinstance(text, bool) or not isinstance(text, (str, int, float)):
+        raise InferlabError(f"a size must be a number of bytes or a string like 2GiB, got {text!r}")
+    if isinstance(text, float) and not text.is_integer():  # inf and NaN too
+        raise InferlabError(f"a size in bytes must be a whole number, got {text!r}")
+    if not isinstance(text, str):
+        return int(text)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
     if not match or match.group(2).lower() not in _UNITS:
         raise InferlabError(f"cannot read {text!r} as a size (examples: 2GiB, 512MiB, 1.5GB)")

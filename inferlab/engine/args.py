@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 
 from inferlab.config import DTYPES, EngineConfig, parse_bytes
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
@@ -40,8 +41,9 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else _DEFAULTS.max_num_batched_tokens
     group.add_argument("--max-num-batched-tokens", type=int, default=step,
                        help=f"tokens computed per step, all requests together (default: {step})")
-    group.add_argument("--max-model-len", type=int, default=None,
-                       help="context length (default: the model's)")
+    group.add_argument("--max-model-len", type=human_readable_int, default=None,
+                       help="context length, e.g. 8192, 32k (32,000) or 32K (32,768) "
+                            "(default: the model's)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching)
     group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
@@ -62,6 +64,25 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                             "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}': drafts "
                             "from n-grams of the prompt and output, verified in one step")
     group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+
+
+# vLLM's human_readable_int: lowercase suffixes are decimal (and take decimals), uppercase binary
+_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+
+
+def human_readable_int(text: str) -> int:
+    """'32768', '32k' (32,000), '25.6k' (25,600) or '32K' (32,768) -> an int."""
+    match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(f"not an integer (examples: 8192, 32k, 32K): {text!r}")
+    number, suffix = match.groups()
+    if suffix in _DECIMAL_SUFFIXES:
+        return int(float(number) * _DECIMAL_SUFFIXES[suffix])
+    if "." in number:
+        raise argparse.ArgumentTypeError(f"not a whole number (decimals only with the decimal "
+                                         f"suffixes k, m, g, t): {text!r}")
+    return int(number) * _BINARY_SUFFIXES.get(suffix, 1)
 
 
 def _speculative_config(text: str) -> SpeculativeConfig:

@@ -23,7 +23,7 @@ from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
 from inferlab.engine.guided_grammar import GrammarFilters, token_index
-from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.kv_cache_config import CacheConfig, KVPool
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig
 from inferlab.engine.output_processor import OutputProcessor
@@ -44,7 +44,7 @@ from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_line
 from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
 from inferlab.models.loader import LoadedModel, load_model
 from inferlab.models.tokenizer import TextTokenizer
-from inferlab.planner.memory import kv_cache_bytes_per_token, num_kv_blocks
+from inferlab.planner.memory import kv_cache_bytes_per_token
 from inferlab.planner.units import format_bytes
 
 # Unfrozen at exit (see LLMEngine.__init__), so that extension modules which check for leaks at
@@ -83,10 +83,12 @@ class LLMEngine:
         self.kv_bytes_per_token = kv_cache_bytes_per_token(
             self.model_config.num_layers, self.model_config.num_kv_heads,
             self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
-        self.num_kv_blocks = num_kv_blocks(self._kv_cache_budget_bytes(), config.block_size,
-                                           self.kv_bytes_per_token)
-        self._check_kv_cache_fits(self.num_kv_blocks * config.block_size * self.kv_bytes_per_token)
-        self.max_model_len = self._context_within_cache(self.max_model_len)
+        self.kv_pool = KVPool.from_budget(self._kv_cache_budget_bytes(), config.block_size,
+                                          self.kv_bytes_per_token, config.kv_cache_memory_bytes)
+        self.num_kv_blocks = self.kv_pool.num_blocks
+        self._check_kv_cache_fits(self.kv_pool.num_tokens * self.kv_bytes_per_token)
+        self.max_model_len = self.kv_pool.fit_context(self.max_model_len, config.max_model_len)
+        logger.info(self.kv_pool.describe(self.max_model_len))
         cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
@@ -118,7 +120,7 @@ class LLMEngine:
         cfg, asked = self.model_config, self.config.max_model_len
         limit = cfg.max_context
         if asked is not None and asked > limit:
-            what = (f"{limit} positions" if limit == cfg.max_position_embeddings else
+            what = (f"{limit} positions" if limit == cfg.max_positions else
                     f"sliding window of {limit} tokens (attention here is never windowed)")
             raise InferlabError(f"max_model_len {asked} is over the model's {what}")
         if cfg.sliding_window and asked is None:
@@ -142,23 +144,6 @@ class LLMEngine:
                     config.gpu_memory_utilization, format_bytes(memory.peak_torch_bytes),
                     format_bytes(memory.non_torch_bytes))
         return kv_bytes
-
-    def _context_within_cache(self, context: int) -> int:
-        """A context one request can fill in the KV cache. An asked max_model_len past it is
-        refused at start, as vLLM refuses it (else every long request would be refused for want
-        of blocks); the model's own is lowered to it, so that what the server advertises
-        (/v1/models) and the default max_tokens fit."""
-        capacity = self.num_kv_blocks * self.config.block_size
-        if context <= capacity:
-            return context
-        cache = format_bytes(capacity * self.kv_bytes_per_token)
-        if self.config.max_model_len is not None:
-            raise InferlabError(
-                f"max_model_len {context} does not fit in the KV cache: {cache} holds {capacity} "
-                "tokens; raise --kv-cache-memory or lower --max-model-len")
-        logger.warning("max_model_len lowered from %d to %d tokens, what the KV cache (%s) holds",
-                       context, capacity, cache)
-        return capacity
 
     def _check_kv_cache_fits(self, kv_cache_bytes: int) -> None:
         """Refuse a cache the device cannot hold: on a host, zeroing it would end in the OOM
@@ -211,8 +196,8 @@ class LLMEngine:
                     request_id: str | None = None, arrival_time: float | None = None,
                     prompt_text: str | None = None, priority: int = 0) -> str:
         """Queue a request (n completions); raises InferlabError if it can never be served.
-        prompt_text: the text that token ids given as the prompt were encoded from; priority:
-        lower goes first, under the "priority" scheduling policy only."""
+        prompt_text: the text that token ids given as the prompt were encoded from (with special
+        tokens); priority: lower goes first, under the "priority" scheduling policy only."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
         self._check_priority(priority)
         if request_id in self.outputs.parents:
@@ -225,7 +210,7 @@ class LLMEngine:
         text, ids = self.tokenize_prompt(prompt, keep is not None)
         text = text if text is not None else prompt_text
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
-            text, ids = None, ids[-keep:]
+            text, ids = None, self._truncate_text(ids, keep) if text is not None else ids[-keep:]
         params = self.generation.with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
@@ -239,8 +224,7 @@ class LLMEngine:
                 child_params = dataclasses.replace(params, n=1, seed=seed)
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             children.append(Request(child_id, ids, child_params, self.generation.eos_token_id,
-                                    max_tokens,
-                                    arrival_time=arrival, priority=priority,
+                                    max_tokens, arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
                                     bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
         taken = [c.request_id for c in children if c.request_id in self.outputs.child_of]
@@ -251,6 +235,28 @@ class LLMEngine:
         self.outputs.add(request_id, text, children)
         self.counters.prompt_tokens += len(ids)
         return request_id
+
+    def _truncate_text(self, ids: list[int], keep: int) -> list[int]:
+        """A text's `keep` last tokens as transformers truncates it from the left (what vLLM
+        asks for): the special tokens the tokenizer adds (BOS) stay, the text is cut."""
+        head, tail = self._added_tokens
+        end = len(ids) - len(tail)
+        if ids[:len(head)] != head or ids[end:] != tail:
+            return ids[-keep:]  # encoded without them
+        room = keep - len(head) - len(tail)
+        if room < 0:
+            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is less than the "
+                                        f"{keep - room} special tokens the tokenizer adds")
+        return head + ids[end - room:end] + tail
+
+    @functools.cached_property
+    def _added_tokens(self) -> tuple[list[int], list[int]]:
+        """The tokens encoding adds before and after a text (a template's, the same for every
+        text): where the text's own tokens sit among them."""
+        bare, full = (self.tokenizer.encode("a", add_special_tokens=s) for s in (False, True))
+        starts = range(len(full) - len(bare), -1, -1)  # no match: a head no prompt starts with
+        start = next((i for i in starts if full[i:i + len(bare)] == bare), len(full))
+        return full[:start], full[start + len(bare):]
 
     def start_beam_search(self, prompt: str | Sequence[int],
                           params: BeamSearchParams) -> tuple[str | None, BeamSearch]:

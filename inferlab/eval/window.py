@@ -22,7 +22,7 @@ class WindowRunner:
         cfg = loaded.config
         if max_len > cfg.max_context:
             raise ValueError(f"windows of {max_len} tokens exceed the model's {cfg.max_context} "
-                             + ("positions" if cfg.max_context == cfg.max_position_embeddings
+                             + ("positions" if cfg.max_context == cfg.max_positions
                                 else "tokens of sliding window"))
         self.model = loaded.model
         self.max_len, self.block_size, self.device = max_len, block_size, device

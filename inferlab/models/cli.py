@@ -57,7 +57,7 @@ def model_info(model: str | None, dtype: str) -> dict:
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
                                                        cfg.head_dim, nbytes),
-        "context_length": cfg.max_position_embeddings, "sliding_window": cfg.sliding_window,
+        "context_length": cfg.max_positions, "sliding_window": cfg.sliding_window,
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
         "end_token_ids": list(generation.end_token_ids(cfg.eos_token_ids)),
         "generation_defaults": generation.sampling_defaults,

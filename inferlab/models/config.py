@@ -20,6 +20,7 @@ ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # RoPE scalings layers.py 
 # transformers' head_dim where config.json has none: Qwen3Config's is fixed, not hidden / heads
 _DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
+_ROPE_MAY_HAVE = {"yarn": ("factor", "original_max_position_embeddings")}  # numbers where given
 
 
 def rope_kind(scaling: dict[str, Any] | None) -> str:
@@ -40,7 +41,7 @@ class ModelConfig:
     max_position_embeddings: int
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
-    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear" or "llama3"
+    rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear", "llama3" or "yarn"
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v (Qwen2's, or attention_bias)
     o_bias: bool = False  # and on o_proj: transformers' Llama and Qwen3 with attention_bias
@@ -55,8 +56,10 @@ class ModelConfig:
         if kind not in ROPE_TYPES:
             raise ModelLoadError(f"config: rope scaling {kind!r} is not "
                                  f"supported (supported: {', '.join(ROPE_TYPES)})")
-        for key in _ROPE_NEEDS.get(kind, ()):
+        for key in _ROPE_NEEDS.get(kind, ()) + _ROPE_MAY_HAVE.get(kind, ()):
             value = (self.rope_scaling or {}).get(key)
+            if value is None and key in _ROPE_MAY_HAVE.get(kind, ()):
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
                                      f"{key}, got {value!r}")
@@ -85,11 +88,23 @@ class ModelConfig:
         return self.num_kv_heads * self.head_dim
 
     @property
+    def max_positions(self) -> int:
+        """The positions the model is made for, as vLLM derives them (_get_and_verify_max_len):
+        linear and YaRN RoPE stretch the positions by their factor, YaRN's from its
+        original_max_position_embeddings; llama3's max_position_embeddings already counts it."""
+        scaling, kind = self.rope_scaling or {}, rope_kind(self.rope_scaling)
+        factor = scaling.get("factor")
+        if kind not in ("linear", "yarn") or factor is None:  # YaRN's factor defaults to the ratio
+            return self.max_position_embeddings
+        base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
+        return int((base or self.max_position_embeddings) * factor)
+
+    @property
     def max_context(self) -> int:
         """The longest sequence computed as the model computes it: its positions, and within its
         sliding window, since attention here is never windowed (vLLM's --disable-sliding-window
         caps the context the same way)."""
-        return min(self.max_position_embeddings, self.sliding_window or self.max_position_embeddings)
+        return min(self.max_positions, self.sliding_window or self.max_positions)
 
     def num_parameters(self) -> int:
         """Parameter count from the shapes alone (what the weight files must hold)."""

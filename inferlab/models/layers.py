@@ -85,12 +85,15 @@ class RotaryEmbedding(nn.Module):
     """Neox-style (rotate-half) RoPE with a precomputed cos/sin table indexed by position."""
 
     def __init__(self, head_dim: int, max_positions: int, theta: float,
-                 scaling: dict[str, Any] | None) -> None:
+                 scaling: dict[str, Any] | None, table_positions: int | None = None) -> None:
+        """max_positions: the config's max_position_embeddings (YaRN's defaults derive from it);
+        table_positions: the rows of the tables, past it where scaling stretches the context."""
         super().__init__()
         self.head_dim, self.max_positions = head_dim, max_positions
         self.theta, self.scaling = theta, scaling
-        self.register_buffer("cos", torch.empty(max_positions, head_dim), persistent=False)
-        self.register_buffer("sin", torch.empty(max_positions, head_dim), persistent=False)
+        rows = table_positions or max_positions
+        self.register_buffer("cos", torch.empty(rows, head_dim), persistent=False)
+        self.register_buffer("sin", torch.empty(rows, head_dim), persistent=False)
         if self.cos.device.type != "meta":  # filled once materialized (loader.materialize_buffers)
             self.reset_buffers()
 
@@ -98,9 +101,9 @@ class RotaryEmbedding(nn.Module):
         """Fill the cos/sin tables (also after the model is materialized from the meta device)."""
         inv_freq, attention = rope_frequencies(self.head_dim, self.theta, self.scaling,
                                                self.max_positions)
-        positions = torch.arange(self.max_positions, dtype=torch.float32, device=self.cos.device)
+        positions = torch.arange(len(self.cos), dtype=torch.float32, device=self.cos.device)
         freqs = torch.outer(positions, inv_freq.to(self.cos.device))
-        emb = torch.cat([freqs, freqs], dim=-1)  # [max_positions, head_dim]
+        emb = torch.cat([freqs, freqs], dim=-1)  # [rows, head_dim]
         self.cos, self.sin = emb.cos() * attention, emb.sin() * attention
 
     def _apply(self, fn, recurse: bool = True):  # noqa: ANN001, ANN202 (torch's signature)

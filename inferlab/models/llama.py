@@ -98,7 +98,7 @@ class LlamaModel(nn.Module):
             cfg.vocab_size, cfg.hidden_size,
             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size) if meta else None)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling)
+                                      cfg.rope_scaling, table_positions=cfg.max_positions)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 
