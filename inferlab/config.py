@@ -38,6 +38,10 @@ def check_threads(name: str, threads: int) -> None:
         raise InferlabError(f"{name} must be in [1, {MAX_THREADS}], got {threads}")
 
 
+_WHOLE_NUMBER_FIELDS = ("kv_cache_memory_bytes", "block_size", "max_num_seqs",
+                        "max_num_batched_tokens", "max_model_len", "num_threads", "seed")
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # HF directory or .gguf file; None: the embedded SmolLM2-135M
@@ -66,6 +70,10 @@ class EngineConfig:
         if isinstance(self.speculative_config, dict):
             object.__setattr__(self, "speculative_config",
                                SpeculativeConfig.from_dict(self.speculative_config))
+        for name in _WHOLE_NUMBER_FIELDS:  # from Python: 2.5 once failed at the first step
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise InferlabError(f"{name} must be a whole number, got {value!r}")
         if self.dtype not in DTYPES:
             raise InferlabError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
         if self.device not in ("auto", "cpu", "cuda"):

@@ -60,3 +60,13 @@ def test_a_float_size_of_whole_bytes_is_taken(model_dir):
     assert LLM(model_dir, dtype="float32", kv_cache_memory=1048576.0).num_kv_blocks == 128
     with pytest.raises(InferlabError, match="a size in bytes must be a whole number, got 1048576.5"):
         LLM(model_dir, dtype="float32", kv_cache_memory=1048576.5)
+
+
+@pytest.mark.parametrize(("option", "value"), [
+    ("max_num_batched_tokens", 2.5), ("max_num_seqs", 1.5), ("block_size", 16.0),
+    ("block_size", "16"), ("max_model_len", True), ("seed", 0.5)])
+def test_engine_numbers_that_are_not_whole_are_refused_by_name(model_dir, option, value):
+    """Once a TypeError at the first step (2.5), or "unknown engine option: unsupported operand
+    type(s) for &" (16.0)."""
+    with pytest.raises(InferlabError, match=rf"^{option} must be a whole number, got {value!r}$"):
+        LLM(model_dir, dtype="float32", **{option: value})
