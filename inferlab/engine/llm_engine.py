@@ -179,6 +179,8 @@ class LLMEngine:
         """Refuse, without encoding it, a text too long for the context whatever its tokens:
         a 8 MB prompt takes 5 s of a core to encode. A token spells at most max_token_chars
         characters; normalization (NFKC) contracts text by far less than the slack of 4."""
+        if not self.tokenizer.keeps_every_character:  # 25,000 spaces may be no token at all
+            return
         at_least = num_chars // (4 * self.tokenizer.max_token_chars)
         if at_least > self.max_model_len:
             raise InferlabError(f"the prompt ({num_chars} characters) has at least {at_least} "

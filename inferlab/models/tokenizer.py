@@ -64,6 +64,15 @@ class TextTokenizer:
         len(text) / max_token_chars tokens, up to what normalization may contract."""
         return max(map(len, self.backend.get_vocab(with_added_tokens=True)), default=1)
 
+    @functools.cached_property
+    def keeps_every_character(self) -> bool:
+        """Whether every character of a text lands in some token, as with byte-level BPE and
+        byte-fallback SentencePiece; a whitespace-splitting or cleaning tokenizer drops some, so
+        a text's length says nothing of its tokens. Probed on what such tokenizers drop."""
+        probe = " \t\n\r\x00\x01\u200b\ufeff  x" * 8
+        tokens = self.backend.encode(probe, add_special_tokens=False).ids
+        return len(tokens) * self.max_token_chars >= len(probe)
+
     @property
     def chat_template(self) -> str | None:
         return self.info.chat_template
