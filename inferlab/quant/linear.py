@@ -98,7 +98,10 @@ class Int8WeightOnlyLinear(QuantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         xs = x.float() if self.asymmetric else x
-        if x.shape[0] <= INT8_KERNEL_MAX_ROWS and x.device.type == "cpu":
+        # torch's kernel reads past a bf16 row whose length is not a multiple of 16 (garbage,
+        # then a segfault: torch 2.13); fp32 rows of any length are read right
+        fits = xs.dtype == torch.float32 or self.in_features % 16 == 0
+        if fits and x.shape[0] <= INT8_KERNEL_MAX_ROWS and x.device.type == "cpu":
             y = torch.ops.aten._weight_int8pack_mm(xs, self.qweight, self.scale)  # [M, N]
         else:
             y = F.linear(xs, self.qweight.to(xs.dtype)).mul_(self.scale)

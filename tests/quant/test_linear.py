@@ -52,6 +52,19 @@ def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows
         torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
 
 
+@pytest.mark.parametrize("rows", [1, 2, 12])
+def test_int8_weight_only_in_bf16_reads_rows_of_any_length(rows: int) -> None:
+    """Inputs of 200 (not a multiple of 16): torch's int8 kernel gave NaN and 8.5e18 for one
+    row, then a segfault for two; shapes the C kernels refuse (K % 32) come here in bf16."""
+    gen = torch.Generator().manual_seed(rows)
+    qw = quantize_rtn(torch.randn(48, 200, generator=gen), make_scheme("W8A16").weights)
+    layer = linear.Int8WeightOnlyLinear(qw, None, torch.bfloat16)
+    x = torch.randn(rows, 200, generator=gen)
+    expected = x.double() @ library_dequantize(qw).T
+    out = layer(x.to(torch.bfloat16)).double()
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
+
+
 def held_weight(layer) -> torch.Tensor:
     """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and bf16 scales."""
     unpack = vnni.unpack_uint8_quads if layer.bits == 8 else vnni.unpack_int4
