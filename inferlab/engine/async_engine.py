@@ -37,6 +37,10 @@ class EngineDeadError(RuntimeError):
     """The engine loop stopped on an internal error; requests fail at once until a restart."""
 
 
+class EngineStepError(EngineDeadError):
+    """What a request the engine was running when it died gets: the failure was in its steps."""
+
+
 @dataclass(frozen=True)
 class EngineStats:
     """A snapshot for /metrics; token and request totals count since start."""
@@ -66,7 +70,9 @@ class AsyncEngine:
         self._drain_deadline = math.inf  # monotonic time the shutdown under way waits until
         self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Callable[[Any], None]]] = {}
         self._wake = threading.Event()
+        self._closing = threading.Event()  # shutdown's abort phase: adds are refused from then on
         self._stop = threading.Event()
+        self._closed = False  # the thread has ended: calls fail at once (under _pending_lock)
         self._stats = self._snapshot()
         self.heartbeat = time.monotonic()  # last time the loop went round; /health reads it
         self.error: BaseException | None = None
@@ -134,8 +140,8 @@ class AsyncEngine:
         or queue of its own between (the server's path: one hop less a token); the last output
         is finished, and an engine failure arrives as an exception. Raises what add_request
         raises; the caller aborts the request if it stops reading early."""
-        if self._stop.is_set():
-            raise InferlabError("the engine is shutting down")
+        if self._closing.is_set():
+            raise _shutting_down()
         if self.error is not None:
             raise self._dead()
         loop = asyncio.get_running_loop()
@@ -170,8 +176,11 @@ class AsyncEngine:
         """Let in-flight requests finish for up to timeout_s (or until cut_drain_short), abort
         the rest, stop the thread."""
         self._drain_deadline = min(self._drain_deadline, time.monotonic() + timeout_s)
-        while self._streams and time.monotonic() < self._drain_deadline:
+        while self._streams and self._thread.is_alive() and time.monotonic() < self._drain_deadline:
             await asyncio.sleep(0.05)
+        # before the streams are listed: an add still on its way (a prompt being encoded, or
+        # queued for this thread) is refused when it runs, not left streaming past the stop
+        self._closing.set()
         for request_id in list(self._streams):
             self._post(lambda rid=request_id: self._abort(rid))
         await asyncio.to_thread(self._drain_and_stop)
@@ -189,6 +198,8 @@ class AsyncEngine:
         with self._pending_lock:
             if self.error is not None:
                 raise self._dead()
+            if self._closed:
+                raise _shutting_down()
             self._pending[future] = loop
 
         def run() -> None:
@@ -216,6 +227,8 @@ class AsyncEngine:
 
     def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
              loop: asyncio.AbstractEventLoop, sink: Callable[[Any], None], priority: int) -> None:
+        if self._closing.is_set():
+            raise _shutting_down()
         self.engine.add_request(ids, params, request_id, prompt_text=text, priority=priority)
         self._streams[request_id] = (loop, sink)
 
@@ -250,13 +263,23 @@ class AsyncEngine:
                 self._deliver(outputs)
         except BaseException as e:  # a bug: fail every stream and queued call, never hang them
             logger.exception("engine loop died")
-            with self._pending_lock:
-                self.error = e
-                pending = list(self._pending.items())
-            for future, loop in pending:
-                _send(loop, _settle, future, None, self._dead())
-            for loop, sink in self._streams.values():
-                _send(loop, sink, RuntimeError(f"{type(e).__name__}: {e}"))
+            self.error = e
+        self._fail_waiters()
+
+    def _fail_waiters(self) -> None:
+        """The thread is ending: every call not run and every stream left gets the reason (the
+        engine's death, or the shutdown), and later calls fail at once."""
+        dead = self.error is not None
+        with self._pending_lock:
+            self._closed = True
+            pending = list(self._pending.items())
+        for future, loop in pending:
+            _send(loop, _settle, future, None, self._dead() if dead else _shutting_down())
+        streams, self._streams = list(self._streams.values()), {}
+        for loop, sink in streams:
+            _send(loop, sink, EngineStepError(f"the engine failed while running this request "
+                                              f"({self.error!r}); restart the server")
+                  if dead else _shutting_down())
 
     def _observe_step(self, seconds: float) -> None:
         with self._observers_lock:
@@ -279,14 +302,25 @@ class AsyncEngine:
                 del self._streams[out.request_id]
             batches.setdefault(stream[0], []).append((stream[1], out))
         for loop, batch in batches.items():
-            if not _send(loop, _hand_out, batch):  # nobody will read these, nor abort them
+            if not _send(loop, self._hand_out, batch):  # nobody will read these, nor abort them
                 for _, out in batch:
                     if not out.finished:
                         self._abort(out.request_id)
 
+    def _hand_out(self, batch: list[tuple[Callable[[Any], None], RequestOutput]]) -> None:
+        """On the requests' event loop. A sink that raises (a consumer's bug) costs only its own
+        request, which is aborted; the others in the batch still get their outputs."""
+        for sink, out in batch:
+            try:
+                sink(out)
+            except Exception:
+                logger.exception("the consumer of request %s failed; aborting it", out.request_id)
+                if not out.finished:
+                    self._post(lambda rid=out.request_id: self._abort(rid))
+
     def _drain_and_stop(self) -> None:
         deadline = time.monotonic() + 5.0
-        while not self._ops.empty() and time.monotonic() < deadline:
+        while not self._ops.empty() and self._thread.is_alive() and time.monotonic() < deadline:
             time.sleep(0.01)
         self._stop.set()
         self._wake.set()
@@ -318,9 +352,8 @@ def _send(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) 
     return True
 
 
-def _hand_out(batch: list[tuple[Callable[[Any], None], RequestOutput]]) -> None:
-    for sink, out in batch:
-        sink(out)
+def _shutting_down() -> InferlabError:
+    return InferlabError("the engine is shutting down")
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -35,6 +36,7 @@ class LLM:
         """`loaded` reuses weights already in memory (several engines over one model)."""
         self.engine = LLMEngine(engine_config(model, **engine_args), loaded)
         self.tokenizer = self.engine.tokenizer
+        self._generating = threading.Lock()
 
     @property
     def num_kv_blocks(self) -> int:
@@ -55,6 +57,9 @@ class LLM:
         for name, values in (("sampling params", all_params), ("priorities", priorities)):
             if len(values) != len(prompts):
                 raise InferlabError(f"{len(prompts)} prompts but {len(values)} {name}")
+        if not self._generating.acquire(blocking=False):  # each call's steps ran the other's
+            raise InferlabError("this LLM is already generating in another thread: an LLM is not "
+                                "thread-safe (use one per thread, or AsyncEngine)")
         ids: list[str] = []
         try:
             for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
@@ -64,6 +69,8 @@ class LLM:
             for request_id in ids:
                 self.engine.abort_request(request_id)
             raise
+        finally:
+            self._generating.release()
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
              params: SamplingParams | None = None, add_generation_prompt: bool = True,

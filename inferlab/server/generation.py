@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from inferlab.engine.async_engine import AsyncEngine, EngineDeadError
+from inferlab.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
 from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -175,6 +175,7 @@ def _start_error(error: BaseException) -> APIError:
         return parameter_error(str(error))
     if isinstance(error, InferlabError | ValueError):
         return bad_request(str(error))
-    if isinstance(error, EngineDeadError):  # the server stays up but can do no more work
+    # the server stays up but can do no more work (a request the bug struck in its own steps: 500)
+    if isinstance(error, EngineDeadError) and not isinstance(error, EngineStepError):
         return APIError(503, str(error), code="engine_dead")
     return APIError(500, f"the engine failed: {error}")

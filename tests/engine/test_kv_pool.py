@@ -10,8 +10,7 @@ import pytest
 
 from inferlab.engine.llm import LLM
 from inferlab.errors import InferlabError
-from tests.models.tiny_models import make_tiny_model
-from tests.models.tiny_tokenizer import save_tokenizer
+from tests.models.tiny_tokenizer import save_tiny_llama
 
 # the tiny Llama in fp32: k and v x 2 layers x 2 KV heads x 16 head dim x 4 bytes, 16 tokens a block
 BLOCK_BYTES = 2 * 2 * 2 * 16 * 4 * 16  # 8 KiB
@@ -20,10 +19,7 @@ POSITIONS = 128  # its max_position_embeddings
 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
-    directory = tmp_path_factory.mktemp("kv-pool")
-    make_tiny_model("llama", directory)
-    save_tokenizer(directory)
-    return str(directory)
+    return save_tiny_llama(tmp_path_factory.mktemp("kv-pool"))
 
 
 def test_less_than_a_block_is_one_error_naming_the_minimum(model_dir, caplog):

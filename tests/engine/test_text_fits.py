@@ -10,16 +10,13 @@ import pytest
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
-from tests.models.tiny_models import make_tiny_model
-from tests.models.tiny_tokenizer import save_tokenizer
+from tests.models.tiny_tokenizer import save_tiny_llama
 
 
 @pytest.fixture(scope="module")
 def llm(tmp_path_factory) -> LLM:
-    directory = tmp_path_factory.mktemp("text-fits")
-    make_tiny_model("llama", directory)
-    save_tokenizer(directory)
-    return LLM(str(directory), dtype="float32", kv_cache_memory="1MiB")
+    return LLM(save_tiny_llama(tmp_path_factory.mktemp("text-fits")), dtype="float32",
+               kv_cache_memory="1MiB")
 
 
 def test_a_tokenizer_that_drops_spaces_is_not_judged_by_length(llm):

@@ -27,3 +27,12 @@ def save_tokenizer(directory: Path, template: str = "<bos> $A") -> None:
     make_tokenizer(template).save(str(directory / "tokenizer.json"))
     (directory / "tokenizer_config.json").write_text(
         json.dumps({"bos_token": "<bos>", "eos_token": "</s>"}), encoding="utf-8")
+
+
+def save_tiny_llama(directory: Path) -> str:
+    """The tiny random Llama with this tokenizer, saved in `directory`; its path."""
+    from tests.models.tiny_models import make_tiny_model
+
+    make_tiny_model("llama", directory)
+    save_tokenizer(directory)
+    return str(directory)

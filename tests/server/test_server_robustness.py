@@ -344,12 +344,13 @@ def test_a_refused_prompt_of_many_leaves_none_of_the_others_running(server, monk
 
     monkeypatch.setattr(tokenizer, "encode", slow)
     hopeless = "a" * (4 * tokenizer.max_token_chars * (server.engine.max_model_len + 1))
+    assert wait_until(lambda: engine_idle(server), timeout_s=30)  # nothing else generating
     generated = server.metric("vllm:generation_tokens_total")
     r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60, json={
         "model": MODEL_NAME, "prompt": [hopeless] + [f"Story {i}: dragons" for i in range(4)],
-        "max_tokens": 40, "ignore_eos": True})
+        "max_tokens": 400, "ignore_eos": True})
     assert r.status_code == 400 and "at least" in r.json()["error"]["message"]
     time.sleep(1.5)  # past the other prompts' encoding: any add of theirs has reached the engine
     assert wait_until(lambda: engine_idle(server), timeout_s=30)
-    # at most a step's token each between an add and its abort, against 40 each unread
-    assert server.metric("vllm:generation_tokens_total") - generated <= 4
+    # a few steps' tokens between the adds and their aborts (the loop's turn), not 400 each
+    assert server.metric("vllm:generation_tokens_total") - generated < 400
