@@ -1,9 +1,9 @@
 """A conversation, OpenAI's messages as dicts, through a model's chat template: for LLM.chat and
 for the server's chat completions and /tokenize. A message's content is text, None, or a list
-of text parts (joined by newlines, as vLLM joins them); an earlier turn's tool calls reach the
-template with their arguments as an object where they are JSON, as vLLM gives them (templates
-write them out with tojson), and its earlier thinking under each name templates read it by; a
-prefilled final message can be continued."""
+of text parts (and an assistant's refusal parts), joined by newlines as vLLM joins them; an
+earlier turn's tool calls reach the template with their arguments as an object where they are
+JSON, as vLLM gives them (templates write them out with tojson), and its earlier thinking under
+each name templates read it by; a prefilled final message can be continued."""
 
 from __future__ import annotations
 
@@ -82,14 +82,22 @@ def message_text(message: Mapping[str, Any], index: int) -> str:
     if content is None or isinstance(content, str):
         return content or ""
     parts = content if isinstance(content, list) else [content]
-    texts = []
-    for part in parts:
-        kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-        if kind != "text" or not isinstance(part.get("text"), str):
-            raise ChatError(f"content part type {kind!r} is not supported (only 'text' parts with "
-                            "a 'text' field)", f"messages.{index}.content")
-        texts.append(part["text"])
-    return "\n".join(texts)
+    return "\n".join(_part_text(part, message.get("role"), index) for part in parts)
+
+
+def _part_text(part: Any, role: Any, index: int) -> str:
+    """A content part's text: a 'text' part's, or an assistant's 'refusal' part's (OpenAI's
+    assistant content parts; vLLM renders the refusal as the text)."""
+    param = f"messages.{index}.content"
+    if not isinstance(part, Mapping) or "type" not in part:
+        raise ChatError(f"a content part is an object with a 'type' ('text'), got {part!r}", param)
+    kind = part["type"]
+    if kind not in ("text", "refusal") or (kind == "refusal" and role != "assistant"):
+        raise ChatError(f"content part type {kind!r} is not supported (only 'text' parts, and "
+                        "'refusal' parts in an assistant's message)", param)
+    if not isinstance(part.get(kind), str):
+        raise ChatError(f"a {kind!r} content part needs a {kind!r} string", param)
+    return part[kind]
 
 
 def _json_or_text(text: str) -> Any:

@@ -140,38 +140,48 @@ class _Formatter:
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
-        continuous = options is not None and options.continuous_usage_stats
+        # vLLM's: each chunk counts its own choice's tokens so far, and only with include_usage
+        continuous = options is not None and options.include_usage and options.continuous_usage_stats
         for i in range(self.gen.params.n):
             yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
-                              continuous, asked_ids(self.req, self.gen.prompt_token_ids(0)) if i == 0 else None)
+                              0 if continuous else None,
+                              asked_ids(self.req, self.gen.prompt_token_ids(0)) if i == 0 else None)
         for i in range(self.gen.params.n if self.echo else 0):
-            yield self._chunk(ChatChunkChoice(index=i, delta={"content": self.echo}), continuous)
+            yield self._chunk(ChatChunkChoice(index=i, delta={"content": self.echo}),
+                              0 if continuous else None)
         finished: set[int] = set()
         async for _, out in self.gen.outputs():
             for c in out.outputs:
                 if c.index in finished:
                     continue
                 reply = self.replies[c.index]
+                so_far = len(c.token_ids) if continuous else None
                 delta = reply.delta(*reply.read(c.text_delta, c.finished))
                 logprobs = self._logprobs(c.logprobs_delta) if c.token_ids_delta else None
                 ids = asked_ids(self.req, c.token_ids_delta) if c.token_ids_delta else None
                 if delta or (logprobs is not None and logprobs.content) or ids:
                     yield self._chunk(ChatChunkChoice(index=c.index, delta=delta or {"content": ""},
-                                                      logprobs=logprobs, token_ids=ids), continuous)
+                                                      logprobs=logprobs, token_ids=ids), so_far)
                 if c.finished:
                     finished.add(c.index)
                     yield self._chunk(ChatChunkChoice(
                         index=c.index, delta={}, finish_reason=reply.finish_reason(c.finish_reason),
-                        stop_reason=c.stop_reason), continuous)
+                        stop_reason=c.stop_reason), so_far)
         if options is not None and options.include_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
                                             model=self.ctx.model_name, choices=[],
                                             usage=self.gen.usage()))
 
-    def _chunk(self, choice: ChatChunkChoice, continuous: bool,
+    def _chunk(self, choice: ChatChunkChoice, choice_tokens: int | None,
                prompt_token_ids: list[int] | None = None) -> bytes:
+        """choice_tokens: the choice's tokens so far, for continuous usage stats; None: no usage."""
+        usage = None
+        if choice_tokens is not None:
+            usage = self.gen.usage().model_copy(update={
+                "completion_tokens": choice_tokens,
+                "total_tokens": self.gen.prompt_tokens + choice_tokens})
         return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
-                                         choices=[choice], usage=self.gen.usage() if continuous else None,
+                                         choices=[choice], usage=usage,
                                          prompt_token_ids=prompt_token_ids))
 
     def _logprobs(self, entries: Sequence[TokenLogprobs] | None) -> ChatLogprobs | None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from fastapi import FastAPI, Request
@@ -47,10 +48,14 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
 
 
-def parameter_error(message: str) -> APIError:
+def parameter_error(message: str, renamed: Mapping[str, str] | None = None) -> APIError:
     """A 400 for an InvalidParameterError, whose messages start with the field's name
-    ("top_p must be in (0, 1], got 2", "json_schema: ...")."""
+    ("top_p must be in (0, 1], got 2", "json_schema: ..."). renamed: an internal field -> the
+    request field the client set it by (chat's top_logprobs is the engine's logprobs)."""
     field = message.split(" ", 1)[0].removesuffix(":")
+    if renamed and field in renamed:
+        message = renamed[field] + message[len(field):]
+        field = renamed[field]
     return bad_request(message, field if field.isidentifier() else None)
 
 

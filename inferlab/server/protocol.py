@@ -76,8 +76,11 @@ class CompletionRequest(SamplingFields):
 
 
 class ContentPart(_Request):
-    type: str
+    # optional here so that a part without one is refused by chat_prompt, saying so, rather than
+    # as an invalid string (the other side of content's union)
+    type: str | None = None
     text: str | None = None
+    refusal: str | None = None  # an assistant's {"type": "refusal"} part
 
 
 class FunctionCall(_Request):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 from inferlab.engine.beam_search import BeamSearchParams
@@ -36,12 +37,17 @@ def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any],
     for_tools: dict[str, Any] = {} if tool_schema is None else {"json_schema": tool_schema}
     if keep_special_tokens:
         for_tools["skip_special_tokens"] = False
-    return _build(req, defaults, max_tokens=max_tokens, logprobs=logprobs, **for_tools)
+    # an error names the field the client set: top_logprobs is the engine's logprobs
+    renamed = {"logprobs": "top_logprobs"}
+    if req.max_completion_tokens is not None:
+        renamed["max_tokens"] = "max_completion_tokens"
+    return _build(req, defaults, renamed, max_tokens=max_tokens, logprobs=logprobs, **for_tools)
 
 
-def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> SamplingParams:
+def _build(req: SamplingFields, defaults: dict[str, Any], renamed: dict[str, str] | None = None,
+           **fields: Any) -> SamplingParams:
     """defaults: the model's (generation_config.json) for the sampling fields a request leaves
-    out; a max_tokens left out (None) is capped by the engine."""
+    out; a max_tokens left out (None) is capped by the engine; renamed: for parameter_error."""
     if req.stream_options is not None and not req.stream:
         raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
     _check_structured_outputs(req)
@@ -68,7 +74,7 @@ def _build(req: SamplingFields, defaults: dict[str, Any], **fields: Any) -> Samp
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:
-        raise parameter_error(str(e)) from None
+        raise parameter_error(str(e), renamed) from None
 
 
 STRUCTURED_OUTPUTS = ("choice", "regex", "json", "json_object", "grammar", "structural_tag",
@@ -97,6 +103,9 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
     """SamplingParams' json_object and json_schema, from OpenAI's response_format (json_object,
     or json_schema with its schema), vLLM's structured_outputs ({"json_object": true} or
     {"json": schema}) or vLLM's guided_json. A schema is given once."""
+    if req.response_format is not None and "type" not in req.response_format:
+        raise bad_request("response_format needs a 'type' (text, json_object, json_schema or "
+                          "structural_tag)", "response_format")
     response_format = req.response_format or {}
     kind = response_format.get("type", "text")
     if kind not in ("text", "json_object", "json_schema", "structural_tag"):
@@ -112,6 +121,7 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
         if not isinstance(spec, dict) or spec.get("schema") is None:  # null once meant no guide
             raise bad_request("response_format json_schema needs {\"json_schema\": {\"name\": ..., "
                               "\"schema\": {...}}}", "response_format")
+        _check_schema_header(spec)
         schemas["response_format"] = spec["schema"]
     if "json" in constraints:
         schemas["structured_outputs"] = _schema(constraints["json"], "structured_outputs")
@@ -122,6 +132,22 @@ def _json_guide(req: SamplingFields) -> dict[str, Any]:
                           next(iter(schemas)))
     return {"json_object": kind == "json_object" or flag,
             "json_schema": next(iter(schemas.values()), None)}
+
+
+# OpenAI's rule for a response format's name
+_SCHEMA_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
+
+
+def _check_schema_header(spec: dict[str, Any]) -> None:
+    """json_schema's name (required, OpenAI's characters) and strict (a boolean), as vLLM and
+    OpenAI check them; the guide does not read them, so a typo would pass unnoticed."""
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise bad_request(f"response_format json_schema.name must be 1 to 64 letters, digits, '_' "
+                          f"or '-', got {name!r}", "response_format")
+    if not isinstance(spec.get("strict", False), bool | None):
+        raise bad_request(f"response_format json_schema.strict must be true or false, got "
+                          f"{spec['strict']!r}", "response_format")
 
 
 def _structural_tag(req: SamplingFields) -> dict[str, Any] | None:

@@ -40,6 +40,10 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "documents": _empty,
     "mm_processor_kwargs": _empty,
     "vllm_xargs": _empty,
+    "prompt_logprobs": lambda v, _: v is None,  # completions serves it; chat does not
+    "guided_whitespace_pattern": _empty,  # as structured_outputs.whitespace_pattern is refused
+    # vLLM's JSON text of a structural tag: response_format {"type": "structural_tag"} serves it
+    "structural_tag": _empty,
 }
 
 

@@ -134,9 +134,9 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
      "needs"),
     ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": None}}},
      "response_format", "needs"),  # once no guide at all
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {"multipleOf": 3}}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"multipleOf": 3}}}},
      "json_schema", "keyword 'multipleOf' is not supported"),
-    ({"response_format": {"type": "json_schema", "json_schema": {"schema": {}}},
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {}}},
       "guided_json": {"type": "object"}}, "response_format", "give the JSON schema once"),
     ({"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, "json_object",
      "cannot be combined"),
@@ -144,7 +144,7 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
     ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
     ({"chat_template": "{{ messages }}"}, "chat_template", "not supported"),
-    ({"max_completion_tokens": 0}, "max_tokens", "at least 1"),
+    ({"max_completion_tokens": 0}, "max_completion_tokens", "at least 1"),
 ])
 def test_invalid_chat_fields_are_400_naming_the_field(server, fields, param, words):
     assert words in check_error(chat(server, **fields), 400, param)

@@ -1,0 +1,133 @@
+"""Chat request fields against vLLM's and OpenAI's documented behaviour: fields that would change
+the answer and are not implemented are refused by name; continuous usage stats count each
+choice's own tokens, as vLLM's previous_num_tokens[i]; errors name the field the client sent;
+an assistant's refusal parts are its text; a malformed response_format is refused."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from server_helpers import MODEL_NAME, tokenize
+
+USER = [{"role": "user", "content": "Say hi"}]
+
+
+def chat(server, **fields) -> httpx.Response:
+    body = {"model": MODEL_NAME, "messages": USER, "max_tokens": 2, "temperature": 0.0, **fields}
+    return httpx.post(f"{server.url}/v1/chat/completions", json=body, headers=server.headers,
+                      timeout=60)
+
+
+def error(r: httpx.Response) -> tuple[str, str | None]:
+    assert r.status_code == 400, r.text
+    return r.json()["error"]["message"], r.json()["error"]["param"]
+
+
+@pytest.mark.parametrize(("fields", "param"), [
+    ({"prompt_logprobs": 1}, "prompt_logprobs"),
+    ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": "[ ]?"},
+     "guided_whitespace_pattern"),
+    ({"structural_tag": json.dumps({"type": "structural_tag", "triggers": ["<f>"], "structures": [
+        {"begin": "<f>", "schema": {"type": "object"}, "end": "</f>"}]})}, "structural_tag"),
+])
+def test_unimplemented_vllm_fields_are_refused_by_name(server, fields, param):
+    message, got = error(chat(server, **fields))
+    assert (got, message) == (param, f"'{param}' is not supported by this server")
+
+
+def test_neutral_values_of_the_refused_fields_are_served(server):
+    r = chat(server, prompt_logprobs=None, guided_whitespace_pattern=None, structural_tag=None)
+    assert r.status_code == 200, r.text
+
+
+def stream_chunks(server, **fields) -> list[dict]:
+    body = {"model": MODEL_NAME, "messages": USER, "temperature": 1.0, "seed": 3, "stream": True,
+            "ignore_eos": True, **fields}
+    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+                      headers=server.headers, timeout=60) as r:
+        assert r.status_code == 200
+        lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_continuous_usage_counts_each_choice_from_zero(server):
+    """vLLM's: the role chunk says 0 completion tokens; each later chunk, its own choice's tokens
+    so far (not the total over the n choices); the last chunk, the request's total."""
+    prompt = len(tokenize(server, messages=USER))
+    chunks = stream_chunks(server, n=2, max_tokens=5, stream_options={
+        "include_usage": True, "continuous_usage_stats": True})
+    *per_choice, last = chunks
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 10
+    counts: dict[int, list[int]] = {0: [], 1: []}
+    for chunk in per_choice:
+        (choice,) = chunk["choices"]
+        usage = chunk["usage"]
+        assert usage["prompt_tokens"] == prompt
+        assert usage["total_tokens"] == prompt + usage["completion_tokens"]
+        counts[choice["index"]].append(usage["completion_tokens"])
+    for index in (0, 1):
+        assert counts[index][0] == 0  # the role chunk
+        assert counts[index] == sorted(counts[index]) and counts[index][-1] == 5
+
+
+def test_continuous_usage_needs_include_usage(server):
+    """vLLM sends continuous usage only when include_usage is also true."""
+    chunks = stream_chunks(server, max_tokens=3, stream_options={"continuous_usage_stats": True})
+    assert chunks and all(chunk.get("usage") is None for chunk in chunks)
+
+
+@pytest.mark.parametrize(("fields", "param", "start"), [
+    ({"max_completion_tokens": 0}, "max_completion_tokens", "max_completion_tokens must be at least 1"),
+    ({"max_tokens": 0}, "max_tokens", "max_tokens must be at least 1"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs", "top_logprobs must be in [0, 20]"),
+])
+def test_errors_name_the_field_the_client_sent(server, fields, param, start):
+    message, got = error(chat(server, **fields))
+    assert got == param and message.startswith(start)
+
+
+def test_an_assistant_refusal_part_is_its_text(server):
+    """OpenAI's assistant content may be refusal parts; vLLM renders the refusal as the text."""
+    def conversation(content):
+        return [*USER, {"role": "assistant", "content": content}, {"role": "user", "content": "ok"}]
+
+    as_parts = tokenize(server, messages=conversation([{"type": "refusal", "refusal": "I can't"}]))
+    assert as_parts == tokenize(server, messages=conversation("I can't"))
+    assert chat(server, messages=conversation([{"type": "refusal", "refusal": "no"}])).status_code == 200
+
+
+@pytest.mark.parametrize(("content", "role", "words"), [
+    ([{"text": "Hi"}], "user", "a content part is an object with a 'type'"),
+    ([{"type": "text"}], "user", "a 'text' content part needs a 'text' string"),
+    ([{"type": "refusal"}], "assistant", "a 'refusal' content part needs a 'refusal' string"),
+    ([{"type": "refusal", "refusal": "no"}], "user", "'refusal' parts in an assistant's message"),
+])
+def test_malformed_content_parts_say_what_is_wrong(server, content, role, words):
+    message, param = error(chat(server, messages=[{"role": role, "content": content}]))
+    assert words in message and param == "messages.0.content"
+
+
+SCHEMA = {"type": "object"}
+
+
+@pytest.mark.parametrize(("response_format", "words"), [
+    ({}, "needs a 'type'"),
+    ({"type": "json_schema", "json_schema": {"schema": SCHEMA}}, "json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "bad name!", "schema": SCHEMA}},
+     "json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "x" * 65, "schema": SCHEMA}}, "json_schema.name"),
+    ({"type": "json_schema", "json_schema": {"name": "ok", "schema": SCHEMA, "strict": "yes"}},
+     "json_schema.strict"),
+])
+def test_malformed_response_format_is_refused(server, response_format, words):
+    message, param = error(chat(server, response_format=response_format))
+    assert words in message and param == "response_format"
+
+
+def test_a_well_formed_json_schema_header_is_served(server):
+    for header in ({"name": "x" * 64}, {"name": "a-b_9", "strict": None}, {"name": "c", "strict": False}):
+        r = chat(server, response_format={"type": "json_schema", "json_schema": {**header, "schema": SCHEMA}})
+        assert r.status_code == 200, r.text
