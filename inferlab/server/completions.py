@@ -21,6 +21,7 @@ from inferlab.server.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     PromptLogprob,
+    Usage,
 )
 from inferlab.server.respond import asked_ids, read_request, respond
 from inferlab.server.sampling import beam_search_params, completion_params, echo_only
@@ -76,7 +77,8 @@ class _Formatter:
 
     async def stream(self) -> AsyncIterator[bytes]:
         options = self.req.stream_options
-        continuous = options is not None and options.continuous_usage_stats
+        # vLLM's: each chunk counts its prompt and its own choice's tokens, only with include_usage
+        continuous = options is not None and options.include_usage and options.continuous_usage_stats
         finished: set[tuple[int, int]] = set()
         async for p, out in self.gen.outputs():
             for c in out.outputs:
@@ -87,10 +89,14 @@ class _Formatter:
                     finished.add(key)
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
                 yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
-                                       choices=[choice], usage=self.gen.usage(not self.echo_only) if continuous else None))
+                                       choices=[choice], usage=self._choice_usage(out, c) if continuous else None))
         if options is not None and options.include_usage:
             yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
                                    choices=[], usage=self.gen.usage(not self.echo_only)))
+
+    def _choice_usage(self, out: RequestOutput, c: CompletionOutput) -> Usage:
+        prompt, done = len(out.prompt_token_ids), 0 if self.echo_only else len(c.token_ids)
+        return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
 
     def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
         if c.text_delta or c.finished or (self.req.echo and key not in self.states):

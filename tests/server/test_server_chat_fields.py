@@ -42,10 +42,11 @@ def test_neutral_values_of_the_refused_fields_are_served(server):
     assert r.status_code == 200, r.text
 
 
-def stream_chunks(server, **fields) -> list[dict]:
-    body = {"model": MODEL_NAME, "messages": USER, "temperature": 1.0, "seed": 3, "stream": True,
+def stream_chunks(server, route: str = "chat/completions", **fields) -> list[dict]:
+    asked = {"messages": USER} if route == "chat/completions" else {"prompt": ["Hi", "Hello there"]}
+    body = {"model": MODEL_NAME, **asked, "temperature": 1.0, "seed": 3, "stream": True,
             "ignore_eos": True, **fields}
-    with httpx.stream("POST", f"{server.url}/v1/chat/completions", json=body,
+    with httpx.stream("POST", f"{server.url}/v1/{route}", json=body,
                       headers=server.headers, timeout=60) as r:
         assert r.status_code == 200
         lines = [line.removeprefix("data: ") for line in r.iter_lines() if line.startswith("data: ")]
@@ -73,10 +74,33 @@ def test_continuous_usage_counts_each_choice_from_zero(server):
         assert counts[index] == sorted(counts[index]) and counts[index][-1] == 5
 
 
-def test_continuous_usage_needs_include_usage(server):
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_continuous_usage_needs_include_usage(server, route):
     """vLLM sends continuous usage only when include_usage is also true."""
-    chunks = stream_chunks(server, max_tokens=3, stream_options={"continuous_usage_stats": True})
+    chunks = stream_chunks(server, route, max_tokens=3,
+                           stream_options={"continuous_usage_stats": True})
     assert chunks and all(chunk.get("usage") is None for chunk in chunks)
+
+
+def test_completions_continuous_usage_counts_each_prompt_and_choice(server):
+    """Each chunk: its own prompt's tokens and its own choice's tokens so far (vLLM's
+    num_prompt_tokens[prompt_idx] and previous_num_tokens[i]), not the request's totals."""
+    prompts = ["Hi", "Hello there"]
+    lengths = [len(tokenize(server, prompt=p)) for p in prompts]
+    chunks = stream_chunks(server, "completions", n=2, max_tokens=4, stream_options={
+        "include_usage": True, "continuous_usage_stats": True})
+    *per_choice, last = chunks
+    assert last["usage"]["completion_tokens"] == 16 and last["usage"]["prompt_tokens"] == sum(lengths)
+    counts: dict[int, list[int]] = {}
+    for chunk in per_choice:
+        (choice,) = chunk["choices"]
+        usage = chunk["usage"]
+        prompt = lengths[choice["index"] // 2]  # choices are numbered prompt by prompt
+        assert usage["prompt_tokens"] == prompt
+        assert usage["total_tokens"] == prompt + usage["completion_tokens"]
+        counts.setdefault(choice["index"], []).append(usage["completion_tokens"])
+    assert sorted(counts) == [0, 1, 2, 3]
+    assert all(c == sorted(c) and c[-1] == 4 for c in counts.values())
 
 
 @pytest.mark.parametrize(("fields", "param", "start"), [
