@@ -92,15 +92,27 @@ def bench(port: int, concurrency: int, requests: int, out: Path, extra: tuple[st
             "requests_ok": summary["counts"].get("ok", 0)}
 
 
-def bench_beside_roofline(port: int, concurrency: int, out: Path) -> dict:
+def tokenizer_json(model: str | None, directory: Path) -> Path:
+    """The served model's tokenizer.json, for `inferlab bench --tokenizer`: prompts of exactly
+    PROMPT_TOKENS tokens, as the transformers side's are (bench's word rule alone gave 282.7 on
+    average, 243-338, on SmolLM2's tokenizer)."""
+    from inferlab.models.loader import load_model
+
+    path = directory / "tokenizer.json"
+    load_model(model, torch.float32).tokenizer.backend.save(str(path))
+    return path
+
+
+def bench_beside_roofline(port: int, concurrency: int, out: Path,
+                          extra: tuple[str, ...] = ()) -> dict:
     """bench, and for a single stream the bandwidth roofline measured just before and just
     after it: this VM's bandwidth moves by up to 2x from minute to minute, so a roofline
     measured minutes earlier says little about the run's own minutes."""
     requests = max(2 * concurrency, 8)
     if concurrency != 1:
-        return bench(port, concurrency, requests, out)
+        return bench(port, concurrency, requests, out, extra)
     before = stream_bandwidth_bytes_per_s(repeats=2)
-    result = bench(port, concurrency, requests, out)
+    result = bench(port, concurrency, requests, out, extra)
     return {**result, "bandwidth_bytes_per_s": (before + stream_bandwidth_bytes_per_s(repeats=2)) / 2}
 
 
@@ -174,8 +186,9 @@ def main() -> None:
     hf_rates: list[float] = []
     try:
         with tempfile.TemporaryDirectory() as tmp:
+            exact = ("--tokenizer", str(tokenizer_json(args.model, Path(tmp))))
             for r in range(args.rounds):
-                rounds.append({c: bench_beside_roofline(port, c, Path(tmp) / f"c{c}.json")
+                rounds.append({c: bench_beside_roofline(port, c, Path(tmp) / f"c{c}.json", exact)
                                for c in args.concurrency})
                 if hf is not None:
                     hf_rates.append(hf.rate())
