@@ -96,10 +96,10 @@ def tokenizer_json(model: str | None, directory: Path) -> Path:
     """The served model's tokenizer.json, for `inferlab bench --tokenizer`: prompts of exactly
     PROMPT_TOKENS tokens, as the transformers side's are (bench's word rule alone gave 282.7 on
     average, 243-338, on SmolLM2's tokenizer)."""
-    from inferlab.models.loader import load_model
+    from inferlab.models.loader import load_tokenizer, resolve_model_path
 
     path = directory / "tokenizer.json"
-    load_model(model, torch.float32).tokenizer.backend.save(str(path))
+    load_tokenizer(resolve_model_path(model)).backend.save(str(path))
     return path
 
 
@@ -131,10 +131,10 @@ class Transformers:
     def __init__(self, dtype: torch.dtype, requests: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        from inferlab.models.loader import embedded_model_path, load_model
+        from inferlab.models.loader import embedded_model_path, load_tokenizer
 
         path = embedded_model_path()
-        self.tokenizer = load_model(None, torch.float32).tokenizer  # the server's tokenizer
+        self.tokenizer = load_tokenizer(path)  # the server's
         self.prompts = wikitext_prompts(self.tokenizer, requests, PROMPT_TOKENS)
         self.model = AutoModelForCausalLM.from_pretrained(
             os.path.dirname(path), gguf_file=os.path.basename(path), dtype=dtype).eval()

@@ -73,11 +73,12 @@ def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
     path = resolve_model_path(model)
     generation = read_generation_config(path) if os.path.isdir(path) else GenerationConfig()
     net, cfg = load_network(path, dtype, device)
-    if os.path.isdir(path):
-        tokenizer = load_hf_tokenizer(path)
-    else:
-        tokenizer = load_gguf_tokenizer(gguf.open_gguf(path), path)
-    return LoadedModel(net, cfg, tokenizer, model_display_name(model), path, generation)
+    return LoadedModel(net, cfg, load_tokenizer(path), model_display_name(model), path, generation)
+
+
+def load_tokenizer(path: str) -> TextTokenizer:
+    """The tokenizer of a resolved model path (a directory or a .gguf file), without its weights."""
+    return load_hf_tokenizer(path) if os.path.isdir(path) else load_gguf_tokenizer(gguf.open_gguf(path), path)
 
 
 def load_network(path: str, dtype: torch.dtype = torch.float32,

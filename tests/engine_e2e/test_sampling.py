@@ -327,28 +327,22 @@ def test_seeded_sampling_ignores_the_rest_of_the_batch(make_llm):
 
 
 @pytest.mark.parametrize("prefix_caching", [True, False])
-def test_n_completions_share_the_prompt_blocks(make_llm, prefix_caching):
+def test_n_completions_share_the_prompt_blocks(make_llm, prefix_caching, monkeypatch):
     """The copies after the first take the prompt's full blocks from it, prefix caching on or
     off; off, a later request with the same prompt shares nothing."""
     llm = make_llm(enable_prefix_caching=prefix_caching)
     block_manager, found = llm.engine.scheduler.block_manager, []
-    lookup = block_manager.get_computed_blocks
-
-    def watched_lookup(request):
-        prefix = lookup(request)
-        found.append(prefix.num_tokens)
-        return prefix
-
+    lookup = block_manager.get_computed_blocks  # each admission's cached prefix, recorded
+    monkeypatch.setattr(block_manager, "get_computed_blocks",
+                        lambda request: found.append(lookup(request)) or found[-1])
     prompt = llm.tokenizer.encode("word " * 40)
     params = SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True)
-    block_manager.get_computed_blocks = watched_lookup
     out = llm.generate([prompt], params)[0]
-    block_manager.get_computed_blocks = lookup
     assert [c.index for c in out.outputs] == [0, 1, 2]
     assert all(len(c.token_ids) == 5 for c in out.outputs)
     assert len({tuple(c.token_ids) for c in out.outputs}) > 1
     full_blocks = (len(prompt) - 1) // 16 * 16
-    assert found == [0, full_blocks, full_blocks]
+    assert [prefix.num_tokens for prefix in found] == [0, full_blocks, full_blocks]
     # the stats count only what a prefix cache served, as vLLM's do
     hits = llm.engine.scheduler.stats().prefix_cache_hit_tokens
     assert hits == (2 * full_blocks if prefix_caching else 0)
