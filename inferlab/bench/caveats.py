@@ -38,7 +38,8 @@ def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> 
     lag = summary.metrics["dispatch_lag_ms"]["ok"]
     if stage.spec.rate_based and lag.p99 is not None and lag.p99 > DISPATCH_LAG_WARN_MS:
         late = sum((dispatch_lag_ms(r) or 0) > DISPATCH_LAG_WARN_MS for r in stage.records)
-        out.append(f"{late} requests were sent more than {DISPATCH_LAG_WARN_MS:g} ms late "
+        were = "request was" if late == 1 else "requests were"
+        out.append(f"{late} {were} sent more than {DISPATCH_LAG_WARN_MS:g} ms late "
                    f"(p99 lag {lag.p99:.1f} ms); latency from the intended time shows the cost")
     no_usage = sum(r.output_tokens_source != "usage" for r in ok)
     if no_usage:

@@ -53,7 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("target")
-    g.add_argument("--target", help="server base URL, e.g. http://127.0.0.1:8000")
+    g.add_argument("--target", help="server base URL, e.g. http://127.0.0.1:8000 (an SDK-style .../v1 works too)")
     g.add_argument("--model", help="model name to ask for (default: the first listed)")
     g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
     g.add_argument("--api-key", help="sent as 'Authorization: Bearer KEY'")
@@ -67,7 +67,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="req/s (constant, poisson) or streams (concurrent); several values "
                         "run one stage each")
     g.add_argument("--max-concurrency", type=int,
-                   help="in-flight cap over all workers (throughput: streams)")
+                   help="in-flight cap over all workers (constant, poisson, sweep; "
+                        "throughput: its streams)")
     g.add_argument("--sweep-size", type=int, default=6)
     g.add_argument("--sweep-sync-seconds", type=float, default=15.0,
                    help="time bound of a sweep's synchronous stage")

@@ -9,6 +9,9 @@ from pathlib import Path
 from inferlab.errors import InferlabError
 
 PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
+# profiles whose own streams bound what is in flight, so an in-flight cap means nothing
+CLOSED_LOOPS = {"synchronous": "it sends one request at a time",
+                "concurrent": "its streams (--rate) are the requests in flight"}
 SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 # durations become ns timers and event-loop deadlines: a bound keeps them finite, and no
 # benchmark runs for a year
@@ -17,6 +20,7 @@ MAX_RATE = 100_000  # requests a second one process can send, and far past what 
 MAX_STREAMS = 10_000  # concurrent streams: one connection each
 MAX_WORKERS = 64  # client processes; each is a Python interpreter (~50 MB)
 UNITS_PER_SECOND = {"seconds": 1, "ms": 1000}
+API_ROOT = "/v1"  # where the OpenAI-compatible routes start on the server
 
 
 def check_duration(flag: str, value: float, *, zero_ok: bool, unit: str = "seconds") -> None:
@@ -85,6 +89,11 @@ class StageLimits:
         self.warmup.check("--warmup")
         self.cooldown.check("--cooldown")
 
+    @property
+    def max_ns(self) -> int | None:
+        """--max-seconds in whole ns: the schedule and the workers stop sending at one instant."""
+        return None if self.max_seconds is None else round(self.max_seconds * 1e9)
+
 
 @dataclass(frozen=True)
 class Slo:
@@ -128,7 +137,7 @@ class LoadConfig:
 
     profile: str
     rates: tuple[float, ...] = ()  # req/s (constant, poisson) or streams (concurrent)
-    max_concurrency: int | None = None  # in-flight bound (throughput; optional for rates)
+    max_concurrency: int | None = None  # throughput's streams; a cap on rate stages
     sweep_size: int = 6  # constant rates between the synchronous and throughput rates
     sync_max_seconds: float = 15.0  # a sweep's synchronous stage never runs longer
     ramp_up_s: float = 0.0  # streams start spread evenly over this many seconds
@@ -158,6 +167,9 @@ class LoadConfig:
                                 f"tester drives, got {list(self.rates)}")
         if self.max_concurrency is not None and self.max_concurrency < 1:
             raise InferlabError(f"--max-concurrency must be >= 1, got {self.max_concurrency}")
+        if self.max_concurrency is not None and self.profile in CLOSED_LOOPS:
+            raise InferlabError(f"--profile {self.profile} takes no --max-concurrency: "
+                                f"{CLOSED_LOOPS[self.profile]}")
         if self.sweep_size < 1 or self.slo_search_steps < 1:
             raise InferlabError("--sweep-size and --slo-search-steps must be >= 1")
         check_duration("--ramp-up", self.ramp_up_s, zero_ok=True)
@@ -187,6 +199,8 @@ class TargetConfig:
     def __post_init__(self) -> None:
         if not self.url.strip():
             raise InferlabError("--target needs a URL, e.g. http://127.0.0.1:8000")
+        # every request, /v1/models and /metrics are found from the server's root
+        object.__setattr__(self, "url", server_root(self.url))
         # header bytes are ASCII to httpx; anything else would fail on the first request
         if self.api_key is not None and not self.api_key.isascii():
             raise InferlabError("--api-key must be ASCII: it is sent in an HTTP header")
@@ -201,6 +215,16 @@ class TargetConfig:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
+
+
+def server_root(url: str) -> str:
+    """`url` without a trailing /v1: an OpenAI SDK's base URL (http://host:8000/v1) names
+    the same server, and the load tester adds /v1/completions itself."""
+    base = url.rstrip("/")
+    after_scheme = base.split("://", 1)[-1]
+    if "/" in after_scheme and after_scheme.endswith(API_ROOT):  # a path, not a host "v1"
+        return base.removesuffix(API_ROOT)
+    return url
 
 
 def _check_extra_body(extra_body: tuple[tuple[str, object], ...]) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import multiprocessing as mp
 import os
+from itertools import chain
 from multiprocessing.connection import Connection, wait
 
 from inferlab.bench.plans import WorkerReport, WorkerSetup, WorkerStage
@@ -81,11 +82,11 @@ class WorkerPool:
 
 def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
                 ramp_up_s: float) -> list[WorkerStage]:
-    """Each worker's share: rate stages deal scheduled sends round-robin and the in-flight
-    cap in whole parts, closed-loop stages deal streams in contiguous blocks and the
-    request cap in equal parts."""
+    """Each worker's share: rate stages deal scheduled sends in proportion to each worker's
+    part of the in-flight cap, closed-loop stages deal streams in contiguous blocks and the
+    request cap in proportion to streams."""
     limits = spec.limits
-    stop_ns = None if limits.max_seconds is None else start_ns + round(limits.max_seconds * 1e9)
+    stop_ns = None if limits.max_ns is None else start_ns + limits.max_ns
     hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * 1e9)
     common = {"stage": stage, "start_ns": start_ns, "stop_issuing_ns": stop_ns,
               "hard_stop_ns": hard_ns, "request_timeout_s": limits.request_timeout_s}
@@ -106,22 +107,20 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
 
 
 def _rate_plans(spec: StageSpec, workers: int, common: dict) -> list[WorkerStage]:
-    """The in-flight cap is dealt exactly, so the workers' caps add up to --max-concurrency;
-    sends go round-robin to the workers with a part of it, and none to those without."""
+    """Send k takes slot k % cap of --max-concurrency, and slot j belongs to worker
+    j % workers. Each worker's share of the sends is then its share of the cap, and a send
+    reuses the slot of the send `cap` before it, as with one shared cap at a steady rate;
+    sends dealt evenly over unequal parts overload the worker with the smaller part.
+    Uncapped, each worker is one slot."""
     offsets = send_offsets_ns(spec)
     cap = spec.max_concurrency
-    senders = workers if cap is None else min(workers, cap)
+    slots = workers if cap is None else cap
     plans = []
     for w in range(workers):
-        mine = slice(w, None, senders) if w < senders else slice(0)
-        plans.append(WorkerStage(**common, offsets_ns=tuple(offsets[mine]),
-                                 indices=tuple(range(len(offsets))[mine]),
-                                 max_in_flight=None if cap is None else _part(cap, senders, w)))
+        own_slots = range(w, slots, workers)  # none when the cap is below the worker count
+        # each slot's sends are an ascending run: sorting merges the runs
+        mine = sorted(chain.from_iterable(range(j, len(offsets), slots) for j in own_slots))
+        plans.append(WorkerStage(**common, offsets_ns=tuple(offsets[k] for k in mine),
+                                 indices=tuple(mine),
+                                 max_in_flight=None if cap is None else len(own_slots)))
     return plans
-
-
-def _part(total: int, parts: int, k: int) -> int:
-    """Part k of `total` dealt into `parts` whole parts that add up to it; 0 past the last."""
-    if k >= parts:
-        return 0
-    return total * (k + 1) // parts - total * k // parts

@@ -9,8 +9,10 @@ the running is in `runner.py`.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from inferlab.bench.config import LoadConfig, StageLimits
@@ -72,25 +74,38 @@ def fixed_stages(load: LoadConfig, limits: StageLimits) -> list[StageSpec]:
 
 
 def send_offsets_ns(stage: StageSpec) -> list[int]:
-    """Intended send times of a rate-based stage, in ns from its start.
+    """Intended send times of a rate-based stage, in ns from its start: every send strictly
+    before --max-seconds (rate x seconds of them at a constant rate), up to --max-requests.
 
     The schedule is fixed before the stage runs: a late send never shifts the next
     one, so the achieved rate is the asked rate unless the client truly falls behind.
     """
-    rate = stage.rate or 0.0
-    limits = stage.limits
-    horizon_ns = None if limits.max_seconds is None else limits.max_seconds * 1e9
-    cap = limits.max_requests if limits.max_requests is not None else math.inf
+    horizon_ns = stage.limits.max_ns
+    cap = stage.limits.max_requests if stage.limits.max_requests is not None else math.inf
     offsets: list[int] = []
-    rng = random.Random(stage.seed)
-    t_ns = 0.0
-    while len(offsets) < cap:
-        if horizon_ns is not None and t_ns >= horizon_ns:
+    for offset_ns in _send_times_ns(stage):
+        if len(offsets) >= cap or (horizon_ns is not None and offset_ns >= horizon_ns):
             break
-        offsets.append(round(t_ns))
-        gap_s = rng.expovariate(rate) if stage.kind == "poisson" else 1.0 / rate
-        t_ns += gap_s * 1e9
+        offsets.append(offset_ns)
     return offsets
+
+
+def _send_times_ns(stage: StageSpec) -> Iterator[int]:
+    """The endless schedule. A constant rate's k-th send is k / rate from the start,
+    computed afresh: summed gaps gather float error, which once put a send at exactly
+    --max-seconds (7/s for 1 s sent 8)."""
+    rate = stage.rate or 0.0
+    if stage.kind == "poisson":
+        return _poisson_times_ns(rate, stage.seed)
+    return (round(k * 1e9 / rate) for k in itertools.count())
+
+
+def _poisson_times_ns(rate: float, seed: int) -> Iterator[int]:
+    rng = random.Random(seed)
+    t_ns = 0.0
+    while True:
+        yield round(t_ns)
+        t_ns += rng.expovariate(rate) * 1e9
 
 
 def sweep_rates(sync_rate: float, throughput_rate: float, size: int) -> list[float]:

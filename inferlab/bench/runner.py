@@ -94,8 +94,13 @@ class StageRunner:
         self.progress.stage_started(stage, self.label_prefix + spec.label)
         records: list[RequestRecord] = []
         stop_reason = self._collect(spec, stage, start_ns, records)
-        scheduled = (sum(len(p.offsets_ns or ()) for p in plans) if spec.rate_based
-                     else sum(r.start_ns is not None for r in records))
+        # a rate stage stopped early meant to send only what was due by then: the records
+        # hold those, sent or counted as never sent
+        planned = sum(len(p.offsets_ns or ()) for p in plans)
+        if not spec.rate_based:
+            scheduled = sum(r.start_ns is not None for r in records)
+        else:
+            scheduled = len(records) if stop_reason else planned
         stop_reason = stop_reason or self._natural_stop(spec, start_ns, scheduled)
         info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate,
                          start_ns - self.epoch_ns, stop_reason, scheduled)

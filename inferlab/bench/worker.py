@@ -130,8 +130,10 @@ class _Worker:
 
     def _never_sent(self, plan: WorkerStage, offsets: tuple[int, ...],
                     indices: tuple[int, ...]) -> None:
-        """Scheduled requests the stage ended before sending: counted, as cancelled."""
-        stop = plan.stop_issuing_ns if plan.stop_issuing_ns is not None else clock_ns()
+        """Scheduled requests the stage ended before sending, as cancelled: those due before
+        it stopped issuing, or before now where it was stopped early (error limit, Ctrl-C)."""
+        now = clock_ns()
+        stop = now if plan.stop_issuing_ns is None else min(plan.stop_issuing_ns, now)
         for offset, index in zip(offsets, indices, strict=True):
             if plan.start_ns + offset < stop:
                 self.finished.append(RawExchange(index, self._template_of(index),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -42,6 +43,11 @@ def bench_config(url: str, corpus: Path, profile: str = "constant",
         measure=MeasureConfig(workers=1, calibration_seconds=calibration_seconds,
                               scrape_interval_s=0.25 if scrape else None),
         slo=slo)
+
+
+def with_workers(config: BenchConfig, workers: int) -> BenchConfig:
+    return dataclasses.replace(config, measure=dataclasses.replace(config.measure,
+                                                                   workers=workers))
 
 
 def run(config: BenchConfig) -> RunResult:

@@ -45,3 +45,18 @@ def test_short_outputs_are_a_warning_only_when_the_length_was_forced():
     assert stage_warnings(stage(records), tokenizer=False, forced_length=True) == [
         "1 of 2 successful requests did not return the asked number of output tokens "
         "(does the server honour ignore_eos?)"]
+
+
+def test_late_sends_are_counted_in_the_lag_warning():
+    # 10 req/s: sends due at 0, 100 and 200 ms; the third left 20 ms late, so p99 lag is
+    # 19.6 ms (numpy's linear percentile of 0, 0, 20) and exactly one request was late
+    spec = StageSpec("constant", 10.0, None, StageLimits(max_requests=3))
+    info = StageInfo(0, "constant@10", "constant", 10.0, 0, "max_requests", 3)
+    on_time = [ok(0, 8, 8), ok(1, 8, 8)]
+    late = ok(2, 8, 8)
+    late.start_ns += 20 * MS
+    records = [*on_time, late]
+    result = StageResult(spec, summarize(info, records, Span(), Span(), None), records)
+    warnings = stage_warnings(result, tokenizer=False, forced_length=True)
+    assert ("1 request was sent more than 5 ms late (p99 lag 19.6 ms); latency from the "
+            "intended time shows the cost") in warnings

@@ -49,6 +49,23 @@ def test_max_error_rate_stops_the_stage_early(mock_server, corpus):
             "HTTP 500: injected error") in result.warnings, result.warnings
 
 
+def test_a_rate_stage_stopped_by_errors_ends_where_it_stopped(mock_server, corpus):
+    # 20 req/s for 20 s, every request failing: the error limit stops it within a second or
+    # two. The ~390 sends not yet due were never meant to go: neither scheduled nor counted,
+    # and the window (what throughputs divide by) ends at the stop, not 20 s in.
+    url = mock_server(error_rate=1.0)
+    config = bench_config(url, corpus, "constant", (20.0,), max_seconds=20.0,
+                          max_error_rate=0.5)
+    (stage,) = run(config).stages
+    summary = stage.summary
+    assert summary.info.stop_reason == "max_error_rate"
+    assert summary.info.scheduled == len(stage.records) < 100
+    assert (summary.window_end_ns - summary.window_start_ns) / 1e9 < 5
+    never_sent = [r for r in stage.records if r.start_ns is None]
+    last_sent_ns = max(r.start_ns for r in stage.records if r.start_ns is not None)
+    assert all(r.intended_ns <= last_sent_ns + 1e9 for r in never_sent)
+
+
 def test_time_limit_cancels_requests_after_the_drain(mock_server, corpus):
     url = mock_server(hang_rate=1.0, itl_ms=1)
     config = bench_config(url, corpus, "constant", (20.0,), max_seconds=0.5,

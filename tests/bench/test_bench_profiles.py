@@ -66,12 +66,14 @@ def test_fixed_profiles_make_one_stage_per_rate():
     assert throughput.streams == 8 and throughput.label == "throughput@8"
 
 
-def test_rate_stage_split_deals_sends_round_robin():
+def test_rate_stage_split_deals_sends_in_proportion_to_the_cap():
+    # cap 5 over two workers: parts 3 + 2 (5 in flight in all, not 3 + 3); sends 0-4 take
+    # slots 0-4, slots 0, 2, 4 are worker 0's, and sends 5-9 take the same slots again
     spec = StageSpec("constant", 10.0, 5, StageLimits(max_seconds=1.0, drain_seconds=2.0))
     plans = split_stage(spec, stage=3, workers=2, start_ns=1_000, ramp_up_s=0)
-    assert [p.indices for p in plans] == [(0, 2, 4, 6, 8), (1, 3, 5, 7, 9)]
-    assert plans[1].offsets_ns[:2] == (100_000_000, 300_000_000)
-    assert [p.max_in_flight for p in plans] == [2, 3]  # 5 in flight in all, not 3 + 3
+    assert [p.indices for p in plans] == [(0, 2, 4, 5, 7, 9), (1, 3, 6, 8)]
+    assert plans[1].offsets_ns[:3] == (100_000_000, 300_000_000, 600_000_000)
+    assert [p.max_in_flight for p in plans] == [3, 2]
     assert plans[0].stop_issuing_ns == 1_000 + 1_000_000_000
     assert plans[0].hard_stop_ns == 1_000 + 3_000_000_000
 

@@ -2,14 +2,7 @@
 
 from __future__ import annotations
 
-import dataclasses
-
-from bench_helpers import bench_config, run
-
-
-def with_workers(config, workers: int):
-    return dataclasses.replace(config, measure=dataclasses.replace(config.measure,
-                                                                   workers=workers))
+from bench_helpers import bench_config, run, with_workers
 
 
 def test_two_workers_split_a_rate_stage_and_a_closed_loop(mock_server, corpus):
