@@ -2,8 +2,8 @@
 for the server's chat completions and /tokenize. A message's content is text, None, or a list
 of text parts (and an assistant's refusal parts), joined by newlines as vLLM joins them; an
 earlier turn's tool calls reach the template with their arguments as an object where they are
-JSON, as vLLM gives them (templates write them out with tojson), and its earlier thinking under
-each name templates read it by; a prefilled final message can be continued."""
+JSON or given as one, as vLLM gives them (templates write them out with tojson), and its earlier
+thinking under each name templates read it by; a prefilled final message can be continued."""
 
 from __future__ import annotations
 
@@ -14,7 +14,9 @@ from typing import Any
 from inferlab.errors import InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 
-# what the template gets from the call itself and the tokenizer, never from chat_template_kwargs
+# what the template gets from the call itself and the tokenizer's BOS and EOS, never from
+# chat_template_kwargs; they may set any other name, the other special tokens included (as
+# transformers lets them), since they reach the template as one mapping
 TEMPLATE_VARIABLES = {"messages", "add_generation_prompt", "bos_token", "eos_token", "tools"}
 # a message's thinking, under any of these names, reaches the template under the first two
 # (Qwen3's templates read reasoning_content, gpt-oss's thinking), as transformers passes it
@@ -55,7 +57,7 @@ def chat_prompt_text(tokenizer: TextTokenizer, messages: Sequence[Mapping[str, A
     if continue_final_message:
         plain[-1]["content"] += _CONTINUE_MARK
     text = tokenizer.apply_chat_template(plain, add_generation_prompt=add_generation_prompt,
-                                         template=template, tools=tools, **(template_kwargs or {}))
+                                         template=template, tools=tools, variables=template_kwargs)
     return _open_final_message(text) if continue_final_message else text
 
 
@@ -100,15 +102,18 @@ def _part_text(part: Any, role: Any, index: int) -> str:
     return part[kind]
 
 
-def _json_or_text(text: str) -> Any:
-    """Arguments as the template gets them: an object where they are JSON, {} where empty (as
-    vLLM gives them), else the text."""
-    if not text:
+def _json_or_text(arguments: Any) -> Any:
+    """Arguments as the template gets them: an object where they are JSON text, {} where empty
+    (as vLLM gives them), else the text; arguments already an object (transformers' documented
+    form, LLM.chat's callers give it) as they are, as vLLM keeps them."""
+    if not arguments:
         return {}
+    if not isinstance(arguments, str):
+        return arguments
     try:
-        return json.loads(text)
+        return json.loads(arguments)
     except ValueError:
-        return text
+        return arguments
 
 
 def _open_final_message(text: str) -> str:

@@ -8,7 +8,7 @@ import sys
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import InferlabError
+from inferlab.errors import InferlabError, ModelLoadError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,9 +88,11 @@ def run_chat(args: argparse.Namespace) -> int:
     failed = False  # a turn was refused: the exit code says so at the end
     while (user := _next_message(scripted)) is not None:
         messages.append({"role": "user", "content": user})
-        prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        try:
+        try:  # the template may refuse the turn too (roles out of order, raise_exception)
+            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
             reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
+        except ModelLoadError:  # no chat template: every turn would fail, so the session ends
+            raise
         except InferlabError as e:  # the turn is dropped; the conversation so far goes on
             print(f"error: {e}", file=sys.stderr)
             messages.pop()

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
-from dataclasses import dataclass
+from collections.abc import Mapping
 from typing import Any
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
@@ -28,15 +29,25 @@ GGUF_PRE_SPLITS = {
 # Llama 3's vocabularies: a word that is a token is one token, whatever the merges reach, and
 # BOS goes first unless tokenizer.ggml.add_bos_token says otherwise (llama.cpp's settings)
 GGUF_LLAMA3_PRES = {"llama-bpe", "llama3"}
+# the special tokens besides BOS and EOS that chat templates see by name, as transformers passes
+# its special_tokens_map to them
+TEMPLATE_TOKEN_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+# where a model folder keeps its templates, as transformers saves them: the default one, and
+# others by name (NAME.jinja) in the folder beside it
+CHAT_TEMPLATE_FILE = "chat_template.jinja"
+CHAT_TEMPLATE_DIR = "additional_chat_templates"
 
 
-@dataclass
+@dataclasses.dataclass
 class TokenizerInfo:
     """Special tokens and template that sit beside the vocabulary."""
 
     bos_token: str | None = None
     eos_token: str | None = None
-    chat_template: str | None = None
+    chat_template: str | None = None  # the default one
+    tool_use_template: str | None = None  # the one for a chat given tools, where there is one
+    # special tokens besides BOS and EOS by the name templates know them by (unk_token, ...)
+    template_tokens: dict[str, str] = dataclasses.field(default_factory=dict)
     add_bos_token: bool = False  # only for GGUF; tokenizer.json carries its own post-processor
 
 
@@ -99,19 +110,23 @@ class TextTokenizer:
 
     def apply_chat_template(self, messages: list[dict[str, Any]], add_generation_prompt: bool = True,
                             template: str | None = None, tools: list[dict[str, Any]] | None = None,
-                            **kwargs: Any) -> str:
+                            variables: Mapping[str, Any] | None = None) -> str:
         """template: one to use instead of the model's (vLLM's --chat-template); tools:
         OpenAI-style tool definitions, the template's `tools` (None when there are none, and
-        `documents` None unless kwargs give them, as transformers passes both); kwargs: more
-        variables for it (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking)."""
-        kwargs = {"tools": tools, "documents": None, **kwargs}
+        `documents` None unless variables give them, as transformers passes both), which pick
+        the model's tool_use template where it has one, as transformers picks it; variables: more
+        for the template (vLLM's chat_template_kwargs, e.g. Qwen3's enable_thinking), over the
+        special tokens as transformers lays them."""
+        if tools is not None:
+            template = template or self.info.tool_use_template
         template = template or self.info.chat_template
         if not template:
             raise ModelLoadError("this model has no chat template; use a completion prompt, or "
                                  "give one with --chat-template")
-        return render_chat(template, messages, add_generation_prompt,
-                           bos_token=self.info.bos_token or "", eos_token=self.info.eos_token or "",
-                           **kwargs)
+        return render_chat(template, {
+            "bos_token": self.info.bos_token or "", "eos_token": self.info.eos_token or "",
+            **self.info.template_tokens, "tools": tools, "documents": None, **(variables or {}),
+            "messages": messages, "add_generation_prompt": add_generation_prompt})
 
 
 def _token_text(config: dict[str, Any], key: str, config_path: str) -> str | None:
@@ -125,19 +140,40 @@ def _token_text(config: dict[str, Any], key: str, config_path: str) -> str | Non
     return text
 
 
-def _chat_template(config: dict[str, Any], config_path: str, model_dir: str) -> str | None:
-    """tokenizer_config.json's template (a string, or named ones: the default is taken), else
-    the folder's chat_template.jinja."""
+def _template_tokens(config: dict[str, Any], config_path: str) -> dict[str, str]:
+    """tokenizer_config.json's named special tokens besides BOS and EOS, and its model-specific
+    ones (extra_special_tokens as an object, e.g. image_token), as transformers 5's
+    special_tokens_map holds them: a list of extra tokens names none, so templates see none."""
+    extra = config.get("extra_special_tokens")
+    named = extra if isinstance(extra, dict) else {}
+    tokens = {key: _token_text(config, key, config_path) for key in TEMPLATE_TOKEN_NAMES}
+    tokens |= {key: _token_text(named, key, f"{config_path} extra_special_tokens") for key in named}
+    return {key: text for key, text in tokens.items() if text is not None}
+
+
+def _chat_templates(config: dict[str, Any], config_path: str, model_dir: str) -> dict[str, str]:
+    """The folder's templates by name ("default", "tool_use", ...), as transformers reads them:
+    its files, chat_template.jinja (the default) and additional_chat_templates/NAME.jinja, where
+    there are any; else tokenizer_config.json's (a string, the default; or {name, template}
+    objects)."""
+    files = {"default": os.path.join(model_dir, CHAT_TEMPLATE_FILE)}
+    named_dir = os.path.join(model_dir, CHAT_TEMPLATE_DIR)
+    if os.path.isdir(named_dir):
+        files |= {name.removesuffix(".jinja"): os.path.join(named_dir, name)
+                  for name in os.listdir(named_dir) if name.endswith(".jinja")}
+    templates = {name: read_template_file(path) for name, path in files.items()
+                 if os.path.isfile(path)}
     template = config.get("chat_template")
-    if template is None:
-        template_path = os.path.join(model_dir, "chat_template.jinja")
-        return read_template_file(template_path) if os.path.isfile(template_path) else None
-    if isinstance(template, list) and all(isinstance(t, dict) for t in template):
-        template = next((t.get("template") for t in template if t.get("name") == "default"), None)
-    if template is not None and not isinstance(template, str):
-        raise ModelLoadError(f"{config_path}: chat_template must be a string or a list of "
-                             "{name, template} objects")
-    return template
+    if templates or template is None:
+        return templates
+    if isinstance(template, str):
+        return {"default": template}
+    if isinstance(template, list) and all(
+            isinstance(t, dict) and isinstance(t.get("name"), str)
+            and isinstance(t.get("template"), str) for t in template):
+        return {t["name"]: t["template"] for t in template}
+    raise ModelLoadError(f"{config_path}: chat_template must be a string or a list of "
+                         "{name, template} objects")
 
 
 def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
@@ -150,9 +186,12 @@ def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
         raise ModelLoadError(f"{path}: cannot be read ({e})") from None
     config_path = os.path.join(model_dir, "tokenizer_config.json")
     config = read_json_object(config_path) if os.path.isfile(config_path) else {}
+    templates = _chat_templates(config, config_path, model_dir)
     info = TokenizerInfo(bos_token=_token_text(config, "bos_token", config_path),
                          eos_token=_token_text(config, "eos_token", config_path),
-                         chat_template=_chat_template(config, config_path, model_dir))
+                         chat_template=templates.get("default"),
+                         tool_use_template=templates.get("tool_use"),
+                         template_tokens=_template_tokens(config, config_path))
     return TextTokenizer(tokenizer, info)
 
 
@@ -204,8 +243,14 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
                                  f"{len(tokens)} tokens")
         return tokens[int(index)]
 
+    # the tokens transformers reads from a GGUF's metadata besides BOS and EOS
+    template_tokens = {"unk_token": token_at("tokenizer.ggml.unknown_token_id"),
+                       "pad_token": token_at("tokenizer.ggml.padding_token_id")}
     info = TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
                          eos_token=token_at("tokenizer.ggml.eos_token_id"),
                          chat_template=field(reader, "tokenizer.chat_template"),
+                         # llama.cpp's convert writes a named template under the name
+                         tool_use_template=field(reader, "tokenizer.chat_template.tool_use"),
+                         template_tokens={k: t for k, t in template_tokens.items() if t is not None},
                          add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", llama3)))
     return TextTokenizer(tokenizer, info)

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inferlab.errors import InferlabError
+from inferlab.models.tokenizer import CHAT_TEMPLATE_DIR
 from inferlab.quant.checkpoint import quantization_config, tensors_for
 from inferlab.quant.load import FUSED_SHARDS, checkpoint_names
 from inferlab.quant.qparams import QuantizedWeight
@@ -129,11 +130,18 @@ def write_tokenizer(out_dir: str, source_path: str, tokenizer: Any) -> None:
         for name in TOKENIZER_FILES:
             if os.path.isfile(os.path.join(source_path, name)):
                 shutil.copy2(os.path.join(source_path, name), os.path.join(out_dir, name))
+        named_templates = os.path.join(source_path, CHAT_TEMPLATE_DIR)
+        if os.path.isdir(named_templates):
+            shutil.copytree(named_templates, os.path.join(out_dir, CHAT_TEMPLATE_DIR))
         return
     tokenizer.backend.save(os.path.join(out_dir, "tokenizer.json"))
     info = tokenizer.info
-    config = {"bos_token": info.bos_token, "eos_token": info.eos_token,
-              "chat_template": info.chat_template, "tokenizer_class": "PreTrainedTokenizerFast"}
+    template: Any = info.chat_template
+    if info.tool_use_template is not None:  # named templates, as transformers saves them
+        named = {"default": info.chat_template, "tool_use": info.tool_use_template}
+        template = [{"name": n, "template": t} for n, t in named.items() if t is not None]
+    config = {"bos_token": info.bos_token, "eos_token": info.eos_token, **info.template_tokens,
+              "chat_template": template, "tokenizer_class": "PreTrainedTokenizerFast"}
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
         json.dump({k: v for k, v in config.items() if v is not None}, f, indent=2)
 

@@ -46,8 +46,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                             "http://localhost:3000, '*' for any, or vLLM's JSON list; repeatable "
                             "(default: none)")
     group.add_argument("--chat-template", default=None,
-                       help="a Jinja chat template file, or the template itself, for chat "
-                            "requests instead of the model's own")
+                       help="a Jinja chat template file, or the template itself (escapes such as "
+                            "\\n decoded), for chat requests instead of the model's own")
     group.add_argument("--enable-auto-tool-choice", action="store_true",
                        help='serve tool_choice "auto" (the default with tools): the model decides '
                             "to call, and --tool-call-parser reads its calls out of the text")

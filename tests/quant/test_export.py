@@ -108,3 +108,26 @@ def test_a_source_that_names_its_dtype_the_transformers_5_way_gets_one_dtype(tmp
     assert code == 0, capsys.readouterr().err
     written = json.loads((tmp_path / "out" / "config.json").read_text())
     assert (written["dtype"], written["torch_dtype"]) == ("float32", "float32")
+
+
+def test_named_chat_templates_and_special_tokens_reach_the_output(tmp_path):
+    # an HF folder's additional_chat_templates/ are copied as they are; a GGUF-like source
+    # (any non-folder path) has its tool_use template and named special tokens written into
+    # tokenizer_config.json as transformers saves them, so both read back the same
+    from inferlab.models.tokenizer import load_hf_tokenizer
+    from inferlab.quant.export import write_tokenizer
+
+    source = tiny_model_dir(tmp_path / "src")
+    (source / "chat_template.jinja").write_text("DEFAULT {{ messages[0]['content'] }}")
+    (source / "additional_chat_templates").mkdir()
+    (source / "additional_chat_templates" / "tool_use.jinja").write_text(
+        "TOOLS {{ tools | length }} {{ unk_token }}")
+    config = json.loads((source / "tokenizer_config.json").read_text())
+    (source / "tokenizer_config.json").write_text(json.dumps({**config, "unk_token": "<unk>"}))
+    chat, tools = [{"role": "user", "content": "hi"}], [{"type": "function"}]
+    for out, origin in ((tmp_path / "copied", str(source)), (tmp_path / "written", "x.gguf")):
+        out.mkdir()
+        write_tokenizer(str(out), origin, load_hf_tokenizer(str(source)))
+        back = load_hf_tokenizer(str(out))
+        assert back.apply_chat_template(chat) == "DEFAULT hi", origin
+        assert back.apply_chat_template(chat, tools=tools) == "TOOLS 1 <unk>", origin
