@@ -17,8 +17,20 @@ SUPPORTED_ARCHITECTURES = (
 
 
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")  # RoPE scalings layers.py computes
-# transformers' head_dim where config.json has none: Qwen3Config's is fixed, not hidden / heads
-_DEFAULT_HEAD_DIM = {"Qwen3ForCausalLM": 128}
+# transformers' defaults (its *Config classes) for keys a config.json leaves out, where they are
+# not the same for every architecture: a checkpoint means what transformers reads in it. Llama's
+# num_key_value_heads is num_attention_heads; Qwen3's head_dim is fixed, not hidden / heads;
+# Qwen's sliding_window counts only with use_sliding_window.
+_HF_DEFAULTS: dict[str, dict[str, int]] = {
+    "LlamaForCausalLM": {"max_position_embeddings": 2048},
+    "MistralForCausalLM": {"max_position_embeddings": 4096 * 32, "sliding_window": 4096,
+                           "num_key_value_heads": 8},
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768, "sliding_window": 4096,
+                         "max_window_layers": 28, "num_key_value_heads": 32},
+    "Qwen3ForCausalLM": {"max_position_embeddings": 32768, "sliding_window": 4096,
+                         "max_window_layers": 28, "num_key_value_heads": 32, "head_dim": 128},
+}
+_QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
 _ROPE_MAY_HAVE = {"yarn": ("factor", "original_max_position_embeddings")}  # numbers where given
 
@@ -130,8 +142,14 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: no 'architectures' entry")
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise ModelLoadError(f"{source}: architectures must be a list of names, got {archs!r}")
+        # an unsupported architecture gets Llama's, to be refused by name in __post_init__
+        defaults = _HF_DEFAULTS.get(archs[0], _HF_DEFAULTS["LlamaForCausalLM"])
         try:
             num_heads = _whole(cfg, "num_attention_heads")
+            num_layers = _whole(cfg, "num_hidden_layers")
+            # an explicit null is num_attention_heads in every transformers config
+            kv_heads_default = num_heads if "num_key_value_heads" in cfg else defaults.get(
+                "num_key_value_heads", num_heads)
             hidden = _whole(cfg, "hidden_size")
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(_as_whole("eos_token_id", e)
@@ -156,11 +174,12 @@ class ModelConfig:
                 vocab_size=_whole(cfg, "vocab_size"),
                 hidden_size=hidden,
                 intermediate_size=_whole(cfg, "intermediate_size"),
-                num_layers=_whole(cfg, "num_hidden_layers"),
+                num_layers=num_layers,
                 num_heads=num_heads,
-                num_kv_heads=_whole(cfg, "num_key_value_heads", num_heads),
-                head_dim=_whole(cfg, "head_dim", _DEFAULT_HEAD_DIM.get(archs[0], hidden // max(num_heads, 1))),
-                max_position_embeddings=_whole(cfg, "max_position_embeddings", 2048),
+                num_kv_heads=_whole(cfg, "num_key_value_heads", kv_heads_default),
+                head_dim=_whole(cfg, "head_dim", defaults.get("head_dim", hidden // max(num_heads, 1))),
+                max_position_embeddings=_whole(cfg, "max_position_embeddings",
+                                               defaults["max_position_embeddings"]),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=float(rope_theta or 10000.0),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
@@ -174,7 +193,7 @@ class ModelConfig:
                 qk_norm=archs[0] == "Qwen3ForCausalLM",
                 bos_token_id=_whole(cfg, "bos_token_id", None),
                 eos_token_ids=eos_ids,
-                sliding_window=_sliding_window(cfg, archs[0]),
+                sliding_window=_sliding_window(cfg, archs[0], num_layers),
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
                        "quantization_config": _object_or_none(cfg, "quantization_config")},
             )
@@ -205,16 +224,33 @@ def _as_whole(key: str, value: Any) -> int:
     return int(value)
 
 
-def _sliding_window(cfg: dict[str, Any], architecture: str) -> int | None:
-    """The window attention keeps to, or None; a value that is no positive whole number is a
-    ValueError (it would cap the context below 1 token, or fail in formatting)."""
-    # Mistral's window is on whenever it is set; Qwen's only with use_sliding_window
-    if architecture != "MistralForCausalLM" and not cfg.get("use_sliding_window"):
+def _sliding_window(cfg: dict[str, Any], architecture: str, num_layers: int) -> int | None:
+    """The window some layer's attention keeps to, or None; a value that is no positive whole
+    number is a ValueError (it would cap the context below 1 token, or fail in formatting)."""
+    # Mistral windows every layer whenever a window is set; Qwen only with use_sliding_window,
+    # and then only the layers it names (as transformers and vLLM do)
+    if architecture != "MistralForCausalLM" and not (
+            architecture in _QWEN and cfg.get("use_sliding_window")):
         return None
-    value = cfg.get("sliding_window")
+    # an absent key is transformers' default; an explicit null is no window
+    value = cfg.get("sliding_window", _HF_DEFAULTS[architecture]["sliding_window"])
     if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
         raise ValueError(f"sliding_window must be a positive whole number or null, got {value!r}")
+    if architecture in _QWEN and not _qwen_windows_a_layer(cfg, architecture, num_layers):
+        return None
     return value
+
+
+def _qwen_windows_a_layer(cfg: dict[str, Any], architecture: str, num_layers: int) -> bool:
+    """Whether a Qwen layer is windowed: by transformers 5's layer_types where given, else those
+    from max_window_layers on."""
+    layer_types = cfg.get("layer_types")
+    if layer_types is None:
+        first = _whole(cfg, "max_window_layers", _HF_DEFAULTS[architecture]["max_window_layers"])
+        return first < num_layers
+    if not isinstance(layer_types, list) or not all(isinstance(t, str) for t in layer_types):
+        raise ValueError(f"layer_types must be a list of names, got {layer_types!r}")
+    return "sliding_attention" in layer_types
 
 
 def read_json_object(path: str) -> dict[str, Any]:

@@ -144,6 +144,8 @@ class LlamaForCausalLM(nn.Module):
         one copy of the weights. Errors (unexpected, missing or misshapen tensors) name `source`.
         """
         state = fuse_checkpoint(weights, self.config, source)
+        if self.config.tie_word_embeddings:  # one parameter, listed as the embedding only
+            _tie_head_to_embedding(state)
         params = dict(self.named_parameters())
         unexpected = sorted(set(state) - set(params))
         if unexpected:
@@ -153,16 +155,21 @@ class LlamaForCausalLM(nn.Module):
             if tensor.shape != params[name].shape:
                 raise ModelLoadError(f"{source}: {name} has shape {tuple(tensor.shape)}, the "
                                      f"config implies {tuple(params[name].shape)}")
-        if self.config.tie_word_embeddings:
-            state.pop("lm_head.weight", None)
-        optional = {"lm_head.weight"} if self.config.tie_word_embeddings else set()
-        missing = sorted(set(params) - set(state) - optional)
+        missing = sorted(set(params) - set(state))
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
             raise ModelLoadError(f"{source}: missing tensors {', '.join(missing[:3])}{more}")
         self.load_state_dict(state, strict=False, assign=True)
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+
+def _tie_head_to_embedding(state: dict[str, torch.Tensor]) -> None:
+    """A tied checkpoint may store the head beside the embedding, or instead of it (transformers
+    and vLLM load both): the embedding is taken where present, as vLLM skips lm_head.* then."""
+    head = state.pop("lm_head.weight", None)
+    if head is not None:
+        state.setdefault("model.embed_tokens.weight", head)
 
 
 def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,

@@ -38,7 +38,8 @@ PRESETS: dict[str, tuple[dict[str, Any], str]] = {
                      HF.format("meta-llama/Llama-3.2-1B")),
     "Llama-3.2-3B": (_llama(3072, 8192, 28, 24, 8, 128256, 131072, tied=True, head_dim=128),
                      HF.format("meta-llama/Llama-3.2-3B")),
-    "Mistral-7B": (_llama(4096, 14336, 32, 32, 8, 32768, 32768, arch="MistralForCausalLM"),
+    "Mistral-7B": (_llama(4096, 14336, 32, 32, 8, 32768, 32768, arch="MistralForCausalLM",
+                          sliding_window=None),  # v0.3's config.json says null: no window
                    HF.format("mistralai/Mistral-7B-Instruct-v0.3")),
     "Qwen2.5-0.5B": (_llama(896, 4864, 24, 14, 2, 151936, 32768, tied=True,
                             arch="Qwen2ForCausalLM"), HF.format("Qwen/Qwen2.5-0.5B-Instruct")),

@@ -116,7 +116,8 @@ def hf_config_from(cfg: Any) -> dict[str, Any]:
            "head_dim": cfg.head_dim, "max_position_embeddings": cfg.max_position_embeddings,
            "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
            "rope_scaling": cfg.rope_scaling, "tie_word_embeddings": cfg.tie_word_embeddings,
-           "attention_bias": cfg.attention_bias, "hidden_act": "silu"}
+           "attention_bias": cfg.attention_bias, "hidden_act": "silu",
+           "sliding_window": cfg.sliding_window}  # null where there is none (Mistral's is 4096)
     if cfg.bos_token_id is not None:
         out["bos_token_id"] = cfg.bos_token_id
     if cfg.eos_token_ids:

@@ -63,7 +63,7 @@ def test_yarns_numbers_are_checked_where_given(scaling, message):
 
 def test_a_sliding_window_still_caps_a_stretched_context():
     cfg = {**_hf_dict({"rope_type": "linear", "factor": 4.0}), "architectures": ["MistralForCausalLM"],
-           "sliding_window": 100}
+           "sliding_window": 100, "num_key_value_heads": 2}  # MistralConfig's default is 8
     assert ModelConfig.from_hf_dict(cfg).max_context == 100
 
 

@@ -37,7 +37,10 @@ def test_the_context_stops_at_the_window_and_matches_transformers_within_it(tmp_
 
 
 def test_qwen_windows_count_only_when_switched_on(tmp_path):
-    make_tiny_model("qwen2", tmp_path / "off", sliding_window=WINDOW, use_sliding_window=False)
-    make_tiny_model("qwen2", tmp_path / "on", sliding_window=WINDOW, use_sliding_window=True)
+    """max_window_layers=1: layer 1 of 2 is windowed (the default, 28, windows none of them)."""
+    make_tiny_model("qwen2", tmp_path / "off", sliding_window=WINDOW, use_sliding_window=False,
+                    max_window_layers=1)
+    make_tiny_model("qwen2", tmp_path / "on", sliding_window=WINDOW, use_sliding_window=True,
+                    max_window_layers=1)
     assert read_model_config(str(tmp_path / "off")).max_context == 128
     assert read_model_config(str(tmp_path / "on")).max_context == WINDOW

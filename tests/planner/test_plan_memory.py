@@ -162,3 +162,10 @@ def test_a_fixed_kv_budget_below_one_block_asks_for_a_larger_budget():
     message = str(e.value)
     assert "--kv-cache-memory" in message and "less than one KV block (2.00 MiB" in message
     assert "--tensor-parallel" not in message
+
+
+@pytest.mark.parametrize(("name", "context"), [
+    ("Mistral-7B", 32768),  # v0.3: max_position_embeddings 32768, sliding_window null
+    ("Qwen2.5-7B", 32768), ("Llama-3.2-3B", 131072)])
+def test_presets_hold_their_models_whole_context(name, context):
+    assert resolve_model(name).config.max_context == context

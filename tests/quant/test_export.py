@@ -131,3 +131,16 @@ def test_named_chat_templates_and_special_tokens_reach_the_output(tmp_path):
         back = load_hf_tokenizer(str(out))
         assert back.apply_chat_template(chat) == "DEFAULT hi", origin
         assert back.apply_chat_template(chat, tools=tools) == "TOOLS 1 <unk>", origin
+
+
+@pytest.mark.parametrize("window", [None, 1024])
+def test_a_written_config_keeps_a_mistral_models_window(window):
+    # transformers reads a Mistral config.json without the key as a 4096 window
+    from inferlab.models.config import ModelConfig
+    from inferlab.quant.export import hf_config_from
+
+    fields = {"architectures": ["MistralForCausalLM"], "vocab_size": 64, "hidden_size": 32,
+              "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+              "num_key_value_heads": 1, "max_position_embeddings": 8192, "sliding_window": window}
+    written = hf_config_from(ModelConfig.from_hf_dict(fields))
+    assert ModelConfig.from_hf_dict(written).sliding_window == window
