@@ -311,7 +311,9 @@ class JsonGrammar(Grammar):
         if mode in ("first", "next", "colon", "value", "after") and ch in WHITESPACE:
             return self._gap((*below, (index, mode, data)), _NO_GAP, ch)
         if mode in ("first", "next") and ch == '"':
-            if node.extra is None:
+            # while a required key is to come, only the declared keys up to it may: a free key
+            # would grow without end, refused only at its closing quote
+            if node.extra is None or not node.may_end(at):
                 return self._declared_key(index, node, at, ch, below)
             return [(*below, (index, "key", (at, "" if node.properties else None, "")))]
         if mode == "lkey":
@@ -343,15 +345,15 @@ class JsonGrammar(Grammar):
 
     @staticmethod
     def _free_key(index: int, node: ObjectNode, data: Any, ch: str, below: Stack) -> list[Stack]:
-        """Any key (additionalProperties); its text is kept only to find a declared key's schema.
-        A declared key must be one that may come next, any other comes after the required ones."""
+        """Any key (additionalProperties, no required key left); its text is kept only to find a
+        declared key's schema. A declared key must be one that may come next."""
         at, raw, sub = data
         nxt = string_char(sub, ch)
         if nxt is None:
             return []
         if nxt == _CLOSED:
             key = json.loads(f'"{raw}"') if raw is not None else None
-            fits = key in node.open_keys(at) if key in node.properties else node.may_end(at)
+            fits = key not in node.properties or key in node.open_keys(at)
             return [(*below, (index, "colon", (at, key)))] if fits else []
         return [(*below, (index, "key", (at, None if raw is None else raw + ch, nxt)))]
 

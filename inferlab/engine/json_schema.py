@@ -18,7 +18,9 @@ still validate:
   a schema), as OpenAI's structured outputs require; a declared key comes at most once, the
   declared keys in the order of `properties` (then the required keys it does not declare, in
   the order of `required`) and the others after them (ObjectNode), as xgrammar and llguidance
-  write objects;
+  write objects; where only declared keys may come (no additionalProperties, or a required key
+  still to come), a key is spelled one way, no \\u escape JSON does not require, so that no
+  key begins that no allowed key goes on from;
 - a schema without `type` takes the type its keywords imply (`properties`: object, `items`:
   array), any value when none do;
 - `integer` is written without a fraction or exponent; a number with bounds (minimum...)

@@ -89,20 +89,43 @@ def _parameters(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
 
 def _calls_schema(parameters: dict[str, dict[str, Any]], limit: dict[str, int]) -> dict[str, Any]:
     """vLLM's schema for tool_choice "required": an array of calls, each one of the tools by
-    name with its parameters; the tools' $defs move to the root, where their $refs point."""
-    definitions: dict[str, Any] = {}
-    calls = []
-    for name, schema in parameters.items():
-        own = schema.get("$defs", {})
-        for key, value in own.items():
-            if definitions.setdefault(key, value) != value:
-                raise bad_request(f"$defs {key!r} differs between tools: give each its own name",
-                                  "tools")
-        calls.append({"type": "object", "required": ["name", "parameters"], "properties": {
-            "name": {"enum": [name]},
-            "parameters": {k: v for k, v in schema.items() if k != "$defs"}}})
-    schema = {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **limit}
-    return {**schema, "$defs": definitions} if definitions else schema
+    name with its parameters. Each tool's parameters move to the root's $defs under its name,
+    their local $refs ("#", "#/definitions/...") rewritten to point there, so that they hold
+    the arguments as the tool's own schema does."""
+    places = {name: f"#/$defs/{_pointer_part(name)}" for name in parameters}
+    calls = [{"type": "object", "required": ["name", "parameters"], "properties": {
+        "name": {"enum": [name]}, "parameters": {"$ref": place}}} for name, place in places.items()]
+    # a root $id names the tool's schema alone: below the root it would be an embedded resource
+    definitions = {name: _moved({k: v for k, v in schema.items() if k != "$id"}, places[name])
+                   for name, schema in parameters.items()}
+    return {"type": "array", "minItems": 1, "items": {"anyOf": calls}, **limit,
+            "$defs": definitions}
+
+
+def _pointer_part(name: str) -> str:
+    """A key as one part of a JSON pointer (RFC 6901)."""
+    return name.replace("~", "~0").replace("/", "~1")
+
+
+def _moved(schema: Any, place: str) -> Any:
+    """A (sub)schema of a schema moved to the JSON pointer `place`: its local $refs point where
+    their targets now sit. enum and const hold JSON values, not schemas: they stay as they are;
+    properties, $defs and definitions hold schemas under names that are not keywords."""
+    if isinstance(schema, list):
+        return [_moved(item, place) for item in schema]
+    if not isinstance(schema, dict):
+        return schema
+    moved = {}
+    for key, value in schema.items():
+        if key == "$ref" and isinstance(value, str) and (value == "#" or value.startswith("#/")):
+            moved[key] = place + value[1:]
+        elif key in ("enum", "const"):
+            moved[key] = value
+        elif key in ("properties", "$defs", "definitions") and isinstance(value, dict):
+            moved[key] = {name: _moved(sub, place) for name, sub in value.items()}
+        else:
+            moved[key] = _moved(value, place)
+    return moved
 
 
 def _guided(req: ChatCompletionRequest) -> bool:

@@ -56,6 +56,16 @@ def test_guided_choice_answers_with_one_of_the_choices(client):
     assert completion.choices[0].text in choices
 
 
+def test_guided_choice_writes_special_token_text_as_text(client):
+    """A choice that holds a special token's text is written with ordinary tokens: the reply is
+    the whole choice, not the choice without the special token, nor ended by it."""
+    choices = ["a<|endoftext|>b", "<|im_end|>"]
+    chat = client.chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "Pick one."}], max_tokens=12,
+        n=4, seed=3, temperature=1.2, extra_body={"guided_choice": choices})
+    assert all(c.message.content in choices and c.finish_reason == "stop" for c in chat.choices)
+
+
 def test_json_schema_answers_validate_in_every_form(client):
     """OpenAI's response_format json_schema (chat, and streamed: the same text), vLLM's
     structured_outputs {"json": schema} and guided_json (a schema's text), completions."""
