@@ -190,6 +190,12 @@ class SamplingParams:
             if not ok:
                 raise InvalidParameterError(message)
         check_seed(self.seed, self.n)
+        # numpy's integers and floats pass the checks; the engine keeps Python's
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.logit_bias is not None:
+            self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()}
 
     @property
     def greedy(self) -> bool:
@@ -239,8 +245,10 @@ def _logit_bias_checks(bias: dict[int, float]) -> list[tuple[bool, str]]:
     for token, value in bias.items():
         checks.append((_is_token_id(token),
                        f"logit_bias keys must be token ids (integers >= 0), got {token!r}"))
-        checks.append((isinstance(value, int | float) and -100 <= value <= 100,  # NaN fails too
-                       f"logit_bias values must be in [-100, 100], got {value!r} for token {token!r}"))
+        number = isinstance(value, numbers.Real) and not isinstance(value, bool)
+        checks.append((number and -100 <= value <= 100,  # NaN fails too
+                       f"logit_bias values must be numbers in [-100, 100], got {value!r} for "
+                       f"token {token!r}"))
     return checks
 
 
@@ -263,7 +271,7 @@ def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None, gra
 
 
 def _is_token_id(token: object) -> bool:
-    return isinstance(token, int) and not isinstance(token, bool) and token >= 0
+    return isinstance(token, numbers.Integral) and not isinstance(token, bool) and token >= 0
 
 
 def _thinking_markers(markers: Any) -> bool:
