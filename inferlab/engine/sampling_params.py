@@ -142,8 +142,8 @@ class SamplingParams:
             (self.top_k >= 0, f"top_k must be -1, 0 or positive, got {self.top_k}"),
             (0 < self.top_p <= 1, f"top_p must be in (0, 1], got {self.top_p}"),
             (0 <= self.min_p <= 1, f"min_p must be in [0, 1], got {self.min_p}"),
-            (self.repetition_penalty > 0,
-             f"repetition_penalty must be > 0, got {self.repetition_penalty}"),
+            (0 < self.repetition_penalty < math.inf,  # inf makes a 0 logit 0 * inf = NaN
+             f"repetition_penalty must be a finite number > 0, got {self.repetition_penalty}"),
             (-2 <= self.presence_penalty <= 2,
              f"presence_penalty must be in [-2, 2], got {self.presence_penalty}"),
             (-2 <= self.frequency_penalty <= 2,

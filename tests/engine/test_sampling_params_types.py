@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 
 import numpy as np
@@ -30,3 +31,10 @@ def test_numpy_and_torch_ids_and_biases_become_python_numbers():
 def test_what_is_still_no_token_id_or_bias(fields, words):
     with pytest.raises(InvalidParameterError, match=re.escape(words)):
         SamplingParams(**fields)
+
+
+@pytest.mark.parametrize("penalty", [0.0, -1.0, math.inf, math.nan])
+def test_a_repetition_penalty_is_a_finite_positive_number(penalty):
+    # inf divided positive logits to 0 and multiplied a logit of exactly 0 into NaN
+    with pytest.raises(InvalidParameterError, match="repetition_penalty must be a finite number > 0"):
+        SamplingParams(repetition_penalty=penalty)
