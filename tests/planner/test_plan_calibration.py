@@ -154,8 +154,9 @@ def test_non_finite_figures_are_no_figures(plan):
     assert run.measured["ttft_ms"] == 10 and run.measured["itl_ms"] is None
 
 
-def test_a_real_inferlab_bench_result(tmp_path, capsys):
+def test_a_real_inferlab_bench_result(tmp_path, capsys, shared_file):
     """`inferlab bench` against its mock server (50 ms TTFT, 10 ms ITL) at 1 and 4 streams."""
+    text = shared_file("wikitext-2-raw/wiki.test.raw")  # what prompts are cut from (or skip)
     inferlab = [sys.executable, "-m", "inferlab.cli"]
     mock = subprocess.Popen([*inferlab, "bench", "mock-server", "--port", "0", "--ttft-ms", "50",
                              "--itl-ms", "10"], stdout=subprocess.PIPE, text=True)
@@ -168,7 +169,7 @@ def test_a_real_inferlab_bench_result(tmp_path, capsys):
             done = subprocess.run(
                 [*inferlab, "bench", "--target", url, "--profile", *load, "--max-tokens", "16",
                  "--calibration-seconds", "0", "--data", "prompt_tokens=64,output_tokens=16",
-                 "--output", str(path), "--quiet"],
+                 "--data-file", str(text), "--output", str(path), "--quiet"],
                 capture_output=True, text=True, timeout=120)
             assert done.returncode == 0, done.stderr
     finally:
