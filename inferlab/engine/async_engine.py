@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlab.config import EngineConfig
-from inferlab.engine.beam_search import BeamSearchParams
+from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -31,6 +31,7 @@ from inferlab.kernels import cpu_ops
 logger = logging.getLogger("inferlab.engine")
 
 _IDLE_WAIT_S = 0.2  # how often an idle loop wakes to refresh its heartbeat
+_Sink = Callable[[RequestOutput | BaseException], None]
 
 
 class EngineDeadError(RuntimeError):
@@ -39,6 +40,10 @@ class EngineDeadError(RuntimeError):
 
 class EngineStepError(EngineDeadError):
     """What a request the engine was running when it died gets: the failure was in its steps."""
+
+
+class EngineShuttingDownError(InferlabError):
+    """Work the engine can no longer take or finish: it is stopping (a server answers 503)."""
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class AsyncEngine:
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
         self.max_model_len = engine.max_model_len
+        self.max_num_seqs = engine.config.max_num_seqs  # the most sequences a step runs
         self.sampling_defaults = engine.generation.sampling  # the model's, for what requests leave out
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._drain_deadline = math.inf  # monotonic time the shutdown under way waits until
@@ -114,17 +120,26 @@ class AsyncEngine:
             if not finished:
                 self._post(lambda: self._abort(request_id, sink))
 
-    async def beam_search(self, prompt: str | Sequence[int], params: BeamSearchParams,
-                          request_id: str, priority: int = 0) -> RequestOutput:
-        """The best params.beam_width beams of the prompt, as one finished output (vLLM's
+    async def start_beam_search(self, prompt: str | Sequence[int],
+                                params: BeamSearchParams) -> tuple[str | None, BeamSearch]:
+        """(the prompt's text, its search), the prompt checked and encoded off this loop; raises
+        what a prompt the search cannot take raises, before any engine request exists."""
+        return await asyncio.to_thread(self.engine.start_beam_search, prompt, params)
+
+    async def beam_search(self, text: str | None, search: BeamSearch, request_id: str,
+                          priority: int = 0) -> RequestOutput:
+        """The best beams of a search start_beam_search began, as one finished output (vLLM's
         engine-client beam_search; beam_search.py says how). Each round's beams run as requests
         side by side with everything else; cancelling aborts the round's requests."""
-        text, search = await asyncio.to_thread(self.engine.start_beam_search, prompt, params)
-        round_params = params.round_params()
+        round_params = search.params.round_params()
         while not search.done:
-            search.advance(list(await asyncio.gather(*(
+            outputs = list(await asyncio.gather(*(
                 self._last_output(beam, round_params, f"{request_id}-{search.rounds}-{i}", priority)
-                for i, beam in enumerate(search.beams())))))
+                for i, beam in enumerate(search.beams()))))
+            # only a shutdown aborts a round whose outputs are still read: it has no token
+            if any(out.outputs[0].finish_reason == "abort" for out in outputs):
+                raise _shutting_down()
+            search.advance(outputs)
         return search.output(request_id, self.tokenizer, text)
 
     async def _last_output(self, prompt: list[int], params: SamplingParams, request_id: str,
@@ -134,12 +149,18 @@ class AsyncEngine:
         return last
 
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
-                     sink: Callable[[RequestOutput | BaseException], None],
-                     priority: int = 0) -> None:
+                     sink: _Sink, priority: int = 0) -> None:
         """Add a request whose outputs are handed to `sink` on this event loop, without a task
         or queue of its own between (the server's path: one hop less a token); the last output
         is finished, and an engine failure arrives as an exception. Raises what add_request
         raises; the caller aborts the request if it stops reading early."""
+        await self.submit_all([(request_id, prompt, sink)], params, priority)
+
+    async def submit_all(self, requests: Sequence[tuple[str, str | Sequence[int], _Sink]],
+                         params: SamplingParams, priority: int = 0) -> None:
+        """submit() for each (request id, prompt, sink), all or none: every prompt is encoded
+        and checked before any request is added, so one refused prompt leaves no request of
+        the others running nor counted."""
         if self._closing.is_set():
             raise _shutting_down()
         if self.error is not None:
@@ -147,10 +168,14 @@ class AsyncEngine:
         loop = asyncio.get_running_loop()
         # off the engine thread, and off this loop's: encoding lets go of the GIL, so the loop
         # goes on streaming other requests while a long prompt is encoded
-        _, ids = await asyncio.to_thread(self.engine.tokenize_prompt, prompt,
-                                         params.truncate_prompt_tokens is not None)
-        text = prompt if isinstance(prompt, str) else None
-        await self._call(lambda: self._add(request_id, text, ids, params, loop, sink, priority))
+        truncating = params.truncate_prompt_tokens is not None
+        encoded = await asyncio.gather(*(
+            asyncio.to_thread(self.engine.tokenize_prompt, prompt, truncating)
+            for _, prompt, _ in requests))
+        batch = [(request_id, ids, prompt if isinstance(prompt, str) else None)
+                 for (request_id, prompt, _), (_, ids) in zip(requests, encoded, strict=True)]
+        sinks = [sink for _, _, sink in requests]
+        await self._call(lambda: self._add(batch, sinks, params, loop, priority))
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))
@@ -172,11 +197,15 @@ class AsyncEngine:
     def num_unfinished(self) -> int:
         return len(self._streams)
 
-    async def shutdown(self, timeout_s: float = 30.0) -> None:
+    async def shutdown(self, timeout_s: float = 30.0,
+                       busy: Callable[[], bool] = lambda: False) -> None:
         """Let in-flight requests finish for up to timeout_s (or until cut_drain_short), abort
-        the rest, stop the thread."""
+        the rest, stop the thread. busy: whether the caller still has work under way that may
+        hold no request now (a server's: a beam search between two rounds, a prompt being
+        encoded), which gets the same time."""
         self._drain_deadline = min(self._drain_deadline, time.monotonic() + timeout_s)
-        while self._streams and self._thread.is_alive() and time.monotonic() < self._drain_deadline:
+        while ((self._streams or busy()) and self._thread.is_alive()
+               and time.monotonic() < self._drain_deadline):
             await asyncio.sleep(0.05)
         # before the streams are listed: an add still on its way (a prompt being encoded, or
         # queued for this thread) is refused when it runs, not left streaming past the stop
@@ -225,12 +254,13 @@ class AsyncEngine:
         self._ops.put(fn)
         self._wake.set()
 
-    def _add(self, request_id: str, text: str | None, ids: list[int], params: SamplingParams,
-             loop: asyncio.AbstractEventLoop, sink: Callable[[Any], None], priority: int) -> None:
+    def _add(self, batch: list[tuple[str, list[int], str | None]], sinks: list[_Sink],
+             params: SamplingParams, loop: asyncio.AbstractEventLoop, priority: int) -> None:
         if self._closing.is_set():
             raise _shutting_down()
-        self.engine.add_request(ids, params, request_id, prompt_text=text, priority=priority)
-        self._streams[request_id] = (loop, sink)
+        self.engine.add_requests(batch, params, priority=priority)
+        for (request_id, _, _), sink in zip(batch, sinks, strict=True):
+            self._streams[request_id] = (loop, sink)
 
     def _abort(self, request_id: str, sink: Callable[[Any], None] | None = None) -> None:
         """With `sink`, only if the request streams to it: a generate() cancelled before its add
@@ -352,8 +382,8 @@ def _send(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) 
     return True
 
 
-def _shutting_down() -> InferlabError:
-    return InferlabError("the engine is shutting down")
+def _shutting_down() -> EngineShuttingDownError:
+    return EngineShuttingDownError("the engine is shutting down")
 
 
 def _settle(future: asyncio.Future, result: Any, error: BaseException | None) -> None:

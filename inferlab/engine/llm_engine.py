@@ -14,12 +14,13 @@ import logging
 import re
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 
 import torch
 
 from inferlab.config import CPU_KV_CACHE_BYTES, EngineConfig
+from inferlab.engine.bad_words import bad_words_token_ids
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
+from inferlab.engine.engine_counters import EngineCounters
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
 from inferlab.engine.guided_grammar import GrammarFilters, token_index
@@ -43,7 +44,6 @@ from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
 from inferlab.models.loader import LoadedModel, load_model
-from inferlab.models.tokenizer import TextTokenizer
 from inferlab.planner.memory import kv_cache_bytes_per_token
 from inferlab.planner.units import format_bytes
 
@@ -52,15 +52,6 @@ from inferlab.planner.units import format_bytes
 atexit.register(gc.unfreeze)
 logger = logging.getLogger("inferlab.engine")
 MAX_GRAPH_BATCH_SIZE = 512  # larger decode batches run eagerly: launches no longer dominate
-
-
-@dataclass
-class EngineCounters:
-    """Totals since start, for /metrics."""
-
-    prompt_tokens: int = 0
-    generation_tokens: int = 0
-    requests_finished: dict[str, int] = dataclasses.field(default_factory=dict)  # by finish reason
 
 
 class LLMEngine:
@@ -201,9 +192,30 @@ class LLMEngine:
         prompt_text: the text that token ids given as the prompt were encoded from (with special
         tokens); priority: lower goes first, under the "priority" scheduling policy only."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
+        self.add_requests([(request_id, prompt, prompt_text)], params, arrival_time, priority)
+        return request_id
+
+    def add_requests(self, prompts: Sequence[tuple[str, str | Sequence[int], str | None]],
+                     params: SamplingParams, arrival_time: float | None = None,
+                     priority: int = 0) -> None:
+        """Queue a request per (request id, prompt, prompt text) as add_request does, all or
+        none: every one is checked before any is queued, so a request of many prompts refused
+        for one of them leaves nothing running nor counted (vLLM checks them all first)."""
         self._check_priority(priority)
-        if request_id in self.outputs.parents:
-            raise InferlabError(f"request id {request_id!r} is already in use")
+        arrival = arrival_time if arrival_time is not None else time.monotonic()
+        ready = [(request_id, *self._prepare(request_id, prompt, text, params, arrival, priority))
+                 for request_id, prompt, text in prompts]
+        self._check_ids_free([[request_id, *(c.request_id for c in children)]
+                              for request_id, _, children in ready])
+        for request_id, text, children in ready:
+            for child in children:
+                self.scheduler.add_request(child)
+            self.outputs.add(request_id, text, children)
+
+    def _prepare(self, request_id: str, prompt: str | Sequence[int], prompt_text: str | None,
+                 params: SamplingParams, arrival: float,
+                 priority: int) -> tuple[str | None, list[Request]]:
+        """(the prompt's text, its n copies as requests), checked as the scheduler would."""
         keep = params.truncate_prompt_tokens
         keep = self.max_model_len if keep == -1 else keep
         if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
@@ -217,7 +229,6 @@ class LLMEngine:
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
         max_tokens = self._check_servable(ids, params, bad_words, choices)
-        arrival = arrival_time if arrival_time is not None else time.monotonic()
         children = []
         for i in range(params.n):
             child_params = params
@@ -229,14 +240,17 @@ class LLMEngine:
                                     max_tokens, arrival_time=arrival, priority=priority,
                                     prompt_group=request_id if params.n > 1 else None,
                                     bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
-        taken = [c.request_id for c in children if c.request_id in self.outputs.child_of]
-        if taken:  # a copy's id ("r#1") can be another request's own
-            raise InferlabError(f"request id {taken[0]!r} is already in use")
-        for child in children:
-            self.scheduler.add_request(child)  # the first raises before anything is queued
-        self.outputs.add(request_id, text, children)
-        self.counters.prompt_tokens += len(ids)
-        return request_id
+        return text, children
+
+    def _check_ids_free(self, names: list[list[str]]) -> None:
+        """Each request's id and its copies' ids are in use by no other request, queued or in
+        the batch: a copy's id ("r#1") can be another request's own."""
+        seen: set[str] = set()
+        for request_names in names:
+            for name in dict.fromkeys(request_names):  # with n = 1 the copy's id is the request's
+                if name in seen or name in self.outputs.parents or name in self.outputs.child_of:
+                    raise InferlabError(f"request id {name!r} is already in use")
+                seen.add(name)
 
     def _truncate_text(self, ids: list[int], keep: int) -> list[int]:
         """A text's `keep` last tokens as transformers truncates it from the left (what vLLM
@@ -330,7 +344,7 @@ class LLMEngine:
         self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
         output = self.outputs.abort(request_id)
         if output is not None:
-            self._count_finished(output)
+            self.counters.count_finished(output)
         return output
 
     def has_unfinished_requests(self) -> bool:
@@ -350,6 +364,7 @@ class LLMEngine:
         if speculative is not None:  # before the scheduler cuts outputs at a stop
             self._count_drafts(sched, runner_output)
         updated = self.scheduler.update_from_output(sched, runner_output)
+        self.counters.count_prefills(updated, lambda r: self.outputs.child_of[r.request_id][1] == 0)
         emitted_before = self.outputs.emitted_tokens
         outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:
@@ -357,7 +372,7 @@ class LLMEngine:
         self.counters.generation_tokens += self.outputs.emitted_tokens - emitted_before
         for out in outputs:
             if out.finished:
-                self._count_finished(out)
+                self.counters.count_finished(out)
         if speculative is not None:
             self._propose_drafts(speculative)
         return outputs
@@ -380,21 +395,3 @@ class LLMEngine:
             if chunk.spec_token_ids and tokens is not None:
                 self.spec_counters.record(len(chunk.spec_token_ids), len(tokens) - 1)
 
-    def _count_finished(self, output: RequestOutput) -> None:
-        for completion in output.outputs:
-            reason = completion.finish_reason or "abort"
-            self.counters.requests_finished[reason] = self.counters.requests_finished.get(reason, 0) + 1
-
-
-def bad_words_token_ids(tokenizer: TextTokenizer, words: list[str]) -> list[list[int]]:
-    """Each bad word as token ids, as vLLM encodes them: the word alone, and again after a space
-    when that spelling starts with another token and has as many (" word" is often one token of
-    its own)."""
-    encoded: list[list[int]] = []
-    for word in words:
-        bare = tokenizer.encode(word.lstrip(), add_special_tokens=False)
-        encoded.append(bare)
-        spaced = tokenizer.encode(" " + word.lstrip(), add_special_tokens=False)
-        if spaced[0] != bare[0] and len(spaced) == len(bare):
-            encoded.append(spaced)
-    return encoded

@@ -61,7 +61,7 @@ class Request:
     # The parent id of an n > 1 request's copies: they share the prompt's KV blocks, with
     # prefix caching on or off (off, they share them with nothing else).
     prompt_group: str | None = None
-    # sampling_params.bad_words as token ids (engine.bad_words_token_ids)
+    # sampling_params.bad_words as token ids (bad_words.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
     # guided decoding (guided_choice, json_object): allowed_now(output ids, drafts) -> what may come next
     guide: Guide | None = None

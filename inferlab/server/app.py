@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import hmac
 import importlib.metadata
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import Response
+from fastapi.types import DecoratedCallable
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from inferlab.engine.async_engine import AsyncEngine
@@ -37,6 +40,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
                            allow_methods=["*"], allow_headers=["*"])
     keyed = [Depends(_key_checker(settings.api_key))]
 
+    def get(path: str, **kwargs: Any) -> Callable[[DecoratedCallable], DecoratedCallable]:
+        """A GET route that answers HEAD too, as Starlette's routes and prometheus_client's app
+        do (uvicorn sends a HEAD answer's headers, never its body)."""
+        return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request) -> Response:
         return await create_completion(request, ctx)
@@ -50,11 +58,11 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         return ModelCard(id=ctx.model_name, created=ctx.created, root=path,
                          max_model_len=engine.max_model_len)
 
-    @app.get("/v1/models", dependencies=keyed)
+    @get("/v1/models", dependencies=keyed)
     async def models() -> ModelList:
         return ModelList(data=[model_card()])
 
-    @app.get("/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
+    @get("/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
     async def model(name: str) -> ModelCard:
         ctx.check_model(name)
         return model_card()
@@ -67,18 +75,18 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def detokenize_route(request: Request) -> dict:
         return await detokenize(request, ctx)
 
-    @app.get("/health")
+    @get("/health")
     async def health() -> Response:
         if ctx.is_healthy():
             return Response(status_code=200)
         reason = "shutting down" if ctx.draining else "the engine loop is not making progress"
         return error_response(APIError(503, f"unhealthy: {reason}"))
 
-    @app.get("/metrics")
+    @get("/metrics")
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/version")
+    @get("/version")
     async def version() -> dict:
         return {"version": importlib.metadata.version("inferlab")}
 

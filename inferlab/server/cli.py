@@ -37,7 +37,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="seconds in-flight requests get on SIGTERM before they are aborted")
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
-                       help="/health is 503 when the engine loop has been stuck this many seconds")
+                       help="/health is 503 when the engine loop has been stuck this many seconds "
+                            "(at least 1)")
     group.add_argument("--timeout-keep-alive", type=float,
                        default=_DEFAULTS["keep_alive_timeout_s"],
                        help="seconds an idle keep-alive connection stays open")

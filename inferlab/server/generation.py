@@ -1,11 +1,11 @@
 """One API request's engine requests (one per prompt), started together and read as one stream.
 
-Each prompt's engine outputs are handed straight into one queue (AsyncEngine.submit), so
+Each prompt's engine outputs are handed straight into one queue (AsyncEngine.submit_all), so
 prompts run side by side in the engine's batches. `start()` returns once every prompt has its
-first output, after the engine has accepted all of them: an invalid request fails there, before
-any response has been sent, and becomes a 400. `close()` is the single exit: whatever has not
-finished is aborted (its KV blocks are freed on the engine's next turn) and the admission
-places are handed back.
+first output, after the engine has accepted all of them at once: an invalid request fails
+there, before any response has been sent and before any of its prompts runs, and becomes a 400.
+`close()` is the single exit: whatever has not finished is aborted (its KV blocks are freed on
+the engine's next turn) and the admission places are handed back.
 """
 
 from __future__ import annotations
@@ -17,7 +17,12 @@ from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
-from inferlab.engine.async_engine import AsyncEngine, EngineDeadError, EngineStepError
+from inferlab.engine.async_engine import (
+    AsyncEngine,
+    EngineDeadError,
+    EngineShuttingDownError,
+    EngineStepError,
+)
 from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
@@ -89,23 +94,17 @@ class Generation:
             self._buffer.append((index, item))
 
     async def _submit(self) -> None:
-        # every submission settled before one's error is raised: an add still on its way
-        # (a prompt being encoded) would otherwise land after close()'s aborts and run unread
-        results = await asyncio.gather(*(
-            self.engine.submit(prompt, self.params, rid, functools.partial(self._arrive, i),
-                               self.priority)
-            for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))),
-            return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException):
-                raise result
+        await self.engine.submit_all(
+            [(rid, prompt, functools.partial(self._arrive, i))
+             for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))],
+            self.params, self.priority)
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) until every prompt has finished."""
         while len(self._finished) < len(self.prompts):
             index, item = self._buffer.popleft() if self._buffer else await self._queue.get()
             if isinstance(item, BaseException):
-                raise APIError(500, f"the engine failed: {item}")
+                raise _engine_error(item)
             self._record(index, item)
             yield index, item
 
@@ -155,8 +154,11 @@ class BeamGeneration(Generation):
         self._tasks: list[asyncio.Task] = []
 
     async def _submit(self) -> None:
-        for index, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True)):
-            task = asyncio.create_task(self.engine.beam_search(prompt, self.beam, rid, self.priority))
+        # every prompt checked before any search starts: a refused one leaves none running
+        searches = await asyncio.gather(*(self.engine.start_beam_search(prompt, self.beam)
+                                          for prompt in self.prompts))
+        for index, (rid, (text, search)) in enumerate(zip(self.request_ids, searches, strict=True)):
+            task = asyncio.create_task(self.engine.beam_search(text, search, rid, self.priority))
             task.add_done_callback(functools.partial(self._search_ended, index))
             self._tasks.append(task)
 
@@ -173,8 +175,17 @@ class BeamGeneration(Generation):
 def _start_error(error: BaseException) -> APIError:
     if isinstance(error, InvalidParameterError):  # a value the model cannot take (a token id)
         return parameter_error(str(error))
+    if isinstance(error, EngineShuttingDownError):  # an InferlabError, yet no fault of the request's
+        return _engine_error(error)
     if isinstance(error, InferlabError | ValueError):
         return bad_request(str(error))
+    return _engine_error(error)
+
+
+def _engine_error(error: BaseException) -> APIError:
+    """What the engine's own failure is to the client, whenever it comes."""
+    if isinstance(error, EngineShuttingDownError):
+        return APIError(503, str(error), code="shutting_down")
     # the server stays up but can do no more work (a request the bug struck in its own steps: 500)
     if isinstance(error, EngineDeadError) and not isinstance(error, EngineStepError):
         return APIError(503, str(error), code="engine_dead")

@@ -145,7 +145,7 @@ class _EngineCollector(Collector):
         yield counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix cache.",
                       s.prefix_cache_hit_tokens)
         yield counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions_total)
-        yield counter("vllm:prompt_tokens", "Prompt tokens admitted.", s.prompt_tokens_total)
+        yield counter("vllm:prompt_tokens", "Prompt tokens prefilled.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total)
         success = CounterMetricFamily("vllm:request_success", "Finished sequences by finish "
                                       "reason.", labels=["model_name", "finished_reason"])

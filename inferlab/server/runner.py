@@ -2,7 +2,8 @@
 
 SIGTERM (or Ctrl-C): stop accepting connections, answer new requests on open ones with 503,
 give in-flight requests `shutdown_timeout_s` to finish, then abort the rest (their streams end
-with finish_reason "abort" and [DONE]) and stop the engine.
+with finish_reason "abort" and [DONE]; a beam search, whose answer comes whole, gets a 503) and
+stop the engine.
 """
 
 from __future__ import annotations
@@ -74,7 +75,11 @@ class _DrainingServer(uvicorn.Server):
             self.ctx.start_draining()
             timeout = self.ctx.settings.shutdown_timeout_s
             logger.info("shutting down: in-flight requests get %.1f s", timeout)
-            self.drain_task = self.loop.create_task(self.ctx.engine.shutdown(timeout))
+            # the server's requests, not only the engine's: a beam search between two rounds,
+            # or a prompt being encoded, holds no engine request and still gets its time
+            admission = self.ctx.admission
+            self.drain_task = self.loop.create_task(
+                self.ctx.engine.shutdown(timeout, busy=lambda: admission.in_flight > 0))
 
 
 async def serve(engine: AsyncEngine, settings: ServerSettings) -> None:

@@ -8,6 +8,10 @@ from inferlab.errors import InferlabError
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.tool_call_formats import AUTO_PARSERS
 
+# An idle engine loop refreshes its heartbeat every 0.2 s (async_engine._IDLE_WAIT_S), a busy
+# one after every step: /health would flap on an idle server with a limit near that.
+MIN_HEALTH_MAX_SILENCE_S = 1.0
+
 
 @dataclass(frozen=True)
 class ServerSettings:
@@ -15,7 +19,7 @@ class ServerSettings:
     host: str = "127.0.0.1"
     port: int = 8000  # 0: an ephemeral port, printed when ready
     api_key: str | None = None  # None: no authentication
-    # Sequences (prompts x n) admitted beyond those the engine is running; more get 503.
+    # Sequences (prompts x n) waiting for the engine (admission.py counts them); more get 503.
     max_queued_requests: int = 256
     max_request_body_bytes: int = 8 * 2**20  # larger bodies get 413
     shutdown_timeout_s: float = 10.0  # on SIGTERM: in-flight requests get this long, then abort
@@ -44,8 +48,9 @@ class ServerSettings:
              f"max request body must be positive, got {self.max_request_body_bytes}"),
             (self.shutdown_timeout_s >= 0,
              f"shutdown timeout must be >= 0 s, got {self.shutdown_timeout_s}"),
-            (self.health_max_silence_s > 0,
-             f"health max silence must be > 0 s, got {self.health_max_silence_s}"),
+            (self.health_max_silence_s >= MIN_HEALTH_MAX_SILENCE_S,
+             f"health max silence must be at least {MIN_HEALTH_MAX_SILENCE_S:g} s (an idle engine "
+             f"reports every 0.2 s), got {self.health_max_silence_s:g}"),
             (self.keep_alive_timeout_s > 0,
              f"keep-alive timeout must be > 0 s, got {self.keep_alive_timeout_s}"),
             (self.retry_after_s >= 0, f"retry-after must be >= 0 s, got {self.retry_after_s}"),

@@ -10,7 +10,8 @@ import time
 import pytest
 
 from inferlab.config import EngineConfig
-from inferlab.engine.async_engine import AsyncEngine, EngineStepError
+from inferlab.engine.async_engine import AsyncEngine, EngineShuttingDownError, EngineStepError
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
@@ -58,6 +59,28 @@ def test_a_request_encoded_during_shutdown_is_refused_not_left_waiting(model_dir
 
     asyncio.run(main())
     assert engine.engine.scheduler.stats().num_free_blocks == engine.engine.num_kv_blocks
+
+
+def test_a_beam_search_whose_round_a_shutdown_aborts_ends_with_the_shutdown_error(model_dir):
+    """The round's requests are aborted before their step: their outputs hold no token, which
+    the search once read as its answer (a ValueError, a 400 at the server). No step runs here,
+    so the abort always comes first."""
+    engine = _engine(model_dir)
+    engine.engine.step = lambda *args, **kwargs: []  # the round's requests wait, never run
+
+    async def main() -> None:
+        params = BeamSearchParams(beam_width=2, max_tokens=5, ignore_eos=True)
+        search = asyncio.create_task(engine.beam_search(
+            *await engine.start_beam_search("w2 w3", params), "beam"))
+        deadline = time.monotonic() + 10
+        while not engine.num_unfinished and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        assert engine.num_unfinished == 1  # the first round: the prompt, its only beam
+        await engine.shutdown(0)
+        with pytest.raises(EngineShuttingDownError, match="shutting down"):
+            await asyncio.wait_for(search, 10)
+
+    asyncio.run(main())
 
 
 def test_a_consumer_that_raises_costs_only_its_own_request(model_dir):

@@ -98,3 +98,33 @@ def test_a_client_gone_mid_search_leaves_nothing_running(server):
         counts.append(server.metric("vllm:generation_tokens_total"))
         time.sleep(1.0)
     assert counts[-1] < before + 4 * 400
+
+
+def test_a_search_refused_for_one_prompt_runs_none(server, monkeypatch):
+    """The second prompt holds an id outside the vocabulary, found 0.5 s into its checks: a
+    400, and the first prompt's search never started (it once ran its rounds meanwhile, until
+    the request failed). A plain request of 3 prompt tokens and 1 output token after it moves
+    the totals by its own counts alone."""
+    start = server.engine.engine.start_beam_search
+
+    def slow_to_refuse(prompt, params):
+        if 10**8 in prompt:
+            time.sleep(0.5)
+        return start(prompt, params)
+
+    monkeypatch.setattr(server.engine.engine, "start_beam_search", slow_to_refuse)
+
+    def read() -> list[float]:
+        return [server.metric("vllm:prompt_tokens_total"),
+                server.metric("vllm:generation_tokens_total"),
+                server.metric("vllm:request_success_total", finished_reason="abort")]
+
+    before = read()
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                   json={"prompt": [[504, 1834, 28, 638], [10**8]], "n": 2, "max_tokens": 50,
+                         "ignore_eos": True, "use_beam_search": True})
+    assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
+    after = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                       json={"prompt": [2000, 2011, 2022], "max_tokens": 1, "ignore_eos": True})
+    assert after.status_code == 200
+    assert [a - b for a, b in zip(read(), before, strict=True)] == [3, 1, 0]

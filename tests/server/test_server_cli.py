@@ -17,6 +17,7 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from server_helpers import wait_until
 
 
 def serve_command(port: int) -> list[str]:
@@ -104,6 +105,42 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
                          r"total_ms=[\d.]+", access[-1])
 
 
+def test_sigterm_gives_beam_searches_the_grace_period_and_never_a_400():
+    """Between two of its rounds a beam search holds no engine request: the drain once found
+    nothing running, stopped the engine at once, and the next round's add failed the request
+    with a 400 ("the engine is shutting down"). With --shutdown-timeout 8 a search of 4 tokens
+    completes; one of 400 completes too or, cut at the deadline, gets a 503."""
+    with _serving("--shutdown-timeout", "8") as (proc, url, err):
+        replies: dict[str, httpx.Response] = {}
+
+        def search(name: str, max_tokens: int) -> threading.Thread:
+            body = {"prompt": f"The history of {name}", "max_tokens": max_tokens, "n": 2,
+                    "use_beam_search": True, "ignore_eos": True, "temperature": 0}
+            thread = threading.Thread(target=lambda: replies.__setitem__(name, httpx.post(
+                f"{url}/v1/completions", json=body, timeout=120)))
+            thread.start()
+            return thread
+
+        threads = [search("Rome", 4), search("Greece", 400)]
+        in_flight = re.compile(r"^inferlab:num_requests_in_flight\{[^}]*\} 4\.0$", re.M)
+        assert wait_until(lambda: in_flight.search(httpx.get(f"{url}/metrics", timeout=10).text), 30)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
+        for thread in threads:
+            thread.join(60)
+        assert proc.wait(timeout=30) == 0
+        short, long = replies["Rome"], replies["Greece"]
+        assert short.status_code == 200
+        assert short.json()["usage"]["completion_tokens"] == 2 * 4
+        if long.status_code == 200:  # a fast machine: 400 rounds within the 8 s
+            assert long.json()["usage"]["completion_tokens"] == 2 * 400
+        else:
+            assert long.status_code == 503 and long.json()["error"]["code"] == "shutting_down"
+            assert time.monotonic() - signalled > 7
+        assert "Traceback" not in "".join(err)
+
+
 def _streaming(url: str, headers: dict[str, str], events: list[str]) -> threading.Thread:
     """A 400-token stream in a thread, its SSE data lines into events; returns once one came."""
     first = threading.Event()
@@ -185,12 +222,33 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     (["--chat-template", "no-such-template.jinja"], "no such file, and not a Jinja template"),
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--timeout-keep-alive", "0"], "keep-alive timeout must be > 0 s, got 0.0"),
+    (["--health-max-silence", "0.15"], "health max silence must be at least 1 s"),
 ])
 def test_serve_with_broken_settings_fails_with_one_line(flags, words):
     result = subprocess.run([*serve_command(0), *flags], capture_output=True, text=True, timeout=120)
     assert result.returncode == 2
     assert result.stderr.strip().startswith("error: ") and words in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
+
+
+def test_health_max_silence_is_one_an_idle_engine_meets(engine):
+    """An idle engine loop refreshes its heartbeat every 0.2 s: with 0.15 s, /health of an idle
+    server flapped between 200 and 503. Such a limit is refused; the lowest one accepted holds
+    on the idle engine, polled every 10 ms for 1.5 s."""
+    from inferlab.errors import InferlabError
+    from inferlab.server.settings import MIN_HEALTH_MAX_SILENCE_S, ServerSettings
+
+    for too_short in (0.15, 0.5):
+        with pytest.raises(InferlabError, match=f"at least 1 s .*, got {too_short}$"):
+            ServerSettings(served_model_name="m", health_max_silence_s=too_short)
+    assert ServerSettings(served_model_name="m", health_max_silence_s=1.0).health_max_silence_s == 1.0
+    assert engine.stats().num_running == 0
+    polls = []
+    deadline = time.monotonic() + 1.5
+    while time.monotonic() < deadline:
+        polls.append(engine.is_healthy(MIN_HEALTH_MAX_SILENCE_S))
+        time.sleep(0.01)
+    assert all(polls) and len(polls) > 50
 
 
 def test_the_server_flags_reach_its_settings(tmp_path):

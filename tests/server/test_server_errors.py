@@ -189,8 +189,26 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
                                        "tokens")
 
 
+def test_a_request_refused_for_one_prompt_runs_and_counts_none(server):
+    """The first prompt is fine, the second holds an id outside the vocabulary: a 400, and, as
+    vLLM checks every prompt first, the first never ran. A request of 3 prompt tokens and 1
+    output token after it (its reply comes once the engine has counted it, and whatever was
+    sent before) moves the totals by its own counts alone. The refused one's first prompt
+    once ran and was aborted: 6 prompt tokens more, a generated one, an "abort" finish."""
+    def read() -> list[float]:
+        return [server.metric("vllm:prompt_tokens_total"),
+                server.metric("vllm:generation_tokens_total"),
+                server.metric("vllm:request_success_total", finished_reason="abort")]
+
+    before = read()
+    prompts = [[504, 1834, 28, 638, 359, 346], [10**8]]
+    assert "vocabulary" in check_error(completion(server, prompt=prompts, max_tokens=2), 400)
+    after = completion(server, prompt=[2000, 2011, 2022], max_tokens=1, ignore_eos=True)
+    assert after.status_code == 200
+    assert [a - b for a, b in zip(read(), before, strict=True)] == [3, 1, 0]
+
+
 @pytest.mark.parametrize(("path", "body"), [
-    ("/v1/completions", {"model": MODEL_NAME, "prompt": "caf\ud800"}),
     ("/v1/chat/completions", {"model": MODEL_NAME, "messages": [{"role": "user", "content": "\ud800"}]}),
 ])
 def test_text_with_a_lone_surrogate_is_400(server, path, body):

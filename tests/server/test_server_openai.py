@@ -31,6 +31,19 @@ def test_models_lists_the_served_name(client, server):
     assert version["version"].count(".") == 2
 
 
+@pytest.mark.parametrize("path", ["/metrics", "/health", "/v1/models",
+                                  f"/v1/models/{MODEL_NAME}", "/version"])
+def test_head_answers_as_get_without_the_body(server, path):
+    """As HTTP has it (RFC 9110 9.3.2), and as Starlette's routes and prometheus_client's app
+    answer: GET's status and content type, no body. It was 405."""
+    get = httpx.get(f"{server.url}{path}", headers=server.headers, timeout=10)
+    head = httpx.head(f"{server.url}{path}", headers=server.headers, timeout=10)
+    assert head.status_code == get.status_code == 200
+    assert head.headers.get("content-type") == get.headers.get("content-type")
+    assert head.content == b""
+    assert httpx.head(f"{server.url}/v1/models", timeout=10).status_code == 401  # still keyed
+
+
 def test_completion_stream_equals_whole_and_usage_matchestokenize(client, server):
     whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, max_tokens=12,
                                       extra_body={"ignore_eos": True}, **GREEDY)

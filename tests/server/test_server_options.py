@@ -26,13 +26,13 @@ def test_priority_server_serves_a_later_higher_priority_request_first(engine):
                           max_model_len=MAX_MODEL_LEN, scheduling_policy="priority")
     own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
     added: list[str] = []  # request ids, as the engine thread adds them
-    add_request = own.engine.add_request
+    add_requests = own.engine.add_requests
 
-    def logged_add(prompt, params, request_id, **kwargs):
-        added.append(request_id)
-        return add_request(prompt, params, request_id, **kwargs)
+    def logged_add(prompts, params, *args, **kwargs):
+        added.extend(request_id for request_id, _, _ in prompts)
+        return add_requests(prompts, params, *args, **kwargs)
 
-    own.engine.add_request = logged_add
+    own.engine.add_requests = logged_add
     servers = start_server(own)
     server = next(servers)
     finished: list[str] = []

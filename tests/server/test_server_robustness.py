@@ -12,7 +12,18 @@ import time
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, async_client, engine_idle, start_server, wait_until
+from server_helpers import (
+    MAX_MODEL_LEN,
+    MODEL_NAME,
+    async_client,
+    engine_idle,
+    start_server,
+    wait_until,
+)
+
+from inferlab.config import EngineConfig
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.llm_engine import LLMEngine
 
 
 def _gate_engine(engine, monkeypatch) -> threading.Event:
@@ -28,22 +39,30 @@ def _gate_engine(engine, monkeypatch) -> threading.Event:
     return gate
 
 
-def test_overload_gets_503_while_admitted_requests_complete(engine, server, monkeypatch):
+def test_overload_gets_503_past_the_slots_and_queue_while_admitted_requests_complete(engine, server,
+                                                                                   monkeypatch):
+    """4 slots (--max-num-seqs) and a queue of 4, the engine held at its first step: of 12
+    requests at once, 8 are admitted (4 to run, 4 to wait) and complete, 4 get 503. The running
+    count of the engine's last step (none) once made every admitted one count as waiting: 4
+    were admitted and 8 refused."""
     body = {"model": MODEL_NAME, "prompt": "The three primary colours are", "max_tokens": 8,
             "temperature": 0.0, "ignore_eos": True}
     expected = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers,
                           timeout=60).json()["choices"][0]["text"]
-    servers = start_server(engine, max_queued_requests=2)
+    own = AsyncEngine(LLMEngine(EngineConfig(
+        dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_num_seqs=4,
+        max_model_len=MAX_MODEL_LEN), loaded=engine.engine.loaded))
+    servers = start_server(own, max_queued_requests=4)
     busy = next(servers)
     try:
-        gate = _gate_engine(engine, monkeypatch)
+        gate = _gate_engine(own, monkeypatch)
 
         async def burst() -> list[httpx.Response]:
             async with httpx.AsyncClient(timeout=60) as http:
                 tasks = [asyncio.create_task(http.post(f"{busy.url}/v1/completions", json=body))
-                         for _ in range(8)]  # 4x what the queue holds
+                         for _ in range(12)]
                 deadline = time.monotonic() + 30
-                while sum(t.done() for t in tasks) < 6 and time.monotonic() < deadline:
+                while sum(t.done() for t in tasks) < 4 and time.monotonic() < deadline:
                     await asyncio.sleep(0.05)
                 gate.set()  # the engine gets going again; the admitted ones must complete
                 return await asyncio.gather(*tasks)
@@ -51,18 +70,19 @@ def test_overload_gets_503_while_admitted_requests_complete(engine, server, monk
         responses = asyncio.run(burst())
         ok = [r for r in responses if r.status_code == 200]
         refused = [r for r in responses if r.status_code == 503]
-        assert (len(ok), len(refused)) == (2, 6)
+        assert (len(ok), len(refused)) == (8, 4)
         assert all(r.json()["choices"][0]["text"] == expected for r in ok)
         for r in refused:
             assert r.headers["retry-after"] == "1"
             error = r.json()["error"]
             assert set(error) == {"message", "type", "param", "code"}
             assert error["code"] == "queue_full" and "retry" in error["message"]
-        assert busy.metric("inferlab:requests_rejected_total", reason="queue_full") == 6
+        assert busy.metric("inferlab:requests_rejected_total", reason="queue_full") == 4
         assert httpx.get(f"{busy.url}/health", timeout=10).status_code == 200
         assert wait_until(lambda: engine_idle(busy), 10)
     finally:
         servers.close()
+        asyncio.run(own.shutdown(timeout_s=0))
 
 
 def test_health_turns_503_while_the_engine_loop_is_stalled(engine, monkeypatch):
@@ -196,11 +216,6 @@ def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
     """A step that raises (a bug) stops the engine loop: the request in the step gets a 500, a
     request queued behind it and every later one a 503, at once rather than when the client
     gives up; /health turns 503."""
-    from server_helpers import MAX_MODEL_LEN
-
-    from inferlab.config import EngineConfig
-    from inferlab.engine.async_engine import AsyncEngine
-
     own = AsyncEngine.from_config(EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20,
                                                max_model_len=MAX_MODEL_LEN))
     servers = start_server(own)

@@ -1,0 +1,54 @@
+"""What an engine failure is to the client once a generation has started: "the engine is
+shutting down" is a 503, never the 500 of an engine bug (nor the 400 of a bad request)."""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+
+from inferlab.engine.async_engine import EngineShuttingDownError
+from inferlab.engine.outputs import CompletionOutput, RequestOutput
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.server.errors import APIError
+from inferlab.server.generation import Generation
+
+
+class _Engine:
+    """Gives each prompt a first output, then the failure."""
+
+    def __init__(self, failure: BaseException) -> None:
+        self.failure = failure
+
+    async def submit_all(self, requests, params, priority=0) -> None:
+        for request_id, prompt, sink in requests:
+            sink(RequestOutput(request_id, None, list(prompt), [CompletionOutput(0, "", [], None)], False))
+            sink(self.failure)
+
+    async def abort(self, request_id: str) -> None:
+        pass
+
+
+def _error_after_start(failure: BaseException) -> APIError:
+    async def run() -> APIError:
+        gen = Generation(_Engine(failure), [[5, 6]], SamplingParams(), "r",  # type: ignore[arg-type]
+                         SimpleNamespace(), on_close=lambda: None)
+        await gen.start()
+        with pytest.raises(APIError) as caught:
+            await gen.final_outputs()
+        await gen.close()
+        return caught.value
+
+    return asyncio.run(run())
+
+
+def test_a_shutdown_after_the_start_is_a_503():
+    error = _error_after_start(EngineShuttingDownError("the engine is shutting down"))
+    assert (error.status, error.code, error.message) == (503, "shutting_down",
+                                                        "the engine is shutting down")
+
+
+def test_an_engine_bug_after_the_start_stays_a_500():
+    error = _error_after_start(RuntimeError("a kernel bug"))
+    assert error.status == 500 and "a kernel bug" in error.message
