@@ -111,6 +111,8 @@ def resolve_corpus(path: str | None) -> Path:
     """The text synthetic prompts are cut from: --data-file, else WikiText-2 test."""
     if path is not None:
         corpus = Path(path)
+        if corpus.is_dir():
+            raise InferlabError(f"--data-file {path}: is a directory, not a text file")
         if not corpus.is_file():
             raise InferlabError(f"--data-file not found: {path}")
         return corpus

@@ -56,13 +56,18 @@ def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
         params = dataclasses.replace(params, max_tokens=max(1, min(DEFAULT_MAX_TOKENS, room)))
     request_id = engine.add_request(prompt_ids, params)
     text = ""
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.request_id == request_id:
-                delta = out.outputs[0].text_delta
-                text += delta
-                sys.stdout.write(delta)
-                sys.stdout.flush()
+    try:
+        while engine.has_unfinished_requests():
+            for out in engine.step():
+                if out.request_id == request_id:
+                    delta = out.outputs[0].text_delta
+                    text += delta
+                    sys.stdout.write(delta)
+                    sys.stdout.flush()
+    except KeyboardInterrupt:  # Ctrl-C stops the reply: its KV blocks are free for the next one
+        engine.abort_request(request_id)
+        sys.stdout.write("\n")
+        raise
     sys.stdout.write("\n")
     return text
 
@@ -97,6 +102,13 @@ def run_chat(args: argparse.Namespace) -> int:
             print(f"error: {e}", file=sys.stderr)
             messages.pop()
             failed = True
+            continue
+        except KeyboardInterrupt:  # back to the prompt, as llama.cpp's and ollama's REPLs go
+            if scripted is not None:  # no prompt to return to: the script stops
+                raise
+            # dropped, not kept cut short: the next turns would read it as the whole answer
+            print("(stopped: the turn is dropped)", file=sys.stderr)
+            messages.pop()
             continue
         messages.append({"role": "assistant", "content": reply})
     return 2 if failed else 0

@@ -50,13 +50,17 @@ class KVPool:
     @classmethod
     def from_budget(cls, budget_bytes: int, block_size: int, bytes_per_token: int,
                     asked_bytes: int | None) -> KVPool:
-        """asked_bytes: --kv-cache-memory (None: the budget is what the GPU profile left).
-        Less than a block is refused before the context is fitted to the pool."""
+        """asked_bytes: --kv-cache-memory (None: the budget is what the GPU profile left, or the
+        CPU's fixed default). Less than a block is refused before the context is fitted to the
+        pool."""
         num_blocks = num_kv_blocks(budget_bytes, block_size, bytes_per_token)
         if num_blocks < 1:
             block_bytes = block_size * bytes_per_token
+            # the device is not known here, and a CPU ignores --gpu-memory-utilization: the
+            # flags that work on both come first (on a CPU, only a huge block gets here)
             fix = ("give --kv-cache-memory at least that" if asked_bytes is not None else
-                   "raise --gpu-memory-utilization, or give --kv-cache-memory at least that")
+                   "use a smaller --block-size, or give --kv-cache-memory at least that (on a "
+                   "GPU, a higher --gpu-memory-utilization also makes the cache larger)")
             raise InferlabError(f"a KV cache of {_format_bytes(budget_bytes)} holds no block: one "
                                 f"block of {block_size} tokens takes {block_bytes:,} bytes "
                                 f"({_format_bytes(block_bytes)}); {fix}")

@@ -28,6 +28,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
     from inferlab.models.gguf import open_gguf
+    from inferlab.models.gguf_reader import is_gguf_file
     from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
 
     path = resolve_model_path(model)
@@ -37,7 +38,7 @@ def model_info(model: str | None, dtype: str) -> dict:
     parsed = _parsed_quantization(config)
     groups = parsed.groups if parsed else ()
     quantization = _quantization(config, parsed)
-    if path.endswith(".gguf"):
+    if is_gguf_file(path):
         gguf_file = open_gguf(path)
         template = gguf_file.get("tokenizer.chat_template")
         quantization = [_gguf_types(gguf_file)]

@@ -18,6 +18,21 @@ _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<
 _STRING, _ARRAY = 8, 9
 
 
+GGUF_MAGIC = b"GGUF"
+
+
+def is_gguf_file(path: str) -> bool:
+    """Whether a model path that is no directory is read as GGUF: named .gguf, or opening with
+    GGUF's magic (an ollama blob has no extension), as vLLM tells them apart."""
+    if path.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(path, "rb") as f:
+            return f.read(len(GGUF_MAGIC)) == GGUF_MAGIC
+    except OSError:
+        return False
+
+
 @dataclass
 class GGUFTensor:
     name: str
@@ -98,7 +113,7 @@ class GGUFFile:
         return self._read(_SCALARS[kind])
 
     def _parse(self) -> None:
-        if self.buffer[:4] != b"GGUF":
+        if self.buffer[:4] != GGUF_MAGIC:
             raise ModelLoadError(f"{self.path}: not a GGUF file (bad magic)")
         self._pos = 4
         self.version = self._read("<I")

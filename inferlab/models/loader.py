@@ -13,6 +13,7 @@ from inferlab.errors import ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
+from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
 
@@ -53,9 +54,16 @@ def read_model_config(path: str) -> ModelConfig:
         if not os.path.isfile(config_path):
             raise ModelLoadError(f"{config_path}: missing")
         return ModelConfig.from_hf_dict(read_json_object(config_path), source=config_path)
-    if path.endswith(".gguf"):
-        return gguf.read_gguf_config(path)
-    raise ModelLoadError(f"{path}: expected a model directory (config.json + safetensors) or a .gguf file")
+    _check_gguf_name(path)
+    return gguf.read_gguf_config(path)
+
+
+def _check_gguf_name(path: str) -> None:
+    """A path that is no directory must be a GGUF file (by name or magic): any other gets this
+    one message from every command (`serve` once read a text file as GGUF, "bad magic")."""
+    if not is_gguf_file(path):
+        raise ModelLoadError(f"{path}: is neither a model directory (config.json + safetensors) "
+                             "nor a .gguf file")
 
 
 @dataclass
@@ -89,6 +97,7 @@ def load_network(path: str, dtype: torch.dtype = torch.float32,
         weights = _iter_safetensors(path)
         quant_config = cfg.extra.get("quantization_config")
     else:
+        _check_gguf_name(path)
         reader = gguf.open_gguf(path)
         cfg = gguf.read_gguf_config(path, reader)
         weights = gguf.iter_gguf_weights(path, cfg, dtype, reader)

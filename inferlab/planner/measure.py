@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from inferlab.bench.outputs import check_writable
 from inferlab.config import CPU_KV_CACHE_BYTES
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
@@ -201,17 +202,31 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
 
 def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3) -> dict[str, Any]:
     """The cached figures if they were measured on this CPU, else a new measurement, cached."""
-    if not remeasure and cache_path.is_file():
-        cached = _read_cache(cache_path)
-        if cached.get("cpu") == cpu_name() and all(k in cached for k in MEASURED_KEYS):
+    if cache_path.is_file():
+        cached = _read_cache(cache_path)  # read under --measure too: a file that is no cache stays
+        if not remeasure and cached.get("cpu") == cpu_name() and all(k in cached for k in MEASURED_KEYS):
             return cached
+    _prepare_cache(cache_path)
     figures = measure_cpu(repeats)
     try:
-        cache_path.parent.mkdir(parents=True, exist_ok=True)
         cache_path.write_text(json.dumps(figures, indent=2) + "\n")
     except OSError as e:
-        raise InferlabError(f"cannot write the cpu-local cache {cache_path}: {e}") from None
+        raise InferlabError(f"--cache {cache_path}: cannot write ({e.strerror})") from None
     return figures
+
+
+def _prepare_cache(cache_path: Path) -> None:
+    """Make the cache's folder (the default one may be new) and open the file as the write
+    will, before a minute of measuring rather than after it."""
+    blocker = next((p for p in cache_path.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:  # mkdir would say only "File exists" or "Not a directory"
+        raise InferlabError(f"--cache {cache_path}: {blocker} is not a folder")
+    try:
+        cache_path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise InferlabError(f"--cache {cache_path}: cannot make folder {cache_path.parent} "
+                            f"({e.strerror})") from None
+    check_writable(str(cache_path), "--cache")
 
 
 def _read_cache(cache_path: Path) -> dict[str, Any]:

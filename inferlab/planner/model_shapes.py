@@ -12,6 +12,7 @@ from pathlib import Path
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.gguf import read_gguf_config
+from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.planner.memory import ASYMMETRIC, WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
@@ -52,7 +53,7 @@ def resolve_model(model: str | None) -> ModelSpec:
             raise ModelLoadError(f"{path}: a model directory needs a config.json")
         return ModelSpec(path.name, _read_config_json(path / "config.json"), str(path / "config.json"))
     if path.is_file():
-        if path.suffix.lower() == ".gguf":
+        if is_gguf_file(str(path)):
             return ModelSpec(path.stem, read_gguf_config(str(path)), str(path))
         return ModelSpec(path.parent.name or path.stem, _read_config_json(path), str(path))
     if any(k.lower() == model.lower() for k in PRESETS):

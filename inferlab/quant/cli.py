@@ -144,7 +144,9 @@ def _check_out(out: str) -> None:
     directory."""
     if not out.strip():
         raise InferlabError("--out is empty: name the directory to write")
-    if os.path.exists(out) and (not os.path.isdir(out) or os.listdir(out)):
+    if os.path.exists(out) and not os.path.isdir(out):
+        raise InferlabError(f"{out}: is a file, not a directory (choose a new --out)")
+    if os.path.exists(out) and os.listdir(out):
         raise InferlabError(f"{out}: exists and is not empty (choose a new --out)")
     if os.path.realpath(out) in (os.path.realpath(os.getcwd()), "/"):
         raise InferlabError(f"{out}: the working directory cannot be replaced (choose a new --out)")

@@ -31,6 +31,18 @@ def test_less_than_a_block_is_one_error_naming_the_minimum(model_dir, caplog):
     assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
 
 
+def test_on_a_cpu_a_block_past_the_default_budget_is_not_told_to_raise_gpu_memory(model_dir):
+    """The CPU's budget is a fixed 2 GiB, which --gpu-memory-utilization does not change; the
+    hint once led with that flag. 2**30 tokens x 512 bytes (the tiny Llama's) = 512 GiB."""
+    with pytest.raises(InferlabError) as caught:
+        LLM(model_dir, dtype="float32", device="cpu", block_size=2**30)
+    assert str(caught.value) == (
+        "a KV cache of 2.00 GiB holds no block: one block of 1073741824 tokens takes "
+        "549,755,813,888 bytes (512.00 GiB); use a smaller --block-size, or give "
+        "--kv-cache-memory at least that (on a GPU, a higher --gpu-memory-utilization also makes "
+        "the cache larger)")
+
+
 def test_one_block_byte_short_is_refused_and_one_block_serves(model_dir):
     with pytest.raises(InferlabError, match="holds no block"):
         LLM(model_dir, dtype="float32", kv_cache_memory=BLOCK_BYTES - 1)

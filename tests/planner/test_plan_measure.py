@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+from pathlib import Path
 
 import pytest
 
@@ -51,14 +53,17 @@ def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
     assert calls == [3] and figures["cpu"] == cpu_name()
 
 
-@pytest.mark.parametrize("content", [b"\xff\xfe", b"[]", b"not json"])
-def test_a_file_that_is_no_cache_is_refused_not_overwritten(tmp_path, monkeypatch, content):
-    """Once a traceback (bad UTF-8, a list); text that is not JSON was measured over."""
+@pytest.mark.parametrize("remeasure", [False, True], ids=["cached", "--measure"])
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[]", b"not json", b"hello\n"])
+def test_a_file_that_is_no_cache_is_refused_not_overwritten(tmp_path, monkeypatch, content,
+                                                            remeasure):
+    """Once a traceback (bad UTF-8, a list); text that is not JSON was measured over, and with
+    --measure any file was."""
     cache = tmp_path / "notes.json"
     cache.write_bytes(content)
     monkeypatch.setattr("inferlab.planner.measure.measure_cpu", _no_measuring)
     with pytest.raises(InferlabError, match="not a cpu-local cache"):
-        load_or_measure(cache)
+        load_or_measure(cache, remeasure)
     assert cache.read_bytes() == content
 
 
@@ -84,3 +89,32 @@ def test_streaming_rate_is_interpolated_on_log_scales():
 def test_stream_layers_have_llama_proportions():
     # SmolLM2's layer: hidden 576, MLP 1536 = 8/3 × 576
     assert layer_linear_shapes(576) == [(576, 1152), (576, 576), (576, 3072), (1536, 576)]
+
+
+@pytest.mark.parametrize(("where", "words"), [
+    ("afile.txt/c.json", "{tmp}/afile.txt/c.json: {tmp}/afile.txt is not a folder"),
+    ("afile.txt/sub/c.json", "{tmp}/afile.txt/sub/c.json: {tmp}/afile.txt is not a folder"),
+    ("emptydir", "{tmp}/emptydir: cannot write (Is a directory)"),
+])
+def test_an_unwritable_cache_fails_before_measuring(tmp_path, monkeypatch, where, words):
+    """Once a minute of measuring, then a raw "[Errno 17] File exists" or "[Errno 21]"."""
+    (tmp_path / "afile.txt").write_text("notes\n")
+    (tmp_path / "emptydir").mkdir()
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu", _no_measuring)
+    with pytest.raises(InferlabError) as caught:
+        load_or_measure(tmp_path / where)
+    assert str(caught.value) == "--cache " + words.format(tmp=tmp_path)
+    assert (tmp_path / "afile.txt").read_text() == "notes\n" and not any((tmp_path / "emptydir").iterdir())
+
+
+def test_a_failed_cache_write_names_the_reason_not_the_errno(tmp_path, monkeypatch):
+    cache = tmp_path / "cpu-local.json"
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu", lambda repeats: {"cpu": cpu_name()})
+
+    def disk_full(self, *args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", disk_full)
+    with pytest.raises(InferlabError) as caught:
+        load_or_measure(cache)
+    assert str(caught.value) == f"--cache {cache}: cannot write (No space left on device)"
