@@ -256,6 +256,8 @@ class DataConfig:
         if is_synthetic(self.data):
             SyntheticSpec.parse(self.data)
             resolve_corpus(self.data_file)
+        elif Path(self.data).is_dir():
+            raise InferlabError(f"--data {self.data}: is a directory, not a file of prompts")
         elif not Path(self.data).is_file():
             raise InferlabError(f"--data {self.data!r} is neither a synthetic spec "
                                 "(prompt_tokens=N,output_tokens=N) nor an existing file")

@@ -27,6 +27,14 @@ def test_bench_names_a_directory_given_as_data_file(tmp_path, capsys):
     assert capsys.readouterr().err == f"error: --data-file {tmp_path}: is a directory, not a text file\n"
 
 
+def test_bench_names_a_directory_given_as_data(tmp_path, capsys):
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.mkdir()
+    argv = ["bench", "--target", "http://127.0.0.1:1", "--max-requests", "1", "--data", str(prompts)]
+    assert main(argv) == 2
+    assert capsys.readouterr().err == f"error: --data {prompts}: is a directory, not a file of prompts\n"
+
+
 def test_quantize_names_a_file_given_as_out(tmp_path, capsys):
     """Checked before the model is read: there is none at that path."""
     out = tmp_path / "notes.txt"
