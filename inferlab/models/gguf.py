@@ -63,6 +63,11 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     if num_heads < 1:
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.attention.head_count is {num_heads}")
     head_dim = meta("attention.key_length", 0) or hidden // num_heads
+    rotary_dim = meta("rope.dimension_count", head_dim)
+    if rotary_dim != head_dim:  # llama.cpp refuses it for llama too
+        raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.dimension_count is {rotary_dim}, "
+                             f"not the head size {head_dim} (partial rotary embeddings are not "
+                             "supported)")
     vocab = field(reader, f"{arch}.vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
     rope_scaling = _rope_scaling(reader, arch, meta)
     # llama.cpp ends a generation at any of these (Llama 3's <|eot_id|> and <|eom_id|> besides EOS)
@@ -120,7 +125,7 @@ def iter_gguf_weights(path: str, cfg: ModelConfig, dtype, reader: GGUFFile | Non
     import torch
 
     reader = reader or open_gguf(path)
-    for tensor in reader.tensors:
+    for tensor in reader.checked_tensors():
         name = hf_name(tensor.name)
         if name is None:
             if tensor.name == "rope_freqs.weight":
@@ -134,12 +139,25 @@ def iter_gguf_weights(path: str, cfg: ModelConfig, dtype, reader: GGUFFile | Non
         if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping
             array = array.copy()
         weight = torch.from_numpy(array.reshape(tuple(reversed(tensor.shape))))
-        permuted = cfg.architecture in ("LlamaForCausalLM", "MistralForCausalLM")
-        if permuted and name.endswith(("q_proj.weight", "q_proj.bias")):
-            weight = unpermute_rows(weight, cfg.num_heads)
-        elif permuted and name.endswith(("k_proj.weight", "k_proj.bias")):
-            weight = unpermute_rows(weight, cfg.num_kv_heads)
+        heads = _permuted_heads(cfg, name)
+        if heads is not None:
+            if weight.shape[0] != heads * cfg.head_dim:  # else the un-permuting reshape fails
+                raise ModelLoadError(f"{path}: tensor {tensor.name} has shape "
+                                     f"{tuple(weight.shape)}, not {heads} heads of {cfg.head_dim} rows")
+            weight = unpermute_rows(weight, heads)
         yield name, weight.to(dtype)
+
+
+def _permuted_heads(cfg: ModelConfig, name: str) -> int | None:
+    """The heads of a tensor whose rows llama.cpp's converter permuted (Llama's and Mistral's
+    q and k projections), None for the others."""
+    if cfg.architecture not in ("LlamaForCausalLM", "MistralForCausalLM"):
+        return None
+    if name.endswith(("q_proj.weight", "q_proj.bias")):
+        return cfg.num_heads
+    if name.endswith(("k_proj.weight", "k_proj.bias")):
+        return cfg.num_kv_heads
+    return None
 
 
 def unpermute_rows(weight, num_heads: int):

@@ -6,9 +6,10 @@ seconds on a 49k-token vocabulary; this reads the same fields as plain Python va
 
 from __future__ import annotations
 
+import math
 import mmap
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from inferlab.errors import ModelLoadError
@@ -33,13 +34,25 @@ def is_gguf_file(path: str) -> bool:
         return False
 
 
+GGUF_VERSIONS = (2, 3)  # v1 counted in 32 bits; llama.cpp reads only these
+MAX_DIMS = 4  # GGML_MAX_DIMS: ggml pads every shape to 4 dimensions with 1s
+DEFAULT_ALIGNMENT = 32
+
+
+def _align_up(offset: int, alignment: int) -> int:
+    return -(-offset // alignment) * alignment
+
+
 @dataclass
 class GGUFTensor:
     name: str
     shape: tuple[int, ...]  # GGUF order: fastest-varying dimension first
     type_id: int
     offset: int  # absolute byte offset in the file
-    reader: GGUFFile
+    path: str
+    # The file's mapping, not the GGUFFile: a reference back would make a cycle that only the
+    # collector frees, and an engine's gc.freeze() once kept such mappings (and fds) for good.
+    buffer: mmap.mmap = field(repr=False)
 
     @property
     def type_name(self) -> str:
@@ -50,23 +63,32 @@ class GGUFTensor:
         except ValueError:
             return f"type {self.type_id}"
 
-    def raw(self):
-        """The tensor's bytes as numpy: [rows, row bytes] for quantized types, typed otherwise."""
-        import numpy as np
+    def row_bytes(self) -> int:
+        """Bytes of one row (shape[0] values); rows that are no whole number of blocks are
+        refused, as llama.cpp refuses them."""
         from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-        kind = GGMLQuantizationType(self.type_id)
-        block, type_size = GGML_QUANT_SIZES[kind]
-        count = 1
-        for d in self.shape:
-            count *= d
-        nbytes = count // block * type_size
-        if self.offset + nbytes > len(self.reader.buffer):
-            raise ModelLoadError(f"{self.reader.path}: tensor {self.name} runs past the end of "
-                                 "the file (truncated?)")
-        data = np.frombuffer(self.reader.buffer, dtype=np.uint8, count=nbytes, offset=self.offset)
-        rows = count // self.shape[0]
-        return data.reshape(rows, -1)
+        try:
+            block, type_size = GGML_QUANT_SIZES[GGMLQuantizationType(self.type_id)]
+        except ValueError:
+            raise ModelLoadError(f"{self.path}: tensor {self.name} has unknown type "
+                                 f"{self.type_id}") from None
+        if self.shape[0] % block:
+            raise ModelLoadError(f"{self.path}: tensor {self.name} of type {self.type_name} has "
+                                 f"rows of {self.shape[0]} values, not a multiple of its block "
+                                 f"size {block}")
+        return self.shape[0] // block * type_size
+
+    def nbytes(self) -> int:
+        return math.prod(self.shape[1:]) * self.row_bytes()
+
+    def raw(self):
+        """The tensor's bytes as numpy: [rows, row bytes] for quantized types, typed otherwise.
+        Read it from GGUFFile.checked_tensors(), which finds its bytes inside the file."""
+        import numpy as np
+
+        data = np.frombuffer(self.buffer, dtype=np.uint8, count=self.nbytes(), offset=self.offset)
+        return data.reshape(-1, self.row_bytes())
 
 
 class GGUFFile:
@@ -117,19 +139,66 @@ class GGUFFile:
             raise ModelLoadError(f"{self.path}: not a GGUF file (bad magic)")
         self._pos = 4
         self.version = self._read("<I")
+        if self.version not in GGUF_VERSIONS:
+            swapped = int.from_bytes(self.version.to_bytes(4, "little"), "big")
+            hint = " (a big-endian file?)" if swapped in GGUF_VERSIONS else ""
+            raise ModelLoadError(f"{self.path}: GGUF version {self.version} is not supported "
+                                 f"(supported: 2, 3){hint}")
         num_tensors, num_fields = self._read("<Q"), self._read("<Q")
         self.fields: dict[str, Any] = {}
         for _ in range(num_fields):
             key = self._string()
             self.fields[key] = self._value(self._read("<I"))
-        infos = []
-        for _ in range(num_tensors):
-            name = self._string()
-            dims = tuple(self._read("<Q") for _ in range(self._read("<I")))
-            infos.append((name, dims, self._read("<I"), self._read("<Q")))
-        alignment = int(self.fields.get("general.alignment", 32))
-        data_start = -(-self._pos // alignment) * alignment
-        self.tensors = [GGUFTensor(n, d, t, data_start + o, self) for n, d, t, o in infos]
+        infos = [self._tensor_info() for _ in range(num_tensors)]
+        self.alignment = self._alignment()
+        self._data_start = _align_up(self._pos, self.alignment)
+        self.tensors = [GGUFTensor(n, d, t, self._data_start + o, self.path, self.buffer)
+                        for n, d, t, o in infos]
+        names = [t.name for t in self.tensors]
+        if len(set(names)) < len(names):  # llama.cpp and gguf's reader refuse them too
+            twice = next(n for n in names if names.count(n) > 1)
+            raise ModelLoadError(f"{self.path}: tensor {twice} is in the file twice")
+
+    def _tensor_info(self) -> tuple[str, tuple[int, ...], int, int]:
+        name, ndims = self._string(), self._read("<I")
+        if ndims > MAX_DIMS:
+            raise ModelLoadError(f"{self.path}: tensor {name} has {ndims} dimensions (at most "
+                                 f"{MAX_DIMS})")
+        dims = tuple(self._read("<Q") for _ in range(ndims))
+        if 0 in dims:
+            raise ModelLoadError(f"{self.path}: tensor {name} has shape {dims}, with a dimension "
+                                 "of 0")
+        # trailing 1s are ggml's padding: (256, 256, 1) is the matrix (256, 256), as llama.cpp
+        # reads it
+        while dims and dims[-1] == 1:
+            dims = dims[:-1]
+        return name, dims or (1,), self._read("<I"), self._read("<Q")
+
+    def _alignment(self) -> int:
+        """general.alignment: a power of two (a uint32 in llama.cpp, which refuses any other)."""
+        value = self.fields.get("general.alignment", DEFAULT_ALIGNMENT)
+        if type(value) is not int or value <= 0 or value & (value - 1):
+            raise ModelLoadError(f"{self.path}: GGUF metadata general.alignment is {value!r}, "
+                                 "not a power of two")
+        return value
+
+    def checked_tensors(self) -> list[GGUFTensor]:
+        """The tensors, once their data is found where llama.cpp reads it: each one's right after
+        the one before, padded to the alignment, and inside the file; so no tensor reads
+        another's bytes. Not done at parse: it imports gguf, which the planner goes without."""
+        expected = self._data_start
+        for tensor in self.tensors:
+            if tensor.offset != expected:
+                raise ModelLoadError(
+                    f"{self.path}: tensor {tensor.name} has its data at offset "
+                    f"{tensor.offset - self._data_start}, not {expected - self._data_start} "
+                    "(tensor data overlapping or out of order)")
+            end = tensor.offset + tensor.nbytes()
+            if end > len(self.buffer):
+                raise ModelLoadError(f"{self.path}: tensor {tensor.name} runs past the end of "
+                                     "the file (truncated?)")
+            expected = _align_up(end, self.alignment)
+        return self.tensors
 
     def get(self, key: str, default: Any = None) -> Any:
         return self.fields.get(key, default)
