@@ -220,6 +220,11 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
                              f"entries for {len(tokens)} tokens")
     merges = [tuple(m.split(" ", 1)) for m in merges]
     vocab = {tok: i for i, tok in enumerate(tokens)}
+    # the tokenizers library panics mid-encode on a merge whose parts or result it lacks
+    broken = next((m for m in merges if len(m) != 2 or not {*m, "".join(m)} <= vocab.keys()), None)
+    if broken is not None:
+        raise ModelLoadError(f"{path}: GGUF merge {' '.join(broken)!r} joins tokens into one that "
+                             "tokenizer.ggml.tokens lacks")
     llama3 = pre in GGUF_LLAMA3_PRES
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=llama3))
     split_digits, pattern = GGUF_PRE_SPLITS[pre]

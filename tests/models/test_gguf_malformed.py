@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from inferlab.errors import ModelLoadError
-from inferlab.models.loader import load_model, load_network
+from inferlab.models.loader import load_model, load_network, load_tokenizer
 
 from .raw_gguf import (
     HEAD_DIM,
@@ -168,3 +168,14 @@ def test_an_engine_frees_the_file_and_freezes_no_garbage(tmp_path):
     finally:
         gc.unfreeze()
         gc.enable()
+
+
+@pytest.mark.parametrize("merge", ["a c", "a", "a zz"])
+def test_a_merge_the_vocabulary_cannot_hold_is_a_load_error(tmp_path, merge):
+    # "ac" is no token, "a" has no second part, "zz" is no token: the tokenizers library
+    # panicked on the first encode ("range end index 2 out of range")
+    path = write_gguf(tmp_path / "m.gguf", metadata=llama_metadata(**{"tokenizer.ggml.merges": [merge]}))
+    with pytest.raises(ModelLoadError, match=f"GGUF merge '{merge}' joins tokens into one"):
+        load_tokenizer(str(path)).encode("a c b a")
+    good = write_gguf(tmp_path / "good.gguf", metadata=llama_metadata())
+    assert load_tokenizer(str(good)).encode("ab", add_special_tokens=False) == [15]
