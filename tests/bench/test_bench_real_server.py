@@ -33,8 +33,9 @@ def inferlab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log_path = tmp_path_factory.mktemp("server") / "stderr.log"
     log = log_path.open("w")
     proc = subprocess.Popen(
+        # 256 MiB of KV cache: committing the CPU default of 2 GiB took ~20 s here
         [sys.executable, "-m", "inferlab.cli", "serve", "--port", "0", "--max-model-len",
-         "1024"], stdout=subprocess.PIPE, stderr=log, text=True)
+         "1024", "--kv-cache-memory", "256MiB"], stdout=subprocess.PIPE, stderr=log, text=True)
     found: list[str] = []
     ready = threading.Event()
     threading.Thread(target=_read_until_url, args=(proc, found, ready), daemon=True).start()
