@@ -16,11 +16,22 @@ from inferlab.cli import main
 from inferlab.errors import InferlabError
 
 
-def test_mann_whitney_on_separated_samples():
-    # x entirely below y: U = 0; normal approximation with continuity correction:
-    # z = (4.5 - 0.5) / sqrt(9 * 7 / 12) = 1.7457, two-sided p = 0.08086
+def test_mann_whitney_on_small_separated_samples_is_exact():
+    # x entirely below y: U = 0, one of the C(6, 3) = 20 orderings, so two-sided p = 2 / 20
+    # (the normal approximation said 0.08086)
     u, p = mann_whitney_u([1, 2, 3], [4, 5, 6])
-    assert u == 0 and p == pytest.approx(0.08086, abs=1e-4)
+    assert u == 0 and p == pytest.approx(0.1)
+    # U = 1 for [1, 2, 4] | [3, 5, 6]: orderings with U <= 1 are 2 of 20 -> p = 4 / 20
+    assert mann_whitney_u([1, 2, 4], [3, 5, 6]) == (1.0, pytest.approx(0.2))
+    # 2 against 3 with U = 3 of 6: the middle, p capped at 1
+    assert mann_whitney_u([2, 4], [1, 3, 5])[1] == 1.0
+
+
+def test_mann_whitney_on_larger_separated_samples():
+    # 9 against 9, x entirely below y: U = 0; normal approximation with continuity correction:
+    # z = (40.5 - 0.5) / sqrt(81 * 19 / 12) = 3.5321, two-sided p = 4.123e-4
+    u, p = mann_whitney_u(list(range(9)), list(range(10, 19)))
+    assert u == 0 and p == pytest.approx(4.123e-4, rel=1e-3)
 
 
 def test_mann_whitney_with_ties():
