@@ -58,3 +58,20 @@ def smollm_fp32(embedded_gguf):
     from inferlab.models.loader import load_model
 
     return load_model(None, torch.float32)
+
+
+@pytest.fixture
+def one_line_error(capsys):
+    """one_line_error(*ARGS): `inferlab ARGS`'s stderr, once it is checked to be the one line a
+    user error gives (exit 2); run in this process, so a traceback fails the test as it escapes.
+    tests/models/test_loader_errors.py's test_cli_prints_one_line_without_traceback runs the real
+    process once."""
+    from inferlab.cli import main
+
+    def run(*args) -> str:
+        capsys.readouterr()
+        assert main(list(map(str, args))) == 2
+        stderr = capsys.readouterr().err
+        assert len(stderr.strip().splitlines()) == 1, stderr
+        return stderr
+    return run

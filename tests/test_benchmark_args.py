@@ -6,9 +6,8 @@ whole run). The shared argparse types of benchmarks/workloads.py are checked dir
 from __future__ import annotations
 
 import argparse
-import os
+import json
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -29,20 +28,6 @@ def scripts(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("bench") / "benchmarks"
     shutil.copytree(BENCHMARKS, folder, ignore=shutil.ignore_patterns("__pycache__"))
     return folder
-
-
-def run(scripts: Path, script: str, *args: str) -> subprocess.CompletedProcess:
-    """The script's run, killed with everything it started if it outlives TIMEOUT_S."""
-    proc = subprocess.Popen([sys.executable, str(scripts / script), *args], cwd=scripts.parent,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        pytest.fail(f"{script} {' '.join(args)} was not refused: still running after {TIMEOUT_S} s")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 
 REFUSED = [  # script, arguments, what the error line says
@@ -73,14 +58,26 @@ REFUSED = [  # script, arguments, what the error line says
 ]
 
 
-@pytest.mark.parametrize(("script", "args", "message"), REFUSED,
+@pytest.fixture(scope="module")
+def refusals(scripts) -> list[dict]:
+    """Each REFUSED case's exit code, stdout and stderr, all run by one driver process (a script
+    still running after TIMEOUT_S is stopped there and reported as such)."""
+    cases = json.dumps([[script, args] for script, args, _ in REFUSED])
+    done = subprocess.run([sys.executable, str(Path(__file__).parent / "benchmark_args_driver.py"),
+                           str(scripts), str(TIMEOUT_S)], input=cases, cwd=scripts.parent,
+                          capture_output=True, text=True, timeout=TIMEOUT_S * len(REFUSED))
+    assert done.returncode == 0, done.stderr[-4000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize(("case", "script", "message"), [(i, s, m) for i, (s, _, m) in enumerate(REFUSED)],
                          ids=[f"{s} {' '.join(a)}" for s, a, _ in REFUSED])
-def test_a_bad_argument_is_refused_when_parsed(scripts, script, args, message) -> None:
-    done = run(scripts, script, *args)
-    assert "Traceback" not in done.stderr, done.stderr
-    assert done.returncode == 2, (done.returncode, done.stdout[-2000:], done.stderr[-2000:])
-    assert done.stdout == ""  # nothing started: no machine line, no figures
-    lines = done.stderr.strip().splitlines()
+def test_a_bad_argument_is_refused_when_parsed(scripts, refusals, case, script, message) -> None:
+    done = refusals[case]
+    assert "Traceback" not in done["stderr"], done["stderr"]
+    assert done["returncode"] == 2, (done["returncode"], done["stdout"][-2000:], done["stderr"][-2000:])
+    assert done["stdout"] == ""  # nothing started: no machine line, no figures
+    lines = done["stderr"].strip().splitlines()
     assert lines[0].startswith(f"usage: {script}")
     assert [line for line in lines if ": error: " in line] == [lines[-1]]
     assert lines[-1].startswith(f"{script}: error: {message}"), lines[-1]

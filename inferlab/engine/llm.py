@@ -73,12 +73,14 @@ class LLM:
             self._generating.release()
 
     def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             params: SamplingParams | None = None, add_generation_prompt: bool = True,
+             params: SamplingParams | Sequence[SamplingParams] | None = None,
+             add_generation_prompt: bool = True,
              chat_template: str | None = None,
              chat_template_kwargs: dict[str, Any] | None = None,
              tools: list[dict[str, Any]] | None = None,
              continue_final_message: bool = False) -> list[RequestOutput]:
-        """vLLM's LLM.chat: messages with text or text parts (chat_prompt.py); chat_template:
+        """vLLM's LLM.chat: messages with text or text parts (chat_prompt.py); params: one for
+        all, or one per conversation, as generate takes them; chat_template:
         instead of the model's; chat_template_kwargs: more variables for it; tools: OpenAI-style
         tool definitions, the template's `tools`; continue_final_message: the reply goes on
         from the last message (with add_generation_prompt=False)."""

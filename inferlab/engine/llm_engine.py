@@ -62,7 +62,8 @@ class LLMEngine:
         if self.device.type == "cpu":
             keep_freed_memory()
         self.dtype = resolve_dtype(config.dtype, self.device)
-        self.loaded = loaded or load_model(config.model, self.dtype, self.device)
+        self.loaded = (loaded.checked_for(self.dtype, self.device) if loaded
+                       else load_model(config.model, self.dtype, self.device))
         if packed_linear_supported(self.device, self.dtype):
             use_packed_linears(self.loaded.model)
         elif onednn_linear_supported(self.device, self.dtype):

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from inferlab.errors import ModelLoadError
+from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
@@ -74,6 +74,17 @@ class LoadedModel:
     name: str
     path: str
     generation: GenerationConfig = GenerationConfig()  # a directory's generation_config.json
+
+    def checked_for(self, dtype: torch.dtype, device: torch.device) -> LoadedModel:
+        """This model, once it is seen to be loaded in `dtype` on `device`: an engine given one
+        loaded for another dtype ran in a mix of both (bf16 weights, an fp32 KV cache), silently
+        off."""
+        weight = self.model.model.embed_tokens.weight
+        if (weight.dtype, weight.device.type) != (dtype, device.type):
+            loaded_as = f"{str(weight.dtype).removeprefix('torch.')} on {weight.device.type}"
+            wanted = f"{str(dtype).removeprefix('torch.')} on {device.type}"
+            raise InferlabError(f"the model was loaded as {loaded_as}; this engine runs {wanted}")
+        return self
 
 
 def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,

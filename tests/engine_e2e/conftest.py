@@ -8,15 +8,36 @@ from inferlab.engine.llm import LLM
 from inferlab.engine.model_runner import ModelRunner
 
 
-@pytest.fixture(scope="session")
-def make_llm(smollm_fp32):
-    """LLM engines over the one fp32 copy of the embedded model, each with its own KV cache."""
+def _llm_maker(loaded, dtype: str):
+    """make(**engine_args) -> an LLM over `loaded` (shared, in `dtype`), with its own 64 MiB KV
+    cache."""
 
     def make(**engine_args) -> LLM:
         engine_args.setdefault("kv_cache_memory", "64MiB")
-        return LLM(loaded=smollm_fp32, dtype="float32", **engine_args)
+        return LLM(loaded=loaded, dtype=dtype, **engine_args)
 
     return make
+
+
+@pytest.fixture(scope="session")
+def make_llm(smollm_fp32):
+    """LLM engines over the one fp32 copy of the embedded model: transformers' fp32 twin is
+    the reference of their numerics."""
+    return _llm_maker(smollm_fp32, "float32")
+
+
+@pytest.fixture(scope="session")
+def make_fast_llm(embedded_gguf):
+    """LLM engines in the platform's own dtype (bf16 where the CPU has AMX, whose decode steps
+    are several times faster than fp32's), for tests whose reference is not fp32 numerics:
+    a format, an invariant, the engine against itself."""
+    import torch
+
+    from inferlab.engine.platform import resolve_dtype
+    from inferlab.models.loader import load_model
+
+    dtype = resolve_dtype("auto", torch.device("cpu"))
+    return _llm_maker(load_model(None, dtype), str(dtype).removeprefix("torch."))
 
 
 @pytest.fixture(scope="session")

@@ -38,12 +38,12 @@ SAMPLE = '{"name": "Zoë\\n", "tags": [1, -2.5e3, true, null], "nested": {"k": [
 
 
 @pytest.fixture(scope="module")
-def texts(make_llm) -> list[str | None]:
-    return token_texts(make_llm().tokenizer)
+def texts(make_fast_llm) -> list[str | None]:
+    return token_texts(make_fast_llm().tokenizer)
 
 
-def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
-    tokenizer = make_llm().tokenizer
+def test_token_texts_spell_what_the_tokenizer_decodes(make_fast_llm, texts):
+    tokenizer = make_fast_llm().tokenizer
     for text in (' {"a": 1}\n', "Hello world, it's 3.14!", "  two  spaces\tand tab", SAMPLE):
         ids = tokenizer.encode(text, add_special_tokens=False)
         assert "".join(texts[i] for i in ids) == tokenizer.decode(ids) == text
@@ -55,13 +55,13 @@ def test_token_texts_spell_what_the_tokenizer_decodes(make_llm, texts):
 
 
 @pytest.fixture(scope="module")
-def index(make_llm) -> TokenIndex:
-    tokenizer = make_llm().tokenizer
+def index(make_fast_llm) -> TokenIndex:
+    tokenizer = make_fast_llm().tokenizer
     return token_index(tokenizer, tokenizer.vocab_size)
 
 
-def test_byte_tokens_spell_the_utf8_of_what_they_write(make_llm, index):
-    tokenizer = make_llm().tokenizer
+def test_byte_tokens_spell_the_utf8_of_what_they_write(make_fast_llm, index):
+    tokenizer = make_fast_llm().tokenizer
     text = "Zoë écrit עברית, 中文 and 😀!"
     ids = tokenizer.encode(text, add_special_tokens=False)
     spelled = [index.spelling.get(i) or index.texts[i].encode() for i in ids]
@@ -96,10 +96,10 @@ def test_a_guide_takes_the_byte_tokens_that_begin_an_allowed_character(index):
     ({"json_schema": {"enum": ["\u05e2\u05dd", "\u05e9\u05dd"]}},
      lambda text: json.loads(text) in ("\u05e2\u05dd", "\u05e9\u05dd")),
 ])
-def test_guided_replies_write_characters_spelled_only_in_bytes(make_llm, index, guide, check):
+def test_guided_replies_write_characters_spelled_only_in_bytes(make_fast_llm, index, guide, check):
     """Hebrew's UTF-8 lead byte made likelier: the guide lets it in, then holds the reply to a
     byte that ends a character it takes (a reply cut short ends within its last character)."""
-    llm = make_llm()
+    llm = make_fast_llm()
     (lead,) = [i for i, raw in index.spelling.items() if raw == b"\xd7"]
     params = SamplingParams(temperature=1.0, seed=5, n=4, max_tokens=24, logit_bias={lead: 8}, **guide)
     kind, spec = params.grammar
@@ -217,23 +217,24 @@ MAX_TOKENS = 160  # at 100, three of json_object's eight replies ended, once byt
     ({"guided_regex": "[^\\x00-\\x7f]{3}"}, lambda text: re.fullmatch("[^\\x00-\\x7f]{3}", text),
      ["Write something in Hebrew.", "Write three accented letters."]),
 ])
-def test_guided_outputs_are_what_the_format_asks(make_llm, guide, check, prompts):
-    llm = make_llm()
+def test_guided_outputs_are_what_the_format_asks(make_fast_llm, guide, check, prompts):
+    llm = make_fast_llm()
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, **guide)
     sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=MAX_TOKENS, **guide)
     kind, spec = greedy.grammar
     grammar = GRAMMARS[kind](spec)
     stopped = 0
-    for params in (greedy, sampled):
-        for out in llm.chat(conversations, params):
-            for completion in out.outputs:
-                if completion.finish_reason == "stop":
-                    assert check(completion.text), completion.text
-                    stopped += 1
-                else:
-                    assert completion.finish_reason == "length"
-                    assert grammar.advance(grammar.start, completion.text) is not None
+    # one batch: each conversation greedy and sampled three times
+    outputs = llm.chat(conversations * 2, [greedy] * len(prompts) + [sampled] * len(prompts))
+    for out in outputs:
+        for completion in out.outputs:
+            if completion.finish_reason == "stop":
+                assert check(completion.text), completion.text
+                stopped += 1
+            else:
+                assert completion.finish_reason == "length"
+                assert grammar.advance(grammar.start, completion.text) is not None
     assert stopped >= 4  # enough of the eight end their value within MAX_TOKENS to be checked
 
 
@@ -244,13 +245,13 @@ TAG = {"structures": [
     "triggers": ["<"]}
 
 
-def test_a_structural_tag_holds_what_follows_each_trigger(make_llm):
+def test_a_structural_tag_holds_what_follows_each_trigger(make_fast_llm):
     """Prompts that show the tags, and "<" a little likelier: whatever follows a "<" is a whole
     tag, by the definition (engine.test_structural_tag.reference); a cut reply is so up to its
     last end."""
     from engine.test_structural_tag import reference
 
-    llm = make_llm()
+    llm = make_fast_llm()
     (less_than,) = llm.tokenizer.encode("<", add_special_tokens=False)
     conversations = [[{"role": "user", "content": prompt}] for prompt in (
         "How many legs does a spider have? Answer like this: <n>5</n>",
@@ -271,8 +272,8 @@ def test_a_structural_tag_holds_what_follows_each_trigger(make_llm):
     assert tags >= 8
 
 
-def test_a_schema_s_top_level_number_may_end_or_go_on(make_llm):
-    llm = make_llm()
+def test_a_schema_s_top_level_number_may_end_or_go_on(make_fast_llm):
+    llm = make_fast_llm()
     eos = llm.engine.generation.eos_token_id
     for eos_bias, text in ((100, "1"), (-100, "123")):  # EOS is offered at "1", "12" and "123"
         params = SamplingParams(temperature=1.0, seed=0, n=3, max_tokens=6, logit_bias={eos: eos_bias},
@@ -306,8 +307,8 @@ def test_a_grammar_that_cannot_be_held_is_refused_by_name(fields, words):
 @pytest.mark.parametrize("fields", [{"json_object": True}, {"json_schema": CAT},
                                     {"guided_regex": DATE}, {"guided_grammar": ANSWER},
                                     {"guided_choice": ["yes", "no"]}])
-def test_guided_decoding_needs_an_eos_to_end_with(make_llm, monkeypatch, fields):
-    llm = make_llm()
+def test_guided_decoding_needs_an_eos_to_end_with(make_fast_llm, monkeypatch, fields):
+    llm = make_fast_llm()
     without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none
     monkeypatch.setattr(llm.engine, "generation", without_eos)
     with pytest.raises(InvalidParameterError, match="ends its output with EOS, and this model has none"):

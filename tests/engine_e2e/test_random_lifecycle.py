@@ -16,7 +16,6 @@ import pytest
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
 
-FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32, all layers
 SHARED_PREFIX = [5, 6, 7, 8] * 10
 
 
@@ -55,8 +54,9 @@ def _prompt(rng: random.Random) -> list[int]:
 
 @pytest.mark.parametrize(("policy", "speculative"), [
     ("fcfs", None), ("priority", {"num_speculative_tokens": 3, "prompt_lookup_max": 2})])
-def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_llm, policy, speculative):
-    llm = make_llm(kv_cache_memory=16 * 16 * FP32_BYTES_PER_TOKEN, max_model_len=200,
+def test_random_adds_aborts_and_preemptions_leave_nothing_behind(make_fast_llm, policy, speculative):
+    bytes_per_token = make_fast_llm().engine.kv_bytes_per_token
+    llm = make_fast_llm(kv_cache_memory=16 * 16 * bytes_per_token, max_model_len=200,
                    max_num_seqs=8, max_num_batched_tokens=64, scheduling_policy=policy,
                    speculative_config=speculative)
     engine = llm.engine

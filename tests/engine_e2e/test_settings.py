@@ -10,6 +10,7 @@ import torch
 
 from inferlab.engine import platform
 from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 
 FP32_BYTES_PER_TOKEN = 46080  # the embedded model's K and V in fp32: 30 layers x 3 heads x 64 x 2 x 4
@@ -64,17 +65,27 @@ def test_a_context_longer_than_the_models_is_refused(make_llm):
 
 
 def test_a_context_the_kv_cache_cannot_hold_is_refused_or_lowered(make_llm):
-    """16 blocks of 16 tokens hold 256: an asked max_model_len of 257 is refused at start, as
-    vLLM refuses it; unasked, the model's 8192 is lowered to 256 (it once stayed 8192, and a
+    """4 blocks of 16 tokens hold 64: an asked max_model_len of 65 is refused at start, as
+    vLLM refuses it; unasked, the model's 8192 is lowered to 64 (it once stayed 8192, and a
     chat request without max_tokens was refused for want of blocks)."""
     from inferlab.errors import InferlabError
 
-    cache = 16 * 16 * FP32_BYTES_PER_TOKEN
-    with pytest.raises(InferlabError, match=r"max_model_len 257 does not fit in the KV cache: "
-                                            r"11\.25 MiB holds 256 tokens"):
-        make_llm(max_model_len=257, kv_cache_memory=cache)
-    assert make_llm(max_model_len=256, kv_cache_memory=cache).engine.max_model_len == 256
+    cache = 4 * 16 * FP32_BYTES_PER_TOKEN
+    with pytest.raises(InferlabError, match=r"max_model_len 65 does not fit in the KV cache: "
+                                            r"2\.81 MiB holds 64 tokens"):
+        make_llm(max_model_len=65, kv_cache_memory=cache)
+    assert make_llm(max_model_len=64, kv_cache_memory=cache).engine.max_model_len == 64
     llm = make_llm(kv_cache_memory=cache)
-    assert llm.engine.max_model_len == 256
+    assert llm.engine.max_model_len == 64
     out = llm.generate(["Hi"], SamplingParams(max_tokens=None, ignore_eos=True))[0].outputs[0]
-    assert len(out.token_ids) == 256 - len(llm.engine.tokenize_prompt("Hi")[1])
+    assert len(out.token_ids) == 64 - len(llm.engine.tokenize_prompt("Hi")[1])
+
+
+def test_a_model_loaded_for_another_dtype_is_refused(smollm_fp32):
+    """An engine given an fp32 model while it runs bf16 once took it: bf16 activations and KV
+    cache beside fp32 weights, its tokens silently off those of either dtype."""
+    from inferlab.errors import InferlabError
+
+    with pytest.raises(InferlabError, match="^the model was loaded as float32 on cpu; this engine runs "
+                                            "bfloat16 on cpu$"):
+        LLM(loaded=smollm_fp32, dtype="bfloat16", kv_cache_memory="64MiB")

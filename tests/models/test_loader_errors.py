@@ -11,6 +11,7 @@ from collections import Counter
 import pytest
 import torch
 
+from inferlab.cli import main
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import load_chat_template
 from inferlab.models.gguf import read_gguf_config
@@ -35,16 +36,6 @@ def _copy(src, dst):
     for f in src.iterdir():
         (dst / f.name).write_bytes(f.read_bytes())
     return dst
-
-
-def _one_line_error(*args) -> str:
-    """`inferlab ARGS`'s stderr, once it is checked to be the one line a user error gives (exit
-    2, no traceback)."""
-    result = subprocess.run([sys.executable, "-m", "inferlab.cli", *map(str, args)],
-                            capture_output=True, text=True, timeout=120)
-    assert result.returncode == 2, result.stderr
-    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
-    return result.stderr
 
 
 def test_unsupported_architecture(tiny_dir, tmp_path):
@@ -121,14 +112,13 @@ def test_cli_prints_one_line_without_traceback(tmp_path):
     assert result.stderr.strip().splitlines() == [f"error: {tmp_path / 'nope'}: no such file or directory"]
 
 
-def test_info_on_the_embedded_model():
-    result = subprocess.run([sys.executable, "-m", "inferlab.cli", "info", "--json"],
-                            capture_output=True, text=True, timeout=120)
-    info = json.loads(result.stdout)
+def test_info_on_the_embedded_model(capsys):
+    assert main(["info", "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
     assert (info["layers"], info["kv_heads"], info["head_dim"]) == (30, 3, 64)
     assert info["kv_bytes_per_token"] == 23_040
-    text = subprocess.run([sys.executable, "-m", "inferlab.cli", "info"], capture_output=True,
-                          text=True, timeout=120).stdout
+    assert main(["info"]) == 0
+    text = capsys.readouterr().out
     assert "2 × 30 layers × 3 KV heads × 64 head dim × 2 bytes = 23,040 bytes" in text
     assert "chat template                  present" in text or "present" in text
     from gguf import GGUFReader  # the reference reader counts the tensor types
@@ -158,7 +148,7 @@ def test_a_reader_that_leaves_early_is_no_error():
     ("rope_scaling", {"rope_type": "llama3", "factor": 8.0},
      "rope scaling 'llama3' needs a positive number original_max_position_embeddings"),
 ])
-def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path, field, value, words):
+def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path, field, value, words, one_line_error):
     d = _copy(tiny_dir, tmp_path / "m")
     cfg = json.loads((d / "config.json").read_text())
     cfg.pop("rope_parameters", None)  # transformers 5 keeps the scaling there
@@ -167,7 +157,7 @@ def test_config_features_the_model_cannot_compute_are_refused(tiny_dir, tmp_path
     with pytest.raises(ModelLoadError) as error:
         load_network(str(d))
     assert words in str(error.value)
-    assert words in _one_line_error("info", d)
+    assert words in one_line_error("info", d)
 
 
 MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is read when set
@@ -191,11 +181,11 @@ MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is rea
     ({"eos_token_id": ["a"]}, "eos_token_id must be a whole number, got 'a'"),
     ({"num_attention_heads": 0}, "num_heads must be positive, got 0"),  # not a ZeroDivisionError
 ])
-def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path, change, words):
+def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path, change, words, one_line_error):
     d = _copy(tiny_dir, tmp_path / "m")
     cfg = change if isinstance(change, list) else {**json.loads((d / "config.json").read_text()), **change}
     (d / "config.json").write_text(json.dumps(cfg))
-    assert words in _one_line_error("info", d)
+    assert words in one_line_error("info", d)
 
 
 @pytest.mark.parametrize(("index", "words"), [
@@ -205,10 +195,10 @@ def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path,
     ('{"weight_map": []}', "weight_map must be an object of tensor name -> shard file name, got list"),
     ('{"weight_map": {"x": 5}}', "weight_map['x'] is 5, not a file name"),
 ])
-def test_a_malformed_safetensors_index_is_a_one_line_error(tiny_dir, tmp_path, index, words):
+def test_a_malformed_safetensors_index_is_a_one_line_error(tiny_dir, tmp_path, index, words, one_line_error):
     d = _copy(tiny_dir, tmp_path / "m")
     (d / "model.safetensors.index.json").write_text(index)
-    assert words in _one_line_error("generate", "hi", d, "--max-tokens", "1")
+    assert words in one_line_error("generate", "hi", d, "--max-tokens", "1")
 
 
 @pytest.mark.parametrize(("name", "content", "words"), [
@@ -221,10 +211,10 @@ def test_a_malformed_safetensors_index_is_a_one_line_error(tiny_dir, tmp_path, i
     ("tokenizer_config.json", b'{"chat_template": 5}', "chat_template must be a string or a list"),
     ("chat_template.jinja", "{{ caf\u00e9 }}".encode("latin-1"), "chat_template.jinja: not UTF-8 text"),
 ])
-def test_bad_tokenizer_files_are_one_line_errors(tiny_dir, tmp_path, name, content, words):
+def test_bad_tokenizer_files_are_one_line_errors(tiny_dir, tmp_path, name, content, words, one_line_error):
     d = _copy(tiny_dir, tmp_path / "m")
     (d / name).write_bytes(content)
-    assert words in _one_line_error("info", d)
+    assert words in one_line_error("info", d)
 
 
 def test_a_named_default_chat_template_and_a_jinja_file_still_load(tiny_dir, tmp_path):
@@ -244,7 +234,7 @@ def test_a_named_default_chat_template_and_a_jinja_file_still_load(tiny_dir, tmp
     (None, "is a directory, not a chat template file"),  # it said "no such file"
     (b"{{ \xe9 }}", "not UTF-8 text (invalid continuation byte at byte 3)"),  # was a traceback
 ])
-def test_serve_chat_template_files_that_cannot_be_read(tmp_path, content, words):
+def test_serve_chat_template_files_that_cannot_be_read(tmp_path, content, words, one_line_error):
     path = tmp_path / "template.jinja"
     if content is None:
         path.mkdir()
@@ -252,7 +242,7 @@ def test_serve_chat_template_files_that_cannot_be_read(tmp_path, content, words)
         path.write_bytes(content)
     with pytest.raises(InferlabError, match=re.escape(words)):
         load_chat_template(str(path))
-    assert f"error: {path}: {words}" in _one_line_error("serve", "--chat-template", path)
+    assert f"error: {path}: {words}" in one_line_error("serve", "--chat-template", path)
 
 
 @pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3ForCausalLM"])

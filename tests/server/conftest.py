@@ -1,8 +1,11 @@
-"""One engine (the embedded SmolLM2-135M, float32) shared by every server test.
+"""The engines (the embedded SmolLM2-135M) shared by the server tests.
 
-Loading the model is the slow part, so the engine lives for the session; the servers in front
-of it are real uvicorn servers on ephemeral ports, in threads of this process, so a test can
-also reach into the engine (stall its loop) while it talks HTTP to the server.
+`engine` runs in the platform's own dtype (bf16 where the CPU has AMX, as `inferlab serve`
+runs by default), whose decode steps are several times faster than fp32's; `fp32_engine` is
+there for the tests whose reference is transformers' fp32 model. Loading is slow, so each
+lives for the session; the servers in front of them are real uvicorn servers on ephemeral
+ports, in threads of this process, so a test can also reach into the engine (stall its loop)
+while it talks HTTP to the server.
 """
 
 from __future__ import annotations
@@ -17,17 +20,32 @@ from inferlab.config import EngineConfig
 from inferlab.errors import ModelLoadError
 
 
-@pytest.fixture(scope="session")
-def engine():
+def _session_engine(dtype: str):
     from inferlab.engine.async_engine import AsyncEngine
 
     try:
         engine = AsyncEngine.from_config(EngineConfig(
-            dtype="float32", kv_cache_memory_bytes=64 * 2**20, max_model_len=MAX_MODEL_LEN))
+            dtype=dtype, kv_cache_memory_bytes=64 * 2**20, max_model_len=MAX_MODEL_LEN))
     except ModelLoadError as e:
         pytest.skip(f"the embedded model is not available: {e}")
     yield engine
     asyncio.run(engine.shutdown(timeout_s=0))
+
+
+@pytest.fixture(scope="session")
+def engine():
+    yield from _session_engine("auto")
+
+
+@pytest.fixture(scope="session")
+def fp32_engine():
+    yield from _session_engine("float32")
+
+
+def _openai_client(server: RunningServer):
+    import openai
+
+    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="session")
@@ -38,6 +56,14 @@ def server(engine) -> Iterator[RunningServer]:
 
 @pytest.fixture(scope="session")
 def client(server: RunningServer):
-    import openai
+    return _openai_client(server)
 
-    return openai.OpenAI(base_url=f"{server.url}/v1", api_key=API_KEY, max_retries=0, timeout=120)
+
+@pytest.fixture(scope="session")
+def fp32_server(fp32_engine) -> Iterator[RunningServer]:
+    yield from start_server(fp32_engine, api_key=API_KEY)
+
+
+@pytest.fixture(scope="session")
+def fp32_client(fp32_server: RunningServer):
+    return _openai_client(fp32_server)

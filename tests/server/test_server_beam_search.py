@@ -17,9 +17,9 @@ BEAMS = {"n": 3, "max_tokens": 6, "extra_body": {"use_beam_search": True, "ignor
 
 
 @pytest.fixture(scope="module")
-def reference_beams(server, hf_smollm) -> list[list[int]]:
+def reference_beams(fp32_server, hf_smollm) -> list[list[int]]:
     """transformers' 3 beams of 6 tokens, no end token taken (as ignore_eos)."""
-    ids = tokenize(server, prompt=PROMPT)
+    ids = tokenize(fp32_server, prompt=PROMPT)
     never = hf_smollm.config.vocab_size - 1
     with torch.no_grad():
         rows = hf_smollm.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
@@ -28,28 +28,28 @@ def reference_beams(server, hf_smollm) -> list[list[int]]:
     return [row[len(ids):].tolist() for row in rows]
 
 
-def test_completions_beams_are_transformers_beams(client, server, reference_beams):
+def test_completions_beams_are_transformers_beams(fp32_client, fp32_server, reference_beams):
     """The choices are the beams, best first, whole and streamed; usage counts every beam."""
-    whole = client.completions.create(model=MODEL_NAME, prompt=PROMPT, **BEAMS)
+    whole = fp32_client.completions.create(model=MODEL_NAME, prompt=PROMPT, **BEAMS)
     texts = [c.text for c in whole.choices]
-    expected = [httpx.post(f"{server.url}/detokenize", headers=server.headers,
+    expected = [httpx.post(f"{fp32_server.url}/detokenize", headers=fp32_server.headers,
                            json={"tokens": beam}).json()["prompt"] for beam in reference_beams]
     assert texts == expected and len(set(texts)) == 3
     assert [c.finish_reason for c in whole.choices] == ["length"] * 3
     assert whole.usage.completion_tokens == 18
     streamed = [""] * 3
-    for chunk in client.completions.create(model=MODEL_NAME, prompt=PROMPT, stream=True, **BEAMS):
+    for chunk in fp32_client.completions.create(model=MODEL_NAME, prompt=PROMPT, stream=True, **BEAMS):
         for choice in chunk.choices:
             streamed[choice.index] += choice.text
     assert streamed == texts
 
 
-def test_beams_report_logprobs_of_the_reference_distribution(client, server, hf_smollm):
+def test_beams_report_logprobs_of_the_reference_distribution(fp32_client, fp32_server, hf_smollm):
     """logprobs=2 with beam search: each beam token's logprob is the model's (a transformers
     forward pass), with its top 2."""
     named = {**BEAMS, "extra_body": {**BEAMS["extra_body"], "return_tokens_as_token_ids": True}}
-    out = client.completions.create(model=MODEL_NAME, prompt=PROMPT, logprobs=2, **named)
-    ids = tokenize(server, prompt=PROMPT)
+    out = fp32_client.completions.create(model=MODEL_NAME, prompt=PROMPT, logprobs=2, **named)
+    ids = tokenize(fp32_server, prompt=PROMPT)
     for choice in out.choices:
         beam = [int(token.removeprefix("token_id:")) for token in choice.logprobs.tokens]
         with torch.no_grad():
@@ -61,8 +61,8 @@ def test_beams_report_logprobs_of_the_reference_distribution(client, server, hf_
         assert all(2 <= len(top) <= 3 for top in choice.logprobs.top_logprobs)
 
 
-def test_chat_beams(client):
-    chat = client.chat.completions.create(
+def test_chat_beams(fp32_client):
+    chat = fp32_client.chat.completions.create(
         model=MODEL_NAME, messages=[{"role": "user", "content": "Name a fruit."}], n=2, max_tokens=12,
         extra_body={"use_beam_search": True, "length_penalty": 0.5})
     assert len(chat.choices) == 2 and chat.choices[0].message.content != chat.choices[1].message.content
@@ -76,55 +76,55 @@ def test_chat_beams(client):
     ({"length_penalty": 0.5}, "length_penalty", "needs 'use_beam_search'"),
     ({"use_beam_search": True, "max_tokens": 10**6}, None, "more than the context"),
 ])
-def test_what_beam_search_cannot_take_is_refused(server, fields, param, words):
-    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+def test_what_beam_search_cannot_take_is_refused(fp32_server, fields, param, words):
+    r = httpx.post(f"{fp32_server.url}/v1/completions", headers=fp32_server.headers, timeout=60,
                    json={"model": MODEL_NAME, "prompt": PROMPT, **fields})
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == param
 
 
-def test_a_client_gone_mid_search_leaves_nothing_running(server):
+def test_a_client_gone_mid_search_leaves_nothing_running(fp32_server):
     """The search stops with the client (a round's requests aborted, or no next round), so
     the engine makes no more tokens for it: far from its 4 x 400."""
-    assert wait_until(lambda: engine_idle(server), 10)
-    before = server.metric("vllm:generation_tokens_total")
+    assert wait_until(lambda: engine_idle(fp32_server), 10)
+    before = fp32_server.metric("vllm:generation_tokens_total")
     with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=1.5,
+        httpx.post(f"{fp32_server.url}/v1/completions", headers=fp32_server.headers, timeout=1.5,
                    json={"prompt": PROMPT, "n": 4, "max_tokens": 400, "ignore_eos": True,
                          "use_beam_search": True})
     counts = []  # the engine's token count a second apart, until it stops moving
-    while len(counts) < 2 or counts[-1] != counts[-2] or not engine_idle(server):
+    while len(counts) < 2 or counts[-1] != counts[-2] or not engine_idle(fp32_server):
         assert len(counts) < 15, f"the engine went on making tokens: {counts}"
-        counts.append(server.metric("vllm:generation_tokens_total"))
+        counts.append(fp32_server.metric("vllm:generation_tokens_total"))
         time.sleep(1.0)
     assert counts[-1] < before + 4 * 400
 
 
-def test_a_search_refused_for_one_prompt_runs_none(server, monkeypatch):
+def test_a_search_refused_for_one_prompt_runs_none(fp32_server, monkeypatch):
     """The second prompt holds an id outside the vocabulary, found 0.5 s into its checks: a
     400, and the first prompt's search never started (it once ran its rounds meanwhile, until
     the request failed). A plain request of 3 prompt tokens and 1 output token after it moves
     the totals by its own counts alone."""
-    start = server.engine.engine.start_beam_search
+    start = fp32_server.engine.engine.start_beam_search
 
     def slow_to_refuse(prompt, params):
         if 10**8 in prompt:
             time.sleep(0.5)
         return start(prompt, params)
 
-    monkeypatch.setattr(server.engine.engine, "start_beam_search", slow_to_refuse)
+    monkeypatch.setattr(fp32_server.engine.engine, "start_beam_search", slow_to_refuse)
 
     def read() -> list[float]:
-        return [server.metric("vllm:prompt_tokens_total"),
-                server.metric("vllm:generation_tokens_total"),
-                server.metric("vllm:request_success_total", finished_reason="abort")]
+        return [fp32_server.metric("vllm:prompt_tokens_total"),
+                fp32_server.metric("vllm:generation_tokens_total"),
+                fp32_server.metric("vllm:request_success_total", finished_reason="abort")]
 
     before = read()
-    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+    r = httpx.post(f"{fp32_server.url}/v1/completions", headers=fp32_server.headers, timeout=60,
                    json={"prompt": [[504, 1834, 28, 638], [10**8]], "n": 2, "max_tokens": 50,
                          "ignore_eos": True, "use_beam_search": True})
     assert r.status_code == 400 and "vocabulary" in r.json()["error"]["message"], r.text
-    after = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+    after = httpx.post(f"{fp32_server.url}/v1/completions", headers=fp32_server.headers, timeout=60,
                        json={"prompt": [2000, 2011, 2022], "max_tokens": 1, "ignore_eos": True})
     assert after.status_code == 200
     assert [a - b for a, b in zip(read(), before, strict=True)] == [3, 1, 0]

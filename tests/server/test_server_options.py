@@ -22,7 +22,7 @@ GREEDY = {"temperature": 0.0}
 def test_priority_server_serves_a_later_higher_priority_request_first(engine):
     """--scheduling-policy priority, one sequence at a time: B (priority 5) and then C
     (priority 0) queue behind A; C runs before B."""
-    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_num_seqs=1,
+    config = EngineConfig(dtype=engine.engine.config.dtype, kv_cache_memory_bytes=24 * 2**20, max_num_seqs=1,
                           max_model_len=MAX_MODEL_LEN, scheduling_policy="priority")
     own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
     added: list[str] = []  # request ids, as the engine thread adds them
@@ -71,7 +71,7 @@ def test_the_models_generation_config_defaults_what_a_request_leaves_out(engine,
     (tmp_path / "generation_config.json").write_text(
         json.dumps({"temperature": 0.9, "top_k": 1, "max_new_tokens": 6}))
     own = AsyncEngine(LLMEngine(EngineConfig(
-        dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
+        dtype=engine.engine.config.dtype, kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
         generation_config=str(tmp_path)), loaded=engine.engine.loaded))
     servers = start_server(own)
     defaulted = next(servers)

@@ -50,7 +50,7 @@ def test_overload_gets_503_past_the_slots_and_queue_while_admitted_requests_comp
     expected = httpx.post(f"{server.url}/v1/completions", json=body, headers=server.headers,
                           timeout=60).json()["choices"][0]["text"]
     own = AsyncEngine(LLMEngine(EngineConfig(
-        dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_num_seqs=4,
+        dtype=engine.engine.config.dtype, kv_cache_memory_bytes=24 * 2**20, max_num_seqs=4,
         max_model_len=MAX_MODEL_LEN), loaded=engine.engine.loaded))
     servers = start_server(own, max_queued_requests=4)
     busy = next(servers)
@@ -212,12 +212,12 @@ def test_a_scrape_after_a_reply_finds_it_counted(server, monkeypatch):
     assert m[f"vllm:num_requests_running{label}"] == 0
 
 
-def test_a_dead_engine_fails_queued_and_new_requests_at_once(monkeypatch):
+def test_a_dead_engine_fails_queued_and_new_requests_at_once(engine, monkeypatch):
     """A step that raises (a bug) stops the engine loop: the request in the step gets a 500, a
     request queued behind it and every later one a 503, at once rather than when the client
     gives up; /health turns 503."""
-    own = AsyncEngine.from_config(EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20,
-                                               max_model_len=MAX_MODEL_LEN))
+    own = AsyncEngine(LLMEngine(EngineConfig(dtype=engine.engine.config.dtype, kv_cache_memory_bytes=24 * 2**20,
+                                             max_model_len=MAX_MODEL_LEN), loaded=engine.engine.loaded))
     servers = start_server(own)
     broken = next(servers)
     gate, stepping = threading.Event(), threading.Event()

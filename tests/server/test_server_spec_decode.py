@@ -1,6 +1,7 @@
 """A server started with --speculative-config (n-gram drafts): the same answers as the plain
 server, whole and streamed (a chunk may carry several tokens), and vLLM's spec_decode series
-on /metrics."""
+on /metrics. Both run fp32: bf16 drafts verified several rows at once need not give decode's
+tokens (tests/engine_e2e/test_spec_decode.py runs those as decode rows)."""
 
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 
 
 
 @pytest.fixture(scope="module")
-def speculating(engine):
+def speculating(fp32_engine):
     config = EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
                           speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 3})
-    own = AsyncEngine(LLMEngine(config, loaded=engine.engine.loaded))
+    own = AsyncEngine(LLMEngine(config, loaded=fp32_engine.engine.loaded))
     servers = start_server(own)
     yield next(servers)
     servers.close()
@@ -45,8 +46,8 @@ def _stream(url: str) -> tuple[str, list[str], int]:
     return text, tokens, most
 
 
-def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(server, speculating):
-    plain = httpx.post(f"{server.url}/v1/completions", json=BODY, headers=server.headers, timeout=60).json()
+def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(fp32_server, speculating):
+    plain = httpx.post(f"{fp32_server.url}/v1/completions", json=BODY, headers=fp32_server.headers, timeout=60).json()
     spec = httpx.post(f"{speculating.url}/v1/completions", json=BODY, timeout=60).json()
     want = plain["choices"][0]
     got = spec["choices"][0]
@@ -64,7 +65,7 @@ def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(server, sp
     first = metrics[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{MODEL_NAME}",position="0"}}']
     assert 0 < accepted <= drafts and 0 < first <= accepted
     assert metrics[f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'] == 48  # two answers
-    assert not any(name.startswith("vllm:spec_decode") for name in server.metrics())
+    assert not any(name.startswith("vllm:spec_decode") for name in fp32_server.metrics())
 
 
 @pytest.mark.parametrize("stop", [" date", "elder"])

@@ -23,23 +23,23 @@ def greedy(model, prompt_ids: list[int], n: int) -> list[int]:
     return out[0, len(prompt_ids):].tolist()
 
 
-def test_a_completion_returns_its_prompt_s_and_its_reply_s_ids(client, server, hf_smollm,
+def test_a_completion_returns_its_prompt_s_and_its_reply_s_ids(fp32_client, fp32_server, hf_smollm,
                                                               hf_smollm_tokenizer):
-    choice = client.completions.create(prompt=PROMPT, extra_body=IDS, **ASK).choices[0]
+    choice = fp32_client.completions.create(prompt=PROMPT, extra_body=IDS, **ASK).choices[0]
     prompt_ids = choice.model_extra["prompt_token_ids"]
-    assert prompt_ids == tokenize(server, prompt=PROMPT)
+    assert prompt_ids == tokenize(fp32_server, prompt=PROMPT)
     assert choice.model_extra["token_ids"] == greedy(hf_smollm, prompt_ids, 8)
     assert hf_smollm_tokenizer.decode(choice.model_extra["token_ids"]) == choice.text
-    sent = client.completions.create(prompt=[7, 8, 9, 10], extra_body=IDS, **ASK).choices[0]
+    sent = fp32_client.completions.create(prompt=[7, 8, 9, 10], extra_body=IDS, **ASK).choices[0]
     assert sent.model_extra["prompt_token_ids"] == [7, 8, 9, 10]
-    plain = client.completions.create(prompt=PROMPT, **ASK).choices[0]
+    plain = fp32_client.completions.create(prompt=PROMPT, **ASK).choices[0]
     assert plain.model_extra.get("token_ids") is None and plain.model_extra.get("prompt_token_ids") is None
 
 
-def test_a_streamed_completion_s_chunks_carry_the_whole_answer_s_ids(client):
-    whole = client.completions.create(prompt=PROMPT, n=2, extra_body={**IDS, "seed": 1},
+def test_a_streamed_completion_s_chunks_carry_the_whole_answer_s_ids(fp32_client):
+    whole = fp32_client.completions.create(prompt=PROMPT, n=2, extra_body={**IDS, "seed": 1},
                                       **{**ASK, "temperature": 1.0}).choices
-    chunks = list(client.completions.create(prompt=PROMPT, n=2, stream=True, extra_body={**IDS, "seed": 1},
+    chunks = list(fp32_client.completions.create(prompt=PROMPT, n=2, stream=True, extra_body={**IDS, "seed": 1},
                                             **{**ASK, "temperature": 1.0}))
     for choice in whole:
         mine = [c.choices[0].model_extra for c in chunks if c.choices and c.choices[0].index == choice.index]
@@ -49,15 +49,15 @@ def test_a_streamed_completion_s_chunks_carry_the_whole_answer_s_ids(client):
         assert mine[0]["prompt_token_ids"] is not None
 
 
-def test_a_chat_reply_returns_the_conversation_s_and_the_reply_s_ids(client, server, hf_smollm,
+def test_a_chat_reply_returns_the_conversation_s_and_the_reply_s_ids(fp32_client, fp32_server, hf_smollm,
                                                                     hf_smollm_tokenizer):
-    whole = client.chat.completions.create(messages=MESSAGES, extra_body=IDS, **ASK)
+    whole = fp32_client.chat.completions.create(messages=MESSAGES, extra_body=IDS, **ASK)
     prompt_ids = whole.model_extra["prompt_token_ids"]
-    assert prompt_ids == tokenize(server, messages=MESSAGES)
+    assert prompt_ids == tokenize(fp32_server, messages=MESSAGES)
     reply_ids = whole.choices[0].model_extra["token_ids"]
     assert reply_ids == greedy(hf_smollm, prompt_ids, 8)
     assert hf_smollm_tokenizer.decode(reply_ids) == whole.choices[0].message.content
-    chunks = list(client.chat.completions.create(messages=MESSAGES, stream=True, extra_body=IDS, **ASK))
+    chunks = list(fp32_client.chat.completions.create(messages=MESSAGES, stream=True, extra_body=IDS, **ASK))
     assert chunks[0].model_extra["prompt_token_ids"] == prompt_ids
     assert all(c.model_extra.get("prompt_token_ids") is None for c in chunks[1:])
     streamed = [c.choices[0].model_extra.get("token_ids") or [] for c in chunks if c.choices]
