@@ -27,7 +27,6 @@ from .raw_gguf import (
     llama_tensors,
     write_gguf,
 )
-from .test_loader_errors import _one_line_error
 
 Q_PROJ = 4  # index of blk.0.attn_q.weight in llama_tensors()
 
@@ -97,10 +96,10 @@ def test_files_llama_cpp_refuses_are_one_line_errors(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["rows of 48 Q4_0 values", "alignment 0"])
-def test_generate_on_a_refused_file_exits_2_with_one_line(tmp_path, case):
+def test_generate_on_a_refused_file_exits_2_with_one_line(tmp_path, case, one_line_error):
     layout, words = BAD_FILES[case]
     path = write_gguf(tmp_path / "bad.gguf", **layout)
-    assert words in _one_line_error("generate", "Hello", path, "--max-tokens", "1")
+    assert words in one_line_error("generate", "Hello", path, "--max-tokens", "1")
 
 
 def _state(path) -> dict[str, torch.Tensor]:
