@@ -21,10 +21,22 @@ def _prompts(llm, text: str, count: int, min_len: int, max_len: int) -> list[lis
     return prompts
 
 
+def assert_as_unconstrained(roomy: LLM, prompts: list[list[int]], params: SamplingParams,
+                            outputs: list) -> None:
+    """`outputs` hold the tokens the prompts get from an engine with room for all of them at
+    once (no preemption, the default step budget), and every fourth the tokens it gets alone."""
+    reference = roomy.generate(prompts, params)
+    assert roomy.engine.scheduler.stats().num_preemptions_total == 0
+    for i, (prompt, out, want) in enumerate(zip(prompts, outputs, reference, strict=True)):
+        assert out.outputs[0].token_ids == want.outputs[0].token_ids
+        if i % 4 == 0:
+            assert out.outputs[0].token_ids == roomy.generate([prompt], params)[0].outputs[0].token_ids
+
+
 def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     # 24 blocks of 16 tokens cannot hold 32 requests of 20-60 tokens: preemption must happen
     small = make_llm(kv_cache_memory=24 * 16 * 46080, max_num_batched_tokens=64)
-    alone = make_llm()
+    roomy = make_llm(kv_cache_memory="256MiB")
     prompts = _prompts(small, wiki_text, 32, 20, 60)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
     schedule, partial_prefills = small.engine.scheduler.schedule, []
@@ -41,8 +53,7 @@ def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     assert stats.num_preemptions_total > 0
     assert partial_prefills  # some prompt's first chunk stopped short of its end
     assert stats.num_free_blocks == small.num_kv_blocks
-    for prompt, out in zip(prompts, together, strict=True):
-        assert out.outputs[0].token_ids == alone.generate([prompt], params)[0].outputs[0].token_ids
+    assert_as_unconstrained(roomy, prompts, params, together)
 
 
 def test_prefix_cache_on_and_off_agree(make_llm, wiki_text):
@@ -70,7 +81,7 @@ def test_prefix_cache_serves_a_shared_512_token_prefix(make_llm, wiki_text):
 def test_priority_scheduling_preempts_by_priority_and_keeps_the_tokens(make_llm, wiki_text):
     small = make_llm(kv_cache_memory=12 * 16 * 46080, max_num_batched_tokens=64,
                      scheduling_policy="priority")
-    alone = make_llm()
+    roomy = make_llm(kv_cache_memory="256MiB")
     prompts = _prompts(small, wiki_text, 12, 20, 60)
     priorities = [(i * 7) % 3 for i in range(len(prompts))]
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
@@ -86,8 +97,7 @@ def test_priority_scheduling_preempts_by_priority_and_keeps_the_tokens(make_llm,
     together = small.generate(prompts, params, priority=priorities)
     assert small.engine.scheduler.stats().num_preemptions_total > 0
     assert small.engine.scheduler.stats().num_free_blocks == small.num_kv_blocks
-    for prompt, out in zip(prompts, together, strict=True):
-        assert out.outputs[0].token_ids == alone.generate([prompt], params)[0].outputs[0].token_ids
+    assert_as_unconstrained(roomy, prompts, params, together)
     # the queue is long (12 requests, room for a few): priority 0 all finish before priority 2
     rank = {out.request_id: p for out, p in zip(together, priorities, strict=True)}
     done = [rank[i] for i in finished_order]
