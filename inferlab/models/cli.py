@@ -49,7 +49,7 @@ def model_info(model: str | None, dtype: str) -> dict:
         generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]
     params = cfg.num_parameters()
-    fmt = groups_weight_format(groups, path)
+    fmt = groups_weight_format(groups, path, parsed.ignore if parsed else ())
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
         "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, fmt),

@@ -35,6 +35,12 @@ _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_positio
 _ROPE_MAY_HAVE = {"yarn": ("factor", "original_max_position_embeddings")}  # numbers where given
 
 
+def check_architecture(architecture: str) -> None:
+    if architecture not in SUPPORTED_ARCHITECTURES:
+        raise ModelLoadError(f"architecture {architecture!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
+
+
 def rope_kind(scaling: dict[str, Any] | None) -> str:
     """A rope_scaling dict's type ("rope_type", or the older "type")."""
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -75,11 +81,7 @@ class ModelConfig:
             if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
                                      f"{key}, got {value!r}")
-        if self.architecture not in SUPPORTED_ARCHITECTURES:
-            raise ModelLoadError(
-                f"architecture {self.architecture!r} is not supported "
-                f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-            )
+        check_architecture(self.architecture)
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
         for name in positive:
@@ -142,8 +144,9 @@ class ModelConfig:
             raise ModelLoadError(f"{source}: no 'architectures' entry")
         if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
             raise ModelLoadError(f"{source}: architectures must be a list of names, got {archs!r}")
-        # an unsupported architecture gets Llama's, to be refused by name in __post_init__
-        defaults = _HF_DEFAULTS.get(archs[0], _HF_DEFAULTS["LlamaForCausalLM"])
+        # before its fields: another family's config lacks ours (GPT-2 has no num_attention_heads)
+        check_architecture(archs[0])
+        defaults = _HF_DEFAULTS[archs[0]]
         try:
             num_heads = _whole(cfg, "num_attention_heads")
             num_layers = _whole(cfg, "num_hidden_layers")

@@ -1,12 +1,18 @@
 """Capacity and cost: how many replicas serve a request rate within a latency SLO.
 
 A replica with continuous batching keeps `b` sequences decoding; each new request's prompt is
-prefilled inside the same steps (chunked prefill). In one second it spends r × T_prefill on
-prompts and the rest on decode steps of b tokens, so serving r requests of O output tokens needs
-r × O = b × (1 − r × T_prefill) / t_step(b), that is
+prefilled inside the same steps (chunked prefill). Those steps read the weights for their decode
+tokens anyway, so a prompt adds T_prefill, the time of its own FLOPs and K/V traffic alone (a
+16-token prompt costs its 16 tokens' FLOPs, not a weight read). In one second a replica spends
+r × T_prefill on prompts and the rest on decode steps of b tokens, so serving r requests of O
+output tokens needs r × O = b × (1 − r × T_prefill) / t_step(b), that is
 
     r(b)   = b / (O × t_step(b) + b × T_prefill)        requests/s per replica
     ITL(b) = t_step(b) + b × T_prefill / O              each prompt's prefill, spread over O steps
+
+T_prefill is added to the step time, not hidden under its reads: a prompt's FLOPs run mostly in
+kernels of their own (its attention; matmul rows past the decodes'), so a long compute-bound
+prompt costs all of its FLOPs' time, as it would alone.
 
 A step computes at most B = max_num_batched_tokens tokens and the scheduler serves the running
 sequences first, so a prompt gets the B − (b − 1) tokens the others' decodes leave: it goes in
@@ -29,7 +35,7 @@ from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import Hardware
-from inferlab.planner.roofline import ModelCost, decode_step, prefill, time_to_first_token
+from inferlab.planner.roofline import ModelCost, decode_step, prefill_riding, time_to_first_token
 
 
 def _parse_pairs(text: str, keys: tuple[str, ...], what: str) -> dict[str, float]:
@@ -112,8 +118,7 @@ def replica_point(cost: ModelCost, hw: Hardware, workload: Workload, batch: int,
     """A replica keeping `batch` (<= `step_tokens`) sequences decoding."""
     context = workload.mean_decode_context
     step_s = decode_step(cost, hw, batch, context, tp).time_s
-    # the prompt's own work: its chunks share weight reads with the decode steps they ride in
-    prefill_s = prefill(cost, hw, workload.prompt_tokens, tp).time_s
+    prefill_s = prefill_riding(cost, hw, workload.prompt_tokens, batch - 1, tp, step_tokens).time_s
     ttft = time_to_first_token(cost, hw, workload.prompt_tokens, batch - 1, context, tp, step_tokens)
     out = workload.output_tokens
     decode_rate = batch / (out * step_s + batch * prefill_s)

@@ -38,7 +38,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size); "
                         "-asym after int8-wo or int4-g… adds zero points "
                         "(default: a compressed-tensors checkpoint's own, else bf16)")
-    p.add_argument("--kv-dtype", default=DEFAULTS.kv_dtype, help=f"one of {', '.join(KV_DTYPES)}")
+    p.add_argument("--kv-dtype", default=None,
+                   help=f"one of {', '.join(KV_DTYPES)} (default: the weights' dense dtype, as "
+                        "vLLM's kv_cache_dtype auto and the engine take it)")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
     p.add_argument("--tensor-parallel", "-tp", type=int, default=DEFAULTS.tensor_parallel)
     p.add_argument("--memory", default=None, help="override the device memory (e.g. 24GiB)")
@@ -67,6 +69,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_plan)
 
 
+def _size(text: str, flag: str) -> int:
+    """A size flag's bytes, at least one: a bare number is bytes, so '0.5' is 0, not half a GiB."""
+    size = parse_bytes(text, flag)
+    if size <= 0:
+        raise InferlabError(f"{flag} must be at least 1 byte, got {text!r} ({size} bytes: a number "
+                            "without a unit is bytes); give a size such as 24GiB or 512MiB")
+    return size
+
+
 def resolve_hardware(args: argparse.Namespace) -> Hardware:
     if args.measure and args.hardware.lower() != CPU_LOCAL:
         raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
@@ -75,9 +86,7 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
         hw = cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
     else:
         hw = datasheet_hardware(args.hardware)
-    memory = None if args.memory is None else parse_bytes(args.memory, "--memory")
-    if memory is not None and memory <= 0:
-        raise InferlabError(f"--memory must be positive, got {args.memory!r}")
+    memory = None if args.memory is None else _size(args.memory, "--memory")
     overhead = None if args.runtime_overhead is None else parse_bytes(args.runtime_overhead,
                                                                      "--runtime-overhead")
     return hw.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
@@ -86,19 +95,22 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
 
 
 def build_inputs(args: argparse.Namespace) -> PlanInputs:
+    if args.hardware.lower() == CPU_LOCAL and args.tensor_parallel != 1:
+        raise InferlabError(f"--tensor-parallel {args.tensor_parallel}: inferlab's engine runs "
+                            f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
     hw = resolve_hardware(args)
     kv_bytes = (hw.engine_kv_cache_bytes if args.kv_cache_memory is None
-                else parse_bytes(args.kv_cache_memory, "--kv-cache-memory"))
+                else _size(args.kv_cache_memory, "--kv-cache-memory"))
+    model = resolve_model(args.model)
+    fmt = (weight_format(args.weight_format) if args.weight_format is not None
+           else checkpoint_weight_format(model) or weight_format("bf16"))
     memory = MemoryConfig(
         device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
-        tensor_parallel=args.tensor_parallel, kv_dtype=args.kv_dtype.lower(),
+        tensor_parallel=args.tensor_parallel, kv_dtype=(args.kv_dtype or fmt.dense_dtype).lower(),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
         runtime_overhead_bytes=hw.runtime_overhead_bytes, kv_cache_bytes=kv_bytes,
     )
-    model = resolve_model(args.model)
-    fmt = (weight_format(args.weight_format) if args.weight_format is not None
-           else checkpoint_weight_format(model) or weight_format("bf16"))
     return PlanInputs(
         model=model, hardware=hw, weight_format=fmt,
         memory=memory, workload=Workload.parse(args.workload), slo=SLO.parse(args.slo),

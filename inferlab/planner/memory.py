@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import operator
 import re
 from dataclasses import dataclass, replace
 
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.names import unknown_name_message
+from inferlab.quant.ct_config import matches
 
 DTYPE_BYTES = {"float32": 4, "fp32": 4, "float16": 2, "fp16": 2, "bfloat16": 2, "bf16": 2,
                "fp8": 1, "float8_e4m3fn": 1, "int8": 1}
@@ -36,23 +36,34 @@ def num_kv_blocks(kv_cache_bytes: int, block_size: int, bytes_per_token: int) ->
 
 @dataclass(frozen=True)
 class WeightFormat:
-    """How the linear layers of the transformer blocks are stored; embeddings, lm_head and norms
-    stay in `dense_dtype` (quantizers leave them alone: they are sensitive and a small share)."""
+    """How the linear layers are stored: those `targets` name and `ignore` does not (as
+    compressed-tensors matches them: 'Linear', a module name or a 're:' regex); embeddings,
+    norms and the other linears stay in `dense_dtype`. By default the blocks' linears, not
+    lm_head: quantizers leave it alone, as it is sensitive."""
 
     name: str
     bits: int  # bits per stored linear weight
-    group_size: int | None  # input columns sharing one scale; None: one scale per output row
+    group_size: int | None  # input columns sharing one scale; None: all of a row's
     has_scales: bool  # float formats need none
     compute_dtype: str  # the dtype the matmuls run in: picks the hardware's peak FLOP/s
     dense_dtype: str = "bf16"
     scale_bytes: int = 2  # bf16/fp16 scales, as GPTQ, AWQ and compressed-tensors store them
     symmetric: bool = True  # False: an integer zero point beside each scale
+    scale_rows: int | None = 1  # output rows sharing one scale; None: all (one per tensor)
+    input_scales: bool = False  # static activations: one more scale per layer, for its input
+    targets: tuple[str, ...] = ("Linear",)
+    ignore: tuple[str, ...] = ("lm_head",)
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8, 16, 32):
             raise InferlabError(f"weight format {self.name}: bits must be 4, 8, 16 or 32")
-        if self.group_size is not None and self.group_size <= 0:
-            raise InferlabError(f"weight format {self.name}: group size must be positive")
+        if any(n is not None and n <= 0 for n in (self.group_size, self.scale_rows)):
+            raise InferlabError(f"weight format {self.name}: group size and scale rows must be positive")
+
+    def stores(self, layer: str) -> bool:
+        """Whether linear layer `layer` (its Hugging Face name) is held in this format."""
+        return (not any(matches(layer, pattern) for pattern in self.ignore)
+                and any(matches(layer, target) for target in self.targets))
 
 
 WEIGHT_FORMATS = {
@@ -90,25 +101,40 @@ def weight_format(name: str) -> WeightFormat:
     return replace(fmt, name=lower, symmetric=False)
 
 
-def block_linear_shapes(model: ModelConfig) -> list[tuple[int, int]]:
-    """(in_features, out_features) of each linear layer in one transformer block."""
+def block_linears(model: ModelConfig) -> list[tuple[str, int, int]]:
+    """(name in the block, in_features, out_features) of each linear layer of a block."""
     h, i = model.hidden_size, model.intermediate_size
-    return [(h, model.q_size), (h, model.kv_size), (h, model.kv_size), (model.q_size, h),
-            (h, i), (h, i), (i, h)]  # q k v o, gate up down
+    return [("self_attn.q_proj", h, model.q_size), ("self_attn.k_proj", h, model.kv_size),
+            ("self_attn.v_proj", h, model.kv_size), ("self_attn.o_proj", model.q_size, h),
+            ("mlp.gate_proj", h, i), ("mlp.up_proj", h, i), ("mlp.down_proj", i, h)]
+
+
+def block_linear_params(model: ModelConfig) -> int:
+    """Weights of the blocks' linear layers, all blocks: what each token multiplies by."""
+    return model.num_layers * sum(n_in * n_out for _, n_in, n_out in block_linears(model))
+
+
+def linear_layers(model: ModelConfig) -> list[tuple[str, int, int]]:
+    """(Hugging Face name, in_features, out_features) of every linear layer a checkpoint may
+    quantize: the blocks', and an untied lm_head (a tied one is the embedding table)."""
+    layers = [(f"model.layers.{index}.{name}", n_in, n_out) for index in range(model.num_layers)
+              for name, n_in, n_out in block_linears(model)]
+    head = [] if model.tie_word_embeddings else [("lm_head", model.hidden_size, model.vocab_size)]
+    return layers + head
 
 
 @dataclass(frozen=True)
 class WeightBytes:
     """Bytes of the weights, split into the factors a reader can check by hand."""
 
-    quantized_params: int  # linear weights of the blocks, in `format`
+    quantized_params: int  # weights of the linear layers stored in `format`
     packed_bytes: int  # quantized_params × bits / 8
-    num_scales: int  # one per output row, or per row and group of `group_size` input columns
+    num_scales: int  # one per output row, group of inputs, block or tensor, as `format` says
     scale_bytes: int  # num_scales × bytes per scale
     # asymmetric: one zero point per scale, `bits` wide, packed into int32 words down the output
     # rows of each group column (compressed-tensors' pack-quantized, as vLLM holds them too)
     zero_point_bytes: int
-    dense_params: int  # embeddings, lm_head, norms, biases: kept in the dense dtype
+    dense_params: int  # embeddings, norms, biases, linears left dense: in the dense dtype
     dense_bytes: int
     format: str
 
@@ -121,15 +147,29 @@ class WeightBytes:
         return self.quantized_params + self.dense_params
 
 
+def _check_groups(fmt: WeightFormat, widths: set[int]) -> None:
+    """Groups must tile each stored layer's `widths` (inputs), as `inferlab quantize` requires
+    (a block grid, whose last blocks may be partial, need not)."""
+    group = fmt.group_size
+    if group is None or fmt.scale_rows != 1 or all(n % group == 0 for n in widths):
+        return
+    width = min(n for n in widths if n % group)
+    divisors = [g for g in (256, 128, 64, 32, 16) if all(n % g == 0 for n in widths)]
+    hint = f" (try {fmt.name.replace(f'-g{group}', f'-g{divisors[0]}', 1)})" if divisors else ""
+    raise InferlabError(f"weight format {fmt.name}: group size {group} does not divide the "
+                        f"model's {width} inputs{hint}")
+
+
 def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
-    shapes = block_linear_shapes(model)
-    quantized = model.num_layers * sum(n_in * n_out for n_in, n_out in shapes)
-    # scale columns per layer: one, or one per group of inputs (a partial last group has its own)
-    columns = [1 if fmt.group_size is None else -(-n_in // fmt.group_size) for n_in, _ in shapes]
-    outputs = [n_out for _, n_out in shapes]
-    scales = model.num_layers * sum(map(operator.mul, outputs, columns)) if fmt.has_scales else 0
-    zero_point_words = model.num_layers * sum(-(-n_out * fmt.bits // 32) * c
-                                              for n_out, c in zip(outputs, columns, strict=True))
+    stored = [(n_in, n_out) for name, n_in, n_out in linear_layers(model) if fmt.stores(name)]
+    _check_groups(fmt, {n_in for n_in, _ in stored})
+    quantized = sum(n_in * n_out for n_in, n_out in stored)
+    # the scale grid of each layer: output rows × input columns sharing one scale
+    grids = [(-(-n_out // (fmt.scale_rows or n_out)), -(-n_in // (fmt.group_size or n_in)))
+             for n_in, n_out in stored]
+    input_scales = 1 if fmt.input_scales else 0
+    scales = sum(rows * columns + input_scales for rows, columns in grids) if fmt.has_scales else 0
+    zero_point_words = sum(-(-rows * fmt.bits // 32) * columns for rows, columns in grids)
     dense = model.num_parameters() - quantized
     return WeightBytes(
         quantized_params=quantized,

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferlab.errors import InferlabError, ModelLoadError
@@ -17,7 +17,7 @@ from inferlab.planner.memory import ASYMMETRIC, WeightFormat
 from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
 from inferlab.quant.ct_config import ConfigGroup, parse_quantization_config
-from inferlab.quant.scheme import FLOAT, GROUP, QuantScheme
+from inferlab.quant.scheme import BLOCK, FLOAT, GROUP, GROUPED, TENSOR, QuantScheme
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -66,13 +66,18 @@ def resolve_model(model: str | None) -> ModelSpec:
 
 def scheme_weight_format(scheme: QuantScheme) -> WeightFormat:
     """A compressed-tensors scheme as the planner costs it: quantized activations run the matmuls
-    at their 8-bit rate; weight-only schemes dequantize inside a bf16 matmul."""
+    at their 8-bit rate; weight-only schemes dequantize inside a bf16 matmul. Scales as the
+    strategy lays them out: per output row (channel), per group of a row's inputs, per block,
+    or one for the whole layer (tensor)."""
     w, acts = scheme.weights, scheme.activations
-    group = w.group_size if w.strategy == GROUP else None
+    group = w.group_size if w.strategy in GROUPED else None
+    rows = {TENSOR: None, BLOCK: w.block_rows}.get(w.strategy, 1)
     compute = "bf16" if acts is None else "fp8" if acts.kind == FLOAT else "int8"
-    name = (f"{'fp' if w.kind == FLOAT else 'int'}{w.num_bits}" + (f"-g{group}" if group else "")
+    layout = {TENSOR: "-tensor", BLOCK: f"-b{rows}x{group}", GROUP: f"-g{group}"}.get(w.strategy, "")
+    name = (f"{'fp' if w.kind == FLOAT else 'int'}{w.num_bits}{layout}"
             + ("-wo" if acts is None and w.num_bits == 8 else "") + ("" if w.symmetric else ASYMMETRIC))
-    return WeightFormat(name, w.num_bits, group, True, compute, symmetric=w.symmetric)
+    return WeightFormat(name, w.num_bits, group, True, compute, symmetric=w.symmetric,
+                        scale_rows=rows, input_scales=acts is not None and acts.static)
 
 
 def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:
@@ -82,17 +87,22 @@ def checkpoint_weight_format(spec: ModelSpec) -> WeightFormat | None:
     if not config:
         return None
     try:
-        groups = parse_quantization_config(config, spec.source).groups
+        parsed = parse_quantization_config(config, spec.source)
     except InferlabError as e:
         raise InferlabError(f"{e}; plan it with --weight-format") from None
-    return groups_weight_format(groups, spec.source)
+    return groups_weight_format(parsed.groups, spec.source, parsed.ignore)
 
 
-def groups_weight_format(groups: Sequence[ConfigGroup], source: str) -> WeightFormat | None:
-    """The one format compressed-tensors `groups` store their linears in (None: no group)."""
+def groups_weight_format(groups: Sequence[ConfigGroup], source: str,
+                         ignore: Sequence[str] = ("lm_head",)) -> WeightFormat | None:
+    """The one format compressed-tensors `groups` store the linears they target in, but those
+    `ignore` names (None: no group)."""
     formats = {scheme_weight_format(g.scheme) for g in groups}
     if len(formats) > 1:
         names = ", ".join(sorted(f.name for f in formats))
         raise InferlabError(f"{source}: the checkpoint mixes weight formats ({names}); "
                             "choose one with --weight-format")
-    return next(iter(formats), None)
+    if not formats:
+        return None
+    targets = tuple(dict.fromkeys(t for g in groups for t in g.targets))
+    return replace(formats.pop(), targets=targets, ignore=tuple(ignore))

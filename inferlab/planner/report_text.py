@@ -40,7 +40,9 @@ def _memory(plan: Plan) -> list[str]:
     tp = f" / {cfg.tensor_parallel} devices" if cfg.tensor_parallel > 1 else ""
     scales = (f" + {w.num_scales:,} scales × {fmt.scale_bytes} B" if w.num_scales else "")
     zeros = f" + {w.zero_point_bytes:,} B of {fmt.bits}-bit zero points" if w.zero_point_bytes else ""
-    group = f" (group {fmt.group_size})" if fmt.group_size else ""
+    group = (" (per-tensor scales)" if fmt.scale_rows is None
+             else f" (blocks of {fmt.scale_rows} × {fmt.group_size})" if fmt.scale_rows > 1
+             else f" (group {fmt.group_size})" if fmt.group_size else "")
     ctx_blocks = -(-plan.context_len // mem.block_size)
     lines = [
         "Memory (per device)",

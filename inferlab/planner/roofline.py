@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from inferlab.models.config import ModelConfig
 from inferlab.planner.budget import MemoryPlan
 from inferlab.planner.hardware import Hardware
-from inferlab.planner.memory import WeightBytes, WeightFormat, dtype_bytes
+from inferlab.planner.memory import WeightBytes, WeightFormat, block_linear_params, dtype_bytes
 
 # one small all-reduce on NVLink/Infinity Fabric: the latency floor NCCL and custom
 # all-reduce kernels show for decode-sized messages
@@ -44,7 +44,7 @@ def model_cost(model: ModelConfig, weights: WeightBytes, fmt: WeightFormat, memo
     layers = model.num_layers
     return ModelCost(
         weight_bytes_per_step=(weights.total_bytes - unread) // tp,
-        linear_flops_per_token=2 * weights.quantized_params // tp,
+        linear_flops_per_token=2 * block_linear_params(model) // tp,
         lm_head_flops=2 * lm_head_params // tp,
         attention_flops_per_context_token=4 * model.num_heads * model.head_dim * layers // tp,
         kv_bytes_per_token=memory.kv_bytes_per_token,
@@ -86,18 +86,21 @@ class StepEstimate:
 
 
 def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flops: int,
-              tp: int, steps: int = 1) -> StepEstimate:
+              tp: int, steps: int = 1, own_steps: bool = True) -> StepEstimate:
+    """`own_steps` False: the work rides in steps that others launch, so it pays no per-step
+    latency (all-reduce round trips, layer launches), only its own bytes, FLOPs and traffic."""
     peak, used = hw.flops_for(cost.compute_dtype)
     ring = 2 * (tp - 1) / tp  # a ring all-reduce sends and receives this share of the message
-    comm = cost.num_allreduces * (steps * ALLREDUCE_LATENCY_S + ring * tokens * cost.allreduce_bytes_per_token
+    latency = steps * ALLREDUCE_LATENCY_S if own_steps else 0.0
+    comm = cost.num_allreduces * (latency + ring * tokens * cost.allreduce_bytes_per_token
                                   / hw.interconnect_bytes_per_s)
     rows = -(-tokens // steps)
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
         memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency),
         compute_s=flops / (peak * hw.compute_efficiency),
-        comm_s=comm, overhead_s=steps * cost.num_layers * hw.layer_overhead_s, flops_dtype=used,
-        steps=steps,
+        comm_s=comm, overhead_s=steps * cost.num_layers * hw.layer_overhead_s if own_steps else 0.0,
+        flops_dtype=used, steps=steps,
     )
 
 
@@ -117,19 +120,35 @@ def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp:
     return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
 
 
-def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1,
-            step_tokens: int | None = None) -> StepEstimate:
-    """A prompt in chunks of at most `step_tokens` (None: one step), logits for its last token;
-    causal attention: token i attends to i tokens, however the prompt is cut. Each step reads
-    the weights again, and the K/V the earlier steps wrote."""
+def _prefill_work(cost: ModelCost, prompt_len: int, step_tokens: int | None) -> tuple[int, int, int]:
+    """(steps, bytes, FLOPs) of a prompt in chunks of at most `step_tokens` (None: one step),
+    besides the weight reads of its steps: logits for its last token; causal attention (token i
+    attends to i tokens, however the prompt is cut); its K/V written, and read again by the
+    later chunks."""
     chunk = min(step_tokens or prompt_len, prompt_len)
     steps = -(-prompt_len // chunk)
     attention = cost.attention_flops_per_context_token * prompt_len * (prompt_len + 1) // 2
     flops = prompt_len * cost.linear_flops_per_token + cost.lm_head_flops + attention
     earlier_kv_reads = chunk * steps * (steps - 1) // 2  # step k reads the k × chunk tokens before it
-    bytes_moved = (steps * cost.weight_bytes_per_step
-                   + (prompt_len + earlier_kv_reads) * cost.kv_bytes_per_token)
-    return _estimate(cost, hw, prompt_len, bytes_moved, flops, tp, steps)
+    return steps, (prompt_len + earlier_kv_reads) * cost.kv_bytes_per_token, flops
+
+
+def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1,
+            step_tokens: int | None = None) -> StepEstimate:
+    """A prompt alone, in chunks of at most `step_tokens` (None: one step): each step reads the
+    weights again."""
+    steps, kv, flops = _prefill_work(cost, prompt_len, step_tokens)
+    return _estimate(cost, hw, prompt_len, steps * cost.weight_bytes_per_step + kv, flops, tp, steps)
+
+
+def prefill_riding(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int, tp: int,
+                   step_tokens: int) -> StepEstimate:
+    """A prompt chunked into the steps that `decoding` running sequences take anyway, in the
+    `step_tokens` − `decoding` tokens they leave (as `time_to_first_token`): those steps read the
+    weights once for all their tokens, so the prompt adds only its FLOPs and K/V traffic. Its
+    time is what it adds to them: a short prompt's is its few tokens' FLOPs, not a weight read."""
+    steps, kv, flops = _prefill_work(cost, prompt_len, step_tokens - decoding)
+    return _estimate(cost, hw, prompt_len, kv, flops, tp, steps, own_steps=False)
 
 
 def time_to_first_token(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int,

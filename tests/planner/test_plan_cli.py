@@ -85,7 +85,16 @@ def test_console_report_shows_factors(capsys, cache):
     (["Lama-3.1-8B", "--hardware", "h100-sxm"], "did you mean Llama-3.1-8B"),
     (["Llama-3.1-8B", "--hardware", "H100-SMX"], "did you mean H100-SXM"),
     (["Llama-3.1-8B", "--hardware", "a100", "--memory", "0GB"], "did you mean A100-40GB"),
-    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory", "0GB"], "--memory must be positive"),
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory", "0GB"], "--memory must be at least 1 byte"),
+    # once "must be positive, got '0.5'", which did not say how a size is read
+    (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory=0.5"],
+     "got '0.5' (0 bytes: a number without a unit is bytes); give a size such as 24GiB"),
+    (["--hardware", "L4", "--kv-cache-memory", "0.5"], "--kv-cache-memory must be at least 1 byte"),
+    # once planned: the engine has no tensor parallelism, and `inferlab quantize` refuses groups
+    # that do not tile SmolLM2's 576 inputs
+    (["--hardware", "cpu-local", "-tp", "3"], "--tensor-parallel 3: inferlab's engine runs cpu-local"),
+    (["--hardware", "L4", "--weight-format", "int4-g128"],
+     "group size 128 does not divide the model's 576 inputs (try int4-g64)"),
     (["Llama-3.1-8B", "--hardware", "A100-80GB", "--gpu-memory-utilization", "0"],
      "--gpu-memory-utilization must be in (0, 1]"),
     (["Llama-3.1-8B", "--hardware", "A100-80GB", "--weight-format", "int4g128"], "did you mean int4-g128"),
@@ -132,6 +141,30 @@ def test_model_directory_and_gguf_file(capsys, tmp_path, cache):
     assert code == 0 and json.loads(out)["memory"]["kv_bytes_per_token"] == 524_288
 
 
+def test_an_unset_kv_dtype_follows_the_weights(capsys):
+    """Once bf16 KV (23,040 B a token, 182 blocks) beside fp32 weights, where the engine
+    (LLM(dtype="float32")) and vLLM's kv_cache_dtype auto keep it in fp32: 2 × 30 layers
+    × 3 KV heads × 64 × 4 B = 46,080 B, and 67,108,864 // (16 × 46,080) = 91 blocks."""
+    def kv(*argv: str) -> tuple[int, int]:
+        code, out, _ = _run(capsys, "--hardware", "L4", "--kv-cache-memory", "64MiB", "--json", *argv)
+        memory = json.loads(out)["memory"]
+        return memory["kv_bytes_per_token"], memory["num_blocks"]
+
+    assert kv("--weight-format", "fp32") == (46_080, 91)
+    assert kv("--weight-format", "fp16") == kv() == (23_040, 182)
+    assert kv("--weight-format", "fp32", "--kv-dtype", "bf16") == (23_040, 182)
+
+
+def test_another_architecture_is_named_before_its_fields(capsys, tmp_path):
+    """Once "missing field 'num_attention_heads'" for a GPT-2 config.json."""
+    (tmp_path / "gpt2").mkdir()
+    (tmp_path / "gpt2" / "config.json").write_text(json.dumps(
+        {"architectures": ["GPT2LMHeadModel"], "n_embd": 768, "n_layer": 12, "n_head": 12}))
+    code, out, err = _run(capsys, str(tmp_path / "gpt2"), "--hardware", "L4")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "architecture 'GPT2LMHeadModel' is not supported (supported: LlamaForCausalLM" in err
+
+
 def _w8a16(targets: list[str], num_bits: int = 8, group_size: int | None = None) -> dict:
     """A compressed-tensors group as `inferlab quantize --scheme W8A16` (or W4A16) writes it."""
     return {"targets": targets, "input_activations": None, "output_activations": None,
@@ -166,11 +199,11 @@ def test_a_quantized_checkpoint_plans_its_own_weight_format(capsys, tmp_path):
 
 def test_a_mixed_quantized_checkpoint_asks_for_a_weight_format(capsys, tmp_path):
     mixed = _quantized_smollm2(tmp_path / "mixed", {
-        "attention": _w8a16(["re:.*self_attn.*"]), "mlp": _w8a16(["re:.*mlp.*"], 4, 128)})
+        "attention": _w8a16(["re:.*self_attn.*"]), "mlp": _w8a16(["re:.*mlp.*"], 4, 64)})
     code, out, err = _run(capsys, str(mixed), "--hardware", "L4")
     assert code == 2 and out == "" and err.count("\n") == 1
-    assert "mixes weight formats (int4-g128, int8-wo)" in err and "--weight-format" in err
-    code, _, _ = _run(capsys, str(mixed), "--hardware", "L4", "--weight-format", "int4-g128")
+    assert "mixes weight formats (int4-g64, int8-wo)" in err and "--weight-format" in err
+    code, _, _ = _run(capsys, str(mixed), "--hardware", "L4", "--weight-format", "int4-g64")
     assert code == 0
 
 

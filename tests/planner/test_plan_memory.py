@@ -47,7 +47,7 @@ def test_engine_formula_signature_is_the_planners():
 
 # hand counts (see the derivations): bf16 = published parameter count × 2;
 # int4-g128 = block linears × 4 bits + one bf16 scale per row per 128 input columns
-# (a partial last group still has one) + embeddings, lm_head, norms in bf16
+# + embeddings, lm_head, norms in bf16
 HAND_WEIGHT_BYTES = {
     # 6,738,415,616 params (Meta's model card: 6.7B)
     ("Llama-2-7B", "bf16"): 13_476_831_232,
@@ -59,8 +59,9 @@ HAND_WEIGHT_BYTES = {
     ("Llama-3.1-8B", "int4-g128"): 5_700_591_616,
     # 134,515,008 params (tied embeddings)
     (None, "bf16"): 269_030_016,
-    # linears 106,168,320 / 2 + 898,560 scales × 2 (576 = 4.5 groups of 128 -> 5) + 28,346,688 × 2
-    (None, "int4-g128"): 111_574_656,
+    # linears 106,168,320 / 2 + 1,658,880 scales × 2 (30 layers × (576 × 9 + 192 × 9 × 2 + 576 × 9
+    # + 1,536 × 9 × 2 + 576 × 24): 576 inputs in 9 groups of 64, 1,536 in 24) + 28,346,688 × 2
+    (None, "int4-g64"): 113_095_296,
 }
 
 
@@ -70,6 +71,17 @@ def test_weight_bytes_within_one_percent_of_hand_counts(model, fmt):
     got = weight_bytes(spec.config, weight_format(fmt)).total_bytes
     hand = HAND_WEIGHT_BYTES[(model, fmt)]
     assert abs(got - hand) / hand < 0.01, (got, hand)
+
+
+def test_groups_that_do_not_tile_the_inputs_are_refused():
+    """Once planned with a partial last group (576 = 4.5 × 128), a checkpoint `inferlab
+    quantize` refuses to write."""
+    spec = resolve_model(None)
+    with pytest.raises(InferlabError, match=r"int4-g128: group size 128 does not divide the "
+                                            r"model's 576 inputs \(try int4-g64\)"):
+        weight_bytes(spec.config, weight_format("int4-g128"))
+    with pytest.raises(InferlabError, match=r"\(try int4-g64-asym\)"):
+        weight_bytes(spec.config, weight_format("int4-g128-asym"))
 
 
 def test_embedded_bf16_weights_match_the_gguf_tensor_count():

@@ -98,6 +98,35 @@ def test_ttft_beside_a_decoding_sequence_hand_count():
     assert point.ttft_ms == pytest.approx(967.916429312)
 
 
+def test_a_short_prompt_rides_in_the_decode_steps_weight_read():
+    """Once each 16-token prompt was charged a standalone prefill, a whole weight read
+    (13.22 ms here): ITL 21.39 ms for a 18.08 ms step. Llama-2-7B, batch 64, prompt 16, output 256.
+    Decode step: 13,214,687,232 B of weights + 64 × (144 + 1) × 524,288 B of K/V
+    = 18,080,079,872 B -> 18.080079872 ms (its 0.85e12 FLOPs take 0.85 ms).
+    The prompt's own work: 16 × 12,952,010,752 + 262,144,000 lm_head + 524,288 × 16 × 17 / 2
+    = 207,565,619,200 FLOPs -> 0.2075656192 ms, against 16 × 524,288 B of K/V writes (8.4 µs).
+    One prompt arrives every 256 / 64 = 4 steps: ITL = 18.080079872 + 0.2075656192 / 4 ms."""
+    workload = Workload(16, 256)
+    plan = _plan("Llama-2-7B", workload=workload)
+    point = replica_point(plan.cost, ROUND, workload, 64, 1, step_tokens=2048)
+    assert point.step_ms == pytest.approx(18.080079872)
+    assert point.itl_ms == pytest.approx(18.1319712768)
+    # 64 sequences, a token each per 18.1319712768 ms step, 256 tokens per request
+    assert point.requests_per_s == pytest.approx(64 / 256 / 18.1319712768e-3)
+
+
+def test_a_long_prompt_still_costs_its_flops():
+    """A compute-bound prompt costs what it did alone: 4,000 tokens are 56,003,657,728,000 FLOPs
+    (test_prefill_llama2_7b_hand_count) -> 56.003657728 ms, against (4,000 + 2,045 earlier-chunk)
+    × 524,288 B of K/V (3.17 ms) in ⌈4,000 / (2,048 − 3)⌉ = 2 chunks. Batch 4, output 64: the
+    step reads 13,214,687,232 + 4 × (4,032 + 1) × 524,288 = 21,672,501,248 B -> 21.672501248 ms,
+    and a prompt comes every 64 / 4 = 16 steps: ITL = 21.672501248 + 56.003657728 / 16 ms."""
+    workload = Workload(4000, 64)
+    plan = _plan("Llama-2-7B", workload=workload)
+    point = replica_point(plan.cost, ROUND, workload, 4, 1, step_tokens=2048)
+    assert point.itl_ms == pytest.approx(21.672501248 + 56.003657728 / 16)
+
+
 def test_tensor_parallel_adds_allreduces():
     # Llama-3.1-70B over 2 devices: 2 all-reduces × 80 layers of one 8,192 × 2-byte vector,
     # a ring moves 2 × (2 − 1) / 2 of it at 1e11 B/s, plus 10 µs each: 160 × 10.16384 µs
