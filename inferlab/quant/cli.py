@@ -54,15 +54,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="GPTQ/SparseGPT Hessian weight of each window's first token, the "
                             "attention sink (default: --seq-len)")
     algo = p.add_argument_group("algorithms")
-    algo.add_argument("--block-size", type=int, default=128, help="GPTQ/SparseGPT column block")
-    algo.add_argument("--dampening", type=float, default=0.01, help="GPTQ/SparseGPT Hessian damping")
+    algo.add_argument("--block-size", type=int, default=None,
+                      help="GPTQ/SparseGPT column block (default 128)")
+    algo.add_argument("--dampening", type=float, default=None,
+                      help="GPTQ/SparseGPT Hessian damping (default 0.01)")
     algo.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
                       help="GPTQ: process columns by decreasing Hessian diagonal (default: on "
                            "for gptq and smoothquant, off for sparsegpt, whose 2:4 groups it "
                            "would break)")
-    algo.add_argument("--awq-grid", type=int, default=20, help="AWQ scale grid points")
+    algo.add_argument("--awq-grid", type=int, default=None, help="AWQ scale grid points (default 20)")
     algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
-    algo.add_argument("--smoothquant-alpha", type=float, default=0.5, help="migration strength")
+    algo.add_argument("--smoothquant-alpha", type=float, default=None,
+                      help="SmoothQuant migration strength (default 0.5)")
     p.add_argument("--dtype", default="auto", help="dtype of the dense tensors and scales: "
                    "auto (the source's), float32, bfloat16, float16")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads")
@@ -80,15 +83,38 @@ def build_recipe(args: argparse.Namespace):
     scheme = None
     if args.scheme is not None:
         scheme = make_scheme(args.scheme, _group_size(args), args.asymmetric)
-    elif args.asymmetric:
-        raise InferlabError("--asymmetric needs a --scheme")
+    elif args.asymmetric or args.group_size is not None:
+        raise InferlabError(f"{'--asymmetric' if args.asymmetric else '--group-size'} needs a --scheme")
     method = default_method(args.sparsity) if args.method is None else args.method.lower()
+    _check_method_flags(args, method)
     act_order = method in ("gptq", "smoothquant") if args.act_order is None else args.act_order
     return Recipe(scheme=scheme, method=method, sparsity=args.sparsity,
                   ignore=tuple(args.ignore),
-                  obs=ObsConfig(args.block_size, args.dampening, act_order),
-                  awq=AwqConfig(grid=args.awq_grid, clip=args.awq_clip),
-                  smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight)
+                  obs=ObsConfig(**_given(block_size=args.block_size, damp=args.dampening),
+                                act_order=act_order),
+                  awq=AwqConfig(**_given(grid=args.awq_grid), clip=args.awq_clip),
+                  **_given(smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight))
+
+
+_HESSIAN_METHODS = ("gptq", "smoothquant", "sparsegpt")  # SmoothQuant quantizes with GPTQ
+_METHOD_FLAGS = (  # flag, its argparse dest, the methods that read it
+    ("--block-size", "block_size", _HESSIAN_METHODS), ("--dampening", "dampening", _HESSIAN_METHODS),
+    ("--act-order", "act_order", _HESSIAN_METHODS), ("--sink-weight", "sink_weight", _HESSIAN_METHODS),
+    ("--awq-grid", "awq_grid", ("awq",)), ("--awq-clip", "awq_clip", ("awq",)),
+    ("--smoothquant-alpha", "smoothquant_alpha", ("smoothquant",)),
+)
+
+
+def _check_method_flags(args: argparse.Namespace, method: str) -> None:
+    """A flag of another method was once taken without a word and did nothing."""
+    for flag, dest, methods in _METHOD_FLAGS:
+        if getattr(args, dest) not in (None, False) and method not in methods:
+            raise InferlabError(f"{flag} applies to --method {' or '.join(methods)}, not {method}")
+
+
+def _given(**values: object) -> dict[str, object]:
+    """The values a user gave: the rest keep their config's defaults."""
+    return {name: value for name, value in values.items() if value is not None}
 
 
 def _group_size(args: argparse.Namespace) -> int:
@@ -144,6 +170,8 @@ def _check_out(out: str) -> None:
     directory."""
     if not out.strip():
         raise InferlabError("--out is empty: name the directory to write")
+    if os.path.islink(out):  # the checkpoint is moved into place: a link would be replaced, or fail
+        raise InferlabError(f"{out}: is a symbolic link (name the directory itself, or a new --out)")
     if os.path.exists(out) and not os.path.isdir(out):
         raise InferlabError(f"{out}: is a file, not a directory (choose a new --out)")
     if os.path.exists(out) and os.listdir(out):

@@ -244,6 +244,38 @@ def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, m
     assert message in err and err.count("\n") == 1 and not ran
 
 
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--sparsity", "2:4", "--group-size", "7"], "--group-size needs a --scheme"),
+    (["--scheme", "W8A16", "--awq-clip"], "--awq-clip applies to --method awq, not rtn"),
+    (["--scheme", "W8A16", "--smoothquant-alpha", "0.9"],
+     "--smoothquant-alpha applies to --method smoothquant, not rtn"),
+    (["--scheme", "W4A16", "--method", "awq", "--dampening", "0.5"],
+     "--dampening applies to --method gptq or smoothquant or sparsegpt, not awq"),
+    (["--scheme", "W8A16", "--act-order"], "--act-order applies to --method gptq or smoothquant"),
+], ids=["group size without a scheme", "awq flag", "smoothquant flag", "gptq flag", "act order"])
+def test_cli_refuses_flags_no_step_reads(source, tmp_path, capsys, monkeypatch, flags, message) -> None:
+    """Each once exited 0 and did nothing with the flag."""
+    monkeypatch.chdir(tmp_path)
+    ran = []
+    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
+    assert main(["quantize", str(source[0]), "--out", "q", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and not ran
+
+
+@pytest.mark.parametrize("target", ["real", "nowhere"], ids=["to a directory", "dangling"])
+def test_cli_refuses_a_symbolic_link_as_the_output(source, tmp_path, capsys, monkeypatch, target) -> None:
+    """Once a traceback after the whole run: os.rmdir, then os.replace, of the link itself."""
+    (tmp_path / "real").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / target)
+    ran = []
+    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
+    assert main(["quantize", str(source[0]), "--scheme", "W8A16", "--out", str(tmp_path / "link")]) == 2
+    err = capsys.readouterr().err
+    assert "is a symbolic link" in err and err.count("\n") == 1 and not ran
+    assert (tmp_path / "link").is_symlink()
+
+
 def test_a_calibration_window_longer_than_the_model_is_refused(source, tmp_path, capsys) -> None:
     """Once ran on until memory ran out: 100,000-token windows through an 8,192-position model."""
     directory, calib, _ = source
