@@ -237,11 +237,17 @@ def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, m
                                                      message) -> None:
     """Each once a traceback, some only after the whole quantization had run."""
     monkeypatch.chdir(tmp_path)
+    assert message in _refused_before_quantizing(capsys, monkeypatch, source[0], "--scheme", "W8A16", *flags)
+
+
+def _refused_before_quantizing(capsys, monkeypatch, model, *argv: str) -> str:
+    """`inferlab quantize MODEL ARGV`'s one-line error (exit 2), given before any quantization."""
     ran = []
     monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
-    assert main(["quantize", str(source[0]), "--scheme", "W8A16", *flags]) == 2
+    assert main(["quantize", str(model), *argv]) == 2
     err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and not ran
+    assert err.count("\n") == 1 and not ran
+    return err
 
 
 @pytest.mark.parametrize(("flags", "message"), [
@@ -256,11 +262,7 @@ def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, m
 def test_cli_refuses_flags_no_step_reads(source, tmp_path, capsys, monkeypatch, flags, message) -> None:
     """Each once exited 0 and did nothing with the flag."""
     monkeypatch.chdir(tmp_path)
-    ran = []
-    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
-    assert main(["quantize", str(source[0]), "--out", "q", *flags]) == 2
-    err = capsys.readouterr().err
-    assert message in err and err.count("\n") == 1 and not ran
+    assert message in _refused_before_quantizing(capsys, monkeypatch, source[0], "--out", "q", *flags)
 
 
 @pytest.mark.parametrize("target", ["real", "nowhere"], ids=["to a directory", "dangling"])
@@ -268,12 +270,9 @@ def test_cli_refuses_a_symbolic_link_as_the_output(source, tmp_path, capsys, mon
     """Once a traceback after the whole run: os.rmdir, then os.replace, of the link itself."""
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / target)
-    ran = []
-    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
-    assert main(["quantize", str(source[0]), "--scheme", "W8A16", "--out", str(tmp_path / "link")]) == 2
-    err = capsys.readouterr().err
-    assert "is a symbolic link" in err and err.count("\n") == 1 and not ran
-    assert (tmp_path / "link").is_symlink()
+    err = _refused_before_quantizing(capsys, monkeypatch, source[0], "--scheme", "W8A16", "--out",
+                                     str(tmp_path / "link"))
+    assert "is a symbolic link" in err and (tmp_path / "link").is_symlink()
 
 
 def test_a_calibration_window_longer_than_the_model_is_refused(source, tmp_path, capsys) -> None:
