@@ -13,6 +13,8 @@ from inferlab.errors import InferlabError
 def read_user_text(path: str | Path, kind: str = "file") -> str:
     """The whole file as UTF-8 text, line ends as they are (callers that want LF normalize);
     `kind` names the file in the errors ("no such dataset file")."""
+    if not str(path):
+        raise InferlabError(f"the {kind} path is empty")
     try:
         with open(path, encoding="utf-8", newline="") as f:
             return f.read()

@@ -49,7 +49,7 @@ def run_eval(args: argparse.Namespace) -> int:
     if config.output:
         check_writable(config.output)
     result = evaluate(config)
-    print(render(result))
-    if config.output:
+    if config.output:  # first: a closed or full stdout must not lose a long run's figures
         write_json(result, config.output)
+    print(render(result))
     return 0

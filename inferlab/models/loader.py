@@ -36,6 +36,9 @@ EMBEDDED_ALIAS = "embedded"  # names the embedded model where a path is expected
 def resolve_model_path(model: str | None) -> str:
     embedded = model is None or (model == EMBEDDED_ALIAS and not os.path.exists(model))
     path = embedded_model_path() if embedded else os.path.expanduser(model)
+    if not path:
+        raise ModelLoadError("the model path is empty: name a model directory or .gguf file, or "
+                             "leave it out for the embedded model")
     if not os.path.exists(path):
         raise ModelLoadError(f"{path}: no such file or directory")
     return path

@@ -105,6 +105,10 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
     ("tokens_past_the_model", "gives token id 128, past its 128 embedding rows"),  # once an IndexError
     ("unwritable_output", "cannot write the result"),  # before the run, not after it
     ("empty_output", "--output must name a file"),  # once ignored: nothing written, exit 0
+    # these three once said "error: : no such ..."
+    ("empty_model", "the model path is empty"),
+    ("empty_baseline", "the model path is empty"),
+    ("empty_dataset", "the dataset file path is empty"),
 ])
 def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
                                           other_vocab_model, tmp_path, capsys):
@@ -126,6 +130,9 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
         "tokens_past_the_model": [*_grown_tokenizer(base_dir, tmp_path, char_text_file), "--seq-len", "16"],
         "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
         "empty_output": [str(base_dir), *data, "--output", ""],
+        "empty_model": ["", *data],
+        "empty_baseline": [str(base_dir), *data, "--baseline", ""],
+        "empty_dataset": [str(base_dir), "--dataset", ""],
         "sliding_window_too_long": [str(_windowed_copy(base_dir, tmp_path / "windowed", 8)), *data],
     }[case]
     code, stdout, stderr = _run(capsys, *argv)
@@ -133,3 +140,20 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
     assert stderr.startswith("error: ") and message in stderr
     assert stderr.count("\n") == 1 and "Traceback" not in stderr
     assert stdout == ""  # refused before the run: no result half delivered
+
+
+def test_the_json_is_written_when_stdout_is_gone(char_models, char_text_file, tmp_path, monkeypatch):
+    """`inferlab eval ... --output r.json | true`: the summary's print meets a closed pipe (a
+    success to `main`, exit 0), and the file was once never written; a full disk gave a traceback
+    and lost it too."""
+    (base_dir, _), _ = char_models
+    out = tmp_path / "result.json"
+
+    def closed_pipe(*args, **kwargs):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr("builtins.print", closed_pipe)
+    monkeypatch.setattr("inferlab.cli.silence_stdout", lambda: None)
+    assert main(["eval", str(base_dir), "--dataset", str(char_text_file), "--seq-len", "16",
+                 "--limit", "1", "--dtype", "float32", "--output", str(out)]) == 0
+    assert json.loads(out.read_text())["windows"] == 1
