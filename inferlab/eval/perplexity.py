@@ -113,7 +113,8 @@ def evaluate(config: EvalConfig) -> EvalResult:
         model=setup.loaded.name, dataset=config.dataset, seq_len=config.seq_len,
         dtype=str(setup.dtype).removeprefix("torch."), via_engine=config.via_engine,
         windows=tally.windows, tokens=tally.tokens, nll=tally.nll_sum / tally.tokens,
-        ppl=tally.ppl, elapsed_s=elapsed_s)
+        ppl=tally.ppl, elapsed_s=elapsed_s, model_path=setup.loaded.path)
     if setup.baseline is not None:
-        result = dataclasses.replace(result, baseline=setup.baseline.name, **kl_summary(tally))
+        result = dataclasses.replace(result, baseline=setup.baseline.name,
+                                     baseline_path=setup.baseline.path, **kl_summary(tally))
     return result

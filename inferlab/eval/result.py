@@ -60,7 +60,9 @@ class EvalResult:
     nll: float  # mean negative log-likelihood per predicted token, nats
     ppl: float  # exp(nll)
     elapsed_s: float  # scoring time, loading excluded
+    model_path: str = ""  # as resolved: two runs/*/model folders share `model`, not this
     baseline: str | None = None
+    baseline_path: str | None = None
     baseline_nll: float | None = None
     baseline_ppl: float | None = None
     kl_mean: float | None = None  # mean over tokens of KL(p_baseline || p_model), nats

@@ -27,6 +27,7 @@ def test_json_result_of_a_quick_run(char_models, char_text_file, tmp_path, capsy
     result = json.loads(out.read_text())
     assert {k: result[k] for k in ("model", "dataset", "seq_len", "windows", "tokens")} == {
         "model": "base", "dataset": str(char_text_file), "seq_len": 16, "windows": 3, "tokens": 45}
+    assert result["model_path"] == str(base_dir)  # the name alone is only the folder's
     assert f"perplexity {result['ppl']:.4f}" in stdout
     assert "kl_mean" not in result
 
@@ -40,6 +41,7 @@ def test_json_result_against_a_baseline(char_models, char_text_file, tmp_path, c
     assert code == 0
     result = json.loads(out.read_text())
     assert result["baseline"] == "base" and result["model"] == "perturbed"
+    assert (result["baseline_path"], result["model_path"]) == (str(base_dir), str(other_dir))
     assert result["kl_mean"] > 0 and result["kl_p99"] >= result["kl_median"]
     assert 0 <= result["top1_agreement"] <= 1 and result["baseline_ppl"] > 1
     assert "top-1 agreement" in stdout
