@@ -13,11 +13,12 @@ import json
 import runpy
 import signal
 import sys
+import traceback
 from pathlib import Path
 
 
 class StillRunning(Exception):
-    pass
+    """The case outlived its alarm: the script went on to run instead of refusing."""
 
 
 def _on_alarm(signum, frame):
@@ -36,6 +37,9 @@ def run_case(scripts: Path, script: str, args: list[str], timeout_s: int) -> dic
         code = e.code
     except StillRunning:
         code = "still running"
+    except Exception:  # a crash fails this case (its traceback in stderr), not the others
+        traceback.print_exc(file=err)
+        code = 1
     finally:
         signal.alarm(0)
     return {"returncode": code, "stdout": out.getvalue(), "stderr": err.getvalue()}

@@ -83,9 +83,9 @@ class LoadedModel:
         loaded for another dtype ran in a mix of both (bf16 weights, an fp32 KV cache), silently
         off."""
         weight = self.model.model.embed_tokens.weight
-        if (weight.dtype, weight.device.type) != (dtype, device.type):
-            loaded_as = f"{str(weight.dtype).removeprefix('torch.')} on {weight.device.type}"
-            wanted = f"{str(dtype).removeprefix('torch.')} on {device.type}"
+        loaded_as, wanted = (f"{str(t).removeprefix('torch.')} on {kind}" for t, kind in
+                             ((weight.dtype, weight.device.type), (dtype, device.type)))
+        if loaded_as != wanted:
             raise InferlabError(f"the model was loaded as {loaded_as}; this engine runs {wanted}")
         return self
 

@@ -9,8 +9,8 @@ from inferlab.engine.model_runner import ModelRunner
 
 
 def _llm_maker(loaded, dtype: str):
-    """make(**engine_args) -> an LLM over `loaded` (shared, in `dtype`), with its own 64 MiB KV
-    cache."""
+    """make(**engine_args) -> an LLM over `loaded` (shared; `dtype` the engine's name of the
+    dtype it was loaded in), with its own 64 MiB KV cache."""
 
     def make(**engine_args) -> LLM:
         engine_args.setdefault("kv_cache_memory", "64MiB")
@@ -36,8 +36,7 @@ def make_fast_llm(embedded_gguf):
     from inferlab.engine.platform import resolve_dtype
     from inferlab.models.loader import load_model
 
-    dtype = resolve_dtype("auto", torch.device("cpu"))
-    return _llm_maker(load_model(None, dtype), str(dtype).removeprefix("torch."))
+    return _llm_maker(load_model(None, resolve_dtype("auto", torch.device("cpu"))), "auto")
 
 
 @pytest.fixture(scope="session")

@@ -233,20 +233,20 @@ def test_cli_refuses_an_output_it_cannot_create_before_quantizing(source, tmp_pa
     (["--out", "q", "--scheme", "W4A16", "--method", "gptq", "--sink-weight", "nan"],
      "--sink-weight must be a positive number"),
 ], ids=["empty out", "working directory", "bad regex", "batch size 0", "threads", "sink weight"])
-def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, capsys, monkeypatch, flags,
-                                                     message) -> None:
+def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, one_line_error, monkeypatch,
+                                                     flags, message) -> None:
     """Each once a traceback, some only after the whole quantization had run."""
     monkeypatch.chdir(tmp_path)
-    assert message in _refused_before_quantizing(capsys, monkeypatch, source[0], "--scheme", "W8A16", *flags)
+    assert message in _refused_before_quantizing(one_line_error, monkeypatch, source[0], "--scheme", "W8A16",
+                                                 *flags)
 
 
-def _refused_before_quantizing(capsys, monkeypatch, model, *argv: str) -> str:
+def _refused_before_quantizing(one_line_error, monkeypatch, model, *argv: str) -> str:
     """`inferlab quantize MODEL ARGV`'s one-line error (exit 2), given before any quantization."""
     ran = []
     monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(a))
-    assert main(["quantize", str(model), *argv]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and not ran
+    err = one_line_error("quantize", model, *argv)
+    assert not ran
     return err
 
 
@@ -259,18 +259,20 @@ def _refused_before_quantizing(capsys, monkeypatch, model, *argv: str) -> str:
      "--dampening applies to --method gptq or smoothquant or sparsegpt, not awq"),
     (["--scheme", "W8A16", "--act-order"], "--act-order applies to --method gptq or smoothquant"),
 ], ids=["group size without a scheme", "awq flag", "smoothquant flag", "gptq flag", "act order"])
-def test_cli_refuses_flags_no_step_reads(source, tmp_path, capsys, monkeypatch, flags, message) -> None:
+def test_cli_refuses_flags_no_step_reads(source, tmp_path, one_line_error, monkeypatch, flags,
+                                         message) -> None:
     """Each once exited 0 and did nothing with the flag."""
     monkeypatch.chdir(tmp_path)
-    assert message in _refused_before_quantizing(capsys, monkeypatch, source[0], "--out", "q", *flags)
+    assert message in _refused_before_quantizing(one_line_error, monkeypatch, source[0], "--out", "q", *flags)
 
 
 @pytest.mark.parametrize("target", ["real", "nowhere"], ids=["to a directory", "dangling"])
-def test_cli_refuses_a_symbolic_link_as_the_output(source, tmp_path, capsys, monkeypatch, target) -> None:
+def test_cli_refuses_a_symbolic_link_as_the_output(source, tmp_path, one_line_error, monkeypatch,
+                                                   target) -> None:
     """Once a traceback after the whole run: os.rmdir, then os.replace, of the link itself."""
     (tmp_path / "real").mkdir()
     (tmp_path / "link").symlink_to(tmp_path / target)
-    err = _refused_before_quantizing(capsys, monkeypatch, source[0], "--scheme", "W8A16", "--out",
+    err = _refused_before_quantizing(one_line_error, monkeypatch, source[0], "--scheme", "W8A16", "--out",
                                      str(tmp_path / "link"))
     assert "is a symbolic link" in err and (tmp_path / "link").is_symlink()
 
