@@ -59,9 +59,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     algo.add_argument("--dampening", type=float, default=None,
                       help="GPTQ/SparseGPT Hessian damping (default 0.01)")
     algo.add_argument("--act-order", action=argparse.BooleanOptionalAction, default=None,
-                      help="GPTQ: process columns by decreasing Hessian diagonal (default: on "
-                           "for gptq and smoothquant, off for sparsegpt, whose 2:4 groups it "
-                           "would break)")
+                      help="GPTQ: process columns by decreasing Hessian diagonal, recorded as "
+                           "actorder \"static\" in config.json (default: on for gptq and "
+                           "smoothquant, off for sparsegpt, whose 2:4 groups it would break)")
     algo.add_argument("--awq-grid", type=int, default=None, help="AWQ scale grid points (default 20)")
     algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
     algo.add_argument("--smoothquant-alpha", type=float, default=None,

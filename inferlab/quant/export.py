@@ -170,7 +170,7 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
     if "lm_head" in qweights:  # its own quantized tensors now, beside the dense embedding
         config["tie_word_embeddings"] = False
     config["quantization_config"] = quantization_config(
-        recipe.scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
+        recipe.written_scheme, written_ignore(qweights, recipe), sparsity_config(net, qweights, recipe))
     staging = f"{os.path.normpath(out_dir)}.partial-{os.getpid()}"
     made = missing_parents(staging)
     os.makedirs(staging)

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from inferlab.errors import InferlabError
 from inferlab.quant.algorithms.awq import AwqConfig
 from inferlab.quant.algorithms.obs import ObsConfig
-from inferlab.quant.scheme import QuantScheme
+from inferlab.quant.scheme import STATIC_ACT_ORDER, QuantScheme
 
 METHODS = ("rtn", "gptq", "awq", "smoothquant", "sparsegpt", "magnitude")
 PRUNING_METHODS = ("sparsegpt", "magnitude")
@@ -68,6 +68,15 @@ class Recipe:
     @property
     def needs_hessian(self) -> bool:
         return self.method in ("gptq", "sparsegpt", "smoothquant")
+
+    @property
+    def written_scheme(self) -> QuantScheme | None:
+        """The scheme as config.json states it. GPTQ's act-order (columns by decreasing Hessian
+        diagonal, groups and their scales as without it, no g_idx) is compressed-tensors' actorder
+        "static", which llm-compressor writes for the same GPTQ: readers learn how it was made."""
+        if self.scheme is None or not (self.needs_hessian and self.obs.act_order):
+            return self.scheme
+        return replace(self.scheme, weights=replace(self.scheme.weights, actorder=STATIC_ACT_ORDER))
 
     @property
     def needs_samples(self) -> bool:

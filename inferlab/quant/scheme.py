@@ -25,8 +25,9 @@ READABLE_FORMATS = (PACK_QUANTIZED, INT_QUANTIZED, FLOAT_QUANTIZED, NAIVE_QUANTI
 # GPTQ act-order as compressed-tensors names it: "weight" ("static") reorders columns only while
 # quantizing, so the stored groups stay contiguous; "group" ("dynamic", or true in old configs)
 # stores a g_idx that may assign the columns to groups in any order.
+STATIC_ACT_ORDER = "static"  # the first as llm-compressor writes it, and as we do
 GROUP_ACT_ORDERS = ("group", "dynamic")
-ACT_ORDERS = ("weight", "static", *GROUP_ACT_ORDERS)
+ACT_ORDERS = ("weight", STATIC_ACT_ORDER, *GROUP_ACT_ORDERS)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,9 @@ class WeightArgs:
     group_size: int | None = None  # inputs per scale, for strategies "group" and "block"
     symmetric: bool = True  # False: an integer zero point per scale (int only)
     block_rows: int | None = None  # outputs per scale, for strategy "block"
+    # None or STATIC_ACT_ORDER: how GPTQ ordered the columns while quantizing, for the config
+    # only, since static act-order stores the same tensors as none (we never write a g_idx)
+    actorder: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in (INT, FLOAT):
@@ -126,7 +130,8 @@ class QuantScheme:
         w = self.weights
         weights = {"num_bits": w.num_bits, "type": w.kind, "symmetric": w.symmetric,
                    "group_size": w.group_size if w.strategy == GROUP else None,
-                   "strategy": w.strategy, "dynamic": False, "actorder": None, "observer": "minmax"}
+                   "strategy": w.strategy, "dynamic": False, "actorder": w.actorder,
+                   "observer": "minmax"}
         if w.strategy == BLOCK:
             weights["block_structure"] = [w.block_rows, w.group_size]
         acts = None if self.activations is None else self.activations.to_ct()
