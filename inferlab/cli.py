@@ -59,7 +59,9 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = parse_command_line(argv)
     try:
-        return int(args.func(args) or 0)
+        status = int(args.func(args) or 0)
+        sys.stdout.flush()  # here, not at exit: a stdout that cannot take it is one line below
+        return status
     except InferlabError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -68,6 +70,22 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `inferlab info | head`: the reader left, which is no error of ours
         silence_stdout()
         return 0
+    except OSError as e:
+        if not _stdout_refuses():
+            raise
+        silence_stdout()
+        print(f"error: stdout: cannot write the output ({e.strerror})", file=sys.stderr)
+        return 2
+
+
+def _stdout_refuses() -> bool:
+    """Whether stdout is what failed (`inferlab info > /dev/full`): a failed write leaves its
+    bytes buffered, so a second flush fails too; an OSError from elsewhere finds it flushable."""
+    try:
+        sys.stdout.flush()
+    except OSError:
+        return True
+    return False
 
 
 def silence_stdout() -> None:

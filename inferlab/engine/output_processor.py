@@ -13,7 +13,7 @@ from inferlab.engine.outputs import (
     RequestOutput,
     TokenLogprobs,
 )
-from inferlab.engine.request import Request, RequestStatus
+from inferlab.engine.request import NO_TOKEN, Request, RequestStatus
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -130,6 +130,9 @@ class OutputProcessor:
         request = completion.request
         new_ids = request.output_token_ids[completion.emitted_tokens:]
         start = completion.emitted_tokens
+        if new_ids and new_ids[-1] == NO_TOKEN:
+            new_ids = new_ids[:-1]
+            self._end_without_token(completion, stopped)
         text = ""
         if completion.detokenizer is not None:
             text, hit, kept = self._detokenize(completion, new_ids)
@@ -148,6 +151,20 @@ class OutputProcessor:
         completion.emitted_tokens = request.num_output_tokens
         self.emitted_tokens += len(new_ids)
         return text, new_ids, start
+
+    @staticmethod
+    def _end_without_token(completion: _Completion, stopped: list[str]) -> None:
+        """The sampler found nothing left to sample (NO_TOKEN, the output's last): drop that
+        position and end the request with "stop", as a guide's dead end ends at EOS. Set before
+        detokenizing, so that the text held back (a partial stop string) is flushed."""
+        request = completion.request
+        request.truncate_output(request.num_output_tokens - 1)
+        if completion.logprobs is not None:
+            del completion.logprobs[request.num_output_tokens:]
+        if completion.finish_reason is None:  # else max_tokens ended it too: already freed
+            request.finished_time = time.monotonic()  # the scheduler frees it right after
+            stopped.append(request.request_id)
+        completion.finish_reason, completion.stop_reason = "stop", None
 
     @staticmethod
     def _detokenize(completion: _Completion, new_ids: list[int]) -> tuple[str, str | None, int]:

@@ -18,6 +18,12 @@ if TYPE_CHECKING:  # the scheduler side of the engine runs without torch (inferl
     import torch
 
 
+# The token id the sampler gives a row whose request's constraints (allowed_token_ids, bad_words,
+# min_tokens) leave no token to sample: the request ends there with finish_reason "stop", as a
+# guide's dead end does (at EOS), and the position is never output (output_processor drops it).
+NO_TOKEN = -1
+
+
 class Guide(Protocol):
     """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_grammar.GrammarGuide)."""
 

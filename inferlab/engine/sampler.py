@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from inferlab.engine.outputs import TokenLogprobs
+from inferlab.engine.request import NO_TOKEN
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.kernels import cpu_ops
 
@@ -40,7 +41,8 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     """logits [B, V] fp32 -> (token ids [B], per-row logprobs where asked).
 
     Logprobs describe the model's own distribution (before logit_bias, penalties and
-    temperature), as the OpenAI API reports them.
+    temperature), as the OpenAI API reports them. A row whose allowed and suppressed ids leave
+    no token gets NO_TOKEN (its logprobs describe whatever token the draw named).
     """
     params = batch.params
     raw_logprobs = None
@@ -66,7 +68,24 @@ def sample(logits: torch.Tensor, batch: SamplingBatch) -> tuple[torch.Tensor, li
     logprobs: list[TokenLogprobs | None] = [None] * len(params)
     if raw_logprobs is not None:
         logprobs = gather_logprobs(raw_logprobs, tokens, [p.logprobs for p in params])
+    dead = barred_rows(logits, allowed, batch.suppressed_ids)
+    if dead is not None:
+        tokens = tokens.masked_fill(dead, NO_TOKEN)
     return tokens, logprobs
+
+
+def barred_rows(logits: torch.Tensor, allowed: list[list[int] | torch.Tensor | None],
+                suppressed_ids: list[list[int]] | None) -> torch.Tensor | None:
+    """[B] bool: the rows whose allowed ids and suppressed ids leave every logit at -inf (a bad
+    word can bar, after some output, the last token allowed_token_ids left), where a draw would
+    name a token nobody allowed; None when no row has either. Rows the model itself left at
+    -inf are not the request's doing and are sampled as before."""
+    rows = [row for row, ids in enumerate(allowed) if ids is not None or (suppressed_ids and suppressed_ids[row])]
+    if not rows:
+        return None
+    dead = torch.zeros(logits.shape[0], dtype=torch.bool, device=logits.device)
+    dead[rows] = torch.isneginf(logits[rows]).all(dim=-1)
+    return dead
 
 
 def argmax(logits: torch.Tensor) -> torch.Tensor:
