@@ -3,6 +3,11 @@ reasoning parser: free text up to and through the closer (`</think>`), up to MAX
 characters (R1 writes "</think>\n\n"), then the inner grammar. The output may end anywhere in
 the thinking, as an unguided one may; after the closer, only where the inner grammar does.
 
+The gap is not the answer: vLLM's guide takes every token after the closer, so its answer starts
+at once; the gap is allowed only to keep the model in its habit (a model made to answer right
+after `</think>` goes out of distribution), and the reasoning parser drops it from `content`
+(server/reasoning.py, gap_length), so the content is what the inner grammar matched.
+
 With an opener (Qwen3's `<think>`), thinking is optional: a reply that opens with the opener
 thinks until the closer; any other is held to the inner grammar from its first character.
 Without one (R1, whose prompt opened the thinking), the reply starts inside the thinking.
@@ -17,6 +22,12 @@ from inferlab.engine.grammar import Grammar, marker_tail
 
 MAX_GAP = 4  # whitespace characters between the thinking and the answer
 _SPACE = " \t\r\n"
+
+
+def gap_length(text: str) -> int:
+    """How many of the first characters of `text` (what follows the closer) the gap takes: it
+    takes whitespace greedily, up to MAX_GAP, as AfterThinking reads it."""
+    return min(len(text) - len(text.lstrip(_SPACE)), MAX_GAP)
 
 
 class AfterThinking(Grammar):

@@ -114,8 +114,9 @@ class _Formatter:
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
         self.echo = _echoed(req)
         thinking = ctx.settings.reasoning_parser
+        guided = gen.params.guide_after_thinking is not None
         self.replies = [ReplyReader(parser() if parser else None,
-                                    REASONING_PARSERS[thinking]() if thinking else None,
+                                    REASONING_PARSERS[thinking](guided=guided) if thinking else None,
                                     req.include_reasoning, req.parallel_tool_calls is not False)
                         for _ in range(gen.params.n)]
 

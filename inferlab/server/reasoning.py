@@ -11,7 +11,9 @@ any, are then read).
 
 A guide (structured outputs, a forced tool call) holds the answer only: it starts after the
 thinking (thinking_grammar.py), as vLLM's does; with qwen3, a reply that does not open with
-`<think>` is held from its first character.
+`<think>` is held from its first character. The guide lets a little whitespace through
+between `</think>` and the answer (the gap: the model's own habit); a guided parser drops it,
+so that `content` is what the guide matched (see ReasoningParser.__init__).
 
 A parser is fed the reply's text deltas and says, for each, what is reasoning and what is
 content; text that may be the start of a marker is held until the next text settles it, so a
@@ -22,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferlab.engine.thinking_grammar import MAX_GAP, gap_length
 from inferlab.server.tool_parsers import held_back
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -40,9 +43,17 @@ class ReasoningParser:
     # inside the thinking
     guide_markers: tuple[str | None, str] = (None, CLOSE)
 
-    def __init__(self) -> None:
+    def __init__(self, guided: bool = False) -> None:
+        """guided: the request has a guide (held after the thinking, thinking_grammar.py).
+        Its gap after `</think>` is dropped; an unguided reply keeps it, as vLLM's parsers keep
+        what follows `</think>` whole. Under vLLM's guide the answer starts right at
+        `</think>`, so the guided content vLLM gives holds no gap either; and the models'
+        templates do not take it for the answer (Qwen3's renders a past answer as
+        `content.split('</think>')[-1].lstrip('\\n')`)."""
         self.pending = ""  # text not yet settled
         self.state = "opening"  # "opening" (has the reply opened with <think>?), "thinking", "answer"
+        self.guided = guided
+        self.gap_left = 0  # characters of the gap that may still come, and be dropped
 
     def feed(self, text: str, finished: bool = False) -> Split:
         out = Split()
@@ -53,13 +64,20 @@ class ReasoningParser:
             at = self.pending.find(CLOSE)
             if at >= 0:
                 out.reasoning, self.pending = self.pending[:at], self.pending[at + len(CLOSE):]
-                self.state = "answer"
+                self.state, self.gap_left = "answer", MAX_GAP if self.guided else 0
             else:
                 out.reasoning, self.pending = ((self.pending, "") if finished else
                                                held_back(self.pending, CLOSE))
         if self.state == "answer":
-            out.content, self.pending = out.content + self.pending, ""
+            out.content, self.pending = out.content + self._after_gap(self.pending), ""
         return out
+
+    def _after_gap(self, text: str) -> str:
+        """`text` without the gap's characters in it, the gap read across deltas as the guide
+        reads it (thinking_grammar.gap_length): whitespace, up to MAX_GAP characters."""
+        dropped = min(gap_length(text), self.gap_left)
+        self.gap_left = 0 if len(text) > dropped else self.gap_left - dropped
+        return text[dropped:]
 
     def _open(self, finished: bool) -> None:
         head = self.pending.lstrip()
