@@ -78,14 +78,9 @@ class StructuralTagGrammar(Grammar):
     def _read(self, reading: Reading, ch: str) -> list[Reading]:
         kind = reading[0]
         if kind == "free":
-            return [self._free(reading[1] + ch)]
+            return self._free(reading[1] + ch)
         if kind == "begin":
-            text = reading[1] + ch
-            out: list[Reading] = [("body", i, self.bodies[i].start)
-                                  for i, s in enumerate(self.structures) if s.begin == text]
-            if any(s.begin.startswith(text) and s.begin != text for s in self.structures):
-                out.append(("begin", text))
-            return out
+            return self._begun(reading[1] + ch)
         i = reading[1]
         end = self.structures[i].end
         if kind == "end":
@@ -98,14 +93,24 @@ class StructuralTagGrammar(Grammar):
             out.append(("end", i, 1))
         return out
 
-    def _free(self, text: str) -> Reading:
+    def _free(self, text: str) -> list[Reading]:
         """Free text ending in `text`: a trigger it ends with starts a begin (the longest, should
         two end here), even where a longer trigger is still partway; else the longest end of it
         that a trigger starts with is kept."""
         whole = [t for t in self.triggers if text.endswith(t)]
         if whole:
-            return ("begin", max(whole, key=len))
-        return ("free", marker_tail(text, self.triggers))
+            return self._begun(max(whole, key=len))
+        return [("free", marker_tail(text, self.triggers))]
+
+    def _begun(self, text: str) -> list[Reading]:
+        """Readings once `text`, a trigger and more, is written: a structure whose begin it is
+        goes on to its JSON (a trigger may be a whole begin, as "<tool_call>" often is), and
+        while it is the start of a longer begin that begin may still come."""
+        out: list[Reading] = [("body", i, self.bodies[i].start)
+                              for i, s in enumerate(self.structures) if s.begin == text]
+        if any(s.begin.startswith(text) and s.begin != text for s in self.structures):
+            out.append(("begin", text))
+        return out
 
     def _settle(self, readings: set[Reading]) -> set[Reading]:
         """A structure whose end is read whole (or empty, after its JSON) is free text again."""

@@ -10,6 +10,10 @@ the calls out of the reply (tool_parsers.py, tool_call_formats.py).
 - "auto" (the default when tools are given): the model decides; the server's
   --tool-call-parser reads its calls out of the text, so "auto" needs
   --enable-auto-tool-choice, as in vLLM.
+
+A tool's `parameters` is a JSON schema of an object, as OpenAI requires (a call's arguments are
+one): a schema that declares another type is refused, and so, for a forced call, is one that
+takes other values too.
 """
 
 from __future__ import annotations
@@ -18,14 +22,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from inferlab.engine.json_nodes import LiteralNode, Node, ObjectNode, UnionNode
 from inferlab.engine.json_schema import SchemaError, compile_schema
-from inferlab.server.errors import bad_request
+from inferlab.server.errors import APIError, bad_request
 from inferlab.server.protocol import ChatCompletionRequest
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tool_call_formats import AUTO_PARSERS
 from inferlab.server.tool_parsers import NamedCall, RequiredCalls, ToolParser
 
 _NO_ARGUMENTS = {"type": "object", "properties": {}}
+_ANY_ARGUMENTS = {"type": "object", "additionalProperties": True}
+_ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description"}  # say nothing of the values
 
 
 @dataclass(frozen=True)
@@ -40,6 +47,8 @@ def tool_use(req: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
     tools = {t.function.name: t for t in req.tools or ()}
     if len(tools) < len(req.tools or ()):
         raise bad_request("tool names must be unique", "tools")
+    for index, tool in enumerate(req.tools or ()):
+        _check_declared_object(tool.function.parameters, tool.function.name, index)
     choice = req.tool_choice if req.tool_choice is not None else ("auto" if tools else "none")
     template_tools = None if req.tools is None else [t.model_dump(exclude_none=True) for t in tools.values()]
     if choice == "none" or (choice == "auto" and req.tools == []):  # nothing to call: text
@@ -56,7 +65,8 @@ def tool_use(req: ChatCompletionRequest, settings: ServerSettings) -> ToolUse:
     if _guided(req):
         raise bad_request("a forced tool call sets the reply's form: it cannot be combined with "
                           "response_format, structured_outputs or guided_* fields", "tool_choice")
-    parameters = {name: _parameters(t.function.parameters, name) for name, t in tools.items()}
+    parameters = {name: _parameters(t.function.parameters, name, index)
+                  for index, (name, t) in enumerate(tools.items())}
     if choice == "required":
         limit = {"maxItems": 1} if req.parallel_tool_calls is False else {}
         return ToolUse(template_tools, _calls_schema(parameters, limit), RequiredCalls)
@@ -76,15 +86,47 @@ def _named(choice: Any) -> str:
     return function["name"]
 
 
-def _parameters(schema: dict[str, Any] | None, name: str) -> dict[str, Any]:
+def _check_declared_object(schema: dict[str, Any] | None, name: str, index: int) -> None:
+    """OpenAI takes a function's parameters as a JSON schema of an object only: one that declares
+    another type is refused, whatever the tool choice (no `type` is read as the schema's other
+    keywords make it, as JSON Schema reads it)."""
+    declared = (schema or {}).get("type", "object")
+    if declared not in ("object", ["object"]):
+        raise _not_an_object(name, index, f"got type {declared!r}")
+
+
+def _parameters(schema: dict[str, Any] | None, name: str, index: int) -> dict[str, Any]:
     """A function's parameters schema (no parameters: an empty object), refused now, naming the
-    tool, when the guide cannot hold a reply to it."""
-    schema = _NO_ARGUMENTS if schema is None else schema
+    tool, when the guide cannot hold a reply to it or would hold it to something other than an
+    object: the calls' parsers read the arguments as one."""
+    if schema is None:
+        schema = _NO_ARGUMENTS
+    elif not schema.keys() - _ANNOTATIONS:  # {}: a function taking anything, which as a call's
+        schema = _ANY_ARGUMENTS              # arguments is any object
     try:
-        compile_schema(schema)
+        nodes = compile_schema(schema)
     except SchemaError as e:
         raise bad_request(f"tool {name!r}: parameters: {e}", "tools") from None
+    except RecursionError:  # as sampling_params refuses a guide nested past Python's stack
+        raise bad_request(f"tool {name!r}: parameters: nested too deeply", "tools") from None
+    if not _objects_only(nodes, 0):
+        raise _not_an_object(name, index, 'it also takes values that are not objects (give it "type": "object")')
     return schema
+
+
+def _objects_only(nodes: tuple[Node, ...], index: int) -> bool:
+    """Whether every value a compiled schema's node takes is a JSON object."""
+    node = nodes[index]
+    if isinstance(node, UnionNode):
+        return all(_objects_only(nodes, option) for option in node.options)
+    if isinstance(node, LiteralNode):
+        return all(text.startswith("{") for text in node.texts)
+    return isinstance(node, ObjectNode)
+
+
+def _not_an_object(name: str, index: int, why: str) -> APIError:
+    field = f"tools.{index}.function.parameters"
+    return bad_request(f"{field} (tool {name!r}) must be a JSON schema of an object: {why}", field)
 
 
 def _calls_schema(parameters: dict[str, dict[str, Any]], limit: dict[str, int]) -> dict[str, Any]:
