@@ -42,10 +42,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                      help="exit 1 if a stage's median or p95 latency, or its request, "
                           "output-token or goodput throughput, is worse by more than PCT "
                           "percent, or its error rate rose by more than PCT points; latencies "
-                          "and the error rate must also be significant at --alpha (median: "
-                          "Mann-Whitney U; p95: a bootstrap of the p95 difference; error rate: "
-                          "Fisher's exact test)")
+                          "and the error rate must also be significant at --alpha (median and "
+                          "p95: a bootstrap of their difference, whose p never goes below what "
+                          "the sample sizes allow; error rate: Fisher's exact test)")
     cmp.add_argument("--alpha", type=float, default=0.05, help="significance level")
+    cmp.add_argument("--allow-different-workloads", action="store_true",
+                     help="compare runs whose profile, rates asked, data or SLO differ; a "
+                          "warning names what differs (by default compare refuses them)")
     cmp.add_argument("--output", action="append", default=[], metavar="PATH",
                      help="write the comparison to PATH (.html)")
     cmp.set_defaults(func=run_compare)
@@ -69,7 +72,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-concurrency", type=int,
                    help="in-flight cap over all workers (constant, poisson, sweep; "
                         "throughput: its streams)")
-    g.add_argument("--sweep-size", type=int, default=6)
+    g.add_argument("--sweep-size", type=int, default=LoadConfig.sweep_size,
+                   help="stages in a sweep, as guidellm's sweep_size: synchronous, throughput, "
+                        "then SIZE - 2 constant rates evenly spaced up to the throughput rate "
+                        "(>= 2; default %(default)s)")
     g.add_argument("--sweep-sync-seconds", type=float, default=15.0,
                    help="time bound of a sweep's synchronous stage")
     g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
@@ -210,7 +216,7 @@ def run_compare(args: argparse.Namespace) -> int:
 
     _check_compare_args(args)
     runs = [load_run(path) for path in args.runs]
-    comparisons = [compare(runs[0], other) for other in runs[1:]]
+    comparisons = [compare(runs[0], other, args.allow_different_workloads) for other in runs[1:]]
     failures = []
     if args.fail_on_regression is not None:
         failures = [row for comparison in comparisons

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from inferlab.bench.metrics import PER_REQUEST
 from inferlab.bench.report_json import LoadedRun, LoadedStage
-from inferlab.bench.significance import fisher_exact, mann_whitney_u, percentile_difference_p
+from inferlab.bench.significance import fisher_exact, percentile_difference_p
 from inferlab.bench.stats import PERCENTILES, STAT_NAMES
 from inferlab.bench.summary import measured
 from inferlab.errors import InferlabError
@@ -19,9 +19,12 @@ THROUGHPUT_METRICS = ("request_throughput", "output_token_throughput",
 # what --fail-on-regression judges: typical and tail latency, throughput, and failures
 GATED_STATS = ("median", "p95")
 GATED_THROUGHPUTS = ("request_throughput", "output_token_throughput", "goodput")
-# percentiles tested by a bootstrap of their own difference; the median by Mann-Whitney;
-# mean, min and max are shown untested (and not gated)
-BOOTSTRAPPED = {name: pct for name, pct in PERCENTILES if name != "median"}
+# percentiles, the median included, tested by a bootstrap of their own difference; mean,
+# min and max are shown untested (and not gated)
+BOOTSTRAPPED = dict(PERCENTILES)
+# what a run asked besides its server and model, which an A/B compare is there to change:
+# the goodput of two SLOs, or the latencies of two data specs, differ whatever the server
+WORKLOAD_META = ("profile", "data", "slo")
 
 
 @dataclass
@@ -49,6 +52,7 @@ class Comparison:
     base: LoadedRun
     other: LoadedRun
     rows: list[Row]
+    warnings: list[str]  # what the two runs asked differently, when allowed to differ
 
 
 def pair_stages(base: LoadedRun, other: LoadedRun) -> list[tuple[LoadedStage, LoadedStage]]:
@@ -71,9 +75,39 @@ def _change(base: float | None, other: float | None) -> float | None:
     return (other - base) / abs(base)
 
 
-def compare(base: LoadedRun, other: LoadedRun) -> Comparison:
+def _workload_differences(base: LoadedRun, other: LoadedRun,
+                         pairs: list[tuple[LoadedStage, LoadedStage]]) -> list[str]:
+    """What the runs asked differently: a WORKLOAD_META entry, or a paired stage's kind and
+    asked rate, both named in its label (a sweep's constant rates are measured from the
+    server, so there only the kind is asked)."""
+    differences = [f"{key} {base.meta.get(key)!r} vs {other.meta.get(key)!r}"
+                   for key in WORKLOAD_META if base.meta.get(key) != other.meta.get(key)]
+    for a, b in pairs:
+        asked_a, asked_b = _asked(base, a), _asked(other, b)
+        if asked_a != asked_b:
+            differences.append(f"stage {asked_a} vs {asked_b}")
+    return differences
+
+
+def _asked(run: LoadedRun, stage: LoadedStage) -> str:
+    kind = stage.summary.info.kind
+    return kind if run.meta.get("profile") == "sweep" and kind == "constant" else stage.label
+
+
+def compare(base: LoadedRun, other: LoadedRun,
+            allow_different_workloads: bool = False) -> Comparison:
+    """Row by row; refuses runs of different workloads unless allowed, as their
+    differences would be reported as the server's."""
+    pairs = pair_stages(base, other)
+    differences = "; ".join(_workload_differences(base, other, pairs))
+    if differences and not allow_different_workloads:
+        raise InferlabError(f"{base.path} and {other.path} ran different workloads "
+                            f"({differences}): pass --allow-different-workloads to compare "
+                            "them anyway")
+    warnings = [f"{base.path} and {other.path} ran different workloads ({differences}): "
+                "their changes are not the server's alone"] if differences else []
     rows = []
-    for a, b in pair_stages(base, other):
+    for a, b in pairs:
         label = a.label if a.label == b.label else f"{a.label} / {b.label}"
         for metric in LATENCY_METRICS:
             rows += _latency_rows(label, metric, a, b)
@@ -81,14 +115,13 @@ def compare(base: LoadedRun, other: LoadedRun) -> Comparison:
             x, y = getattr(a.summary, metric), getattr(b.summary, metric)
             rows.append(Row(label, metric, "", x, y, _change(x, y), None, False))
         rows.append(_error_rate_row(label, a, b))
-    return Comparison(base, other, rows)
+    return Comparison(base, other, rows, warnings)
 
 
 def _latency_rows(label: str, metric: str, a: LoadedStage, b: LoadedStage) -> list[Row]:
     x, y = _samples(a, metric), _samples(b, metric)
     p_values = dict(zip(BOOTSTRAPPED, percentile_difference_p(x, y, list(BOOTSTRAPPED.values())),
                         strict=True))
-    p_values["median"] = mann_whitney_u(x, y)[1]
     rows = []
     for stat in STAT_NAMES:
         p = p_values.get(stat)

@@ -6,6 +6,7 @@ from html import escape
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape as escape_markup
 from rich.table import Table
 
 from inferlab.bench.compare import Comparison, Row, pair_stages
@@ -29,7 +30,10 @@ def _p(value: float | None) -> str:
 
 
 def print_comparison(comparison: Comparison, console: Console, alpha: float) -> None:
-    table = Table(title=f"{comparison.base.path} -> {comparison.other.path}")
+    # paths and stage labels come from the user: `runs[/]a.json` is no markup of ours
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning: {escape_markup(warning)}[/]")
+    table = Table(title=escape_markup(f"{comparison.base.path} -> {comparison.other.path}"))
     for name in ("stage", "metric", "base", "other", "change", "p"):
         table.add_column(name, justify="left" if name in ("stage", "metric") else "right")
     for row in comparison.rows:
@@ -40,7 +44,7 @@ def print_comparison(comparison: Comparison, console: Console, alpha: float) -> 
         if worse is not None and abs(worse) > 0.02 and (row.p_value is None
                                                         or row.p_value < alpha):
             style = "red" if worse > 0 else "green"
-        table.add_row(row.stage, _name(row), _v(row.base), _v(row.other),
+        table.add_row(escape_markup(row.stage), _name(row), _v(row.base), _v(row.other),
                       format_change(row), _p(row.p_value), style=style)
     console.print(table)
 
@@ -65,13 +69,16 @@ def write_comparison_html(comparisons: list[Comparison], path: str | Path, alpha
              f"<p>Baseline: {escape(comparisons[0].base.path)}. Change = (other - base) / "
              f"base; for the error rate, other - base in percentage points. p: the "
              f"two-sided test of each row's own statistic over the per-request samples of "
-             f"successful requests: Mann-Whitney U for a median, a bootstrap of the "
-             f"difference for the other percentiles, Fisher's exact test for the error "
-             f"rate; '-': untested. Differences with p &lt; {alpha:g} are coloured.</p>",
+             f"successful requests: a bootstrap of the difference for a percentile, the "
+             f"median included (p is never below 2 / C(n1 + n2, n1), the least the sample "
+             f"sizes allow, and is 1 where a sample is too small to hold a value above the "
+             f"percentile besides its largest); Fisher's exact test for the error rate; "
+             f"'-': untested. Differences with p &lt; {alpha:g} are coloured.</p>",
              bullet_list([failure_line(r) for r in failures], "warn")]
     for comparison in comparisons:
         parts.append(f"<h2>{escape(comparison.base.path)} vs "
                      f"{escape(comparison.other.path)}</h2>")
+        parts.append(bullet_list(comparison.warnings, "warn"))
         parts.append(_rows_table(comparison, alpha))
         parts.append(_histograms(comparison))
     Path(path).write_text(page("inferlab bench compare", "".join(parts), script=""),

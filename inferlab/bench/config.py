@@ -138,7 +138,9 @@ class LoadConfig:
     profile: str
     rates: tuple[float, ...] = ()  # req/s (constant, poisson) or streams (concurrent)
     max_concurrency: int | None = None  # throughput's streams; a cap on rate stages
-    sweep_size: int = 6  # constant rates between the synchronous and throughput rates
+    # a sweep's stages in all, as guidellm's sweep_size (and its default): synchronous,
+    # throughput, then sweep_size - 2 constant rates up to the throughput rate
+    sweep_size: int = 10
     sync_max_seconds: float = 15.0  # a sweep's synchronous stage never runs longer
     ramp_up_s: float = 0.0  # streams start spread evenly over this many seconds
     seed: int = 0
@@ -170,8 +172,12 @@ class LoadConfig:
         if self.max_concurrency is not None and self.profile in CLOSED_LOOPS:
             raise InferlabError(f"--profile {self.profile} takes no --max-concurrency: "
                                 f"{CLOSED_LOOPS[self.profile]}")
-        if self.sweep_size < 1 or self.slo_search_steps < 1:
-            raise InferlabError("--sweep-size and --slo-search-steps must be >= 1")
+        if self.sweep_size < 2:
+            raise InferlabError(f"--sweep-size counts a sweep's stages in all, its synchronous "
+                                f"and throughput stages included: it must be >= 2, got "
+                                f"{self.sweep_size}")
+        if self.slo_search_steps < 1:
+            raise InferlabError(f"--slo-search-steps must be >= 1, got {self.slo_search_steps}")
         check_duration("--ramp-up", self.ramp_up_s, zero_ok=True)
         check_duration("--sweep-sync-seconds", self.sync_max_seconds, zero_ok=False)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
@@ -30,8 +31,9 @@ def _n(value: float | None, digits: int = 1) -> str:
 
 def load_table(result: RunResult) -> Table:
     """What each stage asked and achieved: rates, throughput, outcomes."""
-    table = Table(title=f"{result.meta['model']} at {result.meta['target']} "
-                        f"({result.meta['profile']}): load")
+    # the model name and URL are the user's: as markup, "mistral[awq]" would lose "[awq]"
+    meta = result.meta
+    table = Table(title=escape(f"{meta['model']} at {meta['target']} ({meta['profile']}): load"))
     for name in ("stage", "asked", "sent req/s", "lag p99 ms", "req/s", "out tok/s",
                  "total tok/s", "concurrency", "ok/err/canc", "goodput"):
         table.add_column(name, justify="left" if name == "stage" else "right")
@@ -76,10 +78,11 @@ def print_summary(result: RunResult, console: Console) -> None:
         best = "no rate" if search.best_rate is None else f"{search.best_rate:.3f} req/s"
         console.print(f"SLO search ({search.bounds} at p{search.percentile:g}): {best} "
                       f"{search.note}")
+    # notes name files and warnings quote server errors ("... [/etc/policy]"): not markup
     for note in result.meta.get("notes", []):
-        console.print(f"[dim]note: {note}[/]")
+        console.print(f"[dim]note: {escape(note)}[/]")
     for warning in result.warnings:
-        console.print(f"[yellow]warning: {warning}[/]")
+        console.print(f"[yellow]warning: {escape(warning)}[/]")
     console.print("[dim]Latencies in ms over successful requests. The floor is the same "
                   "load against a zero-latency mock: the client's own share.[/]")
     for name in (*SHOWN, "ttft_intended_ms", "dispatch_lag_ms"):

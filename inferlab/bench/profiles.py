@@ -108,11 +108,15 @@ def _poisson_times_ns(rate: float, seed: int) -> Iterator[int]:
         t_ns += rng.expovariate(rate) * 1e9
 
 
-def sweep_rates(sync_rate: float, throughput_rate: float, size: int) -> list[float]:
-    """`size` constant rates evenly spaced strictly between the two measured rates."""
-    low, high = sorted((sync_rate, throughput_rate))
-    step = (high - low) / (size + 1)
-    return [low + step * (i + 1) for i in range(size)]
+def sweep_rates(sync_rate: float, throughput_rate: float, sweep_size: int) -> list[float]:
+    """The constant rates of a sweep of `sweep_size` stages in all, as guidellm's: after the
+    synchronous and throughput stages, sweep_size - 2 rates evenly spaced from the
+    synchronous rate (excluded) to the throughput rate (included)."""
+    steps = sweep_size - 2
+    # weighted, not sync + k * step: at k = steps the weights are 0 and 1, so the last rate
+    # is the throughput rate to the bit
+    return [sync_rate * (1 - k / steps) + throughput_rate * (k / steps)
+            for k in range(1, steps + 1)]
 
 
 def bisect_next(passing: float, failing: float) -> float:

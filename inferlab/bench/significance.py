@@ -1,16 +1,11 @@
 """Significance tests behind `bench compare`: is a statistic's change more than noise?
 
 Each gated statistic is tested on that statistic, so a shift confined to the tail is
-judged by the tail and a median moving one way cannot lend its p-value to a p95 that
-moved the other.
+judged by the tail, a median moving one way cannot lend its p-value to a p95 that moved
+the other, and a sample that tends to be smaller overall cannot make its median's rise
+significant (a rank test such as Mann-Whitney, which tests that tendency, would).
 
-- Median: Mann-Whitney U. Rank-based, so it suits latency distributions (skewed,
-  heavy-tailed) where a t-test does not. Normal approximation with tie correction and
-  continuity correction, which is accurate for the sample sizes of a benchmark stage
-  (tens to thousands); the exact distribution of U where both samples have at most
-  EXACT_MAX_N values and no ties (as scipy's "auto" takes it for small samples), where the
-  approximation is off (3 against 3, wholly apart: 0.081 against the exact 0.1).
-- Other percentiles (p90, p95, ...): a percentile bootstrap of the difference of the two
+- Percentiles, the median included: a percentile bootstrap of the difference of the two
   samples' percentiles, other - base, each sample resampled on its own. The p-value
   inverts its confidence interval: the smallest alpha at which the central (1 - alpha)
   interval of the resampled differences excludes 0, that is twice the smaller share of
@@ -20,6 +15,15 @@ moved the other.
   statistics of n uniforms scaled by n, and the k-th of those is Beta(k, n + 1 - k)
   distributed, so only the two order statistics numpy's linear interpolation reads are
   drawn, exactly, whatever the sample size.
+  Small samples get no more evidence than they hold. The bootstrap takes a sample as its
+  own population, so a 1-value sample's resamples are all that value and 3 against 3
+  wholly apart gives p = 0.0002; its p is therefore never below 2 / C(n1 + n2, n1), the
+  least any two-sided test of the two samples can give (a permutation test's p of 3
+  against 3 wholly apart, 0.1). And a percentile is untested (p = 1: no evidence) in a
+  sample too small to hold a value above it besides its largest (a p95 needs 21 values,
+  a p99 101): there it is read from the sample's top two values, so its resamples'
+  percentile behaves like their maximum, which the bootstrap does not estimate (Bickel &
+  Freedman, Ann. Statist. 1981), and nothing in the sample shows how far the tail goes.
 - A rate of failures: Fisher's exact test on the 2x2 table (failed, not failed) x
   (base, other), two-sided; exact, so a single extra error in a small run is no
   evidence.
@@ -27,7 +31,6 @@ moved the other.
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -35,55 +38,6 @@ import numpy as np
 
 BOOTSTRAP_RESAMPLES = 10_000  # p-values resolve to 2e-4: ample for any usual alpha
 BOOTSTRAP_SEED = 0
-EXACT_MAX_N = 8  # Mann-Whitney's exact p up to this many values a sample (scipy's bound)
-
-
-def average_ranks(values: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Ranks 1..n with ties given their average rank, and the size of each tie group."""
-    order = np.argsort(values, kind="mergesort")
-    ordered = values[order]
-    # boundaries of runs of equal values in the sorted order
-    starts = np.flatnonzero(np.concatenate([[True], ordered[1:] != ordered[:-1]]))
-    ends = np.concatenate([starts[1:], [ordered.size]])
-    ranks_sorted = np.empty(ordered.size, dtype=np.float64)
-    for s, e in zip(starts, ends, strict=True):
-        ranks_sorted[s:e] = (s + 1 + e) / 2  # mean of ranks s+1 .. e
-    ranks = np.empty_like(ranks_sorted)
-    ranks[order] = ranks_sorted
-    return ranks, (ends - starts)
-
-
-def mann_whitney_u(a: list[float], b: list[float]) -> tuple[float, float]:
-    """(U statistic of `a`, two-sided p-value); p is NaN when a sample is empty."""
-    x, y = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-    n1, n2 = x.size, y.size
-    if n1 == 0 or n2 == 0:
-        return math.nan, math.nan
-    ranks, ties = average_ranks(np.concatenate([x, y]))
-    u1 = float(ranks[:n1].sum()) - n1 * (n1 + 1) / 2
-    if max(n1, n2) <= EXACT_MAX_N and not np.any(ties > 1):
-        low_tail = _u_counts(n1, n2)[: round(min(u1, n1 * n2 - u1)) + 1].sum()
-        return u1, min(1.0, 2 * float(low_tail) / math.comb(n1 + n2, n1))
-    n = n1 + n2
-    tie_term = float(np.sum(ties.astype(np.float64) ** 3 - ties)) / (n * (n - 1)) if n > 1 else 0
-    variance = n1 * n2 / 12 * ((n + 1) - tie_term)
-    if variance <= 0:  # every value equal: no evidence of a difference
-        return u1, 1.0
-    mean = n1 * n2 / 2
-    z = (abs(u1 - mean) - 0.5) / math.sqrt(variance)
-    return u1, min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
-
-
-@functools.cache
-def _u_counts(n1: int, n2: int) -> np.ndarray:
-    """How many of the C(n1 + n2, n1) orderings of two untied samples give each U (0..n1*n2):
-    the largest value is the first sample's (beating all n2 of the second) or the second's."""
-    if n1 == 0 or n2 == 0:
-        return np.ones(1, dtype=np.int64)
-    counts = np.zeros(n1 * n2 + 1, dtype=np.int64)
-    counts[n2:] += _u_counts(n1 - 1, n2)
-    counts[: n1 * (n2 - 1) + 1] += _u_counts(n1, n2 - 1)
-    return counts
 
 
 def resampled_percentiles(values: np.ndarray, percentiles: Sequence[float],
@@ -106,15 +60,34 @@ def resampled_percentiles(values: np.ndarray, percentiles: Sequence[float],
 
 def percentile_difference_p(a: list[float], b: list[float],
                             percentiles: Sequence[float]) -> list[float]:
-    """Two-sided bootstrap p-value that each percentile of `b` differs from `a`'s; NaN
-    when a sample is empty."""
+    """Two-sided bootstrap p-value that each percentile of `b` differs from `a`'s, never
+    below what the sample sizes allow; 1 for a percentile too far out in a sample to test
+    (see the module's docstring); NaN when a sample is empty."""
     if not a or not b:
         return [math.nan] * len(percentiles)
     rng = np.random.default_rng(BOOTSTRAP_SEED)
     diff = resampled_percentiles(np.asarray(b), percentiles, rng) - \
         resampled_percentiles(np.asarray(a), percentiles, rng)
     tail = np.minimum((diff <= 0).sum(axis=0), (diff >= 0).sum(axis=0))
-    return [min(1.0, 2 * (float(t) + 1) / (BOOTSTRAP_RESAMPLES + 1)) for t in tail]
+    floor = least_two_sided_p(len(a), len(b))
+    return [max(floor, min(1.0, 2 * (float(t) + 1) / (BOOTSTRAP_RESAMPLES + 1)))
+            if _testable(pct, min(len(a), len(b))) else 1.0
+            for t, pct in zip(tail, percentiles, strict=True)]
+
+
+def least_two_sided_p(n1: int, n2: int) -> float:
+    """2 / C(n1 + n2, n1): with no difference, each of the C(n1 + n2, n1) ways to split the
+    pooled values into the two samples is as likely, so the most extreme split, or its
+    mirror, is no rarer than that by chance. By lgamma: C(200000, 100000) takes a second."""
+    log_splits = math.lgamma(n1 + n2 + 1) - math.lgamma(n1 + 1) - math.lgamma(n2 + 1)
+    return min(1.0, 2 * math.exp(-log_splits))
+
+
+def _testable(percentile: float, n: int) -> bool:
+    """Whether numpy's linear interpolation reads the percentile of n values at or below
+    their second largest, so the sample holds a value above it besides its maximum."""
+    # tolerance: 99.9 / 100 * 1000 is 999 + 1e-13 in floating point
+    return percentile / 100 * (n - 1) <= n - 2 + 1e-9
 
 
 def fisher_exact(a_events: int, a_total: int, b_events: int, b_total: int) -> float:

@@ -1,4 +1,5 @@
-"""Profiles whose later stages depend on earlier ones: the sweep and the SLO search."""
+"""Running a profile's stages: fixed ones, and those whose later stages depend on earlier
+ones (the sweep and the SLO search); and what the stages' cut requests say of the server."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from inferlab.bench.runner import StageResult, StageRunner
 from inferlab.bench.summary import measured, slo_percentile_check
 
 SLO_PERCENTILE = 95.0
+EARLY_STOPS = ("interrupted", "max_error_rate")  # a stop that cancels what is in flight
 
 
 @dataclass
@@ -40,22 +42,49 @@ class SloSearch:
 
 def run_profile(runner: StageRunner, load: LoadConfig, limits: StageLimits,
                 slo: dict[str, float] | None) -> tuple[list[StageResult], SloSearch | None]:
+    search = None
     if load.profile != "sweep":
         results = []
         for i, spec in enumerate(fixed_stages(load, limits)):
             if runner.interrupted:
                 break
             results.append(runner.run(spec, i))
-        return results, None
-    results = _sweep(runner, load, limits)
-    search = None
-    if load.slo_search and slo and len(results) >= 2 and not runner.interrupted:
-        search = _slo_search(runner, load, limits, slo, results)
+    else:
+        results = _sweep(runner, load, limits)
+        if load.slo_search and slo and len(results) >= 2 and not runner.interrupted:
+            search = _slo_search(runner, load, limits, slo, results)
+    for result in results:
+        result.summary.warnings += _drain_warnings(result)
     return results, search
 
 
+def _drain_warnings(result: StageResult) -> list[str]:
+    """Requests the server had not finished when the drain after --max-seconds ended.
+
+    They count as cancelled (guidellm's "incomplete"), not as errors; said alone, the count
+    hides that the server stopped answering them. Sends the client never made (held back
+    by --max-concurrency) are cancelled too, but the server never saw them.
+    """
+    if result.summary.info.stop_reason in EARLY_STOPS:
+        return []  # the early stop, not the drain, cancelled what was in flight
+    cancelled = [r for r in result.records if r.outcome == "cancelled"]
+    unanswered = sum(r.start_ns is not None for r in cancelled)
+    if not unanswered:
+        return []
+    never_sent = len(cancelled) - unanswered
+    were = "request was" if unanswered == 1 else "requests were"
+    drain_s = result.spec.limits.drain_seconds
+    warning = (f"{unanswered} {were} still unanswered when the drain ended, {drain_s:g} s "
+               "(--drain-seconds) after --max-seconds: the server stopped answering them, "
+               "or needs longer than the drain; they count as cancelled, not as errors")
+    if never_sent:
+        warning += f" (the other {never_sent} cancelled were scheduled sends never made)"
+    return [warning]
+
+
 def _sweep(runner: StageRunner, load: LoadConfig, limits: StageLimits) -> list[StageResult]:
-    """Synchronous (time-bounded), throughput, then constant rates between the two."""
+    """Synchronous (time-bounded), throughput, then constant rates from the one's rate up to
+    the other's: --sweep-size stages in all."""
     sync_seconds = min(limits.max_seconds or math.inf, load.sync_max_seconds)
     sync = runner.run(StageSpec("synchronous", None, None,
                                 replace(limits, max_seconds=sync_seconds)), 0)
@@ -63,16 +92,17 @@ def _sweep(runner: StageRunner, load: LoadConfig, limits: StageLimits) -> list[S
     if runner.interrupted:
         return results
     results.append(runner.run(StageSpec("throughput", None, load.max_concurrency, limits), 1))
-    low, high = (r.summary.request_throughput for r in results)
+    sync_rate, throughput_rate = (r.summary.request_throughput for r in results)
     if runner.interrupted:
         return results
-    if low <= 0 or high <= 0:  # no rate to sweep between
+    rates = sweep_rates(sync_rate, throughput_rate, load.sweep_size)
+    if rates and (sync_rate <= 0 or throughput_rate <= 0):  # no rate to sweep between
         results[-1].summary.warnings.append(
             "the sweep's constant stages were skipped: the synchronous or the throughput "
             "stage measured 0 req/s (no successful request), so there is no range of "
             "rates to sweep")
         return results
-    for i, rate in enumerate(sweep_rates(low, high, load.sweep_size)):
+    for i, rate in enumerate(rates):
         if runner.interrupted:
             break
         results.append(runner.run(StageSpec("constant", rate, load.max_concurrency, limits,

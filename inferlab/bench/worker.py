@@ -114,11 +114,14 @@ class _Worker:
             while k < len(offsets):
                 intended, index = plan.start_ns + offsets[k], plan.indices[k]
                 await _sleep_until(intended)
+                late = False
                 if slots is not None:
+                    # a send due before the stage's end goes when a slot is free, however
+                    # late the timer woke; only one the cap held back past the end is dropped
+                    held = slots.locked()
                     await slots.acquire()  # a full client delays the send; the lag is recorded
-                # a send held back by the in-flight cap past the stage's end is not sent
-                late = (slots is not None and plan.stop_issuing_ns is not None
-                        and clock_ns() >= plan.stop_issuing_ns)
+                    late = (held and plan.stop_issuing_ns is not None
+                            and clock_ns() >= plan.stop_issuing_ns)
                 if self.stopping or late:
                     break
                 self._track(asyncio.get_running_loop().create_task(

@@ -43,7 +43,7 @@ def test_a_tail_only_regression_fails_the_gate_on_its_p95():
     comparison = compare(run(stage(TAIL_BASE)), run(stage(TAIL_OTHER)))
     p95, median = row(comparison.rows, "ttft_ms", "p95"), row(comparison.rows, "ttft_ms", "median")
     assert p95.change > 5 and p95.p_value < 0.001  # 10,000 resamples, none at or below 0
-    # the median's own test (Mann-Whitney) sees little, and its change is small anyway
+    # the median's own test (its bootstrap) sees little, and its change is small anyway
     assert median.p_value > 0.05
     failed = {(r.metric, r.stat) for r in regressions(comparison, 20, 0.05)}
     assert ("ttft_ms", "p95") in failed and ("ttft_ms", "median") not in failed
@@ -61,7 +61,7 @@ def test_a_median_moving_the_other_way_lends_no_significance_to_the_p95():
     comparison = compare(run(stage(base)), run(stage(other)))
     p95, median = row(comparison.rows, "ttft_ms", "p95"), row(comparison.rows, "ttft_ms", "median")
     assert p95.change == pytest.approx(150 / 118 - 1, abs=0.01) and p95.p_value > 0.5
-    assert median.p_value < 1e-6
+    assert median.p_value < 0.001
     assert not [r for r in regressions(comparison, 20, 0.05) if r.metric == "ttft_ms"]
 
 

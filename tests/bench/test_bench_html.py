@@ -15,7 +15,7 @@ def test_sweep_report_opens_in_chromium_without_console_errors(mock_server, corp
                                                                tmp_path):
     require_chromium()
     url = mock_server(ttft_ms=20, itl_ms=3, max_running=8)
-    config = bench_config(url, corpus, "sweep", max_seconds=0.8, sweep_size=2,
+    config = bench_config(url, corpus, "sweep", max_seconds=0.8, sweep_size=4,
                           sync_max_seconds=0.5, max_concurrency=16, scrape=True,
                           data="prompt_tokens=16,output_tokens=8")
     result = run(config)

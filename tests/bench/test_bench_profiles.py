@@ -3,6 +3,7 @@ why a stage stopped."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 from bench_helpers import bench_config, run
 
@@ -45,9 +46,17 @@ def test_poisson_schedule_is_seeded_with_the_asked_mean_rate():
     assert sd == pytest.approx(mean, rel=0.05)
 
 
-def test_sweep_rates_lie_strictly_between_the_measured_rates():
-    assert sweep_rates(2.0, 12.0, 4) == pytest.approx([4.0, 6.0, 8.0, 10.0])
-    assert sweep_rates(12.0, 2.0, 1) == pytest.approx([7.0])
+def test_sweep_rates_run_from_the_synchronous_rate_to_the_throughput_rate():
+    # sweep_size counts every stage: 6 in all leaves 4 constant rates after the two measured
+    assert sweep_rates(2.0, 12.0, 6) == pytest.approx([4.5, 7.0, 9.5, 12.0])
+    assert sweep_rates(2.0, 12.0, 3) == [12.0]
+    assert sweep_rates(2.0, 12.0, 2) == []
+    assert sweep_rates(12.0, 2.0, 4) == pytest.approx([7.0, 2.0])  # toward throughput
+    # guidellm's SweepProfile: np.linspace(sync, throughput, sweep_size - 1)[1:]
+    for sync, throughput, size in [(0.1, 0.3, 12), (1.37, 95.2, 10), (3.0, 3.5, 7)]:
+        rates = sweep_rates(sync, throughput, size)
+        assert rates == pytest.approx(list(np.linspace(sync, throughput, size - 1)[1:]))
+        assert rates[-1] == throughput  # exactly: the last stage asks the measured maximum
 
 
 def test_slo_search_bounds_and_next_probe():

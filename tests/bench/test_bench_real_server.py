@@ -75,7 +75,7 @@ def inferlab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_short_sweep_against_the_embedded_model(inferlab_server, tmp_path):
     outputs = {ext: tmp_path / f"sweep.{ext}" for ext in ("json", "csv", "html")}
     argv = [sys.executable, "-m", "inferlab.cli", "bench", "--target", inferlab_server,
-            "--profile", "sweep", "--sweep-size", "1", "--max-seconds", "3",
+            "--profile", "sweep", "--sweep-size", "3", "--max-seconds", "3",
             "--sweep-sync-seconds", "3", "--max-concurrency", "4", "--drain-seconds", "8",
             "--data", "prompt_tokens=32,output_tokens=8", "--calibration-seconds", "0.5",
             "--scrape-interval", "0.5", "--quiet"]

@@ -13,6 +13,8 @@ from inferlab.bench.records import RequestRecord
 from inferlab.bench.runner import StageResult
 from inferlab.bench.summary import StageInfo, summarize
 from inferlab.bench.sweep import run_profile
+from inferlab.cli import main
+from inferlab.errors import InferlabError
 
 MS = 1_000_000
 KNEE_RATE = 40.0
@@ -62,23 +64,45 @@ class ModelRunner:
 LIMITS = StageLimits(max_seconds=30.0)
 
 
-def test_sweep_runs_constant_rates_between_the_measured_ones():
+def test_sweep_size_counts_every_stage_and_ends_at_the_throughput_rate():
+    # guidellm's sweep_size: 5 stages in all, the last 3 constant rates evenly spaced from
+    # the synchronous rate (excluded) to the throughput rate (included)
     runner = ModelRunner()
-    results, search = run_profile(runner, LoadConfig("sweep", sweep_size=3), LIMITS, None)
+    results, search = run_profile(runner, LoadConfig("sweep", sweep_size=5), LIMITS, None)
     assert search is None
     assert [s.kind for s in runner.ran] == ["synchronous", "throughput"] + ["constant"] * 3
     # the request throughput of each model stage is its rate (2 s of requests, 100 ms each)
     low, high = (r.summary.request_throughput for r in results[:2])
     assert low == pytest.approx(SYNC_RATE, rel=0.06) and high == pytest.approx(80, rel=0.06)
-    step = (high - low) / 4
-    assert [s.rate for s in runner.ran[2:]] == pytest.approx([low + step * k for k in (1, 2, 3)])
+    rates = [s.rate for s in runner.ran[2:]]
+    assert rates == pytest.approx([low + (high - low) / 3, low + (high - low) * 2 / 3, high])
+    assert rates[-1] == high
     # the synchronous stage is bounded in time so it never dominates the run
     assert runner.ran[0].limits.max_seconds == 15.0 and runner.ran[1].limits.max_seconds == 30
 
 
+def test_the_default_sweep_runs_guidellms_ten_stages():
+    runner = ModelRunner()
+    run_profile(runner, LoadConfig("sweep"), LIMITS, None)
+    assert [s.kind for s in runner.ran] == ["synchronous", "throughput"] + ["constant"] * 8
+
+
+def test_a_sweep_of_two_stages_runs_no_constant_rate_and_warns_of_none():
+    runner = ModelRunner(dead_throughput=True)
+    results, _ = run_profile(runner, LoadConfig("sweep", sweep_size=2), LIMITS, None)
+    assert [s.kind for s in runner.ran] == ["synchronous", "throughput"]
+    assert not any("skipped" in w for r in results for w in r.summary.warnings)
+
+
+@pytest.mark.parametrize("size", [1, 0, -3])
+def test_a_sweep_smaller_than_its_two_measuring_stages_is_refused(size):
+    with pytest.raises(InferlabError, match="--sweep-size counts a sweep's stages in all"):
+        LoadConfig("sweep", sweep_size=size)
+
+
 def test_slo_search_bisects_to_the_knee():
     runner = ModelRunner()
-    load = LoadConfig("sweep", sweep_size=2, slo_search=True, slo_search_steps=5)
+    load = LoadConfig("sweep", sweep_size=4, slo_search=True, slo_search_steps=5)
     results, search = run_profile(runner, load, LIMITS, {"ttft_ms": 100.0})
     assert search is not None
     constant_rates = [s.rate for s in runner.ran if s.kind == "constant"]
@@ -91,7 +115,7 @@ def test_slo_search_bisects_to_the_knee():
 
 def test_slo_search_when_even_one_request_at_a_time_fails():
     runner = ModelRunner()
-    load = LoadConfig("sweep", sweep_size=1, slo_search=True)
+    load = LoadConfig("sweep", sweep_size=3, slo_search=True)
     _, search = run_profile(runner, load, LIMITS, {"ttft_ms": 5.0})
     assert search.best_rate is None and "not met" in search.note
     assert len(runner.ran) == 3  # no bisection stage was run
@@ -109,3 +133,12 @@ def test_a_sweep_with_no_rate_range_says_why_it_ran_no_constant_stage():
     assert [s.kind for s in runner.ran] == ["synchronous", "throughput"]
     assert any("constant stages were skipped" in w and "0 req/s" in w
                for w in results[1].summary.warnings)
+
+
+def test_the_cli_refuses_a_sweep_of_one_stage_in_one_line(capsys):
+    argv = ["bench", "--target", "http://127.0.0.1:9", "--profile", "sweep", "--sweep-size",
+            "1", "--max-seconds", "1"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "--sweep-size counts a sweep's stages in all" in err and "got 1" in err
+    assert err.count("\n") == 1 and "Traceback" not in err
