@@ -8,7 +8,8 @@ max_tokens rounds (or when no beam is left) the finished and live beams are rank
 score, cumulative logprob / length ** length_penalty (the length counts the prompt and not a
 final end token), and the best `width` are the answer; the scores are compared through their
 logarithms, so no length_penalty overflows them. The beams share the prompt and their
-common past through the prefix cache, so a round recomputes about a block of each beam.
+common past through the prefix cache (under the request's cache_salt, as any request), so a
+round recomputes about a block of each beam.
 """
 
 from __future__ import annotations
@@ -31,6 +32,11 @@ class BeamSearchParams:
     ignore_eos: bool = False
     length_penalty: float = 1.0
     logprobs: int | None = None  # each output token's top k alternatives too (k <= 20)
+    # as a request's (SamplingParams'): the prompt's last k tokens only (-1: the context's);
+    # the salt under which every round shares cached blocks; the text without special tokens
+    truncate_prompt_tokens: int | None = None
+    cache_salt: str | None = None
+    skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         checks = [
@@ -46,13 +52,15 @@ class BeamSearchParams:
         for ok, message in checks:
             if not ok:
                 raise InvalidParameterError(message)
+        # the fields a request has too are checked as a request's are
+        SamplingParams(truncate_prompt_tokens=self.truncate_prompt_tokens, cache_salt=self.cache_salt)
 
     def round_params(self) -> SamplingParams:
         """What the engine is asked for each beam in a round: the model's own top 2 x width
         (or the top k asked for, if more)."""
         top = max(2 * self.beam_width, self.logprobs or 0)
         return SamplingParams(temperature=0.0, max_tokens=1, logprobs=top, ignore_eos=True,
-                              detokenize=False)
+                              detokenize=False, cache_salt=self.cache_salt)
 
 
 @dataclass
@@ -71,7 +79,7 @@ class BeamSearch:
                  max_model_len: int) -> None:
         room = max_model_len - len(prompt_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if not prompt_ids or max_tokens > room or room < 1:
+        if max_tokens > room or room < 1:
             raise InferlabError(f"the prompt has {len(prompt_ids)} tokens and max_tokens is "
                                 f"{max_tokens}: more than the context's {max_model_len}")
         self.params = params
@@ -81,6 +89,7 @@ class BeamSearch:
         self.live = [_Beam(list(prompt_ids))]
         self.finished: list[_Beam] = []
         self.rounds = 0
+        self.num_cached_tokens = 0  # the prompt's tokens the prefix cache served
 
     @property
     def done(self) -> bool:
@@ -102,6 +111,8 @@ class BeamSearch:
                               beam.cumulative_logprob + logprob, token in self.end_ids)
                 (self.finished if grown.ended else candidates).append(grown)
         self.live = sorted(candidates, key=self._score, reverse=True)[:self.params.beam_width]
+        if self.rounds == 0:  # the one beam is the prompt: its hits are those a request reports
+            self.num_cached_tokens = outputs[0].num_cached_tokens  # (later, the search's own blocks)
         self.rounds += 1
 
     def output(self, request_id: str, tokenizer: TextTokenizer, prompt: str | None) -> RequestOutput:
@@ -110,14 +121,16 @@ class BeamSearch:
         completions = []
         for index, beam in enumerate(best[:self.params.beam_width]):
             token_ids = beam.tokens[len(self.prompt_ids):]
-            text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended])  # not the end token
+            text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended],  # not the end token
+                                    self.params.skip_special_tokens)
             # the only output of the search: all of it is new (a stream sends it in one piece)
             completions.append(CompletionOutput(
                 index=index, text=text, token_ids=token_ids,
                 finish_reason="stop" if beam.ended else "length", logprobs=beam.logprobs,
                 text_delta=text, token_ids_delta=token_ids, logprobs_delta=beam.logprobs))
         return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=self.prompt_ids,
-                             outputs=completions, finished=True)
+                             outputs=completions, finished=True,
+                             num_cached_tokens=self.num_cached_tokens)
 
     def _score(self, beam: _Beam) -> float:
         """A key in the order of vLLM's score, c / length ** penalty for the cumulative logprob

@@ -214,18 +214,9 @@ class LLMEngine:
             self.outputs.add(request_id, text, children)
 
     def _prepare(self, request_id: str, prompt: str | Sequence[int], prompt_text: str | None,
-                 params: SamplingParams, arrival: float,
-                 priority: int) -> tuple[str | None, list[Request]]:
+                 params: SamplingParams, arrival: float, priority: int) -> tuple[str | None, list[Request]]:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
-        keep = params.truncate_prompt_tokens
-        keep = self.max_model_len if keep == -1 else keep
-        if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
-            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is over the context "
-                                        f"length {self.max_model_len}: choose a smaller one")
-        text, ids = self.tokenize_prompt(prompt, keep is not None)
-        text = text if text is not None else prompt_text
-        if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
-            text, ids = None, self._truncate_text(ids, keep) if text is not None else ids[-keep:]
+        text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
         params = self.generation.with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
@@ -243,6 +234,21 @@ class LLMEngine:
                                     bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
         return text, children
 
+    def _read_prompt(self, prompt: str | Sequence[int], prompt_text: str | None,
+                     keep: int | None) -> tuple[str | None, list[int]]:
+        """(text or None, token ids) a request runs: its last `keep` only (truncate_prompt_tokens)."""
+        keep = self.max_model_len if keep == -1 else keep
+        if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
+            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is over the context "
+                                        f"length {self.max_model_len}: choose a smaller one")
+        text, ids = self.tokenize_prompt(prompt, keep is not None)
+        text = text if text is not None else prompt_text
+        if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
+            text, ids = None, self._truncate_text(ids, keep) if text is not None else ids[-keep:]
+        if not ids:
+            raise InferlabError("the prompt is empty")
+        return text, ids
+
     def _check_ids_free(self, names: list[list[str]]) -> None:
         """Each request's id and its copies' ids are in use by no other request, queued or in
         the batch: a copy's id ("r#1") can be another request's own."""
@@ -254,8 +260,7 @@ class LLMEngine:
                 seen.add(name)
 
     def _truncate_text(self, ids: list[int], keep: int) -> list[int]:
-        """A text's `keep` last tokens as transformers truncates it from the left (what vLLM
-        asks for): the special tokens the tokenizer adds (BOS) stay, the text is cut."""
+        """A text's `keep` last tokens as vLLM has transformers cut them: added ones (BOS) stay."""
         head, tail = self._added_tokens
         end = len(ids) - len(tail)
         if ids[:len(head)] != head or ids[end:] != tail:
@@ -268,8 +273,7 @@ class LLMEngine:
 
     @functools.cached_property
     def _added_tokens(self) -> tuple[list[int], list[int]]:
-        """The tokens encoding adds before and after a text (a template's, the same for every
-        text): where the text's own tokens sit among them."""
+        """The tokens encoding adds before and after a text (a template's, the same for any)."""
         bare, full = (self.tokenizer.encode("a", add_special_tokens=s) for s in (False, True))
         starts = range(len(full) - len(bare), -1, -1)  # no match: a head no prompt starts with
         start = next((i for i in starts if full[i:i + len(bare)] == bare), len(full))
@@ -277,9 +281,8 @@ class LLMEngine:
 
     def start_beam_search(self, prompt: str | Sequence[int],
                           params: BeamSearchParams) -> tuple[str | None, BeamSearch]:
-        """(the prompt's text, a beam search over it) that LLM and AsyncEngine drive round by
-        round, ending at the model's end tokens and within the context."""
-        text, ids = self.tokenize_prompt(prompt)
+        """(the prompt's text, as a request reads it, and a search over it) for LLM and AsyncEngine."""
+        text, ids = self._read_prompt(prompt, None, params.truncate_prompt_tokens)
         return text, BeamSearch(ids, params, set(self.generation.end_token_ids), self.max_model_len)
 
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
@@ -306,8 +309,6 @@ class LLMEngine:
     def _check_servable(self, ids: list[int], params: SamplingParams,
                         bad_words: list[list[int]], choices: list[list[int]]) -> int:
         """The request's max_tokens; raises InferlabError if it can never be served."""
-        if not ids:
-            raise InferlabError("the prompt is empty")
         vocab = self.model_config.vocab_size
         for name, tokens in (("logit_bias", params.logit_bias or ()),
                              ("allowed_token_ids", params.allowed_token_ids or ()),

@@ -210,6 +210,9 @@ def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearc
     try:
         return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens,
                                 ignore_eos=params.ignore_eos, length_penalty=req.length_penalty,
-                                logprobs=params.logprobs)
+                                logprobs=params.logprobs,
+                                truncate_prompt_tokens=params.truncate_prompt_tokens,
+                                cache_salt=params.cache_salt,
+                                skip_special_tokens=params.skip_special_tokens)
     except ValueError as e:
         raise bad_request(f"{e} (n is the beam width)", "n") from None
