@@ -167,7 +167,7 @@ class SeededUniforms:
         if params.seed is None or params.greedy:
             return [None] * count
         if rid not in self._generators:
-            self._generators[rid] = torch.Generator(device).manual_seed(params.seed)
+            self._generators[rid] = torch.Generator(device).manual_seed(generator_seed(params.seed))
             self._drawn[rid] = []
         drawn = self._drawn[rid]
         while len(drawn) < count:
@@ -183,6 +183,19 @@ class SeededUniforms:
     def forget(self, request_id: str) -> None:
         self._generators.pop(request_id, None)
         self._drawn.pop(request_id, None)
+
+
+def generator_seed(seed: int) -> int:
+    """The seed a torch generator takes for a request's: the CPU generator (mt19937) keeps only
+    a seed's low 32 bits, so 7 and 2**32 + 7, or -1 and 2**63 - 1, drew the same numbers. Seeds
+    in [0, 2**32) pass as they are; any other is spread over 32 bits by splitmix64's finalizer,
+    so seeds that differ only above bit 31 draw apart."""
+    if 0 <= seed < 2**32:
+        return seed
+    z = seed % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) >> 32
 
 
 def _barred_now(request: Request, output: list[int]) -> list[int]:

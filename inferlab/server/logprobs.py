@@ -90,8 +90,10 @@ def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int
             into.top_logprobs.append(None)
             continue
         into.token_logprobs.append(entry.logprob)
-        top = {names(t): lp for t, lp in entry.top[:top_n]}
-        top.setdefault(text, entry.logprob)  # the chosen token is always listed, as OpenAI does
+        top: dict[str, float] = {}
+        for t, lp in entry.top[:top_n]:  # tokens that read alike (bytes of a character, each
+            top.setdefault(names(t), lp)  # "\ufffd") share a key: the likeliest keeps it
+        top[text] = entry.logprob  # the chosen token is always listed, under its own logprob
         into.top_logprobs.append(top)
 
 

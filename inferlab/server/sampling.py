@@ -207,6 +207,9 @@ def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearc
         if name in fields and value is not None and value != fields[name].default and value != {
                 "type": "text"}:
             raise bad_request(f"beam search does not take '{name}'", name)
+    if getattr(req, "echo", False) and params.prompt_logprobs is not None:  # vLLM asserts here
+        raise bad_request("beam search does not take 'echo' with 'logprobs': the prompt's "
+                          "logprobs are not computed", "echo")
     try:
         return BeamSearchParams(beam_width=params.n, max_tokens=params.max_tokens,
                                 ignore_eos=params.ignore_eos, length_penalty=req.length_penalty,

@@ -71,6 +71,16 @@ def test_an_empty_prompt_is_refused_as_without_beams(server):
     assert r.status_code == 400 and r.json()["error"]["message"] == "the prompt is empty", r.text
 
 
+def test_echo_with_logprobs_is_refused_not_answered_without_the_prompts(server):
+    """Beams compute no prompt logprobs: the echo's would be missing (vLLM asserts); echo
+    alone, or logprobs alone, still works."""
+    r = _post(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=2, echo=True, logprobs=1)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "echo", r.text
+    echoed = _ok(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=2, echo=True)
+    assert echoed["choices"][0]["text"].startswith(PROMPT)
+    assert _ok(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=2, logprobs=1)["choices"][0]["logprobs"]
+
+
 def test_skip_special_tokens_false_keeps_them_in_the_beams_text(server, hf_smollm_tokenizer):
     """Written past <|im_end|> (ignore_eos), each beam's text is transformers' decoding of its
     tokens: with the marks when skip_special_tokens is false, without them by default."""

@@ -86,6 +86,23 @@ def test_sentencepiece_reply_offsets_and_bytes_spell_its_text(decoder):
     assert [t.token for t in chat[0].top_logprobs] == [" hello"]
 
 
+def test_tokens_that_read_alike_keep_the_chosen_ones_logprob():
+    """Byte tokens all read "\ufffd": the top list keys them once, and the chosen token's key
+    holds its own logprob (was: the last alternative's, -3.0)."""
+    texts = _sentencepiece(LLAMA2_DECODER)
+    entry = TokenLogprobs(token_id=BYTE_BD, logprob=-2.0, rank=2,
+                          top=[(BYTE_E4, -0.5), (BYTE_BD, -2.0), (HELLO, -2.5), (BYTE_A0, -3.0)])
+    into = CompletionLogprobs()
+    append_completion_logprobs(into, [BYTE_BD], [entry], texts, TextOffsets(), top_n=4)
+    assert into.token_logprobs == [-2.0]
+    assert into.top_logprobs == [{"\ufffd": -2.0, " hello": -2.5}]
+    # not chosen: the likeliest of those that read alike keeps the key
+    entry = TokenLogprobs(token_id=HELLO, logprob=-2.5, rank=3, top=entry.top)
+    into = CompletionLogprobs()
+    append_completion_logprobs(into, [HELLO], [entry], texts, TextOffsets(), top_n=4)
+    assert into.top_logprobs == [{"\ufffd": -0.5, " hello": -2.5}]
+
+
 @pytest.mark.parametrize(("raw", "offsets"), [
     ([b"\xe4"] * 5, [0, 1, 2, 3, 4]),            # each E4 is cut by the next: one U+FFFD each
     ([b"\xe4", b"\xbd", b"A"], [0, 0, 1]),       # E4 BD cut by "A": one U+FFFD for both
