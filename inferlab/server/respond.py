@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TypeVar
 
@@ -19,12 +20,16 @@ from inferlab.server.sse import EventStreamResponse
 from inferlab.server.unsupported import reject_unsupported
 
 RequestT = TypeVar("RequestT", bound=SamplingFields)
+logger = logging.getLogger("inferlab.server")
 
 
 async def read_request(request: Request, ctx: ServerContext, model: type[RequestT]) -> RequestT:
     body = await ctx.read_body(request)
     reject_unsupported(body, model.model_fields)
     req = parse_body(model, body)
+    ignored = sorted(set(body) - set(model.model_fields))
+    if ignored:  # a misspelt field (max_token) would otherwise pass unseen; vLLM logs them too
+        logger.warning("fields present in the request but ignored: %s", ", ".join(ignored))
     ctx.check_model(req.model)
     return req
 

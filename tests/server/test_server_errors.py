@@ -162,6 +162,19 @@ def test_neutral_values_of_unsupported_fields_are_accepted(server):
     assert r.status_code == 200, r.text
 
 
+def test_unknown_fields_are_served_and_logged_by_name(server, caplog):
+    """As vLLM: a field no route declares is ignored, with a warning naming it (a misspelt
+    max_token would otherwise pass unseen)."""
+    with caplog.at_level("WARNING", logger="inferlab.server"):
+        r = completion(server, max_tokens=2, max_token=5, foo_bar=1)
+        assert r.status_code == 200, r.text
+    assert "fields present in the request but ignored: foo_bar, max_token" in caplog.messages
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="inferlab.server"):
+        assert completion(server, max_tokens=2).status_code == 200
+    assert not [m for m in caplog.messages if "ignored" in m]
+
+
 def test_integers_past_int64_are_served_or_refused_never_fatal(server):
     """JSON integers have no bound: top_k 2**63 once overflowed the sampler's int64 tensor mid-step
     and stopped the engine, so every later request got 503. Past the vocabulary top_k keeps every
