@@ -1,4 +1,4 @@
-"""inferlab: `from inferlab import LLM, SamplingParams`, as in vLLM."""
+"""inferlab: `from inferlab import LLM, SamplingParams, BeamSearchParams`, as in vLLM."""
 
 from __future__ import annotations
 
@@ -6,14 +6,16 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
+    from inferlab.engine.beam_search import BeamSearchParams
     from inferlab.engine.llm import LLM
     from inferlab.engine.sampling_params import SamplingParams
 
-__all__ = ["LLM", "SamplingParams"]
+__all__ = ["LLM", "SamplingParams", "BeamSearchParams"]
 
 # imported at first use: `import inferlab` (every CLI command, the torch-free bench client among
 # them) must not pull in torch and the engine
-_LAZY = {"LLM": "inferlab.engine.llm", "SamplingParams": "inferlab.engine.sampling_params"}
+_LAZY = {"LLM": "inferlab.engine.llm", "SamplingParams": "inferlab.engine.sampling_params",
+         "BeamSearchParams": "inferlab.engine.beam_search"}
 
 
 def __getattr__(name: str) -> Any:

@@ -10,7 +10,7 @@ from inferlab.user_files import read_user_text
 
 def read_text(path: str) -> str:
     """The whole file as text, CRLF line ends turned into LF (WikiText ships with CRLF)."""
-    text = read_user_text(path, "dataset file")
+    text = read_user_text(path, "dataset file (--dataset)")
     if not text.strip():
         raise InferlabError(f"{path}: the dataset is empty")
     return text.replace("\r\n", "\n")

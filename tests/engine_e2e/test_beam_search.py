@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from inferlab.engine.beam_search import BeamSearchParams
+from inferlab import BeamSearchParams  # as the README has it (vLLM: vllm.sampling_params)
 from inferlab.errors import InferlabError, InvalidParameterError
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "1, 2, 3, 4, 5,"]

@@ -93,7 +93,7 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
 
 
 @pytest.mark.parametrize(("case", "message"), [
-    ("missing_dataset", "no such dataset file"),
+    ("missing_dataset", "no such dataset file (--dataset)"),
     ("seq_len_1", "--seq-len must be at least 2"),
     ("unknown_model", "no such file or directory"),
     ("limit_0", "--limit must be at least 1"),
@@ -110,7 +110,7 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
     # these three once said "error: : no such ..."
     ("empty_model", "the model path is empty"),
     ("empty_baseline", "the model path is empty"),
-    ("empty_dataset", "the dataset file path is empty"),
+    ("empty_dataset", "the dataset file (--dataset) path is empty"),
 ])
 def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_file,
                                           other_vocab_model, tmp_path, capsys):
