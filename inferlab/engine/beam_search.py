@@ -122,7 +122,7 @@ class BeamSearch:
         for index, beam in enumerate(best[:self.params.beam_width]):
             token_ids = beam.tokens[len(self.prompt_ids):]
             text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended],  # not the end token
-                                    self.params.skip_special_tokens)
+                                    skip_special_tokens=self.params.skip_special_tokens)
             # the only output of the search: all of it is new (a stream sends it in one piece)
             completions.append(CompletionOutput(
                 index=index, text=text, token_ids=token_ids,

@@ -25,7 +25,7 @@ class Letters:
     """A tokenizer whose token t spells the letter chr(ord('a') + t - 1)."""
 
     @staticmethod
-    def decode(ids: list[int]) -> str:
+    def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + t - 1) for t in ids)
 
 
