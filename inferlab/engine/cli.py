@@ -33,15 +33,23 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None,
                         help=f"tokens to generate at most (default: {DEFAULT_MAX_TOKENS}, or as "
                              "many as the context has room for)")
-    parser.add_argument("--temperature", type=float, default=0.0)
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--top-k", type=int, default=0)
+    model = "the model's generation_config.json (see --generation-config), else"
+    parser.add_argument("--temperature", type=float, default=None, help=f"default: {model} 0 (greedy)")
+    parser.add_argument("--top-p", type=float, default=None, help=f"default: {model} 1")
+    parser.add_argument("--top-k", type=int, default=None, help=f"default: {model} 0 (all)")
     parser.add_argument("--sampling-seed", type=int, default=None)
 
 
-def _sampling(args: argparse.Namespace) -> SamplingParams:
-    return SamplingParams(max_tokens=args.max_tokens, temperature=args.temperature,
-                          top_p=args.top_p, top_k=args.top_k, seed=args.sampling_seed)
+def _sampling(args: argparse.Namespace, engine=None) -> SamplingParams:
+    """The flags given, over the engine's model's generation_config.json sampling fields (what
+    --generation-config auto makes the defaults, as the server and LLM take them), over greedy.
+    Without an engine, the flags alone: checked before the model loads."""
+    given = {name: getattr(args, name) for name in ("temperature", "top_p", "top_k")
+             if getattr(args, name) is not None}
+    model = {} if engine is None else {k: v for k, v in engine.generation.sampling.items()
+                                       if k != "max_tokens"}  # the CLI's own, see _stream
+    return SamplingParams(max_tokens=args.max_tokens, seed=args.sampling_seed,
+                          **{"temperature": 0.0, **model, **given})
 
 
 def _engine(args: argparse.Namespace):
@@ -73,25 +81,28 @@ def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
 
 
 def run_generate(args: argparse.Namespace) -> int:
-    params = _sampling(args)  # a bad flag fails before the model loads
+    _sampling(args)  # a bad flag fails before the model loads
     if not args.prompt:
         raise InferlabError("the prompt is empty")
     _check_text(args.prompt, "the prompt")
     engine = _engine(args)
-    _stream(engine, engine.tokenizer.encode(args.prompt), params)
+    _stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args, engine))
     return 0
 
 
 def run_chat(args: argparse.Namespace) -> int:
-    params = _sampling(args)
+    _sampling(args)
     _check_text(args.system or "", "--system")
     for message in args.message or ():
         _check_text(message, "--message")
     engine = _engine(args)
+    params = _sampling(args, engine)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
     failed = False  # a turn was refused: the exit code says so at the end
     while (user := _next_message(scripted)) is not None:
+        if scripted is None and _typed_command(user, messages):
+            continue
         messages.append({"role": "user", "content": user})
         try:  # the template may refuse the turn too (roles out of order, raise_exception)
             prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
@@ -112,6 +123,21 @@ def run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "assistant", "content": reply})
     return 2 if failed else 0
+
+
+def _typed_command(line: str, messages: list[dict[str, str]]) -> bool:
+    """An empty line (nothing to send) or a one-word /command, done here, as llama.cpp's and
+    ollama's REPLs take them: True; a message for the model: False. /clear forgets the
+    conversation but its system message; any other /word lists the commands."""
+    word = line.strip()
+    if word and (not word.startswith("/") or " " in word):
+        return False
+    if word == "/clear":
+        del messages[1 if messages and messages[0]["role"] == "system" else 0:]
+        print("(the conversation is cleared)", file=sys.stderr)
+    elif word:
+        print("commands: /clear (forget the conversation), /exit or /quit", file=sys.stderr)
+    return True
 
 
 def _check_text(text: str, name: str) -> None:

@@ -64,6 +64,22 @@ def test_chat_repl_keeps_the_conversation(capsys, monkeypatch, configs, make_llm
     assert capsys.readouterr().out == f"> {first}\n> {second}\n> "
 
 
+def test_chat_repl_skips_empty_lines_and_takes_its_commands(capsys, monkeypatch, configs, make_llm):
+    """Empty lines and /commands never reach the model (they were sent as user turns and kept
+    in the history); /clear forgets the conversation but the system message."""
+    monkeypatch.setattr("sys.stdin", io.StringIO("Name a colour.\n\n   \n/help\n/clear\nAnd a fruit?\n/exit\n"))
+    assert main(["chat", "--system", "Be brief.", "--max-tokens", "6", *ENGINE_FLAGS]) == 0
+    llm = make_llm()
+    params = SamplingParams(temperature=0, max_tokens=6)
+    system = {"role": "system", "content": "Be brief."}
+    first = llm.chat([system, {"role": "user", "content": "Name a colour."}], params)[0].outputs[0].text
+    second = llm.chat([system, {"role": "user", "content": "And a fruit?"}], params)[0].outputs[0].text
+    out, err = capsys.readouterr()
+    assert out == f"> {first}\n> > > > > {second}\n> "
+    assert err == ("commands: /clear (forget the conversation), /exit or /quit\n"
+                   "(the conversation is cleared)\n")
+
+
 def test_chat_repl_reports_a_turn_over_the_context_and_goes_on(capsys, monkeypatch, configs,
                                                                make_llm):
     """A message that makes the conversation too long for the context is refused as one error

@@ -87,6 +87,23 @@ def test_the_models_sampling_fields_default_what_requests_leave_out(model_dir, t
     assert tiny_llm(model_dir, generation_config=str(other)).engine.generation.sampling == {"top_p": 0.5}
 
 
+def test_the_cli_takes_the_models_sampling_fields_its_flags_leave_out(model_dir, tmp_path, capsys):
+    """`inferlab generate` as the server and LLM: the file's repetition_penalty applies (its
+    flags had set every field, so the file was never read); a flag given wins over the file."""
+    from inferlab.cli import main
+
+    directory = with_generation_config(model_dir, tmp_path / "m", repetition_penalty=5.0, top_k=3)
+    want = SamplingParams(temperature=0, repetition_penalty=5.0, max_tokens=8)
+    penalized = tokens(tiny_llm(model_dir), want).text
+    assert penalized != tokens(tiny_llm(model_dir), SamplingParams(temperature=0, max_tokens=8)).text
+    flags = [str(directory), "--dtype", "float32", "--kv-cache-memory", "4MiB", "--max-tokens", "8"]
+    assert main(["generate", PROMPT, *flags]) == 0
+    assert capsys.readouterr().out == penalized + "\n"
+    seeded = SamplingParams(temperature=1.5, top_k=3, repetition_penalty=5.0, max_tokens=8, seed=4)
+    assert main(["generate", PROMPT, *flags, "--temperature", "1.5", "--sampling-seed", "4"]) == 0
+    assert capsys.readouterr().out == tokens(tiny_llm(model_dir), seeded).text + "\n"
+
+
 @pytest.mark.parametrize("fields, words", [
     ({"eos_token_id": "</s>"}, "eos_token_id must be a token id or a list of them"),
     ({"top_p": 0.0}, "top_p must be in (0, 1]"),
