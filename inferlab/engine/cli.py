@@ -19,6 +19,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     gen.set_defaults(func=run_generate)
     chat = subparsers.add_parser("chat", help="chat with the model in the terminal (streaming)")
     chat.add_argument("--system", default=None, help="system message")
+    chat.add_argument("--chat-template", default=None,
+                      help="a Jinja chat template file, or the template itself, instead of the "
+                           "model's own (as serve's --chat-template)")
     chat.add_argument("--message", action="append", default=None,
                       help="send this user message and exit (repeatable); without it, a REPL")
     _add_sampling_args(chat)
@@ -91,10 +94,13 @@ def run_generate(args: argparse.Namespace) -> int:
 
 
 def run_chat(args: argparse.Namespace) -> int:
+    from inferlab.models.chat_template import load_chat_template
+
     _sampling(args)
     _check_text(args.system or "", "--system")
     for message in args.message or ():
         _check_text(message, "--message")
+    template = None if args.chat_template is None else load_chat_template(args.chat_template)
     engine = _engine(args)
     params = _sampling(args, engine)
     messages = [{"role": "system", "content": args.system}] if args.system else []
@@ -105,7 +111,8 @@ def run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": user})
         try:  # the template may refuse the turn too (roles out of order, raise_exception)
-            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                          template=template)
             reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
         except ModelLoadError:  # no chat template: every turn would fail, so the session ends
             raise

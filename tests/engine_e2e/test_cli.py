@@ -80,6 +80,17 @@ def test_chat_repl_skips_empty_lines_and_takes_its_commands(capsys, monkeypatch,
                    "(the conversation is cleared)\n")
 
 
+def test_chat_takes_a_chat_template(capsys, configs, make_llm, tmp_path):
+    """As serve's --chat-template (the missing-template error told users to pass it, and chat
+    had no such flag): the turn is rendered by the given template."""
+    template = tmp_path / "t.jinja"
+    template.write_text("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}A:")
+    assert main(["chat", "--chat-template", str(template), "--message", "Hi.", "--max-tokens", "5",
+                 *ENGINE_FLAGS]) == 0
+    expected = make_llm().generate(["user: Hi.\nA:"], SamplingParams(temperature=0, max_tokens=5))
+    assert capsys.readouterr().out == f"> Hi.\n{expected[0].outputs[0].text}\n"
+
+
 def test_chat_repl_reports_a_turn_over_the_context_and_goes_on(capsys, monkeypatch, configs,
                                                                make_llm):
     """A message that makes the conversation too long for the context is refused as one error
