@@ -16,6 +16,7 @@ from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
 from tests.models.tiny_tokenizer import make_tokenizer
 
 HI = [{"role": "user", "content": "hi"}]
+NO_DEFAULTS = SimpleNamespace(sampling={})  # an engine's generation defaults: the model sets none
 
 
 def _tokenizer(template: str = "") -> TextTokenizer:
@@ -75,7 +76,7 @@ def test_chat_repl_reports_a_turn_its_template_refuses_and_goes_on(capsys, monke
         prompts.append(prompt_ids)
         return "w9"
 
-    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=tokenizer))
+    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=tokenizer, generation=NO_DEFAULTS))
     monkeypatch.setattr(cli, "_stream", reply)
     monkeypatch.setattr("sys.stdin", io.StringIO("w2\nw5\nw3\n/exit\n"))
     assert main(["chat"]) == 2
@@ -86,7 +87,7 @@ def test_chat_repl_reports_a_turn_its_template_refuses_and_goes_on(capsys, monke
 
 def test_chat_repl_without_a_chat_template_ends_at_once(capsys, monkeypatch):
     """No turn can work without a template: one error line, not one for each turn typed."""
-    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=_tokenizer()))
+    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=_tokenizer(), generation=NO_DEFAULTS))
     monkeypatch.setattr("sys.stdin", io.StringIO("w2\nw3\n/exit\n"))
     assert main(["chat"]) == 2
     err = capsys.readouterr().err
