@@ -40,15 +40,24 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--temperature", type=float, default=None, help=f"default: {model} 0 (greedy)")
     parser.add_argument("--top-p", type=float, default=None, help=f"default: {model} 1")
     parser.add_argument("--top-k", type=int, default=None, help=f"default: {model} 0 (all)")
+    parser.add_argument("--min-p", type=float, default=None, help=f"default: {model} 0")
+    parser.add_argument("--repetition-penalty", type=float, default=None, help=f"default: {model} 1")
+    parser.add_argument("--presence-penalty", type=float, default=None, help="default: 0")
+    parser.add_argument("--frequency-penalty", type=float, default=None, help="default: 0")
+    parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
+                        help="end the reply where TEXT appears, without it (repeatable)")
     parser.add_argument("--sampling-seed", type=int, default=None)
+
+
+_SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+                   "presence_penalty", "frequency_penalty", "stop")
 
 
 def _sampling(args: argparse.Namespace, engine=None) -> SamplingParams:
     """The flags given, over the engine's model's generation_config.json sampling fields (what
     --generation-config auto makes the defaults, as the server and LLM take them), over greedy.
     Without an engine, the flags alone: checked before the model loads."""
-    given = {name: getattr(args, name) for name in ("temperature", "top_p", "top_k")
-             if getattr(args, name) is not None}
+    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
     model = {} if engine is None else {k: v for k, v in engine.generation.sampling.items()
                                        if k != "max_tokens"}  # the CLI's own, see _stream
     return SamplingParams(max_tokens=args.max_tokens, seed=args.sampling_seed,

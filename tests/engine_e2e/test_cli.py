@@ -47,6 +47,21 @@ def test_generate_prints_the_greedy_completion(capsys, configs, make_llm):
     assert capsys.readouterr().out == expected.outputs[0].text + "\n"
 
 
+def test_generate_takes_stop_strings_and_penalties(capsys, configs, make_llm):
+    """llama-cli's -r / --repeat-penalty / --min-p, as vLLM names them: the text the LLM API
+    gives for the same request."""
+    prompt = "1, 2, 3, 4,"
+    flags = ["--max-tokens", "16", "--repetition-penalty", "1.3", "--presence-penalty", "0.5",
+             "--frequency-penalty", "0.2", "--min-p", "0.05", "--stop", "9", "--stop", "zz"]
+    assert main(["generate", prompt, *flags, *ENGINE_FLAGS]) == 0
+    params = SamplingParams(temperature=0, max_tokens=16, repetition_penalty=1.3, presence_penalty=0.5,
+                            frequency_penalty=0.2, min_p=0.05, stop=["9", "zz"])
+    expected = make_llm().generate([prompt], params)[0].outputs[0]
+    plain = make_llm().generate([prompt], SamplingParams(temperature=0, max_tokens=16))[0].outputs[0]
+    assert expected.text != plain.text  # the flags change the reply: they are not ignored
+    assert capsys.readouterr().out == expected.text + "\n"
+
+
 def test_chat_repl_keeps_the_conversation(capsys, monkeypatch, configs, make_llm):
     """Two turns typed on stdin, then /exit: the second reply is the LLM's answer to the whole
     conversation, the first reply included."""
