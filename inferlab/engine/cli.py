@@ -5,10 +5,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+from typing import TYPE_CHECKING
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, ModelLoadError
+
+if TYPE_CHECKING:  # the engine (and torch) load only once the flags are checked
+    from inferlab.engine.llm_engine import LLMEngine
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -53,7 +57,7 @@ _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty
                    "presence_penalty", "frequency_penalty", "stop")
 
 
-def _sampling(args: argparse.Namespace, engine=None) -> SamplingParams:
+def _sampling(args: argparse.Namespace, engine: LLMEngine | None = None) -> SamplingParams:
     """The flags given, over the engine's model's generation_config.json sampling fields (what
     --generation-config auto makes the defaults, as the server and LLM take them), over greedy.
     Without an engine, the flags alone: checked before the model loads."""
