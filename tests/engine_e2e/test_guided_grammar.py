@@ -221,11 +221,11 @@ def test_guided_outputs_are_what_the_format_asks(make_fast_llm, guide, check, pr
     llm = make_fast_llm()
     conversations = [[{"role": "user", "content": prompt}] for prompt in prompts]
     greedy = SamplingParams(temperature=0, max_tokens=MAX_TOKENS, **guide)
-    sampled = SamplingParams(temperature=1.0, seed=3, n=3, max_tokens=MAX_TOKENS, **guide)
+    sampled = SamplingParams(temperature=1.0, seed=3, n=4, max_tokens=MAX_TOKENS, **guide)
     kind, spec = greedy.grammar
     grammar = GRAMMARS[kind](spec)
     stopped = 0
-    # one batch: each conversation greedy and sampled three times
+    # one batch: each conversation greedy and sampled four times
     outputs = llm.chat(conversations * 2, [greedy] * len(prompts) + [sampled] * len(prompts))
     for out in outputs:
         for completion in out.outputs:
@@ -235,7 +235,7 @@ def test_guided_outputs_are_what_the_format_asks(make_fast_llm, guide, check, pr
             else:
                 assert completion.finish_reason == "length"
                 assert grammar.advance(grammar.start, completion.text) is not None
-    assert stopped >= 4  # enough of the eight end their value within MAX_TOKENS to be checked
+    assert stopped >= 4  # enough of the ten end their value within MAX_TOKENS to be checked
 
 
 TAG = {"structures": [
