@@ -33,13 +33,14 @@ def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> 
         error = summary.sent_rate / summary.scheduled_rate - 1
         if abs(error) > RATE_TOLERANCE:
             out.append(f"scheduled {summary.scheduled_rate:.4g} req/s but sent "
-                       f"{summary.sent_rate:.4g} ({error:+.1%}); the client could not keep "
-                       "the schedule")
+                       f"{summary.sent_rate:.4g} ({error:+.1%}); "
+                       + _behind_because(stage, error))
     lag = summary.metrics["dispatch_lag_ms"]["ok"]
     if stage.spec.rate_based and lag.p99 is not None and lag.p99 > DISPATCH_LAG_WARN_MS:
         late = sum((dispatch_lag_ms(r) or 0) > DISPATCH_LAG_WARN_MS for r in stage.records)
         were = "request was" if late == 1 else "requests were"
-        out.append(f"{late} {were} sent more than {DISPATCH_LAG_WARN_MS:g} ms late "
+        why = ", held by --max-concurrency" if cap_held_sends(stage) else ""
+        out.append(f"{late} {were} sent more than {DISPATCH_LAG_WARN_MS:g} ms late{why} "
                    f"(p99 lag {lag.p99:.1f} ms); latency from the intended time shows the cost")
     no_usage = sum(r.output_tokens_source != "usage" for r in ok)
     if no_usage:
@@ -54,6 +55,21 @@ def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> 
     if tokenizer:
         out += _token_mismatch(ok)
     return out
+
+
+def cap_held_sends(stage: StageResult) -> bool:
+    """Whether --max-concurrency, not the client, held a rate stage's sends back: it was
+    set and the requests in flight reached it."""
+    cap = stage.spec.max_concurrency
+    return (stage.spec.rate_based and cap is not None
+            and stage.summary.concurrency_max >= cap)
+
+
+def _behind_because(stage: StageResult, error: float) -> str:
+    if error < 0 and cap_held_sends(stage):
+        return (f"--max-concurrency {stage.spec.max_concurrency} held the sends back (the "
+                "requests in flight reached it), not the client")
+    return "the client could not keep the schedule"
 
 
 def _token_mismatch(ok: list) -> list[str]:

@@ -85,8 +85,11 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--max-seconds", type=float)
     g.add_argument("--max-requests", type=int)
     g.add_argument("--max-error-rate", type=float)
-    g.add_argument("--warmup", default="0", help="seconds (5, 5s) or fraction (0.1, 10%%)")
-    g.add_argument("--cooldown", default="0", help="seconds (5, 5s) or fraction (0.1, 10%%)")
+    g.add_argument("--warmup", default="0",
+                   help="seconds (5, 5s) or fraction (0.1, 10%%) of the stage: of its "
+                        "requests where --max-requests alone bounds it (as guidellm), else "
+                        "of its duration")
+    g.add_argument("--cooldown", default="0", help="as --warmup, at the stage's end")
     g.add_argument("--drain-seconds", type=float, default=10.0,
                    help="after --max-seconds, how long in-flight requests may finish")
     g.add_argument("--request-timeout", type=float, default=120.0)
@@ -103,7 +106,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="force output lengths (default: on for synthetic data)")
     g = p.add_argument_group("measurement and output")
-    g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput")
+    g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput; "
+                                 "ttft and e2e count from the intended send time; tpot_ms "
+                                 "bounds the time per output token after the first, "
+                                 "(last token - first token) / (output tokens - 1), as vLLM's "
+                                 "--goodput tpot and guidellm do (the report's itl_ms; its "
+                                 "tpot_ms column counts the first token's wait)")
     g.add_argument("--slo-search", action="store_true",
                    help="after a sweep, bisect for the highest rate meeting --slo at p95")
     g.add_argument("--slo-search-steps", type=int, default=5)

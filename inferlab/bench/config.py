@@ -35,7 +35,7 @@ def check_duration(flag: str, value: float, *, zero_ok: bool, unit: str = "secon
 
 @dataclass(frozen=True)
 class Span:
-    """A warmup or cooldown: seconds, or a fraction of the stage's duration."""
+    """A warmup or cooldown: seconds, or a fraction of the stage (see resolve)."""
 
     seconds: float = 0.0
     fraction: float = 0.0
@@ -61,6 +61,15 @@ class Span:
 
     def resolve_s(self, duration_s: float) -> float:
         return self.seconds + self.fraction * duration_s
+
+    def resolve(self, duration_s: float, requests_bound: int | None) -> tuple[float, int]:
+        """(seconds, requests) it leaves out. A fraction is of the requests where
+        --max-requests alone bounds the stage (`requests_bound`), as guidellm's
+        TransientPhaseConfig counts it: a throughput or concurrent stage starts its requests
+        at once, so no fraction of its duration would hold a measured request's start."""
+        if requests_bound is None:
+            return self.resolve_s(duration_s), 0
+        return self.seconds, int(self.fraction * requests_bound)
 
 
 @dataclass(frozen=True)
@@ -88,6 +97,12 @@ class StageLimits:
         check_duration("--request-timeout", self.request_timeout_s, zero_ok=False)
         self.warmup.check("--warmup")
         self.cooldown.check("--cooldown")
+
+    @property
+    def requests_bound(self) -> int | None:
+        """--max-requests where it alone bounds the stage: a fractional warmup or cooldown
+        then counts requests (Span.resolve)."""
+        return self.max_requests if self.max_seconds is None else None
 
     @property
     def max_ns(self) -> int | None:

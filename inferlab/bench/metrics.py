@@ -35,7 +35,8 @@ THROUGHPUT_DEFINITIONS = {
     "total_token_throughput": "prompt tokens of successful requests whose first token "
                               "arrived in the window, plus output tokens, / window length",
     "goodput": "successful requests ending in the window that met every --slo bound "
-               "(latencies from the intended send time) / window length (req/s)",
+               "(ttft and e2e from the intended send time; tpot as itl_ms, after the "
+               "first token) / window length (req/s)",
     "slo_fraction": "requests started in the window that succeeded and met every --slo bound "
                     "/ requests started in the window",
     "sent_rate": "achieved send rate (req/s): 1 / the least-squares slope of the sorted "
@@ -117,7 +118,10 @@ def chunk_gap_samples_ms(r: RequestRecord) -> list[float]:
 PER_SAMPLE: dict[str, Callable[[RequestRecord], list[float]]] = {
     "itl_token_ms": itl_token_samples_ms, "chunk_gap_ms": chunk_gap_samples_ms,
 }
-SLO_SOURCES = {"ttft_ms": ttft_intended_ms, "itl_ms": itl_ms, "tpot_ms": tpot_ms,
+# a TPOT bound is on the time per output token after the first, as vLLM's `--goodput tpot:`
+# ((e2e - ttft) / (output tokens - 1)) and guidellm's GoodputSLO.tpot_ms (its inter-token
+# latency) read it: that is itl_ms, not tpot_ms above, which counts the first token's wait
+SLO_SOURCES = {"ttft_ms": ttft_intended_ms, "itl_ms": itl_ms, "tpot_ms": itl_ms,
                "e2e_ms": e2e_intended_ms}
 
 

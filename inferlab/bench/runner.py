@@ -104,7 +104,8 @@ class StageRunner:
         stop_reason = stop_reason or self._natural_stop(spec, start_ns, scheduled)
         info = StageInfo(stage, self.label_prefix + spec.label, spec.kind, spec.rate,
                          start_ns - self.epoch_ns, stop_reason, scheduled)
-        summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo)
+        summary = summarize(info, records, spec.limits.warmup, spec.limits.cooldown, self.slo,
+                            spec.limits.requests_bound)
         self.progress.stage_finished(summary)
         return StageResult(spec, summary, records)
 

@@ -49,6 +49,10 @@ class StageSummary:
     concurrency_max: int
     metrics: dict[str, dict[str, Distribution]]  # metric -> outcome -> distribution
     warnings: list[str] = field(default_factory=list)
+    # requests left out by count, the first and the last sent, besides the window: a
+    # fractional warmup and cooldown where --max-requests alone bounds the stage
+    warmup_requests: int = 0
+    cooldown_requests: int = 0
 
     @property
     def window_s(self) -> float:
@@ -72,21 +76,24 @@ class StageSummary:
 
 
 def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, cooldown: Span,
-              slo: dict[str, float] | None) -> StageSummary:
+              slo: dict[str, float] | None, requests_bound: int | None = None) -> StageSummary:
+    """`requests_bound`: the stage's --max-requests where it alone bounds the stage; a
+    fractional warmup or cooldown then counts requests (Span.resolve)."""
     end_ns = max((r.end_ns for r in records if r.end_ns is not None), default=info.start_ns)
     active_end_ns = _active_end_ns(info, records)
-    duration_s = (active_end_ns - info.start_ns) / NS
-    w0 = info.start_ns + round(warmup.resolve_s(duration_s) * NS)
-    w1 = active_end_ns - round(cooldown.resolve_s(duration_s) * NS)
+    w0, w1, skip_first, skip_last = _window(info, records, active_end_ns, warmup, cooldown,
+                                            requests_bound)
+    measured = _measured(records, w0, w1, skip_first, skip_last)
     warnings = []
     if not any(ended_by_itself(r) for r in records):
         # not the warmup's doing: with nothing finished the stage spans no time
         warnings.append("no request finished in the stage: it has no statistics")
-    elif w1 <= w0:
-        warnings.append("warmup + cooldown cover the whole stage; statistics use all of it")
-    if w1 <= w0:
-        w0, w1 = info.start_ns, active_end_ns
-    measured = [r for r in records if w0 <= started_ns(r) <= w1]
+    elif w1 <= w0 or not measured:
+        warnings.append("warmup + cooldown leave no request measured; statistics use the "
+                        "whole stage")
+    if w1 <= w0 or not measured:
+        w0, w1, skip_first, skip_last = info.start_ns, active_end_ns, 0, 0
+        measured = _measured(records, w0, w1)
     window_s = max((w1 - w0) / NS, 1e-9)
     # throughputs count what the server delivered inside the window, whenever the request
     # began: a closed loop's requests started in the warmup end in the window
@@ -103,12 +110,44 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
         goodput=None, slo_fraction=None,
         concurrency_mean=_concurrency_mean(records, w0, w1),
         concurrency_max=_concurrency_max(records),
-        metrics=_distributions(measured), warnings=warnings)
+        metrics=_distributions(measured), warnings=warnings,
+        warmup_requests=skip_first, cooldown_requests=skip_last)
     if slo:
         summary.goodput = _ended_in([r for r in ok if meets_slo(r, slo)], w0, w1) / window_s
         good = sum(meets_slo(r, slo) for r in measured)
         summary.slo_fraction = good / len(measured) if measured else None
     return summary
+
+
+def _window(info: StageInfo, records: list[RequestRecord], active_end_ns: int, warmup: Span,
+            cooldown: Span, requests_bound: int | None) -> tuple[int, int, int, int]:
+    """The measured window [w0, w1] and the requests left out by count at either end.
+    Counted out, the window opens at the first measured request's send and closes when the
+    last measured one is over, so the throughputs cover the time those requests ran."""
+    duration_s = (active_end_ns - info.start_ns) / NS
+    warm_s, skip_first = warmup.resolve(duration_s, requests_bound)
+    cool_s, skip_last = cooldown.resolve(duration_s, requests_bound)
+    w0 = info.start_ns + round(warm_s * NS)
+    w1 = active_end_ns - round(cool_s * NS)
+    kept = _by_send(records)[skip_first:max(0, len(records) - skip_last)]
+    if kept and skip_first:
+        w0 = max(w0, started_ns(kept[0]))
+    if kept and skip_last:
+        w1 = min(w1, _active_end_ns(info, kept))
+    return w0, w1, skip_first, skip_last
+
+
+def _by_send(records: list[RequestRecord]) -> list[RequestRecord]:
+    return sorted(records, key=lambda r: (started_ns(r), r.index))
+
+
+def _measured(records: list[RequestRecord], w0: int, w1: int, skip_first: int = 0,
+              skip_last: int = 0) -> list[RequestRecord]:
+    """Requests begun in [w0, w1], less the first `skip_first` and last `skip_last` sent;
+    in the records' own order."""
+    ranked = _by_send(records) if skip_first or skip_last else []
+    out = {id(r) for r in ranked[:skip_first] + ranked[max(0, len(ranked) - skip_last):]}
+    return [r for r in records if id(r) not in out and w0 <= started_ns(r) <= w1]
 
 
 def _active_end_ns(info: StageInfo, records: list[RequestRecord]) -> int:
@@ -126,9 +165,10 @@ def started_ns(r: RequestRecord) -> int:
 
 
 def measured(summary: StageSummary, records: list[RequestRecord]) -> list[RequestRecord]:
-    """The requests a stage's latency statistics cover: those begun inside its window."""
-    return [r for r in records
-            if summary.window_start_ns <= started_ns(r) <= summary.window_end_ns]
+    """The requests a stage's latency statistics cover: those begun inside its window, less
+    those its warmup and cooldown left out by count."""
+    return _measured(records, summary.window_start_ns, summary.window_end_ns,
+                     summary.warmup_requests, summary.cooldown_requests)
 
 
 def _rate(times_ns: list[int]) -> float | None:

@@ -59,27 +59,44 @@ def run_profile(runner: StageRunner, load: LoadConfig, limits: StageLimits,
 
 
 def _drain_warnings(result: StageResult) -> list[str]:
-    """Requests the server had not finished when the drain after --max-seconds ended.
+    """Requests the server had not finished when the drain after --max-seconds ended, and
+    scheduled sends the client never made.
 
-    They count as cancelled (guidellm's "incomplete"), not as errors; said alone, the count
-    hides that the server stopped answering them. Sends the client never made (held back
-    by --max-concurrency) are cancelled too, but the server never saw them.
+    Both count as cancelled (guidellm's "incomplete"), not as errors; said alone, the count
+    hides that the server stopped answering the ones, and that it never saw the others:
+    --max-concurrency held them back until --max-seconds ended.
     """
     if result.summary.info.stop_reason in EARLY_STOPS:
         return []  # the early stop, not the drain, cancelled what was in flight
     cancelled = [r for r in result.records if r.outcome == "cancelled"]
     unanswered = sum(r.start_ns is not None for r in cancelled)
-    if not unanswered:
-        return []
     never_sent = len(cancelled) - unanswered
+    if not unanswered:
+        return [_never_sent_warning(result, never_sent)] if never_sent else []
     were = "request was" if unanswered == 1 else "requests were"
     drain_s = result.spec.limits.drain_seconds
     warning = (f"{unanswered} {were} still unanswered when the drain ended, {drain_s:g} s "
                "(--drain-seconds) after --max-seconds: the server stopped answering them, "
                "or needs longer than the drain; they count as cancelled, not as errors")
     if never_sent:
-        warning += f" (the other {never_sent} cancelled were scheduled sends never made)"
+        warning += (f" (the other {never_sent} cancelled were scheduled sends never made: "
+                    f"{_held_back_by(result)})")
     return [warning]
+
+
+def _never_sent_warning(result: StageResult, never_sent: int) -> str:
+    were = "send was" if never_sent == 1 else "sends were"
+    return (f"{never_sent} scheduled {were} never made ({_held_back_by(result)}); they count "
+            "as cancelled, and the server never saw them")
+
+
+def _held_back_by(result: StageResult) -> str:
+    """Why a stage that ran to its end left sends unmade: the worker drops only those an
+    in-flight cap held back past --max-seconds."""
+    cap = result.spec.max_concurrency
+    if cap is None:
+        return "the stage ended before the client sent them"
+    return f"--max-concurrency {cap} held them back until --max-seconds ended"
 
 
 def _sweep(runner: StageRunner, load: LoadConfig, limits: StageLimits) -> list[StageResult]:

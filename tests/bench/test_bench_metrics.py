@@ -167,7 +167,8 @@ def test_a_stage_where_no_request_finished_says_so_not_that_warmup_covers_it():
         s = summarize(INFO, records, Span(), Span(), slo=None)
         assert s.warnings == ["no request finished in the stage: it has no statistics"]
     s = summarize(INFO, [A, B], Span(seconds=10), Span(), slo=None)  # a warmup that does
-    assert s.warnings == ["warmup + cooldown cover the whole stage; statistics use all of it"]
+    assert s.warnings == ["warmup + cooldown leave no request measured; statistics use the "
+                          "whole stage"]
 
 
 def test_a_stage_whose_requests_were_all_cut_ends_at_its_last_send():
