@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
 import os
 import sys
+from typing import TextIO
 
 from inferlab.errors import InferlabError
 
@@ -57,8 +60,17 @@ def parse_command_line(argv: list[str]) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
-    args = parse_command_line(argv)
+    stdout = _WatchedStdout(sys.stdout)
+    sys.stdout = stdout
     try:
+        return _run(argv, stdout)
+    finally:
+        sys.stdout = stdout.stream
+
+
+def _run(argv: list[str], stdout: _WatchedStdout) -> int:
+    try:
+        args = parse_command_line(argv)  # --help prints here
         status = int(args.func(args) or 0)
         sys.stdout.flush()  # here, not at exit: a stdout that cannot take it is one line below
         return status
@@ -70,22 +82,56 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # `inferlab info | head`: the reader left, which is no error of ours
         silence_stdout()
         return 0
-    except OSError as e:
-        if not _stdout_refuses():
-            raise
-        silence_stdout()
-        print(f"error: stdout: cannot write the output ({e.strerror})", file=sys.stderr)
-        return 2
-
-
-def _stdout_refuses() -> bool:
-    """Whether stdout is what failed (`inferlab info > /dev/full`): a failed write leaves its
-    bytes buffered, so a second flush fails too; an OSError from elsewhere finds it flushable."""
-    try:
-        sys.stdout.flush()
     except OSError:
-        return True
-    return False
+        if stdout.error is None:  # not stdout's: a bug, with its traceback
+            raise
+        return _stdout_failed(stdout)
+    except SystemExit as e:  # --help, whose write error argparse swallows before exiting 0
+        if e.code in (0, None):
+            with contextlib.suppress(OSError):
+                sys.stdout.flush()  # now: at exit a failure is two lines and exit code 120
+        if stdout.error is None or e.code not in (0, None):
+            raise
+        return _stdout_failed(stdout)
+
+
+class _WatchedStdout:
+    """sys.stdout, keeping the error of a write to it that failed, so that an OSError is known
+    for stdout's whatever the output's size: past the buffer's size a failed flush drops the
+    bytes, so that asking stdout again (a second flush) finds nothing left to fail on; with
+    PYTHONUNBUFFERED=1 the print itself fails. A closed stdout (`>&-`, None) fails each write."""
+
+    def __init__(self, stream: TextIO | None) -> None:
+        self.stream = stream
+        self.error: OSError | None = None
+
+    def write(self, text: str) -> int:
+        return self._watched("write", text)
+
+    def flush(self) -> None:
+        self._watched("flush")
+
+    def _watched(self, method: str, *args: str) -> int | None:
+        try:
+            if self.stream is None:
+                raise OSError(errno.EBADF, "stdout is closed")
+            return getattr(self.stream, method)(*args)
+        except OSError as e:
+            self.error = e
+            raise
+
+    def __getattr__(self, name: str) -> object:  # isatty, fileno, encoding...: the stream's own
+        return getattr(self.stream, name)
+
+
+def _stdout_failed(stdout: _WatchedStdout) -> int:
+    """The exit once stdout refused the output: a reader that left is no error (exit 0)."""
+    if stdout.stream is not None:
+        silence_stdout()  # the leftover bytes must not fail once more at exit
+    if isinstance(stdout.error, BrokenPipeError):
+        return 0
+    print(f"error: stdout: cannot write the output ({stdout.error.strerror})", file=sys.stderr)
+    return 2
 
 
 def silence_stdout() -> None:

@@ -1,9 +1,13 @@
 """Reading the user's text files (datasets, calibration text, prompt data, reports): a bad one
-is a one-line error that names the file, never a traceback."""
+is a one-line error that names the file, never a traceback; writing reports leaves no partial
+file behind."""
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +32,52 @@ def read_user_text(path: str | Path, kind: str = "file") -> str:
         raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
 
 
+def stat_user_path(path: str | Path) -> os.stat_result | None:
+    """os.stat of the user's `path`, None where nothing is there. One that cannot be looked at
+    (a folder on the way we may not search) is a one-line error saying why, not "missing":
+    os.path.exists and isfile say False for both, Path.is_dir raises PermissionError."""
+    try:
+        return os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError as e:
+        raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
+
+
+def is_user_file(path: str | Path) -> bool:
+    """Whether `path` is a regular file (stat_user_path's errors for one we may not look at)."""
+    found = stat_user_path(path)
+    return found is not None and stat.S_ISREG(found.st_mode)
+
+
+def check_readable(path: str | Path) -> None:
+    """Open `path` for reading, now: libraries that read it later word a refusal their own way
+    (safetensors says "No such file or directory" for a file we may not read)."""
+    try:
+        open(path, "rb").close()
+    except OSError as e:
+        raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
+
+
 def read_user_json(path: str | Path, kind: str = "file") -> Any:
     """The file's JSON value; a file that cannot be read or is not JSON is a one-line error."""
     try:
         return json.loads(read_user_text(path, kind))
     except json.JSONDecodeError as e:
         raise InferlabError(f"{path}: not valid JSON ({e})") from None
+
+
+def write_user_text(path: str | Path, text: str) -> None:
+    """Write `text` to the user's `path` (a report, a result). A write that fails once the file
+    is open (a full disk) removes what it left, an empty or cut-off file that would pass for a
+    result, and raises the OSError for the caller to word; one the file could not even be
+    opened for leaves whatever was there."""
+    f = open(path, "w", encoding="utf-8")  # noqa: SIM115 -- closed below, inside the cleanup
+    try:
+        with f:
+            f.write(text)
+    except OSError:
+        if os.path.isfile(path):  # a regular file: never a device (--output /dev/stdout)
+            with contextlib.suppress(OSError):
+                os.remove(path)
+        raise

@@ -12,6 +12,7 @@ import torch
 
 from inferlab.errors import InferlabError
 from inferlab.eval.metrics import WindowScores
+from inferlab.user_files import write_user_text
 
 
 @dataclass
@@ -103,9 +104,7 @@ def write_json(result: EvalResult, path: str) -> None:
     fields = {k: None if isinstance(v, float) and not math.isfinite(v) else v
               for k, v in result.to_dict().items()}
     try:
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(fields, f, indent=2, allow_nan=False)
-            f.write("\n")
+        write_user_text(path, json.dumps(fields, indent=2, allow_nan=False) + "\n")
     except OSError as e:
         raise InferlabError(f"{path}: cannot write the result ({e.strerror})") from None
 

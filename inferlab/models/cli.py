@@ -8,8 +8,8 @@ import json
 import os
 
 from inferlab.models.config import ModelConfig
-from inferlab.planner.memory import WeightFormat, kv_cache_bytes_per_token, weight_bytes
-from inferlab.planner.model_shapes import groups_weight_format
+from inferlab.planner.memory import kv_cache_bytes_per_token, weight_bytes
+from inferlab.planner.model_shapes import scheme_weight_format
 from inferlab.quant.ct_config import ParsedConfig, parse_quantization_config
 
 _DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -49,11 +49,10 @@ def model_info(model: str | None, dtype: str) -> dict:
         generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]
     params = cfg.num_parameters()
-    fmt = groups_weight_format(groups, path, parsed.ignore if parsed else ())
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, fmt),
-        "linears_as_stored": fmt is not None,
+        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, parsed),
+        "linears_as_stored": bool(groups),
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
@@ -67,15 +66,22 @@ def model_info(model: str | None, dtype: str) -> dict:
     }
 
 
-def _weight_bytes(cfg: ModelConfig, dtype: str, fmt: WeightFormat | None) -> int:
+def _weight_bytes(cfg: ModelConfig, dtype: str, parsed: ParsedConfig | None) -> int:
     """What the weights take loaded in `dtype`: a compressed-tensors checkpoint's decoder linears
-    in their stored format `fmt` (codes and scales as the planner counts them), the rest in
-    dtype. Loaded, zero points are held at the scales' size, not packed as the file has them."""
-    if fmt is None:  # dense, or only pruned
-        return cfg.num_parameters() * _DTYPE_BYTES[dtype]
-    counted = weight_bytes(cfg, dataclasses.replace(fmt, dense_dtype=dtype))
-    return (counted.total_bytes - counted.zero_point_bytes
-            + (0 if fmt.symmetric else counted.scale_bytes))
+    in their stored formats (codes and scales as the planner counts them), the rest in dtype.
+    Each group is counted in its own format, as the loader (and vLLM) take a non-uniform config
+    scheme by scheme: a layer belongs to the first group naming it, unless `ignore` names it.
+    Loaded, zero points are held at the scales' size, not packed as the file has them."""
+    stored_params = stored_bytes = 0
+    claimed = parsed.ignore if parsed else ()
+    for group in parsed.groups if parsed else ():
+        fmt = dataclasses.replace(scheme_weight_format(group.scheme), dense_dtype=dtype,
+                                  targets=group.targets, ignore=claimed)
+        counted = weight_bytes(cfg, fmt)
+        stored_params += counted.quantized_params
+        stored_bytes += counted.packed_bytes + counted.scale_bytes * (1 if fmt.symmetric else 2)
+        claimed += group.targets
+    return stored_bytes + (cfg.num_parameters() - stored_params) * _DTYPE_BYTES[dtype]
 
 
 def _parsed_quantization(config: dict | None) -> ParsedConfig | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,9 +79,15 @@ class ModelConfig:
             value = (self.rope_scaling or {}).get(key)
             if value is None and key in _ROPE_MAY_HAVE.get(kind, ()):
                 continue
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            if not _positive_finite(value):  # NaN and inf: JSON's NaN and Infinity parse
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
                                      f"{key}, got {value!r}")
+        if not math.isfinite(self._stretched_positions()):  # 1e308 x 10 is inf: no length
+            base = ("original_max_position_embeddings" if kind == "yarn"
+                    and self.rope_scaling.get("original_max_position_embeddings")
+                    else "max_position_embeddings")
+            raise ModelLoadError(f"config: rope scaling {kind!r}: factor × {base} overflows "
+                                 "(no context is that long)")
         check_architecture(self.architecture)
         positive = ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                     "num_heads", "num_kv_heads", "head_dim", "max_position_embeddings")
@@ -106,12 +113,19 @@ class ModelConfig:
         """The positions the model is made for, as vLLM derives them (_get_and_verify_max_len):
         linear and YaRN RoPE stretch the positions by their factor, YaRN's from its
         original_max_position_embeddings; llama3's max_position_embeddings already counts it."""
+        return int(self._stretched_positions())
+
+    def _stretched_positions(self) -> float:
+        """max_positions before it is made whole: inf where the product overflows."""
         scaling, kind = self.rope_scaling or {}, rope_kind(self.rope_scaling)
         factor = scaling.get("factor")
         if kind not in ("linear", "yarn") or factor is None:  # YaRN's factor defaults to the ratio
             return self.max_position_embeddings
         base = scaling.get("original_max_position_embeddings") if kind == "yarn" else None
-        return int((base or self.max_position_embeddings) * factor)
+        try:
+            return (base or self.max_position_embeddings) * float(factor)
+        except OverflowError:  # a whole number past a float's range (JSON's have no bound)
+            return math.inf
 
     @property
     def max_context(self) -> int:
@@ -202,11 +216,20 @@ class ModelConfig:
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
+        except ModelLoadError:  # a ValueError too, already saying what is wrong
+            raise
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
 
 
 _REQUIRED = object()
+
+
+def _positive_finite(value: Any) -> bool:
+    """A JSON number above 0 and below infinity (true is no number, though a bool is an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return value > 0 and (isinstance(value, int) or math.isfinite(value))  # 10**400: no float
 
 
 def _whole(cfg: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:

@@ -184,6 +184,7 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
         if shard is None:
             state[target] = tensor
         else:
+            _check_part_shape(name, tensor, _part_shape(cfg, target, shard), source)
             shards.setdefault(target, {})[shard] = tensor
     for target, parts in shards.items():
         count = 3 if ".qkv_proj." in target else 2
@@ -195,6 +196,23 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
             raise ModelLoadError(f"{source}: the parts of {target} disagree in shape")
         state[target] = torch.cat([parts[i] for i in range(count)], dim=0)
     return state
+
+
+def _part_shape(cfg: ModelConfig, target: str, shard: int) -> tuple[int, ...] | None:
+    """The shape the config implies for shard `shard` of fused parameter `target` (q, k, v of
+    qkv_proj; gate, up of gate_up_proj), weight or bias; None for another tensor."""
+    rows = ((cfg.q_size, cfg.kv_size, cfg.kv_size)[shard] if ".qkv_proj." in target
+            else cfg.intermediate_size)
+    return {"weight": (rows, cfg.hidden_size), "bias": (rows,)}.get(target.rsplit(".", 1)[-1])
+
+
+def _check_part_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...] | None,
+                      source: str) -> None:
+    """Before fusing, so that the error names the checkpoint's own tensor and shape (as
+    transformers does), not the fused one, which the checkpoint does not hold."""
+    if shape is not None and tuple(tensor.shape) != shape:
+        raise ModelLoadError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config "
+                             f"implies {shape}")
 
 
 def _resolve(name: str) -> tuple[str, int | None]:

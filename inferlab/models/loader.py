@@ -16,6 +16,7 @@ from inferlab.models.generation_config import GenerationConfig, read_generation_
 from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
+from inferlab.user_files import check_readable, is_user_file, stat_user_path
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -39,7 +40,7 @@ def resolve_model_path(model: str | None) -> str:
     if not path:
         raise ModelLoadError("the model path is empty: name a model directory or .gguf file, or "
                              "leave it out for the embedded model")
-    if not os.path.exists(path):
+    if stat_user_path(path) is None:
         raise ModelLoadError(f"{path}: no such file or directory")
     return path
 
@@ -54,7 +55,7 @@ def read_model_config(path: str) -> ModelConfig:
     """The model's shape, without loading weights."""
     if os.path.isdir(path):
         config_path = os.path.join(path, "config.json")
-        if not os.path.isfile(config_path):
+        if not is_user_file(config_path):
             raise ModelLoadError(f"{config_path}: missing")
         return ModelConfig.from_hf_dict(read_json_object(config_path), source=config_path)
     _check_gguf_name(path)
@@ -63,7 +64,9 @@ def read_model_config(path: str) -> ModelConfig:
 
 def _check_gguf_name(path: str) -> None:
     """A path that is no directory must be a GGUF file (by name or magic): any other gets this
-    one message from every command (`serve` once read a text file as GGUF, "bad magic")."""
+    one message from every command (`serve` once read a text file as GGUF, "bad magic"); one
+    we may not read says so first (its magic cannot be told)."""
+    check_readable(path)
     if not is_gguf_file(path):
         raise ModelLoadError(f"{path}: is neither a model directory (config.json + safetensors) "
                              "nor a .gguf file")
@@ -160,10 +163,10 @@ def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dt
 
 def _safetensors_files(model_dir: str) -> list[str]:
     index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.isfile(index):
+    if is_user_file(index):
         return [os.path.join(model_dir, s) for s in _index_shards(index)]
     single = os.path.join(model_dir, "model.safetensors")
-    if os.path.isfile(single):
+    if is_user_file(single):
         return [single]
     raise ModelLoadError(f"{model_dir}: no model.safetensors or model.safetensors.index.json "
                          "(pickled .bin checkpoints are never loaded)")
@@ -185,8 +188,9 @@ def _iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
     for file in _safetensors_files(model_dir):
-        if not os.path.isfile(file):
+        if not is_user_file(file):
             raise ModelLoadError(f"{file}: missing (listed in the index)")
+        check_readable(file)
         try:
             with safe_open(file, framework="pt") as f:
                 for name in f.keys():  # noqa: SIM118 -- safe_open has no __iter__

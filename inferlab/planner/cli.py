@@ -20,6 +20,7 @@ from inferlab.planner.presets import PRESETS
 from inferlab.planner.report_html import render_html
 from inferlab.planner.report_text import render_text
 from inferlab.planner.units import format_bytes, format_rate, parse_bytes
+from inferlab.user_files import write_user_text
 
 DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
 
@@ -156,7 +157,7 @@ def run_plan(args: argparse.Namespace) -> int:
             print("\n" + render_comparisons(comparisons), end="")
     if args.html is not None:
         try:
-            args.html.write_text(render_html(plan))
+            write_user_text(args.html, render_html(plan))
         except OSError as e:
             raise InferlabError(f"--html: cannot write {args.html}: {e.strerror}") from None
     return 0

@@ -5,6 +5,7 @@ torch-free reader), never the weights."""
 from __future__ import annotations
 
 import importlib.util
+import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -18,6 +19,7 @@ from inferlab.planner.names import closest_names
 from inferlab.planner.presets import PRESETS, preset_config
 from inferlab.quant.ct_config import ConfigGroup, parse_quantization_config
 from inferlab.quant.scheme import BLOCK, FLOAT, GROUP, GROUPED, TENSOR, QuantScheme
+from inferlab.user_files import check_readable, is_user_file, stat_user_path
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
@@ -48,11 +50,13 @@ def resolve_model(model: str | None) -> ModelSpec:
         path = embedded_gguf_path()
         return ModelSpec("SmolLM2-135M-Instruct (embedded)", read_gguf_config(str(path)), str(path))
     path = Path(model).expanduser()
-    if path.is_dir():
-        if not (path / "config.json").is_file():
+    found = stat_user_path(path)  # a folder we may not search: "Permission denied", no traceback
+    if found is not None and stat.S_ISDIR(found.st_mode):
+        if not is_user_file(path / "config.json"):
             raise ModelLoadError(f"{path}: a model directory needs a config.json")
         return ModelSpec(path.name, _read_config_json(path / "config.json"), str(path / "config.json"))
-    if path.is_file():
+    if found is not None and stat.S_ISREG(found.st_mode):
+        check_readable(path)
         if is_gguf_file(str(path)):
             return ModelSpec(path.stem, read_gguf_config(str(path)), str(path))
         return ModelSpec(path.parent.name or path.stem, _read_config_json(path), str(path))

@@ -11,10 +11,12 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 from typing import Any
 
 import torch
+from safetensors import SafetensorError
 from safetensors.torch import save_file
 from torch import nn
 
@@ -182,12 +184,27 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
         if os.path.isdir(out_dir):
             os.rmdir(out_dir)  # empty, checked above
         os.replace(staging, out_dir)
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(staging, ignore_errors=True)
         for parent in made:  # deepest first; a folder someone else filled meanwhile stays
             with contextlib.suppress(OSError):
                 os.rmdir(parent)
-        raise
+        reason = _write_failure(e)
+        if reason is None:
+            raise
+        raise InferlabError(f"{out_dir}: cannot write the checkpoint ({reason})") from None
+
+
+def _write_failure(e: BaseException) -> str | None:
+    """Why writing failed, where the system refused it (a full disk, no permission): the
+    user's to fix; None for anything else (an interrupt, a bug), which goes on as it is.
+    safetensors reports its I/O errors as SafetensorError, not OSError."""
+    if isinstance(e, OSError):
+        return e.strerror or str(e)
+    if not isinstance(e, SafetensorError):
+        return None
+    found = re.search(r"I/O error: (.+?)(?: \(os error \d+\))?$", str(e))
+    return found.group(1) if found else None
 
 
 def missing_parents(path: str) -> list[str]:
