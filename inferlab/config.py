@@ -9,12 +9,14 @@ from dataclasses import dataclass
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.sampling_params import check_seed
+from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
           "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names (ModelDType)
 MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp fails near 20000
 CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
 
@@ -33,6 +35,22 @@ def parse_bytes(text: str | int | float) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
 
 
+def canonical_dtype(dtype: object) -> str:
+    """vLLM's ModelDType (one of DTYPES, an alias, any case, or a torch.dtype) -> its name in
+    DTYPES."""
+    if not isinstance(dtype, str):
+        import torch  # here only: the config is read before, and without, any model
+
+        if not isinstance(dtype, torch.dtype):
+            raise InferlabError(f"dtype must be a str or a torch.dtype, got {type(dtype).__name__}")
+        dtype = str(dtype).removeprefix("torch.")
+    name = DTYPE_ALIASES.get(dtype.lower(), dtype.lower())
+    if name not in DTYPES:
+        raise InferlabError(f"dtype must be one of {', '.join([*DTYPES, *DTYPE_ALIASES])}, "
+                            f"got {dtype!r}")
+    return name
+
+
 def check_threads(name: str, threads: int) -> None:
     if not 1 <= threads <= MAX_THREADS:
         raise InferlabError(f"{name} must be in [1, {MAX_THREADS}], got {threads}")
@@ -45,7 +63,9 @@ _WHOLE_NUMBER_FIELDS = ("kv_cache_memory_bytes", "block_size", "max_num_seqs",
 @dataclass(frozen=True)
 class EngineConfig:
     model: str | None = None  # HF directory or .gguf file; None: the embedded SmolLM2-135M
-    dtype: str = "auto"  # auto: bf16 on CPUs with AMX/AVX512-BF16 and on GPUs, else fp32
+    # auto: bf16 on CPUs with AMX/AVX512-BF16 and on GPUs, else fp32; an alias ("half") or a
+    # torch.dtype is read as its name in DTYPES
+    dtype: str = "auto"
     device: str = "auto"  # auto: cuda when available, else cpu
     # None: CPU_KV_CACHE_BYTES on a CPU; on a GPU, what gpu_memory_utilization leaves after
     # the weights and a profiled step's activations
@@ -74,8 +94,7 @@ class EngineConfig:
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
                 raise InferlabError(f"{name} must be a whole number, got {value!r}")
-        if self.dtype not in DTYPES:
-            raise InferlabError(f"dtype must be one of {', '.join(DTYPES)}, got {self.dtype!r}")
+        object.__setattr__(self, "dtype", canonical_dtype(self.dtype))
         if self.device not in ("auto", "cpu", "cuda"):
             raise InferlabError(f"device must be auto, cpu or cuda, got {self.device!r}")
         if self.kv_cache_memory_bytes is not None and self.kv_cache_memory_bytes <= 0:
@@ -91,6 +110,10 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.scheduling_policy!r}")
+        # the step limits, before any model loads (the context comes from the model later)
+        SchedulerConfig(max_model_len=self.max_model_len or self.max_num_batched_tokens,
+                        max_num_seqs=self.max_num_seqs,
+                        max_num_batched_tokens=self.max_num_batched_tokens)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise InferlabError(f"generation_config must be auto, vllm or a folder, got "
                                 f"{self.generation_config!r}")

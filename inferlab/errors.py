@@ -1,12 +1,13 @@
 """User-facing errors: the CLI prints them as one line, the server maps them to 400."""
 
 
-class InferlabError(Exception):
-    """A problem with the user's input (a file, a flag, a request); never a bug."""
+class InferlabError(ValueError):
+    """A problem with the user's input (a file, a flag, a request); never a bug. A ValueError,
+    as vLLM raises for the same inputs: callers catching ValueError catch these too."""
 
 
-class InvalidParameterError(InferlabError, ValueError):
-    """A parameter outside its range (a ValueError too, as dataclass validation raises)."""
+class InvalidParameterError(InferlabError):
+    """A parameter outside its range (the server's 400 names it)."""
 
 
 class ModelLoadError(InferlabError):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import re
 
-from inferlab.config import DTYPES, EngineConfig, parse_bytes
+from inferlab.config import DTYPE_ALIASES, DTYPES, EngineConfig, parse_bytes
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
@@ -25,7 +25,7 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     parser.add_argument("model", nargs="?", default=None,
                         help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
     group = parser.add_argument_group("engine")
-    group.add_argument("--dtype", choices=DTYPES, default=_DEFAULTS.dtype)
+    group.add_argument("--dtype", choices=(*DTYPES, *DTYPE_ALIASES), default=_DEFAULTS.dtype)
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default=_DEFAULTS.device)
     group.add_argument("--kv-cache-memory", default=None,
                        help="bytes for the KV cache, e.g. 2GiB, 512MiB (default: 2GiB on a CPU; "

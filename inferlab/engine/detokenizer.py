@@ -51,18 +51,16 @@ class IncrementalDetokenizer:
         return self._delta(end), None
 
     def _find_stop(self, new_from: int) -> str | None:
-        """The first stop string that ends in the text from `new_from` on (it may begin before),
-        as vLLM looks for them: one that lies wholly in text not searched (min_tokens) is not
-        found later either."""
-        best: tuple[int, str] | None = None
+        """The first stop string, in the order of the list, that ends in the text from
+        `new_from` on (it may begin before), as vLLM's check_stop_strings looks for them: of two
+        completed by the same tokens, the one listed first wins, wherever the other begins; one
+        that lies wholly in text not searched (min_tokens) is not found later either."""
         for s in self.stop:
             i = self.text.find(s, max(new_from - len(s) + 1, 0))
-            if i != -1 and (best is None or i < best[0]):
-                best = (i, s)
-        if best is None:
-            return None
-        self.text = self.text[:best[0] + (len(best[1]) if self.include_stop else 0)]
-        return best[1]
+            if i != -1:
+                self.text = self.text[:i + (len(s) if self.include_stop else 0)]
+                return s
+        return None
 
     def _delta(self, end: int) -> str:
         end = min(end, len(self.text))

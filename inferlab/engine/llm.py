@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import numbers
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inferlab.config import EngineConfig, parse_bytes
@@ -14,6 +15,14 @@ from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.models.loader import LoadedModel
+from inferlab.models.tokenizer import TextTokenizer
+
+# vLLM's PromptType as taken here: a text, a TextPrompt {"prompt": str}, a TokensPrompt
+# {"prompt_token_ids": [int, ...]}, or a bare token id list (as vLLM once took them)
+PromptType = str | Mapping[str, Any] | Sequence[int]
+Params = SamplingParams | Sequence[SamplingParams] | None
+Progress = bool | Callable[..., Any]  # vLLM's use_tqdm: a bar or not, or the tqdm class to use
+_PROMPT_FORMS = "a str, a list of token ids, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
 
 
 def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
@@ -42,15 +51,66 @@ class LLM:
     def num_kv_blocks(self) -> int:
         return self.engine.num_kv_blocks
 
+    def get_tokenizer(self) -> TextTokenizer:
+        """The tokenizer prompts and chats are encoded with (vLLM's LLM.get_tokenizer)."""
+        return self.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
-        """What generate() uses without params: the model's generation_config.json defaults."""
+        """What generate() uses without sampling_params: generation_config.json's defaults."""
         return self.engine.generation.default_params()
 
-    def generate(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                 params: SamplingParams | Sequence[SamplingParams] | None = None,
+    def generate(self, prompts: PromptType | Sequence[PromptType], sampling_params: Params = None,
+                 *, use_tqdm: Progress = True,
                  priority: Sequence[int] | None = None) -> list[RequestOutput]:
-        """priority: one per prompt, with scheduling_policy="priority" (lower first)."""
-        prompts = _prompt_list(prompts)
+        """vLLM's LLM.generate. sampling_params: one for all prompts or one each; use_tqdm: a
+        progress bar of the prompts done, on stderr (or a tqdm-like class to make it with);
+        priority: one per prompt, with scheduling_policy="priority" (lower first). As in
+        vLLM's offline engine, a request whose max_tokens reach past the context ends there
+        ("length") rather than being refused."""
+        return self._generate(_prompt_list(prompts), sampling_params, use_tqdm, priority)
+
+    def chat(self, messages: Sequence[Mapping[str, Any]] | Sequence[Sequence[Mapping[str, Any]]],
+             sampling_params: Params = None,
+             use_tqdm: Progress = True,
+             *, add_generation_prompt: bool = True,
+             chat_template: str | None = None,
+             chat_template_kwargs: dict[str, Any] | None = None,
+             tools: list[dict[str, Any]] | None = None,
+             continue_final_message: bool = False) -> list[RequestOutput]:
+        """vLLM's LLM.chat: a conversation or a list of them, of messages with text or text
+        parts (chat_prompt.py); sampling_params and use_tqdm as generate takes them;
+        chat_template: instead of the model's; chat_template_kwargs: more variables for it;
+        tools: OpenAI-style tool definitions, the template's `tools`; continue_final_message:
+        the reply goes on from the last message (with add_generation_prompt=False)."""
+        if not isinstance(messages, Sequence) or isinstance(messages, str | bytes):
+            raise InferlabError(f"messages must be a list of messages or a list of such lists, "
+                                f"got {type(messages).__name__}")
+        conversations = [messages] if messages and isinstance(messages[0], Mapping) else messages
+        prompts = [chat_prompt_text(self.tokenizer, c, add_generation_prompt, continue_final_message,
+                                    chat_template, chat_template_kwargs, tools)
+                   for c in conversations]
+        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
+        return self._generate(ids, sampling_params, use_tqdm, None)
+
+    def beam_search(self, prompts: PromptType | Sequence[PromptType],
+                    params: BeamSearchParams) -> list[RequestOutput]:
+        """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
+        the completions of one output (beam_search.py says how they are found)."""
+        searches = [self.engine.start_beam_search(p, params) for p in _prompt_list(prompts)]
+        while active := [search for _, search in searches if not search.done]:
+            outputs = self._generate([beam for search in active for beam in search.beams()],
+                                     params.round_params(), False, None)
+            for search in active:
+                taken = len(search.live)
+                search.advance(outputs[:taken])
+                outputs = outputs[taken:]
+        return [search.output(f"beam-{i}", self.tokenizer, text)
+                for i, (text, search) in enumerate(searches)]
+
+    def _generate(self, prompts: list[str | list[int]], params: Params,
+                  use_tqdm: Progress, priority: Sequence[int] | None,
+                  ) -> list[RequestOutput]:
+        """generate() on prompts already read."""
         params = params if params is not None else self.engine.generation.default_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
@@ -63,8 +123,8 @@ class LLM:
         ids: list[str] = []
         try:
             for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
-                ids.append(self.engine.add_request(prompt, sp, priority=rank))
-            return self._run(ids)
+                ids.append(self.engine.add_request(prompt, sp, priority=rank, cap_max_tokens=True))
+            return self._run(ids, use_tqdm)
         except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
             for request_id in ids:
                 self.engine.abort_request(request_id)
@@ -72,55 +132,82 @@ class LLM:
         finally:
             self._generating.release()
 
-    def chat(self, conversations: list[dict[str, Any]] | list[list[dict[str, Any]]],
-             params: SamplingParams | Sequence[SamplingParams] | None = None,
-             add_generation_prompt: bool = True,
-             chat_template: str | None = None,
-             chat_template_kwargs: dict[str, Any] | None = None,
-             tools: list[dict[str, Any]] | None = None,
-             continue_final_message: bool = False) -> list[RequestOutput]:
-        """vLLM's LLM.chat: messages with text or text parts (chat_prompt.py); params: one for
-        all, or one per conversation, as generate takes them; chat_template:
-        instead of the model's; chat_template_kwargs: more variables for it; tools: OpenAI-style
-        tool definitions, the template's `tools`; continue_final_message: the reply goes on
-        from the last message (with add_generation_prompt=False)."""
-        if conversations and isinstance(conversations[0], dict):
-            conversations = [conversations]  # type: ignore[list-item]
-        prompts = [chat_prompt_text(self.tokenizer, c, add_generation_prompt, continue_final_message,
-                                    chat_template, chat_template_kwargs, tools)
-                   for c in conversations]
-        ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self.generate(ids, params)
-
-    def beam_search(self, prompts: str | Sequence[str] | Sequence[Sequence[int]],
-                    params: BeamSearchParams) -> list[RequestOutput]:
-        """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
-        the completions of one output (beam_search.py says how they are found)."""
-        prompts = _prompt_list(prompts)
-        searches = [self.engine.start_beam_search(prompt, params) for prompt in prompts]
-        while active := [search for _, search in searches if not search.done]:
-            outputs = self.generate([beam for search in active for beam in search.beams()],
-                                    params.round_params())
-            for search in active:
-                taken = len(search.live)
-                search.advance(outputs[:taken])
-                outputs = outputs[taken:]
-        return [search.output(f"beam-{i}", self.tokenizer, text)
-                for i, (text, search) in enumerate(searches)]
-
-    def _run(self, request_ids: list[str]) -> list[RequestOutput]:
+    def _run(self, request_ids: list[str], use_tqdm: Progress) -> list[RequestOutput]:
         final: dict[str, RequestOutput] = {}
-        while self.engine.has_unfinished_requests():
-            for out in self.engine.step(final_only=True):
-                final[out.request_id] = out
+        bar = _progress_bar(use_tqdm, len(request_ids))
+        try:
+            while self.engine.has_unfinished_requests():
+                for out in self.engine.step(final_only=True):
+                    final[out.request_id] = out
+                    if bar is not None:
+                        bar.update(1)
+        finally:
+            if bar is not None:
+                bar.close()
         return [final[i] for i in request_ids]
 
 
-def _prompt_list(prompts: str | Sequence[str] | Sequence[Sequence[int]]) -> list:
-    """One prompt (a text or a token id list) or many, as a list of prompts."""
-    if not isinstance(prompts, str | Sequence):  # None, a bare token id...
-        raise InferlabError(f"prompts must be a str, a list of str or of token id lists, "
+def _progress_bar(use_tqdm: Progress, total: int) -> Any:
+    """vLLM's bar of processed prompts; use_tqdm may be the tqdm class (or look-alike) to use."""
+    if not use_tqdm:
+        return None
+    if callable(use_tqdm):
+        make = use_tqdm
+    else:
+        from tqdm.auto import tqdm as make  # only when asked: no import cost otherwise
+    return make(total=total, desc="Processed prompts", dynamic_ncols=True)
+
+
+def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[str | list[int]]:
+    """One prompt or a list of them, as texts and token id lists."""
+    if isinstance(prompts, str | Mapping) or (isinstance(prompts, Sequence) and prompts
+                                              and _is_token_id(prompts[0])):
+        prompts = [prompts]  # type: ignore[list-item]
+    if not isinstance(prompts, Sequence) or isinstance(prompts, bytes | bytearray):
+        raise InferlabError(f"prompts must be {_PROMPT_FORMS}, or a list of them; "
                             f"got {type(prompts).__name__}")
-    if isinstance(prompts, str) or (prompts and isinstance(prompts[0], int)):
-        return [prompts]
-    return list(prompts)
+    return [_read_prompt(i, prompt) for i, prompt in enumerate(prompts)]
+
+
+def _read_prompt(index: int, prompt: object) -> str | list[int]:
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, Mapping):
+        return _read_prompt_dict(index, prompt)
+    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
+        return _token_ids(index, prompt)
+    raise InferlabError(f"prompt {index} must be {_PROMPT_FORMS}; got {type(prompt).__name__}")
+
+
+def _read_prompt_dict(index: int, prompt: Mapping[str, Any]) -> str | list[int]:
+    """A TextPrompt or a TokensPrompt; their other keys (multi_modal_data...) are refused by
+    name rather than ignored."""
+    key = "prompt_token_ids" if "prompt_token_ids" in prompt else "prompt"
+    other = [repr(k) for k in prompt if k != key]
+    if other or key not in prompt:
+        what = f"{', '.join(other)} not supported" if other else "an empty dict"
+        raise InferlabError(f"prompt {index}: {what} (a prompt dict holds 'prompt': str or "
+                            "'prompt_token_ids': [int, ...] alone)")
+    value = prompt[key]
+    if key == "prompt":
+        if not isinstance(value, str):
+            raise InferlabError(f"prompt {index}: 'prompt' must be a str, "
+                                f"got {type(value).__name__}")
+        return value
+    if not isinstance(value, Sequence) or isinstance(value, str | bytes | bytearray):
+        raise InferlabError(f"prompt {index}: 'prompt_token_ids' must be a list of ints, "
+                            f"got {type(value).__name__}")
+    return _token_ids(index, value)
+
+
+def _token_ids(index: int, ids: Sequence[Any]) -> list[int]:
+    """Token ids as ints; numpy's integers are taken, a float or a str is not."""
+    for position, token in enumerate(ids):
+        if not _is_token_id(token):
+            raise InferlabError(f"prompt {index}: token ids must be integers, got "
+                                f"{type(token).__name__} {token!r} at position {position}")
+    return [int(t) for t in ids]
+
+
+def _is_token_id(value: object) -> bool:
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

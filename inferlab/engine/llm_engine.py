@@ -1,7 +1,4 @@
-"""The engine: add_request / step / abort, and the offline `LLM` API on top.
-
-step() is schedule -> run -> postprocess; everything else here is setting that loop up.
-"""
+"""The engine: add_request / step / abort; step() is schedule -> run -> postprocess."""
 
 from __future__ import annotations
 
@@ -188,24 +185,27 @@ class LLMEngine:
 
     def add_request(self, prompt: str | Sequence[int], params: SamplingParams,
                     request_id: str | None = None, arrival_time: float | None = None,
-                    prompt_text: str | None = None, priority: int = 0) -> str:
+                    prompt_text: str | None = None, priority: int = 0,
+                    cap_max_tokens: bool = False) -> str:
         """Queue a request (n completions); raises InferlabError if it can never be served.
         prompt_text: the text that token ids given as the prompt were encoded from (with special
-        tokens); priority: lower goes first, under the "priority" scheduling policy only."""
+        tokens); priority: lower goes first, under the "priority" scheduling policy only;
+        cap_max_tokens: max_tokens past the context end it there, as in vLLM's offline LLM."""
         request_id = request_id if request_id is not None else f"req-{next(self._ids)}"
-        self.add_requests([(request_id, prompt, prompt_text)], params, arrival_time, priority)
+        self.add_requests([(request_id, prompt, prompt_text)], params, arrival_time, priority,
+                          cap_max_tokens)
         return request_id
 
     def add_requests(self, prompts: Sequence[tuple[str, str | Sequence[int], str | None]],
                      params: SamplingParams, arrival_time: float | None = None,
-                     priority: int = 0) -> None:
+                     priority: int = 0, cap_max_tokens: bool = False) -> None:
         """Queue a request per (request id, prompt, prompt text) as add_request does, all or
         none: every one is checked before any is queued, so a request of many prompts refused
         for one of them leaves nothing running nor counted (vLLM checks them all first)."""
         self._check_priority(priority)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
-        ready = [(request_id, *self._prepare(request_id, prompt, text, params, arrival, priority))
-                 for request_id, prompt, text in prompts]
+        ready = [(rid, *self._prepare(rid, prompt, text, params, arrival, priority, cap_max_tokens))
+                 for rid, prompt, text in prompts]
         self._check_ids_free([[request_id, *(c.request_id for c in children)]
                               for request_id, _, children in ready])
         for request_id, text, children in ready:
@@ -214,13 +214,14 @@ class LLMEngine:
             self.outputs.add(request_id, text, children)
 
     def _prepare(self, request_id: str, prompt: str | Sequence[int], prompt_text: str | None,
-                 params: SamplingParams, arrival: float, priority: int) -> tuple[str | None, list[Request]]:
+                 params: SamplingParams, arrival: float, priority: int,
+                 cap_max_tokens: bool) -> tuple[str | None, list[Request]]:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
         text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
         params = self.generation.with_end_tokens(params)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
-        max_tokens = self._check_servable(ids, params, bad_words, choices)
+        max_tokens = self._check_servable(ids, params, bad_words, choices, cap_max_tokens)
         children = []
         for i in range(params.n):
             child_params = params
@@ -306,8 +307,8 @@ class LLMEngine:
             raise InvalidParameterError(f"priority {priority} needs the priority scheduling policy "
                                         "(--scheduling-policy priority)")
 
-    def _check_servable(self, ids: list[int], params: SamplingParams,
-                        bad_words: list[list[int]], choices: list[list[int]]) -> int:
+    def _check_servable(self, ids: list[int], params: SamplingParams, bad_words: list[list[int]],
+                        choices: list[list[int]], cap_max_tokens: bool) -> int:
         """The request's max_tokens; raises InferlabError if it can never be served."""
         vocab = self.model_config.vocab_size
         for name, tokens in (("logit_bias", params.logit_bias or ()),
@@ -334,11 +335,11 @@ class LLMEngine:
             raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
                                 f"{self.max_model_len}: no room for output")
         max_tokens = self.generation.max_tokens(params, room)
-        if len(ids) + max_tokens > self.max_model_len:
-            raise InferlabError(
-                f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-                f"is over the context length {self.max_model_len}")
-        return max_tokens
+        if max_tokens <= room or cap_max_tokens:  # capped: the scheduler ends it at the context
+            return min(max_tokens, room)  # with "length", as vLLM's offline engine ends it
+        raise InferlabError(  # as vLLM's OpenAI server refuses it
+            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
+            f"is over the context length {self.max_model_len}")
 
     def abort_request(self, request_id: str) -> RequestOutput | None:
         """Finish a request as aborted; its KV blocks are free when this returns."""
@@ -396,4 +397,3 @@ class LLMEngine:
             tokens = runner_output.sampled_token_ids.get(chunk.request.request_id)
             if chunk.spec_token_ids and tokens is not None:
                 self.spec_counters.record(len(chunk.spec_token_ids), len(tokens) - 1)
-

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from inferlab.engine.detokenizer import IncrementalDetokenizer
@@ -14,6 +16,7 @@ from inferlab.engine.outputs import (
     TokenLogprobs,
 )
 from inferlab.engine.request import NO_TOKEN, Request, RequestStatus
+from inferlab.engine.utf8_tokens import space_marker
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -39,9 +42,37 @@ class _Parent:
     pending: set[int] = field(default_factory=set)  # children updated since the last output
 
 
+class DecodedTokens:
+    """vLLM's decoded_token (its convert_ids_list_to_tokens): a token decoded alone, special
+    tokens kept, with the spaces its SentencePiece entry begins with, which the decoder drops
+    from the front of a text ("\u2581hello" is " hello"); cached, as a token's text never
+    changes. The server's TokenTexts writes these texts into its JSON."""
+
+    def __init__(self, tokenizer: TextTokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._cache: dict[int, str] = {}
+
+    @functools.cached_property
+    def _marker(self) -> str | None:  # read at the first logprobs asked for, not at start-up
+        return space_marker(self.tokenizer)
+
+    def __call__(self, token_id: int) -> str:
+        text = self._cache.get(token_id)
+        if text is None:
+            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
+            entry = self.tokenizer.id_to_token(token_id)
+            if self._marker is not None and entry is not None:
+                missing = ((len(entry) - len(entry.lstrip(self._marker)))
+                           - (len(text) - len(text.lstrip(" "))))
+                text = " " * missing + text
+            self._cache[token_id] = text
+        return text
+
+
 class OutputProcessor:
     def __init__(self, tokenizer: TextTokenizer) -> None:
         self.tokenizer = tokenizer
+        self.decoded_tokens = DecodedTokens(tokenizer)
         self.parents: dict[str, _Parent] = {}
         self.child_of: dict[str, tuple[_Parent, int]] = {}
         self.emitted_tokens = 0  # output tokens given out, after stop strings cut drafts
@@ -73,12 +104,15 @@ class OutputProcessor:
         for rid, (start, entries) in runner_output.prompt_logprobs.items():
             parent, index = self.child_of[rid]
             if index == 0 and parent.prompt_logprobs is not None:
+                self._give_texts(entries, parent.children[0].request)
                 parent.prompt_logprobs[start:start + len(entries)] = entries
         for request in updated:
             parent, index = self.child_of[request.request_id]
             completion = parent.children[index]
             if completion.logprobs is not None and request.request_id in runner_output.logprobs:
-                completion.logprobs += runner_output.logprobs[request.request_id]
+                entries = runner_output.logprobs[request.request_id]
+                self._give_texts(entries, request)
+                completion.logprobs += entries
             if request.finished:
                 completion.finish_reason = request.status.finish_reason
                 completion.stop_reason = request.stop_reason
@@ -90,6 +124,14 @@ class OutputProcessor:
             if out is not None:
                 outputs.append(out)
         return outputs, stopped
+
+    def _give_texts(self, entries: Sequence[TokenLogprobs | None], request: Request) -> None:
+        """Let the entries name their tokens' texts (vLLM's decoded_token), where the request is
+        detokenized: vLLM's are None without a tokenizer to decode with."""
+        if request.sampling_params.detokenize:
+            for entry in entries:
+                if entry is not None:
+                    entry.texts = self.decoded_tokens
 
     def abort(self, request_id: str) -> RequestOutput | None:
         """Mark every unfinished completion aborted; returns the final output."""

@@ -7,6 +7,7 @@ finished steps into RequestOutputs for the caller.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from inferlab.engine.request import Request
@@ -80,13 +81,46 @@ class SchedulerOutput:
 
 
 @dataclass
-class TokenLogprobs:
-    """The chosen token's logprob and the top-k alternatives at one position."""
+class Logprob:
+    """vLLM's (vllm.logprobs.Logprob): one token's logprob at a position."""
+
+    logprob: float
+    rank: int | None = None  # 1 = the most likely token
+    decoded_token: str | None = None  # the token's text alone; None: not detokenized
+
+
+@dataclass(eq=False)  # compared as the mapping it is, as vLLM's dicts are
+class TokenLogprobs(Mapping[int, Logprob]):
+    """The chosen token's logprob and the top-k alternatives at one position; also vLLM's
+    dict[int, Logprob] of the position: token id -> Logprob, the chosen token first, then the
+    top ones by rank (one the chosen token is among keeps its place and takes the top's rank,
+    as vLLM's dict is built)."""
 
     token_id: int
     logprob: float
     rank: int  # 1 = the most likely token
     top: list[tuple[int, float]]  # (token id, logprob), most likely first
+    # token id -> its text alone (decoded_token), set by the output processor where the request
+    # is detokenized; looked up lazily, as a caller that reads only .top needs no text
+    texts: Callable[[int], str] | None = field(default=None, repr=False)
+
+    def __getitem__(self, token_id: int) -> Logprob:
+        for rank, (t, lp) in enumerate(self.top, start=1):
+            if t == token_id:
+                return Logprob(lp, rank, self._text(t))
+        if token_id == self.token_id:
+            return Logprob(self.logprob, self.rank, self._text(token_id))
+        raise KeyError(token_id)
+
+    def __iter__(self) -> Iterator[int]:
+        yield self.token_id
+        yield from (t for t, _ in self.top if t != self.token_id)
+
+    def __len__(self) -> int:
+        return 1 + sum(t != self.token_id for t, _ in self.top)
+
+    def _text(self, token_id: int) -> str | None:
+        return None if self.texts is None else self.texts(token_id)
 
 
 @dataclass

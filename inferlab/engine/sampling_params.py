@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -115,20 +116,18 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_number_types(self)
-        if isinstance(self.stop, str):
-            self.stop = [self.stop]
-        if isinstance(self.bad_words, str):
-            self.bad_words = [self.bad_words]
-        self.stop = list(self.stop or [])
-        self.stop_token_ids = list(self.stop_token_ids or [])
-        self.bad_words = list(self.bad_words or [])
+        self.stop = _as_list(self.stop, "stop")
+        self.stop_token_ids = _as_list(self.stop_token_ids, "stop_token_ids")
+        self.bad_words = _as_list(self.bad_words, "bad_words")
         if self.top_k == -1:
             self.top_k = 0
+        if self.seed == -1:  # vLLM's: -1 asks for no seed
+            self.seed = None
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if self.allowed_token_ids is not None:
-            self.allowed_token_ids = list(self.allowed_token_ids)
+            self.allowed_token_ids = _as_list(self.allowed_token_ids, "allowed_token_ids")
         if self.guided_choice is not None and not isinstance(self.guided_choice, str):
-            self.guided_choice = list(self.guided_choice)
+            self.guided_choice = _as_list(self.guided_choice, "guided_choice")
         guides = [name for name in GUIDES if self._guides_by(name)]
         checks = [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
@@ -268,6 +267,18 @@ def _grammar_checks(schema: dict[str, Any] | bool | None, regex: str | None, gra
         except RecursionError:
             checks.append((False, f"{name}: nested too deeply"))
     return checks
+
+
+def _as_list(value: Any, name: str) -> list[Any]:
+    """A list field given as None (empty), one string or any iterable, as a list; anything else
+    (stop=5) is refused naming the field, where list() would raise a bare TypeError."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, Iterable):
+        raise InvalidParameterError(f"{name} must be a list, got {value!r}")
+    return list(value)
 
 
 def _is_token_id(token: object) -> bool:

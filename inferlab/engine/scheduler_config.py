@@ -25,6 +25,12 @@ class SchedulerConfig:
         if self.policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.policy!r}")
+        # Decodes come first, a token each: a budget below the batch would leave the requests
+        # past it waiting for others to finish (vLLM refuses it with these words).
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise InferlabError(
+                f"max_num_batched_tokens ({self.max_num_batched_tokens}) must be greater than or"
+                f" equal to max_num_seqs ({self.max_num_seqs})")
         # Without chunking a prompt is computed in one step, so the longest one must fit a step.
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InferlabError(

@@ -32,7 +32,7 @@ class EngineScorer:
 
     def token_nll(self, ids: Sequence[int]) -> torch.Tensor:
         """ids [L] -> NLL of tokens 1..L-1 from the engine's prompt logprobs, float64 [L-1]."""
-        (out,) = self.llm.generate([list(ids)], self.params)
+        (out,) = self.llm.generate([list(ids)], self.params, use_tqdm=False)  # a call per window
         entries = out.prompt_logprobs
         if entries is None or len(entries) != len(ids) or entries[0] is not None:
             raise RuntimeError(f"the engine returned {0 if entries is None else len(entries)} "

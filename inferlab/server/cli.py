@@ -105,7 +105,8 @@ def run_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
     bind(settings.host, settings.port).close()  # a taken port fails now, not after the model loads
+    config = engine_config_from_args(args)  # bad engine flags fail before the model loads
     print(f"inferlab: loading {settings.served_model_name}...", file=sys.stderr, flush=True)
-    engine = AsyncEngine.from_config(engine_config_from_args(args))
+    engine = AsyncEngine.from_config(config)
     asyncio.run(serve(engine, settings))
     return 0

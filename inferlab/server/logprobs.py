@@ -5,38 +5,19 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Sequence
 
+from inferlab.engine.output_processor import DecodedTokens
 from inferlab.engine.outputs import TokenLogprobs
-from inferlab.engine.utf8_tokens import space_marker, split_utf8, token_bytes
+from inferlab.engine.utf8_tokens import split_utf8, token_bytes
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.protocol import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob
 
 
-class TokenTexts:
-    """Each token's text on its own, and its bytes, cached (a token's text never changes)."""
+class TokenTexts(DecodedTokens):
+    """Each token's text on its own (the engine's decoded_token), and its bytes, cached."""
 
     def __init__(self, tokenizer: TextTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._marker = space_marker(tokenizer)
-        self._cache: dict[int, str] = {}
+        super().__init__(tokenizer)
         self._bytes: dict[int, list[int]] = {}
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = self._decode(token_id)
-            self._cache[token_id] = text
-        return text
-
-    def _decode(self, token_id: int) -> str:
-        """The token decoded alone, with the spaces its SentencePiece entry begins with, which
-        the decoder drops from the front of a text ("\u2581hello" is " hello", as in vLLM's
-        convert_ids_list_to_tokens and in the text it writes after other tokens)."""
-        text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-        entry = self.tokenizer.id_to_token(token_id)
-        if self._marker is None or entry is None:
-            return text
-        missing = (len(entry) - len(entry.lstrip(self._marker))) - (len(text) - len(text.lstrip(" ")))
-        return " " * missing + text
 
     def spelling(self, token_id: int) -> list[int]:
         """OpenAI's `bytes` of a token: what it stands for, which a token holding part of a

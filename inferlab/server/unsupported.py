@@ -34,7 +34,9 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "modalities": lambda v, _: _empty(v, _) or v == ["text"],
     "prediction": _empty,
     # vLLM's own extensions this server does not implement, neutral at their defaults
-    "spaces_between_special_tokens": lambda v, _: v is None or v is True,
+    # vLLM's fast detokenizer only drops the space a joining decoder (WordPiece) puts between
+    # added tokens; the byte-level and SentencePiece decoders this server loads put none
+    "spaces_between_special_tokens": lambda v, _: v is None or isinstance(v, bool),
     "logits_processors": _empty,
     "chat_template": _empty,
     "documents": _empty,

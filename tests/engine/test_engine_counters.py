@@ -29,7 +29,8 @@ def _run_to_end(llm: LLM) -> None:
 def test_a_prompt_counts_when_its_prefill_is_done(model_dir):
     """10 prompt tokens, 4 a step: steps of 4, 4 and 2 prompt tokens, the third samples the
     first token; the 10 count there, and not again at the decode step after."""
-    llm = LLM(model_dir, dtype="float32", kv_cache_memory="1MiB", max_num_batched_tokens=4)
+    llm = LLM(model_dir, dtype="float32", kv_cache_memory="1MiB", max_num_batched_tokens=4,
+              max_num_seqs=4)
     engine = llm.engine
     engine.add_request(PROMPT, PARAMS, "r")
     counted = []

@@ -273,7 +273,14 @@ def test_configs_reject_bad_values() -> None:
         SchedulerConfig(max_model_len=16, max_num_seqs=0)
     with pytest.raises(InferlabError, match=r"max_num_batched_tokens \(8\) must be at least "
                                             r"max_model_len \(16\)"):
-        SchedulerConfig(max_model_len=16, max_num_batched_tokens=8, enable_chunked_prefill=False)
+        SchedulerConfig(max_model_len=16, max_num_seqs=8, max_num_batched_tokens=8,
+                        enable_chunked_prefill=False)
+    # vLLM's SchedulerConfig refuses a step budget below the batch: decodes first, a token
+    # each, would leave the requests past the budget waiting for others to finish
+    with pytest.raises(InferlabError, match=r"max_num_batched_tokens \(2\) must be greater than or "
+                                            r"equal to max_num_seqs \(4\)"):
+        SchedulerConfig(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=2)
+    SchedulerConfig(max_model_len=16, max_num_seqs=4, max_num_batched_tokens=4)
     with pytest.raises(InferlabError, match="power of two"):
         CacheConfig(block_size=12, num_blocks=4)
     with pytest.raises(InferlabError, match="at least one block"):

@@ -91,7 +91,8 @@ def test_random_workloads_finish_with_correct_kv_and_no_leaked_block(
     max_model_len = 24
     if not chunked:
         budget = max(budget, max_model_len)
-    s = make_scheduler(num_blocks=num_blocks, block_size=block_size, max_num_seqs=max_num_seqs,
+    s = make_scheduler(num_blocks=num_blocks, block_size=block_size,
+                       max_num_seqs=min(max_num_seqs, budget),
                        max_num_batched_tokens=budget, max_model_len=max_model_len,
                        enable_chunked_prefill=chunked, enable_prefix_caching=caching,
                        policy=policy)

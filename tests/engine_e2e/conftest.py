@@ -14,6 +14,8 @@ def _llm_maker(loaded, dtype: str):
 
     def make(**engine_args) -> LLM:
         engine_args.setdefault("kv_cache_memory", "64MiB")
+        if "max_num_batched_tokens" in engine_args:  # a budget below the batch is refused
+            engine_args.setdefault("max_num_seqs", min(256, engine_args["max_num_batched_tokens"]))
         return LLM(loaded=loaded, dtype=dtype, **engine_args)
 
     return make

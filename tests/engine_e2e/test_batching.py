@@ -143,6 +143,6 @@ def test_seeded_bf16_sampling_ignores_where_the_prompt_is_cut():
     expected = whole.generate([prompt], params)[0].outputs[0]
     for step in (7, 60):
         cut = LLM(loaded=whole.engine.loaded, dtype="bfloat16", kv_cache_memory="64MiB",
-                  max_num_batched_tokens=step).generate([prompt], params)[0].outputs[0]
+                  max_num_batched_tokens=step, max_num_seqs=step).generate([prompt], params)[0].outputs[0]
         assert cut.token_ids == expected.token_ids, step
         assert [e.logprob for e in cut.logprobs] == [e.logprob for e in expected.logprobs], step

@@ -87,8 +87,8 @@ def test_chat_repl_skips_empty_lines_and_takes_its_commands(capsys, monkeypatch,
     llm = make_llm()
     params = SamplingParams(temperature=0, max_tokens=6)
     system = {"role": "system", "content": "Be brief."}
-    first = llm.chat([system, {"role": "user", "content": "Name a colour."}], params)[0].outputs[0].text
-    second = llm.chat([system, {"role": "user", "content": "And a fruit?"}], params)[0].outputs[0].text
+    first = llm.chat([system, {"role": "user", "content": "Name a colour."}], params, use_tqdm=False)[0].outputs[0].text
+    second = llm.chat([system, {"role": "user", "content": "And a fruit?"}], params, use_tqdm=False)[0].outputs[0].text
     out, err = capsys.readouterr()
     assert out == f"> {first}\n> > > > > {second}\n> "
     assert err == ("commands: /clear (forget the conversation), /exit or /quit\n"
@@ -118,9 +118,9 @@ def test_chat_repl_reports_a_turn_over_the_context_and_goes_on(capsys, monkeypat
     llm = make_llm()
     params = SamplingParams(temperature=0, max_tokens=4)
     conversation = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi."}]
-    first = llm.chat(conversation, params)[0].outputs[0].text
+    first = llm.chat(conversation, params, use_tqdm=False)[0].outputs[0].text  # no bar on stderr
     conversation += [{"role": "assistant", "content": first}, {"role": "user", "content": "Bye."}]
-    second = llm.chat(conversation, params)[0].outputs[0].text
+    second = llm.chat(conversation, params, use_tqdm=False)[0].outputs[0].text
     out, err = capsys.readouterr()
     assert out == f"> {first}\n> > {second}\n> "
     assert err == "error: the prompt has 95 tokens, the context holds 64: no room for output\n"

@@ -60,7 +60,8 @@ def _use_triton_kernels(monkeypatch) -> None:
 @pytest.mark.parametrize("graphs", [False, True], ids=["eager", "graph path"])
 def test_the_triton_kernels_give_the_torch_kernels_tokens(tiny, monkeypatch, graphs) -> None:
     def llm() -> LLM:
-        return LLM(loaded=tiny, dtype="float32", kv_cache_memory="4MiB", max_num_batched_tokens=32)
+        return LLM(loaded=tiny, dtype="float32", kv_cache_memory="4MiB", max_num_batched_tokens=32,
+                   max_num_seqs=32)
 
     expected = _generate(llm())
     _use_triton_kernels(monkeypatch)

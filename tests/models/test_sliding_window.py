@@ -30,8 +30,9 @@ def test_the_context_stops_at_the_window_and_matches_transformers_within_it(tmp_
         reference = model.generate(torch.tensor([prompt]), max_new_tokens=WINDOW - len(prompt),
                                    do_sample=False, eos_token_id=None, pad_token_id=0)
     assert out == reference[0, len(prompt):].tolist()
-    with pytest.raises(InferlabError, match=f"over the context length {WINDOW}"):
-        llm.generate([prompt], SamplingParams(max_tokens=WINDOW - len(prompt) + 1))
+    past = SamplingParams(temperature=0, max_tokens=WINDOW, ignore_eos=True)  # ends at the window
+    capped = llm.generate([prompt], past)[0].outputs[0]
+    assert (len(prompt) + len(capped.token_ids), capped.finish_reason) == (WINDOW, "length")
     with pytest.raises(InferlabError, match=f"max_model_len 64 is over the model's sliding window of {WINDOW}"):
         LLM(str(tmp_path), dtype="float32", kv_cache_memory="4MiB", max_model_len=64)
 

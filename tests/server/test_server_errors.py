@@ -65,7 +65,7 @@ def chat(server, **fields) -> httpx.Response:
     ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
     # vLLM's extensions that would change the answer: refused, not silently ignored
-    ({"spaces_between_special_tokens": False}, "spaces_between_special_tokens", "not supported"),
+    ({"logits_processors": ["my.module.Processor"]}, "logits_processors", "not supported"),
     ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
     ({"allowed_token_ids": [9999999]}, "allowed_token_ids", "outside the vocabulary"),
     # with min_tokens these were held back by indexing the logits: it killed the engine loop

@@ -26,7 +26,7 @@ def bf16_server():
 
     engine = AsyncEngine.from_config(EngineConfig(
         dtype="bfloat16", kv_cache_memory_bytes=32 * 2**20, max_model_len=MAX_MODEL_LEN,
-        max_num_batched_tokens=48))
+        max_num_batched_tokens=48, max_num_seqs=48))
     yield from start_server(engine)
     asyncio.run(engine.shutdown(timeout_s=0))
 
