@@ -205,7 +205,7 @@ def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearc
     for name in _NOT_FOR_BEAMS:
         value = getattr(req, name, None)
         if name in fields and value is not None and value != fields[name].default and value != {
-                "type": "text"}:
+                "type": "text"} and not (name == "seed" and value == -1):  # -1: no seed (vLLM)
             raise bad_request(f"beam search does not take '{name}'", name)
     if getattr(req, "echo", False) and params.prompt_logprobs is not None:  # vLLM asserts here
         raise bad_request("beam search does not take 'echo' with 'logprobs': the prompt's "

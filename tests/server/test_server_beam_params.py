@@ -71,6 +71,15 @@ def test_an_empty_prompt_is_refused_as_without_beams(server):
     assert r.status_code == 400 and r.json()["error"]["message"] == "the prompt is empty", r.text
 
 
+def test_seed_minus_one_means_no_seed_and_is_taken_as_without_one(server):
+    """vLLM reads seed -1 as no seed; beams sample nothing, so only a real seed is refused."""
+    plain = _ok(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=3)
+    unseeded = _ok(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=3, seed=-1)
+    assert [c["text"] for c in unseeded["choices"]] == [c["text"] for c in plain["choices"]]
+    r = _post(server, "completions", **BEAMS, prompt=PROMPT, max_tokens=3, seed=7)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "seed", r.text
+
+
 def test_echo_with_logprobs_is_refused_not_answered_without_the_prompts(server):
     """Beams compute no prompt logprobs: the echo's would be missing (vLLM asserts); echo
     alone, or logprobs alone, still works."""
