@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from inferlab.engine.output_processor import DecodedTokens
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
@@ -119,7 +120,10 @@ class BeamSearch:
         """The best beams, best first, as the completions of one request."""
         best = sorted(self.finished + self.live, key=self._score, reverse=True)
         completions = []
+        texts = DecodedTokens(tokenizer)  # the rounds ran undetokenized: vLLM's decoded_token
         for index, beam in enumerate(best[:self.params.beam_width]):
+            for entry in beam.logprobs:
+                entry.texts = texts
             token_ids = beam.tokens[len(self.prompt_ids):]
             text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended],  # not the end token
                                     skip_special_tokens=self.params.skip_special_tokens)

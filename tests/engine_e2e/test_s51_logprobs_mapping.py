@@ -77,3 +77,14 @@ def test_decoded_token_is_none_without_detokenizing(llm):
     positions = [*out.outputs[0].logprobs, *out.prompt_logprobs[1:]]
     assert all(e.decoded_token is None for p in positions for e in p.values())
     assert out.outputs[0].logprobs[0][out.outputs[0].token_ids[0]].rank == 1  # greedy
+
+
+def test_beam_search_logprobs_name_their_tokens_text(llm, hf_smollm_tokenizer):
+    """A beam's positions, as vLLM's beam search gives them: each token's decoded_token."""
+    from inferlab import BeamSearchParams
+
+    out = llm.beam_search([PROMPT], BeamSearchParams(beam_width=2, max_tokens=4, logprobs=1))[0]
+    for beam in out.outputs:
+        assert len(beam.logprobs) == len(beam.token_ids)
+        for position, token in zip(beam.logprobs, beam.token_ids, strict=True):
+            assert position[token].decoded_token == hf_smollm_tokenizer.decode([token])
