@@ -140,7 +140,7 @@ class AsyncEngine:
             if any(out.outputs[0].finish_reason == "abort" for out in outputs):
                 raise _shutting_down()
             search.advance(outputs)
-        return search.output(request_id, self.tokenizer, text)
+        return search.output(request_id, self.tokenizer, text, self.engine.outputs.decoded_tokens)
 
     async def _last_output(self, prompt: list[int], params: SamplingParams, request_id: str,
                            priority: int) -> RequestOutput:

@@ -15,9 +15,9 @@ round recomputes about a block of each beam.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from inferlab.engine.output_processor import DecodedTokens
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
@@ -116,11 +116,12 @@ class BeamSearch:
             self.num_cached_tokens = outputs[0].num_cached_tokens  # (later, the search's own blocks)
         self.rounds += 1
 
-    def output(self, request_id: str, tokenizer: TextTokenizer, prompt: str | None) -> RequestOutput:
-        """The best beams, best first, as the completions of one request."""
+    def output(self, request_id: str, tokenizer: TextTokenizer, prompt: str | None,
+               texts: Callable[[int], str]) -> RequestOutput:
+        """The best beams, best first, as the completions of one request; `texts`: each token's
+        text alone (the engine's cached decoded_token), as the rounds ran undetokenized."""
         best = sorted(self.finished + self.live, key=self._score, reverse=True)
         completions = []
-        texts = DecodedTokens(tokenizer)  # the rounds ran undetokenized: vLLM's decoded_token
         for index, beam in enumerate(best[:self.params.beam_width]):
             for entry in beam.logprobs:
                 entry.texts = texts

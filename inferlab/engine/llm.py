@@ -104,7 +104,7 @@ class LLM:
                 taken = len(search.live)
                 search.advance(outputs[:taken])
                 outputs = outputs[taken:]
-        return [search.output(f"beam-{i}", self.tokenizer, text)
+        return [search.output(f"beam-{i}", self.tokenizer, text, self.engine.outputs.decoded_tokens)
                 for i, (text, search) in enumerate(searches)]
 
     def _generate(self, prompts: list[str | list[int]], params: Params,

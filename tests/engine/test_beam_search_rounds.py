@@ -28,6 +28,10 @@ class Letters:
     def decode(ids: list[int], skip_special_tokens: bool = True) -> str:
         return "".join(chr(ord("a") + t - 1) for t in ids)
 
+    @staticmethod
+    def text(token_id: int) -> str:  # a token's text alone, as the engine's decoded_token
+        return Letters.decode([token_id])
+
 
 def test_end_tokens_finish_and_the_next_candidates_take_their_place():
     """Width 2, so 4 candidates a beam: EOS is the best candidate of the prompt, and finishes;
@@ -41,7 +45,7 @@ def test_end_tokens_finish_and_the_next_candidates_take_their_place():
     assert search.done and search.beams() == [[5, 6, 1, 3], [5, 6, 2, 4]]
     # scores, length with the prompt and without an ending EOS: "EOS" -0.1/2, "a EOS" -0.8/3,
     # "a c" -0.7/4, "b d" -0.8/4, "b EOS" -2.7/3: the best two are "EOS" and "a c"
-    out = search.output("r", Letters(), None)
+    out = search.output("r", Letters(), None, Letters.text)
     assert [(c.token_ids, c.text, c.finish_reason) for c in out.outputs] == [
         ([EOS], "", "stop"), ([1, 3], "ac", "length")]
     assert math.isclose(out.outputs[1].cumulative_logprob, -0.7)
@@ -56,7 +60,7 @@ def test_length_penalty_decides_between_short_and_long():
                                                      length_penalty=penalty), {EOS}, 64)
         search.advance([answer([(1, -0.4), (2, -3.0)])])
         search.advance([answer([(EOS, -0.2), (3, -0.5)])])
-        return [c.token_ids for c in search.output("r", Letters(), None).outputs]
+        return [c.token_ids for c in search.output("r", Letters(), None, Letters.text).outputs]
 
     assert ranked(1.0) == [[1, EOS]]
     assert ranked(3.0) == [[1, 3]]
@@ -83,7 +87,7 @@ def test_logprobs_asked_for_do_not_widen_the_candidates():
     search = BeamSearch([5], params, {EOS, 9}, 64)
     search.advance([answer([(EOS, -0.1), (9, -0.2), (4, -3.0)])])
     assert search.done and search.beams() == []
-    (best,) = search.output("r", Letters(), None).outputs
+    (best,) = search.output("r", Letters(), None, Letters.text).outputs
     assert best.token_ids == [EOS] and len(best.logprobs[0].top) == 3  # all 3 reported
 
 
@@ -94,5 +98,5 @@ def test_a_token_reports_the_alternatives_asked_for_not_the_candidates():
         search = BeamSearch([5], BeamSearchParams(beam_width=2, max_tokens=1, logprobs=asked),
                             {EOS}, 64)
         search.advance([answer([(1, -0.1), (2, -0.2), (3, -0.3), (4, -0.4)])])
-        best = search.output("r", Letters(), None).outputs[0]
+        best = search.output("r", Letters(), None, Letters.text).outputs[0]
         assert best.token_ids == [1] and best.logprobs[0].top == reported, asked
