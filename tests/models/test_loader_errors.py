@@ -16,19 +16,8 @@ from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import load_chat_template
 from inferlab.models.gguf import read_gguf_config
 from inferlab.models.loader import load_network, read_model_config
-from tests.quant.tiny import write_tokenizer
 
 from .tiny_gguf import write_tiny_gguf
-from .tiny_models import make_tiny_model
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    """A whole model folder: config, weights and a tokenizer (`inferlab info` reads all three)."""
-    directory = tmp_path_factory.mktemp("tiny")
-    make_tiny_model("llama", directory)
-    write_tokenizer(directory)
-    return directory
 
 
 def _copy(src, dst):

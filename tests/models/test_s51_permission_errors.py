@@ -14,10 +14,7 @@ import sys
 
 import pytest
 
-from tests.quant.tiny import write_tokenizer
-
 from .tiny_gguf import write_tiny_gguf
-from .tiny_models import make_tiny_model
 
 DENIED = "Permission denied"
 
@@ -32,14 +29,6 @@ def _unprivileged(argv: list[str]) -> subprocess.CompletedProcess:
                    "-c", shlex.join(command)]
     env = {**os.environ, "PYTHONPATH": os.getcwd()}
     return subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
-
-
-@pytest.fixture(scope="module")
-def tiny_dir(tmp_path_factory):
-    directory = tmp_path_factory.mktemp("tiny")
-    make_tiny_model("llama", directory)
-    write_tokenizer(directory)
-    return directory
 
 
 @pytest.fixture
