@@ -72,13 +72,19 @@ def test_vnni_layouts_round_trip(bits: int, rows: int, cols: int) -> None:
     assert torch.equal(unpack(packed), q)
 
 
-def test_vnni_int4_pairs_of_blocks_alternate_lines() -> None:
+def test_vnni_pairs_of_blocks_alternate_lines() -> None:
     """Blocks 2p and 2p + 1 (16 outputs each) alternate their 64-byte lines; an odd last block
-    follows alone. Block b's codes are all b - 8, so every byte of its lines is u | u << 4, u = b."""
+    follows alone. Block b's codes are all b - 8, so every byte of its int4 lines is u | u << 4,
+    u = b, and of its W8A16 lines b + 120."""
     q = torch.arange(48).div(16, rounding_mode="floor").sub(8).to(torch.int8)[:, None].expand(48, 16)
     lines = vnni.pack_int4(q.contiguous()).reshape(-1, 64)  # 3 blocks x 2 lines of 8 inputs
     assert [int(line[0]) for line in lines] == [0, 0x11, 0, 0x11, 0x22, 0x22]
     assert all(bool((line == line[0]).all()) for line in lines)
+    quads = vnni.pack_uint8_quads(q.contiguous())
+    lines = quads.reshape(-1, 64)  # 3 blocks x 4 lines of 4 inputs
+    assert [int(line[0]) for line in lines] == [120, 121] * 4 + [122] * 4
+    assert all(bool((line == line[0]).all()) for line in lines)
+    assert torch.equal(vnni.unpack_uint8_quads(quads), q)
 
 
 def test_vnni_int4_layout_by_hand() -> None:

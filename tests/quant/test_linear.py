@@ -274,11 +274,15 @@ def test_c_fp8_is_the_exact_product_rounded_once(rows: int) -> None:
 
 
 def test_int4_kernel_and_dequant_paths_agree() -> None:
-    qw = quantize_rtn(torch.randn(80, 256), make_scheme("W4A16", 64).weights)
+    """The two paths sum in different orders: they agree to fp32 rounding of the products' mass
+    (a fixed 1e-5 failed about one run in three, unseeded: 1.5e-5 on one of 10,320 outputs)."""
+    gen = torch.Generator().manual_seed(0)
+    qw = quantize_rtn(torch.randn(80, 256, generator=gen), make_scheme("W4A16", 64).weights)
     layer = build_quant_linear(qw, None, None, torch.float32)
-    x = torch.randn(linear.INT4_KERNEL_MAX_ROWS + 1, 256)
+    x = torch.randn(linear.INT4_KERNEL_MAX_ROWS + 1, 256, generator=gen)
     by_kernel = torch.cat([layer(row[None]) for row in x])  # one row at a time: kernel
-    torch.testing.assert_close(layer(x), by_kernel, rtol=1e-5, atol=1e-5)  # dequantized GEMM
+    mass = x.abs() @ layer.dequantized_weight().abs().T
+    assert bool(((layer(x) - by_kernel).abs() <= 2.0 ** -20 * mass).all())  # dequantized GEMM
     torch.testing.assert_close(layer.dequantized_weight(), library_dequantize(qw).float(),
                                rtol=1e-6, atol=1e-6)
 

@@ -7,10 +7,13 @@
  *
  *   int8 [N/16][K/4][16][4]: u = q + 128, one quad per line, as loaded.
  *   int4 [N/16][K/8][64] bytes: u = q + 8, byte 4j + i holding output j's inputs i (low
- *        nibble) and 4 + i (high nibble): a mask and a shift give a line's two quads. The
- *        blocks of a pair (2p, 2p + 1), which a task reads together, alternate line by line
- *        ([K/8][2][64] a pair; an odd last block alone), so that a task reads one stream: the
- *        model's int4 linears read 13-15% faster than from two streams 4.6-12 KB apart.
+ *        nibble) and 4 + i (high nibble): a mask and a shift give a line's two quads.
+ *   In both, the blocks of a pair (2p, 2p + 1), which a task reads together, alternate line by
+ *   line ([K/4 or K/8][2][64] a pair; an odd last block alone), so that a task reads one
+ *   stream: on an Intel Xeon, the model's int4 linears read 13-15% faster than from two
+ *   streams 4.6-12 KB apart; on an AMD EPYC (Zen 5), its int8 linears at one row took 1.10-1.11x
+ *   (slow memory, ~50 GB/s) and 1.19-1.25x (fast, ~70 GB/s) of a plain read of their bytes,
+ *   against 1.25-1.27x and 1.36x from two streams (benchmarks/linear_floor.py).
  *   (inferlab/quant/formats/vnni.py packs both.)
  *   group_scale bf16 [K/group][N]; group_zero (zero points, bf16, same shape) or NULL; bias bf16
  *   [N] or NULL. Scales in bf16, the compute dtype, as vLLM's weight-only kernels take them:
@@ -147,11 +150,8 @@ static inline __attribute__((always_inline)) void block_sums(
         __m512i quads[2][2];
         for (int b = 0; b < TASK_BLOCKS; b++) {
             const uint8_t *src = w[b].start + line * w[b].stride;
-            /* 32 lines ahead; an int4 pair's stream runs on into the next pair by itself */
-            _mm_prefetch(BITS == 4 ? (const char *)src + 32 * w[b].stride
-                                   : task_prefetch_at(w[b].start, line * LINE + 2048,
-                                                      act_blocks * lines * LINE, TASK_BLOCKS),
-                         _MM_HINT_T0);
+            /* 32 lines ahead; a pair's stream runs on into the next pair by itself */
+            _mm_prefetch((const char *)src + 32 * w[b].stride, _MM_HINT_T0);
             /* int4, twice int8's arithmetic a byte, also asks for the line 96 ahead into L2:
              * without it, its memory time and its arithmetic added up (the model's W4A16
              * linears at one row: 2.48-2.52 -> 2.21-2.26 ms; 64 to 160 lines ahead alike; int8

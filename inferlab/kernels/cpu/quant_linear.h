@@ -35,7 +35,7 @@ typedef struct {
 } act_t;
 
 /* Where block b's weight lines start and how many bytes apart they are (quant_linear.c's
- * layouts): int4 pairs of blocks alternate their lines; int8 blocks follow one another. */
+ * layouts): pairs of blocks alternate their lines; an odd last block's follow one another. */
 typedef struct {
     const uint8_t *start;
     int64_t stride;
@@ -44,7 +44,7 @@ typedef struct {
 static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) {
     const int64_t block_bytes = l->k_in * 2 * BITS;
     const uint8_t *weight = (const uint8_t *)l->weight;
-    if (BITS == 8 || (b ^ 1) >= l->n_out / 16)  /* int8, or int4's odd last block */
+    if ((b ^ 1) >= l->n_out / 16)  /* the odd last block */
         return (lines_t){weight + b * block_bytes, LINE};
     return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
 }

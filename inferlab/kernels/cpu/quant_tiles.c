@@ -15,11 +15,11 @@
 
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__) && defined(__AMX_BF16__) && defined(__AMX_INT8__)
 /* One output block's B tiles, one a 64-input activation block: 16 quads of its 16 outputs'
- * unsigned codes, as tdpbsud takes them, 1 KiB apart. int8 lines are those quads as they lie;
- * int4 lines are unpacked to buf, each line's two quads in turn. */
-static const uint8_t *weight_tiles(const linear_t *l, const int BITS, int64_t b, uint8_t *buf) {
+ * unsigned codes, as tdpbsud takes them, 16 lines apart. int8 lines are those quads as they
+ * lie (a pair's alternate); int4 lines are unpacked to buf, each line's two quads in turn. */
+static lines_t weight_tiles(const linear_t *l, const int BITS, int64_t b, uint8_t *buf) {
     const lines_t w = block_lines(l, BITS, b);
-    if (BITS == 8) return w.start;
+    if (BITS == 8) return w;
     for (int64_t line = 0; line < l->k_in / 8; line++) {
         __m512i quads[2];
         _mm_prefetch((const char *)w.start + (line + 32) * w.stride, _MM_HINT_T0);
@@ -28,7 +28,7 @@ static const uint8_t *weight_tiles(const linear_t *l, const int BITS, int64_t b,
         _mm512_store_si512(buf + 2 * line * 64, quads[0]);
         _mm512_store_si512(buf + (2 * line + 1) * 64, quads[1]);
     }
-    return buf;
+    return (lines_t){buf, LINE};
 }
 
 #define CHUNK_BLOCKS 8 /* output blocks that share each load of the activations' tiles */
@@ -81,7 +81,7 @@ static inline __attribute__((always_inline)) void act_block_sums(
  * its tiles are stored after. Rows past the last hold padding; their results are not stored. */
 static inline __attribute__((always_inline)) void tile_chunk(
         const linear_t *l, const int BITS, const act_t *x, int64_t r0, int64_t b0, int64_t nb,
-        const uint8_t *tiles[CHUNK_BLOCKS], chunk_state_t *st) {
+        const lines_t tiles[CHUNK_BLOCKS], chunk_state_t *st) {
     const int64_t k = l->k_in;
     int32_t c[2][2][256] __attribute__((aligned(64)));
     memset(st, 0, sizeof *st);
@@ -92,9 +92,10 @@ static inline __attribute__((always_inline)) void tile_chunk(
         for (int64_t j = 0; j < nb; j++, issued++) {
             if (BITS == 8 && r0 == 0)  /* the first rows read the weights from memory */
                 for (int line = 0; line < 16; line++)
-                    _mm_prefetch((const char *)tiles[j] + (a + 2) * 1024 + line * 64, _MM_HINT_T0);
+                    _mm_prefetch((const char *)tiles[j].start + ((a + 2) * 16 + line) * tiles[j].stride,
+                                 _MM_HINT_T0);
             _tile_zero(0); _tile_zero(1);
-            _tile_loadd(6, tiles[j] + a * 1024, 64);
+            _tile_loadd(6, tiles[j].start + a * 16 * tiles[j].stride, tiles[j].stride);
             _tile_dpbsud(0, 4, 6); _tile_dpbsud(1, 5, 6);
             if (issued)
                 act_block_sums(l, BITS, x, r0, (b0 + j_prev) * 16, a_prev, c[(issued - 1) & 1],
@@ -134,7 +135,7 @@ int quant_tiles(const linear_t *l, const act_t *x, int64_t rows, uint16_t *y) {
         const int64_t end = blocks * (t + 1) / threads;
         for (int64_t b0 = blocks * t / threads; ok && b0 < end; b0 += CHUNK_BLOCKS) {
             const int64_t nb = end - b0 < CHUNK_BLOCKS ? end - b0 : CHUNK_BLOCKS;
-            const uint8_t *tiles[CHUNK_BLOCKS];
+            lines_t tiles[CHUNK_BLOCKS];
             for (int64_t j = 0; j < nb; j++)
                 tiles[j] = BITS == 8 ? weight_tiles(l, 8, b0 + j, NULL)
                                      : weight_tiles(l, 4, b0 + j, buf + j * tile_bytes);

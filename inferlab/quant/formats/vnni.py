@@ -7,12 +7,15 @@ pair of inputs side by side) or of `vpdpbusd` (quads), so a load decodes into wh
 * int8 pairs [N/16, K/2, 16, 2]: the 1-byte fp8 codes (FP8_DYNAMIC), widened to bf16 pairs.
 * int8 quads [N/16, K/4, 16, 4] (W8A8): four inputs per output side by side, the layout of
   AMX's int8 B tiles and of vpdpbusd's signed operand.
-* uint8 quads [N/16, K/4, 16, 4] (W8A16): the same with u = q + 128, vpdpbusd's unsigned operand.
+* uint8 quads [N/16, K/4, 16, 4] (W8A16): the same with u = q + 128, vpdpbusd's unsigned
+  operand, pairs of blocks interleaved as int4's are.
 * int4 [N/16, K/8, 64] bytes: one 64-byte line per 16 outputs and 8 inputs holding u = q + 8,
   byte 4j + i holding output j's input i in its low nibble and input 4 + i in its high one: a
   mask gives the line's first input quad as vpdpbusd's unsigned bytes, a shift the second.
-  Blocks 2p and 2p + 1, which the kernel reads together, alternate line by line (the pair is
-  [K/8, 2, 64]; an odd last block stays alone), so that it reads them as one stream.
+
+In both W8A16 and W4A16 layouts, blocks 2p and 2p + 1, which the kernel reads together,
+alternate line by line (the pair is [K/8 or K/4, 2, 64]; an odd last block stays alone), so that
+it reads them as one stream.
 """
 
 from __future__ import annotations
@@ -33,13 +36,15 @@ def unpack_int8(packed: torch.Tensor) -> torch.Tensor:
 
 
 def pack_uint8_quads(codes: torch.Tensor) -> torch.Tensor:
-    """int8 [N, K] -> uint8 [N/16, K/4, 16, 4] holding q + 128."""
-    return pack_int8((codes.to(torch.int16) + 128).to(torch.uint8), inputs=4)
+    """int8 [N, K] -> uint8 [N/16, K/4, 16, 4] holding q + 128; pairs of blocks interleaved."""
+    quads = pack_int8((codes.to(torch.int16) + 128).to(torch.uint8), inputs=4)
+    return _swap_pair_lines(quads.flatten(2), interleave=True).view(quads.shape)
 
 
 def unpack_uint8_quads(packed: torch.Tensor) -> torch.Tensor:
     """uint8 [N/16, K/4, 16, 4] of q + 128 -> int8 codes [N, K]."""
-    return (unpack_int8(packed).to(torch.int16) - 128).to(torch.int8)
+    quads = _swap_pair_lines(packed.flatten(2), interleave=False).view(packed.shape)
+    return (unpack_int8(quads).to(torch.int16) - 128).to(torch.int8)
 
 
 def _int4_line_map() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
