@@ -51,7 +51,8 @@
 #include "quant_linear.h"
 
 #if defined(__AVX512BF16__) && defined(__AVX512VNNI__)
-#define TASK_BLOCKS 2 /* 16-output blocks a task, see quant_kernel */
+#define TASK_BLOCKS 2 /* 16-output blocks a task, see register_kernel */
+#define STACK_K 4096 /* inputs whose activations quantize onto the stack, see quant_kernel */
 #define KERNEL_MAX_ROWS 64 /* more rows: the weight dequantized, then the bf16 GEMM */
 
 /* A quad of unsigned bytes (16 outputs x 4 inputs) -> its two input pairs as 16-bit words in
@@ -89,42 +90,57 @@ static inline __attribute__((always_inline)) void decode_line(const uint8_t *src
     }
 }
 
-/* Rows of bf16 x -> 14-bit integer codes xq, split as xq = 128 hi + lo (hi signed, lo in
- * [0, 128)) into xhi, xlo [rows][K], with one power-of-two scale 2^(e - 13) per block (e the
- * exponent of the block's largest |x|) and each block's sum of codes: xscale, xsum
- * [rows][K / block]. Multiplying by a power of two is exact, so a code rounds only for a value
- * more than 2^6 times smaller than its block's largest. The largest comes from the bits, as
- * dynamic_linear.c's row_absmax takes it, so that a NaN or an inf shows there: its block gets a
- * NaN scale, and its row's outputs come out NaN rather than finite and wrong. */
+/* A row of bf16 x [K] -> 14-bit integer codes xq, split as xq = 128 hi + lo (hi signed, lo in
+ * [0, 128)) into xhi, xlo [K], with one power-of-two scale 2^(e - 13) per block (e the exponent
+ * of the block's largest |x|) and each block's sum of codes: xscale, xsum [K / block].
+ * Multiplying by a power of two is exact, so a code rounds only for a value more than 2^6 times
+ * smaller than its block's largest. The largest comes from the bits, as dynamic_linear.c's
+ * row_absmax takes it, so that a NaN or an inf shows there: its block gets a NaN scale, and its
+ * row's outputs come out NaN rather than finite and wrong. */
+static void quantize_row(const uint16_t *x, int64_t k, int64_t block, int8_t *xhi, int8_t *xlo,
+                         float *xscale, int32_t *xsum) {
+    const __m256i magnitude = _mm256_set1_epi16(0x7fff);
+    const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
+    for (int64_t b = 0; b < k / block; b++) {
+        const uint16_t *src = x + b * block;
+        __m256i top = _mm256_setzero_si256();
+        for (int64_t i = 0; i < block; i += 16)
+            top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_maskz_loadu_epi16(lanes, src + i), magnitude));
+        const float largest = bf16_to_f32((uint16_t)_mm512_reduce_max_epu32(_mm512_cvtepu16_epi32(top)));
+        int e = largest > 0.0f ? ilogbf(largest) : 0;
+        e = e < -100 ? -100 : e;  /* the scale's inverse stays finite */
+        __m512 up = _mm512_set1_ps(ldexpf(1.0f, 13 - e));
+        __m512i codes = _mm512_setzero_si512();
+        for (int64_t i = 0; i < block; i += 16) {
+            __m512 v = bf16x16_widen(_mm256_maskz_loadu_epi16(lanes, src + i));
+            __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, up));
+            codes = _mm512_add_epi32(codes, q);
+            _mm_mask_storeu_epi8(xhi + b * block + i, lanes, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 7)));
+            _mm_mask_storeu_epi8(xlo + b * block + i, lanes, _mm512_cvtepi32_epi8(
+                _mm512_and_si512(q, _mm512_set1_epi32(127))));
+        }
+        xscale[b] = isfinite(largest) ? ldexpf(1.0f, e - 13) : NAN;
+        xsum[b] = _mm512_reduce_add_epi32(codes);
+    }
+}
+
+/* quantize_row for each row of x (row stride x_stride) into xhi, xlo [rows][K] and xscale, xsum
+ * [rows][K / block]; a decode batch's few rows without a parallel region, which costs more than
+ * they do. */
 static void quantize_activations(const uint16_t *x, int64_t x_stride, int64_t rows, int64_t k,
                                  int64_t block, int8_t *xhi, int8_t *xlo, float *xscale,
                                  int32_t *xsum) {
-    const __m256i magnitude = _mm256_set1_epi16(0x7fff);
-    const __mmask16 lanes = block < 16 ? (__mmask16)((1u << block) - 1) : 0xFFFF;
-#pragma omp parallel for schedule(static) if (rows > TILE_ROWS)
+    const int64_t per_row = k / block;
+    if (rows <= TILE_ROWS) {
+        for (int64_t m = 0; m < rows; m++)
+            quantize_row(x + m * x_stride, k, block, xhi + m * k, xlo + m * k, xscale + m * per_row,
+                         xsum + m * per_row);
+        return;
+    }
+#pragma omp parallel for schedule(static)
     for (int64_t m = 0; m < rows; m++)
-        for (int64_t b = 0; b < k / block; b++) {
-            const uint16_t *src = x + m * x_stride + b * block;
-            __m256i top = _mm256_setzero_si256();
-            for (int64_t i = 0; i < block; i += 16)
-                top = _mm256_max_epu16(top, _mm256_and_si256(_mm256_maskz_loadu_epi16(lanes, src + i), magnitude));
-            const float largest = bf16_to_f32((uint16_t)_mm512_reduce_max_epu32(_mm512_cvtepu16_epi32(top)));
-            int e = largest > 0.0f ? ilogbf(largest) : 0;
-            e = e < -100 ? -100 : e;  /* the scale's inverse stays finite */
-            __m512 up = _mm512_set1_ps(ldexpf(1.0f, 13 - e));
-            __m512i codes = _mm512_setzero_si512();
-            for (int64_t i = 0; i < block; i += 16) {
-                __m512 v = bf16x16_widen(_mm256_maskz_loadu_epi16(lanes, src + i));
-                __m512i q = _mm512_cvtps_epi32(_mm512_mul_ps(v, up));
-                int64_t at = m * k + b * block + i;
-                codes = _mm512_add_epi32(codes, q);
-                _mm_mask_storeu_epi8(xhi + at, lanes, _mm512_cvtepi32_epi8(_mm512_srai_epi32(q, 7)));
-                _mm_mask_storeu_epi8(xlo + at, lanes, _mm512_cvtepi32_epi8(
-                    _mm512_and_si512(q, _mm512_set1_epi32(127))));
-            }
-            xscale[m * (k / block) + b] = isfinite(largest) ? ldexpf(1.0f, e - 13) : NAN;
-            xsum[m * (k / block) + b] = _mm512_reduce_add_epi32(codes);
-        }
+        quantize_row(x + m * x_stride, k, block, xhi + m * k, xlo + m * k, xscale + m * per_row,
+                     xsum + m * per_row);
 }
 
 /* Rows r0 .. of x's activations, as a kernel for up to TILE_ROWS rows takes them. */
@@ -236,41 +252,16 @@ static inline __attribute__((always_inline)) void quant_blocks(
     }
 }
 
-/* Up to KERNEL_MAX_ROWS rows, reading the weights once: the activations quantized, then the
- * kernel, TILE_ROWS rows at a time (or quant_tiles.c's). The switch sits inside the parallel
- * loop so that every case inlines its kernel with constant BITS and ROWS: a constant passed
- * into the loop from outside reaches OpenMP's outlined body as a variable. Returns 0, or -2 when
- * out of memory. */
-static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
-                        uint16_t *y) {
-    const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
-    const int tiles = quant_tiles_fit(l, rows);
-    const int64_t padded = tiles ? round_up(rows, 16) : rows;  /* a tile loads 16 rows */
-    int8_t *xhi = alloc_lines((size_t)(2 * padded * k));
-    float *xscale = calloc((size_t)(padded * act_blocks), sizeof(float) + sizeof(int32_t));
-    if (!xhi || !xscale) {
-        free(xhi);
-        free(xscale);
-        return -2;
-    }
-    int32_t *xsum = (int32_t *)(xscale + padded * act_blocks);
-    quantize_activations(x, x_stride, rows, k, block, xhi, xhi + padded * k, xscale, xsum);
-    const act_t act = {xhi, xhi + padded * k, xscale, xsum, block};
-    if (tiles) {
-        const int status = quant_tiles(l, &act, rows, y);
-        free(xhi);
-        free(xscale);
-        return status;
-    }
-    /* Two blocks a task, which share each broadcast of the activations: a thread reads two
-     * weight streams. On an Intel Xeon with AMX, int8 at one row went faster than with one block
-     * a task (the model's W8A16 linears at 1.10-1.13x of a plain read of their bytes, against
-     * 1.15-1.19x; decode steps 1.49-1.52x -> 1.57-1.61x as fast as bf16's); on an AMD EPYC
-     * (Zen 5), one stream a thread had been ~5-10% faster for int8 (session 19). */
+/* The register kernel over rows of quantized activations, TILE_ROWS rows at a time. The switch
+ * sits inside the parallel loop so that every case inlines its kernel with constant BITS and
+ * ROWS: a constant passed into the loop from outside reaches OpenMP's outlined body as a
+ * variable. Two blocks a task, which share each broadcast of the activations and read one
+ * stream (their lines alternate). */
+static void register_kernel(const linear_t *l, const act_t *act, int64_t rows, uint16_t *y) {
 #pragma omp parallel for schedule(static)
     for (int64_t b0 = 0; b0 < l->n_out / 16; b0 += TASK_BLOCKS)
         for (int64_t r0 = 0; r0 < rows; r0 += TILE_ROWS) {
-            const act_t group = act_rows(&act, k, r0);
+            const act_t group = act_rows(act, l->k_in, r0);
             uint16_t *yr = y + r0 * l->n_out;
             switch ((int)(rows - r0 < TILE_ROWS ? rows - r0 : TILE_ROWS) + (l->kind == LINEAR_INT8 ? 0 : TILE_ROWS)) {
             case 1: quant_blocks(l, 8, &group, 1, yr, b0); break;
@@ -283,9 +274,37 @@ static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, 
             default: quant_blocks(l, 4, &group, 4, yr, b0); break;
             }
         }
-    free(xhi);
-    free(xscale);
-    return 0;
+}
+
+/* Up to KERNEL_MAX_ROWS rows, reading the weights once: the activations quantized, then the
+ * register kernel (or quant_tiles.c's). Up to TILE_ROWS rows of up to STACK_K inputs quantize
+ * onto the stack: malloc and free took ~0.2 us of a call that streams a 576 x 576 int4 weight
+ * in ~2 us from the caches, a decode step makes 120 such calls. Returns 0, or -2 when out of
+ * memory. */
+static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows,
+                        uint16_t *y) {
+    const int64_t k = l->k_in, block = act_block(l), act_blocks = k / block;
+    const int tiles = quant_tiles_fit(l, rows);
+    const int64_t padded = tiles ? round_up(rows, 16) : rows;  /* a tile loads 16 rows */
+    int8_t stack_codes[2 * TILE_ROWS * STACK_K] __attribute__((aligned(64)));
+    float stack_steps[2 * TILE_ROWS * (STACK_K / 8)];  /* scales and sums; blocks of >= 8 inputs */
+    const int on_stack = padded <= TILE_ROWS && k <= STACK_K && block >= 8;
+    int8_t *xhi = on_stack ? stack_codes : alloc_lines((size_t)(2 * padded * k));
+    float *xscale = on_stack ? stack_steps
+                             : calloc((size_t)(padded * act_blocks), sizeof(float) + sizeof(int32_t));
+    int status = xhi && xscale ? 0 : -2;
+    if (!status) {
+        int32_t *xsum = (int32_t *)(xscale + padded * act_blocks);
+        quantize_activations(x, x_stride, rows, k, block, xhi, xhi + padded * k, xscale, xsum);
+        const act_t act = {xhi, xhi + padded * k, xscale, xsum, block};
+        if (tiles) status = quant_tiles(l, &act, rows, y);
+        else register_kernel(l, &act, rows, y);
+    }
+    if (!on_stack) {
+        free(xhi);
+        free(xscale);
+    }
+    return status;
 }
 
 /* The weight as bf16 in matmul.c's layout [N/16][K/2][16][2]: (v - offset - zero) * scale from
