@@ -8,6 +8,7 @@ import json
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from inferlab.bench.config import (
     PROFILES,
@@ -68,7 +69,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--profile", choices=PROFILES, default="sweep")
     g.add_argument("--rate", type=float, nargs="+", default=[],
                    help="req/s (constant, poisson) or streams (concurrent); several values "
-                        "run one stage each")
+                        "run one stage each (a sweep's stages: --sweep-size)")
     g.add_argument("--max-concurrency", type=int,
                    help="in-flight cap over all workers (constant, poisson, sweep; "
                         "throughput: its streams)")
@@ -96,15 +97,22 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data", default=DEFAULT_DATA,
                    help="synthetic spec (prompt_tokens=N,output_tokens=N[,_stdev,_min,_max]"
-                        "[,prefix_tokens=N]) or a .jsonl / ShareGPT .json file")
+                        "[,prefix_tokens=N], or as a JSON object; _min/_max without _stdev: "
+                        "uniform) or a file of prompts, sent verbatim: .jsonl, .json (rows "
+                        "or ShareGPT), .csv, .txt (a prompt a line); a row's "
+                        "output_tokens_count (or output_tokens) is sent with ignore_eos, "
+                        "max_tokens as a ceiling")
     g.add_argument("--data-file", help="text to cut synthetic prompts from "
                                        "(default: ../shared/data WikiText-2 test)")
-    g.add_argument("--tokenizer", help="tokenizer.json: synthetic prompts of exact length "
-                                       "(the unique tag counted in), output cross-check")
+    g.add_argument("--tokenizer", help="a tokenizer.json, or a model folder holding one "
+                                       "(no Hub download): synthetic prompts of exact length "
+                                       "(their unique tag counted in), exact prompt counts "
+                                       "of file prompts, output cross-check")
     g.add_argument("--max-tokens", type=int, default=256,
                    help="max_tokens for file records that give no output length")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
-                   help="force output lengths (default: on for synthetic data)")
+                   help="force output lengths (default: on for synthetic data and file rows "
+                        "with an output count)")
     g = p.add_argument_group("measurement and output")
     g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput; "
                                  "ttft and e2e count from the intended send time; tpot_ms "
@@ -150,6 +158,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if not sep or not name.strip():
             raise InferlabError(f"bad --header {item!r}: use NAME:VALUE")
         headers.append((name.strip(), value.strip()))
+    _check_rates(args.profile, args.rate)
     extra = ()
     if args.extra_body:
         try:
@@ -169,12 +178,38 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                            Span.parse(args.warmup, "--warmup"),
                            Span.parse(args.cooldown, "--cooldown"),
                            args.drain_seconds, args.request_timeout),
-        data=DataConfig(args.data, args.data_file, args.tokenizer, args.ignore_eos,
+        data=DataConfig(args.data, args.data_file, _tokenizer_file(args.tokenizer),
+                        args.ignore_eos,
                         args.max_tokens, args.seed),
         measure=MeasureConfig(args.workers, args.calibration_seconds,
                               args.scrape_interval if args.scrape_interval != 0 else None),
         slo=Slo.parse(args.slo) if args.slo else None,
         outputs=tuple(args.output))
+
+
+def _check_rates(profile: str, rates: list[float]) -> None:
+    """--rate as guidellm users pass it, answered in their terms before the generic checks."""
+    if profile == "sweep" and rates:  # guidellm reads a sweep's --rate as its stage count
+        raise InferlabError("--profile sweep takes no --rate: its number of stages is "
+                            "--sweep-size (guidellm's --rate for a sweep)")
+    # NaN and inf are not integers either
+    if profile == "concurrent" and not all(r >= 1 and r.is_integer() for r in rates):
+        raise InferlabError(f"--profile concurrent takes --rate as a whole number of streams "
+                            f">= 1, got {rates}")
+
+
+def _tokenizer_file(path: str | None) -> str | None:
+    """--tokenizer's tokenizer.json: the file, or the one in a model folder. The load tester
+    reads local files only: a Hub model id is not downloaded."""
+    if path is None or Path(path).is_file():
+        return path
+    if Path(path).is_dir():
+        inside = Path(path) / "tokenizer.json"
+        if not inside.is_file():
+            raise InferlabError(f"--tokenizer {path}: the folder holds no tokenizer.json")
+        return str(inside)
+    raise InferlabError(f"--tokenizer {path}: no such file or folder (a tokenizer.json or a "
+                        "model folder holding one; a Hub model id is not downloaded)")
 
 
 def run_bench(args: argparse.Namespace) -> int:

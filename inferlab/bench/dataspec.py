@@ -1,7 +1,10 @@
-"""The `--data` argument: a synthetic length spec, or a JSONL / ShareGPT file."""
+"""The `--data` argument: a synthetic length spec (guidellm's `key=value` or JSON form), or a
+file of prompts."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import math
 import random
 from dataclasses import dataclass
@@ -14,12 +17,17 @@ DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw
 # past the longest context windows served: a bigger length is a typo (1e10), and cutting
 # prompts of it would fill the memory
 MAX_TOKENS = 1 << 20
+KNOWN_KEYS = tuple(f"{base}{suffix}" for base in ("prompt_tokens", "output_tokens")
+                   for suffix in ("", "_stdev", "_min", "_max")) + ("prefix_tokens",)
+# guidellm spec keys that name something this tool takes another way
+KEY_HINTS = {"source": "the text synthetic prompts are cut from is --data-file"}
 
 
 @dataclass(frozen=True)
 class LengthDist:
-    """A token length: normal around `mean`, clipped to [min, max], at least 1 and at most
-    MAX_TOKENS."""
+    """A token length, as guidellm's IntegerRangeSampler draws it: normal around `mean` and
+    clipped to [min, max] with a stdev; without one, uniform over [min, max] (a bound not
+    given is the mean). At least 1 and at most MAX_TOKENS."""
 
     mean: int
     stdev: float = 0.0
@@ -33,8 +41,25 @@ class LengthDist:
         if self.min is not None and self.max is not None and self.min > self.max:
             raise InferlabError(f"token length min {self.min} exceeds max {self.max}")
 
+    @property
+    def uniform(self) -> tuple[int, int] | None:
+        """The range sampled uniformly, or None when the length is normal or fixed."""
+        low = self.mean if self.min is None else self.min
+        high = self.mean if self.max is None else self.max
+        return (low, high) if not self.stdev and low < high else None
+
+    @property
+    def typical(self) -> int:
+        """A representative length, to size what is held in memory."""
+        if self.uniform is not None:
+            return sum(self.uniform) // 2
+        return max(self.mean, self.min or 0)
+
     def sample(self, rng: random.Random) -> int:
-        value = round(rng.gauss(self.mean, self.stdev)) if self.stdev else self.mean
+        if self.uniform is not None:
+            value = rng.randint(*self.uniform)
+        else:
+            value = round(rng.gauss(self.mean, self.stdev)) if self.stdev else self.mean
         value = min(MAX_TOKENS, value)  # a wide stdev must not ask for more than the bound
         if self.min is not None:
             value = max(self.min, value)
@@ -45,7 +70,8 @@ class LengthDist:
 
 @dataclass(frozen=True)
 class SyntheticSpec:
-    """`prompt_tokens=256,output_tokens=128[,prompt_tokens_stdev=..,_min,_max][,prefix_tokens=N]`.
+    """`prompt_tokens=256,output_tokens=128[,prompt_tokens_stdev=..,_min,_max][,prefix_tokens=N]`,
+    or the same keys as a JSON object.
 
     The shared prefix of `prefix_tokens` is prepended to every prompt, on top of its
     `prompt_tokens` unique tokens.
@@ -66,26 +92,15 @@ class SyntheticSpec:
 
     @classmethod
     def parse(cls, text: str) -> SyntheticSpec:
+        """guidellm's forms: `prompt_tokens=256,output_tokens=128` or the same as a JSON
+        object."""
         fields: dict[str, float] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, value = item.partition("=")
-            if not sep:
-                raise InferlabError(f"bad --data item {item!r}: expected key=value")
-            try:
-                number = float(value)
-            except ValueError:
-                number = math.nan  # refused below, as float() lets nan and inf through
-            if not math.isfinite(number):
-                raise InferlabError(f"bad --data value for {key}: {value!r}")
-            if number > MAX_TOKENS:
-                raise InferlabError(f"--data {key.strip()} must be at most {MAX_TOKENS:,} tokens, "
-                                    f"got {value.strip()}")
-            fields[key.strip()] = number
-        known = {f"{base}{suffix}" for base in ("prompt_tokens", "output_tokens")
-                 for suffix in ("", "_stdev", "_min", "_max")} | {"prefix_tokens"}
-        unknown = sorted(set(fields) - known)
-        if unknown:
-            raise InferlabError(f"unknown --data keys {unknown}; known: {sorted(known)}")
+        for key, value in _spec_items(text):
+            if key not in KNOWN_KEYS:  # before the value: "source=x.txt" is no bad number
+                hint = f" ({KEY_HINTS[key]})" if key in KEY_HINTS else ""
+                raise InferlabError(f"unknown --data key {key!r}{hint}; known: "
+                                    f"{', '.join(KNOWN_KEYS)}")
+            fields[key] = _spec_number(key, value)
         for base in ("prompt_tokens", "output_tokens"):
             if base not in fields:
                 raise InferlabError(f"--data needs {base}=N (got {text!r})")
@@ -102,9 +117,41 @@ class SyntheticSpec:
                    int(fields.get("prefix_tokens", 0)))
 
 
+def _spec_items(text: str) -> list[tuple[str, object]]:
+    """The spec's (key, value) pairs, from `k=v,k=v` or a JSON object."""
+    if text.lstrip().startswith("{"):
+        try:
+            return list(json.loads(text).items())
+        except json.JSONDecodeError as e:
+            raise InferlabError(f"--data is not a JSON object: {e.msg}") from None
+    items: list[tuple[str, object]] = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise InferlabError(f"bad --data item {item!r}: expected key=value")
+        items.append((key.strip(), value.strip()))
+    return items
+
+
+def _spec_number(key: str, value: object) -> float:
+    """`value` as a finite token count; NaN, inf, bools and non-numbers are refused."""
+    number = math.nan  # refused below, as float() lets nan and inf through
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            number = float(value)
+    elif isinstance(value, (int, float)) and not isinstance(value, bool):
+        number = float(value)
+    if not math.isfinite(number):
+        raise InferlabError(f"bad --data value for {key}: {value!r}")
+    if number > MAX_TOKENS:
+        raise InferlabError(f"--data {key} must be at most {MAX_TOKENS:,} tokens, got {value}")
+    return number
+
+
 def is_synthetic(data: str) -> bool:
-    """A spec has `key=value` items and is not the name of an existing file."""
-    return "=" in data and not Path(data).exists()
+    """A spec has `key=value` items or is a JSON object, and is not the name of an existing
+    file."""
+    return ("=" in data or data.lstrip().startswith("{")) and not Path(data).exists()
 
 
 def resolve_corpus(path: str | None) -> Path:

@@ -13,7 +13,8 @@ from inferlab.bench.summary import measured
 from inferlab.bench.svg import Band, Series, empty_chart, histogram, line_chart
 
 SUMMARY_HEADERS = [
-    "stage", "asked", "sent req/s", "lag p99", "req/s", "output tok/s", "concurrency",
+    "stage", "asked", "sent req/s", "lag p99", "req/s", "output tok/s", "total tok/s",
+    "concurrency",
     "ok / err / canc", "TTFT p50", "TTFT p95", "TTFT p99", "TTFT p99 from intended", "ITL p50",
     "ITL p95", "ITL p99", "TPOT p50", "E2E p50", "E2E p95", "goodput", "floor TTFT p50",
     "floor ITL p50"]
@@ -59,7 +60,8 @@ def _summary_table(stages: list[StageResult]) -> str:
         rows.append([
             escape(s.info.label), num(s.info.rate, 2), num(s.sent_rate, 2),
             num(m["dispatch_lag_ms"]["ok"].p99, 2), num(s.request_throughput, 2),
-            num(s.output_token_throughput), num(s.concurrency_mean),
+            num(s.output_token_throughput), num(s.total_token_throughput),
+            num(s.concurrency_mean),
             f"{s.counts['ok']} / {s.counts['error']} / {s.counts['cancelled']}",
             num(ok["ttft_ms"].median), num(ok["ttft_ms"].p95), num(ok["ttft_ms"].p99),
             num(m["ttft_intended_ms"]["ok"].p99),

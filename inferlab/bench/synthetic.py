@@ -105,11 +105,14 @@ def synthetic_prompts(spec: SyntheticSpec, source: TextSource, count: int, chat:
             text = prefix + source.cut(max(1, prompt_tokens - TAG_TOKENS_ESTIMATE), rng)
             tokens = source.counter.count_tagged(text, len(prefix))
         output = spec.output.sample(rng)
+        # the output length is a count: sent with ignore_eos unless --no-ignore-eos
         if chat:
             message = {"role": "user", "content": text}
-            prompts.append(Prompt(None, (message,), tokens, output, tag_at=len(prefix)))
+            prompts.append(Prompt(None, (message,), tokens, output, tag_at=len(prefix),
+                                  exact_output=True))
         else:
-            prompts.append(Prompt(text, None, tokens, output, tag_at=len(prefix)))
+            prompts.append(Prompt(text, None, tokens, output, tag_at=len(prefix),
+                                  exact_output=True))
     return prompts
 
 

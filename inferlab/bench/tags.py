@@ -1,4 +1,5 @@
-"""The unique tag each request's prompt carries, and the text prompt lengths are counted with.
+"""The unique tag each synthetic request's prompt carries (file prompts are sent verbatim),
+and the text prompt lengths are counted with.
 
 Fixed-width decimal fields: every tag of a run then costs the same number of tokens in
 vocabularies that split numbers into single digits or fixed groups, so a prompt cut to an

@@ -26,7 +26,7 @@ class Workload:
     description: str  # for the report: what the data was
     notes: tuple[str, ...]  # caveats the report prints (estimated lengths...)
     counter: TokenCounter  # for the output token cross-check
-    forced_length: bool  # requests ask for exactly max_tokens (ignore_eos)
+    forced_length: bool  # every request asks for exactly max_tokens (ignore_eos)
 
 
 def resolve_model(base_url: str, model: str | None, headers: dict[str, str]) -> str:
@@ -67,14 +67,13 @@ def build_workload(config: BenchConfig, model: str) -> Workload:
     data = config.data
     counter = TokenCounter(data.tokenizer)
     notes = []
+    synthetic = is_synthetic(data.data)
     if not counter.exact:
         notes.append("no --tokenizer: prompt lengths are estimated from words and the "
                      "output token counts are not cross-checked")
-    elif tag_tokens(counter) is None:
+    elif synthetic and tag_tokens(counter) is None:  # file prompts carry no tag
         notes.append("--tokenizer merges digits unevenly, so requests' unique tags differ in "
                      "cost: prompt lengths may be a few tokens off")
-    synthetic = is_synthetic(data.data)
-    force = data.force_length if data.force_length is not None else synthetic
     if synthetic:
         spec = SyntheticSpec.parse(data.data)
         corpus = resolve_corpus(data.data_file)
@@ -86,15 +85,19 @@ def build_workload(config: BenchConfig, model: str) -> Workload:
         prompts = load_file(data.data, counter, data.default_output_tokens)
         random.Random(data.seed).shuffle(prompts)
         description = f"{data.data} ({len(prompts)} prompts)"
-    options = BodyOptions(model, config.target.chat, force, config.target.continuous_usage,
-                          config.target.extra_body)
+    # --ignore-eos or not, else as each prompt asks: synthetic prompts and file rows with an
+    # output count want exactly that many tokens (guidellm sends those with ignore_eos)
+    options = BodyOptions(model, config.target.chat, data.force_length,
+                          config.target.continuous_usage, config.target.extra_body)
     templates = tuple(make_template(p, options) for p in prompts)
-    return Workload(templates, model, description, tuple(notes), counter, force)
+    forced = (data.force_length if data.force_length is not None
+              else all(p.exact_output and p.output_tokens is not None for p in prompts))
+    return Workload(templates, model, description, tuple(notes), counter, forced)
 
 
 def pool_size(spec: SyntheticSpec, max_requests: int | None) -> int:
     """How many distinct synthetic prompts to cut: no more than a stage sends, and no more
     than POOL_TOKENS tokens of them in all."""
-    tokens_each = spec.prefix_tokens + max(spec.prompt.mean, spec.prompt.min or 0)
+    tokens_each = spec.prefix_tokens + spec.prompt.typical
     count = min(SYNTHETIC_POOL, max(1, POOL_TOKENS // max(1, tokens_each)))
     return min(count, max_requests) if max_requests else count

@@ -7,7 +7,7 @@ import json
 from bench_helpers import bench_config, run
 
 
-def test_jsonl_chat_run_sends_each_prompt_tagged_once(mock_server, corpus, tmp_path,
+def test_jsonl_chat_run_sends_each_prompt_verbatim(mock_server, corpus, tmp_path,
                                                       tokenizer_json):
     data = tmp_path / "prompts.jsonl"
     data.write_text("\n".join(json.dumps({"messages": [{"role": "user", "content": text}],
@@ -20,8 +20,8 @@ def test_jsonl_chat_run_sends_each_prompt_tagged_once(mock_server, corpus, tmp_p
     (stage,) = result.stages
     ok = [r for r in stage.records if r.outcome == "ok"]
     assert len(ok) == 10
-    # the mock counts prompt words: the record's words plus the one-word unique tag
-    assert sorted({r.prompt_tokens for r in ok}) == [3, 4]
+    # the mock counts prompt words: the record's words, as guidellm sends them (no tag)
+    assert sorted({r.prompt_tokens for r in ok}) == [2, 3]
     assert {r.output_tokens for r in ok} == {6}
     assert {r.tokenizer_output_tokens for r in ok} == {6}  # " the of and ..." one token each
     assert not any("disagree" in w for w in result.warnings)

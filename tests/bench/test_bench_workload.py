@@ -145,7 +145,8 @@ def test_shared_prefix_then_tag_then_unique_text(corpus):
 
 def test_chat_templates_tag_the_user_message():
     prompt = Prompt(None, ({"role": "system", "content": "Be brief."},
-                           {"role": "user", "content": "Why is the sky blue?"}), 12, 16)
+                           {"role": "user", "content": "Why is the sky blue?"}), 12, 16,
+                    tag_at=0)
     options = BodyOptions("m", chat=True, force_length=False, continuous_usage=True,
                           extra=(("temperature", 0),))
     body = json.loads(make_template(prompt, options).body(request_tag("n", 1, 7)))
@@ -167,15 +168,15 @@ def test_jsonl_records(tmp_path):
     path.write_text('{"prompt": "one two three", "output_tokens": 5}\n\n'
                     '{"messages": [{"role": "user", "content": "hi there"}]}\n')
     first, second = load_file(str(path), TokenCounter(None), default_output_tokens=9)
-    # 3 words are 4 tokens by the word rule, and the tag is guessed at 16
-    assert (first.text, first.output_tokens, first.prompt_tokens) == ("one two three", 5, 20)
+    # 3 words are 4 tokens by the word rule; a file prompt is sent verbatim, with no tag
+    assert (first.text, first.output_tokens, first.prompt_tokens) == ("one two three", 5, 4)
     assert second.messages == ({"role": "user", "content": "hi there"},)
     assert second.output_tokens == 9
 
 
 @pytest.mark.parametrize("line, message", [
     ("not json", "prompts.jsonl:1: not JSON"),
-    ('{"text": "x"}', "needs a 'prompt' string"),
+    ('{"body": "x"}', "needs a prompt string"),
     ('{"prompt": "x", "output_tokens": 0}', "positive int"),
     ('{"messages": [{"role": "user"}]}', "'role' and 'content'"),
 ])
@@ -206,9 +207,9 @@ def test_data_argument_kinds(tmp_path):
     named = tmp_path / "a=b.jsonl"
     named.write_text('{"prompt": "x"}\n')
     assert not is_synthetic(str(named))  # an existing file wins over the spec syntax
-    text = tmp_path / "prompts.txt"
+    text = tmp_path / "prompts.yaml"
     text.write_text("x\n")
-    with pytest.raises(InferlabError, match=r"\.jsonl .* or \.json"):
+    with pytest.raises(InferlabError, match=r"must be \.jsonl, \.json .*\.csv or \.txt"):
         load_file(str(text), TokenCounter(None), 1)
 
 
