@@ -157,10 +157,11 @@ class AsyncEngine:
         await self.submit_all([(request_id, prompt, sink)], params, priority)
 
     async def submit_all(self, requests: Sequence[tuple[str, str | Sequence[int], _Sink]],
-                         params: SamplingParams, priority: int = 0) -> None:
+                         params: SamplingParams, priority: int = 0) -> list[list[int]]:
         """submit() for each (request id, prompt, sink), all or none: every prompt is encoded
         and checked before any request is added, so one refused prompt leaves no request of
-        the others running nor counted."""
+        the others running nor counted. Returns each prompt's token ids, before
+        truncate_prompt_tokens cuts them."""
         if self._closing.is_set():
             raise _shutting_down()
         if self.error is not None:
@@ -176,6 +177,7 @@ class AsyncEngine:
                  for (request_id, prompt, _), (_, ids) in zip(requests, encoded, strict=True)]
         sinks = [sink for _, _, sink in requests]
         await self._call(lambda: self._add(batch, sinks, params, loop, priority))
+        return [ids for _, ids, _ in batch]
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))

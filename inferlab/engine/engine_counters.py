@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from inferlab.engine.outputs import RequestOutput
@@ -18,12 +18,12 @@ class EngineCounters:
     generation_tokens: int = 0
     requests_finished: dict[str, int] = dataclasses.field(default_factory=dict)  # by finish reason
 
-    def count_prefills(self, updated: Iterable[Request], is_first_copy: Callable[[Request], bool]) -> None:
+    def count_prefills(self, updated: Iterable[Request]) -> None:
         """The prompts of the requests a step gave their first token (their prefill is done:
-        a prefill step samples one token, and a preempted request resumes with its tokens);
-        the n copies of one prompt count it once, as its first copy's."""
+        a prefill step samples one token, and a preempted request resumes with its tokens).
+        Each of n copies counts the prompt: vLLM runs each as a child request of its own."""
         for request in updated:
-            if request.num_output_tokens == 1 and is_first_copy(request):
+            if request.num_output_tokens == 1:
                 self.prompt_tokens += request.num_prompt_tokens
 
     def count_finished(self, output: RequestOutput) -> None:

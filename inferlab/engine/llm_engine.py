@@ -367,7 +367,7 @@ class LLMEngine:
         if speculative is not None:  # before the scheduler cuts outputs at a stop
             self._count_drafts(sched, runner_output)
         updated = self.scheduler.update_from_output(sched, runner_output)
-        self.counters.count_prefills(updated, lambda r: self.outputs.child_of[r.request_id][1] == 0)
+        self.counters.count_prefills(updated)
         emitted_before = self.outputs.emitted_tokens
         outputs, stopped = self.outputs.process(updated, runner_output, final_only)
         if stopped:

@@ -153,7 +153,10 @@ class OutputProcessor:
         finished = all(c.finish_reason is not None for c in parent.children)
         if final_only and not finished:
             return None
-        completions = [self._completion_output(index, completion, deltas.get(index))
+        metrics = _metrics(parent.children)
+        # each completion's own timings; one alone has the request's (no second object a step)
+        own = [metrics] if len(parent.children) == 1 else [_metrics([c]) for c in parent.children]
+        completions = [self._completion_output(index, completion, deltas.get(index), own[index])
                        for index, completion in enumerate(parent.children)]
         if finished:
             self.parents.pop(parent.request_id, None)
@@ -164,7 +167,7 @@ class OutputProcessor:
             request_id=parent.request_id, prompt=parent.prompt, prompt_token_ids=parent.prompt_ids,
             outputs=completions, finished=finished,
             num_cached_tokens=max(first.num_cached_tokens, 0),
-            prompt_logprobs=parent.prompt_logprobs, metrics=_metrics(parent),
+            prompt_logprobs=parent.prompt_logprobs, metrics=metrics,
         )
 
     def _advance(self, completion: _Completion, stopped: list[str]) -> tuple[str, list[int], int]:
@@ -234,8 +237,8 @@ class OutputProcessor:
         return text, None, len(new_ids)
 
     @staticmethod
-    def _completion_output(index: int, c: _Completion, delta: tuple[str, list[int], int] | None
-                           ) -> CompletionOutput:
+    def _completion_output(index: int, c: _Completion, delta: tuple[str, list[int], int] | None,
+                           metrics: RequestMetrics) -> CompletionOutput:
         text_delta, ids_delta, start = delta if delta else ("", [], c.emitted_tokens)
         return CompletionOutput(
             index=index,
@@ -244,12 +247,13 @@ class OutputProcessor:
             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
             logprobs=c.logprobs,
             text_delta=text_delta, token_ids_delta=ids_delta,
-            logprobs_delta=None if c.logprobs is None else c.logprobs[start:],
+            logprobs_delta=None if c.logprobs is None else c.logprobs[start:], metrics=metrics,
         )
 
 
-def _metrics(parent: _Parent) -> RequestMetrics:
-    requests = [c.request for c in parent.children]
+def _metrics(children: list[_Completion]) -> RequestMetrics:
+    """The timings of these completions together (all of a request's, or one's alone)."""
+    requests = [c.request for c in children]
     first = requests[0]
 
     def earliest(values):
@@ -266,7 +270,7 @@ def _metrics(parent: _Parent) -> RequestMetrics:
         first_token_time=earliest(r.first_token_time for r in requests),
         last_token_time=latest(r.last_token_time for r in requests),
         finished_time=latest(r.finished_time for r in requests)
-        if all(c.finish_reason for c in parent.children) else None,
+        if all(c.finish_reason for c in children) else None,
         num_generation_tokens=sum(r.num_output_tokens for r in requests),
         longest_completion_tokens=max(r.num_output_tokens for r in requests),
     )

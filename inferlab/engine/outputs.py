@@ -152,6 +152,9 @@ class CompletionOutput:
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
     logprobs_delta: list[TokenLogprobs] | None = None
+    # this completion's own timings: vLLM runs each of n completions as a request of its own,
+    # and its per-request metrics count each
+    metrics: RequestMetrics | None = None
 
     @property
     def finished(self) -> bool:

@@ -7,6 +7,7 @@ hide disconnects): it logs when the app returns, which for a stream is after its
 from __future__ import annotations
 
 import logging
+import re
 import time
 import uuid
 
@@ -15,6 +16,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 logger = logging.getLogger("inferlab.server.access")
 
 CLIENT_GONE = 499  # nginx's status for "the client closed the connection first"
+# a client's request id: visible ASCII (no space to split a log line), as long as Rails' limit
+_REQUEST_ID = re.compile(r"[!-~]{1,255}")
 
 
 class AccessLogMiddleware:
@@ -26,7 +29,7 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send)
             return
         started = time.monotonic()
-        request_id = uuid.uuid4().hex[:16]
+        request_id = _client_request_id(scope) or uuid.uuid4().hex[:16]
         state = scope.setdefault("state", {})
         state["request_id"] = request_id
         status: list[int] = []
@@ -42,6 +45,17 @@ class AccessLogMiddleware:
             await self.app(scope, receive, send_with_id)
         finally:
             _log(scope, state, status[0] if status else 500, started)
+
+
+def _client_request_id(scope: Scope) -> str | None:
+    """The client's X-Request-Id, which names the request as in vLLM (the reply's id is
+    "cmpl-<it>" or "chatcmpl-<it>", the x-request-id header echoes it); None for one that would
+    not fit a log line (too long, not visible ASCII): the request gets an id of its own."""
+    for name, value in scope["headers"]:
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _REQUEST_ID.fullmatch(text) else None
+    return None
 
 
 def _log(scope: Scope, state: dict, status: int, started: float) -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import secrets
 import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -28,7 +29,7 @@ from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
 from inferlab.server.errors import APIError, bad_request, parameter_error
-from inferlab.server.metrics import InterTokenTimer, ServerMetrics
+from inferlab.server.metrics import OutputObserver, ServerMetrics
 from inferlab.server.protocol import PromptTokensDetails, Usage
 
 _Item = tuple[int, RequestOutput | BaseException]
@@ -42,13 +43,18 @@ class Generation:
         self.prompts = list(prompts)
         self.params = params
         self.priority = priority
-        self.request_ids = [f"{request_id}-{i}" for i in range(len(self.prompts))]
-        self.metrics = metrics
-        self._itl = InterTokenTimer(metrics)
+        # the engine's ids are unique whatever the client named the request (X-Request-Id),
+        # as vLLM makes its internal ids: two requests may share a name
+        unique = f"{request_id}-{secrets.token_hex(4)}"
+        self.request_ids = [f"{unique}-{i}" for i in range(len(self.prompts))]
+        self._observer = OutputObserver(metrics)
         self._on_close = on_close
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._buffer: deque[_Item] = deque()  # outputs read by start(), not yet handed out
         self._latest: dict[int, RequestOutput] = {}
+        # each prompt's tokens as the engine will read them, known once it has accepted them:
+        # the count of a request cancelled before its first output (queued, or mid-search)
+        self._prompt_lengths = [0] * len(self.prompts)
         self._finished: set[int] = set()
         self._closed = False
         self.first_output_at: float | None = None  # time.monotonic(), for the access log
@@ -56,7 +62,8 @@ class Generation:
 
     @property
     def prompt_tokens(self) -> int:
-        return sum(len(out.prompt_token_ids) for out in self._latest.values())
+        return sum(len(self._latest[i].prompt_token_ids) if i in self._latest else length
+                   for i, length in enumerate(self._prompt_lengths))
 
     @property
     def output_tokens(self) -> int:
@@ -94,10 +101,14 @@ class Generation:
             self._buffer.append((index, item))
 
     async def _submit(self) -> None:
-        await self.engine.submit_all(
+        encoded = await self.engine.submit_all(
             [(rid, prompt, functools.partial(self._arrive, i))
              for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))],
             self.params, self.priority)
+        # truncate_prompt_tokens (-1: the context length) keeps only a prompt's last tokens
+        keep = self.params.truncate_prompt_tokens
+        keep = self.engine.max_model_len if keep == -1 else keep
+        self._prompt_lengths = [len(ids) if keep is None else min(len(ids), keep) for ids in encoded]
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) until every prompt has finished."""
@@ -136,11 +147,9 @@ class Generation:
         if self.first_output_at is None:
             self.first_output_at = time.monotonic()
         self._latest[index] = out
-        for completion in out.outputs:
-            self._itl.tokens_arrived((index, completion.index), len(completion.token_ids_delta))
+        self._observer.output_arrived(index, out)
         if out.finished:
             self._finished.add(index)
-            self.metrics.observe_finished(out)
 
 
 class BeamGeneration(Generation):
@@ -157,6 +166,7 @@ class BeamGeneration(Generation):
         # every prompt checked before any search starts: a refused one leaves none running
         searches = await asyncio.gather(*(self.engine.start_beam_search(prompt, self.beam)
                                           for prompt in self.prompts))
+        self._prompt_lengths = [len(search.prompt_ids) for _, search in searches]
         for index, (rid, (text, search)) in enumerate(zip(self.request_ids, searches, strict=True)):
             task = asyncio.create_task(self.engine.beam_search(text, search, rid, self.priority))
             task.add_done_callback(functools.partial(self._search_ended, index))

@@ -1,7 +1,8 @@
 """/metrics in Prometheus text, under vLLM's metric names so existing dashboards work.
 
-Gauges and totals are read from the engine's stats snapshot at scrape time; latency histograms
-are observed by the server as requests finish. Our own series are prefixed `inferlab:`.
+Gauges and totals are read from the engine's stats snapshot at scrape time; the per-request
+histograms are observed by the server as outputs arrive, per completion (vLLM runs each of n
+completions as a request of its own). Our own series are prefixed `inferlab:`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from inferlab.engine.async_engine import AsyncEngine
-from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferlab.engine.spec_decode import SpecDecodeCounters
 
 # seconds; log-spaced from what a GPU does to what a loaded CPU does
@@ -36,8 +37,8 @@ class ServerMetrics:
         def histogram(name: str, doc: str, buckets: tuple[float, ...]):
             return Histogram(name, doc, labels, buckets=buckets, registry=self.registry).labels(model_name)
 
-        self.ttft_s = histogram("vllm:time_to_first_token_seconds",
-                                "Arrival in the engine to the first output token.", _LATENCY_BUCKETS_S)
+        self.ttft_s = histogram("vllm:time_to_first_token_seconds", "Arrival in the engine to "
+                                "the first output token, observed as it arrives.", _LATENCY_BUCKETS_S)
         self.itl_s = histogram("vllm:inter_token_latency_seconds",
                                "Time between two output tokens of one completion, as the server "
                                "receives them.", _ITL_BUCKETS_S)
@@ -52,14 +53,15 @@ class ServerMetrics:
         self.inference_s = histogram("vllm:request_inference_time_seconds", "First scheduled to "
                                      "the last token.", _LATENCY_BUCKETS_S)
         self.tpot_s = histogram("vllm:request_time_per_output_token_seconds", "A request's decode "
-                                "time over its output tokens after the first.", _ITL_BUCKETS_S)
+                                "time over its output tokens after the first (0 for one token).",
+                                _ITL_BUCKETS_S)
         self.params_n = histogram("vllm:request_params_n", "Requests' n.", _N_BUCKETS)
         self.max_output_len = histogram("vllm:request_max_num_generation_tokens", "Output tokens "
                                         "of a request's longest completion.", _TOKEN_BUCKETS)
         self.prompt_len = histogram("vllm:request_prompt_tokens", "Prompt length of finished "
-                                    "requests.", _TOKEN_BUCKETS)
+                                    "requests (each of n completions).", _TOKEN_BUCKETS)
         self.output_len = histogram("vllm:request_generation_tokens", "Output tokens of finished "
-                                    "requests (all n completions).", _TOKEN_BUCKETS)
+                                    "requests (each of n completions).", _TOKEN_BUCKETS)
         # per engine step: how many tokens and how long (a prompt chunk's step against a
         # decode-only one is the first thing to look at when latency moves)
         self.step_tokens = histogram("vllm:iteration_tokens_total", "Tokens computed per engine "
@@ -71,20 +73,25 @@ class ServerMetrics:
                                  "reason.", ["model_name", "reason"], registry=self.registry)
         self._model_name = model_name
 
-    def observe_finished(self, out: RequestOutput) -> None:
-        m = out.metrics
-        if m is None or any(c.finish_reason == "abort" for c in out.outputs):
-            return
-        for hist, value in ((self.ttft_s, m.ttft_s), (self.e2e_s, m.e2e_latency_s),
-                            (self.queue_s, m.queue_time_s), (self.prefill_s, m.prefill_time_s),
-                            (self.decode_s, m.decode_time_s), (self.inference_s, m.inference_time_s),
-                            (self.tpot_s, m.mean_itl_s)):
+    def observe_completion(self, m: RequestMetrics, num_prompt_tokens: int,
+                           num_output_tokens: int) -> None:
+        """A completion that ran to its end: vLLM's finished (child) request."""
+        tpot = m.mean_itl_s
+        if tpot is None and m.decode_time_s is not None:
+            tpot = 0.0  # one token, no time after it to share out: vLLM observes 0
+        for hist, value in ((self.e2e_s, m.e2e_latency_s), (self.queue_s, m.queue_time_s),
+                            (self.prefill_s, m.prefill_time_s), (self.decode_s, m.decode_time_s),
+                            (self.inference_s, m.inference_time_s), (self.tpot_s, tpot)):
             if value is not None:
                 hist.observe(value)
-        self.prompt_len.observe(len(out.prompt_token_ids))
-        self.output_len.observe(sum(len(c.token_ids) for c in out.outputs))
-        self.max_output_len.observe(max(len(c.token_ids) for c in out.outputs))
+        self.prompt_len.observe(num_prompt_tokens)
+        self.output_len.observe(num_output_tokens)
+
+    def observe_request(self, out: RequestOutput) -> None:
+        """A request whose n completions all ran to their end: vLLM's parent request, counted
+        once its last child has finished."""
         self.params_n.observe(len(out.outputs))
+        self.max_output_len.observe(max(len(c.token_ids) for c in out.outputs))
 
     def _observe_step(self, seconds: float, tokens: int) -> None:
         self.step_s.observe(seconds)
@@ -97,14 +104,45 @@ class ServerMetrics:
         return generate_latest(self.registry)
 
 
-class InterTokenTimer:
-    """Per completion, the time since its previous token reached the server."""
+_Key = tuple[int, int]  # (prompt index, completion index)
+
+
+class OutputObserver:
+    """One API request's outputs, recorded per completion as vLLM records its requests: the
+    time to the first token as that token arrives, whatever becomes of the request later; the
+    gaps between tokens; the latencies and lengths as the completion ends, unless it was
+    aborted (vLLM drops an aborted request's state unrecorded)."""
 
     def __init__(self, metrics: ServerMetrics) -> None:
         self.metrics = metrics
-        self._last_s: dict[tuple[int, int], float] = {}
+        self._last_s: dict[_Key, float] = {}
+        self._started: set[_Key] = set()
+        self._ended: set[_Key] = set()  # every output lists every completion, ended ones too
 
-    def tokens_arrived(self, key: tuple[int, int], num_tokens: int) -> None:
+    def output_arrived(self, index: int, out: RequestOutput) -> None:
+        """The output of prompt `index`."""
+        for completion in out.outputs:
+            key = (index, completion.index)
+            self._tokens_arrived(key, len(completion.token_ids_delta))
+            if completion.metrics is not None:  # None: a beam search's beams, not engine requests
+                self._observe_times(key, completion.metrics, completion, len(out.prompt_token_ids))
+        # the parent counts when its last child finishes; vLLM records no aborted child's finish
+        if out.finished and out.metrics is not None and all(
+                c.finish_reason != "abort" for c in out.outputs):
+            self.metrics.observe_request(out)
+
+    def _observe_times(self, key: _Key, m: RequestMetrics, completion: CompletionOutput,
+                       num_prompt_tokens: int) -> None:
+        if m.ttft_s is not None and key not in self._started:
+            self._started.add(key)
+            self.metrics.ttft_s.observe(m.ttft_s)
+        if completion.finished and key not in self._ended:
+            self._ended.add(key)
+            if completion.finish_reason != "abort":
+                self.metrics.observe_completion(m, num_prompt_tokens, len(completion.token_ids))
+
+    def _tokens_arrived(self, key: _Key, num_tokens: int) -> None:
+        """The time since the completion's previous token reached the server."""
         if num_tokens == 0:
             return
         now = time.monotonic()

@@ -7,16 +7,28 @@ which would change the answer and so are refused by name.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class _Request(BaseModel):
     model_config = ConfigDict(strict=True, extra="ignore")
+    # Fields that OpenAI's API reference lists as "or null" and vLLM declares Optional with a
+    # default: an explicit null means the default. (A field typed `X | None` takes null as a
+    # value of its own and is not listed.)
+    null_means_default: ClassVar[frozenset[str]] = frozenset()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _drop_default_nulls(cls, data: Any) -> Any:
+        if not isinstance(data, dict) or not cls.null_means_default:
+            return data
+        return {k: v for k, v in data.items() if v is not None or k not in cls.null_means_default}
 
 
 class StreamOptions(_Request):
+    null_means_default = frozenset({"include_usage", "continuous_usage_stats"})
     include_usage: bool = False  # a last chunk with no choices and the request's usage
     continuous_usage_stats: bool = False  # usage so far in every chunk (vLLM's extension)
 
@@ -24,6 +36,8 @@ class StreamOptions(_Request):
 class SamplingFields(_Request):
     """What completions and chat share; None means the default."""
 
+    null_means_default = frozenset({"n", "stream", "return_tokens_as_token_ids",
+                                    "return_token_ids"})
     model: str | None = None
     n: int = Field(1, le=128)  # OpenAI's cap; each copy is a sequence in the engine
     temperature: float | None = None
@@ -67,6 +81,7 @@ class SamplingFields(_Request):
 
 
 class CompletionRequest(SamplingFields):
+    null_means_default = SamplingFields.null_means_default | {"echo"}
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None  # the chosen token's logprob and the top k
@@ -117,6 +132,7 @@ class ToolDefinition(_Request):
 
 
 class ChatCompletionRequest(SamplingFields):
+    null_means_default = SamplingFields.null_means_default | {"logprobs"}
     messages: list[ChatMessage]
     max_tokens: int | None = None  # None: up to the context length
     max_completion_tokens: int | None = None  # the newer name; wins over max_tokens
@@ -134,6 +150,7 @@ class ChatCompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Request):
+    null_means_default = frozenset({"return_token_strs"})
     model: str | None = None
     prompt: str | None = None
     messages: list[ChatMessage] | None = None

@@ -43,4 +43,5 @@ async def detokenize(request: Request, ctx: ServerContext) -> dict:
         ctx.engine.engine.tokenize_prompt(req.tokens)  # checks every id is in the vocabulary
     except InferlabError as e:
         raise bad_request(str(e), "tokens") from None
-    return {"prompt": ctx.engine.tokenizer.decode(req.tokens)}
+    # vLLM's create_detokenize calls tokenizer.decode(ids), which keeps special tokens
+    return {"prompt": ctx.engine.tokenizer.decode(req.tokens, skip_special_tokens=False)}

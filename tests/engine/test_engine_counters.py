@@ -49,11 +49,13 @@ def test_a_request_aborted_while_waiting_counts_no_prompt_token(model_dir):
     assert engine.counters.requests_finished == {"abort": 1}
 
 
-def test_n_copies_count_their_shared_prompt_once(model_dir):
+def test_n_copies_each_count_the_prompt(model_dir):
+    """vLLM runs each of n copies as a child request of its own, each counting its prompt's 5
+    tokens (they were once counted once, as the first copy's)."""
     llm = LLM(model_dir, dtype="float32", kv_cache_memory="1MiB")
     llm.engine.add_request(PROMPT[:5], SamplingParams(n=3, max_tokens=2, ignore_eos=True), "n3")
     _run_to_end(llm)
-    assert llm.engine.counters.prompt_tokens == 5
+    assert llm.engine.counters.prompt_tokens == 15
     assert llm.engine.counters.requests_finished == {"length": 3}
 
 

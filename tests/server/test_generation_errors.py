@@ -21,10 +21,11 @@ class _Engine:
     def __init__(self, failure: BaseException) -> None:
         self.failure = failure
 
-    async def submit_all(self, requests, params, priority=0) -> None:
+    async def submit_all(self, requests, params, priority=0) -> list[list[int]]:
         for request_id, prompt, sink in requests:
             sink(RequestOutput(request_id, None, list(prompt), [CompletionOutput(0, "", [], None)], False))
             sink(self.failure)
+        return [list(prompt) for _, prompt, _ in requests]
 
     async def abort(self, request_id: str) -> None:
         pass

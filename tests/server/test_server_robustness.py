@@ -142,12 +142,14 @@ def test_metrics_count_every_engine_step(server):
 
 
 def test_metrics_add_up_for_one_request_by_hand(server):
-    """One request alone, n = 2, P prompt tokens, T tokens per completion (no stop): the
-    totals gain P prompt and 2T generated tokens and two "length" finishes; the prompt and
-    output length histograms one observation of P and of 2T; each latency histogram one
-    observation, queue <= TTFT <= end to end <= the client's wall time, queue + prefill =
-    TTFT and prefill + decode = inference <= end to end; the inter-token histogram 2 (T - 1)
-    gaps, one per token after each completion's first; n = 2 and a longest completion of T."""
+    """One request alone, n = 2, P prompt tokens, T tokens per completion (no stop). As in vLLM,
+    which runs each completion as a child request of its own, each completion counts as a
+    request: the totals gain 2P prompt and 2T generated tokens and two "length" finishes; the
+    prompt and output length histograms two observations each, of P and of T; each latency
+    histogram two observations, queue <= TTFT <= end to end <= the client's wall time, queue +
+    prefill = TTFT and prefill + decode = inference <= end to end; the inter-token histogram
+    2 (T - 1) gaps, one per token after each completion's first; one request of n = 2 and a
+    longest completion of T."""
     assert wait_until(lambda: engine_idle(server), 10)
     prompt, max_tokens = [2000 + 11 * i for i in range(23)], 7  # ids no other test sends
     names = {"prompt": "vllm:prompt_tokens_total", "generated": "vllm:generation_tokens_total",
@@ -176,12 +178,12 @@ def test_metrics_add_up_for_one_request_by_hand(server):
     wall_s = time.monotonic() - start
     assert r.status_code == 200
     delta = {key: value - before[key] for key, value in read().items()}
-    assert (delta["prompt"], delta["generated"], delta["length"]) == (23, 2 * max_tokens, 2)
-    assert (delta["lengths"], delta["prompt_len"], delta["output_len"]) == (1, 23, 2 * max_tokens)
+    assert (delta["prompt"], delta["generated"], delta["length"]) == (2 * 23, 2 * max_tokens, 2)
+    assert (delta["lengths"], delta["prompt_len"], delta["output_len"]) == (2, 2 * 23, 2 * max_tokens)
     assert delta["itl"] == 2 * (max_tokens - 1)
-    assert delta["time_to_first_token_n"] == delta["e2e_request_latency_n"] == delta["request_queue_time_n"] == 1
-    assert 0 <= delta["request_queue_time"] <= delta["time_to_first_token"] <= delta["e2e_request_latency"] <= wall_s
-    assert (delta["n"], delta["longest"], delta["request_time_per_output_token_n"]) == (2, max_tokens, 1)
+    assert delta["time_to_first_token_n"] == delta["e2e_request_latency_n"] == delta["request_queue_time_n"] == 2
+    assert 0 <= delta["request_queue_time"] <= delta["time_to_first_token"] <= delta["e2e_request_latency"] <= 2 * wall_s
+    assert (delta["n"], delta["longest"], delta["request_time_per_output_token_n"]) == (2, max_tokens, 2)
     assert delta["request_queue_time"] + delta["request_prefill_time"] == pytest.approx(
         delta["time_to_first_token"], abs=1e-6)
     assert delta["request_prefill_time"] + delta["request_decode_time"] == pytest.approx(
