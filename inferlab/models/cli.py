@@ -8,7 +8,7 @@ import json
 import os
 
 from inferlab.models.config import ModelConfig
-from inferlab.planner.memory import kv_cache_bytes_per_token, weight_bytes
+from inferlab.planner.memory import kv_cache_bytes_per_token, linear_layers, weight_bytes
 from inferlab.planner.model_shapes import scheme_weight_format
 from inferlab.quant.ct_config import ParsedConfig, parse_quantization_config
 
@@ -69,18 +69,18 @@ def model_info(model: str | None, dtype: str) -> dict:
 def _weight_bytes(cfg: ModelConfig, dtype: str, parsed: ParsedConfig | None) -> int:
     """What the weights take loaded in `dtype`: a compressed-tensors checkpoint's decoder linears
     in their stored formats (codes and scales as the planner counts them), the rest in dtype.
-    Each group is counted in its own format, as the loader (and vLLM) take a non-uniform config
-    scheme by scheme: a layer belongs to the first group naming it, unless `ignore` names it.
-    Loaded, zero points are held at the scales' size, not packed as the file has them."""
+    Each group is counted in its own format over the layers it takes (ParsedConfig.group_for),
+    as the loader (and vLLM) take a non-uniform config scheme by scheme. Loaded, zero points are
+    held at the scales' size, not packed as the file has them."""
     stored_params = stored_bytes = 0
-    claimed = parsed.ignore if parsed else ()
+    layers = [name for name, _, _ in linear_layers(cfg)]
     for group in parsed.groups if parsed else ():
+        taken = tuple(name for name in layers if parsed.group_for(name) is group)
         fmt = dataclasses.replace(scheme_weight_format(group.scheme), dense_dtype=dtype,
-                                  targets=group.targets, ignore=claimed)
+                                  targets=taken, ignore=())
         counted = weight_bytes(cfg, fmt)
         stored_params += counted.quantized_params
         stored_bytes += counted.packed_bytes + counted.scale_bytes * (1 if fmt.symmetric else 2)
-        claimed += group.targets
     return stored_bytes + (cfg.num_parameters() - stored_params) * _DTYPE_BYTES[dtype]
 
 

@@ -34,17 +34,35 @@ class ParsedConfig:
     ignore: tuple[str, ...]
 
     def group_for(self, name: str) -> ConfigGroup | None:
-        """The group quantizing linear layer `name` (HF name), or None when it stays dense."""
+        """The group quantizing linear layer `name` (HF name), or None when it stays dense. As
+        compressed-tensors (match_targets) and vLLM (find_matched_target) pick it: a group
+        naming the layer beats one matching it by regex, which beats one taking the class
+        'Linear', whatever their order in the config; the first in order among equals."""
         if any(matches(name, pattern) for pattern in self.ignore):
             return None
-        return next((g for g in self.groups if any(matches(name, t) for t in g.targets)), None)
+        ranked = [(rank, i) for i, g in enumerate(self.groups)
+                  if (rank := _best_rank(name, g.targets)) is not None]
+        return self.groups[min(ranked)[1]] if ranked else None
+
+
+def _match_rank(name: str, target: str) -> int | None:
+    """0: `target` is the name; 1: a 're:' regex matching it from the start; 2: the class
+    'Linear'; None: no match."""
+    if target == name:
+        return 0
+    if target.startswith("re:"):
+        return 1 if re.match(target[3:], name) is not None else None
+    return 2 if target == "Linear" else None
+
+
+def _best_rank(name: str, targets: tuple[str, ...]) -> int | None:
+    ranks = [r for t in targets if (r := _match_rank(name, t)) is not None]
+    return min(ranks, default=None)
 
 
 def matches(name: str, target: str) -> bool:
     """compressed-tensors' matching: 're:' regex from the start, the class 'Linear', or the name."""
-    if target.startswith("re:"):
-        return re.match(target[3:], name) is not None
-    return target == "Linear" or target == name
+    return _match_rank(name, target) is not None
 
 
 def parse_quantization_config(qc: Mapping, source: str = "quantization_config") -> ParsedConfig:
