@@ -5,6 +5,7 @@ file behind."""
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import stat
@@ -33,14 +34,17 @@ def read_user_text(path: str | Path, kind: str = "file") -> str:
 
 
 def stat_user_path(path: str | Path) -> os.stat_result | None:
-    """os.stat of the user's `path`, None where nothing is there. One that cannot be looked at
-    (a folder on the way we may not search) is a one-line error saying why, not "missing":
-    os.path.exists and isfile say False for both, Path.is_dir raises PermissionError."""
+    """os.stat of the user's `path`, None where nothing is there (nor can be: a name too long
+    for a file's, such as a JSON argument). One that cannot be looked at (a folder on the way
+    we may not search) is a one-line error saying why, not "missing": os.path.exists and
+    isfile say False for both, Path.is_dir raises PermissionError."""
     try:
         return os.stat(path)
     except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as e:
+        if e.errno == errno.ENAMETOOLONG:
+            return None
         raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
 
 
@@ -65,6 +69,8 @@ def read_user_json(path: str | Path, kind: str = "file") -> Any:
         return json.loads(read_user_text(path, kind))
     except json.JSONDecodeError as e:
         raise InferlabError(f"{path}: not valid JSON ({e})") from None
+    except RecursionError:  # the C parser's guard against the stack
+        raise InferlabError(f"{path}: not valid JSON (nested too deeply)") from None
 
 
 def write_user_text(path: str | Path, text: str) -> None:

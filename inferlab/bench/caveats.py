@@ -10,17 +10,37 @@ TOKEN_TOLERANCE = 0.02  # server usage vs tokenizer count, beyond one token
 DISPATCH_LAG_WARN_MS = 5.0  # p99 lag above this means the client fell behind its schedule
 
 
-def run_warnings(stages: list[StageResult], tokenizer: bool, forced_length: bool) -> list[str]:
-    """`forced_length`: the requests asked for exactly max_tokens (ignore_eos)."""
+def run_warnings(stages: list[StageResult], tokenizer: bool, forced_length: bool,
+                 verbatim_prompts: int = 0) -> list[str]:
+    """`forced_length`: every request asked for exactly max_tokens (ignore_eos).
+    `verbatim_prompts`: how many distinct prompts the requests cycled through, each sent as
+    written (a file's); 0 when every request is unique (tagged synthetic prompts)."""
     warnings: list[str] = []
     for stage in stages:
         label = stage.summary.info.label
         warnings += [f"{label}: {w}" for w in stage.summary.warnings]
         warnings += [f"{label}: {w}" for w in stage_warnings(stage, tokenizer, forced_length)]
+    if verbatim_prompts:
+        warnings += repeated_prompts(stages, verbatim_prompts)
     return warnings
 
 
+def repeated_prompts(stages: list[StageResult], prompts: int) -> list[str]:
+    """Where a file's prompt was sent more than once (fewer prompts than requests, or a
+    stage after the first, which starts again from the first prompt), the server's prefix
+    cache serves the repeat: its TTFT reads low. Request i sends prompt i % prompts."""
+    sent = [r.index % prompts for stage in stages for r in stage.records
+            if r.start_ns is not None]
+    distinct = len(set(sent))
+    if len(sent) == distinct:
+        return []
+    noun = "prompt" if distinct == 1 else "prompts"
+    return [f"{distinct} {noun} for {len(sent)} requests: repeats are served from the "
+            "server's prefix cache, which lowers their TTFT"]
+
+
 def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> list[str]:
+    """`forced_length`: every request was sent with ignore_eos, whatever its record says."""
     out = []
     summary, ok = stage.summary, [r for r in stage.records if r.outcome == "ok"]
     failed = [r for r in stage.records if r.outcome == "error"]
@@ -46,12 +66,15 @@ def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> 
     if no_usage:
         out.append(f"{no_usage} of {len(ok)} successful requests had no usage in their stream; "
                    "their output tokens were counted from chunks")
-    # without ignore_eos, max_tokens is a ceiling: stopping short of it is no fault
-    short = sum(r.output_tokens_asked is not None and r.output_tokens != r.output_tokens_asked
-                for r in ok) if forced_length else 0
+    # each request sent with ignore_eos, whatever the others: without it, max_tokens is a
+    # ceiling and stopping short of it is no fault
+    forced = [r for r in ok if (forced_length or r.ignore_eos)
+              and r.output_tokens_asked is not None]
+    short = sum(r.output_tokens != r.output_tokens_asked for r in forced)
     if short:
-        out.append(f"{short} of {len(ok)} successful requests did not return the asked "
-                   "number of output tokens (does the server honour ignore_eos?)")
+        which = "" if len(forced) == len(ok) else " sent with ignore_eos"
+        out.append(f"{short} of {len(forced)} successful requests{which} did not return the "
+                   "asked number of output tokens (does the server honour ignore_eos?)")
     if tokenizer:
         out += _token_mismatch(ok)
     return out

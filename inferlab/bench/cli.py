@@ -6,6 +6,7 @@ import argparse
 import asyncio
 import json
 import math
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,7 @@ from inferlab.bench.config import (
     TargetConfig,
 )
 from inferlab.errors import InferlabError
+from inferlab.user_files import is_user_file, stat_user_path
 
 DEFAULT_DATA = "prompt_tokens=256,output_tokens=128"
 
@@ -101,7 +103,8 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "uniform) or a file of prompts, sent verbatim: .jsonl, .json (rows "
                         "or ShareGPT), .csv, .txt (a prompt a line); a row's "
                         "output_tokens_count (or output_tokens) is sent with ignore_eos, "
-                        "max_tokens as a ceiling")
+                        "max_tokens as a ceiling; its system_prompt (or system, prefix) goes "
+                        "before its text, or as chat's system message")
     g.add_argument("--data-file", help="text to cut synthetic prompts from "
                                        "(default: ../shared/data WikiText-2 test)")
     g.add_argument("--tokenizer", help="a tokenizer.json, or a model folder holding one "
@@ -201,11 +204,12 @@ def _check_rates(profile: str, rates: list[float]) -> None:
 def _tokenizer_file(path: str | None) -> str | None:
     """--tokenizer's tokenizer.json: the file, or the one in a model folder. The load tester
     reads local files only: a Hub model id is not downloaded."""
-    if path is None or Path(path).is_file():
+    found = None if path is None else stat_user_path(path)  # a name too long is no file
+    if path is None or (found is not None and stat.S_ISREG(found.st_mode)):
         return path
-    if Path(path).is_dir():
+    if found is not None and stat.S_ISDIR(found.st_mode):
         inside = Path(path) / "tokenizer.json"
-        if not inside.is_file():
+        if not is_user_file(inside):
             raise InferlabError(f"--tokenizer {path}: the folder holds no tokenizer.json")
         return str(inside)
     raise InferlabError(f"--tokenizer {path}: no such file or folder (a tokenizer.json or a "

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import math
+import stat
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from inferlab.errors import InferlabError
+from inferlab.user_files import is_user_file, stat_user_path
 
 PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
 # profiles whose own streams bound what is in flight, so an in-flight cap means nothing
@@ -277,12 +278,15 @@ class DataConfig:
         if is_synthetic(self.data):
             SyntheticSpec.parse(self.data)
             resolve_corpus(self.data_file)
-        elif Path(self.data).is_dir():
-            raise InferlabError(f"--data {self.data}: is a directory, not a file of prompts")
-        elif not Path(self.data).is_file():
-            raise InferlabError(f"--data {self.data!r} is neither a synthetic spec "
-                                "(prompt_tokens=N,output_tokens=N) nor an existing file")
-        if self.tokenizer is not None and not Path(self.tokenizer).is_file():
+        else:
+            found = stat_user_path(self.data)  # None for a name too long to be a file's
+            if found is not None and stat.S_ISDIR(found.st_mode):
+                raise InferlabError(f"--data {self.data}: is a directory, not a file of "
+                                    "prompts")
+            if found is None or not stat.S_ISREG(found.st_mode):
+                raise InferlabError(f"--data {self.data!r} is neither a synthetic spec "
+                                    "(prompt_tokens=N,output_tokens=N) nor an existing file")
+        if self.tokenizer is not None and not is_user_file(self.tokenizer):
             raise InferlabError(f"tokenizer file not found: {self.tokenizer}")
 
 

@@ -1,34 +1,40 @@
 """Prompts from files, in the layouts guidellm reads: JSONL, JSON (a list of rows, or
 ShareGPT conversations), CSV with a header, and plain text with one prompt a line.
 
-A row's prompt is the first of guidellm's text columns it has (`prompt`, `instruction`, ...)
-or a chat `messages` list; its output length is the first output count column it has
-(`output_tokens`, guidellm's `output_tokens_count`...). File prompts are sent verbatim, as
-guidellm and `vllm bench serve` send dataset prompts.
+Columns are matched as guidellm's GenerativeColumnMapper matches them: a name of its lists in
+any case and in the plural, the first such column in the file's column order winning. A
+row's prompt is its text column (`prompt`, `instruction`, ...) or a chat `messages` list,
+after its prefix column (`system_prompt`, `system`, `prefix`): completions send
+`prefix + " " + text`, chat sends the prefix as a system message first. Its output length is
+its output count column (`output_tokens_count`...), else a `max_tokens` ceiling. File prompts
+are sent verbatim, as guidellm and `vllm bench serve` send dataset prompts.
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferlab.bench.tokens import TokenCounter
 from inferlab.errors import InferlabError
-from inferlab.user_files import read_user_json, read_user_text
+from inferlab.user_files import is_user_file, read_user_text
 
-# guidellm's GenerativeColumnMapper defaults, in its order of preference
+# guidellm's GenerativeColumnMapper defaults
 TEXT_COLUMNS = ("prompt", "instruction", "question", "input", "context", "content",
                 "conversation", "turn", "text")
+PREFIX_COLUMNS = ("system_prompt", "system", "prefix")
 MESSAGE_COLUMNS = ("messages", "chat_messages")
 # a count is the length wanted (guidellm sends it with ignore_eos); max_tokens only a ceiling
 COUNT_COLUMNS = ("output_tokens", "output_tokens_count", "completion_tokens_count")
 CEILING_COLUMNS = ("max_tokens",)
 SUFFIXES = (".jsonl", ".json", ".csv", ".txt")
 CSV_CELL_LIMIT = 1 << 30
+BOM = "\ufeff"  # a byte order mark, as editors and spreadsheets save UTF-8
 
 
 @dataclass(frozen=True)
@@ -37,12 +43,13 @@ class Prompt:
 
     text: str | None  # a completion prompt, or None for chat
     messages: tuple[dict, ...] | None  # chat messages, or None for a completion
-    prompt_tokens: int  # as sent (with any tag): exact with a tokenizer, else estimated
+    prompt_tokens: int  # as sent (with any tag and prefix): exact with a tokenizer, else estimated
     output_tokens: int | None  # max_tokens to ask for
     # where in the text (or the first user message) the request's unique tag goes; None:
     # sent verbatim
     tag_at: int | None = None
     exact_output: bool = False  # output_tokens is the length wanted (ignore_eos), not a cap
+    prefix: str | None = None  # a system prompt: before the text, or chat's system message
 
     def __post_init__(self) -> None:
         if (self.text is None) == (self.messages is None):
@@ -54,45 +61,61 @@ class _Row:
     """One record of a file, and where it is, for errors."""
 
     where: str  # FILE:LINE
-    fields: dict
+    fields: dict  # in the file's column order
     cells_are_text: bool = False  # a CSV row: counts are written as digits
 
 
 def load_file(path: str, counter: TokenCounter, default_output_tokens: int) -> list[Prompt]:
     """The prompts of a .jsonl, .json, .csv or .txt file, in file order."""
     file = Path(path)
-    if not file.is_file():
+    if not is_user_file(file):
         raise InferlabError(f"--data file not found: {path}")
-    if file.suffix not in SUFFIXES:
+    suffix = file.suffix.lower()  # data.CSV is a CSV file
+    if suffix not in SUFFIXES:
         raise InferlabError(f"--data file must be .jsonl, .json (rows or ShareGPT), .csv or "
                             f".txt, got {file.name}")
-    if file.suffix == ".json":
-        data = read_user_json(file)
+    text = read_user_text(file).removeprefix(BOM)
+    if suffix == ".json":
+        data = _parse_json(text, file.name)
         if not isinstance(data, list):
             raise InferlabError(f"{file.name}: JSON data is a list of rows or of ShareGPT "
                                 "conversations")
         if data and isinstance(data[0], dict) and "conversations" in data[0]:
             prompts = _sharegpt_prompts(data, counter)
         else:
-            prompts = [_row_prompt(row, counter, default_output_tokens)
-                       for row in _json_rows(data, file.name)]
+            prompts = _row_prompts(list(_json_rows(data, file.name)), counter,
+                                   default_output_tokens)
     else:
-        reader = {".jsonl": _jsonl_rows, ".csv": _csv_rows, ".txt": _txt_rows}[file.suffix]
-        prompts = [_row_prompt(row, counter, default_output_tokens)
-                   for row in reader(read_user_text(file), file.name)]
+        reader = {".jsonl": _jsonl_rows, ".csv": _csv_rows, ".txt": _txt_rows}[suffix]
+        prompts = _row_prompts(list(reader(text, file.name)), counter, default_output_tokens)
     if not prompts:
         raise InferlabError(f"no usable prompts in {path}")
     return prompts
 
 
+def _parse_json(text: str, where: str) -> object:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise InferlabError(f"{where}: not JSON ({e.msg})") from None
+    except RecursionError:  # the C parser's guard against the stack
+        raise InferlabError(f"{where}: not JSON (nested too deeply)") from None
+    except ValueError as e:  # an integer of more digits than Python converts
+        raise InferlabError(f"{where}: not JSON ({e})") from None
+
+
+def _lines(text: str) -> Iterator[tuple[int, str]]:
+    """The numbered lines, split at "\\n" (with any "\\r" before it) only: str.splitlines
+    also splits at U+2028, form feeds and the like, which a JSON string or a prompt may hold."""
+    for number, line in enumerate(text.split("\n"), 1):
+        yield number, line.removesuffix("\r")
+
+
 def _jsonl_rows(text: str, name: str) -> Iterator[_Row]:
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in _lines(text):
         if not line.strip():
             continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise InferlabError(f"{name}:{number}: not JSON ({e.msg})") from None
+        record = _parse_json(line, f"{name}:{number}")
         if not isinstance(record, dict):
             raise InferlabError(f"{name}:{number}: expected an object")
         yield _Row(f"{name}:{number}", record)
@@ -106,33 +129,55 @@ def _json_rows(data: list, name: str) -> Iterator[_Row]:
 
 
 def _csv_rows(text: str, name: str) -> Iterator[_Row]:
-    # a spreadsheet's UTF-8 byte order mark would be part of the first column's name
-    text = text.removeprefix("\ufeff")
     # quoted cells may hold newlines; and a long-context prompt is longer than the csv
     # module's default cell limit (128 KiB), which only guards against runaway quotes
     csv.field_size_limit(max(csv.field_size_limit(), CSV_CELL_LIMIT))
-    reader = csv.DictReader(io.StringIO(text, newline=""))
-    try:
-        for record in reader:
-            # cells past the header's go under None; a short row's missing ones are None
-            fields = {k: v or "" for k, v in record.items() if k is not None}
-            yield _Row(f"{name}:{reader.line_num}", fields, cells_are_text=True)
-    except csv.Error as e:
-        raise InferlabError(f"{name}:{reader.line_num}: not CSV ({e})") from None
+    # strict: a quote left open is an error, not the rest of the file read as one cell
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    header = None
+    while True:
+        start = reader.line_num + 1  # the record's first line, for the error
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise InferlabError(f"{name}:{start}: not CSV ({e})") from None
+        if not cells:  # a blank line
+            continue
+        if header is None:
+            header = cells
+            continue
+        # cells past the header's are dropped; a short row's missing ones are empty
+        fields = {key: cells[i] if i < len(cells) else "" for i, key in enumerate(header)}
+        yield _Row(f"{name}:{start}", fields, cells_are_text=True)
 
 
 def _txt_rows(text: str, name: str) -> Iterator[_Row]:
-    for number, line in enumerate(text.splitlines(), 1):
+    for number, line in _lines(text):
         if line.strip():
             yield _Row(f"{name}:{number}", {"prompt": line})
 
 
+def _row_prompts(rows: list[_Row], counter: TokenCounter,
+                 default_output_tokens: int) -> list[Prompt]:
+    """The rows' prompts, their fields taken in the file's column order (the order in which
+    the columns first appear): where several columns match, guidellm takes the first."""
+    order = dict.fromkeys(key for row in rows for key in row.fields)
+    return [_row_prompt(replace(row, fields={k: row.fields[k] for k in order
+                                             if k in row.fields}),
+                        counter, default_output_tokens) for row in rows]
+
+
 def _row_prompt(row: _Row, counter: TokenCounter, default_output_tokens: int) -> Prompt:
     output, exact = _output_tokens(row, default_output_tokens)
+    prefix = _prefix(row)
     text = next((value for value in _values(row.fields, TEXT_COLUMNS)
                  if isinstance(value, str)), None)
     if text is not None:
-        return Prompt(text, None, counter.count(text), output, exact_output=exact)
+        sent = f"{prefix} {text}" if prefix else text
+        return Prompt(text, None, counter.count(sent), output, exact_output=exact,
+                      prefix=prefix)
     raw = next(_values(row.fields, MESSAGE_COLUMNS), None)
     if not isinstance(raw, list):
         raise InferlabError(f"{row.where}: needs a prompt string (one of "
@@ -140,41 +185,70 @@ def _row_prompt(row: _Row, counter: TokenCounter, default_output_tokens: int) ->
     if not raw:  # no message to send, and a server answers 400
         raise InferlabError(f"{row.where}: 'messages' is empty")
     messages = tuple(_check_message(m, row.where) for m in raw)
-    content = " ".join(m["content"] for m in messages)
-    return Prompt(None, messages, counter.count(content), output, exact_output=exact)
+    contents = [m["content"] for m in messages]
+    content = " ".join([prefix, *contents] if prefix else contents)
+    return Prompt(None, messages, counter.count(content), output, exact_output=exact,
+                  prefix=prefix)
+
+
+def _prefix(row: _Row) -> str | None:
+    """The row's system prompt; an empty or null one is none."""
+    key = _column(row.fields, PREFIX_COLUMNS)
+    value = None if key is None else row.fields[key]
+    if value is not None and not isinstance(value, str):
+        raise InferlabError(f"{row.where}: {key} must be a string")
+    return value or None
 
 
 def _output_tokens(row: _Row, default: int) -> tuple[int, bool]:
     """max_tokens for the row, and whether it is the exact length wanted (a count column)."""
-    for column in COUNT_COLUMNS + CEILING_COLUMNS:
-        key = _key(row.fields, column)
-        if key is None:
-            continue
-        value = row.fields[key]
-        if row.cells_are_text:
-            if not value.strip():
-                continue  # an empty cell gives no count
-            value = int(value) if value.strip().isdecimal() else value
-        # bool is an int in Python, and a server refuses max_tokens: true
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise InferlabError(f"{row.where}: {key} must be a positive int")
-        return value, column in COUNT_COLUMNS
-    return default, False
+    count = _column(row.fields, COUNT_COLUMNS)
+    # guidellm sums only truthy counts: a null or 0 one (pandas' gap) asks no length
+    if count is not None and (value := _whole_number(row, count)):
+        return value, True
+    ceiling = _column(row.fields, CEILING_COLUMNS)
+    value = None if ceiling is None else _whole_number(row, ceiling)
+    if value is None:
+        return default, False
+    if value < 1:  # a server refuses max_tokens 0
+        raise InferlabError(f"{row.where}: {ceiling} must be a positive int")
+    return value, False
 
 
-def _key(fields: dict, name: str) -> str | None:
-    """The row's key for column `name`, matched as guidellm matches column names: in any
-    case, and in the plural."""
-    keys = {key.lower(): key for key in fields}
-    return next((keys[form] for form in (name, name + "s", name + "es") if form in keys), None)
+def _whole_number(row: _Row, key: str) -> int | None:
+    """The value of column `key` as a token count >= 0; None where it is null or an empty
+    cell. 5.0 is 5: pandas writes the counts of a column with gaps as floats."""
+    value = row.fields[key]
+    if row.cells_are_text:
+        if not value.strip():
+            return None
+        with contextlib.suppress(ValueError):  # not a number: refused below
+            value = float(value)
+    if value is None:
+        return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
+    # bool is an int in Python, and a server refuses max_tokens: true
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise InferlabError(f"{row.where}: {key} must be a positive int")
+    return value
+
+
+def _column(fields: dict, names: tuple[str, ...]) -> str | None:
+    """The first of the row's keys naming one of `names`."""
+    return next(_keys(fields, names), None)
+
+
+def _keys(fields: dict, names: tuple[str, ...]) -> Iterator[str]:
+    """The row's keys naming one of `names` as guidellm's column mapper matches them: in any
+    case and in the plural (`Prompts`), in the row's order."""
+    forms = {name + plural for name in names for plural in ("", "s", "es")}
+    return (key for key in fields if key.lower() in forms)
 
 
 def _values(fields: dict, names: tuple[str, ...]) -> Iterator[object]:
-    """The values of the columns of `names` the row has, in that order."""
-    for name in names:
-        key = _key(fields, name)
-        if key is not None:
-            yield fields[key]
+    """The values of the row's columns naming one of `names`, in the row's order."""
+    return (fields[key] for key in _keys(fields, names))
 
 
 def _check_message(message: object, where: str) -> dict:

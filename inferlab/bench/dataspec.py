@@ -7,10 +7,12 @@ import contextlib
 import json
 import math
 import random
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError
+from inferlab.user_files import stat_user_path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
@@ -84,9 +86,13 @@ class SyntheticSpec:
     def __post_init__(self) -> None:
         if self.prefix_tokens < 0:
             raise InferlabError(f"prefix_tokens must be >= 0, got {self.prefix_tokens}")
-        # a request asks for at least one token: lower ones would silently be sent as 1
+        # a request asks for at least one token: lower ones would silently be sent as 1; and
+        # guidellm's bounds are > 0 (a bound of 0 would pile the draws at 1)
         for key, value in (("output_tokens", self.output.mean),
-                           ("output_tokens_max", self.output.max)):
+                           ("output_tokens_min", self.output.min),
+                           ("output_tokens_max", self.output.max),
+                           ("prompt_tokens_min", self.prompt.min),
+                           ("prompt_tokens_max", self.prompt.max)):
             if value is not None and value < 1:
                 raise InferlabError(f"--data {key} must be >= 1, got {value}")
 
@@ -101,6 +107,10 @@ class SyntheticSpec:
                 raise InferlabError(f"unknown --data key {key!r}{hint}; known: "
                                     f"{', '.join(KNOWN_KEYS)}")
             fields[key] = _spec_number(key, value)
+            # guidellm declares the lengths ints: 100.5 tokens is a typo, not 100
+            if not key.endswith("_stdev") and not fields[key].is_integer():
+                raise InferlabError(f"--data {key} must be a whole number of tokens, "
+                                    f"got {value}")
         for base in ("prompt_tokens", "output_tokens"):
             if base not in fields:
                 raise InferlabError(f"--data needs {base}=N (got {text!r})")
@@ -124,6 +134,10 @@ def _spec_items(text: str) -> list[tuple[str, object]]:
             return list(json.loads(text).items())
         except json.JSONDecodeError as e:
             raise InferlabError(f"--data is not a JSON object: {e.msg}") from None
+        except RecursionError:  # the C parser's guard against the stack
+            raise InferlabError("--data is not a JSON object: nested too deeply") from None
+        except ValueError as e:  # an integer of more digits than Python converts
+            raise InferlabError(f"--data is not a JSON object: {e}") from None
     items: list[tuple[str, object]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")
@@ -140,7 +154,8 @@ def _spec_number(key: str, value: object) -> float:
         with contextlib.suppress(ValueError):
             number = float(value)
     elif isinstance(value, (int, float)) and not isinstance(value, bool):
-        number = float(value)
+        with contextlib.suppress(OverflowError):  # an int of hundreds of digits
+            number = float(value)
     if not math.isfinite(number):
         raise InferlabError(f"bad --data value for {key}: {value!r}")
     if number > MAX_TOKENS:
@@ -150,19 +165,19 @@ def _spec_number(key: str, value: object) -> float:
 
 def is_synthetic(data: str) -> bool:
     """A spec has `key=value` items or is a JSON object, and is not the name of an existing
-    file."""
-    return ("=" in data or data.lstrip().startswith("{")) and not Path(data).exists()
+    file (a spec longer than a file name can be names none)."""
+    return ("=" in data or data.lstrip().startswith("{")) and stat_user_path(data) is None
 
 
 def resolve_corpus(path: str | None) -> Path:
     """The text synthetic prompts are cut from: --data-file, else WikiText-2 test."""
     if path is not None:
-        corpus = Path(path)
-        if corpus.is_dir():
+        found = stat_user_path(path)
+        if found is not None and stat.S_ISDIR(found.st_mode):
             raise InferlabError(f"--data-file {path}: is a directory, not a text file")
-        if not corpus.is_file():
+        if found is None or not stat.S_ISREG(found.st_mode):
             raise InferlabError(f"--data-file not found: {path}")
-        return corpus
+        return Path(path)
     if not DEFAULT_CORPUS.is_file():
         raise InferlabError(
             f"synthetic prompts are cut from real text, by default {DEFAULT_CORPUS}, "

@@ -39,6 +39,7 @@ class RequestRecord:
     finish_reason: str | None = None
     new_connection: bool = False
     worker: int = 0
+    ignore_eos: bool = False  # sent with ignore_eos: output_tokens_asked was the length wanted
 
     def __post_init__(self) -> None:
         if self.outcome not in OUTCOMES:
@@ -177,7 +178,7 @@ def to_record(raw: RawExchange, stage: int, worker: int, epoch_ns: int,
         prompt_tokens=(stream.usage or {}).get("prompt_tokens"),
         prompt_tokens_sent=template.prompt_tokens, output_tokens_asked=template.output_tokens,
         finish_reason=stream.finish_reason,
-        new_connection=raw.new_connection, worker=worker)
+        new_connection=raw.new_connection, worker=worker, ignore_eos=template.ignore_eos)
     if counter is not None and counter.exact and stream.texts:
         record.tokenizer_output_tokens = counter.count("".join(stream.texts))
     return record

@@ -71,7 +71,7 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
                                                     end_ns), server, search,
                        interrupted=runner.interrupted)
     result.warnings = run_warnings(result.stages, workload.counter.exact,
-                                   workload.forced_length)
+                                   workload.forced_length, workload.verbatim_prompts)
     if scraper is not None and server.note:  # not when --scrape-interval 0 turned it off
         result.warnings.append(server.note)
     return result

@@ -4,7 +4,8 @@ A worker builds a request by concatenating `head + tag + tail`: no JSON encoding
 the timing path, and every synthetic request differs from the first prompt tokens on (after
 any intended shared prefix), whichever template it reuses. A prompt from a file has no slot:
 it is sent verbatim, as guidellm and `vllm bench serve` send dataset prompts, so a file's
-shared prefixes reach the server's prefix cache as they would in production.
+shared prefixes reach the server's prefix cache as they would in production. A file row's
+prefix column is sent as guidellm sends it: before the text, or as a first system message.
 """
 
 from __future__ import annotations
@@ -44,18 +45,29 @@ class RequestTemplate:
     prompt_tokens: int  # as sent, any tag in; exact with --tokenizer, else an estimate
     output_tokens: int | None  # max_tokens asked
     tagged: bool = True  # False: the prompt is sent verbatim, whatever the tag
+    ignore_eos: bool = False  # sent with ignore_eos: output_tokens is the length wanted
 
     def body(self, tag: str) -> bytes:
         return self.head + tag.encode() + self.tail if self.tagged else self.head + self.tail
 
 
 def make_template(prompt: Prompt, options: BodyOptions) -> RequestTemplate:
+    ignore_eos = _ignores_eos(prompt, options)
     if prompt.tag_at is None:
         return RequestTemplate(json.dumps(_body(prompt, options, "")).encode(), b"",
-                               prompt.prompt_tokens, prompt.output_tokens, tagged=False)
+                               prompt.prompt_tokens, prompt.output_tokens, tagged=False,
+                               ignore_eos=ignore_eos)
     head, tail = _split_at_slot(prompt, options)
     return RequestTemplate(head.encode(), tail.encode(), prompt.prompt_tokens,
-                           prompt.output_tokens)
+                           prompt.output_tokens, ignore_eos=ignore_eos)
+
+
+def _ignores_eos(prompt: Prompt, options: BodyOptions) -> bool:
+    """--ignore-eos or not, else as the prompt asks: an output count wants exactly that many
+    tokens, a max_tokens is a ceiling."""
+    if prompt.output_tokens is None:
+        return False
+    return prompt.exact_output if options.force_length is None else options.force_length
 
 
 def _body(prompt: Prompt, options: BodyOptions, slot: str) -> dict[str, object]:
@@ -65,11 +77,12 @@ def _body(prompt: Prompt, options: BodyOptions, slot: str) -> dict[str, object]:
         body["messages"] = _tagged_messages(prompt, slot)
     else:
         text = prompt.text if prompt.text is not None else _single_message(prompt)
-        body["prompt"] = tagged(text, prompt.tag_at or 0, slot)
+        text = tagged(text, prompt.tag_at or 0, slot)
+        # guidellm joins a row's prefix and text with a space
+        body["prompt"] = f"{prompt.prefix} {text}" if prompt.prefix else text
     if prompt.output_tokens is not None:
         body["max_tokens"] = prompt.output_tokens
-        force = prompt.exact_output if options.force_length is None else options.force_length
-        if force:
+        if _ignores_eos(prompt, options):
             body["ignore_eos"] = True
     body["stream"] = True
     usage = {"include_usage": True}
@@ -96,14 +109,16 @@ def _split_at_slot(prompt: Prompt, options: BodyOptions) -> tuple[str, str]:
 
 
 def _tagged_messages(prompt: Prompt, slot: str) -> list[dict]:
+    # a row's prefix goes first, as a system message, as guidellm sends it
+    system = [{"role": "system", "content": prompt.prefix}] if prompt.prefix else []
     if prompt.messages is None:
         text = prompt.text or ""
-        return [{"role": "user", "content": tagged(text, prompt.tag_at or 0, slot)}]
+        return [*system, {"role": "user", "content": tagged(text, prompt.tag_at or 0, slot)}]
     messages = [dict(m) for m in prompt.messages]
     if prompt.tag_at is not None:
         first_user = next((m for m in messages if m["role"] == "user"), messages[0])
         first_user["content"] = tagged(first_user["content"], prompt.tag_at, slot)
-    return messages
+    return [*system, *messages]
 
 
 def _single_message(prompt: Prompt) -> str:

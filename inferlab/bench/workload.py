@@ -27,6 +27,9 @@ class Workload:
     notes: tuple[str, ...]  # caveats the report prints (estimated lengths...)
     counter: TokenCounter  # for the output token cross-check
     forced_length: bool  # every request asks for exactly max_tokens (ignore_eos)
+    # distinct prompts sent as written (a file's), which requests cycle through; 0: every
+    # request is unique (synthetic prompts carry a tag)
+    verbatim_prompts: int = 0
 
 
 def resolve_model(base_url: str, model: str | None, headers: dict[str, str]) -> str:
@@ -84,15 +87,16 @@ def build_workload(config: BenchConfig, model: str) -> Workload:
     else:
         prompts = load_file(data.data, counter, data.default_output_tokens)
         random.Random(data.seed).shuffle(prompts)
-        description = f"{data.data} ({len(prompts)} prompts)"
+        count = len(prompts)
+        description = f"{data.data} ({count} prompt{'' if count == 1 else 's'})"
     # --ignore-eos or not, else as each prompt asks: synthetic prompts and file rows with an
     # output count want exactly that many tokens (guidellm sends those with ignore_eos)
     options = BodyOptions(model, config.target.chat, data.force_length,
                           config.target.continuous_usage, config.target.extra_body)
     templates = tuple(make_template(p, options) for p in prompts)
-    forced = (data.force_length if data.force_length is not None
-              else all(p.exact_output and p.output_tokens is not None for p in prompts))
-    return Workload(templates, model, description, tuple(notes), counter, forced)
+    forced = all(t.ignore_eos for t in templates)
+    verbatim = 0 if synthetic else len(templates)
+    return Workload(templates, model, description, tuple(notes), counter, forced, verbatim)
 
 
 def pool_size(spec: SyntheticSpec, max_requests: int | None) -> int:

@@ -177,7 +177,7 @@ def test_jsonl_records(tmp_path):
 @pytest.mark.parametrize("line, message", [
     ("not json", "prompts.jsonl:1: not JSON"),
     ('{"body": "x"}', "needs a prompt string"),
-    ('{"prompt": "x", "output_tokens": 0}', "positive int"),
+    ('{"prompt": "x", "output_tokens": -1}', "positive int"),
     ('{"messages": [{"role": "user"}]}', "'role' and 'content'"),
 ])
 def test_jsonl_errors_name_the_line(tmp_path, line, message):
