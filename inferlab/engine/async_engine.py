@@ -32,6 +32,7 @@ logger = logging.getLogger("inferlab.engine")
 
 _IDLE_WAIT_S = 0.2  # how often an idle loop wakes to refresh its heartbeat
 _Sink = Callable[[RequestOutput | BaseException], None]
+_Observer = Callable[[RequestOutput], None]
 
 
 class EngineDeadError(RuntimeError):
@@ -127,15 +128,15 @@ class AsyncEngine:
         return await asyncio.to_thread(self.engine.start_beam_search, prompt, params)
 
     async def beam_search(self, text: str | None, search: BeamSearch, request_id: str,
-                          priority: int = 0) -> RequestOutput:
+                          priority: int = 0, on_output: _Observer | None = None) -> RequestOutput:
         """The best beams of a search start_beam_search began, as one finished output (vLLM's
         engine-client beam_search; beam_search.py says how). Each round's beams run as requests
-        side by side with everything else; cancelling aborts the round's requests."""
+        beside everything else, each output also handed to on_output; cancelling aborts them."""
         round_params = search.params.round_params()
         while not search.done:
             outputs = list(await asyncio.gather(*(
-                self._last_output(beam, round_params, f"{request_id}-{search.rounds}-{i}", priority)
-                for i, beam in enumerate(search.beams()))))
+                self._last_output(beam, round_params, f"{request_id}-{search.rounds}-{i}",
+                                  priority, on_output) for i, beam in enumerate(search.beams()))))
             # only a shutdown aborts a round whose outputs are still read: it has no token
             if any(out.outputs[0].finish_reason == "abort" for out in outputs):
                 raise _shutting_down()
@@ -143,9 +144,10 @@ class AsyncEngine:
         return search.output(request_id, self.tokenizer, text, self.engine.outputs.decoded_tokens)
 
     async def _last_output(self, prompt: list[int], params: SamplingParams, request_id: str,
-                           priority: int) -> RequestOutput:
-        async for out in self.generate(prompt, params, request_id, priority):
-            last = out
+                           priority: int, on_output: _Observer | None) -> RequestOutput:
+        async for last in self.generate(prompt, params, request_id, priority):
+            if on_output is not None:
+                on_output(last)
         return last
 
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,

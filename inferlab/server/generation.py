@@ -142,12 +142,17 @@ class Generation:
 
     def _arrive(self, index: int, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait((index, item))
+        if isinstance(item, RequestOutput):
+            # observed as the engine hands it over, read or not (vLLM's output processor
+            # records outputs as the engine makes them): a prompt that finished while start()
+            # waited for another counts though the client leaves, and the tokens start()
+            # buffers keep the gaps they arrived with
+            self._observer.output_arrived(index, item)
 
     def _record(self, index: int, out: RequestOutput) -> None:
         if self.first_output_at is None:
             self.first_output_at = time.monotonic()
         self._latest[index] = out
-        self._observer.output_arrived(index, out)
         if out.finished:
             self._finished.add(index)
 
@@ -161,6 +166,7 @@ class BeamGeneration(Generation):
         super().__init__(*args, **kwargs)
         self.beam = beam
         self._tasks: list[asyncio.Task] = []
+        self._rounds: dict[str, OutputObserver] = {}  # the rounds' unfinished engine requests
 
     async def _submit(self) -> None:
         # every prompt checked before any search starts: a refused one leaves none running
@@ -168,9 +174,19 @@ class BeamGeneration(Generation):
                                           for prompt in self.prompts))
         self._prompt_lengths = [len(search.prompt_ids) for _, search in searches]
         for index, (rid, (text, search)) in enumerate(zip(self.request_ids, searches, strict=True)):
-            task = asyncio.create_task(self.engine.beam_search(text, search, rid, self.priority))
+            task = asyncio.create_task(self.engine.beam_search(text, search, rid, self.priority,
+                                                               on_output=self._round_output))
             task.add_done_callback(functools.partial(self._search_ended, index))
             self._tasks.append(task)
+
+    def _round_output(self, out: RequestOutput) -> None:
+        """An output of a round's beam, an engine request of its own: it counts in the
+        per-request histograms as any request does, as vLLM's beam_search runs each beam
+        through generate() (the search's own output, no engine request, counts in none)."""
+        observer = self._rounds.pop(out.request_id, None) or OutputObserver(self._observer.metrics)
+        observer.output_arrived(0, out)
+        if not out.finished:
+            self._rounds[out.request_id] = observer
 
     def _search_ended(self, index: int, task: asyncio.Task) -> None:
         if not task.cancelled():

@@ -124,7 +124,8 @@ class OutputObserver:
         for completion in out.outputs:
             key = (index, completion.index)
             self._tokens_arrived(key, len(completion.token_ids_delta))
-            if completion.metrics is not None:  # None: a beam search's beams, not engine requests
+            # None: a beam search's best beams, no engine request (its rounds' are observed apart)
+            if completion.metrics is not None:
                 self._observe_times(key, completion.metrics, completion, len(out.prompt_token_ids))
         # the parent counts when its last child finishes; vLLM records no aborted child's finish
         if out.finished and out.metrics is not None and all(

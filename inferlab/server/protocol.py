@@ -28,9 +28,12 @@ class _Request(BaseModel):
 
 
 class StreamOptions(_Request):
-    null_means_default = frozenset({"include_usage", "continuous_usage_stats"})
-    include_usage: bool = False  # a last chunk with no choices and the request's usage
-    continuous_usage_stats: bool = False  # usage so far in every chunk (vLLM's extension)
+    """vLLM's: given at all, stream_options asks for the usage chunk unless include_usage says
+    otherwise; an explicit null include_usage is None, which asks for none."""
+
+    include_usage: bool | None = True  # a last chunk with no choices and the request's usage
+    # usage so far in every chunk (vLLM's extension), only alongside include_usage
+    continuous_usage_stats: bool | None = False
 
 
 class SamplingFields(_Request):

@@ -75,11 +75,16 @@ def test_continuous_usage_counts_each_choice_from_zero(server):
 
 
 @pytest.mark.parametrize("route", ["chat/completions", "completions"])
-def test_continuous_usage_needs_include_usage(server, route):
-    """vLLM sends continuous usage only when include_usage is also true."""
+def test_continuous_usage_alone_includes_usage(server, route):
+    """vLLM's StreamOptions declares include_usage Optional[bool] = True: continuous_usage_stats
+    alone gets usage in every chunk and the final usage chunk (3 tokens for each of the chat's
+    one choice, or of the two prompts' choices)."""
     chunks = stream_chunks(server, route, max_tokens=3,
                            stream_options={"continuous_usage_stats": True})
-    assert chunks and all(chunk.get("usage") is None for chunk in chunks)
+    *per_choice, last = chunks
+    assert per_choice and all(chunk["choices"] and chunk["usage"] for chunk in per_choice)
+    assert last["choices"] == []
+    assert last["usage"]["completion_tokens"] == (3 if route == "chat/completions" else 6)
 
 
 def test_completions_continuous_usage_counts_each_prompt_and_choice(server):
