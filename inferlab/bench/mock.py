@@ -186,8 +186,8 @@ class _StreamJob:
                  max_tokens: int, mode: str) -> None:
         self.server, self.chat, self.mode = server, chat, mode
         self.stream = bool(request.get("stream", False))
-        options = request.get("stream_options") or {}
-        self.include_usage = bool(options.get("include_usage", False))
+        options = request.get("stream_options")  # vLLM: given at all, include_usage defaults to true
+        self.include_usage = isinstance(options, dict) and bool(options.get("include_usage", True))
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
         self.encoder = fmt.StreamEncoder(server.requests, server.config.model, chat)
 

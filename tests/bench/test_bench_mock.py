@@ -48,6 +48,17 @@ def test_streamed_completion_format(mock_server):
                                    "total_tokens": 8}
 
 
+@pytest.mark.parametrize(("options", "usage"), [(None, False), ({}, True), ({"include_usage": None}, False),
+                                                ({"continuous_usage_stats": True}, True)])
+def test_stream_options_usage_as_vllm_gives_it(mock_server, options, usage):
+    """vLLM's StreamOptions: include_usage defaults to true once stream_options is given."""
+    url = mock_server()
+    body = {"model": "m", "prompt": "one", "max_tokens": 2, "stream": True, "stream_options": options}
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=10) as response:
+        chunks = [json.loads(p) for p in sse_payloads(response)[:-1]]
+    assert any(c.get("usage") for c in chunks) == usage
+
+
 def test_openai_sdk_reads_the_chat_stream(mock_server):
     import openai
 
