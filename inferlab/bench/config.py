@@ -204,6 +204,9 @@ class LoadConfig:
 OWN_BODY_FIELDS = {"model": "--model", "prompt": "--data", "messages": "--data",
                    "max_tokens": "--data or --max-tokens", "ignore_eos": "--ignore-eos",
                    "stream": None, "stream_options": "--continuous-usage"}
+# fields a server reads in place of one of those: vLLM and OpenAI take max_completion_tokens
+# over max_tokens, so the length asked for (and the ignore_eos check) would not be ours
+OVERRIDING_BODY_FIELDS = {"max_completion_tokens": "max_tokens"}
 
 
 @dataclass(frozen=True)
@@ -251,11 +254,13 @@ def server_root(url: str) -> str:
 
 def _check_extra_body(extra_body: tuple[tuple[str, object], ...]) -> None:
     for key, _ in extra_body:
-        if key in OWN_BODY_FIELDS:
-            flag = OWN_BODY_FIELDS[key]
+        own = OVERRIDING_BODY_FIELDS.get(key, key)
+        if own in OWN_BODY_FIELDS:
+            flag = OWN_BODY_FIELDS[own]
             instead = f"use {flag}" if flag else "it times tokens on a stream"
-            raise InferlabError(f"--extra-body cannot set {key!r}: the load tester sets it "
-                                f"({instead})")
+            sets = "it" if own == key else f"{own}, which it overrides"
+            raise InferlabError(f"--extra-body cannot set {key!r}: the load tester sets "
+                                f"{sets} ({instead})")
 
 
 @dataclass(frozen=True)

@@ -105,10 +105,18 @@ def _parse_json(text: str, where: str) -> object:
 
 
 def _lines(text: str) -> Iterator[tuple[int, str]]:
-    """The numbered lines, split at "\\n" (with any "\\r" before it) only: str.splitlines
-    also splits at U+2028, form feeds and the like, which a JSON string or a prompt may hold."""
+    """The numbered lines of a JSONL file, split at "\\n" (with any "\\r" before it) only:
+    str.splitlines also splits at U+2028, form feeds and the like, which a JSON string may
+    hold."""
     for number, line in enumerate(text.split("\n"), 1):
         yield number, line.removesuffix("\r")
+
+
+def _text_lines(text: str) -> Iterator[tuple[int, str]]:
+    """The numbered lines of a text file as guidellm reads them (open().readlines():
+    universal newlines end a line at "\\r", "\\n" or "\\r\\n", and at nothing else)."""
+    for number, line in enumerate(io.StringIO(text, newline=None).readlines(), 1):
+        yield number, line.removesuffix("\n")
 
 
 def _jsonl_rows(text: str, name: str) -> Iterator[_Row]:
@@ -148,13 +156,21 @@ def _csv_rows(text: str, name: str) -> Iterator[_Row]:
         if header is None:
             header = cells
             continue
-        # cells past the header's are dropped; a short row's missing ones are empty
-        fields = {key: cells[i] if i < len(cells) else "" for i, key in enumerate(header)}
-        yield _Row(f"{name}:{start}", fields, cells_are_text=True)
+        yield _Row(f"{name}:{start}", _csv_fields(header, cells), cells_are_text=True)
+
+
+def _csv_fields(header: list[str], cells: list[str]) -> dict:
+    """A row's cells by column name. A name the header repeats keeps its first column:
+    pandas renames the repeats (`prompt.1`), which guidellm's column mapper then ignores.
+    Cells past the header's are dropped; a short row's missing ones are empty."""
+    fields: dict = {}
+    for i, key in enumerate(header):
+        fields.setdefault(key, cells[i] if i < len(cells) else "")
+    return fields
 
 
 def _txt_rows(text: str, name: str) -> Iterator[_Row]:
-    for number, line in _lines(text):
+    for number, line in _text_lines(text):
         if line.strip():
             yield _Row(f"{name}:{number}", {"prompt": line})
 

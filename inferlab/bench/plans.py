@@ -25,7 +25,8 @@ class WorkerStage:
 
     Rate mode (`offsets_ns` given): send request `indices[k]` at `start_ns +
     offsets_ns[k]`. Stream mode: run `streams` closed loops, each sending its next
-    request when the last one ends, numbered `index_base + n * index_stride`.
+    request when the last one ends, the n-th numbered
+    `index_base + n // streams * index_stride + n % streams`.
     """
 
     stage: int

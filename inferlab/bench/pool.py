@@ -84,7 +84,7 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
                 ramp_up_s: float) -> list[WorkerStage]:
     """Each worker's share: rate stages deal scheduled sends in proportion to each worker's
     part of the in-flight cap, closed-loop stages deal streams in contiguous blocks and the
-    request cap in proportion to streams."""
+    requests by stream slot (`_slot_share`)."""
     limits = spec.limits
     stop_ns = None if limits.max_ns is None else start_ns + limits.max_ns
     hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * 1e9)
@@ -96,14 +96,21 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
     plans = []
     for w in range(workers):
         lo, hi = streams * w // workers, streams * (w + 1) // workers
-        share = None  # the request cap, dealt in proportion to streams
-        if limits.max_requests is not None:
-            share = limits.max_requests * hi // streams - limits.max_requests * lo // streams
+        share = None if limits.max_requests is None else \
+            _slot_share(limits.max_requests, lo, hi, streams)
         plans.append(WorkerStage(
-            **common, streams=hi - lo, max_requests=share, index_base=w, index_stride=workers,
+            **common, streams=hi - lo, max_requests=share, index_base=lo, index_stride=streams,
             queued_at_start=spec.kind == "throughput" and limits.max_requests is not None,
             ramp_up_ns=round(ramp_up_s * 1e9), stream_offset=lo, total_streams=streams))
     return plans
+
+
+def _slot_share(max_requests: int, lo: int, hi: int, streams: int) -> int:
+    """How many of requests 0..max_requests-1 fall to streams lo..hi-1 when request k is
+    stream k % streams's, as one client's streams take turns at equal latency. These
+    indices partition 0..max_requests-1 over the workers, so N requests send each of N
+    prompts once; a worker numbers its n-th request as `WorkerStage` says."""
+    return sum(len(range(s, max_requests, streams)) for s in range(lo, hi))
 
 
 def _rate_plans(spec: StageSpec, workers: int, common: dict) -> list[WorkerStage]:

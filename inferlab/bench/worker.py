@@ -37,6 +37,13 @@ async def _sleep_until(t_ns: int) -> None:
         await asyncio.sleep(delay_s)
 
 
+def _stream_index(plan: WorkerStage, n: int) -> int:
+    """The stage-wide number of this worker's n-th request: its streams own one run of
+    `streams` numbers in every `index_stride` (round n // streams), so no two workers share
+    one and a request cap is dealt without gaps (pool._slot_share)."""
+    return plan.index_base + n // plan.streams * plan.index_stride + n % plan.streams
+
+
 class _Worker:
     def __init__(self, conn: Connection, setup: WorkerSetup) -> None:
         self.conn, self.setup = conn, setup
@@ -155,8 +162,7 @@ class _Worker:
                 return
             n, self.next_n = self.next_n, self.next_n + 1
             intended = plan.start_ns if plan.queued_at_start else free_since
-            free_since = await self._one(plan, plan.index_base + n * plan.index_stride,
-                                         intended, None)
+            free_since = await self._one(plan, _stream_index(plan, n), intended, None)
 
     async def _one(self, plan: WorkerStage, index: int, intended_ns: int,
                    slots: asyncio.Semaphore | None) -> int:
