@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from inferlab.config import EngineConfig
+from inferlab.engine.beam_driver import Observer, run_rounds
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
@@ -32,7 +33,6 @@ logger = logging.getLogger("inferlab.engine")
 
 _IDLE_WAIT_S = 0.2  # how often an idle loop wakes to refresh its heartbeat
 _Sink = Callable[[RequestOutput | BaseException], None]
-_Observer = Callable[[RequestOutput], None]
 
 
 class EngineDeadError(RuntimeError):
@@ -100,10 +100,17 @@ class AsyncEngine:
     # -- called from coroutines ---------------------------------------------------------------
 
     async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
-                       request_id: str, priority: int = 0) -> AsyncIterator[RequestOutput]:
-        """Stream outputs; closing the iterator early (client gone) aborts the request."""
+                       request_id: str, priority: int = 0,
+                       on_output: Observer | None = None) -> AsyncIterator[RequestOutput]:
+        """Stream outputs; closing the iterator early (client gone) aborts the request.
+        on_output gets each output as it arrives, whether or not the iterator reads it."""
         outputs: asyncio.Queue = asyncio.Queue()
-        sink = outputs.put_nowait
+
+        def sink(item: RequestOutput | BaseException) -> None:
+            outputs.put_nowait(item)  # first: an on_output that raises loses the reader nothing
+            if on_output is not None and isinstance(item, RequestOutput):
+                on_output(item)
+
         finished = False
         try:
             # inside the try: a caller cancelled while the add is queued still aborts it
@@ -128,27 +135,13 @@ class AsyncEngine:
         return await asyncio.to_thread(self.engine.start_beam_search, prompt, params)
 
     async def beam_search(self, text: str | None, search: BeamSearch, request_id: str,
-                          priority: int = 0, on_output: _Observer | None = None) -> RequestOutput:
-        """The best beams of a search start_beam_search began, as one finished output (vLLM's
-        engine-client beam_search; beam_search.py says how). Each round's beams run as requests
-        beside everything else, each output also handed to on_output; cancelling aborts them."""
-        round_params = search.params.round_params()
-        while not search.done:
-            outputs = list(await asyncio.gather(*(
-                self._last_output(beam, round_params, f"{request_id}-{search.rounds}-{i}",
-                                  priority, on_output) for i, beam in enumerate(search.beams()))))
-            # only a shutdown aborts a round whose outputs are still read: it has no token
-            if any(out.outputs[0].finish_reason == "abort" for out in outputs):
-                raise _shutting_down()
-            search.advance(outputs)
+                          priority: int = 0, on_output: Observer | None = None) -> RequestOutput:
+        """The best beams of a search start_beam_search began, as one finished output; its
+        rounds run as beam_driver.run_rounds says, each output of their requests handed to
+        on_output as it arrives. Cancelling aborts the round's requests."""
+        if not await run_rounds(self, search, request_id, priority, on_output):
+            raise _shutting_down()
         return search.output(request_id, self.tokenizer, text, self.engine.outputs.decoded_tokens)
-
-    async def _last_output(self, prompt: list[int], params: SamplingParams, request_id: str,
-                           priority: int, on_output: _Observer | None) -> RequestOutput:
-        async for last in self.generate(prompt, params, request_id, priority):
-            if on_output is not None:
-                on_output(last)
-        return last
 
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
                      sink: _Sink, priority: int = 0) -> None:

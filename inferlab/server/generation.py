@@ -180,9 +180,10 @@ class BeamGeneration(Generation):
             self._tasks.append(task)
 
     def _round_output(self, out: RequestOutput) -> None:
-        """An output of a round's beam, an engine request of its own: it counts in the
-        per-request histograms as any request does, as vLLM's beam_search runs each beam
-        through generate() (the search's own output, no engine request, counts in none)."""
+        """An output of a round's beam as it arrives, read or not, an engine request of its own:
+        it counts in the per-request histograms as any request does, as vLLM's beam_search runs
+        each beam through generate() (the search's own output, no engine request, counts in
+        none)."""
         observer = self._rounds.pop(out.request_id, None) or OutputObserver(self._observer.metrics)
         observer.output_arrived(0, out)
         if not out.finished:

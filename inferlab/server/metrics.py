@@ -40,8 +40,9 @@ class ServerMetrics:
         self.ttft_s = histogram("vllm:time_to_first_token_seconds", "Arrival in the engine to "
                                 "the first output token, observed as it arrives.", _LATENCY_BUCKETS_S)
         self.itl_s = histogram("vllm:inter_token_latency_seconds",
-                               "Time between two output tokens of one completion, as the server "
-                               "receives them.", _ITL_BUCKETS_S)
+                               "Time between two outputs with tokens of one completion (a "
+                               "step's kept drafts come as one), as the server receives them.",
+                               _ITL_BUCKETS_S)
         self.e2e_s = histogram("vllm:e2e_request_latency_seconds",
                                "Arrival in the engine to the last token.", _LATENCY_BUCKETS_S)
         self.queue_s = histogram("vllm:request_queue_time_seconds",
@@ -143,14 +144,15 @@ class OutputObserver:
                 self.metrics.observe_completion(m, num_prompt_tokens, len(completion.token_ids))
 
     def _tokens_arrived(self, key: _Key, num_tokens: int) -> None:
-        """The time since the completion's previous token reached the server."""
+        """The time since the completion's previous tokens reached the server: one gap an
+        output, however many tokens it brings (drafts kept), as vLLM observes one an engine
+        output; the gaps sum to the time from the first token to the last."""
         if num_tokens == 0:
             return
         now = time.monotonic()
         last = self._last_s.get(key)
-        if last is not None:  # tokens that arrive together share the gap
-            for _ in range(num_tokens):
-                self.metrics.itl_s.observe((now - last) / num_tokens)
+        if last is not None:
+            self.metrics.itl_s.observe(now - last)
         self._last_s[key] = now
 
 

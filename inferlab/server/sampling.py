@@ -48,7 +48,8 @@ def _build(req: SamplingFields, defaults: dict[str, Any], renamed: dict[str, str
            **fields: Any) -> SamplingParams:
     """defaults: the model's (generation_config.json) for the sampling fields a request leaves
     out; a max_tokens left out (None) is capped by the engine; renamed: for parameter_error."""
-    if req.stream_options is not None and not req.stream:
+    # vLLM refuses any option given without stream, yet lets an empty {} by (falsy to its check)
+    if req.stream_options is not None and req.stream_options.model_fields_set and not req.stream:
         raise bad_request("'stream_options' is only allowed with 'stream': true", "stream_options")
     _check_structured_outputs(req)
     given = {

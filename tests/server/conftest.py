@@ -17,6 +17,8 @@ import pytest
 from server_helpers import API_KEY, MAX_MODEL_LEN, RunningServer, start_server
 
 from inferlab.config import EngineConfig
+from inferlab.engine.async_engine import AsyncEngine
+from inferlab.engine.llm_engine import LLMEngine
 from inferlab.errors import ModelLoadError
 
 
@@ -67,3 +69,15 @@ def fp32_server(fp32_engine) -> Iterator[RunningServer]:
 @pytest.fixture(scope="session")
 def fp32_client(fp32_server: RunningServer):
     return _openai_client(fp32_server)
+
+
+@pytest.fixture(scope="module")
+def speculating(fp32_engine):
+    """A server whose engine drafts n-gram tokens (prompt lookup)."""
+    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
+                          speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 3})
+    own = AsyncEngine(LLMEngine(config, loaded=fp32_engine.engine.loaded))
+    servers = start_server(own)
+    yield next(servers)
+    servers.close()
+    asyncio.run(own.shutdown(timeout_s=0))

@@ -5,31 +5,15 @@ tokens (tests/engine_e2e/test_spec_decode.py runs those as decode rows)."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import httpx
 import pytest
-from server_helpers import MAX_MODEL_LEN, MODEL_NAME, start_server
-
-from inferlab.config import EngineConfig
-from inferlab.engine.async_engine import AsyncEngine
-from inferlab.engine.llm_engine import LLMEngine
+from server_helpers import MODEL_NAME
 
 PROMPT = ("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew. "
           "Again: apple, banana,")
 BODY = {"model": MODEL_NAME, "prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 1}
-
-
-@pytest.fixture(scope="module")
-def speculating(fp32_engine):
-    config = EngineConfig(dtype="float32", kv_cache_memory_bytes=24 * 2**20, max_model_len=MAX_MODEL_LEN,
-                          speculative_config={"num_speculative_tokens": 4, "prompt_lookup_max": 3})
-    own = AsyncEngine(LLMEngine(config, loaded=fp32_engine.engine.loaded))
-    servers = start_server(own)
-    yield next(servers)
-    servers.close()
-    asyncio.run(own.shutdown(timeout_s=0))
 
 
 def _stream(url: str) -> tuple[str, list[str], int]:
