@@ -15,10 +15,12 @@ Three things set a CPU decode step, so three are measured:
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import platform
 import statistics
+import sys
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -29,6 +31,7 @@ from inferlab.bench.outputs import check_writable
 from inferlab.config import CPU_KV_CACHE_BYTES
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
+from inferlab.planner.units import format_rate
 
 DEFAULT_CACHE_PATH = Path.home() / ".cache" / "inferlab" / "cpu-local.json"
 # working sets beyond the last-level cache (300 MiB L3 on this project's machines), so both
@@ -39,6 +42,13 @@ STREAM_BYTES = 512 * 2**20  # weights per streaming pass (at least one layer's)
 # (one decode token per sequence), so the rate is measured on a grid of both
 STREAM_WIDTHS = (512, 1024, 2048, 4096)
 STREAM_ROWS = (1, 16)
+# The widths double, so a wider layer's matrices hold 4x the weights: even where each call's
+# fixed cost dominates, its rate is at most 4x the narrower one's; and every width streams from
+# DRAM through the same kernels, so a narrower one is not 4x faster either. A rate more than
+# this far below an adjacent width's (same rows) was timed while something else ran: best-of-3
+# keeps such a point when the busy stretch outlasts all three (92 MB/s beside 3.9 GB/s).
+NEIGHBOUR_TOLERANCE = 4.0
+REMEASURE_TRIES = 3  # re-measurements of such a width before its rate is used as it is
 MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms each
 MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s", "peak_flops",
                  "layer_overhead_s", "memory_bytes")
@@ -109,10 +119,50 @@ def _stream_grid(repeats: int) -> dict[str, dict[str, float]]:
     return {str(n): {w: rates[str(n)] for w, rates in by_width.items()} for n in STREAM_ROWS}
 
 
+def _checked_stream_grid(repeats: int) -> dict[str, dict[str, float]]:
+    """The grid a plan interpolates in: a rate far below its neighbours' is measured again a
+    few times, keeping the best, and warned of if it stays so."""
+    grid = _stream_grid(repeats)
+    slow = slow_stream_points(grid)
+    for _ in range(REMEASURE_TRIES):
+        if not slow:
+            break
+        for width in sorted({width for _, width, _ in slow}, key=int):
+            for rows, rate in _stream_bytes_per_s(int(width), repeats).items():
+                grid[rows][width] = max(grid[rows][width], rate)  # best of all tries
+        slow = slow_stream_points(grid)
+    if slow:
+        print(f"warning: the machine was busy while measuring: {describe_slow_point(grid, slow[0])} "
+              f"after {REMEASURE_TRIES} re-measurements; the figures and plans from them may be "
+              f"off (measure again when the machine is idle)", file=sys.stderr)
+    return grid
+
+
+def slow_stream_points(grid: dict[str, dict[str, float]]) -> list[tuple[str, str, str]]:
+    """(rows, width, neighbour width) of each rate more than NEIGHBOUR_TOLERANCE times below an
+    adjacent width's at the same rows: a point measured while the machine was busy."""
+    slow = []
+    for rows, by_width in grid.items():
+        for pair in itertools.pairwise(sorted(by_width, key=int)):
+            low, high = sorted(pair, key=by_width.__getitem__)
+            if by_width[high] > NEIGHBOUR_TOLERANCE * by_width[low]:
+                slow.append((rows, low, high))
+    return slow
+
+
+def describe_slow_point(grid: dict[str, dict[str, float]], point: tuple[str, str, str]) -> str:
+    rows, width, neighbour = point
+    return (f"weight streaming at width {width}, {rows} row{'' if rows == '1' else 's'} ran at "
+            f"{format_rate(grid[rows][width], 'B/s')} against "
+            f"{format_rate(grid[rows][neighbour], 'B/s')} at width {neighbour}, over "
+            f"{NEIGHBOUR_TOLERANCE:g}x apart")
+
+
 def stream_bandwidth_bytes_per_s(repeats: int = 3) -> float:
     """The headline memory roof alone (a few seconds): the best rate of the stream grid, closest
     to the memory system's own rate. Benchmarks re-measure it beside each timed run on machines
-    whose bandwidth moves from minute to minute."""
+    whose bandwidth moves from minute to minute. A slow point leaves the best rate as it is, so
+    none is measured again here."""
     return _best_rate(_stream_grid(repeats))
 
 
@@ -189,7 +239,7 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
-        "stream_bytes_per_s": _stream_grid(repeats),
+        "stream_bytes_per_s": _checked_stream_grid(repeats),
         "copy_bandwidth_bytes_per_s": 2 * COPY_BYTES / copy_s,  # a copy reads and writes each byte
         "peak_flops": flops,
         "layer_overhead_s": _layer_overhead_s(repeats),
@@ -201,11 +251,16 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
 
 
 def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3) -> dict[str, Any]:
-    """The cached figures if they were measured on this CPU, else a new measurement, cached."""
+    """The cached figures if they were measured on this CPU on an idle machine, else a new
+    measurement, cached."""
     if cache_path.is_file():
         cached = _read_cache(cache_path)  # read under --measure too: a file that is no cache stays
         if not remeasure and cached.get("cpu") == cpu_name() and all(k in cached for k in MEASURED_KEYS):
-            return cached
+            slow = slow_stream_points(cached["stream_bytes_per_s"])
+            if not slow:
+                return cached
+            print(f"note: --cache {cache_path}: {describe_slow_point(cached['stream_bytes_per_s'], slow[0])}"
+                  f", so the machine was busy then; measuring again", file=sys.stderr)
     _prepare_cache(cache_path)
     figures = measure_cpu(repeats)
     try:
