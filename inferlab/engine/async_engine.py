@@ -155,8 +155,8 @@ class AsyncEngine:
                          params: SamplingParams, priority: int = 0) -> list[list[int]]:
         """submit() for each (request id, prompt, sink), all or none: every prompt is encoded
         and checked before any request is added, so one refused prompt leaves no request of
-        the others running nor counted. Returns each prompt's token ids, before
-        truncate_prompt_tokens cuts them."""
+        the others running nor counted. Returns each prompt's token ids as its requests run
+        them (truncate_prompt_tokens cut)."""
         if self._closing.is_set():
             raise _shutting_down()
         if self.error is not None:
@@ -171,8 +171,7 @@ class AsyncEngine:
         batch = [(request_id, ids, prompt if isinstance(prompt, str) else None)
                  for (request_id, prompt, _), (_, ids) in zip(requests, encoded, strict=True)]
         sinks = [sink for _, _, sink in requests]
-        await self._call(lambda: self._add(batch, sinks, params, loop, priority))
-        return [ids for _, ids, _ in batch]
+        return await self._call(lambda: self._add(batch, sinks, params, loop, priority))
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))
@@ -252,12 +251,14 @@ class AsyncEngine:
         self._wake.set()
 
     def _add(self, batch: list[tuple[str, list[int], str | None]], sinks: list[_Sink],
-             params: SamplingParams, loop: asyncio.AbstractEventLoop, priority: int) -> None:
+             params: SamplingParams, loop: asyncio.AbstractEventLoop,
+             priority: int) -> list[list[int]]:
         if self._closing.is_set():
             raise _shutting_down()
-        self.engine.add_requests(batch, params, priority=priority)
+        prompt_ids = self.engine.add_requests(batch, params, priority=priority)
         for (request_id, _, _), sink in zip(batch, sinks, strict=True):
             self._streams[request_id] = (loop, sink)
+        return prompt_ids
 
     def _abort(self, request_id: str, sink: Callable[[Any], None] | None = None) -> None:
         """With `sink`, only if the request streams to it: a generate() cancelled before its add

@@ -198,10 +198,11 @@ class LLMEngine:
 
     def add_requests(self, prompts: Sequence[tuple[str, str | Sequence[int], str | None]],
                      params: SamplingParams, arrival_time: float | None = None,
-                     priority: int = 0, cap_max_tokens: bool = False) -> None:
+                     priority: int = 0, cap_max_tokens: bool = False) -> list[list[int]]:
         """Queue a request per (request id, prompt, prompt text) as add_request does, all or
         none: every one is checked before any is queued, so a request of many prompts refused
-        for one of them leaves nothing running nor counted (vLLM checks them all first)."""
+        for one of them leaves nothing running nor counted (vLLM checks them all first).
+        Returns each prompt's token ids as its requests run them (truncate_prompt_tokens cut)."""
         self._check_priority(priority)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         ready = [(rid, *self._prepare(rid, prompt, text, params, arrival, priority, cap_max_tokens))
@@ -212,6 +213,7 @@ class LLMEngine:
             for child in children:
                 self.scheduler.add_request(child)
             self.outputs.add(request_id, text, children)
+        return [children[0].prompt_token_ids for _, _, children in ready]
 
     def _prepare(self, request_id: str, prompt: str | Sequence[int], prompt_text: str | None,
                  params: SamplingParams, arrival: float, priority: int,

@@ -101,14 +101,11 @@ class Generation:
             self._buffer.append((index, item))
 
     async def _submit(self) -> None:
-        encoded = await self.engine.submit_all(
+        prompt_ids = await self.engine.submit_all(
             [(rid, prompt, functools.partial(self._arrive, i))
              for i, (rid, prompt) in enumerate(zip(self.request_ids, self.prompts, strict=True))],
             self.params, self.priority)
-        # truncate_prompt_tokens (-1: the context length) keeps only a prompt's last tokens
-        keep = self.params.truncate_prompt_tokens
-        keep = self.engine.max_model_len if keep == -1 else keep
-        self._prompt_lengths = [len(ids) if keep is None else min(len(ids), keep) for ids in encoded]
+        self._prompt_lengths = [len(ids) for ids in prompt_ids]
 
     async def outputs(self) -> AsyncIterator[tuple[int, RequestOutput]]:
         """(prompt index, output) until every prompt has finished."""
