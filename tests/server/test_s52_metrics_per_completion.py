@@ -91,7 +91,7 @@ class _IdleEngine:
     heartbeat = 0.0
 
     def observe_steps(self, method) -> None:
-        pass
+        """No engine steps to report: the tests feed outputs by hand."""
 
     def stats(self) -> EngineStats:
         return EngineStats(0, 0, 0.0, 1, 1, 0, 0, 0, 0, 0, {})
