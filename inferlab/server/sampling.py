@@ -75,7 +75,23 @@ def _build(req: SamplingFields, defaults: dict[str, Any], renamed: dict[str, str
     try:
         return SamplingParams(**kwargs)
     except ValueError as e:
-        raise parameter_error(str(e), renamed) from None
+        raise parameter_error(str(e), {**_guide_fields(req), **(renamed or {})}) from None
+
+
+def _guide_fields(req: SamplingFields) -> dict[str, str]:
+    """Each guide's engine field -> the request field the client gave it by, so that a guide
+    the engine refuses is named as sent (guided_json, response_format or structured_outputs)."""
+    constraints, kind = req.structured_outputs or {}, (req.response_format or {}).get("type")
+    given = {f"guided_{k}": f"guided_{k}" if getattr(req, f"guided_{k}") is not None
+             else "structured_outputs" if k in constraints else None for k in ("choice", "regex", "grammar")}
+    given["json_schema"] = ("guided_json" if req.guided_json is not None
+                            else "structured_outputs" if "json" in constraints
+                            else "response_format" if kind == "json_schema" else None)
+    given["json_object"] = ("response_format" if kind == "json_object"
+                            else "structured_outputs" if "json_object" in constraints else None)
+    given["structural_tag"] = ("response_format" if kind == "structural_tag"
+                               else "structured_outputs" if "structural_tag" in constraints else None)
+    return {engine: sent for engine, sent in given.items() if sent}
 
 
 STRUCTURED_OUTPUTS = ("choice", "regex", "json", "json_object", "grammar", "structural_tag",

@@ -187,7 +187,7 @@ def test_a_structural_tag_holds_each_tag_the_reply_opens(client, server):
     assert sum(c.finish_reason == "stop" and "</city>" in r for c, r in zip(chat.choices, replies, strict=True)) >= 2
     by_text = client.chat.completions.create(**ask, extra_body={"structured_outputs": {"structural_tag": json.dumps(TAG)}})
     assert [c.message.content for c in by_text.choices] == replies
-    with pytest.raises(openai.BadRequestError, match="structural_tag: trigger '\\[' starts no"):
+    with pytest.raises(openai.BadRequestError, match="response_format: trigger '\\[' starts no"):
         client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG, "triggers": ["<", "["]})
     with pytest.raises(openai.BadRequestError, match="give the structural tag once"):
         client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG},
