@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from inferlab.config import EngineConfig
 from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS
 from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import (
@@ -48,17 +49,13 @@ class MemoryConfig:
         if self.kv_dtype not in KV_DTYPES:
             raise InferlabError(unknown_name_message("KV dtype", self.kv_dtype, KV_DTYPES))
         CacheConfig(block_size=self.block_size)  # a power of two, as the engine takes
-        for name in ("tensor_parallel", "max_num_seqs", "max_num_batched_tokens"):
-            if getattr(self, name) < 1:
-                raise InferlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.tensor_parallel < 1:
+            raise InferlabError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
+        # the step limits as the engine checks them (chunked prefill on: max_model_len is moot)
+        SchedulerConfig(max_model_len=1, max_num_seqs=self.max_num_seqs,
+                        max_num_batched_tokens=self.max_num_batched_tokens)
         if self.kv_cache_bytes is not None and self.kv_cache_bytes <= 0:
             raise InferlabError(f"KV cache memory must be positive, got {self.kv_cache_bytes} bytes")
-
-    @property
-    def max_step_seqs(self) -> int:
-        """Sequences one step can hold: the scheduler gives each at least one of the step's
-        max_num_batched_tokens."""
-        return min(self.max_num_seqs, self.max_num_batched_tokens)
 
 
 def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
@@ -79,7 +76,7 @@ def activation_bytes(model: ModelConfig, cfg: MemoryConfig, act_bytes: int) -> i
     MLP's gate, up and gated product (3 × intermediate / tp) for every batched token, plus fp32
     logits and probabilities for every sequence a step samples."""
     per_token = 2 * model.hidden_size + 3 * model.intermediate_size // cfg.tensor_parallel
-    logits = 2 * cfg.max_step_seqs * model.vocab_size * LOGITS_BYTES
+    logits = 2 * cfg.max_num_seqs * model.vocab_size * LOGITS_BYTES
     return cfg.max_num_batched_tokens * per_token * act_bytes + logits
 
 

@@ -83,13 +83,11 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
     if args.measure and args.hardware.lower() != CPU_LOCAL:
         raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
                             f"not {args.hardware}")
-    if args.hardware.lower() == CPU_LOCAL:
-        hw = cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
-    else:
-        hw = datasheet_hardware(args.hardware)
+    datasheet = None if args.hardware.lower() == CPU_LOCAL else datasheet_hardware(args.hardware)
     memory = None if args.memory is None else _size(args.memory, "--memory")
     overhead = None if args.runtime_overhead is None else parse_bytes(args.runtime_overhead,
                                                                      "--runtime-overhead")
+    hw = datasheet or cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
     return hw.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
                              bandwidth_efficiency=args.bandwidth_efficiency,
                              compute_efficiency=args.compute_efficiency)
@@ -99,22 +97,24 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     if args.hardware.lower() == CPU_LOCAL and args.tensor_parallel != 1:
         raise InferlabError(f"--tensor-parallel {args.tensor_parallel}: inferlab's engine runs "
                             f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
-    hw = resolve_hardware(args)
-    kv_bytes = (hw.engine_kv_cache_bytes if args.kv_cache_memory is None
-                else _size(args.kv_cache_memory, "--kv-cache-memory"))
+    # every input checked before resolve_hardware, which may measure this machine (~15 s)
     model = resolve_model(args.model)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
            else checkpoint_weight_format(model) or weight_format("bf16"))
+    workload, slo = Workload.parse(args.workload), SLO.parse(args.slo)
+    kv_bytes = None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory")
+    hw = resolve_hardware(args)
     memory = MemoryConfig(
         device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel=args.tensor_parallel, kv_dtype=(args.kv_dtype or fmt.dense_dtype).lower(),
         block_size=args.block_size, max_num_seqs=args.max_num_seqs,
         max_num_batched_tokens=args.max_num_batched_tokens,
-        runtime_overhead_bytes=hw.runtime_overhead_bytes, kv_cache_bytes=kv_bytes,
+        runtime_overhead_bytes=hw.runtime_overhead_bytes,
+        kv_cache_bytes=hw.engine_kv_cache_bytes if kv_bytes is None else kv_bytes,
     )
     return PlanInputs(
         model=model, hardware=hw, weight_format=fmt,
-        memory=memory, workload=Workload.parse(args.workload), slo=SLO.parse(args.slo),
+        memory=memory, workload=workload, slo=slo,
         request_rate=args.request_rate, price_per_gpu_hour=args.price_per_hour,
         context_len=args.context_len,
     )
@@ -132,9 +132,21 @@ def list_tables() -> str:
     return "\n".join(lines) + "\n"
 
 
+def list_json() -> dict:
+    """list_tables' presets and hardware, for --list --json."""
+    return {"models": {name: source for name, (_, source) in PRESETS.items()},
+            "hardware": [{"name": h.name, "memory_bytes": h.memory_bytes,
+                          "memory_bandwidth_bytes_per_s": h.memory_bandwidth_bytes_per_s,
+                          "peak_flops": h.peak_flops, "source": h.source} for h in HARDWARE.values()]
+            + [{"name": CPU_LOCAL, "source": "this machine, measured (inferlab plan --measure)"}]}
+
+
 def run_plan(args: argparse.Namespace) -> int:
     if args.list:
-        print(list_tables(), end="")
+        if args.json:
+            print(json.dumps(list_json(), indent=2))
+        else:
+            print(list_tables(), end="")
         return 0
     if args.context_len is not None and args.context_len < 1:
         raise InferlabError(f"--context-len must be at least 1, got {args.context_len}")

@@ -92,10 +92,9 @@ class Plan:
 
 
 def batch_limit(cfg: MemoryConfig, fitting: int) -> tuple[int, str]:
-    """The most sequences that decode together, and what sets it: `fitting` (memory), or one
-    step's max_num_seqs or max_num_batched_tokens (each sequence takes a token of the step)."""
-    limits = {"max_num_seqs": cfg.max_num_seqs, "max_num_batched_tokens": cfg.max_num_batched_tokens,
-              "memory": fitting}
+    """The most sequences that decode together, and what sets it: `fitting` (memory) or one
+    step's max_num_seqs (max_num_batched_tokens is at least that, as the engine requires)."""
+    limits = {"max_num_seqs": cfg.max_num_seqs, "memory": fitting}
     limited_by = min(limits, key=limits.__getitem__)
     return limits[limited_by], limited_by
 

@@ -50,7 +50,7 @@ def _memory(plan: Plan) -> list[str]:
         f"{fmt.bits} bits{group}{scales}{zeros} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
-        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_step_seqs} seqs × {m.vocab_size} vocab × 4 B",
+        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × 4 B",
         f"  runtime overhead  {format_bytes(mem.overhead_bytes):>12}   context, graphs, workspaces",
         f"  KV cache          {format_bytes(mem.kv_cache_bytes):>12}   {_kv_source(plan)}",
         f"    per token       {mem.kv_bytes_per_token:>10,} B   2 × {m.num_layers} layers × {mem.kv_heads} KV heads"

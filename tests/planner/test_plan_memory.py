@@ -123,7 +123,7 @@ def test_budget_left_for_kv_on_an_80gb_device():
 def test_a_small_step_budget_samples_fewer_sequences():
     # SmolLM2-135M, 16 tokens a step: 16 × (2 × 576 + 3 × 1536) × 2 B of activations, and
     # logits for at most 16 sequences (one token each), not 256: 2 × 16 × 49,152 × 4 B
-    plan = _plan(None, max_num_batched_tokens=16)
+    plan = _plan(None, max_num_seqs=16, max_num_batched_tokens=16)
     assert plan.activation_bytes == 184_320 + 6_291_456
 
 

@@ -24,7 +24,7 @@ def _plan(model: str | None, hw: Hardware = ROUND, tp: int = 1, fmt: str = "bf16
           step_tokens: int = 2048, **kw):
     memory = MemoryConfig(hw.memory_bytes, tensor_parallel=tp, kv_dtype="bf16",
                           runtime_overhead_bytes=hw.runtime_overhead_bytes,
-                          max_num_batched_tokens=step_tokens)
+                          max_num_seqs=min(256, step_tokens), max_num_batched_tokens=step_tokens)
     return build_plan(PlanInputs(resolve_model(model), hw, weight_format(fmt), memory,
                                  kw.pop("workload", Workload()), kw.pop("slo", SLO()), **kw))
 
@@ -62,7 +62,8 @@ def test_prefill_in_chunks_of_the_step_budget_hand_count():
 
 
 def test_max_num_batched_tokens_caps_the_batch_and_the_rate():
-    """Once planned at batch 256 and one-step prefill whatever the step budget."""
+    """Once planned at batch 256 and one-step prefill whatever the step budget (the engine
+    now requires max_num_seqs <= the budget: _plan sets both to 16)."""
     plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
     assert plan.max_batch == 16 and plan.capacity.limited_by == "max_num_batched_tokens"
     assert plan.prefill.steps == 64
