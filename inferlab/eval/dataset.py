@@ -24,8 +24,8 @@ def cut_windows(ids: Sequence[int], seq_len: int, limit: int | None = None) -> l
     """
     count = len(ids) // seq_len
     if count == 0:
-        raise InferlabError(f"the dataset has {len(ids)} tokens, fewer than one window of "
-                            f"--seq-len {seq_len}")
+        raise InferlabError(f"the dataset has {len(ids)} token{'s' if len(ids) != 1 else ''}, "
+                            f"fewer than one window of --seq-len {seq_len}")
     if limit is not None:
         count = min(count, limit)
     return [list(ids[w * seq_len:(w + 1) * seq_len]) for w in range(count)]

@@ -111,7 +111,8 @@ def write_json(result: EvalResult, path: str) -> None:
 
 def render(result: EvalResult) -> str:
     """A few lines for the terminal."""
-    lines = [f"{result.model} on {result.dataset}: {result.windows} windows of {result.seq_len} "
+    windows = f"{result.windows} window{'s' if result.windows != 1 else ''}"
+    lines = [f"{result.model} on {result.dataset}: {windows} of {result.seq_len} "
              f"tokens, {result.tokens:,} predicted tokens, {result.dtype}"
              f"{', via the engine' if result.via_engine else ''}, {result.elapsed_s:.1f} s",
              f"perplexity {result.ppl:.4f}  (mean NLL {result.nll:.5f})"]

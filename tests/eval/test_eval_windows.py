@@ -18,6 +18,8 @@ def test_windows_are_consecutive_and_the_partial_tail_is_dropped():
 def test_a_text_shorter_than_one_window_is_an_error():
     with pytest.raises(InferlabError, match="3 tokens, fewer than one window of --seq-len 4"):
         cut_windows([1, 2, 3], 4)
+    with pytest.raises(InferlabError, match="has 1 token, fewer"):  # once "1 tokens"
+        cut_windows([1], 4)
 
 
 def test_crlf_becomes_lf_and_nothing_else_changes(tmp_path):
@@ -46,3 +48,15 @@ def test_the_real_wikitext_test_split_reads_as_lf_text(shared_file):
     # the README's 1,290,547 bytes and 2,891 CRLF line ends, each one byte shorter now
     assert len(text.encode("utf-8")) == 1_290_547 - 2_891
     assert text.count("\n") == 2_891
+
+
+def test_the_summary_line_counts_one_window_in_the_singular():
+    """Once "1 windows of 67 tokens"."""
+    from inferlab.eval.result import EvalResult, render
+
+    one = EvalResult(model="m", dataset="d", seq_len=67, dtype="float32", via_engine=False,
+                     windows=1, tokens=66, nll=2.0, ppl=7.389, elapsed_s=1.0)
+    assert "m on d: 1 window of 67 tokens, 66 predicted tokens" in render(one)
+    two = EvalResult(model="m", dataset="d", seq_len=67, dtype="float32", via_engine=False,
+                     windows=2, tokens=132, nll=2.0, ppl=7.389, elapsed_s=1.0)
+    assert "m on d: 2 windows of 67 tokens" in render(two)
