@@ -6,6 +6,7 @@ import pytest
 
 from inferlab.errors import InferlabError
 from inferlab.eval.dataset import cut_windows, read_text
+from inferlab.eval.result import EvalResult, render
 
 
 def test_windows_are_consecutive_and_the_partial_tail_is_dropped():
@@ -52,8 +53,6 @@ def test_the_real_wikitext_test_split_reads_as_lf_text(shared_file):
 
 def test_the_summary_line_counts_one_window_in_the_singular():
     """Once "1 windows of 67 tokens"."""
-    from inferlab.eval.result import EvalResult, render
-
     one = EvalResult(model="m", dataset="d", seq_len=67, dtype="float32", via_engine=False,
                      windows=1, tokens=66, nll=2.0, ppl=7.389, elapsed_s=1.0)
     assert "m on d: 1 window of 67 tokens, 66 predicted tokens" in render(one)
