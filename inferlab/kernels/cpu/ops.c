@@ -6,6 +6,11 @@
  * Plain C + OpenMP, no torch headers, so it compiles in seconds at first use
  * (inferlab/kernels/cpu_ops.py) and links against torch's own libgomp (one thread pool).
  *
+ * Work too small to share (a decode step's single rows) runs its loop outside any parallel
+ * region: a region costs ~0.26 us even where an if clause keeps it on one thread (libgomp still
+ * sets up a team of one), and a one-token decode step calls ~150 of these (the embedded model's
+ * step without its linears and attention, AMD EPYC: 0.14-0.16 -> 0.11 ms).
+ *
  * Tensors arrive as raw pointers; `elem` is the element size: 2 = bfloat16, 4 = float32.
  * Arithmetic is in fp32 and rounds to the tensor dtype where the torch reference rounds
  * (see the comment on each kernel); bf16 rounding is round-to-nearest-even, as torch's.
@@ -50,6 +55,44 @@ static void rms_norm_bf16_row(const uint16_t *x, uint16_t *res, const uint16_t *
 }
 #endif
 
+/* Row r of rms_norm. */
+static void rms_norm_row(const void *x, int64_t x_stride, void *residual, const void *weight,
+                         void *out, int64_t dim, float eps, int elem, int64_t r) {
+    const char *xr = (const char *)x + r * x_stride * elem;
+    char *res = residual ? (char *)residual + r * dim * elem : NULL;
+    char *o = (char *)out + r * dim * elem;
+#ifdef __AVX512BF16__
+    if (elem == 2 && dim % 16 == 0) {
+        rms_norm_bf16_row((const uint16_t *)xr, (uint16_t *)res, (const uint16_t *)weight,
+                          (uint16_t *)o, dim, eps);
+        return;
+    }
+#endif
+    float buf[CHUNK], sum_sq = 0.0f;
+    for (int64_t c = 0; c < dim; c += CHUNK) {
+        int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
+        load_f32(xr + c * elem, elem, buf, n);
+        if (res) {
+            float rb[CHUNK];
+            load_f32(res + c * elem, elem, rb, n);
+            for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] + rb[i], elem);
+            store_f32(buf, elem, res + c * elem, n);
+        }
+#pragma omp simd reduction(+ : sum_sq)
+        for (int64_t i = 0; i < n; i++) sum_sq += buf[i] * buf[i];
+    }
+    float inv_rms = 1.0f / sqrtf(sum_sq / (float)dim + eps);
+    const char *src = res ? res : xr;
+    for (int64_t c = 0; c < dim; c += CHUNK) {
+        int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
+        float wb[CHUNK];
+        load_f32(src + c * elem, elem, buf, n);
+        load_f32((const char *)weight + c * elem, elem, wb, n);
+        for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] * inv_rms, elem) * wb[i];
+        store_f32(buf, elem, o + c * elem, n);
+    }
+}
+
 /* out[r] = rms_norm(h) * w where h = x[r] (+ residual[r], rounded and written back to residual).
  * Rounding as in HF Llama: normalise in fp32, round to the dtype, multiply by w, round again.
  * out may alias x. */
@@ -57,43 +100,15 @@ void rms_norm(const void *x, int64_t x_stride, void *residual, const void *weigh
               int64_t rows, int64_t dim, float eps, int elem) {
     /* a decode batch's rows shared from 16K elements, a row a claim below 64 rows: the other
      * thread would only wait (64 rows of 576: 0.44 -> 0.28 ms a step for 30 layers; silu_and_mul
-     * likewise at 16 rows of 1,536: 0.40 -> 0.29 ms) */
-#pragma omp parallel for schedule(dynamic, rows >= 64 ? 16 : 1) if (rows * dim >= (1 << 14))
-    for (int64_t r = 0; r < rows; r++) {
-        const char *xr = (const char *)x + r * x_stride * elem;
-        char *res = residual ? (char *)residual + r * dim * elem : NULL;
-        char *o = (char *)out + r * dim * elem;
-#ifdef __AVX512BF16__
-        if (elem == 2 && dim % 16 == 0) {
-            rms_norm_bf16_row((const uint16_t *)xr, (uint16_t *)res, (const uint16_t *)weight,
-                              (uint16_t *)o, dim, eps);
-            continue;
-        }
-#endif
-        float buf[CHUNK], sum_sq = 0.0f;
-        for (int64_t c = 0; c < dim; c += CHUNK) {
-            int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
-            load_f32(xr + c * elem, elem, buf, n);
-            if (res) {
-                float rb[CHUNK];
-                load_f32(res + c * elem, elem, rb, n);
-                for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] + rb[i], elem);
-                store_f32(buf, elem, res + c * elem, n);
-            }
-#pragma omp simd reduction(+ : sum_sq)
-            for (int64_t i = 0; i < n; i++) sum_sq += buf[i] * buf[i];
-        }
-        float inv_rms = 1.0f / sqrtf(sum_sq / (float)dim + eps);
-        const char *src = res ? res : xr;
-        for (int64_t c = 0; c < dim; c += CHUNK) {
-            int64_t n = dim - c < CHUNK ? dim - c : CHUNK;
-            float wb[CHUNK];
-            load_f32(src + c * elem, elem, buf, n);
-            load_f32((const char *)weight + c * elem, elem, wb, n);
-            for (int64_t i = 0; i < n; i++) buf[i] = round_to(buf[i] * inv_rms, elem) * wb[i];
-            store_f32(buf, elem, o + c * elem, n);
-        }
+     * likewise at 16 rows of 1,536: 0.40 -> 0.29 ms); fewer, no region at all (see the top) */
+    if (rows * dim < (1 << 14)) {
+        for (int64_t r = 0; r < rows; r++)
+            rms_norm_row(x, x_stride, residual, weight, out, dim, eps, elem, r);
+        return;
     }
+#pragma omp parallel for schedule(dynamic, rows >= 64 ? 16 : 1)
+    for (int64_t r = 0; r < rows; r++)
+        rms_norm_row(x, x_stride, residual, weight, out, dim, eps, elem, r);
 }
 
 #ifdef __AVX512BF16__
@@ -111,37 +126,57 @@ static void rotary_bf16_head(uint16_t *row, const float *c, const float *s, int6
 }
 #endif
 
+/* Token t of rotary. */
+static void rotary_token(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,
+                         const float *cos_table, const float *sin_table, int64_t tokens,
+                         int64_t dim, int elem, int64_t t) {
+    const int64_t half = dim / 2;
+    const float *c = cos_table + positions[t] * dim, *s = sin_table + positions[t] * dim;
+#ifdef __AVX512BF16__
+    if (t + 2 < tokens)  /* the token two ahead, as the quantization reads rows (a 512-token
+                            prefill's rotary: 1.65-1.66 -> 1.37-1.39 ms) */
+        prefetch_lines((char *)x + (t + 2) * tok_stride * elem, heads * dim * elem);
+#endif
+    for (int64_t h = 0; h < heads; h++) {
+        char *row = (char *)x + (t * tok_stride + h * dim) * elem;
+#ifdef __AVX512BF16__
+        if (elem == 2 && half % 16 == 0) {
+            rotary_bf16_head((uint16_t *)row, c, s, half);
+            continue;
+        }
+#endif
+        float v[512], o[512];
+        load_f32(row, elem, v, dim);
+#pragma omp simd
+        for (int64_t i = 0; i < half; i++) {
+            o[i] = v[i] * c[i] - v[i + half] * s[i];
+            o[i + half] = v[i + half] * c[i + half] + v[i] * s[i + half];
+        }
+        store_f32(o, elem, row, dim);
+    }
+}
+
 /* Neox (rotate-half) RoPE in place on `heads` heads of each token: x[t] at x + t*tok_stride,
  * head h at + h*dim. cos/sin are fp32 tables [max_positions, dim]. fp32 math, one rounding. */
 void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions,
             const float *cos_table, const float *sin_table, int64_t tokens, int64_t dim, int elem) {
-    int64_t half = dim / 2;
-#pragma omp parallel for schedule(static) if (tokens * heads * dim >= (1 << 16))
-    for (int64_t t = 0; t < tokens; t++) {
-        const float *c = cos_table + positions[t] * dim, *s = sin_table + positions[t] * dim;
-#ifdef __AVX512BF16__
-        if (t + 2 < tokens)  /* the token two ahead, as the quantization reads rows (a 512-token
-                                prefill's rotary: 1.65-1.66 -> 1.37-1.39 ms) */
-            prefetch_lines((char *)x + (t + 2) * tok_stride * elem, heads * dim * elem);
-#endif
-        for (int64_t h = 0; h < heads; h++) {
-            char *row = (char *)x + (t * tok_stride + h * dim) * elem;
-#ifdef __AVX512BF16__
-            if (elem == 2 && half % 16 == 0) {
-                rotary_bf16_head((uint16_t *)row, c, s, half);
-                continue;
-            }
-#endif
-            float v[512], o[512];
-            load_f32(row, elem, v, dim);
-#pragma omp simd
-            for (int64_t i = 0; i < half; i++) {
-                o[i] = v[i] * c[i] - v[i + half] * s[i];
-                o[i + half] = v[i + half] * c[i + half] + v[i] * s[i + half];
-            }
-            store_f32(o, elem, row, dim);
-        }
+    if (tokens * heads * dim < (1 << 16)) {
+        for (int64_t t = 0; t < tokens; t++)
+            rotary_token(x, tok_stride, heads, positions, cos_table, sin_table, tokens, dim, elem, t);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tokens; t++)
+        rotary_token(x, tok_stride, heads, positions, cos_table, sin_table, tokens, dim, elem, t);
+}
+
+/* Token t of write_kv: nothing for a negative slot. */
+static inline void write_kv_token(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
+                                  const int64_t *slots, void *k_cache, void *v_cache, size_t bytes,
+                                  int elem, int64_t t) {
+    if (slots[t] < 0) return;
+    memcpy((char *)k_cache + slots[t] * bytes, (const char *)k + t * k_stride * elem, bytes);
+    memcpy((char *)v_cache + slots[t] * bytes, (const char *)v + t * v_stride * elem, bytes);
 }
 
 /* Copy each token's K and V rows (kv_width = Hkv * D elements, contiguous within a token) to
@@ -150,16 +185,17 @@ void rotary(void *x, int64_t tok_stride, int64_t heads, const int64_t *positions
 void write_kv(const void *k, int64_t k_stride, const void *v, int64_t v_stride,
               const int64_t *slots, void *k_cache, void *v_cache, int64_t tokens,
               int64_t kv_width, int elem) {
-    size_t bytes = (size_t)kv_width * elem;
+    const size_t bytes = (size_t)kv_width * elem;
     /* a prompt chunk's rows over the threads: each copy waits on its own cache misses (512
      * tokens into 30 layers' caches: 1.83 -> 1.07 ms) */
-#pragma omp parallel for schedule(static) if (tokens >= 256)
-    for (int64_t t = 0; t < tokens; t++) {
-        if (slots[t] < 0)
-            continue;
-        memcpy((char *)k_cache + slots[t] * bytes, (const char *)k + t * k_stride * elem, bytes);
-        memcpy((char *)v_cache + slots[t] * bytes, (const char *)v + t * v_stride * elem, bytes);
+    if (tokens < 256) {
+        for (int64_t t = 0; t < tokens; t++)
+            write_kv_token(k, k_stride, v, v_stride, slots, k_cache, v_cache, bytes, elem, t);
+        return;
     }
+#pragma omp parallel for schedule(static)
+    for (int64_t t = 0; t < tokens; t++)
+        write_kv_token(k, k_stride, v, v_stride, slots, k_cache, v_cache, bytes, elem, t);
 }
 
 #ifdef __AVX512BF16__
@@ -170,34 +206,41 @@ static void silu_mul_bf16_row(const uint16_t *gate, const uint16_t *up, uint16_t
 }
 #endif
 
+/* Row r of silu_and_mul. */
+static void silu_and_mul_row(const void *x, void *out, int64_t inter, int elem, int64_t r) {
+    const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
+    char *o = (char *)out + r * inter * elem;
+#ifdef __AVX512BF16__
+    if (elem == 2 && inter % 16 == 0) {
+        silu_mul_bf16_row((const uint16_t *)gate, (const uint16_t *)up, (uint16_t *)o, inter);
+        return;
+    }
+#endif
+    for (int64_t c = 0; c < inter; c += CHUNK) {
+        int64_t n = inter - c < CHUNK ? inter - c : CHUNK;
+        float g[CHUNK], u[CHUNK], e[CHUNK];
+        load_f32(gate + c * elem, elem, g, n);
+        load_f32(up + c * elem, elem, u, n);
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) e[i] = exp_nonpositive(-fabsf(g[i]));  /* never overflows */
+#pragma omp simd
+        for (int64_t i = 0; i < n; i++) {
+            float inv = 1.0f / (1.0f + e[i]), sig = g[i] >= 0.0f ? inv : e[i] * inv;
+            g[i] = round_to(g[i] * sig, elem) * u[i];
+        }
+        store_f32(g, elem, o + c * elem, n);
+    }
+}
+
 /* out[r] = silu(x[r, :inter]) * x[r, inter:], x [rows, 2*inter]. The reference rounds silu's
  * result to the dtype before the product; so does this. */
 void silu_and_mul(const void *x, void *out, int64_t rows, int64_t inter, int elem) {
-#pragma omp parallel for schedule(dynamic, rows >= 64 ? 16 : 1) if (rows * inter >= (1 << 14))  /* as rms_norm */
-    for (int64_t r = 0; r < rows; r++) {
-        const char *gate = (const char *)x + r * 2 * inter * elem, *up = gate + inter * elem;
-        char *o = (char *)out + r * inter * elem;
-#ifdef __AVX512BF16__
-        if (elem == 2 && inter % 16 == 0) {
-            silu_mul_bf16_row((const uint16_t *)gate, (const uint16_t *)up, (uint16_t *)o, inter);
-            continue;
-        }
-#endif
-        for (int64_t c = 0; c < inter; c += CHUNK) {
-            int64_t n = inter - c < CHUNK ? inter - c : CHUNK;
-            float g[CHUNK], u[CHUNK], e[CHUNK];
-            load_f32(gate + c * elem, elem, g, n);
-            load_f32(up + c * elem, elem, u, n);
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) e[i] = exp_nonpositive(-fabsf(g[i]));  /* never overflows */
-#pragma omp simd
-            for (int64_t i = 0; i < n; i++) {
-                float inv = 1.0f / (1.0f + e[i]), sig = g[i] >= 0.0f ? inv : e[i] * inv;
-                g[i] = round_to(g[i] * sig, elem) * u[i];
-            }
-            store_f32(g, elem, o + c * elem, n);
-        }
+    if (rows * inter < (1 << 14)) {  /* as rms_norm */
+        for (int64_t r = 0; r < rows; r++) silu_and_mul_row(x, out, inter, elem, r);
+        return;
     }
+#pragma omp parallel for schedule(dynamic, rows >= 64 ? 16 : 1)
+    for (int64_t r = 0; r < rows; r++) silu_and_mul_row(x, out, inter, elem, r);
 }
 
 /* out[r] = the index of the largest of x[r, :cols] (row stride x_stride), the first one on
