@@ -186,6 +186,18 @@ def test_decode_head_layouts_match_the_oracle_alone_or_together(heads):
         assert torch.equal(alone[0], together[b])
 
 
+def test_a_few_tokens_through_the_whole_team_in_turn_match_the_oracle():
+    """Three tokens of a one-KV-head model: too few (token, KV head) tasks for two threads, so
+    the team takes them one after another in a shared scratch (decode_together), each waiting
+    for the one before."""
+    query_lens, context_lens = [1] * 3, [300, 77, 140]
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=11,
+                                              d=64, heads=(16, 1))
+    together = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
+    ref = torch_paged.paged_attention(q, k, v, kc.clone(), vc.clone(), meta, 0.125)
+    torch.testing.assert_close(together, ref, atol=1.6e-2, rtol=1.6e-2)
+
+
 def test_decode_result_does_not_depend_on_the_batch():
     query_lens, context_lens = [1] * 8, [5, 77, 300, 16, 1, 64, 200, 33]
     (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=5)
