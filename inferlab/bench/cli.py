@@ -79,10 +79,11 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="stages in a sweep, as guidellm's sweep_size: synchronous, throughput, "
                         "then SIZE - 2 constant rates evenly spaced up to the throughput rate "
                         "(>= 2; default %(default)s)")
-    g.add_argument("--sweep-sync-seconds", type=float, default=15.0,
+    g.add_argument("--sweep-sync-seconds", type=float, default=LoadConfig.sync_max_seconds,
                    help="time bound of a sweep's synchronous stage")
     g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
-                   help="start closed-loop streams spread over this many seconds")
+                   help="start closed-loop streams (concurrent, throughput) spread over this "
+                        "many seconds")
     g.add_argument("--seed", type=int, default=0)
     g = p.add_argument_group("limits per stage")
     g.add_argument("--max-seconds", type=float)
@@ -218,6 +219,7 @@ def _tokenizer_file(path: str | None) -> str | None:
 
 def run_bench(args: argparse.Namespace) -> int:
     from inferlab.bench.console import print_summary, stdout_console
+    from inferlab.bench.interrupts import Interrupts
     from inferlab.bench.outputs import check_output_paths, write_outputs
     from inferlab.bench.progress import LiveProgress, NullProgress
     from inferlab.bench.session import run_benchmark
@@ -225,10 +227,12 @@ def run_bench(args: argparse.Namespace) -> int:
     config = config_from_args(args)
     check_output_paths(config.outputs)  # before the run, so a typo does not lose it
     progress = NullProgress() if args.quiet else LiveProgress()
-    result = run_benchmark(config, progress)
-    for path in write_outputs(result, config.outputs):  # first: stdout's reader may be gone
-        print(f"wrote {path}", file=sys.stderr)
-    return _printed(lambda: print_summary(result, stdout_console()), 130 if result.interrupted else 0)
+    with Interrupts().installed() as interrupts:  # a Ctrl-C from here on still writes the results
+        result = run_benchmark(config, progress, interrupts)
+        for path in write_outputs(result, config.outputs):  # first: stdout's reader may be gone
+            print(f"wrote {path}", file=sys.stderr)
+        return _printed(lambda: print_summary(result, stdout_console()),
+                        130 if result.interrupted else 0)
 
 
 def run_mock_server(args: argparse.Namespace) -> int:

@@ -196,6 +196,21 @@ class LoadConfig:
             raise InferlabError(f"--slo-search-steps must be >= 1, got {self.slo_search_steps}")
         check_duration("--ramp-up", self.ramp_up_s, zero_ok=True)
         check_duration("--sweep-sync-seconds", self.sync_max_seconds, zero_ok=False)
+        self._check_profile_options()
+
+    def _check_profile_options(self) -> None:
+        """Options the profile would leave unused are refused, not ignored: --ramp-up spreads
+        the starts of closed-loop streams (concurrent, throughput, a sweep's throughput stage),
+        the sweep options shape a sweep."""
+        if self.ramp_up_s and self.profile in ("synchronous", "constant", "poisson"):
+            raise InferlabError(f"--profile {self.profile} takes no --ramp-up: it spreads the "
+                                "starts of closed-loop streams (--profile concurrent or throughput)")
+        if self.profile != "sweep":
+            for flag, value, default in (("--sweep-size", self.sweep_size, LoadConfig.sweep_size),
+                                         ("--sweep-sync-seconds", self.sync_max_seconds,
+                                          LoadConfig.sync_max_seconds)):
+                if value != default:
+                    raise InferlabError(f"{flag} shapes a sweep; --profile {self.profile} takes none")
 
 
 # request fields the load tester writes itself, and the flag that sets each: an

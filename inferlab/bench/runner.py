@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from inferlab.bench.client import now_ns
+from inferlab.bench.interrupts import Interrupts
 from inferlab.bench.plans import WorkerReport
 from inferlab.bench.pool import WorkerPool, split_stage
 from inferlab.bench.profiles import StageSpec
@@ -83,6 +84,7 @@ class StageRunner:
     ramp_up_s: float = 0.0
     label_prefix: str = ""  # "floor " for calibration stages
     epoch_ns: int | None = None  # the first stage's start; every record's time is from here
+    interrupts: Interrupts = field(default_factory=Interrupts)  # Ctrl-C, polled while collecting
     interrupted: bool = False
 
     def run(self, spec: StageSpec, stage: int) -> StageResult:
@@ -117,13 +119,11 @@ class StageRunner:
         stop_reason = ""
         give_up_at = None
         while len(tally.done) < self.pool.size:
-            try:
-                reports = self.pool.receive(0.1)
-            except KeyboardInterrupt:
+            reports = self.pool.receive(0.1)
+            if self.interrupts.requested and give_up_at is None:
                 self.interrupted, stop_reason = True, "interrupted"
                 self.pool.stop()
                 give_up_at = time.monotonic() + INTERRUPT_GRACE_S
-                continue
             for report in reports:
                 parsed = self._parse(report.exchanges, stage, report.worker_id)
                 tally.add(report, parsed)

@@ -9,6 +9,7 @@ from datetime import UTC, datetime
 from inferlab.bench.caveats import run_warnings
 from inferlab.bench.client import Target, now_ns
 from inferlab.bench.config import BenchConfig, Span
+from inferlab.bench.interrupts import Interrupts
 from inferlab.bench.mock import MockConfig
 from inferlab.bench.mock_process import MockProcess
 from inferlab.bench.plans import WorkerSetup
@@ -33,7 +34,10 @@ class RunResult:
     interrupted: bool = False
 
 
-def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
+def run_benchmark(config: BenchConfig, progress: Progress,
+                  interrupts: Interrupts | None = None) -> RunResult:
+    """interrupts: Ctrl-C's handler (the CLI's), armed here once the workers are up."""
+    interrupts = interrupts or Interrupts()
     headers = config.target.request_headers()
     model = resolve_model(config.target.url, config.target.model, headers)
     workload = build_workload(config, model)
@@ -49,7 +53,8 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
     pool = WorkerPool(_setups(config.target.url, workload, headers, workers, nonce, config))
     runner = StageRunner(pool, workload.templates, workload.counter, progress,
                          config.slo.bounds() if config.slo else None,
-                         config.load.ramp_up_s, epoch_ns=epoch_ns)
+                         config.load.ramp_up_s, epoch_ns=epoch_ns, interrupts=interrupts)
+    interrupts.armed = True
     try:
         stages, search = run_profile(runner, config.load, config.limits,
                                      config.slo.bounds() if config.slo else None)
@@ -58,7 +63,7 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
         server = (scraper.stop() if scraper
                   else ServerTimeline(False, "scraping turned off (--scrape-interval 0)"))
     if config.measure.calibration_seconds > 0 and not runner.interrupted and stages:
-        calibrate(stages, workload, config, progress, workers)
+        calibrate(stages, workload, config, progress, workers, interrupts)
     end_ns = max((s.summary.end_ns for s in stages), default=0)
     meta = {"target": Target.parse(config.target.url).url, "model": model,
             "endpoint": "chat" if config.target.chat else "completions",
@@ -69,7 +74,7 @@ def run_benchmark(config: BenchConfig, progress: Progress) -> RunResult:
             "notes": list(workload.notes)}
     result = RunResult(meta, stages, build_timeline([r for s in stages for r in s.records],
                                                     end_ns), server, search,
-                       interrupted=runner.interrupted)
+                       interrupted=interrupts.requested)
     result.warnings = run_warnings(result.stages, workload.counter.exact,
                                    workload.forced_length, workload.verbatim_prompts)
     if scraper is not None and server.note:  # not when --scrape-interval 0 turned it off
@@ -102,14 +107,14 @@ def floor_spec(result: StageResult, seconds: float) -> StageSpec:
 
 
 def calibrate(stages: list[StageResult], workload: Workload, config: BenchConfig,
-              progress: Progress, workers: int) -> None:
+              progress: Progress, workers: int, interrupts: Interrupts) -> None:
     """Replay each stage briefly against a zero-latency mock: the client's own floor."""
     seconds = config.measure.calibration_seconds
     with MockProcess(MockConfig()) as mock:
         pool = WorkerPool(_setups(mock.url, workload, {}, workers, new_nonce(), config))
         runner = StageRunner(pool, workload.templates, None, progress, None,
                              config.load.ramp_up_s, label_prefix="floor ",
-                             epoch_ns=now_ns())
+                             epoch_ns=now_ns(), interrupts=interrupts)
         try:
             for result in stages:
                 floor = runner.run(floor_spec(result, seconds), result.summary.info.stage)

@@ -70,18 +70,24 @@ def _wait_for_prompts(url: str, proc: subprocess.Popen, timeout_s: float = 120) 
     pytest.fail("the bench run sent no prompt")
 
 
-def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_path):
-    out_json = tmp_path / "run.json"
+def _constant_run(mock_cli: str, corpus, out_json, rate: int, output_tokens: int) -> subprocess.Popen:
+    """`inferlab bench` at a constant rate for up to a minute, once it has sent a prompt."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "inferlab.cli", "bench", "--target", mock_cli,
-         "--profile", "constant", "--rate", "20", "--max-seconds", "60",
-         "--data", "prompt_tokens=16,output_tokens=4", "--data-file", str(corpus),
+         "--profile", "constant", "--rate", str(rate), "--max-seconds", "60",
+         "--data", f"prompt_tokens=16,output_tokens={output_tokens}", "--data-file", str(corpus),
          "--quiet", "--output", str(out_json)],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
         # as in a terminal: a suite started in the background (`make test &`) ignores SIGINT,
         # and its children would inherit that
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     _wait_for_prompts(mock_cli, proc)
+    return proc
+
+
+def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_path):
+    out_json = tmp_path / "run.json"
+    proc = _constant_run(mock_cli, corpus, out_json, rate=20, output_tokens=4)
     time.sleep(1.5)  # ~30 requests at 20/s: the stage is well under way
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=30)
@@ -92,6 +98,24 @@ def test_ctrl_c_stops_the_run_and_still_writes_the_report(mock_cli, corpus, tmp_
     assert stage["summary"]["info"]["stop_reason"] == "interrupted"
     assert stage["summary"]["counts"]["ok"] >= 10
     assert report["stages"][0]["floor"] is None  # no calibration after an interrupt
+
+
+def test_ctrl_c_pressed_again_and_again_still_writes_the_report(mock_cli, corpus, tmp_path):
+    """Once a second press landing inside a pipe read left it out of step: the run hung on a
+    read of garbage length, died with a traceback or exited 130 having written nothing."""
+    out_json = tmp_path / "run.json"
+    proc = _constant_run(mock_cli, corpus, out_json, rate=40, output_tokens=64)
+    time.sleep(1.0)
+    for _ in range(40):  # presses 5 ms apart, through the stop and the writing of the results
+        if proc.poll() is not None or out_json.exists():
+            break
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.005)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, err
+    assert "Traceback" not in err
+    report = json.loads(out_json.read_text())
+    assert report["interrupted"] is True and report["stages"][0]["summary"]["counts"]["ok"] >= 1
 
 
 SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
@@ -121,6 +145,13 @@ SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
     (SYNC2 + ["--warmup", "inf"], "--warmup must be >= 0 and at most 31536000 seconds"),
     (SYNC2 + ["--warmup", "nan%"], "--warmup as a fraction must be in [0, 1), got nan"),
     (SYNC2 + ["--cooldown", "inf"], "--cooldown must be >= 0 and at most"),
+    # once accepted and ignored: --ramp-up spreads closed-loop streams only
+    (SYNC2 + ["--ramp-up", "2"], "--profile synchronous takes no --ramp-up"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "constant", "--rate", "10",
+      "--ramp-up", "2"], "--profile constant takes no --ramp-up"),
+    (["bench", "--target", "http://127.0.0.1:9", "--profile", "poisson", "--rate", "10",
+      "--sweep-size", "4"], "--sweep-size shapes a sweep; --profile poisson takes none"),
+    (SYNC2 + ["--sweep-sync-seconds", "3"], "--sweep-sync-seconds shapes a sweep"),
     (SYNC2 + ["--ramp-up", "nan"], "--ramp-up must be >= 0 and at most"),
     (SYNC2 + ["--ramp-up", "inf"], "--ramp-up must be >= 0 and at most"),
     (["bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", "--drain-seconds",
