@@ -33,6 +33,9 @@ still validate:
 - `oneOf` is read as `anyOf`, as xgrammar and llguidance read it: where its branches overlap
   ({"oneOf": [{"type": "integer"}, {"type": "number"}]}), an output can match more than one,
   which oneOf forbids;
+- a `false` subschema takes nothing: an anyOf or oneOf branch that is false is left out, and a
+  property whose schema is false is a key left out of the object (refused where it is required
+  or additionalProperties could bring it back);
 - `$id` is taken at the root only: below it, an embedded resource would change what its $refs
   point at, so it is refused by name;
 - `enum` beside `const` takes the const if the enum holds it (as JSON compares: 1 is 1.0, true is
@@ -45,6 +48,7 @@ import json
 import math
 from fractions import Fraction
 from typing import Any
+from urllib.parse import unquote
 
 from inferlab.engine.json_formats import FORMATS
 from inferlab.engine.json_nodes import (
@@ -145,8 +149,11 @@ class _Compiler:
             if len(value) > 1:
                 raise SchemaError("allOf with more than one schema is not supported")
             return self.node(value[0])
+        options = [option for option in value if option is not False]  # a false branch takes nothing
+        if not options:
+            raise SchemaError(f"every branch of {combinator} is the schema false: it matches nothing")
         index = self.reserve()
-        self.nodes[index] = UnionNode(tuple(self.node(option) for option in value))
+        self.nodes[index] = UnionNode(tuple(self.node(option) for option in options))
         return index
 
     def ref(self, pointer: Any) -> int:
@@ -156,7 +163,11 @@ class _Compiler:
             raise SchemaError(f"$ref {pointer!r}: only references inside the schema (#/...) are supported")
         target = self.root
         for part in pointer[2:].split("/") if pointer != "#" else ():
-            part = part.replace("~1", "/").replace("~0", "~")
+            # a URI fragment: percent-escapes first, then JSON pointer's (RFC 6901, sections 6 and 4)
+            part = unquote(part).replace("~1", "/").replace("~0", "~")
+            if isinstance(target, list) and part.isdecimal() and int(part) < len(target):
+                target = target[int(part)]
+                continue
             if not isinstance(target, dict) or part not in target:
                 raise SchemaError(f"$ref {pointer!r} points at nothing in the schema")
             target = target[part]
@@ -235,7 +246,12 @@ class _Compiler:
         if missing and extra is None:
             raise SchemaError(f"required key {missing[0]!r} is not in properties, and "
                               "additionalProperties does not allow other keys")
-        properties = {key: self.node(value) for key, value in declared.items()}
+        forbidden = [key for key, value in declared.items() if value is False]
+        for key in forbidden:  # a key that may not come: left out, where nothing else brings it
+            if key in required or extra is not None:
+                raise SchemaError(f"property {key!r} has the schema false: supported only for a "
+                                  "key not required, without additionalProperties")
+        properties = {key: self.node(value) for key, value in declared.items() if value is not False}
         properties.update(dict.fromkeys(missing, extra))  # held to additionalProperties' schema
         return ObjectNode(properties, frozenset(required), extra,
                           {_json_text(key): key for key in properties})

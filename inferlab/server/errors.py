@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -51,11 +52,13 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 def parameter_error(message: str, renamed: Mapping[str, str] | None = None) -> APIError:
     """A 400 for an InvalidParameterError, whose messages start with the field's name
     ("top_p must be in (0, 1], got 2", "json_schema: ..."). renamed: an internal field -> the
-    request field the client set it by (chat's top_logprobs is the engine's logprobs)."""
+    request field the client set it by (chat's top_logprobs is the engine's logprobs), wherever
+    the message names it ("guided_choice and json_schema cannot be combined"), though not past
+    a colon, where what follows may quote the client's own text."""
+    if renamed:
+        head, colon, details = message.partition(": ")
+        message = re.sub(r"\w+", lambda word: renamed.get(word[0], word[0]), head) + colon + details
     field = message.split(" ", 1)[0].removesuffix(":")
-    if renamed and field in renamed:
-        message = renamed[field] + message[len(field):]
-        field = renamed[field]
     return bad_request(message, field if field.isidentifier() else None)
 
 

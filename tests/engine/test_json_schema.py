@@ -65,8 +65,17 @@ BOUNDED = {"type": "object", "required": ["age"], "properties": {
             "items": False},
     "log": {"type": "array", "prefixItems": [{"const": "v1"}], "items": {"type": "number", "minimum": 0.5},
             "minItems": 2}}}
+# once refused: a false subschema anywhere ("the schema false matches nothing"), and a $ref's
+# percent-escapes or array index ("points at nothing"), which jsonschema resolves
+FALSES = {"type": "object", "properties": {"a": False, "b": {"anyOf": [False, {"type": "integer"}]}}}
+POINTERS = {"$defs": {"e f": {"type": "null"}, "a%b": {"type": "integer"},
+                      "u": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}},
+            "type": "object", "required": ["x"],
+            "properties": {"x": {"$ref": "#/$defs/e%20f"}, "y": {"$ref": "#/$defs/a%25b"},
+                           "w": {"$ref": "#/$defs/u/anyOf/1"}}}
 SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "needs_other": NEEDS_OTHER, "pair": PAIR, "choice": CHOICE,
-           "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED}
+           "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED, "falses": FALSES,
+           "pointers": POINTERS}
 
 VALID = {
     "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"name": "", "age": 0, "score": 10, "nick": None,
@@ -83,6 +92,8 @@ VALID = {
                  "row": [], "log": ["v1", 12.25]}, {"age": 20, "t": -0.0, "k": -7, "row": [31]}],
     "pydantic": [{"owner": "Ann", "pet": {"kind": "cat"}},
                  {"owner": "Bo", "pet": {"kind": "dog", "legs": 3}, "note": None}],
+    "falses": [{}, {"b": -4}],
+    "pointers": [{"x": None}, {"x": None, "y": 3, "w": True}],
 }
 LAYOUTS = [{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " :\t")},
            {"indent": "\t", "ensure_ascii": False}]
@@ -215,6 +226,10 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
       "$ref": "#/$defs/inner/properties/a"}, "$ref '#/$defs/inner/properties/a' reaches $id 'inner.json'"),
     ({"type": "object", "properties": {"a": {"$id": "a.json", "type": "integer"}}}, "$id 'a.json': $id below"),
     ({"type": "string", "format": ["date"]}, "format ['date'] is not supported"),
+    ({"type": "object", "required": ["a"], "properties": {"a": False}}, "property 'a' has the schema false"),
+    ({"type": "object", "properties": {"a": False}, "additionalProperties": True},
+     "property 'a' has the schema false"),  # an extra key "a" would get past it
+    ({"anyOf": [False, False]}, "every branch of anyOf is the schema false"),
 ])
 def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
     with pytest.raises(SchemaError, match=re.escape(words)):

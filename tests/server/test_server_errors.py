@@ -94,6 +94,11 @@ def chat(server, **fields) -> httpx.Response:
     ({"structured_outputs": {"choice": []}}, "structured_outputs", "non-empty list"),
     ({"structured_outputs": {"json_object": True}, "ignore_eos": True}, "structured_outputs",
      "cannot be combined"),
+    # both guides named as sent (the second once kept the engine's name)
+    ({"structured_outputs": {"json": {"type": "integer"}}, "guided_choice": ["a"]}, "guided_choice",
+     "guided_choice and structured_outputs cannot be combined"),
+    ({"guided_json": {"type": "integer"}, "response_format": {"type": "json_object"}}, "response_format",
+     "response_format and guided_json cannot be combined"),
     ({"guided_json": {"type": "object"}, "structured_outputs": {"json": {}}}, "structured_outputs",
      "give the JSON schema once"),
     ({"structured_outputs": {"json_object": "yes"}}, "structured_outputs", "true or false"),
