@@ -51,14 +51,16 @@ def bad_request(message: str, param: str | None = None) -> APIError:
 
 def parameter_error(message: str, renamed: Mapping[str, str] | None = None) -> APIError:
     """A 400 for an InvalidParameterError, whose messages start with the field's name
-    ("top_p must be in (0, 1], got 2", "json_schema: ..."). renamed: an internal field -> the
-    request field the client set it by (chat's top_logprobs is the engine's logprobs), wherever
-    the message names it ("guided_choice and json_schema cannot be combined"), though not past
-    a colon, where what follows may quote the client's own text."""
-    if renamed:
-        head, colon, details = message.partition(": ")
-        message = re.sub(r"\w+", lambda word: renamed.get(word[0], word[0]), head) + colon + details
-    field = message.split(" ", 1)[0].removesuffix(":")
+    ("top_p must be in (0, 1], got 2", "json_schema: ...") or two of them ("guided_choice and
+    json_schema cannot be combined"). renamed: an internal field -> the request field the client
+    set it by (chat's top_logprobs is the engine's logprobs; "structured_outputs.regex": the
+    param is the part before the dot); only those leading names are renamed, never the client's
+    own values quoted after them."""
+    names = re.match(r"(\w+)(?: and (\w+)(?= cannot be combined))?", message)
+    if renamed and names:
+        first, second = (renamed.get(n, n) if n else None for n in names.groups())
+        message = first + (f" and {second}" if second else "") + message[names.end():]
+    field = message.split(" ", 1)[0].removesuffix(":").split(".")[0]
     return bad_request(message, field if field.isidentifier() else None)
 
 

@@ -39,6 +39,8 @@ def chat_params(req: ChatCompletionRequest, defaults: dict[str, Any],
         for_tools["skip_special_tokens"] = False
     # an error names the field the client set: top_logprobs is the engine's logprobs
     renamed = {"logprobs": "top_logprobs"}
+    if tool_schema is not None:  # the forced tool call's guide
+        renamed["json_schema"] = "tool_choice"
     if req.max_completion_tokens is not None:
         renamed["max_tokens"] = "max_completion_tokens"
     return _build(req, defaults, renamed, max_tokens=max_tokens, logprobs=logprobs, **for_tools)
@@ -80,17 +82,19 @@ def _build(req: SamplingFields, defaults: dict[str, Any], renamed: dict[str, str
 
 def _guide_fields(req: SamplingFields) -> dict[str, str]:
     """Each guide's engine field -> the request field the client gave it by, so that a guide
-    the engine refuses is named as sent (guided_json, response_format or structured_outputs)."""
+    the engine refuses is named as sent (guided_json, response_format, structured_outputs.json)."""
     constraints, kind = req.structured_outputs or {}, (req.response_format or {}).get("type")
     given = {f"guided_{k}": f"guided_{k}" if getattr(req, f"guided_{k}") is not None
-             else "structured_outputs" if k in constraints else None for k in ("choice", "regex", "grammar")}
+             else f"structured_outputs.{k}" if k in constraints else None
+             for k in ("choice", "regex", "grammar")}
     given["json_schema"] = ("guided_json" if req.guided_json is not None
-                            else "structured_outputs" if "json" in constraints
+                            else "structured_outputs.json" if "json" in constraints
                             else "response_format" if kind == "json_schema" else None)
     given["json_object"] = ("response_format" if kind == "json_object"
-                            else "structured_outputs" if "json_object" in constraints else None)
+                            else "structured_outputs.json_object" if "json_object" in constraints else None)
     given["structural_tag"] = ("response_format" if kind == "structural_tag"
-                               else "structured_outputs" if "structural_tag" in constraints else None)
+                               else "structured_outputs.structural_tag" if "structural_tag" in constraints
+                               else None)
     return {engine: sent for engine, sent in given.items() if sent}
 
 

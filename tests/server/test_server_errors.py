@@ -96,7 +96,12 @@ def chat(server, **fields) -> httpx.Response:
      "cannot be combined"),
     # both guides named as sent (the second once kept the engine's name)
     ({"structured_outputs": {"json": {"type": "integer"}}, "guided_choice": ["a"]}, "guided_choice",
-     "guided_choice and structured_outputs cannot be combined"),
+     "guided_choice and structured_outputs.json cannot be combined"),
+    ({"structured_outputs": {"choice": ["a"], "regex": "a"}}, "structured_outputs",
+     "structured_outputs.choice and structured_outputs.regex cannot be combined"),
+    # the client's own values are quoted as sent, never renamed
+    ({"response_format": {"type": "json_object"}, "guided_choice": ["json_object", ""]}, "guided_choice",
+     "got ['json_object', '']"),
     ({"guided_json": {"type": "integer"}, "response_format": {"type": "json_object"}}, "response_format",
      "response_format and guided_json cannot be combined"),
     ({"guided_json": {"type": "object"}, "structured_outputs": {"json": {}}}, "structured_outputs",
@@ -153,6 +158,9 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
       "guided_json": {"type": "object"}}, "response_format", "give the JSON schema once"),
     ({"guided_json": {"type": "object"}, "response_format": {"type": "json_object"}}, "response_format",
      "cannot be combined"),
+    ({"stop": ["logprobs", ""]}, "stop", "got ['logprobs', '']"),  # once "['top_logprobs', '']"
+    ({"tools": [TOOL], "tool_choice": "required", "min_tokens": 2}, "tool_choice",
+     "cannot be combined with"),  # the forced call's guide, once named json_schema
     ({"response_format": {"type": "grammar"}}, "response_format", "'grammar' is not supported"),
     ({"top_logprobs": 2}, "top_logprobs", "logprobs"),
     ({"continue_final_message": True}, "continue_final_message", "add_generation_prompt"),
