@@ -162,9 +162,10 @@ class _Compiler:
         if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
             raise SchemaError(f"$ref {pointer!r}: only references inside the schema (#/...) are supported")
         target = self.root
-        for part in pointer[2:].split("/") if pointer != "#" else ():
-            # a URI fragment: percent-escapes first, then JSON pointer's (RFC 6901, sections 6 and 4)
-            part = unquote(part).replace("~1", "/").replace("~0", "~")
+        # a URI fragment: its percent-escapes undone first, then read as a JSON pointer (RFC
+        # 6901, sections 6 and 4), so %2F separates as / does, as jsonschema reads it
+        for part in unquote(pointer[2:]).split("/") if pointer != "#" else ():
+            part = part.replace("~1", "/").replace("~0", "~")
             if isinstance(target, list) and part.isdecimal() and int(part) < len(target):
                 target = target[int(part)]
                 continue

@@ -73,9 +73,11 @@ POINTERS = {"$defs": {"e f": {"type": "null"}, "a%b": {"type": "integer"},
             "type": "object", "required": ["x"],
             "properties": {"x": {"$ref": "#/$defs/e%20f"}, "y": {"$ref": "#/$defs/a%25b"},
                            "w": {"$ref": "#/$defs/u/anyOf/1"}}}
+# %2F is a / once the fragment is decoded, as jsonschema reads it: #/$defs/a/b, not the key "a/b"
+SLASHED = {"$defs": {"a/b": {"type": "string"}, "a": {"b": {"type": "integer"}}}, "$ref": "#/$defs/a%2Fb"}
 SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "needs_other": NEEDS_OTHER, "pair": PAIR, "choice": CHOICE,
            "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED, "falses": FALSES,
-           "pointers": POINTERS}
+           "pointers": POINTERS, "slashed": SLASHED}
 
 VALID = {
     "person": [{"name": "Zoë \"Z\"\n", "age": -3}, {"name": "", "age": 0, "score": 10, "nick": None,
@@ -94,6 +96,7 @@ VALID = {
                  {"owner": "Bo", "pet": {"kind": "dog", "legs": 3}, "note": None}],
     "falses": [{}, {"b": -4}],
     "pointers": [{"x": None}, {"x": None, "y": 3, "w": True}],
+    "slashed": [3, -12],
 }
 LAYOUTS = [{}, {"indent": 2}, {"separators": (",", ":")}, {"separators": (" , ", " :\t")},
            {"indent": "\t", "ensure_ascii": False}]
