@@ -25,7 +25,11 @@ class Interrupts:
 
     @contextmanager
     def installed(self) -> Iterator[Interrupts]:
-        """The handler in place for the block (the main thread's: signals go there)."""
+        """The handler in place for the block (the main thread's: signals go there), unless
+        SIGINT was ignored when the program started (a background job's): it stays ignored."""
+        if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+            yield self
+            return
         previous = signal.signal(signal.SIGINT, self._on_press)
         try:
             yield self
