@@ -167,15 +167,19 @@ class CapacityPlan:
         return self.gpus_per_replica * self.price_per_gpu_hour / tokens_per_hour * 1e6
 
 
+def check_rate_and_price(request_rate: float | None, price_per_gpu_hour: float | None) -> None:
+    if request_rate is not None and not 0 < request_rate < math.inf:
+        raise InferlabError(f"--request-rate must be positive and finite, got {request_rate}")
+    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
+        raise InferlabError(f"--price-per-hour must be positive and finite, got {price_per_gpu_hour}")
+
+
 def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, max_batch: int,
                   limited_by: str, step_tokens: int, tp: int = 1, request_rate: float | None = None,
                   price_per_gpu_hour: float | None = None) -> CapacityPlan:
     """The best batch per replica within the SLO, then replicas for `request_rate`;
     `limited_by` names what set `max_batch`."""
-    if request_rate is not None and not 0 < request_rate < math.inf:
-        raise InferlabError(f"--request-rate must be positive and finite, got {request_rate}")
-    if price_per_gpu_hour is not None and not 0 < price_per_gpu_hour < math.inf:
-        raise InferlabError(f"--price-per-hour must be positive and finite, got {price_per_gpu_hour}")
+    check_rate_and_price(request_rate, price_per_gpu_hour)
     points: list[ReplicaPoint] = []  # those within the SLO, by batch
     for batch in range(1, max_batch + 1):
         point = replica_point(cost, hw, workload, batch, tp, step_tokens)

@@ -79,7 +79,9 @@ def _size(text: str, flag: str) -> int:
     return size
 
 
-def resolve_hardware(args: argparse.Namespace) -> Hardware:
+def resolve_hardware(args: argparse.Namespace, stand_in: bool = False) -> Hardware:
+    """--hardware with its overrides; `stand_in`: a datasheet device in place of cpu-local, to
+    check the other settings before this machine is measured."""
     if args.measure and args.hardware.lower() != CPU_LOCAL:
         raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
                             f"not {args.hardware}")
@@ -87,8 +89,10 @@ def resolve_hardware(args: argparse.Namespace) -> Hardware:
     memory = None if args.memory is None else _size(args.memory, "--memory")
     overhead = None if args.runtime_overhead is None else parse_bytes(args.runtime_overhead,
                                                                      "--runtime-overhead")
-    hw = datasheet or cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure))
-    return hw.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
+    if datasheet is None:
+        datasheet = (next(iter(HARDWARE.values())) if stand_in
+                     else cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure)))
+    return datasheet.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
                              bandwidth_efficiency=args.bandwidth_efficiency,
                              compute_efficiency=args.compute_efficiency)
 
@@ -97,13 +101,18 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     if args.hardware.lower() == CPU_LOCAL and args.tensor_parallel != 1:
         raise InferlabError(f"--tensor-parallel {args.tensor_parallel}: inferlab's engine runs "
                             f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
-    # every input checked before resolve_hardware, which may measure this machine (~15 s)
     model = resolve_model(args.model)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
            else checkpoint_weight_format(model) or weight_format("bf16"))
-    workload, slo = Workload.parse(args.workload), SLO.parse(args.slo)
-    kv_bytes = None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory")
-    hw = resolve_hardware(args)
+    parsed = (model, fmt, Workload.parse(args.workload), SLO.parse(args.slo),
+              None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory"))
+    if args.hardware.lower() == CPU_LOCAL:  # every setting checked before measuring (15-45 s)
+        _inputs(args, parsed, resolve_hardware(args, stand_in=True))
+    return _inputs(args, parsed, resolve_hardware(args))
+
+
+def _inputs(args: argparse.Namespace, parsed: tuple, hw: Hardware) -> PlanInputs:
+    model, fmt, workload, slo, kv_bytes = parsed
     memory = MemoryConfig(
         device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel=args.tensor_parallel, kv_dtype=(args.kv_dtype or fmt.dense_dtype).lower(),

@@ -8,7 +8,13 @@ from typing import Any
 
 from inferlab.errors import InferlabError
 from inferlab.planner.budget import MemoryConfig, MemoryPlan, plan_memory
-from inferlab.planner.capacity import SLO, CapacityPlan, Workload, plan_capacity
+from inferlab.planner.capacity import (
+    SLO,
+    CapacityPlan,
+    Workload,
+    check_rate_and_price,
+    plan_capacity,
+)
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.memory import WeightBytes, WeightFormat, weight_bytes
 from inferlab.planner.model_shapes import ModelSpec
@@ -37,6 +43,9 @@ class PlanInputs:
     # only for the concurrency figure (sequences of this length that fit); capacity and cost
     # follow the workload's own length. Default: the workload's
     context_len: int | None = None
+
+    def __post_init__(self) -> None:
+        check_rate_and_price(self.request_rate, self.price_per_gpu_hour)
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,14 @@ def test_a_step_budget_below_the_batch_is_refused_as_serve_refuses_it(capsys):
     ["SmolLM2-135M", "--slo", "ttft=fast"],
     ["SmolLM2-135M", "--kv-cache-memory", "lots"],
     ["SmolLM2-135M", "--memory", "-1"],
+    # the settings checked on the plan's inputs too (once after a 45 s measurement)
+    ["SmolLM2-135M", "--block-size", "3"],
+    ["SmolLM2-135M", "--kv-dtype", "foo"],
+    ["SmolLM2-135M", "--max-num-seqs", "8", "--max-num-batched-tokens", "4"],
+    ["SmolLM2-135M", "--gpu-memory-utilization", "2"],
+    ["SmolLM2-135M", "--request-rate", "-1"],
+    ["SmolLM2-135M", "--price-per-hour", "-1"],
+    ["SmolLM2-135M", "--bandwidth-efficiency", "7"],
 ])
 def test_bad_input_is_refused_before_this_machine_is_measured(tmp_path, capsys, monkeypatch, argv):
     """Once each of these first measured the CPU (~15 s) and wrote the cache, then gave its error."""
