@@ -85,7 +85,11 @@ class StageRunner:
     label_prefix: str = ""  # "floor " for calibration stages
     epoch_ns: int | None = None  # the first stage's start; every record's time is from here
     interrupts: Interrupts = field(default_factory=Interrupts)  # Ctrl-C, polled while collecting
-    interrupted: bool = False
+
+    @property
+    def interrupted(self) -> bool:
+        """Ctrl-C was pressed: the stage in hand stops, and no other starts."""
+        return self.interrupts.requested
 
     def run(self, spec: StageSpec, stage: int) -> StageResult:
         start_ns = now_ns() + round(START_LEAD_S * 1e9)
@@ -120,8 +124,8 @@ class StageRunner:
         give_up_at = None
         while len(tally.done) < self.pool.size:
             reports = self.pool.receive(0.1)
-            if self.interrupts.requested and give_up_at is None:
-                self.interrupted, stop_reason = True, "interrupted"
+            if self.interrupted and give_up_at is None:
+                stop_reason = "interrupted"
                 self.pool.stop()
                 give_up_at = time.monotonic() + INTERRUPT_GRACE_S
             for report in reports:
