@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 from pathlib import Path
 
@@ -13,8 +14,8 @@ from inferlab.planner.calibration import compare, load_bench_result, render_comp
 from inferlab.planner.capacity import SLO, Workload
 from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
 from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
-from inferlab.planner.memory import weight_format
-from inferlab.planner.model_shapes import checkpoint_weight_format, resolve_model
+from inferlab.planner.memory import WeightFormat, weight_format
+from inferlab.planner.model_shapes import ModelSpec, checkpoint_weight_format, resolve_model
 from inferlab.planner.plan import PlanInputs, build_plan
 from inferlab.planner.presets import PRESETS
 from inferlab.planner.report_html import render_html
@@ -104,15 +105,16 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     model = resolve_model(args.model)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
            else checkpoint_weight_format(model) or weight_format("bf16"))
-    parsed = (model, fmt, Workload.parse(args.workload), SLO.parse(args.slo),
-              None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory"))
+    kv_bytes = None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory")
+    inputs = functools.partial(_inputs, args, model, fmt, Workload.parse(args.workload),
+                               SLO.parse(args.slo), kv_bytes)
     if args.hardware.lower() == CPU_LOCAL:  # every setting checked before measuring (15-45 s)
-        _inputs(args, parsed, resolve_hardware(args, stand_in=True))
-    return _inputs(args, parsed, resolve_hardware(args))
+        inputs(resolve_hardware(args, stand_in=True))
+    return inputs(resolve_hardware(args))
 
 
-def _inputs(args: argparse.Namespace, parsed: tuple, hw: Hardware) -> PlanInputs:
-    model, fmt, workload, slo, kv_bytes = parsed
+def _inputs(args: argparse.Namespace, model: ModelSpec, fmt: WeightFormat, workload: Workload,
+            slo: SLO, kv_bytes: int | None, hw: Hardware) -> PlanInputs:
     memory = MemoryConfig(
         device_memory_bytes=hw.memory_bytes, gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel=args.tensor_parallel, kv_dtype=(args.kv_dtype or fmt.dense_dtype).lower(),
