@@ -136,7 +136,9 @@ def _stdout_failed(stdout: _WatchedStdout) -> int:
 
 def silence_stdout() -> None:
     """After a broken pipe: stdout goes nowhere, so that its flush at exit fails no second time."""
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass
+from fractions import Fraction
 
 from inferlab.engine.kv_cache_config import CacheConfig
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
@@ -13,8 +14,12 @@ from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
 
-_UNITS = {"": 1, "b": 1, "k": 10**3, "kb": 10**3, "m": 10**6, "mb": 10**6, "g": 10**9, "gb": 10**9,
-          "t": 10**12, "tb": 10**12, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+# vLLM's human_readable_int: a bare lowercase suffix is decimal, a bare uppercase one binary
+DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+# spelled-out units, in any case: KB decimal, KiB binary
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names (ModelDType)
 MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp fails near 20000
@@ -22,7 +27,8 @@ CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory s
 
 
 def parse_bytes(text: str | int | float) -> int:
-    """'2GiB', '512MiB', '1.5GB', 1048576, 1e9 -> bytes."""
+    """'2GiB', '512MiB', '1.5GB', '2G' (2 GiB), '2g' (2 GB), 1048576, 1e9 -> a whole number of
+    bytes."""
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise InferlabError(f"a size must be a number of bytes or a string like 2GiB, got {text!r}")
     if isinstance(text, float) and not text.is_integer():  # inf and NaN too
@@ -30,9 +36,14 @@ def parse_bytes(text: str | int | float) -> int:
     if not isinstance(text, str):
         return int(text)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", text)
-    if not match or match.group(2).lower() not in _UNITS:
+    unit = match and (DECIMAL_SUFFIXES | BINARY_SUFFIXES).get(match[2], _UNITS.get(match[2].lower()))
+    if not unit:
         raise InferlabError(f"cannot read {text!r} as a size (examples: 2GiB, 512MiB, 1.5GB)")
-    return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
+    size = Fraction(match[1]) * unit  # exact: 1.1GB is 1,100,000,000 bytes, not a float's near miss
+    if size.denominator != 1:
+        unitless = " (a number without a unit is bytes: give a size such as 24GiB)" if unit == 1 else ""
+        raise InferlabError(f"a size in bytes must be a whole number, got {text!r}{unitless}")
+    return int(size)
 
 
 def canonical_dtype(dtype: object) -> str:

@@ -15,8 +15,10 @@ from inferlab.errors import InferlabError
 @pytest.mark.parametrize(("size", "expected"), [
     (1e9, 10**9),  # a float that is a whole number of bytes, as Python writes 1 GB
     (1048576.0, 2**20),
-    ("1T", 10**12), ("1TB", 10**12), ("2tb", 2 * 10**12), ("1TiB", 2**40),  # as G, GB and GiB
-    ("1G", 10**9), ("1GB", 10**9), ("1GiB", 2**30),
+    ("1TB", 10**12), ("2tb", 2 * 10**12), ("1TiB", 2**40), ("1GB", 10**9), ("1GiB", 2**30),
+    # a bare suffix as vLLM's human_readable_int (and --max-model-len) reads it
+    ("1t", 10**12), ("1g", 10**9), ("1.1g", 11 * 10**8), ("2k", 2000),  # lowercase: decimal
+    ("1T", 2**40), ("1G", 2**30), ("2K", 2048), ("0.5K", 512),  # uppercase: binary
 ])
 def test_sizes_that_are_read(size, expected):
     assert parse_bytes(size) == expected
@@ -28,6 +30,9 @@ def test_sizes_that_are_read(size, expected):
     (True, "a size must be a number of bytes or a string like 2GiB, got True"),
     (None, "a size must be a number of bytes or a string like 2GiB, got None"),
     ("1PB", "cannot read '1PB' as a size"),
+    ("1.5", "a size in bytes must be a whole number, got '1.5'"),  # not 1 byte, cut down
+    ("0.4", "a size in bytes must be a whole number, got '0.4'"),
+    ("0.0005KB", "a size in bytes must be a whole number, got '0.0005KB'"),
 ])
 def test_sizes_that_are_refused_in_one_line(size, message):
     with pytest.raises(InferlabError, match=message.replace(".", r"\.")):

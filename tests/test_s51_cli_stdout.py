@@ -73,3 +73,12 @@ def test_an_oserror_that_is_not_stdouts_keeps_its_traceback(monkeypatch, capsys)
     with pytest.raises(OSError):
         cli.main(["plan", "--list"])
     assert capsys.readouterr().out == "some output\n"
+
+
+def test_silencing_stdout_leaves_no_descriptor_open() -> None:
+    # what /proc/self/fd holds after two calls, against before: the devnull descriptor is closed
+    script = ("import os, sys; from inferlab.cli import silence_stdout; "
+              "before = set(os.listdir('/proc/self/fd')); silence_stdout(); silence_stdout(); "
+              "print(sorted(set(os.listdir('/proc/self/fd')) - before), file=sys.stderr)")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr.strip()) == (0, "[]")

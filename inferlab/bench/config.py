@@ -307,7 +307,7 @@ class DataConfig:
                 raise InferlabError(f"--data {self.data!r} is neither a synthetic spec "
                                     "(prompt_tokens=N,output_tokens=N) nor an existing file")
         if self.tokenizer is not None and not is_user_file(self.tokenizer):
-            raise InferlabError(f"tokenizer file not found: {self.tokenizer}")
+            raise InferlabError(f"tokenizer file not found: {self.tokenizer!r}")
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,7 @@ from inferlab.bench.summary import StageSummary
 
 
 class NullProgress:
-    def stage_started(self, stage: int, label: str) -> None:
+    def stage_started(self) -> None:
         pass
 
     def update(self, snapshot: Snapshot) -> None:
@@ -31,7 +31,7 @@ class LiveProgress:
         self.console = console or Console(stderr=True)
         self.live: Live | None = None
 
-    def stage_started(self, stage: int, label: str) -> None:
+    def stage_started(self) -> None:
         self.live = Live(console=self.console, refresh_per_second=4, transient=True)
         self.live.start()
 

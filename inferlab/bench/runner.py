@@ -37,7 +37,7 @@ class Snapshot:
 
 
 class Progress(Protocol):
-    def stage_started(self, stage: int, label: str) -> None: ...
+    def stage_started(self) -> None: ...
     def update(self, snapshot: Snapshot) -> None: ...
     def stage_finished(self, summary: StageSummary) -> None: ...
 
@@ -97,7 +97,7 @@ class StageRunner:
             self.epoch_ns = start_ns
         plans = split_stage(spec, stage, self.pool.size, start_ns, self.ramp_up_s)
         self.pool.send_stage(plans)
-        self.progress.stage_started(stage, self.label_prefix + spec.label)
+        self.progress.stage_started()
         records: list[RequestRecord] = []
         stop_reason = self._collect(spec, stage, start_ns, records)
         # a rate stage stopped early meant to send only what was due by then: the records

@@ -23,13 +23,13 @@ class TokenCounter:
     """Wraps a tokenizers.Tokenizer; `None` tokenizer means word-based estimates."""
 
     def __init__(self, path: str | Path | None) -> None:
-        self.path = str(path) if path else None
+        self.path = None if path is None else str(path)
         self.tokenizer = None
         if path is not None:
             from tokenizers import Tokenizer  # imported here: only runs that ask pay for it
 
             if not Path(path).is_file():
-                raise InferlabError(f"tokenizer file not found: {path}")
+                raise InferlabError(f"tokenizer file not found: {str(path)!r}")
             try:
                 self.tokenizer = Tokenizer.from_file(str(path))
             except Exception as e:  # the library raises a bare Exception on a bad file

@@ -5,7 +5,14 @@ from __future__ import annotations
 import argparse
 import re
 
-from inferlab.config import DTYPE_ALIASES, DTYPES, EngineConfig, parse_bytes
+from inferlab.config import (
+    BINARY_SUFFIXES,
+    DECIMAL_SUFFIXES,
+    DTYPE_ALIASES,
+    DTYPES,
+    EngineConfig,
+    parse_bytes,
+)
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
@@ -66,23 +73,18 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
 
 
-# vLLM's human_readable_int: lowercase suffixes are decimal (and take decimals), uppercase binary
-_DECIMAL_SUFFIXES = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
-_BINARY_SUFFIXES = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
-
-
 def human_readable_int(text: str) -> int:
     """'32768', '32k' (32,000), '25.6k' (25,600) or '32K' (32,768) -> an int."""
     match = re.fullmatch(r"(-?\d+(?:\.\d+)?)([kmgtKMGT]?)", text.strip())
     if not match:
         raise argparse.ArgumentTypeError(f"not an integer (examples: 8192, 32k, 32K): {text!r}")
     number, suffix = match.groups()
-    if suffix in _DECIMAL_SUFFIXES:
-        return int(float(number) * _DECIMAL_SUFFIXES[suffix])
+    if suffix in DECIMAL_SUFFIXES:
+        return int(float(number) * DECIMAL_SUFFIXES[suffix])
     if "." in number:
         raise argparse.ArgumentTypeError(f"not a whole number (decimals only with the decimal "
                                          f"suffixes k, m, g, t): {text!r}")
-    return int(number) * _BINARY_SUFFIXES.get(suffix, 1)
+    return int(number) * BINARY_SUFFIXES.get(suffix, 1)
 
 
 def _speculative_config(text: str) -> SpeculativeConfig:

@@ -102,7 +102,8 @@ class BlockManager:
         """The longest run of the request's leading full blocks found in the cache.
 
         Stops at the first miss; never covers the request's last token, which must be
-        recomputed to produce logits. Changes nothing (stats are counted on allocation).
+        recomputed to produce logits. Takes no block and counts no stat (stats are counted on
+        allocation); it memoizes the request's block hashes, which free() drops.
         Requests asking for prompt logprobs never hit: their prompt must be computed.
         """
         if not self._shares(request) or request.sampling_params.prompt_logprobs is not None:

@@ -142,11 +142,6 @@ def _productive_alternatives(compiled: Compiled) -> list[list[tuple[Element, ...
             for options in compiled.alternatives]
 
 
-def _nullable(compiled: Compiled) -> list[bool]:
-    """Which rules can match the empty text."""
-    return _rules_where(compiled, lambda matcher: False)
-
-
 def _rules_where(compiled: Compiled, char_ok: Callable[[Matcher], bool]) -> list[bool]:
     """Which rules match some text whose characters are read by classes char_ok takes: a fixed
     point over the alternatives."""

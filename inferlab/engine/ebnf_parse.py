@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from inferlab.errors import InferlabError
+
 Ranges = tuple[tuple[str, str], ...]
 Element = tuple[str, int]  # ("char", matcher index) or ("rule", rule index)
 
@@ -26,7 +28,7 @@ _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
 MAX_ELEMENTS = 100_000  # what {m,n} may unroll to, all rules together
 
 
-class GrammarError(ValueError):
+class GrammarError(InferlabError):
     """A grammar this parser cannot read, or one the recognizer cannot hold an output to."""
 
 

@@ -62,9 +62,10 @@ from inferlab.engine.json_nodes import (
 )
 from inferlab.engine.json_numbers import Bound, NumberBounds
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar, top_level_alternatives
+from inferlab.errors import InferlabError
 
 
-class SchemaError(ValueError):
+class SchemaError(InferlabError):
     """A schema the grammar cannot hold an output to; the message names the keyword."""
 
 

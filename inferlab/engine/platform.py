@@ -3,25 +3,17 @@
 from __future__ import annotations
 
 import ctypes
-import functools
 
 import torch
 
+from inferlab.engine.cpuinfo import cpuinfo_field
 from inferlab.errors import InferlabError
 
 _TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-@functools.cache
 def cpu_flags() -> frozenset[str]:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return frozenset(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return frozenset()
+    return frozenset((cpuinfo_field("flags") or "").split())
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from inferlab.engine.grammar import Grammar
 from inferlab.engine.utf8_tokens import chars_between
+from inferlab.errors import InferlabError
 
 MAX_NFA_NODES = 20_000  # (a{1000}){1000} would otherwise build a million positions
 # {m}, {m,}, {m,n}, {,n}, {,} (as *); "{}" is no quantifier: Python reads it as text
@@ -32,7 +33,7 @@ _OCTAL = re.compile(r"\\[0-7]{3}")  # \177: three octal digits are a character, 
 _GROUP_REF = re.compile(r"\\[0-9]{1,2}")  # \1, \12: Python reads fewer as a group's number
 
 
-class RegexError(ValueError):
+class RegexError(InferlabError):
     """A pattern the recognizer does not take; the message says what in it."""
 
 
@@ -298,11 +299,6 @@ class RegexGrammar(Grammar):
 
     def _takes_one_of(self, state: State, lo: str, hi: str) -> bool:
         return any(_atom_meets(self.nodes[i].atom, lo, hi) for i in state if i != 0)
-
-    @staticmethod
-    def reads_more(state: State) -> bool:
-        """Whether some character may follow (every atom reads at least one)."""
-        return any(i != 0 for i in state)
 
     def can_finish(self, state: State, low: int, high: int | None) -> bool:
         """Whether some text of low to high characters (high None: no limit) takes `state` to

@@ -89,12 +89,14 @@ def interpolate_log(points: dict[int, float], x: float) -> float:
     return ordered[-1][1]
 
 
-def _gpu(name: str, memory_bytes: int, bandwidth_tb_s: float, bf16: float, fp8: float | None,
-         int8: float, fp32: float, interconnect: float, source: str) -> Hardware:
-    flops = {"bf16": bf16 * TFLOPS, "int8": int8 * TFLOPS, "fp32": fp32 * TFLOPS}
-    if fp8 is not None:
-        flops["fp8"] = fp8 * TFLOPS
-    return Hardware(name, memory_bytes, bandwidth_tb_s * TB, flops, interconnect, source)
+def _gpu(name: str, memory_bytes: int, bandwidth_tb_s: float, *, bf16_tflops: float,
+         fp8_tflops: float | None, int8_tops: float, fp32_tflops: float,
+         interconnect_bytes_s: float, source: str) -> Hardware:
+    """A datasheet's dense figures, named so that two of them cannot swap places unseen."""
+    flops = {"bf16": bf16_tflops * TFLOPS, "int8": int8_tops * TFLOPS, "fp32": fp32_tflops * TFLOPS}
+    if fp8_tflops is not None:
+        flops["fp8"] = fp8_tflops * TFLOPS
+    return Hardware(name, memory_bytes, bandwidth_tb_s * TB, flops, interconnect_bytes_s, source)
 
 
 # Memory is the total the device reports (nvidia-smi's memory.total, cudaMemGetInfo's total), in
@@ -104,48 +106,61 @@ def _gpu(name: str, memory_bytes: int, bandwidth_tb_s: float, bf16: float, fp8: 
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS and
     # FP8/INT8 3,958 with sparsity, FP32 67 TFLOPS; NVLink 900 GB/s (both directions)
-    _gpu("H100-SXM", 81559 * MiB, 3.35, 989.5, 1979, 1979, 67, 450 * GB,
-         "NVIDIA H100 Tensor Core GPU datasheet, SXM column"),
+    _gpu("H100-SXM", 81559 * MiB, 3.35, bf16_tflops=989.5, fp8_tflops=1979, int8_tops=1979,
+         fp32_tflops=67, interconnect_bytes_s=450 * GB,
+         source="NVIDIA H100 Tensor Core GPU datasheet, SXM column"),
     # same datasheet, PCIe column: 80 GB HBM2e, 2.0 TB/s, BF16 1,513 / FP8 3,026 sparse, FP32 51
-    _gpu("H100-PCIe", 81559 * MiB, 2.0, 756.5, 1513, 1513, 51, PCIE5_X16,
-         "NVIDIA H100 Tensor Core GPU datasheet, PCIe column"),
+    _gpu("H100-PCIe", 81559 * MiB, 2.0, bf16_tflops=756.5, fp8_tflops=1513, int8_tops=1513,
+         fp32_tflops=51, interconnect_bytes_s=PCIE5_X16,
+         source="NVIDIA H100 Tensor Core GPU datasheet, PCIe column"),
     # NVIDIA H200 Tensor Core GPU datasheet (SXM): 141 GB HBM3e, 4.8 TB/s, same tensor cores as H100
-    _gpu("H200", 143771 * MiB, 4.8, 989.5, 1979, 1979, 67, 450 * GB,
-         "NVIDIA H200 Tensor Core GPU datasheet, SXM column"),
+    _gpu("H200", 143771 * MiB, 4.8, bf16_tflops=989.5, fp8_tflops=1979, int8_tops=1979,
+         fp32_tflops=67, interconnect_bytes_s=450 * GB,
+         source="NVIDIA H200 Tensor Core GPU datasheet, SXM column"),
     # NVIDIA HGX B200 datasheet, 8 GPUs: 1.44 TB HBM3e (180 GB each), 64 TB/s (8 TB/s each),
     # FP16/BF16 36 PFLOPS and FP8/INT8 72 with sparsity, FP32 600 TFLOPS; NVLink 1.8 TB/s per GPU
-    _gpu("B200", 180 * GB, 8.0, 2250, 4500, 4500, 75, 900 * GB,  # memory: datasheet GB
-         "NVIDIA HGX B200 datasheet, per GPU (totals / 8)"),
+    _gpu("B200", 180 * GB, 8.0, bf16_tflops=2250, fp8_tflops=4500, int8_tops=4500,
+         fp32_tflops=75, interconnect_bytes_s=900 * GB,  # memory: datasheet GB
+         source="NVIDIA HGX B200 datasheet, per GPU (totals / 8)"),
     # NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS, INT8 624 TOPS, FP32 19.5, no FP8;
     # 40 GB SXM 1,555 GB/s; 80 GB SXM 2,039 GB/s; NVLink 600 GB/s (both directions)
-    _gpu("A100-40GB", 40960 * MiB, 1.555, 312, None, 624, 19.5, 300 * GB,
-         "NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column"),
-    _gpu("A100-80GB", 81920 * MiB, 2.039, 312, None, 624, 19.5, 300 * GB,
-         "NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column"),
+    _gpu("A100-40GB", 40960 * MiB, 1.555, bf16_tflops=312, fp8_tflops=None, int8_tops=624,
+         fp32_tflops=19.5, interconnect_bytes_s=300 * GB,
+         source="NVIDIA A100 Tensor Core GPU datasheet, A100 40GB SXM column"),
+    _gpu("A100-80GB", 81920 * MiB, 2.039, bf16_tflops=312, fp8_tflops=None, int8_tops=624,
+         fp32_tflops=19.5, interconnect_bytes_s=300 * GB,
+         source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column"),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 733 / FP8 1,466 / INT8 1,466 with
     # sparsity, FP32 91.6 TFLOPS, PCIe Gen4 x16
-    _gpu("L40S", 48 * GB, 0.864, 362.05, 733, 733, 91.6, PCIE4_X16,  # memory: datasheet GB
-         "NVIDIA L40S datasheet"),
+    _gpu("L40S", 48 * GB, 0.864, bf16_tflops=362.05, fp8_tflops=733, int8_tops=733,
+         fp32_tflops=91.6, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
+         source="NVIDIA L40S datasheet"),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 / FP8 485 / INT8 485 with sparsity,
     # FP32 30.3 TFLOPS, PCIe Gen4 x16
-    _gpu("L4", 23034 * MiB, 0.300, 121, 242.5, 242.5, 30.3, PCIE4_X16, "NVIDIA L4 datasheet"),
+    _gpu("L4", 23034 * MiB, 0.300, bf16_tflops=121, fp8_tflops=242.5, int8_tops=242.5,
+         fp32_tflops=30.3, interconnect_bytes_s=PCIE4_X16, source="NVIDIA L4 datasheet"),
     # NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, BF16 125 TFLOPS and INT8 250 TOPS dense,
     # FP32 31.2 TFLOPS. NVIDIA publishes no A10G datasheet (AWS G5); AWS describes it as a
     # 24 GB Ampere GPU of the same class, so it gets the A10's figures: approximate
-    _gpu("A10", 23028 * MiB, 0.600, 125, None, 250, 31.2, PCIE4_X16, "NVIDIA A10 datasheet"),
-    _gpu("A10G", 24 * GB, 0.600, 125, None, 250, 31.2, PCIE4_X16,  # memory: datasheet GB
-         "NVIDIA A10 datasheet (no A10G datasheet exists; AWS G5 GPU, same class)"),
+    _gpu("A10", 23028 * MiB, 0.600, bf16_tflops=125, fp8_tflops=None, int8_tops=250,
+         fp32_tflops=31.2, interconnect_bytes_s=PCIE4_X16, source="NVIDIA A10 datasheet"),
+    _gpu("A10G", 24 * GB, 0.600, bf16_tflops=125, fp8_tflops=None, int8_tops=250,
+         fp32_tflops=31.2, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
+         source="NVIDIA A10 datasheet (no A10G datasheet exists; AWS G5 GPU, same class)"),
     # AMD Instinct MI300X datasheet: 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS, FP8 and INT8
     # 2,614.9 dense, FP32 matrix 163.4; Infinity Fabric 7 links × 64 GB/s each direction
-    _gpu("MI300X", 192 * GB, 5.3, 1307.4, 2614.9, 2614.9, 163.4, 448 * GB,  # memory: datasheet GB
-         "AMD Instinct MI300X accelerator datasheet"),
+    _gpu("MI300X", 192 * GB, 5.3, bf16_tflops=1307.4, fp8_tflops=2614.9, int8_tops=2614.9,
+         fp32_tflops=163.4, interconnect_bytes_s=448 * GB,  # memory: datasheet GB
+         source="AMD Instinct MI300X accelerator datasheet"),
     # AMD Instinct MI325X datasheet: 256 GB HBM3E, 6 TB/s, same compute as MI300X
-    _gpu("MI325X", 256 * GB, 6.0, 1307.4, 2614.9, 2614.9, 163.4, 448 * GB,  # memory: datasheet GB
-         "AMD Instinct MI325X accelerator datasheet"),
+    _gpu("MI325X", 256 * GB, 6.0, bf16_tflops=1307.4, fp8_tflops=2614.9, int8_tops=2614.9,
+         fp32_tflops=163.4, interconnect_bytes_s=448 * GB,  # memory: datasheet GB
+         source="AMD Instinct MI325X accelerator datasheet"),
     # NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column: 24 GB GDDR6X, 1,008 GB/s,
     # BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate, INT8 660.6 TOPS, FP32 82.6
-    _gpu("RTX-4090", 24 * GB, 1.008, 165.2, 330.3, 660.6, 82.6, PCIE4_X16,  # memory: datasheet GB
-         "NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table"),
+    _gpu("RTX-4090", 24 * GB, 1.008, bf16_tflops=165.2, fp8_tflops=330.3, int8_tops=660.6,
+         fp32_tflops=82.6, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
+         source="NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table"),
 )}
 
 CPU_LOCAL = "cpu-local"

@@ -29,6 +29,7 @@ from typing import Any
 
 from inferlab.bench.outputs import check_writable
 from inferlab.config import CPU_KV_CACHE_BYTES
+from inferlab.engine.cpuinfo import cpuinfo_field
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
 from inferlab.planner.units import format_rate
@@ -56,13 +57,7 @@ CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
 
 
 def cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo_field("model name") or platform.processor() or platform.machine()
 
 
 def physical_memory_bytes() -> int:

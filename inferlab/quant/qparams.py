@@ -31,7 +31,7 @@ class QuantizedWeight:
         return tuple(self.codes.shape)
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return dequantize(self.codes, self.scale, self.zero_point, self.args).to(dtype)
+        return dequantize(self.codes, self.scale, self.zero_point).to(dtype)
 
     def rows(self, start: int, end: int) -> QuantizedWeight:
         """Output channels start:end (a q/k/v or gate/up shard of a fused weight)."""
@@ -131,8 +131,8 @@ def quantize(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | No
     return x.round().clamp(args.qmin, args.qmax).to(torch.int8)
 
 
-def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
-               args: WeightArgs) -> torch.Tensor:
+def dequantize(codes: torch.Tensor, scale: torch.Tensor,
+               zero_point: torch.Tensor | None) -> torch.Tensor:
     """codes [N, K] -> fp32 [N, K] = (codes - zero_point) * scale."""
     k = codes.shape[1]
     x = codes.float()
@@ -144,7 +144,7 @@ def dequantize(codes: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tenso
 def fake_quantize(w: torch.Tensor, scale: torch.Tensor, zero_point: torch.Tensor | None,
                   args: WeightArgs) -> torch.Tensor:
     """Round trip w [N, K] through the codes: what the quantized layer will compute with."""
-    return dequantize(quantize(w, scale, zero_point, args), scale, zero_point, args)
+    return dequantize(quantize(w, scale, zero_point, args), scale, zero_point)
 
 
 def quantize_rtn(w: torch.Tensor, args: WeightArgs, scale_dtype: torch.dtype = torch.float32,

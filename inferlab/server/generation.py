@@ -201,7 +201,7 @@ def _start_error(error: BaseException) -> APIError:
         return parameter_error(str(error))
     if isinstance(error, EngineShuttingDownError):  # an InferlabError, yet no fault of the request's
         return _engine_error(error)
-    if isinstance(error, InferlabError | ValueError):
+    if isinstance(error, InferlabError):  # any other exception is the server's fault: a 500
         return bad_request(str(error))
     return _engine_error(error)
 

@@ -88,8 +88,9 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory", "0GB"], "--memory must be at least 1 byte"),
     # once "must be positive, got '0.5'", which did not say how a size is read
     (["Llama-3.1-8B", "--hardware", "A100-80GB", "--memory=0.5"],
-     "got '0.5' (0 bytes: a number without a unit is bytes); give a size such as 24GiB"),
-    (["--hardware", "L4", "--kv-cache-memory", "0.5"], "--kv-cache-memory must be at least 1 byte"),
+     "--memory: a size in bytes must be a whole number, got '0.5' (a number without a unit is "
+     "bytes: give a size such as 24GiB)"),
+    (["--hardware", "L4", "--kv-cache-memory", "0"], "--kv-cache-memory must be at least 1 byte"),
     # once planned: the engine has no tensor parallelism, and `inferlab quantize` refuses groups
     # that do not tile SmolLM2's 576 inputs
     (["--hardware", "cpu-local", "-tp", "3"], "--tensor-parallel 3: inferlab's engine runs cpu-local"),
