@@ -116,6 +116,20 @@ class SamplingParams:
 
     def __post_init__(self) -> None:
         _check_number_types(self)
+        self._normalize()
+        for ok, message in self._checks():
+            if not ok:
+                raise InvalidParameterError(message)
+        check_seed(self.seed, self.n)
+        # numpy's integers and floats pass the checks; the engine keeps Python's
+        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
+        if self.allowed_token_ids is not None:
+            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
+        if self.logit_bias is not None:
+            self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()}
+
+    def _normalize(self) -> None:
+        """vLLM's other spellings to one: a single stop as a list, top_k -1 as 0, seed -1 as none."""
         self.stop = _as_list(self.stop, "stop")
         self.stop_token_ids = _as_list(self.stop_token_ids, "stop_token_ids")
         self.bad_words = _as_list(self.bad_words, "bad_words")
@@ -128,8 +142,11 @@ class SamplingParams:
             self.allowed_token_ids = _as_list(self.allowed_token_ids, "allowed_token_ids")
         if self.guided_choice is not None and not isinstance(self.guided_choice, str):
             self.guided_choice = _as_list(self.guided_choice, "guided_choice")
+
+    def _checks(self) -> list[tuple[bool, str]]:
+        """(holds, the error if not) for each rule on the normalized fields."""
         guides = [name for name in GUIDES if self._guides_by(name)]
-        checks = [
+        return [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
             (self.max_tokens is None or self.max_tokens >= 1,
              f"max_tokens must be at least 1, got {self.max_tokens}"),
@@ -185,16 +202,6 @@ class SamplingParams:
             (isinstance(self.disable_any_whitespace, bool),
              f"disable_any_whitespace must be true or false, got {self.disable_any_whitespace!r}"),
         ]
-        for ok, message in checks:
-            if not ok:
-                raise InvalidParameterError(message)
-        check_seed(self.seed, self.n)
-        # numpy's integers and floats pass the checks; the engine keeps Python's
-        self.stop_token_ids = [int(t) for t in self.stop_token_ids]
-        if self.allowed_token_ids is not None:
-            self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]
-        if self.logit_bias is not None:
-            self.logit_bias = {int(t): float(v) for t, v in self.logit_bias.items()}
 
     @property
     def greedy(self) -> bool:
