@@ -10,5 +10,14 @@ class InvalidParameterError(InferlabError):
     """A parameter outside its range (the server's 400 names it)."""
 
 
+class PromptError(InferlabError):
+    """A prompt the model cannot take: empty, or a token id outside its vocabulary (the server's
+    400 names the request field that holds the prompt)."""
+
+
+class ContextLengthError(PromptError):
+    """A prompt, or a prompt and its max_tokens, longer than the model's context."""
+
+
 class ModelLoadError(InferlabError):
     """A model file or directory that cannot be loaded; the message names the file."""

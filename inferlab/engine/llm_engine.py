@@ -37,7 +37,7 @@ from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
-from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.errors import ContextLengthError, InferlabError, InvalidParameterError, PromptError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
 from inferlab.models.loader import LoadedModel, load_model
@@ -156,12 +156,12 @@ class LLMEngine:
         else:
             text, ids = None, [int(t) for t in prompt]
             if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
-                raise InferlabError("token ids must be integers")
+                raise PromptError("token ids must be integers")
         # a tokenizer may know more tokens than the model has rows for
         vocab = self.model_config.vocab_size
         bad = [t for t in ids if not 0 <= t < vocab]
         if bad:
-            raise InferlabError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
+            raise PromptError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
         return text, ids
 
     def check_text_fits(self, num_chars: int) -> None:
@@ -172,7 +172,7 @@ class LLMEngine:
             return
         at_least = num_chars // (4 * self.tokenizer.max_token_chars)
         if at_least > self.max_model_len:
-            raise InferlabError(f"the prompt ({num_chars} characters) has at least {at_least} "
+            raise ContextLengthError(f"the prompt ({num_chars} characters) has at least {at_least} "
                                 f"tokens, over the context length {self.max_model_len}")
 
     def bind_threads(self) -> None:
@@ -249,7 +249,7 @@ class LLMEngine:
         if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
             text, ids = None, self._truncate_text(ids, keep) if text is not None else ids[-keep:]
         if not ids:
-            raise InferlabError("the prompt is empty")
+            raise PromptError("the prompt is empty")
         return text, ids
 
     def _check_ids_free(self, names: list[list[str]]) -> None:
@@ -334,12 +334,12 @@ class LLMEngine:
                                         "is a bad word, or a stop token or EOS before min_tokens")
         room = self.max_model_len - len(ids)
         if room < 1:
-            raise InferlabError(f"the prompt has {len(ids)} tokens, the context holds "
+            raise ContextLengthError(f"the prompt has {len(ids)} tokens, the context holds "
                                 f"{self.max_model_len}: no room for output")
         max_tokens = self.generation.max_tokens(params, room)
         if max_tokens <= room or cap_max_tokens:  # capped: the scheduler ends it at the context
             return min(max_tokens, room)  # with "length", as vLLM's offline engine ends it
-        raise InferlabError(  # as vLLM's OpenAI server refuses it
+        raise ContextLengthError(  # as vLLM's OpenAI server refuses it
             f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
             f"is over the context length {self.max_model_len}")
 

@@ -12,12 +12,13 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from inferlab.errors import InferlabError
+from inferlab.errors import ContextLengthError, InferlabError, PromptError
 
 logger = logging.getLogger("inferlab.server")
 
-# status -> the OpenAI error type clients switch on
-_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+# status -> the OpenAI error type clients switch on (a 404's is invalid_request_error too: OpenAI's
+# unknown model is {"type": "invalid_request_error", "code": "model_not_found"})
+_TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
           405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error",
           503: "service_unavailable"}
 
@@ -49,6 +50,14 @@ def bad_request(message: str, param: str | None = None) -> APIError:
     return APIError(400, message, param=param, code="invalid_value" if param else None)
 
 
+def prompt_error(error: PromptError, path: str) -> APIError:
+    """A 400 that names the field holding the prompt on this route, with OpenAI's code for a
+    prompt too long for the context ({"param": "messages", "code": "context_length_exceeded"})."""
+    field = "messages" if path.endswith("/chat/completions") else "prompt"
+    code = "context_length_exceeded" if isinstance(error, ContextLengthError) else "invalid_value"
+    return APIError(400, str(error), param=field, code=code)
+
+
 def parameter_error(message: str, renamed: Mapping[str, str] | None = None) -> APIError:
     """A 400 for an InvalidParameterError, whose messages start with the field's name
     ("top_p must be in (0, 1], got 2", "json_schema: ...") or two of them ("guided_choice and
@@ -78,8 +87,10 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, RequestValidationError)
         return error_response(bad_request(f"invalid request: {exc.errors()[0]['msg']}"))
 
-    async def on_user_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(bad_request(str(exc)))  # bad input found outside the engine
+    async def on_user_error(request: Request, exc: Exception) -> JSONResponse:
+        if isinstance(exc, PromptError):
+            return error_response(prompt_error(exc, request.url.path))
+        return error_response(bad_request(str(exc)))
 
     async def on_unexpected(_: Request, exc: Exception) -> JSONResponse:
         logger.exception("unhandled error", exc_info=exc)

@@ -27,7 +27,7 @@ from inferlab.engine.async_engine import (
 from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.errors import InferlabError, InvalidParameterError, PromptError
 from inferlab.server.errors import APIError, bad_request, parameter_error
 from inferlab.server.metrics import OutputObserver, ServerMetrics
 from inferlab.server.protocol import PromptTokensDetails, Usage
@@ -82,7 +82,8 @@ class Generation:
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
     async def start(self) -> None:
-        """Hand every prompt to the engine; raises APIError (400) if the engine refuses one."""
+        """Hand every prompt to the engine; raises an APIError (or the PromptError) if the engine
+        refuses one."""
         try:
             await self._submit()
         except Exception as e:
@@ -196,7 +197,11 @@ class BeamGeneration(Generation):
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
 
-def _start_error(error: BaseException) -> APIError:
+def _start_error(error: BaseException) -> APIError | PromptError:
+    """What the client gets for a request the engine refused; a PromptError goes on to the
+    handler that knows which request field holds the prompt."""
+    if isinstance(error, PromptError):
+        return error
     if isinstance(error, InvalidParameterError):  # a value the model cannot take (a token id)
         return parameter_error(str(error))
     if isinstance(error, EngineShuttingDownError):  # an InferlabError, yet no fault of the request's

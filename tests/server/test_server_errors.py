@@ -13,7 +13,8 @@ from server_helpers import MAX_MODEL_LEN, MODEL_NAME
 
 TOOL = {"type": "function", "function": {"name": "f"}}
 ERROR_KEYS = {"message", "type", "param", "code"}
-TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "not_found_error",
+# OpenAI's: an unknown model is a 404 of type invalid_request_error, code model_not_found
+TYPES = {400: "invalid_request_error", 401: "authentication_error", 404: "invalid_request_error",
          405: "invalid_request_error", 413: "invalid_request_error", 415: "invalid_request_error"}
 
 
@@ -210,17 +211,39 @@ def test_integers_past_int64_are_served_or_refused_never_fatal(server):
 def test_prompt_over_the_context_is_400_with_the_numbers(server):
     prompt = "hello " * 100
     count = post(server, "/tokenize", json={"prompt": prompt}).json()["count"]
-    message = check_error(completion(server, prompt=prompt, max_tokens=500), 400)
+    message = check_error(completion(server, prompt=prompt, max_tokens=500), 400, "prompt")
     for number in (count, 500, count + 500, MAX_MODEL_LEN):
         assert str(number) in message
     long_ids = [1000] * (MAX_MODEL_LEN + 10)
-    assert str(MAX_MODEL_LEN + 10) in check_error(completion(server, prompt=long_ids), 400)
+    assert str(MAX_MODEL_LEN + 10) in check_error(completion(server, prompt=long_ids), 400, "prompt")
 
 
 def test_token_ids_outside_the_vocabulary_are_400(server):
-    assert "vocabulary" in check_error(completion(server, prompt=[1, 2, 10**9]), 400)
+    assert "vocabulary" in check_error(completion(server, prompt=[1, 2, 10**9]), 400, "prompt")
     assert "vocabulary" in check_error(post(server, "/detokenize", json={"tokens": [-1]}), 400,
                                        "tokens")
+
+
+@pytest.mark.parametrize(("path", "fields", "param", "code", "words"), [
+    # OpenAI's answer to a chat too long: {"param": "messages", "code": "context_length_exceeded"}
+    ("/v1/chat/completions", {"max_tokens": 100_000}, "messages", "context_length_exceeded",
+     "is over the context length 512"),
+    ("/v1/chat/completions", {"messages": [{"role": "user", "content": "a" * 200_000}]}, "messages",
+     "context_length_exceeded", "characters) has at least"),  # refused before it is encoded
+    ("/v1/completions", {"prompt": [1] * MAX_MODEL_LEN}, "prompt", "context_length_exceeded",
+     "no room for output"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000}, "prompt", "context_length_exceeded",
+     "is over the context length 512"),
+    ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt", "invalid_value", "outside the vocabulary"),
+    ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value", "the prompt is empty"),
+])
+def test_a_prompt_the_model_cannot_take_names_the_prompts_field(server, path, fields, param, code,
+                                                                 words):
+    body = {"model": MODEL_NAME, **({"messages": [{"role": "user", "content": "Hi"}]}
+                                    if path.endswith("chat/completions") else {}), **fields}
+    r = post(server, path, json=body)
+    assert words in check_error(r, 400, param)
+    assert r.json()["error"]["code"] == code
 
 
 def test_a_request_refused_for_one_prompt_runs_and_counts_none(server):
@@ -236,7 +259,7 @@ def test_a_request_refused_for_one_prompt_runs_and_counts_none(server):
 
     before = read()
     prompts = [[504, 1834, 28, 638, 359, 346], [10**8]]
-    assert "vocabulary" in check_error(completion(server, prompt=prompts, max_tokens=2), 400)
+    assert "vocabulary" in check_error(completion(server, prompt=prompts, max_tokens=2), 400, "prompt")
     after = completion(server, prompt=[2000, 2011, 2022], max_tokens=1, ignore_eos=True)
     assert after.status_code == 200
     assert [a - b for a, b in zip(read(), before, strict=True)] == [3, 1, 0]
