@@ -90,7 +90,7 @@ class LLM:
                                     chat_template, chat_template_kwargs, tools)
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self._generate(ids, sampling_params, use_tqdm, None)
+        return self._generate(ids, sampling_params, use_tqdm, None, texts=prompts)
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
                     params: BeamSearchParams) -> list[RequestOutput]:
@@ -109,8 +109,9 @@ class LLM:
 
     def _generate(self, prompts: list[str | list[int]], params: Params,
                   use_tqdm: Progress, priority: Sequence[int] | None,
-                  ) -> list[RequestOutput]:
-        """generate() on prompts already read."""
+                  texts: Sequence[str] | None = None) -> list[RequestOutput]:
+        """generate() on prompts already read; texts: what token-id prompts were encoded from
+        (a chat's rendered template), each output's `prompt`."""
         params = params if params is not None else self.engine.generation.default_params()
         all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
@@ -121,9 +122,11 @@ class LLM:
             raise InferlabError("this LLM is already generating in another thread: an LLM is not "
                                 "thread-safe (use one per thread, or AsyncEngine)")
         ids: list[str] = []
+        texts = texts if texts is not None else [None] * len(prompts)
         try:
-            for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
-                ids.append(self.engine.add_request(prompt, sp, priority=rank, cap_max_tokens=True))
+            for prompt, text, sp, rank in zip(prompts, texts, all_params, priorities, strict=True):
+                ids.append(self.engine.add_request(prompt, sp, prompt_text=text, priority=rank,
+                                                   cap_max_tokens=True))
             return self._run(ids, use_tqdm)
         except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
             for request_id in ids:

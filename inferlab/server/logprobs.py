@@ -80,16 +80,17 @@ def append_completion_logprobs(into: CompletionLogprobs, token_ids: Sequence[int
 
 def prompt_logprobs(token_ids: Sequence[int], entries: Sequence[TokenLogprobs | None],
                     texts: TokenTexts, top_n: int) -> list[dict[int, PromptLogprob] | None]:
-    """vLLM's prompt_logprobs: per prompt token, its own logprob and rank and the top_n's."""
+    """vLLM's prompt_logprobs: per prompt token, its own logprob and rank, then the top_n's (in
+    vLLM's order: the prompt's token first, keeping its place if it is among the top)."""
     out: list[dict[int, PromptLogprob] | None] = []
     for token_id, entry in zip(token_ids, entries, strict=True):
         if entry is None:
             out.append(None)
             continue
-        ranked = {t: PromptLogprob(logprob=lp, rank=rank, decoded_token=texts(t))
-                  for rank, (t, lp) in enumerate(entry.top[:top_n], start=1)}
-        ranked.setdefault(token_id, PromptLogprob(logprob=entry.logprob, rank=entry.rank,
-                                                  decoded_token=texts(token_id)))
+        ranked = {token_id: PromptLogprob(logprob=entry.logprob, rank=entry.rank,
+                                          decoded_token=texts(token_id))}
+        for rank, (t, lp) in enumerate(entry.top[:top_n], start=1):
+            ranked[t] = PromptLogprob(logprob=lp, rank=rank, decoded_token=texts(t))
         out.append(ranked)
     return out
 

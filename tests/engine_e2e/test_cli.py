@@ -136,6 +136,7 @@ def test_llm_chat_takes_a_template_and_its_variables(make_llm):
     chatted = llm.chat(conversation, params, chat_template=template,
                        chat_template_kwargs={"loud": True})[0]
     assert chatted.prompt_token_ids == llm.tokenizer.encode("Name a colour! ", add_special_tokens=False)
+    assert chatted.prompt == "Name a colour! "  # the text the template wrote, as vLLM's output has it
     direct = llm.generate([chatted.prompt_token_ids], params)[0]
     assert chatted.outputs[0].token_ids == direct.outputs[0].token_ids
     # tools reach the template as its `tools`, as vLLM's LLM.chat gives them

@@ -180,6 +180,7 @@ def test_logprobs_match_a_prefill_of_the_same_tokens(client, server):
     assert len(by_id) == len(both) and by_id[0] is None
     for i in range(1, len(both)):
         own = by_id[i][str(both[i])]
+        assert next(iter(by_id[i])) == str(both[i])  # the prompt's token first, as vLLM lists it
         assert own["logprob"] == prompt_lp.token_logprobs[i]
         assert own["decoded_token"] == prompt_lp.tokens[i]
         ranked = sorted(by_id[i].values(), key=lambda e: e["rank"])
