@@ -33,9 +33,10 @@ still validate:
 - `oneOf` is read as `anyOf`, as xgrammar and llguidance read it: where its branches overlap
   ({"oneOf": [{"type": "integer"}, {"type": "number"}]}), an output can match more than one,
   which oneOf forbids;
-- a `false` subschema takes nothing: an anyOf or oneOf branch that is false is left out, and a
-  property whose schema is false is a key left out of the object (refused where it is required
-  or additionalProperties could bring it back);
+- a `false` subschema takes nothing, as does one built of false alone (an anyOf of false
+  branches, a $ref to false): such an anyOf or oneOf branch is left out, a property whose schema
+  it is is a key left out of the object (refused where it is required or additionalProperties
+  could bring it back), and an array ends before a prefixItems entry that it is;
 - `$id` is taken at the root only: below it, an embedded resource would change what its $refs
   point at, so it is refused by name;
 - `enum` beside `const` takes the const if the enum holds it (as JSON compares: 1 is 1.0, true is
@@ -150,16 +151,44 @@ class _Compiler:
             if len(value) > 1:
                 raise SchemaError("allOf with more than one schema is not supported")
             return self.node(value[0])
-        options = [option for option in value if option is not False]  # a false branch takes nothing
+        options = [option for option in value if not self.nothing(option)]  # a false branch takes nothing
         if not options:
             raise SchemaError(f"every branch of {combinator} is the schema false: it matches nothing")
         index = self.reserve()
         self.nodes[index] = UnionNode(tuple(self.node(option) for option in options))
         return index
 
+    def nothing(self, schema: Any, seen: tuple[str, ...] = ()) -> bool:
+        """Whether a schema takes no value at all: false, or built of false alone (an anyOf or
+        oneOf whose every branch takes nothing, an allOf with one such, a $ref to one)."""
+        if schema is False or not isinstance(schema, dict):
+            return schema is False
+        words = set(schema) - ANNOTATIONS
+        value = schema.get(next(iter(words))) if len(words) == 1 else None
+        if words == {"$ref"} and value not in seen:
+            try:
+                return self.nothing(self.resolve(value), (*seen, value))
+            except SchemaError:  # a reference that points at nothing: ref() says so
+                return False
+        if not isinstance(value, list) or not value:
+            return False
+        if words & {"anyOf", "oneOf"}:
+            return all(self.nothing(option, seen) for option in value)
+        return words == {"allOf"} and any(self.nothing(option, seen) for option in value)
+
     def ref(self, pointer: Any) -> int:
         if pointer in self.refs:
             return self.refs[pointer]
+        target = self.resolve(pointer)
+        index = self.refs[pointer] = self.reserve()
+        resolved = self.nodes[self.node(target)]
+        if resolved is None:
+            raise SchemaError(f"$ref {pointer!r} refers to itself and to nothing else")
+        self.nodes[index] = resolved
+        return index
+
+    def resolve(self, pointer: Any) -> Any:
+        """The subschema a $ref names."""
         if not isinstance(pointer, str) or not (pointer == "#" or pointer.startswith("#/")):
             raise SchemaError(f"$ref {pointer!r}: only references inside the schema (#/...) are supported")
         target = self.root
@@ -175,12 +204,7 @@ class _Compiler:
             target = target[part]
             if isinstance(target, dict) and isinstance(target.get("$id"), str):  # not a key named $id
                 raise SchemaError(_EMBEDDED_ID.format(where=f"$ref {pointer!r} reaches $id {target['$id']!r}"))
-        index = self.refs[pointer] = self.reserve()
-        resolved = self.nodes[self.node(target)]
-        if resolved is None:
-            raise SchemaError(f"$ref {pointer!r} refers to itself and to nothing else")
-        self.nodes[index] = resolved
-        return index
+        return target
 
     def literal(self, schema: dict, words: set[str]) -> int:
         if words - {"enum", "const", "type"}:
@@ -248,12 +272,12 @@ class _Compiler:
         if missing and extra is None:
             raise SchemaError(f"required key {missing[0]!r} is not in properties, and "
                               "additionalProperties does not allow other keys")
-        forbidden = [key for key, value in declared.items() if value is False]
+        forbidden = [key for key, value in declared.items() if self.nothing(value)]
         for key in forbidden:  # a key that may not come: left out, where nothing else brings it
             if key in required or extra is not None:
                 raise SchemaError(f"property {key!r} has the schema false: supported only for a "
                                   "key not required, without additionalProperties")
-        properties = {key: self.node(value) for key, value in declared.items() if value is not False}
+        properties = {key: self.node(value) for key, value in declared.items() if key not in forbidden}
         properties.update(dict.fromkeys(missing, extra))  # held to additionalProperties' schema
         return ObjectNode(properties, frozenset(required), extra,
                           {_json_text(key): key for key in properties})
@@ -263,10 +287,14 @@ class _Compiler:
         prefix_schemas = schema.get("prefixItems", [])
         if not isinstance(prefix_schemas, list):
             raise SchemaError("prefixItems must be a list of schemas")
-        if schema.get("items", True) is False:  # nothing after the prefix
-            high = len(prefix_schemas) if high is None else min(high, len(prefix_schemas))
+        # an item whose schema takes nothing cannot be there: the array ends before it
+        ends = [i for i, s in enumerate(prefix_schemas) if self.nothing(s)]
+        if ends or self.nothing(schema.get("items", True)):
+            last = ends[0] if ends else len(prefix_schemas)
+            high = last if high is None else min(high, last)
             if low > high:
-                raise SchemaError(f"minItems ({low}) is above the {high} items that items: false allows")
+                raise SchemaError(f"minItems ({low}) is above the {high} items that the schema "
+                                  "false allows")
         prefix = tuple(self.node(s) for s in prefix_schemas[:high])
         items = self.node(schema.get("items", True)) if high is None or high > len(prefix) else self.any()
         return ArrayNode(items, low, high, prefix)

@@ -68,6 +68,14 @@ BOUNDED = {"type": "object", "required": ["age"], "properties": {
 # once refused: a false subschema anywhere ("the schema false matches nothing"), and a $ref's
 # percent-escapes or array index ("points at nothing"), which jsonschema resolves
 FALSES = {"type": "object", "properties": {"a": False, "b": {"anyOf": [False, {"type": "integer"}]}}}
+# once refused too: schemas built of false alone, which take nothing as false does
+NOTHINGS = {"$defs": {"no": False, "none": {"anyOf": [False, {"$ref": "#/$defs/no"}]}},
+            "type": "object", "properties": {
+                "a": {"$ref": "#/$defs/no"}, "c": {"anyOf": [False]}, "e": {"allOf": [{"$ref": "#/$defs/none"}]},
+                "b": {"anyOf": [{"$ref": "#/$defs/no"}, {"type": "integer"}]},
+                "d": {"oneOf": [False, {"$ref": "#/$defs/none"}, {"type": "null"}]},
+                "t": {"type": "array", "prefixItems": [{"type": "integer"}, {"anyOf": [False]}],
+                      "items": {"type": "string"}}}}
 POINTERS = {"$defs": {"e f": {"type": "null"}, "a%b": {"type": "integer"},
                       "u": {"anyOf": [{"type": "string"}, {"type": "boolean"}]}},
             "type": "object", "required": ["x"],
@@ -76,7 +84,7 @@ POINTERS = {"$defs": {"e f": {"type": "null"}, "a%b": {"type": "integer"},
 # %2F is a / once the fragment is decoded, as jsonschema reads it: #/$defs/a/b, not the key "a/b"
 SLASHED = {"$defs": {"a/b": {"type": "string"}, "a": {"b": {"type": "integer"}}}, "$ref": "#/$defs/a%2Fb"}
 SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "needs_other": NEEDS_OTHER, "pair": PAIR, "choice": CHOICE,
-           "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED, "falses": FALSES,
+           "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED, "falses": FALSES, "nothings": NOTHINGS,
            "pointers": POINTERS, "slashed": SLASHED}
 
 VALID = {
@@ -95,6 +103,7 @@ VALID = {
     "pydantic": [{"owner": "Ann", "pet": {"kind": "cat"}},
                  {"owner": "Bo", "pet": {"kind": "dog", "legs": 3}, "note": None}],
     "falses": [{}, {"b": -4}],
+    "nothings": [{}, {"b": 2, "d": None}, {"t": []}, {"t": [5]}],
     "pointers": [{"x": None}, {"x": None, "y": 3, "w": True}],
     "slashed": [3, -12],
 }
@@ -147,6 +156,8 @@ HAND_CASES = {
                 '{"age":20,"row":[0,"a","b"]}', '{"age":20,"row":[-1]}', '{"age":20,"row":["a"]}',
                 '{"age":20,"row":[1,"ab"]}', '{"age":20,"log":["v1"]}', '{"age":20,"log":["v1",0.4]}',
                 '{"age":20,"log":[0.5,0.5]}', '{"age":20,"log":["v1",0.5,"v1"]}'],
+    "nothings": ['{"a":1}', '{"c":null}', '{"e":0}', '{"b":"x"}', '{"d":1}', '{"t":[1,"x"]}', '{"t":["x"]}',
+                 '{"t":[1,2]}'],
     "pydantic": ['{"pet":{"kind":"cat"},"owner":"a"}', '{"owner":"a","pet":{"legs":3,"kind":"dog"}}',
                  '{"owner":"a","pet":{"kind":"cow"}}', '{"owner":"a","pet":{"legs":4}}',
                  '{"owner":"a","pet":{"kind":"cat"},"note":3}'],
@@ -233,6 +244,11 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     ({"type": "object", "properties": {"a": False}, "additionalProperties": True},
      "property 'a' has the schema false"),  # an extra key "a" would get past it
     ({"anyOf": [False, False]}, "every branch of anyOf is the schema false"),
+    ({"anyOf": [{"anyOf": [False]}, {"$defs": {}, "$ref": "#/$defs/x"}]}, "points at nothing"),
+    ({"type": "object", "required": ["a"], "properties": {"a": {"anyOf": [False]}}},
+     "property 'a' has the schema false"),
+    ({"type": "array", "prefixItems": [{}, {"$ref": "#/$defs/no"}], "minItems": 2, "$defs": {"no": False}},
+     "minItems (2) is above the 1 items that the schema false allows"),
 ])
 def test_what_the_grammar_cannot_hold_is_refused_by_name(schema, words):
     with pytest.raises(SchemaError, match=re.escape(words)):
