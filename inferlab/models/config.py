@@ -151,16 +151,8 @@ class ModelConfig:
     @classmethod
     def from_hf_dict(cls, cfg: dict[str, Any], source: str = "config.json") -> ModelConfig:
         """Build from a Hugging Face config.json dict; errors name `source`."""
-        if not isinstance(cfg, dict):  # valid JSON of another type, e.g. a list
-            raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
-        archs = cfg.get("architectures") or []
-        if not archs:
-            raise ModelLoadError(f"{source}: no 'architectures' entry")
-        if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
-            raise ModelLoadError(f"{source}: architectures must be a list of names, got {archs!r}")
-        # before its fields: another family's config lacks ours (GPT-2 has no num_attention_heads)
-        check_architecture(archs[0])
-        defaults = _HF_DEFAULTS[archs[0]]
+        arch = _architecture(cfg, source)
+        defaults = _HF_DEFAULTS[arch]
         try:
             num_heads = _whole(cfg, "num_attention_heads")
             num_layers = _whole(cfg, "num_hidden_layers")
@@ -171,23 +163,14 @@ class ModelConfig:
             eos = cfg.get("eos_token_id")
             eos_ids = tuple(_as_whole("eos_token_id", e)
                             for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
-            rope_scaling = _object_or_none(cfg, "rope_scaling")
-            rope_theta = cfg.get("rope_theta")
-            # transformers >= 5 keeps theta and scaling here
-            rope_params = _object_or_none(cfg, "rope_parameters")
-            if rope_params is not None:
-                rope_theta = rope_params.get("rope_theta", rope_theta)
-                if rope_params.get("rope_type", "default") != "default":
-                    rope_scaling = rope_params
-            if rope_scaling is not None and rope_kind(rope_scaling) == "default":
-                rope_scaling = None
+            rope_theta, rope_scaling = _rope(cfg)
             if cfg.get("mlp_bias"):
                 raise ModelLoadError(f"{source}: mlp_bias (biases in the MLP) is not supported")
             if cfg.get("hidden_act", "silu") not in ("silu", "swish"):  # one function in transformers
                 raise ModelLoadError(f"{source}: hidden_act {cfg['hidden_act']!r} is not supported "
                                      "(the Llama family's MLP is SiLU-gated)")
             return cls(
-                architecture=archs[0],
+                architecture=arch,
                 vocab_size=_whole(cfg, "vocab_size"),
                 hidden_size=hidden,
                 intermediate_size=_whole(cfg, "intermediate_size"),
@@ -203,14 +186,13 @@ class ModelConfig:
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # as transformers builds them: Qwen2's q, k, v always; Mistral's none; Llama's
                 # and Qwen3's all four projections with attention_bias
-                attention_bias=archs[0] == "Qwen2ForCausalLM" or (
-                    archs[0] != "MistralForCausalLM" and bool(cfg.get("attention_bias"))),
-                o_bias=archs[0] in ("LlamaForCausalLM", "Qwen3ForCausalLM")
-                and bool(cfg.get("attention_bias")),
-                qk_norm=archs[0] == "Qwen3ForCausalLM",
+                attention_bias=arch == "Qwen2ForCausalLM" or (
+                    arch != "MistralForCausalLM" and bool(cfg.get("attention_bias"))),
+                o_bias=arch in ("LlamaForCausalLM", "Qwen3ForCausalLM") and bool(cfg.get("attention_bias")),
+                qk_norm=arch == "Qwen3ForCausalLM",
                 bos_token_id=_whole(cfg, "bos_token_id", None),
                 eos_token_ids=eos_ids,
-                sliding_window=_sliding_window(cfg, archs[0], num_layers),
+                sliding_window=_sliding_window(cfg, arch, num_layers),
                 extra={"torch_dtype": cfg.get("torch_dtype") or cfg.get("dtype"),
                        "quantization_config": _object_or_none(cfg, "quantization_config")},
             )
@@ -220,6 +202,34 @@ class ModelConfig:
             raise
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
+
+
+def _architecture(cfg: Any, source: str) -> str:
+    """The config's architecture, checked before its fields: another family's config lacks
+    ours (GPT-2 has no num_attention_heads)."""
+    if not isinstance(cfg, dict):  # valid JSON of another type, e.g. a list
+        raise ModelLoadError(f"{source}: expected a JSON object, got {type(cfg).__name__}")
+    archs = cfg.get("architectures") or []
+    if not archs:
+        raise ModelLoadError(f"{source}: no 'architectures' entry")
+    if not isinstance(archs, list) or not all(isinstance(a, str) for a in archs):
+        raise ModelLoadError(f"{source}: architectures must be a list of names, got {archs!r}")
+    check_architecture(archs[0])
+    return archs[0]
+
+
+def _rope(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
+    """(rope_theta as given or None, its scaling or None where it is the default rotation)."""
+    rope_scaling = _object_or_none(cfg, "rope_scaling")
+    rope_theta = cfg.get("rope_theta")
+    rope_params = _object_or_none(cfg, "rope_parameters")  # transformers >= 5 keeps both here
+    if rope_params is not None:
+        rope_theta = rope_params.get("rope_theta", rope_theta)
+        if rope_params.get("rope_type", "default") != "default":
+            rope_scaling = rope_params
+    if rope_scaling is not None and rope_kind(rope_scaling) == "default":
+        rope_scaling = None
+    return rope_theta, rope_scaling
 
 
 _REQUIRED = object()
