@@ -121,8 +121,9 @@ class EngineConfig:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling_policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.scheduling_policy!r}")
-        # the step limits, before any model loads (the context comes from the model later)
-        SchedulerConfig(max_model_len=self.max_model_len or self.max_num_batched_tokens,
+        # the step limits, before any model loads (the context comes from the model later: a
+        # stand-in of 1 until then, which no other limit's check can be blamed on)
+        SchedulerConfig(max_model_len=1 if self.max_model_len is None else self.max_model_len,
                         max_num_seqs=self.max_num_seqs,
                         max_num_batched_tokens=self.max_num_batched_tokens)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):

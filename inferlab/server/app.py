@@ -32,7 +32,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     ctx = ServerContext(engine, settings)
     app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.inferlab = ctx
-    install_error_handlers(app)
+    install_error_handlers(app, settings.retry_after_s)
     app.add_exception_handler(ClientDisconnected, _client_gone)
     app.add_middleware(AccessLogMiddleware)
     if settings.allowed_origins:  # outermost: it answers browsers' preflights before the routes
@@ -75,6 +75,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def detokenize_route(request: Request) -> dict:
         return await detokenize(request, ctx)
 
+    @app.api_route("/ping", methods=["GET", "HEAD", "POST"])  # vLLM's (SageMaker's) health route
     @get("/health")
     async def health() -> Response:
         if ctx.is_healthy():

@@ -63,8 +63,9 @@ def _check_media_type(request: Request) -> None:
     refused as vLLM refuses it, rather than read as JSON regardless."""
     media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
     if media != "application/json" and not media.endswith("+json"):
+        sent = f"not {media}" if media else "and it came with no Content-Type"
         raise APIError(415, "the request body must be JSON sent with Content-Type: application/json, "
-                            f"not {media or 'no Content-Type'}", code="unsupported_media_type")
+                            f"{sent}", code="unsupported_media_type")
 
 
 async def _read_limited(request: Request, limit_bytes: int) -> bytes:

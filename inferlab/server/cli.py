@@ -83,7 +83,8 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from inferlab.models.loader import model_display_name
 
     return ServerSettings(
-        served_model_name=args.served_model_name or model_display_name(args.model),
+        served_model_name=(model_display_name(args.model) if args.served_model_name is None
+                           else args.served_model_name),
         host=args.host, port=args.port,
         api_key=args.api_key if args.api_key is not None else (os.environ.get("INFERLAB_API_KEY") or None),
         max_queued_requests=args.max_queued_requests,

@@ -60,8 +60,7 @@ class ServerContext:
 
     def _unavailable(self, reason: str, message: str) -> APIError:
         self.metrics.reject(reason)
-        return APIError(503, message, code=reason,
-                        headers={"Retry-After": str(self.settings.retry_after_s)})
+        return APIError(503, message, code=reason)
 
     async def generate(self, request: Request, prompts: Sequence[str | list[int]],
                        params: SamplingParams, priority: int = 0,

@@ -73,9 +73,13 @@ def parameter_error(message: str, renamed: Mapping[str, str] | None = None) -> A
     return bad_request(message, field if field.isidentifier() else None)
 
 
-def install_error_handlers(app: FastAPI) -> None:
+def install_error_handlers(app: FastAPI, retry_after_s: int) -> None:
+    """retry_after_s: the Retry-After of every 503 (busy, shutting down, the engine gone), so
+    that a client or balancer retries it, here later or on another replica."""
     async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, APIError)
+        if exc.status == 503:
+            exc.headers.setdefault("Retry-After", str(retry_after_s))
         return error_response(exc)
 
     async def on_http_error(_: Request, exc: Exception) -> JSONResponse:

@@ -118,9 +118,15 @@ class Generation:
             yield index, item
 
     async def final_outputs(self) -> list[RequestOutput]:
+        """Every prompt's finished output; a 503 where the engine aborted them all before their
+        first token (the server shutting down: a client that went away reads nothing), which
+        its client can retry elsewhere, rather than an empty answer."""
         async for _ in self.outputs():
             pass
-        return [self._latest[i] for i in range(len(self.prompts))]
+        finals = [self._latest[i] for i in range(len(self.prompts))]
+        if all(c.finish_reason == "abort" and not c.token_ids for out in finals for c in out.outputs):
+            raise APIError(503, "the server shut down before this request started", code="shutting_down")
+        return finals
 
     async def close(self) -> None:
         """Abort what has not finished and release the admission; safe to call twice."""

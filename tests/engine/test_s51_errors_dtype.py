@@ -54,3 +54,15 @@ def test_a_config_refusal_keeps_its_own_message():
     with pytest.raises(ModelLoadError) as caught:
         ModelConfig.from_hf_dict(cfg)
     assert str(caught.value) == "config.json: mlp_bias (biases in the MLP) is not supported"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    # the batch budget's own name: it once stood in for the unknown context and was blamed on it
+    ({"max_num_batched_tokens": 0}, "max_num_batched_tokens must be at least 1, got 0"),
+    ({"max_num_batched_tokens": -5}, "max_num_batched_tokens must be at least 1, got -5"),
+    ({"max_num_seqs": 0}, "max_num_seqs must be at least 1, got 0"),
+])
+def test_a_step_limit_out_of_range_is_named_as_set(fields, message):
+    with pytest.raises(InferlabError) as caught:
+        EngineConfig(**fields)
+    assert str(caught.value) == message

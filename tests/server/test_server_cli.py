@@ -175,10 +175,32 @@ def test_a_body_still_coming_at_sigterm_is_answered_503_and_does_not_hold_the_ex
             proc.send_signal(signal.SIGTERM)
             reply = http.client.HTTPResponse(sock)
             reply.begin()
-            assert reply.status == 503
+            assert (reply.status, reply.getheader("Retry-After")) == (503, "1")
             assert json.loads(reply.read())["error"]["code"] == "shutting_down"
         assert proc.wait(timeout=60) == 0  # not 125 s
     assert "Traceback" not in "".join(err)
+
+
+def test_a_whole_answer_aborted_before_its_first_token_is_a_503_to_retry():
+    """A request still queued behind a stream (one sequence at a time) when the grace period
+    ends never ran: once a 200 with an empty text and finish_reason "abort", which a client
+    takes for the answer; now a 503 with Retry-After, which it retries on another replica."""
+    with _serving("--shutdown-timeout", "1", "--max-num-seqs", "1") as (proc, url, _):
+        events: list[str] = []
+        streamer = _streaming(url, {}, events)
+        replies: list[httpx.Response] = []
+        queued = threading.Thread(target=lambda: replies.append(httpx.post(
+            f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 5}, timeout=60)))
+        queued.start()
+        assert wait_until(lambda: 'vllm:num_requests_waiting{model_name="cli-model"} 1.0' in
+                          httpx.get(f"{url}/metrics", timeout=30).text, timeout_s=30)
+        proc.send_signal(signal.SIGTERM)
+        queued.join(timeout=60)
+        streamer.join(timeout=60)
+        assert (replies[0].status_code, replies[0].headers.get("Retry-After")) == (503, "1")
+        assert replies[0].json()["error"]["code"] == "shutting_down"
+        assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"  # it had tokens
+        assert proc.wait(timeout=30) == 0
 
 
 def test_a_second_ctrl_c_ends_the_drain_at_once():
@@ -224,6 +246,7 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--timeout-keep-alive", "0"], "keep-alive timeout must be > 0 s, got 0.0"),
     (["--health-max-silence", "0.15"], "health max silence must be at least 1 s"),
+    (["--served-model-name", ""], "served model name must not be empty"),  # once the default name
     (["--max-num-batched-tokens", "64"],  # vLLM's words; the default batch is 256 requests
      "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (256)"),
 ])

@@ -31,7 +31,7 @@ def test_models_lists_the_served_name(client, server):
     assert version["version"].count(".") == 2
 
 
-@pytest.mark.parametrize("path", ["/metrics", "/health", "/v1/models",
+@pytest.mark.parametrize("path", ["/metrics", "/health", "/ping", "/v1/models",
                                   f"/v1/models/{MODEL_NAME}", "/version"])
 def test_head_answers_as_get_without_the_body(server, path):
     """As HTTP has it (RFC 9110 9.3.2), and as Starlette's routes and prometheus_client's app
@@ -42,6 +42,12 @@ def test_head_answers_as_get_without_the_body(server, path):
     assert head.headers.get("content-type") == get.headers.get("content-type")
     assert head.content == b""
     assert httpx.head(f"{server.url}/v1/models", timeout=10).status_code == 401  # still keyed
+
+
+def test_ping_is_health_by_vllms_other_name_get_or_post(server):
+    # vLLM serves SageMaker's /ping, GET and POST, unkeyed, as /health
+    for method in ("GET", "POST"):
+        assert httpx.request(method, f"{server.url}/ping", timeout=10).status_code == 200
 
 
 def test_completion_stream_equals_whole_and_usage_matchestokenize(client, server):
