@@ -26,9 +26,16 @@ MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp f
 CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
 
 
-def parse_bytes(text: str | int | float) -> int:
+def parse_bytes(text: str | int | float, what: str | None = None) -> int:
     """'2GiB', '512MiB', '1.5GB', '2G' (2 GiB), '2g' (2 GB), 1048576, 1e9 -> a whole number of
-    bytes."""
+    bytes; errors start with `what` (a flag's name) where given."""
+    try:
+        return _bytes(text)
+    except InferlabError as e:
+        raise InferlabError(f"{what}: {e}" if what else str(e)) from None
+
+
+def _bytes(text: str | int | float) -> int:
     if isinstance(text, bool) or not isinstance(text, (str, int, float)):
         raise InferlabError(f"a size must be a number of bytes or a string like 2GiB, got {text!r}")
     if isinstance(text, float) and not text.is_integer():  # inf and NaN too
@@ -39,6 +46,9 @@ def parse_bytes(text: str | int | float) -> int:
     unit = match and (DECIMAL_SUFFIXES | BINARY_SUFFIXES).get(match[2], _UNITS.get(match[2].lower()))
     if not unit:
         raise InferlabError(f"cannot read {text!r} as a size (examples: 2GiB, 512MiB, 1.5GB)")
+    if match[2] in BINARY_SUFFIXES and "." in match[1]:  # as vLLM's human_readable_int
+        raise InferlabError(f"cannot read {text!r} as a size: decimals only with k, m, g, t or a "
+                            f"unit spelled out ({match[1]}{match[2]}iB)")
     size = Fraction(match[1]) * unit  # exact: 1.1GB is 1,100,000,000 bytes, not a float's near miss
     if size.denominator != 1:
         unitless = " (a number without a unit is bytes: give a size such as 24GiB)" if unit == 1 else ""

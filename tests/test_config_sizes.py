@@ -18,7 +18,7 @@ from inferlab.errors import InferlabError
     ("1TB", 10**12), ("2tb", 2 * 10**12), ("1TiB", 2**40), ("1GB", 10**9), ("1GiB", 2**30),
     # a bare suffix as vLLM's human_readable_int (and --max-model-len) reads it
     ("1t", 10**12), ("1g", 10**9), ("1.1g", 11 * 10**8), ("2k", 2000),  # lowercase: decimal
-    ("1T", 2**40), ("1G", 2**30), ("2K", 2048), ("0.5K", 512),  # uppercase: binary
+    ("1T", 2**40), ("1G", 2**30), ("2K", 2048), ("0.5KiB", 512),  # uppercase: binary
 ])
 def test_sizes_that_are_read(size, expected):
     assert parse_bytes(size) == expected
@@ -33,10 +33,17 @@ def test_sizes_that_are_read(size, expected):
     ("1.5", "a size in bytes must be a whole number, got '1.5'"),  # not 1 byte, cut down
     ("0.4", "a size in bytes must be a whole number, got '0.4'"),
     ("0.0005KB", "a size in bytes must be a whole number, got '0.0005KB'"),
+    ("0.5K", "decimals only with k, m, g, t or a unit spelled out"),  # as vLLM refuses it
 ])
 def test_sizes_that_are_refused_in_one_line(size, message):
     with pytest.raises(InferlabError, match=message.replace(".", r"\.")):
         parse_bytes(size)
+
+
+def test_a_size_error_names_the_flag_it_came_by():
+    with pytest.raises(InferlabError) as caught:
+        parse_bytes("0.5", "--kv-cache-memory")
+    assert str(caught.value).startswith("--kv-cache-memory: a size in bytes must be a whole number")
 
 
 def _max_model_len(text: str) -> int | None:

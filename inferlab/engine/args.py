@@ -97,7 +97,8 @@ def _speculative_config(text: str) -> SpeculativeConfig:
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device,
-        kv_cache_memory_bytes=None if args.kv_cache_memory is None else parse_bytes(args.kv_cache_memory),
+        kv_cache_memory_bytes=(None if args.kv_cache_memory is None
+                               else parse_bytes(args.kv_cache_memory, "--kv-cache-memory")),
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,

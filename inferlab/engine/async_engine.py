@@ -24,6 +24,7 @@ from inferlab.engine.beam_driver import Observer, run_rounds
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.prompt_input import PromptType, read_prompt
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.spec_decode import SpecDecodeCounters
 from inferlab.errors import InferlabError
@@ -99,7 +100,7 @@ class AsyncEngine:
 
     # -- called from coroutines ---------------------------------------------------------------
 
-    async def generate(self, prompt: str | Sequence[int], params: SamplingParams,
+    async def generate(self, prompt: PromptType, params: SamplingParams,
                        request_id: str, priority: int = 0,
                        on_output: Observer | None = None) -> AsyncIterator[RequestOutput]:
         """Stream outputs; closing the iterator early (client gone) aborts the request.
@@ -112,6 +113,7 @@ class AsyncEngine:
                 on_output(item)
 
         finished = False
+        prompt = read_prompt(prompt)  # vLLM's prompt dicts too, as LLM.generate takes them
         try:
             # inside the try: a caller cancelled while the add is queued still aborts it
             await self.submit(prompt, params, request_id, sink, priority)

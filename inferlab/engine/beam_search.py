@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import InferlabError, InvalidParameterError
+from inferlab.errors import ContextLengthError, InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 
 MAX_BEAM_WIDTH = 10  # a round asks for 2 x width logprobs, and the engine gives at most 20
@@ -81,7 +81,7 @@ class BeamSearch:
         room = max_model_len - len(prompt_ids)
         max_tokens = params.max_tokens if params.max_tokens is not None else room
         if max_tokens > room or room < 1:
-            raise InferlabError(f"the prompt has {len(prompt_ids)} tokens and max_tokens is "
+            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens and max_tokens is "
                                 f"{max_tokens}: more than the context's {max_model_len}")
         self.params = params
         self.prompt_ids = list(prompt_ids)

@@ -63,8 +63,11 @@ class GenerationDefaults:
         return min(room, self.sampling.get("max_tokens", room))
 
     def with_end_tokens(self, params: SamplingParams) -> SamplingParams:
+        """A request's own copy of its params, checked again (vLLM clones them at add: a caller
+        that changes or reuses its object afterwards reaches no running request), with the
+        model's other end tokens among its stop token ids."""
         extra = [t for t in self.end_token_ids
                  if t != self.eos_token_id and t not in params.stop_token_ids]
         if params.ignore_eos or not extra:
-            return params
+            return dataclasses.replace(params)
         return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra])

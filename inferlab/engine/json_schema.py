@@ -108,6 +108,7 @@ class _Compiler:
         self.root = root
         self.nodes: list[Node | None] = []
         self.refs: dict[str, int] = {}
+        self.takes_nothing: dict[str, bool] = {}  # nothing()'s answer per $ref, read once each
         self.any_node: int | None = None
 
     def reserve(self) -> int:
@@ -166,10 +167,14 @@ class _Compiler:
         words = set(schema) - ANNOTATIONS
         value = schema.get(next(iter(words))) if len(words) == 1 else None
         if words == {"$ref"} and value not in seen:
+            if isinstance(value, str) and value in self.takes_nothing:  # shared refs: read once,
+                return self.takes_nothing[value]  # or a chain of anyOf pairs doubles per level
             try:
-                return self.nothing(self.resolve(value), (*seen, value))
+                answer = self.nothing(self.resolve(value), (*seen, value))
             except SchemaError:  # a reference that points at nothing: ref() says so
                 return False
+            self.takes_nothing[value] = answer
+            return answer
         if not isinstance(value, list) or not value:
             return False
         if words & {"anyOf", "oneOf"}:
@@ -267,7 +272,7 @@ class _Compiler:
         if not isinstance(required, list) or not all(isinstance(k, str) for k in required):
             raise SchemaError("required must be a list of key names")
         additional = schema.get("additionalProperties", False)
-        extra = None if additional is False else self.node(additional)
+        extra = None if self.nothing(additional) else self.node(additional)
         missing = [k for k in required if k not in declared]
         if missing and extra is None:
             raise SchemaError(f"required key {missing[0]!r} is not in properties, and "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numbers
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -12,24 +11,21 @@ from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
+from inferlab.engine.prompt_input import PROMPT_FORMS, PromptType, is_token_id, read_prompt
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.models.loader import LoadedModel
 from inferlab.models.tokenizer import TextTokenizer
 
-# vLLM's PromptType as taken here: a text, a TextPrompt {"prompt": str}, a TokensPrompt
-# {"prompt_token_ids": [int, ...]}, or a bare token id list (as vLLM once took them)
-PromptType = str | Mapping[str, Any] | Sequence[int]
 Params = SamplingParams | Sequence[SamplingParams] | None
 Progress = bool | Callable[..., Any]  # vLLM's use_tqdm: a bar or not, or the tqdm class to use
-_PROMPT_FORMS = "a str, a list of token ids, {'prompt': str} or {'prompt_token_ids': [int, ...]}"
 
 
 def engine_config(model: str | None = None, **kwargs: Any) -> EngineConfig:
     """EngineConfig from keyword arguments; kv_cache_memory may be a string like '2GiB'."""
     if "kv_cache_memory" in kwargs:
         size = kwargs.pop("kv_cache_memory")
-        kwargs["kv_cache_memory_bytes"] = None if size is None else parse_bytes(size)
+        kwargs["kv_cache_memory_bytes"] = None if size is None else parse_bytes(size, "kv_cache_memory")
     try:
         return EngineConfig(model=model, **kwargs)
     except TypeError as e:
@@ -90,7 +86,10 @@ class LLM:
                                     chat_template, chat_template_kwargs, tools)
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
-        return self._generate(ids, sampling_params, use_tqdm, None, texts=prompts)
+        outputs = self._generate(ids, sampling_params, use_tqdm, None)
+        for out, text in zip(outputs, prompts, strict=True):
+            out.prompt = text  # vLLM's: the rendered conversation (its ids are cut as ids)
+        return outputs
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
                     params: BeamSearchParams) -> list[RequestOutput]:
@@ -109,24 +108,25 @@ class LLM:
 
     def _generate(self, prompts: list[str | list[int]], params: Params,
                   use_tqdm: Progress, priority: Sequence[int] | None,
-                  texts: Sequence[str] | None = None) -> list[RequestOutput]:
-        """generate() on prompts already read; texts: what token-id prompts were encoded from
-        (a chat's rendered template), each output's `prompt`."""
+                  ) -> list[RequestOutput]:
+        """generate() on prompts already read."""
         params = params if params is not None else self.engine.generation.default_params()
-        all_params = list(params) if isinstance(params, Sequence) else [params] * len(prompts)
+        many = isinstance(params, Sequence) and not isinstance(params, str)
+        all_params = list(params) if many else [params] * len(prompts)
         priorities = list(priority) if priority is not None else [0] * len(prompts)
         for name, values in (("sampling params", all_params), ("priorities", priorities)):
             if len(values) != len(prompts):
                 raise InferlabError(f"{len(prompts)} prompts but {len(values)} {name}")
+        wrong = [type(p).__name__ for p in all_params if not isinstance(p, SamplingParams)]
+        if wrong:
+            raise InferlabError(f"sampling_params must be a SamplingParams or a list of them, got {wrong[0]}")
         if not self._generating.acquire(blocking=False):  # each call's steps ran the other's
             raise InferlabError("this LLM is already generating in another thread: an LLM is not "
                                 "thread-safe (use one per thread, or AsyncEngine)")
         ids: list[str] = []
-        texts = texts if texts is not None else [None] * len(prompts)
         try:
-            for prompt, text, sp, rank in zip(prompts, texts, all_params, priorities, strict=True):
-                ids.append(self.engine.add_request(prompt, sp, prompt_text=text, priority=rank,
-                                                   cap_max_tokens=True))
+            for prompt, sp, rank in zip(prompts, all_params, priorities, strict=True):
+                ids.append(self.engine.add_request(prompt, sp, priority=rank, cap_max_tokens=True))
             return self._run(ids, use_tqdm)
         except BaseException:  # a refused prompt or Ctrl-C: leave nothing queued for the next call
             for request_id in ids:
@@ -164,53 +164,11 @@ def _progress_bar(use_tqdm: Progress, total: int) -> Any:
 def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[str | list[int]]:
     """One prompt or a list of them, as texts and token id lists."""
     if isinstance(prompts, str | Mapping) or (isinstance(prompts, Sequence) and prompts
-                                              and _is_token_id(prompts[0])):
+                                              and is_token_id(prompts[0])):
         prompts = [prompts]  # type: ignore[list-item]
     if not isinstance(prompts, Sequence) or isinstance(prompts, bytes | bytearray):
-        raise InferlabError(f"prompts must be {_PROMPT_FORMS}, or a list of them; "
+        raise InferlabError(f"prompts must be {PROMPT_FORMS}, or a list of them; "
                             f"got {type(prompts).__name__}")
-    return [_read_prompt(i, prompt) for i, prompt in enumerate(prompts)]
+    return [read_prompt(prompt, i) for i, prompt in enumerate(prompts)]
 
 
-def _read_prompt(index: int, prompt: object) -> str | list[int]:
-    if isinstance(prompt, str):
-        return prompt
-    if isinstance(prompt, Mapping):
-        return _read_prompt_dict(index, prompt)
-    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
-        return _token_ids(index, prompt)
-    raise InferlabError(f"prompt {index} must be {_PROMPT_FORMS}; got {type(prompt).__name__}")
-
-
-def _read_prompt_dict(index: int, prompt: Mapping[str, Any]) -> str | list[int]:
-    """A TextPrompt or a TokensPrompt; their other keys (multi_modal_data...) are refused by
-    name rather than ignored."""
-    key = "prompt_token_ids" if "prompt_token_ids" in prompt else "prompt"
-    other = [repr(k) for k in prompt if k != key]
-    if other or key not in prompt:
-        what = f"{', '.join(other)} not supported" if other else "an empty dict"
-        raise InferlabError(f"prompt {index}: {what} (a prompt dict holds 'prompt': str or "
-                            "'prompt_token_ids': [int, ...] alone)")
-    value = prompt[key]
-    if key == "prompt":
-        if not isinstance(value, str):
-            raise InferlabError(f"prompt {index}: 'prompt' must be a str, "
-                                f"got {type(value).__name__}")
-        return value
-    if not isinstance(value, Sequence) or isinstance(value, str | bytes | bytearray):
-        raise InferlabError(f"prompt {index}: 'prompt_token_ids' must be a list of ints, "
-                            f"got {type(value).__name__}")
-    return _token_ids(index, value)
-
-
-def _token_ids(index: int, ids: Sequence[Any]) -> list[int]:
-    """Token ids as ints; numpy's integers are taken, a float or a str is not."""
-    for position, token in enumerate(ids):
-        if not _is_token_id(token):
-            raise InferlabError(f"prompt {index}: token ids must be integers, got "
-                                f"{type(token).__name__} {token!r} at position {position}")
-    return [int(t) for t in ids]
-
-
-def _is_token_id(value: object) -> bool:
-    return isinstance(value, numbers.Integral) and not isinstance(value, bool)

@@ -153,6 +153,9 @@ class LLMEngine:
                 self.check_text_fits(len(prompt))
             text: str | None = prompt
             ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
+        elif not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
+            raise PromptError(f"a prompt must be a text or a list of token ids, got "
+                              f"{type(prompt).__name__}")  # a dict's keys once ran as token ids
         else:
             text, ids = None, [int(t) for t in prompt]
             if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
@@ -219,8 +222,8 @@ class LLMEngine:
                  params: SamplingParams, arrival: float, priority: int,
                  cap_max_tokens: bool) -> tuple[str | None, list[Request]]:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
-        text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
         params = self.generation.with_end_tokens(params)
+        text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
         bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
         choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
         max_tokens = self._check_servable(ids, params, bad_words, choices, cap_max_tokens)

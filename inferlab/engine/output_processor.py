@@ -245,7 +245,7 @@ class OutputProcessor:
             text=c.detokenizer.text if c.detokenizer else "",
             token_ids=list(c.request.output_token_ids),
             finish_reason=c.finish_reason, stop_reason=c.stop_reason,
-            logprobs=c.logprobs,
+            logprobs=None if c.logprobs is None else list(c.logprobs),  # as token_ids: this output's own
             text_delta=text_delta, token_ids_delta=ids_delta,
             logprobs_delta=None if c.logprobs is None else c.logprobs[start:], metrics=metrics,
         )

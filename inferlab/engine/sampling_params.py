@@ -121,7 +121,10 @@ class SamplingParams:
             if not ok:
                 raise InvalidParameterError(message)
         check_seed(self.seed, self.n)
-        # numpy's integers and floats pass the checks; the engine keeps Python's
+        # numpy's integers and floats pass the checks; the engine keeps Python's (torch's
+        # manual_seed takes no numpy integer: a step's TypeError once ended every request)
+        if self.seed is not None:
+            self.seed = int(self.seed)
         self.stop_token_ids = [int(t) for t in self.stop_token_ids]
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = [int(t) for t in self.allowed_token_ids]

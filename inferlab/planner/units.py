@@ -1,17 +1,7 @@
-"""Byte sizes in and out: `64MiB`, `80GB` -> int; int -> `1.50 GiB`; rates with SI prefixes."""
+"""Byte sizes and rates out: int -> `1.50 GiB`; rates with SI prefixes (sizes in: config.parse_bytes,
+the engine's grammar)."""
 
 from __future__ import annotations
-
-from inferlab.config import parse_bytes as config_parse_bytes
-from inferlab.errors import InferlabError
-
-
-def parse_bytes(text: str | int, what: str = "size") -> int:
-    """`64MiB` -> 67108864, with the engine's parser (one grammar for sizes); errors name `what`."""
-    try:
-        return config_parse_bytes(text)
-    except InferlabError as e:
-        raise InferlabError(f"{what}: {e}") from None
 
 
 def format_bytes(n: float) -> str:

@@ -22,7 +22,7 @@ from inferlab.server.chat import create_chat_completion
 from inferlab.server.completions import create_completion
 from inferlab.server.context import ServerContext
 from inferlab.server.disconnect import ClientDisconnected
-from inferlab.server.errors import APIError, error_response, install_error_handlers
+from inferlab.server.errors import APIError, install_error_handlers
 from inferlab.server.protocol import ModelCard, ModelList
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tokenize import detokenize, tokenize
@@ -81,7 +81,7 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         if ctx.is_healthy():
             return Response(status_code=200)
         reason = "shutting down" if ctx.draining else "the engine loop is not making progress"
-        return error_response(APIError(503, f"unhealthy: {reason}"))
+        raise APIError(503, f"unhealthy: {reason}")  # the handler adds Retry-After
 
     @get("/metrics")
     async def metrics() -> Response:

@@ -88,7 +88,7 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         host=args.host, port=args.port,
         api_key=args.api_key if args.api_key is not None else (os.environ.get("INFERLAB_API_KEY") or None),
         max_queued_requests=args.max_queued_requests,
-        max_request_body_bytes=parse_bytes(args.max_request_body),
+        max_request_body_bytes=parse_bytes(args.max_request_body, "--max-request-body"),
         shutdown_timeout_s=args.shutdown_timeout, health_max_silence_s=args.health_max_silence,
         keep_alive_timeout_s=args.timeout_keep_alive,
         chat_template=None if args.chat_template is None else load_chat_template(args.chat_template),

@@ -83,8 +83,11 @@ POINTERS = {"$defs": {"e f": {"type": "null"}, "a%b": {"type": "integer"},
                            "w": {"$ref": "#/$defs/u/anyOf/1"}}}
 # %2F is a / once the fragment is decoded, as jsonschema reads it: #/$defs/a/b, not the key "a/b"
 SLASHED = {"$defs": {"a/b": {"type": "string"}, "a": {"b": {"type": "integer"}}}, "$ref": "#/$defs/a%2Fb"}
+NO_EXTRA = {"$defs": {"no": False}, "type": "object", "properties": {"a": {"type": "integer"}},
+            "additionalProperties": {"anyOf": [{"$ref": "#/$defs/no"}]}}  # as additionalProperties: false
 SCHEMAS = {"person": PERSON, "tree": TREE, "mixed": MIXED, "needs_other": NEEDS_OTHER, "pair": PAIR, "choice": CHOICE,
            "pydantic": PYDANTIC, "patterned": PATTERNED, "bounded": BOUNDED, "falses": FALSES, "nothings": NOTHINGS,
+           "no_extra": NO_EXTRA,
            "pointers": POINTERS, "slashed": SLASHED}
 
 VALID = {
@@ -104,6 +107,7 @@ VALID = {
                  {"owner": "Bo", "pet": {"kind": "dog", "legs": 3}, "note": None}],
     "falses": [{}, {"b": -4}],
     "nothings": [{}, {"b": 2, "d": None}, {"t": []}, {"t": [5]}],
+    "no_extra": [{}, {"a": 3}],
     "pointers": [{"x": None}, {"x": None, "y": 3, "w": True}],
     "slashed": [3, -12],
 }
@@ -156,6 +160,7 @@ HAND_CASES = {
                 '{"age":20,"row":[0,"a","b"]}', '{"age":20,"row":[-1]}', '{"age":20,"row":["a"]}',
                 '{"age":20,"row":[1,"ab"]}', '{"age":20,"log":["v1"]}', '{"age":20,"log":["v1",0.4]}',
                 '{"age":20,"log":[0.5,0.5]}', '{"age":20,"log":["v1",0.5,"v1"]}'],
+    "no_extra": ['{"b":1}', '{"a":1,"b":null}'],
     "nothings": ['{"a":1}', '{"c":null}', '{"e":0}', '{"b":"x"}', '{"d":1}', '{"t":[1,"x"]}', '{"t":["x"]}',
                  '{"t":[1,2]}'],
     "pydantic": ['{"pet":{"kind":"cat"},"owner":"a"}', '{"owner":"a","pet":{"legs":3,"kind":"dog"}}',
@@ -188,6 +193,26 @@ def test_random_walks_end_only_in_texts_jsonschema_validates(name):
     assert len(texts) >= 50
     for text in texts:
         assert reference_accepts(SCHEMAS[name], text), text
+
+
+def test_a_chain_of_shared_references_is_read_once_a_reference(monkeypatch):
+    """Each level an anyOf of the next level twice, the last false: the false-alone check once
+    read every path, twice as many a level (40 levels: 2**40 reads); now each $ref once."""
+    from inferlab.engine import json_schema
+
+    levels, reads = 40, []
+    resolve = json_schema._Compiler.resolve
+
+    def counted(self, pointer):
+        reads.append(pointer)
+        assert len(reads) <= 10 * levels, "the references are read again and again"
+        return resolve(self, pointer)
+
+    monkeypatch.setattr(json_schema._Compiler, "resolve", counted)
+    defs = {f"d{i}": {"anyOf": [{"$ref": f"#/$defs/d{i + 1}"}] * 2} for i in range(levels)}
+    compile_schema({"$defs": {**defs, f"d{levels}": False}, "type": "object",
+                    "properties": {"a": {"$ref": "#/$defs/d0"}, "b": {"type": "integer"}}})
+    assert len(reads) == len(set(reads)) == levels + 1
 
 
 @pytest.mark.parametrize(("schema", "words"), [

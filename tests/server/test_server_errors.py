@@ -234,6 +234,8 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
      "no room for output"),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000}, "prompt", "context_length_exceeded",
      "is over the context length 512"),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000, "use_beam_search": True, "n": 2},
+     "prompt", "context_length_exceeded", "more than the context's 512"),
     ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt", "invalid_value", "outside the vocabulary"),
     ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value", "the prompt is empty"),
 ])
