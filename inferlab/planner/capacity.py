@@ -14,8 +14,11 @@ T_prefill is added to the step time, not hidden under its reads: a prompt's FLOP
 kernels of their own (its attention; matmul rows past the decodes'), so a long compute-bound
 prompt costs all of its FLOPs' time, as it would alone.
 
-A step computes at most B = max_num_batched_tokens tokens and the scheduler serves the running
-sequences first, so a prompt gets the B − (b − 1) tokens the others' decodes leave: it goes in
+A step computes at most B = max_num_batched_tokens tokens, which caps the batch a replica keeps:
+each step holds its b decodes and the prompts of the b / O requests that replace those finishing,
+b + b × P / O <= B, so b <= B × O / (P + O) (past it the steps are full and prompts queue). The
+scheduler serves the running sequences first, so a prompt gets the B − (b − 1) tokens the
+others' decodes leave: it goes in
 ⌈P / (B − b + 1)⌉ chunks, each in a step that also decodes the b − 1 others, and TTFT(b) is the
 roofline time of those steps (weights read once a step; at batch 1, the plain chunked prefill).
 No more than B sequences decode at once. The budget also caps the rate: each request needs
@@ -180,6 +183,12 @@ def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, m
     """The best batch per replica within the SLO, then replicas for `request_rate`;
     `limited_by` names what set `max_batch`."""
     check_rate_and_price(request_rate, price_per_gpu_hour)
+    # a steady state's steps hold the b decodes and, for the b / O requests that replace those
+    # finishing, b × P / O prompt tokens: past b (P + O) / O > B the batch cannot be kept up,
+    # and its prompts wait (a TTFT without bound, an ITL no longer the formula's)
+    sustained = max(1, step_tokens * workload.output_tokens // workload.context_len)
+    if sustained < max_batch:
+        max_batch, limited_by = sustained, "max_num_batched_tokens"
     points: list[ReplicaPoint] = []  # those within the SLO, by batch
     for batch in range(1, max_batch + 1):
         point = replica_point(cost, hw, workload, batch, tp, step_tokens)

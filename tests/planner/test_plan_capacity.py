@@ -52,8 +52,10 @@ def test_a_step_token_budget_that_caps_the_rate_is_named():
     capped = _plan(workload=Workload(4096, 128))
     assert capped.capacity.best.batch < capped.max_batch
     assert capped.capacity.limited_by == "max_num_batched_tokens"
-    # the constraint named is the one that binds: a larger step lets the batch reach memory's limit
-    relieved = _plan(workload=Workload(4096, 128), step_tokens=2048)
+    # the constraint named is the one that binds: a larger step lets the batch reach memory's
+    # limit (107 sequences, whose steps need 107 + 107 × 4,096 / 128 = 3,531 tokens: 4,096 hold
+    # them, 2,048 hold 62)
+    relieved = _plan(workload=Workload(4096, 128), step_tokens=4096)
     assert relieved.capacity.best.batch == relieved.max_batch
     assert relieved.capacity.limited_by == "memory"
     assert relieved.capacity.best.requests_per_s > capped.capacity.best.requests_per_s

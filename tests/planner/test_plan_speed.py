@@ -211,3 +211,14 @@ def test_workload_and_slo_parsing():
 def test_context_beyond_the_model_is_refused():
     with pytest.raises(InferlabError, match="exceeds"):
         _plan("Llama-2-7B", workload=Workload(4000, 200))
+
+
+def test_the_step_budget_caps_the_batch_a_replica_keeps_up():
+    """Prompts of 512 and replies of 16 in steps of 768 tokens: at batch 23 a step holds 23
+    decodes and the 23 × 512 / 16 = 736 prompt tokens of the requests replacing those that
+    finish (759 <= 768); at 24 it would need 24 + 768 = 792. The batch was once 162, with a
+    TTFT of one prompt's steps and an ITL of seconds: the server missed that TTFT ~18 times."""
+    workload = Workload(512, 16)
+    plan = _plan("Llama-3.1-8B", step_tokens=768, workload=workload)
+    assert plan.capacity.best.batch <= 23 < plan.max_batch
+    assert plan.capacity.max_batch == 23 and plan.capacity.limited_by == "max_num_batched_tokens"
