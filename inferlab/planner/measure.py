@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import platform
 import statistics
@@ -250,7 +251,7 @@ def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3)
     measurement, cached."""
     if cache_path.is_file():
         cached = _read_cache(cache_path)  # read under --measure too: a file that is no cache stays
-        if not remeasure and cached.get("cpu") == cpu_name() and all(k in cached for k in MEASURED_KEYS):
+        if not remeasure and cached.get("cpu") == cpu_name() and _well_formed(cached):
             slow = slow_stream_points(cached["stream_bytes_per_s"])
             if not slow:
                 return cached
@@ -292,6 +293,27 @@ def _read_cache(cache_path: Path) -> dict[str, Any]:
         raise InferlabError(f"--cache {cache_path}: not a cpu-local cache (a JSON object); "
                             f"remove it or choose another path")
     return cached
+
+
+def _well_formed(cached: dict[str, Any]) -> bool:
+    """Whether a cache holds every figure, each a rate or size above 0 (the layer overhead at
+    least 0), as measure_cpu writes them: one edited by hand or cut short is measured again
+    rather than planned from (a zero rate divided by, a string read as bytes)."""
+    def positive(value: Any, allow_zero: bool = False) -> bool:
+        return (isinstance(value, int | float) and not isinstance(value, bool)
+                and math.isfinite(value) and (value >= 0 if allow_zero else value > 0))
+
+    def rates(table: Any) -> bool:
+        return isinstance(table, dict) and bool(table) and all(positive(v) for v in table.values())
+
+    grid = cached.get("stream_bytes_per_s")
+    return (all(k in cached for k in (*MEASURED_KEYS, "threads", "torch", "measured_at"))
+            and positive(cached["memory_bytes"]) and positive(cached["memory_bandwidth_bytes_per_s"])
+            and positive(cached["layer_overhead_s"], allow_zero=True) and rates(cached["peak_flops"])
+            and isinstance(grid, dict) and bool(grid) and all(
+                str(rows).isdecimal() and isinstance(by_width, dict) and rates(by_width)
+                and all(str(width).isdecimal() for width in by_width)
+                for rows, by_width in grid.items()))
 
 
 def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:

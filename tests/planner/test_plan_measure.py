@@ -121,3 +121,36 @@ def test_a_failed_cache_write_names_the_reason_not_the_errno(tmp_path, monkeypat
     with pytest.raises(InferlabError) as caught:
         load_or_measure(cache)
     assert str(caught.value) == f"--cache {cache}: cannot write (No space left on device)"
+
+
+GOOD = {"cpu": None, "peak_flops": {"bf16": 4e11, "fp32": 1e11}, "layer_overhead_s": 1e-5,
+        "memory_bandwidth_bytes_per_s": 3e10, "memory_bytes": 2**34, "threads": 2, "torch": "x",
+        "measured_at": "2026-12-05T00:00:00+00:00",
+        "stream_bytes_per_s": {"1": {"512": 2e10, "4096": 3e10}, "16": {"512": 2e10, "4096": 3e10}}}
+
+
+@pytest.mark.parametrize("edit", [
+    {"memory_bandwidth_bytes_per_s": 0},  # once a ZeroDivisionError in the estimate
+    {"memory_bytes": "abc"},  # once a ValueError
+    {"stream_bytes_per_s": [1, 2]},  # once an AttributeError
+    {"memory_bandwidth_bytes_per_s": None},  # once a TypeError
+    {"peak_flops": {"bf16": float("nan")}},  # once planned, with nan in the ITL column
+    {"stream_bytes_per_s": {"1": {"wide": 3e10}}},
+    {"layer_overhead_s": -1},
+])
+def test_a_cache_with_a_broken_figure_is_measured_again(tmp_path, monkeypatch, edit):
+    cache = tmp_path / "cpu-local.json"
+    cache.write_text(json.dumps(GOOD | {"cpu": cpu_name()} | edit))
+    fresh = GOOD | {"cpu": cpu_name()}
+    calls = []
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu",
+                        lambda repeats: calls.append(repeats) or fresh)
+    assert load_or_measure(cache) == fresh and calls == [3]
+    assert json.loads(cache.read_text()) == fresh  # rewritten, as an unreadable cache is
+
+
+def test_a_well_formed_cache_is_read_as_it_is(tmp_path, monkeypatch):
+    cache = tmp_path / "cpu-local.json"
+    cache.write_text(json.dumps(GOOD | {"cpu": cpu_name()}))
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu", lambda repeats: pytest.fail("measured"))
+    assert load_or_measure(cache) == GOOD | {"cpu": cpu_name()}
