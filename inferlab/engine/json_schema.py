@@ -45,8 +45,10 @@ still validate:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
@@ -108,7 +110,7 @@ class _Compiler:
         self.root = root
         self.nodes: list[Node | None] = []
         self.refs: dict[str, int] = {}
-        self.takes_nothing: dict[str, bool] = {}  # nothing()'s answer per $ref, read once each
+        self.takes_nothing: dict[str, bool] | None = None  # per $ref: see _refs_taking_nothing
         self.any_node: int | None = None
 
     def reserve(self) -> int:
@@ -159,27 +161,31 @@ class _Compiler:
         self.nodes[index] = UnionNode(tuple(self.node(option) for option in options))
         return index
 
-    def nothing(self, schema: Any, seen: tuple[str, ...] = ()) -> bool:
+    def nothing(self, schema: Any) -> bool:
         """Whether a schema takes no value at all: false, or built of false alone (an anyOf or
         oneOf whose every branch takes nothing, an allOf with one such, a $ref to one)."""
-        if schema is False or not isinstance(schema, dict):
-            return schema is False
-        words = set(schema) - ANNOTATIONS
-        value = schema.get(next(iter(words))) if len(words) == 1 else None
-        if words == {"$ref"} and value not in seen:
-            if isinstance(value, str) and value in self.takes_nothing:  # shared refs: read once,
-                return self.takes_nothing[value]  # or a chain of anyOf pairs doubles per level
-            try:
-                answer = self.nothing(self.resolve(value), (*seen, value))
-            except SchemaError:  # a reference that points at nothing: ref() says so
-                return False
-            self.takes_nothing[value] = answer
-            return answer
-        if not isinstance(value, list) or not value:
-            return False
-        if words & {"anyOf", "oneOf"}:
-            return all(self.nothing(option, seen) for option in value)
-        return words == {"allOf"} and any(self.nothing(option, seen) for option in value)
+        if self.takes_nothing is None:
+            self.takes_nothing = self._refs_taking_nothing()
+        return _takes_nothing(schema, self.takes_nothing)
+
+    def _refs_taking_nothing(self) -> dict[str, bool]:
+        """Each $ref of the schema -> whether its target takes nothing, found together: a $ref
+        reads the others' answers of the round before, until none changes (at most one round a
+        $ref), so a chain of shared references is read once a round, not once a path, and the
+        answer is the same in whatever order properties name them. A cycle of references and
+        nothing else takes something here, and ref() refuses it by name."""
+        targets = {}
+        for pointer in dict.fromkeys(_ref_values(self.root)):
+            with contextlib.suppress(SchemaError):  # ref() says what is wrong, when compiled
+                targets[pointer] = self.resolve(pointer)
+        answers = dict.fromkeys(targets, False)
+        changed = True
+        while changed:
+            changed = False
+            for pointer, target in targets.items():
+                if not answers[pointer] and _takes_nothing(target, answers):
+                    answers[pointer] = changed = True
+        return answers
 
     def ref(self, pointer: Any) -> int:
         if pointer in self.refs:
@@ -312,6 +318,35 @@ class _Compiler:
                        NumberNode(integer=False), LiteralNode(("true", "false", "null")))
             self.nodes[index] = UnionNode(tuple(self.add(node) for node in options))
         return self.any_node
+
+
+def _takes_nothing(schema: Any, refs: dict[str, bool]) -> bool:
+    """nothing() with each $ref's answer read from `refs` (a $ref not there takes something)."""
+    if schema is False or not isinstance(schema, dict):
+        return schema is False
+    words = set(schema) - ANNOTATIONS
+    value = schema.get(next(iter(words))) if len(words) == 1 else None
+    if words == {"$ref"}:
+        return isinstance(value, str) and refs.get(value, False)
+    if not isinstance(value, list) or not value:
+        return False
+    if words & {"anyOf", "oneOf"}:
+        return all(_takes_nothing(option, refs) for option in value)
+    return words == {"allOf"} and any(_takes_nothing(option, refs) for option in value)
+
+
+def _ref_values(node: Any) -> Iterator[str]:
+    """Every string a "$ref" key holds anywhere in the schema (an enum's data among them: their
+    answers are found and never read)."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "$ref" and isinstance(value, str):
+                yield value
+            else:
+                yield from _ref_values(value)
+    elif isinstance(node, list):
+        for item in node:
+            yield from _ref_values(item)
 
 
 def _count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int | None]:

@@ -87,8 +87,9 @@ class LLM:
                    for c in conversations]
         ids = [self.tokenizer.encode(p, add_special_tokens=False) for p in prompts]
         outputs = self._generate(ids, sampling_params, use_tqdm, None)
-        for out, text in zip(outputs, prompts, strict=True):
-            out.prompt = text  # vLLM's: the rendered conversation (its ids are cut as ids)
+        for out, text, whole in zip(outputs, prompts, ids, strict=True):
+            # vLLM's: the rendered conversation, unless truncate_prompt_tokens cut its ids
+            out.prompt = text if len(out.prompt_token_ids) == len(whole) else None
         return outputs
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import atexit
-import dataclasses
+import copy
 import functools
 import gc
 import itertools
@@ -230,9 +230,9 @@ class LLMEngine:
         children = []
         for i in range(params.n):
             child_params = params
-            if params.n > 1:
-                seed = None if params.seed is None else params.seed + i
-                child_params = dataclasses.replace(params, n=1, seed=seed)
+            if params.n > 1:  # a copy, not replace(): seed -2's second copy keeps seed -1, which
+                child_params = copy.copy(params)  # as a request's own seed would mean none
+                child_params.n, child_params.seed = 1, None if params.seed is None else params.seed + i
             child_id = request_id if params.n == 1 else f"{request_id}#{i}"
             children.append(Request(child_id, ids, child_params, self.generation.eos_token_id,
                                     max_tokens, arrival_time=arrival, priority=priority,

@@ -183,12 +183,6 @@ def plan_capacity(cost: ModelCost, hw: Hardware, workload: Workload, slo: SLO, m
     """The best batch per replica within the SLO, then replicas for `request_rate`;
     `limited_by` names what set `max_batch`."""
     check_rate_and_price(request_rate, price_per_gpu_hour)
-    # a steady state's steps hold the b decodes and, for the b / O requests that replace those
-    # finishing, b × P / O prompt tokens: past b (P + O) / O > B the batch cannot be kept up,
-    # and its prompts wait (a TTFT without bound, an ITL no longer the formula's)
-    sustained = max(1, step_tokens * workload.output_tokens // workload.context_len)
-    if sustained < max_batch:
-        max_batch, limited_by = sustained, "max_num_batched_tokens"
     points: list[ReplicaPoint] = []  # those within the SLO, by batch
     for batch in range(1, max_batch + 1):
         point = replica_point(cost, hw, workload, batch, tp, step_tokens)

@@ -55,7 +55,7 @@ class Plan:
     memory: MemoryPlan
     cost: ModelCost
     context_len: int  # of the concurrency figure
-    max_batch: int  # the workload's sequences that fit, capped by what one step holds
+    max_batch: int  # the workload's sequences that fit, capped by max_num_seqs and the step budget
     prefill: StepEstimate  # the workload's prompt alone: the TTFT at batch 1
     decode_batch1: StepEstimate
     curve: list[CurvePoint]
@@ -100,10 +100,15 @@ class Plan:
         }
 
 
-def batch_limit(cfg: MemoryConfig, fitting: int) -> tuple[int, str]:
-    """The most sequences that decode together, and what sets it: `fitting` (memory) or one
-    step's max_num_seqs (max_num_batched_tokens is at least that, as the engine requires)."""
-    limits = {"max_num_seqs": cfg.max_num_seqs, "memory": fitting}
+def batch_limit(cfg: MemoryConfig, fitting: int, workload: Workload) -> tuple[int, str]:
+    """The most sequences that decode together, and what sets it: `fitting` (memory), one
+    step's max_num_seqs, or the batch its max_num_batched_tokens keeps up: a steady state's
+    steps hold the b decodes and, for the b / O requests that replace those finishing,
+    b × P / O prompt tokens, so b (P + O) / O <= B (past it the steps are full and prompts
+    queue: a TTFT without bound, an ITL no longer capacity.py's formula)."""
+    sustained = cfg.max_num_batched_tokens * workload.output_tokens // workload.context_len
+    limits = {"max_num_seqs": cfg.max_num_seqs, "memory": fitting,
+              "max_num_batched_tokens": max(1, sustained)}
     limited_by = min(limits, key=limits.__getitem__)
     return limits[limited_by], limited_by
 
@@ -124,7 +129,7 @@ def build_plan(inputs: PlanInputs) -> Plan:
         raise InferlabError(
             f"does not fit: one sequence of {longest} tokens needs {-(-longest // memory.block_size)} "
             f"KV blocks, only {memory.num_blocks} fit on {hw.name}")
-    max_batch, limited_by = batch_limit(inputs.memory, memory.max_sequences(sequence))
+    max_batch, limited_by = batch_limit(inputs.memory, memory.max_sequences(sequence), inputs.workload)
     step_tokens = inputs.memory.max_num_batched_tokens
     cost = model_cost(model, weights, fmt, memory, tp)
     notes = []

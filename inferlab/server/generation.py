@@ -57,7 +57,7 @@ class Generation:
         self._prompt_lengths = [0] * len(self.prompts)
         self._finished: set[int] = set()
         self._closed = False
-        self.first_output_at: float | None = None  # time.monotonic(), for the access log
+        self.first_output_at: float | None = None  # time.monotonic() of the first token: the access log
         self.cut_short = False  # closed before it finished: the client went away
 
     @property
@@ -95,8 +95,7 @@ class Generation:
             if isinstance(item, BaseException):
                 await self.close()
                 raise _start_error(item)
-            if self.first_output_at is None:
-                self.first_output_at = time.monotonic()
+            self._note_first_token(item)
             started.add(index)
             self._latest[index] = item  # usage counts are right from the first chunk on
             self._buffer.append((index, item))
@@ -144,6 +143,11 @@ class Generation:
                 # start() was cancelled: the abort is queued behind it
                 await self.engine.abort(request_id)
 
+    def _note_first_token(self, out: RequestOutput) -> None:
+        """The access log's TTFT: when a token first came (an abort before one brings none)."""
+        if self.first_output_at is None and any(c.token_ids for c in out.outputs):
+            self.first_output_at = time.monotonic()
+
     def _arrive(self, index: int, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait((index, item))
         if isinstance(item, RequestOutput):
@@ -154,8 +158,7 @@ class Generation:
             self._observer.output_arrived(index, item)
 
     def _record(self, index: int, out: RequestOutput) -> None:
-        if self.first_output_at is None:
-            self.first_output_at = time.monotonic()
+        self._note_first_token(out)
         self._latest[index] = out
         if out.finished:
             self._finished.add(index)

@@ -215,6 +215,19 @@ def test_a_chain_of_shared_references_is_read_once_a_reference(monkeypatch):
     assert len(reads) == len(set(reads)) == levels + 1
 
 
+@pytest.mark.parametrize("order", [("x", "c"), ("c", "x")])
+def test_whether_a_reference_takes_nothing_does_not_depend_on_the_property_order(order):
+    """X is allOf [C, false], C anyOf [false, X]: both take nothing, as each is built of false
+    alone. The check once stored C's answer while X was still being read (taking X for
+    something), so with x named first c was compiled and refused ("every branch of anyOf")."""
+    defs = {"X": {"allOf": [{"$ref": "#/$defs/C"}, False]},
+            "C": {"anyOf": [False, {"$ref": "#/$defs/X"}]}}
+    grammar = JsonGrammar({"$defs": defs, "type": "object",
+                           "properties": {key: {"$ref": f"#/$defs/{key.upper()}"} for key in order}})
+    assert complete(grammar, "{}")
+    assert not complete(grammar, '{"x":1}') and not complete(grammar, '{"c":1}')
+
+
 @pytest.mark.parametrize(("schema", "words"), [
     ({"type": "integer", "multipleOf": 2}, "keyword 'multipleOf' is not supported"),
     ({"type": "array", "uniqueItems": True}, "keyword 'uniqueItems' is not supported"),

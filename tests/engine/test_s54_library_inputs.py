@@ -126,3 +126,13 @@ def test_chat_cuts_its_conversation_as_ids_and_reports_its_text(llm):
     whole, cut = chat(), chat(truncate_prompt_tokens=2)
     assert whole.prompt == "<bos>w2 w3 w4 w5 " and whole.prompt_token_ids[0] == 1
     assert cut.prompt_token_ids == whole.prompt_token_ids[-2:]
+    assert cut.prompt is None  # the text no longer is what ran, as generate() reports a cut text
+
+
+def test_a_copy_whose_seed_lands_on_minus_one_stays_seeded(llm):
+    """n copies take seed, seed + 1, ...: from -2 the second's is -1, which for a request of its
+    own means no seed; rebuilt as one, that copy once sampled anew on every run."""
+    params = SamplingParams(n=2, seed=-2, **SEEDED)
+    runs = [[c.token_ids for c in llm.generate("w2 w3", params, use_tqdm=False)[0].outputs]
+            for _ in range(2)]
+    assert runs[0] == runs[1]

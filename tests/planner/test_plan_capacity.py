@@ -49,8 +49,8 @@ def test_the_workloads_length_is_checked_against_the_model():
 
 def test_a_step_token_budget_that_caps_the_rate_is_named():
     """Once 'limited by memory' though the memory held more sequences than the chosen batch."""
-    capped = _plan(workload=Workload(4096, 128))
-    assert capped.capacity.best.batch < capped.max_batch
+    capped = _plan(workload=Workload(4096, 128))  # steps of 768 keep 768 × 128 / 4,224 = 23 up
+    assert capped.capacity.best.batch == capped.max_batch == 23
     assert capped.capacity.limited_by == "max_num_batched_tokens"
     # the constraint named is the one that binds: a larger step lets the batch reach memory's
     # limit (107 sequences, whose steps need 107 + 107 × 4,096 / 128 = 3,531 tokens: 4,096 hold

@@ -65,7 +65,8 @@ def test_max_num_batched_tokens_caps_the_batch_and_the_rate():
     """Once planned at batch 256 and one-step prefill whatever the step budget (the engine
     now requires max_num_seqs <= the budget: _plan sets both to 16)."""
     plan = _plan("Llama-2-7B", step_tokens=16, workload=Workload(1024, 2))
-    assert plan.max_batch == 16 and plan.capacity.limited_by == "max_num_batched_tokens"
+    # steps of 16 tokens keep not even one such request up (16 × 2 / 1,026 < 1): batch 1
+    assert plan.max_batch == 1 and plan.capacity.limited_by == "max_num_batched_tokens"
     assert plan.prefill.steps == 64
     point = replica_point(plan.cost, ROUND, Workload(1024, 2), 1, 1, step_tokens=16)
     # each request needs its 1,026 tokens of 16-token steps; a batch-1 decode step reads
@@ -220,5 +221,5 @@ def test_the_step_budget_caps_the_batch_a_replica_keeps_up():
     TTFT of one prompt's steps and an ITL of seconds: the server missed that TTFT ~18 times."""
     workload = Workload(512, 16)
     plan = _plan("Llama-3.1-8B", step_tokens=768, workload=workload)
-    assert plan.capacity.best.batch <= 23 < plan.max_batch
-    assert plan.capacity.max_batch == 23 and plan.capacity.limited_by == "max_num_batched_tokens"
+    assert plan.capacity.best.batch <= plan.max_batch == plan.capacity.max_batch == 23
+    assert plan.capacity.limited_by == "max_num_batched_tokens"

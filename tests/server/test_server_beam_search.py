@@ -74,7 +74,7 @@ def test_chat_beams(fp32_client):
     ({"use_beam_search": True, "stop": ["."]}, "stop", "does not take 'stop'"),
     ({"use_beam_search": True, "n": 11}, "n", "beam width must be in [1, 10]"),
     ({"length_penalty": 0.5}, "length_penalty", "needs 'use_beam_search'"),
-    ({"use_beam_search": True, "max_tokens": 10**6}, None, "more than the context"),
+    ({"use_beam_search": True, "max_tokens": 10**6}, "prompt", "more than the context"),
 ])
 def test_what_beam_search_cannot_take_is_refused(fp32_server, fields, param, words):
     r = httpx.post(f"{fp32_server.url}/v1/completions", headers=fp32_server.headers, timeout=60,

@@ -185,7 +185,7 @@ def test_a_whole_answer_aborted_before_its_first_token_is_a_503_to_retry():
     """A request still queued behind a stream (one sequence at a time) when the grace period
     ends never ran: once a 200 with an empty text and finish_reason "abort", which a client
     takes for the answer; now a 503 with Retry-After, which it retries on another replica."""
-    with _serving("--shutdown-timeout", "1", "--max-num-seqs", "1") as (proc, url, _):
+    with _serving("--shutdown-timeout", "1", "--max-num-seqs", "1") as (proc, url, err):
         events: list[str] = []
         streamer = _streaming(url, {}, events)
         replies: list[httpx.Response] = []
@@ -201,6 +201,8 @@ def test_a_whole_answer_aborted_before_its_first_token_is_a_503_to_retry():
         assert replies[0].json()["error"]["code"] == "shutting_down"
         assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"  # it had tokens
         assert proc.wait(timeout=30) == 0
+    refused = [line for line in err if "status=503" in line]
+    assert refused and "ttft_ms" not in refused[0]  # no token came: once a TTFT all the same
 
 
 def test_a_second_ctrl_c_ends_the_drain_at_once():
