@@ -169,22 +169,26 @@ class _Compiler:
         return _takes_nothing(schema, self.takes_nothing)
 
     def _refs_taking_nothing(self) -> dict[str, bool]:
-        """Each $ref of the schema -> whether its target takes nothing, found together: a $ref
-        reads the others' answers of the round before, until none changes (at most one round a
-        $ref), so a chain of shared references is read once a round, not once a path, and the
-        answer is the same in whatever order properties name them. A cycle of references and
-        nothing else takes something here, and ref() refuses it by name."""
+        """Each $ref of the schema -> whether its target takes nothing, found together: every
+        answer starts as "takes something", and a $ref is read again only when one it reads
+        turns (a worklist), so the work grows with the schema, not with its paths or the
+        order its properties name them. A cycle of references and nothing else takes
+        something here, and ref() refuses it by name."""
         targets = {}
         for pointer in dict.fromkeys(_ref_values(self.root)):
             with contextlib.suppress(SchemaError):  # ref() says what is wrong, when compiled
                 targets[pointer] = self.resolve(pointer)
+        readers: dict[str, list[str]] = {}  # a $ref -> the $refs whose targets read it
+        for pointer, target in targets.items():
+            for read in _refs_read(target):
+                readers.setdefault(read, []).append(pointer)
         answers = dict.fromkeys(targets, False)
-        changed = True
-        while changed:
-            changed = False
-            for pointer, target in targets.items():
-                if not answers[pointer] and _takes_nothing(target, answers):
-                    answers[pointer] = changed = True
+        pending = list(targets)
+        while pending:
+            pointer = pending.pop()
+            if not answers[pointer] and _takes_nothing(targets[pointer], answers):
+                answers[pointer] = True
+                pending.extend(readers.get(pointer, ()))
         return answers
 
     def ref(self, pointer: Any) -> int:
@@ -333,6 +337,19 @@ def _takes_nothing(schema: Any, refs: dict[str, bool]) -> bool:
     if words & {"anyOf", "oneOf"}:
         return all(_takes_nothing(option, refs) for option in value)
     return words == {"allOf"} and any(_takes_nothing(option, refs) for option in value)
+
+
+def _refs_read(schema: Any) -> Iterator[str]:
+    """The $refs whose answers _takes_nothing reads for this schema."""
+    if not isinstance(schema, dict):
+        return
+    words = set(schema) - ANNOTATIONS
+    value = schema.get(next(iter(words))) if len(words) == 1 else None
+    if words == {"$ref"} and isinstance(value, str):
+        yield value
+    elif isinstance(value, list) and words & {"anyOf", "oneOf", "allOf"}:
+        for option in value:
+            yield from _refs_read(option)
 
 
 def _ref_values(node: Any) -> Iterator[str]:

@@ -23,7 +23,7 @@ from typing import Any
 
 from inferlab.errors import InferlabError
 from inferlab.planner.capacity import ReplicaPoint, Workload, replica_point
-from inferlab.planner.plan import Plan
+from inferlab.planner.plan import Plan, batch_limit
 from inferlab.user_files import read_user_text
 
 TTFT = re.compile(r"ttft|time_to_first_token")
@@ -122,8 +122,15 @@ class Comparison:
         return None if measured is None else measured / self.predicted[key]
 
 
-def _batch(plan: Plan, concurrency: float) -> int:
-    return max(1, min(round(concurrency), plan.max_batch))
+def _batch(limit: int, concurrency: float) -> int:
+    return max(1, min(round(concurrency), limit))
+
+
+def _run_limit(plan: Plan, workload: Workload) -> int:
+    """The most sequences a run of this workload keeps decoding: memory, max_num_seqs and the
+    step budget, for the run's prompts and replies (not the plan's --workload)."""
+    fitting = plan.memory.max_sequences(workload.context_len)
+    return batch_limit(plan.inputs.memory, fitting, workload)[0]
 
 
 def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload,
@@ -132,14 +139,15 @@ def _concurrency(plan: Plan, run: dict[str, Any], workload: Workload,
     rate by Little's law (in flight = rate × time in system, iterated to a fixed point, within
     any concurrency cap), else its concurrency setting."""
     measured, setting = _measured_concurrency(run), _setting(run, CONCURRENCY)
+    limit = _run_limit(plan, workload)
     if measured is not None:
         label = f"mean concurrency {measured:.3g}"
-        return _batch(plan, measured), label if rate is None else f"rate {rate:g} req/s, {label}"
+        return _batch(limit, measured), label if rate is None else f"rate {rate:g} req/s, {label}"
     if rate is None:
         if setting is None:
             return 1, "single stream (no concurrency or rate found)"
-        return _batch(plan, setting), f"concurrency {setting:.3g}"
-    cap = plan.max_batch if setting is None else _batch(plan, setting)
+        return _batch(limit, setting), f"concurrency {setting:.3g}"
+    cap = limit if setting is None else _batch(limit, setting)
     batch = 1
     for _ in range(20):
         point = _predict(plan, workload, batch)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inferlab.planner.memory import DTYPE_BYTES
-from inferlab.planner.plan import Plan
+from inferlab.planner.plan import Plan, batch_limit
 from inferlab.planner.roofline import StepEstimate
 from inferlab.planner.units import format_bytes, format_rate
 
@@ -60,9 +60,18 @@ def _memory(plan: Plan) -> list[str]:
         f"    sequences       {mem.max_sequences(plan.context_len):>12,}   of {plan.context_len:,} tokens "
         f"({ctx_blocks} blocks each) at once",
         f"    batch limit     {plan.max_batch:>12,}   {_workload_fit(plan)}max_num_seqs {cfg.max_num_seqs}, "
-        f"max_num_batched_tokens {cfg.max_num_batched_tokens}",
+        f"max_num_batched_tokens {cfg.max_num_batched_tokens}{_step_budget_batch(plan)}",
     ]
     return lines
+
+
+def _step_budget_batch(plan: Plan) -> str:
+    """The batch the step budget keeps up, B × O / (P + O), where it is what binds."""
+    cfg, wl = plan.inputs.memory, plan.inputs.workload
+    if batch_limit(cfg, plan.memory.max_sequences(wl.context_len), wl)[1] != "max_num_batched_tokens":
+        return ""
+    return (f" (its steps keep {cfg.max_num_batched_tokens} × {wl.output_tokens} / "
+            f"{wl.context_len:,} sequences decoding: each also takes the prompts of those that finish)")
 
 
 def _workload_fit(plan: Plan) -> str:

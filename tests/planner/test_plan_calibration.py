@@ -194,3 +194,16 @@ def test_a_run_longer_than_the_model_is_refused(plan):
     """Once predicted a 1e9-token prompt on Qwen3-0.6B (40,960 tokens at most) without a word."""
     with pytest.raises(InferlabError, match="exceeds Qwen3-0.6B's maximum context of 40960"):
         compare(plan, {"ttft_ms": {"p50": 10}, "prompt_tokens": 1e9, "output_tokens": 16})
+
+
+def test_a_run_is_capped_by_its_own_workload_not_the_plans():
+    """A run of 64 + 16 tokens at a mean concurrency of 64 beside a plan for prompts of 4,096:
+    steps of 768 keep 768 × 16 / 4,112 = 2 of the plan's sequences up, but 768 × 16 / 80 = 153
+    of the run's; it was once predicted at concurrency 2."""
+    hw = datasheet_hardware("L4")
+    long_prompts = build_plan(PlanInputs(resolve_model("Qwen3-0.6B"), hw, weight_format("bf16"),
+                                         MemoryConfig(hw.memory_bytes, runtime_overhead_bytes=2**30),
+                                         Workload(4096, 16), SLO()))
+    assert long_prompts.max_batch == 2
+    (run,) = compare(long_prompts, _inferlab_result(_inferlab_stage("concurrent", 64.0, None, 64.0)))
+    assert run.workload == Workload(64, 16) and run.concurrency == 64

@@ -258,3 +258,10 @@ def test_planner_never_imports_torch(tmp_path):
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
     assert done.stderr.strip().endswith("NO-TORCH")
+
+
+def test_the_batch_limit_line_shows_the_step_budget_that_sets_it(capsys):
+    # 354 sequences fit on the H100, but steps of 768 keep 768 × 256 / 1,280 = 153 decoding
+    assert main(["plan", "Llama-3.1-8B", "--hardware", "H100-SXM"]) == 0
+    line = next(row for row in capsys.readouterr().out.splitlines() if "batch limit" in row)
+    assert line.split()[2] == "153" and "(its steps keep 768 × 256 / 1,280 sequences decoding" in line
