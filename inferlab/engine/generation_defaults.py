@@ -8,7 +8,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 from dataclasses import dataclass
@@ -68,6 +67,7 @@ class GenerationDefaults:
         model's other end tokens among its stop token ids."""
         extra = [t for t in self.end_token_ids
                  if t != self.eos_token_id and t not in params.stop_token_ids]
-        if params.ignore_eos or not extra:
-            return dataclasses.replace(params)
-        return dataclasses.replace(params, stop_token_ids=[*params.stop_token_ids, *extra])
+        own = params.checked_copy()
+        if not params.ignore_eos:
+            own.stop_token_ids = [*own.stop_token_ids, *extra]
+        return own

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import math
 import numbers
@@ -115,9 +116,20 @@ class SamplingParams:
     cache_salt: str | None = None
 
     def __post_init__(self) -> None:
+        self._validate(with_grammars=True)
+
+    def checked_copy(self) -> SamplingParams:
+        """A request's own copy, checked again: a caller may change or reuse its object after
+        the add (vLLM clones the params there). Its guide is not compiled again here: the add
+        builds the guide itself, from a cache of compiled grammars, and refuses it there."""
+        params = copy.copy(self)
+        params._validate(with_grammars=False)  # _normalize gives it lists of its own
+        return params
+
+    def _validate(self, with_grammars: bool) -> None:
         _check_number_types(self)
         self._normalize()
-        for ok, message in self._checks():
+        for ok, message in self._checks(with_grammars):
             if not ok:
                 raise InvalidParameterError(message)
         check_seed(self.seed, self.n)
@@ -146,8 +158,9 @@ class SamplingParams:
         if self.guided_choice is not None and not isinstance(self.guided_choice, str):
             self.guided_choice = _as_list(self.guided_choice, "guided_choice")
 
-    def _checks(self) -> list[tuple[bool, str]]:
-        """(holds, the error if not) for each rule on the normalized fields."""
+    def _checks(self, with_grammars: bool) -> list[tuple[bool, str]]:
+        """(holds, the error if not) for each rule on the normalized fields; with_grammars: also
+        whether each guide's grammar compiles."""
         guides = [name for name in GUIDES if self._guides_by(name)]
         return [
             (self.n >= 1, f"n must be at least 1, got {self.n}"),
@@ -191,7 +204,8 @@ class SamplingParams:
             (self.guide_after_thinking is None or (bool(guides) and _thinking_markers(
                 self.guide_after_thinking)), "guide_after_thinking must be (opener or None, "
              f"closer) texts, with a guide, got {self.guide_after_thinking!r}"),
-            *_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar, self.structural_tag),
+            *(_grammar_checks(self.json_schema, self.guided_regex, self.guided_grammar, self.structural_tag)
+              if with_grammars else ()),
             (self.guided_by is None or not (self.ignore_eos or self.min_tokens or self.bad_words
                                             or self.allowed_token_ids is not None),
              f"{self.guided_by} ends at EOS and decides what may be sampled: it cannot be combined "
