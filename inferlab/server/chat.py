@@ -12,8 +12,10 @@ from typing import Any
 from fastapi import Request
 from fastapi.responses import Response
 
+from inferlab.engine.beam_search import BeamSearchParams
 from inferlab.engine.chat_prompt import ChatError, chat_prompt_text, message_text
 from inferlab.engine.outputs import RequestOutput, TokenLogprobs
+from inferlab.engine.sampling_params import SamplingParams
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.context import ServerContext
 from inferlab.server.errors import bad_request
@@ -40,15 +42,8 @@ from inferlab.server.tools import ToolUse, tool_use
 
 async def create_chat_completion(request: Request, ctx: ServerContext) -> Response:
     req = await read_request(request, ctx, ChatCompletionRequest)
-    tools = tool_use(req, ctx.settings)
-    params = chat_params(req, ctx.engine.sampling_defaults, tools.schema,
-                         keep_special_tokens=_marks_special(tools, ctx.engine.tokenizer))
-    beam = beam_search_params(req, params)
-    if beam is not None and tools.parser is not None:
-        raise bad_request("beam search does not take tool calls", "tool_choice")
-    if ctx.settings.reasoning_parser and params.guided_by:  # the guide holds the answer only
-        markers = REASONING_PARSERS[ctx.settings.reasoning_parser].guide_markers
-        params = dataclasses.replace(params, guide_after_thinking=markers)
+    # in a worker thread, as completions do: the tools' and the guide's schemas compile there
+    tools, params, beam = await asyncio.to_thread(_sampling, req, ctx)
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
     fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
@@ -58,6 +53,21 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     gen = await ctx.generate(request, [prompt_ids], params, req.priority, beam)
     fmt = _Formatter(ctx, req, gen, f"chatcmpl-{request.state.request_id}", tools.parser)
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
+
+
+def _sampling(req: ChatCompletionRequest, ctx: ServerContext,
+              ) -> tuple[ToolUse, SamplingParams, BeamSearchParams | None]:
+    """The request's tools, sampling params and beam search, checked."""
+    tools = tool_use(req, ctx.settings)
+    params = chat_params(req, ctx.engine.sampling_defaults, tools.schema,
+                         keep_special_tokens=_marks_special(tools, ctx.engine.tokenizer))
+    beam = beam_search_params(req, params)
+    if beam is not None and tools.parser is not None:
+        raise bad_request("beam search does not take tool calls", "tool_choice")
+    if ctx.settings.reasoning_parser and params.guided_by:  # the guide holds the answer only
+        markers = REASONING_PARSERS[ctx.settings.reasoning_parser].guide_markers
+        params = dataclasses.replace(params, guide_after_thinking=markers)
+    return tools, params, beam
 
 
 def _marks_special(tools: ToolUse, tokenizer: TextTokenizer) -> bool:

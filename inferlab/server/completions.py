@@ -35,7 +35,9 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
         truncating = req.truncate_prompt_tokens is not None
         prompts = [(await asyncio.to_thread(ctx.engine.engine.tokenize_prompt, p, truncating, False))[1]
                    if isinstance(p, str) else p for p in prompts]
-    params = completion_params(req, ctx.engine.sampling_defaults)
+    # in a worker thread: a guide's schema or grammar compiles in Python for up to seconds, and
+    # on the event loop it held every other client (and /health) that long
+    params = await asyncio.to_thread(completion_params, req, ctx.engine.sampling_defaults)
     gen = await ctx.generate(request, prompts, params, req.priority, beam_search_params(req, params))
     fmt = _Formatter(ctx, req, gen, f"cmpl-{request.state.request_id}")
     return await respond(request, gen, req.stream, fmt.stream, fmt.whole)
