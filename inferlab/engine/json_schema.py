@@ -45,15 +45,24 @@ still validate:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-from collections.abc import Iterator
 from fractions import Fraction
 from typing import Any
 from urllib.parse import unquote
 
 from inferlab.engine.json_formats import FORMATS
+from inferlab.engine.json_keywords import (
+    ANNOTATIONS,
+    ARRAY_WORDS,
+    BOUND_WORDS,
+    NEUTRAL,
+    NUMBER_WORDS,
+    OBJECT_WORDS,
+    STRING_WORDS,
+    SUPPORTED,
+    TYPES,
+)
 from inferlab.engine.json_nodes import (
     ArrayNode,
     LiteralNode,
@@ -63,6 +72,7 @@ from inferlab.engine.json_nodes import (
     StringNode,
     UnionNode,
 )
+from inferlab.engine.json_nothing import refs_taking_nothing, takes_nothing
 from inferlab.engine.json_numbers import Bound, NumberBounds
 from inferlab.engine.regex_grammar import RegexError, RegexGrammar, top_level_alternatives
 from inferlab.errors import InferlabError
@@ -72,19 +82,6 @@ class SchemaError(InferlabError):
     """A schema the grammar cannot hold an output to; the message names the keyword."""
 
 
-ANNOTATIONS = frozenset({"title", "description", "default", "examples", "$schema", "$id", "$comment",
-                         "deprecated", "readOnly", "writeOnly", "$defs", "definitions",
-                         "discriminator"})
-_OBJECT_WORDS = frozenset({"properties", "required", "additionalProperties"})
-_ARRAY_WORDS = frozenset({"items", "prefixItems", "minItems", "maxItems"})
-_STRING_WORDS = frozenset({"pattern", "format", "minLength", "maxLength"})
-_BOUND_WORDS = ("minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum")
-_NUMBER_WORDS = frozenset(_BOUND_WORDS)
-_TYPE_WORDS = _OBJECT_WORDS | _ARRAY_WORDS | _STRING_WORDS | _NUMBER_WORDS | {"type"}
-SUPPORTED = _TYPE_WORDS | {"enum", "const", "anyOf", "oneOf", "allOf", "$ref"}
-TYPES = ("object", "array", "string", "number", "integer", "boolean", "null")
-# keywords the grammar does not hold to, at the value that constrains nothing (read as absent)
-NEUTRAL = {"uniqueItems": False, "minProperties": 0}
 _EMBEDDED_ID = ("{where}: $id below the root schema (an embedded resource, against which its $refs "
                 "resolve) is not supported")
 
@@ -110,7 +107,7 @@ class _Compiler:
         self.root = root
         self.nodes: list[Node | None] = []
         self.refs: dict[str, int] = {}
-        self.takes_nothing: dict[str, bool] | None = None  # per $ref: see _refs_taking_nothing
+        self.takes_nothing: dict[str, bool] | None = None  # per $ref: see refs_taking_nothing
         self.any_node: int | None = None
 
     def reserve(self) -> int:
@@ -165,31 +162,8 @@ class _Compiler:
         """Whether a schema takes no value at all: false, or built of false alone (an anyOf or
         oneOf whose every branch takes nothing, an allOf with one such, a $ref to one)."""
         if self.takes_nothing is None:
-            self.takes_nothing = self._refs_taking_nothing()
-        return _takes_nothing(schema, self.takes_nothing)
-
-    def _refs_taking_nothing(self) -> dict[str, bool]:
-        """Each $ref of the schema -> whether its target takes nothing, found together: every
-        answer starts as "takes something", and a $ref is read again only when one it reads
-        turns (a worklist), so the work grows with the schema, not with its paths or the
-        order its properties name them. A cycle of references and nothing else takes
-        something here, and ref() refuses it by name."""
-        targets = {}
-        for pointer in dict.fromkeys(_ref_values(self.root)):
-            with contextlib.suppress(SchemaError):  # ref() says what is wrong, when compiled
-                targets[pointer] = self.resolve(pointer)
-        readers: dict[str, list[str]] = {}  # a $ref -> the $refs whose targets read it
-        for pointer, target in targets.items():
-            for read in _refs_read(target):
-                readers.setdefault(read, []).append(pointer)
-        answers = dict.fromkeys(targets, False)
-        pending = list(targets)
-        while pending:
-            pointer = pending.pop()
-            if not answers[pointer] and _takes_nothing(targets[pointer], answers):
-                answers[pointer] = True
-                pending.extend(readers.get(pointer, ()))
-        return answers
+            self.takes_nothing = refs_taking_nothing(self.root, self.resolve)
+        return takes_nothing(schema, self.takes_nothing)
 
     def ref(self, pointer: Any) -> int:
         if pointer in self.refs:
@@ -242,13 +216,13 @@ class _Compiler:
     def typed(self, schema: dict, words: set[str]) -> int:
         if "type" in schema:
             types = _types(schema["type"])
-        elif words & _OBJECT_WORDS:
+        elif words & OBJECT_WORDS:
             types = ["object"]
-        elif words & _ARRAY_WORDS:
+        elif words & ARRAY_WORDS:
             types = ["array"]
-        elif words & _STRING_WORDS:
+        elif words & STRING_WORDS:
             types = ["string"]
-        elif words & _NUMBER_WORDS:
+        elif words & NUMBER_WORDS:
             types = ["number"]
         else:
             return self.any()
@@ -324,48 +298,6 @@ class _Compiler:
         return self.any_node
 
 
-def _takes_nothing(schema: Any, refs: dict[str, bool]) -> bool:
-    """nothing() with each $ref's answer read from `refs` (a $ref not there takes something)."""
-    if schema is False or not isinstance(schema, dict):
-        return schema is False
-    words = set(schema) - ANNOTATIONS
-    value = schema.get(next(iter(words))) if len(words) == 1 else None
-    if words == {"$ref"}:
-        return isinstance(value, str) and refs.get(value, False)
-    if not isinstance(value, list) or not value:
-        return False
-    if words & {"anyOf", "oneOf"}:
-        return all(_takes_nothing(option, refs) for option in value)
-    return words == {"allOf"} and any(_takes_nothing(option, refs) for option in value)
-
-
-def _refs_read(schema: Any) -> Iterator[str]:
-    """The $refs whose answers _takes_nothing reads for this schema."""
-    if not isinstance(schema, dict):
-        return
-    words = set(schema) - ANNOTATIONS
-    value = schema.get(next(iter(words))) if len(words) == 1 else None
-    if words == {"$ref"} and isinstance(value, str):
-        yield value
-    elif isinstance(value, list) and words & {"anyOf", "oneOf", "allOf"}:
-        for option in value:
-            yield from _refs_read(option)
-
-
-def _ref_values(node: Any) -> Iterator[str]:
-    """Every string a "$ref" key holds anywhere in the schema (an enum's data among them: their
-    answers are found and never read)."""
-    if isinstance(node, dict):
-        for key, value in node.items():
-            if key == "$ref" and isinstance(value, str):
-                yield value
-            else:
-                yield from _ref_values(value)
-    elif isinstance(node, list):
-        for item in node:
-            yield from _ref_values(item)
-
-
 def _count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int | None]:
     """(minItems, maxItems) or (minLength, maxLength), checked."""
     low, high = schema.get(low_word, 0), schema.get(high_word)
@@ -380,7 +312,7 @@ def _count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int
 def _number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
     """The tighter of minimum and exclusiveMinimum, of maximum and exclusiveMaximum."""
     found: dict[str, Bound] = {}
-    for word in _BOUND_WORDS:
+    for word in BOUND_WORDS:
         if word not in schema:
             continue
         value = schema[word]
@@ -398,7 +330,7 @@ def _number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
     bounds = NumberBounds(found.get("low"), found.get("high"), integer)
     if not bounds.reachable(""):
         raise SchemaError(f"no {'integer' if integer else 'number'} the grammar writes lies within "
-                          f"{', '.join(f'{w} {schema[w]}' for w in _BOUND_WORDS if w in schema)}")
+                          f"{', '.join(f'{w} {schema[w]}' for w in BOUND_WORDS if w in schema)}")
     return bounds
 
 
