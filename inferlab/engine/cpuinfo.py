@@ -2,18 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 
 @functools.cache
 def cpuinfo_field(key: str) -> str | None:
     """The value of the first `key : value` line of /proc/cpuinfo; None where it is not there."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                name, _, value = line.partition(":")
-                if name.strip() == key:
-                    return value.strip()
-    except OSError:
-        pass
+    with contextlib.suppress(OSError), open("/proc/cpuinfo", encoding="utf-8") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            if name.strip() == key:
+                return value.strip()
     return None

@@ -67,7 +67,6 @@ class GenerationDefaults:
         model's other end tokens among its stop token ids."""
         extra = [t for t in self.end_token_ids
                  if t != self.eos_token_id and t not in params.stop_token_ids]
-        own = params.checked_copy()
-        if not params.ignore_eos:
-            own.stop_token_ids = [*own.stop_token_ids, *extra]
-        return own
+        if params.ignore_eos:
+            return params.checked_copy()
+        return params.checked_copy(stop_token_ids=[*params.stop_token_ids, *extra])

@@ -171,5 +171,3 @@ def _prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[str | list[
         raise InferlabError(f"prompts must be {PROMPT_FORMS}, or a list of them; "
                             f"got {type(prompts).__name__}")
     return [read_prompt(prompt, i) for i, prompt in enumerate(prompts)]
-
-

@@ -118,11 +118,14 @@ class SamplingParams:
     def __post_init__(self) -> None:
         self._validate(with_grammars=True)
 
-    def checked_copy(self) -> SamplingParams:
-        """A request's own copy, checked again: a caller may change or reuse its object after
-        the add (vLLM clones the params there). Its guide is not compiled again here: the add
-        builds the guide itself, from a cache of compiled grammars, and refuses it there."""
+    def checked_copy(self, **changes: Any) -> SamplingParams:
+        """A copy with `changes`, checked again: a request's own at the add (a caller may change
+        or reuse its object afterwards; vLLM clones the params there). Its guide is not compiled
+        again: the add builds the guide itself, from a cache of compiled grammars, and refuses
+        it there (dataclasses.replace would compile it once more)."""
         params = copy.copy(self)
+        for name, value in changes.items():
+            setattr(params, name, value)
         params._validate(with_grammars=False)  # _normalize gives it lists of its own
         return params
 

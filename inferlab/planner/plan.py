@@ -56,6 +56,7 @@ class Plan:
     cost: ModelCost
     context_len: int  # of the concurrency figure
     max_batch: int  # the workload's sequences that fit, capped by max_num_seqs and the step budget
+    batch_limited_by: str  # which of memory, max_num_seqs, max_num_batched_tokens sets max_batch
     prefill: StepEstimate  # the workload's prompt alone: the TTFT at batch 1
     decode_batch1: StepEstimate
     curve: list[CurvePoint]
@@ -142,7 +143,7 @@ def build_plan(inputs: PlanInputs) -> Plan:
     decode_context = inputs.workload.mean_decode_context
     return Plan(
         inputs=inputs, weights=weights, memory=memory, cost=cost, context_len=context,
-        max_batch=max_batch,
+        max_batch=max_batch, batch_limited_by=limited_by,
         prefill=time_to_first_token(cost, hw, inputs.workload.prompt_tokens, 0, decode_context, tp,
                                     step_tokens),
         decode_batch1=decode_step(cost, hw, 1, decode_context, tp),

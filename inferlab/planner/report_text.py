@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from inferlab.planner.memory import DTYPE_BYTES
-from inferlab.planner.plan import Plan, batch_limit
+from inferlab.planner.plan import Plan
 from inferlab.planner.roofline import StepEstimate
 from inferlab.planner.units import format_bytes, format_rate
 
@@ -68,7 +68,7 @@ def _memory(plan: Plan) -> list[str]:
 def _step_budget_batch(plan: Plan) -> str:
     """The batch the step budget keeps up, B × O / (P + O), where it is what binds."""
     cfg, wl = plan.inputs.memory, plan.inputs.workload
-    if batch_limit(cfg, plan.memory.max_sequences(wl.context_len), wl)[1] != "max_num_batched_tokens":
+    if plan.batch_limited_by != "max_num_batched_tokens":
         return ""
     return (f" (its steps keep {cfg.max_num_batched_tokens} × {wl.output_tokens} / "
             f"{wl.context_len:,} sequences decoding: each also takes the prompts of those that finish)")

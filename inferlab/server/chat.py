@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -66,7 +65,7 @@ def _sampling(req: ChatCompletionRequest, ctx: ServerContext,
         raise bad_request("beam search does not take tool calls", "tool_choice")
     if ctx.settings.reasoning_parser and params.guided_by:  # the guide holds the answer only
         markers = REASONING_PARSERS[ctx.settings.reasoning_parser].guide_markers
-        params = dataclasses.replace(params, guide_after_thinking=markers)
+        params = params.checked_copy(guide_after_thinking=markers)
     return tools, params, beam
 
 
