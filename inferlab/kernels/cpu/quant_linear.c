@@ -168,12 +168,15 @@ static inline __attribute__((always_inline)) void block_sums(
             const uint8_t *src = w[b].start + line * w[b].stride;
             /* 32 lines ahead; a pair's stream runs on into the next pair by itself */
             _mm_prefetch((const char *)src + 32 * w[b].stride, _MM_HINT_T0);
-#ifdef __AMX_TILE__
-            /* On the Intel Xeon (the CPU with AMX measured), int4, twice int8's arithmetic a
-             * byte, also asks for the line 96 ahead into L2: without it, its memory time and its
-             * arithmetic added up (the model's W4A16 linears at one row: 2.48-2.52 -> 2.21-2.26
-             * ms; 64 to 160 lines ahead alike; int8 gained nothing). On the AMD EPYC (Zen 5) it
-             * cost: 1.18x of a plain read of the codes without it, 1.26-1.27x with. */
+#if defined(__AMX_TILE__) || !defined(__AVXVNNI__)
+            /* int4, twice int8's arithmetic a byte, also asks for the line 96 ahead into L2, so
+             * that its memory time and its arithmetic overlap better, on two of the three CPUs
+             * measured. The Intel Xeon (AMX), the model's W4A16 linears at one row: 2.48-2.52 ->
+             * 2.21-2.26 ms (64 to 160 lines ahead alike; int8 gained nothing). The AMD EPYC Zen
+             * 4 (512-bit VNNI on 256-bit units): 2.20 -> 2.10, 1.99 -> 1.94, 2.11 -> 1.97 ms
+             * (benchmarks/linear_floor.py's passes, one build against the other, interleaved).
+             * On the Zen 5 it cost (1.18x of a plain read of the codes without it, 1.26-1.27x
+             * with); of the three, only it has AVX-VNNI and no AMX. */
             if (BITS == 4) _mm_prefetch((const char *)src + 96 * w[b].stride, _MM_HINT_T1);
 #endif
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
