@@ -52,59 +52,71 @@ class ResponseParser:
         if self.buf:
             data = bytes(self.buf) + data
             self.buf.clear()
-        pos, size = 0, len(data)
-        while True:
-            state = self.state
-            if state == _CHUNK_SIZE:
-                end = data.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                self._chunk_size(data[pos:end])
-                pos = end + 2
-            elif state in (_CHUNK_DATA, _LENGTH):
-                if pos >= size:
-                    break
-                take = min(self.remaining, size - pos)
-                self._body(data[pos:pos + take], now_ns)
-                pos += take
-                self.remaining -= take
-                if self.remaining == 0:
-                    if state == _CHUNK_DATA:
-                        self.state = _CHUNK_END
-                    else:
-                        self._finish(now_ns)
-            elif state == _CHUNK_END:
-                if size - pos < 2:
-                    break
-                if data[pos:pos + 2] != b"\r\n":
-                    raise ProtocolError("chunk not followed by CRLF")
-                pos += 2
-                self.state = _CHUNK_SIZE
-            elif state == _HEAD:
-                end = data.find(b"\r\n\r\n", pos)
-                if end < 0:
-                    if size - pos > MAX_HEAD_BYTES:
-                        raise ProtocolError("response head longer than 64 KiB")
-                    break
-                self._head(data[pos:end], now_ns)
-                pos = end + 4
-            elif state == _TRAILER:
-                end = data.find(b"\r\n", pos)
-                if end < 0:
-                    break
-                if end == pos:
-                    self._finish(now_ns)
-                pos = end + 2
-            elif state == _UNTIL_CLOSE:
-                if pos < size:
-                    self._body(data[pos:], now_ns)
-                pos = size
+        pos = 0
+        # bytes after the end belong to no request: they stay in buf
+        while self.state != _DONE:
+            advanced = _STEPS[self.state](self, data, pos, now_ns)
+            if advanced is None:  # the state needs more bytes than have come
                 break
-            else:  # _DONE: bytes after the end belong to no request; keep them in buf
-                break
-        if pos < size:
+            pos = advanced
+        if pos < len(data):
             self.buf += data[pos:]
         return self.state == _DONE
+
+    # Each step consumes what its state can from data[pos:] and returns where it stopped, or
+    # None when it needs more bytes to go on.
+
+    def _head_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        end = data.find(b"\r\n\r\n", pos)
+        if end < 0:
+            if len(data) - pos > MAX_HEAD_BYTES:
+                raise ProtocolError("response head longer than 64 KiB")
+            return None
+        self._head(data[pos:end], now_ns)
+        return end + 4
+
+    def _chunk_size_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        end = data.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        self._chunk_size(data[pos:end])
+        return end + 2
+
+    def _data_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        """A chunk's data or a Content-Length body."""
+        if pos >= len(data):
+            return None
+        take = min(self.remaining, len(data) - pos)
+        self._body(data[pos:pos + take], now_ns)
+        self.remaining -= take
+        if self.remaining == 0:
+            if self.state == _CHUNK_DATA:
+                self.state = _CHUNK_END
+            else:
+                self._finish(now_ns)
+        return pos + take
+
+    def _chunk_end_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        if len(data) - pos < 2:
+            return None
+        if data[pos:pos + 2] != b"\r\n":
+            raise ProtocolError("chunk not followed by CRLF")
+        self.state = _CHUNK_SIZE
+        return pos + 2
+
+    def _trailer_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        end = data.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        if end == pos:  # the blank line that ends the trailer
+            self._finish(now_ns)
+        return end + 2
+
+    def _until_close_step(self, data: bytes, pos: int, now_ns: int) -> int | None:
+        if pos >= len(data):
+            return None
+        self._body(data[pos:], now_ns)
+        return len(data)
 
     def feed_eof(self, now_ns: int) -> bool:
         """The connection closed; True when that was a legitimate end of the body."""
@@ -191,3 +203,9 @@ class ResponseParser:
     def error_body(self) -> str:
         """The start of a non-200 body, for the error message."""
         return self.body.decode("utf-8", "replace")
+
+
+_STEPS = {_HEAD: ResponseParser._head_step, _CHUNK_SIZE: ResponseParser._chunk_size_step,
+          _CHUNK_DATA: ResponseParser._data_step, _LENGTH: ResponseParser._data_step,
+          _CHUNK_END: ResponseParser._chunk_end_step, _TRAILER: ResponseParser._trailer_step,
+          _UNTIL_CLOSE: ResponseParser._until_close_step}

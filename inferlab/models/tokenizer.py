@@ -206,6 +206,16 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     if pre not in GGUF_PRE_SPLITS:
         raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
                              f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
+    tokens, types, merges = _gguf_vocabulary(reader, path)
+    tokenizer = _gguf_bpe(tokens, types, merges, pre)
+    return TextTokenizer(tokenizer, _gguf_info(reader, path, tokens, pre in GGUF_LLAMA3_PRES))
+
+
+def _gguf_vocabulary(reader, path: str) -> tuple[list[str], list[int], list[tuple[str, ...]]]:
+    """The GGUF's tokens, their types and its merges, checked against one another: the
+    tokenizers library panics mid-encode on a merge whose parts or result it lacks."""
+    from inferlab.models.gguf import field
+
     def strings(name: str) -> list[str]:  # a list the tokenizer cannot do without
         value = field(reader, f"tokenizer.ggml.{name}")
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -213,20 +223,23 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
                                  "a list of strings")
         return value
 
-    tokens, merges = strings("tokens"), strings("merges")
+    tokens, merges = strings("tokens"), [tuple(m.split(" ", 1)) for m in strings("merges")]
     types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type has {len(types)} "
                              f"entries for {len(tokens)} tokens")
-    merges = [tuple(m.split(" ", 1)) for m in merges]
-    vocab = {tok: i for i, tok in enumerate(tokens)}
-    # the tokenizers library panics mid-encode on a merge whose parts or result it lacks
-    broken = next((m for m in merges if len(m) != 2 or not {*m, "".join(m)} <= vocab.keys()), None)
+    known = set(tokens)
+    broken = next((m for m in merges if len(m) != 2 or not {*m, "".join(m)} <= known), None)
     if broken is not None:
         raise ModelLoadError(f"{path}: GGUF merge {' '.join(broken)!r} joins tokens into one that "
                              "tokenizer.ggml.tokens lacks")
-    llama3 = pre in GGUF_LLAMA3_PRES
-    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=llama3))
+    return tokens, types, merges
+
+
+def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]], pre: str) -> Tokenizer:
+    """Byte-level BPE as llama.cpp runs the GGUF's pre-tokenizer `pre`."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in GGUF_LLAMA3_PRES))
     split_digits, pattern = GGUF_PRE_SPLITS[pre]
     steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
     steps += [pre_tokenizers.Split(Regex(pattern), behavior="isolated"),
@@ -235,9 +248,15 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     tokenizer.decoder = decoders.ByteLevel()
     # 3 = CONTROL (special, never split), 4 = USER_DEFINED (matched whole, not special)
     tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                  for t, kind_ in zip(tokens, types, strict=True) if kind_ == 3])
+                                  for t, kind in zip(tokens, types, strict=True) if kind == 3])
     tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
-                          for t, kind_ in zip(tokens, types, strict=True) if kind_ == 4])
+                          for t, kind in zip(tokens, types, strict=True) if kind == 4])
+    return tokenizer
+
+
+def _gguf_info(reader, path: str, tokens: list[str], llama3: bool) -> TokenizerInfo:
+    """The special tokens and chat templates of the GGUF's metadata."""
+    from inferlab.models.gguf import field
 
     def token_at(key: str) -> str | None:
         index = field(reader, key)
@@ -251,11 +270,10 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     # the tokens transformers reads from a GGUF's metadata besides BOS and EOS
     template_tokens = {"unk_token": token_at("tokenizer.ggml.unknown_token_id"),
                        "pad_token": token_at("tokenizer.ggml.padding_token_id")}
-    info = TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
+    return TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
                          eos_token=token_at("tokenizer.ggml.eos_token_id"),
                          chat_template=field(reader, "tokenizer.chat_template"),
                          # llama.cpp's convert writes a named template under the name
                          tool_use_template=field(reader, "tokenizer.chat_template.tool_use"),
                          template_tokens={k: t for k, t in template_tokens.items() if t is not None},
                          add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", llama3)))
-    return TextTokenizer(tokenizer, info)

@@ -38,12 +38,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     if settings.allowed_origins:  # outermost: it answers browsers' preflights before the routes
         app.add_middleware(CORSMiddleware, allow_origins=list(settings.allowed_origins),
                            allow_methods=["*"], allow_headers=["*"])
-    keyed = [Depends(_key_checker(settings.api_key))]
+    _add_api_routes(app, ctx, [Depends(_key_checker(settings.api_key))])
+    _add_service_routes(app, ctx)
+    return app
 
-    def get(path: str, **kwargs: Any) -> Callable[[DecoratedCallable], DecoratedCallable]:
-        """A GET route that answers HEAD too, as Starlette's routes and prometheus_client's app
-        do (uvicorn sends a HEAD answer's headers, never its body)."""
-        return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
+def _get(app: FastAPI, path: str, **kwargs: Any) -> Callable[[DecoratedCallable], DecoratedCallable]:
+    """A GET route that answers HEAD too, as Starlette's routes and prometheus_client's app do
+    (uvicorn sends a HEAD answer's headers, never its body)."""
+    return app.api_route(path, methods=["GET", "HEAD"], **kwargs)
+
+
+def _add_api_routes(app: FastAPI, ctx: ServerContext, keyed: list) -> None:
+    """The OpenAI routes and vLLM's tokenizer routes, behind the API key when there is one."""
 
     @app.post("/v1/completions", dependencies=keyed)
     async def completions(request: Request) -> Response:
@@ -54,15 +61,15 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
         return await create_chat_completion(request, ctx)
 
     def model_card() -> ModelCard:
-        path = engine.engine.config.model or "embedded"
+        path = ctx.engine.engine.config.model or "embedded"
         return ModelCard(id=ctx.model_name, created=ctx.created, root=path,
-                         max_model_len=engine.max_model_len)
+                         max_model_len=ctx.engine.max_model_len)
 
-    @get("/v1/models", dependencies=keyed)
+    @_get(app, "/v1/models", dependencies=keyed)
     async def models() -> ModelList:
         return ModelList(data=[model_card()])
 
-    @get("/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
+    @_get(app, "/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
     async def model(name: str) -> ModelCard:
         ctx.check_model(name)
         return model_card()
@@ -75,23 +82,25 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     async def detokenize_route(request: Request) -> dict:
         return await detokenize(request, ctx)
 
+
+def _add_service_routes(app: FastAPI, ctx: ServerContext) -> None:
+    """Health, metrics and version, open to balancers and scrapers without the API key."""
+
     @app.api_route("/ping", methods=["GET", "HEAD", "POST"])  # vLLM's (SageMaker's) health route
-    @get("/health")
+    @_get(app, "/health")
     async def health() -> Response:
         if ctx.is_healthy():
             return Response(status_code=200)
         reason = "shutting down" if ctx.draining else "the engine loop is not making progress"
         raise APIError(503, f"unhealthy: {reason}")  # the handler adds Retry-After
 
-    @get("/metrics")
+    @_get(app, "/metrics")
     async def metrics() -> Response:
         return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @get("/version")
+    @_get(app, "/version")
     async def version() -> dict:
         return {"version": importlib.metadata.version("inferlab")}
-
-    return app
 
 
 def _key_checker(api_key: str | None):
