@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import math
 import stat
@@ -145,6 +146,8 @@ def _add_mock_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--itl-ms", type=float, default=0.0)
     p.add_argument("--tokens-per-chunk", type=int, default=1)
     p.add_argument("--default-max-tokens", type=int, default=16)
+    p.add_argument("--max-model-len", type=int, default=131072,
+                   help="prompt words + max_tokens above it: HTTP 400, as vLLM answers")
     p.add_argument("--max-running", type=int, default=0, help="0: no limit")
     p.add_argument("--error-rate", type=float, default=0.0)
     p.add_argument("--hang-rate", type=float, default=0.0)
@@ -229,18 +232,22 @@ def run_bench(args: argparse.Namespace) -> int:
     progress = NullProgress() if args.quiet else LiveProgress()
     with Interrupts().installed() as interrupts:  # a Ctrl-C from here on still writes the results
         result = run_benchmark(config, progress, interrupts)
-        for path in write_outputs(result, config.outputs):  # first: stdout's reader may be gone
-            print(f"wrote {path}", file=sys.stderr)
+        written = write_outputs(result, config.outputs)  # first: stdout's reader may be gone
+        _report_writes(written)
+        failed = any(error for _, error in written)
         return _printed(lambda: print_summary(result, stdout_console()),
-                        130 if result.interrupted else 0)
+                        130 if result.interrupted else 2 if failed else 0)
+
+
+def _report_writes(written: list[tuple[str, str | None]]) -> None:
+    for path, error in written:
+        print(f"wrote {path}" if error is None else f"error: {error}", file=sys.stderr)
 
 
 def run_mock_server(args: argparse.Namespace) -> int:
     from inferlab.bench.mock import MockConfig, MockServer
 
-    config = MockConfig(args.host, args.port, args.model, args.ttft_ms, args.itl_ms,
-                        args.tokens_per_chunk, args.default_max_tokens, args.max_running,
-                        args.error_rate, args.hang_rate, args.close_rate, args.seed)
+    config = MockConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MockConfig)})
 
     async def main() -> None:
         server = MockServer(config)
@@ -261,8 +268,9 @@ def run_compare(args: argparse.Namespace) -> int:
     from rich.markup import escape
 
     from inferlab.bench.compare import compare, regressions
-    from inferlab.bench.compare_report import failure_line, print_comparison, write_comparison_html
+    from inferlab.bench.compare_report import failure_line, print_comparison, render_comparison_html
     from inferlab.bench.console import stdout_console
+    from inferlab.bench.outputs import write_report
     from inferlab.bench.report_json import load_run
 
     _check_compare_args(args)
@@ -272,9 +280,9 @@ def run_compare(args: argparse.Namespace) -> int:
     if args.fail_on_regression is not None:
         failures = [row for comparison in comparisons
                     for row in regressions(comparison, args.fail_on_regression, args.alpha)]
-    for path in args.output:  # before printing: stdout's reader may be gone
-        write_comparison_html(comparisons, path, args.alpha, failures)
-        print(f"wrote {path}", file=sys.stderr)
+    page = render_comparison_html(comparisons, args.alpha, failures) if args.output else ""
+    written = [(path, write_report(path, page, "compare --output")) for path in args.output]
+    _report_writes(written)  # before printing: stdout's reader may be gone
 
     def show() -> None:
         console = stdout_console()
@@ -283,7 +291,7 @@ def run_compare(args: argparse.Namespace) -> int:
         for row in failures:
             console.print(f"[red]{escape(failure_line(row))}[/]")
 
-    return _printed(show, 1 if failures else 0)
+    return _printed(show, 2 if any(error for _, error in written) else 1 if failures else 0)
 
 
 def _printed(show: Callable[[], None], code: int) -> int:

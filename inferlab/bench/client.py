@@ -218,6 +218,10 @@ def _fill(record: RawExchange, parser: ResponseParser) -> None:
     record.events = parser.events
     if parser.status is not None and parser.status != 200:
         record.error_body = parser.error_body()
+    content_type = parser.headers.get("content-type", "")
+    if parser.status == 200 and parser.done and "text/event-stream" not in content_type.lower():
+        # every request asks for a stream; a whole JSON answer has no token times to take
+        record.error = f"the reply is not an event stream (Content-Type: {content_type or 'none'})"
 
 
 def build_request(target: Target, path: str, body: bytes, headers: dict[str, str]) -> bytes:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape as escape_markup
@@ -63,8 +62,7 @@ def _v(value: float | None) -> str:
     return "-" if value is None else f"{value:,.3f}"
 
 
-def write_comparison_html(comparisons: list[Comparison], path: str | Path, alpha: float,
-                          failures: list[Row]) -> None:
+def render_comparison_html(comparisons: list[Comparison], alpha: float, failures: list[Row]) -> str:
     parts = ["<h1>inferlab bench compare</h1>",
              f"<p>Baseline: {escape(comparisons[0].base.path)}. Change = (other - base) / "
              f"base; for the error rate, other - base in percentage points. p: the "
@@ -81,8 +79,7 @@ def write_comparison_html(comparisons: list[Comparison], path: str | Path, alpha
         parts.append(bullet_list(comparison.warnings, "warn"))
         parts.append(_rows_table(comparison, alpha))
         parts.append(_histograms(comparison))
-    Path(path).write_text(page("inferlab bench compare", "".join(parts), script=""),
-                          encoding="utf-8")
+    return page("inferlab bench compare", "".join(parts), script="")
 
 
 def _rows_table(comparison: Comparison, alpha: float) -> str:

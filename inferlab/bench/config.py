@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import stat
 from dataclasses import dataclass, field
+from urllib.parse import urlsplit
 
 from inferlab.errors import InferlabError
 from inferlab.user_files import is_user_file, stat_user_path
@@ -240,7 +241,7 @@ class TargetConfig:
         if not self.url.strip():
             raise InferlabError("--target needs a URL, e.g. http://127.0.0.1:8000")
         # every request, /v1/models and /metrics are found from the server's root
-        object.__setattr__(self, "url", server_root(self.url))
+        object.__setattr__(self, "url", server_root(_with_scheme(self.url.strip())))
         # header bytes are ASCII to httpx; anything else would fail on the first request
         if self.api_key is not None and not self.api_key.isascii():
             raise InferlabError("--api-key must be ASCII: it is sent in an HTTP header")
@@ -255,6 +256,21 @@ class TargetConfig:
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
+
+
+def _with_scheme(url: str) -> str:
+    """`url`, http:// added to a bare host[:port] as curl reads one, checked now: a URL the
+    requests cannot go to is a user error before the run, not a server "not running"."""
+    full = url if "://" in url else f"http://{url}"
+    try:
+        parts = urlsplit(full)
+        parts.port  # noqa: B018 -- parsed here, where a bad port raises
+    except ValueError as e:
+        raise InferlabError(f"bad --target {url!r}: {e}") from None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise InferlabError(f"bad --target {url!r}: not an http:// or https:// URL with a host, "
+                            "e.g. http://127.0.0.1:8000")
+    return full
 
 
 def server_root(url: str) -> str:

@@ -26,6 +26,7 @@ from inferlab.errors import InferlabError
 
 PREFIX_BLOCK_WORDS = 16  # the mock's prefix cache works on blocks of this many words
 PREFIX_CACHE_BLOCKS = 100_000  # LRU bound on remembered block hashes
+EMIT_BATCH = 64  # chunks a stream writes in one turn of the event loop at most
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class MockConfig:
     itl_ms: float = 0.0  # between consecutive tokens
     tokens_per_chunk: int = 1  # tokens carried by each SSE content chunk
     default_max_tokens: int = 16  # when a request does not say
+    max_model_len: int = 131072  # prompt words + max_tokens above it: a 400, as vLLM answers
     max_running: int = 0  # streams served at once; the rest wait (0: no limit)
     error_rate: float = 0.0  # answer HTTP 500 with an OpenAI error body
     hang_rate: float = 0.0  # stop sending halfway through the stream, forever
@@ -50,9 +52,15 @@ class MockConfig:
             raise InferlabError(f"port must be in [0, 65535], got {self.port}")
         for flag, ms in (("--ttft-ms", self.ttft_ms), ("--itl-ms", self.itl_ms)):
             check_duration(flag, ms, zero_ok=True, unit="ms")
-        if self.tokens_per_chunk < 1 or self.default_max_tokens < 1 or self.max_running < 0:
-            raise InferlabError("tokens_per_chunk and default_max_tokens must be >= 1, "
-                                "max_running >= 0")
+        for flag, value, least in (("--tokens-per-chunk", self.tokens_per_chunk, 1),
+                                   ("--default-max-tokens", self.default_max_tokens, 1),
+                                   ("--max-model-len", self.max_model_len, 1),
+                                   ("--max-running", self.max_running, 0)):
+            if value < least:
+                raise InferlabError(f"{flag} must be >= {least}, got {value}")
+        if self.default_max_tokens > self.max_model_len:
+            raise InferlabError(f"--default-max-tokens ({self.default_max_tokens}) is above "
+                                f"--max-model-len ({self.max_model_len})")
         rates = (self.error_rate, self.hang_rate, self.close_rate)
         # written so that NaN, which compares false to everything, fails too
         if not (all(rate >= 0 for rate in rates) and sum(rates) <= 1):
@@ -136,8 +144,7 @@ class MockServer:
         try:
             request = json.loads(raw.body)
             prompt_words = _prompt_words(request, chat)
-            max_tokens = int(request.get("max_tokens") or request.get("max_completion_tokens")
-                             or self.config.default_max_tokens)
+            max_tokens = self._max_tokens(request, len(prompt_words))
         except (ValueError, TypeError, AttributeError) as e:
             conn.write(fmt.error_response(400, f"bad request body: {e}"))
             return True
@@ -160,6 +167,20 @@ class MockServer:
             self.running_tokens -= len(prompt_words)
             if self.slots is not None:
                 self.slots.release()
+
+    def _max_tokens(self, request: dict, prompt_tokens: int) -> int:
+        """The request's max_tokens (max_completion_tokens, the default); ValueError for one a
+        vLLM server refuses: below 1, or past the context with the prompt."""
+        given = next((request[k] for k in ("max_tokens", "max_completion_tokens")
+                      if request.get(k) is not None), None)
+        max_tokens = self.config.default_max_tokens if given is None else int(given)
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        if prompt_tokens + max_tokens > self.config.max_model_len:
+            raise ValueError(f"this model's maximum context length is {self.config.max_model_len} "
+                             f"tokens; the request asks for {prompt_tokens + max_tokens} "
+                             f"({prompt_tokens} in the prompt, {max_tokens} in the completion)")
+        return max_tokens
 
     async def _admit(self, arrival: float) -> float:
         """Wait for a free slot; returns when the stream's schedule starts."""
@@ -262,9 +283,10 @@ class _Emitter:
         loop.call_at(dues[0], self._emit)
 
     def _emit(self) -> None:
-        """Write every chunk that is due, then set a timer for the next one."""
-        now = self.loop.time()
-        while self.next < len(self.chunks) and self.dues[self.next] <= now:
+        """Write the chunks that are due, EMIT_BATCH at most, then set a timer for the next
+        one: between batches the loop sees a client that left."""
+        now, last = self.loop.time(), self.next + EMIT_BATCH
+        while self.next < min(len(self.chunks), last) and self.dues[self.next] <= now:
             if self.conn.closed:
                 self.finished.set_result("gone")
                 return
@@ -276,6 +298,8 @@ class _Emitter:
             self.next += 1
         if self.next == len(self.chunks):
             self.finished.set_result("done")
+        elif self.next == last:
+            self.loop.call_soon(self._emit)
         else:
             self.loop.call_at(self.dues[self.next], self._emit)
 
@@ -330,7 +354,9 @@ class _MockConnection(asyncio.Protocol):
         self.pending.put_nowait(None)
 
     def write(self, data: bytes) -> None:
-        if self.transport is not None and not self.closed:
+        # is_closing: a send already failed (the client left), which connection_lost says only
+        # a turn later; a write now would log "socket.send() raised exception."
+        if self.transport is not None and not self.closed and not self.transport.is_closing():
             self.transport.write(data)
 
     def abort(self) -> None:

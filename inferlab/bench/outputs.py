@@ -4,18 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from inferlab.bench.report_csv import write_csv
-from inferlab.bench.report_html import write_html
-from inferlab.bench.report_json import write_json
+from inferlab.bench.report_csv import render_csv
+from inferlab.bench.report_html import render as render_html
+from inferlab.bench.report_json import render_json
 from inferlab.bench.session import RunResult
 from inferlab.errors import InferlabError
+from inferlab.user_files import write_user_text
 
-WRITERS = {".json": write_json, ".csv": write_csv, ".html": write_html}
+RENDERERS = {".json": render_json, ".csv": render_csv, ".html": render_html}
 
 
 def check_output_paths(paths: tuple[str, ...]) -> None:
     for path in paths:
-        if Path(path).suffix not in WRITERS:
+        if Path(path).suffix not in RENDERERS:
             raise InferlabError(f"--output {path}: use a .json, .csv or .html name")
         check_writable(path, "--output")
 
@@ -35,8 +36,16 @@ def check_writable(path: str, flag: str) -> None:
         target.unlink()  # nothing left behind if the work then fails
 
 
-def write_outputs(result: RunResult, paths: tuple[str, ...]) -> list[str]:
-    check_output_paths(paths)
-    for path in paths:
-        WRITERS[Path(path).suffix](result, path)
-    return list(paths)
+def write_report(path: str, text: str, flag: str = "--output") -> str | None:
+    """Write one report; the one-line error when it cannot be (a full disk after the run), the
+    cut-off file removed, so that the caller still writes the others and shows the results."""
+    try:
+        write_user_text(path, text)
+    except OSError as e:
+        return f"{flag} {path}: cannot write ({e.strerror})"
+    return None
+
+
+def write_outputs(result: RunResult, paths: tuple[str, ...]) -> list[tuple[str, str | None]]:
+    """Each path with the error that kept its report from being written, or None."""
+    return [(path, write_report(path, RENDERERS[Path(path).suffix](result))) for path in paths]

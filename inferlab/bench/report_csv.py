@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import csv
-from pathlib import Path
+import io
 
 from inferlab.bench.session import RunResult
 from inferlab.bench.stats import STAT_NAMES
@@ -39,9 +39,10 @@ def row(summary: StageSummary, floor: StageSummary | None) -> list[object]:
     return ["" if v is None else v for v in values]
 
 
-def write_csv(result: RunResult, path: str | Path) -> None:
-    with open(path, "w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(header())
-        for stage in result.stages:
-            writer.writerow(row(stage.summary, stage.floor))
+def render_csv(result: RunResult) -> str:
+    text = io.StringIO()
+    writer = csv.writer(text)  # rows end in CRLF, as RFC 4180 has them
+    writer.writerow(header())
+    for stage in result.stages:
+        writer.writerow(row(stage.summary, stage.floor))
+    return text.getvalue()

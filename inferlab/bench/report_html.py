@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from html import escape
-from pathlib import Path
 
 from inferlab.bench.html_page import bullet_list, definitions, num, page, table
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS, itl_ms, ttft_ms
@@ -18,10 +17,6 @@ SUMMARY_HEADERS = [
     "ok / err / canc", "TTFT p50", "TTFT p95", "TTFT p99", "TTFT p99 from intended", "ITL p50",
     "ITL p95", "ITL p99", "TPOT p50", "E2E p50", "E2E p95", "goodput", "floor TTFT p50",
     "floor ITL p50"]
-
-
-def write_html(result: RunResult, path: str | Path) -> None:
-    Path(path).write_text(render(result), encoding="utf-8")
 
 
 def render(result: RunResult) -> str:

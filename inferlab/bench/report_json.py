@@ -40,8 +40,8 @@ def run_to_dict(result: RunResult) -> dict:
     }
 
 
-def write_json(result: RunResult, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(run_to_dict(result), separators=(",", ":")) + "\n")
+def render_json(result: RunResult) -> str:
+    return json.dumps(run_to_dict(result), separators=(",", ":")) + "\n"
 
 
 @dataclass

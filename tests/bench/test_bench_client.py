@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import threading
 
@@ -139,3 +140,33 @@ def test_timeout_on_a_hung_stream(mock_server):
 def test_closed_mid_stream_is_an_error(mock_server):
     (record,) = run_exchanges(mock_server(close_rate=1.0), 1)
     assert "closed mid-response" in record.error and record.status == 200
+
+
+class JsonAnswerServer(OneShotKeepAliveServer):
+    """Answers a stream request with one whole JSON completion, as a server that ignores
+    "stream": true would."""
+
+    BODY = b'{"choices": [{"text": "x y z", "finish_reason": "length"}]}'
+    RESPONSE = (b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+                b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+
+
+def test_a_200_that_is_not_an_event_stream_says_so():
+    server = JsonAnswerServer()
+    try:
+        (record,) = run_exchanges(server.url, 1)
+    finally:
+        server.close()
+    assert record.status == 200
+    assert record.error == "the reply is not an event stream (Content-Type: application/json)"
+
+
+def test_a_target_without_a_scheme_is_read_as_http_and_a_bad_one_refused():
+    from inferlab.bench.config import TargetConfig
+
+    assert TargetConfig("127.0.0.1:8000/v1").url == "http://127.0.0.1:8000"
+    for url, message in (("ftp://h", "not an http:// or https:// URL with a host"),
+                         ("http://", "not an http:// or https:// URL with a host"),
+                         ("h:99999", "Port out of range 0-65535")):
+        with pytest.raises(InferlabError, match=re.escape(f"bad --target {url!r}: {message}")):
+            TargetConfig(url)

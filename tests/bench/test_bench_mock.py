@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import math
 import re
@@ -11,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from inferlab.bench.mock import MockConfig
+from inferlab.bench.mock import EMIT_BATCH, MockConfig, _Emitter
 from inferlab.bench.server_metrics import ServerTimeline, canonical, parse_prometheus
 from inferlab.errors import InferlabError
 
@@ -21,6 +22,10 @@ from inferlab.errors import InferlabError
     ({"itl_ms": math.inf}, "--itl-ms must be >= 0 and at most 31536000000 ms (a year), got inf"),
     ({"error_rate": math.nan}, "--error-rate, --hang-rate and --close-rate must be >= 0"),
     ({"hang_rate": 0.6, "close_rate": 0.6}, "and sum to <= 1"),
+    ({"tokens_per_chunk": 0}, "--tokens-per-chunk must be >= 1, got 0"),
+    ({"max_running": -1}, "--max-running must be >= 0, got -1"),
+    ({"default_max_tokens": 10, "max_model_len": 5},
+     "--default-max-tokens (10) is above --max-model-len (5)"),
 ])
 def test_mock_settings_that_are_not_finite_are_refused(settings, message):
     with pytest.raises(InferlabError, match=re.escape(message)):
@@ -111,6 +116,50 @@ def test_bad_request_body_is_a_400(mock_server):
     url = mock_server()
     response = httpx.post(f"{url}/v1/completions", content=b"{not json")
     assert response.status_code == 400
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"max_tokens": 0}, "max_tokens must be at least 1, got 0"),
+    ({"max_completion_tokens": -3}, "max_tokens must be at least 1, got -3"),
+    # three prompt words: 3 + 98 > 100, as a vLLM server with max_model_len 100 refuses it
+    ({"max_tokens": 98}, "the request asks for 101 (3 in the prompt, 98 in the completion)"),
+])
+def test_max_tokens_a_server_refuses_is_a_400(mock_server, fields, message):
+    url = mock_server(max_model_len=100)
+    response = httpx.post(f"{url}/v1/completions",
+                          json={"prompt": "one two three", "stream": True, **fields})
+    assert response.status_code == 400
+    assert message in response.json()["error"]["message"]
+    fits = httpx.post(f"{url}/v1/completions", json={"prompt": "one two three", "max_tokens": 97})
+    assert fits.json()["usage"]["completion_tokens"] == 97
+
+
+def test_a_stream_due_at_once_is_written_a_batch_a_turn():
+    """At --itl-ms 0 every chunk of a stream is due at once: written EMIT_BATCH a turn of the
+    loop, so that the loop sees a client that left and serves the others in between (all of
+    a 5,000,000-token stream in one turn once held every client of the mock for minutes)."""
+
+    class Connection:
+        closed = False
+
+        def __init__(self) -> None:
+            self.writes = 0
+
+        def write(self, data: bytes) -> None:
+            self.writes += 1
+
+    async def run() -> list[int]:
+        loop, conn = asyncio.get_running_loop(), Connection()
+        count = 3 * EMIT_BATCH + 5
+        chunks = [(i + 1, b"x") for i in range(count)]
+        emitter = _Emitter(conn, loop, chunks, [loop.time()] * count, stop_at=count)
+        seen = []
+        while not emitter.finished.done():
+            await asyncio.sleep(0)  # one turn of the loop
+            seen.append(conn.writes)
+        return [n for n in dict.fromkeys(seen) if n]  # the writes seen after each turn
+
+    assert asyncio.run(run()) == [EMIT_BATCH, 2 * EMIT_BATCH, 3 * EMIT_BATCH, 3 * EMIT_BATCH + 5]
 
 
 def test_metrics_page_counts_prefix_cache_hits_by_blocks(mock_server):

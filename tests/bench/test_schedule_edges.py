@@ -107,7 +107,7 @@ def test_max_concurrency_still_caps_rates_throughput_and_sweeps():
     ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000"),  # an OpenAI SDK's base_url
     ("http://127.0.0.1:8000/v1/", "http://127.0.0.1:8000"),
     ("https://gateway.example/llm/v1", "https://gateway.example/llm"),
-    ("127.0.0.1:8000/v1", "127.0.0.1:8000"),
+    ("127.0.0.1:8000/v1", "http://127.0.0.1:8000"),  # a bare host: http, as curl reads it
     ("http://127.0.0.1:8000", "http://127.0.0.1:8000"),
     ("http://v1:8000", "http://v1:8000"),  # a host named v1 is no path
     ("http://h/v10", "http://h/v10"),
