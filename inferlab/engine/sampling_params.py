@@ -69,7 +69,9 @@ class SamplingParams:
     repetition_penalty: float = 1.0  # >1 discourages tokens seen in prompt or output
     presence_penalty: float = 0.0  # subtracted once from logits of tokens seen in the output
     frequency_penalty: float = 0.0  # subtracted per occurrence in the output
-    seed: int | None = None  # same seed, same tokens, whatever else is in the batch
+    # same seed, same draws: the same tokens whatever else is in the batch where the logits are
+    # batch invariant too (bf16 on the C kernels; README), not in fp32, whose matmuls are not
+    seed: int | None = None
     stop: list[str] = field(default_factory=list)  # stop strings, not in the output unless:
     include_stop_str_in_output: bool = False
     stop_token_ids: list[int] = field(default_factory=list)

@@ -36,7 +36,7 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     # vLLM's own extensions this server does not implement, neutral at their defaults
     # vLLM's fast detokenizer only drops the space a joining decoder (WordPiece) puts between
     # added tokens; the byte-level and SentencePiece decoders this server loads put none
-    "spaces_between_special_tokens": lambda v, _: v is None or isinstance(v, bool),
+    "spaces_between_special_tokens": _always,
     "logits_processors": _empty,
     "chat_template": _empty,
     "documents": _empty,
@@ -49,8 +49,17 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
 }
 
 
+# the type a field's value must have, served or not: a value of another type is the client's
+# mistake, not a feature this server lacks
+_TYPES: dict[str, tuple[type, str]] = {"spaces_between_special_tokens": (bool, "true or false"),
+                                       "parallel_tool_calls": (bool, "true or false")}
+
+
 def reject_unsupported(body: dict[str, Any], served: Collection[str] = ()) -> None:
     """served: the fields the route's request declares."""
+    for name, (kind, words) in _TYPES.items():
+        if body.get(name) is not None and not isinstance(body[name], kind):
+            raise bad_request(f"'{name}' must be {words}, got {body[name]!r}", name)
     for name, neutral in _NEUTRAL.items():
         if name in body and name not in served and not neutral(body[name], body):
             raise bad_request(f"'{name}' is not supported by this server", name)

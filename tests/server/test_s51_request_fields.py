@@ -53,3 +53,13 @@ def test_seed_minus_one_samples_unseeded(server):
     fields = {"prompt": "My favourite animal is", "max_tokens": 12, "temperature": 1.0, "seed": -1}
     texts = {complete(server, **fields)["text"] for _ in range(4)}
     assert len(texts) > 1
+
+
+@pytest.mark.parametrize("field, value", [("spaces_between_special_tokens", "no"),
+                                          ("parallel_tool_calls", 1)])
+def test_a_served_field_of_the_wrong_type_is_named_as_such(server, field, value):
+    """Not "not supported by this server": the field is served, its value is the mistake."""
+    r = post(server, "/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", field: value})
+    assert r.status_code == 400
+    error = r.json()["error"]
+    assert (error["message"], error["param"]) == (f"'{field}' must be true or false, got {value!r}", field)
