@@ -47,6 +47,10 @@ def stage_warnings(stage: StageResult, tokenizer: bool, forced_length: bool) -> 
     if failed:  # the table only counts them: say why, or a wrong --model looks like a slow run
         out.append(f"{len(failed)} of {len(stage.records)} requests failed; the first: "
                    f"{failed[0].error}")
+    floor = stage.floor
+    if floor is not None and not floor.counts["ok"] and any(floor.counts.values()):
+        out.append(f"the client floor measured nothing: none of its {sum(floor.counts.values())} "
+                   "requests to the zero-latency mock succeeded")
     if summary.info.stop_reason == "max_error_rate":
         out.append("stopped early: the error rate passed --max-error-rate")
     if stage.spec.rate_based and summary.sent_rate and summary.scheduled_rate:

@@ -43,7 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     cmp = sub.add_parser("compare", help="compare JSON reports; a CI regression gate")
     cmp.add_argument("runs", nargs="+", help="JSON reports; the first is the baseline")
     cmp.add_argument("--fail-on-regression", type=float, metavar="PCT",
-                     help="exit 1 if a stage's median or p95 latency, or its request, "
+                     help="exit 1 (2 where an --output page could not be written) if a "
+                          "stage's median or p95 latency, or its request, "
                           "output-token or goodput throughput, is worse by more than PCT "
                           "percent, or its error rate rose by more than PCT points; latencies "
                           "and the error rate must also be significant at --alpha (median and "

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
+from inferlab.bench.config import url_host
 from inferlab.bench.httpstream import ProtocolError, ResponseParser
 from inferlab.errors import InferlabError
 
@@ -44,7 +45,7 @@ class Target:
 
     @property
     def url(self) -> str:
-        return f"{self.scheme}://{self.host}:{self.port}{self.base_path}"
+        return f"{self.scheme}://{url_host(self.host)}:{self.port}{self.base_path}"
 
 
 @dataclass(slots=True)
@@ -218,17 +219,22 @@ def _fill(record: RawExchange, parser: ResponseParser) -> None:
     record.events = parser.events
     if parser.status is not None and parser.status != 200:
         record.error_body = parser.error_body()
-    content_type = parser.headers.get("content-type", "")
-    if parser.status == 200 and parser.done and "text/event-stream" not in content_type.lower():
-        # every request asks for a stream; a whole JSON answer has no token times to take
-        record.error = f"the reply is not an event stream (Content-Type: {content_type or 'none'})"
+    if parser.status == 200 and parser.done and not any(map(_has_data, parser.events)):
+        # every request asks for a stream; a whole JSON answer has no token times to take. By
+        # the body, not the Content-Type, which a proxy may drop or rewrite
+        content_type = parser.headers.get("content-type") or "none"
+        record.error = f"the reply holds no server-sent event (Content-Type: {content_type})"
+
+
+def _has_data(event: bytes) -> bool:
+    return any(line.startswith(b"data:") for line in event.split(b"\n"))
 
 
 def build_request(target: Target, path: str, body: bytes, headers: dict[str, str]) -> bytes:
     """The bytes of one POST, ready to write; built before the timing path."""
     lines = [
         f"POST {target.base_path}{path} HTTP/1.1",
-        f"Host: {target.host}:{target.port}",
+        f"Host: {url_host(target.host)}:{target.port}",
         "Content-Type: application/json",
         "Accept: text/event-stream",
         f"Content-Length: {len(body)}",

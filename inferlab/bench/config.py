@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import stat
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
@@ -258,15 +259,22 @@ class TargetConfig:
         return headers
 
 
+def url_host(host: str) -> str:
+    """A host as a URL or a Host header writes it: an IPv6 address in brackets (RFC 3986)."""
+    return f"[{host}]" if ":" in host else host
+
+
 def _with_scheme(url: str) -> str:
     """`url`, http:// added to a bare host[:port] as curl reads one, checked now: a URL the
     requests cannot go to is a user error before the run, not a server "not running"."""
-    full = url if "://" in url else f"http://{url}"
+    full = url if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", url) else f"http://{url}"
     try:
-        parts = urlsplit(full)
-        parts.port  # noqa: B018 -- parsed here, where a bad port raises
+        port = urlsplit(full).port
     except ValueError as e:
         raise InferlabError(f"bad --target {url!r}: {e}") from None
+    parts = urlsplit(full)
+    if port == 0:
+        raise InferlabError(f"bad --target {url!r}: port 0 is no server's")
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise InferlabError(f"bad --target {url!r}: not an http:// or https:// URL with a host, "
                             "e.g. http://127.0.0.1:8000")

@@ -21,12 +21,13 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from inferlab.bench import mock_format as fmt
-from inferlab.bench.config import check_duration
+from inferlab.bench.config import check_duration, url_host
 from inferlab.errors import InferlabError
 
 PREFIX_BLOCK_WORDS = 16  # the mock's prefix cache works on blocks of this many words
 PREFIX_CACHE_BLOCKS = 100_000  # LRU bound on remembered block hashes
 EMIT_BATCH = 64  # chunks a stream writes in one turn of the event loop at most
+UNLIMITED_MODEL_LEN = 2**62  # --max-model-len of a mock that refuses no length
 
 
 @dataclass(frozen=True)
@@ -39,7 +40,7 @@ class MockConfig:
     ttft_ms: float = 0.0  # from a stream's start (see the module doc) to its first chunk
     itl_ms: float = 0.0  # between consecutive tokens
     tokens_per_chunk: int = 1  # tokens carried by each SSE content chunk
-    default_max_tokens: int = 16  # when a request does not say
+    default_max_tokens: int = 16  # when a request does not say (less where the context ends)
     max_model_len: int = 131072  # prompt words + max_tokens above it: a 400, as vLLM answers
     max_running: int = 0  # streams served at once; the rest wait (0: no limit)
     error_rate: float = 0.0  # answer HTTP 500 with an OpenAI error body
@@ -110,7 +111,7 @@ class MockServer:
         self.server = await loop.create_server(lambda: _MockConnection(self), self.config.host,
                                                self.config.port, backlog=4096)
         host, port = self.server.sockets[0].getsockname()[:2]
-        return f"http://{host}:{port}"
+        return f"http://{url_host(host)}:{port}"
 
     async def close(self) -> None:
         if self.server is not None:
@@ -144,9 +145,13 @@ class MockServer:
         try:
             request = json.loads(raw.body)
             prompt_words = _prompt_words(request, chat)
-            max_tokens = self._max_tokens(request, len(prompt_words))
         except (ValueError, TypeError, AttributeError) as e:
             conn.write(fmt.error_response(400, f"bad request body: {e}"))
+            return True
+        try:
+            max_tokens = self._max_tokens(request, len(prompt_words))
+        except ValueError as e:
+            conn.write(fmt.error_response(400, str(e)))
             return True
         self.requests += 1
         mode = self._draw_mode()
@@ -169,14 +174,25 @@ class MockServer:
                 self.slots.release()
 
     def _max_tokens(self, request: dict, prompt_tokens: int) -> int:
-        """The request's max_tokens (max_completion_tokens, the default); ValueError for one a
-        vLLM server refuses: below 1, or past the context with the prompt."""
+        """The request's max_tokens (or max_completion_tokens) as vLLM reads it: a whole number,
+        at least 1, within the context with the prompt; a missing one is --default-max-tokens
+        cut to what the context leaves. ValueError for one vLLM answers with a 400."""
+        room = self.config.max_model_len - prompt_tokens
         given = next((request[k] for k in ("max_tokens", "max_completion_tokens")
                       if request.get(k) is not None), None)
-        max_tokens = self.config.default_max_tokens if given is None else int(given)
+        if given is None:
+            if room < 1:
+                raise ValueError(f"this model's maximum context length is "
+                                 f"{self.config.max_model_len} tokens; the prompt has "
+                                 f"{prompt_tokens}, which leaves no room for a completion")
+            return min(self.config.default_max_tokens, room)
+        whole = isinstance(given, int) or (isinstance(given, float) and given.is_integer())
+        if isinstance(given, bool) or not whole:
+            raise ValueError(f"max_tokens must be an integer, got {given!r}")
+        max_tokens = int(given)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        if prompt_tokens + max_tokens > self.config.max_model_len:
+        if max_tokens > room:
             raise ValueError(f"this model's maximum context length is {self.config.max_model_len} "
                              f"tokens; the request asks for {prompt_tokens + max_tokens} "
                              f"({prompt_tokens} in the prompt, {max_tokens} in the completion)")

@@ -10,7 +10,7 @@ from inferlab.bench.caveats import run_warnings
 from inferlab.bench.client import Target, now_ns
 from inferlab.bench.config import BenchConfig, Span
 from inferlab.bench.interrupts import Interrupts
-from inferlab.bench.mock import MockConfig
+from inferlab.bench.mock import UNLIMITED_MODEL_LEN, MockConfig
 from inferlab.bench.mock_process import MockProcess
 from inferlab.bench.plans import WorkerSetup
 from inferlab.bench.pool import WorkerPool, auto_workers
@@ -110,7 +110,8 @@ def calibrate(stages: list[StageResult], workload: Workload, config: BenchConfig
               progress: Progress, workers: int, interrupts: Interrupts) -> None:
     """Replay each stage briefly against a zero-latency mock: the client's own floor."""
     seconds = config.measure.calibration_seconds
-    with MockProcess(MockConfig()) as mock:
+    # no context limit: the floor replays the user's workload, whatever its lengths
+    with MockProcess(MockConfig(max_model_len=UNLIMITED_MODEL_LEN)) as mock:
         pool = WorkerPool(_setups(mock.url, workload, {}, workers, new_nonce(), config))
         runner = StageRunner(pool, workload.templates, None, progress, None,
                              config.load.ramp_up_s, label_prefix="floor ",

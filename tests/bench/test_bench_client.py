@@ -158,15 +158,36 @@ def test_a_200_that_is_not_an_event_stream_says_so():
     finally:
         server.close()
     assert record.status == 200
-    assert record.error == "the reply is not an event stream (Content-Type: application/json)"
+    assert record.error == "the reply holds no server-sent event (Content-Type: application/json)"
+
+
+class UntypedStreamServer(OneShotKeepAliveServer):
+    """A stream whose Content-Type a proxy dropped: still events, read as such."""
+
+    RESPONSE = OneShotKeepAliveServer.RESPONSE.replace(b"Content-Type: text/event-stream\r\n", b"")
+
+
+def test_a_stream_without_its_content_type_is_still_read():
+    server = UntypedStreamServer()
+    try:
+        (record,) = run_exchanges(server.url, 1)
+    finally:
+        server.close()
+    assert (record.status, record.error) == (200, "")
+    assert record.events[-1] == b"data: [DONE]"
 
 
 def test_a_target_without_a_scheme_is_read_as_http_and_a_bad_one_refused():
     from inferlab.bench.config import TargetConfig
 
     assert TargetConfig("127.0.0.1:8000/v1").url == "http://127.0.0.1:8000"
+    assert TargetConfig("http://[::1]:8000").url == "http://[::1]:8000"
+    assert Target.parse("http://[::1]:8000").url == "http://[::1]:8000"  # as RFC 3986 writes it
+    assert b"\r\nHost: [::1]:8000\r\n" in build_request(Target.parse("http://[::1]:8000"), "/x", b"", {})
     for url, message in (("ftp://h", "not an http:// or https:// URL with a host"),
                          ("http://", "not an http:// or https:// URL with a host"),
-                         ("h:99999", "Port out of range 0-65535")):
+                         ("h:99999", "Port out of range 0-65535"),
+                         ("http:/h:8000", "not an http:// or https:// URL with a host"),
+                         ("http://h:0", "port 0 is no server's")):
         with pytest.raises(InferlabError, match=re.escape(f"bad --target {url!r}: {message}")):
             TargetConfig(url)

@@ -123,15 +123,32 @@ def test_bad_request_body_is_a_400(mock_server):
     ({"max_completion_tokens": -3}, "max_tokens must be at least 1, got -3"),
     # three prompt words: 3 + 98 > 100, as a vLLM server with max_model_len 100 refuses it
     ({"max_tokens": 98}, "the request asks for 101 (3 in the prompt, 98 in the completion)"),
+    ({"max_tokens": 2.7}, "max_tokens must be an integer, got 2.7"),
+    ({"max_tokens": float("inf")}, "max_tokens must be an integer, got inf"),  # JSON's Infinity
+    ({"max_tokens": True}, "max_tokens must be an integer, got True"),
 ])
 def test_max_tokens_a_server_refuses_is_a_400(mock_server, fields, message):
     url = mock_server(max_model_len=100)
-    response = httpx.post(f"{url}/v1/completions",
-                          json={"prompt": "one two three", "stream": True, **fields})
+    body = json.dumps({"prompt": "one two three", "stream": True, **fields})  # inf: Infinity
+    response = httpx.post(f"{url}/v1/completions", content=body.encode())
     assert response.status_code == 400
     assert message in response.json()["error"]["message"]
-    fits = httpx.post(f"{url}/v1/completions", json={"prompt": "one two three", "max_tokens": 97})
+    fits = httpx.post(f"{url}/v1/completions", json={"prompt": "one two three", "max_tokens": 97.0})
     assert fits.json()["usage"]["completion_tokens"] == 97
+
+
+def test_a_missing_max_tokens_takes_what_the_context_leaves(mock_server):
+    """vLLM's default max_tokens is the context left after the prompt: the mock's default (16)
+    is cut to it, and only a prompt that fills the context is refused."""
+    url = mock_server(max_model_len=20)
+    words = " ".join(["w"] * 10)
+    answer = httpx.post(f"{url}/v1/completions", json={"prompt": words}).json()
+    assert answer["usage"]["completion_tokens"] == 10
+    full = httpx.post(f"{url}/v1/completions", json={"prompt": " ".join(["w"] * 20)})
+    assert full.status_code == 400
+    assert full.json()["error"]["message"] == ("this model's maximum context length is 20 tokens; "
+                                               "the prompt has 20, which leaves no room for a "
+                                               "completion")
 
 
 def test_a_stream_due_at_once_is_written_a_batch_a_turn():
