@@ -151,12 +151,17 @@ class JsonAnswerServer(OneShotKeepAliveServer):
                 b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
 
 
-def test_a_200_that_is_not_an_event_stream_says_so():
-    server = JsonAnswerServer()
+def one_exchange_with(server_class: type[OneShotKeepAliveServer]) -> RawExchange:
+    server = server_class()
     try:
         (record,) = run_exchanges(server.url, 1)
     finally:
         server.close()
+    return record
+
+
+def test_a_200_that_is_not_an_event_stream_says_so():
+    record = one_exchange_with(JsonAnswerServer)
     assert record.status == 200
     assert record.error == "the reply holds no server-sent event (Content-Type: application/json)"
 
@@ -168,11 +173,7 @@ class UntypedStreamServer(OneShotKeepAliveServer):
 
 
 def test_a_stream_without_its_content_type_is_still_read():
-    server = UntypedStreamServer()
-    try:
-        (record,) = run_exchanges(server.url, 1)
-    finally:
-        server.close()
+    record = one_exchange_with(UntypedStreamServer)
     assert (record.status, record.error) == (200, "")
     assert record.events[-1] == b"data: [DONE]"
 
