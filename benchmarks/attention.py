@@ -23,7 +23,7 @@ from workloads import positive_int
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention import torch_paged
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.planner.measure import best_seconds
+from inferlab.timing import best_seconds
 
 HEADS, KV_HEADS, HEAD_DIM, BLOCK = 9, 3, 64, 16
 CASES = {  # name -> (sequences, new tokens each, cached positions before them)

@@ -25,7 +25,7 @@ from workloads import machine_roofline, positive_int
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.cpu_linear import PackedLinear
 from inferlab.kernels.onednn_linear import OneDnnLinear
-from inferlab.planner.measure import best_seconds
+from inferlab.timing import best_seconds
 
 # dtype -> (the engine's layer for it, what F.linear runs on it)
 KERNELS = {"bfloat16": (PackedLinear, "oneDNN"), "float32": (OneDnnLinear, "MKL")}

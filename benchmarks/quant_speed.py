@@ -34,11 +34,11 @@ from workloads import output_file, positive_int, thread_count
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
 from inferlab.models.loader import load_model
-from inferlab.planner.measure import best_seconds
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import make_scheme
+from inferlab.timing import best_seconds
 
 BLOCK_SIZE = 16
 TURN_STEPS = 4  # consecutive decode steps of a variant in interleaved_decode_ms

@@ -22,7 +22,6 @@ import os
 import platform
 import statistics
 import sys
-import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -34,6 +33,7 @@ from inferlab.engine.cpuinfo import cpuinfo_field
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
 from inferlab.planner.units import format_rate
+from inferlab.timing import best_seconds
 
 DEFAULT_CACHE_PATH = Path.home() / ".cache" / "inferlab" / "cpu-local.json"
 # working sets beyond the last-level cache (300 MiB L3 on this project's machines), so both
@@ -63,17 +63,6 @@ def cpu_name() -> str:
 
 def physical_memory_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-
-
-def best_seconds(fn: Callable[[], Any], repeats: int) -> float:
-    """The fastest of `repeats` timed calls after one warm-up call."""
-    fn()  # warm up: page faults, kernel selection
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best
 
 
 def layer_linear_shapes(width: int) -> list[tuple[int, int]]:

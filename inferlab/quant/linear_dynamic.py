@@ -31,15 +31,17 @@ from inferlab.quant.formats import vnni
 from inferlab.quant.linear import INT8_MAX, CKernelLinear, DequantLinear, QuantLinear, tensor_ptr
 from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
 from inferlab.quant.scheme import INT, ActivationArgs
+from inferlab.timing import best_seconds
 
 
 class Int8DynamicLinear(QuantLinear):
     """W8A8: int8 weights per channel, activations quantized per token at run time, int8 GEMM.
 
     On x86 the GEMM is oneDNN's int8 linear (`onednn.qlinear_pointwise`, the kernel Inductor uses
-    for int8): measured 1.1 ms vs 2.7 ms for `torch._int_mm` and 2.2 ms for bf16 on a 512x576 @
-    576x3072 product here; it also applies the per-channel weight scales and writes bf16, leaving
-    only the per-token scale. `torch._int_mm` elsewhere.
+    for int8) where it has a kernel for the CPU (onednn_int8_available): on an Intel Xeon, 1.1 ms
+    vs 2.7 ms for `torch._int_mm` and 2.2 ms for bf16 on a 512x576 @ 576x3072 product; it also
+    applies the per-channel weight scales and writes bf16, leaving only the per-token scale.
+    `torch._int_mm` elsewhere.
     """
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
@@ -73,20 +75,57 @@ class Int8DynamicLinear(QuantLinear):
         return acc.to(torch.float32).mul_(x_scale).mul_(self.scale).to(self.dtype)
 
 
+ONEDNN_SLOWER_LIMIT = 4.0  # oneDNN's int8 linear is used unless this many times torch._int_mm's time
+
+
 @functools.cache
 def onednn_int8_available() -> bool:
-    """Whether this torch has oneDNN's int8 linear and it computes a small product exactly."""
+    """Whether this torch has oneDNN's int8 linear, it computes a small product exactly, and it
+    is not far slower than torch._int_mm here. oneDNN takes its reference path on CPUs it has no
+    int8 kernel for: on an AMD EPYC (Zen 4, AVX512-VNNI) a 512x576 @ 576x960 product took
+    3.2 s against 0.93 ms for torch._int_mm, and a W8A8 SmoothQuant run of the embedded model
+    ran past 10 minutes (W8A8 RTN: 11 s)."""
     if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         return False
     try:
         w = torch.tensor([[1, -2, 3, 127], [-127, 5, 0, 7]], dtype=torch.int8)
         x = torch.tensor([[2, 1, -1, 1]], dtype=torch.int8)
-        packed = torch.ops.onednn.qlinear_prepack(w, [1, 4])
-        y = torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(2), torch.zeros(2, dtype=torch.int64),
-                                               None, 1.0, 0, torch.float32, "none", [], "")
-        return y.tolist() == [[124.0, -242.0]]
+        if _onednn_int8(x, w).tolist() != [[124.0, -242.0]]:
+            return False
     except RuntimeError:
         return False
+    return _onednn_int8_seconds() <= ONEDNN_SLOWER_LIMIT * _int_mm_seconds()
+
+
+def _onednn_int8(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None = None) -> torch.Tensor:
+    """x int8 [M, K] @ w int8 [N, K]^T through oneDNN, fp32 [M, N]."""
+    n, k = w.shape
+    packed = torch.ops.onednn.qlinear_prepack(w, [1, k]) if packed is None else packed
+    return torch.ops.onednn.qlinear_pointwise(x, 1.0, 0, packed, torch.ones(n),
+                                              torch.zeros(n, dtype=torch.int64), None, 1.0, 0,
+                                              torch.float32, "none", [], "")
+
+
+_PROBE_SHAPE = (32, 512, 512)  # M, K, N: ~0.1 ms on torch._int_mm, ~0.1 s on oneDNN's slow path
+
+
+def _probe_operands() -> tuple[torch.Tensor, torch.Tensor]:
+    m, k, n = _PROBE_SHAPE
+    gen = torch.Generator().manual_seed(0)
+    return (torch.randint(-127, 128, (m, k), dtype=torch.int8, generator=gen),
+            torch.randint(-127, 128, (n, k), dtype=torch.int8, generator=gen))
+
+
+def _onednn_int8_seconds() -> float:
+    x, w = _probe_operands()
+    packed = torch.ops.onednn.qlinear_prepack(w, [1, w.shape[1]])
+    return best_seconds(lambda: _onednn_int8(x, w, packed), 2)
+
+
+def _int_mm_seconds() -> float:
+    x, w = _probe_operands()
+    wt = w.t()
+    return best_seconds(lambda: torch._int_mm(x, wt), 2)
 
 
 class PackedW8A8Linear(CKernelLinear):
