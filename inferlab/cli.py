@@ -25,7 +25,10 @@ COMMAND_MODULES = (
 
 
 def build_parser(argv: list[str]) -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="inferlab", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="inferlab", description="An LLM inference stack: generate and chat, an OpenAI-compatible "
+        "server, quantization, evaluation, a load tester and a capacity planner. "
+        "`inferlab COMMAND --help` says more of each.")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     wanted = argv[0] if argv and not argv[0].startswith("-") else None
     for name in COMMAND_MODULES:

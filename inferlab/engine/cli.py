@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
+import importlib
 import sys
 from typing import TYPE_CHECKING
 
@@ -21,8 +23,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     _add_sampling_args(gen)
     add_engine_args(gen)
     gen.set_defaults(func=run_generate)
-    chat = subparsers.add_parser("chat", help="chat with the model in the terminal (streaming)")
-    chat.add_argument("--system", default=None, help="system message")
+    chat = subparsers.add_parser(
+        "chat", help="chat with the model in the terminal (streaming)",
+        description="Chat with the model in the terminal, its replies streamed. At the > prompt: "
+                    "/clear forgets the conversation (the system message stays), /exit or /quit "
+                    "or Ctrl-D ends the session; Ctrl-C stops a reply and drops the turn, and at "
+                    "the prompt ends the session.")
+    chat.add_argument("--system", "--system-prompt", dest="system", default=None,
+                      help="system message (--system-prompt as vllm chat names it)")
     chat.add_argument("--chat-template", default=None,
                       help="a Jinja chat template file, or the template itself, instead of the "
                            "model's own (as serve's --chat-template)")
@@ -38,8 +46,9 @@ DEFAULT_MAX_TOKENS = 256
 
 def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=None,
-                        help=f"tokens to generate at most (default: {DEFAULT_MAX_TOKENS}, or as "
-                             "many as the context has room for)")
+                        help="tokens to generate at most (default: the model's "
+                             "generation_config.json max_new_tokens (see --generation-config), "
+                             f"else {DEFAULT_MAX_TOKENS}; at most what the context has room for)")
     model = "the model's generation_config.json (see --generation-config), else"
     parser.add_argument("--temperature", type=float, default=None, help=f"default: {model} 0 (greedy)")
     parser.add_argument("--top-p", type=float, default=None, help=f"default: {model} 1")
@@ -63,7 +72,7 @@ def _sampling(args: argparse.Namespace, engine: LLMEngine | None = None) -> Samp
     Without an engine, the flags alone: checked before the model loads."""
     given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
     model = {} if engine is None else {k: v for k, v in engine.generation.sampling.items()
-                                       if k != "max_tokens"}  # the CLI's own, see _stream
+                                       if k != "max_tokens"}  # capped by the context: _stream
     return SamplingParams(max_tokens=args.max_tokens, seed=args.sampling_seed,
                           **{"temperature": 0.0, **model, **given})
 
@@ -75,9 +84,10 @@ def _engine(args: argparse.Namespace):
 
 
 def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
-    if params.max_tokens is None:  # not asked: what the context leaves, up to the default
+    if params.max_tokens is None:  # not asked: the model's default, within what the context leaves
         room = engine.max_model_len - len(prompt_ids)
-        params = dataclasses.replace(params, max_tokens=max(1, min(DEFAULT_MAX_TOKENS, room)))
+        wanted = engine.generation.sampling.get("max_tokens", DEFAULT_MAX_TOKENS)
+        params = dataclasses.replace(params, max_tokens=max(1, min(wanted, room)))
     request_id = engine.add_request(prompt_ids, params)
     text = ""
     try:
@@ -118,9 +128,14 @@ def run_chat(args: argparse.Namespace) -> int:
     params = _sampling(args, engine)
     messages = [{"role": "system", "content": args.system}] if args.system else []
     scripted = list(args.message) if args.message else None
+    if scripted is None:
+        _prepare_stdin()
     failed = False  # a turn was refused: the exit code says so at the end
     while (user := _next_message(scripted)) is not None:
         if scripted is None and _typed_command(user, messages):
+            continue
+        if scripted is None and not _valid_line(user):
+            failed = True
             continue
         messages.append({"role": "user", "content": user})
         try:  # the template may refuse the turn too (roles out of order, raise_exception)
@@ -169,6 +184,28 @@ def _check_text(text: str, name: str) -> None:
         raise InferlabError(f"{name} is not valid UTF-8 (at character {e.start})") from None
 
 
+def _prepare_stdin() -> None:
+    """The REPL's stdin: there (a closed one is a one-line error), read with its bytes that are
+    not UTF-8 kept as surrogates (whatever the locale's strictness, a bad line is refused by
+    _valid_line, not a traceback), and with line editing and history at a terminal."""
+    if sys.stdin is None:
+        raise InferlabError("stdin is closed: nothing to read the conversation from (use --message)")
+    if hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")
+    if sys.stdin.isatty():
+        with contextlib.suppress(ImportError):  # input() edits lines once readline is loaded
+            importlib.import_module("readline")
+
+
+def _valid_line(line: str) -> bool:
+    try:
+        _check_text(line, "the message")
+    except InferlabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return False
+    return True
+
+
 def _next_message(scripted: list[str] | None) -> str | None:
     """The user's next message: the scripted ones in turn, else a line typed; None at the end
     (the script done, end of input, /exit or /quit)."""
@@ -179,6 +216,10 @@ def _next_message(scripted: list[str] | None) -> str | None:
         return scripted.pop(0)
     try:
         user = input("> ")
-    except EOFError:
+    except EOFError:  # Ctrl-D: the shell's prompt goes on a line of its own
+        print()
         return None
+    except KeyboardInterrupt:
+        print()
+        raise
     return None if user.strip() in ("/exit", "/quit") else user

@@ -94,3 +94,30 @@ def test_ctrl_c_in_a_scripted_chat_ends_it(model_dir, session, capsys):
     assert session["prompts"] == ["user w2\n"]
     assert not session["engine"].has_unfinished_requests()
     assert capsys.readouterr().out == "> w2\n\n"
+
+
+# stdin's ends: bytes that are not UTF-8, a closed stdin, Ctrl-D
+
+
+def test_a_line_that_is_not_utf8_is_refused_and_the_session_goes_on(model_dir, monkeypatch, capsys):
+    """Read strictly (as under most locales, not C.UTF-8) the byte 0xff was a traceback that
+    lost the lines read with it; the REPL reads stdin keeping such bytes, and refuses the line."""
+    strict = io.TextIOWrapper(io.BytesIO(b"w2 w3\n\xff w4\nw4 w5\n"), encoding="utf-8", errors="strict")
+    monkeypatch.setattr("sys.stdin", strict)
+    assert main(["chat", model_dir, *FLAGS]) == 2  # a turn was refused
+    out, err = capsys.readouterr()
+    assert err == "error: the message is not valid UTF-8 (at character 0)\n"
+    assert out.count("> ") == 4  # three lines read, then the end
+
+
+def test_a_closed_stdin_is_a_one_line_error(model_dir, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", None)  # what Python makes of `<&-`
+    assert main(["chat", model_dir, *FLAGS]) == 2
+    assert capsys.readouterr().err == ("error: stdin is closed: nothing to read the conversation "
+                                       "from (use --message)\n")
+
+
+def test_ctrl_d_at_the_prompt_ends_the_line(model_dir, monkeypatch, capsys):
+    monkeypatch.setattr("sys.stdin", io.StringIO(""))
+    assert main(["chat", model_dir, *FLAGS]) == 0
+    assert capsys.readouterr().out == "> \n"  # the shell's prompt on a line of its own

@@ -83,3 +83,16 @@ def test_a_double_dash_ends_the_options(capsys, tmp_path, monkeypatch, argv, nam
     monkeypatch.chdir(tmp_path)
     assert main(argv) == 2
     assert capsys.readouterr().err == f"error: {named}: no such file or directory\n"
+
+
+def test_generate_takes_the_models_max_new_tokens_as_its_default(tmp_path, capsys):
+    """As --max-tokens's help says and LLM.generate does: the model's generation_config.json
+    max_new_tokens, not the CLI's 256 (which filled the tiny model's context)."""
+    import json
+
+    from tests.models.tiny_tokenizer import save_tiny_llama
+
+    model = save_tiny_llama(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3}))
+    assert main(["generate", "w2 w3", model, "--dtype", "float32", "--temperature", "0"]) == 0
+    assert capsys.readouterr().out == " w3 w3 w3\n"  # the tiny model's greedy reply, one word a token
