@@ -174,8 +174,8 @@ class MockServer:
                 self.slots.release()
 
     def _max_tokens(self, request: dict, prompt_tokens: int) -> int:
-        """The request's max_tokens (or max_completion_tokens) as vLLM reads it: a whole number,
-        at least 1, within the context with the prompt; a missing one is --default-max-tokens
+        """The request's max_tokens (or max_completion_tokens) as vLLM reads it: an integer
+        (_lax_int), at least 1, within the context with the prompt; a missing one is --default-max-tokens
         cut to what the context leaves. ValueError for one vLLM answers with a 400."""
         room = self.config.max_model_len - prompt_tokens
         given = next((request[k] for k in ("max_tokens", "max_completion_tokens")
@@ -186,10 +186,7 @@ class MockServer:
                                  f"{self.config.max_model_len} tokens; the prompt has "
                                  f"{prompt_tokens}, which leaves no room for a completion")
             return min(self.config.default_max_tokens, room)
-        whole = isinstance(given, int) or (isinstance(given, float) and given.is_integer())
-        if isinstance(given, bool) or not whole:
-            raise ValueError(f"max_tokens must be an integer, got {given!r}")
-        max_tokens = int(given)
+        max_tokens = _lax_int(given)
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
         if max_tokens > room:
@@ -399,6 +396,19 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
                 raise ValueError(f"bad header line {line!r}")
             headers[name.strip().lower()] = value.strip()
     return method, path, headers
+
+
+def _lax_int(value: object) -> int:
+    """An int field as vLLM's pydantic models read one (not strict): a bool, a whole float or a
+    string of digits turns into the int; anything else is a ValueError."""
+    if isinstance(value, int | str):  # a bool is an int
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    elif isinstance(value, float) and value.is_integer():
+        return int(value)
+    raise ValueError(f"max_tokens must be an integer, got {value!r}")
 
 
 def _prompt_words(request: dict, chat: bool) -> list[str]:

@@ -124,12 +124,12 @@ def run_chat(args: argparse.Namespace) -> int:
     for message in args.message or ():
         _check_text(message, "--message")
     template = None if args.chat_template is None else load_chat_template(args.chat_template)
+    scripted = list(args.message) if args.message else None
+    if scripted is None:
+        _prepare_stdin()  # a closed one is refused before the model loads
     engine = _engine(args)
     params = _sampling(args, engine)
     messages = [{"role": "system", "content": args.system}] if args.system else []
-    scripted = list(args.message) if args.message else None
-    if scripted is None:
-        _prepare_stdin()
     failed = False  # a turn was refused: the exit code says so at the end
     while (user := _next_message(scripted)) is not None:
         if scripted is None and _typed_command(user, messages):
