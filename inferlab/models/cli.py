@@ -7,6 +7,7 @@ import dataclasses
 import json
 import os
 
+from inferlab.config import DTYPE_ALIASES
 from inferlab.models.config import ModelConfig
 from inferlab.planner.memory import kv_cache_bytes_per_token, linear_layers, weight_bytes
 from inferlab.planner.model_shapes import scheme_weight_format
@@ -19,8 +20,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("info", help="architecture, parameters, weight and KV-cache bytes")
     parser.add_argument("model", nargs="?", default=None,
                         help="HF model directory or .gguf file (default: the embedded model)")
-    parser.add_argument("--dtype", choices=tuple(_DTYPE_BYTES), default="bfloat16",
-                        help="dtype the byte counts are given for (default: bfloat16)")
+    parser.add_argument("--dtype", type=lambda name: DTYPE_ALIASES.get(name, name),
+                        choices=tuple(_DTYPE_BYTES), default="bfloat16",
+                        help="dtype the byte counts are given for (default: bfloat16; half and "
+                             "float as vLLM names float16 and float32)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=run_info)
 

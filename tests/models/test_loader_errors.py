@@ -304,3 +304,11 @@ def test_gguf_tokenizer_metadata_that_cannot_be_read(tmp_path, change, words):
 def test_gguf_llama3_vocabularies_tokenize_as_llama_cpp(tmp_path, pre, tokens):
     tokenizer = _gguf_tokenizer(tmp_path, {**TOKENIZER, "tokenizer.ggml.pre": pre})
     assert [VOCAB[i] for i in tokenizer.encode("abc xabc")] == tokens
+
+
+@pytest.mark.parametrize("alias, dtype, kv_bytes", [("half", "float16", 23_040), ("float", "float32", 46_080)])
+def test_info_takes_vllms_dtype_aliases(capsys, alias, dtype, kv_bytes):
+    """As generate and serve take them (they once were an invalid choice for info alone)."""
+    assert main(["info", "--json", "--dtype", alias]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert (info["dtype"], info["kv_bytes_per_token"]) == (dtype, kv_bytes)
