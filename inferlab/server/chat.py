@@ -135,7 +135,9 @@ class _Formatter:
         for c in final.outputs:
             reply = self.replies[c.index]
             reasoning, parsed = reply.read(c.text, finished=True)
-            content = self.echo + parsed.content
+            # a stream has sent its calls' pieces as they came; a whole reply is read as vLLM
+            # reads one, its text given back where a call cannot be read
+            content = self.echo + (reply.drop_calls() if reply.calls_unreadable() else parsed.content)
             # vLLM's: a reply that is all thinking (shown or not), or all calls, has no content
             message = AssistantMessage(
                 content=content if content or not (reply.names or reply.thought) else None,

@@ -4,6 +4,7 @@ whole reply is the same reading of the whole text."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -23,12 +24,14 @@ class ReplyReader:
         self.names: list[str] = []
         self.arguments: list[str] = []
         self.ids: list[str] = []
+        self.text = ""  # the reply after its thinking: what the tool parser read
 
     def read(self, text: str, finished: bool) -> tuple[str, ParsedDelta]:
         """(the new reasoning, the new content and pieces of calls)."""
         split = self.reasoning.feed(text, finished) if self.reasoning else Split(content=text)
         self.thought = self.thought or bool(split.reasoning)
         reasoning = split.reasoning if self.show_reasoning else ""
+        self.text += split.content
         if self.tools is None:
             return reasoning, ParsedDelta(content=split.content)
         out = self.tools.feed(split.content)
@@ -59,6 +62,24 @@ class ReplyReader:
                  "function": {"name": c.name, "arguments": c.arguments}}
                 for c in parsed.calls]
         return out
+
+    def calls_unreadable(self) -> bool:
+        """Whether a call the model wrote unforced has arguments that are no JSON (a reply cut
+        short by max_tokens in the middle of one)."""
+        if self.tools is None or self.tools.forced:
+            return False
+        try:
+            for arguments in self.arguments:
+                json.loads(arguments)
+        except ValueError:
+            return True
+        return False
+
+    def drop_calls(self) -> str:
+        """No calls, and the reply's text as its content: what vLLM's tool parsers give for a
+        whole reply whose calls they cannot read. Returns that text."""
+        self.names, self.arguments, self.ids = [], [], []
+        return self.text
 
     @property
     def calls(self) -> list[ToolCall]:

@@ -44,6 +44,7 @@ class ToolParser(ABC):
 
     markers: tuple[str, ...] = ()  # texts the parser looks for (special tokens must be decoded)
     reports_calls = True  # a reply with calls finishes with "tool_calls" (not a named call)
+    forced = False  # the calls are held to the tools' schemas by a guide (named, "required")
 
     def __init__(self) -> None:
         self.num_calls = 0
@@ -58,6 +59,7 @@ class ToolParser(ABC):
 
 class NamedCall(ToolParser):
     reports_calls = False  # OpenAI finishes a forced call with "stop", as any reply
+    forced = True
 
     def __init__(self, name: str) -> None:
         super().__init__()
@@ -136,6 +138,7 @@ class RequiredCalls(ToolParser):
 
     arguments_key = "parameters"
     guided = True  # False: an object must open its arguments as well to read as a call
+    forced = True
 
     def __init__(self) -> None:
         super().__init__()

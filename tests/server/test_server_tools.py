@@ -228,3 +228,19 @@ def test_a_parser_that_reads_special_tokens_keeps_them_in_the_text(engine):
 
     assert marks("<|im_end|>") and marks("<tool_call>", "<|im_end|>")
     assert not marks("<tool_call>", "</tool_call>") and not marks()
+
+
+def test_a_whole_reply_cut_inside_a_call_is_its_text(hermes_client):
+    """max_tokens ends the second call mid-arguments (53 tokens as the tokenizer cuts the text:
+    '... {"city": "Rome'): the whole reply is the text and no calls, as vLLM's hermes parser
+    gives a reply it cannot json.loads (it once held a call whose arguments were '{"city');
+    the stream has sent the calls' pieces as they came."""
+    two = "".join(f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"}}}}\n</tool_call>\n'
+                  for city in ("Paris", "Rome"))
+    body = {"messages": MESSAGES, "tools": [WEATHER], **GREEDY, "extra_body": {"guided_choice": [two]}}
+    assert len(whole(hermes_client, **body, max_tokens=100)[1]) == 2  # uncut: both calls
+    content, calls, finish = whole(hermes_client, **body, max_tokens=53)
+    assert (calls, finish) == ([], "length")
+    assert content.endswith('{"city": "Rome') and two.startswith(content)
+    pieces = streamed(hermes_client, **body, max_tokens=53)[1]
+    assert [arguments for _, _, arguments in pieces] == ['{"city": "Paris"}', '{"city": "Rome']

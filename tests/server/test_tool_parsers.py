@@ -197,3 +197,24 @@ def read_raw(parser: ToolParser, pieces: list[str]) -> tuple[str, list[tuple[str
             calls.append([call.name, ""])
         calls[call.index][1] += call.arguments
     return "".join(o.content for o in outs), [(n, a) for n, a in calls]
+
+
+@pytest.mark.parametrize(("make", "reply", "unreadable"), [
+    (HermesCalls, '<tool_call>{"name": "f", "arguments": {"city": "Pa', True),  # cut by max_tokens
+    (HermesCalls, '<tool_call>{"name": "f", "arguments": {"city": "Paris"}}</tool_call>', False),
+    (HermesCalls, 'Sunny.', False),
+    (Llama3JsonCalls, '{"name": "f", "parameters": {"x": [1, ', True),
+    (MistralCalls, '[TOOL_CALLS]f[ARGS]{"q": "ab', True),
+    (lambda: NamedCall("f"), '{"city": "Pa', False),  # forced: the guide's JSON, cut or not
+])
+def test_a_whole_reply_whose_call_cannot_be_read_is_its_text(make, reply, unreadable):
+    """vLLM's parsers json.loads each call of a whole reply and give a reply they cannot read
+    back as content with no calls; a stream has sent the pieces as they came."""
+    from inferlab.server.reply import ReplyReader
+
+    reader = ReplyReader(make(), None)
+    _, parsed = reader.read(reply, finished=True)
+    assert reader.calls_unreadable() is unreadable
+    if unreadable:
+        assert parsed.calls and reader.drop_calls() == reply
+        assert (reader.calls, reader.finish_reason("length")) == ([], "length")
