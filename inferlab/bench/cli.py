@@ -233,16 +233,16 @@ def run_bench(args: argparse.Namespace) -> int:
     progress = NullProgress() if args.quiet else LiveProgress()
     with Interrupts().installed() as interrupts:  # a Ctrl-C from here on still writes the results
         result = run_benchmark(config, progress, interrupts)
-        written = write_outputs(result, config.outputs)  # first: stdout's reader may be gone
-        _report_writes(written)
-        failed = any(error for _, error in written)
+        failed = _report_writes(write_outputs(result, config.outputs))  # first: stdout may close
         return _printed(lambda: print_summary(result, stdout_console()),
                         130 if result.interrupted else 2 if failed else 0)
 
 
-def _report_writes(written: list[tuple[str, str | None]]) -> None:
+def _report_writes(written: list[tuple[str, str | None]]) -> bool:
+    """Says what was written and what could not be (on stderr); whether anything failed."""
     for path, error in written:
         print(f"wrote {path}" if error is None else f"error: {error}", file=sys.stderr)
+    return any(error for _, error in written)
 
 
 def run_mock_server(args: argparse.Namespace) -> int:
@@ -283,7 +283,7 @@ def run_compare(args: argparse.Namespace) -> int:
                     for row in regressions(comparison, args.fail_on_regression, args.alpha)]
     page = render_comparison_html(comparisons, args.alpha, failures) if args.output else ""
     written = [(path, write_report(path, page, "compare --output")) for path in args.output]
-    _report_writes(written)  # before printing: stdout's reader may be gone
+    write_failed = _report_writes(written)  # before printing: stdout's reader may be gone
 
     def show() -> None:
         console = stdout_console()
@@ -292,7 +292,7 @@ def run_compare(args: argparse.Namespace) -> int:
         for row in failures:
             console.print(f"[red]{escape(failure_line(row))}[/]")
 
-    return _printed(show, 2 if any(error for _, error in written) else 1 if failures else 0)
+    return _printed(show, 2 if write_failed else 1 if failures else 0)
 
 
 def _printed(show: Callable[[], None], code: int) -> int:

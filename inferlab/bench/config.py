@@ -268,11 +268,11 @@ def _with_scheme(url: str) -> str:
     """`url`, http:// added to a bare host[:port] as curl reads one, checked now: a URL the
     requests cannot go to is a user error before the run, not a server "not running"."""
     full = url if re.match(r"[A-Za-z][A-Za-z0-9+.-]*:/", url) else f"http://{url}"
-    try:
-        port = urlsplit(full).port
+    try:  # an IPv6 host without its bracket, or a bad port, raises
+        parts = urlsplit(full)
+        port = parts.port
     except ValueError as e:
         raise InferlabError(f"bad --target {url!r}: {e}") from None
-    parts = urlsplit(full)
     if port == 0:
         raise InferlabError(f"bad --target {url!r}: port 0 is no server's")
     if parts.scheme not in ("http", "https") or not parts.hostname:

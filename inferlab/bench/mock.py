@@ -15,6 +15,7 @@ counted in whitespace-separated words, and the output is common one-token words.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 from collections import OrderedDict
@@ -401,13 +402,11 @@ def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
 def _lax_int(value: object) -> int:
     """An int field as vLLM's pydantic models read one (not strict): a bool, a whole float or a
     string of digits turns into the int; anything else is a ValueError."""
-    if isinstance(value, int | str):  # a bool is an int
-        try:
-            return int(value)
-        except ValueError:
-            pass
-    elif isinstance(value, float) and value.is_integer():
+    if isinstance(value, float) and value.is_integer():
         return int(value)
+    if isinstance(value, int | str):  # a bool is an int
+        with contextlib.suppress(ValueError):
+            return int(value)
     raise ValueError(f"max_tokens must be an integer, got {value!r}")
 
 
