@@ -8,9 +8,11 @@ Prefill: fresh prompts (causal, no cached positions) and prompt chunks after cac
 prefix-cache hit, or the second chunk of a long prompt), where torch needs a boolean mask.
 Decode: one new token per sequence over its cached positions (blocks in table order, as a fresh
 engine hands them out), and 64 sequences that share their first 512 positions' blocks (the C
-kernel's shared-prefix path: the prefix read once for all 64 tokens).
+kernel's shared-prefix path: the prefix read once for all 64 tokens). With `--layers 30` each
+decode case cycles through 30 layers' caches, as a decode step of the embedded model does, so
+that its keys and values come from memory rather than the caches.
 
-    .venv/bin/python benchmarks/attention.py [--rounds 5]
+    .venv/bin/python benchmarks/attention.py [--rounds 5] [--layers 1]
 """
 
 from __future__ import annotations
@@ -61,13 +63,16 @@ DECODE_CASES = {  # name -> (sequences, cached positions each, shared leading po
 }
 
 
-def run_decode_case(seqs: int, positions: int, shared: int, rounds: int) -> tuple[float, float, float]:
-    """(C seconds, torch seconds, max |difference|) for one layer's decode attention."""
+def run_decode_case(seqs: int, positions: int, shared: int, rounds: int,
+                    layers: int) -> tuple[float, float, float]:
+    """(C seconds, torch seconds, max |difference|) for one layer's decode attention: the mean
+    over `layers` layers' caches called in turn, as a decode step calls them (with 30, the
+    embedded model's, they no longer fit the caches and come from memory)."""
     blocks, shared_blocks = -(-positions // BLOCK), shared // BLOCK
     gen = torch.Generator().manual_seed(1)
     pool = seqs * (blocks - shared_blocks) + shared_blocks + 1
-    k_cache, v_cache = (torch.randn(pool, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
-                        for _ in range(2))
+    caches = [tuple(torch.randn(pool, BLOCK, KV_HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
+                    for _ in range(2)) for _ in range(layers)]
     own = blocks - shared_blocks
     tables = [list(range(1, 1 + shared_blocks))
               + list(range(1 + shared_blocks + i * own, 1 + shared_blocks + (i + 1) * own)) for i in range(seqs)]
@@ -75,28 +80,38 @@ def run_decode_case(seqs: int, positions: int, shared: int, rounds: int) -> tupl
     q = torch.randn(seqs, HEADS, HEAD_DIM, generator=gen).to(torch.bfloat16)
     ours, theirs = torch.empty_like(q), torch.empty_like(q)
     rows = torch.arange(seqs, dtype=torch.int32)
-    c_s = best_seconds(lambda: cpu_ops.paged_decode_attention(
-        q, k_cache, v_cache, meta.block_tables, meta.seq_lens, rows, rows, 0.125, ours), rounds)
-    torch_s = best_seconds(lambda: torch_paged._decode(q, k_cache, v_cache, meta, 0.125,
-                                                       meta.decode_seqs, theirs), rounds)
+
+    def ours_step() -> None:
+        for k_cache, v_cache in caches:
+            cpu_ops.paged_decode_attention(q, k_cache, v_cache, meta.block_tables, meta.seq_lens,
+                                           rows, rows, 0.125, ours)
+
+    def torch_step() -> None:
+        for k_cache, v_cache in caches:
+            torch_paged._decode(q, k_cache, v_cache, meta, 0.125, meta.decode_seqs, theirs)
+
+    c_s, torch_s = best_seconds(ours_step, rounds) / layers, best_seconds(torch_step, rounds) / layers
     return c_s, torch_s, (ours.float() - theirs.float()).abs().max().item()
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=positive_int, default=5)
+    parser.add_argument("--layers", type=positive_int, default=1,
+                        help="decode cases: layers' caches called in turn (30: from memory, as in "
+                             "a decode step of the embedded model)")
     args = parser.parse_args()
     probe = torch.zeros(1, HEADS, HEAD_DIM, dtype=torch.bfloat16)
     if not cpu_ops.prefill_attention_fits(probe, torch.zeros(1, BLOCK, KV_HEADS, HEAD_DIM, dtype=torch.bfloat16)):
         raise SystemExit("the C prefill attention needs a CPU with AVX512-BF16 and a C compiler")
-    print(f"{torch.get_num_threads()} threads, one layer ({HEADS} heads, {KV_HEADS} KV heads, head dim {HEAD_DIM}), bf16, best of {args.rounds}")
+    print(f"{torch.get_num_threads()} threads, one layer ({HEADS} heads, {KV_HEADS} KV heads, head dim {HEAD_DIM}), bf16, best of {args.rounds}; decode over {args.layers} layers' caches")
     for name, (seqs, new, context) in CASES.items():
         c_s, torch_s, diff = run_case(seqs, new, context, args.rounds)
         pairs = seqs * HEADS * new * (context + (new + 1) / 2)  # (query, key) pairs attended
         print(f"{name:36} C {c_s * 1e3:6.2f} ms ({c_s / pairs * 1e9:.2f} ns/pair)  torch {torch_s * 1e3:6.2f} ms"
               f"  RATIO {torch_s / c_s:.2f}x  max |diff| {diff:.3g}")
     for name, (seqs, positions, shared) in DECODE_CASES.items():
-        c_s, torch_s, diff = run_decode_case(seqs, positions, shared, args.rounds)
+        c_s, torch_s, diff = run_decode_case(seqs, positions, shared, args.rounds, args.layers)
         per = c_s / (seqs * positions * KV_HEADS) * 1e9
         print(f"{name:36} C {c_s * 1e3:6.2f} ms ({per:.2f} ns/position/KV head)  torch {torch_s * 1e3:6.2f} ms"
               f"  RATIO {torch_s / c_s:.2f}x  max |diff| {diff:.3g}")

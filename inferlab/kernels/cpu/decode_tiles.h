@@ -68,21 +68,43 @@ static inline __attribute__((always_inline)) void prefetch_two_chunks(const uint
     }
 }
 
+/* An ask for the chunk of 16 positions from c (a multiple of 16, in blocks of 16 or more: 16
+ * rows of one block), all heads of the range: into L1, or into L2 only (`l2`). */
+static inline __attribute__((always_inline)) void prefetch_chunk(const uint16_t *cache, span_t s,
+                                                                int64_t c, const int l2) {
+    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2, row = s.num_kv_heads * s.dim;
+    if (c >= s.len) return;
+    const char *at = (const char *)(cache + kv_offset(s.table, c, s.block_size, s.num_kv_heads, s.h0, s.dim));
+    for (int64_t i = 0; i < 16 && c + i < s.len; i++, at += row * 2)
+        for (int64_t b = 0; b < bytes; b += 64) {
+            if (l2) _mm_prefetch(at + b, _MM_HINT_T1);
+            else _mm_prefetch(at + b, _MM_HINT_T0);
+        }
+}
+
+/* How far ahead (positions) the register kernels ask L2 for the keys and values, besides asking
+ * L1 one and two chunks ahead: L1 has room for few requests in flight, and a chunk (6 KB for
+ * the embedded model's 3 KV heads) takes longer to arrive from memory than to multiply. On an
+ * AMD EPYC (Zen 4), 30 layers' decode attention from memory went 31.1 -> 22.7 ms (64 tokens x
+ * 318 positions), 36.5 -> 23.6 (the same over blocks in random order), 61.5 -> 48.4 (64 x 830,
+ * 512 shared), 12.6 -> 8.9 (16 x 500), 1.05 -> 0.90 (one token x 228); 64 positions ahead
+ * alike, 16 and 32 less. */
+#define L2_AHEAD 48
+
 /* Rows of the 16 positions from p0 (past the end: position p0 again, its results unused), at
  * head h0; and a prefetch of the chunks after them, all heads of the range. The blocks are
  * scattered, so the hardware prefetchers do not see them coming. With `twice`, each line is
- * asked for two chunks and one chunk ahead: on an AMD EPYC (Zen 5), 64 tokens of 420 positions
- * over blocks in random order took 41 -> 22 ns a position (asking one chunk ahead twice: 23;
- * only two chunks ahead: 32), so the first request is often lost. Blocks in order: no change.
- * On the Intel Xeon with AMX the second asks stalled on its 16 fill buffers instead: the AMX
- * decode asks once, two chunks ahead (16 tokens of 400 positions from memory, 30 layers:
- * 10.0-10.2 -> 9.2-9.5 ms). Blocks smaller than a chunk, position by position, ask twice
- * either way. */
+ * asked for two chunks and one chunk ahead, and L2 for L2_AHEAD positions ahead: on an AMD EPYC
+ * (Zen 5), 64 tokens of 420 positions over blocks in random order took 41 -> 22 ns a position
+ * (asking one chunk ahead twice: 23; only two chunks ahead: 32), so the first request is often
+ * lost. Blocks in order: no change. On the Intel Xeon with AMX the second asks stalled on its
+ * 16 fill buffers instead: the AMX decode asks once, two chunks ahead (16 tokens of 400
+ * positions from memory, 30 layers: 10.0-10.2 -> 9.2-9.5 ms). Blocks smaller than a chunk,
+ * position by position, ask twice either way. */
 static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cache, span_t s,
                                                             int64_t p0, const uint16_t *rows[16],
                                                             const int twice) {
     int n = s.len - p0 < 16 ? (int)(s.len - p0) : 16;
-    const int64_t bytes = (s.h1 - s.h0) * s.dim * 2, row = s.num_kv_heads * s.dim;
     if (s.block_size < 16) {  /* a chunk spans blocks: position by position */
         for (int i = 0; i < 16; i++)
             rows[i] = cache + kv_offset(s.table, p0 + (i < n ? i : 0), s.block_size, s.num_kv_heads, s.h0, s.dim);
@@ -90,13 +112,11 @@ static inline __attribute__((always_inline)) int chunk_rows(const uint16_t *cach
         return n;
     }
     /* p0 a multiple of 16 and blocks of 16 or more (powers of two): a chunk is 16 rows of one
-     * block, `row` elements apart, found with one lookup in the table */
+     * block, num_kv_heads * dim elements apart, found with one lookup in the table */
     const uint16_t *first = cache + kv_offset(s.table, p0, s.block_size, s.num_kv_heads, s.h0, s.dim);
-    for (int i = 0; i < 16; i++) rows[i] = first + (i < n ? i : 0) * row;
-    for (int64_t c = p0 + (twice ? 16 : 32); c < p0 + 48 && c < s.len; c += 16) {
-        const char *next = (const char *)(cache + kv_offset(s.table, c, s.block_size, s.num_kv_heads, s.h0, s.dim));
-        for (int64_t i = 0; i < 16 && c + i < s.len; i++, next += row * 2) prefetch_lines(next, bytes);
-    }
+    for (int i = 0; i < 16; i++) rows[i] = first + (i < n ? i : 0) * s.num_kv_heads * s.dim;
+    for (int64_t c = p0 + (twice ? 16 : 32); c < p0 + 48; c += 16) prefetch_chunk(cache, s, c, 0);
+    if (twice) prefetch_chunk(cache, s, p0 + L2_AHEAD, 1);
     return n;
 }
 
@@ -330,6 +350,11 @@ static inline __attribute__((always_inline)) void attend_weights(
         int64_t from, rows_t w) {
     prefetch_two_chunks(k_cache, s, from);
     prefetch_two_chunks(v_cache, s, from);
+    if (s.block_size >= 16)  /* L2's stream starts where chunk_rows' asks do not reach early */
+        for (int64_t c = from + 32; c < from + L2_AHEAD; c += 16) {
+            prefetch_chunk(k_cache, s, c, 1);
+            prefetch_chunk(v_cache, s, c, 1);
+        }
     scores_bf16(q, k_cache, s, scale, w.scores, w.stride, w.head_rows, from, s.len);
     for (int64_t h = 0; h < s.h1 - s.h0; h++) {
         float *head = w.scores + h * w.head_rows * w.stride;
