@@ -21,9 +21,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("model", nargs="?", default=None,
                         help="HF model directory or .gguf file (default: the embedded model)")
     parser.add_argument("--dtype", type=lambda name: DTYPE_ALIASES.get(name, name),
-                        choices=tuple(_DTYPE_BYTES), default="bfloat16",
-                        help="dtype the byte counts are given for (default: bfloat16; half and "
-                             "float as vLLM names float16 and float32)")
+                        choices=("auto", *_DTYPE_BYTES), default="bfloat16",
+                        help="dtype the byte counts are given for (default: bfloat16; auto: the "
+                             "one serve picks on this machine; half and float as vLLM names "
+                             "float16 and float32)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.set_defaults(func=run_info)
 
@@ -127,7 +128,17 @@ def _checkpoint_bytes(path: str) -> int:
                if f.endswith(".safetensors"))
 
 
+def _served_dtype(dtype: str) -> str:
+    """`auto` as serve resolves it here (bf16 on a GPU or a CPU with fast bf16, else fp32)."""
+    if dtype != "auto":
+        return dtype
+    from inferlab.engine.platform import resolve_device, resolve_dtype
+
+    return str(resolve_dtype("auto", resolve_device("auto"))).removeprefix("torch.")
+
+
 def run_info(args: argparse.Namespace) -> int:
+    args.dtype = _served_dtype(args.dtype)
     info = model_info(args.model, args.dtype)
     if args.json:
         print(json.dumps(info, indent=2))

@@ -312,3 +312,13 @@ def test_info_takes_vllms_dtype_aliases(capsys, alias, dtype, kv_bytes):
     assert main(["info", "--json", "--dtype", alias]) == 0
     info = json.loads(capsys.readouterr().out)
     assert (info["dtype"], info["kv_bytes_per_token"]) == (dtype, kv_bytes)
+
+
+def test_info_dtype_auto_is_what_serve_picks_here(capsys):
+    """vLLM's default --dtype; serve resolves it to bf16 where the CPU has fast bf16, else fp32."""
+    from inferlab.engine.platform import cpu_has_fast_bf16
+
+    assert main(["info", "--json", "--dtype", "auto"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    expected = ("bfloat16", 23_040) if cpu_has_fast_bf16() else ("float32", 46_080)
+    assert (info["dtype"], info["kv_bytes_per_token"]) == expected
