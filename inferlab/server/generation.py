@@ -15,7 +15,7 @@ import functools
 import secrets
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Sequence
 from typing import Any
 
 from inferlab.engine.async_engine import (
@@ -99,6 +99,10 @@ class Generation:
             started.add(index)
             self._latest[index] = item  # usage counts are right from the first chunk on
             self._buffer.append((index, item))
+        if _none_started(self._latest.values()):  # a stream too: no header has gone out yet
+            self._finished.update(started)
+            await self.close()
+            raise _shut_before_start()
 
     async def _submit(self) -> None:
         prompt_ids = await self.engine.submit_all(
@@ -123,8 +127,8 @@ class Generation:
         async for _ in self.outputs():
             pass
         finals = [self._latest[i] for i in range(len(self.prompts))]
-        if all(c.finish_reason == "abort" and not c.token_ids for out in finals for c in out.outputs):
-            raise APIError(503, "the server shut down before this request started", code="shutting_down")
+        if _none_started(finals):
+            raise _shut_before_start()
         return finals
 
     async def close(self) -> None:
@@ -204,6 +208,16 @@ class BeamGeneration(Generation):
         for task in self._tasks:
             task.cancel()  # the round's requests are aborted as their streams close
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _none_started(outputs: Iterable[RequestOutput]) -> bool:
+    """Every prompt finished aborted before its first token: the server shut down first."""
+    return all(out.finished and all(c.finish_reason == "abort" and not c.token_ids for c in out.outputs)
+               for out in outputs)
+
+
+def _shut_before_start() -> APIError:
+    return APIError(503, "the server shut down before this request started", code="shutting_down")
 
 
 def _start_error(error: BaseException) -> APIError | PromptError:

@@ -184,25 +184,31 @@ def test_a_body_still_coming_at_sigterm_is_answered_503_and_does_not_hold_the_ex
 def test_a_whole_answer_aborted_before_its_first_token_is_a_503_to_retry():
     """A request still queued behind a stream (one sequence at a time) when the grace period
     ends never ran: once a 200 with an empty text and finish_reason "abort", which a client
-    takes for the answer; now a 503 with Retry-After, which it retries on another replica."""
+    takes for the answer; now a 503 with Retry-After, which it retries on another replica. A
+    queued stream likewise: its headers wait for its first output (once a 200 whose one chunk
+    was that empty abort)."""
     with _serving("--shutdown-timeout", "1", "--max-num-seqs", "1") as (proc, url, err):
         events: list[str] = []
         streamer = _streaming(url, {}, events)
         replies: list[httpx.Response] = []
-        queued = threading.Thread(target=lambda: replies.append(httpx.post(
-            f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 5}, timeout=60)))
-        queued.start()
-        assert wait_until(lambda: 'vllm:num_requests_waiting{model_name="cli-model"} 1.0' in
+        queued = [threading.Thread(target=lambda stream=stream: replies.append(httpx.post(
+            f"{url}/v1/completions", json={"prompt": "Hi", "max_tokens": 5, "stream": stream},
+            timeout=60))) for stream in (False, True)]
+        for thread in queued:
+            thread.start()
+        assert wait_until(lambda: 'vllm:num_requests_waiting{model_name="cli-model"} 2.0' in
                           httpx.get(f"{url}/metrics", timeout=30).text, timeout_s=30)
         proc.send_signal(signal.SIGTERM)
-        queued.join(timeout=60)
+        for thread in queued:
+            thread.join(timeout=60)
         streamer.join(timeout=60)
-        assert (replies[0].status_code, replies[0].headers.get("Retry-After")) == (503, "1")
-        assert replies[0].json()["error"]["code"] == "shutting_down"
+        for reply in replies:
+            assert (reply.status_code, reply.headers.get("Retry-After")) == (503, "1"), reply.text
+            assert reply.json()["error"]["code"] == "shutting_down"
         assert json.loads(events[-2])["choices"][0]["finish_reason"] == "abort"  # it had tokens
         assert proc.wait(timeout=30) == 0
     refused = [line for line in err if "status=503" in line]
-    assert refused and "ttft_ms" not in refused[0]  # no token came: once a TTFT all the same
+    assert len(refused) == 2 and not any("ttft_ms" in line for line in refused)  # no token came
 
 
 def test_a_second_ctrl_c_ends_the_drain_at_once():
