@@ -2,8 +2,9 @@
 
 SIGTERM (or Ctrl-C): stop accepting connections, answer new requests on open ones with 503,
 give in-flight requests `shutdown_timeout_s` to finish, then abort the rest (their streams end
-with finish_reason "abort" and [DONE]; a whole answer, a beam search's or one that had no token
-yet, is a 503 with Retry-After instead) and stop the engine.
+with finish_reason "abort" and [DONE]; a request that had no token yet, streamed or not, and a
+whole answer still to come, a beam search's, are a 503 with Retry-After instead) and stop the
+engine.
 """
 
 from __future__ import annotations
