@@ -40,10 +40,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--weight-format", default=None,
                    help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size); "
                         "-asym after int8-wo or int4-g… adds zero points "
-                        "(default: a compressed-tensors checkpoint's own, else bf16)")
+                        f"(default: a compressed-tensors checkpoint's own, else bf16; on {CPU_LOCAL} "
+                        "fp32 where the CPU has no fast bf16, as the engine's --dtype auto)")
     p.add_argument("--kv-dtype", default=None,
                    help=f"one of {', '.join(KV_DTYPES)} (default: the weights' dense dtype, as "
-                        "vLLM's kv_cache_dtype auto and the engine take it)")
+                        f"vLLM's kv_cache_dtype auto and the engine take it; on {CPU_LOCAL} only "
+                        "that one)")
     p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
     p.add_argument("--tensor-parallel", "-tp", type=int, default=DEFAULTS.tensor_parallel)
     p.add_argument("--memory", default=None, help="override the device memory (e.g. 24GiB)")
@@ -104,14 +106,29 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
         raise InferlabError(f"--tensor-parallel {args.tensor_parallel}: inferlab's engine runs "
                             f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
     model = resolve_model(args.model)
+    cpu_local = args.hardware.lower() == CPU_LOCAL
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
-           else checkpoint_weight_format(model) or weight_format("bf16"))
+           else checkpoint_weight_format(model) or weight_format(_dense_default(cpu_local)))
+    if cpu_local and args.kv_dtype is not None and args.kv_dtype.lower() != fmt.dense_dtype:
+        raise InferlabError(f"--kv-dtype {args.kv_dtype}: inferlab's engine keeps the KV cache in "
+                            f"the weights' dense dtype ({fmt.dense_dtype}) on {CPU_LOCAL}; leave "
+                            f"--kv-dtype out")
     kv_bytes = None if args.kv_cache_memory is None else _size(args.kv_cache_memory, "--kv-cache-memory")
     inputs = functools.partial(_inputs, args, model, fmt, Workload.parse(args.workload),
                                SLO.parse(args.slo), kv_bytes)
-    if args.hardware.lower() == CPU_LOCAL:  # every setting checked before measuring (15-45 s)
+    if cpu_local:  # every setting checked before measuring (15-45 s)
         inputs(resolve_hardware(args, stand_in=True))
     return inputs(resolve_hardware(args))
+
+
+def _dense_default(cpu_local: bool) -> str:
+    """bf16, but on this machine what the engine's --dtype auto runs: fp32 on a CPU without fast
+    bf16 (no AMX or AVX512-BF16)."""
+    if not cpu_local:
+        return "bf16"
+    from inferlab.engine.platform import cpu_has_fast_bf16
+
+    return "bf16" if cpu_has_fast_bf16() else "fp32"
 
 
 def _inputs(args: argparse.Namespace, model: ModelSpec, fmt: WeightFormat, workload: Workload,

@@ -278,9 +278,9 @@ def _read_cache(cache_path: Path) -> dict[str, Any]:
         return {}
     except ValueError:  # not JSON, or not UTF-8
         cached = None
-    if not isinstance(cached, dict):
-        raise InferlabError(f"--cache {cache_path}: not a cpu-local cache (a JSON object); "
-                            f"remove it or choose another path")
+    if not isinstance(cached, dict) or "cpu" not in cached:  # a cache, however stale, names its CPU
+        raise InferlabError(f"--cache {cache_path}: not a cpu-local cache (a JSON object naming "
+                            f"its \"cpu\"); remove it or choose another path")
     return cached
 
 

@@ -156,6 +156,30 @@ def test_an_unset_kv_dtype_follows_the_weights(capsys):
     assert kv("--weight-format", "fp32", "--kv-dtype", "bf16") == (23_040, 182)
 
 
+def test_cpu_local_plans_the_dtype_the_engine_runs_here(capsys, cache, monkeypatch):
+    """On a CPU without AMX or AVX512-BF16 the engine's --dtype auto is fp32 (46,080 B of KV a
+    token: 2 GiB // (16 × 46,080) = 2,912 blocks); the plan once assumed bf16 there (5,825)."""
+    def plan(*argv: str) -> tuple[int, dict]:
+        code, out, _ = _run(capsys, "--cache", str(cache), "--json", *argv)
+        return code, json.loads(out) if out else {}
+
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512f"}))
+    code, fp32 = plan()
+    assert code == 0 and fp32["weights"]["format"] == "fp32"
+    assert (fp32["memory"]["kv_bytes_per_token"], fp32["memory"]["num_blocks"]) == (46_080, 2_912)
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    code, bf16 = plan()
+    assert (bf16["memory"]["kv_bytes_per_token"], bf16["memory"]["num_blocks"]) == (23_040, 5_825)
+
+
+def test_cpu_local_refuses_a_kv_dtype_the_engine_cannot_keep(capsys, cache):
+    """The engine has no KV dtype of its own: the cache is in the weights' dtype."""
+    code, out, err = _run(capsys, "--cache", str(cache), "--weight-format", "bf16", "--kv-dtype", "fp8")
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert "--kv-dtype fp8: inferlab's engine keeps the KV cache in the weights' dense dtype (bf16)" in err
+    assert _run(capsys, "--cache", str(cache), "--weight-format", "bf16", "--kv-dtype", "BF16")[0] == 0
+
+
 def test_another_architecture_is_named_before_its_fields(capsys, tmp_path):
     """Once "missing field 'num_attention_heads'" for a GPT-2 config.json."""
     (tmp_path / "gpt2").mkdir()

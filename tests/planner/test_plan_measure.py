@@ -57,11 +57,12 @@ def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("remeasure", [False, True], ids=["cached", "--measure"])
-@pytest.mark.parametrize("content", [b"\xff\xfe", b"[]", b"not json", b"hello\n"])
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"[]", b"not json", b"hello\n",
+                                     b'{"name": "my-app", "dependencies": {}}'])
 def test_a_file_that_is_no_cache_is_refused_not_overwritten(tmp_path, monkeypatch, content,
                                                             remeasure):
     """Once a traceback (bad UTF-8, a list); text that is not JSON was measured over, and with
-    --measure any file was."""
+    --measure any file was; then any JSON object was (a package.json)."""
     cache = tmp_path / "notes.json"
     cache.write_bytes(content)
     monkeypatch.setattr("inferlab.planner.measure.measure_cpu", _no_measuring)
