@@ -42,7 +42,7 @@ class BeamSearchParams:
     def __post_init__(self) -> None:
         checks = [
             (1 <= self.beam_width <= MAX_BEAM_WIDTH,
-             f"beam width must be in [1, {MAX_BEAM_WIDTH}], got {self.beam_width}"),
+             f"beam_width must be in [1, {MAX_BEAM_WIDTH}] (the number of beams), got {self.beam_width}"),
             (self.max_tokens is None or self.max_tokens >= 1,
              f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20,

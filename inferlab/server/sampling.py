@@ -238,5 +238,5 @@ def beam_search_params(req: SamplingFields, params: SamplingParams) -> BeamSearc
                                 truncate_prompt_tokens=params.truncate_prompt_tokens,
                                 cache_salt=params.cache_salt,
                                 skip_special_tokens=params.skip_special_tokens)
-    except ValueError as e:
-        raise bad_request(f"{e} (n is the beam width)", "n") from None
+    except ValueError as e:  # named as the request sets it: n is the beam width
+        raise parameter_error(str(e), {"beam_width": "n"}) from None

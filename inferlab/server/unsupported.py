@@ -29,7 +29,7 @@ _NEUTRAL: dict[str, Callable[[Any, dict[str, Any]], bool]] = {
     "functions": _empty,  # the deprecated form of tools
     "function_call": lambda v, _: _empty(v, _) or v == "none",
     "suffix": _empty,
-    "best_of": lambda v, body: v is None or v == 1 or v == body.get("n", 1),
+    "best_of": lambda v, body: v is None or v == _n(body),
     "audio": _empty,
     "modalities": lambda v, _: _empty(v, _) or v == ["text"],
     "prediction": _empty,
@@ -55,11 +55,19 @@ _TYPES: dict[str, tuple[type, str]] = {"spaces_between_special_tokens": (bool, "
                                        "parallel_tool_calls": (bool, "true or false")}
 
 
+def _n(body: dict[str, Any]) -> Any:
+    return 1 if body.get("n") is None else body["n"]
+
+
 def reject_unsupported(body: dict[str, Any], served: Collection[str] = ()) -> None:
     """served: the fields the route's request declares."""
     for name, (kind, words) in _TYPES.items():
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise bad_request(f"'{name}' must be {words}, got {body[name]!r}", name)
+    best_of, n = body.get("best_of"), _n(body)
+    if isinstance(best_of, int) and isinstance(n, int) and best_of < n:  # vLLM's words
+        raise bad_request(f"best_of must be greater than or equal to n, got n={n} and "
+                          f"best_of={best_of}", "best_of")
     for name, neutral in _NEUTRAL.items():
         if name in body and name not in served and not neutral(body[name], body):
             raise bad_request(f"'{name}' is not supported by this server", name)

@@ -72,7 +72,7 @@ def test_chat_beams(fp32_client):
 @pytest.mark.parametrize(("fields", "param", "words"), [
     ({"use_beam_search": True, "seed": 3}, "seed", "beam search does not take 'seed'"),
     ({"use_beam_search": True, "stop": ["."]}, "stop", "does not take 'stop'"),
-    ({"use_beam_search": True, "n": 11}, "n", "beam width must be in [1, 10]"),
+    ({"use_beam_search": True, "n": 11}, "n", "n must be in [1, 10] (the number of beams), got 11"),
     ({"length_penalty": 0.5}, "length_penalty", "needs 'use_beam_search'"),
     ({"use_beam_search": True, "max_tokens": 10**6}, "prompt", "more than the context"),
 ])
@@ -81,6 +81,17 @@ def test_what_beam_search_cannot_take_is_refused(fp32_server, fields, param, wor
                    json={"model": MODEL_NAME, "prompt": PROMPT, **fields})
     assert r.status_code == 400 and words in r.json()["error"]["message"], r.text
     assert r.json()["error"]["param"] == param
+
+
+def test_a_bad_beam_search_field_is_named_not_blamed_on_n(fp32_server):
+    """Once "length_penalty must be a finite number, got -inf (n is the beam width)", param n."""
+    body = (f'{{"model": "{MODEL_NAME}", "prompt": "Hi", "use_beam_search": true, "n": 2, '
+            f'"length_penalty": -1e400}}')
+    r = httpx.post(f"{fp32_server.url}/v1/completions", content=body, timeout=60,
+                   headers={**fp32_server.headers, "Content-Type": "application/json"})
+    error = r.json()["error"]
+    assert r.status_code == 400 and error["param"] == "length_penalty", r.text
+    assert error["message"] == "length_penalty must be a finite number, got -inf"
 
 
 def test_a_client_gone_mid_search_leaves_nothing_running(fp32_server):
