@@ -27,8 +27,8 @@ CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory s
 
 
 def parse_bytes(text: str | int | float, what: str | None = None) -> int:
-    """'2GiB', '512MiB', '1.5GB', '2G' (2 GiB), '2g' (2 GB), 1048576, 1e9 -> a whole number of
-    bytes; errors start with `what` (a flag's name) where given."""
+    """'2GiB', '512MiB', '1.5GB', '2G' (2 GiB), '2g' (2 GB), or a number (1048576, 1e9; not as
+    text) -> a whole number of bytes; errors start with `what` (a flag's name) where given."""
     try:
         return _bytes(text)
     except InferlabError as e:

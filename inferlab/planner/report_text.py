@@ -58,7 +58,7 @@ def _memory(plan: Plan) -> list[str]:
         f"    blocks          {mem.num_blocks:>12,}   of {mem.block_size} tokens ({format_bytes(mem.block_bytes)}"
         f" each): {mem.kv_tokens:,} tokens",
         f"    sequences       {mem.max_sequences(plan.context_len):>12,}   of {plan.context_len:,} tokens "
-        f"({ctx_blocks} blocks each) at once",
+        f"({ctx_blocks} block{'' if ctx_blocks == 1 else 's'} each) at once",
         f"    batch limit     {plan.max_batch:>12,}   {_workload_fit(plan)}max_num_seqs {cfg.max_num_seqs}, "
         f"max_num_batched_tokens {cfg.max_num_batched_tokens}{_step_budget_batch(plan)}",
     ]

@@ -110,14 +110,27 @@ def _validation_error(error: ValidationError) -> APIError:
     param = _param(first["loc"])
     if first["type"] == "missing":
         return bad_request(f"'{param}' is required", param)
-    if len(errors) > 1 and all(_param(e["loc"]) == param for e in errors):
-        # a union field: every alternative failed, so no single alternative's message fits
-        got = type(first.get("input")).__name__
-        return bad_request(f"'{param}' has the wrong type ({got}) or an invalid value", param)
+    roots = {_union_root(e["loc"]) for e in errors}
+    if len(errors) > 1 and len(roots) == 1 and None not in roots:
+        # a union field: every alternative failed (each at its own place: a list of token ids
+        # at its bad item), so no single alternative's message fits
+        root = roots.pop()
+        whole = [e["input"] for e in errors if _param(e["loc"]) == root and "input" in e]
+        got = f" ({type(whole[0]).__name__})" if whole else ""
+        return bad_request(f"'{root}' has the wrong type{got} or an invalid value", root)
     return bad_request(f"'{param}': {first['msg']}", param)
 
 
+def _is_tag(part: int | str) -> bool:
+    """A union alternative's name in an error's location (str, list[int]...)."""
+    return isinstance(part, str) and (part.lower() in _UNION_TAGS or "[" in part)
+
+
 def _param(loc: tuple[int | str, ...]) -> str:
-    parts = [str(p) for p in loc
-             if isinstance(p, int) or (p.lower() not in _UNION_TAGS and "[" not in p)]
-    return ".".join(parts)
+    return ".".join(str(p) for p in loc if not _is_tag(p))
+
+
+def _union_root(loc: tuple[int | str, ...]) -> str | None:
+    """The field whose union's alternative failed at loc (the path before its first tag)."""
+    tags = [i for i, part in enumerate(loc) if _is_tag(part)]
+    return _param(loc[:tags[0]]) if tags else None

@@ -62,6 +62,11 @@ def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache):
     assert json.loads(out)["memory"]["num_blocks"] == 182  # 67,108,864 // 368,640
 
 
+def test_a_sequence_of_one_block_is_said_so(capsys, cache):
+    code, out, _ = _run(capsys, "--cache", str(cache), "--block-size", "2048")
+    assert code == 0 and "(1 block each) at once" in out  # once "(1 blocks each)"
+
+
 def test_the_default_step_is_the_servers(capsys, cache):
     """A plan is for serving: `inferlab serve`'s max_num_batched_tokens (768) sets the
     activation peak and the prefill's chunks, not the offline commands' 2048."""

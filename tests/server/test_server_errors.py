@@ -58,6 +58,9 @@ def chat(server, **fields) -> httpx.Response:
     ({"stop": 7}, "stop", "wrong type"),
     ({"prompt": []}, "prompt", "empty"),
     ({"prompt": {"text": "Hi"}}, "prompt", "wrong type"),
+    # each alternative failed at its own place: once the string's "Input should be a valid string"
+    ({"prompt": [1, "a"]}, "prompt", "'prompt' has the wrong type (list) or an invalid value"),
+    ({"prompt": [[1, 2], [3, "a"]]}, "prompt", "'prompt' has the wrong type (list)"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
     ({"suffix": "and then"}, "suffix", "not supported"),
     ({"logit_bias": {"abc": 10}}, "logit_bias", "token ids"),
