@@ -3,7 +3,7 @@ factors it came from (`Plan.to_dict` is the `--json` output)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from inferlab.errors import InferlabError
@@ -15,8 +15,8 @@ from inferlab.planner.capacity import (
     check_rate_and_price,
     plan_capacity,
 )
-from inferlab.planner.hardware import Hardware
-from inferlab.planner.memory import WeightBytes, WeightFormat, weight_bytes
+from inferlab.planner.hardware import CPU_LOCAL, Hardware
+from inferlab.planner.memory import WeightBytes, WeightFormat, dtype_bytes, weight_bytes
 from inferlab.planner.model_shapes import ModelSpec
 from inferlab.planner.roofline import (
     CurvePoint,
@@ -124,6 +124,12 @@ def build_plan(inputs: PlanInputs) -> Plan:
             raise InferlabError(f"context of {tokens} tokens ({what}) exceeds {inputs.model.name}'s "
                                 f"maximum of {model.max_context}")
     weights = weight_bytes(model, fmt)
+    if hw.name == CPU_LOCAL and model.tie_word_embeddings and fmt.dense_dtype == "bf16":
+        from inferlab.engine.platform import cpu_has_fast_bf16  # where the packed kernels run
+
+        if cpu_has_fast_bf16():
+            weights = replace(weights, tied_head_copy_bytes=(
+                model.vocab_size * model.hidden_size * dtype_bytes("bf16")))
     memory = plan_memory(model, weights, inputs.memory, fmt.dense_dtype, hw.name)
     longest = max(sequence, context)
     if memory.max_sequences(longest) == 0:

@@ -27,3 +27,29 @@ def test_engine_allocates_exactly_the_planned_kv_blocks():
     allocated = sum(t.numel() * t.element_size() for kv in llm.engine.runner.kv_caches for t in kv)
     assert allocated == planned.num_blocks * planned.block_bytes
     assert allocated <= KV_BUDGET_BYTES
+
+
+def test_planned_weights_on_cpu_local_are_what_the_engine_holds(capsys, tmp_path):
+    """The engine's bf16 CPU kernels keep the tied lm_head packed beside the embedding table the
+    lookups read: 56,623,104 B more than the checkpoint's weights, once left out (22% short)."""
+    import json
+
+    import torch
+
+    from inferlab.cli import main
+    from inferlab.engine.platform import cpu_has_fast_bf16
+    from inferlab.kernels.cpu_linear import packed_linear_supported
+    from inferlab.planner.measure import cpu_name
+    from tests.planner.test_plan_cli import FIGURES
+
+    if not (cpu_has_fast_bf16() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)):
+        pytest.skip("the packed bf16 CPU kernels do not run here")
+    cache = tmp_path / "cpu.json"
+    cache.write_text(json.dumps(FIGURES | {"cpu": cpu_name()}))
+    assert main(["plan", "--cache", str(cache), "--json"]) == 0
+    planned = json.loads(capsys.readouterr().out)["memory"]["weight_bytes"]
+    model = llm_module.LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB").engine.loaded.model
+    tensors = [*model.named_parameters(), *model.named_buffers()]
+    held = {t.data_ptr(): t.numel() * t.element_size() for name, t in tensors
+            if not name.startswith("model.rotary.")}  # the RoPE tables: not weights
+    assert planned == sum(held.values()) == 269_030_016 + 49_152 * 576 * 2
