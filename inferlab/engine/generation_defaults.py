@@ -33,6 +33,9 @@ class GenerationDefaults:
         never be sampled, and min_tokens would index past the logits holding them back."""
         folder = loaded.path if source in ("auto", "vllm") else source
         generation = loaded.generation if folder == loaded.path else read_generation_config(folder)
+        if folder != loaded.path and not os.path.isfile(os.path.join(folder, FILE_NAME)):
+            logger.warning("--generation-config %s holds no %s: no request defaults from it",
+                           folder, FILE_NAME)  # a mistyped folder is otherwise silent
         sampling = {} if source == "vllm" else generation.sampling_defaults
         try:
             SamplingParams(**sampling)  # the checks a request's values get

@@ -92,7 +92,9 @@ class LLMEngine:
             max_model_len=self.max_model_len))
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
-        self.spec_counters = SpecDecodeCounters()
+        # every draft position listed from the start (at 0), as vLLM's per-position series are
+        drafts = config.speculative_config.num_speculative_tokens if config.speculative_config else 0
+        self.spec_counters = SpecDecodeCounters(accepted_per_position=[0] * drafts)
         self.last_step_tokens = 0  # tokens the last step computed (/metrics reads it)
         self._ids = itertools.count()
         # Frozen, what exists now (model, tokenizer, libraries) is skipped by the full collections a

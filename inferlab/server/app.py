@@ -60,19 +60,18 @@ def _add_api_routes(app: FastAPI, ctx: ServerContext, keyed: list) -> None:
     async def chat_completions(request: Request) -> Response:
         return await create_chat_completion(request, ctx)
 
-    def model_card() -> ModelCard:
-        path = ctx.engine.engine.config.model or "embedded"
-        return ModelCard(id=ctx.model_name, created=ctx.created, root=path,
+    def model_card(name: str) -> ModelCard:  # root: the weights loaded, as vLLM's is its path
+        return ModelCard(id=name, created=ctx.created, root=ctx.engine.engine.loaded.path,
                          max_model_len=ctx.engine.max_model_len)
 
     @_get(app, "/v1/models", dependencies=keyed)
-    async def models() -> ModelList:
-        return ModelList(data=[model_card()])
+    async def models() -> ModelList:  # a card a name, as vLLM lists them
+        return ModelList(data=[model_card(name) for name in ctx.model_names])
 
     @_get(app, "/v1/models/{name:path}", dependencies=keyed)  # names may hold slashes (org/model)
     async def model(name: str) -> ModelCard:
         ctx.check_model(name)
-        return model_card()
+        return model_card(name)
 
     @app.post("/tokenize", dependencies=keyed)
     async def tokenize_route(request: Request) -> dict:

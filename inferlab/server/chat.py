@@ -118,6 +118,7 @@ class _Formatter:
         self.req = req
         self.gen = gen
         self.id = response_id
+        self.model = ctx.reply_model_name(req.model)
         self.created = int(time.time())
         self.num_top = req.top_logprobs or 0
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
@@ -146,7 +147,7 @@ class _Formatter:
                                       logprobs=self._logprobs(c.logprobs),
                                       finish_reason=reply.finish_reason(c.finish_reason),
                                       stop_reason=c.stop_reason, token_ids=asked_ids(self.req, c.token_ids)))
-        return ChatCompletion(id=self.id, created=self.created, model=self.ctx.model_name,
+        return ChatCompletion(id=self.id, created=self.created, model=self.model,
                               choices=choices, usage=self.gen.usage(),
                               prompt_token_ids=asked_ids(self.req, final.prompt_token_ids))
 
@@ -181,7 +182,7 @@ class _Formatter:
                         stop_reason=c.stop_reason), so_far)
         if options is not None and options.include_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
-                                            model=self.ctx.model_name, choices=[],
+                                            model=self.model, choices=[],
                                             usage=self.gen.usage()))
 
     def _chunk(self, choice: ChatChunkChoice, choice_tokens: int | None,
@@ -192,7 +193,7 @@ class _Formatter:
             usage = self.gen.usage().model_copy(update={
                 "completion_tokens": choice_tokens,
                 "total_tokens": self.gen.prompt_tokens + choice_tokens})
-        return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.ctx.model_name,
+        return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                          choices=[choice], usage=usage,
                                          prompt_token_ids=prompt_token_ids))
 

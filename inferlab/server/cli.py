@@ -27,8 +27,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     group.add_argument("--port", type=int, default=_DEFAULTS["port"], help="0: any free port")
     group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY)")
-    group.add_argument("--served-model-name", default=None,
-                       help="the model name clients use (default: the model's file or folder name)")
+    group.add_argument("--served-model-name", nargs="+", default=None,
+                       help="the model names clients may use, the first in /v1/models first and "
+                            "in metrics (default: the model's file or folder name)")
     group.add_argument("--max-queued-requests", type=int, default=_DEFAULTS["max_queued_requests"],
                        help="sequences waiting for the engine before new requests get 503")
     group.add_argument("--max-request-body", default=str(_DEFAULTS["max_request_body_bytes"]),
@@ -82,9 +83,9 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from inferlab.models.chat_template import load_chat_template
     from inferlab.models.loader import model_display_name
 
+    names = args.served_model_name or [model_display_name(args.model)]
     return ServerSettings(
-        served_model_name=(model_display_name(args.model) if args.served_model_name is None
-                           else args.served_model_name),
+        served_model_name=names[0], served_model_aliases=tuple(names[1:]),
         host=args.host, port=args.port,
         api_key=args.api_key if args.api_key is not None else (os.environ.get("INFERLAB_API_KEY") or None),
         max_queued_requests=args.max_queued_requests,
@@ -101,13 +102,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 def run_serve(args: argparse.Namespace) -> int:
     from inferlab.engine.async_engine import AsyncEngine
+    from inferlab.models.loader import model_display_name
     from inferlab.server.runner import bind, serve
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
     bind(settings.host, settings.port).close()  # a taken port fails now, not after the model loads
     config = engine_config_from_args(args)  # bad engine flags fail before the model loads
-    print(f"inferlab: loading {settings.served_model_name}...", file=sys.stderr, flush=True)
+    print(f"inferlab: loading {model_display_name(args.model)}...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_config(config)
     asyncio.run(serve(engine, settings))
     return 0

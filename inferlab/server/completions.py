@@ -66,6 +66,7 @@ class _Formatter:
         self.req = req
         self.gen = gen
         self.id = response_id
+        self.model = ctx.reply_model_name(req.model)
         self.created = int(time.time())
         self.states: dict[tuple[int, int], _ChoiceState] = {}
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
@@ -74,7 +75,7 @@ class _Formatter:
     def whole(self, finals: list[RequestOutput]) -> Completion:
         choices = [self._choice(p, out, c, c.text, c.token_ids, c.logprobs)
                    for p, out in enumerate(finals) for c in out.outputs]
-        return Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+        return Completion(id=self.id, created=self.created, model=self.model,
                           choices=choices, usage=self.gen.usage(not self.echo_only))
 
     async def stream(self) -> AsyncIterator[bytes]:
@@ -90,10 +91,10 @@ class _Formatter:
                 if c.finished:
                     finished.add(key)
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
-                yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+                yield event(Completion(id=self.id, created=self.created, model=self.model,
                                        choices=[choice], usage=self._choice_usage(out, c) if continuous else None))
         if options is not None and options.include_usage:
-            yield event(Completion(id=self.id, created=self.created, model=self.ctx.model_name,
+            yield event(Completion(id=self.id, created=self.created, model=self.model,
                                    choices=[], usage=self.gen.usage(not self.echo_only)))
 
     def _choice_usage(self, out: RequestOutput, c: CompletionOutput) -> Usage:

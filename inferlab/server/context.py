@@ -27,6 +27,7 @@ class ServerContext:
         self.engine = engine
         self.settings = settings
         self.model_name = settings.served_model_name
+        self.model_names = (settings.served_model_name, *settings.served_model_aliases)
         self.created = int(time.time())
         self.admission = Admission(engine, settings.max_queued_requests)
         self.metrics = ServerMetrics(engine, self.model_name, lambda: self.admission.in_flight)
@@ -51,9 +52,14 @@ class ServerContext:
         return token_id_text if as_ids else self.token_texts
 
     def check_model(self, name: str | None) -> None:
-        if name is not None and name != self.model_name:
+        if name is not None and name not in self.model_names:
+            served = " or ".join(map(repr, self.model_names))
             raise APIError(404, f"the model {name!r} does not exist; this server serves "
-                                f"{self.model_name!r}", param="model", code="model_not_found")
+                                f"{served}", param="model", code="model_not_found")
+
+    def reply_model_name(self, name: str | None) -> str:
+        """The name a reply carries: the one the request asked by (checked), as vLLM answers."""
+        return name if name in self.model_names else self.model_name
 
     def is_healthy(self) -> bool:
         return not self.draining and self.engine.is_healthy(self.settings.health_max_silence_s)

@@ -15,7 +15,9 @@ MIN_HEALTH_MAX_SILENCE_S = 1.0
 
 @dataclass(frozen=True)
 class ServerSettings:
-    served_model_name: str  # the one name /v1/models lists and requests must use
+    served_model_name: str  # the name /v1/models lists first and metrics carry
+    # further names requests may use (vLLM's --served-model-name a b: a is served_model_name)
+    served_model_aliases: tuple[str, ...] = ()
     host: str = "127.0.0.1"
     port: int = 8000  # 0: an ephemeral port, printed when ready
     api_key: str | None = None  # None: no authentication
@@ -39,7 +41,8 @@ class ServerSettings:
 
     def __post_init__(self) -> None:
         checks = [
-            (bool(self.served_model_name), "served model name must not be empty"),
+            (bool(self.served_model_name) and all(self.served_model_aliases),
+             "served model names must not be empty"),
             (0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}"),
             (self.api_key is None or bool(self.api_key), "the API key must not be empty"),
             (self.max_queued_requests >= 1,

@@ -214,3 +214,14 @@ def test_preemption_drops_the_drafts():
     step = s.schedule()
     assert first.status is RequestStatus.PREEMPTED and first.spec_token_ids == []
     assert step.chunks == [] or all(c.request is not first for c in step.chunks)
+
+
+def test_every_draft_position_is_counted_from_the_start():
+    """vLLM lists each position's series at 0 before any draft is kept; once only positions a
+    step had verified were listed (never the last where the step budget cut the drafts)."""
+    from inferlab.config import EngineConfig
+    from inferlab.engine.llm_engine import LLMEngine
+
+    engine = LLMEngine(EngineConfig(dtype="float32", kv_cache_memory_bytes=8 * 2**20,
+                                    speculative_config={"num_speculative_tokens": 4}))
+    assert engine.spec_counters.accepted_per_position == [0, 0, 0, 0]

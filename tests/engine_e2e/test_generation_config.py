@@ -5,6 +5,7 @@ stops there too), and its sampling fields are the defaults of what requests leav
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 
 import pytest
@@ -128,3 +129,16 @@ def test_gguf_end_of_turn_and_message_ids_end_generations_too(tmp_path):
                                                        "tokenizer.ggml.eot_token_id": 7,
                                                        "tokenizer.ggml.eom_token_id": 9})
     assert read_gguf_config(str(path)).eos_token_ids == (2, 7, 9)
+
+
+def test_a_generation_config_folder_without_the_file_is_warned_of(model_dir, tmp_path, caplog):
+    """A mistyped --generation-config folder started silently with no defaults."""
+    (tmp_path / "empty").mkdir()
+    with caplog.at_level(logging.WARNING, logger="inferlab.engine"):
+        assert tiny_llm(model_dir, generation_config=str(tmp_path / "empty")).engine.generation.sampling == {}
+    assert f"--generation-config {tmp_path / 'empty'} holds no generation_config.json" in caplog.text
+    caplog.clear()
+    other = with_generation_config(model_dir, tmp_path / "other", top_p=0.5)
+    with caplog.at_level(logging.WARNING, logger="inferlab.engine"):
+        tiny_llm(model_dir, generation_config=str(other))
+    assert "holds no" not in caplog.text

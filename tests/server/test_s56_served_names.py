@@ -1,0 +1,36 @@
+"""vLLM's --served-model-name a b: requests may use any of the names, /v1/models lists a card a
+name (its root the weights loaded), and a reply carries the name it was asked by."""
+
+from __future__ import annotations
+
+import httpx
+from server_helpers import MODEL_NAME, start_server
+
+from inferlab.cli import parse_command_line
+from inferlab.server.cli import settings_from_args
+
+
+def test_serve_takes_several_names_the_first_the_primary():
+    """Once one name only: a second was taken for the model's path ('beta: no such file')."""
+    settings = settings_from_args(parse_command_line(["serve", "--served-model-name", "alpha", "beta"]))
+    assert (settings.served_model_name, settings.served_model_aliases) == ("alpha", ("beta",))
+
+
+def test_every_served_name_is_listed_answered_and_echoed(engine):
+    servers = start_server(engine, served_model_aliases=("org/alias",))
+    server = next(servers)
+    try:
+        cards = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
+        assert [card["id"] for card in cards] == [MODEL_NAME, "org/alias"]
+        assert {card["root"] for card in cards} == {engine.engine.loaded.path}  # once "embedded"
+        assert httpx.get(f"{server.url}/v1/models/org/alias", timeout=30).json()["id"] == "org/alias"
+        for name in (MODEL_NAME, "org/alias"):
+            reply = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                               json={"model": name, "prompt": "Hi", "max_tokens": 2})
+            assert reply.status_code == 200 and reply.json()["model"] == name
+        missing = httpx.post(f"{server.url}/v1/completions", timeout=60,
+                             json={"model": "other", "prompt": "Hi", "max_tokens": 2})
+        assert missing.status_code == 404
+        assert f"serves '{MODEL_NAME}' or 'org/alias'" in missing.json()["error"]["message"]
+    finally:
+        servers.close()
