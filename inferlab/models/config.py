@@ -33,7 +33,13 @@ _HF_DEFAULTS: dict[str, dict[str, int]] = {
 }
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
-_ROPE_MAY_HAVE = {"yarn": ("factor", "original_max_position_embeddings")}  # numbers where given
+_ROPE_MAY_HAVE = {  # positive numbers where given (null: layers.py's default)
+    "llama3": ("low_freq_factor", "high_freq_factor"),
+    "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
+             "attention_factor", "mscale", "mscale_all_dim")}
+# RoPE types whose pretraining length a top-level original_max_position_embeddings gives, before
+# their own (transformers' standardize_rope_params: Phi-3 keeps it outside the dict)
+_ROPE_ORIGINAL_OUTSIDE = ("llama3", "yarn")
 
 
 def check_architecture(architecture: str) -> None:
@@ -82,6 +88,15 @@ class ModelConfig:
             if not _positive_finite(value):  # NaN and inf: JSON's NaN and Infinity parse
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
                                      f"{key}, got {value!r}")
+        if kind == "llama3":
+            low, high = (self.rope_scaling.get(k) or d for k, d in (("low_freq_factor", 1.0),
+                                                                     ("high_freq_factor", 4.0)))
+            if high <= low:  # the blend between them divides by high - low
+                raise ModelLoadError(f"config: rope scaling 'llama3' needs high_freq_factor ({high}) "
+                                     f"above low_freq_factor ({low})")
+        for name in ("rope_theta", "rms_norm_eps"):
+            if not _positive_finite(getattr(self, name)):
+                raise ModelLoadError(f"config: {name} must be a positive number, got {getattr(self, name)!r}")
         if not math.isfinite(self._stretched_positions()):  # 1e308 x 10 is inf: no length
             base = ("original_max_position_embeddings" if kind == "yarn"
                     and self.rope_scaling.get("original_max_position_embeddings")
@@ -181,7 +196,7 @@ class ModelConfig:
                 max_position_embeddings=_whole(cfg, "max_position_embeddings",
                                                defaults["max_position_embeddings"]),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=float(rope_theta or 10000.0),
+                rope_theta=10000.0 if rope_theta is None else float(rope_theta),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # as transformers builds them: Qwen2's q, k, v always; Mistral's none; Llama's
@@ -229,6 +244,9 @@ def _rope(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
             rope_scaling = rope_params
     if rope_scaling is not None and rope_kind(rope_scaling) == "default":
         rope_scaling = None
+    outside = cfg.get("original_max_position_embeddings")
+    if rope_scaling is not None and rope_kind(rope_scaling) in _ROPE_ORIGINAL_OUTSIDE and outside is not None:
+        rope_scaling = {**rope_scaling, "original_max_position_embeddings": outside}
     return rope_theta, rope_scaling
 
 

@@ -63,7 +63,7 @@ def test_a_beam_that_writes_eos_finishes_and_is_ranked_by_its_score(make_llm):
 
 def test_beam_search_refuses_what_cannot_run(make_llm):
     llm = make_llm()
-    with pytest.raises(InvalidParameterError, match="beam width"):
+    with pytest.raises(InvalidParameterError, match="beam_width must be in"):
         BeamSearchParams(beam_width=11)
     with pytest.raises(InferlabError, match="more than the context"):
         llm.beam_search("Hello", BeamSearchParams(beam_width=2, max_tokens=llm.engine.max_model_len))

@@ -4,6 +4,7 @@ max_position_embeddings, and the RoPE table with it."""
 
 from __future__ import annotations
 
+import json
 import random
 
 import pytest
@@ -21,12 +22,17 @@ from .tiny_models import COMMON
 from .tiny_tokenizer import save_tokenizer
 
 POSITIONS = 64  # max_position_embeddings of the models below
-# name -> (transformers architecture, rope_scaling, the context vLLM derives: worked by hand)
+# name -> (transformers architecture, rope_scaling, the context vLLM derives: worked by hand,
+# other top-level config fields)
 SCALED = {
-    "linear": ("Llama", {"rope_type": "linear", "factor": 4.0}, 4 * POSITIONS),
+    "linear": ("Llama", {"rope_type": "linear", "factor": 4.0}, 4 * POSITIONS, {}),
     # YaRN counts from original_max_position_embeddings
     "yarn": ("Qwen2", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 48},
-             4 * 48),
+             4 * 48, {}),
+    # Phi-3's spelling, outside the dict, which transformers puts first: it was passed over (the
+    # tables then counted from 64 positions: logprobs off by up to 2.9 against transformers')
+    "yarn_outside": ("Llama", {"rope_type": "yarn", "factor": 4.0}, 4 * 40,
+                     {"original_max_position_embeddings": 40}),
 }
 
 
@@ -61,6 +67,45 @@ def test_yarns_numbers_are_checked_where_given(scaling, message):
         ModelConfig.from_hf_dict(_hf_dict(scaling))
 
 
+LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embeddings": 8}
+
+
+@pytest.mark.parametrize(("scaling", "fields", "message"), [
+    # each once a traceback when the model was built (float('x'), float(None), a list times a float)
+    ({**LLAMA3, "low_freq_factor": "x"}, {}, "'llama3' needs a positive number low_freq_factor, got 'x'"),
+    ({"rope_type": "yarn", "factor": 4.0, "beta_fast": "fast"}, {}, "needs a positive number beta_fast"),
+    ({"rope_type": "yarn", "factor": 4.0, "mscale": [1]}, {}, "needs a positive number mscale, got [1]"),
+    ({"rope_type": "yarn", "factor": 4.0, "attention_factor": "big"}, {}, "positive number attention_factor"),
+    ({**LLAMA3, "low_freq_factor": 4.0, "high_freq_factor": 4.0}, {},  # the blend divided by 0
+     "needs high_freq_factor (4.0) above low_freq_factor (4.0)"),
+    # transformers refuses the first; the second was read as 10000
+    (None, {"rms_norm_eps": -1}, "rms_norm_eps must be a positive number, got -1.0"),
+    (None, {"rope_theta": 0}, "rope_theta must be a positive number, got 0.0"),
+])
+def test_a_bad_rope_or_norm_number_is_a_one_line_config_error(scaling, fields, message):
+    with pytest.raises(ModelLoadError) as failed:
+        ModelConfig.from_hf_dict({**_hf_dict(scaling), **fields})
+    assert message in str(failed.value) and "\n" not in str(failed.value)
+
+
+def test_a_null_optional_rope_number_takes_its_default():
+    """high_freq_factor null: float(None) once; now 4, as when it is left out."""
+    config = ModelConfig.from_hf_dict(_hf_dict({**LLAMA3, "high_freq_factor": None}))
+    from inferlab.models.layers import rope_frequencies
+
+    given, _ = rope_frequencies(4, 10000.0, config.rope_scaling, 64)
+    default, _ = rope_frequencies(4, 10000.0, LLAMA3, 64)
+    assert torch.equal(given, default)
+
+
+def test_an_outside_original_length_serves_llama3_too():
+    """transformers moves a top-level original_max_position_embeddings into llama3's dict; it
+    was 'needs a positive number original_max_position_embeddings'."""
+    scaling = {k: v for k, v in LLAMA3.items() if k != "original_max_position_embeddings"}
+    config = ModelConfig.from_hf_dict({**_hf_dict(scaling), "original_max_position_embeddings": 8})
+    assert config.rope_scaling["original_max_position_embeddings"] == 8
+
+
 def test_a_sliding_window_still_caps_a_stretched_context():
     cfg = {**_hf_dict({"rope_type": "linear", "factor": 4.0}), "architectures": ["MistralForCausalLM"],
            "sliding_window": 100, "num_key_value_heads": 2}  # MistralConfig's default is 8
@@ -72,14 +117,20 @@ def scaled(request, tmp_path_factory):
     """(model directory, transformers' model, the context vLLM derives)."""
     import transformers
 
-    architecture, rope_scaling, context = SCALED[request.param]
+    architecture, rope_scaling, context, top_level = SCALED[request.param]
     config = getattr(transformers, f"{architecture}Config")(
-        **{**COMMON, "max_position_embeddings": POSITIONS, "rope_scaling": rope_scaling})
+        **{**COMMON, "max_position_embeddings": POSITIONS, "rope_scaling": rope_scaling, **top_level})
     torch.manual_seed(0)
     reference = getattr(transformers, f"{architecture}ForCausalLM")(config).eval()
     directory = tmp_path_factory.mktemp(request.param)
     reference.save_pretrained(directory, safe_serialization=True)
     save_tokenizer(directory)
+    if top_level:  # transformers writes them into the RoPE dict: put them back outside
+        saved = json.loads((directory / "config.json").read_text())
+        for params in (saved.get("rope_parameters"), saved.get("rope_scaling")):
+            for key in top_level:
+                (params or {}).pop(key, None)
+        (directory / "config.json").write_text(json.dumps({**saved, **top_level}))
     return directory, reference, context
 
 
