@@ -213,7 +213,9 @@ class ModelConfig:
             )
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
-        except ModelLoadError:  # a ValueError too, already saying what is wrong
+        except ModelLoadError as e:  # a ValueError too, already saying what is wrong
+            if str(e).startswith("config: "):  # __post_init__'s checks know no file: name it
+                raise ModelLoadError(f"{source}: {str(e).removeprefix('config: ')}") from None
             raise
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None

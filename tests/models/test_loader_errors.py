@@ -170,6 +170,9 @@ MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is rea
     ({"architectures": "LlamaForCausalLM"}, "architectures must be a list of names"),
     ({"eos_token_id": ["a"]}, "eos_token_id must be a whole number, got 'a'"),
     ({"num_attention_heads": 0}, "num_heads must be positive, got 0"),  # not a ZeroDivisionError
+    # the file named, as the other config errors name it (once "config: num_attention_heads ...")
+    ({"num_attention_heads": 4, "num_key_value_heads": 3},
+     "config.json: num_attention_heads (4) is not a multiple of num_key_value_heads (3)"),
 ])
 def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path, change, words, one_line_error):
     d = _copy(tiny_dir, tmp_path / "m")
