@@ -183,6 +183,8 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
         target, shard = _resolve(name)
         if shard is None:
             state[target] = tensor
+        elif target.endswith("qkv_proj.bias") and not cfg.attention_bias:  # named as stored
+            raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {cfg.architecture}")
         else:
             _check_part_shape(name, tensor, _part_shape(cfg, target, shard), source)
             shards.setdefault(target, {})[shard] = tensor
@@ -190,8 +192,9 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
         count = 3 if ".qkv_proj." in target else 2
         if len(parts) != count:
             names = ("q_proj", "k_proj", "v_proj") if count == 3 else ("gate_proj", "up_proj")
-            absent = [names[i] for i in range(count) if i not in parts]
-            raise ModelLoadError(f"{source}: missing tensors {target} parts {', '.join(absent)}")
+            fused = "qkv_proj" if count == 3 else "gate_up_proj"
+            absent = [target.replace(fused, names[i]) for i in range(count) if i not in parts]
+            raise ModelLoadError(f"{source}: missing tensors {', '.join(absent)}")
         if len({parts[i].shape[1:] for i in range(count)}) > 1:
             raise ModelLoadError(f"{source}: the parts of {target} disagree in shape")
         state[target] = torch.cat([parts[i] for i in range(count)], dim=0)

@@ -61,14 +61,38 @@ def test_config_contradicting_weights(tiny_dir, tmp_path):
         load_network(str(d))
 
 
-def test_missing_tensor(tiny_dir, tmp_path):
+@pytest.mark.parametrize("name", [
+    "model.norm.weight",
+    # a part of a fused layer, named as the checkpoint names it (once "...gate_up_proj.weight parts up_proj")
+    "model.layers.1.mlp.up_proj.weight",
+])
+def test_missing_tensor(tiny_dir, tmp_path, name):
     from safetensors.torch import load_file, save_file
 
     d = _copy(tiny_dir, tmp_path / "m")
     tensors = load_file(d / "model.safetensors")
-    del tensors["model.norm.weight"]
+    del tensors[name]
     save_file(tensors, d / "model.safetensors")
-    with pytest.raises(ModelLoadError, match="missing tensors model.norm.weight"):
+    with pytest.raises(ModelLoadError, match=f"missing tensors {re.escape(name)}$"):
+        load_network(str(d))
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    # a bias the config does not give: once named as the fused qkv_proj.bias, or as k and v missing
+    (("q_proj", "k_proj", "v_proj"), r"unexpected tensor 'model\.layers\.0\.self_attn\.[qkv]_proj\.bias'"),
+    (("q_proj",), "unexpected tensor 'model.layers.0.self_attn.q_proj.bias'"),
+])
+def test_a_checkpoint_tensor_is_named_as_stored(tiny_dir, tmp_path, extra, words):
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    d = _copy(tiny_dir, tmp_path / "m")
+    tensors = load_file(d / "model.safetensors")
+    for part in extra:
+        rows = tensors[f"model.layers.0.self_attn.{part}.weight"].shape[0]
+        tensors[f"model.layers.0.self_attn.{part}.bias"] = torch.zeros(rows)
+    save_file(tensors, d / "model.safetensors")
+    with pytest.raises(ModelLoadError, match=words):
         load_network(str(d))
 
 
