@@ -33,10 +33,12 @@ _HF_DEFAULTS: dict[str, dict[str, int]] = {
 }
 _QWEN = ("Qwen2ForCausalLM", "Qwen3ForCausalLM")
 _ROPE_NEEDS = {"linear": ("factor",), "llama3": ("factor", "original_max_position_embeddings")}
-_ROPE_MAY_HAVE = {  # positive numbers where given (null: layers.py's default)
+_ROPE_MAY_HAVE = {  # positive numbers where given (null, and 0 for _ROPE_ZERO_UNSET: the default)
     "llama3": ("low_freq_factor", "high_freq_factor"),
     "yarn": ("factor", "original_max_position_embeddings", "beta_fast", "beta_slow",
              "attention_factor", "mscale", "mscale_all_dim")}
+# read as unset at 0, as transformers reads them (beta_fast or 32, if mscale and mscale_all_dim)
+_ROPE_ZERO_UNSET = ("beta_fast", "beta_slow", "mscale", "mscale_all_dim")
 # RoPE types whose pretraining length a top-level original_max_position_embeddings gives, before
 # their own (transformers' standardize_rope_params: Phi-3 keeps it outside the dict)
 _ROPE_ORIGINAL_OUTSIDE = ("llama3", "yarn")
@@ -83,7 +85,8 @@ class ModelConfig:
                                  f"supported (supported: {', '.join(ROPE_TYPES)})")
         for key in _ROPE_NEEDS.get(kind, ()) + _ROPE_MAY_HAVE.get(kind, ()):
             value = (self.rope_scaling or {}).get(key)
-            if value is None and key in _ROPE_MAY_HAVE.get(kind, ()):
+            if key in _ROPE_MAY_HAVE.get(kind, ()) and (value is None or (
+                    key in _ROPE_ZERO_UNSET and value == 0 and not isinstance(value, bool))):
                 continue
             if not _positive_finite(value):  # NaN and inf: JSON's NaN and Infinity parse
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
@@ -196,7 +199,7 @@ class ModelConfig:
                 max_position_embeddings=_whole(cfg, "max_position_embeddings",
                                                defaults["max_position_embeddings"]),
                 rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-                rope_theta=10000.0 if rope_theta is None else float(rope_theta),
+                rope_theta=10000.0 if rope_theta is None else _number("rope_theta", rope_theta),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
                 # as transformers builds them: Qwen2's q, k, v always; Mistral's none; Llama's
@@ -253,6 +256,13 @@ def _rope(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
 
 
 _REQUIRED = object()
+
+
+def _number(name: str, value: Any) -> float:
+    """A JSON number as a float (true is no number, though a bool is an int)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ModelLoadError(f"config: {name} must be a number, got {value!r}")
+    return float(value)
 
 
 def _positive_finite(value: Any) -> bool:

@@ -7,6 +7,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from inferlab.errors import InferlabError
+from inferlab.models.config import ModelConfig
 from inferlab.planner.budget import MemoryConfig, MemoryPlan, plan_memory
 from inferlab.planner.capacity import (
     SLO,
@@ -114,6 +115,17 @@ def batch_limit(cfg: MemoryConfig, fitting: int, workload: Workload) -> tuple[in
     return limits[limited_by], limited_by
 
 
+def _packs_head(model: ModelConfig) -> bool:
+    """Whether the engine's bf16 CPU kernels hold this model's head packed (use_packed_linears)."""
+    import torch
+
+    from inferlab.kernels import cpu_ops
+    from inferlab.kernels.cpu_linear import packed_linear_supported
+
+    return (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+            and cpu_ops.bf16_linear_fits(model.vocab_size, model.hidden_size))
+
+
 def build_plan(inputs: PlanInputs) -> Plan:
     model, hw, fmt = inputs.model.config, inputs.hardware, inputs.weight_format
     tp = inputs.memory.tensor_parallel
@@ -124,12 +136,8 @@ def build_plan(inputs: PlanInputs) -> Plan:
             raise InferlabError(f"context of {tokens} tokens ({what}) exceeds {inputs.model.name}'s "
                                 f"maximum of {model.max_context}")
     weights = weight_bytes(model, fmt)
-    if hw.name == CPU_LOCAL and model.tie_word_embeddings and fmt.dense_dtype == "bf16":
-        from inferlab.engine.platform import cpu_has_fast_bf16  # where the packed kernels run
-
-        if cpu_has_fast_bf16():
-            weights = replace(weights, tied_head_copy_bytes=(
-                model.vocab_size * model.hidden_size * dtype_bytes("bf16")))
+    if hw.name == CPU_LOCAL and model.tie_word_embeddings and fmt.dense_dtype == "bf16" and _packs_head(model):
+        weights = replace(weights, tied_head_copy_bytes=model.vocab_size * model.hidden_size * dtype_bytes("bf16"))
     memory = plan_memory(model, weights, inputs.memory, fmt.dense_dtype, hw.name)
     longest = max(sequence, context)
     if memory.max_sequences(longest) == 0:

@@ -110,11 +110,10 @@ def _validation_error(error: ValidationError) -> APIError:
     param = _param(first["loc"])
     if first["type"] == "missing":
         return bad_request(f"'{param}' is required", param)
-    roots = {_union_root(e["loc"]) for e in errors}
-    if len(errors) > 1 and len(roots) == 1 and None not in roots:
+    root = _union_root(first["loc"])
+    if root is not None and sum(_union_root(e["loc"]) == root for e in errors) > 1:
         # a union field: every alternative failed (each at its own place: a list of token ids
-        # at its bad item), so no single alternative's message fits
-        root = roots.pop()
+        # at its bad item), so no single alternative's message fits; other fields' errors wait
         whole = [e["input"] for e in errors if _param(e["loc"]) == root and "input" in e]
         got = f" ({type(whole[0]).__name__})" if whole else ""
         return bad_request(f"'{root}' has the wrong type{got} or an invalid value", root)

@@ -12,6 +12,7 @@ import sys
 
 from inferlab.config import parse_bytes
 from inferlab.engine.args import add_engine_args, engine_config_from_args
+from inferlab.errors import InferlabError
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tool_call_formats import AUTO_PARSERS
@@ -83,7 +84,11 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from inferlab.models.chat_template import load_chat_template
     from inferlab.models.loader import model_display_name
 
-    names = args.served_model_name or [model_display_name(args.model)]
+    names = list(dict.fromkeys(args.served_model_name or [model_display_name(args.model)]))
+    if args.model is None and any(os.path.exists(name) for name in names[1:]):
+        path = next(name for name in names[1:] if os.path.exists(name))
+        raise InferlabError(f"--served-model-name takes every name after it, {path} too: put the "
+                            f"model before the flag (inferlab serve {path} --served-model-name ...)")
     return ServerSettings(
         served_model_name=names[0], served_model_aliases=tuple(names[1:]),
         host=args.host, port=args.port,

@@ -83,7 +83,7 @@ class Generation:
 
     async def start(self) -> None:
         """Hand every prompt to the engine; raises an APIError (or the PromptError) if the engine
-        refuses one."""
+        refuses one, and a 503 if the server shut down before any prompt had a token."""
         try:
             await self._submit()
         except Exception as e:

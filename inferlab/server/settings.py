@@ -42,7 +42,7 @@ class ServerSettings:
     def __post_init__(self) -> None:
         checks = [
             (bool(self.served_model_name) and all(self.served_model_aliases),
-             "served model names must not be empty"),
+             "a served model name must not be empty"),
             (0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}"),
             (self.api_key is None or bool(self.api_key), "the API key must not be empty"),
             (self.max_queued_requests >= 1,

@@ -81,11 +81,23 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embedding
     # transformers refuses the first; the second was read as 10000
     (None, {"rms_norm_eps": -1}, "rms_norm_eps must be a positive number, got -1.0"),
     (None, {"rope_theta": 0}, "rope_theta must be a positive number, got 0.0"),
+    (None, {"rope_theta": True}, "rope_theta must be a number, got True"),  # was read as 1.0
 ])
 def test_a_bad_rope_or_norm_number_is_a_one_line_config_error(scaling, fields, message):
     with pytest.raises(ModelLoadError) as failed:
         ModelConfig.from_hf_dict({**_hf_dict(scaling), **fields})
     assert message in str(failed.value) and "\n" not in str(failed.value)
+
+
+def test_a_zero_beta_or_mscale_is_unset_as_transformers_reads_it():
+    """DeepSeek-style mscale 0.707 with mscale_all_dim 0 loads in transformers (0: not set)."""
+    scaling = {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707, "mscale_all_dim": 0, "beta_fast": 0}
+    config = ModelConfig.from_hf_dict(_hf_dict(scaling))
+    from inferlab.models.layers import rope_frequencies
+
+    given = rope_frequencies(8, 10000.0, config.rope_scaling, 64)
+    unset = rope_frequencies(8, 10000.0, {"rope_type": "yarn", "factor": 4.0, "mscale": 0.707}, 64)
+    assert torch.equal(given[0], unset[0]) and given[1] == unset[1]
 
 
 def test_a_null_optional_rope_number_takes_its_default():

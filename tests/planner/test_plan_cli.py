@@ -177,6 +177,30 @@ def test_cpu_local_plans_the_dtype_the_engine_runs_here(capsys, cache, monkeypat
     assert (bf16["memory"]["kv_bytes_per_token"], bf16["memory"]["num_blocks"]) == (23_040, 5_825)
 
 
+def test_cpu_local_quantized_formats_keep_their_dense_layers_in_the_engines_dtype(capsys, cache, monkeypatch):
+    """Their embeddings, norms and KV cache are fp32 where --dtype auto is (they stayed bf16:
+    twice the blocks, and --kv-dtype fp32 was refused as 'not the weights' bf16')."""
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512f"}))
+    for argv in ([], ["--kv-dtype", "fp32"]):
+        code, out, _ = _run(capsys, "--cache", str(cache), "--json", "--weight-format", "int4-g64", *argv)
+        plan = json.loads(out)
+        assert code == 0 and plan["memory"]["kv_bytes_per_token"] == 46_080
+
+
+def test_a_tied_head_is_counted_twice_only_where_the_engine_packs_it(capsys, cache, monkeypatch):
+    """The packed copy exists where the bf16 kernels were built (use_packed_linears), not on
+    every CPU with bf16 instructions."""
+    def weights() -> int:
+        code, out, _ = _run(capsys, "--cache", str(cache), "--json", "--weight-format", "bf16")
+        return json.loads(out)["weights"]["tied_head_copy_bytes"]
+
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512_bf16"}))
+    monkeypatch.setattr("inferlab.kernels.cpu_linear.packed_linear_supported", lambda device, dtype: False)
+    assert weights() == 0
+    monkeypatch.setattr("inferlab.kernels.cpu_linear.packed_linear_supported", lambda device, dtype: True)
+    assert weights() == 49_152 * 576 * 2
+
+
 def test_cpu_local_refuses_a_kv_dtype_the_engine_cannot_keep(capsys, cache):
     """The engine has no KV dtype of its own: the cache is in the weights' dtype."""
     code, out, err = _run(capsys, "--cache", str(cache), "--weight-format", "bf16", "--kv-dtype", "fp8")

@@ -16,6 +16,19 @@ def test_serve_takes_several_names_the_first_the_primary():
     assert (settings.served_model_name, settings.served_model_aliases) == ("alpha", ("beta",))
 
 
+def test_a_model_path_after_the_names_is_refused_not_served_as_a_name(tmp_path):
+    """Before the several names, `--served-model-name a DIR` served DIR as a; then DIR became a
+    second name and the embedded model was served. Now it is refused, saying where DIR goes."""
+    import pytest
+
+    from inferlab.errors import InferlabError
+
+    with pytest.raises(InferlabError, match=f"put the model before the flag .inferlab serve {tmp_path} "):
+        settings_from_args(parse_command_line(["serve", "--served-model-name", "a", str(tmp_path)]))
+    twice = settings_from_args(parse_command_line(["serve", "--served-model-name", "a", "b", "a"]))
+    assert (twice.served_model_name, twice.served_model_aliases) == ("a", ("b",))
+
+
 def test_every_served_name_is_listed_answered_and_echoed(engine):
     servers = start_server(engine, served_model_aliases=("org/alias",))
     server = next(servers)

@@ -254,7 +254,7 @@ def test_serve_steps_in_smaller_chunks_than_the_offline_commands():
     (["--enable-auto-tool-choice"], "--enable-auto-tool-choice needs --tool-call-parser"),
     (["--timeout-keep-alive", "0"], "keep-alive timeout must be > 0 s, got 0.0"),
     (["--health-max-silence", "0.15"], "health max silence must be at least 1 s"),
-    (["--served-model-name", ""], "served model names must not be empty"),  # once the default name
+    (["--served-model-name", ""], "a served model name must not be empty"),  # once the default name
     (["--max-num-batched-tokens", "64"],  # vLLM's words; the default batch is 256 requests
      "max_num_batched_tokens (64) must be greater than or equal to max_num_seqs (256)"),
 ])

@@ -61,6 +61,8 @@ def chat(server, **fields) -> httpx.Response:
     # each alternative failed at its own place: once the string's "Input should be a valid string"
     ({"prompt": [1, "a"]}, "prompt", "'prompt' has the wrong type (list) or an invalid value"),
     ({"prompt": [[1, 2], [3, "a"]]}, "prompt", "'prompt' has the wrong type (list)"),
+    # two unions wrong: the first reported as a union (it was "'stop': Input should be a valid string")
+    ({"prompt": [1, "a"], "stop": 7}, "stop", "'stop' has the wrong type (int) or an invalid value"),
     ({"stream_options": {"include_usage": True}}, "stream_options", "stream"),
     ({"suffix": "and then"}, "suffix", "not supported"),
     ({"logit_bias": {"abc": 10}}, "logit_bias", "token ids"),
