@@ -198,7 +198,7 @@ class ModelConfig:
                 head_dim=_whole(cfg, "head_dim", defaults.get("head_dim", hidden // max(num_heads, 1))),
                 max_position_embeddings=_whole(cfg, "max_position_embeddings",
                                                defaults["max_position_embeddings"]),
-                rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+                rms_norm_eps=_number("rms_norm_eps", cfg.get("rms_norm_eps", 1e-6)),
                 rope_theta=10000.0 if rope_theta is None else _number("rope_theta", rope_theta),
                 rope_scaling=dict(rope_scaling) if rope_scaling else None,
                 tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
@@ -260,9 +260,12 @@ _REQUIRED = object()
 
 def _number(name: str, value: Any) -> float:
     """A JSON number as a float (true is no number, though a bool is an int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ModelLoadError(f"config: {name} must be a number, got {value!r}")
-    return float(value)
+    try:
+        if not isinstance(value, bool) and isinstance(value, (int, float)):
+            return float(value)
+    except OverflowError:  # a JSON integer past a float's range
+        pass
+    raise ModelLoadError(f"config: {name} must be a number, got {str(value)[:40]!r}")
 
 
 def _positive_finite(value: Any) -> bool:

@@ -116,13 +116,15 @@ def batch_limit(cfg: MemoryConfig, fitting: int, workload: Workload) -> tuple[in
 
 
 def _packs_head(model: ModelConfig) -> bool:
-    """Whether the engine's bf16 CPU kernels hold this model's head packed (use_packed_linears)."""
+    """Whether the engine's bf16 CPU kernels hold this model's head packed (use_packed_linears);
+    may build the C kernels the first time, as the engine would."""
     import torch
 
+    from inferlab.engine.platform import cpu_has_fast_bf16
     from inferlab.kernels import cpu_ops
     from inferlab.kernels.cpu_linear import packed_linear_supported
 
-    return (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
+    return (cpu_has_fast_bf16() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)
             and cpu_ops.bf16_linear_fits(model.vocab_size, model.hidden_size))
 
 

@@ -85,10 +85,10 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from inferlab.models.loader import model_display_name
 
     names = list(dict.fromkeys(args.served_model_name or [model_display_name(args.model)]))
-    if args.model is None and any(os.path.exists(name) for name in names[1:]):
-        path = next(name for name in names[1:] if os.path.exists(name))
-        raise InferlabError(f"--served-model-name takes every name after it, {path} too: put the "
-                            f"model before the flag (inferlab serve {path} --served-model-name ...)")
+    if args.model is None and len(names) > 1 and _looks_like_a_model(names[-1]):
+        raise InferlabError(f"--served-model-name takes every name after it, {names[-1]} too: put "
+                            f"the model before the flag (inferlab serve {names[-1]} "
+                            f"--served-model-name ...; `embedded` names the default model)")
     return ServerSettings(
         served_model_name=names[0], served_model_aliases=tuple(names[1:]),
         host=args.host, port=args.port,
@@ -103,6 +103,14 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
         exclude_tools_when_tool_choice_none=args.exclude_tools_when_tool_choice_none,
         reasoning_parser=args.reasoning_parser,
     )
+
+
+def _looks_like_a_model(name: str) -> bool:
+    """A model folder (with config.json) or a GGUF file: what `serve NAME` would load."""
+    from inferlab.models.gguf_reader import is_gguf_file
+
+    path = os.path.expanduser(name)
+    return os.path.isfile(os.path.join(path, "config.json")) or (os.path.isfile(path) and is_gguf_file(path))
 
 
 def run_serve(args: argparse.Namespace) -> int:

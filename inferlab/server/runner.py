@@ -100,7 +100,7 @@ async def serve(engine: AsyncEngine, settings: ServerSettings) -> None:
         await asyncio.sleep(0.02)
     if server.started:
         url = url_of(sock)
-        names = " and ".join((settings.served_model_name, *settings.served_model_aliases))
+        names = ", ".join(dict.fromkeys((settings.served_model_name, *settings.served_model_aliases)))
         print(f"inferlab: serving {names} at {url} "
               f"(OpenAI API: {url}/v1)", flush=True)
     await task

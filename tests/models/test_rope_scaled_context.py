@@ -81,7 +81,10 @@ LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "original_max_position_embedding
     # transformers refuses the first; the second was read as 10000
     (None, {"rms_norm_eps": -1}, "rms_norm_eps must be a positive number, got -1.0"),
     (None, {"rope_theta": 0}, "rope_theta must be a positive number, got 0.0"),
-    (None, {"rope_theta": True}, "rope_theta must be a number, got True"),  # was read as 1.0
+    (None, {"rope_theta": True}, "rope_theta must be a number, got 'True'"),  # was read as 1.0
+    (None, {"rms_norm_eps": True}, "rms_norm_eps must be a number, got 'True'"),
+    (None, {"rms_norm_eps": "1e-5"}, "rms_norm_eps must be a number, got '1e-5'"),
+    (None, {"rope_theta": 10 ** 400}, "rope_theta must be a number, got '1000000000"),  # an OverflowError traceback
 ])
 def test_a_bad_rope_or_norm_number_is_a_one_line_config_error(scaling, fields, message):
     with pytest.raises(ModelLoadError) as failed:

@@ -16,15 +16,24 @@ def test_serve_takes_several_names_the_first_the_primary():
     assert (settings.served_model_name, settings.served_model_aliases) == ("alpha", ("beta",))
 
 
-def test_a_model_path_after_the_names_is_refused_not_served_as_a_name(tmp_path):
+def test_a_model_path_after_the_names_is_refused_not_served_as_a_name(tmp_path, monkeypatch):
     """Before the several names, `--served-model-name a DIR` served DIR as a; then DIR became a
-    second name and the embedded model was served. Now it is refused, saying where DIR goes."""
+    second name and the embedded model was served. Now it is refused, saying where DIR goes; a
+    name that is only some folder here (no model in it) stays a name."""
+    import re
+
     import pytest
 
     from inferlab.errors import InferlabError
 
-    with pytest.raises(InferlabError, match=f"put the model before the flag .inferlab serve {tmp_path} "):
-        settings_from_args(parse_command_line(["serve", "--served-model-name", "a", str(tmp_path)]))
+    (tmp_path / "model").mkdir()
+    (tmp_path / "model" / "config.json").write_text("{}")
+    (tmp_path / "tests").mkdir()
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(InferlabError, match=re.escape("put the model before the flag (inferlab serve model ")):
+        settings_from_args(parse_command_line(["serve", "--served-model-name", "a", "model"]))
+    plain = settings_from_args(parse_command_line(["serve", "--served-model-name", "a", "tests"]))
+    assert plain.served_model_aliases == ("tests",)
     twice = settings_from_args(parse_command_line(["serve", "--served-model-name", "a", "b", "a"]))
     assert (twice.served_model_name, twice.served_model_aliases) == ("a", ("b",))
 

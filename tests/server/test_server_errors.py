@@ -73,6 +73,7 @@ def chat(server, **fields) -> httpx.Response:
     # vLLM's check: fewer than n (1 once passed as harmless, 0 was "not supported")
     ({"best_of": 1, "n": 3}, "best_of", "best_of must be greater than or equal to n, got n=3 and best_of=1"),
     ({"best_of": 0}, "best_of", "greater than or equal to n, got n=1 and best_of=0"),
+    ({"best_of": True}, "best_of", "'best_of' must be an integer, got True"),  # was taken as 1
     # vLLM's extensions that would change the answer: refused, not silently ignored
     ({"logits_processors": ["my.module.Processor"]}, "logits_processors", "not supported"),
     ({"allowed_token_ids": []}, "allowed_token_ids", "non-empty"),
