@@ -131,10 +131,11 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
          fp32_tflops=19.5, interconnect_bytes_s=300 * GB,
          source="NVIDIA A100 Tensor Core GPU datasheet, A100 80GB SXM column"),
     # NVIDIA L40S datasheet: 48 GB GDDR6, 864 GB/s, BF16 733 / FP8 1,466 / INT8 1,466 with
-    # sparsity, FP32 91.6 TFLOPS, PCIe Gen4 x16
-    _gpu("L40S", 48 * GB, 0.864, bf16_tflops=362.05, fp8_tflops=733, int8_tops=733,
-         fp32_tflops=91.6, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
-         source="NVIDIA L40S datasheet"),
+    # sparsity, FP32 91.6 TFLOPS, PCIe Gen4 x16; nvidia-smi reports 46,068 MiB (the totals
+    # modal-labs/modal-client#2797 lists for each of its GPUs)
+    _gpu("L40S", 46068 * MiB, 0.864, bf16_tflops=362.05, fp8_tflops=733, int8_tops=733,
+         fp32_tflops=91.6, interconnect_bytes_s=PCIE4_X16,
+         source="NVIDIA L40S datasheet; memory as nvidia-smi reports it"),
     # NVIDIA L4 datasheet: 24 GB GDDR6, 300 GB/s, BF16 242 / FP8 485 / INT8 485 with sparsity,
     # FP32 30.3 TFLOPS, PCIe Gen4 x16
     _gpu("L4", 23034 * MiB, 0.300, bf16_tflops=121, fp8_tflops=242.5, int8_tops=242.5,
