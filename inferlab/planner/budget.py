@@ -134,11 +134,13 @@ def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
     if blocks == 0:
         short = (f"leave {format_bytes(kv)}, less than one KV block ({format_bytes(cfg.block_size * per_token)})"
                  if kv > 0 else f"= {format_bytes(taken)}")
+        remedy = "a larger --tensor-parallel, a smaller --weight-format (int4-g128) or other hardware"
+        if kv > 0 and cfg.block_size > 16:  # room left, but less than one of these large blocks
+            remedy = f"a smaller --block-size (16 tokens: {format_bytes(16 * per_token)} a block)"
         raise InferlabError(
             f"does not fit: weights {format_bytes(weights_per_device)} + activations "
             f"{format_bytes(activations)} + overhead {format_bytes(cfg.runtime_overhead_bytes)} {short} "
-            f"of the {format_bytes(usable)} usable on {hardware_name}; try a larger --tensor-parallel, "
-            f"a smaller --weight-format (int4-g128) or other hardware")
+            f"of the {format_bytes(usable)} usable on {hardware_name}; try {remedy}")
     return MemoryPlan(
         device_memory_bytes=cfg.device_memory_bytes, usable_bytes=usable,
         weight_bytes=weights_per_device, activation_bytes=activations,

@@ -62,6 +62,14 @@ def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache):
     assert json.loads(out)["memory"]["num_blocks"] == 182  # 67,108,864 // 368,640
 
 
+def test_a_block_larger_than_the_room_left_is_named_as_the_cause(capsys):
+    """Once "try a larger --tensor-parallel, a smaller --weight-format ...", where the block size
+    alone was too large: 1,048,576 tokens × 23,040 B = 22.5 GiB a block, 18.89 GiB left on an L4."""
+    code, out, err = _run(capsys, "--hardware", "L4", "--block-size", "1048576")
+    assert code == 2 and out == ""
+    assert "less than one KV block (22.50 GiB)" in err and "try a smaller --block-size (16 tokens: 360.00 KiB a block)" in err
+
+
 def test_a_sequence_of_one_block_is_said_so(capsys, cache):
     code, out, _ = _run(capsys, "--cache", str(cache), "--block-size", "2048")
     assert code == 0 and "(1 block each) at once" in out  # once "(1 blocks each)"
