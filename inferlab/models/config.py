@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -258,21 +259,24 @@ def _rope(cfg: dict[str, Any]) -> tuple[Any, dict[str, Any] | None]:
 _REQUIRED = object()
 
 
+def _is_number(value: Any) -> bool:
+    """A JSON number: true is none, though a bool is an int."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_FLOAT_MAX_INT = int(sys.float_info.max)
+
+
 def _number(name: str, value: Any) -> float:
-    """A JSON number as a float (true is no number, though a bool is an int)."""
-    try:
-        if not isinstance(value, bool) and isinstance(value, (int, float)):
-            return float(value)
-    except OverflowError:  # a JSON integer past a float's range
-        pass
+    """A JSON number as a float; one past a float's range (a long integer) is refused too."""
+    if _is_number(value) and (isinstance(value, float) or abs(value) <= _FLOAT_MAX_INT):
+        return float(value)
     raise ModelLoadError(f"config: {name} must be a number, got {str(value)[:40]!r}")
 
 
 def _positive_finite(value: Any) -> bool:
-    """A JSON number above 0 and below infinity (true is no number, though a bool is an int)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return value > 0 and (isinstance(value, int) or math.isfinite(value))  # 10**400: no float
+    """A JSON number above 0 and below infinity."""
+    return _is_number(value) and value > 0 and (isinstance(value, int) or math.isfinite(value))  # 10**400: no float
 
 
 def _whole(cfg: dict[str, Any], key: str, default: Any = _REQUIRED) -> Any:

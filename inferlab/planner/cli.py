@@ -108,10 +108,11 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
                             f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
     model = resolve_model(args.model)
     cpu_local = args.hardware.lower() == CPU_LOCAL
+    dense = _dense_default(cpu_local)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
-           else checkpoint_weight_format(model) or weight_format(_dense_default(cpu_local)))
+           else checkpoint_weight_format(model) or weight_format(dense))
     if cpu_local and fmt.name not in ("bf16", "fp16", "fp32"):  # its dense layers: --dtype auto's
-        fmt = dataclasses.replace(fmt, dense_dtype=_dense_default(cpu_local))
+        fmt = dataclasses.replace(fmt, dense_dtype=dense)
     if cpu_local and args.kv_dtype is not None and args.kv_dtype.lower() != fmt.dense_dtype:
         raise InferlabError(f"--kv-dtype {args.kv_dtype}: inferlab's engine keeps the KV cache in "
                             f"the weights' dense dtype ({fmt.dense_dtype}) on {CPU_LOCAL}; leave "
