@@ -161,7 +161,7 @@ class CKernelLinear(QuantLinear, abc.ABC):
 
 class PackedQuantLinear(CKernelLinear):
     """W8A16 or W4A16 for bf16 on CPU, in quant_linear.c's layouts (inferlab.quant.formats.vnni):
-    codes, bf16 scales [K/G, N], bf16 zero points [K/G, N] when asymmetric. Scales in the
+    codes, bf16 scales and (when asymmetric) zero points [N/16, K/G, 16]. Scales in the
     compute dtype, as vLLM's weight-only kernels take them: a bf16 checkpoint's pass unchanged,
     fp32 ones round once (2^-9 relative at most); zero points are integers, exact in bf16."""
 
@@ -171,9 +171,9 @@ class PackedQuantLinear(CKernelLinear):
         self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
         pack = vnni.pack_uint8_quads if self.bits == 8 else vnni.pack_int4
         self.register_buffer("packed", in_huge_pages(pack(qw.codes)))
-        self.register_buffer("scale", qw.scale.to(torch.bfloat16).t().contiguous())  # [K/G, N]
-        zero = None if qw.zero_point is None else qw.zero_point.to(torch.bfloat16).t().contiguous()
-        self.register_buffer("zero_point", zero)  # [K/G, N] or None
+        self.register_buffer("scale", vnni.pack_block_groups(qw.scale.to(torch.bfloat16)))
+        zero = None if qw.zero_point is None else vnni.pack_block_groups(qw.zero_point.to(torch.bfloat16))
+        self.register_buffer("zero_point", zero)  # as the scales, or None
 
     @staticmethod
     def fits(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> bool:
@@ -194,8 +194,10 @@ class PackedQuantLinear(CKernelLinear):
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
         unpack = vnni.unpack_uint8_quads if self.bits == 8 else vnni.unpack_int4
         q = unpack(self.packed).float()
-        zero = 0.0 if self.zero_point is None else self.zero_point.t().repeat_interleave(self.group_size, 1)
-        return ((q - zero) * self.scale.t().repeat_interleave(self.group_size, 1)).to(self.dtype)
+        zero = 0.0 if self.zero_point is None else vnni.unpack_block_groups(
+            self.zero_point).repeat_interleave(self.group_size, 1)
+        scale = vnni.unpack_block_groups(self.scale).repeat_interleave(self.group_size, 1)
+        return ((q - zero) * scale).to(self.dtype)
 
 
 class PackedInt4Linear(QuantLinear):

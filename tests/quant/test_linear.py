@@ -69,8 +69,10 @@ def held_weight(layer) -> torch.Tensor:
     """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and bf16 scales."""
     unpack = vnni.unpack_uint8_quads if layer.bits == 8 else vnni.unpack_int4
     g = layer.group_size
-    zero = 0.0 if layer.zero_point is None else layer.zero_point.double().t().repeat_interleave(g, 1)
-    return (unpack(layer.packed).double() - zero) * layer.scale.double().t().repeat_interleave(g, 1)
+    zero = 0.0 if layer.zero_point is None else vnni.unpack_block_groups(
+        layer.zero_point).double().repeat_interleave(g, 1)
+    scale = vnni.unpack_block_groups(layer.scale).double().repeat_interleave(g, 1)
+    return (unpack(layer.packed).double() - zero) * scale
 
 
 def rounded_activations(x: torch.Tensor, block: int, bits: int) -> torch.Tensor:
@@ -115,7 +117,8 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
     inputs = rounded_activations(x, min(64, group & -group), 14)
     exact = inputs @ held_weight(layer).T
     half_ulp = half_bf16_ulp(exact)
-    scale_mass = x.double().abs() @ layer.scale.double().t().repeat_interleave(layer.group_size, 1).T
+    scale_mass = x.double().abs() @ vnni.unpack_block_groups(layer.scale).double().repeat_interleave(
+        layer.group_size, 1).T
     group_roundings = 256 // group * 2.0 ** -24 * (inputs.abs() @ held_weight(layer).abs().T)
     slack = half_ulp + 2e-6 * scale_mass + group_roundings
     assert bool(((layer(x).double() - exact).abs() <= slack).all())

@@ -330,7 +330,8 @@ typedef struct {
     int64_t kind, n_out, k_in, group;  /* group: inputs per scale (weight-only kinds) */
     const void *weight;  /* packed, see matmul.c (bf16), quant_linear.c, dynamic_linear.c */
     const float *scale;  /* W8A8, FP8: fp32 [N] */
-    const uint16_t *group_scale, *group_zero;  /* INT8, INT4: bf16 [K/group][N]; zero NULL when symmetric */
+    const uint16_t *group_scale, *group_zero;  /* INT8, INT4: bf16 [N/16][K/group][16]
+                                                 (block_groups); zero NULL when symmetric */
     const uint16_t *bias;  /* bf16 [N] or NULL */
     const int32_t *weight_sums;  /* W8A8: each output's sum of codes [N] */
     const float *input_scale;  /* W8A8, FP8: one static activation scale, or NULL: per token */

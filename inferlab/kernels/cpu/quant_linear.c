@@ -15,10 +15,13 @@
  *   (slow memory, ~50 GB/s) and 1.19-1.25x (fast, ~70 GB/s) of a plain read of their bytes,
  *   against 1.25-1.27x and 1.36x from two streams (benchmarks/linear_floor.py).
  *   (inferlab/quant/formats/vnni.py packs both.)
- *   group_scale bf16 [K/group][N]; group_zero (zero points, bf16, same shape) or NULL; bias bf16
- *   [N] or NULL. Scales in bf16, the compute dtype, as vLLM's weight-only kernels take them:
- *   a bf16 checkpoint's scales pass unchanged, and int4 in groups of 64 streams 3% fewer bytes
- *   than with fp32 scales (5% faster linears at one row).
+ *   group_scale bf16 [N/16][K/group][16], a block's groups one after another (block_groups);
+ *   group_zero (zero points, bf16, same shape) or NULL; bias bf16 [N] or NULL. A task thus reads
+ *   its scales as a second stream; as [K/group][N], each group's came from another row, N values
+ *   apart (AMD EPYC Zen 4, the model's W4A16 linears in groups of 64 at one row: 1.21-1.30x of a
+ *   plain read of their codes, then 1.16-1.18x). Scales in bf16, the compute dtype, as vLLM's
+ *   weight-only kernels take them: a bf16 checkpoint's scales pass unchanged, and int4 in groups
+ *   of 64 streams 3% fewer bytes than with fp32 scales (5% faster linears at one row).
  *
  * The activations of a decode batch (up to KERNEL_MAX_ROWS rows) are quantized first: 14-bit
  * codes xq with one power-of-two scale per block of up to 64 inputs, 2^(e - 13) for e the
@@ -54,6 +57,21 @@
 #define TASK_BLOCKS 2 /* 16-output blocks a task, see register_kernel */
 #define STACK_K 4096 /* inputs whose activations quantize onto the stack, see quant_kernel */
 #define KERNEL_MAX_ROWS 64 /* more rows: the weight dequantized, then the bf16 GEMM */
+/* Lines ahead that block_sums asks for into L1 and L2. The L2 ask lets memory time and
+ * arithmetic overlap better on two of the three CPUs measured, whose L1 alone does not keep
+ * enough lines in flight. The Intel Xeon (AMX), the model's W4A16 linears at one row, 96 lines
+ * ahead: 2.48-2.52 -> 2.21-2.26 ms (64 to 160 alike; int8 gained nothing). The AMD EPYC Zen 4
+ * (512-bit VNNI on 256-bit units), W8A16 at one row, 1.10-1.13x of a plain read of the codes
+ * with 32 ahead into L1 alone, 1.09x adding 160 into L2, 1.05-1.07x with 48 and 160 (W4A16:
+ * 1.16-1.19x all three; benchmarks/linear_floor.py, settings interleaved in one process). On the
+ * Zen 5, the only one with AVX-VNNI and no AMX, the L2 ask cost (W4A16 1.18x of the read
+ * without it, 1.26-1.27x with). */
+#if defined(__AMX_TILE__) || !defined(__AVXVNNI__)
+#define L1_AHEAD 48
+#define L2_AHEAD 160
+#else
+#define L1_AHEAD 32
+#endif
 
 /* A quad of unsigned bytes (16 outputs x 4 inputs) -> its two input pairs as 16-bit words in
  * the VNNI pair layout (word 2j + t: output j, input t), zero-extended: within each 32-bit
@@ -166,18 +184,10 @@ static inline __attribute__((always_inline)) void block_sums(
         __m512i quads[2][2];
         for (int b = 0; b < TASK_BLOCKS; b++) {
             const uint8_t *src = w[b].start + line * w[b].stride;
-            /* 32 lines ahead; a pair's stream runs on into the next pair by itself */
-            _mm_prefetch((const char *)src + 32 * w[b].stride, _MM_HINT_T0);
-#if defined(__AMX_TILE__) || !defined(__AVXVNNI__)
-            /* int4, twice int8's arithmetic a byte, also asks for the line 96 ahead into L2, so
-             * that its memory time and its arithmetic overlap better, on two of the three CPUs
-             * measured. The Intel Xeon (AMX), the model's W4A16 linears at one row: 2.48-2.52 ->
-             * 2.21-2.26 ms (64 to 160 lines ahead alike; int8 gained nothing). The AMD EPYC Zen
-             * 4 (512-bit VNNI on 256-bit units): 2.20 -> 2.10, 1.99 -> 1.94, 2.11 -> 1.97 ms
-             * (benchmarks/linear_floor.py's passes, one build against the other, interleaved).
-             * On the Zen 5 it cost (1.18x of a plain read of the codes without it, 1.26-1.27x
-             * with); of the three, only it has AVX-VNNI and no AMX. */
-            if (BITS == 4) _mm_prefetch((const char *)src + 96 * w[b].stride, _MM_HINT_T1);
+            /* a pair's stream runs on into the next pair by itself */
+            _mm_prefetch((const char *)src + L1_AHEAD * w[b].stride, _MM_HINT_T0);
+#ifdef L2_AHEAD
+            _mm_prefetch((const char *)src + L2_AHEAD * w[b].stride, _MM_HINT_T1);
 #endif
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
             else int4_quads(src, quads[b]);
@@ -219,14 +229,12 @@ static inline __attribute__((always_inline)) void quant_blocks(
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 sum[2][TILE_ROWS];
         float group_xsum[TILE_ROWS] = {0};
-        /* The next task's scales (and zero points) for this group: lines N values apart, which
-         * the hardware prefetchers do not follow. A task ahead, not a group: a group's lines
-         * take less time than memory's latency (AMD EPYC, the model's W4A16 linears at one
-         * row: 1.26-1.27x of a plain read of their codes, against 1.30-1.31x). */
+        /* The next task's scales (and zero points), a line a group: a task ahead, not a group,
+         * as a group's lines take less time than memory's latency. */
         if (b0 + TASK_BLOCKS < blocks) {
-            _mm_prefetch((const char *)(l->group_scale + g * n + (b0 + TASK_BLOCKS) * 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(block_groups(l->group_scale, l, b0 + TASK_BLOCKS) + g * 32), _MM_HINT_T0);
             if (l->group_zero)
-                _mm_prefetch((const char *)(l->group_zero + g * n + (b0 + TASK_BLOCKS) * 16), _MM_HINT_T0);
+                _mm_prefetch((const char *)(block_groups(l->group_zero, l, b0 + TASK_BLOCKS) + g * 32), _MM_HINT_T0);
         }
         for (int b = 0; b < TASK_BLOCKS; b++)
             for (int m = 0; m < ROWS; m++) sum[b][m] = _mm512_setzero_ps();
@@ -242,12 +250,12 @@ static inline __attribute__((always_inline)) void quant_blocks(
             }
         }
         for (int b = 0; b < TASK_BLOCKS; b++) {
-            const int64_t col = (b0 + (b < nb ? b : 0)) * 16;
-            __m512 scale = bf16x16_to_f32(l->group_scale + g * n + col);
+            const int64_t block = b0 + (b < nb ? b : 0);
+            __m512 scale = bf16x16_to_f32(block_groups(l->group_scale, l, block) + g * 16);
             for (int m = 0; m < ROWS; m++) {
                 __m512 s = sum[b][m];
                 if (l->group_zero)
-                    s = _mm512_fnmadd_ps(bf16x16_to_f32(l->group_zero + g * n + col),
+                    s = _mm512_fnmadd_ps(bf16x16_to_f32(block_groups(l->group_zero, l, block) + g * 16),
                                          _mm512_set1_ps(group_xsum[m]), s);
                 out[b][m] = _mm512_fmadd_ps(scale, s, out[b][m]);
             }
@@ -329,9 +337,9 @@ static inline __attribute__((always_inline)) void dequantize_block(
         _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0),
         _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8)};
     for (int64_t g = 0; g < k / l->group; g++) {
-        __m512 scale = bf16x16_to_f32(l->group_scale + g * n + b * 16);
+        __m512 scale = bf16x16_to_f32(block_groups(l->group_scale, l, b) + g * 16);
         __m512 shift = _mm512_set1_ps(BITS == 8 ? 128.0f : 136.0f);
-        if (l->group_zero) shift = _mm512_add_ps(shift, bf16x16_to_f32(l->group_zero + g * n + b * 16));
+        if (l->group_zero) shift = _mm512_add_ps(shift, bf16x16_to_f32(block_groups(l->group_zero, l, b) + g * 16));
         shift = _mm512_mul_ps(shift, scale);
         __m512 s[2], z[2];
         for (int h = 0; h < 2; h++) {

@@ -49,6 +49,12 @@ static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) 
     return (lines_t){weight + (b & ~1) * block_bytes + (b & 1) * LINE, 2 * LINE};
 }
 
+/* Where 16-output block b's group scales (or zero points) start: [K/group][16] each, the blocks
+ * one after another ([N/16][K/group][16]), so that a task reads its blocks' as one stream. */
+static inline const uint16_t *block_groups(const uint16_t *values, const linear_t *l, int64_t b) {
+    return values + b * (l->k_in / l->group) * 16;
+}
+
 /* Inputs per activation scale: the largest power of two up to 64 dividing the group. */
 static inline int64_t act_block(const linear_t *l) {
     int64_t block = 64;

@@ -41,15 +41,15 @@ typedef struct {
 /* The sums of block j's activation block a (C tiles: hi, lo) into its rows' group sums, as
  * quant_blocks takes them; at the group's last block, the group into the outputs. */
 static inline __attribute__((always_inline)) void act_block_sums(
-        const linear_t *l, const int BITS, const act_t *x, int64_t r0, int64_t col, int64_t a,
+        const linear_t *l, const int BITS, const act_t *x, int64_t r0, int64_t block, int64_t a,
         const int32_t hl[2][256], float sum[16][16], float out[16][16]) {
     const int64_t k = l->k_in, act_blocks = k / 64, per_group = l->group / 64;
     const int last = (a + 1) % per_group == 0;
     const int64_t g = a / per_group;
     const __m512 none = _mm512_setzero_ps();
-    const __m512 scale = last ? bf16x16_to_f32(l->group_scale + g * l->n_out + col) : none;
-    const __m512 zero = last && l->group_zero ? bf16x16_to_f32(l->group_zero + g * l->n_out + col)
-                                              : none;
+    const __m512 scale = last ? bf16x16_to_f32(block_groups(l->group_scale, l, block) + g * 16) : none;
+    const __m512 zero = last && l->group_zero
+        ? bf16x16_to_f32(block_groups(l->group_zero, l, block) + g * 16) : none;
     for (int m = 0; m < 16; m++) {
         const int64_t at = (r0 + m) * act_blocks;
         const __m512i hi = _mm512_load_si512(hl[0] + m * 16);
@@ -98,7 +98,7 @@ static inline __attribute__((always_inline)) void tile_chunk(
             _tile_loadd(6, tiles[j].start + a * 16 * tiles[j].stride, tiles[j].stride);
             _tile_dpbsud(0, 4, 6); _tile_dpbsud(1, 5, 6);
             if (issued)
-                act_block_sums(l, BITS, x, r0, (b0 + j_prev) * 16, a_prev, c[(issued - 1) & 1],
+                act_block_sums(l, BITS, x, r0, b0 + j_prev, a_prev, c[(issued - 1) & 1],
                                st->sum[j_prev], st->out[j_prev]);
             _tile_stored(0, c[issued & 1][0], 64);
             _tile_stored(1, c[issued & 1][1], 64);
@@ -106,7 +106,7 @@ static inline __attribute__((always_inline)) void tile_chunk(
             a_prev = a;
         }
     }
-    act_block_sums(l, BITS, x, r0, (b0 + j_prev) * 16, a_prev, c[(issued - 1) & 1],
+    act_block_sums(l, BITS, x, r0, b0 + j_prev, a_prev, c[(issued - 1) & 1],
                    st->sum[j_prev], st->out[j_prev]);
 }
 

@@ -15,7 +15,8 @@ pair of inputs side by side) or of `vpdpbusd` (quads), so a load decodes into wh
 
 In both W8A16 and W4A16 layouts, blocks 2p and 2p + 1, which the kernel reads together,
 alternate line by line (the pair is [K/8 or K/4, 2, 64]; an odd last block stays alone), so that
-it reads them as one stream.
+it reads them as one stream. Their group scales and zero points [N, K/G] go block by block,
+[N/16, K/G, 16] (pack_block_groups), so that a task reads its blocks' as a stream too.
 """
 
 from __future__ import annotations
@@ -82,3 +83,16 @@ def unpack_int4(packed: torch.Tensor) -> torch.Tensor:
     u[:, j, :, low] = lines & 15
     u[:, j, :, high] = lines >> 4
     return (u.reshape(blocks * 16, octets * 8).to(torch.int16) - 8).to(torch.int8)
+
+
+def pack_block_groups(per_group: torch.Tensor) -> torch.Tensor:
+    """Group scales or zero points [N, K/G] -> [N/16, K/G, 16]: a 16-output block's groups one
+    after another."""
+    n, groups = per_group.shape
+    return per_group.reshape(n // 16, 16, groups).transpose(1, 2).contiguous()
+
+
+def unpack_block_groups(packed: torch.Tensor) -> torch.Tensor:
+    """[N/16, K/G, 16] -> [N, K/G]."""
+    blocks, groups, _ = packed.shape
+    return packed.transpose(1, 2).reshape(blocks * 16, groups)
