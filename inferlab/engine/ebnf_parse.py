@@ -211,6 +211,9 @@ class _Parser:
         high = low if match.group(2) is None else int(match.group(3)) if match.group(3) else None
         if high is not None and high < low:
             raise self.fail(f"repetition {{{low},{high}}}: the most is below the least")
+        if max(low, high or 0) > MAX_ELEMENTS:  # before [one] * low is built: it would take GBs
+            spec = re.sub(r"\s", "", match.group())
+            raise self.fail(f"repetition {{{spec}: the grammar unrolls to over {MAX_ELEMENTS} elements")
         return low, high
 
     def literal(self) -> str:

@@ -147,6 +147,10 @@ def test_spaces_may_come_before_a_repetition_as_llama_cpp_reads_them(grammar, te
     ('root ::= "a" ) "b"', "expected a rule: name ::= ..."),
     ('root ::= "a" @', "unexpected '@'"),
     ('root ::= "a"{0,60000} "b"{0,60000}', "unrolls to over 100000 elements"),
+    # refused as read, before the copies are built (a MemoryError or an OverflowError: a 500)
+    ('root ::= "a"{99999999999999}', "column 29: repetition {99999999999999}: the grammar unrolls to over"),
+    ('root ::= "a"{99999999999999999999999}', "repetition {99999999999999999999999}: the grammar"),
+    ('root ::= "a"{100001,}', "repetition {100001,}: the grammar unrolls to over 100000 elements"),
     ("root ::= [^\\x00-\\U0010ffff]", "grammar: 'root' matches no text"),
     ('root ::= "a" x\nx ::= "b" x', "grammar: 'root' matches no text"),
 ])
