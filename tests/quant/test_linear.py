@@ -13,7 +13,7 @@ from inferlab.quant.checkpoint import cat_rows
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
-from inferlab.quant.scheme import INT, ActivationArgs, make_scheme
+from inferlab.quant.scheme import GROUP, INT, ActivationArgs, WeightArgs, make_scheme
 
 ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
 ct_args = pytest.importorskip("compressed_tensors.quantization")
@@ -65,6 +65,14 @@ def test_int8_weight_only_in_bf16_reads_rows_of_any_length(rows: int) -> None:
     torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2 * expected.abs().max().item())
 
 
+def weight_args(name: str, group: int, asym: bool) -> WeightArgs:
+    """make_scheme's weights; "W8A16/g" is int8 in groups of `group` (compressed-tensors' W8A16
+    preset has groups of 128), where each 16-output block holds scales of several groups."""
+    if name == "W8A16/g":
+        return WeightArgs(8, INT, GROUP, group, not asym)
+    return make_scheme(name, group, asym).weights
+
+
 def held_weight(layer) -> torch.Tensor:
     """(q - zero point) * scale in float64 from a PackedQuantLinear's codes and bf16 scales."""
     unpack = vnni.unpack_uint8_quads if layer.bits == 8 else vnni.unpack_int4
@@ -99,6 +107,7 @@ def test_rounded_activations_keep_values_near_the_block_maximum() -> None:
 
 @needs_quant_kernels
 @pytest.mark.parametrize(("name", "group", "asym"), [("W8A16", 128, False), ("W8A16", 128, True),
+                                                     ("W8A16/g", 32, False), ("W8A16/g", 64, True),
                                                      ("W4A16", 8, False), ("W4A16", 32, False), ("W4A16", 64, True),
                                                      ("W4A16", 128, False)])
 @pytest.mark.parametrize("rows", [1, 2, 3, 4, 9, 40])
@@ -110,7 +119,7 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
     fp32, a cancellation worth ~1e-7 of sum |x| * scale."""
     gen = torch.Generator().manual_seed(rows)
     w = torch.randn(208, 256, generator=gen)  # 13 blocks of 16 outputs: an odd last pair
-    qw = quantize_rtn(w, make_scheme(name, group, asym).weights)
+    qw = quantize_rtn(w, weight_args(name, group, asym))
     layer = build_quant_linear(qw, None, None, torch.bfloat16)
     x = torch.randn(rows, 256, generator=gen).to(torch.bfloat16)
     group = layer.group_size  # W8A16 is per channel whatever the scheme was asked
@@ -126,15 +135,15 @@ def test_c_decode_kernels_round_the_exact_product_once(name, group, asym, rows) 
 
 @needs_quant_kernels
 @pytest.mark.parametrize(("name", "group", "asym"), [("W8A16", 128, False), ("W8A16", 128, True),
-                                                     ("W4A16", 32, False), ("W4A16", 64, True),
-                                                     ("W4A16", 128, False)])
+                                                     ("W8A16/g", 64, True), ("W4A16", 32, False),
+                                                     ("W4A16", 64, True), ("W4A16", 128, False)])
 def test_c_decode_rows_get_the_bits_they_get_alone(name, group, asym) -> None:
     """Up to 64 rows (a decode batch) each row's output is the one it gets alone, whichever path
     the count takes (the register kernel, its groups of 4 rows, AMX int8 tiles): a request's
     tokens do not depend on the batch it shares a step with. Rows of different magnitudes, a
     zero block, an odd last block pair, and a bias."""
     gen = torch.Generator().manual_seed(group)
-    qw = quantize_rtn(torch.randn(208, 256, generator=gen), make_scheme(name, group, asym).weights)
+    qw = quantize_rtn(torch.randn(208, 256, generator=gen), weight_args(name, group, asym))
     layer = build_quant_linear(qw, None, torch.randn(208, generator=gen).to(torch.bfloat16), torch.bfloat16)
     x = (torch.randn(64, 256, generator=gen) * torch.rand(64, 1, generator=gen) * 8).to(torch.bfloat16)
     x[3, 64:128] = 0

@@ -17,7 +17,7 @@
  *   (inferlab/quant/formats/vnni.py packs both.)
  *   group_scale bf16 [N/16][K/group][16], a block's groups one after another (block_groups);
  *   group_zero (zero points, bf16, same shape) or NULL; bias bf16 [N] or NULL. A task thus reads
- *   its scales as a second stream; as [K/group][N], each group's came from another row, N values
+ *   each block's scales in order; as [K/group][N], each group's came from another row, N values
  *   apart (AMD EPYC Zen 4, the model's W4A16 linears in groups of 64 at one row: 1.21-1.30x of a
  *   plain read of their codes, then 1.16-1.18x). Scales in bf16, the compute dtype, as vLLM's
  *   weight-only kernels take them: a bf16 checkpoint's scales pass unchanged, and int4 in groups
@@ -57,20 +57,27 @@
 #define TASK_BLOCKS 2 /* 16-output blocks a task, see register_kernel */
 #define STACK_K 4096 /* inputs whose activations quantize onto the stack, see quant_kernel */
 #define KERNEL_MAX_ROWS 64 /* more rows: the weight dequantized, then the bf16 GEMM */
-/* Lines ahead that block_sums asks for into L1 and L2. The L2 ask lets memory time and
- * arithmetic overlap better on two of the three CPUs measured, whose L1 alone does not keep
- * enough lines in flight. The Intel Xeon (AMX), the model's W4A16 linears at one row, 96 lines
- * ahead: 2.48-2.52 -> 2.21-2.26 ms (64 to 160 alike; int8 gained nothing). The AMD EPYC Zen 4
- * (512-bit VNNI on 256-bit units), W8A16 at one row, 1.10-1.13x of a plain read of the codes
- * with 32 ahead into L1 alone, 1.09x adding 160 into L2, 1.05-1.07x with 48 and 160 (W4A16:
- * 1.16-1.19x all three; benchmarks/linear_floor.py, settings interleaved in one process). On the
- * Zen 5, the only one with AVX-VNNI and no AMX, the L2 ask cost (W4A16 1.18x of the read
- * without it, 1.26-1.27x with). */
-#if defined(__AMX_TILE__) || !defined(__AVXVNNI__)
+/* Lines ahead that block_sums asks for into L1 and, where the weight's width is in
+ * L2_WIDTHS, into L2: memory time and arithmetic then overlap better on two of the three CPUs
+ * measured, whose L1 alone does not keep enough lines in flight. The Intel Xeon (AMX), the
+ * model's W4A16 linears at one row, 96 lines ahead: 2.48-2.52 -> 2.21-2.26 ms (64 to 160 alike;
+ * int8 gained nothing). The AMD EPYC Zen 4 (512-bit VNNI on 256-bit units, no AMX, no AVX-VNNI),
+ * W8A16 at one row: 1.10-1.13x of a plain read of the codes with 32 ahead into L1 alone, 1.09x
+ * adding 160 into L2, 1.05-1.07x with 48 and 160 (W4A16 1.16-1.19x with any of the three;
+ * benchmarks/linear_floor.py, settings interleaved in one process). On the Zen 5, the one with
+ * AVX-VNNI and no AMX, the L2 ask cost (W4A16: 1.18x of the read without it, 1.26-1.27x with). */
+#if defined(__AMX_TILE__)
+#define L1_AHEAD 32
+#define L2_AHEAD 96
+#define L2_WIDTHS(BITS) ((BITS) == 4)
+#elif !defined(__AVXVNNI__)
 #define L1_AHEAD 48
 #define L2_AHEAD 160
+#define L2_WIDTHS(BITS) 1
 #else
 #define L1_AHEAD 32
+#define L2_AHEAD 0
+#define L2_WIDTHS(BITS) 0
 #endif
 
 /* A quad of unsigned bytes (16 outputs x 4 inputs) -> its two input pairs as 16-bit words in
@@ -186,9 +193,7 @@ static inline __attribute__((always_inline)) void block_sums(
             const uint8_t *src = w[b].start + line * w[b].stride;
             /* a pair's stream runs on into the next pair by itself */
             _mm_prefetch((const char *)src + L1_AHEAD * w[b].stride, _MM_HINT_T0);
-#ifdef L2_AHEAD
-            _mm_prefetch((const char *)src + L2_AHEAD * w[b].stride, _MM_HINT_T1);
-#endif
+            if (L2_WIDTHS(BITS)) _mm_prefetch((const char *)src + L2_AHEAD * w[b].stride, _MM_HINT_T1);
             if (BITS == 8) quads[b][0] = _mm512_loadu_si512(src);
             else int4_quads(src, quads[b]);
         }
@@ -226,12 +231,14 @@ static inline __attribute__((always_inline)) void quant_blocks(
     __m512 out[2][TILE_ROWS];
     for (int b = 0; b < TASK_BLOCKS; b++)
         for (int m = 0; m < ROWS; m++) out[b][m] = _mm512_setzero_ps();
+    const int64_t next_blocks = blocks - b0 - TASK_BLOCKS;  /* the next task's, if any */
+    const int64_t next_values = (next_blocks < TASK_BLOCKS ? next_blocks : TASK_BLOCKS) * (k / l->group) * 16;
     for (int64_t g = 0; g < k / l->group; g++) {
         __m512 sum[2][TILE_ROWS];
         float group_xsum[TILE_ROWS] = {0};
         /* The next task's scales (and zero points), a line a group: a task ahead, not a group,
          * as a group's lines take less time than memory's latency. */
-        if (b0 + TASK_BLOCKS < blocks) {
+        if (g * 32 < next_values) {
             _mm_prefetch((const char *)(block_groups(l->group_scale, l, b0 + TASK_BLOCKS) + g * 32), _MM_HINT_T0);
             if (l->group_zero)
                 _mm_prefetch((const char *)(block_groups(l->group_zero, l, b0 + TASK_BLOCKS) + g * 32), _MM_HINT_T0);
@@ -348,8 +355,8 @@ static inline __attribute__((always_inline)) void dequantize_block(
         }
         for (int64_t line = g * lines_per_group; line < (g + 1) * lines_per_group; line++) {
             __m512bh v[4];
-            /* as block_sums asks: without, the model's W8A16 linears at 65 rows took 26.5 ms,
-             * not 14.5 (the codes came from memory a line at a time) */
+            /* without, the model's W8A16 linears at 65 rows took 26.5 ms, not 14.5 (the codes
+             * came from memory a line at a time) */
             _mm_prefetch((const char *)src.start + (line + 32) * src.stride, _MM_HINT_T0);
             _mm_prefetch((const char *)src.start + (line + 96) * src.stride, _MM_HINT_T1);
             decode_line(src.start + line * src.stride, BITS, v);

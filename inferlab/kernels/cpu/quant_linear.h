@@ -11,7 +11,7 @@
 #include <immintrin.h>
 
 #define TILE_ROWS 4 /* rows of quant_linear.c's register kernel */
-#define LINE 64 /* bytes of one block's weights per step; prefetched 32 steps ahead */
+#define LINE 64 /* bytes of one block's weights per step */
 
 /* One int4 line -> its two input quads as unsigned bytes u = q + 8, 16 outputs x 4 inputs
  * each, as vpdpbusd takes them: inputs 0-3 from the low nibbles, 4-7 from the high ones. */
@@ -50,7 +50,8 @@ static inline lines_t block_lines(const linear_t *l, const int BITS, int64_t b) 
 }
 
 /* Where 16-output block b's group scales (or zero points) start: [K/group][16] each, the blocks
- * one after another ([N/16][K/group][16]), so that a task reads its blocks' as one stream. */
+ * one after another ([N/16][K/group][16]), so that a task reads each of its blocks' in order,
+ * and a thread's tasks, one after another, read on where the task before stopped. */
 static inline const uint16_t *block_groups(const uint16_t *values, const linear_t *l, int64_t b) {
     return values + b * (l->k_in / l->group) * 16;
 }

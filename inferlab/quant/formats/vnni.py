@@ -16,7 +16,7 @@ pair of inputs side by side) or of `vpdpbusd` (quads), so a load decodes into wh
 In both W8A16 and W4A16 layouts, blocks 2p and 2p + 1, which the kernel reads together,
 alternate line by line (the pair is [K/8 or K/4, 2, 64]; an odd last block stays alone), so that
 it reads them as one stream. Their group scales and zero points [N, K/G] go block by block,
-[N/16, K/G, 16] (pack_block_groups), so that a task reads its blocks' as a stream too.
+[N/16, K/G, 16] (pack_block_groups), so that a task reads each block's in order.
 """
 
 from __future__ import annotations
