@@ -56,13 +56,49 @@ class PackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, packed bf16"
 
 
+class PackedEmbedding(nn.Module):
+    """A tied embedding read from its lm_head's packed weight (PackedLinear), so the table is held
+    once: 56.6 MB less for the embedded model, whose embedding is 28% of its bf16 weights. Token
+    t's row is block t / 16's row t % 16, its input pairs 16 pairs apart; a step gathers a few
+    rows, which costs microseconds."""
+
+    def __init__(self, head: PackedLinear) -> None:
+        super().__init__()
+        self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
+        self.register_buffer("packed", head.packed)  # [V/16, H/2, 16, 2], the head's own
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., H]
+        ids = input_ids.to(torch.int64)
+        if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
+            raise IndexError(f"a token id outside the embedding table (0..{self.num_embeddings - 1})")
+        rows = self.packed[ids // 16, :, ids % 16]  # [..., H/2, 2]
+        return rows.reshape(*ids.shape, self.embedding_dim)
+
+    def extra_repr(self) -> str:
+        return f"{self.num_embeddings}, {self.embedding_dim}, read from the packed lm_head"
+
+
 def use_packed_linears(model: nn.Module) -> int:
     """Replace every bf16 nn.Linear of `model` whose shape the kernels take by a PackedLinear, in
-    place; returns how many. The row-major weights are released unless something else holds them
-    (a tied embedding)."""
-    return replace_linears(model, PackedLinear, lambda child: (
+    place; returns how many. The row-major weights are released: an embedding tied to a packed
+    head reads the head's packed weight instead (PackedEmbedding)."""
+    tied = _tied_embedding_owner(model)
+    count = replace_linears(model, PackedLinear, lambda child: (
         child.weight.dtype == torch.bfloat16
         and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)))
+    if tied is not None and isinstance(model.lm_head, PackedLinear):
+        tied.embed_tokens = PackedEmbedding(model.lm_head)
+    return count
+
+
+def _tied_embedding_owner(model: nn.Module) -> nn.Module | None:
+    """The module holding `embed_tokens` when `model.lm_head` shares its weight (a causal LM with
+    tied embeddings), else None."""
+    head, inner = getattr(model, "lm_head", None), getattr(model, "model", None)
+    embedding = getattr(inner, "embed_tokens", None)
+    if isinstance(head, nn.Linear) and isinstance(embedding, nn.Embedding) and head.weight is embedding.weight:
+        return inner
+    return None
 
 
 def replace_linears(model: nn.Module, kernel: Callable[[nn.Linear], nn.Module],

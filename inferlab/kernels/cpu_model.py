@@ -21,7 +21,7 @@ from torch import nn
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.kernels.cpu_linear import PackedLinear
+from inferlab.kernels.cpu_linear import PackedEmbedding, PackedLinear
 from inferlab.quant.linear import CKernelLinear
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
@@ -57,7 +57,8 @@ class _LayerWeights(ctypes.Structure):
 
 class _ForwardBatch(ctypes.Structure):
     _fields_ = [*((name, _I64) for name in ("hidden", "num_heads", "num_kv_heads", "head_dim",
-                                            "intermediate", "block_size", "table_stride", "vocab")),
+                                            "intermediate", "block_size", "table_stride", "vocab",
+                                            "embed_packed")),
                 ("eps", _F32), ("final_eps", _F32), ("scale", _F32),
                 *((name, _P) for name in ("token_ids", "positions", "slots", "cos_table", "sin_table",
                                           "block_tables", "seq_lens", "query_start_loc",
@@ -115,8 +116,8 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     this forward does not fit the C path (not CPU bf16, a layer the C function does not
     implement, prompts whose head dim the C prefill attention does not take): the caller then
     runs its Python layers."""
-    embed, block_size = model.embed_tokens.weight, meta.block_size
-    if not (input_ids.device.type == "cpu" and embed.dtype == torch.bfloat16
+    block_size = meta.block_size
+    if not (input_ids.device.type == "cpu" and _embedding_table(model).dtype == torch.bfloat16
             and input_ids.dim() == 1 and block_size & (block_size - 1) == 0
             and cpu_ops.model_forward_available()):
         return None
@@ -147,6 +148,12 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     return out
 
 
+def _embedding_table(model: nn.Module) -> torch.Tensor:
+    """The tensor the embedding's rows are read from: its weight, or a tied head's packed one."""
+    embedding = model.embed_tokens
+    return embedding.packed if isinstance(embedding, PackedEmbedding) else embedding.weight
+
+
 def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> _Plan | None:
     """The cached plan while no module anywhere was set anew and the caches are the same
     pairs; else one built from each layer's _layer_weights, or None when a layer does not fit
@@ -155,16 +162,18 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
     if (plan is not None and plan.registrations == _registrations
             and len(plan.kv_caches) == len(kv_caches) and all(map(operator.is_, plan.kv_caches, kv_caches))):
         return plan
-    layers, embed, norm = model.layers, model.embed_tokens.weight, model.norm
+    layers, embedding, norm = model.layers, model.embed_tokens, model.norm
+    table = _embedding_table(model)
     weights = [_layer_weights(layer, k, v) for layer, (k, v) in zip(layers, kv_caches, strict=True)]
-    if any(w is None for w in weights) or not (embed.is_contiguous() and norm.weight.dtype == torch.bfloat16):
+    if any(w is None for w in weights) or not (table.is_contiguous() and norm.weight.dtype == torch.bfloat16):
         return None
     first = layers[0]
     attn = first.self_attn
-    fields = dict(hidden=embed.shape[1], num_heads=attn.num_heads, num_kv_heads=attn.num_kv_heads,
-                  head_dim=attn.head_dim, intermediate=first.mlp.down_proj.in_features,
-                  vocab=embed.shape[0], eps=first.input_layernorm.eps, final_eps=norm.eps,
-                  scale=attn.scale, embed=_ptr(embed), final_norm=_ptr(norm.weight))
+    fields = dict(hidden=embedding.embedding_dim, num_heads=attn.num_heads,
+                  num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
+                  intermediate=first.mlp.down_proj.in_features, vocab=embedding.num_embeddings,
+                  embed_packed=int(isinstance(embedding, PackedEmbedding)), eps=first.input_layernorm.eps,
+                  final_eps=norm.eps, scale=attn.scale, embed=_ptr(table), final_norm=_ptr(norm.weight))
     plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), fields)
     _PLANS[model] = plan
     return plan

@@ -85,7 +85,7 @@ class LoadedModel:
         """This model, once it is seen to be loaded in `dtype` on `device`: an engine given one
         loaded for another dtype ran in a mix of both (bf16 weights, an fp32 KV cache), silently
         off."""
-        weight = self.model.model.embed_tokens.weight
+        weight = self.model.model.norm.weight
         loaded_as, wanted = (f"{str(t).removeprefix('torch.')} on {kind}" for t, kind in
                              ((weight.dtype, weight.device.type), (dtype, device.type)))
         if loaded_as != wanted:

@@ -116,7 +116,7 @@ def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
     per_token = kv_cache_bytes_per_token(model.num_layers, heads, model.head_dim,
                                          DTYPE_BYTES[cfg.kv_dtype])
     usable = int(cfg.device_memory_bytes * cfg.gpu_memory_utilization)
-    weights_per_device = -(-weights.held_bytes // tp)
+    weights_per_device = -(-weights.total_bytes // tp)
     activations = activation_bytes(model, cfg, dtype_bytes(act_dtype))
     taken = weights_per_device + activations + cfg.runtime_overhead_bytes
     kv = usable - taken if cfg.kv_cache_bytes is None else cfg.kv_cache_bytes

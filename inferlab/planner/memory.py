@@ -137,19 +137,11 @@ class WeightBytes:
     dense_params: int  # embeddings, norms, biases, linears left dense: in the dense dtype
     dense_bytes: int
     format: str
-    # a tied lm_head held a second time: the engine's bf16 CPU kernels keep it packed for the
-    # matmul beside the embedding table the lookups read (cpu-local only; read once a step)
-    tied_head_copy_bytes: int = 0
 
     @property
     def total_bytes(self) -> int:
         """The weights' own bytes, as stored (and read)."""
         return self.packed_bytes + self.scale_bytes + self.zero_point_bytes + self.dense_bytes
-
-    @property
-    def held_bytes(self) -> int:
-        """What the engine holds in memory for them."""
-        return self.total_bytes + self.tied_head_copy_bytes
 
     @property
     def total_params(self) -> int:

@@ -3,11 +3,10 @@ factors it came from (`Plan.to_dict` is the `--json` output)."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from inferlab.errors import InferlabError
-from inferlab.models.config import ModelConfig
 from inferlab.planner.budget import MemoryConfig, MemoryPlan, plan_memory
 from inferlab.planner.capacity import (
     SLO,
@@ -16,8 +15,8 @@ from inferlab.planner.capacity import (
     check_rate_and_price,
     plan_capacity,
 )
-from inferlab.planner.hardware import CPU_LOCAL, Hardware
-from inferlab.planner.memory import WeightBytes, WeightFormat, dtype_bytes, weight_bytes
+from inferlab.planner.hardware import Hardware
+from inferlab.planner.memory import WeightBytes, WeightFormat, weight_bytes
 from inferlab.planner.model_shapes import ModelSpec
 from inferlab.planner.roofline import (
     CurvePoint,
@@ -115,19 +114,6 @@ def batch_limit(cfg: MemoryConfig, fitting: int, workload: Workload) -> tuple[in
     return limits[limited_by], limited_by
 
 
-def _packs_head(model: ModelConfig) -> bool:
-    """Whether the engine's bf16 CPU kernels hold this model's head packed (use_packed_linears);
-    may build the C kernels the first time, as the engine would."""
-    import torch
-
-    from inferlab.engine.platform import cpu_has_fast_bf16
-    from inferlab.kernels import cpu_ops
-    from inferlab.kernels.cpu_linear import packed_linear_supported
-
-    return (cpu_has_fast_bf16() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)
-            and cpu_ops.bf16_linear_fits(model.vocab_size, model.hidden_size))
-
-
 def build_plan(inputs: PlanInputs) -> Plan:
     model, hw, fmt = inputs.model.config, inputs.hardware, inputs.weight_format
     tp = inputs.memory.tensor_parallel
@@ -138,8 +124,6 @@ def build_plan(inputs: PlanInputs) -> Plan:
             raise InferlabError(f"context of {tokens} tokens ({what}) exceeds {inputs.model.name}'s "
                                 f"maximum of {model.max_context}")
     weights = weight_bytes(model, fmt)
-    if hw.name == CPU_LOCAL and model.tie_word_embeddings and fmt.dense_dtype == "bf16" and _packs_head(model):
-        weights = replace(weights, tied_head_copy_bytes=model.vocab_size * model.hidden_size * dtype_bytes("bf16"))
     memory = plan_memory(model, weights, inputs.memory, fmt.dense_dtype, hw.name)
     longest = max(sequence, context)
     if memory.max_sequences(longest) == 0:

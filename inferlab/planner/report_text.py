@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferlab.planner.memory import DTYPE_BYTES, WeightBytes
+from inferlab.planner.memory import DTYPE_BYTES
 from inferlab.planner.plan import Plan
 from inferlab.planner.roofline import StepEstimate
 from inferlab.planner.units import format_bytes, format_rate
@@ -48,7 +48,7 @@ def _memory(plan: Plan) -> list[str]:
         "Memory (per device)",
         f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
         f"{fmt.bits} bits{group}{scales}{zeros} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B"
-        f"{_head_copy(w)}{tp}",
+        f"{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
         f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × 4 B",
@@ -64,11 +64,6 @@ def _memory(plan: Plan) -> list[str]:
         f"max_num_batched_tokens {cfg.max_num_batched_tokens}{_step_budget_batch(plan)}",
     ]
     return lines
-
-
-def _head_copy(w: WeightBytes) -> str:
-    return (f" + the tied lm_head packed again for the CPU matmul ({format_bytes(w.tied_head_copy_bytes)})"
-            if w.tied_head_copy_bytes else "")
 
 
 def _step_budget_batch(plan: Plan) -> str:

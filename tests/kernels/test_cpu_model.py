@@ -8,7 +8,7 @@ import torch
 
 from inferlab.kernels import cpu_model, cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.kernels.cpu_linear import PackedEmbedding, packed_linear_supported, use_packed_linears
 from inferlab.models.config import ModelConfig
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.quant.layer import LINEARS
@@ -24,11 +24,12 @@ pytestmark = pytest.mark.skipif(
 BLOCK = 16
 
 
-def tiny_model(head_dim: int, bias: bool, pack: bool = True) -> LlamaForCausalLM:
+def tiny_model(head_dim: int, bias: bool, pack: bool = True, tied: bool = False) -> LlamaForCausalLM:
     cfg = ModelConfig(architecture="Qwen2ForCausalLM" if bias else "LlamaForCausalLM",
                       vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=3,
                       num_heads=128 // head_dim * 2, num_kv_heads=128 // head_dim,
-                      head_dim=head_dim, max_position_embeddings=512, attention_bias=bias)
+                      head_dim=head_dim, max_position_embeddings=512, attention_bias=bias,
+                      tie_word_embeddings=tied)
     torch.manual_seed(0)
     model = LlamaForCausalLM(cfg)
     with torch.no_grad():
@@ -159,3 +160,31 @@ def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read():
     rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
     with pytest.raises(IndexError, match="outside the embedding table"):
         cpu_model.run_model(model.model, ids, rope, caches, meta)
+
+
+def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(monkeypatch):
+    """Its rows are the embedding's, through the Python lookup and the C forward's alike (the C
+    forward of the same model with a row-major table in its place gives the same bits)."""
+    model = tiny_model(64, False, pack=False, tied=True)
+    table = model.model.embed_tokens.weight.detach().clone()
+    use_packed_linears(model)
+    embedding = model.model.embed_tokens
+    assert isinstance(embedding, PackedEmbedding)
+    assert embedding.packed.data_ptr() == model.lm_head.packed.data_ptr()
+    assert not any(t.shape == table.shape for t in [*model.parameters(), *model.buffers()])
+    ids = torch.tensor([[0, 17, 255], [16, 15, 31]])
+    assert torch.equal(embedding(ids), table[ids])
+    batch = BATCHES["decodes, chunks and prompts"]
+    ids, positions, caches, meta = random_batch(model, *batch, seed=3)
+    with torch.no_grad():
+        packed = model(ids, positions, [(k.clone(), v.clone()) for k, v in caches], meta)
+        model.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
+        row_major = model(ids, positions, caches, meta)
+    assert torch.equal(packed, row_major)
+
+
+@pytest.mark.parametrize("token", [-1, 256])
+def test_a_packed_embedding_refuses_a_token_outside_its_table(token):
+    model = tiny_model(64, False, tied=True)
+    with pytest.raises(IndexError, match=r"outside the embedding table \(0\.\.255\)"):
+        model.model.embed_tokens(torch.tensor([3, token]))

@@ -195,20 +195,6 @@ def test_cpu_local_quantized_formats_keep_their_dense_layers_in_the_engines_dtyp
         assert code == 0 and plan["memory"]["kv_bytes_per_token"] == 46_080
 
 
-def test_a_tied_head_is_counted_twice_only_where_the_engine_packs_it(capsys, cache, monkeypatch):
-    """The packed copy exists where the bf16 kernels were built (use_packed_linears), not on
-    every CPU with bf16 instructions."""
-    def weights() -> int:
-        code, out, _ = _run(capsys, "--cache", str(cache), "--json", "--weight-format", "bf16")
-        return json.loads(out)["weights"]["tied_head_copy_bytes"]
-
-    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512_bf16"}))
-    monkeypatch.setattr("inferlab.kernels.cpu_linear.packed_linear_supported", lambda device, dtype: False)
-    assert weights() == 0
-    monkeypatch.setattr("inferlab.kernels.cpu_linear.packed_linear_supported", lambda device, dtype: True)
-    assert weights() == 49_152 * 576 * 2
-
-
 def test_cpu_local_refuses_a_kv_dtype_the_engine_cannot_keep(capsys, cache):
     """The engine has no KV dtype of its own: the cache is in the weights' dtype."""
     code, out, err = _run(capsys, "--cache", str(cache), "--weight-format", "bf16", "--kv-dtype", "fp8")

@@ -24,14 +24,30 @@ typedef struct {
  * sequence b), the others (prefill_seqs) as prompts, which needs prefill_attention_fits(head_dim). */
 typedef struct {
     int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride, vocab;
+    int64_t embed_packed;  /* embed is a tied lm_head's packed weight (see embed_rows) */
     float eps, final_eps, scale;
     const int64_t *token_ids, *positions, *slots;  /* [M] */
     const float *cos_table, *sin_table;  /* [P, D] */
     const int32_t *block_tables, *seq_lens, *query_start_loc;  /* [B, W], [B], [B + 1] */
     const int32_t *decode_rows, *decode_seqs, *prefill_seqs;  /* [Bd], [Bd], [Bp] */
     int64_t num_decodes, num_prefills;
-    const uint16_t *embed, *final_norm;  /* [vocab, H], [H] */
+    const uint16_t *embed, *final_norm;  /* [vocab, H] or packed [vocab/16, H/2, 16, 2], [H] */
 } forward_batch_t;
+
+/* out [M, H] = the token ids' embeddings. A packed table (matmul.c's layout of the tied head)
+ * holds token t in block t / 16 as row t % 16, its input pairs 16 pairs apart. */
+static void embed_rows(const forward_batch_t *b, int64_t rows, uint16_t *out) {
+    const int64_t hidden = b->hidden;
+    for (int64_t m = 0; m < rows; m++) {
+        const int64_t t = b->token_ids[m];
+        if (!b->embed_packed) {
+            memcpy(out + m * hidden, b->embed + t * hidden, (size_t)hidden * 2);
+            continue;
+        }
+        const uint16_t *row = b->embed + (t / 16) * 16 * hidden + (t % 16) * 2;
+        for (int64_t p = 0; p < hidden / 2; p++) memcpy(out + m * hidden + 2 * p, row + p * 32, 4);
+    }
+}
 
 /* The layer's attention over qkv's rows (q and k roped, k and v written to the cache) into attn
  * [M, Hq * D]: the decode rows, then the prompts. Returns 0, or -1 out of memory. */
@@ -87,9 +103,7 @@ int model_forward(uint16_t *out, uint16_t *residual, int64_t rows, const layer_w
                   int64_t num_layers, const forward_batch_t *batch) {
     for (int64_t m = 0; m < rows; m++)
         if (batch->token_ids[m] < 0 || batch->token_ids[m] >= batch->vocab) return -3;
-    for (int64_t m = 0; m < rows; m++)
-        memcpy(out + m * batch->hidden, batch->embed + batch->token_ids[m] * batch->hidden,
-               (size_t)batch->hidden * 2);
+    embed_rows(batch, rows, out);
     const int64_t q_size = batch->num_heads * batch->head_dim;
     const int64_t kv_size = batch->num_kv_heads * batch->head_dim;
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * batch->intermediate);
