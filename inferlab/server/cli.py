@@ -32,18 +32,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="the model names clients may use, the first in /v1/models first and "
                             "in metrics (default: the model's file or folder name)")
     group.add_argument("--max-queued-requests", type=int, default=_DEFAULTS["max_queued_requests"],
-                       help="sequences waiting for the engine before new requests get 503")
-    group.add_argument("--max-request-body", default=str(_DEFAULTS["max_request_body_bytes"]),
-                       help="larger request bodies get 413, e.g. 8MiB")
+                       help="sequences waiting for the engine before new requests get 503 (default: %(default)s)")
+    group.add_argument("--max-request-body", default=f"{_DEFAULTS['max_request_body_bytes'] >> 20}MiB",
+                       help="larger request bodies get 413, e.g. 64MiB (default: %(default)s)")
     group.add_argument("--shutdown-timeout", type=float, default=_DEFAULTS["shutdown_timeout_s"],
-                       help="seconds in-flight requests get on SIGTERM before they are aborted")
+                       help="seconds in-flight requests get on SIGTERM before they are aborted "
+                            "(default: %(default)s)")
     group.add_argument("--health-max-silence", type=float,
                        default=_DEFAULTS["health_max_silence_s"],
                        help="/health is 503 when the engine loop has been stuck this many seconds "
-                            "(at least 1)")
+                            "(at least 1; default: %(default)s)")
     group.add_argument("--timeout-keep-alive", type=float,
                        default=_DEFAULTS["keep_alive_timeout_s"],
-                       help="seconds an idle keep-alive connection stays open")
+                       help="seconds an idle keep-alive connection stays open (default: %(default)s)")
     group.add_argument("--allowed-origins", action="append", default=[], type=_origins,
                        help="a browser origin allowed to call the API (CORS), e.g. "
                             "http://localhost:3000, '*' for any, or vLLM's JSON list; repeatable "

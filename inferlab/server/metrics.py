@@ -10,7 +10,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -26,10 +32,12 @@ _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15,
 _TOKEN_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000, 10000, 20000, 50000)
 _N_BUCKETS = (1, 2, 5, 10, 20, 50, 100)
 _STEP_TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)
+REJECT_REASONS = ("queue_full", "shutting_down")  # the codes of a 503, as ServerContext gives them
 
 
 class ServerMetrics:
     def __init__(self, engine: AsyncEngine, model_name: str, in_flight: Callable[[], int]) -> None:
+        disable_created_metrics()  # no *_created series beside each histogram, as vLLM serves
         self.registry = CollectorRegistry(auto_describe=True)
         self.registry.register(_EngineCollector(engine, model_name, in_flight))
         labels = ["model_name"]
@@ -72,6 +80,8 @@ class ServerMetrics:
         engine.observe_steps(self._observe_step)
         self._rejected = Counter("inferlab:requests_rejected", "Requests refused with 503, by "
                                  "reason.", ["model_name", "reason"], registry=self.registry)
+        for reason in REJECT_REASONS:  # each series from 0, so rate() and alerts see the first
+            self._rejected.labels(model_name, reason)
         self._model_name = model_name
 
     def observe_completion(self, m: RequestMetrics, num_prompt_tokens: int,

@@ -10,6 +10,7 @@ import threading
 from urllib.parse import urlsplit
 
 import httpx
+import pytest
 from server_helpers import MAX_MODEL_LEN, MODEL_NAME, start_server, tokenize, wait_until
 
 from inferlab.config import EngineConfig
@@ -183,3 +184,19 @@ def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(engine):
     finally:
         for s in servers:
             s.close()
+
+
+def test_serve_help_gives_the_server_limits_defaults(capsys):
+    """A user sizing backpressure reads them there (they were only in ServerSettings)."""
+    from inferlab.cli import main
+
+    with pytest.raises(SystemExit) as done:
+        main(["serve", "--help"])
+    assert done.value.code == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in (("--max-queued-requests", "(default: 256)"), ("--max-request-body", "(default: 8MiB)"),
+                          ("--shutdown-timeout", "(default: 10.0)"),
+                          ("--health-max-silence", "(at least 1; default: 30.0)"),
+                          ("--timeout-keep-alive", "(default: 5.0)")):
+        described = text.split(f"{flag} {flag[2:].upper().replace('-', '_')}")[-1]  # not the usage's
+        assert default in described.split(" --")[0], flag

@@ -55,6 +55,10 @@ def test_overload_gets_503_past_the_slots_and_queue_while_admitted_requests_comp
     servers = start_server(own, max_queued_requests=4)
     busy = next(servers)
     try:
+        # each reason's series from 0 (rate() sees the first), and no *_created beside them
+        assert busy.metric("inferlab:requests_rejected_total", reason="queue_full") == 0
+        assert busy.metric("inferlab:requests_rejected_total", reason="shutting_down") == 0
+        assert not [name for name in busy.metrics() if "_created" in name]
         gate = _gate_engine(own, monkeypatch)
 
         async def burst() -> list[httpx.Response]:
