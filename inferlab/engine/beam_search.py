@@ -19,7 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.sampling_params import SamplingParams, check_field_types
 from inferlab.errors import ContextLengthError, InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 
@@ -40,6 +40,7 @@ class BeamSearchParams:
     skip_special_tokens: bool = True
 
     def __post_init__(self) -> None:
+        check_field_types(self)
         checks = [
             (1 <= self.beam_width <= MAX_BEAM_WIDTH,
              f"beam_width must be in [1, {MAX_BEAM_WIDTH}] (the number of beams), got {self.beam_width}"),

@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,11 +24,12 @@ GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided
 SEED_MIN, SEED_END = -2**63, 2**64
 
 
-def _check_number_types(params: SamplingParams) -> None:
-    """Each int field an int (not a bool, not 2.5) and each float field a real number, by the
-    fields' annotations: a wrong type passes the range checks and once failed in the middle of
-    a step (a float seed in the generator, a float logprobs in topk), which ends an
-    AsyncEngine's loop for every request."""
+def check_field_types(params: Any) -> None:
+    """Each int field of the dataclass `params` an int (not a bool, not 2.5), each float field a
+    real number and each bool field a bool, by the fields' annotations: a wrong type passes the
+    range checks and once failed in the middle of a step (a float seed in the generator, a float
+    logprobs in topk), which ends an AsyncEngine's loop for every request, or ran silently
+    (ignore_eos="no", true)."""
     for f in dataclasses.fields(params):
         value = getattr(params, f.name)
         if value is None and f.type.endswith("| None"):
@@ -38,6 +39,8 @@ def _check_number_types(params: SamplingParams) -> None:
             raise InvalidParameterError(f"{f.name} must be an integer, got {value!r}")
         if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
             raise InvalidParameterError(f"{f.name} must be a number, got {value!r}")
+        if kind == "bool" and not isinstance(value, bool):
+            raise InvalidParameterError(f"{f.name} must be true or false, got {value!r}")
 
 
 def check_seed(seed: int | None, copies: int = 1) -> None:
@@ -132,7 +135,7 @@ class SamplingParams:
         return params
 
     def _validate(self, with_grammars: bool) -> None:
-        _check_number_types(self)
+        check_field_types(self)
         self._normalize()
         for ok, message in self._checks(with_grammars):
             if not ok:
@@ -157,6 +160,9 @@ class SamplingParams:
             self.top_k = 0
         if self.seed == -1:  # vLLM's: -1 asks for no seed
             self.seed = None
+        if self.logit_bias and not isinstance(self.logit_bias, Mapping):
+            raise InvalidParameterError(f"logit_bias must be a mapping of token ids to biases, got "
+                                        f"{self.logit_bias!r}")
         self.logit_bias = dict(self.logit_bias) if self.logit_bias else None
         if self.allowed_token_ids is not None:
             self.allowed_token_ids = _as_list(self.allowed_token_ids, "allowed_token_ids")
@@ -221,8 +227,6 @@ class SamplingParams:
              f"{self.truncate_prompt_tokens}"),
             (self.cache_salt is None or (isinstance(self.cache_salt, str) and self.cache_salt != ""),
              "cache_salt must be a non-empty string"),
-            (isinstance(self.disable_any_whitespace, bool),
-             f"disable_any_whitespace must be true or false, got {self.disable_any_whitespace!r}"),
         ]
 
     @property

@@ -4,6 +4,7 @@ how the answer is ranked, each worked out by hand."""
 from __future__ import annotations
 
 import math
+import re
 
 import pytest
 
@@ -70,6 +71,19 @@ def test_length_penalty_decides_between_short_and_long():
     assert ranked(-1000.0) == [[1, EOS]]
     with pytest.raises(InvalidParameterError, match="length_penalty must be a finite number"):
         BeamSearchParams(beam_width=1, length_penalty=math.inf)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"beam_width": "2"}, "beam_width must be an integer, got '2'"),  # a TypeError in a compare
+    ({"beam_width": True}, "beam_width must be an integer, got True"),  # ran as one beam
+    ({"max_tokens": 2.5}, "max_tokens must be an integer, got 2.5"),  # ran a third round
+    ({"logprobs": 1.5}, "logprobs must be an integer, got 1.5"),  # a TypeError mid-search
+    ({"ignore_eos": "no"}, "ignore_eos must be true or false, got 'no'"),  # ignored EOS
+    ({"length_penalty": "1"}, "length_penalty must be a number, got '1'"),
+])
+def test_beam_search_fields_of_the_wrong_type_are_refused_by_name(fields, words):
+    with pytest.raises(InvalidParameterError, match=re.escape(words)):
+        BeamSearchParams(**{"beam_width": 2, **fields})
 
 
 def test_ignore_eos_keeps_eos_as_a_plain_token():

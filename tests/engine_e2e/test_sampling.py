@@ -200,6 +200,8 @@ def test_logit_bias_steers_one_request_of_a_batch(make_llm):
     ({"stop": [1]}, "stop must be non-empty strings"),  # once left a request no step could serve
     ({"stop": ["Paris"], "detokenize": False}, "stop strings need detokenize"),  # once ignored
     ({"bad_words": [3]}, "bad_words must be strings"),
+    ({"ignore_eos": "no"}, "ignore_eos must be true or false, got 'no'"),  # once ignored EOS
+    ({"logit_bias": [1, 2]}, "logit_bias must be a mapping of token ids to biases"),  # a TypeError
 ])
 def test_fields_of_the_wrong_type_are_refused_by_name(fields, words):
     with pytest.raises(InvalidParameterError, match=re.escape(words)):
