@@ -31,7 +31,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
-    from inferlab.models.gguf import open_gguf
+    from inferlab.models.gguf import chat_template, open_gguf
     from inferlab.models.gguf_reader import is_gguf_file
     from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
 
@@ -44,7 +44,7 @@ def model_info(model: str | None, dtype: str) -> dict:
     quantization = _quantization(config, parsed)
     if is_gguf_file(path):
         gguf_file = open_gguf(path)
-        template = gguf_file.get("tokenizer.chat_template")
+        template = chat_template(gguf_file, path)
         quantization = [_gguf_types(gguf_file)]
     else:
         from inferlab.models.tokenizer import load_hf_tokenizer

@@ -218,11 +218,18 @@ class ModelConfig:
         except KeyError as e:
             raise ModelLoadError(f"{source}: missing field {e.args[0]!r}") from None
         except ModelLoadError as e:  # a ValueError too, already saying what is wrong
-            if str(e).startswith("config: "):  # __post_init__'s checks know no file: name it
-                raise ModelLoadError(f"{source}: {str(e).removeprefix('config: ')}") from None
-            raise
+            raise config_error_in(source, e) from None
         except (TypeError, ValueError) as e:
             raise ModelLoadError(f"{source}: invalid value ({e})") from None
+
+
+def config_error_in(source: str, error: ModelLoadError) -> ModelLoadError:
+    """`error` naming the file `source`: ModelConfig's own checks know no file and say
+    "config: ..."; other errors already name theirs."""
+    message = str(error)
+    if message.startswith("config: "):
+        return ModelLoadError(f"{source}: {message.removeprefix('config: ')}")
+    return error
 
 
 def _architecture(cfg: Any, source: str) -> str:

@@ -7,13 +7,16 @@ so the model sees Hugging Face's rotate-half layout.
 
 from __future__ import annotations
 
-import os
+import re
+import reprlib
+import stat
 from collections.abc import Iterator
 from typing import Any
 
 from inferlab.errors import ModelLoadError
-from inferlab.models.config import ModelConfig
+from inferlab.models.config import ModelConfig, config_error_in
 from inferlab.models.gguf_reader import GGUFFile
+from inferlab.user_files import stat_user_path
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -27,11 +30,21 @@ _LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+_LAYER_TENSOR = re.compile(r"blk\.([0-9]+)\.")
+
+
+def check_regular_file(path: str) -> None:
+    """Refuse a path that is no regular file before anything opens it: a FIFO with no writer
+    blocks open() for good, and a device (a link to /dev/zero) is no file of ours."""
+    found = stat_user_path(path)
+    if found is None:
+        raise ModelLoadError(f"{path}: no such file")
+    if not stat.S_ISREG(found.st_mode):
+        raise ModelLoadError(f"{path}: not a regular file")
 
 
 def open_gguf(path: str) -> GGUFFile:
-    if not os.path.isfile(path):
-        raise ModelLoadError(f"{path}: no such file")
+    check_regular_file(path)
     return GGUFFile(path)
 
 
@@ -39,10 +52,29 @@ def field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     return reader.get(key, default)
 
 
+def typed_field(reader: GGUFFile, path: str, key: str, kind: type, what: str,
+                default: Any = None) -> Any:
+    """reader[key] where it is a `kind` (a bool is no int), else a one-line error saying it
+    should be `what`: a value of another type failed later as a TypeError, or was misread
+    (bool("false") is True)."""
+    value = field(reader, key, default)
+    if value is None or (isinstance(value, kind) and (kind is bool or not isinstance(value, bool))):
+        return value
+    raise ModelLoadError(f"{path}: GGUF metadata {key} is {reprlib.repr(value)}, not {what}")
+
+
+def token_id(reader: GGUFFile, path: str, key: str) -> int | None:
+    return typed_field(reader, path, key, int, "a token id (a whole number)")
+
+
+def chat_template(reader: GGUFFile, path: str, key: str = "tokenizer.chat_template") -> str | None:
+    return typed_field(reader, path, key, str, "a chat template (a string)")
+
+
 def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     """Model shape from GGUF metadata."""
     reader = reader or open_gguf(path)
-    arch = field(reader, "general.architecture")
+    arch = typed_field(reader, path, "general.architecture", str, "an architecture name")
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported "
                              f"(supported: {', '.join(ARCHITECTURES)})")
@@ -68,30 +100,49 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         raise ModelLoadError(f"{path}: GGUF metadata {arch}.rope.dimension_count is {rotary_dim}, "
                              f"not the head size {head_dim} (partial rotary embeddings are not "
                              "supported)")
-    vocab = field(reader, f"{arch}.vocab_size") or len(field(reader, "tokenizer.ggml.tokens", []))
+    tokens = field(reader, "tokenizer.ggml.tokens")
+    vocab = (typed_field(reader, path, f"{arch}.vocab_size", int, "a whole number")
+             or (len(tokens) if isinstance(tokens, list) else 0))
     rope_scaling = _rope_scaling(reader, arch, meta)
     # llama.cpp ends a generation at any of these (Llama 3's <|eot_id|> and <|eom_id|> besides EOS)
-    end_ids = [field(reader, f"tokenizer.ggml.{name}_token_id") for name in ("eos", "eot", "eom")]
-    return ModelConfig(
-        architecture=ARCHITECTURES[arch],
-        vocab_size=int(vocab),
-        hidden_size=hidden,
-        intermediate_size=meta("feed_forward_length"),
-        num_layers=meta("block_count"),
-        num_heads=num_heads,
-        num_kv_heads=meta("attention.head_count_kv", num_heads),
-        head_dim=head_dim,
-        max_position_embeddings=meta("context_length"),
-        rms_norm_eps=meta("attention.layer_norm_rms_epsilon", cast=float),
-        rope_theta=meta("rope.freq_base", 10000.0, float),
-        rope_scaling=rope_scaling,
-        tie_word_embeddings="output.weight" not in names,
-        attention_bias="blk.0.attn_q.bias" in names,
-        o_bias="blk.0.attn_output.bias" in names,
-        qk_norm="blk.0.attn_q_norm.weight" in names,
-        bos_token_id=field(reader, "tokenizer.ggml.bos_token_id"),
-        eos_token_ids=tuple(dict.fromkeys(int(i) for i in end_ids if i is not None)),
-    )
+    end_ids = [token_id(reader, path, f"tokenizer.ggml.{name}_token_id")
+               for name in ("eos", "eot", "eom")]
+    try:
+        cfg = ModelConfig(
+            architecture=ARCHITECTURES[arch],
+            vocab_size=vocab,
+            hidden_size=hidden,
+            intermediate_size=meta("feed_forward_length"),
+            num_layers=meta("block_count"),
+            num_heads=num_heads,
+            num_kv_heads=meta("attention.head_count_kv", num_heads),
+            head_dim=head_dim,
+            max_position_embeddings=meta("context_length"),
+            rms_norm_eps=meta("attention.layer_norm_rms_epsilon", cast=float),
+            rope_theta=meta("rope.freq_base", 10000.0, float),
+            rope_scaling=rope_scaling,
+            tie_word_embeddings="output.weight" not in names,
+            attention_bias="blk.0.attn_q.bias" in names,
+            o_bias="blk.0.attn_output.bias" in names,
+            qk_norm="blk.0.attn_q_norm.weight" in names,
+            bos_token_id=token_id(reader, path, "tokenizer.ggml.bos_token_id"),
+            eos_token_ids=tuple(dict.fromkeys(i for i in end_ids if i is not None)),
+        )
+    except ModelLoadError as e:
+        raise config_error_in(path, e) from None
+    _check_layer_count(path, f"{arch}.block_count", cfg.num_layers, names)
+    return cfg
+
+
+def _check_layer_count(path: str, key: str, count: int, names: set[str]) -> None:
+    """The declared layers are those the tensors number, blk.0 to blk.{count - 1}, as llama.cpp
+    loads them: checked before anything builds a list per layer (a block_count of 1e12 hung
+    `info` and `generate`)."""
+    layers = {int(m[1]) for name in names if (m := _LAYER_TENSOR.match(name))}
+    if len(layers) != count or max(layers, default=-1) != count - 1:
+        held = f"layers {min(layers)} to {max(layers)}" if layers else "no layers"
+        raise ModelLoadError(f"{path}: GGUF metadata {key} is {count}, but the file holds tensors "
+                             f"for {held} ({len(layers)} in all)")
 
 
 def _rope_scaling(reader: GGUFFile, arch: str, meta) -> dict[str, Any] | None:

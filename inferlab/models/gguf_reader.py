@@ -22,6 +22,16 @@ _STRING, _ARRAY = 8, 9
 GGUF_MAGIC = b"GGUF"
 
 
+def _smallest(kind: int) -> int:
+    """Bytes the smallest value of `kind` takes in a file: a string its length, an array its
+    item type and count."""
+    if kind in _SCALARS:
+        return struct.calcsize(_SCALARS[kind])
+    if kind in (_STRING, _ARRAY):
+        return 8 if kind == _STRING else 12
+    raise struct.error(f"unknown metadata type {kind}")
+
+
 def is_gguf_file(path: str) -> bool:
     """Whether a model path that is no directory is read as GGUF: named .gguf, or opening with
     GGUF's magic (an ollama blob has no extension), as vLLM tells them apart."""
@@ -102,7 +112,7 @@ class GGUFFile:
         self._pos = 0
         try:
             self._parse()
-        except (struct.error, UnicodeDecodeError, IndexError) as e:
+        except (struct.error, UnicodeDecodeError, IndexError, RecursionError) as e:
             raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
 
     def _read(self, fmt: str) -> Any:
@@ -112,10 +122,11 @@ class GGUFFile:
 
     def _string(self) -> str:
         n = self._read("<Q")
-        value = self.buffer[self._pos:self._pos + n].decode("utf-8", errors="replace")
-        if self._pos + n > len(self.buffer):
+        end = self._pos + n
+        if end > len(self.buffer):  # before slicing: a length read from tensor data is huge
             raise struct.error("string past end of file")
-        self._pos += n
+        value = self.buffer[self._pos:end].decode("utf-8", errors="replace")
+        self._pos = end
         return value
 
     def _value(self, kind: int) -> Any:
@@ -123,6 +134,10 @@ class GGUFFile:
             return self._string()
         if kind == _ARRAY:
             item_kind, count = self._read("<I"), self._read("<Q")
+            # refused before a list is built: a count read from tensor data is huge, and its
+            # values would take many times the file's size before the file ran out
+            if count * _smallest(item_kind) > len(self.buffer) - self._pos:
+                raise struct.error(f"array of {count} values past end of file")
             if item_kind in _SCALARS:
                 fmt = _SCALARS[item_kind]
                 size = struct.calcsize(fmt)

@@ -65,7 +65,9 @@ def read_model_config(path: str) -> ModelConfig:
 def _check_gguf_name(path: str) -> None:
     """A path that is no directory must be a GGUF file (by name or magic): any other gets this
     one message from every command (`serve` once read a text file as GGUF, "bad magic"); one
-    we may not read says so first (its magic cannot be told)."""
+    we may not read says so first (its magic cannot be told), and one that is no regular file
+    before anything opens it (a FIFO with no writer blocks the open)."""
+    gguf.check_regular_file(path)
     check_readable(path)
     if not is_gguf_file(path):
         raise ModelLoadError(f"{path}: is neither a model directory (config.json + safetensors) "

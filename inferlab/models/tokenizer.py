@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import reprlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -29,6 +30,8 @@ GGUF_PRE_SPLITS = {
 # Llama 3's vocabularies: a word that is a token is one token, whatever the merges reach, and
 # BOS goes first unless tokenizer.ggml.add_bos_token says otherwise (llama.cpp's settings)
 GGUF_LLAMA3_PRES = {"llama-bpe", "llama3"}
+# llama.cpp's token types: undefined, normal, unknown, control, user-defined, unused, byte
+GGUF_TOKEN_TYPES = range(7)
 # the special tokens besides BOS and EOS that chat templates see by name, as transformers passes
 # its special_tokens_map to them
 TEMPLATE_TOKEN_NAMES = ("unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
@@ -196,13 +199,13 @@ def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
 
 
 def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
-    from inferlab.models.gguf import field
+    from inferlab.models.gguf import field, typed_field
 
     kind = field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         raise ModelLoadError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only "
                              "byte-level BPE 'gpt2'); load the Hugging Face directory instead")
-    pre = field(reader, "tokenizer.ggml.pre", "default")
+    pre = typed_field(reader, path, "tokenizer.ggml.pre", str, "a pre-tokenizer name", "default")
     if pre not in GGUF_PRE_SPLITS:
         raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
                              f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
@@ -224,7 +227,7 @@ def _gguf_vocabulary(reader, path: str) -> tuple[list[str], list[int], list[tupl
         return value
 
     tokens, merges = strings("tokens"), [tuple(m.split(" ", 1)) for m in strings("merges")]
-    types = field(reader, "tokenizer.ggml.token_type") or [1] * len(tokens)
+    types = _gguf_token_types(reader, path) or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type has {len(types)} "
                              f"entries for {len(tokens)} tokens")
@@ -234,6 +237,21 @@ def _gguf_vocabulary(reader, path: str) -> tuple[list[str], list[int], list[tupl
         raise ModelLoadError(f"{path}: GGUF merge {' '.join(broken)!r} joins tokens into one that "
                              "tokenizer.ggml.tokens lacks")
     return tokens, types, merges
+
+
+def _gguf_token_types(reader, path: str) -> list[int]:
+    """tokenizer.ggml.token_type, each one of llama.cpp's types: another value ("3", 7) made
+    no token a control token, silently."""
+    from inferlab.models.gguf import field
+
+    types = field(reader, "tokenizer.ggml.token_type", [])
+    bad = types if not isinstance(types, list) else next(
+        (t for t in types if type(t) is not int or t not in GGUF_TOKEN_TYPES), None)
+    if bad is not None:
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type holds "
+                             f"{reprlib.repr(bad)}, not a list of token types (whole numbers "
+                             f"{GGUF_TOKEN_TYPES.start} to {GGUF_TOKEN_TYPES.stop - 1})")
+    return types
 
 
 def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]], pre: str) -> Tokenizer:
@@ -256,24 +274,26 @@ def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
 
 def _gguf_info(reader, path: str, tokens: list[str], llama3: bool) -> TokenizerInfo:
     """The special tokens and chat templates of the GGUF's metadata."""
-    from inferlab.models.gguf import field
+    from inferlab.models.gguf import chat_template, token_id, typed_field
 
     def token_at(key: str) -> str | None:
-        index = field(reader, key)
+        index = token_id(reader, path, key)
         if index is None:
             return None
-        if not 0 <= int(index) < len(tokens):
+        if not 0 <= index < len(tokens):
             raise ModelLoadError(f"{path}: GGUF metadata {key} is {index}, outside the "
                                  f"{len(tokens)} tokens")
-        return tokens[int(index)]
+        return tokens[index]
 
     # the tokens transformers reads from a GGUF's metadata besides BOS and EOS
     template_tokens = {"unk_token": token_at("tokenizer.ggml.unknown_token_id"),
                        "pad_token": token_at("tokenizer.ggml.padding_token_id")}
     return TokenizerInfo(bos_token=token_at("tokenizer.ggml.bos_token_id"),
                          eos_token=token_at("tokenizer.ggml.eos_token_id"),
-                         chat_template=field(reader, "tokenizer.chat_template"),
+                         chat_template=chat_template(reader, path),
                          # llama.cpp's convert writes a named template under the name
-                         tool_use_template=field(reader, "tokenizer.chat_template.tool_use"),
+                         tool_use_template=chat_template(reader, path,
+                                                         "tokenizer.chat_template.tool_use"),
                          template_tokens={k: t for k, t in template_tokens.items() if t is not None},
-                         add_bos_token=bool(field(reader, "tokenizer.ggml.add_bos_token", llama3)))
+                         add_bos_token=typed_field(reader, path, "tokenizer.ggml.add_bos_token",
+                                                   bool, "true or false", llama3))

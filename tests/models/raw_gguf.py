@@ -14,7 +14,14 @@ HIDDEN, FFN, HEADS, KV_HEADS = 64, 96, 4, 2
 HEAD_DIM = HIDDEN // HEADS
 TOKENS = [chr(c) for c in range(ord("a"), ord("p"))] + ["ab"]  # 16, and the merge's result
 F32, Q4_0, Q8_0, Q4_K = 0, 2, 8, 12  # ggml type ids
-_UINT32, _FLOAT32, _STRING, _ARRAY = 4, 6, 8, 9
+_UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64 = 4, 5, 6, 7, 8, 9, 10
+
+
+@dataclass
+class Raw:
+    """A metadata value written as given: its type id and bytes (a length or count that lies)."""
+
+    data: bytes
 
 
 @dataclass
@@ -59,14 +66,24 @@ def _string(text: str) -> bytes:
 
 
 def _value(value: object) -> bytes:
-    """Type id and bytes: ints as uint32, floats as float32, lists of strings as arrays."""
+    """Type id and bytes: bools as bool, ints as uint32 (int32 below 0, uint64 past 32 bits),
+    floats as float32, lists as arrays of their first item's type."""
+    if isinstance(value, Raw):
+        return value.data
     if isinstance(value, str):
         return struct.pack("<I", _STRING) + _string(value)
+    if isinstance(value, bool):
+        return struct.pack("<I?", _BOOL, value)
     if isinstance(value, float):
         return struct.pack("<If", _FLOAT32, value)
     if isinstance(value, list):
-        return struct.pack("<IIQ", _ARRAY, _STRING, len(value)) + b"".join(map(_string, value))
-    return struct.pack("<II", _UINT32, value)
+        items = [_value(item) for item in value]  # each an item type and its bytes
+        kind = items[0][:4] if items else struct.pack("<I", _STRING)
+        return struct.pack("<I", _ARRAY) + kind + struct.pack("<Q", len(value)) + b"".join(
+            item[4:] for item in items)
+    if value < 0:
+        return struct.pack("<Ii", _INT32, value)
+    return struct.pack("<II", _UINT32, value) if value < 2**32 else struct.pack("<IQ", _UINT64, value)
 
 
 def _pad(blob: bytes, alignment: int) -> bytes:

@@ -1,4 +1,5 @@
-"""A metadata-only GGUF file (one tensor) for the config readers' tests, written by `gguf`."""
+"""A metadata-only GGUF file (the embedding and one layer's norm) for the config readers' tests,
+written by `gguf`."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ def write_tiny_gguf(path: Path, **metadata: int | float | str | bool | list) -> 
         else:
             writer.add_uint32(key, value)
     writer.add_tensor("token_embd.weight", np.zeros((16, 64), dtype=np.float32))
+    writer.add_tensor("blk.0.attn_norm.weight", np.zeros(64, dtype=np.float32))  # block_count is 1
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
