@@ -1,9 +1,10 @@
 """A conversation, OpenAI's messages as dicts, through a model's chat template: for LLM.chat and
 for the server's chat completions and /tokenize. A message's content is text, None, or a list
-of text parts (and an assistant's refusal parts), joined by newlines as vLLM joins them; an
-earlier turn's tool calls reach the template with their arguments as an object where they are
-JSON or given as one, as vLLM gives them (templates write them out with tojson), and its earlier
-thinking under each name templates read it by; a prefilled final message can be continued."""
+of text parts (bare strings among them, as vLLM takes them) and an assistant's refusal parts,
+joined by newlines as vLLM joins them; an earlier turn's tool calls reach the template with
+their arguments as an object where they are JSON or given as one, as vLLM gives them (templates
+write them out with tojson), and its earlier thinking under each name templates read it by; a
+prefilled final message can be continued."""
 
 from __future__ import annotations
 
@@ -89,7 +90,10 @@ def message_text(message: Mapping[str, Any], index: int) -> str:
 
 def _part_text(part: Any, role: Any, index: int) -> str:
     """A content part's text: a 'text' part's, or an assistant's 'refusal' part's (OpenAI's
-    assistant content parts; vLLM renders the refusal as the text)."""
+    assistant content parts; vLLM renders the refusal as the text); a bare string is a text
+    part, as vLLM's chat_utils reads one."""
+    if isinstance(part, str):
+        return part
     param = f"messages.{index}.content"
     if not isinstance(part, Mapping) or "type" not in part:
         raise ChatError(f"a content part is an object with a 'type' ('text'), got {part!r}", param)

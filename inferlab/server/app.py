@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import hmac
 import importlib.metadata
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -24,11 +25,15 @@ from inferlab.server.context import ServerContext
 from inferlab.server.disconnect import ClientDisconnected
 from inferlab.server.errors import APIError, install_error_handlers
 from inferlab.server.protocol import ModelCard, ModelList
+from inferlab.server.reasoning import REASONING_PARSERS, split_markers
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tokenize import detokenize, tokenize
 
+logger = logging.getLogger("inferlab.server")
+
 
 def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
+    _warn_of_split_markers(engine, settings)
     ctx = ServerContext(engine, settings)
     app = FastAPI(title="inferlab", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.inferlab = ctx
@@ -41,6 +46,19 @@ def create_app(engine: AsyncEngine, settings: ServerSettings) -> FastAPI:
     _add_api_routes(app, ctx, [Depends(_key_checker(settings.api_key))])
     _add_service_routes(app, ctx)
     return app
+
+
+def _warn_of_split_markers(engine: AsyncEngine, settings: ServerSettings) -> None:
+    """A reasoning parser on a model whose tokenizer spells its markers in pieces is served
+    (vLLM refuses it), but likely a mistake: said once, at start."""
+    if settings.reasoning_parser is None:
+        return
+    split = split_markers(REASONING_PARSERS[settings.reasoning_parser], engine.tokenizer)
+    if split:
+        logger.warning(
+            "--reasoning-parser %s: the model's tokenizer has no single token for %s, so this "
+            "model likely does not reason; guided output and forced tool calls may end up "
+            "inside thinking", settings.reasoning_parser, " or ".join(split))
 
 
 def _get(app: FastAPI, path: str, **kwargs: Any) -> Callable[[DecoratedCallable], DecoratedCallable]:

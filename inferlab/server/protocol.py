@@ -114,7 +114,8 @@ class ToolCall(_Request):
 
 class ChatMessage(_Request):
     role: str
-    content: str | list[ContentPart] | None = None
+    # a bare string among the parts is a text part, as vLLM reads it
+    content: str | list[ContentPart | str] | None = None
     name: str | None = None
     tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
     tool_call_id: str | None = None  # a tool message: the call it answers

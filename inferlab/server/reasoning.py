@@ -25,6 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from inferlab.engine.thinking_grammar import MAX_GAP, gap_length
+from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.tool_parsers import held_back
 
 OPEN, CLOSE = "<think>", "</think>"
@@ -96,3 +97,11 @@ class Qwen3Reasoning(ReasoningParser):
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": ReasoningParser, "qwen3": Qwen3Reasoning}
+
+
+def split_markers(parser: type[ReasoningParser], tokenizer: TextTokenizer) -> list[str]:
+    """The parser's markers the tokenizer has no single token for. A model trained to think has
+    one for each (vLLM's parsers refuse to start without them); without one, a guide that
+    reads the text character by character can let the model spell `<think>` out, a character
+    at a time, and so think its way out of what the guide was to hold it to."""
+    return [m for m in parser.markers if len(tokenizer.encode(m, add_special_tokens=False)) != 1]

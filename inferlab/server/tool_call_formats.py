@@ -23,19 +23,23 @@ from inferlab.server.tool_parsers import (
     held_back,
 )
 
+_MISTRAL_TAG = "[TOOL_CALLS]"
+
 
 class _MistralArray(RequiredCalls):
     arguments_key = "arguments"
     guided = False
+    lead = _MISTRAL_TAG  # an array that does not open with a call: the tag is content too
 
 
 class MistralCalls(ToolParser):
     """Mistral's two forms: content, then `[TOOL_CALLS]` and a JSON array of {"name",
     "arguments"} (tokenizers before v11); or each call as `[TOOL_CALLS]name[ARGS]{...}`, v13's
     with `[CALL_ID]id` before `[ARGS]` (v11 on). In the second, text after a call that is not
-    the next call's tag is content (blank text only if more content follows)."""
+    the next call's tag is content (blank text only if more content follows). A tag that no
+    call follows is content, with what follows it, as vLLM gives a reply it cannot read."""
 
-    TAG, ARGS, CALL_ID = "[TOOL_CALLS]", "[ARGS]", "[CALL_ID]"
+    TAG, ARGS, CALL_ID = _MISTRAL_TAG, "[ARGS]", "[CALL_ID]"
     markers = (TAG, ARGS, CALL_ID)
     _HEADER = re.compile(r"\s*([\w.\-]+)(?:\[CALL_ID\]\w*)?(?:\[ARGS\])?\s*")  # before the "{"
     _HEADER_CHARS = re.compile(r"\s*[\w.\-\[\]]*\s*")  # what can still become a header
@@ -62,8 +66,10 @@ class MistralCalls(ToolParser):
         if self.array is not None:
             return self._read(self.array.finish())
         out = ParsedDelta()
-        if self.state in ("content", "header"):  # a header cut short goes out as what it was
+        if self.state == "content":
             self._content(out, self.pending)
+        elif self.state in ("tag", "header"):  # a tag, or a header cut short: what it was
+            self._content(out, self.TAG + self.pending)
         self.pending = ""
         return out
 
@@ -110,7 +116,8 @@ class MistralCalls(ToolParser):
         if brace < 0 and self._HEADER_CHARS.fullmatch(header):
             return False  # may still become one
         match = self._HEADER.fullmatch(header) if brace >= 0 else None
-        if match is None:  # no call: the text goes out as content
+        if match is None:  # no call: the tag and the text go out as content
+            self._content(out, self.TAG)
             self.state = "content"
             return True
         out.calls.append(CallDelta(self.num_calls, match.group(1), ""))

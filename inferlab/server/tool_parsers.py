@@ -139,6 +139,8 @@ class RequiredCalls(ToolParser):
     arguments_key = "parameters"
     guided = True  # False: an object must open its arguments as well to read as a call
     forced = True
+    lead = ""  # text before the array (Mistral's tag): content along with the array's start,
+    # when that is content (no call came before it)
 
     def __init__(self) -> None:
         super().__init__()
@@ -150,7 +152,7 @@ class RequiredCalls(ToolParser):
         out = ParsedDelta()
         for _, end, called in self.objects.feed(self, out, text):
             if not called:
-                out.content += self.objects.text[self.used:end]
+                out.content += self._text(self.used, end)
                 self.wrote_content = True
             self.used = end
         return out
@@ -160,16 +162,20 @@ class RequiredCalls(ToolParser):
         if end is not None:  # what follows the array is content, unless blank (and its closing
             # bracket, if some was; all of it, if no call came of an unguided array)
             kept = self.wrote_content or not (self.guided or self.num_calls)
-            rest = text[self.used if kept else end:]
+            rest = self._text(self.used if kept else end, None)
             return ParsedDelta(content=rest if rest.strip() else "")
         # an array cut short (max_tokens): what did not become a call goes out as it is, but
-        # not the array's opening bracket; under the guide all of it is the calls' framing, as
-        # vLLM reads a required call's reply
+        # not the opening bracket of an array with a call; under the guide all of it is the
+        # calls' framing, as vLLM reads a required call's reply
         if self.guided:
             return ParsedDelta()
-        start = self.used or text.find("[") + 1
-        rest = text[start:self.objects.ends.start if self.objects.in_call else None]
+        start = self.used or (text.find("[") + 1 if self.num_calls else 0)
+        rest = self._text(start, self.objects.ends.start if self.objects.in_call else None)
         return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
+
+    def _text(self, begin: int, end: int | None) -> str:
+        """The array's text from begin to end as content: from its start, after the lead."""
+        return (self.lead if begin == 0 else "") + self.objects.text[begin:end]
 
 
 def held_back(text: str, marker: str) -> tuple[str, str]:

@@ -103,12 +103,13 @@ def _parameters(schema: dict[str, Any] | None, name: str, index: int) -> dict[st
         schema = _NO_ARGUMENTS
     elif not schema.keys() - _ANNOTATIONS:  # {}: a function taking anything, which as a call's
         schema = _ANY_ARGUMENTS              # arguments is any object
+    field = f"tools.{index}.function.parameters"  # the error names the field, as _not_an_object does
     try:
         nodes = compile_schema(schema)
     except SchemaError as e:
-        raise bad_request(f"tool {name!r}: parameters: {e}", "tools") from None
+        raise bad_request(f"tool {name!r}: parameters: {e}", field) from None
     except RecursionError:  # as sampling_params refuses a guide nested past Python's stack
-        raise bad_request(f"tool {name!r}: parameters: nested too deeply", "tools") from None
+        raise bad_request(f"tool {name!r}: parameters: nested too deeply", field) from None
     if not _objects_only(nodes, 0):
         raise _not_an_object(name, index, 'it also takes values that are not objects (give it "type": "object")')
     return schema

@@ -128,6 +128,20 @@ def test_an_assistant_refusal_part_is_its_text(server):
     assert chat(server, messages=conversation([{"type": "refusal", "refusal": "no"}])).status_code == 200
 
 
+def test_a_bare_string_among_content_parts_is_a_text_part(server):
+    """vLLM's chat_utils reads a string in a content list as a text part: joined as text parts
+    are, in a chat request and in /tokenize's messages alike."""
+    def user(content):
+        return [{"role": "user", "content": content}]
+
+    mixed = user(["Name a", {"type": "text", "text": "fruit."}])
+    assert tokenize(server, messages=mixed) == tokenize(server, messages=user("Name a\nfruit."))
+    assert chat(server, messages=user(["hi"]), max_tokens=1).status_code == 200
+    image = {"type": "image_url", "image_url": {"url": "x"}}
+    message, param = error(chat(server, messages=user(["hi", image])))
+    assert "'image_url' is not supported" in message and param == "messages.0.content"
+
+
 @pytest.mark.parametrize(("content", "role", "words"), [
     ([{"text": "Hi"}], "user", "a content part is an object with a 'type'"),
     ([{"type": "text"}], "user", "a 'text' content part needs a 'text' string"),

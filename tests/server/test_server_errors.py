@@ -152,7 +152,7 @@ def test_invalid_completion_fields_are_400_naming_the_field(server, fields, para
     ({"tools": [TOOL, TOOL], "tool_choice": "required"}, "tools", "unique"),
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {
         "type": "object", "properties": {"n": {"type": "number", "multipleOf": 3}}}}}],
-      "tool_choice": "required"}, "tools", "tool 'f': parameters: JSON schema keyword 'multipleOf'"),
+      "tool_choice": "required"}, "tools.0.function.parameters", "tool 'f': parameters: JSON schema keyword 'multipleOf'"),
     ({"tools": [TOOL], "tool_choice": "required", "response_format": {"type": "json_object"}},
      "tool_choice", "cannot be combined"),
     ({"tools": [{"type": "function", "function": {"name": ""}}], "tool_choice": "none"},

@@ -105,3 +105,19 @@ def test_qwen3_guides_hold_the_answer_whether_the_reply_thinks_or_not(client, qw
     direct = reply(qwen3_client, messages=[{"role": "user", "content": "Is it 3?"}],
                    extra_body={"guided_choice": ["yes", "no"]})
     assert direct in ((None, "yes"), (None, "no"))
+
+
+@pytest.mark.parametrize("parser", ["qwen3", "deepseek_r1"])
+def test_a_parser_whose_markers_the_model_spells_in_pieces_is_warned_of_at_start(engine, parser, caplog):
+    """The embedded SmolLM2 has no token for <think> or </think>: it does not reason, and a
+    guide could let it spell <think> out and think past a forced call; the server says so."""
+    from inferlab.server.app import create_app
+    from inferlab.server.settings import ServerSettings
+
+    with caplog.at_level("WARNING", logger="inferlab.server"):
+        create_app(engine, ServerSettings(served_model_name=MODEL_NAME))
+        assert not caplog.messages
+        create_app(engine, ServerSettings(served_model_name=MODEL_NAME, reasoning_parser=parser))
+    (warning,) = caplog.messages
+    assert warning.startswith(f"--reasoning-parser {parser}: the model's tokenizer has no single "
+                              "token for <think> or </think>, so this model likely does not reason")

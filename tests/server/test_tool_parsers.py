@@ -76,7 +76,7 @@ CASES = [
                    '"arguments": {}}] Done', "Sure.  Done", [("f", {"q": "[x]"}), ("g", {})]),
     (MistralCalls, "No call [TOOL_", "No call [TOOL_", []),
     (MistralCalls, '[TOOL_CALLS][{"na\\qme": "f"}, {"a b": 1, "name": "g", "arguments": {}}] ok',
-     '[{"na\\qme": "f"}] ok', [("g", {})]),  # a key JSON cannot read; the text kept whole
+     '[TOOL_CALLS][{"na\\qme": "f"}] ok', [("g", {})]),  # a key JSON cannot read; the text kept whole
     (Llama3JsonCalls, '{"a\nb": 1, "name": "f", "parameters": {}}', "",
      [("f", {})]),  # a raw line break in a key: not JSON, but a call once named with arguments
     (RequiredCalls, '[{"name": {"x": 1}, "parameters": {}}]', '[{"name": {"x": 1}, "parameters": {}}]', []),
@@ -97,7 +97,8 @@ CASES = [
     # after the array, objects are content, not calls written twice
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}] then [{"name": "g", "arguments": {}}]',
      ' then [{"name": "g", "arguments": {}}]', [("f", {})]),
-    (MistralCalls, 'Text [TOOL_CALLS] [1, 2, 3]', "Text  [1, 2, 3]", []),  # no call: all of it
+    (MistralCalls, 'Text [TOOL_CALLS] [1, 2, 3]', "Text [TOOL_CALLS] [1, 2, 3]", []),  # no call: all of it
+    (MistralCalls, '[TOOL_CALLS] [garbage', "[TOOL_CALLS] [garbage", []),  # cut short, no call
     # v11 on: each call as [TOOL_CALLS]name[ARGS]{...}; v13 with [CALL_ID]id
     (MistralCalls, 'Sure.[TOOL_CALLS]get_weather[ARGS]{"city": "Paris"}', "Sure.",
      [("get_weather", {"city": "Paris"})]),
@@ -105,11 +106,13 @@ CASES = [
      [("f", {"q": "}{"}), ("g.v2", {})]),  # the blank text between and after calls is no content
     (MistralCalls, '[TOOL_CALLS]f[CALL_ID]a1B2c3D4e[ARGS]{"x": [1]} Done.', " Done.", [("f", {"x": [1]})]),
     (MistralCalls, '[TOOL_CALLS]f{"x": 1}', "", [("f", {"x": 1})]),  # [ARGS] decoded away
-    (MistralCalls, '[TOOL_CALLS]I cannot {call} it', "I cannot {call} it", []),  # no name: text
+    (MistralCalls, '[TOOL_CALLS]I cannot {call} it', "[TOOL_CALLS]I cannot {call} it", []),  # no name: text
+    (MistralCalls, '[TOOL_CALLS] garbage', "[TOOL_CALLS] garbage", []),  # no call: the tag kept
+    (MistralCalls, 'Hi [TOOL_CALLS]', "Hi [TOOL_CALLS]", []),
     (MistralCalls, '[TOOL_CALLS]f[ARGS]{"q": "ab', "", [("f", '{"q": "ab')]),  # cut short
-    (MistralCalls, 'Hi [TOOL_CALLS]get_wea', "Hi get_wea", []),  # cut in the name: text
+    (MistralCalls, 'Hi [TOOL_CALLS]get_wea', "Hi [TOOL_CALLS]get_wea", []),  # cut in the name: text
     (MistralCalls, '[TOOL_CALLS]f[ARGS]{} then [TOOL_CALLS][{"name": "g", "arguments": {}}]',
-     ' then [{"name": "g", "arguments": {}}]', [("f", {})]),  # no array after a named call
+     ' then [TOOL_CALLS][{"name": "g", "arguments": {}}]', [("f", {})]),  # no array after a named call
     (MistralCalls, '[TOOL_CALLS][{"name": "f", "arguments": {}}, {"x": 1}] end [{"name": "h", '
                    '"arguments": {}}]', ', {"x": 1}] end [{"name": "h", "arguments": {}}]', [("f", {})]),
 ]

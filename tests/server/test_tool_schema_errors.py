@@ -31,6 +31,7 @@ def nested(depth: int) -> dict[str, Any]:
 
 
 DEEP = nested(400)  # compiling takes several frames a level: far past Python's 1000
+BROKEN = {"type": "object", "properties": {"x": {"$ref": "#/definitions/missing"}}}  # no guide
 
 
 def tools_with(parameters: Any) -> list[dict[str, Any]]:
@@ -55,7 +56,7 @@ def refusal(parameters: Any, choice: Any) -> APIError:
 @pytest.mark.parametrize("choice", ["required", NAMED])
 def test_parameters_nested_too_deeply_are_a_400_naming_the_tool(choice):
     error = refusal(DEEP, choice)
-    assert error.param == "tools"
+    assert error.param == "tools.1.function.parameters"
     assert error.message == "tool 'f': parameters: nested too deeply"
 
 
@@ -112,9 +113,11 @@ def test_no_parameters_still_mean_no_arguments():
 
 @pytest.mark.parametrize(("fields", "param", "words"), [
     ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}],
-      "tool_choice": "required"}, "tools", "nested too deeply"),
-    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": DEEP}}],
-      "tool_choice": NAMED}, "tools", "nested too deeply"),
+      "tool_choice": "required"}, "tools.0.function.parameters", "nested too deeply"),
+    ({"tools": tools_with(DEEP), "tool_choice": NAMED}, "tools.1.function.parameters",
+     "nested too deeply"),
+    ({"tools": tools_with(BROKEN), "tool_choice": "required"}, "tools.1.function.parameters",
+     "$ref '#/definitions/missing'"),
     ({"tools": tools_with({"type": "integer"}), "tool_choice": "required"},
      "tools.1.function.parameters", "got type 'integer'"),
     ({"tools": tools_with({"type": "boolean"}), "tool_choice": NAMED},

@@ -93,5 +93,5 @@ def test_a_tool_schema_the_guide_cannot_hold_is_refused_naming_the_tool():
     broken = {"type": "object", "properties": {"x": {"$ref": "#/definitions/missing"}}}
     with pytest.raises(APIError) as refused:
         guide({"pick": DRAFT7, "broken": broken})
-    assert (refused.value.status, refused.value.param) == (400, "tools")
+    assert (refused.value.status, refused.value.param) == (400, "tools.1.function.parameters")
     assert refused.value.message.startswith("tool 'broken': parameters: $ref '#/definitions/missing'")
