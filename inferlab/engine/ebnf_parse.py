@@ -26,6 +26,13 @@ _ESCAPES = {"n": "\n", "r": "\r", "t": "\t", "\\": "\\", '"': '"', "[": "[", "]"
             "/": "/"}
 _HEX_DIGITS = {"x": 2, "u": 4, "U": 8}
 MAX_ELEMENTS = 100_000  # what {m,n} may unroll to, all rules together
+_REPETITION = re.compile(r"\s*([0-9]+)\s*(,\s*([0-9]*)\s*)?}")  # ASCII digits, as llama.cpp reads
+
+
+def _count(digits: str) -> int:
+    """A repetition's count; past 9 digits only its being over MAX_ELEMENTS matters (int() of
+    over 4300 digits is a ValueError)."""
+    return int(digits) if len(digits) <= 9 else MAX_ELEMENTS + 1
 
 
 class GrammarError(InferlabError):
@@ -151,8 +158,11 @@ class _Parser:
             items.extend(elements)
 
     def count(self, elements: int) -> None:
+        self.check_room(elements)
         self.elements += elements
-        if self.elements > MAX_ELEMENTS:
+
+    def check_room(self, elements: int) -> None:
+        if self.elements + elements > MAX_ELEMENTS:
             raise self.fail(f"the grammar unrolls to over {MAX_ELEMENTS} elements")
 
     def atom(self) -> list[Element]:
@@ -186,7 +196,10 @@ class _Parser:
             low, high = self.repetition()
             if not atom:  # "" or (): any number of nothings is nothing
                 continue
+            if len(atom) > 1:  # its elements go into a rule of their own: they count now, not
+                self.count(len(atom))  # once the sequence takes the atom (x{m}{m}... grew GBs)
             one = atom[0] if len(atom) == 1 else self.generated([tuple(atom)])
+            self.check_room(low)  # before [one] * low is built; the sequence counts it
             if high is None:
                 star = self.new_rule(f"{self.rule}/{len(self.names)}")
                 self.alternatives[star] = [(one, ("rule", star)), ()]
@@ -203,12 +216,12 @@ class _Parser:
         self.pos += 1
         if ch != "{":
             return {"*": (0, None), "+": (1, None), "?": (0, 1)}[ch]
-        match = re.compile(r"\s*(\d+)\s*(,\s*(\d*)\s*)?}").match(self.text, self.pos)
+        match = _REPETITION.match(self.text, self.pos)
         if match is None:
             raise self.fail("expected {m}, {m,} or {m,n}")
         self.pos = match.end()
-        low = int(match.group(1))
-        high = low if match.group(2) is None else int(match.group(3)) if match.group(3) else None
+        low = _count(match.group(1))
+        high = low if match.group(2) is None else _count(match.group(3)) if match.group(3) else None
         if high is not None and high < low:
             raise self.fail(f"repetition {{{low},{high}}}: the most is below the least")
         if max(low, high or 0) > MAX_ELEMENTS:  # before [one] * low is built: it would take GBs

@@ -151,6 +151,11 @@ def test_spaces_may_come_before_a_repetition_as_llama_cpp_reads_them(grammar, te
     ('root ::= "a"{99999999999999}', "column 29: repetition {99999999999999}: the grammar unrolls to over"),
     ('root ::= "a"{99999999999999999999999}', "repetition {99999999999999999999999}: the grammar"),
     ('root ::= "a"{100001,}', "repetition {100001,}: the grammar unrolls to over 100000 elements"),
+    ('root ::= "a"{' + "9" * 5000 + "}", "the grammar unrolls to over 100000 elements"),  # a ValueError
+    ('root ::= "a"{\u0663}', "expected {m}, {m,} or {m,n}"),  # an Arabic-Indic 3, which \d took
+    # each {m} within the limit, the chain of them past it (a 1.6 KB grammar took 162 MB)
+    ('root ::= "a"' + "{100000}" * 200, "line 1 column 21: the grammar unrolls to over 100000"),
+    ('root ::= ("ab"{60000}){2}', "the grammar unrolls to over 100000 elements"),
     ("root ::= [^\\x00-\\U0010ffff]", "grammar: 'root' matches no text"),
     ('root ::= "a" x\nx ::= "b" x', "grammar: 'root' matches no text"),
 ])
