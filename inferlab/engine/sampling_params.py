@@ -10,6 +10,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
+
 from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.ebnf_parse import GrammarError
 from inferlab.engine.json_grammar import OBJECT_SCHEMA
@@ -39,7 +41,7 @@ def check_field_types(params: Any) -> None:
             raise InvalidParameterError(f"{f.name} must be an integer, got {value!r}")
         if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
             raise InvalidParameterError(f"{f.name} must be a number, got {value!r}")
-        if kind == "bool" and not isinstance(value, bool):
+        if kind == "bool" and not isinstance(value, bool | np.bool_):  # numpy's, as its ints pass
             raise InvalidParameterError(f"{f.name} must be true or false, got {value!r}")
 
 

@@ -130,14 +130,18 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         )
     except ModelLoadError as e:
         raise config_error_in(path, e) from None
-    _check_layer_count(path, f"{arch}.block_count", cfg.num_layers, names)
+    _check_layers(reader, path, f"{arch}.block_count", cfg.num_layers, names)
     return cfg
 
 
-def _check_layer_count(path: str, key: str, count: int, names: set[str]) -> None:
+def _check_layers(reader: GGUFFile, path: str, key: str, count: int, names: set[str]) -> None:
     """The declared layers are those the tensors number, blk.0 to blk.{count - 1}, as llama.cpp
     loads them: checked before anything builds a list per layer (a block_count of 1e12 hung
-    `info` and `generate`)."""
+    `info` and `generate`). A shard of a split GGUF holds some of them: it says so."""
+    shards = field(reader, "split.count")
+    if isinstance(shards, int) and not isinstance(shards, bool) and shards > 1:
+        raise ModelLoadError(f"{path}: one of the {shards} shards of a split GGUF; merge them into "
+                             "one file first (llama-gguf-split --merge)")
     layers = {int(m[1]) for name in names if (m := _LAYER_TENSOR.match(name))}
     if len(layers) != count or max(layers, default=-1) != count - 1:
         held = f"layers {min(layers)} to {max(layers)}" if layers else "no layers"

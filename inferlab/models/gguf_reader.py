@@ -20,6 +20,7 @@ _STRING, _ARRAY = 8, 9
 
 
 GGUF_MAGIC = b"GGUF"
+MAX_ARRAY_VALUES = 1 << 23  # the largest vocabularies hold ~262k tokens and ~500k merges
 
 
 def _smallest(kind: int) -> int:
@@ -138,6 +139,10 @@ class GGUFFile:
             # values would take many times the file's size before the file ran out
             if count * _smallest(item_kind) > len(self.buffer) - self._pos:
                 raise struct.error(f"array of {count} values past end of file")
+            # a crafted file's array that fits takes ~36x its bytes as a list of Python ints
+            if count > MAX_ARRAY_VALUES:
+                raise struct.error(f"metadata array of {count} values (more than the "
+                                   f"{MAX_ARRAY_VALUES} any tokenizer needs)")
             if item_kind in _SCALARS:
                 fmt = _SCALARS[item_kind]
                 size = struct.calcsize(fmt)

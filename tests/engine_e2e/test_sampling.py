@@ -6,6 +6,7 @@ import dataclasses
 import math
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -206,6 +207,13 @@ def test_logit_bias_steers_one_request_of_a_batch(make_llm):
 def test_fields_of_the_wrong_type_are_refused_by_name(fields, words):
     with pytest.raises(InvalidParameterError, match=re.escape(words)):
         SamplingParams(**fields)
+
+
+def test_numpy_values_pass_as_python_ones():
+    """Its ints and floats are numbers.Integral and Real; its bools are not Python's, and were
+    refused (found by a reviewer)."""
+    params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), ignore_eos=np.True_)
+    assert params.ignore_eos and params.max_tokens == 3
 
 
 def test_one_bad_word_given_as_a_string_is_one_word():

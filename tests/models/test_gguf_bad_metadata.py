@@ -13,7 +13,7 @@ import tracemalloc
 import pytest
 
 from inferlab.errors import ModelLoadError
-from inferlab.models.gguf_reader import GGUFFile
+from inferlab.models.gguf_reader import MAX_ARRAY_VALUES, GGUFFile
 from inferlab.models.loader import load_tokenizer, read_model_config
 
 from .raw_gguf import TOKENS, Raw, llama_metadata, write_gguf
@@ -46,6 +46,16 @@ def test_a_length_or_count_past_the_file_fails_before_allocating(tmp_path, value
     finally:
         tracemalloc.stop()
     assert peak < TAIL // 8, f"{peak} bytes allocated for a {os.path.getsize(path)}-byte file"
+
+
+def test_an_array_of_more_values_than_a_tokenizer_needs_is_refused(tmp_path):
+    """It fits in the file, but as a list of Python ints it took 16x the file (found by a
+    reviewer)."""
+    count = MAX_ARRAY_VALUES + 1
+    big = Raw(struct.pack("<IIQ", ARRAY, 0, count) + bytes(count))  # uint8s
+    path = write_gguf(tmp_path / "m.gguf", tensors=[], metadata={**llama_metadata(), "x": big})
+    with pytest.raises(ModelLoadError, match=f"not a readable GGUF file .*array of {count} values"):
+        GGUFFile(str(path))
 
 
 def test_arrays_nested_past_the_stack_are_a_load_error(tmp_path):
@@ -90,6 +100,8 @@ WRONG_TYPES = {
                          "layers 0 to 0 (1 in all)"),
     "block_count 2": ({"llama.block_count": 2}, "llama.block_count is 2, but the file holds "
                                                 "tensors for layers 0 to 0"),
+    "a split GGUF's first shard": ({"split.count": 3}, "one of the 3 shards of a split GGUF; "
+                                   "merge them into one file first"),  # a layer count mismatch
     # ModelConfig's own checks, which said "config:"
     "block_count -1": ({"llama.block_count": -1}, "num_layers must be positive, got -1"),
     "context_length 0": ({"llama.context_length": 0}, "max_position_embeddings must be positive"),
