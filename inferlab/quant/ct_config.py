@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
 from inferlab.quant.scheme import (
+    INT,
+    PACK_QUANTIZED,
     READABLE_FORMATS,
     QuantScheme,
     group_act_order,
@@ -92,6 +94,9 @@ def parse_quantization_config(qc: Mapping, source: str = "quantization_config") 
         if fmt not in READABLE_FORMATS:  # as loading refuses it, so that `info` does too
             raise InferlabError(f"{where}: format {fmt!r} is not supported "
                                 f"(supported: {', '.join(READABLE_FORMATS)})")
+        if fmt == PACK_QUANTIZED and scheme.weights.kind != INT:  # its codes were read as ints
+            raise InferlabError(f"{where}: format {PACK_QUANTIZED!r} holds int weights, not "
+                                f"{scheme.weights.kind!r} ones")
         targets = group.get("targets") or []
         if not isinstance(targets, list) or not all(isinstance(t, str) for t in targets):
             raise InferlabError(f"{where}: targets must be a list of names")

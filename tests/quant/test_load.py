@@ -68,6 +68,10 @@ def _group_0(qc: dict) -> dict:
     (lambda qc: qc.update(ignore=[5]), "ignore must be a list of names, got [5]"),
     (lambda qc: qc.update(ignore="lm_head"), "ignore must be a list of names"),  # not its letters
     (lambda qc: _group_0(qc).update(format="sparse-bitmask"), "format 'sparse-bitmask' is not supported"),
+    # int codes declared fp8: loaded as ints, shown by `info` as fp8 (found by a tester)
+    (lambda qc: _group_0(qc)["weights"].update(type="float", num_bits=8, strategy="channel", group_size=None,
+                                                   symmetric=True),
+     "config_groups.group_0: format 'pack-quantized' holds int weights, not 'float' ones"),
 ])
 def test_config_fields_of_the_wrong_type_are_one_line_errors(checkpoint, tmp_path, edit, message) -> None:
     """Once tracebacks (int("4bit"), "x".get, 5.startswith) from loading and from `info`."""
