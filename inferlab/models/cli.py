@@ -121,11 +121,13 @@ def _gguf_types(gguf_file) -> str:
 
 
 def _checkpoint_bytes(path: str) -> int:
-    """Bytes of the weight files as stored (compressed weights at their compressed size)."""
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.endswith(".safetensors"))
+    """Bytes of the weight files the loader reads, as stored (compressed weights at their
+    compressed size); a directory without them is refused as loading refuses it (`info` once
+    reported 0 bytes for it and every figure as if it would load)."""
+    from inferlab.models.loader import safetensors_files
+
+    files = safetensors_files(path) if os.path.isdir(path) else [path]
+    return sum(os.path.getsize(f) for f in files)
 
 
 def _served_dtype(dtype: str) -> str:

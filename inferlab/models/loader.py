@@ -163,7 +163,7 @@ def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dt
     return net
 
 
-def _safetensors_files(model_dir: str) -> list[str]:
+def safetensors_files(model_dir: str) -> list[str]:
     index = os.path.join(model_dir, "model.safetensors.index.json")
     if is_user_file(index):
         return [os.path.join(model_dir, s) for s in _index_shards(index)]
@@ -189,7 +189,7 @@ def _index_shards(index: str) -> list[str]:
 def _iter_safetensors(model_dir: str) -> Iterator[tuple[str, torch.Tensor]]:
     from safetensors import safe_open
 
-    for file in _safetensors_files(model_dir):
+    for file in safetensors_files(model_dir):
         if not is_user_file(file):
             raise ModelLoadError(f"{file}: missing (listed in the index)")
         check_readable(file)

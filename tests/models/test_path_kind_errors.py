@@ -5,6 +5,8 @@ said "not found" for a directory that exists, "not empty" for a file, and "bad m
 
 from __future__ import annotations
 
+import shutil
+
 import pytest
 
 from inferlab.bench.dataspec import resolve_corpus
@@ -73,3 +75,16 @@ def test_a_gguf_file_without_the_extension_is_read_by_its_magic(tmp_path, embedd
     assert read_model_config(str(blob)) == read_model_config(embedded_gguf)
     assert main(["info", str(blob)]) == 0
     assert "LlamaForCausalLM" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", [["info"], ["generate", "hi"]])
+def test_a_folder_without_weights_gets_one_message_from_info_and_generate(tiny_dir, tmp_path, capsys,
+                                                                          command):
+    """`info` reported 0 checkpoint bytes and every other figure for it, as if it would load
+    (found by a tester)."""
+    folder = tmp_path / "no-weights"
+    shutil.copytree(tiny_dir, folder, ignore=shutil.ignore_patterns("*.safetensors"))
+    assert main([*command, str(folder)]) == 2
+    assert capsys.readouterr().err == (f"error: {folder}: no model.safetensors or "
+                                       "model.safetensors.index.json (pickled .bin checkpoints are "
+                                       "never loaded)\n")
