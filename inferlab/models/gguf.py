@@ -84,11 +84,12 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
         value = field(reader, f"{arch}.{key}", default)
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is missing")
-        try:
-            return cast(value)
-        except (TypeError, ValueError):
-            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is {value!r}, not a "
-                                 "number") from None
+        # a number as the file types it, as llama.cpp reads it: int() took "12" and 12.7
+        kinds = int if cast is int else (int, float)
+        if not isinstance(value, kinds) or isinstance(value, bool):
+            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is {reprlib.repr(value)}, not "
+                                 f"{'a whole number' if cast is int else 'a number'}")
+        return cast(value)
 
     hidden = meta("embedding_length")
     num_heads = meta("attention.head_count")

@@ -95,6 +95,10 @@ WRONG_TYPES = {
                      "numbers 0 to 6)"),
     "chat template as a number": ({"tokenizer.chat_template": 5},
                                   "tokenizer.chat_template is 5, not a chat template"),
+    "block_count as text": ({"llama.block_count": "1"}, "llama.block_count is '1', not a whole number"),
+    "block_count as a float": ({"llama.block_count": 1.5}, "llama.block_count is 1.5, not a whole number"),
+    "rms eps as text": ({"llama.attention.layer_norm_rms_epsilon": "1e-5"},
+                        "llama.attention.layer_norm_rms_epsilon is '1e-5', not a number"),
     "block_count 1e12": ({"llama.block_count": 10**12},
                          "llama.block_count is 1000000000000, but the file holds tensors for "
                          "layers 0 to 0 (1 in all)"),

@@ -287,7 +287,7 @@ def test_gguf_rope_scaling_keys(tmp_path):
 
 @pytest.mark.parametrize(("metadata", "words"), [
     ({"llama.attention.head_count": 0}, "llama.attention.head_count is 0"),
-    ({"llama.context_length": "abc"}, "llama.context_length is 'abc', not a number"),
+    ({"llama.context_length": "abc"}, "llama.context_length is 'abc', not a whole number"),
 ])
 def test_gguf_hyper_parameters_that_are_no_numbers(tmp_path, metadata, words):
     path = write_tiny_gguf(tmp_path / "bad.gguf", **metadata)
