@@ -51,6 +51,11 @@ def check_architecture(architecture: str) -> None:
                              f"(supported: {', '.join(SUPPORTED_ARCHITECTURES)})")
 
 
+def llama3_freq_factors(scaling: dict[str, Any]) -> tuple[float, float]:
+    """llama3 RoPE's (low_freq_factor, high_freq_factor): absent or null, 1 and 4 (transformers')."""
+    return float(scaling.get("low_freq_factor") or 1.0), float(scaling.get("high_freq_factor") or 4.0)
+
+
 def rope_kind(scaling: dict[str, Any] | None) -> str:
     """A rope_scaling dict's type ("rope_type", or the older "type")."""
     return (scaling or {}).get("rope_type", (scaling or {}).get("type", "default"))
@@ -93,8 +98,7 @@ class ModelConfig:
                 raise ModelLoadError(f"config: rope scaling {kind!r} needs a positive number "
                                      f"{key}, got {value!r}")
         if kind == "llama3":
-            low, high = (self.rope_scaling.get(k) or d for k, d in (("low_freq_factor", 1.0),
-                                                                     ("high_freq_factor", 4.0)))
+            low, high = llama3_freq_factors(self.rope_scaling)
             if high <= low:  # the blend between them divides by high - low
                 raise ModelLoadError(f"config: rope scaling 'llama3' needs high_freq_factor ({high}) "
                                      f"above low_freq_factor ({low})")

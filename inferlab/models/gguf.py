@@ -52,7 +52,7 @@ def field(reader: GGUFFile, key: str, default: Any = None) -> Any:
     return reader.get(key, default)
 
 
-def typed_field(reader: GGUFFile, path: str, key: str, kind: type, what: str,
+def typed_field(reader: GGUFFile, path: str, key: str, kind: type | tuple[type, ...], what: str,
                 default: Any = None) -> Any:
     """reader[key] where it is a `kind` (a bool is no int), else a one-line error saying it
     should be `what`: a value of another type failed later as a TypeError, or was misread
@@ -81,14 +81,11 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     names = {t.name for t in reader.tensors}
 
     def meta(key: str, default: Any = None, cast: type = int) -> Any:
-        value = field(reader, f"{arch}.{key}", default)
+        # a number as the file types it, as llama.cpp reads it: int() took "12" and 12.7
+        kinds, what = (int, "a whole number") if cast is int else ((int, float), "a number")
+        value = typed_field(reader, path, f"{arch}.{key}", kinds, what, default)
         if value is None:
             raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is missing")
-        # a number as the file types it, as llama.cpp reads it: int() took "12" and 12.7
-        kinds = int if cast is int else (int, float)
-        if not isinstance(value, kinds) or isinstance(value, bool):
-            raise ModelLoadError(f"{path}: GGUF metadata {arch}.{key} is {reprlib.repr(value)}, not "
-                                 f"{'a whole number' if cast is int else 'a number'}")
         return cast(value)
 
     hidden = meta("embedding_length")

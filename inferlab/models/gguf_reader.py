@@ -28,9 +28,9 @@ def _smallest(kind: int) -> int:
     item type and count."""
     if kind in _SCALARS:
         return struct.calcsize(_SCALARS[kind])
-    if kind in (_STRING, _ARRAY):
-        return 8 if kind == _STRING else 12
-    raise struct.error(f"unknown metadata type {kind}")
+    if kind not in (_STRING, _ARRAY):
+        raise struct.error(f"unknown metadata type {kind}")
+    return 8 if kind == _STRING else 12
 
 
 def is_gguf_file(path: str) -> bool:

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from inferlab.kernels import fused
-from inferlab.models.config import ROPE_TYPES, rope_kind
+from inferlab.models.config import ROPE_TYPES, llama3_freq_factors, rope_kind
 
 
 class RMSNorm(nn.Module):
@@ -40,8 +40,7 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None
     if kind == "linear":
         return (inv_freq / factor).float(), 1.0
     if kind == "llama3":
-        low = float(scaling.get("low_freq_factor") or 1.0)
-        high = float(scaling.get("high_freq_factor") or 4.0)
+        low, high = llama3_freq_factors(scaling)
         old_ctx = float(scaling["original_max_position_embeddings"])
         wavelen = 2 * math.pi / inv_freq
         smooth = ((old_ctx / wavelen - low) / (high - low)).clamp(0, 1)

@@ -27,7 +27,7 @@ class ServerContext:
         self.engine = engine
         self.settings = settings
         self.model_name = settings.served_model_name
-        self.model_names = tuple(dict.fromkeys((settings.served_model_name, *settings.served_model_aliases)))
+        self.model_names = settings.model_names
         self.created = int(time.time())
         self.admission = Admission(engine, settings.max_queued_requests)
         self.metrics = ServerMetrics(engine, self.model_name, lambda: self.admission.in_flight)

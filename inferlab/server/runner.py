@@ -100,8 +100,7 @@ async def serve(engine: AsyncEngine, settings: ServerSettings) -> None:
         await asyncio.sleep(0.02)
     if server.started:
         url = url_of(sock)
-        names = ", ".join(dict.fromkeys((settings.served_model_name, *settings.served_model_aliases)))
-        print(f"inferlab: serving {names} at {url} "
+        print(f"inferlab: serving {', '.join(settings.model_names)} at {url} "
               f"(OpenAI API: {url}/v1)", flush=True)
     await task
     if server.drain_task is not None:

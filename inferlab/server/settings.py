@@ -39,6 +39,11 @@ class ServerSettings:
     exclude_tools_when_tool_choice_none: bool = False  # the template sees no tools with "none"
     reasoning_parser: str | None = None  # deepseek_r1 or qwen3: thinking as reasoning_content
 
+    @property
+    def model_names(self) -> tuple[str, ...]:
+        """Every name requests may use, the served_model_name first, each once."""
+        return tuple(dict.fromkeys((self.served_model_name, *self.served_model_aliases)))
+
     def __post_init__(self) -> None:
         checks = [
             (bool(self.served_model_name) and all(self.served_model_aliases),

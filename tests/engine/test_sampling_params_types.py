@@ -1,5 +1,5 @@
-"""Token ids and biases given as numpy numbers are taken as the numbers they are
-(they were refused as out of range); a bool is not a bias."""
+"""Fields of the wrong type are refused by name; token ids and biases given as numpy numbers
+are taken as the numbers they are (they were refused as out of range); a bool is not a bias."""
 
 from __future__ import annotations
 
@@ -38,3 +38,31 @@ def test_a_repetition_penalty_is_a_finite_positive_number(penalty):
     # inf divided positive logits to 0 and multiplied a logit of exactly 0 into NaN
     with pytest.raises(InvalidParameterError, match="repetition_penalty must be a finite number > 0"):
         SamplingParams(repetition_penalty=penalty)
+
+
+@pytest.mark.parametrize(("fields", "words"), [
+    ({"seed": True}, "seed must be an integer, got True"),  # once failed mid-step in the generator
+    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
+    ({"logprobs": 1.5}, "logprobs must be an integer"),  # once failed mid-step in topk
+    ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer"),
+    ({"n": 2.5}, "n must be an integer"),
+    ({"max_tokens": 2.5}, "max_tokens must be an integer"),  # once gave 3 tokens
+    ({"top_k": math.inf}, "top_k must be an integer"),
+    ({"temperature": "1"}, "temperature must be a number"),
+    ({"top_p": True}, "top_p must be a number"),
+    ({"stop": [1]}, "stop must be non-empty strings"),  # once left a request no step could serve
+    ({"stop": ["Paris"], "detokenize": False}, "stop strings need detokenize"),  # once ignored
+    ({"bad_words": [3]}, "bad_words must be strings"),
+    ({"ignore_eos": "no"}, "ignore_eos must be true or false, got 'no'"),  # once ignored EOS
+    ({"logit_bias": [1, 2]}, "logit_bias must be a mapping of token ids to biases"),  # a TypeError
+])
+def test_fields_of_the_wrong_type_are_refused_by_name(fields, words):
+    with pytest.raises(InvalidParameterError, match=re.escape(words)):
+        SamplingParams(**fields)
+
+
+def test_numpy_values_pass_as_python_ones():
+    """Its ints and floats are numbers.Integral and Real; its bools are not Python's, and were
+    refused (found by a reviewer)."""
+    params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), ignore_eos=np.True_)
+    assert params.ignore_eos and params.max_tokens == 3

@@ -6,7 +6,6 @@ import dataclasses
 import math
 import re
 
-import numpy as np
 import pytest
 import torch
 
@@ -186,34 +185,6 @@ def test_logit_bias_steers_one_request_of_a_batch(make_llm):
     with pytest.raises(InvalidParameterError, match=f"logit_bias token id {vocab} is outside"):
         llm.generate([prompt], dataclasses.replace(plain, logit_bias={vocab: 1.0}))
     assert not llm.engine.has_unfinished_requests()
-
-
-@pytest.mark.parametrize(("fields", "words"), [
-    ({"seed": True}, "seed must be an integer, got True"),  # once failed mid-step in the generator
-    ({"seed": 1.5}, "seed must be an integer, got 1.5"),
-    ({"logprobs": 1.5}, "logprobs must be an integer"),  # once failed mid-step in topk
-    ({"prompt_logprobs": 2.0}, "prompt_logprobs must be an integer"),
-    ({"n": 2.5}, "n must be an integer"),
-    ({"max_tokens": 2.5}, "max_tokens must be an integer"),  # once gave 3 tokens
-    ({"top_k": math.inf}, "top_k must be an integer"),
-    ({"temperature": "1"}, "temperature must be a number"),
-    ({"top_p": True}, "top_p must be a number"),
-    ({"stop": [1]}, "stop must be non-empty strings"),  # once left a request no step could serve
-    ({"stop": ["Paris"], "detokenize": False}, "stop strings need detokenize"),  # once ignored
-    ({"bad_words": [3]}, "bad_words must be strings"),
-    ({"ignore_eos": "no"}, "ignore_eos must be true or false, got 'no'"),  # once ignored EOS
-    ({"logit_bias": [1, 2]}, "logit_bias must be a mapping of token ids to biases"),  # a TypeError
-])
-def test_fields_of_the_wrong_type_are_refused_by_name(fields, words):
-    with pytest.raises(InvalidParameterError, match=re.escape(words)):
-        SamplingParams(**fields)
-
-
-def test_numpy_values_pass_as_python_ones():
-    """Its ints and floats are numbers.Integral and Real; its bools are not Python's, and were
-    refused (found by a reviewer)."""
-    params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), ignore_eos=np.True_)
-    assert params.ignore_eos and params.max_tokens == 3
 
 
 def test_one_bad_word_given_as_a_string_is_one_word():

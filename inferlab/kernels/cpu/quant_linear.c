@@ -337,7 +337,7 @@ static int quant_kernel(const linear_t *l, const uint16_t *x, int64_t x_stride, 
  * same way, once per group. */
 static inline __attribute__((always_inline)) void dequantize_block(
         const linear_t *l, const int BITS, int64_t b, uint16_t *dst) {
-    const int64_t n = l->n_out, k = l->k_in, pairs_per_line = BITS == 8 ? 2 : 4;
+    const int64_t k = l->k_in, pairs_per_line = BITS == 8 ? 2 : 4;
     const int64_t lines_per_group = l->group / (2 * pairs_per_line);
     const lines_t src = block_lines(l, BITS, b);
     const __m512i spread[2] = {
