@@ -23,11 +23,11 @@ from dataclasses import dataclass
 
 from inferlab.bench import mock_format as fmt
 from inferlab.bench.config import check_duration, url_host
+from inferlab.bench.mock_http import Connection, Emitter, Request
 from inferlab.errors import InferlabError
 
 PREFIX_BLOCK_WORDS = 16  # the mock's prefix cache works on blocks of this many words
 PREFIX_CACHE_BLOCKS = 100_000  # LRU bound on remembered block hashes
-EMIT_BATCH = 64  # chunks a stream writes in one turn of the event loop at most
 UNLIMITED_MODEL_LEN = 2**62  # --max-model-len of a mock that refuses no length
 
 
@@ -109,7 +109,7 @@ class MockServer:
 
     async def start(self) -> str:
         loop = asyncio.get_running_loop()
-        self.server = await loop.create_server(lambda: _MockConnection(self), self.config.host,
+        self.server = await loop.create_server(lambda: Connection(self.handle), self.config.host,
                                                self.config.port, backlog=4096)
         host, port = self.server.sockets[0].getsockname()[:2]
         return f"http://{url_host(host)}:{port}"
@@ -119,7 +119,7 @@ class MockServer:
             self.server.close()
             await self.server.wait_closed()
 
-    async def handle(self, request: _Request, conn: _MockConnection) -> bool:
+    async def handle(self, request: Request, conn: Connection) -> bool:
         """Answer one request; False when the connection must not be reused."""
         method, path = request.method, request.path.split("?", 1)[0]
         if method == "GET" and path == "/health":
@@ -142,7 +142,7 @@ class MockServer:
                                    self.prefix.queries, self.prefix.hits, self.config.model)
         return fmt.response_head(200, "text/plain; version=0.0.4", len(text)) + text
 
-    async def _completion(self, chat: bool, raw: _Request, conn: _MockConnection) -> bool:
+    async def _completion(self, chat: bool, raw: Request, conn: Connection) -> bool:
         try:
             request = json.loads(raw.body)
             prompt_words = _prompt_words(request, chat)
@@ -226,7 +226,7 @@ class _StreamJob:
         self.prompt_tokens, self.max_tokens = prompt_tokens, max_tokens
         self.encoder = fmt.StreamEncoder(server.requests, server.config.model, chat)
 
-    async def run(self, start: float, conn: _MockConnection) -> bool:
+    async def run(self, start: float, conn: Connection) -> bool:
         loop = asyncio.get_running_loop()
         config = self.server.config
         ttft_s, itl_s = config.ttft_ms / 1000, config.itl_ms / 1000
@@ -241,7 +241,7 @@ class _StreamJob:
         chunks = self._encode_chunks(config.tokens_per_chunk)
         dues = [start + ttft_s + (last - 1) * itl_s for last, _ in chunks]
         stop_at = self.max_tokens // 2 if self.mode in ("hang", "close") else self.max_tokens
-        outcome = await _Emitter(conn, loop, chunks, dues, stop_at).finished
+        outcome = await Emitter(conn, loop, chunks, dues, stop_at).finished
         if outcome == "fail":
             await self._fail(conn)
         if outcome != "done":
@@ -264,7 +264,7 @@ class _StreamJob:
             chunks.append((first + count, cache[key]))
         return chunks
 
-    async def _fail(self, conn: _MockConnection) -> None:
+    async def _fail(self, conn: Connection) -> None:
         if self.mode == "close":
             conn.abort()
         else:  # hang: send nothing more until the client gives up
@@ -281,122 +281,6 @@ class _StreamJob:
             choice = {"index": 0, "text": text, "finish_reason": "length"}
         return {**self.encoder.head, "object": "chat.completion" if self.chat
                 else "text_completion", "choices": [choice], "usage": usage}
-
-
-class _Emitter:
-    """Writes a stream's chunks at their due times from timer callbacks, not a sleeping
-    coroutine: a token costs one write and no task switch. `finished` resolves to
-    "done", "gone" (the client left) or "fail" (the drawn failure point was reached)."""
-
-    def __init__(self, conn: _MockConnection, loop: asyncio.AbstractEventLoop,
-                 chunks: list[tuple[int, bytes]], dues: list[float], stop_at: int) -> None:
-        self.conn, self.loop, self.chunks, self.dues = conn, loop, chunks, dues
-        self.stop_at = stop_at  # tokens sent before failing (all of them: no failure)
-        self.next = 0
-        self.finished: asyncio.Future[str] = loop.create_future()
-        loop.call_at(dues[0], self._emit)
-
-    def _emit(self) -> None:
-        """Write the chunks that are due, EMIT_BATCH at most, then set a timer for the next
-        one: between batches the loop sees a client that left."""
-        now, last = self.loop.time(), self.next + EMIT_BATCH
-        while self.next < min(len(self.chunks), last) and self.dues[self.next] <= now:
-            if self.conn.closed:
-                self.finished.set_result("gone")
-                return
-            sent_after, data = self.chunks[self.next]
-            if sent_after > self.stop_at:
-                self.finished.set_result("fail")
-                return
-            self.conn.write(data)
-            self.next += 1
-        if self.next == len(self.chunks):
-            self.finished.set_result("done")
-        elif self.next == last:
-            self.loop.call_soon(self._emit)
-        else:
-            self.loop.call_at(self.dues[self.next], self._emit)
-
-
-@dataclass
-class _Request:
-    method: str
-    path: str
-    headers: dict[str, str]
-    body: bytes
-    arrival: float  # loop.time() when its last byte was read: when its TTFT begins
-
-
-class _MockConnection(asyncio.Protocol):
-    """Reads requests off one connection, stamping their arrival before any parsing."""
-
-    def __init__(self, server: MockServer) -> None:
-        self.server = server
-        self.buf = bytearray()
-        self.pending: asyncio.Queue[_Request | None] = asyncio.Queue()
-        self.lost: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self.transport: asyncio.Transport | None = None
-        self.task: asyncio.Task[None] | None = None
-
-    @property
-    def closed(self) -> bool:
-        return self.lost.done()
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
-        self.task = asyncio.get_running_loop().create_task(self._serve())
-
-    def data_received(self, data: bytes) -> None:
-        arrival = asyncio.get_running_loop().time()
-        self.buf += data
-        while (end := self.buf.find(b"\r\n\r\n")) >= 0:
-            try:
-                method, path, headers = _parse_head(bytes(self.buf[:end]))
-                length = int(headers.get("content-length", "0"))
-            except ValueError:
-                self.abort()
-                return
-            if len(self.buf) < end + 4 + length:
-                return
-            body = bytes(self.buf[end + 4:end + 4 + length])
-            del self.buf[:end + 4 + length]
-            self.pending.put_nowait(_Request(method, path, headers, body, arrival))
-
-    def connection_lost(self, exc: Exception | None) -> None:
-        if not self.lost.done():
-            self.lost.set_result(None)
-        self.pending.put_nowait(None)
-
-    def write(self, data: bytes) -> None:
-        # is_closing: a send already failed (the client left), which connection_lost says only
-        # a turn later; a write now would log "socket.send() raised exception."
-        if self.transport is not None and not self.closed and not self.transport.is_closing():
-            self.transport.write(data)
-
-    def abort(self) -> None:
-        if self.transport is not None:
-            self.transport.abort()
-
-    async def _serve(self) -> None:
-        while (request := await self.pending.get()) is not None:
-            keep_open = await self.server.handle(request, self)
-            if not keep_open or "close" in request.headers.get("connection", "").lower():
-                if self.transport is not None:
-                    self.transport.close()
-                return
-
-
-def _parse_head(head: bytes) -> tuple[str, str, dict[str, str]]:
-    lines = head.decode("latin-1").split("\r\n")
-    method, path, _version = lines[0].split(" ", 2)
-    headers = {}
-    for line in lines[1:]:
-        if line:
-            name, sep, value = line.partition(":")
-            if not sep:
-                raise ValueError(f"bad header line {line!r}")
-            headers[name.strip().lower()] = value.strip()
-    return method, path, headers
 
 
 def _lax_int(value: object) -> int:

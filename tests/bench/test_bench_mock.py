@@ -12,7 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from inferlab.bench.mock import EMIT_BATCH, MockConfig, _Emitter
+from inferlab.bench.mock import MockConfig
+from inferlab.bench.mock_http import EMIT_BATCH, Emitter
 from inferlab.bench.server_metrics import ServerTimeline, canonical, parse_prometheus
 from inferlab.errors import InferlabError
 
@@ -171,7 +172,7 @@ def test_a_stream_due_at_once_is_written_a_batch_a_turn():
         loop, conn = asyncio.get_running_loop(), Connection()
         count = 3 * EMIT_BATCH + 5
         chunks = [(i + 1, b"x") for i in range(count)]
-        emitter = _Emitter(conn, loop, chunks, [loop.time()] * count, stop_at=count)
+        emitter = Emitter(conn, loop, chunks, [loop.time()] * count, stop_at=count)
         seen = []
         while not emitter.finished.done():
             await asyncio.sleep(0)  # one turn of the loop
