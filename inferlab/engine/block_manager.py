@@ -250,11 +250,17 @@ class BlockManager:
         size = self.block_size
         root, salt = _ROOT_HASH, request.sampling_params.cache_salt
         if not self.enable_prefix_caching and request.prompt_group is not None:
-            root = request.prompt_group.encode()  # a chain no other request's can meet
+            root = _string_key(request.prompt_group)  # a chain no other request's can meet
         elif salt is not None:
-            root = b"salt:" + salt.encode()  # chains that meet only the same salt's
+            root = b"salt:" + _string_key(salt)  # chains that meet only the same salt's
         while len(hashes) < num_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else root
             hashes.append(hash_block(parent, tokens[i * size:(i + 1) * size]))
         return hashes
+
+
+def _string_key(text: str) -> bytes:
+    """Distinct bytes for every str: JSON lets a client send a lone surrogate ("\\ud800"),
+    which plain UTF-8 refuses to encode."""
+    return text.encode("utf-8", "surrogatepass")

@@ -37,6 +37,21 @@ def test_a_cache_salt_shares_prefix_blocks_only_with_the_same_salt() -> None:
     assert bm.get_computed_blocks(make_request("p2", prompt)).num_tokens == 12
 
 
+def test_any_string_keys_a_chain_lone_surrogates_included() -> None:
+    """JSON's "\\ud800" is a legal string: a salt or a group id holding one once raised
+    UnicodeEncodeError on the engine thread at the next schedule, which stopped the engine."""
+    bm = BlockManager(num_blocks=16, block_size=4)
+    prompt = list(range(9))
+    admit(bm, make_request("a", prompt, cache_salt="\ud800"))
+    assert bm.get_computed_blocks(make_request("b", prompt, cache_salt="\ud800")).num_tokens == 8
+    assert bm.get_computed_blocks(make_request("c", prompt, cache_salt="\udc00")).num_tokens == 0
+    off = BlockManager(num_blocks=8, block_size=4, enable_prefix_caching=False)
+    copies = [make_request(f"n{i}", prompt) for i in range(2)]
+    for copy in copies:
+        copy.prompt_group = "\udfff"
+    assert admit(off, copies[0]).num_tokens == 0 and admit(off, copies[1]).num_tokens == 8
+
+
 def test_eviction_follows_lru_order_and_chain_tails_go_first() -> None:
     bm = BlockManager(num_blocks=7, block_size=4)
     a = make_request("a", list(range(12)))

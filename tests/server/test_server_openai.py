@@ -9,6 +9,7 @@ prompt must be the SmolLM2 template written out by hand.
 
 from __future__ import annotations
 
+import json
 import time
 
 import httpx
@@ -266,6 +267,19 @@ def test_cache_salt_keeps_prefix_hits_within_a_salt(client, server):
     while hits() == before and time.monotonic() < deadline:
         time.sleep(0.05)
     assert hits() > before
+
+
+def test_a_lone_surrogate_salt_is_served_and_the_engine_lives_on(server):
+    """JSON's "\\ud800" escape is a legal salt; hashing it once stopped the engine thread."""
+    for salt in ("\ud800", "\ud800", None):
+        body = {"model": MODEL_NAME, "prompt": "salted " * 20, "max_tokens": 1}
+        if salt:
+            body["cache_salt"] = salt
+        # json.dumps writes the lone surrogate as its escape, as JavaScript's JSON.stringify does
+        r = httpx.post(f"{server.url}/v1/completions", content=json.dumps(body),
+                       headers={**server.headers, "Content-Type": "application/json"}, timeout=60)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["finish_reason"] == "length"
 
 
 def test_add_special_tokens_decides_the_bos(client, server, engine, monkeypatch):
