@@ -191,7 +191,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                         args.max_tokens, args.seed),
         measure=MeasureConfig(args.workers, args.calibration_seconds,
                               args.scrape_interval if args.scrape_interval != 0 else None),
-        slo=Slo.parse(args.slo) if args.slo else None,
+        slo=None if args.slo is None else Slo.parse(args.slo),
         outputs=tuple(args.output))
 
 

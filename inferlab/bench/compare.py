@@ -56,12 +56,13 @@ class Comparison:
 
 
 def pair_stages(base: LoadedRun, other: LoadedRun) -> list[tuple[LoadedStage, LoadedStage]]:
-    """Stages with the same label, when labels are unique on both sides; else, when both
-    have as many stages, by position (a label shared by two stages names neither)."""
+    """Stages with the same label, when both runs have the same unique labels; else, when both
+    have as many stages, by position (a label shared by two stages names neither). Every stage
+    of either run has a partner, whichever run is the base."""
     labels = {s.label: s for s in other.stages}
     unique = len(labels) == len(other.stages) and \
         len({s.label for s in base.stages}) == len(base.stages)
-    if unique and all(s.label in labels for s in base.stages):
+    if unique and set(labels) == {s.label for s in base.stages}:
         return [(s, labels[s.label]) for s in base.stages]
     if len(base.stages) == len(other.stages):
         return list(zip(base.stages, other.stages, strict=True))

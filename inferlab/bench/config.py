@@ -125,19 +125,22 @@ class Slo:
     def __post_init__(self) -> None:
         for name in SLO_METRICS:
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise InferlabError(f"--slo {name} must be > 0 ms, got {value}")
+            if value is not None and not (value > 0 and math.isfinite(value)):
+                raise InferlabError(f"--slo {name} must be a finite number > 0 ms, got {value}")
 
     @classmethod
     def parse(cls, text: str) -> Slo:
         values: dict[str, float] = {}
         for item in filter(None, (part.strip() for part in text.split(","))):
             key, sep, value = item.partition("=")
-            if not sep or key.strip() not in SLO_METRICS:
+            key = key.strip()
+            if not sep or key not in SLO_METRICS:
                 raise InferlabError(f"bad --slo item {item!r}: use "
                                     f"{'=..,'.join(SLO_METRICS)}=.. (milliseconds)")
+            if key in values:  # a second bound would silently replace the first
+                raise InferlabError(f"--slo names {key} twice")
             try:
-                values[key.strip()] = float(value)
+                values[key] = float(value)
             except ValueError:
                 raise InferlabError(f"bad --slo value {value!r} for {key}") from None
         if not values:

@@ -14,6 +14,7 @@ from inferlab.bench.profiles import StageSpec
 from inferlab.bench.report_json import LoadedRun, LoadedStage
 from inferlab.bench.significance import fisher_exact, resampled_percentiles
 from inferlab.bench.stats import STAT_NAMES
+from inferlab.errors import InferlabError
 
 TAIL_BASE = list(np.linspace(18, 24, 200))
 # +200 ms on every 10th request: the median barely moves, the p95 is 9x
@@ -118,6 +119,16 @@ def test_stages_sharing_a_label_pair_by_position():
     c = stage([40.0] * 30, label="constant@40/s")
     assert [(x.label, y.label) for x, y in pair_stages(run(a, c), run(c, a))] == \
         [("constant@20/s", "constant@20/s"), ("constant@40/s", "constant@40/s")]
+
+
+def test_a_stage_only_one_run_has_is_refused_whichever_is_the_base():
+    """Paired by name, the base's stages once only had to be among the other's: a stage the
+    other run added went unseen (and the gate passed on the rest), while swapped the runs were
+    refused."""
+    a, c = stage([20.0] * 30), stage([40.0] * 30, label="constant@40/s")
+    for base, other in ((run(a), run(a, c)), (run(a, c), run(a))):
+        with pytest.raises(InferlabError, match="cannot pair the stages"):
+            pair_stages(base, other)
 
 
 def test_labels_tell_distinct_rates_apart():

@@ -266,6 +266,9 @@ def test_txt_files_are_one_prompt_a_line(tmp_path):
     (["--profile", "synchronous", "--tokenizer", "HuggingFaceTB/SmolLM2-135M"],
      "a Hub model id is not downloaded"),
     (["--profile", "synchronous", "--tokenizer", "."], "the folder holds no tokenizer.json"),
+    (["--profile", "synchronous", "--slo", ""], "--slo needs at least one bound"),
+    (["--profile", "synchronous", "--slo", "ttft_ms=inf"], "must be a finite number > 0 ms"),
+    (["--profile", "synchronous", "--slo", "ttft_ms=50,ttft_ms=60"], "--slo names ttft_ms twice"),
 ])
 def test_guidellm_style_flags_get_guidellm_terms(extra, message, capsys, tmp_path,
                                                  monkeypatch, corpus):
