@@ -19,5 +19,10 @@ class ContextLengthError(PromptError):
     """A prompt, or a prompt and its max_tokens, longer than the model's context."""
 
 
+class GuidedDecodingError(InferlabError):
+    """A request's grammar could not be followed while it ran (one too ambiguous to track);
+    the request fails with finish reason "error", the others go on."""
+
+
 class ModelLoadError(InferlabError):
     """A model file or directory that cannot be loaded; the message names the file."""

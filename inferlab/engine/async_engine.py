@@ -27,7 +27,7 @@ from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.prompt_input import PromptType, read_prompt
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.spec_decode import SpecDecodeCounters
-from inferlab.errors import InferlabError
+from inferlab.errors import GuidedDecodingError, InferlabError
 from inferlab.kernels import cpu_ops
 
 logger = logging.getLogger("inferlab.engine")
@@ -341,8 +341,8 @@ class AsyncEngine:
         """On the requests' event loop. A sink that raises (a consumer's bug) costs only its own
         request, which is aborted; the others in the batch still get their outputs."""
         for sink, out in batch:
-            try:
-                sink(out)
+            try:  # a request that failed (its guide) ends in its error, as one refused at add does
+                sink(out if out.error is None else GuidedDecodingError(out.error))
             except Exception:
                 logger.exception("the consumer of request %s failed; aborting it", out.request_id)
                 if not out.finished:

@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, Matcher, parse_grammar
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.grammar import Grammar, bounded_state
 
 Frame = tuple[int, int]  # (alternative, position of the element it waits for)
 Stack = tuple[Frame, ...]
@@ -43,7 +43,7 @@ class EbnfGrammar(Grammar):
                 alternative, position = stack[-1]
                 if self.matchers[self.alternatives[alternative][position][1]].matches(ch):
                     stacks.update(self._settle([(*stack[:-1], (alternative, position + 1))]))
-        return frozenset(stacks) if stacks else None
+        return bounded_state(stacks)
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state

@@ -10,6 +10,24 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from inferlab.engine.utf8_tokens import completions, split_utf8
+from inferlab.errors import GuidedDecodingError
+
+# Readings of the text a state may hold (a JSON schema's or an EBNF grammar's stacks). An
+# ambiguous grammar that nests ('r ::= "a" r "x" | "a" r "y" | "z"', a recursive anyOf of two
+# alike branches) doubles them with every character: 2^18 took 17 s and 2.9 GB of the engine
+# thread, which every request waits on. Past this many its request fails (GuidedDecodingError);
+# a schema whose anyOf lists this many objects (tool_choice "required" over as many tools) still
+# fits.
+MAX_READINGS = 1024
+
+
+def bounded_state(stacks: set[tuple]) -> frozenset[tuple] | None:
+    """The state of `stacks`, None when there are none; raises GuidedDecodingError past
+    MAX_READINGS of them."""
+    if len(stacks) > MAX_READINGS:
+        raise GuidedDecodingError(f"the grammar is too ambiguous to follow: the output so far "
+                                  f"reads in more than {MAX_READINGS} ways")
+    return frozenset(stacks) if stacks else None
 
 
 def marker_tail(text: str, markers: Sequence[str]) -> str:

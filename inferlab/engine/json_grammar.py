@@ -19,7 +19,7 @@ import json
 import math
 from typing import Any
 
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.grammar import Grammar, bounded_state
 from inferlab.engine.json_nodes import (
     ArrayNode,
     LiteralNode,
@@ -107,7 +107,7 @@ class JsonGrammar(Grammar):
 
     def _next(self, state: State, ch: str) -> State | None:
         stacks = {after for stack in state for after in self._step(stack, ch)}
-        return frozenset(stacks) if stacks else None
+        return bounded_state(stacks)
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state

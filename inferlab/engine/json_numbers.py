@@ -37,12 +37,18 @@ class NumberBounds:
 
     def may_end(self, text: str) -> bool:
         """The whole number `text` ("-12.5") lies inside the bounds."""
+        past = self._past_the_bounds(text)
+        if past is not None:
+            return past
         exact = self.integer or "." not in text or _digits(text) <= FLOAT_DIGITS
         return exact and _inside(Fraction(text), self.low, self.high)
 
     def reachable(self, text: str) -> bool:
         """Some number the grammar can still write after the prefix `text` ("", "-", "12",
         "12.", "12.5"; no exponent) lies inside the bounds."""
+        past = self._past_the_bounds(text)
+        if past is not None:
+            return past
         if not self.integer and "." not in text and replace(self, integer=True).reachable(text):
             return True  # an integer literal, exact at any length
         negative = text.startswith("-")
@@ -64,6 +70,21 @@ class NumberBounds:
         if whole == "0":  # 0, or 0.xxx
             return _grid_meets(Fraction(0), Fraction(1), Fraction(1, 10 ** left), low, high)
         return _longer_meets(int(whole), left, self.integer, low, high)
+
+
+    def _past_the_bounds(self, text: str) -> bool | None:
+        """For an integer literal longer than every bound (it and whatever more digits follow
+        lie beyond them all): whether that side is open. None for any other text. Such a text
+        is never read as a number, which Python refuses past 4300 digits (a ValueError that
+        once ended the engine) and reads in time quadratic in its length."""
+        whole = text.removeprefix("-")
+        if "." in whole or len(whole) <= max(map(_integer_digits, (self.low, self.high))) + 1:
+            return None
+        return (self.low if text.startswith("-") else self.high) is None
+
+
+def _integer_digits(bound: Bound | None) -> int:
+    return 0 if bound is None else len(str(abs(bound.value.numerator) // bound.value.denominator))
 
 
 def _longer_meets(whole: int, left: int, integer: bool, low: Bound | None, high: Bound | None) -> bool:

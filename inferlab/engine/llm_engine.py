@@ -370,6 +370,7 @@ class LLMEngine:
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)
+        failed = self._fail_guided(runner_output)  # before their tokens are taken
         speculative = self.config.speculative_config
         if speculative is not None:  # before the scheduler cuts outputs at a stop
             self._count_drafts(sched, runner_output)
@@ -380,11 +381,29 @@ class LLMEngine:
         if stopped:
             self.scheduler.finish_requests(stopped, RequestStatus.FINISHED_STOPPED)
         self.counters.generation_tokens += self.outputs.emitted_tokens - emitted_before
+        outputs += failed
         for out in outputs:
             if out.finished:
                 self.counters.count_finished(out)
         if speculative is not None:
             self._propose_drafts(speculative)
+        return outputs
+
+    def _fail_guided(self, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
+        """End the requests whose guide failed this step, each copy of theirs (n > 1) with
+        finish reason "error": the scheduler then skips the step's tokens for them."""
+        outputs = []
+        for child_id, why in runner_output.failed.items():
+            request_id = self.outputs.parent_id(child_id)
+            if request_id is None:  # a sibling's failure ended it already
+                continue
+            children = self.outputs.child_ids(request_id)
+            for child in children:
+                runner_output.prompt_logprobs.pop(child, None)
+            self.scheduler.finish_requests(children, RequestStatus.FINISHED_ERROR)
+            output = self.outputs.abort(request_id, error=why)
+            if output is not None:
+                outputs.append(output)
         return outputs
 
     def _propose_drafts(self, config: SpeculativeConfig) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import logging
 from dataclasses import dataclass
 
 import torch
@@ -14,12 +15,15 @@ from inferlab.engine.outputs import (
     TokenLogprobs,
     attention_rows,
 )
-from inferlab.engine.request import Request
+from inferlab.engine.request import Guide, Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.engine.spec_decode import accepted_tokens
+from inferlab.errors import GuidedDecodingError
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
 from inferlab.kernels.host_memory import commit_pages, zeroed
 from inferlab.models.llama import KVCache, LlamaForCausalLM
+
+logger = logging.getLogger("inferlab.engine")
 
 
 @dataclass(frozen=True)
@@ -88,7 +92,7 @@ class ModelRunner:
             return output
         logits = self.model.compute_logits(hidden)  # [S, V]
         picked = [chunks[i] for i in sampling]
-        tokens, logprobs = sample(logits, self._sampling_batch(picked))
+        tokens, logprobs = sample(logits, self._sampling_batch(picked, output.failed))
         tokens_l = tokens.tolist()
         row = 0
         for c in picked:
@@ -101,9 +105,10 @@ class ModelRunner:
             row += len(drafts) + 1
         return output
 
-    def _sampling_batch(self, chunks) -> SamplingBatch:
+    def _sampling_batch(self, chunks, failed: dict[str, str]) -> SamplingBatch:
         """One row per sampled position: a chunk's newest token, then each of its drafts, which
-        sees the output as if the drafts before it were kept."""
+        sees the output as if the drafts before it were kept. A request whose guide fails is
+        put in `failed` (request id -> why)."""
         params, uniforms, prompts, outputs, barred, allowed = [], [], [], [], [], []
         for c in chunks:
             request, guide = c.request, c.request.guide
@@ -115,7 +120,7 @@ class ModelRunner:
                 prompts.append(request.prompt_token_ids)
                 outputs.append(output)
                 barred.append(_barred_now(request, output))
-                allowed.append(guide.allowed_now(request.output_token_ids, drafts) if guide is not None else None)
+                allowed.append(None if guide is None else _guide_allows(guide, request, drafts, failed))
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, ends: list[int],
@@ -196,6 +201,22 @@ def generator_seed(seed: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
     return (z ^ (z >> 31)) >> 32
+
+
+def _guide_allows(guide: Guide, request: Request, drafts: list[int],
+                  failed: dict[str, str]) -> list[int] | torch.Tensor:
+    """What the guide lets the request sample next. A guide that raises (a grammar too ambiguous
+    to follow, or a bug) fails its own request, not the step and every request in it: the
+    request goes into `failed`, and its row samples token 0, which the engine drops."""
+    try:
+        return guide.allowed_now(request.output_token_ids, drafts)
+    except GuidedDecodingError as e:
+        why = str(e)
+    except Exception as e:  # a bug: logged, and still its request's alone
+        logger.exception("guided decoding failed for request %s", request.request_id)
+        why = f"guided decoding failed ({type(e).__name__}: {e})"
+    failed.setdefault(request.request_id, why)
+    return [0]
 
 
 def _barred_now(request: Request, output: list[int]) -> list[int]:

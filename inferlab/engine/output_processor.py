@@ -90,6 +90,11 @@ class OutputProcessor:
             self.child_of[child.request_id] = (parent, index)
         self.parents[request_id] = parent
 
+    def parent_id(self, child_id: str) -> str | None:
+        """The request a running completion belongs to (None once it has finished)."""
+        entry = self.child_of.get(child_id)
+        return None if entry is None else entry[0].request_id
+
     def child_ids(self, request_id: str) -> list[str]:
         parent = self.parents.get(request_id)
         return [] if parent is None else [c.request.request_id for c in parent.children]
@@ -133,16 +138,20 @@ class OutputProcessor:
                 if entry is not None:
                     entry.texts = self.decoded_tokens
 
-    def abort(self, request_id: str) -> RequestOutput | None:
-        """Mark every unfinished completion aborted; returns the final output."""
+    def abort(self, request_id: str, error: str | None = None) -> RequestOutput | None:
+        """Mark every unfinished completion aborted, or with `error` failed (finish reason
+        "error"); returns the final output."""
         parent = self.parents.get(request_id)
         if parent is None:
             return None
         for index, completion in enumerate(parent.children):
             if completion.finish_reason is None:
-                completion.finish_reason = "abort"
+                completion.finish_reason = "abort" if error is None else "error"
                 parent.pending.add(index)
-        return self._make_output(parent, [])
+        output = self._make_output(parent, [])
+        if output is not None:
+            output.error = error
+        return output
 
     def _make_output(self, parent: _Parent, stopped: list[str],
                      final_only: bool = False) -> RequestOutput | None:

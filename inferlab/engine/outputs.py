@@ -136,6 +136,8 @@ class ModelRunnerOutput:
     # request_id -> (position of the first entry, logprobs of the prompt tokens computed this
     # step); position 0 has no logprob (None). A resumed request may send positions again.
     prompt_logprobs: dict[str, tuple[int, list[TokenLogprobs | None]]] = field(default_factory=dict)
+    # request_id -> why its guide failed this step (GuidedDecodingError): its tokens are not kept
+    failed: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -145,7 +147,7 @@ class CompletionOutput:
     index: int
     text: str  # the whole text so far (stop string excluded)
     token_ids: list[int]
-    finish_reason: str | None  # "stop", "length", "abort", or None while running
+    finish_reason: str | None  # "stop", "length", "abort", "error", or None while running
     stop_reason: int | str | None = None
     logprobs: list[TokenLogprobs] | None = None
     # Streaming: what is new since the previous RequestOutput of this request.
@@ -231,3 +233,4 @@ class RequestOutput:
     num_cached_tokens: int = 0  # prompt tokens served by the prefix cache
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     metrics: RequestMetrics | None = None
+    error: str | None = None  # why it failed, where its completions finished with "error"

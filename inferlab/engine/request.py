@@ -40,6 +40,7 @@ class RequestStatus(enum.Enum):
     FINISHED_STOPPED = "stop"  # EOS, a stop token id or a stop string
     FINISHED_LENGTH = "length"  # max_tokens or max_model_len reached
     FINISHED_ABORTED = "abort"
+    FINISHED_ERROR = "error"  # its guide failed (GuidedDecodingError); RequestOutput.error says why
 
     @property
     def finished(self) -> bool:
@@ -52,7 +53,7 @@ class RequestStatus(enum.Enum):
 
 
 _FINISHED = {RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH,
-             RequestStatus.FINISHED_ABORTED}
+             RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR}
 
 
 @dataclass

@@ -147,10 +147,14 @@ def apply_penalties(logits: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
     counts = _token_counts(batch.output_ids, rows, vocab, device)  # [B, V]
     seen = _token_counts(batch.prompt_ids, rows, vocab, device) > 0
     seen |= counts > 0
+    # a penalty fp32 rounds to 0 or inf (1e-50, 1e300) made a seen logit inf or NaN (0 * inf):
+    # held to fp32's finite positive range, and the results to its finite values
+    finite = torch.finfo(logits.dtype)
     rep = torch.tensor([p.repetition_penalty for p in batch.params], device=device)[:, None]
+    rep = rep.clamp(finite.tiny, finite.max)
     freq = torch.tensor([p.frequency_penalty for p in batch.params], device=device)[:, None]
     pres = torch.tensor([p.presence_penalty for p in batch.params], device=device)[:, None]
-    penalised = torch.where(logits > 0, logits / rep, logits * rep)
+    penalised = torch.where(logits > 0, logits / rep, logits * rep).clamp(-finite.max, finite.max)
     logits = torch.where(seen, penalised, logits)
     return logits - freq * counts - pres * (counts > 0).float()
 

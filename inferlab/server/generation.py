@@ -227,17 +227,17 @@ def _start_error(error: BaseException) -> APIError | PromptError:
         return error
     if isinstance(error, InvalidParameterError):  # a value the model cannot take (a token id)
         return parameter_error(str(error))
-    if isinstance(error, EngineShuttingDownError):  # an InferlabError, yet no fault of the request's
-        return _engine_error(error)
-    if isinstance(error, InferlabError):  # any other exception is the server's fault: a 500
-        return bad_request(str(error))
     return _engine_error(error)
 
 
 def _engine_error(error: BaseException) -> APIError:
-    """What the engine's own failure is to the client, whenever it comes."""
-    if isinstance(error, EngineShuttingDownError):
+    """What a request's failure is to the client, whenever it comes: the request's own fault
+    (an InferlabError: refused at add, or a guide that could not go on) is a 400; the engine's
+    is a 500, or a 503 where the server cannot take work now."""
+    if isinstance(error, EngineShuttingDownError):  # an InferlabError, yet no fault of the request's
         return APIError(503, str(error), code="shutting_down")
+    if isinstance(error, InferlabError):
+        return bad_request(str(error))
     # the server stays up but can do no more work (a request the bug struck in its own steps: 500)
     if isinstance(error, EngineDeadError) and not isinstance(error, EngineStepError):
         return APIError(503, str(error), code="engine_dead")

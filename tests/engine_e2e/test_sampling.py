@@ -38,6 +38,20 @@ def test_penalties_by_hand():
     assert torch.allclose(got, torch.tensor([[-0.1, 1.0, -2.6, 0.25]]))
 
 
+@pytest.mark.parametrize("penalty", [1e-50, 1e300])
+def test_penalties_past_fp32s_range_keep_the_distribution_finite(sampling_path, penalty):
+    """1e-50 is 0 in fp32 (a seen positive logit / 0 = inf), 1e300 is inf (0 * inf = NaN):
+    either once made the row NaN, and the sampler fell back to token 0 for every draw. They
+    act as the largest and smallest finite penalties do."""
+    logits = torch.tensor([[1.0, 0.5, 2.0, 0.0]]).repeat(200, 1)
+    params = [SamplingParams(repetition_penalty=penalty, seed=i) for i in range(200)]
+    batch = _batch(params, prompt=[[2, 3]] * 200)
+    assert torch.isfinite(apply_penalties(logits, batch)).all()
+    tokens, _ = sample(logits, batch)
+    # 1e-50: token 2's logit grows past every other; 1e300: it shrinks to 0, as token 3's stays
+    assert set(tokens.tolist()) == ({2} if penalty < 1 else {0, 1, 2, 3})
+
+
 def test_top_p_top_k_min_p_by_hand(sampling_path):
     probs = torch.tensor([0.5, 0.3, 0.15, 0.05])
     logits = probs.log().repeat(400, 1)

@@ -192,3 +192,19 @@ def test_a_structural_tag_holds_each_tag_the_reply_opens(client, server):
     with pytest.raises(openai.BadRequestError, match="give the structural tag once"):
         client.chat.completions.create(**ask, response_format={"type": "structural_tag", **TAG},
                                        extra_body={"structured_outputs": {"structural_tag": TAG}})
+
+
+def test_a_grammar_too_ambiguous_to_follow_fails_its_request_alone(client, server):
+    """Its readings double with every "a" the bias forces: the request gets a 400 (streamed:
+    an error event after its first tokens), and the server serves the next one."""
+    (a,) = tokenize(server, prompt="a", add_special_tokens=False)
+    stuck = {"guided_grammar": 'root ::= "a" root "x" | "a" root "y" | "z"', "logit_bias": {str(a): 100}}
+    with pytest.raises(openai.BadRequestError, match="too ambiguous"):
+        client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, **GREEDY,
+                                  extra_body=stuck)
+    with pytest.raises(openai.APIError, match="too ambiguous"):
+        for _ in client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, stream=True,
+                                           **GREEDY, extra_body=stuck):
+            pass
+    after = client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=3, **GREEDY)
+    assert after.choices[0].finish_reason in ("stop", "length")
