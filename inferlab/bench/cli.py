@@ -82,7 +82,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "then SIZE - 2 constant rates evenly spaced up to the throughput rate "
                         "(>= 2; default %(default)s)")
     g.add_argument("--sweep-sync-seconds", type=float, default=LoadConfig.sync_max_seconds,
-                   help="time bound of a sweep's synchronous stage")
+                   help="time bound of a sweep's synchronous stage (default: %(default)s)")
     g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
                    help="start closed-loop streams (concurrent, throughput) spread over this "
                         "many seconds")

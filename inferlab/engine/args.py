@@ -43,8 +43,10 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                             "sized after a profiling step (default: %(default)s; ignored on a CPU)")
     group.add_argument("--enforce-eager", action="store_true",
                        help="run decode steps eagerly, without CUDA graphs")
-    group.add_argument("--block-size", type=int, default=_DEFAULTS.block_size)
-    group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs)
+    group.add_argument("--block-size", type=int, default=_DEFAULTS.block_size,
+                       help="tokens a KV-cache block holds (default: %(default)s)")
+    group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs,
+                       help="sequences a step runs at most (default: %(default)s)")
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else _DEFAULTS.max_num_batched_tokens
     group.add_argument("--max-num-batched-tokens", type=int, default=step,
                        help=f"tokens computed per step, all requests together (default: {step})")
@@ -70,7 +72,9 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                        help="speculative decoding as JSON, e.g. '{\"method\": \"ngram\", "
                             "\"num_speculative_tokens\": 4, \"prompt_lookup_max\": 4}': drafts "
                             "from n-grams of the prompt and output, verified in one step")
-    group.add_argument("--seed", type=int, default=_DEFAULTS.seed)
+    group.add_argument("--seed", type=int, default=_DEFAULTS.seed,
+                       help="the engine's seed, which samples requests that bring no seed of "
+                            "their own (default: %(default)s)")
 
 
 def human_readable_int(text: str) -> int:

@@ -59,7 +59,9 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--frequency-penalty", type=float, default=None, help="default: 0")
     parser.add_argument("--stop", action="append", default=None, metavar="TEXT",
                         help="end the reply where TEXT appears, without it (repeatable)")
-    parser.add_argument("--sampling-seed", type=int, default=None)
+    parser.add_argument("--sampling-seed", type=int, default=None,
+                        help="this command's own requests' seed (SamplingParams.seed; default: "
+                             "none, the engine's --seed draws)")
 
 
 _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",

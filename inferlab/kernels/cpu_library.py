@@ -14,6 +14,7 @@ import hashlib
 import logging
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -87,6 +88,9 @@ def _build(sources: tuple[Path, ...]) -> Path:
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
+    if sys.stderr.isatty():  # a person waits: say why (logs and captured output stay clean)
+        print(f"compiling inferlab's CPU kernels for this kind of CPU into {target.parent} "
+              "(once; 30-60 s on 2 cores)", file=sys.stderr, flush=True)
     with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
         built = Path(tmp) / target.name
         cmd = [os.environ.get("CC", "cc"), "-O3", "-march=native", "-fopenmp", "-shared", "-fPIC",

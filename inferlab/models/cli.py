@@ -169,7 +169,7 @@ def run_info(args: argparse.Namespace) -> int:
         ("chat template", "present" if info["chat_template"] else "absent"),
         ("end-of-generation ids", ", ".join(map(str, info["end_token_ids"])) or "none"),
         ("request defaults", ", ".join(f"{k}={v}" for k, v in info["generation_defaults"].items())
-         or "none (generation_config.json sets none)"),
+         or "none (no generation_config.json sets any)"),
     ]
     width = max(len(k) for k, _ in rows)
     for key, value in rows:

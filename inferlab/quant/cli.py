@@ -37,8 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "then) or magnitude, which both imply it")
     p.add_argument("--out", required=True, help="output directory (must not exist or be empty)")
     p.add_argument("--group-size", type=int, default=None,
-                   help="W4A16 inputs per scale; FP8_BLOCK's block side (default 128); the other "
-                        "schemes take none")
+                   help="W4A16 inputs per scale, FP8_BLOCK's block side (default for both: 128, "
+                        "which must divide every quantized linear's inputs: the embedded "
+                        "model's 576 take 64); the other schemes take none")
     p.add_argument("--asymmetric", action="store_true", help="W4A16/W8A16 with zero points")
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "

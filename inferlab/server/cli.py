@@ -24,8 +24,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("serve", help="serve a model over the OpenAI API (HTTP)")
     add_engine_args(parser, serving=True)
     group = parser.add_argument_group("server")
-    group.add_argument("--host", default=_DEFAULTS["host"])
-    group.add_argument("--port", type=int, default=_DEFAULTS["port"], help="0: any free port")
+    group.add_argument("--host", default=_DEFAULTS["host"],
+                       help="the address to listen on (default: %(default)s)")
+    group.add_argument("--port", type=int, default=_DEFAULTS["port"],
+                       help="0: any free port, printed (default: %(default)s)")
     group.add_argument("--api-key", default=None,
                        help="require 'Authorization: Bearer KEY' (default: $INFERLAB_API_KEY)")
     group.add_argument("--served-model-name", nargs="+", default=None,
