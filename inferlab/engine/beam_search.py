@@ -23,6 +23,25 @@ from inferlab.engine.sampling_params import SamplingParams, check_field_types
 from inferlab.errors import ContextLengthError, InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 
+
+@dataclass
+class BeamSearchSequence:
+    """A beam as vLLM's LLM.beam_search returns it: its tokens and its text with the prompt's."""
+
+    tokens: list[int]
+    text: str
+    cum_logprob: float
+    logprobs: list[TokenLogprobs]
+    finish_reason: str
+
+
+@dataclass
+class BeamSearchOutput(RequestOutput):
+    """A search's result in both shapes: the beams as `outputs` (completions, as the server
+    sends them as choices) and vLLM's `sequences`, best first."""
+
+    sequences: list[BeamSearchSequence] = field(default_factory=list)
+
 MAX_BEAM_WIDTH = 10  # a round asks for 2 x width logprobs, and the engine gives at most 20
 
 
@@ -118,11 +137,12 @@ class BeamSearch:
         self.rounds += 1
 
     def output(self, request_id: str, tokenizer: TextTokenizer, prompt: str | None,
-               texts: Callable[[int], str]) -> RequestOutput:
-        """The best beams, best first, as the completions of one request; `texts`: each token's
-        text alone (the engine's cached decoded_token), as the rounds ran undetokenized."""
+               texts: Callable[[int], str]) -> BeamSearchOutput:
+        """The best beams, best first, as the completions of one request and as vLLM's
+        sequences; `texts`: each token's text alone (the engine's cached decoded_token), as the
+        rounds ran undetokenized."""
         best = sorted(self.finished + self.live, key=self._score, reverse=True)
-        completions = []
+        completions, sequences = [], []
         for index, beam in enumerate(best[:self.params.beam_width]):
             for entry in beam.logprobs:
                 entry.texts = texts
@@ -134,9 +154,12 @@ class BeamSearch:
                 index=index, text=text, token_ids=token_ids,
                 finish_reason="stop" if beam.ended else "length", logprobs=beam.logprobs,
                 text_delta=text, token_ids_delta=token_ids, logprobs_delta=beam.logprobs))
-        return RequestOutput(request_id=request_id, prompt=prompt, prompt_token_ids=self.prompt_ids,
-                             outputs=completions, finished=True,
-                             num_cached_tokens=self.num_cached_tokens)
+            sequences.append(BeamSearchSequence(
+                beam.tokens, tokenizer.decode(beam.tokens, self.params.skip_special_tokens),
+                beam.cumulative_logprob, beam.logprobs, completions[-1].finish_reason))
+        return BeamSearchOutput(request_id=request_id, prompt=prompt, prompt_token_ids=self.prompt_ids,
+                                outputs=completions, finished=True,
+                                num_cached_tokens=self.num_cached_tokens, sequences=sequences)
 
     def _score(self, beam: _Beam) -> float:
         """A key in the order of vLLM's score, c / length ** penalty for the cumulative logprob

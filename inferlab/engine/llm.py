@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from inferlab.config import EngineConfig, parse_bytes
-from inferlab.engine.beam_search import BeamSearchParams
+from inferlab.engine.beam_search import BeamSearchOutput, BeamSearchParams
 from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
@@ -93,9 +93,10 @@ class LLM:
         return outputs
 
     def beam_search(self, prompts: PromptType | Sequence[PromptType],
-                    params: BeamSearchParams) -> list[RequestOutput]:
+                    params: BeamSearchParams) -> list[BeamSearchOutput]:
         """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
-        the completions of one output (beam_search.py says how they are found)."""
+        vLLM's `sequences` and as the completions of one output (beam_search.py says how they
+        are found)."""
         searches = [self.engine.start_beam_search(p, params) for p in _prompt_list(prompts)]
         while active := [search for _, search in searches if not search.done]:
             outputs = self._generate([beam for search in active for beam in search.beams()],

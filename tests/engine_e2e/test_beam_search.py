@@ -34,12 +34,16 @@ def test_beams_equal_transformers_beam_search(make_llm, hf_smollm):
         assert [c.token_ids for c in out.outputs] == beams, prompt
         assert all(c.finish_reason == "length" for c in out.outputs)
         assert [c.text for c in out.outputs] == [llm.tokenizer.decode(b) for b in beams]
-        for completion in out.outputs:
+        # vLLM's shape: `sequences`, each beam's tokens and text with the prompt's
+        assert [s.tokens for s in out.sequences] == [ids + b for b in beams]
+        assert [s.text for s in out.sequences] == [llm.tokenizer.decode(ids + b) for b in beams]
+        for completion, sequence in zip(out.outputs, out.sequences, strict=True):
             with torch.no_grad():
                 logits = hf_smollm(torch.tensor([ids + completion.token_ids])).logits[0]
             rows = torch.log_softmax(logits.float(), dim=-1)[len(ids) - 1:-1]
             reference = rows.gather(1, torch.tensor(completion.token_ids)[:, None]).sum().item()
             assert abs(completion.cumulative_logprob - reference) < 1e-3
+            assert abs(sequence.cum_logprob - reference) < 1e-3
 
 
 def test_a_beam_that_writes_eos_finishes_and_is_ranked_by_its_score(make_llm):
