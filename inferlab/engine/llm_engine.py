@@ -391,7 +391,8 @@ class LLMEngine:
 
     def _fail_guided(self, runner_output: ModelRunnerOutput) -> list[RequestOutput]:
         """End the requests whose guide failed this step, each copy of theirs (n > 1) with
-        finish reason "error": the scheduler then skips the step's tokens for them."""
+        finish reason "error"; the step's tokens and logprobs for them are dropped (the
+        scheduler skips finished requests, the draft counters would not)."""
         outputs = []
         for child_id, why in runner_output.failed.items():
             request_id = self.outputs.parent_id(child_id)
@@ -399,7 +400,9 @@ class LLMEngine:
                 continue
             children = self.outputs.child_ids(request_id)
             for child in children:
-                runner_output.prompt_logprobs.pop(child, None)
+                for per_request in (runner_output.sampled_token_ids, runner_output.logprobs,
+                                    runner_output.prompt_logprobs):
+                    per_request.pop(child, None)
             self.scheduler.finish_requests(children, RequestStatus.FINISHED_ERROR)
             output = self.outputs.abort(request_id, error=why)
             if output is not None:

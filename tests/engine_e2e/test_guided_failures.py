@@ -57,8 +57,12 @@ def _forcing(llm, text: str) -> dict[int, float]:
     return {token: 100.0}
 
 
-def test_a_failing_guide_ends_its_request_alone(make_fast_llm):
-    llm = make_fast_llm(kv_cache_memory="64MiB")
+@pytest.mark.parametrize("speculative", [None, {"method": "ngram", "num_speculative_tokens": 3,
+                                                "prompt_lookup_max": 2}])
+def test_a_failing_guide_ends_its_request_alone(make_fast_llm, speculative):
+    """With n-gram drafts too: a request that writes "a" again and again has drafts of "a",
+    each held to the guide that fails."""
+    llm = make_fast_llm(kv_cache_memory="64MiB", speculative_config=speculative)
     plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     alone = llm.generate(["The capital of France is"], plain, use_tqdm=False)[0].outputs[0].token_ids
     stuck = SamplingParams(temperature=0, max_tokens=40, n=2, guided_grammar=AMBIGUOUS_EBNF,
