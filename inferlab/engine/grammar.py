@@ -15,19 +15,25 @@ from inferlab.errors import GuidedDecodingError
 # Readings of the text a state may hold (a JSON schema's or an EBNF grammar's stacks). An
 # ambiguous grammar that nests ('r ::= "a" r "x" | "a" r "y" | "z"', a recursive anyOf of two
 # alike branches) doubles them with every character: 2^18 took 17 s and 2.9 GB of the engine
-# thread, which every request waits on. Past this many its request fails (GuidedDecodingError);
-# a schema whose anyOf lists this many objects (tool_choice "required" over as many tools) still
-# fits.
-MAX_READINGS = 1024
+# thread, which every request waits on. A text past this many raises GuidedDecodingError, and
+# the token filter offers no token that leads there; a schema whose anyOf lists 200 objects
+# (tool_choice "required" over as many tools; OpenAI takes 128) still fits. The cost of a mask
+# grows with the readings: at 1,024 one took seconds, which every stream waited.
+MAX_READINGS = 256
+_TOO_AMBIGUOUS = object()  # a step's remembered answer: past MAX_READINGS
 
 
 def bounded_state(stacks: set[tuple]) -> frozenset[tuple] | None:
     """The state of `stacks`, None when there are none; raises GuidedDecodingError past
     MAX_READINGS of them."""
     if len(stacks) > MAX_READINGS:
-        raise GuidedDecodingError(f"the grammar is too ambiguous to follow: the output so far "
-                                  f"reads in more than {MAX_READINGS} ways")
+        raise too_ambiguous()
     return frozenset(stacks) if stacks else None
+
+
+def too_ambiguous() -> GuidedDecodingError:
+    return GuidedDecodingError(f"the grammar is too ambiguous to follow: the output would read "
+                               f"in more than {MAX_READINGS} ways")
 
 
 def marker_tail(text: str, markers: Sequence[str]) -> str:
@@ -91,7 +97,19 @@ class Grammar(ABC):
         return len(inside) <= ord(hi) - ord(lo) or any(self.step(state, ch) is not None for ch in inside)
 
     def step(self, state: Any, ch: str) -> Any:
-        return _remembered(self._memo, self.memo_size, (state, ch), self._next)
+        """The state after `ch` (None: no allowed output begins so); raises GuidedDecodingError
+        past MAX_READINGS, an answer remembered like the others (the token filter asks again
+        for every token that begins alike)."""
+        answer = _remembered(self._memo, self.memo_size, (state, ch), self._bounded_next)
+        if answer is _TOO_AMBIGUOUS:
+            raise too_ambiguous()
+        return answer
+
+    def _bounded_next(self, state: Any, ch: str) -> Any:
+        try:
+            return self._next(state, ch)
+        except GuidedDecodingError:
+            return _TOO_AMBIGUOUS
 
     def takes_one_of(self, state: Any, lo: str, hi: str) -> bool:
         return _remembered(self._takes_memo, self.memo_size, (state, lo, hi), self._takes_one_of)

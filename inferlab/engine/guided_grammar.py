@@ -29,13 +29,14 @@ from typing import Any
 import torch
 
 from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.grammar import Grammar, too_ambiguous
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.json_schema import canonical_text
 from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.structural_tag import StructuralTagGrammar
 from inferlab.engine.thinking_grammar import AfterThinking
 from inferlab.engine.utf8_tokens import byte_spellings, split_utf8
+from inferlab.errors import GuidedDecodingError
 from inferlab.models.tokenizer import TextTokenizer
 
 _SURROGATES = re.compile("[\ud800-\udfff]")
@@ -144,6 +145,7 @@ class TokenFilter:
         self.eos_token_id = eos_token_id
         self.max_states = max_states
         self._cache: OrderedDict[Hashable, torch.Tensor] = OrderedDict()
+        self._cut = False  # a mask under way left out tokens past MAX_READINGS
 
     def allowed(self, state: Hashable, pending: bytes = b"") -> torch.Tensor:
         """bool [V]: the tokens whose whole text the grammar takes from `state`, after `pending`,
@@ -152,15 +154,18 @@ class TokenFilter:
         mask = self._cache.get(key)
         if mask is None:
             mask = torch.zeros(len(self.index.texts), dtype=torch.bool)
+            self._cut = False
             if pending:
                 mask[[i for i, raw in self.index.spelling.items()
-                      if self.grammar.advance_bytes(state, pending, raw) is not None]] = True
+                      if self._walk(self.grammar.advance_bytes, state, pending, raw) is not None]] = True
             else:
                 mask[[i for i, text, tail in self.index.byte_starts
-                      if self.grammar.advance_split(state, text, tail) is not None]] = True
+                      if self._walk(self.grammar.advance_split, state, text, tail) is not None]] = True
                 mask[self._compute(state)] = True
                 if self.grammar.is_complete(state):
                     mask[self.eos_token_id] = True
+            if self._cut and not mask.any():  # every way on is too ambiguous to follow
+                raise too_ambiguous()
             self._cache[key] = mask
             if len(self._cache) > self.max_states:
                 self._cache.popitem(last=False)
@@ -197,7 +202,7 @@ class TokenFilter:
                 members = torch.cat(members)
                 if depth == index.depth or members.numel() <= FEW_TOKENS:
                     read += [i for i in members.tolist()
-                             if self.grammar.advance(at, index.texts[i][depth:]) is not None]
+                             if self._walk(self.grammar.advance, at, index.texts[i][depth:]) is not None]
                     continue
                 ended = index.lengths[members] == depth
                 taken.append(members[ended])
@@ -215,10 +220,20 @@ class TokenFilter:
         for ch, part in parts:
             k = ch if key is None else key(ch)
             if k not in steps:
-                steps[k] = self.grammar.step(state, ch)
+                steps[k] = self._walk(self.grammar.step, state, ch)
             if steps[k] is not None:
                 moves.setdefault(steps[k], []).append(part)
         return moves
+
+
+    def _walk(self, move: Callable[..., Any], *args: Any) -> Any:
+        """move(*args), a grammar's step or advance, or None where the text would read in more
+        than MAX_READINGS ways: the filter offers no token that leads there."""
+        try:
+            return move(*args)
+        except GuidedDecodingError:
+            self._cut = True
+            return None
 
 
 class GrammarGuide:
@@ -235,7 +250,10 @@ class GrammarGuide:
         output only (drafts may be rejected)."""
         self.state, self.pending = self._advance(self.state, self.pending, output[self.consumed:])
         self.consumed = len(output)
-        state, pending = self._advance(self.state, self.pending, drafts)
+        try:
+            state, pending = self._advance(self.state, self.pending, drafts)
+        except GuidedDecodingError:  # drafts the filter would not have offered: rejected
+            state, pending = None, b""
         if state is None:
             return [self.filter.eos_token_id]
         mask = self.filter.allowed(state, pending)

@@ -59,6 +59,7 @@ class Generation:
         self._closed = False
         self.first_output_at: float | None = None  # time.monotonic() of the first token: the access log
         self.cut_short = False  # closed before it finished: the client went away
+        self.failed = False  # a prompt failed after its first output (an error event ends a stream)
 
     @property
     def prompt_tokens(self) -> int:
@@ -116,6 +117,7 @@ class Generation:
         while len(self._finished) < len(self.prompts):
             index, item = self._buffer.popleft() if self._buffer else await self._queue.get()
             if isinstance(item, BaseException):
+                self.failed = True  # its prompts left are aborted here, not by the client
                 raise _engine_error(item)
             self._record(index, item)
             yield index, item
@@ -142,7 +144,7 @@ class Generation:
     async def _abort_unfinished(self) -> None:
         for index, request_id in enumerate(self.request_ids):
             if index not in self._finished:
-                self.cut_short = True
+                self.cut_short = not self.failed
                 # also covers a prompt whose add was still queued for the engine thread when
                 # start() was cancelled: the abort is queued behind it
                 await self.engine.abort(request_id)

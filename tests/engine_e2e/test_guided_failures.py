@@ -1,7 +1,9 @@
-"""A guided request whose grammar cannot be followed fails alone (finish reason "error"), never
-the engine: once, a 4,301-digit integer under a bounded schema raised in the engine thread (Python
-reads no longer integer text) and an ambiguous grammar that nests doubled its readings with every
-character (minutes and gigabytes of one step), stopping every request with it."""
+"""Guided decoding a grammar cannot follow costs its own request at most, never the engine: once,
+a 4,301-digit integer under a bounded schema raised in the engine thread (Python reads no longer
+integer text), and an ambiguous grammar that nests doubled its readings with every character
+(minutes and gigabytes of one step), stopping every request with it. Now the guide offers no
+token past MAX_READINGS readings, and a request with no other way on fails alone (finish reason
+"error")."""
 
 from __future__ import annotations
 
@@ -9,9 +11,11 @@ import asyncio
 
 import pytest
 
+from inferlab.engine import grammar as grammar_module
 from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.ebnf_grammar import EbnfGrammar
 from inferlab.engine.grammar import MAX_READINGS
+from inferlab.engine.guided_grammar import GrammarGuide
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import GuidedDecodingError
@@ -57,26 +61,59 @@ def _forcing(llm, text: str) -> dict[int, float]:
     return {token: 100.0}
 
 
+def test_the_guide_steers_around_what_it_could_not_follow(make_fast_llm):
+    """Forced to write "a" (each doubles the readings), the reply is given only tokens that keep
+    them within the limit: it closes the nesting and ends as a whole root."""
+    llm = make_fast_llm(kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=0, max_tokens=60, guided_grammar=AMBIGUOUS_EBNF,
+                            logit_bias=_forcing(llm, "a"))
+    out = llm.generate(["Go:"], params, use_tqdm=False)[0].outputs[0]
+    opened, closed = out.text.split("z")
+    assert out.finish_reason == "stop" and set(opened) == {"a"} and set(closed) <= {"x", "y"}
+    assert len(opened) == len(closed) >= 3
+    _read(EbnfGrammar(AMBIGUOUS_EBNF), opened)
+    with pytest.raises(GuidedDecodingError):  # one more "a" was past the limit
+        _read(EbnfGrammar(AMBIGUOUS_EBNF), opened + "a")
+
+
+@pytest.fixture
+def one_reading(monkeypatch):
+    """Grammars that read no text in two ways: "a" then "b" or "c" fails at its "a"."""
+    monkeypatch.setattr(grammar_module, "MAX_READINGS", 1)
+    return f'root ::= "a" "b" | "a" "c"  # {id(monkeypatch)}'  # a grammar no cache knows
+
+
 @pytest.mark.parametrize("speculative", [None, {"method": "ngram", "num_speculative_tokens": 3,
                                                 "prompt_lookup_max": 2}])
-def test_a_failing_guide_ends_its_request_alone(make_fast_llm, speculative):
-    """With n-gram drafts too: a request that writes "a" again and again has drafts of "a",
-    each held to the guide that fails."""
+def test_a_guide_with_no_way_on_fails_its_request_alone(make_fast_llm, one_reading, speculative):
     llm = make_fast_llm(kv_cache_memory="64MiB", speculative_config=speculative)
     plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     alone = llm.generate(["The capital of France is"], plain, use_tqdm=False)[0].outputs[0].token_ids
-    stuck = SamplingParams(temperature=0, max_tokens=40, n=2, guided_grammar=AMBIGUOUS_EBNF,
-                           logit_bias=_forcing(llm, "a"))
+    stuck = SamplingParams(temperature=0, max_tokens=40, n=2, guided_grammar=one_reading)
     failed, ok = llm.generate(["Go:", "The capital of France is"], [stuck, plain], use_tqdm=False)
     assert [c.finish_reason for c in failed.outputs] == ["error", "error"]
-    assert "too ambiguous" in failed.error and set(failed.outputs[0].text) == {"a"}
+    assert "too ambiguous" in failed.error and failed.outputs[0].token_ids == []
     assert ok.outputs[0].token_ids == alone and ok.error is None
     scheduler = llm.engine.scheduler
     assert scheduler.block_manager.num_free_blocks == llm.engine.num_kv_blocks
     assert not scheduler.has_unfinished_requests()
 
 
-def test_the_async_engine_raises_it_to_its_caller_and_goes_on(make_fast_llm):
+def test_a_guide_that_raises_fails_its_request_not_the_engine(make_fast_llm, monkeypatch):
+    """A bug in a guide (any exception) costs its own request, which says what it was."""
+    llm = make_fast_llm(kv_cache_memory="64MiB")
+
+    def broken(self, output, drafts=()):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(GrammarGuide, "allowed_now", broken)
+    params = SamplingParams(max_tokens=5, guided_regex="[a-z]+")
+    failed, ok = llm.generate(["Go:", "Go:"], [params, SamplingParams(max_tokens=5)], use_tqdm=False)
+    assert failed.outputs[0].finish_reason == "error" and "RuntimeError: a bug" in failed.error
+    assert ok.outputs[0].finish_reason == "length"
+
+
+def test_the_async_engine_raises_it_to_its_caller_and_goes_on(make_fast_llm, one_reading):
     engine = AsyncEngine(make_fast_llm(kv_cache_memory="64MiB").engine)
 
     async def run(params: SamplingParams, request_id: str) -> str:
@@ -86,10 +123,8 @@ def test_the_async_engine_raises_it_to_its_caller_and_goes_on(make_fast_llm):
         return text
 
     async def main() -> None:
-        stuck = SamplingParams(temperature=0, max_tokens=40, json_schema=TWIN_BRANCHES,
-                               logit_bias=_forcing(engine, "["))
         with pytest.raises(GuidedDecodingError, match="too ambiguous"):
-            await asyncio.wait_for(run(stuck, "stuck"), 120)
+            await asyncio.wait_for(run(SamplingParams(guided_grammar=one_reading), "stuck"), 120)
         assert await asyncio.wait_for(run(SamplingParams(max_tokens=3, ignore_eos=True), "next"), 120)
         assert engine.is_healthy()
         await engine.shutdown()

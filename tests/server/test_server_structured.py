@@ -194,17 +194,32 @@ def test_a_structural_tag_holds_each_tag_the_reply_opens(client, server):
                                        extra_body={"structured_outputs": {"structural_tag": TAG}})
 
 
-def test_a_grammar_too_ambiguous_to_follow_fails_its_request_alone(client, server):
-    """Its readings double with every "a" the bias forces: the request gets a 400 (streamed:
-    an error event after its first tokens), and the server serves the next one."""
+def test_a_grammar_too_ambiguous_to_follow_is_steered_or_fails_alone(client, server, monkeypatch,
+                                                                    caplog):
+    """Readings double with every "a" the bias forces: the guide stops offering "a" at its limit
+    and the reply closes as a whole root. Where no way on stays within it (a limit of 1 reading
+    here), the request gets a 400 (streamed: an error event after its first tokens, logged as
+    the 200 it was), and the server serves the next one."""
+    from inferlab.engine import grammar
+
     (a,) = tokenize(server, prompt="a", add_special_tokens=False)
-    stuck = {"guided_grammar": 'root ::= "a" root "x" | "a" root "y" | "z"', "logit_bias": {str(a): 100}}
+    forced = {"guided_grammar": 'root ::= "a" root "x" | "a" root "y" | "z"', "logit_bias": {str(a): 100}}
+    steered = client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=60, **GREEDY,
+                                        extra_body=forced)
+    assert re.fullmatch(r"(a+)z[xy]+", steered.choices[0].text)
+    assert steered.choices[0].finish_reason == "stop"
+    monkeypatch.setattr(grammar, "MAX_READINGS", 1)
+    # "ab" goes out first, then "c" reads in two ways (a grammar no cache holds yet)
+    stuck = {"guided_grammar": 'root ::= "ab" ("c" "d" | "c" "e")'}
     with pytest.raises(openai.BadRequestError, match="too ambiguous"):
-        client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, **GREEDY,
-                                  extra_body=stuck)
-    with pytest.raises(openai.APIError, match="too ambiguous"):
-        for _ in client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, stream=True,
-                                           **GREEDY, extra_body=stuck):
-            pass
+        client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, extra_body=stuck)
+    with caplog.at_level("INFO", logger="inferlab.server.access"):
+        with pytest.raises(openai.APIError, match="too ambiguous"):
+            for _ in client.completions.create(model=MODEL_NAME, prompt=["Go:", "Go!"], max_tokens=40,
+                                               stream=True, extra_body=stuck):
+                pass
+        logged = [m for m in caplog.messages if "POST /v1/completions" in m]
+    assert logged and "status=200" in logged[-1]  # not 499: the client did not go away
+    monkeypatch.undo()
     after = client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=3, **GREEDY)
     assert after.choices[0].finish_reason in ("stop", "length")
