@@ -31,6 +31,9 @@ def count_bounds(schema: dict, low_word: str, high_word: str) -> tuple[int, int 
     return low, high
 
 
+MAX_BOUND_DIGITS = 1000
+
+
 def number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
     """The tighter of minimum and exclusiveMinimum, of maximum and exclusiveMaximum."""
     found: dict[str, Bound] = {}
@@ -41,6 +44,9 @@ def number_bounds(schema: dict, integer: bool) -> NumberBounds | None:
         if not isinstance(value, int | float) or isinstance(value, bool) or (
                 isinstance(value, float) and not math.isfinite(value)):
             raise SchemaError(f"{word} must be a finite number, got {value!r}")
+        if isinstance(value, int) and abs(value) >= 10 ** MAX_BOUND_DIGITS:  # Python's str() of
+            # an int stops at 4,300 digits; a double's range ends at 309
+            raise SchemaError(f"{word} must be a number of at most {MAX_BOUND_DIGITS} digits")
         side = "high" if "max" in word.lower() else "low"
         bound = Bound(Fraction(str(value)), word.startswith("exclusive"))
         held = found.get(side)

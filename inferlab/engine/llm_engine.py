@@ -10,7 +10,8 @@ import itertools
 import logging
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -226,8 +227,8 @@ class LLMEngine:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
         params = self.generation.with_end_tokens(params)
         text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
-        bad_words = bad_words_token_ids(self.tokenizer, params.bad_words)
-        choices = choice_token_ids(self.tokenizer, params.guided_choice or [])
+        bad_words = _encoded("bad_words", bad_words_token_ids, self.tokenizer, params.bad_words)
+        choices = _encoded("guided_choice", choice_token_ids, self.tokenizer, params.guided_choice or [])
         max_tokens = self._check_servable(ids, params, bad_words, choices, cap_max_tokens)
         children = []
         for i in range(params.n):
@@ -426,3 +427,12 @@ class LLMEngine:
             tokens = runner_output.sampled_token_ids.get(chunk.request.request_id)
             if chunk.spec_token_ids and tokens is not None:
                 self.spec_counters.record(len(chunk.spec_token_ids), len(tokens) - 1)
+
+
+def _encoded(field: str, encode: Callable[..., list[list[int]]], *args: Any) -> list[list[int]]:
+    """encode(*args), texts a request field gave; text the tokenizer refuses (a lone surrogate,
+    which JSON's "\\ud800" makes) is refused naming the field."""
+    try:
+        return encode(*args)
+    except InferlabError as e:
+        raise InvalidParameterError(f"{field}: {e}") from None

@@ -53,6 +53,9 @@ def parse_structural_tag(spec: Any) -> tuple[list[Structure], list[str]]:
     triggers = spec.get("triggers")
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
         raise SchemaError("triggers must be a non-empty list of non-empty texts")
+    for text in [*triggers, *(part for s in structures for part in (s.begin, s.end))]:
+        if any("\ud800" <= ch <= "\udfff" for ch in text):  # no token spells one: never written
+            raise SchemaError(f"{text!r} holds a lone surrogate, which no text can")
     for s in structures:
         if not any(s.begin.startswith(t) for t in triggers):
             raise SchemaError(f"begin {s.begin!r} does not start with any trigger")

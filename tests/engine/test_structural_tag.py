@@ -86,6 +86,9 @@ def test_texts_of_any_shape_are_whole_exactly_when_the_definition_says(parts):
     ({"structures": [{"begin": "<a>", "schema": {}, "end": "."}], "triggers": []}, "triggers"),
     ({"structures": [{"begin": "<a>", "schema": {"multipleOf": 2}, "end": "."}], "triggers": ["<"]},
      "multipleOf"),
+    # JSON's "\ud800": no token spells a lone surrogate, so the tag could never be written
+    ({"structures": [{"begin": "\ud800", "schema": {}, "end": "."}], "triggers": ["\ud800"]}, "surrogate"),
+    ({"structures": [{"begin": "<a>", "schema": {}, "end": "\udfff"}], "triggers": ["<"]}, "surrogate"),
 ])
 def test_a_tag_the_grammar_cannot_hold_is_refused_by_name(spec, words):
     with pytest.raises(SchemaError, match=words):

@@ -18,7 +18,7 @@ from inferlab.engine.grammar import MAX_READINGS
 from inferlab.engine.guided_grammar import GrammarGuide
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import GuidedDecodingError
+from inferlab.errors import GuidedDecodingError, InferlabError
 
 AMBIGUOUS_EBNF = 'root ::= "a" root "x" | "a" root "y" | "z"'
 TWIN_BRANCHES = {"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}}] * 2}},
@@ -36,6 +36,10 @@ def test_an_integer_longer_than_python_reads_is_held_to_its_bounds():
     assert _read(at_least, "-" + digits) is None
     at_most = JsonGrammar({"type": "number", "maximum": 100})
     assert _read(at_most, digits) is None and at_most.is_complete(_read(at_most, "-" + digits))
+    wide = JsonGrammar({"type": "integer", "maximum": 10 ** 999})  # 1,000 digits, read exactly
+    assert wide.is_complete(_read(wide, "9" * 999)) and _read(wide, "9" * 1001) is None
+    with pytest.raises(InferlabError, match="at most 1000 digits"):  # str() stops at 4,300
+        JsonGrammar({"type": "integer", "minimum": 10 ** 4299})
 
 
 @pytest.mark.parametrize("grammar, char", [(EbnfGrammar(AMBIGUOUS_EBNF), "a"), (JsonGrammar(TWIN_BRANCHES), "[")])

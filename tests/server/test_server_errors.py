@@ -285,6 +285,14 @@ def test_text_with_a_lone_surrogate_is_400(server, path, body):
     assert "surrogate" in check_error(r, 400)
 
 
+@pytest.mark.parametrize("field", ["guided_choice", "bad_words"])
+def test_a_lone_surrogate_in_a_field_s_texts_is_400_naming_it(server, field):
+    body = {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2, field: ["yes", "\ud800"]}
+    r = post(server, "/v1/completions", content=json.dumps(body).encode(),
+             headers={"content-type": "application/json"})
+    assert "surrogate" in check_error(r, 400, field)
+
+
 @pytest.mark.parametrize(("body", "words"), [
     (b'{"model": "x", "prompt": ', "not valid JSON"),
     (b'{"prompt": "caf\xe9"}', "not valid UTF-8"),
