@@ -33,12 +33,13 @@ from inferlab.engine.platform import (
     resolve_device,
     resolve_dtype,
 )
+from inferlab.engine.prompt_reader import PromptReader
 from inferlab.engine.request import Guide, Request, RequestStatus
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
-from inferlab.errors import ContextLengthError, InferlabError, InvalidParameterError, PromptError
+from inferlab.errors import ContextLengthError, InferlabError, InvalidParameterError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
 from inferlab.models.loader import LoadedModel, load_model
@@ -91,6 +92,7 @@ class LLMEngine:
             self.num_kv_blocks, config.block_size, self.dtype, self.device, config.seed,
             max_graph_batch_size=min(config.max_num_seqs, MAX_GRAPH_BATCH_SIZE) if graphs else 0,
             max_model_len=self.max_model_len))
+        self.prompts = PromptReader(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         # every draft position listed from the start (at 0), as vLLM's per-position series are
@@ -149,37 +151,12 @@ class LLMEngine:
 
     def tokenize_prompt(self, prompt: str | Sequence[int], truncating: bool = False,
                         add_special_tokens: bool = True) -> tuple[str | None, list[int]]:
-        """(text or None, token ids); truncating: the request keeps only the prompt's last
-        tokens (truncate_prompt_tokens), so its length cannot be refused before encoding."""
-        if isinstance(prompt, str):
-            if not truncating:
-                self.check_text_fits(len(prompt))
-            text: str | None = prompt
-            ids = self.tokenizer.encode(prompt, add_special_tokens=add_special_tokens)
-        elif not isinstance(prompt, Sequence) or isinstance(prompt, bytes | bytearray):
-            raise PromptError(f"a prompt must be a text or a list of token ids, got "
-                              f"{type(prompt).__name__}")  # a dict's keys once ran as token ids
-        else:
-            text, ids = None, [int(t) for t in prompt]
-            if any(t != i for t, i in zip(prompt, ids, strict=True)):  # 1.5 or "7", not truncated
-                raise PromptError("token ids must be integers")
-        # a tokenizer may know more tokens than the model has rows for
-        vocab = self.model_config.vocab_size
-        bad = [t for t in ids if not 0 <= t < vocab]
-        if bad:
-            raise PromptError(f"token id {bad[0]} is outside the vocabulary (0..{vocab - 1})")
-        return text, ids
+        """(text or None, token ids), checked against the model (PromptReader.tokenize)."""
+        return self.prompts.tokenize(prompt, truncating, add_special_tokens)
 
     def check_text_fits(self, num_chars: int) -> None:
-        """Refuse, without encoding it, a text too long for the context whatever its tokens:
-        a 8 MB prompt takes 5 s of a core to encode. A token spells at most max_token_chars
-        characters; normalization (NFKC) contracts text by far less than the slack of 4."""
-        if not self.tokenizer.keeps_every_character:  # 25,000 spaces may be no token at all
-            return
-        at_least = num_chars // (4 * self.tokenizer.max_token_chars)
-        if at_least > self.max_model_len:
-            raise ContextLengthError(f"the prompt ({num_chars} characters) has at least {at_least} "
-                                f"tokens, over the context length {self.max_model_len}")
+        """Refuse a text too long for the context before encoding it (PromptReader's)."""
+        self.prompts.check_text_fits(num_chars)
 
     def bind_threads(self) -> None:
         """Apply num_threads to the calling thread, the one that will run the steps. OpenMP
@@ -226,7 +203,7 @@ class LLMEngine:
                  cap_max_tokens: bool) -> tuple[str | None, list[Request]]:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
         params = self.generation.with_end_tokens(params)
-        text, ids = self._read_prompt(prompt, prompt_text, params.truncate_prompt_tokens)
+        text, ids = self.prompts.read(prompt, prompt_text, params.truncate_prompt_tokens)
         bad_words = _encoded("bad_words", bad_words_token_ids, self.tokenizer, params.bad_words)
         choices = _encoded("guided_choice", choice_token_ids, self.tokenizer, params.guided_choice or [])
         max_tokens = self._check_servable(ids, params, bad_words, choices, cap_max_tokens)
@@ -243,21 +220,6 @@ class LLMEngine:
                                     bad_words_token_ids=bad_words, guide=self._guide(params, choices)))
         return text, children
 
-    def _read_prompt(self, prompt: str | Sequence[int], prompt_text: str | None,
-                     keep: int | None) -> tuple[str | None, list[int]]:
-        """(text or None, token ids) a request runs: its last `keep` only (truncate_prompt_tokens)."""
-        keep = self.max_model_len if keep == -1 else keep
-        if keep is not None and keep > self.max_model_len:  # as vLLM refuses it
-            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is over the context "
-                                        f"length {self.max_model_len}: choose a smaller one")
-        text, ids = self.tokenize_prompt(prompt, keep is not None)
-        text = text if text is not None else prompt_text
-        if keep is not None and len(ids) > keep:  # vLLM's left truncation; the text no longer fits
-            text, ids = None, self._truncate_text(ids, keep) if text is not None else ids[-keep:]
-        if not ids:
-            raise PromptError("the prompt is empty")
-        return text, ids
-
     def _check_ids_free(self, names: list[list[str]]) -> None:
         """Each request's id and its copies' ids are in use by no other request, queued or in
         the batch: a copy's id ("r#1") can be another request's own."""
@@ -268,30 +230,10 @@ class LLMEngine:
                     raise InferlabError(f"request id {name!r} is already in use")
                 seen.add(name)
 
-    def _truncate_text(self, ids: list[int], keep: int) -> list[int]:
-        """A text's `keep` last tokens as vLLM has transformers cut them: added ones (BOS) stay."""
-        head, tail = self._added_tokens
-        end = len(ids) - len(tail)
-        if ids[:len(head)] != head or ids[end:] != tail:
-            return ids[-keep:]  # encoded without them
-        room = keep - len(head) - len(tail)
-        if room < 0:
-            raise InvalidParameterError(f"truncate_prompt_tokens ({keep}) is less than the "
-                                        f"{keep - room} special tokens the tokenizer adds")
-        return head + ids[end - room:end] + tail
-
-    @functools.cached_property
-    def _added_tokens(self) -> tuple[list[int], list[int]]:
-        """The tokens encoding adds before and after a text (a template's, the same for any)."""
-        bare, full = (self.tokenizer.encode("a", add_special_tokens=s) for s in (False, True))
-        starts = range(len(full) - len(bare), -1, -1)  # no match: a head no prompt starts with
-        start = next((i for i in starts if full[i:i + len(bare)] == bare), len(full))
-        return full[:start], full[start + len(bare):]
-
     def start_beam_search(self, prompt: str | Sequence[int],
                           params: BeamSearchParams) -> tuple[str | None, BeamSearch]:
         """(the prompt's text, as a request reads it, and a search over it) for LLM and AsyncEngine."""
-        text, ids = self._read_prompt(prompt, None, params.truncate_prompt_tokens)
+        text, ids = self.prompts.read(prompt, None, params.truncate_prompt_tokens)
         return text, BeamSearch(ids, params, set(self.generation.end_token_ids), self.max_model_len)
 
     def _guide(self, params: SamplingParams, choices: list[list[int]]) -> Guide | None:
