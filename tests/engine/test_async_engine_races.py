@@ -156,3 +156,48 @@ def test_one_llm_from_two_threads_is_a_clear_error(model_dir):
         first.join(10)
     llm.engine.step = step
     assert len(llm.generate(["w4 w5"], PARAMS)[0].outputs[0].token_ids) == 5
+
+
+def test_a_queued_request_aborted_leaves_the_waiting_count_before_the_next_step_ends(model_dir):
+    """Backpressure reads the waiting count from stats(), a snapshot: a request aborted while
+    queued was counted on until the end of the step after the one its abort was posted in."""
+    engine = AsyncEngine.from_config(EngineConfig(model=model_dir, dtype="float32", max_num_seqs=1,
+                                                  kv_cache_memory_bytes=2**20))
+    step, hold, permits, entered = engine.engine.step, threading.Event(), threading.Semaphore(0), threading.Event()
+
+    def held_step(*args, **kwargs):
+        if hold.is_set():
+            entered.set()
+            permits.acquire(timeout=10)
+        return step(*args, **kwargs)
+
+    engine.engine.step = held_step
+    params = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)
+
+    async def read(request_id: str) -> None:
+        async for _ in engine.generate("w2 w3 w4", params, request_id):
+            pass
+
+    async def main() -> None:
+        tasks = []
+        for request_id, (running, waiting) in (("running", (1, 0)), ("queued", (1, 1))):
+            tasks.append(asyncio.create_task(read(request_id)))
+            deadline = time.monotonic() + 10
+            while ((engine.stats().num_running, engine.stats().num_waiting) != (running, waiting)
+                   and time.monotonic() < deadline):
+                await asyncio.sleep(0.01)
+        hold.set()
+        assert await asyncio.to_thread(entered.wait, 10)  # a step is held
+        tasks[1].cancel()  # its abort is posted meanwhile
+        await asyncio.sleep(0.1)
+        entered.clear()
+        permits.release()  # the held step ends, the abort runs, the next step is held
+        assert await asyncio.to_thread(entered.wait, 10)
+        assert engine.stats().num_waiting == 0
+        hold.clear()
+        permits.release()
+        tasks[0].cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await engine.shutdown(0)
+
+    asyncio.run(main())
