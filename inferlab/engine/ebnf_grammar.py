@@ -15,8 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from inferlab.engine import grammar as grammar_limits
 from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, Matcher, parse_grammar
-from inferlab.engine.grammar import Grammar, bounded_state
+from inferlab.engine.grammar import Grammar, bounded_state, too_ambiguous
 
 Frame = tuple[int, int]  # (alternative, position of the element it waits for)
 Stack = tuple[Frame, ...]
@@ -43,6 +44,7 @@ class EbnfGrammar(Grammar):
                 alternative, position = stack[-1]
                 if self.matchers[self.alternatives[alternative][position][1]].matches(ch):
                     stacks.update(self._settle([(*stack[:-1], (alternative, position + 1))]))
+                    bounded_state(stacks)  # raises as soon as they are too many
         return bounded_state(stacks)
 
     def is_complete(self, state: State | None) -> bool:
@@ -74,6 +76,11 @@ class EbnfGrammar(Grammar):
             if stack in seen:
                 continue
             seen.add(stack)
+            limit = grammar_limits.MAX_READINGS
+            if len(settled) > limit or len(seen) > 16 * limit:
+                # rules that call two alike at each level expand to 2^depth stacks: refused as
+                # they grow, not once built (2^20 took 79 s and 3.5 GB)
+                raise too_ambiguous()
             if not stack:
                 settled.append(stack)
                 continue

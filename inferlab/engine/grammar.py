@@ -16,10 +16,11 @@ from inferlab.errors import GuidedDecodingError
 # ambiguous grammar that nests ('r ::= "a" r "x" | "a" r "y" | "z"', a recursive anyOf of two
 # alike branches) doubles them with every character: 2^18 took 17 s and 2.9 GB of the engine
 # thread, which every request waits on. A text past this many raises GuidedDecodingError, and
-# the token filter offers no token that leads there; a schema whose anyOf lists 200 objects
-# (tool_choice "required" over as many tools; OpenAI takes 128) still fits. The cost of a mask
-# grows with the readings: at 1,024 one took seconds, which every stream waited.
-MAX_READINGS = 256
+# the token filter offers no token that leads there. Legit schemas come near: an anyOf of
+# objects that all begin with a number reads it two ways each (256 cut 129 objects' digits), a
+# union nested in a union multiplies. A mask's cost grows with the readings: steered along 1,024,
+# a forced ambiguous reply took 0.25 s a token, which every stream waited.
+MAX_READINGS = 1024
 _TOO_AMBIGUOUS = object()  # a step's remembered answer: past MAX_READINGS
 
 

@@ -14,7 +14,6 @@ import pytest
 from inferlab.engine import grammar as grammar_module
 from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.grammar import MAX_READINGS
 from inferlab.engine.guided_grammar import GrammarGuide
 from inferlab.engine.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
@@ -48,15 +47,26 @@ def test_readings_past_the_limit_fail_the_guide(grammar, char):
         _read(grammar, char * 40)
 
 
-def test_as_many_tools_as_the_limit_allows_stay_open():
-    """tool_choice "required" over many tools is an anyOf of one object a tool: after the key
-    "name" every tool is a reading until its name's letters tell them apart."""
-    tools = MAX_READINGS // 2
-    calls = {"type": "array", "items": {"anyOf": [
-        {"type": "object", "required": ["name"], "properties": {"name": {"enum": [f"tool_{i}"]}}}
-        for i in range(tools)]}}
-    grammar = JsonGrammar(calls)
-    assert grammar.is_complete(_read(grammar, f'[{{"name": "tool_{tools - 1}"}}]'))
+def test_a_union_of_hundreds_of_objects_stays_open():
+    """An anyOf of objects that all begin with a numeric key reads each number two ways (it may
+    end or go on): 400 objects are 800 readings, within the limit (256 once cut the digits)."""
+    objects = 400
+    union = {"anyOf": [{"type": "object", "required": ["ts", f"k{i}"],
+                        "properties": {"ts": {"type": "integer"}, f"k{i}": {"type": "string"}}}
+                       for i in range(objects)]}
+    grammar = JsonGrammar(union)
+    assert grammar.is_complete(_read(grammar, f'{{"ts": 12, "k{objects - 1}": "x"}}'))
+
+
+def test_rules_that_double_at_each_level_are_refused_as_they_grow():
+    """20 levels of two alike calls expand to 2^20 stacks; counted only once built, that took
+    79 s and 3.5 GB of the engine thread."""
+    levels = "\n".join(f'l{i} ::= l{i + 1} "a" | l{i + 1} "b"' for i in range(1, 20))
+    with pytest.raises(InferlabError, match="guided_grammar: the grammar is too ambiguous"):
+        SamplingParams(guided_grammar=f'root ::= l1\n{levels}\nl20 ::= "x"')
+    stepped = EbnfGrammar(f'root ::= "s" l1\n{levels}\nl20 ::= "x"')
+    with pytest.raises(GuidedDecodingError):
+        _read(stepped, "s")
 
 
 def _forcing(llm, text: str) -> dict[int, float]:
@@ -101,6 +111,21 @@ def test_a_guide_with_no_way_on_fails_its_request_alone(make_fast_llm, one_readi
     scheduler = llm.engine.scheduler
     assert scheduler.block_manager.num_free_blocks == llm.engine.num_kv_blocks
     assert not scheduler.has_unfinished_requests()
+
+
+def test_a_draft_with_no_way_on_is_rejected_not_failed(make_fast_llm, monkeypatch):
+    """Drafts are not filtered: after "a" * 6 no token keeps this grammar within 256 readings,
+    yet at "a" * 5 "z" still does. A draft "a" there gets the end token as its row (so the
+    target rejects it) and the request goes on; only the output itself reaching it fails."""
+    monkeypatch.setattr(grammar_module, "MAX_READINGS", 256)
+    llm = make_fast_llm(kv_cache_memory="64MiB")
+    text = ('root ::= r\nr ::= "a" r "x" | "a" r "y" | "z" t\n'
+            't ::= "q" | "w" | "e" | "r" | "t" | "u" | "i" | "o"  # draft test')
+    guide = llm.engine.grammar_filters.guide("ebnf", text)
+    (a,) = llm.tokenizer.encode("a", add_special_tokens=False)
+    assert guide.allowed_now([a] * 5, [a]) == [llm.tokenizer.eos_token_id]
+    with pytest.raises(GuidedDecodingError):
+        guide.allowed_now([a] * 6)
 
 
 def test_a_guide_that_raises_fails_its_request_not_the_engine(make_fast_llm, monkeypatch):
