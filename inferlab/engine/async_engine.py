@@ -278,12 +278,8 @@ class AsyncEngine:
         try:
             while not self._stop.is_set():
                 self.heartbeat = time.monotonic()
-                if not self._ops.empty():
-                    while not self._ops.empty():
-                        self._ops.get()()
-                    # adds and aborts show before the step: backpressure reads the waiting
-                    # count, which counted an aborted queued request through one more step
-                    self._stats = self._snapshot()
+                while not self._ops.empty():
+                    self._ops.get()()
                 outputs = []
                 if self.engine.has_unfinished_requests():
                     started = time.perf_counter()
