@@ -38,14 +38,10 @@ class EbnfGrammar(Grammar):
         self.start: State = frozenset(self._settle(self._call(compiled.root, ())))
 
     def _next(self, state: State, ch: str) -> State | None:
-        stacks = set()
-        for stack in state:
-            if stack:
-                alternative, position = stack[-1]
-                if self.matchers[self.alternatives[alternative][position][1]].matches(ch):
-                    stacks.update(self._settle([(*stack[:-1], (alternative, position + 1))]))
-                    bounded_state(stacks)  # raises as soon as they are too many
-        return bounded_state(stacks)
+        moved = [(*stack[:-1], (alternative, position + 1)) for stack in state if stack
+                 for alternative, position in (stack[-1],)
+                 if self.matchers[self.alternatives[alternative][position][1]].matches(ch)]
+        return bounded_state(set(self._settle(moved)))  # settled together: one bound on the work
 
     def is_complete(self, state: State | None) -> bool:
         return state is not None and () in state
@@ -76,10 +72,10 @@ class EbnfGrammar(Grammar):
             if stack in seen:
                 continue
             seen.add(stack)
-            limit = grammar_limits.MAX_READINGS
-            if len(settled) > limit or len(seen) > 16 * limit:
+            if len(seen) > 16 * grammar_limits.MAX_READINGS:
                 # rules that call two alike at each level expand to 2^depth stacks: refused as
-                # they grow, not once built (2^20 took 79 s and 3.5 GB)
+                # they grow, not once built (2^20 took 79 s and 3.5 GB). A start state may hold
+                # more readings than a state after a character (an alternation of 2,000 words)
                 raise too_ambiguous()
             if not stack:
                 settled.append(stack)

@@ -256,12 +256,7 @@ class GrammarGuide:
             state, pending = None, b""
         if state is None:
             return [self.filter.eos_token_id]
-        try:
-            mask = self.filter.allowed(state, pending)
-        except GuidedDecodingError:
-            if not drafts:  # the output itself has no way on: its request fails
-                raise
-            return [self.filter.eos_token_id]  # drafts with none: rejected, as if dead
+        mask = self.filter.allowed(state, pending)  # raises where no way on is left
         return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
 
     def _advance(self, state: Hashable | None, pending: bytes,

@@ -92,12 +92,15 @@ class ModelRunner:
             return output
         logits = self.model.compute_logits(hidden)  # [S, V]
         picked = [chunks[i] for i in sampling]
-        tokens, logprobs = sample(logits, self._sampling_batch(picked, output.failed))
+        dead_ends: dict[str, tuple[int, str]] = {}
+        tokens, logprobs = sample(logits, self._sampling_batch(picked, output.failed, dead_ends))
         tokens_l = tokens.tolist()
         row = 0
         for c in picked:
             drafts, rid = c.spec_token_ids, c.request.request_id
             taken = accepted_tokens(drafts, tokens_l[row:row + len(drafts) + 1])
+            if rid in dead_ends and len(taken) > dead_ends[rid][0]:  # the drafts before it kept
+                output.failed.setdefault(rid, dead_ends[rid][1])
             output.sampled_token_ids[rid] = taken
             if logprobs[row] is not None:
                 output.logprobs[rid] = logprobs[row:row + len(taken)]
@@ -105,10 +108,12 @@ class ModelRunner:
             row += len(drafts) + 1
         return output
 
-    def _sampling_batch(self, chunks, failed: dict[str, str]) -> SamplingBatch:
+    def _sampling_batch(self, chunks, failed: dict[str, str],
+                        dead_ends: dict[str, tuple[int, str]]) -> SamplingBatch:
         """One row per sampled position: a chunk's newest token, then each of its drafts, which
         sees the output as if the drafts before it were kept. A request whose guide fails is
-        put in `failed` (request id -> why)."""
+        put in `failed` (request id -> why), or, where only kept drafts would lead there, in
+        `dead_ends` (request id -> (the row, why))."""
         params, uniforms, prompts, outputs, barred, allowed = [], [], [], [], [], []
         for c in chunks:
             request, guide = c.request, c.request.guide
@@ -120,7 +125,8 @@ class ModelRunner:
                 prompts.append(request.prompt_token_ids)
                 outputs.append(output)
                 barred.append(_barred_now(request, output))
-                allowed.append(None if guide is None else _guide_allows(guide, request, drafts, failed))
+                allowed.append(None if guide is None else
+                               _guide_allows(guide, request, drafts, failed, dead_ends))
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
 
     def _prompt_logprobs(self, chunks, hidden: torch.Tensor, ends: list[int],
@@ -203,14 +209,19 @@ def generator_seed(seed: int) -> int:
     return (z ^ (z >> 31)) >> 32
 
 
-def _guide_allows(guide: Guide, request: Request, drafts: list[int],
-                  failed: dict[str, str]) -> list[int] | torch.Tensor:
+def _guide_allows(guide: Guide, request: Request, drafts: list[int], failed: dict[str, str],
+                  dead_ends: dict[str, tuple[int, str]]) -> list[int] | torch.Tensor:
     """What the guide lets the request sample next. A guide that raises (a grammar too ambiguous
     to follow, or a bug) fails its own request, not the step and every request in it: the
-    request goes into `failed`, and its row samples token 0, which the engine drops."""
+    request goes into `failed`, and its row samples token 0, which the engine drops. After
+    drafts it fails the request only if the target keeps them all (`dead_ends`): rejected,
+    they lead nowhere."""
     try:
         return guide.allowed_now(request.output_token_ids, drafts)
     except GuidedDecodingError as e:
+        if drafts:
+            dead_ends.setdefault(request.request_id, (len(drafts), str(e)))
+            return [0]
         why = str(e)
     except Exception as e:  # a bug: logged, and still its request's alone
         logger.exception("guided decoding failed for request %s", request.request_id)

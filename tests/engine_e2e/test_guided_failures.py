@@ -58,6 +58,16 @@ def test_a_union_of_hundreds_of_objects_stays_open():
     assert grammar.is_complete(_read(grammar, f'{{"ts": 12, "k{objects - 1}": "x"}}'))
 
 
+def test_an_alternation_of_thousands_of_words_is_a_grammar():
+    """2,000 words open at once are 2,000 readings of the empty text, and none is ambiguous; a
+    start state may hold more than a state after a character (refused as too ambiguous once).
+    After a letter some 77 are left. (More than 1,024 that begin alike are past the limit:
+    guided_choice and guided_regex take such lists.)"""
+    words = [f"{chr(97 + i % 26)}{i:04d}" for i in range(2000)]
+    grammar = EbnfGrammar("root ::= " + " | ".join(f'"{w}"' for w in words))
+    assert grammar.is_complete(_read(grammar, words[-1]))
+
+
 def test_rules_that_double_at_each_level_are_refused_as_they_grow():
     """20 levels of two alike calls expand to 2^20 stacks; counted only once built, that took
     79 s and 3.5 GB of the engine thread."""
@@ -113,19 +123,20 @@ def test_a_guide_with_no_way_on_fails_its_request_alone(make_fast_llm, one_readi
     assert not scheduler.has_unfinished_requests()
 
 
-def test_a_draft_with_no_way_on_is_rejected_not_failed(make_fast_llm, monkeypatch):
-    """Drafts are not filtered: after "a" * 6 no token keeps this grammar within 256 readings,
-    yet at "a" * 5 "z" still does. A draft "a" there gets the end token as its row (so the
-    target rejects it) and the request goes on; only the output itself reaching it fails."""
+@pytest.mark.parametrize("speculative", [None, {"method": "ngram", "num_speculative_tokens": 4,
+                                                "prompt_lookup_max": 3, "prompt_lookup_min": 1}])
+def test_a_dead_end_fails_alike_with_drafts_or_without(make_fast_llm, monkeypatch, speculative):
+    """After "a" * 6 no token keeps this grammar within 256 readings, though "a" is offered at
+    "a" * 5. Drafted, the row after a kept "a" once sampled the end token and the request ended
+    "stop" on text the grammar does not finish; it fails as it does without drafts."""
     monkeypatch.setattr(grammar_module, "MAX_READINGS", 256)
-    llm = make_fast_llm(kv_cache_memory="64MiB")
+    llm = make_fast_llm(kv_cache_memory="64MiB", speculative_config=speculative)
     text = ('root ::= r\nr ::= "a" r "x" | "a" r "y" | "z" t\n'
-            't ::= "q" | "w" | "e" | "r" | "t" | "u" | "i" | "o"  # draft test')
-    guide = llm.engine.grammar_filters.guide("ebnf", text)
-    (a,) = llm.tokenizer.encode("a", add_special_tokens=False)
-    assert guide.allowed_now([a] * 5, [a]) == [llm.tokenizer.eos_token_id]
-    with pytest.raises(GuidedDecodingError):
-        guide.allowed_now([a] * 6)
+            't ::= "q" | "w" | "e" | "r" | "t" | "u" | "i" | "o"  # dead end')
+    params = SamplingParams(max_tokens=20, temperature=0, guided_grammar=text, logit_bias=_forcing(llm, "a"))
+    out = llm.generate(["a a a a a a a a a a a a a a a a"], params, use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "error" and "too ambiguous" in out.error
+    assert set(out.outputs[0].text) <= {"a"}
 
 
 def test_a_guide_that_raises_fails_its_request_not_the_engine(make_fast_llm, monkeypatch):
