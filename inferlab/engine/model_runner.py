@@ -92,15 +92,16 @@ class ModelRunner:
             return output
         logits = self.model.compute_logits(hidden)  # [S, V]
         picked = [chunks[i] for i in sampling]
-        dead_ends: dict[str, tuple[int, str]] = {}
+        dead_ends: dict[str, int] = {}
         tokens, logprobs = sample(logits, self._sampling_batch(picked, output.failed, dead_ends))
         tokens_l = tokens.tolist()
         row = 0
         for c in picked:
             drafts, rid = c.spec_token_ids, c.request.request_id
             taken = accepted_tokens(drafts, tokens_l[row:row + len(drafts) + 1])
-            if rid in dead_ends and len(taken) > dead_ends[rid][0]:  # the drafts before it kept
-                output.failed.setdefault(rid, dead_ends[rid][1])
+            dead_row = dead_ends.get(rid, len(taken))
+            if len(taken) > dead_row:  # the drafts up to it kept: output as without drafts, and
+                taken = taken[:dead_row]  # the next step's first row, at the dead end, fails it
             output.sampled_token_ids[rid] = taken
             if logprobs[row] is not None:
                 output.logprobs[rid] = logprobs[row:row + len(taken)]
@@ -109,11 +110,11 @@ class ModelRunner:
         return output
 
     def _sampling_batch(self, chunks, failed: dict[str, str],
-                        dead_ends: dict[str, tuple[int, str]]) -> SamplingBatch:
+                        dead_ends: dict[str, int]) -> SamplingBatch:
         """One row per sampled position: a chunk's newest token, then each of its drafts, which
         sees the output as if the drafts before it were kept. A request whose guide fails is
         put in `failed` (request id -> why), or, where only kept drafts would lead there, in
-        `dead_ends` (request id -> (the row, why))."""
+        `dead_ends` (request id -> the first row past it)."""
         params, uniforms, prompts, outputs, barred, allowed = [], [], [], [], [], []
         for c in chunks:
             request, guide = c.request, c.request.guide
@@ -210,17 +211,17 @@ def generator_seed(seed: int) -> int:
 
 
 def _guide_allows(guide: Guide, request: Request, drafts: list[int], failed: dict[str, str],
-                  dead_ends: dict[str, tuple[int, str]]) -> list[int] | torch.Tensor:
+                  dead_ends: dict[str, int]) -> list[int] | torch.Tensor:
     """What the guide lets the request sample next. A guide that raises (a grammar too ambiguous
     to follow, or a bug) fails its own request, not the step and every request in it: the
     request goes into `failed`, and its row samples token 0, which the engine drops. After
-    drafts it fails the request only if the target keeps them all (`dead_ends`): rejected,
-    they lead nowhere."""
+    drafts it goes into `dead_ends`: the output stops before the row if the target keeps the
+    drafts, and the next step fails the request there (rejected, they lead nowhere)."""
     try:
         return guide.allowed_now(request.output_token_ids, drafts)
     except GuidedDecodingError as e:
         if drafts:
-            dead_ends.setdefault(request.request_id, (len(drafts), str(e)))
+            dead_ends.setdefault(request.request_id, len(drafts))
             return [0]
         why = str(e)
     except Exception as e:  # a bug: logged, and still its request's alone
