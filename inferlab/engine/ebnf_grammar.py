@@ -15,9 +15,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferlab.engine import grammar as grammar_limits
 from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, Matcher, parse_grammar
-from inferlab.engine.grammar import Grammar, bounded_state, too_ambiguous
+from inferlab.engine.grammar import Grammar, bounded_state, check_settling_work
 
 Frame = tuple[int, int]  # (alternative, position of the element it waits for)
 Stack = tuple[Frame, ...]
@@ -72,11 +71,7 @@ class EbnfGrammar(Grammar):
             if stack in seen:
                 continue
             seen.add(stack)
-            if len(seen) > 16 * grammar_limits.MAX_READINGS:
-                # rules that call two alike at each level expand to 2^depth stacks: refused as
-                # they grow, not once built (2^20 took 79 s and 3.5 GB). A start state may hold
-                # more readings than a state after a character (an alternation of 2,000 words)
-                raise too_ambiguous()
+            check_settling_work(len(seen))
             if not stack:
                 settled.append(stack)
                 continue

@@ -225,7 +225,6 @@ class TokenFilter:
                 moves.setdefault(steps[k], []).append(part)
         return moves
 
-
     def _walk(self, move: Callable[..., Any], *args: Any) -> Any:
         """move(*args), a grammar's step or advance, or None where the text would read in more
         than MAX_READINGS ways: the filter offers no token that leads there."""

@@ -17,6 +17,7 @@ number a validator reading the schema as JSON compares against.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, replace
 from fractions import Fraction
 
@@ -71,6 +72,10 @@ class NumberBounds:
             return _grid_meets(Fraction(0), Fraction(1), Fraction(1, 10 ** left), low, high)
         return _longer_meets(int(whole), left, self.integer, low, high)
 
+    @functools.cached_property
+    def _bound_digits(self) -> int:
+        """The integer digits of the longer bound (asked at every character of a number)."""
+        return max(map(_integer_digits, (self.low, self.high)))
 
     def _past_the_bounds(self, text: str) -> bool | None:
         """For an integer literal longer than every bound (it and whatever more digits follow
@@ -78,7 +83,7 @@ class NumberBounds:
         is never read as a number, which Python refuses past 4300 digits (a ValueError that
         once ended the engine) and reads in time quadratic in its length."""
         whole = text.removeprefix("-")
-        if "." in whole or len(whole) <= max(map(_integer_digits, (self.low, self.high))) + 1:
+        if "." in whole or len(whole) <= self._bound_digits + 1:
             return None
         return (self.low if text.startswith("-") else self.high) is None
 

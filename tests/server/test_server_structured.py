@@ -215,9 +215,8 @@ def test_a_grammar_too_ambiguous_to_follow_is_steered_or_fails_alone(client, ser
         client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=40, extra_body=stuck)
     with caplog.at_level("INFO", logger="inferlab.server.access"):
         with pytest.raises(openai.APIError, match="too ambiguous"):
-            for _ in client.completions.create(model=MODEL_NAME, prompt=["Go:", "Go!"], max_tokens=40,
-                                               stream=True, extra_body=stuck):
-                pass
+            list(client.completions.create(model=MODEL_NAME, prompt=["Go:", "Go!"], max_tokens=40,
+                                           stream=True, extra_body=stuck))
         logged = [m for m in caplog.messages if "POST /v1/completions" in m]
     assert logged and "status=200" in logged[-1]  # not 499: the client did not go away
     monkeypatch.undo()
