@@ -13,7 +13,7 @@ import openai
 import pytest
 from lark import Lark
 from lark.exceptions import LarkError
-from server_helpers import MODEL_NAME, tokenize
+from server_helpers import MODEL_NAME, tokenize, wait_until
 
 GREEDY = {"temperature": 0.0}
 CITY = {"type": "object", "required": ["city", "country"], "properties": {
@@ -217,8 +217,12 @@ def test_a_grammar_too_ambiguous_to_follow_is_steered_or_fails_alone(client, ser
         with pytest.raises(openai.APIError, match="too ambiguous"):
             list(client.completions.create(model=MODEL_NAME, prompt=["Go:", "Go!"], max_tokens=40,
                                            stream=True, extra_body=stuck))
-        logged = [m for m in caplog.messages if "POST /v1/completions" in m]
-    assert logged and "status=200" in logged[-1]  # not 499: the client did not go away
+
+        def logged() -> list[str]:  # the line comes once the server has closed the stream
+            return [m for m in caplog.messages if "POST /v1/completions" in m]
+
+        assert wait_until(logged, 10)
+    assert "status=200" in logged()[-1]  # not 499: the client did not go away
     monkeypatch.undo()
     after = client.completions.create(model=MODEL_NAME, prompt="Go:", max_tokens=3, **GREEDY)
     assert after.choices[0].finish_reason in ("stop", "length")
