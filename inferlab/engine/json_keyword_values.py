@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -134,8 +135,14 @@ def json_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
 def json_text(value: Any) -> str:
+    """`value` as one compact JSON text. A lone surrogate (JSON's "\\ud800") is written as its
+    \\u escape, the only spelling a model's tokens have for it; json.loads reads it back."""
     try:
-        return json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         raise SchemaError(f"{value!r} is not a JSON value") from None
+    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
