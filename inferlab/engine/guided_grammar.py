@@ -256,7 +256,9 @@ class GrammarGuide:
         if state is None:
             return [self.filter.eos_token_id]
         mask = self.filter.allowed(state, pending)  # raises where no way on is left
-        return mask if mask.any() else [self.filter.eos_token_id]  # a vocabulary that cannot go on
+        if not mask.any():  # the grammar wants a character no token spells (a lone surrogate)
+            raise GuidedDecodingError("no token of the vocabulary spells what the grammar takes next")
+        return mask
 
     def _advance(self, state: Hashable | None, pending: bytes,
                  token_ids: Sequence[int]) -> tuple[Hashable | None, bytes]:

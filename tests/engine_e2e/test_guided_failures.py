@@ -174,3 +174,13 @@ def test_the_async_engine_raises_it_to_its_caller_and_goes_on(make_fast_llm, one
         await engine.shutdown()
 
     asyncio.run(main())
+
+
+def test_a_grammar_no_token_can_follow_fails_its_request(make_fast_llm):
+    """Half a surrogate pair is a character no text holds: the output cannot be whole, so it
+    fails there rather than stop at EOS as if it were."""
+    llm = make_fast_llm(kv_cache_memory="64MiB")
+    params = SamplingParams(temperature=0, max_tokens=8, guided_grammar='root ::= "x" [\ud800-\udbff]')
+    out = llm.generate(["Go:"], params, use_tqdm=False)[0]
+    assert out.outputs[0].finish_reason == "error" and "no token" in out.error
+    assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.num_kv_blocks
