@@ -74,8 +74,12 @@ def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables."""
     dim = q.shape[-1]
-    if not rotary_fits(dim) or cos.dtype != torch.float32 or not cos.is_contiguous():
-        raise ValueError(f"rotary kernel needs an even head dim <= {MAX_HEAD_DIM} and fp32 tables")
+    if not (rotary_fits(dim) and all(t.dtype == torch.float32 and t.is_contiguous()
+                                     and t.dim() == 2 and t.shape[1] == dim for t in (cos, sin))):
+        raise ValueError(f"rotary kernel needs an even head dim <= {MAX_HEAD_DIM} and fp32 "
+                         f"[positions, {dim}] tables, got {tuple(cos.shape)} and {tuple(sin.shape)}")
+    if cos.shape != sin.shape:
+        raise ValueError(f"rotary tables of {tuple(cos.shape)} and {tuple(sin.shape)}")
     positions = positions.to(torch.int64)
     n, hq, hkv, elem = q.shape[0], q.shape[1], k.shape[1], _ELEM[q.dtype]
     # q and k side by side in one fused projection row: rotate both heads' runs in one call
@@ -127,11 +131,17 @@ def paged_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torc
 
 def _check_attention(name: str, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                      out: torch.Tensor, index: Sequence[torch.Tensor]) -> None:
-    """What both paged attention kernels rely on: grouped heads, one dtype, the layout they
-    read, int32 indices."""
+    """What both paged attention kernels rely on: grouped heads, one head dim, one dtype, the
+    layout they read, int32 indices. The indices' values are trusted, as vLLM's kernels trust
+    theirs (checking them would cost a pass over the tables a layer): block ids below the
+    pool's count, lengths within a table's blocks, at least one position a sequence."""
     num_heads, num_kv_heads = q.shape[1], k_cache.shape[2]
     if num_heads % num_kv_heads:
         raise ValueError(f"{num_heads} query heads do not group over {num_kv_heads} KV heads")
+    if k_cache.shape != v_cache.shape or q.shape[2] != k_cache.shape[3] or out.shape != q.shape:
+        raise ValueError(f"{name}: q {tuple(q.shape)} and out {tuple(out.shape)} [N, Hq, D] do not "
+                         f"match the caches {tuple(k_cache.shape)}, {tuple(v_cache.shape)} [blocks, "
+                         f"block_size, Hkv, D]")
     if not (q.dtype == k_cache.dtype == v_cache.dtype == out.dtype):
         raise ValueError(f"{name}: q, the caches and out must share one dtype")
     if not (_rows_ok(q) and q.stride(1) == q.shape[2] and out.is_contiguous()

@@ -92,7 +92,10 @@ def _prefill_args(q, caches, meta):
     (lambda a: a.update(q=a["q"].float(), out=a["out"].float()), "share one dtype"),
     (lambda a: a.update(v_cache=a["v_cache"].transpose(0, 1).contiguous().transpose(0, 1)),
      "unexpected tensor layout"),
-], ids=["int64 lengths", "int64 block table", "fp32 q", "strided v cache"])
+    (lambda a: a.update(q=a["q"][..., :32].contiguous(), out=a["out"][..., :32].contiguous()),
+     r"q \(\d+, 6, 32\) and out .* do not match the caches"),
+    (lambda a: a.update(out=a["out"][:1]), "do not match the caches"),
+], ids=["int64 lengths", "int64 block table", "fp32 q", "strided v cache", "head dim", "out rows"])
 def test_prefill_attention_refuses_what_it_would_misread(change, message):
     q, _, caches, meta = _attention_case()
     args = _prefill_args(q, caches, meta)
@@ -119,6 +122,15 @@ def test_a_slot_past_the_cache_is_refused_and_nothing_is_written():
     with pytest.raises(ValueError, match="slot 64 is past the cache's 64 slots"):
         cpu_ops.write_kv(k, k, *caches, torch.tensor([3, 64]))
     assert not caches[0].any() and not caches[1].any()
+
+
+def test_rotary_refuses_tables_it_would_read_past():
+    q, k = torch.randn(2, 6, 64), torch.randn(2, 2, 64)
+    half = torch.randn(16, 32)  # [positions, D/2], the inv_freq reading's width
+    with pytest.raises(ValueError, match=r"fp32 \[positions, 64\] tables, got \(16, 32\)"):
+        cpu_ops.rotary_embedding(torch.tensor([0, 1]), q, k, half, half)
+    with pytest.raises(ValueError, match="rotary tables of"):
+        cpu_ops.rotary_embedding(torch.tensor([0, 1]), q, k, torch.randn(16, 64), torch.randn(8, 64))
 
 
 def test_small_ops_refuse_shapes_torch_refuses():
