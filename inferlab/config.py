@@ -7,7 +7,7 @@ import re
 from dataclasses import dataclass
 from fractions import Fraction
 
-from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.kv_cache_config import check_block_size
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.sampling_params import check_seed
 from inferlab.engine.scheduler_config import SchedulerConfig
@@ -98,6 +98,7 @@ class EngineConfig:
     max_num_batched_tokens: int = 2048
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
+    enable_chunked_prefill: bool = True  # off: a prompt is computed in one step, or waits
     scheduling_policy: str = "fcfs"  # or "priority": requests' priority orders the queue
     # "auto": the model's generation_config.json sets the defaults of what requests leave out
     # (vLLM's default); "vllm": it does not; or a folder holding the generation_config.json to use
@@ -123,7 +124,7 @@ class EngineConfig:
         if not 0 < self.gpu_memory_utilization <= 1:
             raise InferlabError(
                 f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
-        CacheConfig(block_size=self.block_size)  # checks the block size before any model loads
+        check_block_size(self.block_size)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise InferlabError(f"max_model_len must be at least 1, got {self.max_model_len}")
         if self.num_threads is not None:

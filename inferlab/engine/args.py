@@ -55,6 +55,11 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                             "(default: the model's)")
     group.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_prefix_caching)
+    group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
+                       default=_DEFAULTS.enable_chunked_prefill,
+                       help="split long prompts across steps, beside the running decodes; off, a "
+                            "prompt is computed in one step, so --max-num-batched-tokens must "
+                            "hold --max-model-len (default: on)")
     group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                        default=_DEFAULTS.scheduling_policy,
                        help="fcfs: first come first served; priority: by each request's "
@@ -107,6 +112,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         block_size=args.block_size,
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
+        enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, generation_config=args.generation_config,
         num_threads=args.num_threads, seed=args.seed, speculative_config=args.speculative_config,
     )

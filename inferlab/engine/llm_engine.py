@@ -85,6 +85,7 @@ class LLMEngine:
         self.scheduler = Scheduler(
             SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                             max_num_batched_tokens=config.max_num_batched_tokens,
+                            enable_chunked_prefill=config.enable_chunked_prefill,
                             policy=config.scheduling_policy),
             cache_config)
         graphs = self.device.type == "cuda" and not config.enforce_eager

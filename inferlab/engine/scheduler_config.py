@@ -35,4 +35,5 @@ class SchedulerConfig:
         if not self.enable_chunked_prefill and self.max_num_batched_tokens < self.max_model_len:
             raise InferlabError(
                 f"without chunked prefill max_num_batched_tokens ({self.max_num_batched_tokens})"
-                f" must be at least max_model_len ({self.max_model_len})")
+                f" must be at least max_model_len ({self.max_model_len}): raise the one or "
+                f"lower the other")

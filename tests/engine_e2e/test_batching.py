@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import argparse
 import random
 
 import pytest
 
+from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
@@ -54,6 +56,31 @@ def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     assert partial_prefills  # some prompt's first chunk stopped short of its end
     assert stats.num_free_blocks == small.num_kv_blocks
     assert_as_unconstrained(roomy, prompts, params, together)
+
+
+def test_without_chunked_prefill_each_prompt_is_computed_in_one_step(make_llm, wiki_text):
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    assert not engine_config_from_args(parser.parse_args(["--no-enable-chunked-prefill"])).enable_chunked_prefill
+    with pytest.raises(InferlabError, match=r"without chunked prefill max_num_batched_tokens \(2048\) "
+                                            r"must be at least max_model_len \(5824\)"):
+        make_llm(enable_chunked_prefill=False, kv_cache_memory="256MiB")  # 5,824 fp32 tokens
+    # a step takes at most two of the 40-100-token prompts; 24 blocks hold them all only in turns
+    whole = make_llm(enable_chunked_prefill=False, max_model_len=200, max_num_batched_tokens=200,
+                     kv_cache_memory=24 * 16 * 46080)
+    prompts = _prompts(whole, wiki_text, 12, 40, 100)
+    params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
+    schedule, cut = whole.engine.scheduler.schedule, []
+
+    def watched_schedule():
+        out = schedule()
+        cut.extend(c for c in out.chunks if not c.samples)  # a prompt computed only in part
+        return out
+
+    whole.engine.scheduler.schedule = watched_schedule
+    outputs = whole.generate(prompts, params)
+    assert not cut and whole.engine.scheduler.stats().num_preemptions_total > 0
+    assert_as_unconstrained(make_llm(kv_cache_memory="256MiB"), prompts, params, outputs)
 
 
 def test_prefix_cache_on_and_off_agree(make_llm, wiki_text):
