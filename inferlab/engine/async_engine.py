@@ -70,13 +70,16 @@ class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
-        self.model_config = engine.model_config
+        self.model_path = engine.loaded.path
+        # they read the tokenizer and the limits only: callable from any thread
+        self.tokenize_prompt = engine.tokenize_prompt
+        self.check_text_fits = engine.check_text_fits
         self.max_model_len = engine.max_model_len
         self.max_num_seqs = engine.config.max_num_seqs  # the most sequences a step runs
         self.sampling_defaults = engine.generation.sampling  # the model's, for what requests leave out
         self._ops: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._drain_deadline = math.inf  # monotonic time the shutdown under way waits until
-        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, Callable[[Any], None]]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, _Sink]] = {}
         self._wake = threading.Event()
         self._closing = threading.Event()  # shutdown's abort phase: adds are refused from then on
         self._stop = threading.Event()
@@ -148,7 +151,8 @@ class AsyncEngine:
     async def submit(self, prompt: str | Sequence[int], params: SamplingParams, request_id: str,
                      sink: _Sink, priority: int = 0) -> None:
         """Add a request whose outputs are handed to `sink` on this event loop, without a task
-        or queue of its own between (the server's path: one hop less a token); the last output
+        or queue of its own between (one hop less a token; the server's submit_all is the same
+        for n prompts); the last output
         is finished, and an engine failure arrives as an exception. Raises what add_request
         raises; the caller aborts the request if it stops reading early."""
         await self.submit_all([(request_id, prompt, sink)], params, priority)
@@ -262,7 +266,7 @@ class AsyncEngine:
             self._streams[request_id] = (loop, sink)
         return prompt_ids
 
-    def _abort(self, request_id: str, sink: Callable[[Any], None] | None = None) -> None:
+    def _abort(self, request_id: str, sink: _Sink | None = None) -> None:
         """With `sink`, only if the request streams to it: a generate() cancelled before its add
         came back (one refused for a request id in use) must not abort the id's holder."""
         stream = self._streams.get(request_id)
@@ -323,7 +327,7 @@ class AsyncEngine:
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         """One call_soon_threadsafe per event loop a step, not one per request: each is a
         write to the loop's wake-up socket (64 of them a step at 64 streams)."""
-        batches: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[Any], None], RequestOutput]]] = {}
+        batches: dict[asyncio.AbstractEventLoop, list[tuple[_Sink, RequestOutput]]] = {}
         for out in outputs:
             stream = self._streams.get(out.request_id)
             if stream is None:
@@ -337,7 +341,7 @@ class AsyncEngine:
                     if not out.finished:
                         self._abort(out.request_id)
 
-    def _hand_out(self, batch: list[tuple[Callable[[Any], None], RequestOutput]]) -> None:
+    def _hand_out(self, batch: list[tuple[_Sink, RequestOutput]]) -> None:
         """On the requests' event loop. A sink that raises (a consumer's bug) costs only its own
         request, which is aborted; the others in the batch still get their outputs."""
         for sink, out in batch:

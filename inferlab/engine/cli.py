@@ -10,6 +10,7 @@ import sys
 from typing import TYPE_CHECKING
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
+from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, ModelLoadError
 
@@ -79,13 +80,13 @@ def _sampling(args: argparse.Namespace, engine: LLMEngine | None = None) -> Samp
                           **{"temperature": 0.0, **model, **given})
 
 
-def _engine(args: argparse.Namespace):
+def _engine(args: argparse.Namespace) -> LLMEngine:
     from inferlab.engine.llm_engine import LLMEngine
 
     return LLMEngine(engine_config_from_args(args))
 
 
-def _stream(engine, prompt_ids: list[int], params: SamplingParams) -> str:
+def _stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams) -> str:
     if params.max_tokens is None:  # not asked: the model's default, within what the context leaves
         room = engine.max_model_len - len(prompt_ids)
         wanted = engine.generation.sampling.get("max_tokens", DEFAULT_MAX_TOKENS)
@@ -141,8 +142,8 @@ def run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": user})
         try:  # the template may refuse the turn too (roles out of order, raise_exception)
-            prompt = engine.tokenizer.apply_chat_template(messages, add_generation_prompt=True,
-                                                          template=template)
+            prompt = chat_prompt_text(engine.tokenizer, messages, template=template,
+                                      check_fits=engine.check_text_fits)
             reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
         except ModelLoadError:  # no chat template: every turn would fail, so the session ends
             raise

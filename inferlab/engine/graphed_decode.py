@@ -8,13 +8,12 @@ and padding run eagerly (what the CPU tests check); the engine uses this path on
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Sequence
 
 import torch
 
-from inferlab.engine.outputs import ScheduledChunk, attention_rows
-from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
+from inferlab.engine.outputs import ScheduledChunk, flat_batch
+from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cuda_graphs import CudaGraphConfig, DecodeGraphs, padded_batch_size
 from inferlab.models.llama import KVCache, LlamaForCausalLM
 
@@ -85,11 +84,7 @@ class GraphedDecode:
     def run(self, chunks: list[ScheduledChunk], device: torch.device) -> torch.Tensor:
         """One decode step -> final hidden states [R, hidden] of the chunks' new tokens and
         drafts, a row each."""
-        ones, seq_lens, tables = attention_rows(chunks)
-        meta = AttentionMetadata.build(ones, seq_lens, tables, self.block_size)  # host tensors,
-        host = {  # copied into the buffers
-            "ids": torch.tensor(list(itertools.chain.from_iterable(c.input_token_ids for c in chunks))),
-            "positions": token_positions(ones, seq_lens)[1], "slots": meta.slot_mapping,
-            "seq_lens": meta.seq_lens, "tables": meta.block_tables,
-        }
+        input_ids, positions, meta = flat_batch(chunks, self.block_size)  # host tensors,
+        host = {"ids": input_ids, "positions": positions, "slots": meta.slot_mapping,  # copied into
+                "seq_lens": meta.seq_lens, "tables": meta.block_tables}  # the buffers
         return self.graphs.run({name: t.to(device, non_blocking=True) for name, t in host.items()})

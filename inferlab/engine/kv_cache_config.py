@@ -5,38 +5,33 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
+from inferlab.engine.block_manager import cdiv
 from inferlab.errors import InferlabError
 from inferlab.planner.memory import num_kv_blocks
+from inferlab.planner.units import format_bytes
 
 logger = logging.getLogger("inferlab.engine")
 
 
+def check_block_size(block_size: int) -> None:
+    """Block sizes the kernels take: a power of two (checked before any model loads)."""
+    if block_size < 1 or block_size & (block_size - 1):
+        raise InferlabError(f"block_size must be a power of two, got {block_size}")
+
+
 @dataclass(frozen=True)
 class CacheConfig:
-    """The KV block pool the block manager hands out.
+    """The KV block pool the block manager hands out, sized by the engine (KVPool)."""
 
-    `num_blocks=None` means "size the pool from free memory": the engine computes the
-    count with `inferlab.planner.memory.num_kv_blocks` and builds a resolved copy with
-    `dataclasses.replace(config, num_blocks=n)`; the block manager needs a resolved one.
-    """
-
+    num_blocks: int  # KV blocks in the pool
     block_size: int = 16  # tokens per KV block
-    num_blocks: int | None = None  # KV blocks in the pool; None until the engine sizes it
     enable_prefix_caching: bool = True  # reuse full blocks of earlier requests by chained hash
 
     def __post_init__(self) -> None:
-        if self.block_size < 1 or self.block_size & (self.block_size - 1):
-            raise InferlabError(f"block_size must be a power of two, got {self.block_size}")
-        if self.num_blocks is not None and self.num_blocks < 1:
+        check_block_size(self.block_size)
+        if self.num_blocks < 1:
             raise InferlabError(
                 f"the KV cache needs at least one block, got num_blocks={self.num_blocks}")
-
-
-def _format_bytes(n: float) -> str:
-    # imported here: planner.units reads sizes through inferlab.config, which imports this module
-    from inferlab.planner.units import format_bytes
-
-    return format_bytes(n)
 
 
 @dataclass(frozen=True)
@@ -61,9 +56,9 @@ class KVPool:
             fix = ("give --kv-cache-memory at least that" if asked_bytes is not None else
                    "use a smaller --block-size, or give --kv-cache-memory at least that (on a "
                    "GPU, a higher --gpu-memory-utilization also makes the cache larger)")
-            raise InferlabError(f"a KV cache of {_format_bytes(budget_bytes)} holds no block: one "
+            raise InferlabError(f"a KV cache of {format_bytes(budget_bytes)} holds no block: one "
                                 f"block of {block_size} tokens takes {block_bytes:,} bytes "
-                                f"({_format_bytes(block_bytes)}); {fix}")
+                                f"({format_bytes(block_bytes)}); {fix}")
         return cls(num_blocks, block_size, bytes_per_token)
 
     @property
@@ -77,7 +72,7 @@ class KVPool:
         (/v1/models) and the default max_tokens fit."""
         if context <= self.num_tokens:
             return context
-        size = _format_bytes(self.num_tokens * self.bytes_per_token)
+        size = format_bytes(self.num_tokens * self.bytes_per_token)
         if asked is not None:
             raise InferlabError(
                 f"max_model_len {context} does not fit in the KV cache: {size} holds "
@@ -89,8 +84,8 @@ class KVPool:
     def describe(self, max_model_len: int) -> str:
         """Its size, and how many requests of the whole context it holds at once (vLLM's
         "maximum concurrency": the blocks over the blocks one such request takes)."""
-        at_once = self.num_blocks / -(-max_model_len // self.block_size)
-        size = _format_bytes(self.num_tokens * self.bytes_per_token)
+        at_once = self.num_blocks / cdiv(max_model_len, self.block_size)
+        size = format_bytes(self.num_tokens * self.bytes_per_token)
         return (f"KV cache: {self.num_blocks:,} blocks of {self.block_size} tokens "
                 f"({self.num_tokens:,} tokens, {size}): {at_once:.1f} requests of "
                 f"{max_model_len:,} tokens at once")

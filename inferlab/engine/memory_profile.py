@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.engine.block_manager import cdiv
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
@@ -50,7 +51,7 @@ def run_profile_step(model: LlamaForCausalLM, query_lens: list[int], block_size:
     cfg = model.config
     tables, first = [], 0
     for n in query_lens:
-        blocks = -(-n // block_size)
+        blocks = cdiv(n, block_size)
         tables.append(list(range(first, first + blocks)))
         first += blocks
     shape = (first, block_size, cfg.num_kv_heads, cfg.head_dim)

@@ -8,18 +8,19 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.engine.block_manager import cdiv
 from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
 from inferlab.engine.outputs import (
     ModelRunnerOutput,
+    ScheduledChunk,
     SchedulerOutput,
     TokenLogprobs,
-    attention_rows,
+    flat_batch,
 )
 from inferlab.engine.request import Guide, Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
 from inferlab.engine.spec_decode import accepted_tokens
 from inferlab.errors import GuidedDecodingError
-from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
 from inferlab.kernels.host_memory import commit_pages, zeroed
 from inferlab.models.llama import KVCache, LlamaForCausalLM
 
@@ -37,6 +38,13 @@ class RunnerConfig:
     # max_model_len sets the graphs' block-table width.
     max_graph_batch_size: int = 0
     max_model_len: int = 0
+
+    def __post_init__(self) -> None:
+        if self.num_blocks < 1 or self.block_size < 1:
+            raise ValueError(f"a KV cache of {self.num_blocks} blocks of {self.block_size} tokens")
+        if self.max_graph_batch_size < 0 or (self.max_graph_batch_size and self.max_model_len < 1):
+            raise ValueError(f"CUDA graphs of up to {self.max_graph_batch_size} sequences need a "
+                             f"max_model_len for their block tables, got {self.max_model_len}")
 
 
 class ModelRunner:
@@ -58,7 +66,7 @@ class ModelRunner:
         if config.max_graph_batch_size:
             self.graphed = GraphedDecode(model, self.kv_caches, config.block_size,
                                          config.max_graph_batch_size,
-                                         -(-config.max_model_len // config.block_size), config.device)
+                                         cdiv(config.max_model_len, config.block_size), config.device)
             self.graphed.capture()
 
     @torch.inference_mode()
@@ -70,21 +78,16 @@ class ModelRunner:
                 and self.graphed.covers(sum(c.num_new_tokens for c in chunks))):
             # every row samples: each chunk's new token, then its drafts
             return self._sample(chunks, list(range(len(chunks))), self.graphed.run(chunks, self.config.device))
-        # list slices joined in C, not per token
-        input_ids = list(itertools.chain.from_iterable(c.input_token_ids for c in chunks))
         device = self.config.device
-        query_lens, seq_lens, tables = attention_rows(chunks)
-        meta = AttentionMetadata.build(query_lens, seq_lens, tables, self.config.block_size, device)
-        _, positions = token_positions(query_lens, seq_lens)
-        hidden = self.model(torch.tensor(input_ids, device=device), positions.to(device),
-                            self.kv_caches, meta)  # [N, hidden]
+        input_ids, positions, meta = flat_batch(chunks, self.config.block_size, device)
+        hidden = self.model(input_ids.to(device), positions.to(device), self.kv_caches, meta)  # [N, hidden]
         ends = list(itertools.accumulate(c.num_new_tokens for c in chunks))  # each chunk's rows end
         sampling = [i for i, c in enumerate(chunks) if c.samples]
         output = self._sample(chunks, sampling, _sampled_rows(hidden, chunks, ends, sampling))
         self._prompt_logprobs(chunks, hidden, ends, output)
         return output
 
-    def _sample(self, chunks, sampling: list[int], hidden: torch.Tensor) -> ModelRunnerOutput:
+    def _sample(self, chunks: list[ScheduledChunk], sampling: list[int], hidden: torch.Tensor) -> ModelRunnerOutput:
         """hidden [S, hidden]: the rows of chunks[sampling] that sample, each chunk's newest token
         and its drafts -> the tokens each chunk outputs."""
         output = ModelRunnerOutput(sampled_token_ids={})
@@ -109,7 +112,7 @@ class ModelRunner:
             row += len(drafts) + 1
         return output
 
-    def _sampling_batch(self, chunks, failed: dict[str, str],
+    def _sampling_batch(self, chunks: list[ScheduledChunk], failed: dict[str, str],
                         dead_ends: dict[str, int]) -> SamplingBatch:
         """One row per sampled position: a chunk's newest token, then each of its drafts, which
         sees the output as if the drafts before it were kept. A request whose guide fails is
@@ -130,7 +133,7 @@ class ModelRunner:
                                _guide_allows(guide, request, drafts, failed, dead_ends))
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
 
-    def _prompt_logprobs(self, chunks, hidden: torch.Tensor, ends: list[int],
+    def _prompt_logprobs(self, chunks: list[ScheduledChunk], hidden: torch.Tensor, ends: list[int],
                          output: ModelRunnerOutput) -> None:
         """Logprob of each prompt token given the ones before it, for requests that ask."""
         if all(c.request.sampling_params.prompt_logprobs is None for c in chunks):
@@ -153,7 +156,7 @@ class ModelRunner:
             output.prompt_logprobs[request.request_id] = (0 if first == 0 else first + 1, entries)
 
 
-def _sampled_rows(hidden: torch.Tensor, chunks, ends: list[int], sampling: list[int]) -> torch.Tensor:
+def _sampled_rows(hidden: torch.Tensor, chunks: list[ScheduledChunk], ends: list[int], sampling: list[int]) -> torch.Tensor:
     """hidden [N, hidden] -> the rows of chunks[sampling] that sample: each one's newest token
     and drafts, its last 1 + len(drafts) rows [S, hidden]; ends: where each chunk's rows end."""
     if len(sampling) == len(hidden):  # one token a chunk, all sampling: the rows as they are

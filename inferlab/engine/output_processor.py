@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
 from inferlab.engine.detokenizer import IncrementalDetokenizer
@@ -265,11 +265,11 @@ def _metrics(children: list[_Completion]) -> RequestMetrics:
     requests = [c.request for c in children]
     first = requests[0]
 
-    def earliest(values):
+    def earliest(values: Iterable[float | None]) -> float | None:
         values = [v for v in values if v is not None]
         return min(values) if values else None
 
-    def latest(values):
+    def latest(values: Iterable[float | None]) -> float | None:
         values = [v for v in values if v is not None]
         return max(values) if values else None
 

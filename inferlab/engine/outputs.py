@@ -7,10 +7,14 @@ finished steps into RequestOutputs for the caller.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 
+import torch
+
 from inferlab.engine.request import Request
+from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
 
 
 @dataclass
@@ -60,6 +64,17 @@ def attention_rows(chunks: list[ScheduledChunk]) -> tuple[list[int], list[int], 
             seq_lens.append(end)
             tables.append(c.request.block_ids)
     return query_lens, seq_lens, tables
+
+
+def flat_batch(chunks: list[ScheduledChunk], block_size: int, device: torch.device | str = "cpu",
+               ) -> tuple[torch.Tensor, torch.Tensor, AttentionMetadata]:
+    """The step as the forward pass takes it: input ids [N] and positions [N] (int64, on the
+    host) and the attention metadata (on `device`), a row per new token or draft."""
+    query_lens, seq_lens, tables = attention_rows(chunks)
+    meta = AttentionMetadata.build(query_lens, seq_lens, tables, block_size, device)
+    # list slices joined in C, not per token
+    input_ids = torch.tensor(list(itertools.chain.from_iterable(c.input_token_ids for c in chunks)))
+    return input_ids, token_positions(query_lens, seq_lens)[1], meta
 
 
 @dataclass
@@ -207,7 +222,7 @@ class RequestMetrics:
         return _span(self.first_scheduled_time, self.last_token_time)
 
     @property
-    def mean_itl_s(self) -> float | None:
+    def mean_tpot_s(self) -> float | None:
         """Decode time over the tokens after the first (vLLM's time per output token): of the
         longest completion, as the n completions of a request decode side by side."""
         decode = self.decode_time_s

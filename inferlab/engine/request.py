@@ -70,7 +70,7 @@ class Request:
     prompt_group: str | None = None
     # sampling_params.bad_words as token ids (bad_words.bad_words_token_ids)
     bad_words_token_ids: list[list[int]] = field(default_factory=list)
-    # guided decoding (guided_choice, json_object): allowed_now(output ids, drafts) -> what may come next
+    # guided decoding (a ChoiceGuide or a GrammarGuide): allowed_now(output ids, drafts) -> what may come next
     guide: Guide | None = None
 
     output_token_ids: list[int] = field(default_factory=list)

@@ -43,9 +43,6 @@ class SchedulerStats:
 
 class Scheduler:
     def __init__(self, scheduler_config: SchedulerConfig, cache_config: CacheConfig) -> None:
-        if cache_config.num_blocks is None:
-            raise ValueError("cache_config.num_blocks must be resolved before building a "
-                             "Scheduler (see CacheConfig)")
         self.config = scheduler_config
         self.cache_config = cache_config
         self.block_manager = BlockManager(cache_config.num_blocks, cache_config.block_size,

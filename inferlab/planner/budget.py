@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from inferlab.config import EngineConfig
 from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS
-from inferlab.engine.kv_cache_config import CacheConfig
+from inferlab.engine.kv_cache_config import check_block_size
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
@@ -48,7 +48,7 @@ class MemoryConfig:
                 f"--gpu-memory-utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.kv_dtype not in KV_DTYPES:
             raise InferlabError(unknown_name_message("KV dtype", self.kv_dtype, KV_DTYPES))
-        CacheConfig(block_size=self.block_size)  # a power of two, as the engine takes
+        check_block_size(self.block_size)  # as the engine takes it
         if self.tensor_parallel < 1:
             raise InferlabError(f"tensor_parallel must be at least 1, got {self.tensor_parallel}")
         # the step limits as the engine checks them (chunked prefill on: max_model_len is moot)

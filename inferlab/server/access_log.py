@@ -65,7 +65,7 @@ def _log(scope: Scope, state: dict, status: int, started: float) -> None:
     fields = [f"id={state['request_id']}", f"{scope['method']} {scope['path']}", f"status={status}"]
     if gen is not None:
         fields += [f"prompt_tokens={gen.prompt_tokens}", f"output_tokens={gen.output_tokens}"]
-        if gen.first_output_at is not None:
-            fields.append(f"ttft_ms={(gen.first_output_at - started) * 1e3:.1f}")
+        if gen.first_token_time is not None:
+            fields.append(f"ttft_ms={(gen.first_token_time - started) * 1e3:.1f}")
     fields.append(f"total_ms={(time.monotonic() - started) * 1e3:.1f}")
     logger.info(" ".join(fields))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hmac
 import importlib.metadata
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import Depends, FastAPI, Request
@@ -79,7 +79,7 @@ def _add_api_routes(app: FastAPI, ctx: ServerContext, keyed: list) -> None:
         return await create_chat_completion(request, ctx)
 
     def model_card(name: str) -> ModelCard:  # root: the weights loaded, as vLLM's is its path
-        return ModelCard(id=name, created=ctx.created, root=ctx.engine.engine.loaded.path,
+        return ModelCard(id=name, created=ctx.created, root=ctx.engine.model_path,
                          max_model_len=ctx.engine.max_model_len)
 
     @_get(app, "/v1/models", dependencies=keyed)
@@ -120,7 +120,7 @@ def _add_service_routes(app: FastAPI, ctx: ServerContext) -> None:
         return {"version": importlib.metadata.version("inferlab")}
 
 
-def _key_checker(api_key: str | None):
+def _key_checker(api_key: str | None) -> Callable[[Request], Awaitable[None]]:
     expected = api_key.encode() if api_key is not None else None
 
     async def check(request: Request) -> None:

@@ -29,6 +29,7 @@ from inferlab.server.protocol import (
     ChatCompletionRequest,
     ChatLogprobs,
     ChatMessage,
+    usage_asked,
 )
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.reply import ReplyReader
@@ -44,7 +45,7 @@ async def create_chat_completion(request: Request, ctx: ServerContext) -> Respon
     # in a worker thread, as completions do: the tools' and the guide's schemas compile there
     tools, params, beam = await asyncio.to_thread(_sampling, req, ctx)
     # in a worker thread: encoding lets go of the GIL, so the loop goes on streaming meanwhile
-    fits = None if req.truncate_prompt_tokens is not None else ctx.engine.engine.check_text_fits
+    fits = None if req.truncate_prompt_tokens is not None else ctx.engine.check_text_fits
     prompt_ids = await asyncio.to_thread(
         chat_prompt_ids, ctx.engine.tokenizer, req.messages, req.add_generation_prompt,
         req.continue_final_message, req.add_special_tokens, ctx.settings.chat_template,
@@ -152,9 +153,8 @@ class _Formatter:
                               prompt_token_ids=asked_ids(self.req, final.prompt_token_ids))
 
     async def stream(self) -> AsyncIterator[bytes]:
-        options = self.req.stream_options
-        # vLLM's: each chunk counts its own choice's tokens so far, and only with include_usage
-        continuous = options is not None and options.include_usage and options.continuous_usage_stats
+        # continuous: each chunk counts its own choice's tokens so far (vLLM's)
+        final_usage, continuous = usage_asked(self.req.stream_options)
         for i in range(self.gen.params.n):
             yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
                               0 if continuous else None,
@@ -180,7 +180,7 @@ class _Formatter:
                     yield self._chunk(ChatChunkChoice(
                         index=c.index, delta={}, finish_reason=reply.finish_reason(c.finish_reason),
                         stop_reason=c.stop_reason), so_far)
-        if options is not None and options.include_usage:
+        if final_usage:
             yield event(ChatCompletionChunk(id=self.id, created=self.created,
                                             model=self.model, choices=[],
                                             usage=self.gen.usage()))

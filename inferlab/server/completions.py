@@ -22,6 +22,7 @@ from inferlab.server.protocol import (
     CompletionRequest,
     PromptLogprob,
     Usage,
+    usage_asked,
 )
 from inferlab.server.respond import asked_ids, read_request, respond
 from inferlab.server.sampling import beam_search_params, completion_params, echo_only
@@ -33,7 +34,7 @@ async def create_completion(request: Request, ctx: ServerContext) -> Response:
     prompts = _prompts(req.prompt)
     if not req.add_special_tokens:  # text prompts encoded here, without the tokenizer's BOS
         truncating = req.truncate_prompt_tokens is not None
-        prompts = [(await asyncio.to_thread(ctx.engine.engine.tokenize_prompt, p, truncating, False))[1]
+        prompts = [(await asyncio.to_thread(ctx.engine.tokenize_prompt, p, truncating, False))[1]
                    if isinstance(p, str) else p for p in prompts]
     # in a worker thread: a guide's schema or grammar compiles in Python for up to seconds, and
     # on the event loop it held every other client (and /health) that long
@@ -79,9 +80,8 @@ class _Formatter:
                           choices=choices, usage=self.gen.usage(not self.echo_only))
 
     async def stream(self) -> AsyncIterator[bytes]:
-        options = self.req.stream_options
-        # vLLM's: each chunk counts its prompt and its own choice's tokens, only with include_usage
-        continuous = options is not None and options.include_usage and options.continuous_usage_stats
+        # continuous: each chunk counts its prompt and its own choice's tokens (vLLM's)
+        final_usage, continuous = usage_asked(self.req.stream_options)
         finished: set[tuple[int, int]] = set()
         async for p, out in self.gen.outputs():
             for c in out.outputs:
@@ -93,7 +93,7 @@ class _Formatter:
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
                 yield event(Completion(id=self.id, created=self.created, model=self.model,
                                        choices=[choice], usage=self._choice_usage(out, c) if continuous else None))
-        if options is not None and options.include_usage:
+        if final_usage:
             yield event(Completion(id=self.id, created=self.created, model=self.model,
                                    choices=[], usage=self.gen.usage(not self.echo_only)))
 

@@ -57,7 +57,7 @@ class Generation:
         self._prompt_lengths = [0] * len(self.prompts)
         self._finished: set[int] = set()
         self._closed = False
-        self.first_output_at: float | None = None  # time.monotonic() of the first token: the access log
+        self.first_token_time: float | None = None  # monotonic time of the first token: the access log
         self.cut_short = False  # closed before it finished: the client went away
         self.failed = False  # a prompt failed after its first output (an error event ends a stream)
 
@@ -151,8 +151,8 @@ class Generation:
 
     def _note_first_token(self, out: RequestOutput) -> None:
         """The access log's TTFT: when a token first came (an abort before one brings none)."""
-        if self.first_output_at is None and any(c.token_ids for c in out.outputs):
-            self.first_output_at = time.monotonic()
+        if self.first_token_time is None and any(c.token_ids for c in out.outputs):
+            self.first_token_time = time.monotonic()
 
     def _arrive(self, index: int, item: RequestOutput | BaseException) -> None:
         self._queue.put_nowait((index, item))

@@ -87,7 +87,7 @@ class ServerMetrics:
     def observe_completion(self, m: RequestMetrics, num_prompt_tokens: int,
                            num_output_tokens: int) -> None:
         """A completion that ran to its end: vLLM's finished (child) request."""
-        tpot = m.mean_itl_s
+        tpot = m.mean_tpot_s
         if tpot is None and m.decode_time_s is not None:
             tpot = 0.0  # one token, no time after it to share out: vLLM observes 0
         for hist, value in ((self.e2e_s, m.e2e_latency_s), (self.queue_s, m.queue_time_s),

@@ -36,6 +36,12 @@ class StreamOptions(_Request):
     continuous_usage_stats: bool | None = False
 
 
+def usage_asked(options: StreamOptions | None) -> tuple[bool, bool]:
+    """(a last chunk with the usage, the usage so far in every chunk), as vLLM reads them."""
+    final = options is not None and bool(options.include_usage)
+    return final, final and bool(options.continuous_usage_stats)
+
+
 class SamplingFields(_Request):
     """What completions and chat share; None means the default."""
 

@@ -110,7 +110,7 @@ async def serve(engine: AsyncEngine, settings: ServerSettings) -> None:
 
 
 class ServerThread:
-    """The app on an ephemeral local port, in a background thread (tests, benchmarks)."""
+    """The app on an ephemeral local port, in a background thread (tests)."""
 
     def __init__(self, app: FastAPI, host: str = "127.0.0.1") -> None:
         self.sock = bind(host, 0)

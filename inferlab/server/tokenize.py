@@ -40,7 +40,7 @@ async def detokenize(request: Request, ctx: ServerContext) -> dict:
     req = parse_body(DetokenizeRequest, await ctx.read_body(request))
     ctx.check_model(req.model)
     try:
-        ctx.engine.engine.tokenize_prompt(req.tokens)  # checks every id is in the vocabulary
+        ctx.engine.tokenize_prompt(req.tokens)  # checks every id is in the vocabulary
     except InferlabError as e:
         raise bad_request(str(e), "tokens") from None
     # vLLM's create_detokenize calls tokenizer.decode(ids), which keeps special tokens

@@ -19,6 +19,10 @@ HI = [{"role": "user", "content": "hi"}]
 NO_DEFAULTS = SimpleNamespace(sampling={})  # an engine's generation defaults: the model sets none
 
 
+def _fits(chars: int) -> None:
+    """An engine's check_text_fits whose context holds any conversation."""
+
+
 def _tokenizer(template: str = "") -> TextTokenizer:
     return TextTokenizer(make_tokenizer(), TokenizerInfo(bos_token="<bos>", eos_token="</s>",
                                                          chat_template=template or None))
@@ -76,7 +80,7 @@ def test_chat_repl_reports_a_turn_its_template_refuses_and_goes_on(capsys, monke
         prompts.append(prompt_ids)
         return "w9"
 
-    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=tokenizer, generation=NO_DEFAULTS))
+    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=tokenizer, generation=NO_DEFAULTS, check_text_fits=_fits))
     monkeypatch.setattr(cli, "_stream", reply)
     monkeypatch.setattr("sys.stdin", io.StringIO("w2\nw5\nw3\n/exit\n"))
     assert main(["chat"]) == 2
@@ -87,7 +91,7 @@ def test_chat_repl_reports_a_turn_its_template_refuses_and_goes_on(capsys, monke
 
 def test_chat_repl_without_a_chat_template_ends_at_once(capsys, monkeypatch):
     """No turn can work without a template: one error line, not one for each turn typed."""
-    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=_tokenizer(), generation=NO_DEFAULTS))
+    monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=_tokenizer(), generation=NO_DEFAULTS, check_text_fits=_fits))
     monkeypatch.setattr("sys.stdin", io.StringIO("w2\nw3\n/exit\n"))
     assert main(["chat"]) == 2
     err = capsys.readouterr().err

@@ -56,7 +56,7 @@ def test_timestamps_in_order(make_llm):
     m = out.metrics
     assert m.arrival_time <= m.first_scheduled_time <= m.first_token_time <= m.last_token_time
     assert m.last_token_time <= m.finished_time
-    assert m.num_generation_tokens == 5 and m.mean_itl_s > 0
+    assert m.num_generation_tokens == 5 and m.mean_tpot_s > 0
 
 
 def test_time_per_output_token_of_n_completions_is_per_completion(make_llm):
@@ -66,7 +66,7 @@ def test_time_per_output_token_of_n_completions_is_per_completion(make_llm):
     # three completions decoding 0.4 s side by side: 0.1 s a token each, not 0.4 / 14
     side_by_side = RequestMetrics(arrival_time=0.0, first_token_time=1.0, last_token_time=1.4,
                                   num_generation_tokens=15, longest_completion_tokens=5)
-    assert side_by_side.mean_itl_s == pytest.approx(0.1)
+    assert side_by_side.mean_tpot_s == pytest.approx(0.1)
 
 
 def test_requests_that_can_never_fit_are_rejected(make_llm):
