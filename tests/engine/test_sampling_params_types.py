@@ -1,5 +1,6 @@
-"""Fields of the wrong type are refused by name; token ids and biases given as numpy numbers
-are taken as the numbers they are (they were refused as out of range); a bool is not a bias."""
+"""Fields of the wrong type are refused by name (a bare number for a list field too); token ids
+and biases given as numpy numbers are taken as the numbers they are (they were refused as out of
+range); a bool is not a bias; vLLM's seed=-1 is no seed."""
 
 from __future__ import annotations
 
@@ -66,3 +67,23 @@ def test_numpy_values_pass_as_python_ones():
     refused (found by a reviewer)."""
     params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.5), ignore_eos=np.True_)
     assert params.ignore_eos and params.max_tokens == 3
+
+
+@pytest.mark.parametrize("name", ["stop", "stop_token_ids", "bad_words", "allowed_token_ids",
+                                  "guided_choice"])
+def test_a_number_for_a_list_field_is_refused_naming_the_field(name):
+    """list(5) once raised a bare TypeError ('int' object is not iterable) before the checks."""
+    with pytest.raises(InvalidParameterError, match=f"^{name} must be a list, got 5$"):
+        SamplingParams(**{name: 5})
+
+
+def test_lists_given_as_one_string_or_any_iterable_are_still_taken():
+    params = SamplingParams(stop="END", stop_token_ids=(7, 8), bad_words="bad")
+    assert (params.stop, params.stop_token_ids, params.bad_words) == (["END"], [7, 8], ["bad"])
+
+
+def test_seed_minus_one_is_no_seed_as_in_vllm():
+    """vLLM's SamplingParams.__post_init__: `if self.seed == -1: self.seed = None`."""
+    assert SamplingParams(seed=-1).seed is None
+    assert SamplingParams(seed=-1, n=3).seed is None
+    assert SamplingParams(seed=-2).seed == -2  # any other seed is a seed

@@ -18,6 +18,7 @@ from inferlab.models.gguf import read_gguf_config
 from inferlab.models.loader import load_network, read_model_config
 
 from .tiny_gguf import write_tiny_gguf
+from .tiny_models import make_tiny_model
 
 
 def _copy(src, dst):
@@ -94,6 +95,34 @@ def test_a_checkpoint_tensor_is_named_as_stored(tiny_dir, tmp_path, extra, words
     save_file(tensors, d / "model.safetensors")
     with pytest.raises(ModelLoadError, match=words):
         load_network(str(d))
+
+
+MISSHAPEN = [  # (architecture, tensor, the shape written in its place)
+    ("llama", "model.layers.0.self_attn.q_proj.weight", (32, 64)),
+    ("llama", "model.layers.1.self_attn.k_proj.weight", (32, 48)),
+    ("llama", "model.layers.0.self_attn.v_proj.weight", (32,)),  # a rank short: was "disagree"
+    ("llama", "model.layers.0.mlp.up_proj.weight", (64, 64)),
+    ("llama", "model.layers.1.mlp.gate_proj.weight", (96, 32)),
+    ("qwen2", "model.layers.0.self_attn.k_proj.bias", (64,)),
+]
+
+
+@pytest.mark.parametrize(("arch", "name", "bad_shape"), MISSHAPEN)
+def test_a_misshapen_part_of_a_fused_layer_is_named_as_stored(tmp_path, arch, name, bad_shape):
+    """A misshapen q/k/v or gate/up tensor is named as the checkpoint holds it, with its own
+    shape and the one transformers' model has for it: the error once named the fused qkv_proj
+    or gate_up_proj, which no checkpoint holds, at the fused shape ("qkv_proj.weight has shape
+    (96, 64), the config implies (128, 64)" for a q_proj of 32 rows)."""
+    from safetensors.torch import load_file, save_file
+
+    reference = make_tiny_model(arch, tmp_path)  # transformers' model: the shapes it expects
+    tensors = load_file(tmp_path / "model.safetensors")
+    tensors[name] = torch.zeros(bad_shape)
+    save_file(tensors, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ModelLoadError) as failed:
+        load_network(str(tmp_path))
+    expected = tuple(reference.state_dict()[name].shape)
+    assert str(failed.value) == f"{tmp_path}: {name} has shape {bad_shape}, the config implies {expected}"
 
 
 def test_truncated_gguf(embedded_gguf, tmp_path):

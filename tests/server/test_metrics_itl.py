@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import httpx
 import pytest
 from server_helpers import MODEL_NAME
-from test_s52_metrics_per_completion import _IdleEngine
+from test_metrics_per_completion import _IdleEngine
 from test_server_spec_decode import PROMPT
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput

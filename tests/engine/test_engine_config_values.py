@@ -1,5 +1,6 @@
-"""Pure checks: vLLM's dtype names (ModelDType) for EngineConfig and --dtype, and InferlabError
-as a ValueError (vLLM raises ValueError for the same bad input)."""
+"""Pure checks of EngineConfig's values: vLLM's dtype names (ModelDType) for EngineConfig and
+--dtype, InferlabError as a ValueError (vLLM raises ValueError for the same bad input), a config
+refusal's own message, and step limits out of range named as set."""
 
 from __future__ import annotations
 

@@ -51,7 +51,7 @@ def test_a_null_chat_field_is_its_default(server, field):
 @pytest.mark.parametrize("field", ["include_usage"])
 def test_null_stream_options_fields(server, field):
     """vLLM's StreamOptions declares include_usage Optional: null leaves the usage chunk out
-    (a null continuous_usage_stats: test_s52b_stream_options.py)."""
+    (a null continuous_usage_stats: test_stream_options.py)."""
     body = {**COMPLETION, "stream": True, "stream_options": {field: None}}
     with httpx.stream("POST", f"{server.url}/v1/completions", json=body, headers=server.headers,
                       timeout=60) as r:
