@@ -18,15 +18,17 @@ import time
 import torch
 from workloads import positive_int
 
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.grammar import Grammar
-from inferlab.engine.guided_grammar import TokenFilter, TokenIndex, token_texts
-from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.grammar import Grammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import OBJECT_SCHEMA
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.token_filter import TokenFilter
+from inferlab.engine.guided.token_index import TokenIndex, token_texts
 from inferlab.engine.llm import LLM
-from inferlab.engine.regex_grammar import RegexGrammar
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.engine.structural_tag import StructuralTagGrammar
 
 SAMPLE = ('{"name": "Felix", "age": 10, "tags": ["cat", "black"], "owner": {"name": "Ann", '
           '"since": 2019.5, "indoor": true, "vet": null}}')

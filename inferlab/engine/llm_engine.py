@@ -20,8 +20,9 @@ from inferlab.engine.bad_words import bad_words_token_ids
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.engine_counters import EngineCounters
 from inferlab.engine.generation_defaults import GenerationDefaults
-from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
-from inferlab.engine.guided_grammar import GrammarFilters, token_index
+from inferlab.engine.guided.guided_choice import ChoiceGuide, choice_token_ids
+from inferlab.engine.guided.token_filter import GrammarFilters
+from inferlab.engine.guided.token_index import token_index
 from inferlab.engine.kv_cache_config import CacheConfig, KVPool
 from inferlab.engine.memory_profile import profile_device_memory, profile_query_lens
 from inferlab.engine.model_runner import ModelRunner, RunnerConfig

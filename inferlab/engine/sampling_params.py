@@ -12,11 +12,10 @@ from typing import Any
 
 import numpy as np
 
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.json_grammar import OBJECT_SCHEMA
-from inferlab.engine.json_schema import compile_schema
-from inferlab.engine.regex_grammar import RegexGrammar
-from inferlab.engine.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.json_schema import OBJECT_SCHEMA, compile_schema
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 from inferlab.errors import InvalidParameterError
 
 # the fields that guide decoding, one per request at most
@@ -94,28 +93,28 @@ class SamplingParams:
     bad_words: list[str] = field(default_factory=list)
     detokenize: bool = True
     skip_special_tokens: bool = True  # in the output text (<|im_end|> and the like)
-    # vLLM's guided_choice: the output is one of these strings, then EOS (guided_choice.py)
+    # vLLM's guided_choice: the output is one of these strings, then EOS (guided/guided_choice.py)
     guided_choice: list[str] | None = None
     # OpenAI's json_object response format: the output is one JSON object, then EOS
-    # (guided_grammar.py)
+    # (guided/json_grammar.py)
     json_object: bool = False
     # OpenAI's json_schema response format and vLLM's guided_json: the output is one JSON value
-    # the schema takes, then EOS (json_schema.py says which keywords are held to)
+    # the schema takes, then EOS (guided/json_schema.py says which keywords are held to)
     json_schema: dict[str, Any] | bool | None = None
     # vLLM's structured_outputs disable_any_whitespace: JSON guides take no whitespace between
     # tokens, so the output is compact JSON
     disable_any_whitespace: bool = False
     # (opener, closer) of a reasoning model's thinking: the guide holds the answer after it, as
-    # vLLM's structured outputs do with a reasoning parser (thinking_grammar.py); opener None:
-    # the reply starts inside the thinking (R1), else it may open with it or answer at once
+    # vLLM's structured outputs do with a reasoning parser (guided/thinking_grammar.py); opener
+    # None: the reply starts inside the thinking (R1), else it may open with it or answer at once
     guide_after_thinking: tuple[str | None, str] | None = None
-    # vLLM's guided_regex: the whole output matches the pattern, then EOS (regex_grammar.py)
+    # vLLM's guided_regex: the whole output matches the pattern, then EOS (guided/regex_grammar.py)
     guided_regex: str | None = None
     # vLLM's guided_grammar: the output is a whole `root` of this EBNF grammar (llama.cpp's GBNF
-    # notation), then EOS (ebnf_parse.py)
+    # notation), then EOS (guided/ebnf_parse.py)
     guided_grammar: str | None = None
     # vLLM's structural_tag: free text in which each structure's begin is followed by JSON its
-    # schema takes and its end, watched for the triggers (structural_tag.py)
+    # schema takes and its end, watched for the triggers (guided/structural_tag.py)
     structural_tag: dict[str, Any] | None = None
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts

@@ -1,4 +1,5 @@
-"""Tokens that hold part of a character's UTF-8 bytes, for guided decoding.
+"""Tokens that hold part of a character's UTF-8 bytes, read for guided decoding (guided/), the
+detokenizer and the server's logprobs.
 
 A byte-level vocabulary (GPT-2's BPE, SentencePiece's byte fallback) spells a character it has
 no token for in byte tokens: "\u05e2" is two tokens here, b"\\xd7" and b"\\xa2", neither of which
@@ -18,7 +19,10 @@ import re
 from inferlab.models.tokenizer import TextTokenizer
 
 _BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")  # SentencePiece's byte fallback
-_SURROGATES = (0xD800, 0xDFFF)
+# lone surrogates, half a UTF-16 pair: a str may hold one (JSON's "\ud800"), UTF-8 spells none,
+# so no token's text does
+SURROGATE_POINTS = range(0xD800, 0xE000)
+SURROGATES = re.compile(f"[{chr(SURROGATE_POINTS[0])}-{chr(SURROGATE_POINTS[-1])}]")
 
 
 @functools.cache
@@ -137,10 +141,10 @@ def completions(tail: bytes) -> tuple[str, str] | None:
     lo, hi = point << free_bits, (point << free_bits) | ((1 << free_bits) - 1)
     lo = max(lo, (0x80, 0x800, 0x10000)[length - 2])
     hi = min(hi, (0x7FF, 0xFFFF, 0x10FFFF)[length - 2])
-    if _SURROGATES[0] <= lo and hi <= _SURROGATES[1]:
+    if lo in SURROGATE_POINTS and hi in SURROGATE_POINTS:
         return None
-    if _SURROGATES[0] <= hi <= _SURROGATES[1]:
-        hi = _SURROGATES[0] - 1
+    if hi in SURROGATE_POINTS:
+        hi = SURROGATE_POINTS[0] - 1
     return chr(lo), chr(hi)
 
 
@@ -149,4 +153,4 @@ def chars_between(lo: str, hi: str) -> str:
     """Every character from lo to hi (the surrogates left out): a text a compiled pattern can
     search for one it takes, at C speed."""
     return "".join(chr(c) for c in range(ord(lo), ord(hi) + 1)
-                   if not _SURROGATES[0] <= c <= _SURROGATES[1])
+                   if c not in SURROGATE_POINTS)

@@ -10,8 +10,8 @@ any, are then read).
   opens with `<think>` is reasoning up to `</think>`; any other reply is all content.
 
 A guide (structured outputs, a forced tool call) holds the answer only: it starts after the
-thinking (thinking_grammar.py), as vLLM's does; with qwen3, a reply that does not open with
-`<think>` is held from its first character. The guide lets a little whitespace through
+thinking (engine/guided/thinking_grammar.py), as vLLM's does; with qwen3, a reply that does not
+open with `<think>` is held from its first character. The guide lets a little whitespace through
 between `</think>` and the answer (the gap: the model's own habit); a guided parser drops it,
 so that `content` is what the guide matched (see ReasoningParser.__init__).
 
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from inferlab.engine.thinking_grammar import MAX_GAP, gap_length
+from inferlab.engine.guided.thinking_grammar import MAX_GAP, gap_length
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.tool_parsers import held_back
 
@@ -45,11 +45,11 @@ class ReasoningParser:
     guide_markers: tuple[str | None, str] = (None, CLOSE)
 
     def __init__(self, guided: bool = False) -> None:
-        """guided: the request has a guide (held after the thinking, thinking_grammar.py).
-        Its gap after `</think>` is dropped; an unguided reply keeps it, as vLLM's parsers keep
-        what follows `</think>` whole. Under vLLM's guide the answer starts right at
-        `</think>`, so the guided content vLLM gives holds no gap either; and the models'
-        templates do not take it for the answer (Qwen3's renders a past answer as
+        """guided: the request has a guide (held after the thinking,
+        engine/guided/thinking_grammar.py). Its gap after `</think>` is dropped; an unguided reply
+        keeps it, as vLLM's parsers keep what follows `</think>` whole. Under vLLM's guide the
+        answer starts right at `</think>`, so the guided content vLLM gives holds no gap either; and
+        the models' templates do not take it for the answer (Qwen3's renders a past answer as
         `content.split('</think>')[-1].lstrip('\\n')`)."""
         self.pending = ""  # text not yet settled
         self.state = "opening"  # "opening" (has the reply opened with <think>?), "thinking", "answer"

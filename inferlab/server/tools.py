@@ -22,8 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from inferlab.engine.json_nodes import LiteralNode, Node, ObjectNode, UnionNode
-from inferlab.engine.json_schema import SchemaError, compile_schema
+from inferlab.engine.guided.json_nodes import LiteralNode, Node, ObjectNode, UnionNode
+from inferlab.engine.guided.json_schema import OBJECT_SCHEMA, SchemaError, compile_schema
 from inferlab.server.errors import APIError, bad_request
 from inferlab.server.protocol import ChatCompletionRequest
 from inferlab.server.settings import ServerSettings
@@ -31,7 +31,6 @@ from inferlab.server.tool_call_formats import AUTO_PARSERS
 from inferlab.server.tool_parsers import NamedCall, RequiredCalls, ToolParser
 
 _NO_ARGUMENTS = {"type": "object", "properties": {}}
-_ANY_ARGUMENTS = {"type": "object", "additionalProperties": True}
 _ANNOTATIONS = {"$schema", "$id", "$comment", "title", "description"}  # say nothing of the values
 
 
@@ -102,7 +101,7 @@ def _parameters(schema: dict[str, Any] | None, name: str, index: int) -> dict[st
     if schema is None:
         schema = _NO_ARGUMENTS
     elif not schema.keys() - _ANNOTATIONS:  # {}: a function taking anything, which as a call's
-        schema = _ANY_ARGUMENTS              # arguments is any object
+        schema = OBJECT_SCHEMA               # arguments is any object
     field = f"tools.{index}.function.parameters"  # the error names the field, as _not_an_object does
     try:
         nodes = compile_schema(schema)

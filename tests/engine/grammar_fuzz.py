@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 import re
 
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.guided.grammar import Grammar
 
 _JSON_STRING = re.compile(r'"(?:[^"\\]|\\.)*"')
 

@@ -16,8 +16,8 @@ from hypothesis import strategies as st
 from lark import Lark
 from lark.exceptions import LarkError
 
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.ebnf_parse import GrammarError
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.ebnf_parse import GrammarError
 
 from .grammar_fuzz import complete, edit, finished_walks, read_whole
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from inferlab.engine.guided_choice import ChoiceGuide, choice_token_ids
+from inferlab.engine.guided.guided_choice import ChoiceGuide, choice_token_ids
 from inferlab.models.loader import load_tokenizer
 
 CHOICES = ["a<|endoftext|>b", "<|im_end|>", "<|im_start|>assistant", "yes", "no way"]

@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
 
 from .grammar_fuzz import complete, read_whole
 from .json_reference import reference_accepts

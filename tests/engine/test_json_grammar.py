@@ -13,7 +13,8 @@ import json
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import OBJECT_SCHEMA
 
 from .grammar_fuzz import edit, gaps_in_bounds, whitespace_runs
 

@@ -15,7 +15,7 @@ from collections.abc import Hashable
 import jsonschema
 import pytest
 
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
 
 from .grammar_fuzz import complete, finished_walks
 from .json_reference import reference_accepts

@@ -17,8 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.json_grammar import JsonGrammar
-from inferlab.engine.json_schema import SchemaError, compile_schema
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import SchemaError, compile_schema
 
 from .grammar_fuzz import complete, edit, finished_walks, read_whole
 from .json_reference import Reference, reference_accepts

@@ -10,7 +10,7 @@ import random
 import jsonschema
 import pytest
 
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
 
 from .grammar_fuzz import complete, finished_walks
 

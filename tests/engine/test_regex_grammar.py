@@ -15,7 +15,7 @@ import regex
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.regex_grammar import RegexError, RegexGrammar
+from inferlab.engine.guided.regex_grammar import RegexError, RegexGrammar
 
 ALPHABET = "ab0 9-.\n\u00e9Z_]"
 atoms = st.sampled_from(["a", "b", "0", r"\d", r"\w", r"\s", r"\D", ".", "[a-b]", "[^a0]", r"[\]9]",

@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.json_schema import SchemaError
-from inferlab.engine.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.json_schema import SchemaError
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 
 from .grammar_fuzz import complete, read_whole
 from .test_json_schema import reference_accepts

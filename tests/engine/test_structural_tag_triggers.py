@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from inferlab.engine.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 
 from .grammar_fuzz import complete, read_whole
 from .test_structural_tag import reference

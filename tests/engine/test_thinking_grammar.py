@@ -8,8 +8,8 @@ import re
 
 import pytest
 
-from inferlab.engine.regex_grammar import RegexGrammar
-from inferlab.engine.thinking_grammar import AfterThinking
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.thinking_grammar import AfterThinking
 
 MARKER = "</think>"
 # the reference: thinking without the marker, or up to its first occurrence, then the answer

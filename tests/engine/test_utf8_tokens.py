@@ -7,13 +7,13 @@ from __future__ import annotations
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers
 
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.ebnf_parse import Matcher
-from inferlab.engine.guided_grammar import token_texts
-from inferlab.engine.json_grammar import JsonGrammar
-from inferlab.engine.regex_grammar import RegexGrammar
-from inferlab.engine.structural_tag import StructuralTagGrammar
-from inferlab.engine.thinking_grammar import AfterThinking
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.ebnf_parse import Matcher
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.thinking_grammar import AfterThinking
+from inferlab.engine.guided.token_index import token_texts
 from inferlab.engine.utf8_tokens import byte_spellings, completions, split_utf8
 from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
 

@@ -11,11 +11,11 @@ import asyncio
 
 import pytest
 
-from inferlab.engine import grammar as grammar_module
 from inferlab.engine.async_engine import AsyncEngine
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.guided_grammar import GrammarGuide
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided import grammar as grammar_module
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.token_filter import GrammarGuide
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import GuidedDecodingError, InferlabError
 

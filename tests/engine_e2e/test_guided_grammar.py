@@ -15,20 +15,15 @@ import pytest
 import torch
 from lark import Lark
 
-from inferlab.engine.ebnf_grammar import EbnfGrammar
-from inferlab.engine.guided_grammar import (
-    GRAMMARS,
-    GrammarGuide,
-    TokenFilter,
-    TokenIndex,
-    token_index,
-    token_texts,
-)
-from inferlab.engine.json_grammar import OBJECT_SCHEMA, JsonGrammar
-from inferlab.engine.regex_grammar import RegexGrammar
+from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import OBJECT_SCHEMA
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.structural_tag import StructuralTagGrammar
+from inferlab.engine.guided.thinking_grammar import AfterThinking
+from inferlab.engine.guided.token_filter import GRAMMARS, GrammarGuide, TokenFilter
+from inferlab.engine.guided.token_index import TokenIndex, token_index, token_texts
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.engine.structural_tag import StructuralTagGrammar
-from inferlab.engine.thinking_grammar import AfterThinking
 from inferlab.errors import InvalidParameterError
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)

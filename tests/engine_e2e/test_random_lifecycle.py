@@ -13,7 +13,7 @@ import random
 import jsonschema
 import pytest
 
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
 from inferlab.engine.sampling_params import SamplingParams
 
 SHARED_PREFIX = [5, 6, 7, 8] * 10

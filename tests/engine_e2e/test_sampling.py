@@ -364,7 +364,7 @@ def test_inverse_cdf_by_hand():
 
 def test_guided_choice_allows_only_what_goes_on_with_a_choice_by_hand():
     """Choices spelled [5, 6], [5, 7, 8] and [9]; EOS 2."""
-    from inferlab.engine.guided_choice import ChoiceGuide
+    from inferlab.engine.guided.guided_choice import ChoiceGuide
 
     choices = [[5, 6], [5, 7, 8], [9]]
     assert ChoiceGuide(choices, eos_token_id=2).allowed_now([]) == [5, 9]

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 
 from inferlab.engine.async_engine import EngineShuttingDownError
-from inferlab.engine.ebnf_parse import GrammarError
-from inferlab.engine.json_schema import SchemaError
+from inferlab.engine.guided.ebnf_parse import GrammarError
+from inferlab.engine.guided.json_schema import SchemaError
+from inferlab.engine.guided.regex_grammar import RegexError
 from inferlab.engine.outputs import CompletionOutput, RequestOutput
-from inferlab.engine.regex_grammar import RegexError
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
 from inferlab.server.errors import APIError

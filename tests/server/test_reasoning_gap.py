@@ -16,8 +16,8 @@ from test_reasoning_parsers import read
 from test_server_reasoning import parser_client, reply
 from test_tool_parsers import splits
 
-from inferlab.engine.regex_grammar import RegexGrammar
-from inferlab.engine.thinking_grammar import AfterThinking
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.guided.thinking_grammar import AfterThinking
 from inferlab.server.reasoning import Qwen3Reasoning, ReasoningParser
 
 

@@ -200,7 +200,7 @@ def test_a_grammar_too_ambiguous_to_follow_is_steered_or_fails_alone(client, ser
     and the reply closes as a whole root. Where no way on stays within it (a limit of 1 reading
     here), the request gets a 400 (streamed: an error event after its first tokens, logged as
     the 200 it was), and the server serves the next one."""
-    from inferlab.engine import grammar
+    from inferlab.engine.guided import grammar
 
     (a,) = tokenize(server, prompt="a", add_special_tokens=False)
     forced = {"guided_grammar": 'root ::= "a" root "x" | "a" root "y" | "z"', "logit_bias": {str(a): 100}}

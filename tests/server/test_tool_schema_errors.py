@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from test_server_errors import chat, check_error
 
-from inferlab.engine.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_grammar import JsonGrammar
 from inferlab.server.errors import APIError
 from inferlab.server.protocol import ChatCompletionRequest
 from inferlab.server.settings import ServerSettings

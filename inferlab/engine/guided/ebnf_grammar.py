@@ -15,8 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from inferlab.engine.ebnf_parse import Compiled, Element, GrammarError, Matcher, parse_grammar
-from inferlab.engine.grammar import Grammar, bounded_state, check_settling_work
+from inferlab.engine.guided.ebnf_parse import (
+    Compiled,
+    Element,
+    GrammarError,
+    Matcher,
+    parse_grammar,
+)
+from inferlab.engine.guided.grammar import Grammar, bounded_state, check_settling_work
 
 Frame = tuple[int, int]  # (alternative, position of the element it waits for)
 Stack = tuple[Frame, ...]

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Hashable
 from typing import Any
 
-from inferlab.engine.grammar import Grammar, marker_tail
+from inferlab.engine.guided.grammar import Grammar, marker_tail
 
 MAX_GAP = 4  # whitespace characters between the thinking and the answer
 _SPACE = " \t\r\n"

@@ -18,9 +18,10 @@ from collections.abc import Callable, Hashable
 from dataclasses import dataclass
 from typing import Any
 
-from inferlab.engine.grammar import Grammar, marker_tail
-from inferlab.engine.json_grammar import JsonGrammar
-from inferlab.engine.json_schema import SchemaError
+from inferlab.engine.guided.grammar import Grammar, marker_tail
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import SchemaError
+from inferlab.engine.utf8_tokens import SURROGATES
 
 # A state is a frozenset of readings, the text read so far being ambiguous only where a value
 # may end where its end text may begin:
@@ -54,7 +55,7 @@ def parse_structural_tag(spec: Any) -> tuple[list[Structure], list[str]]:
     if not isinstance(triggers, list) or not triggers or not all(isinstance(t, str) and t for t in triggers):
         raise SchemaError("triggers must be a non-empty list of non-empty texts")
     for text in [*triggers, *(part for s in structures for part in (s.begin, s.end))]:
-        if any("\ud800" <= ch <= "\udfff" for ch in text):  # no token spells one: never written
+        if SURROGATES.search(text):  # no token spells one: never written
             raise SchemaError(f"{text!r} holds a lone surrogate, which no text can")
     for s in structures:
         if not any(s.begin.startswith(t) for t in triggers):

@@ -1,7 +1,7 @@
 """What guided decoding's token filter asks of a grammar (JSON, regex, EBNF): a hashable state that
 one character at a time moves, or kills when no allowed output begins with the text; and, for
-tokens that hold part of a character (utf8_tokens.py), whether some character of a range moves
-it."""
+tokens that hold part of a character (engine/utf8_tokens.py), whether some character of a range
+moves it."""
 
 from __future__ import annotations
 

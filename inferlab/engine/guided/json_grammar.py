@@ -10,7 +10,7 @@ pads without end: SmolLM2-135M spent a 60-token tool call on newlines and indent
 A state is a set of stacks, one for each way the text so far can be read (a union's branches,
 a number that may end or go on); a stack holds a frame (node index, mode, data) for each value
 that is open, innermost last. The text is complete when one stack is empty. States are
-hashable: they key the token filter's cache (guided_grammar.py).
+hashable: they key the token filter's cache (token_filter.py).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import json
 import math
 from typing import Any
 
-from inferlab.engine.grammar import Grammar, bounded_state
-from inferlab.engine.json_nodes import (
+from inferlab.engine.guided.grammar import Grammar, bounded_state
+from inferlab.engine.guided.json_nodes import (
     ArrayNode,
     LiteralNode,
     Node,
@@ -29,8 +29,9 @@ from inferlab.engine.json_nodes import (
     StringNode,
     UnionNode,
 )
-from inferlab.engine.json_schema import compile_schema
-from inferlab.engine.regex_grammar import RegexGrammar
+from inferlab.engine.guided.json_schema import compile_schema
+from inferlab.engine.guided.regex_grammar import RegexGrammar
+from inferlab.engine.utf8_tokens import SURROGATE_POINTS
 
 Frame = tuple[int, str, Any]  # (node index, mode, data)
 Stack = tuple[Frame, ...]
@@ -270,7 +271,7 @@ class JsonGrammar(Grammar):
     def _reads(regex: RegexGrammar | None, inner: Any, ch: str) -> bool:
         """The regex (if any) takes `ch` next; half a surrogate pair is never a character here
         (escaped, a pair would count two where a validator counts one)."""
-        if "\ud800" <= ch <= "\udfff":
+        if ord(ch) in SURROGATE_POINTS:
             return False
         return regex is None or regex.step(inner, ch) is not None
 
@@ -373,6 +374,3 @@ class JsonGrammar(Grammar):
         cap = max(node.min_items, node.max_items or 0, len(node.prefix))
         item = node.prefix[count] if count < len(node.prefix) else node.items
         return self._begin(item, ch, (*below, (index, "after", min(count + 1, cap))))
-
-
-OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}  # json_object: any object

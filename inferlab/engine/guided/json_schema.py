@@ -49,7 +49,8 @@ import json
 from typing import Any
 from urllib.parse import unquote
 
-from inferlab.engine.json_keyword_values import (
+from inferlab.engine.guided.json_false_schemas import refs_taking_nothing, takes_nothing
+from inferlab.engine.guided.json_keyword_values import (
     SchemaError,
     count_bounds,
     is_type,
@@ -59,7 +60,7 @@ from inferlab.engine.json_keyword_values import (
     schema_types,
     string_pattern,
 )
-from inferlab.engine.json_keywords import (
+from inferlab.engine.guided.json_keywords import (
     ANNOTATIONS,
     ARRAY_WORDS,
     NEUTRAL,
@@ -69,7 +70,7 @@ from inferlab.engine.json_keywords import (
     SUPPORTED,
     TYPES,
 )
-from inferlab.engine.json_nodes import (
+from inferlab.engine.guided.json_nodes import (
     ArrayNode,
     LiteralNode,
     Node,
@@ -78,10 +79,11 @@ from inferlab.engine.json_nodes import (
     StringNode,
     UnionNode,
 )
-from inferlab.engine.json_nothing import refs_taking_nothing, takes_nothing
 
-__all__ = ["SchemaError", "canonical_text", "compile_schema"]
+__all__ = ["OBJECT_SCHEMA", "SchemaError", "canonical_text", "compile_schema"]
 
+# any JSON object: json_object's schema, and a tool's arguments where it declares none
+OBJECT_SCHEMA = {"type": "object", "additionalProperties": True}
 
 _EMBEDDED_ID = ("{where}: $id below the root schema (an embedded resource, against which its $refs "
                 "resolve) is not supported")

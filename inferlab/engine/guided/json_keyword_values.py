@@ -6,14 +6,14 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from fractions import Fraction
 from typing import Any
 
-from inferlab.engine.json_formats import FORMATS
-from inferlab.engine.json_keywords import BOUND_WORDS, TYPES
-from inferlab.engine.json_numbers import Bound, NumberBounds
-from inferlab.engine.regex_grammar import RegexError, RegexGrammar, top_level_alternatives
+from inferlab.engine.guided.json_formats import FORMATS
+from inferlab.engine.guided.json_keywords import BOUND_WORDS, TYPES
+from inferlab.engine.guided.json_numbers import Bound, NumberBounds
+from inferlab.engine.guided.regex_grammar import RegexError, RegexGrammar, top_level_alternatives
+from inferlab.engine.utf8_tokens import SURROGATES
 from inferlab.errors import InferlabError
 
 
@@ -135,9 +135,6 @@ def json_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
-
-
 def json_text(value: Any) -> str:
     """`value` as one compact JSON text. A lone surrogate (JSON's "\\ud800") is written as its
     \\u escape, the only spelling a model's tokens have for it; json.loads reads it back."""
@@ -145,4 +142,4 @@ def json_text(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         raise SchemaError(f"{value!r} is not a JSON value") from None
-    return _SURROGATE.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+    return SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)

@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from inferlab.engine.grammar import Grammar
+from inferlab.engine.guided.grammar import Grammar
 from inferlab.engine.utf8_tokens import chars_between
 from inferlab.errors import InferlabError
 

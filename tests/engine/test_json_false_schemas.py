@@ -1,13 +1,13 @@
-"""Subschemas built of false alone (json_nothing.py): which $refs take nothing is found once a
-reference, whatever the order of the schema's $defs or properties."""
+"""Subschemas built of false alone (json_false_schemas.py): which $refs take nothing is found
+once a reference, whatever the order of the schema's $defs or properties."""
 
 from __future__ import annotations
 
 import pytest
 
-from inferlab.engine import json_nothing, json_schema
-from inferlab.engine.json_grammar import JsonGrammar
-from inferlab.engine.json_schema import compile_schema
+from inferlab.engine.guided import json_false_schemas, json_schema
+from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import compile_schema
 
 from .grammar_fuzz import complete
 
@@ -36,13 +36,13 @@ def test_a_long_chain_of_references_is_read_a_bounded_number_of_times(monkeypatc
     once turned one answer a round, 300 rounds of 300 reads (a 214 KB schema of 6,000 froze
     the server for 24 s); now a reference is read again only when one it reads turns."""
     levels, reads = 300, []
-    takes_nothing = json_nothing.takes_nothing
+    takes_nothing = json_false_schemas.takes_nothing
 
     def counted(schema, refs):
         reads.append(1)
         return takes_nothing(schema, refs)
 
-    monkeypatch.setattr(json_nothing, "takes_nothing", counted)
+    monkeypatch.setattr(json_false_schemas, "takes_nothing", counted)
     defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(levels)} | {f"d{levels}": False}
     defs = dict(reversed(defs.items())) if reverse else defs
     grammar = JsonGrammar({"$defs": defs, "type": "object",

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import cached_property
 
-from inferlab.engine.json_numbers import NumberBounds
+from inferlab.engine.guided.json_numbers import NumberBounds
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from inferlab.engine.json_keywords import ANNOTATIONS
+from inferlab.engine.guided.json_keywords import ANNOTATIONS
 from inferlab.errors import InferlabError
 
 
