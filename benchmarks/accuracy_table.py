@@ -3,20 +3,20 @@
 Quantizes the embedded model once per configuration (`inferlab quantize`, default calibration:
 128 windows of 512 tokens of WikiText-2 valid), scores each checkpoint and the fp32 baseline on
 the WikiText-2 test text (`inferlab eval --dtype float32`, windows of 2048 tokens), and prints a
-markdown table with each goal. Checkpoints and JSON results go to out/accuracy/ and are reused.
+markdown table with each goal. Checkpoints and JSON results go to out/accuracy/ (or --out-dir)
+and are reused.
 
-    .venv/bin/python benchmarks/accuracy_table.py [--limit N]
+    .venv/bin/python benchmarks/accuracy_table.py [--limit N] [--only NAME ...] [--out-dir DIR]
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-from workloads import positive_int
+from workloads import positive_int, script_parser
 
 ROOT = Path(__file__).resolve().parent.parent
 INFERLAB = [sys.executable, "-m", "inferlab.cli"]
@@ -55,14 +55,20 @@ def evaluate(model: str | None, out: Path, limit: int | None) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--limit", type=positive_int, default=None,
                         help="windows per evaluation (all: 147)")
-    parser.add_argument("--only", nargs="*", default=None, choices=CONFIGS, metavar="NAME",
+    # "+": a bare --only once ran all 13 configurations, hours
+    parser.add_argument("--only", nargs="+", default=None, choices=CONFIGS, metavar="NAME",
                         help=f"configuration names to run, of: {', '.join(map(repr, CONFIGS))}")
+    parser.add_argument("--out-dir", type=Path, default=ROOT / "out" / "accuracy",
+                        help="where checkpoints and results go and are reused (default: %(default)s)")
     args = parser.parse_args()
-    work = ROOT / "out" / "accuracy" / (f"limit{args.limit}" if args.limit else "full")
-    work.mkdir(parents=True, exist_ok=True)
+    work = args.out_dir / (f"limit{args.limit}" if args.limit else "full")
+    try:
+        work.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"argument --out-dir: cannot create {work}: {e.strerror}")
     base = evaluate(None, work / "baseline.json", args.limit)
     ppl = {}
     for name, flags in CONFIGS.items():

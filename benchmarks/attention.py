@@ -17,10 +17,8 @@ that its keys and values come from memory rather than the caches.
 
 from __future__ import annotations
 
-import argparse
-
 import torch
-from workloads import positive_int
+from workloads import positive_int, script_parser
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.attention import torch_paged
@@ -95,7 +93,7 @@ def run_decode_case(seqs: int, positions: int, shared: int, rounds: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--layers", type=positive_int, default=1,
                         help="decode cases: layers' caches called in turn (30: from memory, as in "

@@ -13,7 +13,6 @@ best one decode step of 32 rows (weights and KV at the bandwidth, FLOPs at the m
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -24,6 +23,7 @@ from workloads import (
     bytes_read_per_decode_step,
     decode_step_floor_s,
     positive_int,
+    script_parser,
     wikitext_prompts,
 )
 
@@ -51,7 +51,7 @@ def run_transformers(model, prompts: list[list[int]], width: int, tokens: int) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = script_parser(__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--prompts", type=positive_int, default=8)
     parser.add_argument("--prompt-tokens", type=positive_int, default=128)

@@ -19,7 +19,6 @@ The machine's load average is printed first: on a shared machine, read the figur
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
@@ -27,7 +26,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workloads import bounded_float, bounded_int, output_file
+from workloads import bounded_float, bounded_int, output_file, script_parser
 
 from inferlab.bench.config import (
     MAX_SECONDS,
@@ -163,7 +162,7 @@ def table(rows: list[dict]) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--seconds", type=bounded_float(WARMUP_S, MAX_SECONDS), default=3.0,
                         help=f"length of each stage, over the {WARMUP_S:g} s warm-up left out of "
                              "its figures")

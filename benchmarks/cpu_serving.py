@@ -21,7 +21,7 @@ few minutes apart, gave ratios 2.2-2.8x for the same build.
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import json
 import os
 import shlex
@@ -32,16 +32,21 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
 
 import torch
 from offline_throughput import run_transformers
 from workloads import (
     WIKITEXT,
     bytes_read_per_decode_step,
+    exit_on_sigterm,
     machine_roofline,
+    model_path,
     output_rate_bound,
     positive_int,
+    script_parser,
     wikitext_prompts,
 )
 
@@ -59,22 +64,44 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(port: int, dtype: str, max_seqs: int, model: str | None = None,
-                 extra: tuple[str, ...] = ()) -> subprocess.Popen:
-    server = subprocess.Popen(
-        [PYTHON, "-m", "inferlab.cli", "serve", *([model] if model else []), "--port", str(port), "--dtype", dtype,
-         "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs), "--max-model-len", "2048", *extra],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+@contextlib.contextmanager
+def serving(port: int, dtype: str, max_seqs: int, model: str | None = None,
+            extra: tuple[str, ...] = ()) -> Iterator[None]:
+    """An `inferlab serve` on `port` while the block runs, stopped when it ends, however it
+    ends (an error, Ctrl-C, SIGTERM through exit_on_sigterm)."""
+    with tempfile.TemporaryFile() as log:  # a pipe nobody reads would fill and stall the server
+        server = subprocess.Popen(
+            [PYTHON, "-m", "inferlab.cli", "serve", *([model] if model else []), "--port", str(port),
+             "--dtype", dtype, "--kv-cache-memory", "3GiB", "--max-num-seqs", str(max_seqs),
+             "--max-model-len", "2048", *extra],
+            stdout=subprocess.DEVNULL, stderr=log)
+        try:
+            wait_until_healthy(server, port, log)
+            yield
+        finally:
+            server.terminate()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                server.wait(timeout=60)
+            server.kill()  # one that ignored SIGTERM for a minute; nothing once it has exited
+            server.wait()
+
+
+def wait_until_healthy(server: subprocess.Popen, port: int, log: IO[bytes]) -> None:
+    """Returns once /health answers; exits with the server's last stderr lines if it exits
+    first (a bad --serve-args fails at once) or stays unhealthy for 300 s."""
     deadline = time.time() + 300
-    while time.time() < deadline:
+    while server.poll() is None and time.time() < deadline:
         try:
             with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                 if r.status == 200:
-                    return server
+                    return
         except OSError:
             time.sleep(1)
-    server.kill()
-    sys.exit("the server did not become healthy in 300 s")
+    log.seek(0)
+    tail = "".join(log.read().decode(errors="replace").splitlines(keepends=True)[-20:])
+    why = ("did not become healthy in 300 s" if server.returncode is None
+           else f"exited with code {server.returncode} before it was healthy")
+    sys.exit(f"{tail}error: `inferlab serve` on port {port} {why} (its stderr ends above)")
 
 
 def bench(port: int, concurrency: int, requests: int, out: Path, extra: tuple[str, ...] = ()) -> dict:
@@ -155,18 +182,19 @@ def step_bytes(model: str | None, dtype: str) -> tuple[int, ModelConfig]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = script_parser(__doc__)
     parser.add_argument("--concurrency", type=positive_int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--rounds", type=positive_int, default=3,
                         help="alternating rounds of both sides; medians are reported")
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--hf-requests", type=positive_int, default=32)
-    parser.add_argument("--model", default=None,
+    parser.add_argument("--model", default=None, type=model_path,
                         help="a model or checkpoint directory (e.g. a W4A16 one) instead of the embedded model")
     parser.add_argument("--skip-transformers", action="store_true")
     parser.add_argument("--serve-args", default="",
                         help="more `inferlab serve` options, e.g. '--block-size 64'")
     args = parser.parse_args()
+    exit_on_sigterm()
     try:
         serve_args = tuple(shlex.split(args.serve_args))
     except ValueError as e:  # an unclosed quote
@@ -180,24 +208,19 @@ def main() -> None:
     print(f"model: {args.model or 'embedded'}, {weight_bytes / 1e6:.1f} MB of weights read per decode step")
     hf = None if args.skip_transformers else Transformers(getattr(torch, args.dtype), args.hf_requests)
     port = free_port()
-    server = start_server(port, args.dtype, max(args.concurrency), args.model,
-                          serve_args)
     rounds: list[dict[int, dict]] = []
     hf_rates: list[float] = []
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            exact = ("--tokenizer", str(tokenizer_json(args.model, Path(tmp))))
-            for r in range(args.rounds):
-                rounds.append({c: bench_beside_roofline(port, c, Path(tmp) / f"c{c}.json", exact)
-                               for c in args.concurrency})
-                if hf is not None:
-                    hf_rates.append(hf.rate())
-                print(f"round {r + 1}: " + ", ".join(f"c{c} {res['output_tok_s']:.1f}"
-                                                     for c, res in rounds[-1].items())
-                      + (f", transformers {hf_rates[-1]:.1f} output tok/s" if hf_rates else ""), flush=True)
-    finally:
-        server.terminate()
-        server.wait(timeout=60)
+    with (serving(port, args.dtype, max(args.concurrency), args.model, serve_args),
+          tempfile.TemporaryDirectory() as tmp):
+        exact = ("--tokenizer", str(tokenizer_json(args.model, Path(tmp))))
+        for r in range(args.rounds):
+            rounds.append({c: bench_beside_roofline(port, c, Path(tmp) / f"c{c}.json", exact)
+                           for c in args.concurrency})
+            if hf is not None:
+                hf_rates.append(hf.rate())
+            print(f"round {r + 1}: " + ", ".join(f"c{c} {res['output_tok_s']:.1f}"
+                                                 for c, res in rounds[-1].items())
+                  + (f", transformers {hf_rates[-1]:.1f} output tok/s" if hf_rates else ""), flush=True)
     if 1 in args.concurrency:
         print_single_stream_roofline([rd[1] for rd in rounds], weight_bytes)
     for c in args.concurrency:

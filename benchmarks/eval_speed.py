@@ -9,11 +9,17 @@ roofline reached, and what a full WikiText-2 test run would take at that speed.
 
 from __future__ import annotations
 
-import argparse
 import time
 
 import torch
-from workloads import WIKITEXT, bounded_int, machine_roofline, positive_int, wikitext_prompts
+from workloads import (
+    WIKITEXT,
+    bounded_int,
+    machine_roofline,
+    positive_int,
+    script_parser,
+    wikitext_prompts,
+)
 
 from inferlab.eval.config import EvalConfig
 from inferlab.eval.dataset import read_text
@@ -30,7 +36,7 @@ def flops_per_token(model, seq_len: int) -> float:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = script_parser(__doc__)
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
     parser.add_argument("--seq-len", type=bounded_int(2), default=512,
                         help="tokens a window (a window predicts its tokens 1..L-1)")

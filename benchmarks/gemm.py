@@ -16,11 +16,10 @@ alternating.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 
 import torch
-from workloads import machine_roofline, positive_int
+from workloads import machine_roofline, positive_int, script_parser
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.cpu_linear import PackedLinear
@@ -82,7 +81,7 @@ def model_pass(rows: list[int], rounds: int, peak: float, dtype_name: str) -> No
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rows", type=positive_int, nargs="+", default=[1, 16, 64, 512, 2048])
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--dtype", default="bfloat16", choices=sorted(KERNELS))

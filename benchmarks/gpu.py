@@ -77,7 +77,7 @@ from gpu_report import (  # noqa: E402
     run_guarded,
     settings_from,
 )
-from workloads import existing_file, output_file, positive_int  # noqa: E402
+from workloads import existing_file, output_file, positive_int, script_parser  # noqa: E402
 
 from inferlab.engine.llm_engine import LLMEngine  # noqa: E402
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions  # noqa: E402
@@ -337,7 +337,7 @@ def kv_budget(s: Settings, reserve_bytes: int, cap_bytes: int) -> int:
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--smoke", action="store_true",
                         help="run every step on CPU with a tiny model (checks the script only)")
     parser.add_argument("--json", type=output_file, help="also write the figures to this file")

@@ -11,12 +11,11 @@ guided answer), interleaved for five rounds; it prints each one's ms a token and
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
 import torch
-from workloads import positive_int
+from workloads import positive_int, script_parser
 
 from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
 from inferlab.engine.guided.grammar import Grammar
@@ -100,13 +99,13 @@ def sampler_cost(token_filter: TokenFilter, rows: int, vocab: int) -> None:
 
 def stream_cost(llm: LLM, tokens: int, **guide: object) -> None:
     guided = SamplingParams(temperature=0, max_tokens=tokens, **guide)
-    first = llm.chat([MESSAGES], guided)[0].outputs[0]  # meets its states once
+    first = llm.chat([MESSAGES], guided, use_tqdm=False)[0].outputs[0]  # meets its states once
     plain = SamplingParams(temperature=0, max_tokens=len(first.token_ids), ignore_eos=True)
     per_token = {"guided": [], "plain": []}
     for _ in range(5):
         for name, params in (("guided", guided), ("plain", plain)):
             t0 = time.perf_counter()
-            out = llm.chat([MESSAGES], params)[0].outputs[0]
+            out = llm.chat([MESSAGES], params, use_tqdm=False)[0].outputs[0]
             per_token[name].append(1e3 * (time.perf_counter() - t0) / len(out.token_ids))
     g, p = statistics.median(per_token["guided"]), statistics.median(per_token["plain"])
     print(f"{next(iter(guide))}: one stream, {len(first.token_ids)} tokens ({first.finish_reason}): {g:.2f} ms a token "
@@ -114,7 +113,7 @@ def stream_cost(llm: LLM, tokens: int, **guide: object) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rows", type=positive_int, default=8,
                         help="rows of the sampler measurement")
     parser.add_argument("--tokens", type=positive_int, default=96,

@@ -13,11 +13,10 @@ consecutive blocks that are adjacent in the cache, and the last waves against th
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
-from workloads import positive_int, wikitext_prompts
+from workloads import bounded_int, positive_int, script_parser, wikitext_prompts
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.llm_engine import LLMEngine
@@ -55,10 +54,12 @@ def wave(engine: LLMEngine, prompts: list[list[int]]) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--block-sizes", type=positive_int, nargs="+", default=[16, 128],
                         help="KV block sizes, powers of two")
-    parser.add_argument("--waves", type=positive_int, default=5)
+    parser.add_argument("--waves", type=bounded_int(2), default=5,
+                        help="at least 2: the summary sets the waves run after the pool has cycled "
+                             "against the first")
     args = parser.parse_args()
     if odd := [size for size in args.block_sizes if size & (size - 1)]:
         parser.error(f"argument --block-sizes: a block size is a power of two, not {odd[0]}")

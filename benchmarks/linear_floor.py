@@ -25,7 +25,6 @@ kernels then do N rows of arithmetic on each weight byte, and the read is the bo
 
 from __future__ import annotations
 
-import argparse
 import ctypes
 import statistics
 import subprocess
@@ -33,8 +32,8 @@ import tempfile
 from pathlib import Path
 
 import torch
-from quant_speed import largest_group, measured, quantized_modules
-from workloads import positive_int
+from quant_speed import RTN_SCHEMES, largest_group, measured, quantized_modules
+from workloads import exit_on_sigterm, model_path, positive_int, scheme_list, script_parser
 
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
@@ -109,6 +108,7 @@ double time_reads(const linear_t *ls, int64_t n, int32_t *sink) {
 }
 """
 
+C_KERNEL_SCHEMES = tuple(name for name in RTN_SCHEMES if name != "FP8_BLOCK")  # no linear_forward kernel
 FLUSH_BYTES = 192 << 20  # six times this VM's 32 MiB L3, past the tens of MB it holds beyond it
 
 
@@ -160,16 +160,17 @@ def interleaved_seconds(harness: ctypes.CDLL, descs: dict, turns: int,
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("model", nargs="?", default=None)
-    parser.add_argument("--schemes", default="W8A16,W4A16")
+    parser = script_parser(__doc__)
+    parser.add_argument("model", nargs="?", default=None, type=model_path)
+    parser.add_argument("--schemes", type=scheme_list(C_KERNEL_SCHEMES), default="W8A16,W4A16")
     parser.add_argument("--group-size", type=positive_int, default=128)
     parser.add_argument("--turns", type=positive_int, default=20)
     parser.add_argument("--rows", type=positive_int, default=1, help="rows a call (a decode batch)")
     args = parser.parse_args()
+    exit_on_sigterm()  # the harness's temporary folder removed
     if not (cpu_ops.quant_linear_available() and packed_linear_supported(torch.device("cpu"), torch.bfloat16)):
         raise SystemExit("the C linear kernels are not available on this machine")
-    variants, group = variant_linears(args.model, args.schemes.split(","), args.group_size)
+    variants, group = variant_linears(args.model, args.schemes, args.group_size)
     # pointers into the variants' tensors, which stay alive as long as `variants`
     descs = {name: (cpu_library.LinearDesc * len(ms))(*[m.c_desc() for m in ms.values()])
              for name, ms in variants.items()}

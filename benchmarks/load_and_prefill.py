@@ -10,7 +10,6 @@ cache (the third line). The prefill is one sequence through the engine, best of 
 
 from __future__ import annotations
 
-import argparse
 import json
 import subprocess
 import sys
@@ -39,8 +38,9 @@ print(json.dumps({"dtype": dtype, "load_s": load_s, "rss_mib": rss_mib, "prefill
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
-    from workloads import machine_roofline, prefill_flops_per_token
+    from workloads import machine_roofline, prefill_flops_per_token, script_parser
+
+    script_parser(__doc__).parse_args()
 
     from inferlab.models.loader import embedded_model_path, read_model_config
 

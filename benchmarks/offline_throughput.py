@@ -15,7 +15,6 @@ moves by tens of percent from minute to minute.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 
@@ -27,6 +26,7 @@ from workloads import (
     decode_step_floor_s,
     positive_int,
     prefill_flops_per_token,
+    script_parser,
     wikitext_prompts,
 )
 
@@ -37,7 +37,7 @@ from inferlab.engine.sampling_params import SamplingParams
 def run_inferlab(llm: LLM, prompts: list[list[int]], output_tokens: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == output_tokens for o in outs)
     return elapsed
@@ -58,7 +58,7 @@ def run_transformers(model, prompts: list[list[int]], output_tokens: int, batch:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = script_parser(__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--requests", type=positive_int, default=64)
     parser.add_argument("--prompt-tokens", type=positive_int, default=256)
@@ -73,7 +73,7 @@ def main() -> None:
 
     llm = LLM(dtype=args.dtype, kv_cache_memory="3GiB", max_num_seqs=args.requests)
     model = llm.engine.loaded.model
-    llm.generate(wikitext_prompts(llm.tokenizer, 2, 16), SamplingParams(max_tokens=4))  # warm up
+    llm.generate(wikitext_prompts(llm.tokenizer, 2, 16), SamplingParams(max_tokens=4), use_tqdm=False)  # warm up
     hf = None if args.skip_transformers else load_transformers(llm, dtype)
     n_out = args.requests * args.output_tokens
     prompt_text = args.requests * args.prompt_tokens

@@ -13,7 +13,6 @@ that costs; run it when the load average is low, or with --threads 1.
 
 from __future__ import annotations
 
-import argparse
 import os
 import random
 import statistics
@@ -21,7 +20,7 @@ import time
 from typing import Any
 
 import torch
-from workloads import positive_int, thread_count
+from workloads import positive_int, script_parser, thread_count
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -68,7 +67,7 @@ def best_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rounds", type=positive_int, default=5)
     parser.add_argument("--steps", type=positive_int, default=12,
                         help="timed decode steps per round and batch")

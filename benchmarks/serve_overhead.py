@@ -30,7 +30,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import httpx
-from workloads import positive_int, thread_count, wikitext_prompts
+from workloads import positive_int, script_parser, thread_count, wikitext_prompts
 
 from inferlab.config import DTYPES, parse_bytes
 from inferlab.engine.llm import LLM
@@ -41,7 +41,7 @@ from inferlab.errors import InferlabError
 def run_offline(llm: LLM, prompts: list[list[int]], output_tokens: int) -> tuple[float, list[str]]:
     params = SamplingParams(temperature=0.0, max_tokens=output_tokens, ignore_eos=True)
     start = time.perf_counter()
-    outs = llm.generate(prompts, params)
+    outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - start
     assert all(len(o.outputs[0].token_ids) == output_tokens for o in outs)
     return elapsed, [o.outputs[0].text for o in outs]
@@ -147,7 +147,7 @@ def report(rounds: list[Round], args: argparse.Namespace) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--streams", type=positive_int, default=16)
     parser.add_argument("--prompt-tokens", type=positive_int, default=256)

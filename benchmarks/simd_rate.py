@@ -17,10 +17,11 @@ system's `cc` (-march=native) and runs it on one core.
 
 from __future__ import annotations
 
-import argparse
 import subprocess
 import tempfile
 from pathlib import Path
+
+from workloads import exit_on_sigterm, script_parser
 
 SOURCE = r"""
 #include <immintrin.h>
@@ -92,7 +93,8 @@ int main(void) {
 
 
 def main() -> None:
-    argparse.ArgumentParser(description=__doc__.split("\n\n")[0]).parse_args()
+    script_parser(__doc__).parse_args()
+    exit_on_sigterm()  # the compiled program's temporary folder removed
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "rate.c", Path(tmp) / "rate"
         src.write_text(SOURCE)

@@ -29,12 +29,14 @@ import time
 from pathlib import Path
 
 import torch
-from cpu_serving import bench, free_port, start_server
+from cpu_serving import bench, free_port, serving
 from offline_throughput import load_transformers
 from workloads import (
     announced_roofline,
     bytes_read_per_decode_step,
+    exit_on_sigterm,
     positive_int,
+    script_parser,
     wikitext_prompts,
 )
 
@@ -58,7 +60,7 @@ def run_inferlab(llm: LLM, prompts: list[list[int]], params: SamplingParams) -> 
     outputs = []
     start = time.perf_counter()
     for ids in prompts:  # one stream
-        outputs.append(llm.generate(ids, params)[0].outputs[0].token_ids)
+        outputs.append(llm.generate(ids, params, use_tqdm=False)[0].outputs[0].token_ids)
     return time.perf_counter() - start, outputs
 
 
@@ -81,19 +83,15 @@ def served(args: argparse.Namespace, speculative: str) -> None:
     """Two servers, with drafts and without, benched in turn at one stream, greedy."""
     ports = {"plain": free_port(), "ngram": free_port()}
     common = ("--kv-cache-memory", "512MiB")
-    servers = [start_server(ports["plain"], args.dtype, 1, extra=common),
-               start_server(ports["ngram"], args.dtype, 1, extra=(*common, "--speculative-config", speculative))]
     results: dict[str, list[dict]] = {"plain": [], "ngram": []}
-    try:
-        with tempfile.TemporaryDirectory() as tmp:
-            for r in range(args.rounds):
-                for name, port in ports.items():
-                    results[name].append(bench(port, 1, 8, Path(tmp) / f"{name}{r}.json",
-                                               ("--extra-body", '{"temperature": 0}')))
-    finally:
-        for server in servers:
-            server.terminate()
-            server.wait(timeout=60)
+    # nested: a failure or Ctrl-C while the second starts stops the first
+    with (serving(ports["plain"], args.dtype, 1, extra=common),
+          serving(ports["ngram"], args.dtype, 1, extra=(*common, "--speculative-config", speculative)),
+          tempfile.TemporaryDirectory() as tmp):
+        for r in range(args.rounds):
+            for name, port in ports.items():
+                results[name].append(bench(port, 1, 8, Path(tmp) / f"{name}{r}.json",
+                                           ("--extra-body", '{"temperature": 0}')))
     print("served, one stream, greedy (workload W through inferlab bench):")
     for name, runs in results.items():
         print(f"  {name:6s} {statistics.median(r['output_tok_s'] for r in runs):6.1f} output tok/s, "
@@ -105,7 +103,7 @@ def served(args: argparse.Namespace, speculative: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = script_parser(__doc__)
     parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float32"))
     parser.add_argument("--prompts", type=positive_int, default=4)
     parser.add_argument("--rounds", type=positive_int, default=3)
@@ -118,6 +116,7 @@ def main() -> None:
     if args.lookup_min > args.lookup_max:
         parser.error(f"argument --lookup-min: at most --lookup-max ({args.lookup_max}), "
                      f"got {args.lookup_min}")
+    exit_on_sigterm()
     bandwidth, _ = announced_roofline(args.dtype, args.rounds)
     speculative = {"num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
                    "prompt_lookup_min": args.lookup_min}

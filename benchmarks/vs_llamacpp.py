@@ -15,7 +15,6 @@ W4A16 (g64, RTN) and W8A8 checkpoints are written to a temporary directory first
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -25,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from workloads import existing_file, positive_int, thread_count
+from workloads import existing_file, exit_on_sigterm, positive_int, script_parser, thread_count
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -58,13 +57,13 @@ def inferlab_rates(llm: LLM, prompt: list[int]) -> dict[str, float]:
     long_prompt = (prompt * 2)[:512]
     engine.scheduler.reset_prefix_cache()
     start = time.perf_counter()
-    llm.generate([long_prompt], SamplingParams(temperature=0, max_tokens=1))
+    llm.generate([long_prompt], SamplingParams(temperature=0, max_tokens=1), use_tqdm=False)
     prefill_s = time.perf_counter() - start
     return {"decode": (len(stamps) - 1) / (stamps[-1] - stamps[0]), "prefill": 512 / prefill_s}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser = script_parser(__doc__)
     parser.add_argument("--llama-bench", required=True, type=existing_file,
                         help="path to a llama.cpp llama-bench binary")
     parser.add_argument("--rounds", type=positive_int, default=3)
@@ -72,6 +71,7 @@ def main() -> None:
     args = parser.parse_args()
     if not os.access(args.llama_bench, os.X_OK):
         parser.error(f"argument --llama-bench: {args.llama_bench} is not executable")
+    exit_on_sigterm()  # the quantized checkpoints' temporary folder removed
     gguf = embedded_model_path()
     prompt = [(13 * i) % 40000 + 100 for i in range(300)]
     with tempfile.TemporaryDirectory() as tmp:

@@ -1,18 +1,33 @@
-"""Shared by the benchmark scripts: prompts cut from WikiText-2, this machine's roofline, and
-the argparse types that refuse bad arguments when parsed (a usage line, one error line, exit 2)
-rather than as a traceback after a model load or a whole run."""
+"""Shared by the benchmark scripts: prompts cut from WikiText-2, this machine's roofline, their
+argument parser and the argparse types that refuse bad arguments when parsed (a usage line, one
+error line, exit 2) rather than as a traceback after a model load or a whole run, and their exit
+on SIGTERM."""
 
 from __future__ import annotations
 
 import argparse
 import math
+import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from inferlab.config import MAX_THREADS
+from inferlab.errors import InferlabError
 
 WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+
+
+def script_parser(doc: str | None) -> argparse.ArgumentParser:
+    """The parser of a script whose --help shows its whole docstring as written: what it
+    measures, why, and how to run it (a first line alone stops mid-sentence)."""
+    return argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+
+
+def exit_on_sigterm() -> None:
+    """SIGTERM (`timeout`, `kill`) exits as Ctrl-C does, through the finally blocks and context
+    managers: the servers a script started are stopped and its temporary folders removed."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
 
 
 def bounded_int(least: int, most: int | None = None) -> Callable[[str], int]:
@@ -72,6 +87,29 @@ def existing_file(text: str) -> str:
     if not Path(text).is_file():
         raise argparse.ArgumentTypeError(f"{text} is not a file")
     return text
+
+
+def model_path(text: str) -> str:
+    """An argparse type: a model directory or GGUF file whose config reads (no weights loaded),
+    refused before any work rather than after the minutes before its load."""
+    from inferlab.models.loader import read_model_config, resolve_model_path
+
+    try:
+        read_model_config(resolve_model_path(text))
+    except InferlabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return text
+
+
+def scheme_list(allowed: Sequence[str]) -> Callable[[str], list[str]]:
+    """An argparse type: comma-separated names of quantization schemes (inferlab.quant.scheme's
+    SCHEME_NAMES), each one of `allowed`."""
+    def parse(text: str) -> list[str]:
+        names = [name.strip().upper() for name in text.split(",")]
+        if unknown := [name for name in names if name not in allowed]:
+            raise argparse.ArgumentTypeError(f"{unknown[0]!r} is not one of {', '.join(allowed)}")
+        return names
+    return parse
 
 
 def wikitext_prompts(tokenizer, count: int, tokens: int, offset: int = 0) -> list[list[int]]:

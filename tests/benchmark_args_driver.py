@@ -1,6 +1,6 @@
 """Runs benchmark scripts in this one process, each with its own argv, and prints a JSON list of
-what each did: exit code, stdout, stderr. Used by test_benchmark_args.py, so that 19 refusals
-pay Python's and torch's start once instead of 19 times.
+what each did: exit code, stdout, stderr. Used by test_benchmark_args.py, so that its refusals
+pay Python's and torch's start once instead of once each.
 
 usage: python benchmark_args_driver.py SCRIPTS_DIR TIMEOUT_S < cases.json  ([[script, [args]], ...])
 """

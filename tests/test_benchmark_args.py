@@ -18,7 +18,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 TIMEOUT_S = 60  # a refused argument takes the imports' few seconds; a run goes on for minutes
 
 sys.path.insert(0, str(BENCHMARKS))
-from workloads import bounded_float, bounded_int, output_file  # noqa: E402
+from workloads import bounded_float, bounded_int, output_file, scheme_list, script_parser  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -34,6 +34,8 @@ REFUSED = [  # script, arguments, what the error line says
     ("accuracy_table.py", ["--limit", "0"], "argument --limit: must be an integer >= 1, got 0"),
     ("accuracy_table.py", ["--limit", "-1"], "argument --limit: must be an integer >= 1, got -1"),
     ("accuracy_table.py", ["--only", "bogus"], "argument --only: invalid choice: 'bogus'"),
+    ("accuracy_table.py", ["--only"], "argument --only: expected at least one argument"),
+    ("accuracy_table.py", ["--out-dir", "/proc/x"], "argument --out-dir: cannot create /proc/x/full"),
     ("eval_speed.py", ["--windows", "0"], "argument --windows: must be an integer >= 1"),
     ("eval_speed.py", ["--seq-len", "0"], "argument --seq-len: must be an integer >= 2"),
     ("gemm.py", ["--rounds", "0"], "argument --rounds: must be an integer >= 1"),
@@ -55,6 +57,14 @@ REFUSED = [  # script, arguments, what the error line says
      "argument --block-sizes: a block size is a power of two, not 24"),
     ("vs_llamacpp.py", ["--llama-bench", "/nonexistent/llama-bench"],
      "argument --llama-bench: /nonexistent/llama-bench is not a file"),
+    ("kv_steady_state.py", ["--waves", "1"], "argument --waves: must be an integer >= 2, got 1"),
+    ("quant_speed.py", ["--schemes", "W8A16,BOGUS"], "argument --schemes: 'BOGUS' is not one of"),
+    ("quant_speed.py", ["--schemes", "FP8"], "argument --schemes: 'FP8' is not one of"),
+    ("linear_floor.py", ["--schemes", "W4A17"], "argument --schemes: 'W4A17' is not one of"),
+    ("linear_floor.py", ["/nonexistent"], "argument model: /nonexistent: no such file or directory"),
+    ("cpu_serving.py", ["--model", "/nonexistent"], "argument --model: /nonexistent: no such file"),
+    ("profile_decode.py", ["--context", "9000"], "argument --context: the model's context holds 8192 "
+                                                 "tokens, 88 of them output: at most 8104, got 9000"),
 ]
 
 
@@ -117,3 +127,32 @@ def test_output_file(tmp_path) -> None:
                         (tmp_path, "is a directory"), (Path("/proc/x.json"), "cannot write")]:
         with pytest.raises(argparse.ArgumentTypeError, match=error):
             output_file(str(path))
+
+
+def test_scheme_list() -> None:
+    parse = scheme_list(("W8A16", "W4A16"))
+    assert parse("w4a16, W8A16") == ["W4A16", "W8A16"]
+    for text, error in [("W8A8", "'W8A8' is not one of W8A16, W4A16"), ("W8A16,", "'' is not one of")]:
+        with pytest.raises(argparse.ArgumentTypeError, match=error):
+            parse(text)
+
+
+def test_help_shows_the_whole_docstring() -> None:
+    doc = """A first line that goes on
+onto a second.
+
+    python script.py --flag
+"""
+    assert doc in script_parser(doc).format_help()
+
+
+def test_a_server_that_exits_at_once_fails_at_once() -> None:
+    """A bad `inferlab serve` option: the server's own error and one line saying so, in the
+    seconds its start takes (it once waited 300 s for /health, its stderr thrown away)."""
+    from cpu_serving import free_port, serving
+
+    with pytest.raises(SystemExit) as exited, serving(free_port(), "bfloat16", 1, extra=("--bogus-flag",)):
+        pytest.fail("the server came up")
+    message = str(exited.value.code)
+    assert "unrecognized arguments: --bogus-flag" in message
+    assert message.splitlines()[-1].endswith("exited with code 2 before it was healthy (its stderr ends above)")
