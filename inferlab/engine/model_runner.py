@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.engine.bad_words import barred_now
 from inferlab.engine.block_manager import cdiv
 from inferlab.engine.graphed_decode import GraphedDecode, fits_graph
 from inferlab.engine.outputs import (
@@ -19,6 +20,7 @@ from inferlab.engine.outputs import (
 )
 from inferlab.engine.request import Guide, Request
 from inferlab.engine.sampler import SamplingBatch, gather_logprobs, sample
+from inferlab.engine.seeded_draws import SeededUniforms
 from inferlab.engine.spec_decode import accepted_tokens
 from inferlab.errors import GuidedDecodingError
 from inferlab.kernels.host_memory import commit_pages, zeroed
@@ -128,7 +130,7 @@ class ModelRunner:
                 params.append(request.sampling_params)
                 prompts.append(request.prompt_token_ids)
                 outputs.append(output)
-                barred.append(_barred_now(request, output))
+                barred.append(barred_now(request, output))
                 allowed.append(None if guide is None else
                                _guide_allows(guide, request, drafts, failed, dead_ends))
         return SamplingBatch(params, uniforms, prompts, outputs, barred, allowed)
@@ -165,54 +167,6 @@ def _sampled_rows(hidden: torch.Tensor, chunks: list[ScheduledChunk], ends: list
     return hidden[torch.tensor(rows, device=hidden.device)] if rows else hidden[:0]
 
 
-class SeededUniforms:
-    """Seeded requests' uniform draws, one per output position in order: the m-th output token
-    is drawn with the m-th number of the request's generator, however many positions a step
-    samples (drafts) and keeps, so a seed gives the same tokens with speculative decoding or
-    without, alone or batched."""
-
-    def __init__(self) -> None:
-        self._generators: dict[str, torch.Generator] = {}
-        self._drawn: dict[str, list[torch.Tensor]] = {}  # from the next output position on
-
-    def take(self, request: Request, count: int, device: torch.device) -> list[torch.Tensor | None]:
-        """The draws for the request's next `count` output positions (None: not seeded, or
-        greedy, which draws nothing)."""
-        params, rid = request.sampling_params, request.request_id
-        if params.seed is None or params.greedy:
-            return [None] * count
-        if rid not in self._generators:
-            self._generators[rid] = torch.Generator(device).manual_seed(generator_seed(params.seed))
-            self._drawn[rid] = []
-        drawn = self._drawn[rid]
-        while len(drawn) < count:
-            drawn.append(torch.rand(1, generator=self._generators[rid], device=device, dtype=torch.float64))
-        return drawn[:count]
-
-    def consumed(self, request_id: str, count: int) -> None:
-        """The request output `count` tokens: their draws are spent."""
-        drawn = self._drawn.get(request_id)
-        if drawn is not None:
-            del drawn[:count]
-
-    def forget(self, request_id: str) -> None:
-        self._generators.pop(request_id, None)
-        self._drawn.pop(request_id, None)
-
-
-def generator_seed(seed: int) -> int:
-    """The seed a torch generator takes for a request's: the CPU generator (mt19937) keeps only
-    a seed's low 32 bits, so 7 and 2**32 + 7, or -1 and 2**63 - 1, drew the same numbers. Seeds
-    in [0, 2**32) pass as they are; any other is spread over 32 bits by splitmix64's finalizer,
-    so seeds that differ only above bit 31 draw apart."""
-    if 0 <= seed < 2**32:
-        return seed
-    z = seed % 2**64
-    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
-    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
-    return (z ^ (z >> 31)) >> 32
-
-
 def _guide_allows(guide: Guide, request: Request, drafts: list[int], failed: dict[str, str],
                   dead_ends: dict[str, int]) -> list[int] | torch.Tensor:
     """What the guide lets the request sample next. A guide that raises (a grammar too ambiguous
@@ -232,26 +186,3 @@ def _guide_allows(guide: Guide, request: Request, drafts: list[int], failed: dic
         why = f"guided decoding failed ({type(e).__name__}: {e})"
     failed.setdefault(request.request_id, why)
     return [0]
-
-
-def _barred_now(request: Request, output: list[int]) -> list[int]:
-    """Token ids the request may not sample after `output`: _not_yet_allowed's, and each bad
-    word's last token when the output ends with the tokens before it (vLLM's bad_words)."""
-    barred = _not_yet_allowed(request, len(output))  # a new list every call
-    for ids in request.bad_words_token_ids:
-        before = len(ids) - 1
-        if before == 0 or (before <= len(output) and output[len(output) - before:] == ids[:-1]):
-            barred.append(ids[-1])
-    return barred
-
-
-def _not_yet_allowed(request: Request, num_output_tokens: int) -> list[int]:
-    """vLLM's min_tokens: until the request has that many output tokens, its stop token ids
-    and EOS (unless ignored) cannot be sampled, rather than sampled and then ignored."""
-    params = request.sampling_params
-    if num_output_tokens >= params.min_tokens:
-        return []
-    ids = list(params.stop_token_ids or ())
-    if not params.ignore_eos and request.eos_token_id is not None:
-        ids.append(request.eos_token_id)
-    return ids

@@ -1,7 +1,7 @@
 """Batched sampling: penalties, temperature, top-k, top-p, min-p, seeds and logprobs.
 
 One pass over the whole batch with per-row parameter tensors; a seeded request's rows bring
-their own uniform draws (model_runner.SeededUniforms), so a seed gives the same tokens whatever
+their own uniform draws (seeded_draws.SeededUniforms), so a seed gives the same tokens whatever
 else is in the batch.
 """
 

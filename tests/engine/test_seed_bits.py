@@ -9,8 +9,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from inferlab.engine.model_runner import SeededUniforms
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.seeded_draws import SeededUniforms
 
 CPU = torch.device("cpu")
 

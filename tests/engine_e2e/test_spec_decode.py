@@ -143,11 +143,11 @@ def test_a_grammar_guide_looks_past_drafts_without_moving(plain):
     params = SamplingParams(temperature=0, max_tokens=8, json_object=True)
     ids = engine.tokenizer.encode('{"name": "Rex", "age"', add_special_tokens=False)
     output, drafts = ids[:2], ids[2:6]
-    looking = engine._guide(params, [])
+    looking = engine.requests.guide(params, [])
     for j in range(len(drafts) + 1):
-        fresh = engine._guide(params, [])
+        fresh = engine.requests.guide(params, [])
         assert torch.equal(looking.allowed_now(output, drafts[:j]), fresh.allowed_now(output + drafts[:j]))
-    fresh = engine._guide(params, [])
+    fresh = engine.requests.guide(params, [])
     assert torch.equal(looking.allowed_now(output), fresh.allowed_now(output))
     assert torch.equal(looking.allowed_now(output + [ids[2]]), fresh.allowed_now(output + [ids[2]]))
 
