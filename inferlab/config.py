@@ -24,6 +24,7 @@ DTYPES = ("auto", "float32", "bfloat16", "float16")
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's other names (ModelDType)
 MAX_THREADS = 1024  # torch.set_num_threads(100000) is a segfault, and libgomp fails near 20000
 CPU_KV_CACHE_BYTES = 2 * 2**30  # the KV cache on a CPU unless kv_cache_memory says otherwise
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # a step's tokens unless max_num_batched_tokens says otherwise
 
 
 def parse_bytes(text: str | int | float, what: str | None = None) -> int:
@@ -95,7 +96,9 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs for decode steps
     block_size: int = 16
     max_num_seqs: int = 256
-    max_num_batched_tokens: int = 2048
+    # None: DEFAULT_MAX_NUM_BATCHED_TOKENS, or without chunked prefill the larger of it and
+    # max_model_len, as vLLM sizes it (a prompt is computed in one step)
+    max_num_batched_tokens: int | None = None
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is computed in one step, or waits
@@ -134,10 +137,19 @@ class EngineConfig:
                                 f"got {self.scheduling_policy!r}")
         # the step limits, before any model loads (the context comes from the model later: a
         # stand-in of 1 until then, which no other limit's check can be blamed on)
-        SchedulerConfig(max_model_len=1 if self.max_model_len is None else self.max_model_len,
-                        max_num_seqs=self.max_num_seqs,
-                        max_num_batched_tokens=self.max_num_batched_tokens)
+        context = 1 if self.max_model_len is None else self.max_model_len
+        SchedulerConfig(max_model_len=context, max_num_seqs=self.max_num_seqs,
+                        max_num_batched_tokens=self.step_token_budget(context),
+                        enable_chunked_prefill=self.enable_chunked_prefill)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise InferlabError(f"generation_config must be auto, vllm or a folder, got "
                                 f"{self.generation_config!r}")
         check_seed(self.seed)
+
+    def step_token_budget(self, max_model_len: int) -> int:
+        """max_num_batched_tokens as the scheduler takes it, for a context of max_model_len."""
+        if self.max_num_batched_tokens is not None:
+            return self.max_num_batched_tokens
+        if self.enable_chunked_prefill:
+            return DEFAULT_MAX_NUM_BATCHED_TOKENS
+        return max(max_model_len, DEFAULT_MAX_NUM_BATCHED_TOKENS)

@@ -8,6 +8,7 @@ import re
 from inferlab.config import (
     BINARY_SUFFIXES,
     DECIMAL_SUFFIXES,
+    DEFAULT_MAX_NUM_BATCHED_TOKENS,
     DTYPE_ALIASES,
     DTYPES,
     EngineConfig,
@@ -47,9 +48,11 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                        help="tokens a KV-cache block holds (default: %(default)s)")
     group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs,
                        help="sequences a step runs at most (default: %(default)s)")
-    step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else _DEFAULTS.max_num_batched_tokens
-    group.add_argument("--max-num-batched-tokens", type=int, default=step,
-                       help=f"tokens computed per step, all requests together (default: {step})")
+    step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else DEFAULT_MAX_NUM_BATCHED_TOKENS
+    group.add_argument("--max-num-batched-tokens", type=int, default=None,
+                       help=f"tokens computed per step, all requests together (default: {step}; "
+                            f"without chunked prefill, at least --max-model-len)")
+    parser.set_defaults(chunked_step_tokens=step)
     group.add_argument("--max-model-len", type=human_readable_int, default=None,
                        help="context length, e.g. 8192, 32k (32,000) or 32K (32,768) "
                             "(default: the model's)")
@@ -110,9 +113,16 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
                                else parse_bytes(args.kv_cache_memory, "--kv-cache-memory")),
         gpu_memory_utilization=args.gpu_memory_utilization, enforce_eager=args.enforce_eager,
         block_size=args.block_size,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=_step_tokens(args),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill,
         scheduling_policy=args.scheduling_policy, generation_config=args.generation_config,
         num_threads=args.num_threads, seed=args.seed, speculative_config=args.speculative_config,
     )
+
+
+def _step_tokens(args: argparse.Namespace) -> int | None:
+    """The flag, else this command's default with chunked prefill (None: the engine's without)."""
+    if args.max_num_batched_tokens is not None or not args.enable_chunked_prefill:
+        return args.max_num_batched_tokens
+    return args.chunked_step_tokens

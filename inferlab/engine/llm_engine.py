@@ -78,7 +78,7 @@ class LLMEngine:
                                    enable_prefix_caching=config.enable_prefix_caching)
         self.scheduler = Scheduler(
             SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
-                            max_num_batched_tokens=config.max_num_batched_tokens,
+                            max_num_batched_tokens=config.step_token_budget(self.max_model_len),
                             enable_chunked_prefill=config.enable_chunked_prefill,
                             policy=config.scheduling_policy),
             cache_config)
@@ -125,7 +125,7 @@ class LLMEngine:
             return config.kv_cache_memory_bytes
         if self.device.type != "cuda":
             return CPU_KV_CACHE_BYTES
-        query_lens = profile_query_lens(config.max_num_batched_tokens, config.max_num_seqs,
+        query_lens = profile_query_lens(config.step_token_budget(self.max_model_len), config.max_num_seqs,
                                         self.max_model_len)
         memory = profile_device_memory(self.loaded.model, query_lens, config.block_size,
                                        self.dtype, self.device)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from inferlab.config import EngineConfig
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
@@ -61,10 +62,14 @@ def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
 def test_without_chunked_prefill_each_prompt_is_computed_in_one_step(make_llm, wiki_text):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
-    assert not engine_config_from_args(parser.parse_args(["--no-enable-chunked-prefill"])).enable_chunked_prefill
+    flags = engine_config_from_args(parser.parse_args(["--no-enable-chunked-prefill"]))
+    assert not flags.enable_chunked_prefill and flags.max_num_batched_tokens is None
+    auto = make_llm(enable_chunked_prefill=False, kv_cache_memory="256MiB")  # 5,824 fp32 tokens
+    # no budget given: a step holds the whole context, as vLLM sizes it
+    assert auto.engine.scheduler.config.max_num_batched_tokens == auto.engine.max_model_len == 5824
     with pytest.raises(InferlabError, match=r"without chunked prefill max_num_batched_tokens \(2048\) "
-                                            r"must be at least max_model_len \(5824\)"):
-        make_llm(enable_chunked_prefill=False, kv_cache_memory="256MiB")  # 5,824 fp32 tokens
+                                            r"must be at least max_model_len \(4096\)"):
+        EngineConfig(enable_chunked_prefill=False, max_num_batched_tokens=2048, max_model_len=4096)
     # a step takes at most two of the 40-100-token prompts; 24 blocks hold them all only in turns
     whole = make_llm(enable_chunked_prefill=False, max_model_len=200, max_num_batched_tokens=200,
                      kv_cache_memory=24 * 16 * 46080)

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from inferlab.cli import main, parse_command_line
+from inferlab.engine.args import engine_config_from_args
 from inferlab.planner.measure import cpu_name
 
 # what `--measure` writes, with round figures, so these tests need no micro-benchmark
@@ -78,7 +79,7 @@ def test_a_sequence_of_one_block_is_said_so(capsys, cache):
 def test_the_default_step_is_the_servers(capsys, cache):
     """A plan is for serving: `inferlab serve`'s max_num_batched_tokens (768) sets the
     activation peak and the prefill's chunks, not the offline commands' 2048."""
-    serve = parse_command_line(["serve"]).max_num_batched_tokens
+    serve = engine_config_from_args(parse_command_line(["serve"])).max_num_batched_tokens
     code, out, _ = _run(capsys, "--cache", str(cache))
     assert code == 0 and serve == 768
     # 1,024 prompt tokens: a chunk of 768, then 256
