@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -16,7 +15,7 @@ from inferlab.engine.outputs import (
     TokenLogprobs,
 )
 from inferlab.engine.request import NO_TOKEN, Request, RequestStatus
-from inferlab.engine.utf8_tokens import space_marker
+from inferlab.engine.token_texts import DecodedTokens
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -40,33 +39,6 @@ class _Parent:
     children: list[_Completion]
     prompt_logprobs: list[TokenLogprobs | None] | None = None
     pending: set[int] = field(default_factory=set)  # children updated since the last output
-
-
-class DecodedTokens:
-    """vLLM's decoded_token (its convert_ids_list_to_tokens): a token decoded alone, special
-    tokens kept, with the spaces its SentencePiece entry begins with, which the decoder drops
-    from the front of a text ("\u2581hello" is " hello"); cached, as a token's text never
-    changes. The server's TokenTexts writes these texts into its JSON."""
-
-    def __init__(self, tokenizer: TextTokenizer) -> None:
-        self.tokenizer = tokenizer
-        self._cache: dict[int, str] = {}
-
-    @functools.cached_property
-    def _marker(self) -> str | None:  # read at the first logprobs asked for, not at start-up
-        return space_marker(self.tokenizer)
-
-    def __call__(self, token_id: int) -> str:
-        text = self._cache.get(token_id)
-        if text is None:
-            text = self.tokenizer.decode([token_id], skip_special_tokens=False)
-            entry = self.tokenizer.id_to_token(token_id)
-            if self._marker is not None and entry is not None:
-                missing = ((len(entry) - len(entry.lstrip(self._marker)))
-                           - (len(text) - len(text.lstrip(" "))))
-                text = " " * missing + text
-            self._cache[token_id] = text
-        return text
 
 
 class OutputProcessor:
@@ -209,7 +181,8 @@ class OutputProcessor:
     @staticmethod
     def _end_without_token(completion: _Completion, stopped: list[str]) -> None:
         """The sampler found nothing left to sample (NO_TOKEN, the output's last): drop that
-        position and end the request with "stop", as a guide's dead end ends at EOS. Set before
+        position and end the request with "stop" (the constraints the client set left nothing
+        to sample; a guide's dead end fails instead, LLMEngine._fail_guided). Set before
         detokenizing, so that the text held back (a partial stop string) is flushed."""
         request = completion.request
         request.truncate_output(request.num_output_tokens - 1)

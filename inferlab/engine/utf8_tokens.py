@@ -80,7 +80,7 @@ def _marker(decoder: dict) -> str | None:
 
 
 def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[int, bytes]:
-    """The bytes of each token that decodes to text only beside others (token_texts gave it no
+    """The bytes of each token that decodes to text only beside others (appended_texts gave it no
     text), where its vocabulary entry spells them and they decode, with U+FFFD for what is not
     whole, to what the tokenizer decodes: a tokenizer spelled otherwise keeps them out."""
     specials = tokenizer.all_special_ids

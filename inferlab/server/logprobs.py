@@ -5,8 +5,8 @@ from __future__ import annotations
 import codecs
 from collections.abc import Callable, Sequence
 
-from inferlab.engine.output_processor import DecodedTokens
 from inferlab.engine.outputs import TokenLogprobs
+from inferlab.engine.token_texts import DecodedTokens
 from inferlab.engine.utf8_tokens import split_utf8, token_bytes
 from inferlab.models.tokenizer import TextTokenizer
 from inferlab.server.protocol import CompletionLogprobs, PromptLogprob, TokenLogprob, TopLogprob

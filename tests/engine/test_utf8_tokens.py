@@ -13,7 +13,7 @@ from inferlab.engine.guided.json_grammar import JsonGrammar
 from inferlab.engine.guided.regex_grammar import RegexGrammar
 from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 from inferlab.engine.guided.thinking_grammar import AfterThinking
-from inferlab.engine.guided.token_index import token_texts
+from inferlab.engine.guided.token_index import appended_texts
 from inferlab.engine.utf8_tokens import byte_spellings, completions, split_utf8
 from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
 
@@ -123,6 +123,6 @@ def test_sentencepiece_byte_fallback_tokens_are_spelled_by_their_hex():
     backend.decoder = decoders.Sequence([decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse()])
     tokenizer = TextTokenizer(backend, TokenizerInfo(eos_token="</s>"))
     assert tokenizer.encode("a\u05e2", add_special_tokens=False) == [3, 5, 6]
-    texts = token_texts(tokenizer)
+    texts = appended_texts(tokenizer)
     assert texts[3:8] == ["a", None, None, None, "A"]
     assert byte_spellings(tokenizer, texts) == {4: "\ufffd".encode(), 5: b"\xd7", 6: b"\xa2"}

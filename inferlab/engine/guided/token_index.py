@@ -13,7 +13,7 @@ from inferlab.engine.utf8_tokens import SURROGATES, byte_spellings, split_utf8
 from inferlab.models.tokenizer import TextTokenizer
 
 
-def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
+def appended_texts(tokenizer: TextTokenizer) -> list[str | None]:
     """The text each token adds to an output, None for special and empty tokens and for those
     that hold part of a character's UTF-8 bytes (utf8_tokens.byte_spellings gives their bytes).
 
@@ -42,7 +42,7 @@ def token_texts(tokenizer: TextTokenizer) -> list[str | None]:
 
 def token_index(tokenizer: TextTokenizer, vocab_size: int) -> TokenIndex:
     """The index of a tokenizer's vocabulary, its byte tokens with their bytes."""
-    texts = token_texts(tokenizer)
+    texts = appended_texts(tokenizer)
     return TokenIndex(texts, vocab_size, byte_tokens=byte_spellings(tokenizer, texts))
 
 
