@@ -80,10 +80,13 @@ def serving(port: int, dtype: str, max_seqs: int, model: str | None = None,
             yield
         finally:
             server.terminate()
-            with contextlib.suppress(subprocess.TimeoutExpired):
+            try:
                 server.wait(timeout=60)
-            server.kill()  # one that ignored SIGTERM for a minute; nothing once it has exited
-            server.wait()
+            except subprocess.TimeoutExpired:
+                pass
+            finally:  # also when a second SIGTERM cut the wait short
+                server.kill()  # one that ignored SIGTERM for a minute; nothing once it has exited
+                server.wait()
 
 
 def wait_until_healthy(server: subprocess.Popen, port: int, log: IO[bytes]) -> None:
@@ -96,7 +99,8 @@ def wait_until_healthy(server: subprocess.Popen, port: int, log: IO[bytes]) -> N
                 if r.status == 200:
                     return
         except OSError:
-            time.sleep(1)
+            pass
+        time.sleep(1)
     log.seek(0)
     tail = "".join(log.read().decode(errors="replace").splitlines(keepends=True)[-20:])
     why = ("did not become healthy in 300 s" if server.returncode is None

@@ -19,13 +19,15 @@ if TYPE_CHECKING:  # the scheduler side of the engine runs without torch (inferl
 
 
 # The token id the sampler gives a row whose request's constraints (allowed_token_ids, bad_words,
-# min_tokens) leave no token to sample: the request ends there with finish_reason "stop", as a
-# guide's dead end does (at EOS), and the position is never output (output_processor drops it).
+# min_tokens) leave no token to sample: the request ends there with finish_reason "stop", and
+# the position is never output (output_processor drops it). A guide with no way on fails its
+# request instead (finish_reason "error"): the output it holds to is not whole.
 NO_TOKEN = -1
 
 
 class Guide(Protocol):
-    """Guided decoding's per-request state (guided_choice.ChoiceGuide, guided_grammar.GrammarGuide)."""
+    """Guided decoding's per-request state (guided.guided_choice.ChoiceGuide,
+    guided.token_filter.GrammarGuide)."""
 
     def allowed_now(self, output: list[int], drafts: Sequence[int] = ()) -> list[int] | torch.Tensor:
         """The token ids the next token may be (a list, or a bool mask over the vocabulary),

@@ -250,7 +250,7 @@ class SamplingParams:
 
     @property
     def grammar(self) -> tuple[str, Any] | None:
-        """The grammar the output is held to, as guided_grammar.GrammarFilters names it:
+        """The grammar the output is held to, as guided.token_filter.GrammarFilters names it:
         ("json" or "compact_json", schema), ("regex", pattern), ("ebnf", grammar text),
         ("structural_tag", spec), or None."""
         if self.guided_schema is not None:

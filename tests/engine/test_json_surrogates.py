@@ -11,6 +11,7 @@ import jsonschema
 import pytest
 
 from inferlab.engine.guided.json_grammar import JsonGrammar
+from inferlab.engine.guided.json_schema import SchemaError
 
 from .grammar_fuzz import complete, finished_walks
 
@@ -41,3 +42,10 @@ def test_random_walks_end_in_texts_the_schema_validates(name):
     assert texts
     for text in texts:
         jsonschema.validate(json.loads(text), schema)
+
+
+def test_a_pair_held_as_two_code_points_is_refused():
+    """From Python, "\ud83d\ude00" can be two code points; its JSON text reads back as one
+    character, so no output could equal the value."""
+    with pytest.raises(SchemaError, match="surrogate pair as two code points"):
+        JsonGrammar({"enum": ["\ud83d\ude00"]})

@@ -15,9 +15,12 @@ from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.guided import grammar as grammar_module
 from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
 from inferlab.engine.guided.json_grammar import JsonGrammar
-from inferlab.engine.guided.token_filter import GrammarGuide
+from inferlab.engine.guided.token_filter import GrammarFilters, GrammarGuide
+from inferlab.engine.guided.token_index import token_index
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import GuidedDecodingError, InferlabError
+from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
+from tests.models.tiny_tokenizer import make_tokenizer
 
 AMBIGUOUS_EBNF = 'root ::= "a" root "x" | "a" root "y" | "z"'
 TWIN_BRANCHES = {"$defs": {"a": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/a"}}] * 2}},
@@ -176,11 +179,25 @@ def test_the_async_engine_raises_it_to_its_caller_and_goes_on(make_fast_llm, one
     asyncio.run(main())
 
 
-def test_a_grammar_no_token_can_follow_fails_its_request(make_fast_llm):
-    """Half a surrogate pair is a character no text holds: the output cannot be whole, so it
-    fails there rather than stop at EOS as if it were."""
+def test_a_grammar_no_token_can_follow_fails_its_request():
+    """A vocabulary that cannot spell what the grammar takes next (a word-level one, whose
+    tokens read " w2", " w3"..., and no "z"): the output cannot be whole, so the guide fails there rather than end it at EOS as if
+    it were (the request's finish reason is then "error")."""
+    tokenizer = TextTokenizer(make_tokenizer(), TokenizerInfo(bos_token="<bos>", eos_token="</s>"))
+    filters = GrammarFilters(lambda: token_index(tokenizer, tokenizer.vocab_size), eos_token_id=2)
+    guide = filters.guide("ebnf", 'root ::= " w2" "z" | " w3"')
+    w2, w3 = tokenizer.encode("w2 w3", add_special_tokens=False)
+    assert guide.allowed_now([w3]).nonzero().flatten().tolist() == [2]  # whole: EOS only
+    guide = filters.guide("ebnf", 'root ::= " w2" "z" | " w3"')
+    with pytest.raises(GuidedDecodingError, match="no token of the vocabulary spells"):
+        guide.allowed_now([w2])
+
+
+def test_half_a_surrogate_pair_matches_no_text(make_fast_llm):
+    """No text holds one: the branch that needs it is left out, a grammar of nothing else refused."""
+    grammar = EbnfGrammar('root ::= "x" [\ud800-\udbff] | "y"')
+    assert grammar.advance(grammar.start, "x") is None and grammar.is_complete(_read(grammar, "y"))
     llm = make_fast_llm(kv_cache_memory="64MiB")
-    params = SamplingParams(temperature=0, max_tokens=8, guided_grammar='root ::= "x" [\ud800-\udbff]')
-    out = llm.generate(["Go:"], params, use_tqdm=False)[0]
-    assert out.outputs[0].finish_reason == "error" and "no token" in out.error
-    assert llm.engine.scheduler.block_manager.num_free_blocks == llm.engine.num_kv_blocks
+    with pytest.raises(InferlabError, match="matches no text"):
+        llm.generate(["Go:"], SamplingParams(max_tokens=4, guided_grammar='root ::= "x" [\ud800-\udbff]'),
+                     use_tqdm=False)

@@ -134,10 +134,11 @@ def _nullable(compiled: Compiled) -> list[bool]:
 
 def _productive_alternatives(compiled: Compiled) -> list[list[tuple[Element, ...]]]:
     """Each rule's alternatives less those that match no text (one reads a class no character is
-    in, or calls a rule that only calls itself), so that every text the guide lets through can
-    still be finished; a root left with none is refused, as the guide could only force an end."""
+    in, half a surrogate pair aside, or calls a rule that only calls itself), so that every text
+    the guide lets through can still be finished; a root left with none is refused, as the guide
+    could only force an end."""
     def reads(matcher: Matcher) -> bool:
-        return matcher.meets("\0", "\U0010ffff")
+        return matcher.meets("\0", "\ud7ff") or matcher.meets("\ue000", "\U0010ffff")
 
     productive = _rules_where(compiled, reads)
     if not productive[compiled.root]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from fractions import Fraction
 from typing import Any
 
@@ -135,6 +136,9 @@ def json_equal(a: Any, b: Any) -> bool:
     return a == b
 
 
+_SPLIT_PAIR = re.compile("[\ud800-\udbff][\udc00-\udfff]")
+
+
 def json_text(value: Any) -> str:
     """`value` as one compact JSON text. A lone surrogate (JSON's "\\ud800") is written as its
     \\u escape, the only spelling a model's tokens have for it; json.loads reads it back."""
@@ -142,4 +146,7 @@ def json_text(value: Any) -> str:
         text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
     except (TypeError, ValueError):
         raise SchemaError(f"{value!r} is not a JSON value") from None
+    if _SPLIT_PAIR.search(text):  # json.loads would join the two escapes into one character
+        raise SchemaError(f"{value!r} holds a surrogate pair as two code points, which no JSON "
+                          "text reads back as")
     return SURROGATES.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
