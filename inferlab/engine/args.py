@@ -51,7 +51,7 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else DEFAULT_MAX_NUM_BATCHED_TOKENS
     group.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help=f"tokens computed per step, all requests together (default: {step}; "
-                            f"without chunked prefill, at least --max-model-len)")
+                            f"without chunked prefill, the larger of 2048 and the context length)")
     parser.set_defaults(chunked_step_tokens=step)
     group.add_argument("--max-model-len", type=human_readable_int, default=None,
                        help="context length, e.g. 8192, 32k (32,000) or 32K (32,768) "
@@ -61,8 +61,8 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     group.add_argument("--enable-chunked-prefill", action=argparse.BooleanOptionalAction,
                        default=_DEFAULTS.enable_chunked_prefill,
                        help="split long prompts across steps, beside the running decodes; off, a "
-                            "prompt is computed in one step, so --max-num-batched-tokens must "
-                            "hold --max-model-len (default: on)")
+                            "prompt is computed in one step, whose budget then defaults to the "
+                            "context length (default: on)")
     group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                        default=_DEFAULTS.scheduling_policy,
                        help="fcfs: first come first served; priority: by each request's "
