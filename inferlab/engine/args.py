@@ -51,7 +51,8 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else DEFAULT_MAX_NUM_BATCHED_TOKENS
     group.add_argument("--max-num-batched-tokens", type=int, default=None,
                        help=f"tokens computed per step, all requests together (default: {step}; "
-                            f"without chunked prefill, the larger of 2048 and the context length)")
+                            f"without chunked prefill, the larger of {DEFAULT_MAX_NUM_BATCHED_TOKENS} and the "
+                            f"context length)")
     parser.set_defaults(chunked_step_tokens=step)
     group.add_argument("--max-model-len", type=human_readable_int, default=None,
                        help="context length, e.g. 8192, 32k (32,000) or 32K (32,768) "
