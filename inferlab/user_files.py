@@ -15,14 +15,15 @@ from typing import Any
 from inferlab.errors import InferlabError
 
 
-def read_user_text(path: str | Path, kind: str = "file") -> str:
-    """The whole file as UTF-8 text, line ends as they are (callers that want LF normalize);
-    `kind` names the file in the errors ("no such dataset file")."""
+def read_user_text(path: str | Path, kind: str = "file", as_lf: tuple[str, ...] = ()) -> str:
+    """The whole file as UTF-8 text, line ends as they are except those in `as_lf`, read as LF
+    in that order (CRLF alone, or CRLF then a lone CR, as open() reads them); `kind` names the
+    file in the errors ("no such dataset file")."""
     if not str(path):
         raise InferlabError(f"the {kind} path is empty")
     try:
         with open(path, encoding="utf-8", newline="") as f:
-            return f.read()
+            text = f.read()
     except FileNotFoundError:
         raise InferlabError(f"{path}: no such {kind}") from None
     except IsADirectoryError:
@@ -31,6 +32,9 @@ def read_user_text(path: str | Path, kind: str = "file") -> str:
         raise InferlabError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except OSError as e:  # no permission, a device...
         raise InferlabError(f"{path}: cannot be read ({e.strerror})") from None
+    for line_end in as_lf:
+        text = text.replace(line_end, "\n")
+    return text
 
 
 def stat_user_path(path: str | Path) -> os.stat_result | None:

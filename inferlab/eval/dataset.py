@@ -10,10 +10,10 @@ from inferlab.user_files import read_user_text
 
 def read_text(path: str) -> str:
     """The whole file as text, CRLF line ends turned into LF (WikiText ships with CRLF)."""
-    text = read_user_text(path, "dataset file (--dataset)")
+    text = read_user_text(path, "dataset file (--dataset)", as_lf=("\r\n",))
     if not text.strip():
         raise InferlabError(f"{path}: the dataset is empty")
-    return text.replace("\r\n", "\n")
+    return text
 
 
 def cut_windows(ids: Sequence[int], seq_len: int, limit: int | None = None) -> list[list[int]]:

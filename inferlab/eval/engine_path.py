@@ -24,7 +24,7 @@ class EngineScorer:
                                                    element_bytes)
         # the prompt, plus the block the one sampled token may open
         blocks = -(-seq_len // _BLOCK_SIZE) + 1
-        self.llm = LLM(loaded=loaded, dtype=str(dtype).removeprefix("torch."), device=device,
+        self.llm = LLM(loaded=loaded, dtype=dtype, device=device,  # EngineConfig names the torch dtype
                        block_size=_BLOCK_SIZE, kv_cache_memory=blocks * _BLOCK_SIZE * bytes_per_token,
                        max_num_seqs=1, max_num_batched_tokens=max(seq_len, 2048))
         self.params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0,

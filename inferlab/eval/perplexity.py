@@ -16,13 +16,14 @@ from dataclasses import dataclass
 import torch
 from tqdm import tqdm
 
+from inferlab.config import canonical_dtype
 from inferlab.engine.platform import resolve_device, resolve_dtype
 from inferlab.errors import InferlabError
 from inferlab.eval.config import EvalConfig
 from inferlab.eval.dataset import cut_windows, read_text
 from inferlab.eval.metrics import WindowScores, compare_window, token_nll
 from inferlab.eval.result import EvalResult, Tally, kl_summary
-from inferlab.eval.window import WindowRunner
+from inferlab.eval.window import WindowRunner, context_unit
 from inferlab.models.loader import LoadedModel, load_model
 
 ScoreFn = Callable[[Sequence[int]], WindowScores]
@@ -75,10 +76,9 @@ def _check_fits(loaded: LoadedModel, config: EvalConfig) -> None:
     max_context)."""
     room = loaded.config.max_context - (1 if config.via_engine else 0)
     if config.seq_len > room:
-        windowed = loaded.config.max_context < loaded.config.max_position_embeddings
         extra = " (the engine needs one position for the token it samples)" if config.via_engine else ""
         raise InferlabError(f"--seq-len {config.seq_len} is longer than {loaded.name} can take: "
-                            f"{room} {'tokens of sliding window' if windowed else 'positions'}{extra}")
+                            f"{room} {context_unit(loaded.config)}{extra}")
 
 
 def _check_same_vocabulary(loaded: LoadedModel, baseline: LoadedModel) -> None:
@@ -111,7 +111,7 @@ def evaluate(config: EvalConfig) -> EvalResult:
     elapsed_s = time.perf_counter() - start
     result = EvalResult(
         model=setup.loaded.name, dataset=config.dataset, seq_len=config.seq_len,
-        dtype=str(setup.dtype).removeprefix("torch."), via_engine=config.via_engine,
+        dtype=canonical_dtype(setup.dtype), via_engine=config.via_engine,
         windows=tally.windows, tokens=tally.tokens, nll=tally.nll_sum / tally.tokens,
         ppl=tally.ppl, elapsed_s=elapsed_s, model_path=setup.loaded.path)
     if setup.baseline is not None:

@@ -7,7 +7,14 @@ from collections.abc import Sequence
 import torch
 
 from inferlab.kernels.attention.metadata import AttentionMetadata, token_positions
+from inferlab.models.config import ModelConfig
 from inferlab.models.loader import LoadedModel
+
+
+def context_unit(cfg: ModelConfig) -> str:
+    """What caps cfg.max_context, for errors: the positions, or a sliding window shorter than
+    them (attention here does not slide)."""
+    return "positions" if cfg.max_context == cfg.max_positions else "tokens of sliding window"
 
 
 class WindowRunner:
@@ -22,8 +29,7 @@ class WindowRunner:
         cfg = loaded.config
         if max_len > cfg.max_context:
             raise ValueError(f"windows of {max_len} tokens exceed the model's {cfg.max_context} "
-                             + ("positions" if cfg.max_context == cfg.max_positions
-                                else "tokens of sliding window"))
+                             f"{context_unit(cfg)}")
         self.model = loaded.model
         self.max_len, self.block_size, self.device = max_len, block_size, device
         num_blocks = -(-max_len // block_size)

@@ -1,5 +1,5 @@
 """Building and loading the C kernels of inferlab/kernels/cpu/: compiled at first use with the
-machine's C compiler (`cc`, a few seconds) into ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed
+machine's C compiler (`cc`, 30-60 s on 2 cores) into ~/.cache/inferlab (or $INFERLAB_CACHE_DIR), keyed
 by the sources' hash and the kind of CPU, and loaded through ctypes with every function's
 signature. Linked against the libgomp torch already loaded, so both share one OpenMP thread pool.
 gnu11, not c11: ISO mode turns off the contraction of a*b+c into FMA instructions.
@@ -17,6 +17,10 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # annotations only: building and loading the library needs no torch
+    import torch
 
 logger = logging.getLogger("inferlab.kernels")
 
@@ -62,6 +66,11 @@ class LinearDesc(ctypes.Structure):
     _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
                 *((name, _P) for name in ("weight", "scale", "group_scale", "group_zero", "bias",
                                           "weight_sums", "input_scale"))]
+
+
+def tensor_ptr(t: torch.Tensor | None) -> int | None:
+    """For LinearDesc and the other C structs: a buffer's address, or NULL for an absent one."""
+    return None if t is None else t.data_ptr()
 
 
 def _cache_dir() -> Path:

@@ -50,7 +50,7 @@ class PackedLinear(nn.Module):
         """The layer for the C kernels (pointers into this module's tensors)."""
         return cpu_library.LinearDesc(
             kind=cpu_library.LINEAR_BF16, n_out=self.out_features, k_in=self.in_features,
-            weight=self.packed.data_ptr(), bias=None if self.bias is None else self.bias.data_ptr())
+            weight=self.packed.data_ptr(), bias=cpu_library.tensor_ptr(self.bias))
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, packed bf16"

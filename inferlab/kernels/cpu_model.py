@@ -21,6 +21,7 @@ from torch import nn
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.cpu_library import tensor_ptr
 from inferlab.kernels.cpu_linear import PackedEmbedding, PackedLinear
 from inferlab.quant.linear import CKernelLinear
 
@@ -74,10 +75,6 @@ class _Plan(NamedTuple):
     model_fields: dict  # the model's fields of _ForwardBatch (sizes, eps, scale, tables)
 
 
-def _ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
                    ) -> _LayerWeights | None:
     """The layer's tensors for the C call, or None when the layer does not fit the C path.
@@ -104,8 +101,8 @@ def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
             and k_cache.is_contiguous() and v_cache.is_contiguous()
             and k_cache.dtype == torch.bfloat16):
         return None
-    return _LayerWeights(_ptr(norm), _ptr(post_norm), *(m.c_desc() for m in linears),
-                         _ptr(k_cache), _ptr(v_cache))
+    return _LayerWeights(tensor_ptr(norm), tensor_ptr(post_norm), *(m.c_desc() for m in linears),
+                         tensor_ptr(k_cache), tensor_ptr(v_cache))
 
 
 def run_model(model: nn.Module, input_ids: torch.Tensor,
@@ -134,10 +131,11 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     prompts = None if all_decodes else prefill_seqs(meta)
     batch = _ForwardBatch(
         **plan.model_fields, block_size=block_size, table_stride=meta.block_tables.stride(0),
-        token_ids=_ptr(ids), positions=_ptr(positions), slots=_ptr(slots), cos_table=_ptr(cos),
-        sin_table=_ptr(sin), block_tables=_ptr(meta.block_tables), seq_lens=_ptr(meta.seq_lens),
-        query_start_loc=_ptr(meta.query_start_loc), decode_rows=_ptr(rows), decode_seqs=_ptr(seqs),
-        prefill_seqs=_ptr(prompts), num_decodes=len(meta.decode_seqs),
+        token_ids=tensor_ptr(ids), positions=tensor_ptr(positions), slots=tensor_ptr(slots),
+        cos_table=tensor_ptr(cos), sin_table=tensor_ptr(sin),
+        block_tables=tensor_ptr(meta.block_tables), seq_lens=tensor_ptr(meta.seq_lens),
+        query_start_loc=tensor_ptr(meta.query_start_loc), decode_rows=tensor_ptr(rows),
+        decode_seqs=tensor_ptr(seqs), prefill_seqs=tensor_ptr(prompts), num_decodes=len(meta.decode_seqs),
         num_prefills=meta.num_seqs - len(meta.decode_seqs))
     status = cpu_ops.model_forward_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
                                               plan.layers, len(plan.layers), ctypes.byref(batch))
@@ -173,7 +171,8 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
                   num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
                   intermediate=first.mlp.down_proj.in_features, vocab=embedding.num_embeddings,
                   embed_packed=int(isinstance(embedding, PackedEmbedding)), eps=first.input_layernorm.eps,
-                  final_eps=norm.eps, scale=attn.scale, embed=_ptr(table), final_norm=_ptr(norm.weight))
+                  final_eps=norm.eps, scale=attn.scale, embed=tensor_ptr(table),
+                  final_norm=tensor_ptr(norm.weight))
     plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), fields)
     _PLANS[model] = plan
     return plan

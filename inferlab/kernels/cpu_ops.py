@@ -1,9 +1,8 @@
-"""The C kernels of inferlab/kernels/cpu/ (ops.c, decode_attention.c, decode_prefix.c, matmul.c,
-amx_gemm.c, quant_linear.c, dynamic_linear.c, prefill_attention.c, model_forward.c) as torch
-functions: each wrapper takes CPU tensors of one dtype, bf16 or fp32, and checks the layout it
-relies on. The library is built at first use (cpu_library.py); where no compiler works,
-`available()` is False and callers keep their torch path. INFERLAB_CPU_KERNELS=0 turns the C
-kernels off (for A/B measurements), INFERLAB_CPU_AMX=0 their AMX paths.
+"""The C kernels of inferlab/kernels/cpu/ (cpu_library.SOURCES) as torch functions: each wrapper
+takes CPU tensors of one dtype, bf16 or fp32, and checks the layout it relies on. The library
+is built at first use (cpu_library.py); where no compiler works, `available()` is False and
+callers keep their torch path. INFERLAB_CPU_KERNELS=0 turns the C kernels off (for A/B
+measurements), INFERLAB_CPU_AMX=0 their AMX paths.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """RMSNorm (+ residual add), RoPE and SiLU-and-mul behind one signature each.
 
-CUDA tensors take the Triton kernels, CPU tensors the C kernels (cpu_ops) when they are built,
-everything else the torch expressions below, which are also the oracle the kernels are tested
+CUDA tensors take the Triton kernels (RMSNorm and RoPE; SiLU-and-mul has none and stays in
+torch on a GPU), CPU tensors the C kernels (cpu_ops) when they are built, everything else the
+torch expressions below, which are also the oracle the kernels are tested
 against. The torch forms follow Hugging Face Llama's rounding.
 """
 

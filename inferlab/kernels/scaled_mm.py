@@ -71,8 +71,7 @@ def int8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.
 
 
 def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor,
-                    bias: torch.Tensor | None = None, input_scale: torch.Tensor | None = None
-                    ) -> torch.Tensor:
+                    input_scale: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] @ (weight float8_e4m3fn [N, K] * weight_scale [N])^T -> [..., N] in x.dtype;
     x is quantized per token, or with the static `input_scale` [1] when given."""
     w_scale = _check(x, weight, weight_scale)
@@ -81,6 +80,4 @@ def fp8_w8a8_linear(x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.T
     # Row-wise scaling wants bf16 output on CUDA; the cast to x.dtype follows.
     out = torch._scaled_mm(xq, weight.t(), scale_a=x_scale, scale_b=w_scale,
                            out_dtype=torch.bfloat16 if x.is_cuda else torch.float32)
-    if bias is not None:
-        out = out.float() + bias.float()
     return out.to(x.dtype).reshape(*x.shape[:-1], weight.shape[0])

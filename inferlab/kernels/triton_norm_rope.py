@@ -4,10 +4,11 @@ In eager torch an RMSNorm is ~6 kernels (cast, square, mean, rsqrt, two multipli
 ~12 (gathers, casts, rotate-half, products, sums), each a full pass over the activations. On a
 GPU these are launch- and bandwidth-bound; fused, each is one read and one write.
 
-Rounding follows the torch modules they replace (inferlab.models.layers, HF Llama): RMSNorm
-normalises in fp32, rounds to the input dtype, then multiplies by the weight; the residual
-add is rounded to the input dtype before it is normalised. RoPE computes in fp32 and rounds
-once, so it is slightly more exact than the bf16 torch expression.
+Rounding follows HF Llama: RMSNorm normalises in fp32, rounds to the input dtype, then
+multiplies by the weight; the residual add is rounded to the input dtype before it is
+normalised. The torch reference (kernels/fused.py: torch_rms_norm, F.rms_norm) scales inside
+one fp32 kernel instead, so for bf16 the two may differ by one rounding. RoPE computes in fp32
+and rounds once, so it is slightly more exact than torch_rotary_embedding's bf16 expression.
 """
 
 from __future__ import annotations

@@ -77,8 +77,7 @@ def _error_text(error: Exception) -> str:
 def read_template_file(path: str) -> str:
     """A Jinja file's text, line ends as open() reads them (as transformers reads
     chat_template.jinja); a directory or a file that is not UTF-8 is a one-line error."""
-    text = read_user_text(path, "chat template file")
-    return text.replace("\r\n", "\n").replace("\r", "\n")
+    return read_user_text(path, "chat template file", as_lf=("\r\n", "\r"))
 
 
 def load_chat_template(value: str) -> str:

@@ -7,8 +7,9 @@ import dataclasses
 import json
 import os
 
-from inferlab.config import DTYPE_ALIASES
+from inferlab.config import DTYPE_ALIASES, canonical_dtype
 from inferlab.models.config import ModelConfig
+from inferlab.models.gguf_reader import GGUFFile, is_gguf_file
 from inferlab.planner.memory import kv_cache_bytes_per_token, linear_layers, weight_bytes
 from inferlab.planner.model_shapes import scheme_weight_format
 from inferlab.quant.ct_config import ParsedConfig, parse_quantization_config
@@ -32,7 +33,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
     from inferlab.models.gguf import chat_template, open_gguf
-    from inferlab.models.gguf_reader import is_gguf_file
     from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
 
     path = resolve_model_path(model)
@@ -62,6 +62,7 @@ def model_info(model: str | None, dtype: str) -> dict:
         "kv_bytes_per_token": kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads,
                                                        cfg.head_dim, nbytes),
         "context_length": cfg.max_positions, "sliding_window": cfg.sliding_window,
+        "served_context_length": cfg.max_context,
         "tied_embeddings": cfg.tie_word_embeddings, "chat_template": bool(template),
         "end_token_ids": list(generation.end_token_ids(cfg.eos_token_ids)),
         "generation_defaults": generation.sampling_defaults,
@@ -110,7 +111,7 @@ def _quantization(config: dict | None, parsed: ParsedConfig | None) -> list[str]
     return lines
 
 
-def _gguf_types(gguf_file) -> str:
+def _gguf_types(gguf_file: GGUFFile) -> str:
     """The GGUF's tensor types by count ('Q4_1 x 211, F32 x 61'): the engine dequantizes them
     to the serving dtype at load."""
     counts: dict[str, int] = {}
@@ -136,7 +137,7 @@ def _served_dtype(dtype: str) -> str:
         return dtype
     from inferlab.engine.platform import resolve_device, resolve_dtype
 
-    return str(resolve_dtype("auto", resolve_device("auto"))).removeprefix("torch.")
+    return canonical_dtype(resolve_dtype("auto", resolve_device("auto")))
 
 
 def run_info(args: argparse.Namespace) -> int:
@@ -163,8 +164,8 @@ def run_info(args: argparse.Namespace) -> int:
          f"2 × {info['layers']} layers × {info['kv_heads']} KV heads × {info['head_dim']} head dim × "
          f"{nbytes} bytes = {info['kv_bytes_per_token']:,} bytes"),
         ("context length", f"{info['context_length']:,}"
-                           + (f" (served: {info['sliding_window']:,}, the sliding window)"
-                              if info["sliding_window"] else "")),
+                           + (f" (served: {info['served_context_length']:,}, the sliding window)"
+                              if info["served_context_length"] < info["context_length"] else "")),
         ("tied embeddings", "yes" if info["tied_embeddings"] else "no"),
         ("chat template", "present" if info["chat_template"] else "absent"),
         ("end-of-generation ids", ", ".join(map(str, info["end_token_ids"])) or "none"),

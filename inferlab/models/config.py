@@ -183,9 +183,7 @@ class ModelConfig:
             kv_heads_default = num_heads if "num_key_value_heads" in cfg else defaults.get(
                 "num_key_value_heads", num_heads)
             hidden = _whole(cfg, "hidden_size")
-            eos = cfg.get("eos_token_id")
-            eos_ids = tuple(_as_whole("eos_token_id", e)
-                            for e in (eos if isinstance(eos, list) else [] if eos is None else [eos]))
+            eos_ids = token_ids("eos_token_id", cfg.get("eos_token_id"))
             rope_theta, rope_scaling = _rope(cfg)
             if cfg.get("mlp_bias"):
                 raise ModelLoadError(f"{source}: mlp_bias (biases in the MLP) is not supported")
@@ -306,6 +304,19 @@ def _as_whole(key: str, value: Any) -> int:
             or isinstance(value, float) and not value.is_integer()):  # inf and NaN too
         raise ValueError(f"{key} must be a whole number, got {value!r}")
     return int(value)
+
+
+def token_ids(key: str, value: Any) -> tuple[int, ...]:
+    """A config's eos_token_id: null, a token id or a list of them (5.0 is 5); anything else,
+    a negative id among them, is a ValueError (named by the caller)."""
+    if value is None:
+        return ()
+    if not isinstance(value, int | float | list):
+        raise ValueError(f"{key} must be a token id or a list of them, got {value!r}")
+    ids = tuple(_as_whole(key, v) for v in (value if isinstance(value, list) else [value]))
+    if any(i < 0 for i in ids):
+        raise ValueError(f"{key} must hold token ids (0 or more), got {value!r}")
+    return ids
 
 
 def _sliding_window(cfg: dict[str, Any], architecture: str, num_layers: int) -> int | None:

@@ -11,12 +11,12 @@ Two things in it change what a server answers, and vLLM reads both:
 
 from __future__ import annotations
 
-import json
 import os
 from dataclasses import dataclass, field
 from typing import Any
 
 from inferlab.errors import ModelLoadError
+from inferlab.models.config import read_json_object, token_ids
 
 FILE_NAME = "generation_config.json"
 # generation_config.json's field -> SamplingParams' field
@@ -42,23 +42,12 @@ def read_generation_config(directory: str) -> GenerationConfig:
     path = os.path.join(directory, FILE_NAME)
     if not os.path.isfile(path):
         return GenerationConfig()
+    raw = read_json_object(path)
     try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ModelLoadError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(raw, dict):
-        raise ModelLoadError(f"{path}: expected a JSON object")
-    return GenerationConfig(_eos_ids(raw.get("eos_token_id"), path), _sampling(raw, path))
-
-
-def _eos_ids(value: Any, path: str) -> tuple[int, ...]:
-    ids = [value] if isinstance(value, int) else value if isinstance(value, list) else None
-    if value is None:
-        return ()
-    if ids is None or not all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in ids):
-        raise ModelLoadError(f"{path}: eos_token_id must be a token id or a list of them, got {value!r}")
-    return tuple(ids)
+        eos_ids = token_ids("eos_token_id", raw.get("eos_token_id"))
+    except ValueError as e:
+        raise ModelLoadError(f"{path}: {e}") from None
+    return GenerationConfig(eos_ids, _sampling(raw, path))
 
 
 def _sampling(raw: dict[str, Any], path: str) -> dict[str, Any]:

@@ -10,13 +10,16 @@ from __future__ import annotations
 import re
 import reprlib
 import stat
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 from inferlab.errors import ModelLoadError
 from inferlab.models.config import ModelConfig, config_error_in
 from inferlab.models.gguf_reader import GGUFFile
 from inferlab.user_files import stat_user_path
+
+if TYPE_CHECKING:  # annotations only: reading the config needs no torch
+    import torch
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM",
                  "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
@@ -147,7 +150,7 @@ def _check_layers(reader: GGUFFile, path: str, key: str, count: int, names: set[
                              f"for {held} ({len(layers)} in all)")
 
 
-def _rope_scaling(reader: GGUFFile, arch: str, meta) -> dict[str, Any] | None:
+def _rope_scaling(reader: GGUFFile, arch: str, meta: Callable[..., Any]) -> dict[str, Any] | None:
     """llama.cpp's rope.scaling keys as a Hugging Face rope_scaling dict; ModelConfig refuses
     the types it cannot compute."""
     kind = field(reader, f"{arch}.rope.scaling.type")
@@ -172,7 +175,8 @@ def hf_name(gguf_name: str) -> str | None:
     return None
 
 
-def iter_gguf_weights(path: str, cfg: ModelConfig, dtype, reader: GGUFFile | None = None) -> Iterator[tuple[str, Any]]:
+def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: GGUFFile | None = None
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (HF name, tensor in `dtype`) for every weight, Q/K rows un-permuted."""
     import gguf
     import torch
@@ -213,7 +217,7 @@ def _permuted_heads(cfg: ModelConfig, name: str) -> int | None:
     return None
 
 
-def unpermute_rows(weight, num_heads: int):
+def unpermute_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     """Undo llama.cpp's interleaving of each head's rotary halves. weight: [heads*D, ...]."""
     rest = weight.shape[1:]
     head_dim = weight.shape[0] // num_heads

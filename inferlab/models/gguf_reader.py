@@ -10,9 +10,12 @@ import math
 import mmap
 import struct
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from inferlab.errors import ModelLoadError
+
+if TYPE_CHECKING:  # annotations only: numpy is imported where tensors are read
+    import numpy as np
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
@@ -93,7 +96,7 @@ class GGUFTensor:
     def nbytes(self) -> int:
         return math.prod(self.shape[1:]) * self.row_bytes()
 
-    def raw(self):
+    def raw(self) -> np.ndarray:
         """The tensor's bytes as numpy: [rows, row bytes] for quantized types, typed otherwise.
         Read it from GGUFFile.checked_tensors(), which finds its bytes inside the file."""
         import numpy as np

@@ -25,7 +25,7 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
-                     max_positions: int) -> tuple[torch.Tensor, float]:
+                     max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     """Inverse frequencies [head_dim/2] of default, linear, llama3 or YaRN RoPE, and the factor
     YaRN scales cos and sin by (1 for the others)."""
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
@@ -35,7 +35,7 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None
         return inv_freq.float(), 1.0
     assert scaling is not None
     if kind == "yarn":
-        return _yarn(inv_freq, theta, scaling, max_positions)
+        return _yarn(inv_freq, theta, scaling, max_position_embeddings)
     factor = float(scaling["factor"])
     if kind == "linear":
         return (inv_freq / factor).float(), 1.0
@@ -51,12 +51,12 @@ def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None
 
 
 def _yarn(inv_freq: torch.Tensor, theta: float, scaling: dict[str, Any],
-          max_positions: int) -> tuple[torch.Tensor, float]:
+          max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071): a pair that turns more than beta_fast times over the original
     context keeps its frequency, one that turns under beta_slow times is slowed by the factor,
     a linear ramp between; cos and sin grow by 0.1 ln(factor) + 1."""
-    original = float(scaling.get("original_max_position_embeddings") or max_positions)
-    factor = float(scaling.get("factor") or max_positions / original)
+    original = float(scaling.get("original_max_position_embeddings") or max_position_embeddings)
+    factor = float(scaling.get("factor") or max_position_embeddings / original)
     pairs = len(inv_freq)
 
     def pair_turning(rotations: float) -> float:  # the pair that turns this often over `original`
@@ -83,14 +83,14 @@ def _yarn_mscale(factor: float, mscale: float) -> float:
 class RotaryEmbedding(nn.Module):
     """Neox-style (rotate-half) RoPE with a precomputed cos/sin table indexed by position."""
 
-    def __init__(self, head_dim: int, max_positions: int, theta: float,
+    def __init__(self, head_dim: int, max_position_embeddings: int, theta: float,
                  scaling: dict[str, Any] | None, table_positions: int | None = None) -> None:
-        """max_positions: the config's max_position_embeddings (YaRN's defaults derive from it);
+        """max_position_embeddings: the config's (YaRN's defaults derive from it);
         table_positions: the rows of the tables, past it where scaling stretches the context."""
         super().__init__()
-        self.head_dim, self.max_positions = head_dim, max_positions
+        self.head_dim, self.max_position_embeddings = head_dim, max_position_embeddings
         self.theta, self.scaling = theta, scaling
-        rows = table_positions or max_positions
+        rows = table_positions or max_position_embeddings
         self.register_buffer("cos", torch.empty(rows, head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(rows, head_dim), persistent=False)
         if self.cos.device.type != "meta":  # filled once materialized (loader.materialize_buffers)
@@ -99,7 +99,7 @@ class RotaryEmbedding(nn.Module):
     def reset_buffers(self) -> None:
         """Fill the cos/sin tables (also after the model is materialized from the meta device)."""
         inv_freq, attention = rope_frequencies(self.head_dim, self.theta, self.scaling,
-                                               self.max_positions)
+                                               self.max_position_embeddings)
         positions = torch.arange(len(self.cos), dtype=torch.float32, device=self.cos.device)
         freqs = torch.outer(positions, inv_freq.to(self.cos.device))
         emb = torch.cat([freqs, freqs], dim=-1)  # [rows, head_dim]

@@ -147,8 +147,8 @@ def materialize_buffers(net: LlamaForCausalLM, device: str | torch.device) -> No
     rotary.reset_buffers()
 
 
-def _load_quantized(cfg: ModelConfig, quant_config: dict, weights, path: str, dtype: torch.dtype,
-                    device: str | torch.device) -> LlamaForCausalLM:
+def _load_quantized(cfg: ModelConfig, quant_config: dict, weights: Iterator[tuple[str, torch.Tensor]],
+                    path: str, dtype: torch.dtype, device: str | torch.device) -> LlamaForCausalLM:
     """Quantized linears are built straight from the compressed tensors; the rest loads as usual."""
     from inferlab.quant.load import apply_compressed_tensors
 

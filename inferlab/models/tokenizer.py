@@ -14,6 +14,8 @@ from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_token
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import read_template_file, render_chat
 from inferlab.models.config import read_json_object
+from inferlab.models.gguf import chat_template, field, token_id, typed_field
+from inferlab.models.gguf_reader import GGUFFile
 
 # Pre-tokenizer split patterns by GGUF `tokenizer.ggml.pre`, as each vocabulary was trained.
 _GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -198,9 +200,7 @@ def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
     return TextTokenizer(tokenizer, info)
 
 
-def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
-    from inferlab.models.gguf import field, typed_field
-
+def load_gguf_tokenizer(reader: GGUFFile, path: str) -> TextTokenizer:
     kind = field(reader, "tokenizer.ggml.model")
     if kind != "gpt2":
         raise ModelLoadError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only "
@@ -214,11 +214,9 @@ def load_gguf_tokenizer(reader, path: str) -> TextTokenizer:
     return TextTokenizer(tokenizer, _gguf_info(reader, path, tokens, pre in GGUF_LLAMA3_PRES))
 
 
-def _gguf_vocabulary(reader, path: str) -> tuple[list[str], list[int], list[tuple[str, ...]]]:
+def _gguf_vocabulary(reader: GGUFFile, path: str) -> tuple[list[str], list[int], list[tuple[str, ...]]]:
     """The GGUF's tokens, their types and its merges, checked against one another: the
     tokenizers library panics mid-encode on a merge whose parts or result it lacks."""
-    from inferlab.models.gguf import field
-
     def strings(name: str) -> list[str]:  # a list the tokenizer cannot do without
         value = field(reader, f"tokenizer.ggml.{name}")
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
@@ -239,11 +237,9 @@ def _gguf_vocabulary(reader, path: str) -> tuple[list[str], list[int], list[tupl
     return tokens, types, merges
 
 
-def _gguf_token_types(reader, path: str) -> list[int]:
+def _gguf_token_types(reader: GGUFFile, path: str) -> list[int]:
     """tokenizer.ggml.token_type, each one of llama.cpp's types: another value ("3", 7) made
     no token a control token, silently."""
-    from inferlab.models.gguf import field
-
     types = field(reader, "tokenizer.ggml.token_type", [])
     bad = types if not isinstance(types, list) else next(
         (t for t in types if type(t) is not int or t not in GGUF_TOKEN_TYPES), None)
@@ -272,10 +268,8 @@ def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
     return tokenizer
 
 
-def _gguf_info(reader, path: str, tokens: list[str], llama3: bool) -> TokenizerInfo:
+def _gguf_info(reader: GGUFFile, path: str, tokens: list[str], llama3: bool) -> TokenizerInfo:
     """The special tokens and chat templates of the GGUF's metadata."""
-    from inferlab.models.gguf import chat_template, token_id, typed_field
-
     def token_at(key: str) -> str | None:
         index = token_id(reader, path, key)
         if index is None:

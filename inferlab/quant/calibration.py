@@ -7,11 +7,15 @@ tokens are drawn at seeded random offsets, so a run is reproducible.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from inferlab.errors import InferlabError
 from inferlab.user_files import read_user_text
+
+if TYPE_CHECKING:  # annotations only: `inferlab quantize --help` loads no tokenizer library
+    from inferlab.models.tokenizer import TextTokenizer
 
 DEFAULT_CALIB = "../shared/data/wikitext-2-valid/valid.txt"  # relative to the project root
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
@@ -23,7 +27,7 @@ def default_calib_path() -> str:
 
 def read_text(path: str) -> str:
     """The calibration file's text, CRLF line ends turned into LF."""
-    return read_user_text(path, "calibration file (--calib)").replace("\r\n", "\n")
+    return read_user_text(path, "calibration file (--calib)", as_lf=("\r\n",))
 
 
 def sample_windows(token_ids: list[int], num_samples: int, seq_len: int, seed: int = 0,
@@ -41,7 +45,8 @@ def sample_windows(token_ids: list[int], num_samples: int, seq_len: int, seed: i
     return torch.stack([ids[s:s + seq_len] for s in starts.tolist()])
 
 
-def load_calibration(path: str, tokenizer, num_samples: int, seq_len: int, seed: int = 0) -> torch.Tensor:
+def load_calibration(path: str, tokenizer: TextTokenizer, num_samples: int, seq_len: int,
+                     seed: int = 0) -> torch.Tensor:
     """Read, tokenize (no special tokens) and sample a calibration file."""
     text = read_text(path)
     return sample_windows(tokenizer.encode(text, add_special_tokens=False), num_samples, seq_len,

@@ -210,8 +210,8 @@ def _read_zero_point(tensors: dict[str, torch.Tensor], prefix: str, scheme: Quan
         zp = zp.reshape(1, 1).expand(n, groups)
     if zp.numel() != n * groups:
         raise InferlabError(f"checkpoint: {name} has shape {tuple(zp.shape)}, expected [{n}, {groups}]")
-    zp = zp.reshape(n, groups).round().to(torch.int8) if zp.is_floating_point() else zp.reshape(n, groups)
-    return zp.to(torch.int8).contiguous()
+    zp = zp.reshape(n, groups)
+    return (zp.round() if zp.is_floating_point() else zp).to(torch.int8).contiguous()
 
 
 def cat_rows(parts: list[QuantizedWeight], where: str) -> QuantizedWeight:

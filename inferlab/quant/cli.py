@@ -10,13 +10,11 @@ import sys
 import tempfile
 import time
 
-from inferlab.config import check_threads
+from inferlab.config import DTYPES, check_threads
 from inferlab.errors import InferlabError
 from inferlab.quant.calibration import default_calib_path
-from inferlab.quant.recipe import METHODS
+from inferlab.quant.recipe import HESSIAN_METHODS, METHODS, Recipe
 from inferlab.quant.scheme import DEFAULT_GROUP_SIZE, GROUP_SIZED_SCHEMES
-
-DENSE_DTYPES = ("auto", "float32", "bfloat16", "float16")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -74,11 +72,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run_quantize)
 
 
-def build_recipe(args: argparse.Namespace):
+def build_recipe(args: argparse.Namespace) -> Recipe:
     """Every flag checked before the model is loaded, so bad input fails at once."""
     from inferlab.quant.algorithms.awq import AwqConfig
     from inferlab.quant.algorithms.obs import ObsConfig
-    from inferlab.quant.recipe import Recipe, default_method
+    from inferlab.quant.recipe import default_method
     from inferlab.quant.scheme import make_scheme
 
     scheme = None
@@ -97,10 +95,9 @@ def build_recipe(args: argparse.Namespace):
                   **_given(smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight))
 
 
-_HESSIAN_METHODS = ("gptq", "smoothquant", "sparsegpt")  # SmoothQuant quantizes with GPTQ
 _METHOD_FLAGS = (  # flag, its argparse dest, the methods that read it
-    ("--block-size", "block_size", _HESSIAN_METHODS), ("--dampening", "dampening", _HESSIAN_METHODS),
-    ("--act-order", "act_order", _HESSIAN_METHODS), ("--sink-weight", "sink_weight", _HESSIAN_METHODS),
+    ("--block-size", "block_size", HESSIAN_METHODS), ("--dampening", "dampening", HESSIAN_METHODS),
+    ("--act-order", "act_order", HESSIAN_METHODS), ("--sink-weight", "sink_weight", HESSIAN_METHODS),
     ("--awq-grid", "awq_grid", ("awq",)), ("--awq-clip", "awq_clip", ("awq",)),
     ("--smoothquant-alpha", "smoothquant_alpha", ("smoothquant",)),
 )
@@ -131,8 +128,8 @@ def _group_size(args: argparse.Namespace) -> int:
 
 def run_quantize(args: argparse.Namespace) -> int:
     recipe = build_recipe(args)
-    if args.dtype not in DENSE_DTYPES:
-        raise InferlabError(f"--dtype must be one of {', '.join(DENSE_DTYPES)}, got {args.dtype!r}")
+    if args.dtype not in DTYPES:
+        raise InferlabError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
     if recipe.needs_calibration:
         from inferlab.quant.calibration import read_text
 

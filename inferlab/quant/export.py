@@ -26,12 +26,12 @@ from inferlab.quant.checkpoint import quantization_config, tensors_for
 from inferlab.quant.load import FUSED_SHARDS, checkpoint_names
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.recipe import Recipe
-from inferlab.quant.sequential import is_ignored
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
                    "chat_template.jinja", "chat_template.json", "generation_config.json",
                    "tokenizer.model", "vocab.json", "merges.txt")
-DTYPE_NAMES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 
 def shard_sizes(module_name: str, cfg: Any) -> list[int]:
@@ -90,7 +90,7 @@ def sparsity_config(net: nn.Module, qweights: dict[str, QuantizedWeight], recipe
             zeros += int((qw.dequantize() == 0).sum())
             total += qw.codes.numel()
         elif (isinstance(module, nn.Linear) and name.startswith("model.layers.")
-              and not is_ignored(name, recipe.ignore)):
+              and not recipe.ignores(name)):
             weight = module.weight.data
             zeros += int((weight == 0).sum())
             total += weight.numel()
@@ -102,7 +102,7 @@ def written_ignore(qweights: dict[str, QuantizedWeight], recipe: Recipe) -> list
     """The ignore list for config.json: the user's, plus lm_head whenever it stayed dense (no
     weight scheme), so a reader targeting every Linear does not expect it quantized."""
     ignore = list(recipe.ignore)
-    if "lm_head" not in qweights and not is_ignored("lm_head", recipe.ignore):
+    if "lm_head" not in qweights and not recipe.ignores("lm_head"):
         ignore.append("lm_head")
     return ignore
 

@@ -8,21 +8,21 @@ calibration are the quantized model's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
 
-from inferlab.quant.algorithms.awq import search_clip, search_scales
+from inferlab.kernels.fused import silu_and_mul
+from inferlab.kernels.scaled_mm import FP8_MAX, INT8_MAX
+from inferlab.quant.algorithms.awq import Block, search_clip, search_scales
 from inferlab.quant.algorithms.fold import fold_scales
-from inferlab.quant.algorithms.obs import ObsConfig, obs_compress
+from inferlab.quant.algorithms.obs import obs_compress
 from inferlab.quant.algorithms.smoothquant import smoothing_scales
 from inferlab.quant.algorithms.sparsity import magnitude_2of4_mask
 from inferlab.quant.algorithms.stats import InputStats
-from inferlab.quant.linear import INT8_MAX, build_quant_linear
+from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import (
-    FP8_MAX,
     QuantizedWeight,
     compute_qparams,
     quantize,
@@ -95,12 +95,10 @@ def awq_scale(ctx: LayerContext) -> None:
         ctx.stats[name].scale_inputs(s)
 
 
-def _awq_block(ctx: LayerContext, name: str, x: torch.Tensor) -> Callable:
+def _awq_block(ctx: LayerContext, name: str, x: torch.Tensor) -> Block:
     """The output AWQ compares: the whole MLP for gate/up (its nonlinearity included), else the linear."""
     if name != "mlp.gate_up_proj":
         return lambda ws: x @ ws[0].t()
-    from inferlab.kernels.fused import silu_and_mul
-
     down = ctx.weight("mlp.down_proj").float()
     return lambda ws: silu_and_mul(x @ ws[0].t()) @ down.t()
 
@@ -110,9 +108,8 @@ def compress_linear(ctx: LayerContext, name: str) -> tuple[torch.Tensor, Quantiz
     recipe, w = ctx.recipe, ctx.weight(name).float()
     args = recipe.scheme.weights if recipe.scheme is not None else None
     method = recipe.method
-    if method in ("gptq", "sparsegpt", "smoothquant"):  # SmoothQuant quantizes with GPTQ
-        obs = ObsConfig(recipe.obs.block_size, recipe.obs.damp, recipe.obs.act_order,
-                        prune_2of4=method == "sparsegpt")
+    if recipe.needs_hessian:  # SmoothQuant quantizes with GPTQ
+        obs = replace(recipe.obs, prune_2of4=method == "sparsegpt")
         new_w, qw, _ = obs_compress(w, ctx.stats[name].hessian(), args, obs, ctx.scale_dtype)
         return new_w, qw
     if method == "magnitude":

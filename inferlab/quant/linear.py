@@ -48,7 +48,6 @@ from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 # Largest row count that takes the weight-only kernels (the table in the module docstring).
 INT8_KERNEL_MAX_ROWS = 12
 INT4_KERNEL_MAX_ROWS = 128
-INT8_MAX = 127.0
 
 
 class QuantLinear(nn.Module, abc.ABC):
@@ -188,7 +187,7 @@ class PackedQuantLinear(CKernelLinear):
             kind=kind, n_out=self.out_features, k_in=self.in_features, group=self.group_size,
             weight=self.packed.data_ptr(), group_scale=self.scale.data_ptr(),
             group_zero=None if self.zero_point is None else self.zero_point.data_ptr(),
-            bias=tensor_ptr(self.bias))
+            bias=cpu_library.tensor_ptr(self.bias))
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] in the compute dtype: (q - zero point) * scale per group."""
@@ -240,11 +239,6 @@ class DequantLinear(QuantLinear):
         if self.zero_point is not None:
             w = w - self.zero_point.to(self.dtype).unsqueeze(-1)
         return (w * self.scale.unsqueeze(-1)).view(n, k)
-
-
-def tensor_ptr(t: torch.Tensor | None) -> int | None:
-    """For the C kernels' descriptors: a buffer's address, or NULL for an absent one."""
-    return None if t is None else t.data_ptr()
 
 
 def _group_of(qw: QuantizedWeight) -> int:

@@ -27,9 +27,10 @@ import torch.nn.functional as F
 
 from inferlab.kernels import cpu_library, cpu_ops, scaled_mm
 from inferlab.kernels.host_memory import in_huge_pages
+from inferlab.kernels.scaled_mm import FP8_MAX, INT8_MAX
 from inferlab.quant.formats import vnni
-from inferlab.quant.linear import INT8_MAX, CKernelLinear, DequantLinear, QuantLinear, tensor_ptr
-from inferlab.quant.qparams import FP8_MAX, QuantizedWeight
+from inferlab.quant.linear import CKernelLinear, DequantLinear, QuantLinear
+from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import INT, ActivationArgs
 from inferlab.timing import best_seconds
 
@@ -152,8 +153,8 @@ class PackedW8A8Linear(CKernelLinear):
         return cpu_library.LinearDesc(
             kind=cpu_library.LINEAR_W8A8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=tensor_ptr(self.bias),
-            weight_sums=self.weight_sums.data_ptr(), input_scale=tensor_ptr(self.input_scale))
+            bias=cpu_library.tensor_ptr(self.bias),
+            weight_sums=self.weight_sums.data_ptr(), input_scale=cpu_library.tensor_ptr(self.input_scale))
 
 
 class PackedFp8Linear(CKernelLinear):
@@ -181,8 +182,8 @@ class PackedFp8Linear(CKernelLinear):
         return cpu_library.LinearDesc(
             kind=cpu_library.LINEAR_FP8, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), scale=self.scale.data_ptr(),
-            bias=tensor_ptr(self.bias),
-            input_scale=tensor_ptr(self.input_scale))
+            bias=cpu_library.tensor_ptr(self.bias),
+            input_scale=cpu_library.tensor_ptr(self.input_scale))
 
 
 class Fp8DynamicLinear(QuantLinear):

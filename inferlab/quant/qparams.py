@@ -13,9 +13,8 @@ from dataclasses import dataclass, replace
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.kernels.scaled_mm import FP8_MAX
 from inferlab.quant.scheme import BLOCK, CHANNEL, FLOAT, GROUPED, TENSOR, WeightArgs
-
-FP8_MAX = torch.finfo(torch.float8_e4m3fn).max  # 448
 
 
 @dataclass

@@ -9,10 +9,14 @@ from dataclasses import dataclass, field, replace
 from inferlab.errors import InferlabError
 from inferlab.quant.algorithms.awq import AwqConfig
 from inferlab.quant.algorithms.obs import ObsConfig
+from inferlab.quant.ct_config import matches
+from inferlab.quant.load import checkpoint_names
 from inferlab.quant.scheme import STATIC_ACT_ORDER, QuantScheme
 
 METHODS = ("rtn", "gptq", "awq", "smoothquant", "sparsegpt", "magnitude")
 PRUNING_METHODS = ("sparsegpt", "magnitude")
+HESSIAN_METHODS = ("gptq", "smoothquant", "sparsegpt")  # SmoothQuant quantizes with GPTQ
+DATA_FREE_METHODS = ("rtn", "magnitude")  # no calibration data (unless the scheme's scales need it)
 SPARSITY_PATTERNS = ("2:4",)
 
 
@@ -67,7 +71,7 @@ class Recipe:
 
     @property
     def needs_hessian(self) -> bool:
-        return self.method in ("gptq", "sparsegpt", "smoothquant")
+        return self.method in HESSIAN_METHODS
 
     @property
     def written_scheme(self) -> QuantScheme | None:
@@ -87,7 +91,15 @@ class Recipe:
         """Calibration data: for the method, or for the scheme's static activation scales."""
         static = (self.scheme is not None and self.scheme.activations is not None
                   and self.scheme.activations.static)
-        return static or self.method not in ("rtn", "magnitude")
+        return static or self.method not in DATA_FREE_METHODS
+
+    def ignores(self, module_name: str) -> bool:
+        """Whether `--ignore` leaves a module dense; a fused module's shards must agree."""
+        hits = [any(matches(n, p) for p in self.ignore) for n in checkpoint_names(module_name)]
+        if any(hits) and not all(hits):
+            raise InferlabError(f"--ignore matches only some of {', '.join(checkpoint_names(module_name))}"
+                                ", which run as one fused layer: ignore all or none")
+        return all(hits)
 
 
 def _check_pattern(target: str) -> None:

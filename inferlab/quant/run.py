@@ -2,22 +2,20 @@
 
 from __future__ import annotations
 
-import json
-import os
 from typing import Any
 
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.models.config import ModelConfig
+from inferlab.quant.checkpoint import tensors_for
 from inferlab.quant.ct_config import matches
-from inferlab.quant.export import export_checkpoint, shard_sizes
+from inferlab.quant.export import TORCH_DTYPES, export_checkpoint, shard_sizes
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.load import checkpoint_names
 from inferlab.quant.qparams import num_groups, rows_per_scale
 from inferlab.quant.recipe import Recipe
-from inferlab.quant.sequential import compress_model, is_ignored
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+from inferlab.quant.sequential import compress_model
 
 
 def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
@@ -25,7 +23,7 @@ def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
     for i, layer in enumerate(net.model.layers):
         for name in LINEARS:
             full = f"model.layers.{i}.{name}"
-            if is_ignored(full, recipe.ignore):
+            if recipe.ignores(full):
                 continue
             module = layer.get_submodule(name)
             k = module.in_features
@@ -46,28 +44,21 @@ def check_ignore(net: torch.nn.Module, recipe: Recipe) -> None:
         if not any(matches(name, pattern) for name in [*names, "lm_head"]):
             raise InferlabError(f"--ignore {pattern!r} matches no layer (names look like "
                                 f"{names[0]} or lm_head; patterns like re:.*q_proj)")
-    if all(is_ignored(f"model.layers.{i}.{name}", recipe.ignore)
+    if all(recipe.ignores(f"model.layers.{i}.{name}")
            for i in range(len(net.model.layers)) for name in LINEARS):
         raise InferlabError("--ignore leaves no decoder layer to compress")
 
 
-def dense_dtype_for(path: str, requested: str) -> torch.dtype:
+def dense_dtype_for(config: ModelConfig, requested: str) -> torch.dtype:
     """auto: the source checkpoint's dtype (a GGUF, dequantized here, is written as float32)."""
     if requested != "auto":
-        return DTYPES[requested]
-    if os.path.isdir(path):
-        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
-            config = json.load(f)
-        name = config.get("torch_dtype") or config.get("dtype") or "float32"
-        return DTYPES.get(name, torch.float32)
-    return torch.float32
+        return TORCH_DTYPES[requested]
+    return TORCH_DTYPES.get(config.extra.get("torch_dtype") or "float32", torch.float32)
 
 
 def linear_bytes(net: torch.nn.Module, qweights: dict, fmt: str | None,
                  dense_dtype: torch.dtype) -> dict[str, int]:
     """Stored bytes of the decoder's linear weights, compressed vs the same weights in bf16."""
-    from inferlab.quant.checkpoint import tensors_for
-
     stored = bf16 = 0
     for i, layer in enumerate(net.model.layers):
         for name in LINEARS:
@@ -94,7 +85,7 @@ def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: st
     net = loaded.model
     check_shapes(net, recipe)
     check_ignore(net, recipe)
-    dtype = dense_dtype_for(loaded.path, dense_dtype)
+    dtype = dense_dtype_for(loaded.config, dense_dtype)
     tokens = None
     if recipe.needs_calibration:
         from inferlab.quant.calibration import load_calibration

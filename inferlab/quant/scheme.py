@@ -15,6 +15,7 @@ from inferlab.errors import InferlabError
 INT = "int"
 FLOAT = "float"
 CHANNEL, GROUP, TENSOR, BLOCK = "channel", "group", "tensor", "block"
+STRATEGIES = (CHANNEL, GROUP, TENSOR, BLOCK)
 GROUPED = (GROUP, BLOCK)  # a scale for each group of group_size inputs (and block_rows outputs)
 
 PACK_QUANTIZED = "pack-quantized"  # sub-byte ints packed into int32 (weight-only schemes)
@@ -51,9 +52,9 @@ class WeightArgs:
         if self.num_bits not in allowed_bits:
             raise InferlabError(f"{self.num_bits}-bit {self.kind} weights are not supported "
                                 f"(supported: {', '.join(map(str, allowed_bits))})")
-        if self.strategy not in (CHANNEL, GROUP, TENSOR, BLOCK):
+        if self.strategy not in STRATEGIES:
             raise InferlabError(f"weight strategy {self.strategy!r} is not supported "
-                                "(supported: channel, group, tensor, block)")
+                                f"(supported: {', '.join(STRATEGIES)})")
         if self.strategy in GROUPED and (self.group_size is None or self.group_size <= 0):
             raise InferlabError(f"group size must be a positive integer, got {self.group_size}")
         if self.strategy not in GROUPED and self.group_size not in (None, -1):
@@ -196,9 +197,6 @@ def scheme_from_ct_group(group: dict[str, Any], where: str) -> QuantScheme:
         raise InferlabError(f"{where}: dynamic weight quantization is not supported")
     _check_field_types(weights, f"{where}.weights")
     strategy = weights.get("strategy") or (GROUP if (weights.get("group_size") or 0) > 0 else TENSOR)
-    if strategy not in (CHANNEL, GROUP, TENSOR, BLOCK):
-        raise InferlabError(f"{where}: weight strategy {strategy!r} is not supported "
-                            "(supported: channel, group, tensor, block)")
     block = weights.get("block_structure") if strategy == BLOCK else [None, None]
     if not (isinstance(block, list) and len(block) == 2):
         raise InferlabError(f"{where}: block weights need a block_structure [rows, columns], got {block!r}")

@@ -3,8 +3,9 @@
 The calibration tokens are embedded once; then for each decoder layer: run it over every batch
 with hooks collecting its linears' input statistics, compress it (`layer.process_layer`), and
 run the compressed layer again to produce the next layer's inputs, so later layers calibrate
-against the errors of earlier ones (as GPTQ does). RTN and magnitude pruning need no data and
-skip the forward passes.
+against the errors of earlier ones (as GPTQ does). A recipe that needs no calibration data
+(RTN or magnitude pruning, without static activation scales: Recipe.needs_calibration) skips
+the forward passes.
 """
 
 from __future__ import annotations
@@ -19,9 +20,7 @@ from tqdm import tqdm
 from inferlab.errors import InferlabError
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.quant.algorithms.stats import InputStats
-from inferlab.quant.ct_config import matches
 from inferlab.quant.layer import LINEARS, LayerContext, process_layer, static_input_scale
-from inferlab.quant.load import checkpoint_names
 from inferlab.quant.qparams import QuantizedWeight, quantize_rtn
 from inferlab.quant.recipe import Recipe
 
@@ -43,15 +42,6 @@ class _Batch:
 
 class _Stop(Exception):
     pass
-
-
-def is_ignored(module_name: str, ignore: tuple[str, ...]) -> bool:
-    """Whether `--ignore` leaves a module dense; a fused module's shards must agree."""
-    hits = [any(matches(n, p) for p in ignore) for n in checkpoint_names(module_name)]
-    if any(hits) and not all(hits):
-        raise InferlabError(f"--ignore matches only some of {', '.join(checkpoint_names(module_name))}"
-                            ", which run as one fused layer: ignore all or none")
-    return all(hits)
 
 
 def _capture_first_layer_inputs(net: nn.Module, ids: torch.Tensor, meta: AttentionMetadata,
@@ -161,7 +151,7 @@ def compress_model(net: nn.Module, tokens: torch.Tensor | None, recipe: Recipe,
                disable=not progress)
     for i, layer in enumerate(layers):
         prefix = f"model.layers.{i}"
-        targets = [n for n in LINEARS if not is_ignored(f"{prefix}.{n}", recipe.ignore)]
+        targets = [n for n in LINEARS if not recipe.ignores(f"{prefix}.{n}")]
         stats = _collect_stats(layer, targets, recipe, batches) if batches else {}
         ctx = LayerContext(layer, prefix, targets, stats, recipe, cfg.q_size, cfg.kv_size, scale_dtype)
         for name, qw in process_layer(ctx).items():
@@ -181,7 +171,7 @@ def _lm_head(net: nn.Module, recipe: Recipe, scale_dtype: torch.dtype,
     one) from the final norm's outputs. A tied lm_head is quantized from the embedding matrix
     and the checkpoint is written untied, as llm-compressor's untie_word_embeddings does; the
     embedding itself stays dense."""
-    if recipe.scheme is None or is_ignored("lm_head", recipe.ignore):
+    if recipe.scheme is None or recipe.ignores("lm_head"):
         return {}
     qw = quantize_rtn(net.lm_head.weight.data.float(), recipe.scheme.weights, scale_dtype,
                       where="lm_head")

@@ -14,6 +14,7 @@ import torch
 from inferlab.cli import main
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import load_chat_template
+from inferlab.models.generation_config import read_generation_config
 from inferlab.models.gguf import read_gguf_config
 from inferlab.models.loader import load_network, read_model_config
 
@@ -222,6 +223,7 @@ MISTRAL = {"architectures": ["MistralForCausalLM"]}  # its sliding_window is rea
     ({"num_hidden_layers": True}, "num_hidden_layers must be a whole number, got True"),
     ({"architectures": "LlamaForCausalLM"}, "architectures must be a list of names"),
     ({"eos_token_id": ["a"]}, "eos_token_id must be a whole number, got 'a'"),
+    ({"eos_token_id": [2, -1]}, "eos_token_id must hold token ids (0 or more), got [2, -1]"),  # was taken
     ({"num_attention_heads": 0}, "num_heads must be positive, got 0"),  # not a ZeroDivisionError
     # the file named, as the other config errors name it (once "config: num_attention_heads ...")
     ({"num_attention_heads": 4, "num_key_value_heads": 3},
@@ -232,6 +234,24 @@ def test_config_values_of_the_wrong_type_are_one_line_errors(tiny_dir, tmp_path,
     cfg = change if isinstance(change, list) else {**json.loads((d / "config.json").read_text()), **change}
     (d / "config.json").write_text(json.dumps(cfg))
     assert words in one_line_error("info", d)
+
+
+@pytest.mark.parametrize(("eos", "ids"), [(2, (2,)), ([2, 3.0], (2, 3)), (None, ())])
+def test_generation_config_reads_eos_ids_as_config_json_does(tmp_path, eos, ids):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    assert read_generation_config(str(tmp_path)).eos_token_ids == ids
+
+
+@pytest.mark.parametrize(("eos", "words"), [
+    (-1, "eos_token_id must hold token ids (0 or more), got -1"),
+    ("</s>", "eos_token_id must be a token id or a list of them, got '</s>'"),
+    ([2.5], "eos_token_id must be a whole number, got 2.5"),
+])
+def test_a_bad_generation_config_eos_id_names_the_file(tmp_path, eos, words):
+    (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": eos}))
+    with pytest.raises(ModelLoadError, match="generation_config.json: ") as error:
+        read_generation_config(str(tmp_path))
+    assert words in str(error.value)
 
 
 @pytest.mark.parametrize(("index", "words"), [

@@ -7,6 +7,7 @@ import pytest
 import torch
 from quant.tiny import write_tokenizer
 
+from inferlab.cli import main
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError
@@ -45,3 +46,12 @@ def test_qwen_windows_count_only_when_switched_on(tmp_path):
                     max_window_layers=1)
     assert read_model_config(str(tmp_path / "off")).max_context == 128
     assert read_model_config(str(tmp_path / "on")).max_context == WINDOW
+
+
+@pytest.mark.parametrize(("window", "note"), [(WINDOW, f"128 (served: {WINDOW}, the sliding window)"),
+                                              (4096, "128\n")])  # a window past the positions cuts nothing
+def test_info_notes_the_served_context_only_where_the_window_cuts_it(tmp_path, capsys, window, note):
+    make_tiny_model("mistral", tmp_path, sliding_window=window)
+    write_tokenizer(tmp_path)
+    assert main(["info", str(tmp_path), "--dtype", "float32"]) == 0
+    assert note in capsys.readouterr().out

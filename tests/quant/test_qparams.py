@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from inferlab.errors import InferlabError
+from inferlab.kernels.scaled_mm import FP8_MAX, INT8_MAX
 from inferlab.quant.algorithms.stats import InputStats
 from inferlab.quant.layer import static_input_scale
-from inferlab.quant.linear import INT8_MAX
-from inferlab.quant.qparams import FP8_MAX, compute_qparams, quantize_rtn
+from inferlab.quant.qparams import compute_qparams, quantize_rtn
 from inferlab.quant.scheme import (
     FLOAT,
     INT,

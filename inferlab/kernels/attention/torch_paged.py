@@ -29,10 +29,9 @@ def paged_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_cache: 
     """
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping)
     out = torch.empty_like(q)
-    decode_rows = meta.decode_seqs
-    if decode_rows:
-        _decode(q, k_cache, v_cache, meta, scale, decode_rows, out)
-    if len(decode_rows) < meta.num_seqs:
+    if meta.decode_seqs:
+        _decode(q, k_cache, v_cache, meta, scale, meta.decode_seqs, out)
+    if len(meta.decode_seqs) < meta.num_seqs:
         prefill_attention(q, k_cache, v_cache, meta, scale, out)
     return out
 
@@ -47,16 +46,16 @@ class _DecodePlan:
     max_len: int
 
 
-def _decode_plan(meta: AttentionMetadata, rows: list[int], block_size: int) -> _DecodePlan:
+def _decode_plan(meta: AttentionMetadata, seqs: list[int], block_size: int) -> _DecodePlan:
     plan = meta.backend_cache.get("torch_decode")
     if plan is None:
         device = meta.seq_lens.device
-        rows_t = torch.tensor(rows, device=device)
-        max_len = max(meta.seq_lens_cpu[b] for b in rows)
-        lens = meta.seq_lens[rows_t].unsqueeze(1)  # [Bd, 1]
+        seqs_t = torch.tensor(seqs, device=device)
+        max_len = max(meta.seq_lens_cpu[b] for b in seqs)
+        lens = meta.seq_lens[seqs_t].unsqueeze(1)  # [Bd, 1]
         plan = _DecodePlan(
-            token_idx=meta.query_start_loc[rows_t].long(),
-            tables=meta.block_tables[rows_t, : -(-max_len // block_size)].long(),
+            token_idx=meta.query_start_loc[seqs_t].long(),
+            tables=meta.block_tables[seqs_t, : -(-max_len // block_size)].long(),
             valid=(torch.arange(max_len, device=device).unsqueeze(0) < lens)[:, None, None, :],
             max_len=max_len,
         )
@@ -65,12 +64,12 @@ def _decode_plan(meta: AttentionMetadata, rows: list[int], block_size: int) -> _
 
 
 def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-            meta: AttentionMetadata, scale: float, rows: list[int], out: torch.Tensor) -> None:
+            meta: AttentionMetadata, scale: float, seqs: list[int], out: torch.Tensor) -> None:
     """All single-token sequences at once: one gather of their blocks, one masked SDPA."""
-    plan = _decode_plan(meta, rows, k_cache.shape[1])
+    plan = _decode_plan(meta, seqs, k_cache.shape[1])
     keys = k_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]  # [Bd, L, Hkv, D]
     values = v_cache[plan.tables].flatten(1, 2)[:, :plan.max_len]
-    only_decodes = len(rows) == q.shape[0]  # then rows are the tokens, in order: no gather
+    only_decodes = len(seqs) == q.shape[0]  # then each sequence is one token, in order: no gather
     attn = F.scaled_dot_product_attention(
         (q if only_decodes else q[plan.token_idx]).unsqueeze(2).to(keys.dtype),  # [Bd, Hq, 1, D]
         keys.transpose(1, 2), values.transpose(1, 2),  # [Bd, Hkv, L, D]
