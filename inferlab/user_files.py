@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -69,12 +70,22 @@ def check_readable(path: str | Path) -> None:
 
 def read_user_json(path: str | Path, kind: str = "file") -> Any:
     """The file's JSON value; a file that cannot be read or is not JSON is a one-line error."""
+    return parse_user_json(read_user_text(path, kind), str(path))
+
+
+def parse_user_json(text: str, where: str) -> Any:
+    """The JSON value of the user's `text` (a file, a line of one, an argument); text that is
+    not JSON is a one-line error that starts with `where`. json.loads raises more than
+    JSONDecodeError on hostile input, and each would otherwise be a traceback."""
     try:
-        return json.loads(read_user_text(path, kind))
+        return json.loads(text)
     except json.JSONDecodeError as e:
-        raise InferlabError(f"{path}: not valid JSON ({e})") from None
+        detail = str(e)
     except RecursionError:  # the C parser's guard against the stack
-        raise InferlabError(f"{path}: not valid JSON (nested too deeply)") from None
+        detail = "nested too deeply"
+    except ValueError:  # int() refuses a literal this long (its message suggests a Python call)
+        detail = f"an integer of more than {sys.get_int_max_str_digits()} digits"
+    raise InferlabError(f"{where}: not valid JSON ({detail})")
 
 
 def write_user_text(path: str | Path, text: str) -> None:

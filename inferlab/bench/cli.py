@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import json
 import math
 import stat
 import sys
@@ -24,7 +23,7 @@ from inferlab.bench.config import (
     TargetConfig,
 )
 from inferlab.errors import InferlabError
-from inferlab.user_files import is_user_file, stat_user_path
+from inferlab.user_files import is_user_file, parse_user_json, stat_user_path
 
 DEFAULT_DATA = "prompt_tokens=256,output_tokens=128"
 
@@ -169,10 +168,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     _check_rates(args.profile, args.rate)
     extra = ()
     if args.extra_body:
-        try:
-            parsed = json.loads(args.extra_body)
-        except json.JSONDecodeError as e:
-            raise InferlabError(f"--extra-body is not JSON: {e.msg}") from None
+        parsed = parse_user_json(args.extra_body, "--extra-body")
         if not isinstance(parsed, dict):
             raise InferlabError("--extra-body must be a JSON object")
         extra = tuple(parsed.items())

@@ -15,14 +15,13 @@ from __future__ import annotations
 import contextlib
 import csv
 import io
-import json
 from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from inferlab.bench.tokens import TokenCounter
 from inferlab.errors import InferlabError
-from inferlab.user_files import is_user_file, read_user_text
+from inferlab.user_files import is_user_file, parse_user_json, read_user_text
 
 # guidellm's GenerativeColumnMapper defaults
 TEXT_COLUMNS = ("prompt", "instruction", "question", "input", "context", "content",
@@ -76,7 +75,7 @@ def load_file(path: str, counter: TokenCounter, default_output_tokens: int) -> l
                             f".txt, got {file.name}")
     text = read_user_text(file).removeprefix(BOM)
     if suffix == ".json":
-        data = _parse_json(text, file.name)
+        data = parse_user_json(text, file.name)
         if not isinstance(data, list):
             raise InferlabError(f"{file.name}: JSON data is a list of rows or of ShareGPT "
                                 "conversations")
@@ -91,17 +90,6 @@ def load_file(path: str, counter: TokenCounter, default_output_tokens: int) -> l
     if not prompts:
         raise InferlabError(f"no usable prompts in {path}")
     return prompts
-
-
-def _parse_json(text: str, where: str) -> object:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InferlabError(f"{where}: not JSON ({e.msg})") from None
-    except RecursionError:  # the C parser's guard against the stack
-        raise InferlabError(f"{where}: not JSON (nested too deeply)") from None
-    except ValueError as e:  # an integer of more digits than Python converts
-        raise InferlabError(f"{where}: not JSON ({e})") from None
 
 
 def _lines(text: str) -> Iterator[tuple[int, str]]:
@@ -123,7 +111,7 @@ def _jsonl_rows(text: str, name: str) -> Iterator[_Row]:
     for number, line in _lines(text):
         if not line.strip():
             continue
-        record = _parse_json(line, f"{name}:{number}")
+        record = parse_user_json(line, f"{name}:{number}")
         if not isinstance(record, dict):
             raise InferlabError(f"{name}:{number}: expected an object")
         yield _Row(f"{name}:{number}", record)

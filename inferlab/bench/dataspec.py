@@ -4,7 +4,6 @@ file of prompts."""
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import random
 import stat
@@ -12,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError
-from inferlab.user_files import stat_user_path
+from inferlab.user_files import parse_user_json, stat_user_path
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
@@ -130,14 +129,7 @@ class SyntheticSpec:
 def _spec_items(text: str) -> list[tuple[str, object]]:
     """The spec's (key, value) pairs, from `k=v,k=v` or a JSON object."""
     if text.lstrip().startswith("{"):
-        try:
-            return list(json.loads(text).items())
-        except json.JSONDecodeError as e:
-            raise InferlabError(f"--data is not a JSON object: {e.msg}") from None
-        except RecursionError:  # the C parser's guard against the stack
-            raise InferlabError("--data is not a JSON object: nested too deeply") from None
-        except ValueError as e:  # an integer of more digits than Python converts
-            raise InferlabError(f"--data is not a JSON object: {e}") from None
+        return list(parse_user_json(text, "--data").items())
     items: list[tuple[str, object]] = []
     for item in filter(None, (part.strip() for part in text.split(","))):
         key, sep, value = item.partition("=")

@@ -17,7 +17,7 @@ from inferlab.bench.records import OUTCOMES, RequestRecord
 from inferlab.bench.session import RunResult
 from inferlab.bench.summary import StageSummary
 from inferlab.errors import InferlabError
-from inferlab.user_files import read_user_text
+from inferlab.user_files import read_user_json
 
 FORMAT = "inferlab-bench/1"
 # the Python types json.loads gives for each scalar type a report's dataclasses hint
@@ -61,10 +61,7 @@ class LoadedRun:
 
 def load_run(path: str | Path) -> LoadedRun:
     """Read a JSON report written by `inferlab bench --output X.json`."""
-    try:
-        data = json.loads(read_user_text(path))
-    except json.JSONDecodeError as e:
-        raise InferlabError(f"{path} is not JSON ({e.msg})") from None
+    data = read_user_json(path)
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise InferlabError(f"{path} is not an inferlab bench report ({FORMAT})")
     try:

@@ -13,7 +13,6 @@ request rate is predicted to deliver that rate, up to the replica's capacity.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Iterator
@@ -24,7 +23,7 @@ from typing import Any
 from inferlab.errors import InferlabError
 from inferlab.planner.capacity import ReplicaPoint, Workload, replica_point
 from inferlab.planner.plan import Plan, batch_limit
-from inferlab.user_files import read_user_text
+from inferlab.user_files import parse_user_json, read_user_text
 
 TTFT = re.compile(r"ttft|time_to_first_token")
 ITL = re.compile(r"itl|inter_token|tpot|time_per_output_token")
@@ -193,10 +192,7 @@ def compare(plan: Plan, result: Any) -> list[Comparison]:
 
 def load_bench_result(path: Path) -> Any:
     text = read_user_text(path, "bench result (--compare-bench)")
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise InferlabError(f"--compare-bench: {path} is not JSON ({e.msg} at line {e.lineno})") from None
+    return parse_user_json(text, f"--compare-bench: {path}")
 
 
 def render_comparisons(comparisons: list[Comparison]) -> str:

@@ -80,3 +80,16 @@ def test_an_intact_report_loads_with_its_nulls(tmp_path):
     assert loaded.stages[0].floor is None and len(loaded.stages[0].records) == 4
     assert loaded.stages[0].summary.goodput is None  # null where the writer writes null
     assert loaded.stages[0].records[3].first_token_ns is None
+
+
+@pytest.mark.parametrize("text, detail", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ('{"format": ' + "1" * 5000 + "}", "an integer of more than 4300 digits"),
+])
+def test_json_that_python_cannot_parse_is_a_one_line_error(text, detail, tmp_path, capsys):
+    """Once a RecursionError or ValueError traceback: json.loads raises more than
+    JSONDecodeError."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    assert main(["bench", "compare", str(bad), str(bad)]) == 2
+    assert capsys.readouterr().err == f"error: {bad}: not valid JSON ({detail})\n"

@@ -175,7 +175,7 @@ def test_jsonl_records(tmp_path):
 
 
 @pytest.mark.parametrize("line, message", [
-    ("not json", "prompts.jsonl:1: not JSON"),
+    ("not json", "prompts.jsonl:1: not valid JSON"),
     ('{"body": "x"}', "needs a prompt string"),
     ('{"prompt": "x", "output_tokens": -1}', "positive int"),
     ('{"messages": [{"role": "user"}]}', "'role' and 'content'"),

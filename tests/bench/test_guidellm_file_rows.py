@@ -192,7 +192,7 @@ def test_deeply_nested_json_is_a_one_line_error(tmp_path, capsys, mock_server, n
     argv = ["bench", "--target", mock_server(), "--profile", "synchronous",
             "--max-requests", "1", "--data", str(tmp_path / name), "--quiet"]
     assert main(argv) == 2
-    assert capsys.readouterr().err == f"error: {where}: not JSON (nested too deeply)\n"
+    assert capsys.readouterr().err == f"error: {where}: not valid JSON (nested too deeply)\n"
 
 
 # --- minor: suffixes in any case

@@ -137,13 +137,25 @@ def test_cli_unreadable_result_is_one_line(tmp_path, capsys):
     bad.write_text("{not json")
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
     err = capsys.readouterr().err
-    assert "is not JSON" in err and err.count("\n") == 1
+    assert "bad.json: not valid JSON" in err and err.count("\n") == 1
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench",
                  str(tmp_path / "missing.json")]) == 2
     assert "missing.json: no such bench result (--compare-bench)" in capsys.readouterr().err
     bad.write_bytes(b"\xff\xfe")  # once a UnicodeDecodeError traceback
     assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
     assert "bad.json: not UTF-8 text" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("text, detail", [
+    ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+    ("[" + "1" * 5000 + "]", "an integer of more than 4300 digits"),
+])
+def test_cli_json_python_cannot_parse_is_one_line(text, detail, tmp_path, capsys):
+    """Once a RecursionError or ValueError traceback."""
+    bad = tmp_path / "bad.json"
+    bad.write_text(text)
+    assert main(["plan", "Qwen3-0.6B", "--hardware", "L4", "--compare-bench", str(bad)]) == 2
+    assert capsys.readouterr().err == f"error: --compare-bench: {bad}: not valid JSON ({detail})\n"
 
 
 def test_non_finite_figures_are_no_figures(plan):
