@@ -14,6 +14,7 @@ from pathlib import Path
 
 from inferlab.config import MAX_THREADS
 from inferlab.errors import InferlabError
+from inferlab.user_files import check_writable
 
 WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
 
@@ -65,19 +66,10 @@ def bounded_float(above: float, most: float = math.inf) -> Callable[[str], float
 def output_file(text: str) -> str:
     """An argparse type: a file the results will be written to (--json), checked before the
     run so that a missing or read-only folder does not lose a finished run's figures."""
-    path = Path(text)
-    if path.is_dir():
-        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
-    if not path.parent.is_dir():
-        raise argparse.ArgumentTypeError(f"the directory {path.parent} does not exist")
-    try:  # opened, not os.access, which says yes to root almost everywhere (/proc too)
-        if path.exists():
-            open(path, "a").close()  # leaves the file as it was
-        else:
-            open(path, "x").close()
-            path.unlink()
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"cannot write {text}: {e.strerror}") from None
+    try:
+        check_writable(text)
+    except InferlabError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
     return text
 
 

@@ -88,6 +88,23 @@ def parse_user_json(text: str, where: str) -> Any:
     raise InferlabError(f"{where}: not valid JSON ({detail})")
 
 
+def check_writable(path: str | Path, flag: str = "") -> None:
+    """Open `path` as its writer will, now: a missing folder, a folder of that name or a
+    place that takes no files fails before the work, not after it with the result lost.
+    The errors start with `flag` and the path."""
+    target = Path(path)
+    where = f"{flag} {path}" if flag else str(path)
+    if not target.parent.is_dir():
+        raise InferlabError(f"{where}: folder {target.parent} does not exist")
+    existed = target.exists()
+    try:  # opened, not os.access, which says yes to root almost everywhere (/proc too)
+        target.open("a").close()  # append: an existing file keeps its content until written
+    except OSError as e:
+        raise InferlabError(f"{where}: cannot write ({e.strerror})") from None
+    if not existed:
+        target.unlink()  # nothing left behind if the work then fails
+
+
 def write_user_text(path: str | Path, text: str) -> None:
     """Write `text` to the user's `path` (a report, a result). A write that fails once the file
     is open (a full disk) removes what it left, an empty or cut-off file that would pass for a

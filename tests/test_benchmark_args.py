@@ -42,13 +42,13 @@ REFUSED = [  # script, arguments, what the error line says
     ("gemm.py", ["--rows", "16", "-1"], "argument --rows: must be an integer >= 1, got -1"),
     ("attention.py", ["--rounds", "0"], "argument --rounds: must be an integer >= 1"),
     ("bench_client_floor.py", ["--json", "/nonexistent/dir/x.json"],
-     "argument --json: the directory /nonexistent/dir does not exist"),
+     "argument --json: /nonexistent/dir/x.json: folder /nonexistent/dir does not exist"),
     ("bench_client_floor.py", ["--seconds", "0.5", "--max-workers", "1"],
      "argument --seconds: must be a finite number > 0.5"),
     ("bench_client_floor.py", ["--seconds", "nan"], "argument --seconds: must be a finite number"),
     ("bench_client_floor.py", ["--seconds", "-1"], "argument --seconds: must be a finite number"),
-    ("quant_speed.py", ["--json", "/nonexistent/x.json"], "argument --json: the directory"),
-    ("gpu.py", ["--json", "/nonexistent/x.json"], "argument --json: the directory"),
+    ("quant_speed.py", ["--json", "/nonexistent/x.json"], "argument --json: /nonexistent/x.json: folder /nonexistent does not exist"),
+    ("gpu.py", ["--json", "/nonexistent/x.json"], "argument --json: /nonexistent/x.json: folder /nonexistent does not exist"),
     ("offline_throughput.py", ["--output-tokens", "1"], "argument --output-tokens: must be an "
                                                         "integer >= 2"),
     ("plan_vs_engine.py", ["--threads", "100000"], "argument --threads: must be an integer from 1"),
@@ -123,8 +123,8 @@ def test_output_file(tmp_path) -> None:
     old.write_text("figures")
     assert output_file(str(old)) == str(old)
     assert old.read_text() == "figures"
-    for path, error in [(tmp_path / "no" / "x.json", "the directory .* does not exist"),
-                        (tmp_path, "is a directory"), (Path("/proc/x.json"), "cannot write")]:
+    for path, error in [(tmp_path / "no" / "x.json", "folder .* does not exist"),
+                        (tmp_path, "Is a directory"), (Path("/proc/x.json"), "cannot write")]:
         with pytest.raises(argparse.ArgumentTypeError, match=error):
             output_file(str(path))
 

@@ -22,10 +22,9 @@ from inferlab.bench.config import (
     StageLimits,
     TargetConfig,
 )
+from inferlab.bench.mock import MockConfig
 from inferlab.errors import InferlabError
 from inferlab.user_files import is_user_file, parse_user_json, stat_user_path
-
-DEFAULT_DATA = "prompt_tokens=256,output_tokens=128"
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,10 +81,10 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "(>= 2; default %(default)s)")
     g.add_argument("--sweep-sync-seconds", type=float, default=LoadConfig.sync_max_seconds,
                    help="time bound of a sweep's synchronous stage (default: %(default)s)")
-    g.add_argument("--ramp-up", type=float, default=0.0, metavar="SECONDS",
+    g.add_argument("--ramp-up", type=float, default=LoadConfig.ramp_up_s, metavar="SECONDS",
                    help="start closed-loop streams (concurrent, throughput) spread over this "
                         "many seconds")
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--seed", type=int, default=LoadConfig.seed)
     g = p.add_argument_group("limits per stage")
     g.add_argument("--max-seconds", type=float)
     g.add_argument("--max-requests", type=int)
@@ -95,11 +94,11 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                         "requests where --max-requests alone bounds it (as guidellm), else "
                         "of its duration")
     g.add_argument("--cooldown", default="0", help="as --warmup, at the stage's end")
-    g.add_argument("--drain-seconds", type=float, default=10.0,
+    g.add_argument("--drain-seconds", type=float, default=StageLimits.drain_seconds,
                    help="after --max-seconds, how long in-flight requests may finish")
-    g.add_argument("--request-timeout", type=float, default=120.0)
+    g.add_argument("--request-timeout", type=float, default=StageLimits.request_timeout_s)
     g = p.add_argument_group("data")
-    g.add_argument("--data", default=DEFAULT_DATA,
+    g.add_argument("--data", default=DataConfig.data,
                    help="synthetic spec (prompt_tokens=N,output_tokens=N[,_stdev,_min,_max]"
                         "[,prefix_tokens=N], or as a JSON object; _min/_max without _stdev: "
                         "uniform) or a file of prompts, sent verbatim: .jsonl, .json (rows "
@@ -113,7 +112,7 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                                        "(no Hub download): synthetic prompts of exact length "
                                        "(their unique tag counted in), exact prompt counts "
                                        "of file prompts, output cross-check")
-    g.add_argument("--max-tokens", type=int, default=256,
+    g.add_argument("--max-tokens", type=int, default=DataConfig.default_output_tokens,
                    help="max_tokens for file records that give no output length")
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="force output lengths (default: on for synthetic data and file rows "
@@ -127,11 +126,12 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                                  "tpot_ms column counts the first token's wait)")
     g.add_argument("--slo-search", action="store_true",
                    help="after a sweep, bisect for the highest rate meeting --slo at p95")
-    g.add_argument("--slo-search-steps", type=int, default=5)
+    g.add_argument("--slo-search-steps", type=int, default=LoadConfig.slo_search_steps)
     g.add_argument("--workers", type=int, help="client processes (default: auto)")
-    g.add_argument("--calibration-seconds", type=float, default=2.0,
+    g.add_argument("--calibration-seconds", type=float,
+                   default=MeasureConfig.calibration_seconds,
                    help="per stage, replay against a zero-latency mock (0: skip)")
-    g.add_argument("--scrape-interval", type=float, default=1.0,
+    g.add_argument("--scrape-interval", type=float, default=MeasureConfig.scrape_interval_s,
                    help="seconds between /metrics scrapes (0: off)")
     g.add_argument("--output", action="append", default=[], metavar="PATH",
                    help="write .json, .csv or .html (repeatable)")
@@ -139,20 +139,21 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def _add_mock_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0, help="0: any free port (printed)")
-    p.add_argument("--model", default="mock-model")
-    p.add_argument("--ttft-ms", type=float, default=0.0)
-    p.add_argument("--itl-ms", type=float, default=0.0)
-    p.add_argument("--tokens-per-chunk", type=int, default=1)
-    p.add_argument("--default-max-tokens", type=int, default=16)
-    p.add_argument("--max-model-len", type=int, default=131072,
+    m = MockConfig
+    p.add_argument("--host", default=m.host)
+    p.add_argument("--port", type=int, default=m.port, help="0: any free port (printed)")
+    p.add_argument("--model", default=m.model)
+    p.add_argument("--ttft-ms", type=float, default=m.ttft_ms)
+    p.add_argument("--itl-ms", type=float, default=m.itl_ms)
+    p.add_argument("--tokens-per-chunk", type=int, default=m.tokens_per_chunk)
+    p.add_argument("--default-max-tokens", type=int, default=m.default_max_tokens)
+    p.add_argument("--max-model-len", type=int, default=m.max_model_len,
                    help="prompt words + max_tokens above it: HTTP 400, as vLLM answers")
-    p.add_argument("--max-running", type=int, default=0, help="0: no limit")
-    p.add_argument("--error-rate", type=float, default=0.0)
-    p.add_argument("--hang-rate", type=float, default=0.0)
-    p.add_argument("--close-rate", type=float, default=0.0)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-running", type=int, default=m.max_running, help="0: no limit")
+    p.add_argument("--error-rate", type=float, default=m.error_rate)
+    p.add_argument("--hang-rate", type=float, default=m.hang_rate)
+    p.add_argument("--close-rate", type=float, default=m.close_rate)
+    p.add_argument("--seed", type=int, default=m.seed)
 
 
 def config_from_args(args: argparse.Namespace) -> BenchConfig:
@@ -165,7 +166,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
         if not sep or not name.strip():
             raise InferlabError(f"bad --header {item!r}: use NAME:VALUE")
         headers.append((name.strip(), value.strip()))
-    _check_rates(args.profile, args.rate)
     extra = ()
     if args.extra_body:
         parsed = parse_user_json(args.extra_body, "--extra-body")
@@ -189,17 +189,6 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
                               args.scrape_interval if args.scrape_interval != 0 else None),
         slo=None if args.slo is None else Slo.parse(args.slo),
         outputs=tuple(args.output))
-
-
-def _check_rates(profile: str, rates: list[float]) -> None:
-    """--rate as guidellm users pass it, answered in their terms before the generic checks."""
-    if profile == "sweep" and rates:  # guidellm reads a sweep's --rate as its stage count
-        raise InferlabError("--profile sweep takes no --rate: its number of stages is "
-                            "--sweep-size (guidellm's --rate for a sweep)")
-    # NaN and inf are not integers either
-    if profile == "concurrent" and not all(r >= 1 and r.is_integer() for r in rates):
-        raise InferlabError(f"--profile concurrent takes --rate as a whole number of streams "
-                            f">= 1, got {rates}")
 
 
 def _tokenizer_file(path: str | None) -> str | None:
@@ -242,7 +231,7 @@ def _report_writes(written: list[tuple[str, str | None]]) -> bool:
 
 
 def run_mock_server(args: argparse.Namespace) -> int:
-    from inferlab.bench.mock import MockConfig, MockServer
+    from inferlab.bench.mock import MockServer
 
     config = MockConfig(**{f.name: getattr(args, f.name) for f in dataclasses.fields(MockConfig)})
 

@@ -6,6 +6,7 @@ import math
 import re
 import stat
 from dataclasses import dataclass, field
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from inferlab.errors import InferlabError
@@ -22,6 +23,7 @@ MAX_SECONDS = 365 * 24 * 3600.0
 MAX_RATE = 100_000  # requests a second one process can send, and far past what it measures well
 MAX_STREAMS = 10_000  # concurrent streams: one connection each
 MAX_WORKERS = 64  # client processes; each is a Python interpreter (~50 MB)
+REPORT_SUFFIXES = (".json", ".csv", ".html")  # the --output formats, by file extension
 UNITS_PER_SECOND = {"seconds": 1, "ms": 1000}
 API_ROOT = "/v1"  # where the OpenAI-compatible routes start on the server
 
@@ -174,15 +176,21 @@ class LoadConfig:
         needs_rate = self.profile in ("concurrent", "constant", "poisson")
         if needs_rate and not self.rates:
             raise InferlabError(f"--profile {self.profile} needs --rate")
+        if self.profile == "sweep" and self.rates:  # guidellm reads it as the stage count
+            raise InferlabError("--profile sweep takes no --rate: its number of stages is "
+                                "--sweep-size (guidellm's --rate for a sweep)")
         if not needs_rate and self.rates:
             what = "--max-concurrency" if self.profile == "throughput" else "no rate"
             raise InferlabError(f"--profile {self.profile} takes {what}, not --rate")
+        # before the range check, in the words of streams (NaN and inf are no integers)
+        if self.profile == "concurrent" and not all(r >= 1 and float(r).is_integer()
+                                                    for r in self.rates):
+            raise InferlabError(f"--profile concurrent takes --rate as a whole number of "
+                                f"streams >= 1, got {list(self.rates)}")
         # a send schedule spaces requests 1 / rate apart: a slower one overflows its clock
         if any(not (1 / MAX_SECONDS <= r < math.inf) for r in self.rates):
             raise InferlabError(f"--rate values must be at least {1 / MAX_SECONDS:.3g} (one "
                                 f"request a year) and finite, got {list(self.rates)}")
-        if self.profile == "concurrent" and any(r != int(r) for r in self.rates):
-            raise InferlabError("--profile concurrent takes whole numbers of streams as --rate")
         # more than one client process drives: a schedule of 10^8 sends was built in memory
         most, unit = (MAX_STREAMS, "streams") if self.profile == "concurrent" else (MAX_RATE, "req/s")
         if any(r > most for r in self.rates):
@@ -369,5 +377,5 @@ class BenchConfig:
         if self.load.slo_search and self.load.profile != "sweep":
             raise InferlabError("--slo-search runs on top of --profile sweep")
         for path in self.outputs:
-            if not path.endswith((".json", ".csv", ".html")):
+            if Path(path).suffix not in REPORT_SUFFIXES:
                 raise InferlabError(f"--output {path}: use a .json, .csv or .html name")

@@ -19,6 +19,7 @@ from inferlab.bench.runner import Progress, StageResult, StageRunner
 from inferlab.bench.server_metrics import MetricsScraper, ServerTimeline
 from inferlab.bench.sweep import SloSearch, run_profile
 from inferlab.bench.tags import new_nonce
+from inferlab.bench.templates import CHAT_PATH, COMPLETIONS_PATH
 from inferlab.bench.timeline import Timeline, build_timeline
 from inferlab.bench.workload import Workload, build_workload, resolve_model
 
@@ -84,7 +85,7 @@ def run_benchmark(config: BenchConfig, progress: Progress,
 
 def _setups(url: str, workload: Workload, headers: dict[str, str], workers: int, nonce: str,
             config: BenchConfig) -> list[WorkerSetup]:
-    path = "/v1/chat/completions" if config.target.chat else "/v1/completions"
+    path = CHAT_PATH if config.target.chat else COMPLETIONS_PATH
     return [WorkerSetup(w, url, path, tuple(headers.items()), workload.templates, nonce)
             for w in range(workers)]
 

@@ -33,10 +33,6 @@ class BodyOptions:
     continuous_usage: bool = False  # ask for usage in every chunk (vLLM extension)
     extra: tuple[tuple[str, object], ...] = ()  # user's --extra-body fields
 
-    @property
-    def path(self) -> str:
-        return CHAT_PATH if self.chat else COMPLETIONS_PATH
-
 
 @dataclass(frozen=True)
 class RequestTemplate:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
@@ -85,18 +84,6 @@ def kl_summary(tally: Tally) -> dict[str, float]:
                 baseline_ppl=exp_or_inf(tally.baseline_nll_sum / tally.tokens),
                 kl_mean=float(kl.mean()), kl_median=float(median), kl_p99=float(p99),
                 kl_max=float(kl.max()), top1_agreement=tally.top1_same / tally.tokens)
-
-
-def check_writable(path: str) -> None:
-    """Fail before a long run, not after it, where the result could not be written; an existing
-    file is left as it is, a new one removed again."""
-    existed = os.path.exists(path)
-    try:
-        open(path, "a", encoding="utf-8").close()  # appends nothing: an existing file stays
-    except OSError as e:
-        raise InferlabError(f"{path}: cannot write the result ({e.strerror})") from None
-    if not existed:
-        os.remove(path)
 
 
 def write_json(result: EvalResult, path: str) -> None:

@@ -8,7 +8,6 @@ import functools
 import json
 from pathlib import Path
 
-from inferlab.bench.outputs import check_writable
 from inferlab.config import parse_bytes
 from inferlab.errors import InferlabError
 from inferlab.planner.budget import KV_DTYPES, MemoryConfig
@@ -23,7 +22,7 @@ from inferlab.planner.presets import PRESETS
 from inferlab.planner.report_html import render_html
 from inferlab.planner.report_text import render_text
 from inferlab.planner.units import format_bytes, format_rate
-from inferlab.user_files import write_user_text
+from inferlab.user_files import check_writable, write_user_text
 
 DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
 

@@ -27,13 +27,13 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from inferlab.bench.outputs import check_writable
 from inferlab.config import CPU_KV_CACHE_BYTES
 from inferlab.engine.cpuinfo import cpuinfo_field
 from inferlab.errors import InferlabError
 from inferlab.planner.hardware import CPU_LOCAL, Hardware
 from inferlab.planner.units import format_rate
 from inferlab.timing import best_seconds
+from inferlab.user_files import check_writable
 
 DEFAULT_CACHE_PATH = Path.home() / ".cache" / "inferlab" / "cpu-local.json"
 # working sets beyond the last-level cache (300 MiB L3 on this project's machines), so both

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from inferlab.bench import dataspec
+from inferlab.bench.config import DataConfig
 from inferlab.bench.datasets import Prompt, load_file
 from inferlab.bench.dataspec import LengthDist, SyntheticSpec, is_synthetic, resolve_corpus
 from inferlab.bench.synthetic import TextSource, synthetic_prompts, tag_tokens
@@ -228,7 +229,9 @@ def test_default_corpus_is_wikitext_beside_the_project():
 
 
 def test_bad_tokenizer_file_is_a_user_error(tmp_path):
-    with pytest.raises(InferlabError, match="tokenizer file not found"):
+    with pytest.raises(InferlabError, match="tokenizer file not found"):  # before any request
+        DataConfig(tokenizer=str(tmp_path / "missing.json"))
+    with pytest.raises(InferlabError, match="cannot load tokenizer"):
         TokenCounter(tmp_path / "missing.json")
     broken = tmp_path / "tokenizer.json"
     broken.write_text("{}")

@@ -105,7 +105,7 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
     ("engine_window_too_long", "the engine needs one position"),
     ("other_vocabulary", "have different vocabularies"),
     ("tokens_past_the_model", "gives token id 128, past its 128 embedding rows"),  # once an IndexError
-    ("unwritable_output", "cannot write the result"),  # before the run, not after it
+    ("unwritable_output", ": cannot write (Is a directory)"),  # before the run, not after it
     ("empty_output", "--output must name a file"),  # once ignored: nothing written, exit 0
     # these three once said "error: : no such ..."
     ("empty_model", "the model path is empty"),
