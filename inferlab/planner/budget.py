@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from inferlab.config import EngineConfig
 from inferlab.engine.args import SERVING_MAX_NUM_BATCHED_TOKENS
+from inferlab.engine.block_manager import cdiv
 from inferlab.engine.kv_cache_config import check_block_size
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.errors import InferlabError
@@ -30,7 +31,7 @@ class MemoryConfig:
     """What the user chose; everything is per device unless the name says otherwise."""
 
     device_memory_bytes: int
-    gpu_memory_utilization: float = 0.9  # share of device memory the server may take
+    gpu_memory_utilization: float = ENGINE.gpu_memory_utilization  # share the server may take
     tensor_parallel: int = 1
     kv_dtype: str = "bf16"
     block_size: int = ENGINE.block_size  # tokens per KV block
@@ -104,9 +105,13 @@ class MemoryPlan:
     def block_bytes(self) -> int:
         return self.block_size * self.kv_bytes_per_token
 
+    def blocks_for(self, tokens: int) -> int:
+        """The KV blocks one sequence of `tokens` tokens holds: whole blocks only."""
+        return cdiv(tokens, self.block_size)
+
     def max_sequences(self, context_len: int) -> int:
-        """Sequences of `context_len` tokens that fit at once: each holds whole blocks."""
-        return self.num_blocks // -(-context_len // self.block_size)
+        """Sequences of `context_len` tokens that fit at once."""
+        return self.num_blocks // self.blocks_for(context_len)
 
 
 def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
@@ -116,7 +121,7 @@ def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
     per_token = kv_cache_bytes_per_token(model.num_layers, heads, model.head_dim,
                                          DTYPE_BYTES[cfg.kv_dtype])
     usable = int(cfg.device_memory_bytes * cfg.gpu_memory_utilization)
-    weights_per_device = -(-weights.total_bytes // tp)
+    weights_per_device = cdiv(weights.total_bytes, tp)
     activations = activation_bytes(model, cfg, dtype_bytes(act_dtype))
     taken = weights_per_device + activations + cfg.runtime_overhead_bytes
     kv = usable - taken if cfg.kv_cache_bytes is None else cfg.kv_cache_bytes

@@ -37,7 +37,7 @@ CONCURRENCY = re.compile(r"concurrency|num_streams|streams")
 MEAN = re.compile(r"(^|[/_])(mean|avg|average)([/_]|$)")
 RATE = re.compile(r"^(request_)?rate(_per_s)?$|^requests_per_s_target$")
 # inferlab bench's closed-loop profiles: a stage's `rate` counts its streams, not requests/s
-CLOSED_LOOPS = ("synchronous", "concurrent", "throughput")
+STREAM_PROFILES = ("synchronous", "concurrent", "throughput")
 
 
 def _leaves(obj: Any, path: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], float]]:
@@ -91,7 +91,7 @@ def _offered_rate(run: dict[str, Any]) -> float | None:
                     yield value.lower()
                 yield from kinds(value)
 
-    return None if any(k in CLOSED_LOOPS for k in kinds(run)) else _setting(run, RATE)
+    return None if any(k in STREAM_PROFILES for k in kinds(run)) else _setting(run, RATE)
 
 
 def find_runs(result: Any) -> list[dict[str, Any]]:

@@ -24,8 +24,6 @@ from inferlab.planner.report_text import render_text
 from inferlab.planner.units import format_bytes, format_rate
 from inferlab.user_files import check_writable, write_user_text
 
-DEFAULTS = MemoryConfig(device_memory_bytes=1)  # flag defaults come from the dataclass
-
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("plan", help="memory, capacity, speed and cost before deploying",
@@ -46,15 +44,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help=f"one of {', '.join(KV_DTYPES)} (default: the weights' dense dtype, as "
                         f"vLLM's kv_cache_dtype auto and the engine take it; on {CPU_LOCAL} only "
                         "that one)")
-    p.add_argument("--gpu-memory-utilization", type=float, default=DEFAULTS.gpu_memory_utilization)
-    p.add_argument("--tensor-parallel", "-tp", type=int, default=DEFAULTS.tensor_parallel)
+    p.add_argument("--gpu-memory-utilization", type=float, default=MemoryConfig.gpu_memory_utilization)
+    p.add_argument("--tensor-parallel", "-tp", type=int, default=MemoryConfig.tensor_parallel)
     p.add_argument("--memory", default=None, help="override the device memory (e.g. 24GiB)")
     p.add_argument("--kv-cache-memory", default=None,
                    help="a fixed KV cache budget per device (e.g. 64MiB), as the engine's option "
                         f"(default on {CPU_LOCAL}: the engine's CPU default)")
-    p.add_argument("--block-size", type=int, default=DEFAULTS.block_size)
-    p.add_argument("--max-num-seqs", type=int, default=DEFAULTS.max_num_seqs)
-    p.add_argument("--max-num-batched-tokens", type=int, default=DEFAULTS.max_num_batched_tokens)
+    p.add_argument("--block-size", type=int, default=MemoryConfig.block_size)
+    p.add_argument("--max-num-seqs", type=int, default=MemoryConfig.max_num_seqs)
+    p.add_argument("--max-num-batched-tokens", type=int, default=MemoryConfig.max_num_batched_tokens)
     p.add_argument("--runtime-overhead", default=None, help="override the runtime overhead (e.g. 2GiB)")
     p.add_argument("--context-len", type=int, default=None,
                    help="sequence length for the concurrency figure only; capacity and cost follow "
@@ -86,10 +84,11 @@ def _size(text: str, flag: str) -> int:
 def resolve_hardware(args: argparse.Namespace, stand_in: bool = False) -> Hardware:
     """--hardware with its overrides; `stand_in`: a datasheet device in place of cpu-local, to
     check the other settings before this machine is measured."""
-    if args.measure and args.hardware.lower() != CPU_LOCAL:
+    cpu_local = _is_cpu_local(args)
+    if args.measure and not cpu_local:
         raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
                             f"not {args.hardware}")
-    datasheet = None if args.hardware.lower() == CPU_LOCAL else datasheet_hardware(args.hardware)
+    datasheet = None if cpu_local else datasheet_hardware(args.hardware)
     memory = None if args.memory is None else _size(args.memory, "--memory")
     overhead = None if args.runtime_overhead is None else parse_bytes(args.runtime_overhead,
                                                                      "--runtime-overhead")
@@ -101,12 +100,16 @@ def resolve_hardware(args: argparse.Namespace, stand_in: bool = False) -> Hardwa
                              compute_efficiency=args.compute_efficiency)
 
 
+def _is_cpu_local(args: argparse.Namespace) -> bool:
+    return args.hardware.lower() == CPU_LOCAL
+
+
 def build_inputs(args: argparse.Namespace) -> PlanInputs:
-    if args.hardware.lower() == CPU_LOCAL and args.tensor_parallel != 1:
+    cpu_local = _is_cpu_local(args)
+    if cpu_local and args.tensor_parallel != 1:
         raise InferlabError(f"--tensor-parallel {args.tensor_parallel}: inferlab's engine runs "
                             f"{CPU_LOCAL} as one device (no tensor parallelism); use 1")
     model = resolve_model(args.model)
-    cpu_local = args.hardware.lower() == CPU_LOCAL
     dense = _dense_default(cpu_local)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
            else checkpoint_weight_format(model) or weight_format(dense))
@@ -180,9 +183,6 @@ def run_plan(args: argparse.Namespace) -> int:
         else:
             print(list_tables(), end="")
         return 0
-    if args.context_len is not None and args.context_len < 1:
-        raise InferlabError(f"--context-len must be at least 1, got {args.context_len}")
-
     if args.html is not None:
         check_writable(str(args.html), "--html")
     plan = build_plan(build_inputs(args))

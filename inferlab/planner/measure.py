@@ -155,7 +155,7 @@ def _best_rate(grid: dict[str, dict[str, float]]) -> float:
     return max(rate for by_width in grid.values() for rate in by_width.values())
 
 
-def _tiny_model_forward(num_layers: int):  # -> a callable running one decode forward
+def _tiny_model_forward(num_layers: int) -> Callable[[], None]:  # runs one decode forward
     """The engine's own Llama layers at width 128 (bf16, linears as the engine runs them),
     one decode token over a 4-token paged context. Their data is tiny, so their time is the
     host's cost of running a layer: Python and operator launches, or the C model forward's

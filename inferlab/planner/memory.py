@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, replace
 
+from inferlab.engine.block_manager import cdiv
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
 from inferlab.planner.names import unknown_name_message
@@ -166,11 +167,11 @@ def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
     _check_groups(fmt, {n_in for n_in, _ in stored})
     quantized = sum(n_in * n_out for n_in, n_out in stored)
     # the scale grid of each layer: output rows × input columns sharing one scale
-    grids = [(-(-n_out // (fmt.scale_rows or n_out)), -(-n_in // (fmt.group_size or n_in)))
+    grids = [(cdiv(n_out, fmt.scale_rows or n_out), cdiv(n_in, fmt.group_size or n_in))
              for n_in, n_out in stored]
     input_scales = 1 if fmt.input_scales else 0
     scales = sum(rows * columns + input_scales for rows, columns in grids) if fmt.has_scales else 0
-    zero_point_words = sum(-(-rows * fmt.bits // 32) * columns for rows, columns in grids)
+    zero_point_words = sum(cdiv(rows * fmt.bits, 32) * columns for rows, columns in grids)
     dense = model.num_parameters() - quantized
     return WeightBytes(
         quantized_params=quantized,

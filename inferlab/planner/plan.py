@@ -46,6 +46,8 @@ class PlanInputs:
 
     def __post_init__(self) -> None:
         check_rate_and_price(self.request_rate, self.price_per_gpu_hour)
+        if self.context_len is not None and self.context_len < 1:
+            raise InferlabError(f"--context-len must be at least 1, got {self.context_len}")
 
 
 @dataclass(frozen=True)
@@ -128,7 +130,7 @@ def build_plan(inputs: PlanInputs) -> Plan:
     longest = max(sequence, context)
     if memory.max_sequences(longest) == 0:
         raise InferlabError(
-            f"does not fit: one sequence of {longest} tokens needs {-(-longest // memory.block_size)} "
+            f"does not fit: one sequence of {longest} tokens needs {memory.blocks_for(longest)} "
             f"KV blocks, only {memory.num_blocks} fit on {hw.name}")
     max_batch, limited_by = batch_limit(inputs.memory, memory.max_sequences(sequence), inputs.workload)
     step_tokens = inputs.memory.max_num_batched_tokens

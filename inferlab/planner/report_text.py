@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from inferlab.planner.budget import LOGITS_BYTES
 from inferlab.planner.memory import DTYPE_BYTES
 from inferlab.planner.plan import Plan
 from inferlab.planner.roofline import StepEstimate
@@ -43,7 +44,7 @@ def _memory(plan: Plan) -> list[str]:
     group = (" (per-tensor scales)" if fmt.scale_rows is None
              else f" (blocks of {fmt.scale_rows} × {fmt.group_size})" if fmt.scale_rows > 1
              else f" (group {fmt.group_size})" if fmt.group_size else "")
-    ctx_blocks = -(-plan.context_len // mem.block_size)
+    ctx_blocks = mem.blocks_for(plan.context_len)
     lines = [
         "Memory (per device)",
         f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
@@ -51,7 +52,7 @@ def _memory(plan: Plan) -> list[str]:
         f"{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
-        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × 4 B",
+        f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × {LOGITS_BYTES} B",
         f"  runtime overhead  {format_bytes(mem.overhead_bytes):>12}   context, graphs, workspaces",
         f"  KV cache          {format_bytes(mem.kv_cache_bytes):>12}   {_kv_source(plan)}",
         f"    per token       {mem.kv_bytes_per_token:>10,} B   2 × {m.num_layers} layers × {mem.kv_heads} KV heads"

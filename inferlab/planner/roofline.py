@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from inferlab.engine.block_manager import cdiv
 from inferlab.models.config import ModelConfig
 from inferlab.planner.budget import MemoryPlan
 from inferlab.planner.hardware import Hardware
@@ -29,8 +30,8 @@ class ModelCost:
     lm_head_flops: int  # 2 × lm_head params / tp, per sequence and step: logits for its last token only
     attention_flops_per_context_token: int  # 4 × heads × head dim × layers / tp (QKᵀ and PV)
     kv_bytes_per_token: int
-    allreduce_bytes_per_token: int  # 2 per layer of one hidden vector; 0 without tensor parallel
-    num_allreduces: int  # per step
+    allreduce_bytes_per_token: int  # each all-reduce's share: a hidden vector (dense dtype); 0 without tp
+    num_allreduces: int  # per step: 2 a layer (after attention and after the MLP)
     num_layers: int  # each costs the hardware's layer overhead (operator launches) per step
     hidden_size: int  # picks the measured streaming rate on hardware that has a curve
     compute_dtype: str
@@ -72,7 +73,7 @@ class StepEstimate:
 
     @property
     def tokens_per_step(self) -> int:
-        return -(-self.tokens // self.steps)
+        return cdiv(self.tokens, self.steps)
 
     @property
     def time_s(self) -> float:
@@ -94,7 +95,7 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
     latency = steps * ALLREDUCE_LATENCY_S if own_steps else 0.0
     comm = cost.num_allreduces * (latency + ring * tokens * cost.allreduce_bytes_per_token
                                   / hw.interconnect_bytes_per_s)
-    rows = -(-tokens // steps)
+    rows = cdiv(tokens, steps)
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=flops,
         memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency),
@@ -126,7 +127,7 @@ def _prefill_work(cost: ModelCost, prompt_len: int, step_tokens: int | None) -> 
     attends to i tokens, however the prompt is cut); its K/V written, and read again by the
     later chunks."""
     chunk = min(step_tokens or prompt_len, prompt_len)
-    steps = -(-prompt_len // chunk)
+    steps = cdiv(prompt_len, chunk)
     attention = cost.attention_flops_per_context_token * prompt_len * (prompt_len + 1) // 2
     flops = prompt_len * cost.linear_flops_per_token + cost.lm_head_flops + attention
     earlier_kv_reads = chunk * steps * (steps - 1) // 2  # step k reads the k × chunk tokens before it
