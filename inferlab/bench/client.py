@@ -56,6 +56,9 @@ class RawExchange:
     template: int  # which prompt template it used
     intended_ns: int  # when the schedule wanted it sent
     start_ns: int = 0  # when the client began it (slot taken, before connecting)
+    # sent_ns and headers_ns stay here, not in the report (its times count from start_ns): they
+    # split a slow request's time into connecting, sending and the server's wait when debugging
+    # the client, and let its tests check the phases come in order
     sent_ns: int = 0  # when its bytes were handed to the socket; 0: never sent
     headers_ns: int = 0  # when the response status line and headers arrived
     end_ns: int = 0  # when the response ended, failed or was cancelled

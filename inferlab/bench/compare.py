@@ -9,7 +9,7 @@ from inferlab.bench.metrics import PER_REQUEST
 from inferlab.bench.report_json import LoadedRun, LoadedStage
 from inferlab.bench.significance import fisher_exact, percentile_difference_p
 from inferlab.bench.stats import PERCENTILES, STAT_NAMES
-from inferlab.bench.summary import measured
+from inferlab.bench.summary import ok_values
 from inferlab.errors import InferlabError
 
 LATENCY_METRICS = ("ttft_ms", "ttft_intended_ms", "itl_ms", "tpot_ms", "e2e_ms",
@@ -120,7 +120,7 @@ def compare(base: LoadedRun, other: LoadedRun,
 
 
 def _latency_rows(label: str, metric: str, a: LoadedStage, b: LoadedStage) -> list[Row]:
-    x, y = _samples(a, metric), _samples(b, metric)
+    x, y = (ok_values(s.summary, s.records, PER_REQUEST[metric]) for s in (a, b))
     p_values = dict(zip(BOOTSTRAPPED, percentile_difference_p(x, y, list(BOOTSTRAPPED.values())),
                         strict=True))
     rows = []
@@ -131,12 +131,6 @@ def _latency_rows(label: str, metric: str, a: LoadedStage, b: LoadedStage) -> li
         rows.append(Row(label, metric, stat, u, v, _change(u, v),
                         None if p is None or math.isnan(p) else p, True))
     return rows
-
-
-def _samples(stage: LoadedStage, metric: str) -> list[float]:
-    fn = PER_REQUEST[metric]
-    return [v for r in measured(stage.summary, stage.records)
-            if r.outcome == "ok" and (v := fn(r)) is not None]
 
 
 def _error_rate_row(label: str, a: LoadedStage, b: LoadedStage) -> Row:

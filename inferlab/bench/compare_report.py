@@ -11,11 +11,13 @@ from rich.table import Table
 from inferlab.bench.compare import Comparison, Row, pair_stages
 from inferlab.bench.html_page import bullet_list, num, page, table
 from inferlab.bench.metrics import itl_ms, ttft_ms
-from inferlab.bench.summary import measured
+from inferlab.bench.summary import ok_values
 from inferlab.bench.svg import histogram
 
 CONSOLE_STATS = ("", "median", "p95", "p99")  # the rest is in the HTML
 
+
+NOTICEABLE_CHANGE = 0.02  # a relative change the tables colour, when significant
 
 def format_change(row: Row) -> str:
     """The change as the gate judges it: relative, or a rate's rise in points."""
@@ -38,12 +40,8 @@ def print_comparison(comparison: Comparison, console: Console, alpha: float) -> 
     for row in comparison.rows:
         if row.stat not in CONSOLE_STATS:
             continue
-        worse = row.worse_by
-        style = ""
-        if worse is not None and abs(worse) > 0.02 and (row.p_value is None
-                                                        or row.p_value < alpha):
-            style = "red" if worse > 0 else "green"
-        table.add_row(escape_markup(row.stage), _name(row), _v(row.base), _v(row.other),
+        style = {"worse": "red", "better": "green"}.get(_verdict(row, alpha) or "", "")
+        table.add_row(escape_markup(row.stage), _name(row), num(row.base, 3), num(row.other, 3),
                       format_change(row), _p(row.p_value), style=style)
     console.print(table)
 
@@ -58,8 +56,15 @@ def _name(row: Row) -> str:
     return f"{row.metric} {row.stat}".strip()
 
 
-def _v(value: float | None) -> str:
-    return "-" if value is None else f"{value:,.3f}"
+def _verdict(row: Row, alpha: float) -> str | None:
+    """"worse" or "better" where the change is past NOTICEABLE_CHANGE and significant at
+    `alpha` (or untested), else None: what the tables colour."""
+    worse = row.worse_by
+    if worse is None or abs(worse) <= NOTICEABLE_CHANGE:
+        return None
+    if row.p_value is not None and row.p_value >= alpha:
+        return None
+    return "worse" if worse > 0 else "better"
 
 
 def render_comparison_html(comparisons: list[Comparison], alpha: float, failures: list[Row]) -> str:
@@ -85,10 +90,7 @@ def render_comparison_html(comparisons: list[Comparison], alpha: float, failures
 def _rows_table(comparison: Comparison, alpha: float) -> str:
     rows = []
     for row in comparison.rows:
-        worse = row.worse_by
-        css = ""
-        if worse is not None and (row.p_value is None or row.p_value < alpha):
-            css = "worse" if worse > 0.02 else "better" if worse < -0.02 else ""
+        css = _verdict(row, alpha) or ""
         rows.append([escape(row.stage), escape(_name(row)), num(row.base, 3),
                      num(row.other, 3), f'<span class="{css}">{format_change(row)}</span>',
                      _p(row.p_value)])
@@ -99,8 +101,7 @@ def _histograms(comparison: Comparison) -> str:
     charts = []
     for a, b in pair_stages(comparison.base, comparison.other):
         for name, fn in (("TTFT", ttft_ms), ("ITL", itl_ms)):
-            samples = {name: [v for r in measured(s.summary, s.records)
-                              if r.outcome == "ok" and (v := fn(r)) is not None]
-                       for name, s in (("base", a), ("other", b))}
+            samples = {side: ok_values(s.summary, s.records, fn)
+                       for side, s in (("base", a), ("other", b))}
             charts.append(histogram(f"{name}, {a.label}", samples, "ms"))
     return f'<div class="charts">{"".join(charts)}</div>'

@@ -20,6 +20,7 @@ SLO_METRICS = ("ttft_ms", "itl_ms", "tpot_ms", "e2e_ms")
 # durations become ns timers and event-loop deadlines: a bound keeps them finite, and no
 # benchmark runs for a year
 MAX_SECONDS = 365 * 24 * 3600.0
+NS_PER_S = 1e9  # here, not beside metrics.NS_PER_MS: the client and workers import config only
 MAX_RATE = 100_000  # requests a second one process can send, and far past what it measures well
 MAX_STREAMS = 10_000  # concurrent streams: one connection each
 MAX_WORKERS = 64  # client processes; each is a Python interpreter (~50 MB)
@@ -112,7 +113,7 @@ class StageLimits:
     @property
     def max_ns(self) -> int | None:
         """--max-seconds in whole ns: the schedule and the workers stop sending at one instant."""
-        return None if self.max_seconds is None else round(self.max_seconds * 1e9)
+        return None if self.max_seconds is None else round(self.max_seconds * NS_PER_S)
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from inferlab.bench.html_page import num
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS
 from inferlab.bench.session import RunResult
 
@@ -25,10 +26,6 @@ def stdout_console() -> Console:
     return _StdoutConsole() if sys.stdout.isatty() else _StdoutConsole(width=200)
 
 
-def _n(value: float | None, digits: int = 1) -> str:
-    return "-" if value is None else f"{value:,.{digits}f}"
-
-
 def load_table(result: RunResult) -> Table:
     """What each stage asked and achieved: rates, throughput, outcomes."""
     # the model name and URL are the user's: as markup, "mistral[awq]" would lose "[awq]"
@@ -40,11 +37,11 @@ def load_table(result: RunResult) -> Table:
     for stage in result.stages:
         s = stage.summary
         lag = s.metrics["dispatch_lag_ms"]["ok"].p99
-        table.add_row(s.info.label, _n(s.info.rate, 2), _n(s.sent_rate, 2), _n(lag, 2),
-                      _n(s.request_throughput, 2), _n(s.output_token_throughput),
-                      _n(s.total_token_throughput), _n(s.concurrency_mean),
+        table.add_row(s.info.label, num(s.info.rate, 2), num(s.sent_rate, 2), num(lag, 2),
+                      num(s.request_throughput, 2), num(s.output_token_throughput),
+                      num(s.total_token_throughput), num(s.concurrency_mean),
                       f"{s.counts['ok']}/{s.counts['error']}/{s.counts['cancelled']}",
-                      _n(s.goodput, 2))
+                      num(s.goodput, 2))
     return table
 
 
@@ -61,12 +58,12 @@ def latency_table(result: RunResult) -> Table:
         floor = "-"
         if stage.floor is not None:
             f = stage.floor.metrics
-            floor = f"{_n(f['ttft_ms']['ok'].median, 2)} / {_n(f['itl_ms']['ok'].median, 3)}"
+            floor = f"{num(f['ttft_ms']['ok'].median, 2)} / {num(f['itl_ms']['ok'].median, 3)}"
         table.add_row(stage.summary.info.label,
-                      f"{_n(ttft.median)}/{_n(ttft.p95)}/{_n(ttft.p99)}",
-                      _n(m["ttft_intended_ms"]["ok"].p99),
-                      f"{_n(itl.median, 2)}/{_n(itl.p95, 2)}/{_n(itl.p99, 2)}",
-                      _n(tpot.median, 2), f"{_n(e2e.median)}/{_n(e2e.p95)}", floor)
+                      f"{num(ttft.median)}/{num(ttft.p95)}/{num(ttft.p99)}",
+                      num(m["ttft_intended_ms"]["ok"].p99),
+                      f"{num(itl.median, 2)}/{num(itl.p95, 2)}/{num(itl.p99, 2)}",
+                      num(tpot.median, 2), f"{num(e2e.median)}/{num(e2e.p95)}", floor)
     return table
 
 

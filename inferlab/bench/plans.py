@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from inferlab.bench.client import RawExchange
 from inferlab.bench.templates import RequestTemplate
 
 
@@ -53,7 +54,7 @@ class WorkerReport:
 
     worker_id: int
     stage: int
-    exchanges: list = field(default_factory=list)  # RawExchange, finished since the last report
+    exchanges: list[RawExchange] = field(default_factory=list)  # finished since the last report
     in_flight: int = 0
     sent: int = 0  # requests started in this stage so far
     done: bool = False  # the stage is over for this worker

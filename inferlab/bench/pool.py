@@ -8,6 +8,7 @@ import os
 from itertools import chain
 from multiprocessing.connection import Connection, wait
 
+from inferlab.bench.config import NS_PER_S
 from inferlab.bench.plans import WorkerReport, WorkerSetup, WorkerStage
 from inferlab.bench.profiles import StageSpec, send_offsets_ns
 from inferlab.bench.worker import EXIT, READY, STOP, worker_main
@@ -87,7 +88,7 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
     requests by stream slot (`_slot_share`)."""
     limits = spec.limits
     stop_ns = None if limits.max_ns is None else start_ns + limits.max_ns
-    hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * 1e9)
+    hard_ns = None if stop_ns is None else stop_ns + round(limits.drain_seconds * NS_PER_S)
     common = {"stage": stage, "start_ns": start_ns, "stop_issuing_ns": stop_ns,
               "hard_stop_ns": hard_ns, "request_timeout_s": limits.request_timeout_s}
     if spec.rate_based:
@@ -101,7 +102,7 @@ def split_stage(spec: StageSpec, stage: int, workers: int, start_ns: int,
         plans.append(WorkerStage(
             **common, streams=hi - lo, max_requests=share, index_base=lo, index_stride=streams,
             queued_at_start=spec.kind == "throughput" and limits.max_requests is not None,
-            ramp_up_ns=round(ramp_up_s * 1e9), stream_offset=lo, total_streams=streams))
+            ramp_up_ns=round(ramp_up_s * NS_PER_S), stream_offset=lo, total_streams=streams))
     return plans
 
 

@@ -15,7 +15,7 @@ import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from inferlab.bench.config import LoadConfig, StageLimits
+from inferlab.bench.config import NS_PER_S, LoadConfig, StageLimits
 
 STAGE_KINDS = ("synchronous", "concurrent", "throughput", "constant", "poisson")
 DEFAULT_THROUGHPUT_CONCURRENCY = 256
@@ -97,7 +97,7 @@ def _send_times_ns(stage: StageSpec) -> Iterator[int]:
     rate = stage.rate or 0.0
     if stage.kind == "poisson":
         return _poisson_times_ns(rate, stage.seed)
-    return (round(k * 1e9 / rate) for k in itertools.count())
+    return (round(k * NS_PER_S / rate) for k in itertools.count())
 
 
 def _poisson_times_ns(rate: float, seed: int) -> Iterator[int]:
@@ -105,7 +105,7 @@ def _poisson_times_ns(rate: float, seed: int) -> Iterator[int]:
     t_ns = 0.0
     while True:
         yield round(t_ns)
-        t_ns += rng.expovariate(rate) * 1e9
+        t_ns += rng.expovariate(rate) * NS_PER_S
 
 
 def sweep_rates(sync_rate: float, throughput_rate: float, sweep_size: int) -> list[float]:

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from html import escape
 
+from inferlab.bench.config import NS_PER_S
 from inferlab.bench.html_page import bullet_list, definitions, num, page, table
 from inferlab.bench.metrics import DEFINITIONS, THROUGHPUT_DEFINITIONS, itl_ms, ttft_ms
 from inferlab.bench.runner import StageResult
 from inferlab.bench.session import RunResult
-from inferlab.bench.summary import measured
+from inferlab.bench.summary import ok_values
 from inferlab.bench.svg import Band, Series, empty_chart, histogram, line_chart
 
 SUMMARY_HEADERS = [
@@ -99,9 +100,8 @@ def _distributions(stages: list[StageResult]) -> str:
                       for i, s in enumerate(stages))
     panels = []
     for i, stage in enumerate(stages):
-        ok = [r for r in measured(stage.summary, stage.records) if r.outcome == "ok"]
-        ttft = [v for r in ok if (v := ttft_ms(r)) is not None]
-        itl = [v for r in ok if (v := itl_ms(r)) is not None]
+        ttft = ok_values(stage.summary, stage.records, ttft_ms)
+        itl = ok_values(stage.summary, stage.records, itl_ms)
         panels.append(
             f'<div class="stage-panel charts" data-stage="{i}">'
             + histogram(f"TTFT, {stage.summary.info.label}", {"TTFT": ttft}, "ms")
@@ -112,7 +112,7 @@ def _distributions(stages: list[StageResult]) -> str:
 
 
 def _stage_bands(stages: list[StageResult]) -> list[Band]:
-    return [Band(s.summary.info.start_ns / 1e9, s.summary.end_ns / 1e9, s.summary.info.label)
+    return [Band(s.summary.info.start_ns / NS_PER_S, s.summary.end_ns / NS_PER_S, s.summary.info.label)
             for s in stages]
 
 

@@ -7,7 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from inferlab.bench.client import now_ns
+from inferlab.bench.client import RawExchange, now_ns
+from inferlab.bench.config import NS_PER_S
 from inferlab.bench.interrupts import Interrupts
 from inferlab.bench.plans import WorkerReport
 from inferlab.bench.pool import WorkerPool, split_stage
@@ -69,7 +70,7 @@ class _Tally:
 
     def snapshot(self, label: str, spec: StageSpec, start_ns: int,
                  records: list[RequestRecord]) -> Snapshot:
-        return Snapshot(label, max(0.0, (now_ns() - start_ns) / 1e9), spec.limits.max_seconds,
+        return Snapshot(label, max(0.0, (now_ns() - start_ns) / NS_PER_S), spec.limits.max_seconds,
                         spec.limits.max_requests, sum(self.sent.values()),
                         sum(self.in_flight.values()), dict(self.counts), records[-64:])
 
@@ -92,7 +93,7 @@ class StageRunner:
         return self.interrupts.requested
 
     def run(self, spec: StageSpec, stage: int) -> StageResult:
-        start_ns = now_ns() + round(START_LEAD_S * 1e9)
+        start_ns = now_ns() + round(START_LEAD_S * NS_PER_S)
         if self.epoch_ns is None:
             self.epoch_ns = start_ns
         plans = split_stage(spec, stage, self.pool.size, start_ns, self.ramp_up_s)
@@ -141,7 +142,7 @@ class StageRunner:
                                                 records))
         return stop_reason
 
-    def _parse(self, exchanges: list, stage: int, worker: int) -> list[RequestRecord]:
+    def _parse(self, exchanges: list[RawExchange], stage: int, worker: int) -> list[RequestRecord]:
         assert self.epoch_ns is not None
         return [to_record(raw, stage, worker, self.epoch_ns, self.templates[raw.template],
                           self.counter) for raw in exchanges]
@@ -164,6 +165,6 @@ class StageRunner:
             capped = limits.max_requests is not None and scheduled >= limits.max_requests
         else:
             timed = (limits.max_seconds is not None
-                     and now_ns() - start_ns >= limits.max_seconds * 1e9)
+                     and now_ns() - start_ns >= limits.max_seconds * NS_PER_S)
             capped = not timed and limits.max_requests is not None
         return "max_requests" if capped else "max_seconds"

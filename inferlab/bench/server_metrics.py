@@ -13,6 +13,8 @@ from dataclasses import asdict, dataclass, field
 
 import httpx
 
+from inferlab.bench.config import NS_PER_S
+
 # canonical series -> metric names that carry it, first match wins
 SERIES = {
     "running": ("vllm:num_requests_running", "llamacpp:requests_processing",
@@ -144,7 +146,7 @@ class MetricsScraper:
         if not values:
             self.note = f"no server metrics: {self.url} has no known metric names"
             return False
-        self.samples.append(((stamp - self.epoch_ns) / 1e9, values))
+        self.samples.append(((stamp - self.epoch_ns) / NS_PER_S, values))
         return True
 
     def timeline(self) -> ServerTimeline:

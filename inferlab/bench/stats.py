@@ -8,7 +8,7 @@ import numpy as np
 
 # (field name, percentile); linear interpolation between order statistics (numpy default)
 PERCENTILES = (("median", 50.0), ("p90", 90.0), ("p95", 95.0), ("p99", 99.0), ("p999", 99.9))
-STAT_NAMES = ("mean", "median", "p90", "p95", "p99", "p999", "min", "max")
+STAT_NAMES = ("mean", *(name for name, _ in PERCENTILES), "min", "max")
 
 
 @dataclass(frozen=True)

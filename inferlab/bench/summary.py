@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from inferlab.bench.config import Span
-from inferlab.bench.metrics import PER_REQUEST, PER_SAMPLE, SLO_SOURCES, meets_slo
+from inferlab.bench.config import NS_PER_S, Span
+from inferlab.bench.metrics import PER_REQUEST, PER_SAMPLE, SLO_SOURCES, meets_slo, prompt_tokens
 from inferlab.bench.records import OUTCOMES, RequestRecord, ended_by_itself
 from inferlab.bench.stats import Distribution
-
-NS = 1e9
 
 
 @dataclass
@@ -56,7 +55,7 @@ class StageSummary:
 
     @property
     def window_s(self) -> float:
-        return max(0.0, (self.window_end_ns - self.window_start_ns) / NS)
+        return max(0.0, (self.window_end_ns - self.window_start_ns) / NS_PER_S)
 
     def to_dict(self) -> dict:
         data = asdict(self)
@@ -94,7 +93,7 @@ def summarize(info: StageInfo, records: list[RequestRecord], warmup: Span, coold
     if w1 <= w0 or not measured:
         w0, w1, skip_first, skip_last = info.start_ns, active_end_ns, 0, 0
         measured = _measured(records, w0, w1)
-    window_s = max((w1 - w0) / NS, 1e-9)
+    window_s = max((w1 - w0) / NS_PER_S, 1e-9)
     # throughputs count what the server delivered inside the window, whenever the request
     # began: a closed loop's requests started in the warmup end in the window
     ok = [r for r in records if r.outcome == "ok"]
@@ -124,11 +123,11 @@ def _window(info: StageInfo, records: list[RequestRecord], active_end_ns: int, w
     """The measured window [w0, w1] and the requests left out by count at either end.
     Counted out, the window opens at the first measured request's send and closes when the
     last measured one is over, so the throughputs cover the time those requests ran."""
-    duration_s = (active_end_ns - info.start_ns) / NS
+    duration_s = (active_end_ns - info.start_ns) / NS_PER_S
     warm_s, skip_first = warmup.resolve(duration_s, requests_bound)
     cool_s, skip_last = cooldown.resolve(duration_s, requests_bound)
-    w0 = info.start_ns + round(warm_s * NS)
-    w1 = active_end_ns - round(cool_s * NS)
+    w0 = info.start_ns + round(warm_s * NS_PER_S)
+    w1 = active_end_ns - round(cool_s * NS_PER_S)
     kept = _by_send(records)[skip_first:max(0, len(records) - skip_last)]
     if kept and skip_first:
         w0 = max(w0, started_ns(kept[0]))
@@ -171,13 +170,19 @@ def measured(summary: StageSummary, records: list[RequestRecord]) -> list[Reques
                      summary.warmup_requests, summary.cooldown_requests)
 
 
+def ok_values(summary: StageSummary, records: list[RequestRecord],
+              metric: Callable[[RequestRecord], float | None]) -> list[float]:
+    """A per-request metric over the successful requests the stage's statistics cover."""
+    return [v for r in measured(summary, records) if r.outcome == "ok" and (v := metric(r)) is not None]
+
+
 def _rate(times_ns: list[int]) -> float | None:
     """Events per second, fitted to all their times: the least-squares slope of the
     sorted times against their rank, so one late event at either end cannot skew it
     the way (n - 1) / (last - first) would."""
     if len(times_ns) < 2 or max(times_ns) == min(times_ns):
         return None
-    t = np.sort(np.asarray(times_ns, dtype=np.float64)) / NS
+    t = np.sort(np.asarray(times_ns, dtype=np.float64)) / NS_PER_S
     k = np.arange(t.size, dtype=np.float64)
     slope_s = float(np.sum((k - k.mean()) * (t - t.mean())) / np.sum((k - k.mean()) ** 2))
     return 1.0 / slope_s if slope_s > 0 else None
@@ -193,11 +198,8 @@ def _tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:
 
 
 def _prompt_tokens_in(records: list[RequestRecord], w0: int, w1: int) -> int:
-    total = 0
-    for r in records:
-        if r.first_token_ns is not None and w0 <= r.first_token_ns <= w1:
-            total += r.prompt_tokens if r.prompt_tokens is not None else r.prompt_tokens_sent
-    return total
+    return int(sum(prompt_tokens(r) for r in records
+                   if r.first_token_ns is not None and w0 <= r.first_token_ns <= w1))
 
 
 def _distributions(records: list[RequestRecord]) -> dict[str, dict[str, Distribution]]:
@@ -211,7 +213,8 @@ def _distributions(records: list[RequestRecord]) -> dict[str, dict[str, Distribu
     return out
 
 
-def _intervals(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+def intervals(records: list[RequestRecord]) -> tuple[np.ndarray, np.ndarray]:
+    """The sorted start and end times of the requests that ran, for busy_integral."""
     pairs = [(r.start_ns, r.end_ns) for r in records
              if r.start_ns is not None and r.end_ns is not None]
     if not pairs:
@@ -231,7 +234,7 @@ def busy_integral(starts: np.ndarray, ends: np.ndarray, t: np.ndarray) -> np.nda
 
 
 def _concurrency_mean(records: list[RequestRecord], w0: int, w1: int) -> float:
-    starts, ends = _intervals(records)
+    starts, ends = intervals(records)
     if starts.size == 0 or w1 <= w0:
         return 0.0
     area = busy_integral(starts, ends, np.array([w0, w1], dtype=np.float64))

@@ -6,8 +6,9 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+from inferlab.bench.config import NS_PER_S
 from inferlab.bench.records import RequestRecord
-from inferlab.bench.summary import busy_integral
+from inferlab.bench.summary import busy_integral, intervals
 
 MAX_BINS = 150
 MIN_BIN_S = 0.1
@@ -27,9 +28,9 @@ class Timeline:
 
 
 def build_timeline(records: list[RequestRecord], end_ns: int) -> Timeline:
-    duration_s = max(end_ns / 1e9, MIN_BIN_S)
+    duration_s = max(end_ns / NS_PER_S, MIN_BIN_S)
     bin_s = max(MIN_BIN_S, duration_s / MAX_BINS)
-    bin_ns = round(bin_s * 1e9)
+    bin_ns = round(bin_s * NS_PER_S)
     bins = -(-end_ns // bin_ns) if end_ns > 0 else 1  # ceiling, in exact integers
     edges_ns = (np.arange(bins + 1, dtype=np.int64) * bin_ns).astype(np.float64)
     token_times = np.array([t for r in records for t in r.chunk_ns], dtype=np.float64)
@@ -40,15 +41,9 @@ def build_timeline(records: list[RequestRecord], end_ns: int) -> Timeline:
     err_ends = [r.end_ns for r in records if r.outcome == "error" and r.end_ns is not None]
     completed, _ = np.histogram(np.array(ok_ends, dtype=np.float64), bins=edges_ns)
     errors, _ = np.histogram(np.array(err_ends, dtype=np.float64), bins=edges_ns)
-    pairs = [(r.start_ns, r.end_ns) for r in records
-             if r.start_ns is not None and r.end_ns is not None]
-    if pairs:
-        starts, ends = (np.sort(col) for col in np.array(pairs, dtype=np.float64).T)
-        area = busy_integral(starts, ends, edges_ns)
-        concurrency = np.diff(area) / (bin_s * 1e9)
-    else:
-        concurrency = np.zeros(bins)
-    return Timeline(bin_s=bin_s, t_s=[float(x) for x in edges_ns[:-1] / 1e9],
+    starts, ends = intervals(records)
+    concurrency = np.diff(busy_integral(starts, ends, edges_ns)) / (bin_s * NS_PER_S)
+    return Timeline(bin_s=bin_s, t_s=[float(x) for x in edges_ns[:-1] / NS_PER_S],
                     output_tokens_per_s=[float(x) for x in tokens / bin_s],
                     completed_per_s=[float(x) for x in completed / bin_s],
                     errors_per_s=[float(x) for x in errors / bin_s],

@@ -15,6 +15,7 @@ from multiprocessing.connection import Connection
 
 from inferlab.bench.client import ConnectionPool, RawExchange, Target, build_request, exchange
 from inferlab.bench.client import now_ns as clock_ns
+from inferlab.bench.config import NS_PER_S
 from inferlab.bench.plans import WorkerReport, WorkerSetup, WorkerStage
 from inferlab.bench.tags import request_tag
 
@@ -32,7 +33,7 @@ def worker_main(conn: Connection) -> None:
 
 
 async def _sleep_until(t_ns: int) -> None:
-    delay_s = (t_ns - clock_ns()) / 1e9
+    delay_s = (t_ns - clock_ns()) / NS_PER_S
     if delay_s > 0:
         await asyncio.sleep(delay_s)
 
@@ -93,7 +94,7 @@ class _Worker:
         reporter = loop.create_task(self._report_periodically(plan.stage))
         hard_stop = None
         if plan.hard_stop_ns is not None:
-            hard_stop = loop.call_later(max(0.0, (plan.hard_stop_ns - clock_ns()) / 1e9),
+            hard_stop = loop.call_later(max(0.0, (plan.hard_stop_ns - clock_ns()) / NS_PER_S),
                                         self._stop)
         self.next_n = 0
         if plan.offsets_ns is not None:

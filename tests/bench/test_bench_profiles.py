@@ -141,7 +141,7 @@ def test_slo_parsing():
     ("constant", (), "needs --rate"),
     ("synchronous", (3.0,), "takes no rate"),
     ("throughput", (3.0,), "--max-concurrency"),
-    ("concurrent", (2.5,), "whole numbers"),
+    ("concurrent", (2.5,), "whole number of streams"),
     ("warp", (), "unknown --profile"),
 ])
 def test_load_config_errors(profile, rates, message):
