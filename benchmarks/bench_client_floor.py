@@ -44,6 +44,7 @@ from inferlab.bench.mock_process import MockProcess
 from inferlab.bench.progress import NullProgress
 from inferlab.bench.session import run_benchmark
 from inferlab.bench.summary import StageSummary
+from inferlab.shared_data import WIKITEXT_TEST
 
 TTFT_MS, ITL_MS = 50.0, 10.0
 OUTPUT_TOKENS = 32
@@ -53,7 +54,7 @@ WARMUP_S = 0.5  # each stage's first half second is left out: fresh connections,
 
 def corpus_file() -> str:
     """Prompt text: WikiText-2 beside the project, else a generated file."""
-    wiki = Path(__file__).resolve().parents[1].parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+    wiki = WIKITEXT_TEST
     if wiki.is_file():
         return str(wiki)
     path = Path(tempfile.gettempdir()) / "inferlab_floor_corpus.txt"

@@ -14,9 +14,10 @@ from pathlib import Path
 
 from inferlab.config import MAX_THREADS
 from inferlab.errors import InferlabError
+from inferlab.shared_data import WIKITEXT_TEST
 from inferlab.user_files import check_writable
 
-WIKITEXT = Path(__file__).resolve().parent.parent.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+WIKITEXT = WIKITEXT_TEST
 
 
 def script_parser(doc: str | None) -> argparse.ArgumentParser:

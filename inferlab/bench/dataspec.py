@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError
+from inferlab.shared_data import WIKITEXT_TEST
 from inferlab.user_files import parse_user_json, stat_user_path
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-DEFAULT_CORPUS = PROJECT_ROOT.parent / "shared/data/wikitext-2-raw/wiki.test.raw"
+DEFAULT_CORPUS = WIKITEXT_TEST
 # past the longest context windows served: a bigger length is a typo (1e10), and cutting
 # prompts of it would fill the memory
 MAX_TOKENS = 1 << 20

@@ -25,7 +25,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="reference model: report mean and p99 KL(baseline || model) per token and "
                         "top-1 agreement on the same windows")
     p.add_argument("--dataset", default=DEFAULT_DATASET, metavar="FILE",
-                   help="UTF-8 text file, tokenized whole (default: ../shared/data WikiText-2 test)")
+                   help="UTF-8 text file, tokenized whole (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=_DEFAULTS.seq_len,
                    help=f"tokens per non-overlapping window (default: {_DEFAULTS.seq_len})")
     p.add_argument("--limit", type=int, default=None, metavar="N",

@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
 
 from inferlab.config import DTYPES
 from inferlab.errors import InferlabError
+from inferlab.shared_data import WIKITEXT_TEST
 
-# the project root's sibling folder, as the design's data layout puts it
-DEFAULT_DATASET = str(Path(__file__).resolve().parents[2].parent
-                      / "shared/data/wikitext-2-raw/wiki.test.raw")
+DEFAULT_DATASET = str(WIKITEXT_TEST)
 EVAL_DTYPES = tuple(d for d in DTYPES if d != "float16")
 
 

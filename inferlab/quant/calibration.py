@@ -6,7 +6,6 @@ tokens are drawn at seeded random offsets, so a run is reproducible.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import torch
@@ -17,12 +16,6 @@ from inferlab.user_files import read_user_text
 if TYPE_CHECKING:  # annotations only: `inferlab quantize --help` loads no tokenizer library
     from inferlab.models.tokenizer import TextTokenizer
 
-DEFAULT_CALIB = "../shared/data/wikitext-2-valid/valid.txt"  # relative to the project root
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-def default_calib_path() -> str:
-    return str((PROJECT_ROOT / DEFAULT_CALIB).resolve())
 
 
 def read_text(path: str) -> str:

@@ -12,9 +12,9 @@ import time
 
 from inferlab.config import DTYPES, check_threads
 from inferlab.errors import InferlabError
-from inferlab.quant.calibration import default_calib_path
 from inferlab.quant.recipe import HESSIAN_METHODS, METHODS, Recipe
 from inferlab.quant.scheme import DEFAULT_GROUP_SIZE, GROUP_SIZED_SCHEMES
+from inferlab.shared_data import WIKITEXT_VALID
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -43,8 +43,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "
                         "it a tied lm_head is quantized and written untied)")
     calib = p.add_argument_group("calibration")
-    calib.add_argument("--calib", default=default_calib_path(), help="calibration text file "
-                       "(default: ../shared/data/wikitext-2-valid/valid.txt)")
+    calib.add_argument("--calib", default=str(WIKITEXT_VALID), help="calibration text file "
+                       "(default: %(default)s)")
     calib.add_argument("--num-samples", type=int, default=128, help="windows (default 128)")
     calib.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
     calib.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
