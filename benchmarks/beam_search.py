@@ -23,6 +23,7 @@ from workloads import (
     bytes_read_per_decode_step,
     decode_step_floor_s,
     positive_int,
+    rounds_text,
     script_parser,
     wikitext_prompts,
 )
@@ -78,14 +79,14 @@ def main() -> None:
         llm.engine.model_config, bytes_read_per_decode_step(llm.engine.loaded.model), rows,
         args.prompt_tokens + t, dtype.itemsize, bandwidth, peak)) for t in range(args.output_tokens))
     our_s, hf_s = statistics.median(ours), statistics.median(theirs)
-    print(f"inferlab beam_search: {our_s:.1f} s (rounds {' / '.join(f'{v:.1f}' for v in ours)}); "
+    print(f"inferlab beam_search: {our_s:.1f} s (rounds {rounds_text(ours, '.1f')}); "
           f"{floor_s / our_s:.0%} of the roofline ({floor_s:.2f} s: {args.output_tokens} decode steps of {rows} rows)")
     print(f"transformers generate(num_beams={args.beam_width}), one prompt at a time: {hf_s:.1f} s "
-          f"(rounds {' / '.join(f'{v:.1f}' for v in theirs)})")
+          f"(rounds {rounds_text(theirs, '.1f')})")
     print(f"same best beam: {' / '.join(f'{s}/{args.prompts}' for s in same)} prompts")
     ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
     print(f"RATIO inferlab / transformers: {statistics.median(ratios):.2f}x "
-          f"(rounds {' / '.join(f'{v:.2f}' for v in ratios)})")
+          f"(rounds {rounds_text(ratios, '.2f')})")
 
 
 if __name__ == "__main__":

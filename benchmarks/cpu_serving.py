@@ -46,6 +46,7 @@ from workloads import (
     model_path,
     output_rate_bound,
     positive_int,
+    rounds_text,
     script_parser,
     wikitext_prompts,
 )
@@ -240,7 +241,7 @@ def main() -> None:
     for c in args.concurrency:
         ratios = [rd[c]["output_tok_s"] / h for rd, h in zip(rounds, hf_rates, strict=True)]
         print(f"RATIO concurrency {c} / transformers: {statistics.median(ratios):.2f}x "
-              f"(rounds {' / '.join(f'{x:.2f}' for x in ratios)})")
+              f"(rounds {rounds_text(ratios, '.2f')})")
 
 
 if __name__ == "__main__":

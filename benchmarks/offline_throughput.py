@@ -26,6 +26,7 @@ from workloads import (
     decode_step_floor_s,
     positive_int,
     prefill_flops_per_token,
+    rounds_text,
     script_parser,
     wikitext_prompts,
 )
@@ -89,7 +90,7 @@ def main() -> None:
     decode_tps = (n_out - args.requests) / max(total_s - prefill_s, 1e-9)
     flops_per_token = prefill_flops_per_token(llm.engine.model_config, args.prompt_tokens)
     print(f"inferlab: {n_out / total_s:.1f} output tok/s ({total_s:.1f} s for {args.requests} requests; "
-          f"rounds {_seconds(ours)})")
+          f"rounds {rounds_text(ours, '.1f')})")
     print(f"  prefill {prefill_tps:.0f} tok/s = {prefill_tps * flops_per_token / peak:.0%} of the matmul roofline")
     memory_s, compute_s = decode_step_floor_s(
         llm.engine.model_config, bytes_read_per_decode_step(model), args.requests,
@@ -101,9 +102,9 @@ def main() -> None:
     if theirs:
         hf_s = statistics.median(theirs)
         print(f"transformers generate (static batches of 16): {n_out / hf_s:.1f} output tok/s "
-              f"({hf_s:.1f} s; rounds {_seconds(theirs)})")
+              f"({hf_s:.1f} s; rounds {rounds_text(theirs, '.1f')})")
         ratios = [t / o for o, t in zip(ours, theirs, strict=True)]
-        print(f"RATIO inferlab / transformers: {statistics.median(ratios):.2f}x (rounds {_ratios(ratios)})")
+        print(f"RATIO inferlab / transformers: {statistics.median(ratios):.2f}x (rounds {rounds_text(ratios, '.2f')})")
         del hf
 
     system = wikitext_prompts(llm.tokenizer, 1, 512, offset=args.rounds * prompt_text)[0]
@@ -118,9 +119,9 @@ def main() -> None:
     for caching in (True, False):
         median_s = statistics.median(times[caching])
         print(f"shared 512-token system prompt, prefix caching {'on' if caching else 'off'}: "
-              f"{n_out / median_s:.1f} output tok/s ({median_s:.1f} s; rounds {_seconds(times[caching])})")
+              f"{n_out / median_s:.1f} output tok/s ({median_s:.1f} s; rounds {rounds_text(times[caching], '.1f')})")
     ratios = [off / on for on, off in zip(times[True], times[False], strict=True)]
-    print(f"RATIO caching on / off: {statistics.median(ratios):.2f}x (rounds {_ratios(ratios)})")
+    print(f"RATIO caching on / off: {statistics.median(ratios):.2f}x (rounds {rounds_text(ratios, '.2f')})")
 
 
 def load_transformers(llm: LLM, dtype: torch.dtype):
@@ -133,12 +134,6 @@ def load_transformers(llm: LLM, dtype: torch.dtype):
                                                 dtype=dtype).eval()
 
 
-def _seconds(values: list[float]) -> str:
-    return " / ".join(f"{v:.1f}" for v in values)
-
-
-def _ratios(values: list[float]) -> str:
-    return " / ".join(f"{v:.2f}" for v in values)
 
 
 if __name__ == "__main__":

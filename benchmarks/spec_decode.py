@@ -36,6 +36,7 @@ from workloads import (
     bytes_read_per_decode_step,
     exit_on_sigterm,
     positive_int,
+    rounds_text,
     script_parser,
     wikitext_prompts,
 )
@@ -96,10 +97,10 @@ def served(args: argparse.Namespace, speculative: str) -> None:
     for name, runs in results.items():
         print(f"  {name:6s} {statistics.median(r['output_tok_s'] for r in runs):6.1f} output tok/s, "
               f"ITL p50 {statistics.median(r['itl_p50_ms'] for r in runs):.2f} ms "
-              f"(rounds {' / '.join(format(r['output_tok_s'], '.1f') for r in runs)})")
+              f"(rounds {rounds_text([r['output_tok_s'] for r in runs], '.1f')})")
     ratios = [a["output_tok_s"] / b["output_tok_s"] for a, b in zip(results["ngram"], results["plain"], strict=True)]
     print(f"  RATIO served ngram / plain: {statistics.median(ratios):.2f}x "
-          f"(rounds {' / '.join(f'{v:.2f}' for v in ratios)})")
+          f"(rounds {rounds_text(ratios, '.2f')})")
 
 
 def main() -> None:
@@ -149,16 +150,16 @@ def main() -> None:
         for system in systems:
             values = rates[(name, system)]
             rate = statistics.median(values)
-            print(f"  {system:28s} {rate:6.1f} output tok/s (rounds {' / '.join(f'{v:.1f}' for v in values)}), "
+            print(f"  {system:28s} {rate:6.1f} output tok/s (rounds {rounds_text(values, '.1f')}), "
                   f"{rate / roofline_tok_s:.0%} of the roofline")
         print(f"  drafts accepted: {statistics.median(rates[(name, 'acceptance')]):.0%} "
-              f"(rounds {' / '.join(f'{v:.0%}' for v in rates[(name, 'acceptance')])}); "
+              f"(rounds {rounds_text(rates[(name, 'acceptance')], '.0%')}); "
               f"inferlab's tokens equal with and without drafts: {' / '.join(same[name])} prompts")
         for ours, theirs in (("inferlab ngram", "inferlab"), ("inferlab ngram", "transformers prompt lookup"),
                              ("inferlab", "transformers")):
             ratios = [a / b for a, b in zip(rates[(name, ours)], rates[(name, theirs)], strict=True)]
             print(f"  RATIO {ours} / {theirs}: {statistics.median(ratios):.2f}x "
-                  f"(rounds {' / '.join(f'{v:.2f}' for v in ratios)})")
+                  f"(rounds {rounds_text(ratios, '.2f')})")
     if not args.skip_served:
         del plain, drafting, hf  # the servers load their own
         served(args, json.dumps(speculative))
