@@ -24,7 +24,7 @@ from inferlab.engine.guided.json_schema import OBJECT_SCHEMA
 from inferlab.engine.guided.regex_grammar import RegexGrammar
 from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 from inferlab.engine.guided.token_filter import TokenFilter
-from inferlab.engine.guided.token_index import TokenIndex, token_texts
+from inferlab.engine.guided.token_index import TokenIndex, appended_texts
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampler import SamplingBatch, sample
 from inferlab.engine.sampling_params import SamplingParams
@@ -56,7 +56,7 @@ MESSAGES = [{"role": "user", "content": "Describe a cat as a JSON object."}]
 
 def token_index(llm: LLM) -> TokenIndex:
     start = time.perf_counter()
-    texts = token_texts(llm.tokenizer)
+    texts = appended_texts(llm.tokenizer)
     built = time.perf_counter()
     index = TokenIndex(texts, llm.engine.model_config.vocab_size)
     print(f"token texts {1e3 * (built - start):.0f} ms, token index {1e3 * (time.perf_counter() - built):.0f} ms "

@@ -22,7 +22,7 @@ from inferlab.engine.guided.regex_grammar import RegexGrammar
 from inferlab.engine.guided.structural_tag import StructuralTagGrammar
 from inferlab.engine.guided.thinking_grammar import AfterThinking
 from inferlab.engine.guided.token_filter import GRAMMARS, GrammarGuide, TokenFilter
-from inferlab.engine.guided.token_index import TokenIndex, token_index, token_texts
+from inferlab.engine.guided.token_index import TokenIndex, appended_texts, token_index
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InvalidParameterError
 
@@ -34,7 +34,7 @@ SAMPLE = '{"name": "Zoë\\n", "tags": [1, -2.5e3, true, null], "nested": {"k": [
 
 @pytest.fixture(scope="module")
 def texts(make_fast_llm) -> list[str | None]:
-    return token_texts(make_fast_llm().tokenizer)
+    return appended_texts(make_fast_llm().tokenizer)
 
 
 def test_token_texts_spell_what_the_tokenizer_decodes(make_fast_llm, texts):
