@@ -305,7 +305,7 @@ def test_a_grammar_that_cannot_be_held_is_refused_by_name(fields, words):
 def test_guided_decoding_needs_an_eos_to_end_with(make_fast_llm, monkeypatch, fields):
     llm = make_fast_llm()
     without_eos = dataclasses.replace(llm.engine.generation, eos_token_id=None)  # as a model with none
-    monkeypatch.setattr(llm.engine, "generation", without_eos)
+    monkeypatch.setattr(llm.engine.requests, "generation", without_eos)  # where requests are checked
     with pytest.raises(InvalidParameterError, match="ends its output with EOS, and this model has none"):
         llm.engine.add_request([1, 2, 3], SamplingParams(**fields))
     assert not llm.engine.has_unfinished_requests()
