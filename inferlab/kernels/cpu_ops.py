@@ -71,7 +71,9 @@ def rotary_fits(head_dim: int) -> bool:
 
 def rotary_embedding(positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
                      cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables."""
+    """Same contract as triton_norm_rope.rotary_embedding (in place); cos, sin fp32 tables
+    [positions, head_dim]. The positions are trusted to lie within the tables (the engine caps
+    max_model_len at the model's positions), as the attention kernels trust their indices."""
     dim = q.shape[-1]
     if not (rotary_fits(dim) and all(t.dtype == torch.float32 and t.is_contiguous()
                                      and t.dim() == 2 and t.shape[1] == dim for t in (cos, sin))):
