@@ -16,15 +16,14 @@ from inferlab.kernels import cpu_model
 from inferlab.kernels.attention import AttentionMetadata, paged_attention
 from inferlab.kernels.fused import rotary_embedding, silu_and_mul
 from inferlab.models.config import ModelConfig
+from inferlab.models.fused_layers import FUSED_SHARDS, shard_rows
 from inferlab.models.layers import RMSNorm, RotaryEmbedding
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # k, v: [num_blocks, block_size, Hkv, D]
 
 # unfused checkpoint name -> (fused parameter name, shard index)
-STACKED_PARAMS = {
-    "q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2),
-    "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1),
-}
+STACKED_PARAMS = {part: (fused, shard) for fused, parts in FUSED_SHARDS.items()
+                  for shard, part in enumerate(parts)}
 
 
 Rope = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # positions [N]; cos, sin [P, head_dim] fp32
@@ -189,11 +188,11 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
             _check_part_shape(name, tensor, _part_shape(cfg, target, shard), source)
             shards.setdefault(target, {})[shard] = tensor
     for target, parts in shards.items():
-        count = 3 if ".qkv_proj." in target else 2
+        fused = _fused_name(target)
+        count = len(FUSED_SHARDS[fused])
         if len(parts) != count:
-            names = ("q_proj", "k_proj", "v_proj") if count == 3 else ("gate_proj", "up_proj")
-            fused = "qkv_proj" if count == 3 else "gate_up_proj"
-            absent = [target.replace(fused, names[i]) for i in range(count) if i not in parts]
+            absent = [target.replace(fused, name) for i, name in enumerate(FUSED_SHARDS[fused])
+                      if i not in parts]
             raise ModelLoadError(f"{source}: missing tensors {', '.join(absent)}")
         if len({parts[i].shape[1:] for i in range(count)}) > 1:
             raise ModelLoadError(f"{source}: the parts of {target} disagree in shape")
@@ -204,9 +203,13 @@ def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfi
 def _part_shape(cfg: ModelConfig, target: str, shard: int) -> tuple[int, ...] | None:
     """The shape the config implies for shard `shard` of fused parameter `target` (q, k, v of
     qkv_proj; gate, up of gate_up_proj), weight or bias; None for another tensor."""
-    rows = ((cfg.q_size, cfg.kv_size, cfg.kv_size)[shard] if ".qkv_proj." in target
-            else cfg.intermediate_size)
+    rows = shard_rows(cfg, _fused_name(target))[shard]
     return {"weight": (rows, cfg.hidden_size), "bias": (rows,)}.get(target.rsplit(".", 1)[-1])
+
+
+def _fused_name(target: str) -> str:
+    """The fused module a parameter name goes through ('...qkv_proj.weight' -> 'qkv_proj')."""
+    return next(part for part in target.split(".") if part in FUSED_SHARDS)
 
 
 def _check_part_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...] | None,

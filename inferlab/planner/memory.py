@@ -8,6 +8,7 @@ from dataclasses import dataclass, replace
 from inferlab.engine.block_manager import cdiv
 from inferlab.errors import InferlabError
 from inferlab.models.config import ModelConfig
+from inferlab.models.fused_layers import FUSED_SHARDS, shard_rows
 from inferlab.planner.names import unknown_name_message
 from inferlab.quant.ct_config import matches
 
@@ -103,11 +104,18 @@ def weight_format(name: str) -> WeightFormat:
 
 
 def block_linears(model: ModelConfig) -> list[tuple[str, int, int]]:
-    """(name in the block, in_features, out_features) of each linear layer of a block."""
+    """(name in the block, in_features, out_features) of each linear layer of a block, as a
+    checkpoint stores them: the fused layers as their shards."""
     h, i = model.hidden_size, model.intermediate_size
-    return [("self_attn.q_proj", h, model.q_size), ("self_attn.k_proj", h, model.kv_size),
-            ("self_attn.v_proj", h, model.kv_size), ("self_attn.o_proj", model.q_size, h),
-            ("mlp.gate_proj", h, i), ("mlp.up_proj", h, i), ("mlp.down_proj", i, h)]
+    return [*_shards(model, "self_attn", "qkv_proj"), ("self_attn.o_proj", model.q_size, h),
+            *_shards(model, "mlp", "gate_up_proj"), ("mlp.down_proj", i, h)]
+
+
+def _shards(model: ModelConfig, parent: str, fused: str) -> list[tuple[str, int, int]]:
+    """(name in the block, in_features, out_features) of each shard of fused layer `fused`,
+    all of which read the hidden state."""
+    return [(f"{parent}.{name}", model.hidden_size, rows)
+            for name, rows in zip(FUSED_SHARDS[fused], shard_rows(model, fused), strict=True)]
 
 
 def block_linear_params(model: ModelConfig) -> int:

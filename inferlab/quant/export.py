@@ -13,6 +13,7 @@ import json
 import os
 import re
 import shutil
+from itertools import accumulate
 from typing import Any
 
 import torch
@@ -21,9 +22,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from inferlab.errors import InferlabError
+from inferlab.models.config import ModelConfig
+from inferlab.models.fused_layers import FUSED_SHARDS, shard_rows
 from inferlab.models.tokenizer import CHAT_TEMPLATE_DIR
 from inferlab.quant.checkpoint import quantization_config, tensors_for
-from inferlab.quant.load import FUSED_SHARDS, checkpoint_names
+from inferlab.quant.load import checkpoint_names
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.recipe import Recipe
 
@@ -34,22 +37,19 @@ TORCH_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16":
 DTYPE_NAMES = {dtype: name for name, dtype in TORCH_DTYPES.items()}
 
 
-def shard_sizes(module_name: str, cfg: Any) -> list[int]:
-    """Output rows of each checkpoint shard of `module_name` (one entry when not fused)."""
+def shard_sizes(module_name: str, cfg: ModelConfig, rows: int) -> list[int]:
+    """Output rows of each checkpoint shard of `module_name`, which has `rows` in all (one
+    shard when not fused)."""
     leaf = module_name.rpartition(".")[2]
-    if leaf == "qkv_proj":
-        return [cfg.q_size, cfg.kv_size, cfg.kv_size]
-    if leaf == "gate_up_proj":
-        return [cfg.intermediate_size, cfg.intermediate_size]
-    return [-1]
+    return shard_rows(cfg, leaf) if leaf in FUSED_SHARDS else [rows]
 
 
-def _split(name: str, tensor: torch.Tensor, cfg: Any) -> dict[str, torch.Tensor]:
+def _split(name: str, tensor: torch.Tensor, cfg: ModelConfig) -> dict[str, torch.Tensor]:
     """A dense parameter of ours ('...qkv_proj.weight') -> HF tensors ('...q_proj.weight', ...)."""
     module, _, kind = name.rpartition(".")
     if module.rpartition(".")[2] not in FUSED_SHARDS:
         return {name: tensor}
-    parts = tensor.split(shard_sizes(module, cfg), dim=0)
+    parts = tensor.split(shard_sizes(module, cfg, tensor.shape[0]), dim=0)
     return {f"{shard}.{kind}": p for shard, p in zip(checkpoint_names(module), parts, strict=True)}
 
 
@@ -64,10 +64,7 @@ def checkpoint_tensors(net: nn.Module, qweights: dict[str, QuantizedWeight], fmt
         for key, t in _split(name, param.data, cfg).items():
             out[key] = t.to(dense_dtype).contiguous()
     for module_name, qw in qweights.items():
-        sizes = shard_sizes(module_name, cfg)
-        bounds = [0]
-        for size in sizes:
-            bounds.append(bounds[-1] + size if size > 0 else qw.shape[0])
+        bounds = [0, *accumulate(shard_sizes(module_name, cfg, qw.shape[0]))]
         module = net.get_submodule(module_name)
         bias = getattr(module, "bias", None)
         for shard, lo, hi in zip(checkpoint_names(module_name), bounds[:-1], bounds[1:],

@@ -15,12 +15,10 @@ import torch
 from torch import nn
 
 from inferlab.errors import InferlabError
+from inferlab.models.fused_layers import FUSED_SHARDS
 from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
 from inferlab.quant.ct_config import ConfigGroup, ParsedConfig, parse_quantization_config
 from inferlab.quant.linear import build_quant_linear
-
-# fused module name -> its checkpoint shards, in output-row order
-FUSED_SHARDS = {"qkv_proj": ("q_proj", "k_proj", "v_proj"), "gate_up_proj": ("gate_proj", "up_proj")}
 
 
 def checkpoint_names(module_name: str) -> list[str]:

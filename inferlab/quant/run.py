@@ -29,8 +29,8 @@ def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
             k = module.in_features
             if recipe.scheme is not None:
                 num_groups(k, recipe.scheme.weights, full)
-                for n in shard_sizes(full, net.config):  # each checkpoint shard's outputs
-                    rows_per_scale(recipe.scheme.weights, module.out_features if n < 0 else n, full)
+                for n in shard_sizes(full, net.config, module.out_features):  # each shard's outputs
+                    rows_per_scale(recipe.scheme.weights, n, full)
             if recipe.sparsity is not None and k % 4:
                 raise InferlabError(f"{full}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
 
