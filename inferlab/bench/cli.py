@@ -58,7 +58,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _add_run_arguments(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("target")
+    # one helper per --help group, called in the order the groups are listed
+    _add_target_args(p.add_argument_group("target"))
+    _add_load_args(p.add_argument_group("load"))
+    _add_limit_args(p.add_argument_group("limits per stage"))
+    _add_data_args(p.add_argument_group("data"))
+    _add_measure_output_args(p.add_argument_group("measurement and output"))
+
+
+def _add_target_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--target", help="server base URL, e.g. http://127.0.0.1:8000 (an SDK-style .../v1 works too)")
     g.add_argument("--model", help="model name to ask for (default: the first listed)")
     g.add_argument("--endpoint", choices=("completions", "chat"), default="completions")
@@ -67,7 +75,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--extra-body", metavar="JSON", help="fields merged into every request")
     g.add_argument("--continuous-usage", action="store_true",
                    help="ask for usage in every chunk (vLLM's continuous_usage_stats)")
-    g = p.add_argument_group("load")
+
+
+def _add_load_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--profile", choices=PROFILES, default="sweep")
     g.add_argument("--rate", type=float, nargs="+", default=[],
                    help="req/s (constant, poisson) or streams (concurrent); several values "
@@ -85,7 +95,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
                    help="start closed-loop streams (concurrent, throughput) spread over this "
                         "many seconds")
     g.add_argument("--seed", type=int, default=LoadConfig.seed)
-    g = p.add_argument_group("limits per stage")
+
+
+def _add_limit_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-seconds", type=float)
     g.add_argument("--max-requests", type=int)
     g.add_argument("--max-error-rate", type=float)
@@ -97,7 +109,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--drain-seconds", type=float, default=StageLimits.drain_seconds,
                    help="after --max-seconds, how long in-flight requests may finish")
     g.add_argument("--request-timeout", type=float, default=StageLimits.request_timeout_s)
-    g = p.add_argument_group("data")
+
+
+def _add_data_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--data", default=DataConfig.data,
                    help="synthetic spec (prompt_tokens=N,output_tokens=N[,_stdev,_min,_max]"
                         "[,prefix_tokens=N], or as a JSON object; _min/_max without _stdev: "
@@ -117,7 +131,9 @@ def _add_run_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ignore-eos", action=argparse.BooleanOptionalAction, default=None,
                    help="force output lengths (default: on for synthetic data and file rows "
                         "with an output count)")
-    g = p.add_argument_group("measurement and output")
+
+
+def _add_measure_output_args(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput; "
                                  "ttft and e2e count from the intended send time; tpot_ms "
                                  "bounds the time per output token after the first, "
@@ -160,35 +176,52 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
     if not args.target:
         raise InferlabError("inferlab bench needs --target URL (or a subcommand: "
                             "mock-server, compare)")
+    return BenchConfig(
+        target=TargetConfig(
+            url=args.target, model=args.model, chat=args.endpoint == "chat",
+            api_key=args.api_key, headers=_parse_headers(args.header),
+            extra_body=_parse_extra_body(args.extra_body),
+            continuous_usage=args.continuous_usage),
+        load=LoadConfig(
+            profile=args.profile, rates=tuple(args.rate), max_concurrency=args.max_concurrency,
+            sweep_size=args.sweep_size, sync_max_seconds=args.sweep_sync_seconds,
+            ramp_up_s=args.ramp_up, seed=args.seed, slo_search=args.slo_search,
+            slo_search_steps=args.slo_search_steps),
+        limits=StageLimits(
+            max_seconds=args.max_seconds, max_requests=args.max_requests,
+            max_error_rate=args.max_error_rate, warmup=Span.parse(args.warmup, "--warmup"),
+            cooldown=Span.parse(args.cooldown, "--cooldown"),
+            drain_seconds=args.drain_seconds, request_timeout_s=args.request_timeout),
+        data=DataConfig(
+            data=args.data, data_file=args.data_file,
+            tokenizer=_tokenizer_file(args.tokenizer), force_length=args.ignore_eos,
+            default_output_tokens=args.max_tokens, seed=args.seed),
+        measure=MeasureConfig(
+            workers=args.workers, calibration_seconds=args.calibration_seconds,
+            scrape_interval_s=args.scrape_interval if args.scrape_interval != 0 else None),
+        slo=None if args.slo is None else Slo.parse(args.slo),
+        outputs=tuple(args.output))
+
+
+def _parse_headers(items: list[str]) -> tuple[tuple[str, str], ...]:
+    """--header NAME:VALUE pairs, stripped."""
     headers = []
-    for item in args.header:
+    for item in items:
         name, sep, value = item.partition(":")
         if not sep or not name.strip():
             raise InferlabError(f"bad --header {item!r}: use NAME:VALUE")
         headers.append((name.strip(), value.strip()))
-    extra = ()
-    if args.extra_body:
-        parsed = parse_user_json(args.extra_body, "--extra-body")
-        if not isinstance(parsed, dict):
-            raise InferlabError("--extra-body must be a JSON object")
-        extra = tuple(parsed.items())
-    return BenchConfig(
-        target=TargetConfig(args.target, args.model, args.endpoint == "chat", args.api_key,
-                            tuple(headers), extra, args.continuous_usage),
-        load=LoadConfig(args.profile, tuple(args.rate), args.max_concurrency, args.sweep_size,
-                        args.sweep_sync_seconds, args.ramp_up, args.seed, args.slo_search,
-                        args.slo_search_steps),
-        limits=StageLimits(args.max_seconds, args.max_requests, args.max_error_rate,
-                           Span.parse(args.warmup, "--warmup"),
-                           Span.parse(args.cooldown, "--cooldown"),
-                           args.drain_seconds, args.request_timeout),
-        data=DataConfig(args.data, args.data_file, _tokenizer_file(args.tokenizer),
-                        args.ignore_eos,
-                        args.max_tokens, args.seed),
-        measure=MeasureConfig(args.workers, args.calibration_seconds,
-                              args.scrape_interval if args.scrape_interval != 0 else None),
-        slo=None if args.slo is None else Slo.parse(args.slo),
-        outputs=tuple(args.output))
+    return tuple(headers)
+
+
+def _parse_extra_body(text: str | None) -> tuple[tuple[str, object], ...]:
+    """--extra-body's JSON object as (field, value) pairs; none given: ()."""
+    if not text:
+        return ()
+    parsed = parse_user_json(text, "--extra-body")
+    if not isinstance(parsed, dict):
+        raise InferlabError("--extra-body must be a JSON object")
+    return tuple(parsed.items())
 
 
 def _tokenizer_file(path: str | None) -> str | None:
