@@ -82,9 +82,8 @@ def serving(port: int, dtype: str, max_seqs: int, model: str | None = None,
         finally:
             server.terminate()
             try:
-                server.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                pass
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    server.wait(timeout=60)
             finally:  # also when a second SIGTERM cut the wait short
                 server.kill()  # one that ignored SIGTERM for a minute; nothing once it has exited
                 server.wait()
@@ -95,12 +94,10 @@ def wait_until_healthy(server: subprocess.Popen, port: int, log: IO[bytes]) -> N
     first (a bad --serve-args fails at once) or stays unhealthy for 300 s."""
     deadline = time.time() + 300
     while server.poll() is None and time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
+        with contextlib.suppress(OSError), urllib.request.urlopen(
+                f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            if r.status == 200:
+                return
         time.sleep(1)
     log.seek(0)
     tail = "".join(log.read().decode(errors="replace").splitlines(keepends=True)[-20:])
