@@ -181,10 +181,10 @@ def output_rate_bound(cfg, weight_bytes: int, streams: int, prompt_tokens: int, 
     return streams * output_tokens / (streams * prefill_flops / peak_flops + output_tokens * step_s)
 
 
-if __name__ == "__main__":
-    raise SystemExit("the workloads that the benchmarks share, not a script: see BENCHMARKS.md")
-
-
 def rounds_text(values: Sequence[float], fmt: str) -> str:
     """Each round's figure, as the scripts print them: "1.93 / 2.06 / 1.95"."""
     return " / ".join(format(v, fmt) for v in values)
+
+
+if __name__ == "__main__":
+    raise SystemExit("the workloads that the benchmarks share, not a script: see BENCHMARKS.md")

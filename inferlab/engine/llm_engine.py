@@ -88,8 +88,7 @@ class LLMEngine:
             max_graph_batch_size=min(config.max_num_seqs, MAX_GRAPH_BATCH_SIZE) if graphs else 0,
             max_model_len=self.max_model_len))
         self.prompts = PromptReader(self.tokenizer, self.model_config.vocab_size, self.max_model_len)
-        self.requests = RequestBuilder(self.tokenizer, self.model_config.vocab_size, self.generation,
-                                       self.prompts, config.scheduling_policy)
+        self.requests = RequestBuilder(self.prompts, self.generation, config.scheduling_policy)
         self.outputs = OutputProcessor(self.tokenizer)
         self.counters = EngineCounters()
         # every draft position listed from the start (at 0), as vLLM's per-position series are

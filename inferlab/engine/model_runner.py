@@ -103,10 +103,9 @@ class ModelRunner:
         row = 0
         for c in picked:
             drafts, rid = c.spec_token_ids, c.request.request_id
-            taken = accepted_tokens(drafts, tokens_l[row:row + len(drafts) + 1])
-            dead_row = dead_ends.get(rid, len(taken))
-            if len(taken) > dead_row:  # the drafts up to it kept: output as without drafts, and
-                taken = taken[:dead_row]  # the next step's first row, at the dead end, fails it
+            # at a dead end the output stops before its row, as without drafts; the next
+            # step's first row is that dead end, and fails the request there
+            taken = accepted_tokens(drafts, tokens_l[row:row + len(drafts) + 1])[:dead_ends.get(rid)]
             output.sampled_token_ids[rid] = taken
             if logprobs[row] is not None:
                 output.logprobs[rid] = logprobs[row:row + len(taken)]

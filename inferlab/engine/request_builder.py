@@ -19,22 +19,21 @@ from inferlab.engine.prompt_reader import PromptReader
 from inferlab.engine.request import Guide, Request
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import ContextLengthError, InferlabError, InvalidParameterError
-from inferlab.models.tokenizer import TextTokenizer
 
 
 class RequestBuilder:
-    def __init__(self, tokenizer: TextTokenizer, vocab_size: int, generation: GenerationDefaults,
-                 prompts: PromptReader, scheduling_policy: str) -> None:
-        self.tokenizer = tokenizer
-        self.vocab_size = vocab_size
-        self.generation = generation
+    def __init__(self, prompts: PromptReader, generation: GenerationDefaults,
+                 scheduling_policy: str) -> None:
         self.prompts = prompts
-        self.max_model_len = prompts.max_model_len  # the context a request must fit in
+        # the prompt reader's: the tokenizer, the model's rows, the context a request must fit in
+        self.tokenizer, self.vocab_size = prompts.tokenizer, prompts.vocab_size
+        self.max_model_len = prompts.max_model_len
+        self.generation = generation
         self.scheduling_policy = scheduling_policy
 
     def build(self, request_id: str, prompt: str | Sequence[int], prompt_text: str | None,
-                 params: SamplingParams, arrival: float, priority: int,
-                 cap_max_tokens: bool) -> tuple[str | None, list[Request]]:
+              params: SamplingParams, arrival: float, priority: int,
+              cap_max_tokens: bool) -> tuple[str | None, list[Request]]:
         """(the prompt's text, its n copies as requests), checked as the scheduler would."""
         params = self.generation.with_end_tokens(params)
         text, ids = self.prompts.read(prompt, prompt_text, params.truncate_prompt_tokens)
