@@ -75,13 +75,16 @@ def inferlab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 def test_short_sweep_against_the_embedded_model(inferlab_server, tmp_path):
     outputs = {ext: tmp_path / f"sweep.{ext}" for ext in ("json", "csv", "html")}
     argv = [sys.executable, "-m", "inferlab.cli", "bench", "--target", inferlab_server,
-            "--profile", "sweep", "--sweep-size", "3", "--max-seconds", "3",
-            "--sweep-sync-seconds", "3", "--max-concurrency", "4", "--drain-seconds", "8",
+            # stages end by count, not time: on a loaded machine 3 s once held no finished
+            # request, and a 0 req/s stage leaves the sweep no rates to run
+            "--profile", "sweep", "--sweep-size", "3", "--max-requests", "6",
+            "--max-seconds", "30", "--sweep-sync-seconds", "30", "--max-concurrency", "4",
+            "--drain-seconds", "8",
             "--data", "prompt_tokens=32,output_tokens=8", "--calibration-seconds", "0.5",
             "--scrape-interval", "0.5", "--quiet"]
     for path in outputs.values():
         argv += ["--output", str(path)]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     report = json.loads(outputs["json"].read_text())
     kinds = [s["spec"]["kind"] for s in report["stages"]]
