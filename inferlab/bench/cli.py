@@ -24,6 +24,7 @@ from inferlab.bench.config import (
 )
 from inferlab.bench.mock import MockConfig
 from inferlab.errors import InferlabError
+from inferlab.key_values import key_value_items
 from inferlab.user_files import is_user_file, parse_user_json, stat_user_path
 
 
@@ -205,13 +206,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def _parse_headers(items: list[str]) -> tuple[tuple[str, str], ...]:
     """--header NAME:VALUE pairs, stripped."""
-    headers = []
-    for item in items:
-        name, sep, value = item.partition(":")
-        if not sep or not name.strip():
-            raise InferlabError(f"bad --header {item!r}: use NAME:VALUE")
-        headers.append((name.strip(), value.strip()))
-    return tuple(headers)
+    return tuple(key_value_items(items, "--header", "NAME:VALUE", sep=":").items())
 
 
 def _parse_extra_body(text: str | None) -> tuple[tuple[str, object], ...]:

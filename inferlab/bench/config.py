@@ -10,6 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from inferlab.errors import InferlabError
+from inferlab.key_values import key_value_list
 from inferlab.user_files import is_user_file, stat_user_path
 
 PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
@@ -134,14 +135,8 @@ class Slo:
     @classmethod
     def parse(cls, text: str) -> Slo:
         values: dict[str, float] = {}
-        for item in filter(None, (part.strip() for part in text.split(","))):
-            key, sep, value = item.partition("=")
-            key = key.strip()
-            if not sep or key not in SLO_METRICS:
-                raise InferlabError(f"bad --slo item {item!r}: use "
-                                    f"{'=..,'.join(SLO_METRICS)}=.. (milliseconds)")
-            if key in values:  # a second bound would silently replace the first
-                raise InferlabError(f"--slo names {key} twice")
+        form = f"{'=..,'.join(SLO_METRICS)}=.. (milliseconds)"
+        for key, value in key_value_list(text, "--slo", form, SLO_METRICS).items():
             try:
                 values[key] = float(value)
             except ValueError:

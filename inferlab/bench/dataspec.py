@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError
+from inferlab.key_values import key_value_list
 from inferlab.shared_data import WIKITEXT_TEST
 from inferlab.user_files import parse_user_json, stat_user_path
 
@@ -130,13 +131,7 @@ def _spec_items(text: str) -> list[tuple[str, object]]:
     """The spec's (key, value) pairs, from `k=v,k=v` or a JSON object."""
     if text.lstrip().startswith("{"):
         return list(parse_user_json(text, "--data").items())
-    items: list[tuple[str, object]] = []
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise InferlabError(f"bad --data item {item!r}: expected key=value")
-        items.append((key.strip(), value.strip()))
-    return items
+    return list(key_value_list(text, "--data").items())
 
 
 def _spec_number(key: str, value: object) -> float:

@@ -37,24 +37,23 @@ import math
 from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
+from inferlab.key_values import key_value_list
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.roofline import ModelCost, decode_step, prefill_riding, time_to_first_token
 
 
-def _parse_pairs(text: str, keys: tuple[str, ...], what: str) -> dict[str, float]:
+def _parse_pairs(text: str, keys: tuple[str, ...], flag: str) -> dict[str, float]:
     """`prompt=1024,output=256` -> {'prompt': 1024.0, 'output': 256.0}; unknown keys are errors."""
     values: dict[str, float] = {}
-    for part in filter(None, (p.strip() for p in text.split(","))):
-        key, sep, value = part.partition("=")
-        if not sep or key.strip() not in keys:
-            raise InferlabError(f"{what}: cannot read {part!r}; expected {','.join(k + '=N' for k in keys)}")
+    form = ",".join(k + "=N" for k in keys)
+    for key, value in key_value_list(text, flag, form, keys).items():
         try:
             number = float(value)
         except ValueError:
-            raise InferlabError(f"{what}: {key.strip()}={value!r} is not a number") from None
+            raise InferlabError(f"{flag}: {key}={value!r} is not a number") from None
         if not math.isfinite(number):
-            raise InferlabError(f"{what}: {key.strip()}={value!r} is not a finite number")
-        values[key.strip()] = number
+            raise InferlabError(f"{flag}: {key}={value!r} is not a finite number")
+        values[key] = number
     return values
 
 

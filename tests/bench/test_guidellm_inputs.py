@@ -268,7 +268,11 @@ def test_txt_files_are_one_prompt_a_line(tmp_path):
     (["--profile", "synchronous", "--tokenizer", "."], "the folder holds no tokenizer.json"),
     (["--profile", "synchronous", "--slo", ""], "--slo needs at least one bound"),
     (["--profile", "synchronous", "--slo", "ttft_ms=inf"], "must be a finite number > 0 ms"),
-    (["--profile", "synchronous", "--slo", "ttft_ms=50,ttft_ms=60"], "--slo names ttft_ms twice"),
+    (["--profile", "synchronous", "--slo", "ttft_ms=50,ttft_ms=60"],
+     "bad --slo item 'ttft_ms=60': ttft_ms is given twice"),
+    (["--profile", "synchronous", "--slo", "ttft=50"],
+     "bad --slo item 'ttft=50': expected ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. "
+     "(milliseconds)"),
 ])
 def test_guidellm_style_flags_get_guidellm_terms(extra, message, capsys, tmp_path,
                                                  monkeypatch, corpus):

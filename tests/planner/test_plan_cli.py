@@ -120,6 +120,14 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=nan,output=10"], "not a finite number"),
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=inf,output=10"], "not a finite number"),
     (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms=nan"], "not a finite number"),
+    # key=value lists read as --data's and --header's do; a key given twice was once planned
+    # with its second value
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=64,prompt=128"],
+     "bad --workload item 'prompt=128': prompt is given twice"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "promt=64"],
+     "bad --workload item 'promt=64': expected prompt=N,output=N"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms"],
+     "bad --slo item 'ttft_ms': expected ttft_ms=N,itl_ms=N"),
     # once planned, though the engine refuses the block size, or the default workload taken
     (["Llama-3.1-8B", "--hardware", "L4", "--block-size", "7"], "block_size must be a power of two"),
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", ""], "--workload is empty"),
