@@ -9,6 +9,7 @@ its weight, in that layout, and every product goes through the C kernels.
 
 from __future__ import annotations
 
+import abc
 from collections.abc import Callable
 
 import torch
@@ -21,7 +22,18 @@ def packed_linear_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return device.type == "cpu" and dtype == torch.bfloat16 and cpu_ops.bf16_linear_available()
 
 
-class PackedLinear(nn.Module):
+class CLinear(nn.Module, abc.ABC):
+    """A linear layer the C kernels can run from a description of its buffers; the whole-model
+    call (cpu_model.py) takes a layer whose linears are all CLinear. Declared here, beside the
+    kernels, so that the quantized layers (inferlab.quant) implement it rather than the kernels
+    importing them."""
+
+    @abc.abstractmethod
+    def c_desc(self) -> cpu_library.LinearDesc:
+        """The layer for the C kernels (pointers into this module's tensors)."""
+
+
+class PackedLinear(CLinear):
     """A bf16 nn.Linear whose weight lives in the kernels' packed layout [N/16, K/2, 16, 2]."""
 
     def __init__(self, linear: nn.Linear) -> None:
@@ -47,7 +59,6 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], self.out_features)
 
     def c_desc(self) -> cpu_library.LinearDesc:
-        """The layer for the C kernels (pointers into this module's tensors)."""
         return cpu_library.LinearDesc(
             kind=cpu_library.LINEAR_BF16, n_out=self.out_features, k_in=self.in_features,
             weight=self.packed.data_ptr(), bias=cpu_library.tensor_ptr(self.bias))

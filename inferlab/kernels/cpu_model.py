@@ -22,12 +22,10 @@ from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
 from inferlab.kernels.cpu_library import tensor_ptr
-from inferlab.kernels.cpu_linear import PackedEmbedding, PackedLinear
-from inferlab.quant.linear import CKernelLinear
+from inferlab.kernels.cpu_linear import CLinear, PackedEmbedding
 
 _P, _I64, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_float
 _LINEARS = ("qkv", "o", "gate_up", "down")
-_C_LINEARS = (PackedLinear, CKernelLinear)  # the layers with a c_desc()
 # layer -> (the objects its C struct points into, the struct): the objects are held, so no
 # pointer in a cached struct outlives its tensor
 _BUILT: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -95,7 +93,7 @@ def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tenso
 
 def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
     *linears, norm, post_norm, k_cache, v_cache = parts
-    if not (all(isinstance(m, _C_LINEARS) for m in linears)
+    if not (all(isinstance(m, CLinear) for m in linears)
             and attn.q_norm is None
             and cpu_ops.rotary_fits(attn.head_dim)
             and k_cache.is_contiguous() and v_cache.is_contiguous()

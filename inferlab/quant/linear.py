@@ -39,6 +39,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_library, cpu_ops
+from inferlab.kernels.cpu_linear import CLinear
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
@@ -143,16 +144,12 @@ class Int4WeightOnlyLinear(QuantLinear):
         return u.mul_(scale).add_(offset).view(n, k)
 
 
-class CKernelLinear(QuantLinear, abc.ABC):
-    """A layer the C kernels run through linear_forward (also inside the whole-model
+class CKernelLinear(QuantLinear, CLinear):
+    """A quantized layer the C kernels run through linear_forward (also inside the whole-model
     call, see inferlab/kernels/cpu_model.py); the bias is added inside, before the one rounding
     to bf16."""
 
     bias_in_matmul = True
-
-    @abc.abstractmethod
-    def c_desc(self) -> cpu_library.LinearDesc:
-        """The layer for the C kernels (pointers into this module's buffers)."""
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_ops.linear_forward(x, self.c_desc())
