@@ -18,6 +18,8 @@ from lark.exceptions import LarkError
 
 from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
 from inferlab.engine.guided.ebnf_parse import GrammarError
+from inferlab.engine.guided.token_filter import GrammarGuide, TokenFilter
+from inferlab.engine.guided.token_index import TokenIndex
 
 from .grammar_fuzz import complete, edit, finished_walks, read_whole
 
@@ -170,3 +172,31 @@ def test_an_alternative_that_matches_no_text_is_never_entered():
     grammar = EbnfGrammar('root ::= "a" x | "c"\nx ::= "b" x')
     assert grammar.advance(grammar.start, "a") is None
     assert grammar.is_complete(grammar.advance(grammar.start, "c"))
+
+
+WORDS = [f"w{i}" for i in range(2000)]  # past 1,024 that begin alike: once, "w" read them all
+ALTERNATION = " | ".join(f'"{word}"' for word in WORDS)
+
+
+@pytest.mark.parametrize(("grammar", "before"), [
+    (f'root ::= "a" | {ALTERNATION}', ""),
+    (f'root ::= "x" ({ALTERNATION}) | "y"', "x"),  # an alternation past the start
+    (f'root ::= "x" word\nword ::= {ALTERNATION}', "x"),
+])
+def test_every_word_of_an_alternation_of_thousands_is_complete(grammar, before):
+    ebnf = EbnfGrammar(grammar)
+    for word in WORDS:
+        assert ebnf.is_complete(ebnf.advance(ebnf.start, before + word)), word
+    for text in ("w", "w01", "w2000", "w19990", "a1", "y1"):
+        assert not ebnf.is_complete(ebnf.advance(ebnf.start, before + text)), text
+
+
+def test_the_guide_offers_the_words_of_an_alternation_of_thousands():
+    """Every token that begins a word is offered: once, only "a", the one alternative left
+    within MAX_READINGS, was, so no output could be one of the words."""
+    texts = [None, None, None, "a", "w", "w1999", "w1", "999", "99", "x"]
+    token_filter = TokenFilter(EbnfGrammar(f'root ::= "a" | {ALTERNATION}'), TokenIndex(texts, len(texts)),
+                               eos_token_id=2)
+    offered = {output: GrammarGuide(token_filter).allowed_now(list(output)).nonzero().flatten().tolist()
+               for output in ((), (4,), (6,), (4, 8))}
+    assert offered == {(): [3, 4, 5, 6], (4,): [7, 8], (6,): [2, 7, 8], (4, 8): [2]}  # EOS is 2

@@ -7,6 +7,10 @@ position. Every stack of a state waits for a character (its top element is a cha
 or is empty: the text is a whole root. A rule called as the last element of an alternative
 replaces its caller's frame (a tail call), so repetitions keep stacks short.
 
+A rule's alternatives that begin with the same characters share them (a prefix tree): each
+stack is a reading of the text, limited to MAX_READINGS (grammar.py), and 2,000 words that
+begin with "w" were 2,000 stacks after it, so the guide offered none of them.
+
 Left recursion (a rule that can reach itself before reading a character) would make a stack
 grow without reading anything; such grammars are refused by name, as llama.cpp refuses them.
 """
@@ -36,7 +40,7 @@ class EbnfGrammar(Grammar):
         _refuse_left_recursion(compiled)
         self.alternatives: list[tuple[Element, ...]] = []  # all rules' alternatives, numbered
         self.rule_alternatives: list[list[int]] = []  # rule -> its alternatives' numbers
-        for options in _productive_alternatives(compiled):
+        for options in _shared_prefixes(_productive_alternatives(compiled)):
             self.rule_alternatives.append(list(range(len(self.alternatives), len(self.alternatives) + len(options))))
             self.alternatives.extend(options)
         self.matchers = compiled.matchers
@@ -145,6 +149,41 @@ def _productive_alternatives(compiled: Compiled) -> list[list[tuple[Element, ...
         raise GrammarError(f"grammar: {compiled.names[compiled.root]!r} matches no text")
     return [[option for option in options if _option_ok(option, productive, compiled, reads)]
             for options in compiled.alternatives]
+
+
+def _shared_prefixes(rules: list[list[tuple[Element, ...]]]) -> list[list[tuple[Element, ...]]]:
+    """The rules, each rule's alternatives that begin with the same character class made one:
+    their longest common beginning, then a new rule of what follows it in each (called last,
+    so a tail call). The same texts; after a character, one stack for each way on, not each word."""
+    rules = [list(dict.fromkeys(options)) for options in rules]  # an alternative twice is one reading
+    todo = list(range(len(rules)))
+    while todo:
+        rule = todo.pop()
+        shared = []
+        for group in _by_first_class(rules[rule]):
+            if len(group) > 1:
+                length = _common_beginning(group)
+                rules.append([option[length:] for option in group])
+                todo.append(len(rules) - 1)
+                group = [(*group[0][:length], ("rule", len(rules) - 1))]
+            shared.extend(group)
+        rules[rule] = shared
+    return rules
+
+
+def _by_first_class(options: list[tuple[Element, ...]]) -> list[list[tuple[Element, ...]]]:
+    """`options` grouped by the character class they begin with; each other one alone."""
+    groups: dict[Element | int, list[tuple[Element, ...]]] = {}
+    for number, option in enumerate(options):
+        groups.setdefault(option[0] if option and option[0][0] == "char" else number, []).append(option)
+    return list(groups.values())
+
+
+def _common_beginning(options: list[tuple[Element, ...]]) -> int:
+    """How many character classes all `options` begin with alike (at least one)."""
+    shortest = min(map(len, options))
+    return next((i for i in range(shortest)
+                 if options[0][i][0] != "char" or len({option[i] for option in options}) > 1), shortest)
 
 
 def _rules_where(compiled: Compiled, char_ok: Callable[[Matcher], bool]) -> list[bool]:

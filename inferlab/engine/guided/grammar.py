@@ -36,7 +36,8 @@ def check_settling_work(stacks_seen: int) -> None:
     """Raise GuidedDecodingError once settling a state has visited 16 x MAX_READINGS stacks: rules
     that call two alike at each level expand to 2^depth of them, refused as they grow rather
     than once built (2^20 took 79 s and 3.5 GB). The bound is on the work, not the readings:
-    a start state may hold more than a state after a character (an alternation of 2,000 words)."""
+    a start state may hold more than a state after a character (2,000 alternatives that
+    each call a rule of their own)."""
     if stacks_seen > 16 * MAX_READINGS:
         raise too_ambiguous()
 
