@@ -26,6 +26,7 @@ from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.prompt_input import PromptType, read_prompt
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.scheduler import SchedulerStats
 from inferlab.engine.spec_decode import SpecDecodeCounters
 from inferlab.errors import GuidedDecodingError, InferlabError
 from inferlab.kernels import cpu_ops
@@ -50,16 +51,9 @@ class EngineShuttingDownError(InferlabError):
 
 @dataclass(frozen=True)
 class EngineStats:
-    """A snapshot for /metrics; token and request totals count since start."""
+    """A snapshot for /metrics and backpressure; token and request totals count since start."""
 
-    num_running: int
-    num_waiting: int
-    kv_cache_usage: float  # fraction of KV blocks in use, [0, 1]
-    num_kv_blocks: int
-    num_free_kv_blocks: int
-    prefix_cache_queried_tokens: int
-    prefix_cache_hit_tokens: int
-    num_preemptions_total: int
+    scheduler: SchedulerStats  # requests, KV blocks, prefix cache, preemptions
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished: dict[str, int]  # by finish reason: stop, length, abort
@@ -361,14 +355,9 @@ class AsyncEngine:
         self._thread.join(timeout=5.0)
 
     def _snapshot(self) -> EngineStats:
-        s = self.engine.scheduler.stats()
         c = self.engine.counters
         return EngineStats(
-            num_running=s.num_running, num_waiting=s.num_waiting, kv_cache_usage=s.kv_cache_usage,
-            num_kv_blocks=self.engine.num_kv_blocks, num_free_kv_blocks=s.num_free_blocks,
-            prefix_cache_queried_tokens=s.prefix_cache_queried_tokens,
-            prefix_cache_hit_tokens=s.prefix_cache_hit_tokens,
-            num_preemptions_total=s.num_preemptions_total,
+            scheduler=self.engine.scheduler.stats(),
             prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
             requests_finished=dict(c.requests_finished),
             spec_decode=(copy.deepcopy(self.engine.spec_counters)

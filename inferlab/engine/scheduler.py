@@ -35,6 +35,7 @@ class SchedulerStats:
     num_running: int  # requests holding KV blocks
     num_waiting: int  # requests queued, preempted ones included
     kv_cache_usage: float  # fraction of KV blocks held by running requests, in [0, 1]
+    num_blocks: int  # KV blocks in the cache
     num_free_blocks: int  # free KV blocks (cached ones included: they can be evicted)
     prefix_cache_queried_tokens: int  # tokens of admitted requests looked up, since start
     prefix_cache_hit_tokens: int  # of which served from the prefix cache, since start
@@ -150,6 +151,7 @@ class Scheduler:
             num_running=len(self.running),
             num_waiting=len(self.waiting),
             kv_cache_usage=bm.usage,
+            num_blocks=bm.num_blocks,
             num_free_blocks=bm.num_free_blocks,
             prefix_cache_queried_tokens=bm.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=bm.prefix_cache_hit_tokens,

@@ -30,7 +30,7 @@ class Admission:
     @property
     def num_waiting(self) -> int:
         beyond_slots = self.in_flight - self.engine.max_num_seqs
-        return min(self.in_flight, max(beyond_slots, self.engine.stats().num_waiting))
+        return min(self.in_flight, max(beyond_slots, self.engine.stats().scheduler.num_waiting))
 
     def try_admit(self, num_seqs: int) -> bool:
         """Admit unless the queue is already full (one request may take the last places)."""

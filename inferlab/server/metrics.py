@@ -186,16 +186,16 @@ class _EngineCollector(Collector):
             family.add_metric(name, value)
             return family
 
-        yield gauge("vllm:num_requests_running", "Sequences holding KV blocks.", s.num_running)
+        yield gauge("vllm:num_requests_running", "Sequences holding KV blocks.", s.scheduler.num_running)
         yield gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled (preempted "
-                    "ones included).", s.num_waiting)
+                    "ones included).", s.scheduler.num_waiting)
         yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV blocks in use (1 = full).",
-                    s.kv_cache_usage)
+                    s.scheduler.kv_cache_usage)
         yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
-                      s.prefix_cache_queried_tokens)
+                      s.scheduler.prefix_cache_queried_tokens)
         yield counter("vllm:prefix_cache_hits", "Prompt tokens served by the prefix cache.",
-                      s.prefix_cache_hit_tokens)
-        yield counter("vllm:num_preemptions", "Preemptions.", s.num_preemptions_total)
+                      s.scheduler.prefix_cache_hit_tokens)
+        yield counter("vllm:num_preemptions", "Preemptions.", s.scheduler.num_preemptions_total)
         yield counter("vllm:prompt_tokens", "Prompt tokens prefilled.", s.prompt_tokens_total)
         yield counter("vllm:generation_tokens", "Tokens generated.", s.generation_tokens_total)
         success = CounterMetricFamily("vllm:request_success", "Finished sequences by finish "
@@ -205,9 +205,9 @@ class _EngineCollector(Collector):
         yield success
         if s.spec_decode is not None:
             yield from _spec_decode_metrics(s.spec_decode, self.model_name, counter)
-        yield gauge("inferlab:kv_cache_blocks", "KV blocks in the cache.", s.num_kv_blocks)
+        yield gauge("inferlab:kv_cache_blocks", "KV blocks in the cache.", s.scheduler.num_blocks)
         yield gauge("inferlab:kv_cache_free_blocks", "Free KV blocks (evictable cached ones "
-                    "included).", s.num_free_kv_blocks)
+                    "included).", s.scheduler.num_free_blocks)
         yield gauge("inferlab:num_requests_in_flight", "Sequences admitted by the server and not "
                     "yet finished.", self.in_flight())
         yield gauge("inferlab:engine_heartbeat_age_seconds", "Time since the engine loop last "

@@ -103,9 +103,9 @@ def test_a_consumer_that_raises_costs_only_its_own_request(model_dir):
         got = asyncio.run(main())
         assert len(got[-1].outputs[0].token_ids) == 5
         deadline = time.monotonic() + 10  # "bad" is aborted, not run to its 50 tokens unread
-        while engine.stats().num_running and time.monotonic() < deadline:
+        while engine.stats().scheduler.num_running and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert engine.stats().num_running == 0
+        assert engine.stats().scheduler.num_running == 0
         assert engine.stats().generation_tokens_total < 50
     finally:
         asyncio.run(engine.shutdown(0))

@@ -9,9 +9,18 @@ from dataclasses import dataclass
 
 import httpx
 
+from inferlab.engine.async_engine import EngineStats
+from inferlab.engine.scheduler import SchedulerStats
+
 API_KEY = "sk-inferlab-test"
 MODEL_NAME = "smollm2-test"
 MAX_MODEL_LEN = 512
+# what a fake engine's stats() gives: nothing running, waiting or counted, one free KV block
+IDLE_STATS = EngineStats(SchedulerStats(num_running=0, num_waiting=0, kv_cache_usage=0.0,
+                                        num_blocks=1, num_free_blocks=1,
+                                        prefix_cache_queried_tokens=0, prefix_cache_hit_tokens=0,
+                                        num_preemptions_total=0),
+                         prompt_tokens_total=0, generation_tokens_total=0, requests_finished={})
 
 
 @dataclass

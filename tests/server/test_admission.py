@@ -14,7 +14,8 @@ def admission(max_num_seqs: int, max_queued: int, engine_running: int = 0,
     sequences running and engine_waiting waiting (set `.engine.running`, `.engine.waiting`)."""
     engine = SimpleNamespace(max_num_seqs=max_num_seqs, running=engine_running,
                              waiting=engine_waiting)
-    engine.stats = lambda: SimpleNamespace(num_running=engine.running, num_waiting=engine.waiting)
+    engine.stats = lambda: SimpleNamespace(scheduler=SimpleNamespace(num_running=engine.running,
+                                                                num_waiting=engine.waiting))
     return Admission(engine, max_queued)  # type: ignore[arg-type]
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from server_helpers import IDLE_STATS
 
 from inferlab.engine.async_engine import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -42,7 +43,7 @@ class _Engine:
         """No engine steps to report: the tests feed outputs by hand."""
 
     def stats(self) -> EngineStats:
-        return EngineStats(0, 0, 0.0, 1, 1, 0, 0, 0, 0, 0, {})
+        return IDLE_STATS
 
 
 def _output(tokens: int, delta: int, finish_reason: str | None, m: RequestMetrics) -> RequestOutput:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, engine_idle, wait_until
+from server_helpers import IDLE_STATS, MODEL_NAME, engine_idle, wait_until
 
 from inferlab.engine.async_engine import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -94,7 +94,7 @@ class _IdleEngine:
         """No engine steps to report: the tests feed outputs by hand."""
 
     def stats(self) -> EngineStats:
-        return EngineStats(0, 0, 0.0, 1, 1, 0, 0, 0, 0, 0, {})
+        return IDLE_STATS
 
 
 def _samples(hist) -> dict[str, float]:

@@ -274,7 +274,7 @@ def test_health_max_silence_is_one_an_idle_engine_meets(engine):
         with pytest.raises(InferlabError, match=f"at least 1 s .*, got {too_short}$"):
             ServerSettings(served_model_name="m", health_max_silence_s=too_short)
     assert ServerSettings(served_model_name="m", health_max_silence_s=1.0).health_max_silence_s == 1.0
-    assert engine.stats().num_running == 0
+    assert engine.stats().scheduler.num_running == 0
     polls = []
     deadline = time.monotonic() + 1.5
     while time.monotonic() < deadline:

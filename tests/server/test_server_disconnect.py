@@ -74,7 +74,7 @@ def test_a_caller_loop_closed_mid_request_does_not_stop_the_engine(engine):
     loop.run_until_complete(engine.submit("Once upon a time", SamplingParams(max_tokens=300, ignore_eos=True),
                                           "orphan", lambda out: None))
     loop.close()
-    assert wait_until(lambda: engine.num_unfinished == 0 and engine.stats().num_running == 0, 10)
+    assert wait_until(lambda: engine.num_unfinished == 0 and engine.stats().scheduler.num_running == 0, 10)
     assert engine.is_healthy()
 
     async def next_caller():
