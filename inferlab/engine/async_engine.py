@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import dataclasses
 import logging
 import math
 import queue
@@ -53,7 +54,9 @@ class EngineShuttingDownError(InferlabError):
 class EngineStats:
     """A snapshot for /metrics and backpressure; token and request totals count since start."""
 
-    scheduler: SchedulerStats  # requests, KV blocks, prefix cache, preemptions
+    # requests, KV blocks, prefix cache, preemptions; num_waiting is the last step's count
+    # less the requests aborted since (those added since count from the step that sees them)
+    scheduler: SchedulerStats
     prompt_tokens_total: int
     generation_tokens_total: int
     requests_finished: dict[str, int]  # by finish reason: stop, length, abort
@@ -79,6 +82,8 @@ class AsyncEngine:
         self._stop = threading.Event()
         self._closed = False  # the thread has ended: calls fail at once (under _pending_lock)
         self._stats = self._snapshot()
+        # requests added since the last step: its snapshot did not count them waiting (engine thread)
+        self._unstepped: set[str] = set()
         self.heartbeat = time.monotonic()  # last time the loop went round; /health reads it
         self.error: BaseException | None = None
         # futures of _call whose operation has not run yet, failed if the loop dies first
@@ -256,6 +261,7 @@ class AsyncEngine:
         if self._closing.is_set():
             raise _shutting_down()
         prompt_ids = self.engine.add_requests(batch, params, priority=priority)
+        self._unstepped.update(request_id for request_id, _, _ in batch)
         for (request_id, _, _), sink in zip(batch, sinks, strict=True):
             self._streams[request_id] = (loop, sink)
         return prompt_ids
@@ -266,10 +272,23 @@ class AsyncEngine:
         stream = self._streams.get(request_id)
         if sink is not None and (stream is None or stream[1] is not sink):
             return
+        waiting_before = self.engine.scheduler.num_waiting
         output = self.engine.abort_request(request_id)
+        self._show_abort(request_id, waiting_before - self.engine.scheduler.num_waiting)
         stream = self._streams.pop(request_id, None)
         if stream is not None and output is not None:
             _send(stream[0], stream[1], output)
+
+    def _show_abort(self, request_id: str, num_unqueued: int) -> None:
+        """Snapshot the stats again: backpressure reads the waiting count, which would count
+        an aborted queued request until the next step ended. The count stays the last step's
+        less the num_unqueued sequences the abort took off the queue, unless the request came
+        after that step: the scheduler's own count would take in the requests added since,
+        which the free slots may run (a burst refused as waiting, the reverted 515b303)."""
+        if request_id in self._unstepped:
+            self._unstepped.discard(request_id)
+            num_unqueued = 0
+        self._stats = self._snapshot(self._stats.scheduler.num_waiting - num_unqueued)
 
     def _loop(self) -> None:
         self.engine.bind_threads()
@@ -287,6 +306,7 @@ class AsyncEngine:
                     self._wake.wait(_IDLE_WAIT_S)
                     self._wake.clear()
                 # before the outputs go out: a scrape after a reply finds the reply counted
+                self._unstepped.clear()
                 self._stats = self._snapshot()
                 self._deliver(outputs)
         except BaseException as e:  # a bug: fail every stream and queued call, never hang them
@@ -354,10 +374,14 @@ class AsyncEngine:
         self._wake.set()
         self._thread.join(timeout=5.0)
 
-    def _snapshot(self) -> EngineStats:
+    def _snapshot(self, num_waiting: int | None = None) -> EngineStats:
+        """The engine's counts now; num_waiting, if given, stands for the scheduler's."""
+        scheduler = self.engine.scheduler.stats()
+        if num_waiting is not None:
+            scheduler = dataclasses.replace(scheduler, num_waiting=num_waiting)
         c = self.engine.counters
         return EngineStats(
-            scheduler=self.engine.scheduler.stats(),
+            scheduler=scheduler,
             prompt_tokens_total=c.prompt_tokens, generation_tokens_total=c.generation_tokens,
             requests_finished=dict(c.requests_finished),
             spec_decode=(copy.deepcopy(self.engine.spec_counters)
