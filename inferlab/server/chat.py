@@ -188,11 +188,7 @@ class _Formatter:
     def _chunk(self, choice: ChatChunkChoice, choice_tokens: int | None,
                prompt_token_ids: list[int] | None = None) -> bytes:
         """choice_tokens: the choice's tokens so far, for continuous usage stats; None: no usage."""
-        usage = None
-        if choice_tokens is not None:
-            usage = self.gen.usage().model_copy(update={
-                "completion_tokens": choice_tokens,
-                "total_tokens": self.gen.prompt_tokens + choice_tokens})
+        usage = None if choice_tokens is None else self.gen.prompt_usage(0, choice_tokens)
         return event(ChatCompletionChunk(id=self.id, created=self.created, model=self.model,
                                          choices=[choice], usage=usage,
                                          prompt_token_ids=prompt_token_ids))

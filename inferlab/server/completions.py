@@ -21,7 +21,6 @@ from inferlab.server.protocol import (
     CompletionLogprobs,
     CompletionRequest,
     PromptLogprob,
-    Usage,
     usage_asked,
 )
 from inferlab.server.respond import asked_ids, read_request, respond
@@ -91,15 +90,13 @@ class _Formatter:
                 if c.finished:
                     finished.add(key)
                 choice = self._choice(p, out, c, c.text_delta, c.token_ids_delta, c.logprobs_delta)
+                done = 0 if self.echo_only else len(c.token_ids)  # echo_only: no sampled token
+                usage = self.gen.prompt_usage(p, done) if continuous else None
                 yield event(Completion(id=self.id, created=self.created, model=self.model,
-                                       choices=[choice], usage=self._choice_usage(out, c) if continuous else None))
+                                       choices=[choice], usage=usage))
         if final_usage:
             yield event(Completion(id=self.id, created=self.created, model=self.model,
                                    choices=[], usage=self.gen.usage(not self.echo_only)))
-
-    def _choice_usage(self, out: RequestOutput, c: CompletionOutput) -> Usage:
-        prompt, done = len(out.prompt_token_ids), 0 if self.echo_only else len(c.token_ids)
-        return Usage(prompt_tokens=prompt, completion_tokens=done, total_tokens=prompt + done)
 
     def _has_news(self, key: tuple[int, int], c: CompletionOutput) -> bool:
         if c.text_delta or c.finished or (self.req.echo and key not in self.states):

@@ -77,10 +77,15 @@ class Generation:
     def usage(self, reply_tokens: bool = True) -> Usage:
         """reply_tokens False: the reply carries none of the sampled tokens (echo with max_tokens
         0), so none is counted as a completion token."""
-        prompt, output = self.prompt_tokens, self.output_tokens if reply_tokens else 0
         cached = sum(out.num_cached_tokens for out in self._latest.values())
-        return Usage(prompt_tokens=prompt, completion_tokens=output, total_tokens=prompt + output,
-                     prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
+        return _usage(self.prompt_tokens, self.output_tokens if reply_tokens else 0, cached)
+
+    def prompt_usage(self, index: int, completion_tokens: int) -> Usage:
+        """Continuous usage stats: prompt `index`'s tokens (and those the prefix cache served)
+        with one of its choices' tokens so far, as vLLM's num_prompt_tokens[prompt_idx] and
+        previous_num_tokens[i]; known from the prompt's first output on (start())."""
+        out = self._latest[index]
+        return _usage(len(out.prompt_token_ids), completion_tokens, out.num_cached_tokens)
 
     async def start(self) -> None:
         """Hand every prompt to the engine; raises an APIError (or the PromptError) if the engine
@@ -210,6 +215,12 @@ class BeamGeneration(Generation):
         for task in self._tasks:
             task.cancel()  # the round's requests are aborted as their streams close
         await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+def _usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int) -> Usage:
+    return Usage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                 total_tokens=prompt_tokens + completion_tokens,
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached_tokens))
 
 
 def _none_started(outputs: Iterable[RequestOutput]) -> bool:

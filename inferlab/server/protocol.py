@@ -228,6 +228,7 @@ class Completion(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None  # OpenAI's; null, as vLLM's: no backend fingerprint
 
 
 class TopLogprob(BaseModel):
@@ -247,6 +248,7 @@ class ChatLogprobs(BaseModel):
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None: the reply is tool calls only, or thinking only
+    refusal: str | None = None  # OpenAI requires it (null: no refusal), as vLLM sends; deltas have none
     reasoning_content: str | None = None  # the thinking, with --reasoning-parser
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
@@ -267,6 +269,7 @@ class ChatCompletion(BaseModel):
     model: str
     choices: list[ChatChoice]
     usage: Usage
+    system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids: the rendered conversation's
 
 
@@ -287,6 +290,7 @@ class ChatCompletionChunk(BaseModel):
     model: str
     choices: list[ChatChunkChoice]
     usage: Usage | None = None
+    system_fingerprint: str | None = None
     prompt_token_ids: list[int] | None = None  # return_token_ids: in the first chunk
 
 

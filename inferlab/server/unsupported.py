@@ -64,12 +64,9 @@ def reject_unsupported(body: dict[str, Any], served: Collection[str] = ()) -> No
     for name, (kind, words) in _TYPES.items():
         if body.get(name) is not None and not isinstance(body[name], kind):
             raise bad_request(f"'{name}' must be {words}, got {body[name]!r}", name)
-    best_of, n = body.get("best_of"), _n(body)
+    best_of = body.get("best_of")
     if isinstance(best_of, bool):  # strict, as the request's own integers are (true is no 1)
         raise bad_request(f"'best_of' must be an integer, got {best_of!r}", "best_of")
-    if isinstance(best_of, int) and isinstance(n, int) and best_of < n:  # vLLM's words
-        raise bad_request(f"best_of must be greater than or equal to n, got n={n} and "
-                          f"best_of={best_of}", "best_of")
     for name, neutral in _NEUTRAL.items():
         if name in body and name not in served and not neutral(body[name], body):
             raise bad_request(f"'{name}' is not supported by this server", name)

@@ -1,7 +1,8 @@
 """Chat request fields against vLLM's and OpenAI's documented behaviour: fields that would change
 the answer and are not implemented are refused by name; continuous usage stats count each
 choice's own tokens, as vLLM's previous_num_tokens[i]; errors name the field the client sent;
-an assistant's refusal parts are its text; a malformed response_format is refused."""
+an assistant's refusal parts are its text; a malformed response_format is refused; replies carry
+OpenAI's system_fingerprint and message.refusal as vLLM's do, null."""
 
 from __future__ import annotations
 
@@ -68,6 +69,7 @@ def test_continuous_usage_counts_each_choice_from_zero(server):
         usage = chunk["usage"]
         assert usage["prompt_tokens"] == prompt
         assert usage["total_tokens"] == prompt + usage["completion_tokens"]
+        assert usage["prompt_tokens_details"] == last["usage"]["prompt_tokens_details"]
         counts[choice["index"]].append(usage["completion_tokens"])
     for index in (0, 1):
         assert counts[index][0] == 0  # the role chunk
@@ -106,6 +108,53 @@ def test_completions_continuous_usage_counts_each_prompt_and_choice(server):
         counts.setdefault(choice["index"], []).append(usage["completion_tokens"])
     assert sorted(counts) == [0, 1, 2, 3]
     assert all(c == sorted(c) and c[-1] == 4 for c in counts.values())
+
+
+def test_completions_continuous_usage_counts_each_prompts_cached_tokens(server):
+    """Each chunk's prompt_tokens_details, as chat's chunks carry them: its own prompt's tokens
+    served by the prefix cache (they were null in completions' chunks). The first prompt, 40
+    tokens no other test sends, was sent before: its two full 16-token blocks are cached; the
+    second, 2 tokens, fills no block."""
+    warm = [4100 + 7 * i for i in range(40)]
+    r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, "prompt": warm, "max_tokens": 1})
+    assert r.status_code == 200, r.text
+    chunks = stream_chunks(server, "completions", prompt=[warm, [4100, 4107]], n=2, max_tokens=2,
+                           stream_options={"include_usage": True, "continuous_usage_stats": True})
+    *per_choice, last = chunks
+    assert last["usage"]["prompt_tokens_details"] == {"cached_tokens": 32}
+    cached = {0: 32, 1: 32, 2: 0, 3: 0}  # choices are numbered prompt by prompt
+    assert {chunk["choices"][0]["index"] for chunk in per_choice} == set(cached)
+    for chunk in per_choice:
+        expected = {"cached_tokens": cached[chunk["choices"][0]["index"]]}
+        assert chunk["usage"]["prompt_tokens_details"] == expected
+
+
+def whole(server, route: str, **fields) -> dict:
+    asked = {"messages": USER} if route == "chat/completions" else {"prompt": "Hi"}
+    r = httpx.post(f"{server.url}/v1/{route}", headers=server.headers, timeout=60,
+                   json={"model": MODEL_NAME, **asked, "max_tokens": 2, **fields})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+@pytest.mark.parametrize("route", ["chat/completions", "completions"])
+def test_system_fingerprint_is_null_in_replies_and_chunks(server, route):
+    """OpenAI documents system_fingerprint on the completion, the chat completion and the chat
+    chunk; vLLM declares it Optional with a None default, so its JSON carries a null (it was
+    missing)."""
+    bodies = [whole(server, route),
+              *stream_chunks(server, route, max_tokens=2, stream_options={"include_usage": True})]
+    assert [body.get("system_fingerprint", "missing") for body in bodies] == [None] * len(bodies)
+
+
+def test_a_reply_message_has_a_null_refusal_and_a_delta_none(server):
+    """OpenAI's ChatCompletionResponseMessage requires refusal, null when the model did not
+    refuse, as vLLM's ChatMessage sends it (it was missing); vLLM's DeltaMessage has none."""
+    message = whole(server, "chat/completions")["choices"][0]["message"]
+    assert message.get("refusal", "missing") is None
+    deltas = [chunk["choices"][0]["delta"] for chunk in stream_chunks(server, max_tokens=2)]
+    assert deltas and not any("refusal" in delta for delta in deltas)
 
 
 @pytest.mark.parametrize(("fields", "param", "start"), [

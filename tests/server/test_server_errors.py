@@ -70,9 +70,10 @@ def chat(server, **fields) -> httpx.Response:
     ({"logit_bias": {"9999999": 1}}, "logit_bias", "outside the vocabulary"),
     ({"logit_bias": {"50": "x"}}, "logit_bias.50", "number"),
     ({"best_of": 3}, "best_of", "not supported"),
-    # vLLM's check: fewer than n (1 once passed as harmless, 0 was "not supported")
-    ({"best_of": 1, "n": 3}, "best_of", "best_of must be greater than or equal to n, got n=3 and best_of=1"),
-    ({"best_of": 0}, "best_of", "greater than or equal to n, got n=1 and best_of=0"),
+    # any best_of but n's is refused as unsupported, below n too (1 once passed as harmless, then
+    # was told to be at least n, as if a larger one would be served)
+    ({"best_of": 1, "n": 3}, "best_of", "'best_of' is not supported by this server"),
+    ({"best_of": 0}, "best_of", "'best_of' is not supported by this server"),
     ({"best_of": True}, "best_of", "'best_of' must be an integer, got True"),  # was taken as 1
     # vLLM's extensions that would change the answer: refused, not silently ignored
     ({"logits_processors": ["my.module.Processor"]}, "logits_processors", "not supported"),
