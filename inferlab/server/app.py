@@ -8,6 +8,7 @@ from __future__ import annotations
 import hmac
 import importlib.metadata
 import logging
+import uuid
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -24,7 +25,7 @@ from inferlab.server.completions import create_completion
 from inferlab.server.context import ServerContext
 from inferlab.server.disconnect import ClientDisconnected
 from inferlab.server.errors import APIError, install_error_handlers
-from inferlab.server.protocol import ModelCard, ModelList
+from inferlab.server.protocol import ModelCard, ModelList, ModelPermission
 from inferlab.server.reasoning import REASONING_PARSERS, split_markers
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tokenize import detokenize, tokenize
@@ -79,8 +80,9 @@ def _add_api_routes(app: FastAPI, ctx: ServerContext, keyed: list) -> None:
         return await create_chat_completion(request, ctx)
 
     def model_card(name: str) -> ModelCard:  # root: the weights loaded, as vLLM's is its path
+        permission = ModelPermission(id=f"modelperm-{uuid.uuid4().hex}", created=ctx.created)
         return ModelCard(id=name, created=ctx.created, root=ctx.engine.model_path,
-                         max_model_len=ctx.engine.max_model_len)
+                         max_model_len=ctx.engine.max_model_len, permission=[permission])
 
     @_get(app, "/v1/models", dependencies=keyed)
     async def models() -> ModelList:  # a card a name, as vLLM lists them

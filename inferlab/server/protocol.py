@@ -294,13 +294,33 @@ class ChatCompletionChunk(BaseModel):
     prompt_token_ids: list[int] | None = None  # return_token_ids: in the first chunk
 
 
+class ModelPermission(BaseModel):
+    """What a client may do with a model, as vLLM's cards list it (OpenAI's old model objects
+    had it; clients written for them read it)."""
+
+    id: str
+    object: Literal["model_permission"] = "model_permission"
+    created: int
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "inferlab"
     root: str
+    parent: str | None = None  # a fine-tune's base model, as vLLM names a LoRA's: none here
     max_model_len: int
+    permission: list[ModelPermission]
 
 
 class ModelList(BaseModel):

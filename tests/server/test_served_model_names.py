@@ -45,6 +45,14 @@ def test_every_served_name_is_listed_answered_and_echoed(engine):
         cards = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"]
         assert [card["id"] for card in cards] == [MODEL_NAME, "org/alias"]
         assert {card["root"] for card in cards} == {engine.engine.loaded.path}  # once "embedded"
+        # vLLM's card: no parent (a LoRA's base), one permission that allows sampling
+        assert [card["parent"] for card in cards] == [None, None]
+        for card in cards:
+            [permission] = card["permission"]
+            assert permission["object"] == "model_permission"
+            assert permission["id"].startswith("modelperm-")
+            assert (permission["allow_sampling"], permission["allow_logprobs"],
+                    permission["allow_fine_tuning"]) == (True, True, False)
         assert httpx.get(f"{server.url}/v1/models/org/alias", timeout=30).json()["id"] == "org/alias"
         for name in (MODEL_NAME, "org/alias"):
             reply = httpx.post(f"{server.url}/v1/completions", timeout=60,
