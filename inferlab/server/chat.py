@@ -143,7 +143,8 @@ class _Formatter:
             # vLLM's: a reply that is all thinking (shown or not), or all calls, has no content
             message = AssistantMessage(
                 content=content if content or not (reply.names or reply.thought) else None,
-                reasoning_content=reasoning or None, tool_calls=reply.calls)
+                reasoning=reasoning or None, reasoning_content=reasoning or None,
+                tool_calls=reply.calls)
             choices.append(ChatChoice(index=c.index, message=message,
                                       logprobs=self._logprobs(c.logprobs),
                                       finish_reason=reply.finish_reason(c.finish_reason),

@@ -65,7 +65,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help='with tool_choice "none", do not show the tools to the chat template')
     group.add_argument("--reasoning-parser", choices=sorted(REASONING_PARSERS), default=None,
                        help="split a reasoning model's thinking (<think>...</think>) from its "
-                            "answer into reasoning_content: deepseek_r1 (the reply starts "
+                            "answer into reasoning (and reasoning_content): deepseek_r1 (the reply starts "
                             "thinking) or qwen3 (only a reply that opens with <think>)")
     parser.set_defaults(func=run_serve)
 

@@ -249,7 +249,10 @@ class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None  # None: the reply is tool calls only, or thinking only
     refusal: str | None = None  # OpenAI requires it (null: no refusal), as vLLM sends; deltas have none
-    reasoning_content: str | None = None  # the thinking, with --reasoning-parser
+    # the thinking, with --reasoning-parser: vLLM's name since 0.11 and its first (DeepSeek's),
+    # which it has since dropped and clients written for it still read
+    reasoning: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
 
 

@@ -1,5 +1,5 @@
 """A reasoning model's thinking split from its answer, as vLLM's --reasoning-parser splits it:
-the thinking goes out as `reasoning_content`, the rest as `content` (where tool calls, if
+the thinking goes out as `reasoning` (and `reasoning_content`, its older name), the rest as `content` (where tool calls, if
 any, are then read).
 
 - deepseek_r1: DeepSeek-R1 and its distills (Llama ones among them). Their chat template opens

@@ -52,7 +52,8 @@ class ReplyReader:
     def delta(self, reasoning: str, parsed: ParsedDelta) -> dict[str, Any]:
         """A stream chunk's delta: the new reasoning and content and pieces of calls, a call's
         id, type and name in its first piece only."""
-        out: dict[str, Any] = {"reasoning_content": reasoning} if reasoning else {}
+        # both names, as AssistantMessage has them
+        out: dict[str, Any] = {"reasoning": reasoning, "reasoning_content": reasoning} if reasoning else {}
         if parsed.content:
             out["content"] = parsed.content
         if parsed.calls:

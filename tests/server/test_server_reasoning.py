@@ -1,5 +1,5 @@
 """--reasoning-parser through the `openai` client: the thinking comes back as
-reasoning_content, the answer as content, whole and streamed alike. The reference is the same
+reasoning (and reasoning_content), the answer as content, whole and streamed alike. The reference is the same
 request to a server without a parser (greedy, one engine), its text split at `</think>` by hand."""
 
 from __future__ import annotations
@@ -35,18 +35,22 @@ def qwen3_client(engine):
 
 
 def reply(client, stream: bool = False, **body) -> tuple[str | None, str | None]:
-    """(reasoning_content, content) of one greedy chat reply, put together if streamed."""
+    """(reasoning, content) of one greedy chat reply, put together if streamed; the thinking
+    comes under vLLM's name `reasoning` and alike under its older one, `reasoning_content`."""
     if not stream:
         message = client.chat.completions.create(model=MODEL_NAME, **GREEDY, **body).choices[0].message
-        return getattr(message, "reasoning_content", None), message.content
-    parts: dict[str, str] = {}
-    for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, **GREEDY, **body):
-        for choice in chunk.choices:
-            for key in ("reasoning_content", "content"):
-                piece = getattr(choice.delta, key, None)
-                if piece:
-                    parts[key] = parts.get(key, "") + piece
-    return parts.get("reasoning_content"), parts.get("content")
+        parts = {key: getattr(message, key, None) for key in ("reasoning", "reasoning_content")}
+        parts["content"] = message.content
+    else:
+        parts = {}
+        for chunk in client.chat.completions.create(model=MODEL_NAME, stream=True, **GREEDY, **body):
+            for choice in chunk.choices:
+                for key in ("reasoning", "reasoning_content", "content"):
+                    piece = getattr(choice.delta, key, None)
+                    if piece:
+                        parts[key] = parts.get(key, "") + piece
+    assert parts.get("reasoning") == parts.get("reasoning_content")
+    return parts.get("reasoning"), parts.get("content")
 
 
 def test_deepseek_r1_splits_at_the_end_of_thinking(client, r1_client):
