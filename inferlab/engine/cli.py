@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 import importlib
+import os
 import sys
 from typing import TYPE_CHECKING
 
@@ -13,6 +14,7 @@ from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, ModelLoadError
+from inferlab.models.embedded import EMBEDDED_ALIAS
 
 if TYPE_CHECKING:  # the engine (and torch) load only once the flags are checked
     from inferlab.engine.llm_engine import LLMEngine
@@ -114,9 +116,19 @@ def run_generate(args: argparse.Namespace) -> int:
     if not args.prompt:
         raise InferlabError("the prompt is empty")
     _check_text(args.prompt, "the prompt")
+    _check_argument_order(args.prompt, args.model)
     engine = _engine(args)
     _stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args, engine))
     return 0
+
+
+def _check_argument_order(prompt: str, model: str | None) -> None:
+    """`generate MODEL PROMPT` (the order of `vllm serve MODEL`, of every other inferlab
+    command) would say only that the prompt is no file: name the order it takes."""
+    missing = model is not None and model != EMBEDDED_ALIAS and not os.path.exists(os.path.expanduser(model))
+    if missing and os.path.exists(os.path.expanduser(prompt)):
+        raise InferlabError(f"{model}: no such file or directory; the prompt comes first: "
+                            f"inferlab generate PROMPT [MODEL]")
 
 
 def run_chat(args: argparse.Namespace) -> int:

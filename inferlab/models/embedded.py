@@ -9,6 +9,7 @@ import os
 from inferlab.errors import ModelLoadError
 
 EMBEDDED_MODEL_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_ALIAS = "embedded"  # names the embedded model where a path is expected
 _EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 

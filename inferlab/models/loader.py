@@ -11,14 +11,12 @@ import torch
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
-from inferlab.models.embedded import EMBEDDED_MODEL_NAME, embedded_model_path
+from inferlab.models.embedded import EMBEDDED_ALIAS, EMBEDDED_MODEL_NAME, embedded_model_path
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
 from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from inferlab.user_files import check_readable, is_user_file, stat_user_path
-
-EMBEDDED_ALIAS = "embedded"  # names the embedded model where a path is expected
 
 
 def resolve_model_path(model: str | None) -> str:

@@ -96,3 +96,15 @@ def test_generate_takes_the_models_max_new_tokens_as_its_default(tmp_path, capsy
     (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 3}))
     assert main(["generate", "w2 w3", model, "--dtype", "float32", "--temperature", "0"]) == 0
     assert capsys.readouterr().out == " w3 w3 w3\n"  # the tiny model's greedy reply, one word a token
+
+
+def test_a_model_given_before_the_prompt_names_the_order(capsys, monkeypatch, tmp_path):
+    """`generate MODEL PROMPT`, the order of the other commands, once said only 'Hello: no such
+    file or directory'."""
+    import inferlab.engine.llm_engine as llm_engine
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", _no_model)
+    assert main(["generate", str(tmp_path), "Hello"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("error: Hello: no such file or directory; the prompt comes first: "
+                   "inferlab generate PROMPT [MODEL]\n")
