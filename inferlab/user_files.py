@@ -94,8 +94,11 @@ def check_writable(path: str | Path, flag: str = "") -> None:
     The errors start with `flag` and the path."""
     target = Path(path)
     where = f"{flag} {path}" if flag else str(path)
-    if not target.parent.is_dir():
+    folder = stat_user_path(target.parent)
+    if folder is None:
         raise InferlabError(f"{where}: folder {target.parent} does not exist")
+    if not stat.S_ISDIR(folder.st_mode):  # a file named as a folder: "does not exist" misleads
+        raise InferlabError(f"{where}: {target.parent} is not a folder")
     existed = target.exists()
     try:  # opened, not os.access, which says yes to root almost everywhere (/proc too)
         target.open("a").close()  # append: an existing file keeps its content until written

@@ -24,9 +24,12 @@ class EngineScorer:
                                                    element_bytes)
         # the prompt, plus the block the one sampled token may open
         blocks = -(-seq_len // _BLOCK_SIZE) + 1
+        # max_model_len: the window and that token, what this cache is sized for; left to the
+        # model's own, the engine warned on every run that it lowered it to the cache's
         self.llm = LLM(loaded=loaded, dtype=dtype, device=device,  # EngineConfig names the torch dtype
                        block_size=_BLOCK_SIZE, kv_cache_memory=blocks * _BLOCK_SIZE * bytes_per_token,
-                       max_num_seqs=1, max_num_batched_tokens=max(seq_len, 2048))
+                       max_model_len=seq_len + 1, max_num_seqs=1,
+                       max_num_batched_tokens=max(seq_len, 2048))
         self.params = SamplingParams(max_tokens=1, prompt_logprobs=0, temperature=0.0,
                                      detokenize=False)
 

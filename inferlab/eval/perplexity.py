@@ -9,6 +9,7 @@ predicted from the ones before them. ppl = exp(mean NLL over all predicted token
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -113,8 +114,9 @@ def evaluate(config: EvalConfig) -> EvalResult:
         model=setup.loaded.name, dataset=config.dataset, seq_len=config.seq_len,
         dtype=canonical_dtype(setup.dtype), via_engine=config.via_engine,
         windows=tally.windows, tokens=tally.tokens, nll=tally.nll_sum / tally.tokens,
-        ppl=tally.ppl, elapsed_s=elapsed_s, model_path=setup.loaded.path)
+        ppl=tally.ppl, elapsed_s=elapsed_s, model_path=os.path.abspath(setup.loaded.path))
     if setup.baseline is not None:
         result = dataclasses.replace(result, baseline=setup.baseline.name,
-                                     baseline_path=setup.baseline.path, **kl_summary(tally))
+                                     baseline_path=os.path.abspath(setup.baseline.path),
+                                     **kl_summary(tally))
     return result

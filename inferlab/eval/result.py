@@ -60,7 +60,7 @@ class EvalResult:
     nll: float  # mean negative log-likelihood per predicted token, nats
     ppl: float  # exp(nll)
     elapsed_s: float  # scoring time, loading excluded
-    model_path: str = ""  # as resolved: two runs/*/model folders share `model`, not this
+    model_path: str = ""  # absolute, as resolved: two runs/*/model folders share `model`, not this
     baseline: str | None = None
     baseline_path: str | None = None
     baseline_nll: float | None = None

@@ -142,7 +142,7 @@ def _load_quantized(cfg: ModelConfig, quant_config: dict, weights: Iterator[tupl
                              "is not supported (supported: compressed-tensors)")
     with torch.device("meta"):
         net = LlamaForCausalLM(cfg)
-    rest = apply_compressed_tensors(net, quant_config, dict(weights), dtype, device)
+    rest = apply_compressed_tensors(net, quant_config, dict(weights), path, dtype, device)
     net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in rest.items()), path)
     materialize_buffers(net, device)
     return net

@@ -41,6 +41,16 @@ QUANT_SUFFIXES = ("weight_packed", "weight_scale", "weight_shape", "weight_zero_
 COMPRESSED_TENSORS_VERSION = "0.20.1"  # the library release whose format this follows
 
 
+class CheckpointError(InferlabError):
+    """Tensors that contradict the config, or (`in_config`) a config that contradicts the
+    weights' shapes. The message names neither file: the loader, which knows the checkpoint,
+    puts its directory (or its config.json) in front, as it does for a dense checkpoint."""
+
+    def __init__(self, message: str, in_config: bool = False) -> None:
+        super().__init__(message)
+        self.in_config = in_config
+
+
 def tensors_for(qw: QuantizedWeight, fmt: str) -> dict[str, torch.Tensor]:
     """One layer's quantized weight -> its checkpoint tensors (local names)."""
     rows = rows_per_scale(qw.args, qw.shape[0], "a quantized weight")
@@ -85,8 +95,8 @@ def quantization_config(scheme: QuantScheme | None, ignore: list[str],
 
 def _need(tensors: dict[str, torch.Tensor], name: str) -> torch.Tensor:
     if name not in tensors:
-        raise InferlabError(f"checkpoint: the config quantizes {name.rsplit('.', 1)[0]} "
-                            f"but {name} is missing")
+        raise CheckpointError(f"the config quantizes {name.rsplit('.', 1)[0]} "
+                              f"but {name} is missing")
     return tensors[name]
 
 
@@ -95,14 +105,23 @@ def _scale_matrix(scale: torch.Tensor, n: int, k: int, scheme: QuantScheme, name
     repeated for each), checked against the config."""
     w = scheme.weights
     if not scale.is_floating_point():
-        raise InferlabError(f"checkpoint: {name} must be floating point, got {scale.dtype}")
-    rows = rows_per_scale(w, n, f"checkpoint: {name.removesuffix('.weight_scale')}")
-    groups = num_groups(k, w, name.removesuffix(".weight_scale"))
+        raise CheckpointError(f"{name} must be floating point, got {scale.dtype}")
+    rows, groups = _scale_layout(w, n, k, name.removesuffix(".weight_scale"))
     if scale.numel() != n // rows * groups or (scale.dim() == 2 and scale.shape[0] != n // rows):
         detail = {GROUP: f" {w.group_size}", BLOCK: f" {w.block_rows}x{w.group_size}"}.get(w.strategy, "")
-        raise InferlabError(f"checkpoint: {name} has shape {tuple(scale.shape)}, the config "
-                            f"({w.strategy}{detail}) implies [{n // rows}, {groups}]")
+        raise CheckpointError(f"{name} has shape {tuple(scale.shape)}, the config "
+                              f"({w.strategy}{detail}) implies [{n // rows}, {groups}]")
     return scale.reshape(n // rows, groups).repeat_interleave(rows, dim=0)
+
+
+def _scale_layout(w: WeightArgs, n: int, k: int, layer: str) -> tuple[int, int]:
+    """Rows per scale and groups per row of `layer`'s [n, k] weight. A block or group the config
+    sets that does not divide it is the config's fault, and no flag of `inferlab quantize`
+    fixes a checkpoint already written."""
+    try:
+        return rows_per_scale(w, n, layer), num_groups(k, w, layer, suggest=False)
+    except InferlabError as e:
+        raise CheckpointError(str(e), in_config=True) from None
 
 
 def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme,
@@ -117,11 +136,11 @@ def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme:
         codes = _need(tensors, f"{prefix}.weight")
         want = torch.float8_e4m3fn if w.kind == FLOAT else torch.int8
         if codes.dtype != want or codes.dim() != 2:
-            raise InferlabError(f"checkpoint: {prefix}.weight is {codes.dim()}-d {codes.dtype}, "
-                                f"the config ({w.num_bits}-bit {w.kind}) implies 2-d {want}")
+            raise CheckpointError(f"{prefix}.weight is {codes.dim()}-d {codes.dtype}, "
+                                  f"the config ({w.num_bits}-bit {w.kind}) implies 2-d {want}")
         if w.kind != FLOAT and codes.numel() and not w.qmin <= int(codes.min()) <= int(codes.max()) <= w.qmax:
-            raise InferlabError(f"checkpoint: {prefix}.weight holds values outside the "
-                                f"{w.num_bits}-bit range [{w.qmin}, {w.qmax}]")
+            raise CheckpointError(f"{prefix}.weight holds values outside the "
+                                  f"{w.num_bits}-bit range [{w.qmin}, {w.qmax}]")
     n, k = codes.shape
     _check_g_idx(tensors, prefix, w, k, g_idx_required)
     scale = _scale_matrix(_need(tensors, f"{prefix}.weight_scale"), n, k, scheme,
@@ -130,8 +149,8 @@ def read_quantized_weight(tensors: dict[str, torch.Tensor], prefix: str, scheme:
     if not w.symmetric:
         zero_point = _read_zero_point(tensors, prefix, scheme, fmt, n, scale.shape[1])
     elif f"{prefix}.weight_zero_point" in tensors and tensors[f"{prefix}.weight_zero_point"].any():
-        raise InferlabError(f"checkpoint: {prefix}.weight_zero_point is non-zero but the config "
-                            "says the weights are symmetric")
+        raise CheckpointError(f"{prefix}.weight_zero_point is non-zero but the config "
+                              "says the weights are symmetric")
     input_scale = None
     if scheme.activations is not None and scheme.activations.static:
         input_scale = _read_input_scale(tensors, prefix)
@@ -143,15 +162,15 @@ def _read_input_scale(tensors: dict[str, torch.Tensor], prefix: str) -> torch.Te
     name = f"{prefix}.input_scale"
     scale = _need(tensors, name)
     if not scale.is_floating_point() or scale.numel() != 1:
-        raise InferlabError(f"checkpoint: {name} is {scale.dtype} {tuple(scale.shape)}, a static "
-                            "per-tensor scale is one floating-point value")
+        raise CheckpointError(f"{name} is {scale.dtype} {tuple(scale.shape)}, a static "
+                              "per-tensor scale is one floating-point value")
     value = scale.float().reshape(1)
     if not (torch.isfinite(value).all() and value.item() > 0):
-        raise InferlabError(f"checkpoint: {name} is {value.item()}, it must be positive and finite")
+        raise CheckpointError(f"{name} is {value.item()}, it must be positive and finite")
     zero = tensors.get(f"{prefix}.input_zero_point")
     if zero is not None and zero.any():
-        raise InferlabError(f"checkpoint: {prefix}.input_zero_point is non-zero: asymmetric "
-                            "activations are not supported")
+        raise CheckpointError(f"{prefix}.input_zero_point is non-zero: asymmetric "
+                              "activations are not supported")
     return value
 
 
@@ -162,37 +181,37 @@ def _check_g_idx(tensors: dict[str, torch.Tensor], prefix: str, w: WeightArgs, k
     name = f"{prefix}.weight_g_idx"
     if name not in tensors:
         if required:
-            raise InferlabError(f"checkpoint: the config quantizes {prefix} with group act-order "
-                                f"but {name} is missing")
+            raise CheckpointError(f"the config quantizes {prefix} with group act-order "
+                                  f"but {name} is missing")
         return
     g_idx = tensors[name]
     if g_idx.is_floating_point() or g_idx.is_complex() or tuple(g_idx.shape) != (k,):
-        raise InferlabError(f"checkpoint: {name} is {g_idx.dtype} {tuple(g_idx.shape)}, expected "
-                            f"one integer group index per input column [{k}]")
+        raise CheckpointError(f"{name} is {g_idx.dtype} {tuple(g_idx.shape)}, expected "
+                              f"one integer group index per input column [{k}]")
     group_size = w.group_size if w.strategy in GROUPED else k
     if not torch.equal(g_idx.to(torch.int64), torch.arange(k, device=g_idx.device) // group_size):
-        raise InferlabError(f"checkpoint: {name} assigns the inputs of {prefix} to groups out of "
-                            "order (GPTQ group act-order, actorder 'group'), which is not "
-                            "supported; quantize with actorder 'weight' or none")
+        raise CheckpointError(f"{name} assigns the inputs of {prefix} to groups out of "
+                              "order (GPTQ group act-order, actorder 'group'), which is not "
+                              "supported; quantize with actorder 'weight' or none")
 
 
 def _read_packed(tensors: dict[str, torch.Tensor], prefix: str, num_bits: int) -> torch.Tensor:
     packed = _need(tensors, f"{prefix}.weight_packed")
     shape = _need(tensors, f"{prefix}.weight_shape")
     if packed.dtype != torch.int32 or packed.dim() != 2:
-        raise InferlabError(f"checkpoint: {prefix}.weight_packed must be 2-d int32, got "
-                            f"{packed.dim()}-d {packed.dtype}")
+        raise CheckpointError(f"{prefix}.weight_packed must be 2-d int32, got "
+                              f"{packed.dim()}-d {packed.dtype}")
     if shape.numel() != 2:
-        raise InferlabError(f"checkpoint: {prefix}.weight_shape must hold two sizes")
+        raise CheckpointError(f"{prefix}.weight_shape must hold two sizes")
     n, k = (int(v) for v in shape.reshape(-1))
     words = -(-k * num_bits // 32)
     if tuple(packed.shape) != (n, words):
-        raise InferlabError(f"checkpoint: {prefix}.weight_packed has shape {tuple(packed.shape)}, "
-                            f"a [{n}, {k}] weight of {num_bits}-bit values packs to [{n}, {words}]")
+        raise CheckpointError(f"{prefix}.weight_packed has shape {tuple(packed.shape)}, "
+                              f"a [{n}, {k}] weight of {num_bits}-bit values packs to [{n}, {words}]")
     try:
         return unpack_int32(packed, num_bits, k)
     except ValueError as e:
-        raise InferlabError(f"checkpoint: {prefix}.weight_packed: {e}") from None
+        raise CheckpointError(f"{prefix}.weight_packed: {e}") from None
 
 
 def _read_zero_point(tensors: dict[str, torch.Tensor], prefix: str, scheme: QuantScheme, fmt: str,
@@ -203,13 +222,13 @@ def _read_zero_point(tensors: dict[str, torch.Tensor], prefix: str, scheme: Quan
     if fmt == PACK_QUANTIZED and w.strategy != TENSOR:
         rows = -(-n * w.num_bits // 32)
         if zp.dtype != torch.int32 or tuple(zp.shape) != (rows, groups):
-            raise InferlabError(f"checkpoint: {name} is {zp.dtype} {tuple(zp.shape)}, the config "
-                                f"implies int32 [{rows}, {groups}] (packed along the outputs)")
+            raise CheckpointError(f"{name} is {zp.dtype} {tuple(zp.shape)}, the config "
+                                  f"implies int32 [{rows}, {groups}] (packed along the outputs)")
         return unpack_zero_points(zp, w.num_bits, n)
     if zp.numel() == 1:
         zp = zp.reshape(1, 1).expand(n, groups)
     if zp.numel() != n * groups:
-        raise InferlabError(f"checkpoint: {name} has shape {tuple(zp.shape)}, expected [{n}, {groups}]")
+        raise CheckpointError(f"{name} has shape {tuple(zp.shape)}, expected [{n}, {groups}]")
     zp = zp.reshape(n, groups)
     return (zp.round() if zp.is_floating_point() else zp).to(torch.int8).contiguous()
 
@@ -220,7 +239,7 @@ def cat_rows(parts: list[QuantizedWeight], where: str) -> QuantizedWeight:
     first = parts[0]
     for p in parts[1:]:
         if p.args != first.args or p.shape[1] != first.shape[1] or p.scale.shape[1] != first.scale.shape[1]:
-            raise InferlabError(f"checkpoint: the parts of {where} are quantized differently")
+            raise CheckpointError(f"the parts of {where} are quantized differently")
     zps = [p.zero_point for p in parts]
     zero_point = None if zps[0] is None else torch.cat(zps, dim=0)
     scale = torch.cat([p.scale.to(first.scale.dtype) for p in parts], dim=0)
@@ -235,5 +254,5 @@ def _shared_input_scale(parts: list[QuantizedWeight], where: str) -> torch.Tenso
     if all(s is None for s in scales):
         return None
     if any(s is None for s in scales):
-        raise InferlabError(f"checkpoint: only some parts of {where} have an input_scale")
+        raise CheckpointError(f"only some parts of {where} have an input_scale")
     return torch.stack([s.reshape(()) for s in scales]).amax().reshape(1)

@@ -9,14 +9,20 @@ output dimension, which is exact because every scale belongs to one output row.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 import torch
 from torch import nn
 
-from inferlab.errors import InferlabError
+from inferlab.errors import ModelLoadError
 from inferlab.models.fused_layers import FUSED_SHARDS
-from inferlab.quant.checkpoint import QUANT_SUFFIXES, cat_rows, read_quantized_weight
+from inferlab.quant.checkpoint import (
+    QUANT_SUFFIXES,
+    CheckpointError,
+    cat_rows,
+    read_quantized_weight,
+)
 from inferlab.quant.ct_config import ConfigGroup, ParsedConfig, parse_quantization_config
 from inferlab.quant.linear import build_quant_linear
 
@@ -30,15 +36,26 @@ def checkpoint_names(module_name: str) -> list[str]:
 
 
 def apply_compressed_tensors(model: nn.Module, quant_config: Mapping,
-                             tensors: Mapping[str, torch.Tensor], dtype: torch.dtype | None = None,
+                             tensors: Mapping[str, torch.Tensor], checkpoint: str,
+                             dtype: torch.dtype | None = None,
                              device: torch.device | str = "cpu") -> dict[str, torch.Tensor]:
-    """Swap the quantized linears of `model` for QuantLinears built from `tensors`; return the rest.
+    """Swap the quantized linears of `model` for QuantLinears built from `tensors`, those of the
+    `checkpoint` directory that the errors name; return the rest.
 
     `model` may live on the meta device; quantized layers are built on `device` and compute in
     `dtype` (default: the model's parameter dtype).
     """
-    parsed = parse_quantization_config(quant_config)
-    dtype = dtype or next(model.parameters()).dtype
+    config_file = os.path.join(checkpoint, "config.json")
+    parsed = parse_quantization_config(quant_config, config_file)
+    try:
+        return _swap_quantized(model, parsed, tensors, dtype or next(model.parameters()).dtype,
+                               device)
+    except CheckpointError as e:
+        raise ModelLoadError(f"{config_file if e.in_config else checkpoint}: {e}") from None
+
+
+def _swap_quantized(model: nn.Module, parsed: ParsedConfig, tensors: Mapping[str, torch.Tensor],
+                    dtype: torch.dtype, device: torch.device | str) -> dict[str, torch.Tensor]:
     rest = dict(tensors)
     linears = [(name, m) for name, m in model.named_modules() if isinstance(m, nn.Linear)]
     for name, module in linears:
@@ -52,8 +69,8 @@ def apply_compressed_tensors(model: nn.Module, quant_config: Mapping,
                  for s in shards]
         qw = parts[0] if len(parts) == 1 else cat_rows(parts, name)
         if qw.shape != (module.out_features, module.in_features):
-            raise InferlabError(f"checkpoint: {name} is [{qw.shape[0]}, {qw.shape[1]}], the model "
-                                f"expects [{module.out_features}, {module.in_features}]")
+            raise CheckpointError(f"{name} is [{qw.shape[0]}, {qw.shape[1]}], the model "
+                                  f"expects [{module.out_features}, {module.in_features}]")
         bias = _take_bias(rest, shards, name)
         layer = build_quant_linear(qw, group.scheme.activations, bias, dtype, device)
         _set_submodule(model, name, layer)
@@ -62,8 +79,8 @@ def apply_compressed_tensors(model: nn.Module, quant_config: Mapping,
                 del rest[key]
     leftover = sorted(k for k in rest if k.rsplit(".", 1)[-1] in QUANT_SUFFIXES)
     if leftover:
-        raise InferlabError(f"checkpoint: {leftover[0]} belongs to no quantized linear layer of "
-                            "this model (the config and the tensors disagree)")
+        raise CheckpointError(f"{leftover[0]} belongs to no quantized linear layer of "
+                              "this model (the config and the tensors disagree)")
     return rest
 
 
@@ -82,15 +99,15 @@ def _shard_group(parsed: ParsedConfig, shards: list[str], tensors: Mapping[str, 
     for shard in shards:
         group = parsed.group_for(shard)
         if group is None and _is_quantized(tensors, shard):
-            raise InferlabError(f"checkpoint: {shard} has quantized tensors but the config leaves "
-                                "it unquantized (ignored or untargeted)")
+            raise CheckpointError(f"{shard} has quantized tensors but the config leaves "
+                                  "it unquantized (ignored or untargeted)")
         if group is not None and not _is_quantized(tensors, shard):
-            raise InferlabError(f"checkpoint: the config quantizes {shard} ({group.name}) but "
-                                f"{shard}.weight_scale is missing")
+            raise CheckpointError(f"the config quantizes {shard} ({group.name}) but "
+                                  f"{shard}.weight_scale is missing")
         groups.append(group)
     if len(set(groups)) > 1:
-        raise InferlabError(f"checkpoint: the shards of {name} ({', '.join(shards)}) are quantized "
-                            "differently, so they cannot run as one fused layer")
+        raise CheckpointError(f"the shards of {name} ({', '.join(shards)}) are quantized "
+                              "differently, so they cannot run as one fused layer")
     return groups[0]
 
 
@@ -99,7 +116,7 @@ def _take_bias(tensors: dict[str, torch.Tensor], shards: list[str], name: str) -
     if all(b is None for b in biases):
         return None
     if any(b is None for b in biases):
-        raise InferlabError(f"checkpoint: only some shards of {name} have a bias")
+        raise CheckpointError(f"only some shards of {name} have a bias")
     return torch.cat(biases)
 
 

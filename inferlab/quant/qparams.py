@@ -39,12 +39,15 @@ class QuantizedWeight:
                                self.input_scale)
 
 
-def num_groups(in_features: int, args: WeightArgs, where: str = "weight") -> int:
+def num_groups(in_features: int, args: WeightArgs, where: str = "weight",
+               suggest: bool = True) -> int:
+    """Groups per row. A group size that does not divide the inputs is an error which, when
+    `suggest` (quantizing, where --group-size sets it), names one that does."""
     if args.strategy not in GROUPED:
         return 1
     if in_features % args.group_size:
         divisors = [g for g in (256, 128, 64, 32, 16) if in_features % g == 0]
-        hint = f" (try --group-size {divisors[0]})" if divisors else ""
+        hint = f" (try --group-size {divisors[0]})" if divisors and suggest else ""
         raise InferlabError(f"{where}: group size {args.group_size} does not divide its "
                             f"{in_features} inputs{hint}")
     return in_features // args.group_size

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -47,7 +48,23 @@ def test_json_result_against_a_baseline(char_models, char_text_file, tmp_path, c
     assert "top-1 agreement" in stdout
 
 
-def test_engine_path_gives_the_direct_perplexity(char_models, char_text_file, tmp_path, capsys):
+def test_json_records_the_models_absolute_paths(char_models, char_text_file, tmp_path, capsys,
+                                               monkeypatch):
+    """Models named relative to where eval ran: the result, read from anywhere, says which
+    (it once held "perturbed" and "base", as typed)."""
+    (base_dir, _), (other_dir, _) = char_models
+    monkeypatch.chdir(base_dir.parent)
+    out = tmp_path / "result.json"
+    code, _, _ = _run(capsys, other_dir.name, "--baseline", f"./{base_dir.name}", "--dataset",
+                      str(char_text_file), "--seq-len", "16", "--limit", "1", "--dtype", "float32",
+                      "--output", str(out))
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert (result["model_path"], result["baseline_path"]) == (str(other_dir), str(base_dir))
+
+
+def test_engine_path_gives_the_direct_perplexity(char_models, char_text_file, tmp_path, capsys,
+                                                 caplog):
     (base_dir, _), _ = char_models
     results = []
     for extra in ([], ["--via-engine"]):
@@ -59,6 +76,9 @@ def test_engine_path_gives_the_direct_perplexity(char_models, char_text_file, tm
     direct, engine = results
     assert engine["via_engine"] and engine["tokens"] == direct["tokens"] == 7 * 63
     assert engine["ppl"] == pytest.approx(direct["ppl"], rel=1e-5)
+    # eval sizes the engine's KV cache itself: the engine once warned, every run, that it
+    # lowered max_model_len to what that cache holds
+    assert [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING] == []
 
 
 @pytest.fixture(scope="module")
@@ -107,6 +127,7 @@ def _grown_tokenizer(model_dir: Path, tmp_path: Path, text_file: Path) -> list[s
     ("tokens_past_the_model", "gives token id 128, past its 128 embedding rows"),  # once an IndexError
     ("unwritable_output", ": cannot write (Is a directory)"),  # before the run, not after it
     ("empty_output", "--output must name a file"),  # once ignored: nothing written, exit 0
+    ("output_under_a_file", "short.txt is not a folder"),  # once "folder ... does not exist"
     # these three once said "error: : no such ..."
     ("empty_model", "the model path is empty"),
     ("empty_baseline", "the model path is empty"),
@@ -132,6 +153,7 @@ def test_bad_input_is_one_line_and_exit_2(case, message, char_models, char_text_
         "tokens_past_the_model": [*_grown_tokenizer(base_dir, tmp_path, char_text_file), "--seq-len", "16"],
         "unwritable_output": [str(base_dir), *data, "--output", str(tmp_path)],  # a directory
         "empty_output": [str(base_dir), *data, "--output", ""],
+        "output_under_a_file": [str(base_dir), *data, "--output", str(short / "x.json")],
         "empty_model": ["", *data],
         "empty_baseline": [str(base_dir), *data, "--baseline", ""],
         "empty_dataset": [str(base_dir), "--dataset", ""],

@@ -86,9 +86,12 @@ def test_a_quantization_config_that_is_not_an_object_is_one_line(checkpoint, tmp
 
 
 def test_missing_scale(checkpoint, tmp_path) -> None:
+    """Named by the checkpoint's directory, as a dense one's missing tensors are (the errors
+    once began "checkpoint:", whichever was loaded)."""
     path = _variant(checkpoint, tmp_path, edit_tensors=lambda t: t.pop(
         "model.layers.0.self_attn.k_proj.weight_scale"))
-    assert "model.layers.0.self_attn.k_proj.weight_scale is missing" in _load_error(path)
+    assert _load_error(path) == (f"{path}: the config quantizes model.layers.0.self_attn.k_proj "
+                                 "but model.layers.0.self_attn.k_proj.weight_scale is missing")
 
 
 def test_bits_contradict_packed_shape(checkpoint, tmp_path) -> None:
@@ -96,6 +99,25 @@ def test_bits_contradict_packed_shape(checkpoint, tmp_path) -> None:
         qc["config_groups"]["group_0"]["weights"]["num_bits"] = 8
     message = _load_error(_variant(checkpoint, tmp_path, edit_config=eight_bits))
     assert "weight_packed has shape" in message and "8-bit" in message
+
+
+@pytest.mark.parametrize("argv", [["eval", "{ck}", "--dataset", "{text}", "--seq-len", "16"],
+                                  ["generate", "Hi", "{ck}", "--max-tokens", "1"]])
+def test_a_group_size_that_does_not_divide_names_the_config(checkpoint, tmp_path, capsys,
+                                                            argv: list[str]) -> None:
+    """The checkpoint contradicts itself: its config.json is at fault, not a flag (the error
+    once said "try --group-size 64", which only `quantize` takes, and named no file)."""
+    from inferlab.cli import main
+
+    def group_48(qc):
+        _group_0(qc)["weights"]["group_size"] = 48
+    (tmp_path / "ck").mkdir()
+    path = _variant(checkpoint, tmp_path / "ck", edit_config=group_48)
+    text = tmp_path / "text.txt"
+    text.write_text("a few words of text to score " * 4)
+    assert main([a.format(ck=path, text=text) for a in argv]) == 2
+    assert capsys.readouterr().err == (f"error: {path}/config.json: model.layers.0.self_attn.q_proj: "
+                                       "group size 48 does not divide its 64 inputs\n")
 
 
 def test_group_size_contradicts_scales(checkpoint, tmp_path) -> None:
@@ -154,8 +176,9 @@ def test_permuted_g_idx_is_refused(checkpoint, tmp_path) -> None:
     columns interleaved with the others'), which our contiguous-group kernels cannot compute."""
     def interleave(contiguous):
         return contiguous.view(-1, 32).t().reshape(-1)  # a permutation of the same group ids
-    message = _load_error(_variant(checkpoint, tmp_path, *_with_g_idx(interleave)))
-    assert message.startswith("checkpoint: model.layers.0.self_attn.q_proj.weight_g_idx ")
+    path = _variant(checkpoint, tmp_path, *_with_g_idx(interleave))
+    message = _load_error(path)
+    assert message.startswith(f"{path}: model.layers.0.self_attn.q_proj.weight_g_idx ")
     assert "group act-order" in message and "not supported" in message
 
 
@@ -269,4 +292,6 @@ def test_block_scales_that_contradict_the_config(fp8_block, tmp_path) -> None:
 
     def rows_48(qc):
         next(iter(qc["config_groups"].values()))["weights"]["block_structure"] = [48, 32]
-    assert "blocks of 48 rows do not divide its" in _load_error(_variant(fp8_block, tmp_path, rows_48))
+    path = _variant(fp8_block, tmp_path, rows_48)
+    assert _load_error(path).startswith(f"{path}/config.json: model.layers.0.self_attn.q_proj: "
+                                        "blocks of 48 rows do not divide its")
