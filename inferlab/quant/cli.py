@@ -12,9 +12,13 @@ import time
 
 from inferlab.config import DTYPES, check_threads
 from inferlab.errors import InferlabError
-from inferlab.quant.recipe import HESSIAN_METHODS, METHODS, Recipe
+from inferlab.quant.recipe import DATA_FREE_METHODS, METHOD_FLAGS, METHODS, Recipe
 from inferlab.quant.scheme import DEFAULT_GROUP_SIZE, GROUP_SIZED_SCHEMES
 from inferlab.shared_data import WIKITEXT_VALID
+
+# quantize_to_directory's calibration arguments, by argparse dest (--num-samples: num_samples)
+CALIBRATION_DEFAULTS = {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512,
+                        "batch_size": 8, "seed": 0}
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -42,13 +46,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "
                         "it a tied lm_head is quantized and written untied)")
-    calib = p.add_argument_group("calibration")
-    calib.add_argument("--calib", default=str(WIKITEXT_VALID), help="calibration text file "
-                       "(default: %(default)s)")
-    calib.add_argument("--num-samples", type=int, default=128, help="windows (default 128)")
-    calib.add_argument("--seq-len", type=int, default=512, help="tokens per window (default 512)")
-    calib.add_argument("--batch-size", type=int, default=8, help="windows per forward pass")
-    calib.add_argument("--seed", type=int, default=0)
+    calib = p.add_argument_group("calibration", "for --method gptq, awq, smoothquant, sparsegpt, "
+                                 "and --scheme FP8's static input scales; refused elsewhere")
+    # defaults None, so a flag given to a run that calibrates nothing is told from one left out
+    default = CALIBRATION_DEFAULTS
+    calib.add_argument("--calib", default=None,
+                       help=f"calibration text file (default: {default['calib']})")
+    calib.add_argument("--num-samples", type=int, default=None,
+                       help=f"windows (default {default['num_samples']})")
+    calib.add_argument("--seq-len", type=int, default=None,
+                       help=f"tokens per window (default {default['seq_len']})")
+    calib.add_argument("--batch-size", type=int, default=None,
+                       help=f"windows per forward pass (default {default['batch_size']})")
+    calib.add_argument("--seed", type=int, default=None,
+                       help=f"window offsets' seed (default {default['seed']})")
     calib.add_argument("--sink-weight", type=float, default=None,
                        help="GPTQ/SparseGPT Hessian weight of each window's first token, the "
                             "attention sink (default: --seq-len)")
@@ -62,7 +73,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                            "actorder \"static\" in config.json (default: on for gptq and "
                            "smoothquant, off for sparsegpt, whose 2:4 groups it would break)")
     algo.add_argument("--awq-grid", type=int, default=None, help="AWQ scale grid points (default 20)")
-    algo.add_argument("--awq-clip", action="store_true", help="AWQ: also search clipping ratios")
+    algo.add_argument("--awq-clip", action="store_true", default=None,
+                      help="AWQ: also search clipping ratios")
     algo.add_argument("--smoothquant-alpha", type=float, default=None,
                       help="SmoothQuant migration strength (default 0.5)")
     p.add_argument("--dtype", default="auto", help="dtype of the dense tensors and scales: "
@@ -91,23 +103,43 @@ def build_recipe(args: argparse.Namespace) -> Recipe:
                   ignore=tuple(args.ignore),
                   obs=ObsConfig(**_given(block_size=args.block_size, damp=args.dampening),
                                 act_order=act_order),
-                  awq=AwqConfig(**_given(grid=args.awq_grid), clip=args.awq_clip),
+                  awq=AwqConfig(**_given(grid=args.awq_grid, clip=args.awq_clip)),
                   **_given(smoothquant_alpha=args.smoothquant_alpha, sink_weight=args.sink_weight))
-
-
-_METHOD_FLAGS = (  # flag, its argparse dest, the methods that read it
-    ("--block-size", "block_size", HESSIAN_METHODS), ("--dampening", "dampening", HESSIAN_METHODS),
-    ("--act-order", "act_order", HESSIAN_METHODS), ("--sink-weight", "sink_weight", HESSIAN_METHODS),
-    ("--awq-grid", "awq_grid", ("awq",)), ("--awq-clip", "awq_clip", ("awq",)),
-    ("--smoothquant-alpha", "smoothquant_alpha", ("smoothquant",)),
-)
 
 
 def _check_method_flags(args: argparse.Namespace, method: str) -> None:
     """A flag of another method was once taken without a word and did nothing."""
-    for flag, dest, methods in _METHOD_FLAGS:
-        if getattr(args, dest) not in (None, False) and method not in methods:
-            raise InferlabError(f"{flag} applies to --method {' or '.join(methods)}, not {method}")
+    for dest, methods in METHOD_FLAGS.items():
+        value = getattr(args, dest)
+        if value is not None and method not in methods:
+            raise InferlabError(f"{_flag(dest, value)} applies to --method {' or '.join(methods)}, "
+                                f"not {method}")
+
+
+def _flag(dest: str, value: object = True) -> str:
+    """The flag as given: --act-order or --no-act-order."""
+    return f"--{'no-' if value is False else ''}{dest.replace('_', '-')}"
+
+
+def _calibration(args: argparse.Namespace, recipe: Recipe) -> dict[str, object]:
+    """quantize_to_directory's calibration arguments, defaults for those not given; refused
+    where the recipe calibrates nothing, where they once did nothing without a word."""
+    given = {dest: getattr(args, dest) for dest in CALIBRATION_DEFAULTS
+             if getattr(args, dest) is not None}
+    if given and not recipe.needs_calibration:
+        scheme = f" with --scheme {recipe.scheme.name}" if recipe.scheme is not None else ""
+        calibrating = [m for m in METHODS if m not in DATA_FREE_METHODS]
+        raise InferlabError(f"{_flag(next(iter(given)))} applies to runs that calibrate (--method "
+                            f"{' or '.join(calibrating)}, or --scheme FP8, whose input scales are "
+                            f"calibrated), not --method {recipe.method}{scheme}")
+    settings = CALIBRATION_DEFAULTS | given
+    if recipe.needs_calibration:
+        from inferlab.quant.calibration import read_text
+
+        read_text(settings["calib"])  # a missing file fails now, not after loading the model
+    if settings["batch_size"] < 1:
+        raise InferlabError(f"--batch-size must be at least 1, got {settings['batch_size']}")
+    return settings
 
 
 def _given(**values: object) -> dict[str, object]:
@@ -130,12 +162,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     recipe = build_recipe(args)
     if args.dtype not in DTYPES:
         raise InferlabError(f"--dtype must be one of {', '.join(DTYPES)}, got {args.dtype!r}")
-    if recipe.needs_calibration:
-        from inferlab.quant.calibration import read_text
-
-        read_text(args.calib)  # a missing file fails now, not after loading the model
-    if args.batch_size < 1:
-        raise InferlabError(f"--batch-size must be at least 1, got {args.batch_size}")
+    calibration = _calibration(args, recipe)
     _check_out(args.out)
     if args.threads is not None:
         check_threads("--threads", args.threads)
@@ -148,9 +175,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     # out.partial-PID is removed on the way out, where the bare signal left it behind
     signal.signal(signal.SIGTERM, _exit_on_signal)
     started = time.perf_counter()
-    summary = quantize_to_directory(args.model, recipe, args.out, calib=args.calib,
-                                    num_samples=args.num_samples, seq_len=args.seq_len,
-                                    batch_size=args.batch_size, seed=args.seed,
+    summary = quantize_to_directory(args.model, recipe, args.out, **calibration,
                                     dense_dtype=args.dtype, progress=not args.quiet)
     summary["elapsed_s"] = round(time.perf_counter() - started, 1)
     print(json.dumps(summary, indent=2), file=sys.stdout)

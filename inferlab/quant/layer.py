@@ -8,7 +8,7 @@ calibration are the quantized model's.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -109,8 +109,7 @@ def compress_linear(ctx: LayerContext, name: str) -> tuple[torch.Tensor, Quantiz
     args = recipe.scheme.weights if recipe.scheme is not None else None
     method = recipe.method
     if recipe.needs_hessian:  # SmoothQuant quantizes with GPTQ
-        obs = replace(recipe.obs, prune_2of4=method == "sparsegpt")
-        new_w, qw, _ = obs_compress(w, ctx.stats[name].hessian(), args, obs, ctx.scale_dtype)
+        new_w, qw, _ = obs_compress(w, ctx.stats[name].hessian(), args, recipe.obs, ctx.scale_dtype)
         return new_w, qw
     if method == "magnitude":
         w = w * magnitude_2of4_mask(w)

@@ -17,6 +17,10 @@ METHODS = ("rtn", "gptq", "awq", "smoothquant", "sparsegpt", "magnitude")
 PRUNING_METHODS = ("sparsegpt", "magnitude")
 HESSIAN_METHODS = ("gptq", "smoothquant", "sparsegpt")  # SmoothQuant quantizes with GPTQ
 DATA_FREE_METHODS = ("rtn", "magnitude")  # no calibration data (unless the scheme's scales need it)
+# Each algorithm flag, by its argparse dest (--block-size: block_size) -> the methods that read it
+METHOD_FLAGS = {"block_size": HESSIAN_METHODS, "dampening": HESSIAN_METHODS,
+                "act_order": HESSIAN_METHODS, "sink_weight": HESSIAN_METHODS,
+                "awq_grid": ("awq",), "awq_clip": ("awq",), "smoothquant_alpha": ("smoothquant",)}
 SPARSITY_PATTERNS = ("2:4",)
 
 
@@ -62,6 +66,9 @@ class Recipe:
                                 "(W4A16, W8A16)")
         if self.sparsity is not None and self.obs.act_order:
             raise InferlabError("--act-order cannot be combined with 2:4 sparsity")
+        # SparseGPT prunes inside the OBS loop: its --block-size rule is checked now, before the
+        # model loads, where it once failed only once the first layer had calibrated
+        object.__setattr__(self, "obs", replace(self.obs, prune_2of4=self.method == "sparsegpt"))
         if self.sink_weight is not None and not 0 < self.sink_weight < math.inf:  # NaN fails too
             raise InferlabError(f"--sink-weight must be a positive number, got {self.sink_weight}")
         if not 0 <= self.smoothquant_alpha <= 1:
@@ -81,6 +88,18 @@ class Recipe:
         if self.scheme is None or not (self.needs_hessian and self.obs.act_order):
             return self.scheme
         return replace(self.scheme, weights=replace(self.scheme.weights, actorder=STATIC_ACT_ORDER))
+
+    def sink_weight_for(self, seq_len: int) -> float:
+        return self.sink_weight if self.sink_weight is not None else float(seq_len)
+
+    def settings(self, seq_len: int) -> dict[str, object]:
+        """The algorithm flags' values this run used, by dest, those its method reads only: with
+        the calibration settings, what reproduces the run."""
+        values = {"block_size": self.obs.block_size, "dampening": self.obs.damp,
+                  "act_order": self.obs.act_order, "sink_weight": self.sink_weight_for(seq_len),
+                  "awq_grid": self.awq.grid, "awq_clip": self.awq.clip,
+                  "smoothquant_alpha": self.smoothquant_alpha}
+        return {dest: value for dest, value in values.items() if self.method in METHOD_FLAGS[dest]}
 
     @property
     def needs_samples(self) -> bool:

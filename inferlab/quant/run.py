@@ -19,20 +19,26 @@ from inferlab.quant.sequential import compress_model
 
 
 def check_shapes(net: torch.nn.Module, recipe: Recipe) -> None:
-    """Group size and 2:4 constraints on every targeted layer, before any calibration work."""
+    """Group size and 2:4 constraints on every targeted layer, before any calibration work.
+    Errors name the checkpoint's layers (q_proj, not our fused qkv_proj): --ignore takes those."""
     for i, layer in enumerate(net.model.layers):
         for name in LINEARS:
             full = f"model.layers.{i}.{name}"
             if recipe.ignores(full):
                 continue
             module = layer.get_submodule(name)
-            k = module.in_features
-            if recipe.scheme is not None:
-                num_groups(k, recipe.scheme.weights, full)
-                for n in shard_sizes(full, net.config, module.out_features):  # each shard's outputs
-                    rows_per_scale(recipe.scheme.weights, n, full)
-            if recipe.sparsity is not None and k % 4:
-                raise InferlabError(f"{full}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
+            rows = shard_sizes(full, net.config, module.out_features)
+            for shard, n in zip(checkpoint_names(full), rows, strict=True):
+                _check_shape(shard, n, module.in_features, recipe)
+
+
+def _check_shape(name: str, n: int, k: int, recipe: Recipe) -> None:
+    """One checkpoint layer of `n` outputs and `k` inputs."""
+    if recipe.scheme is not None:
+        num_groups(k, recipe.scheme.weights, name)
+        rows_per_scale(recipe.scheme.weights, n, name)
+    if recipe.sparsity is not None and k % 4:
+        raise InferlabError(f"{name}: 2:4 sparsity needs inputs in multiples of 4, got {k}")
 
 
 def check_ignore(net: torch.nn.Module, recipe: Recipe) -> None:
@@ -100,7 +106,8 @@ def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: st
             "sparsity": recipe.sparsity, "ignore": list(recipe.ignore),
             "group_size": recipe.scheme.weights.group_size if recipe.scheme else None,
             "calibration": {"file": calib, "num_samples": num_samples, "seq_len": seq_len,
-                            "seed": seed} if tokens is not None else None,
+                            "batch_size": batch_size, "seed": seed} if tokens is not None else None,
+            "method_settings": recipe.settings(seq_len),
             **linear_bytes(net, qweights, recipe.scheme.format if recipe.scheme else None, dtype)}
     export_checkpoint(out, net, qweights, recipe, loaded.path, loaded.tokenizer, dtype, info)
     return {"out": out, **info}

@@ -104,7 +104,7 @@ def _sink_weights(batches: list[_Batch], recipe: Recipe) -> torch.Tensor:
     """
     rows, seq_len = max(b.hidden.shape[0] for b in batches), batches[0].seq_len
     weights = torch.ones(rows)
-    weights[::seq_len] = recipe.sink_weight if recipe.sink_weight is not None else float(seq_len)
+    weights[::seq_len] = recipe.sink_weight_for(seq_len)
     return weights
 
 

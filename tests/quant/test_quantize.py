@@ -20,6 +20,7 @@ from inferlab.quant.linear import Int8WeightOnlyLinear, QuantLinear
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.run import quantize_to_directory
 from inferlab.quant.scheme import make_scheme
+from inferlab.shared_data import WIKITEXT_VALID
 
 from .tiny import calibration_text, prefill_logits, tiny_model_dir
 
@@ -37,6 +38,13 @@ RUNS = {  # name -> (scheme, group, asymmetric, method, max relative logit error
     "sparsegpt": (None, 128, False, "sparsegpt", None),
     "magnitude": (None, 128, False, "magnitude", None),
     "w4a16-sparsegpt": ("W4A16", 32, False, "sparsegpt", None),
+}
+OBS_DEFAULTS = {"block_size": 128, "dampening": 0.01, "act_order": False,
+                "sink_weight": 24.0}  # a window's length: _quantize's seq_len
+SETTINGS = {  # method -> the algorithm settings its run record names (those it reads)
+    "rtn": {}, "magnitude": {}, "gptq": OBS_DEFAULTS, "sparsegpt": OBS_DEFAULTS,
+    "smoothquant": {**OBS_DEFAULTS, "smoothquant_alpha": 0.5},
+    "awq": {"awq_grid": 8, "awq_clip": True},
 }
 SEQS = [[random.Random(i).randrange(160) for _ in range(n)] for i, n in enumerate((12, 5))]
 
@@ -85,6 +93,9 @@ def _assert_2of4_checkpoint(out, net) -> None:
 def test_every_method_writes_a_checkpoint_that_loads(source, tmp_path, run: str) -> None:
     scheme, group, asym, method, tol = RUNS[run]
     summary = _quantize(source, tmp_path / "out", scheme, group, asym, method)
+    # once without them, and the run could not be reproduced from its checkpoint
+    record = json.loads((tmp_path / "out" / "inferlab_quantize.json").read_text())
+    assert record["method_settings"] == SETTINGS[method]
     net, _ = load_network(str(tmp_path / "out"), torch.float32)
     if scheme is not None:
         assert all(isinstance(m, QuantLinear) for m in _decoder_linears(net))
@@ -133,7 +144,8 @@ def test_biases_and_tied_embeddings_survive(tmp_path) -> None:
 @pytest.mark.parametrize(("flags", "message"), [
     (["--scheme", "W3A16"], "unknown scheme 'W3A16'"),
     (["--scheme", "W4A16", "--method", "hqq"], "unknown method 'hqq'"),
-    (["--scheme", "W4A16", "--group-size", "48"], "group size 48 does not divide its 64 inputs"),
+    (["--scheme", "W4A16", "--group-size", "48"],
+     "model.layers.0.self_attn.q_proj: group size 48 does not divide its 64 inputs"),
     # once ignored without a word: W8A16 stays per channel
     (["--scheme", "W8A16", "--group-size", "64"], "--group-size applies to W4A16 and FP8_BLOCK"),
     (["--scheme", "W4A16", "--group-size", "0"], "--group-size must be positive, got 0"),
@@ -185,11 +197,14 @@ def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, sch
     out = tmp_path / "out"
     code = main(["quantize", str(directory), "--sparsity", "2:4", *(["--scheme", scheme] if scheme else []),
                  "--calib", str(calib), "--num-samples", "6", "--seq-len", "24", "--out", str(out),
-                 "--quiet"])
+                 "--block-size", "16", "--sink-weight", "2", "--quiet"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
     summary = json.loads(captured.out)
     assert (summary["method"], summary["sparsity"], summary["scheme"]) == ("sparsegpt", "2:4", scheme)
+    record = json.loads((out / "inferlab_quantize.json").read_text())
+    assert record["method_settings"] == {"block_size": 16, "dampening": 0.01, "act_order": False,
+                                         "sink_weight": 2.0}
     assert summary["calibration"]["num_samples"] == 6  # SparseGPT's Hessian, not magnitude
     net, _ = load_network(str(out), torch.float32)
     assert all(isinstance(m, QuantLinear) == (scheme is not None) for m in _decoder_linears(net))
@@ -200,6 +215,16 @@ def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, sch
     info = json.loads(capsys.readouterr().out)
     assert info["quantization"][-1].startswith("2:4 sparsity, stored dense, ")
     assert info["linears_as_stored"] == (scheme is not None)
+
+
+@pytest.mark.parametrize("flags", [["--scheme", "W4A16", "--group-size", "48"],
+                                   ["--scheme", "FP8_BLOCK", "--group-size", "64"]])
+def test_shape_errors_name_a_layer_of_the_checkpoint(source, tmp_path, one_line_error, flags) -> None:
+    """Once our fused qkv_proj / gate_up_proj, which --ignore refuses: it takes the checkpoint's names."""
+    from safetensors.torch import load_file
+
+    err = one_line_error("quantize", source[0], "--out", tmp_path / "q", *flags)
+    assert f"{err.removeprefix('error: ').split(':')[0]}.weight" in load_file(source[0] / "model.safetensors")
 
 
 def test_cli_refuses_a_non_empty_output(source, tmp_path, capsys) -> None:
@@ -258,12 +283,50 @@ def _refused_before_quantizing(one_line_error, monkeypatch, model, *argv: str) -
     (["--scheme", "W4A16", "--method", "awq", "--dampening", "0.5"],
      "--dampening applies to --method gptq or smoothquant or sparsegpt, not awq"),
     (["--scheme", "W8A16", "--act-order"], "--act-order applies to --method gptq or smoothquant"),
-], ids=["group size without a scheme", "awq flag", "smoothquant flag", "gptq flag", "act order"])
+    (["--scheme", "W8A16", "--no-act-order"], "--no-act-order applies to --method gptq or smoothquant"),
+    (["--scheme", "W8A16", "--calib", "/no/such.txt"], "--calib applies to runs that calibrate"),
+    (["--scheme", "W8A16", "--num-samples", "0", "--seq-len", "99999"],
+     "--num-samples applies to runs that calibrate"),
+    (["--scheme", "FP8_DYNAMIC", "--seq-len", "16"], "not --method rtn with --scheme FP8_DYNAMIC"),
+    (["--method", "magnitude", "--batch-size", "2"], "--batch-size applies to runs that calibrate"),
+    (["--scheme", "W8A16", "--seed", "1"], "--seed applies to runs that calibrate"),
+], ids=["group size without a scheme", "awq flag", "smoothquant flag", "gptq flag", "act order",
+        "no act order", "calib", "num samples", "seq len", "batch size", "seed"])
 def test_cli_refuses_flags_no_step_reads(source, tmp_path, one_line_error, monkeypatch, flags,
                                          message) -> None:
     """Each once exited 0 and did nothing with the flag."""
     monkeypatch.chdir(tmp_path)
     assert message in _refused_before_quantizing(one_line_error, monkeypatch, source[0], "--out", "q", *flags)
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--sparsity", "2:4", "--block-size", "6"],
+     "--block-size must be a positive multiple of 4 for 2:4 pruning, got 6"),
+    (["--scheme", "W8A16", "--method", "gptq", "--block-size", "0"], "--block-size must be positive, got 0"),
+    (["--scheme", "W8A16", "--method", "gptq", "--dampening", "1"], "--dampening must be in [0, 1), got 1"),
+], ids=["sparsegpt block", "gptq block", "dampening"])
+def test_cli_refuses_bad_algorithm_settings_before_loading(source, tmp_path, one_line_error,
+                                                          monkeypatch, flags, message) -> None:
+    """SparseGPT's block once failed after the model loaded and its first layer calibrated, as
+    "block size must be a positive multiple of 4", also said of GPTQ's, which takes any."""
+    monkeypatch.chdir(tmp_path)
+    assert message in _refused_before_quantizing(one_line_error, monkeypatch, source[0], "--out", "q", *flags)
+
+
+@pytest.mark.parametrize(("flags", "calibration"), [
+    (["--scheme", "W8A16"], {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512,
+                             "batch_size": 8, "seed": 0}),
+    (["--scheme", "FP8", "--num-samples", "4", "--seq-len", "16", "--batch-size", "2", "--seed", "3"],
+     {"calib": str(WIKITEXT_VALID), "num_samples": 4, "seq_len": 16, "batch_size": 2, "seed": 3}),
+    (["--scheme", "W8A16", "--method", "gptq", "--block-size", "6"],
+     {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512, "batch_size": 8, "seed": 0}),
+], ids=["defaults", "static scales calibrate", "gptq takes any block"])
+def test_cli_passes_the_calibration_settings(source, tmp_path, monkeypatch, flags, calibration) -> None:
+    """The documented defaults where a flag is left out; FP8's static input scales calibrate."""
+    ran = []
+    monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(k) or {})
+    assert main(["quantize", str(source[0]), "--out", str(tmp_path / "q"), *flags]) == 0
+    assert {k: ran[0][k] for k in calibration} == calibration
 
 
 @pytest.mark.parametrize("target", ["real", "nowhere"], ids=["to a directory", "dangling"])

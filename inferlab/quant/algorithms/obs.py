@@ -36,10 +36,13 @@ class ObsConfig:
     prune_2of4: bool = False  # SparseGPT's 2:4 mask, chosen per 4 columns as they are reached
 
     def __post_init__(self) -> None:
+        # GPTQ's lazy batch update is exact for any block; SparseGPT's 2:4 groups start at
+        # multiples of 4 within a block, so a block must hold whole groups
         if self.block_size <= 0 or (self.prune_2of4 and self.block_size % 4):
-            raise InferlabError(f"block size must be a positive multiple of 4, got {self.block_size}")
+            need = "a positive multiple of 4 for 2:4 pruning" if self.prune_2of4 else "positive"
+            raise InferlabError(f"--block-size must be {need}, got {self.block_size}")
         if not 0 <= self.damp < 1:
-            raise InferlabError(f"dampening must be in [0, 1), got {self.damp}")
+            raise InferlabError(f"--dampening must be in [0, 1), got {self.damp}")
         if self.act_order and self.prune_2of4:
             raise InferlabError("act-order reorders columns and would break 2:4 groups; use one")
 
