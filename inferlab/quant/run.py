@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
@@ -101,11 +102,12 @@ def quantize_to_directory(model: str | None, recipe: Recipe, out: str, calib: st
                                 f"{loaded.config.max_position_embeddings} positions")
         tokens = load_calibration(calib, loaded.tokenizer, num_samples, seq_len, seed)
     qweights = compress_model(net, tokens, recipe, batch_size, dtype, progress)
-    info = {"model": loaded.name, "source": loaded.path,
+    # absolute, as eval records its models: the record is read from other folders
+    info = {"model": loaded.name, "source": os.path.abspath(loaded.path),
             "scheme": recipe.scheme.name if recipe.scheme else None, "method": recipe.method,
             "sparsity": recipe.sparsity, "ignore": list(recipe.ignore),
             "group_size": recipe.scheme.weights.group_size if recipe.scheme else None,
-            "calibration": {"file": calib, "num_samples": num_samples, "seq_len": seq_len,
+            "calibration": {"file": os.path.abspath(calib), "num_samples": num_samples, "seq_len": seq_len,
                             "batch_size": batch_size, "seed": seed} if tokens is not None else None,
             "method_settings": recipe.settings(seq_len),
             **linear_bytes(net, qweights, recipe.scheme.format if recipe.scheme else None, dtype)}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -190,13 +191,15 @@ def test_recipe_default_method() -> None:
 
 
 @pytest.mark.parametrize("scheme", [None, "W8A16"])
-def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, scheme) -> None:
+def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, monkeypatch, scheme) -> None:
     """`inferlab quantize MODEL --sparsity 2:4 [--scheme W8A16]` with no --method prunes by
-    SparseGPT (calibrated) and writes a 2:4 checkpoint that loads."""
+    SparseGPT (calibrated) and writes a 2:4 checkpoint that loads. Its record names the model
+    and the calibration text by absolute paths, though given relative ones."""
     directory, calib, _ = source
     out = tmp_path / "out"
-    code = main(["quantize", str(directory), "--sparsity", "2:4", *(["--scheme", scheme] if scheme else []),
-                 "--calib", str(calib), "--num-samples", "6", "--seq-len", "24", "--out", str(out),
+    monkeypatch.chdir(directory.parent)
+    code = main(["quantize", directory.name, "--sparsity", "2:4", *(["--scheme", scheme] if scheme else []),
+                 "--calib", os.path.relpath(calib), "--num-samples", "6", "--seq-len", "24", "--out", str(out),
                  "--block-size", "16", "--sink-weight", "2", "--quiet"])
     captured = capsys.readouterr()
     assert code == 0, captured.err
@@ -206,6 +209,7 @@ def test_sparsity_flag_alone_or_with_a_scheme_runs(source, tmp_path, capsys, sch
     assert record["method_settings"] == {"block_size": 16, "dampening": 0.01, "act_order": False,
                                          "sink_weight": 2.0}
     assert summary["calibration"]["num_samples"] == 6  # SparseGPT's Hessian, not magnitude
+    assert (record["source"], record["calibration"]["file"]) == (str(directory), str(calib))
     net, _ = load_network(str(out), torch.float32)
     assert all(isinstance(m, QuantLinear) == (scheme is not None) for m in _decoder_linears(net))
     _assert_2of4_checkpoint(out, net)
