@@ -8,6 +8,7 @@ dropped), each window scored on its own; perplexity = exp(mean NLL of all predic
 from __future__ import annotations
 
 import argparse
+import sys
 
 from inferlab.eval.config import DEFAULT_DATASET, EVAL_DTYPES, EvalConfig
 from inferlab.user_files import check_writable
@@ -45,12 +46,15 @@ def run_eval(args: argparse.Namespace) -> int:
                         seq_len=args.seq_len, limit=args.limit, dtype=args.dtype,
                         device=args.device, via_engine=args.via_engine, output=args.output)
     from inferlab.eval.perplexity import evaluate  # torch loads only once the flags are valid
-    from inferlab.eval.result import render, write_json
+    from inferlab.eval.result import not_finite_warning, render, write_json
 
     if config.output:
         check_writable(config.output, "--output")
     result = evaluate(config)
     if config.output:  # first: a closed or full stdout must not lose a long run's figures
         write_json(result, config.output)
+    warning = not_finite_warning(result)
+    if warning:
+        print(warning, file=sys.stderr)
     print(render(result))
     return 0

@@ -96,6 +96,18 @@ def write_json(result: EvalResult, path: str) -> None:
         raise InferlabError(f"{path}: cannot write the result ({e.strerror})") from None
 
 
+def not_finite_warning(result: EvalResult) -> str | None:
+    """What to tell the user when a model's log-likelihoods came out NaN: its logits were not
+    numbers somewhere (a broken checkpoint, say scales off by 1e30), which a `perplexity nan`
+    line alone does not say. An infinite perplexity is a real, if hopeless, result."""
+    broken = [name for name, ppl in ((result.model, result.ppl), (result.baseline, result.baseline_ppl))
+              if ppl is not None and math.isnan(ppl)]
+    if not broken:
+        return None
+    return (f"warning: {' and '.join(broken)} gave NaN log-probabilities: its logits are not all "
+            f"numbers (broken weights or scales?), so the figures below say nothing")
+
+
 def render(result: EvalResult) -> str:
     """A few lines for the terminal."""
     windows = f"{result.windows} window{'s' if result.windows != 1 else ''}"

@@ -181,3 +181,26 @@ def test_the_json_is_written_when_stdout_is_gone(char_models, char_text_file, tm
     assert main(["eval", str(base_dir), "--dataset", str(char_text_file), "--seq-len", "16",
                  "--limit", "1", "--dtype", "float32", "--output", str(out)]) == 0
     assert json.loads(out.read_text())["windows"] == 1
+
+
+def test_a_model_whose_logits_are_nan_is_called_broken(char_models, char_text_file, tmp_path, capsys):
+    """A checkpoint whose weights give NaN logits (one norm weight NaN here; a tester's scales
+    x 1e30) once printed `perplexity nan` and nothing else, exit 0: the figures stay (null in
+    the JSON), and a warning says the model, not the text, is at fault."""
+    from safetensors.torch import load_file, save_file
+
+    (base_dir, _), _ = char_models
+    broken = tmp_path / "broken"
+    shutil.copytree(base_dir, broken)
+    weights = load_file(broken / "model.safetensors")
+    weights["model.norm.weight"][0] = float("nan")
+    save_file(weights, broken / "model.safetensors", metadata={"format": "pt"})
+    out = tmp_path / "result.json"
+    code, stdout, stderr = _run(capsys, str(broken), "--baseline", str(base_dir), "--dataset",
+                                str(char_text_file), "--seq-len", "16", "--limit", "1",
+                                "--dtype", "float32", "--output", str(out))
+    assert code == 0 and "perplexity nan" in stdout
+    assert stderr == ("warning: broken gave NaN log-probabilities: its logits are not all numbers "
+                      "(broken weights or scales?), so the figures below say nothing\n")
+    result = json.loads(out.read_text())
+    assert result["ppl"] is None and result["baseline_ppl"] > 1  # the baseline is fine
