@@ -10,6 +10,7 @@ import json
 import os
 import stat
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +74,14 @@ def read_user_json(path: str | Path, kind: str = "file") -> Any:
     return parse_user_json(read_user_text(path, kind), str(path))
 
 
-def parse_user_json(text: str, where: str) -> Any:
+def parse_user_json(text: str, where: str,
+                    object_pairs_hook: Callable[[list[tuple[str, Any]]], Any] | None = None) -> Any:
     """The JSON value of the user's `text` (a file, a line of one, an argument); text that is
     not JSON is a one-line error that starts with `where`. json.loads raises more than
-    JSONDecodeError on hostile input, and each would otherwise be a traceback."""
+    JSONDecodeError on hostile input, and each would otherwise be a traceback. Objects are
+    dicts, or what `object_pairs_hook` makes of their (key, value) pairs, as in json.loads."""
     try:
-        return json.loads(text)
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
     except json.JSONDecodeError as e:
         detail = str(e)
     except RecursionError:  # the C parser's guard against the stack

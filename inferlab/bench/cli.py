@@ -135,7 +135,7 @@ def _add_data_args(g: argparse._ArgumentGroup) -> None:
 
 
 def _add_measure_output_args(g: argparse._ArgumentGroup) -> None:
-    g.add_argument("--slo", help="ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. for goodput; "
+    g.add_argument("--slo", help="ttft_ms=N,itl_ms=N,tpot_ms=N,e2e_ms=N for goodput; "
                                  "ttft and e2e count from the intended send time; tpot_ms "
                                  "bounds the time per output token after the first, "
                                  "(last token - first token) / (output tokens - 1), as vLLM's "
@@ -206,7 +206,7 @@ def config_from_args(args: argparse.Namespace) -> BenchConfig:
 
 def _parse_headers(items: list[str]) -> tuple[tuple[str, str], ...]:
     """--header NAME:VALUE pairs, stripped."""
-    return tuple(key_value_items(items, "--header", "NAME:VALUE", sep=":").items())
+    return tuple(key_value_items(items, "--header", "NAME:VALUE", sep=":", any_case=True).items())
 
 
 def _parse_extra_body(text: str | None) -> tuple[tuple[str, object], ...]:

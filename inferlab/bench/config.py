@@ -10,7 +10,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from inferlab.errors import InferlabError
-from inferlab.key_values import key_value_list
+from inferlab.key_values import bad_value, key_value_list
 from inferlab.user_files import is_user_file, stat_user_path
 
 PROFILES = ("synchronous", "concurrent", "throughput", "constant", "poisson", "sweep")
@@ -135,12 +135,12 @@ class Slo:
     @classmethod
     def parse(cls, text: str) -> Slo:
         values: dict[str, float] = {}
-        form = f"{'=..,'.join(SLO_METRICS)}=.. (milliseconds)"
+        form = f"{','.join(name + '=N' for name in SLO_METRICS)} (milliseconds)"
         for key, value in key_value_list(text, "--slo", form, SLO_METRICS).items():
             try:
                 values[key] = float(value)
             except ValueError:
-                raise InferlabError(f"bad --slo value {value!r} for {key}") from None
+                raise bad_value("--slo", key, value, "milliseconds") from None
         if not values:
             raise InferlabError("--slo needs at least one bound, e.g. ttft_ms=500")
         return cls(**values)

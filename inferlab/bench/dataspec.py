@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from inferlab.errors import InferlabError
-from inferlab.key_values import key_value_list
+from inferlab.key_values import bad_value, key_value_list, key_value_object
 from inferlab.shared_data import WIKITEXT_TEST
-from inferlab.user_files import parse_user_json, stat_user_path
+from inferlab.user_files import stat_user_path
 
 DEFAULT_CORPUS = WIKITEXT_TEST
 # past the longest context windows served: a bigger length is a typo (1e10), and cutting
@@ -130,7 +130,7 @@ class SyntheticSpec:
 def _spec_items(text: str) -> list[tuple[str, object]]:
     """The spec's (key, value) pairs, from `k=v,k=v` or a JSON object."""
     if text.lstrip().startswith("{"):
-        return list(parse_user_json(text, "--data").items())
+        return list(key_value_object(text, "--data").items())
     return list(key_value_list(text, "--data").items())
 
 
@@ -144,7 +144,7 @@ def _spec_number(key: str, value: object) -> float:
         with contextlib.suppress(OverflowError):  # an int of hundreds of digits
             number = float(value)
     if not math.isfinite(number):
-        raise InferlabError(f"bad --data value for {key}: {value!r}")
+        raise bad_value("--data", key, value, "a token count")
     if number > MAX_TOKENS:
         raise InferlabError(f"--data {key} must be at most {MAX_TOKENS:,} tokens, got {value}")
     return number

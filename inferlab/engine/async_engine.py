@@ -281,10 +281,11 @@ class AsyncEngine:
 
     def _show_abort(self, request_id: str, num_unqueued: int) -> None:
         """Snapshot the stats again: backpressure reads the waiting count, which would count
-        an aborted queued request until the next step ended. The count stays the last step's
-        less the num_unqueued sequences the abort took off the queue, unless the request came
-        after that step: the scheduler's own count would take in the requests added since,
-        which the free slots may run (a burst refused as waiting, the reverted 515b303)."""
+        an aborted queued request until the next step ended. The count is the last step's less
+        the num_unqueued sequences the abort took off the queue (none if the request came after
+        that step), not the scheduler's count now: that one holds every request added since the
+        step, which free slots may well run at the next, and backpressure would refuse a burst
+        for them."""
         if request_id in self._unstepped:
             self._unstepped.discard(request_id)
             num_unqueued = 0

@@ -104,8 +104,10 @@ def not_finite_warning(result: EvalResult) -> str | None:
               if ppl is not None and math.isnan(ppl)]
     if not broken:
         return None
-    return (f"warning: {' and '.join(broken)} gave NaN log-probabilities: its logits are not all "
-            f"numbers (broken weights or scales?), so the figures below say nothing")
+    whose = "its" if len(broken) == 1 else "their"
+    return (f"warning: {' and '.join(broken)} gave NaN log-probabilities: {whose} logits are not "
+            f"all numbers (broken weights or scales?), so {whose} figures and any comparison "
+            f"with {'it' if len(broken) == 1 else 'them'} mean nothing")
 
 
 def render(result: EvalResult) -> str:

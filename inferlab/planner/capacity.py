@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass
 
 from inferlab.errors import InferlabError
-from inferlab.key_values import key_value_list
+from inferlab.key_values import bad_value, key_value_list
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.roofline import ModelCost, decode_step, prefill_riding, time_to_first_token
 
@@ -50,9 +50,9 @@ def _parse_pairs(text: str, keys: tuple[str, ...], flag: str) -> dict[str, float
         try:
             number = float(value)
         except ValueError:
-            raise InferlabError(f"{flag}: {key}={value!r} is not a number") from None
+            number = math.nan
         if not math.isfinite(number):
-            raise InferlabError(f"{flag}: {key}={value!r} is not a finite number")
+            raise bad_value(flag, key, value, "a finite number")
         values[key] = number
     return values
 

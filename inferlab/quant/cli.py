@@ -19,6 +19,10 @@ from inferlab.shared_data import WIKITEXT_VALID
 # quantize_to_directory's calibration arguments, by argparse dest (--num-samples: num_samples)
 CALIBRATION_DEFAULTS = {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512,
                         "batch_size": 8, "seed": 0}
+CALIBRATING_METHODS = " or ".join(m for m in METHODS if m not in DATA_FREE_METHODS)
+# what calibrates: the flags above are refused for anything else
+CALIBRATING_RUNS = (f"--method {CALIBRATING_METHODS}, or --scheme FP8, whose input scales are "
+                    f"calibrated")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -46,8 +50,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--ignore", nargs="*", default=["lm_head"],
                    help="layers left dense: HF names or 're:' regexes (default: lm_head; without "
                         "it a tied lm_head is quantized and written untied)")
-    calib = p.add_argument_group("calibration", "for --method gptq, awq, smoothquant, sparsegpt, "
-                                 "and --scheme FP8's static input scales; refused elsewhere")
+    calib = p.add_argument_group("calibration", f"for runs that calibrate ({CALIBRATING_RUNS}); "
+                                 "refused elsewhere")
     # defaults None, so a flag given to a run that calibrates nothing is told from one left out
     default = CALIBRATION_DEFAULTS
     calib.add_argument("--calib", default=None,
@@ -60,10 +64,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help=f"windows per forward pass (default {default['batch_size']})")
     calib.add_argument("--seed", type=int, default=None,
                        help=f"window offsets' seed (default {default['seed']})")
-    calib.add_argument("--sink-weight", type=float, default=None,
-                       help="GPTQ/SparseGPT Hessian weight of each window's first token, the "
-                            "attention sink (default: --seq-len)")
     algo = p.add_argument_group("algorithms")
+    algo.add_argument("--sink-weight", type=float, default=None,
+                      help="GPTQ/SparseGPT Hessian weight of each calibration window's first "
+                           "token, the attention sink (default: --seq-len)")
     algo.add_argument("--block-size", type=int, default=None,
                       help="GPTQ/SparseGPT column block (default 128)")
     algo.add_argument("--dampening", type=float, default=None,
@@ -128,17 +132,16 @@ def _calibration(args: argparse.Namespace, recipe: Recipe) -> dict[str, object]:
              if getattr(args, dest) is not None}
     if given and not recipe.needs_calibration:
         scheme = f" with --scheme {recipe.scheme.name}" if recipe.scheme is not None else ""
-        calibrating = [m for m in METHODS if m not in DATA_FREE_METHODS]
-        raise InferlabError(f"{_flag(next(iter(given)))} applies to runs that calibrate (--method "
-                            f"{' or '.join(calibrating)}, or --scheme FP8, whose input scales are "
-                            f"calibrated), not --method {recipe.method}{scheme}")
+        raise InferlabError(f"{_flag(next(iter(given)))} applies to runs that calibrate "
+                            f"({CALIBRATING_RUNS}), not --method {recipe.method}{scheme}")
     settings = CALIBRATION_DEFAULTS | given
+    for dest in ("num_samples", "seq_len", "batch_size"):  # now, not once the model has loaded
+        if settings[dest] < 1:
+            raise InferlabError(f"{_flag(dest)} must be at least 1, got {settings[dest]}")
     if recipe.needs_calibration:
         from inferlab.quant.calibration import read_text
 
         read_text(settings["calib"])  # a missing file fails now, not after loading the model
-    if settings["batch_size"] < 1:
-        raise InferlabError(f"--batch-size must be at least 1, got {settings['batch_size']}")
     return settings
 
 

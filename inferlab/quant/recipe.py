@@ -67,7 +67,8 @@ class Recipe:
         if self.sparsity is not None and self.obs.act_order:
             raise InferlabError("--act-order cannot be combined with 2:4 sparsity")
         # SparseGPT prunes inside the OBS loop: its --block-size rule is checked now, before the
-        # model loads, where it once failed only once the first layer had calibrated
+        # model loads, where it once failed only once the first layer had calibrated. The method
+        # decides pruning, whatever prune_2of4 a caller's ObsConfig carried
         object.__setattr__(self, "obs", replace(self.obs, prune_2of4=self.method == "sparsegpt"))
         if self.sink_weight is not None and not 0 < self.sink_weight < math.inf:  # NaN fails too
             raise InferlabError(f"--sink-weight must be a positive number, got {self.sink_weight}")

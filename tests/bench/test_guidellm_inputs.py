@@ -271,8 +271,10 @@ def test_txt_files_are_one_prompt_a_line(tmp_path):
     (["--profile", "synchronous", "--slo", "ttft_ms=50,ttft_ms=60"],
      "bad --slo item 'ttft_ms=60': ttft_ms is given twice"),
     (["--profile", "synchronous", "--slo", "ttft=50"],
-     "bad --slo item 'ttft=50': expected ttft_ms=..,itl_ms=..,tpot_ms=..,e2e_ms=.. "
+     "bad --slo item 'ttft=50': expected ttft_ms=N,itl_ms=N,tpot_ms=N,e2e_ms=N "
      "(milliseconds)"),
+    (["--profile", "synchronous", "--slo", "ttft_ms=soon"],
+     "bad --slo value for ttft_ms: 'soon' (expected milliseconds)"),
 ])
 def test_guidellm_style_flags_get_guidellm_terms(extra, message, capsys, tmp_path,
                                                  monkeypatch, corpus):

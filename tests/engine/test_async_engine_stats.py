@@ -80,12 +80,19 @@ async def _one_running_one_queued(engine: AsyncEngine, steps: HeldSteps) -> list
     tasks = [asyncio.create_task(_read(engine, "running"))]
     await steps.wait_held()
     tasks.append(asyncio.create_task(_read(engine, "queued")))
-    for _ in range(10):  # the queued one's add lands between two steps
-        if _counts(engine) == (1, 1):
-            break
+    await _posted(engine)  # its prompt is encoded first, off the loop: slow on a busy machine
+    for _ in range(2):  # the held step ends, the add runs, and the step after it counts it
         await steps.next_step()
     assert _counts(engine) == (1, 1)
     return tasks
+
+
+async def _posted(engine: AsyncEngine, timeout_s: float = 60.0) -> None:
+    """Wait until an operation (an add, an abort) is posted to the engine thread."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while engine._ops.empty():
+        assert asyncio.get_running_loop().time() < deadline, "nothing was posted"
+        await asyncio.sleep(0.01)
 
 
 def test_a_queued_request_aborted_leaves_the_waiting_count_while_the_next_step_runs(model_dir):
@@ -119,8 +126,7 @@ def test_a_request_added_and_aborted_between_two_steps_leaves_the_waiting_count(
     async def main() -> None:
         tasks = await _one_running_one_queued(engine, steps)
         gone = asyncio.create_task(_read(engine, "gone"))
-        while engine._ops.empty():  # its add is posted: the step held, it waits there
-            await asyncio.sleep(0.01)
+        await _posted(engine)  # its add: the step held, it waits there
         gone.cancel()  # its abort is posted after its add
         await steps.next_step()  # that step ends, the add and the abort run, the next is held
         assert _counts(engine) == (1, 1)

@@ -62,8 +62,9 @@ def test_a_union_of_hundreds_of_objects_stays_open():
 
 
 def test_an_alternation_of_thousands_of_words_is_a_grammar():
-    """2,000 words, some 77 for each first letter: the words that begin alike share their
-    beginning, so a state holds one reading for each way on, not one for each word."""
+    """2,000 words open at once, some 77 for each first letter: a start state may hold more
+    readings than a state after a character (refused as too ambiguous once). More than 1,024
+    words that begin alike: tests/engine/test_ebnf_grammar.py."""
     words = [f"{chr(97 + i % 26)}{i:04d}" for i in range(2000)]
     grammar = EbnfGrammar("root ::= " + " | ".join(f'"{w}"' for w in words))
     assert grammar.is_complete(_read(grammar, words[-1]))

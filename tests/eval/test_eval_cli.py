@@ -201,6 +201,7 @@ def test_a_model_whose_logits_are_nan_is_called_broken(char_models, char_text_fi
                                 "--dtype", "float32", "--output", str(out))
     assert code == 0 and "perplexity nan" in stdout
     assert stderr == ("warning: broken gave NaN log-probabilities: its logits are not all numbers "
-                      "(broken weights or scales?), so the figures below say nothing\n")
+                      "(broken weights or scales?), so its figures and any comparison with it "
+                      "mean nothing\n")
     result = json.loads(out.read_text())
     assert result["ppl"] is None and result["baseline_ppl"] > 1  # the baseline is fine

@@ -117,9 +117,14 @@ def test_console_report_shows_factors(capsys, cache):
     (["Llama-3.1-70B", "--hardware", "L4"], "does not fit"),
     (["Llama-3.1-8B", "--hardware", "L4", "--memory", "lots"], "cannot read 'lots' as a size"),
     # once a ValueError / OverflowError traceback, or taken and printed as nan
-    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=nan,output=10"], "not a finite number"),
-    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=inf,output=10"], "not a finite number"),
-    (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms=nan"], "not a finite number"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=nan,output=10"],
+     "bad --workload value for prompt: 'nan' (expected a finite number)"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=inf,output=10"],
+     "bad --workload value for prompt: 'inf' (expected a finite number)"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=lots,output=10"],
+     "bad --workload value for prompt: 'lots' (expected a finite number)"),
+    (["Llama-3.1-8B", "--hardware", "L4", "--slo", "ttft_ms=nan"],
+     "bad --slo value for ttft_ms: 'nan' (expected a finite number)"),
     # key=value lists read as --data's and --header's do; a key given twice was once planned
     # with its second value
     (["Llama-3.1-8B", "--hardware", "L4", "--workload", "prompt=64,prompt=128"],

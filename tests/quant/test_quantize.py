@@ -257,11 +257,15 @@ def test_cli_refuses_an_output_it_cannot_create_before_quantizing(source, tmp_pa
     (["--out", "."], "the working directory cannot be replaced"),
     (["--out", "q", "--ignore", "re:["], "not a regular expression"),
     (["--out", "q", "--method", "gptq", "--batch-size", "0"], "--batch-size must be at least 1"),
+    # these two once failed only once the model had loaded
+    (["--out", "q", "--method", "gptq", "--num-samples", "0"], "--num-samples must be at least 1"),
+    (["--out", "q", "--method", "gptq", "--seq-len", "0"], "--seq-len must be at least 1"),
     # a segfault in torch.set_num_threads; a Cholesky error after calibration
     (["--out", "q", "--threads", "100000"], "--threads must be in [1, 1024]"),
     (["--out", "q", "--scheme", "W4A16", "--method", "gptq", "--sink-weight", "nan"],
      "--sink-weight must be a positive number"),
-], ids=["empty out", "working directory", "bad regex", "batch size 0", "threads", "sink weight"])
+], ids=["empty out", "working directory", "bad regex", "batch size 0", "no samples", "no tokens",
+        "threads", "sink weight"])
 def test_cli_refuses_bad_arguments_before_quantizing(source, tmp_path, one_line_error, monkeypatch,
                                                      flags, message) -> None:
     """Each once a traceback, some only after the whole quantization had run."""
