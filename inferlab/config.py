@@ -112,6 +112,10 @@ class EngineConfig:
     speculative_config: SpeculativeConfig | None = None
 
     def __post_init__(self) -> None:
+        if isinstance(self.model, os.PathLike):  # a pathlib.Path, as vLLM's LLM takes one
+            object.__setattr__(self, "model", os.fspath(self.model))
+        if self.model is not None and not isinstance(self.model, str):  # 123 once met posixpath
+            raise InferlabError(f"model must be a path, got {type(self.model).__name__} {self.model!r}")
         if isinstance(self.speculative_config, dict):
             object.__setattr__(self, "speculative_config",
                                SpeculativeConfig.from_dict(self.speculative_config))

@@ -97,6 +97,8 @@ class LLM:
         """vLLM's LLM.beam_search: each prompt's best params.beam_width beams, best first, as
         vLLM's `sequences` and as the completions of one output (beam_search.py says how they
         are found)."""
+        if not isinstance(params, BeamSearchParams):  # a dict once failed deep in the engine
+            raise InferlabError(f"params must be a BeamSearchParams, got {type(params).__name__}")
         searches = [self.engine.start_beam_search(p, params) for p in _prompt_list(prompts)]
         while active := [search for _, search in searches if not search.done]:
             outputs = self._generate([beam for search in active for beam in search.beams()],

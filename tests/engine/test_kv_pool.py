@@ -5,6 +5,7 @@ size and concurrency are logged, as vLLM logs them."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 import pytest
 
@@ -78,3 +79,10 @@ def test_engine_numbers_that_are_not_whole_are_refused_by_name(model_dir, option
     type(s) for &" (16.0)."""
     with pytest.raises(InferlabError, match=rf"^{option} must be a whole number, got {value!r}$"):
         LLM(model_dir, dtype="float32", **{option: value})
+
+
+def test_a_model_that_is_no_path_is_refused_and_a_path_object_is_taken(model_dir):
+    """LLM(model=123) was posixpath's TypeError; a pathlib.Path loads, as vLLM's LLM takes it."""
+    with pytest.raises(InferlabError, match=r"^model must be a path, got int 123$"):
+        LLM(123, dtype="float32")
+    assert LLM(Path(model_dir), dtype="float32", kv_cache_memory=2**20).num_kv_blocks == 128

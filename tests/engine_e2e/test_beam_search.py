@@ -72,3 +72,6 @@ def test_beam_search_refuses_what_cannot_run(make_llm):
     with pytest.raises(InferlabError, match="more than the context"):
         llm.beam_search("Hello", BeamSearchParams(beam_width=2, max_tokens=llm.engine.max_model_len))
     assert llm.engine.scheduler.block_manager.num_free_blocks == llm.num_kv_blocks
+    # vLLM's parameters as a dict: once an AttributeError from deep in the engine
+    with pytest.raises(InferlabError, match="^params must be a BeamSearchParams, got dict$"):
+        llm.beam_search("Hello", {"beam_width": 2})
