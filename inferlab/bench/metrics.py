@@ -39,8 +39,8 @@ THROUGHPUT_DEFINITIONS = {
                "first token) / window length (req/s)",
     "slo_fraction": "requests started in the window that succeeded and met every --slo bound "
                     "/ requests started in the window",
-    "sent_rate": "achieved send rate (req/s): 1 / the least-squares slope of the sorted "
-                 "start times against their rank",
+    "sent_rate": "achieved send rate of a rate stage (constant, poisson; req/s): 1 / the "
+                 "least-squares slope of the sorted start times against their rank",
     "scheduled_rate": "the same requests' rate by their intended send times (a poisson "
                       "schedule's own rate differs from the asked mean)",
     "concurrency": "requests in flight, averaged over time",

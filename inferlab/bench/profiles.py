@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from inferlab.bench.config import NS_PER_S, LoadConfig, StageLimits
 
 STAGE_KINDS = ("synchronous", "concurrent", "throughput", "constant", "poisson")
+RATE_KINDS = ("constant", "poisson")  # open loops: requests sent on a schedule, not on replies
 DEFAULT_THROUGHPUT_CONCURRENCY = 256
 
 
@@ -51,7 +52,7 @@ class StageSpec:
 
     @property
     def rate_based(self) -> bool:
-        return self.kind in ("constant", "poisson")
+        return self.kind in RATE_KINDS
 
     @property
     def streams(self) -> int:

@@ -114,6 +114,18 @@ def test_sent_rate_is_not_skewed_by_one_late_send():
     assert s.sent_rate == pytest.approx(1000 / (20 + 100 * 49.5 / 83325))  # 49.85 req/s
 
 
+def test_a_closed_loop_has_no_send_rate():
+    """4 streams start together and each sends once more on its reply: the slope over their
+    starts once read as 21,694 req/s (a tester's 4 starts within 0.2 ms). Only a rate stage
+    sends on a schedule whose rate means anything."""
+    starts = [0.0, 0.05, 0.1, 0.2, 100.0, 101.0, 102.0, 103.0]
+    records = [rec("ok", s, s, s + 100) for s in starts]
+    info = replace(INFO, label="concurrent@4", kind="concurrent", rate=4.0)
+    s = summarize(info, records, Span(), Span(), slo=None)
+    assert (s.sent_rate, s.scheduled_rate) == (None, None)
+    assert s.request_throughput == pytest.approx(8 / 0.203)  # the stage's other rates stand
+
+
 def test_warmup_drops_requests_started_before_it_from_the_latencies_only():
     s = summarize(INFO, [A, B, C, D], Span(seconds=0.05), Span(), slo={"ttft_ms": 150.0})
     assert s.window_start_ns == 50 * MS
