@@ -1,4 +1,5 @@
-"""inferlab: `from inferlab import LLM, SamplingParams, BeamSearchParams`, as in vLLM."""
+"""inferlab: `from inferlab import LLM, SamplingParams, BeamSearchParams`, as in vLLM (and its
+StructuredOutputsParams, GuidedDecodingParams)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,19 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferlab.engine.beam_search import BeamSearchParams
     from inferlab.engine.llm import LLM
-    from inferlab.engine.sampling_params import SamplingParams
+    from inferlab.engine.sampling_params import (
+        GuidedDecodingParams,
+        SamplingParams,
+        StructuredOutputsParams,
+    )
 
-__all__ = ["LLM", "SamplingParams", "BeamSearchParams"]
+__all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "BeamSearchParams"]
 
 # imported at first use: `import inferlab` (every CLI command, the torch-free bench client among
 # them) must not pull in torch and the engine
 _LAZY = {"LLM": "inferlab.engine.llm", "SamplingParams": "inferlab.engine.sampling_params",
+         "StructuredOutputsParams": "inferlab.engine.sampling_params",
+         "GuidedDecodingParams": "inferlab.engine.sampling_params",
          "BeamSearchParams": "inferlab.engine.beam_search"}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping
@@ -54,6 +55,80 @@ def check_seed(seed: int | None, copies: int = 1) -> None:
 # vLLM's _SAMPLING_EPS: a temperature this small is greedy (1 / t past fp32's range would make
 # every weight NaN, and a draw fall on token 0)
 GREEDY_BELOW = 1e-5
+
+
+@dataclass(frozen=True)
+class StructuredOutputsParams:
+    """vLLM's grouped guide, SamplingParams(structured_outputs=StructuredOutputsParams(...)) (its
+    older GuidedDecodingParams and guided_decoding=): one of the guides at most, as vLLM rules,
+    each onto SamplingParams' own field, so that one code path runs guides."""
+
+    json: str | dict[str, Any] | bool | None = None  # json_schema; a schema or its JSON text
+    regex: str | None = None  # guided_regex
+    choice: list[str] | None = None  # guided_choice
+    grammar: str | None = None  # guided_grammar
+    json_object: bool | None = None  # json_object
+    structural_tag: str | dict[str, Any] | None = None  # structural_tag; vLLM's is its JSON text
+    disable_any_whitespace: bool = False
+    # one guide implementation here, which never falls back: what True asks for, always
+    disable_fallback: bool = False
+    # vLLM's options the guides here have no way to honour: refused when set (_NOT_HONOURED)
+    disable_additional_properties: bool = False
+    whitespace_pattern: str | None = None
+    backend: str | None = None  # GuidedDecodingParams'
+
+    def __post_init__(self) -> None:
+        check_field_types(self)
+        # vLLM counts a field that is not None, json_object=False too
+        kinds = [name for name in _GROUPED_GUIDES if getattr(self, name) is not None]
+        if len(kinds) > 1:
+            raise InvalidParameterError(f"StructuredOutputsParams takes one kind of guide, got "
+                                        f"{' and '.join(kinds)}")
+        for f in dataclasses.fields(self):
+            if f.name in _NOT_HONOURED and getattr(self, f.name) != f.default:
+                raise InvalidParameterError(
+                    f"StructuredOutputsParams {f.name} is not supported by inferlab's guides "
+                    f"(leave it {f.default!r})")
+
+    def guide_fields(self) -> dict[str, Any]:
+        """SamplingParams' fields for this guide (those it sets)."""
+        fields = {_GROUPED_GUIDES[name]: _json_text(name, value) if name in ("json", "structural_tag")
+                  else value for name in _GROUPED_GUIDES if (value := getattr(self, name)) is not None}
+        return fields | ({"disable_any_whitespace": True} if self.disable_any_whitespace else {})
+
+
+GuidedDecodingParams = StructuredOutputsParams  # vLLM's name for it before structured outputs
+# StructuredOutputsParams' guide -> SamplingParams' field for it
+_GROUPED_GUIDES = {"json": "json_schema", "regex": "guided_regex", "choice": "guided_choice",
+                   "grammar": "guided_grammar", "json_object": "json_object",
+                   "structural_tag": "structural_tag"}
+_NOT_HONOURED = ("disable_additional_properties", "whitespace_pattern", "backend")
+
+
+def _json_text(name: str, value: Any) -> Any:
+    """A schema or structural tag, or its JSON text (vLLM takes both)."""
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except ValueError:
+        raise InvalidParameterError(f"StructuredOutputsParams {name}: the text is not JSON") from None
+
+
+def _as_structured_outputs(value: Any, name: str) -> StructuredOutputsParams:
+    """structured_outputs (or guided_decoding) as StructuredOutputsParams: the object, or a dict
+    of its fields; an unknown key is refused by name (a typo would drop the guide unnoticed)."""
+    if isinstance(value, StructuredOutputsParams):
+        return value
+    if not isinstance(value, Mapping):
+        raise InvalidParameterError(f"{name} must be a StructuredOutputsParams or a dict of its "
+                                    f"fields, got {value!r}")
+    known = [f.name for f in dataclasses.fields(StructuredOutputsParams)]
+    unknown = sorted(set(value) - set(known), key=str)
+    if unknown:
+        raise InvalidParameterError(f"{name} has no field {', '.join(map(repr, unknown))} "
+                                    f"(StructuredOutputsParams has {', '.join(known)})")
+    return StructuredOutputsParams(**value)
 
 
 @dataclass
@@ -119,9 +194,36 @@ class SamplingParams:
     # vLLM's cache_salt: cached prefix blocks are shared only among requests with the same salt,
     # so that one tenant cannot time its way to another's prompts
     cache_salt: str | None = None
+    # vLLM's grouped guide (a StructuredOutputsParams or a dict of its fields), or the same by
+    # its older name: taken into the fields above when built, then None, so that a copy
+    # (dataclasses.replace) does not give the guide twice
+    structured_outputs: StructuredOutputsParams | dict[str, Any] | None = None
+    guided_decoding: StructuredOutputsParams | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        self._take_structured_outputs()
         self._validate(with_grammars=True)
+
+    def _take_structured_outputs(self) -> None:
+        """structured_outputs' (or guided_decoding's) guide into the separate fields, refused
+        beside one of them: the guide is given one way."""
+        given = {name: value for name, value in (("structured_outputs", self.structured_outputs),
+                                                 ("guided_decoding", self.guided_decoding))
+                 if value is not None}
+        self.structured_outputs = self.guided_decoding = None
+        if len(given) > 1:
+            raise InvalidParameterError("structured_outputs and guided_decoding (its older name) "
+                                        "cannot be combined")
+        if not given:
+            return
+        name, value = next(iter(given.items()))
+        grouped = _as_structured_outputs(value, name)
+        separate = [guide for guide in GUIDES if self._guides_by(guide)]
+        if separate:
+            raise InvalidParameterError(f"{name} cannot be combined with {' and '.join(separate)}: "
+                                        "give the guide one way")
+        for field_name, field_value in grouped.guide_fields().items():
+            setattr(self, field_name, field_value)
 
     def checked_copy(self, **changes: Any) -> SamplingParams:
         """A copy with `changes`, checked again: a request's own at the add (a caller may change
