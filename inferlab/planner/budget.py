@@ -72,6 +72,17 @@ def kv_heads_per_device(model: ModelConfig, tp: int) -> int:
         f"tensor parallel {tp} and the model's {model.num_kv_heads} KV heads do not divide each other")
 
 
+def kv_head_copies(model: ModelConfig, tp: int) -> int:
+    """Devices holding each KV head: 1, or tp / KV heads where tp exceeds them (as vLLM does)."""
+    return tp * kv_heads_per_device(model, tp) // model.num_kv_heads
+
+
+def sharded_weight_bytes(model: ModelConfig, weights: WeightBytes, tp: int) -> int:
+    """The weights' bytes on all `tp` devices together: each once, but k_proj and v_proj once
+    per copy of their KV heads (a device computes the K/V of the heads it holds)."""
+    return weights.total_bytes + (kv_head_copies(model, tp) - 1) * weights.kv_proj_bytes
+
+
 def activation_bytes(model: ModelConfig, cfg: MemoryConfig, act_bytes: int) -> int:
     """Peak activations of one step: the residual stream and its normed copy (2 × hidden), the
     MLP's gate, up and gated product (3 × intermediate / tp) for every batched token, plus fp32
@@ -121,7 +132,7 @@ def plan_memory(model: ModelConfig, weights: WeightBytes, cfg: MemoryConfig,
     per_token = kv_cache_bytes_per_token(model.num_layers, heads, model.head_dim,
                                          DTYPE_BYTES[cfg.kv_dtype])
     usable = int(cfg.device_memory_bytes * cfg.gpu_memory_utilization)
-    weights_per_device = cdiv(weights.total_bytes, tp)
+    weights_per_device = cdiv(sharded_weight_bytes(model, weights, tp), tp)
     activations = activation_bytes(model, cfg, dtype_bytes(act_dtype))
     taken = weights_per_device + activations + cfg.runtime_overhead_bytes
     kv = usable - taken if cfg.kv_cache_bytes is None else cfg.kv_cache_bytes

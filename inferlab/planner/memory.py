@@ -123,6 +123,15 @@ def block_linear_params(model: ModelConfig) -> int:
     return model.num_layers * sum(n_in * n_out for _, n_in, n_out in block_linears(model))
 
 
+KV_PROJ = ("self_attn.k_proj", "self_attn.v_proj")  # their names in a block
+
+
+def kv_proj_params(model: ModelConfig) -> int:
+    """Weights of k_proj and v_proj, all blocks."""
+    return model.num_layers * sum(n_in * n_out for name, n_in, n_out in block_linears(model)
+                                  if name in KV_PROJ)
+
+
 def linear_layers(model: ModelConfig) -> list[tuple[str, int, int]]:
     """(Hugging Face name, in_features, out_features) of every linear layer a checkpoint may
     quantize: the blocks', and an untied lm_head (a tied one is the embedding table)."""
@@ -146,6 +155,9 @@ class WeightBytes:
     dense_params: int  # embeddings, norms, biases, linears left dense: in the dense dtype
     dense_bytes: int
     format: str
+    # of total_bytes, the k_proj and v_proj weights (scales, zero points, biases too): a device
+    # holds whole KV heads, so tensor parallel past the KV heads replicates these
+    kv_proj_bytes: int
 
     @property
     def total_bytes(self) -> int:
@@ -170,24 +182,44 @@ def _check_groups(fmt: WeightFormat, widths: set[int]) -> None:
                         f"model's {width} inputs{hint}")
 
 
-def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
-    stored = [(n_in, n_out) for name, n_in, n_out in linear_layers(model) if fmt.stores(name)]
-    _check_groups(fmt, {n_in for n_in, _ in stored})
-    quantized = sum(n_in * n_out for n_in, n_out in stored)
+def _quantized_bytes(fmt: WeightFormat, stored: list[tuple[int, int]]) -> tuple[int, int, int]:
+    """(packed weight bytes, scales, zero point bytes) of the linears `stored` in `fmt`, as
+    (in_features, out_features)."""
+    packed = sum(n_in * n_out for n_in, n_out in stored) * fmt.bits // 8
     # the scale grid of each layer: output rows × input columns sharing one scale
     grids = [(cdiv(n_out, fmt.scale_rows or n_out), cdiv(n_in, fmt.group_size or n_in))
              for n_in, n_out in stored]
     input_scales = 1 if fmt.input_scales else 0
     scales = sum(rows * columns + input_scales for rows, columns in grids) if fmt.has_scales else 0
     zero_point_words = sum(cdiv(rows * fmt.bits, 32) * columns for rows, columns in grids)
+    return packed, scales, 0 if fmt.symmetric else 4 * zero_point_words
+
+
+def _kv_proj_bytes(model: ModelConfig, fmt: WeightFormat) -> int:
+    """k_proj and v_proj of every layer as `fmt` holds them, with their biases (dense)."""
+    kv_layers = [(name, n_in, n_out) for name, n_in, n_out in linear_layers(model)
+                 if name.endswith(KV_PROJ)]
+    packed, scales, zero_points = _quantized_bytes(
+        fmt, [(n_in, n_out) for name, n_in, n_out in kv_layers if fmt.stores(name)])
+    dense = sum(n_in * n_out for name, n_in, n_out in kv_layers if not fmt.stores(name))
+    biases = 2 * model.num_layers * model.kv_size if model.attention_bias else 0
+    return packed + scales * fmt.scale_bytes + zero_points + (dense + biases) * dtype_bytes(fmt.dense_dtype)
+
+
+def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
+    stored = [(n_in, n_out) for name, n_in, n_out in linear_layers(model) if fmt.stores(name)]
+    _check_groups(fmt, {n_in for n_in, _ in stored})
+    quantized = sum(n_in * n_out for n_in, n_out in stored)
+    packed, scales, zero_points = _quantized_bytes(fmt, stored)
     dense = model.num_parameters() - quantized
     return WeightBytes(
         quantized_params=quantized,
-        packed_bytes=quantized * fmt.bits // 8,
+        packed_bytes=packed,
         num_scales=scales,
         scale_bytes=scales * fmt.scale_bytes,
-        zero_point_bytes=0 if fmt.symmetric else 4 * zero_point_words,
+        zero_point_bytes=zero_points,
         dense_params=dense,
         dense_bytes=dense * dtype_bytes(fmt.dense_dtype),
         format=fmt.name,
+        kv_proj_bytes=_kv_proj_bytes(model, fmt),
     )

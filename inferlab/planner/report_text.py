@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from inferlab.planner.budget import LOGITS_BYTES
+from inferlab.planner.budget import LOGITS_BYTES, kv_head_copies
+from inferlab.planner.hardware import Hardware
 from inferlab.planner.memory import DTYPE_BYTES
 from inferlab.planner.plan import Plan
 from inferlab.planner.roofline import StepEstimate
@@ -13,6 +14,8 @@ def _header(plan: Plan) -> list[str]:
     i = plan.inputs
     m, hw = i.model.config, i.hardware
     peak, used = hw.flops_for(i.weight_format.compute_dtype)
+    dense_peak, dense = hw.flops_for(i.weight_format.dense_dtype)
+    dense_rate = f" ({dense} {format_rate(dense_peak, 'FLOP/s')} for lm_head and attention)" if dense != used else ""
     return [
         f"inferlab plan: {i.model.name} on {hw.name} ({i.weight_format.name} weights, "
         f"{i.memory.kv_dtype} KV cache, tensor parallel {i.memory.tensor_parallel})",
@@ -20,8 +23,8 @@ def _header(plan: Plan) -> list[str]:
         f"{m.num_heads} heads / {m.num_kv_heads} KV heads × {m.head_dim}, vocab {m.vocab_size}, "
         f"{m.num_parameters() / 1e9:.3g} B params  [{i.model.source}]",
         f"  hardware  {format_bytes(hw.memory_bytes)} memory, {format_rate(hw.memory_bandwidth_bytes_per_s, 'B/s')}"
-        f" × {hw.bandwidth_efficiency:g}, {used} {format_rate(peak, 'FLOP/s')} × {hw.compute_efficiency:g}"
-        f"  [{hw.source}]",
+        f" × {hw.bandwidth_efficiency:g}, {used} {format_rate(peak, 'FLOP/s')}{dense_rate} × "
+        f"{hw.compute_efficiency:g}  [{hw.source}]",
     ]
 
 
@@ -39,6 +42,10 @@ def _memory(plan: Plan) -> list[str]:
     i, w, mem = plan.inputs, plan.weights, plan.memory
     m, cfg, fmt = i.model.config, i.memory, i.weight_format
     tp = f" / {cfg.tensor_parallel} devices" if cfg.tensor_parallel > 1 else ""
+    copies = kv_head_copies(m, cfg.tensor_parallel)
+    replicated = (f" (+ {copies - 1} more cop{'y' if copies == 2 else 'ies'} of k_proj, v_proj: "
+                  f"{format_bytes(w.kv_proj_bytes)} each, as each KV head is on {copies} devices)"
+                  if copies > 1 else "")
     scales = (f" + {w.num_scales:,} scales × {fmt.scale_bytes} B" if w.num_scales else "")
     zeros = f" + {w.zero_point_bytes:,} B of {fmt.bits}-bit zero points" if w.zero_point_bytes else ""
     group = (" (per-tensor scales)" if fmt.scale_rows is None
@@ -49,7 +56,7 @@ def _memory(plan: Plan) -> list[str]:
         "Memory (per device)",
         f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
         f"{fmt.bits} bits{group}{scales}{zeros} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B"
-        f"{tp}",
+        f"{replicated}{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
         f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × {LOGITS_BYTES} B",
@@ -92,10 +99,8 @@ def _tokens_per_s(rate: float) -> str:
 
 def _step_factors(step: StepEstimate, plan: Plan) -> str:
     hw = plan.inputs.hardware
-    peak, _ = hw.flops_for(plan.cost.compute_dtype)
     if step.bound == "compute":
-        why = (f"{format_rate(step.flops, 'FLOP')} / ({format_rate(peak, 'FLOP/s')} × "
-               f"{hw.compute_efficiency:g})")
+        why = _compute_factors(step, hw)
     else:
         bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens_per_step)
         rows = f"{step.tokens_per_step} row{'s' if step.tokens_per_step > 1 else ''}"
@@ -107,6 +112,14 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
     ops = (f" + {steps}{plan.cost.num_layers} layers × {hw.layer_overhead_s * 1e6:.0f} µs launch overhead"
            if step.overhead_s else "")
     return f"{step.bound}-bound: {why}{comm}{ops}"
+
+
+def _compute_factors(step: StepEstimate, hw: Hardware) -> str:
+    """FLOPs / (peak × efficiency); split where the linears and the rest run at different rates."""
+    parts = ([(step.flops, step.flops_dtype)] if step.flops_dtype == step.dense_flops_dtype
+             else [(step.linear_flops, step.flops_dtype), (step.dense_flops, step.dense_flops_dtype)])
+    return " + ".join(f"{format_rate(flops, 'FLOP')} / ({format_rate(hw.peak_flops[dtype], 'FLOP/s')} × "
+                      f"{hw.compute_efficiency:g})" for flops, dtype in parts)
 
 
 def _chunks(plan: Plan) -> str:

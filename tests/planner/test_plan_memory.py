@@ -138,6 +138,24 @@ def test_tensor_parallel_splits_kv_heads_and_replicates_past_them():
     assert tp4.kv_bytes_per_token == 2 * 80 * 2 * 128 * 2
 
 
+def test_tensor_parallel_past_the_kv_heads_replicates_their_k_v_projections():
+    """Once every weight was divided by tp: at tp 16 with 8 KV heads each device holds one whole
+    KV head (two devices a head), so its k_proj and v_proj rows, not half a head's."""
+    # Llama-3.1-8B in bf16: 8,030,261,248 params × 2 B = 16,060,522,496 B, of which k_proj and
+    # v_proj are 32 layers × 2 × 4,096 × (8 × 128) × 2 B = 536,870,912 B. Per device:
+    # (16,060,522,496 − 536,870,912) / 16 + 536,870,912 / 8 KV heads (one head's) = 1,037,337,088 B
+    # (989.28 MiB), not 16,060,522,496 / 16 = 1,003,782,656 B
+    assert _plan("Llama-3.1-8B", tensor_parallel=16).weight_bytes == 1_037_337_088
+    assert weight_bytes(resolve_model("Llama-3.1-8B").config, weight_format("bf16")).kv_proj_bytes \
+        == 536_870_912
+    # fp8, scales included: k/v are 268,435,456 B of 8-bit weights + 32 × 2 × 1,024 row scales
+    # × 2 B = 268,566,528 B of 6,979,321,856 + 1,376,256 scales × 2 + 1,050,939,392 × 2 =
+    # 9,083,953,152 B; (9,083,953,152 − 268,566,528) / 16 + 268,566,528 / 8 = 584,532,480 B
+    assert _plan("Llama-3.1-8B", fmt="fp8", tensor_parallel=16).weight_bytes == 584_532_480
+    # up to the KV heads nothing is replicated: 16,060,522,496 / 8
+    assert _plan("Llama-3.1-8B", tensor_parallel=8).weight_bytes == 2_007_565_312
+
+
 def test_a_model_that_does_not_fit_says_so_in_one_line():
     with pytest.raises(InferlabError) as e:
         _plan("Llama-3.1-70B", memory=24 * 10**9)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -13,6 +14,7 @@ from inferlab.planner.hardware import Hardware
 from inferlab.planner.memory import weight_format
 from inferlab.planner.model_shapes import resolve_model
 from inferlab.planner.plan import PlanInputs, build_plan
+from inferlab.planner.report_text import render_text
 from inferlab.planner.roofline import crossover_batch, decode_step, prefill
 
 # 1 TB/s, 1 PFLOP/s, reached in full: times are bytes / 1e12 and FLOPs / 1e15
@@ -59,6 +61,48 @@ def test_prefill_in_chunks_of_the_step_budget_hand_count():
     assert step.bytes_moved == 863_188_287_488
     assert step.flops == 13_538_267_496_448
     assert step.time_s == pytest.approx(0.863188287488)
+
+
+def test_tensor_parallel_past_the_kv_heads_reads_and_computes_the_copied_k_v_heads():
+    """Once every weight byte and linear FLOP was divided by tp: at tp 16 a Llama-3.1-8B device
+    holds one of the 8 KV heads whole, and computes its K and V."""
+    cost = _plan("Llama-3.1-8B", tp=16).cost
+    # bytes: (16,060,522,496 weights + 536,870,912 k/v projections again (a second copy of each
+    # head) − 1,050,673,152 untied embedding table) / 16 = 971,670,016
+    assert cost.weight_bytes_per_step == 971_670_016
+    # FLOPs: 2 × (6,979,321,856 block linears + 268,435,456 k/v params again) / 16 = 905,969,664
+    assert cost.linear_flops_per_token == 905_969_664
+
+
+# ROUND with an fp8 rate twice bf16's, reached at half: times are FLOPs / (peak × 0.5)
+ROUND_FP8 = dataclasses.replace(ROUND, peak_flops={"bf16": 1e15, "fp8": 2e15}, compute_efficiency=0.5)
+
+
+def test_fp8_prefill_runs_lm_head_and_attention_at_the_bf16_rate():
+    """Once all FLOPs of a W8A8 model were costed at the fp8 rate, though lm_head stays bf16
+    (not quantized) and attention runs in bf16."""
+    step = prefill(_plan("Llama-3.1-8B", hw=ROUND_FP8, fmt="fp8").cost, ROUND_FP8, prompt_len=4000)
+    # block linears: 4,000 × 2 × 6,979,321,856 = 55,834,574,848,000 FLOPs at fp8 -> 55.834… ms
+    # lm_head 2 × 128,256 × 4,096 = 1,050,673,152 + attention 4 × 32 × 128 × 32 × 4,000 × 4,001 / 2
+    # = 4,195,352,576,000: 4,196,403,249,152 FLOPs at bf16 -> 8.392… ms; 64.227381346304 ms in all
+    assert step.bound == "compute"
+    assert step.compute_s == pytest.approx(55.834574848e-3 + 8.392806498304e-3)
+    assert (step.linear_flops, step.dense_flops) == (55_834_574_848_000, 4_196_403_249_152)
+    assert (step.flops_dtype, step.dense_flops_dtype) == ("fp8", "bf16")
+    assert "compute-bound: 55.8 TFLOP / (2 PFLOP/s × 0.5) + 4.2 TFLOP / (1 PFLOP/s × 0.5)" in render_text(
+        _plan("Llama-3.1-8B", hw=ROUND_FP8, fmt="fp8", step_tokens=4096, workload=Workload(4000, 1)))
+
+
+def test_fp8_decode_turns_compute_bound_at_the_split_rates():
+    # one more sequence at context 0 adds 2 × 6,979,321,856 FLOPs at fp8 (13.958643712 µs) and
+    # 1,050,673,152 lm_head FLOPs at bf16 (2.101346304 µs) against 131,072 B of K/V (0.131072 µs):
+    # the weight read (9,083,953,152 B − 1,050,673,152 B of untied embedding table: 8.03328 ms)
+    # is paid off past 8.03328 ms / (13.958643712 + 2.101346304 − 0.131072) µs ≈ 504.3 sequences
+    # (before, lm_head at the fp8 rate: ≈ 539.9)
+    cost = _plan("Llama-3.1-8B", hw=ROUND_FP8, fmt="fp8").cost
+    assert cost.weight_bytes_per_step == 8_033_280_000
+    assert crossover_batch(cost, ROUND_FP8, 0) == pytest.approx(
+        8.03328e-3 / ((13.958643712 + 2.101346304 - 0.131072) * 1e-6))
 
 
 def test_max_num_batched_tokens_caps_the_batch_and_the_rate():
