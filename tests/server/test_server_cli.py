@@ -112,9 +112,10 @@ def test_serve_prints_its_url_and_drains_on_sigterm():
 def test_sigterm_gives_beam_searches_the_grace_period_and_never_a_400():
     """Between two of its rounds a beam search holds no engine request: the drain once found
     nothing running, stopped the engine at once, and the next round's add failed the request
-    with a 400 ("the engine is shutting down"). With --shutdown-timeout 8 a search of 4 tokens
-    completes; one of 400 completes too or, cut at the deadline, gets a 503."""
-    with _serving("--shutdown-timeout", "8") as (proc, url, err):
+    with a 400 ("the engine is shutting down"). With --shutdown-timeout 15 a search of 4 tokens
+    completes (8 s once fell short under a load of 9 on 2 cores, where OpenMP barriers wait on
+    descheduled threads); one of 400 completes too or, cut at the deadline, gets a 503."""
+    with _serving("--shutdown-timeout", "15") as (proc, url, err):
         replies: dict[str, httpx.Response] = {}
 
         def search(name: str, max_tokens: int) -> threading.Thread:
@@ -137,11 +138,11 @@ def test_sigterm_gives_beam_searches_the_grace_period_and_never_a_400():
         short, long = replies["Rome"], replies["Greece"]
         assert short.status_code == 200
         assert short.json()["usage"]["completion_tokens"] == 2 * 4
-        if long.status_code == 200:  # a fast machine: 400 rounds within the 8 s
+        if long.status_code == 200:  # a fast machine: 400 rounds within the 15 s
             assert long.json()["usage"]["completion_tokens"] == 2 * 400
         else:
             assert long.status_code == 503 and long.json()["error"]["code"] == "shutting_down"
-            assert time.monotonic() - signalled > 7
+            assert time.monotonic() - signalled > 14
         assert "Traceback" not in "".join(err)
 
 
