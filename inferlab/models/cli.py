@@ -39,7 +39,7 @@ def model_info(model: str | None, dtype: str) -> dict:
     cfg = read_model_config(path)
     generation = GenerationConfig()
     config = cfg.extra.get("quantization_config")
-    parsed = _parsed_quantization(config)
+    parsed = _parsed_quantization(config, path)
     groups = parsed.groups if parsed else ()
     quantization = _quantization(config, parsed)
     if is_gguf_file(path):
@@ -89,12 +89,12 @@ def _weight_bytes(cfg: ModelConfig, dtype: str, parsed: ParsedConfig | None) -> 
     return stored_bytes + (cfg.num_parameters() - stored_params) * _DTYPE_BYTES[dtype]
 
 
-def _parsed_quantization(config: dict | None) -> ParsedConfig | None:
+def _parsed_quantization(config: dict | None, path: str) -> ParsedConfig | None:
     """The compressed-tensors config, checked as loading checks it, so a config the loader
-    refuses fails here with the same error."""
+    refuses fails here with the same error, naming the same file."""
     if not config:
         return None
-    return parse_quantization_config(config)
+    return parse_quantization_config(config, os.path.join(path, "config.json"))
 
 
 def _quantization(config: dict | None, parsed: ParsedConfig | None) -> list[str]:

@@ -10,6 +10,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from inferlab.errors import InferlabError
+from inferlab.models.cli import model_info
 from inferlab.models.loader import load_network
 from inferlab.quant.linear import QuantLinear
 
@@ -149,7 +150,14 @@ def test_fused_shards_must_share_a_scheme(checkpoint, tmp_path) -> None:
 def test_unsupported_config_parts(checkpoint, tmp_path) -> None:
     def kv_cache(qc):
         qc["kv_cache_scheme"] = {"num_bits": 8, "type": "float", "strategy": "tensor"}
-    assert "kv_cache_scheme is not supported" in _load_error(_variant(checkpoint, tmp_path, kv_cache))
+    path = _variant(checkpoint, tmp_path, kv_cache)
+    message = _load_error(path)
+    assert message == f"{path}/config.json: kv_cache_scheme is not supported"
+    # `inferlab info` checks the config as loading does, and names the file alike (it once
+    # said "quantization_config: ...", no file)
+    with pytest.raises(InferlabError) as info:
+        model_info(path, "bfloat16")
+    assert str(info.value) == message
 
 
 def _with_g_idx(order, actorder="group"):
