@@ -9,19 +9,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from inferlab.engine.beam_search import BeamSearchParams
     from inferlab.engine.llm import LLM
-    from inferlab.engine.sampling_params import (
-        GuidedDecodingParams,
-        SamplingParams,
-        StructuredOutputsParams,
-    )
+    from inferlab.engine.sampling_params import SamplingParams
+    from inferlab.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 
 __all__ = ["LLM", "SamplingParams", "StructuredOutputsParams", "GuidedDecodingParams", "BeamSearchParams"]
 
 # imported at first use: `import inferlab` (every CLI command, the torch-free bench client among
 # them) must not pull in torch and the engine
 _LAZY = {"LLM": "inferlab.engine.llm", "SamplingParams": "inferlab.engine.sampling_params",
-         "StructuredOutputsParams": "inferlab.engine.sampling_params",
-         "GuidedDecodingParams": "inferlab.engine.sampling_params",
+         "StructuredOutputsParams": "inferlab.engine.structured_outputs",
+         "GuidedDecodingParams": "inferlab.engine.structured_outputs",
          "BeamSearchParams": "inferlab.engine.beam_search"}
 
 

@@ -17,18 +17,16 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from inferlab.config import EngineConfig
 from inferlab.engine.beam_driver import Observer, run_rounds
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
+from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.prompt_input import PromptType, read_prompt
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.engine.scheduler import SchedulerStats
-from inferlab.engine.spec_decode import SpecDecodeCounters
 from inferlab.errors import GuidedDecodingError, InferlabError
 from inferlab.kernels import cpu_ops
 
@@ -48,19 +46,6 @@ class EngineStepError(EngineDeadError):
 
 class EngineShuttingDownError(InferlabError):
     """Work the engine can no longer take or finish: it is stopping (a server answers 503)."""
-
-
-@dataclass(frozen=True)
-class EngineStats:
-    """A snapshot for /metrics and backpressure; token and request totals count since start."""
-
-    # requests, KV blocks, prefix cache, preemptions; num_waiting is the last step's count
-    # less the requests aborted since (those added since count from the step that sees them)
-    scheduler: SchedulerStats
-    prompt_tokens_total: int
-    generation_tokens_total: int
-    requests_finished: dict[str, int]  # by finish reason: stop, length, abort
-    spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on
 
 
 class AsyncEngine:

@@ -18,8 +18,9 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferlab.engine.field_types import check_field_types
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from inferlab.engine.sampling_params import SamplingParams, check_field_types
+from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import ContextLengthError, InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 

@@ -1,4 +1,5 @@
-"""The engine's totals since start, for /metrics, counted when vLLM counts them."""
+"""The engine's totals since start, counted when vLLM counts them, and the snapshot of them and
+the scheduler's counts that /metrics and backpressure read."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ from dataclasses import dataclass
 
 from inferlab.engine.outputs import RequestOutput
 from inferlab.engine.request import Request
+from inferlab.engine.scheduler import SchedulerStats
+from inferlab.engine.spec_decode import SpecDecodeCounters
 
 
 @dataclass
@@ -30,3 +33,16 @@ class EngineCounters:
         for completion in output.outputs:
             reason = completion.finish_reason or "abort"
             self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
+
+
+@dataclass(frozen=True)
+class EngineStats:
+    """A snapshot for /metrics and backpressure; token and request totals count since start."""
+
+    # requests, KV blocks, prefix cache, preemptions; num_waiting is the last step's count
+    # less the requests aborted since (those added since count from the step that sees them)
+    scheduler: SchedulerStats
+    prompt_tokens_total: int
+    generation_tokens_total: int
+    requests_finished: dict[str, int]  # by finish reason: stop, length, abort
+    spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on

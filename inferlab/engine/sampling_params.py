@@ -3,45 +3,24 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import json
 import math
 import numbers
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import numpy as np
-
+from inferlab.engine.field_types import check_field_types
 from inferlab.engine.guided.ebnf_grammar import EbnfGrammar
 from inferlab.engine.guided.json_schema import OBJECT_SCHEMA, compile_schema
 from inferlab.engine.guided.regex_grammar import RegexGrammar
 from inferlab.engine.guided.structural_tag import StructuralTagGrammar
+from inferlab.engine.structured_outputs import StructuredOutputsParams, as_structured_outputs
 from inferlab.errors import InvalidParameterError
 
 # the fields that guide decoding, one per request at most
 GUIDES = ("guided_choice", "json_object", "json_schema", "guided_regex", "guided_grammar", "structural_tag")
 # torch.Generator.manual_seed's range; outside it the sampler would fail in the middle of a step
 SEED_MIN, SEED_END = -2**63, 2**64
-
-
-def check_field_types(params: Any) -> None:
-    """Each int field of the dataclass `params` an int (not a bool, not 2.5), each float field a
-    real number and each bool field a bool, by the fields' annotations: a wrong type passes the
-    range checks and once failed in the middle of a step (a float seed in the generator, a float
-    logprobs in topk), which ends an AsyncEngine's loop for every request, or ran silently
-    (ignore_eos="no", true)."""
-    for f in dataclasses.fields(params):
-        value = getattr(params, f.name)
-        if value is None and f.type.endswith("| None"):
-            continue
-        kind = f.type.removesuffix(" | None")
-        if kind == "int" and (not isinstance(value, numbers.Integral) or isinstance(value, bool)):
-            raise InvalidParameterError(f"{f.name} must be an integer, got {value!r}")
-        if kind == "float" and (not isinstance(value, numbers.Real) or isinstance(value, bool)):
-            raise InvalidParameterError(f"{f.name} must be a number, got {value!r}")
-        if kind == "bool" and not isinstance(value, bool | np.bool_):  # numpy's, as its ints pass
-            raise InvalidParameterError(f"{f.name} must be true or false, got {value!r}")
 
 
 def check_seed(seed: int | None, copies: int = 1) -> None:
@@ -55,80 +34,6 @@ def check_seed(seed: int | None, copies: int = 1) -> None:
 # vLLM's _SAMPLING_EPS: a temperature this small is greedy (1 / t past fp32's range would make
 # every weight NaN, and a draw fall on token 0)
 GREEDY_BELOW = 1e-5
-
-
-@dataclass(frozen=True)
-class StructuredOutputsParams:
-    """vLLM's grouped guide, SamplingParams(structured_outputs=StructuredOutputsParams(...)) (its
-    older GuidedDecodingParams and guided_decoding=): one of the guides at most, as vLLM rules,
-    each onto SamplingParams' own field, so that one code path runs guides."""
-
-    json: str | dict[str, Any] | bool | None = None  # json_schema; a schema or its JSON text
-    regex: str | None = None  # guided_regex
-    choice: list[str] | None = None  # guided_choice
-    grammar: str | None = None  # guided_grammar
-    json_object: bool | None = None  # json_object
-    structural_tag: str | dict[str, Any] | None = None  # structural_tag; vLLM's is its JSON text
-    disable_any_whitespace: bool = False
-    # one guide implementation here, which never falls back: what True asks for, always
-    disable_fallback: bool = False
-    # vLLM's options the guides here have no way to honour: refused when set (_NOT_HONOURED)
-    disable_additional_properties: bool = False
-    whitespace_pattern: str | None = None
-    backend: str | None = None  # GuidedDecodingParams'
-
-    def __post_init__(self) -> None:
-        check_field_types(self)
-        # vLLM counts a field that is not None, json_object=False too
-        kinds = [name for name in _GROUPED_GUIDES if getattr(self, name) is not None]
-        if len(kinds) > 1:
-            raise InvalidParameterError(f"StructuredOutputsParams takes one kind of guide, got "
-                                        f"{' and '.join(kinds)}")
-        for f in dataclasses.fields(self):
-            if f.name in _NOT_HONOURED and getattr(self, f.name) != f.default:
-                raise InvalidParameterError(
-                    f"StructuredOutputsParams {f.name} is not supported by inferlab's guides "
-                    f"(leave it {f.default!r})")
-
-    def guide_fields(self) -> dict[str, Any]:
-        """SamplingParams' fields for this guide (those it sets)."""
-        fields = {_GROUPED_GUIDES[name]: _json_text(name, value) if name in ("json", "structural_tag")
-                  else value for name in _GROUPED_GUIDES if (value := getattr(self, name)) is not None}
-        return fields | ({"disable_any_whitespace": True} if self.disable_any_whitespace else {})
-
-
-GuidedDecodingParams = StructuredOutputsParams  # vLLM's name for it before structured outputs
-# StructuredOutputsParams' guide -> SamplingParams' field for it
-_GROUPED_GUIDES = {"json": "json_schema", "regex": "guided_regex", "choice": "guided_choice",
-                   "grammar": "guided_grammar", "json_object": "json_object",
-                   "structural_tag": "structural_tag"}
-_NOT_HONOURED = ("disable_additional_properties", "whitespace_pattern", "backend")
-
-
-def _json_text(name: str, value: Any) -> Any:
-    """A schema or structural tag, or its JSON text (vLLM takes both)."""
-    if not isinstance(value, str):
-        return value
-    try:
-        return json.loads(value)
-    except ValueError:
-        raise InvalidParameterError(f"StructuredOutputsParams {name}: the text is not JSON") from None
-
-
-def _as_structured_outputs(value: Any, name: str) -> StructuredOutputsParams:
-    """structured_outputs (or guided_decoding) as StructuredOutputsParams: the object, or a dict
-    of its fields; an unknown key is refused by name (a typo would drop the guide unnoticed)."""
-    if isinstance(value, StructuredOutputsParams):
-        return value
-    if not isinstance(value, Mapping):
-        raise InvalidParameterError(f"{name} must be a StructuredOutputsParams or a dict of its "
-                                    f"fields, got {value!r}")
-    known = [f.name for f in dataclasses.fields(StructuredOutputsParams)]
-    unknown = sorted(set(value) - set(known), key=str)
-    if unknown:
-        raise InvalidParameterError(f"{name} has no field {', '.join(map(repr, unknown))} "
-                                    f"(StructuredOutputsParams has {', '.join(known)})")
-    return StructuredOutputsParams(**value)
 
 
 @dataclass
@@ -217,7 +122,7 @@ class SamplingParams:
         if not given:
             return
         name, value = next(iter(given.items()))
-        grouped = _as_structured_outputs(value, name)
+        grouped = as_structured_outputs(value, name)
         separate = [guide for guide in GUIDES if self._guides_by(guide)]
         if separate:
             raise InvalidParameterError(f"{name} cannot be combined with {' and '.join(separate)}: "

@@ -11,11 +11,8 @@ import re
 import pytest
 
 import inferlab
-from inferlab.engine.sampling_params import (
-    GuidedDecodingParams,
-    SamplingParams,
-    StructuredOutputsParams,
-)
+from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.structured_outputs import GuidedDecodingParams, StructuredOutputsParams
 from inferlab.errors import InvalidParameterError
 
 SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}

@@ -24,6 +24,7 @@ from inferlab.engine.guided.thinking_grammar import AfterThinking
 from inferlab.engine.guided.token_filter import GRAMMARS, GrammarGuide, TokenFilter
 from inferlab.engine.guided.token_index import TokenIndex, appended_texts, token_index
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.engine.structured_outputs import StructuredOutputsParams
 from inferlab.errors import InvalidParameterError
 
 GRAMMAR = JsonGrammar(OBJECT_SCHEMA)
@@ -309,3 +310,22 @@ def test_guided_decoding_needs_an_eos_to_end_with(make_fast_llm, monkeypatch, fi
     with pytest.raises(InvalidParameterError, match="ends its output with EOS, and this model has none"):
         llm.engine.add_request([1, 2, 3], SamplingParams(**fields))
     assert not llm.engine.has_unfinished_requests()
+
+
+def test_guided_by_vllm_s_grouped_object_gives_the_separate_field_s_tokens(make_fast_llm):
+    """Code written for vLLM (structured_outputs=StructuredOutputsParams(...), a dict of its
+    fields, the older guided_decoding=) gets the tokens guided_choice and json_schema give
+    (test_sampling.py's test_guided_choice_outputs_are_the_choices checks those against the choices)."""
+    llm = make_fast_llm()
+    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
+    cases = [({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
+             ({"json_schema": schema}, {"json": json.dumps(schema)})]
+    for separate, grouped in cases:
+        spellings = [separate, {"structured_outputs": StructuredOutputsParams(**grouped)},
+                     {"structured_outputs": grouped}, {"guided_decoding": grouped}]
+        outputs = [[[(c.token_ids, c.text) for c in out.outputs] for out in llm.generate(
+            ["Is the sky blue?", "Once upon a time"],
+            [SamplingParams(temperature=0, max_tokens=12, **fields),
+             SamplingParams(temperature=1.2, seed=3, n=3, max_tokens=12, **fields)])]
+            for fields in spellings]
+        assert outputs[1:] == [outputs[0]] * 3, grouped

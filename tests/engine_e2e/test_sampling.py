@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import re
 
@@ -11,7 +10,7 @@ import pytest
 import torch
 
 from inferlab.engine.sampler import SamplingBatch, apply_penalties, inverse_cdf, sample, top_k_top_p
-from inferlab.engine.sampling_params import SamplingParams, StructuredOutputsParams
+from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InvalidParameterError
 from inferlab.kernels import cpu_ops
 
@@ -393,22 +392,3 @@ def test_guided_choice_outputs_are_the_choices(make_llm):
     assert short.finish_reason == "length" and "no idea at all".startswith(short.text)
     with pytest.raises(ValueError, match="cannot be combined with ignore_eos"):
         SamplingParams(guided_choice=["a"], ignore_eos=True)
-
-
-def test_guided_by_vllm_s_grouped_object_gives_the_separate_field_s_tokens(make_fast_llm):
-    """Code written for vLLM (structured_outputs=StructuredOutputsParams(...), a dict of its
-    fields, the older guided_decoding=) gets the tokens guided_choice and json_schema give
-    (test_guided_choice_outputs_are_the_choices checks those against the choices)."""
-    llm = make_fast_llm()
-    schema = {"type": "object", "properties": {"ok": {"type": "boolean"}}, "required": ["ok"]}
-    cases = [({"guided_choice": ["yes", "no"]}, {"choice": ["yes", "no"]}),
-             ({"json_schema": schema}, {"json": json.dumps(schema)})]
-    for separate, grouped in cases:
-        spellings = [separate, {"structured_outputs": StructuredOutputsParams(**grouped)},
-                     {"structured_outputs": grouped}, {"guided_decoding": grouped}]
-        outputs = [[[(c.token_ids, c.text) for c in out.outputs] for out in llm.generate(
-            ["Is the sky blue?", "Once upon a time"],
-            [SamplingParams(temperature=0, max_tokens=12, **fields),
-             SamplingParams(temperature=1.2, seed=3, n=3, max_tokens=12, **fields)])]
-            for fields in spellings]
-        assert outputs[1:] == [outputs[0]] * 3, grouped

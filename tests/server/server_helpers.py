@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from inferlab.engine.async_engine import EngineStats
+from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.scheduler import SchedulerStats
 
 API_KEY = "sk-inferlab-test"

@@ -22,8 +22,9 @@ import pytest
 from server_helpers import MODEL_NAME, engine_idle, wait_until
 
 from inferlab.config import EngineConfig
-from inferlab.engine.async_engine import AsyncEngine, EngineStats
+from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.beam_search import BeamSearchParams
+from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.generation import BeamGeneration
 from inferlab.server.metrics import ServerMetrics

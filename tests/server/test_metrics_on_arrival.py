@@ -14,7 +14,7 @@ import asyncio
 import pytest
 from server_helpers import IDLE_STATS
 
-from inferlab.engine.async_engine import EngineStats
+from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.generation import Generation

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from server_helpers import IDLE_STATS, MODEL_NAME, engine_idle, wait_until
 
-from inferlab.engine.async_engine import EngineStats
+from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferlab.server.metrics import OutputObserver, ServerMetrics
 
