@@ -101,8 +101,9 @@ def _gpu(name: str, memory_bytes: int, bandwidth_tb_s: float, *, bf16_tflops: fl
 
 # Memory is the total the device reports (nvidia-smi's memory.total, cudaMemGetInfo's total), in
 # MiB: servers size their KV cache from it × --gpu-memory-utilization, and it is not the
-# datasheet's decimal GB (an H200's "141 GB" reports 143,771 MiB, 150.8e9 bytes). Where that total
-# is not known here, the entry keeps the datasheet's decimal GB and says so.
+# datasheet's decimal GB (an H200's "141 GB" reports 143,771 MiB, 150.8e9 bytes). The totals are
+# those nvidia-smi prints (rocm-smi's "VRAM Total Memory (B)" on AMD) in public logs; where no
+# such total is known here, the entry keeps the datasheet's decimal GB and says so.
 HARDWARE: dict[str, Hardware] = {h.name: h for h in (
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5): 80 GB HBM3, 3.35 TB/s, BF16 1,979 TFLOPS and
     # FP8/INT8 3,958 with sparsity, FP32 67 TFLOPS; NVLink 900 GB/s (both directions)
@@ -118,9 +119,10 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
          fp32_tflops=67, interconnect_bytes_s=450 * GB,
          source="NVIDIA H200 Tensor Core GPU datasheet, SXM column"),
     # NVIDIA HGX B200 datasheet, 8 GPUs: 1.44 TB HBM3e (180 GB each), 64 TB/s (8 TB/s each),
-    # FP16/BF16 36 PFLOPS and FP8/INT8 72 with sparsity, FP32 600 TFLOPS; NVLink 1.8 TB/s per GPU
-    _gpu("B200", 180 * GB, 8.0, bf16_tflops=2250, fp8_tflops=4500, int8_tops=4500,
-         fp32_tflops=75, interconnect_bytes_s=900 * GB,  # memory: datasheet GB
+    # FP16/BF16 36 PFLOPS and FP8/INT8 72 with sparsity, FP32 600 TFLOPS; NVLink 1.8 TB/s per GPU;
+    # nvidia-smi reports 183,359 MiB
+    _gpu("B200", 183359 * MiB, 8.0, bf16_tflops=2250, fp8_tflops=4500, int8_tops=4500,
+         fp32_tflops=75, interconnect_bytes_s=900 * GB,
          source="NVIDIA HGX B200 datasheet, per GPU (totals / 8)"),
     # NVIDIA A100 Tensor Core GPU datasheet: BF16 312 TFLOPS, INT8 624 TOPS, FP32 19.5, no FP8;
     # 40 GB SXM 1,555 GB/s; 80 GB SXM 2,039 GB/s; NVLink 600 GB/s (both directions)
@@ -142,25 +144,28 @@ HARDWARE: dict[str, Hardware] = {h.name: h for h in (
          fp32_tflops=30.3, interconnect_bytes_s=PCIE4_X16, source="NVIDIA L4 datasheet"),
     # NVIDIA A10 datasheet: 24 GB GDDR6, 600 GB/s, BF16 125 TFLOPS and INT8 250 TOPS dense,
     # FP32 31.2 TFLOPS. NVIDIA publishes no A10G datasheet (AWS G5); AWS describes it as a
-    # 24 GB Ampere GPU of the same class, so it gets the A10's figures: approximate
+    # 24 GB Ampere GPU of the same class, so it gets the A10's figures: approximate (nvidia-smi
+    # reports both as 23,028 MiB)
     _gpu("A10", 23028 * MiB, 0.600, bf16_tflops=125, fp8_tflops=None, int8_tops=250,
          fp32_tflops=31.2, interconnect_bytes_s=PCIE4_X16, source="NVIDIA A10 datasheet"),
-    _gpu("A10G", 24 * GB, 0.600, bf16_tflops=125, fp8_tflops=None, int8_tops=250,
-         fp32_tflops=31.2, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
+    _gpu("A10G", 23028 * MiB, 0.600, bf16_tflops=125, fp8_tflops=None, int8_tops=250,
+         fp32_tflops=31.2, interconnect_bytes_s=PCIE4_X16,
          source="NVIDIA A10 datasheet (no A10G datasheet exists; AWS G5 GPU, same class)"),
     # AMD Instinct MI300X datasheet: 192 GB HBM3, 5.3 TB/s, BF16 1,307.4 TFLOPS, FP8 and INT8
-    # 2,614.9 dense, FP32 matrix 163.4; Infinity Fabric 7 links × 64 GB/s each direction
-    _gpu("MI300X", 192 * GB, 5.3, bf16_tflops=1307.4, fp8_tflops=2614.9, int8_tops=2614.9,
-         fp32_tflops=163.4, interconnect_bytes_s=448 * GB,  # memory: datasheet GB
+    # 2,614.9 dense, FP32 matrix 163.4; Infinity Fabric 7 links × 64 GB/s each direction;
+    # rocm-smi reports 205,822,885,888 B (196,288 MiB)
+    _gpu("MI300X", 196288 * MiB, 5.3, bf16_tflops=1307.4, fp8_tflops=2614.9, int8_tops=2614.9,
+         fp32_tflops=163.4, interconnect_bytes_s=448 * GB,
          source="AMD Instinct MI300X accelerator datasheet"),
     # AMD Instinct MI325X datasheet: 256 GB HBM3E, 6 TB/s, same compute as MI300X
     _gpu("MI325X", 256 * GB, 6.0, bf16_tflops=1307.4, fp8_tflops=2614.9, int8_tops=2614.9,
          fp32_tflops=163.4, interconnect_bytes_s=448 * GB,  # memory: datasheet GB
          source="AMD Instinct MI325X accelerator datasheet"),
     # NVIDIA Ada Lovelace architecture whitepaper, RTX 4090 column: 24 GB GDDR6X, 1,008 GB/s,
-    # BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate, INT8 660.6 TOPS, FP32 82.6
-    _gpu("RTX-4090", 24 * GB, 1.008, bf16_tflops=165.2, fp8_tflops=330.3, int8_tops=660.6,
-         fp32_tflops=82.6, interconnect_bytes_s=PCIE4_X16,  # memory: datasheet GB
+    # BF16 165.2 and FP8 330.3 TFLOPS dense with FP32 accumulate, INT8 660.6 TOPS, FP32 82.6;
+    # nvidia-smi reports 24,564 MiB
+    _gpu("RTX-4090", 24564 * MiB, 1.008, bf16_tflops=165.2, fp8_tflops=330.3, int8_tops=660.6,
+         fp32_tflops=82.6, interconnect_bytes_s=PCIE4_X16,
          source="NVIDIA Ada Lovelace GPU architecture whitepaper, appendix table"),
 )}
 

@@ -164,9 +164,11 @@ def test_a_model_that_does_not_fit_says_so_in_one_line():
 
 
 # memory.total as nvidia-smi prints it (MiB) on these GPUs, cudaMemGetInfo's total: what a server
-# multiplies by --gpu-memory-utilization, not the datasheet's decimal GB (H200 "141 GB")
+# multiplies by --gpu-memory-utilization, not the datasheet's decimal GB (H200 "141 GB"); the
+# MI300X's is rocm-smi's "VRAM Total Memory (B): 205822885888"
 REPORTED_MIB = {"H100-SXM": 81559, "H100-PCIe": 81559, "H200": 143771, "A100-80GB": 81920,
-                "A100-40GB": 40960, "L4": 23034, "A10": 23028}
+                "A100-40GB": 40960, "L4": 23034, "A10": 23028, "A10G": 23028, "B200": 183359,
+                "RTX-4090": 24564, "MI300X": 205822885888 // 2**20}
 
 
 @pytest.mark.parametrize(("name", "mib"), list(REPORTED_MIB.items()))
