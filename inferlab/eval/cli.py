@@ -21,10 +21,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "eval", help="perplexity on a text, and KL divergence / top-1 agreement against a baseline",
         description=__doc__)
     p.add_argument("model", nargs="?", default=None,
-                   help="HF model directory or .gguf file (default: embedded SmolLM2-135M-Instruct)")
+                   help="HF model directory or .gguf file (default, or `embedded`: the embedded "
+                        "SmolLM2-135M-Instruct)")
     p.add_argument("--baseline", default=None, metavar="MODEL",
-                   help="reference model: report mean and p99 KL(baseline || model) per token and "
-                        "top-1 agreement on the same windows")
+                   help="reference model (a directory, a .gguf file or `embedded`): report mean "
+                        "and p99 KL(baseline || model) per token and top-1 agreement on the same "
+                        "windows")
     p.add_argument("--dataset", default=DEFAULT_DATASET, metavar="FILE",
                    help="UTF-8 text file, tokenized whole (default: %(default)s)")
     p.add_argument("--seq-len", type=int, default=_DEFAULTS.seq_len,
@@ -51,10 +53,12 @@ def run_eval(args: argparse.Namespace) -> int:
     if config.output:
         check_writable(config.output, "--output")
     result = evaluate(config)
-    if config.output:  # first: a closed or full stdout must not lose a long run's figures
-        write_json(result, config.output)
-    warning = not_finite_warning(result)
-    if warning:
-        print(warning, file=sys.stderr)
-    print(render(result))
+    try:
+        if config.output:  # first: a closed or full stdout must not lose a long run's figures
+            write_json(result, config.output)
+    finally:  # nor a full disk: the figures are printed before its error ends the command
+        warning = not_finite_warning(result)
+        if warning:
+            print(warning, file=sys.stderr)
+        print(render(result))
     return 0

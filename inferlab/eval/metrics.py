@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -40,7 +41,9 @@ def kl_divergence(baseline_logits: torch.Tensor, logits: torch.Tensor) -> torch.
                            logits.split(_ROWS_PER_CHUNK), strict=True):
         log_p = torch.log_softmax(base.double(), dim=-1)  # [m, V]
         log_q = torch.log_softmax(other.double(), dim=-1)  # [m, V]
-        out.append((log_p.exp() * (log_p - log_q)).sum(dim=-1))  # [m]
+        # a token the baseline rules out (-inf) adds 0, not 0 * (-inf - log q) = NaN
+        terms = torch.where(log_p == -math.inf, 0.0, log_p.exp() * (log_p - log_q))  # [m, V]
+        out.append(terms.sum(dim=-1))  # [m]
     return torch.cat(out).cpu()
 
 

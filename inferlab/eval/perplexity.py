@@ -111,7 +111,7 @@ def evaluate(config: EvalConfig) -> EvalResult:
     tally = run_windows(setup.windows, score, desc=setup.loaded.name)
     elapsed_s = time.perf_counter() - start
     result = EvalResult(
-        model=setup.loaded.name, dataset=config.dataset, seq_len=config.seq_len,
+        model=setup.loaded.name, dataset=os.path.abspath(config.dataset), seq_len=config.seq_len,
         dtype=canonical_dtype(setup.dtype), via_engine=config.via_engine,
         windows=tally.windows, tokens=tally.tokens, nll=tally.nll_sum / tally.tokens,
         ppl=tally.ppl, elapsed_s=elapsed_s, model_path=os.path.abspath(setup.loaded.path))

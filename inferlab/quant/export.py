@@ -176,6 +176,8 @@ def export_checkpoint(out_dir: str, net: nn.Module, qweights: dict[str, Quantize
     try:
         save_file(tensors, os.path.join(staging, "model.safetensors"), metadata={"format": "pt"})
         _write_json(os.path.join(staging, "config.json"), config)
+        # safetensors writes 0600 whatever the umask: a serving account could not read the weights
+        shutil.copymode(os.path.join(staging, "config.json"), os.path.join(staging, "model.safetensors"))
         write_tokenizer(staging, source_path, tokenizer)
         _write_json(os.path.join(staging, "inferlab_quantize.json"), extra_info or {})
         if os.path.isdir(out_dir):

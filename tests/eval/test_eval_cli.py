@@ -63,6 +63,18 @@ def test_json_records_the_models_absolute_paths(char_models, char_text_file, tmp
     assert (result["model_path"], result["baseline_path"]) == (str(other_dir), str(base_dir))
 
 
+def test_json_records_the_datasets_absolute_path(char_models, char_text_file, tmp_path, capsys,
+                                                 monkeypatch):
+    """As the models' paths: it once kept the dataset as typed ("text.txt")."""
+    (base_dir, _), _ = char_models
+    monkeypatch.chdir(char_text_file.parent)
+    out = tmp_path / "result.json"
+    code, _, _ = _run(capsys, str(base_dir), "--dataset", char_text_file.name, "--seq-len", "16",
+                      "--limit", "1", "--dtype", "float32", "--output", str(out))
+    assert code == 0
+    assert json.loads(out.read_text())["dataset"] == str(char_text_file)
+
+
 def test_engine_path_gives_the_direct_perplexity(char_models, char_text_file, tmp_path, capsys,
                                                  caplog):
     (base_dir, _), _ = char_models

@@ -39,6 +39,18 @@ def test_kl_divergence_by_hand_and_its_direction():
     assert kl_divergence(q_logits, q_logits + 7.0).item() == pytest.approx(0.0, abs=1e-12)  # shift
 
 
+def test_kl_divergence_where_the_baseline_rules_a_token_out():
+    """p = (1/2, 1/2, 0) by a -inf logit: that token adds 0 to KL (it once made the sum NaN);
+    q ruling out a token p allows gives an infinite KL."""
+    inf = math.inf
+    p_logits = torch.tensor([[0.0, 0.0, -inf]], dtype=torch.float64)
+    q_logits = torch.tensor([[math.log(3.0), 0.0, 0.0]], dtype=torch.float64)  # q = (3/5, 1/5, 1/5)
+    # KL(p||q) = 1/2 ln((1/2)/(3/5)) + 1/2 ln((1/2)/(1/5)) = 1/2 ln(25/12)
+    assert kl_divergence(p_logits, q_logits).item() == pytest.approx(0.5 * math.log(25 / 12), rel=1e-9)
+    assert kl_divergence(p_logits, p_logits).item() == 0.0
+    assert kl_divergence(q_logits, p_logits).item() == inf
+
+
 def test_compare_window_counts_top1_agreement_on_predicting_rows_only():
     base = torch.tensor([[2.0, 0.0, 0.0], [0.0, 2.0, 0.0], [0.0, 0.0, 2.0], [9.0, 0.0, 0.0]])
     model = torch.tensor([[1.0, 0.0, 0.0], [0.0, 0.0, 3.0], [0.0, 0.0, 2.0], [0.0, 9.0, 0.0]])

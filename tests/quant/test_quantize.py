@@ -6,6 +6,7 @@ import json
 import os
 import random
 import signal
+import stat
 import subprocess
 import sys
 
@@ -105,6 +106,18 @@ def test_every_method_writes_a_checkpoint_that_loads(source, tmp_path, run: str)
     got = prefill_logits(net, SEQS)
     for g, want in zip(got, source[2], strict=True):
         assert ((g - want).norm() / want.norm()).item() < tol
+
+
+def test_the_weights_file_follows_the_umask(source, tmp_path) -> None:
+    """model.safetensors was 0600 (safetensors' own mode) beside 0644 files: a serving account
+    could read the config but not the weights."""
+    old = os.umask(0o027)
+    try:
+        _quantize(source, tmp_path / "out", "W8A16", None, False, "rtn")
+    finally:
+        os.umask(old)
+    modes = {f.name: stat.S_IMODE(f.stat().st_mode) for f in (tmp_path / "out").iterdir()}
+    assert modes["model.safetensors"] == modes["config.json"] == 0o640, modes
 
 
 @pytest.mark.parametrize("scheme", ["W4A16", "FP8", "FP8_BLOCK"])
