@@ -19,9 +19,14 @@ class IncrementalDetokenizer:
     def __init__(self, tokenizer: TextTokenizer, prompt_ids: list[int], stop: list[str],
                  include_stop: bool = False, skip_special_tokens: bool = True) -> None:
         self.tokenizer = tokenizer
-        self.ids = list(prompt_ids[-_CONTEXT_TOKENS:])
+        # a prompt may begin the window, or end, partway through a character: the window starts
+        # where one begins, and the bytes of one not ended are read as new text, so the output
+        # that ends it shows it
+        start = _whole_text_end(tokenizer, prompt_ids, max(len(prompt_ids) - _CONTEXT_TOKENS, 0),
+                                skip_special_tokens)
+        self.ids = list(prompt_ids[start:])
         self.prefix_offset = 0
-        self.read_offset = len(self.ids)
+        self.read_offset = _whole_text_end(tokenizer, self.ids, len(self.ids), skip_special_tokens)
         self.stop = stop
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
@@ -66,3 +71,12 @@ class IncrementalDetokenizer:
         end = min(end, len(self.text))
         delta, self.emitted = self.text[self.emitted:end], max(end, self.emitted)
         return delta
+
+
+def _whole_text_end(tokenizer: TextTokenizer, ids: list[int], end: int, skip_special_tokens: bool) -> int:
+    """The last token boundary at or before `end` that no character straddles. A special token
+    written out (not skipped) ends the character before it: its bytes no longer join the next."""
+    while (end > 0 and (skip_special_tokens or ids[end - 1] not in tokenizer.all_special_ids)
+           and ends_inside_a_character(tokenizer, ids[:end])):
+        end -= 1
+    return end

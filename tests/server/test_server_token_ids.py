@@ -62,3 +62,16 @@ def test_a_chat_reply_returns_the_conversation_s_and_the_reply_s_ids(fp32_client
     assert all(c.model_extra.get("prompt_token_ids") is None for c in chunks[1:])
     streamed = [c.choices[0].model_extra.get("token_ids") or [] for c in chunks if c.choices]
     assert sum(streamed, []) == reply_ids
+
+
+def test_a_reply_that_ends_the_prompt_s_last_character_shows_it(client, hf_smollm_tokenizer):
+    """The prompt is "a" and two of 🤖's three byte tokens; the reply, forced, is the third.
+    transformers decodes the whole to "a🤖"; the reply's text is what follows "a", in a stream
+    too (it was "")."""
+    prompt, robot_end = [81, 10813, 114], 240
+    expected = hf_smollm_tokenizer.decode([*prompt, robot_end])[len(hf_smollm_tokenizer.decode(prompt[:1])):]
+    assert expected == "\U0001f916"
+    ask = {"prompt": prompt, "logit_bias": {str(robot_end): 100}, **ASK, "max_tokens": 1}
+    whole = client.completions.create(extra_body=IDS, **ask).choices[0]
+    assert (whole.text, whole.model_extra["token_ids"]) == (expected, [robot_end])
+    assert "".join(c.choices[0].text for c in client.completions.create(stream=True, **ask) if c.choices) == expected

@@ -1,0 +1,96 @@
+"""A prompt whose token ids end (or whose last few tokens begin) partway through a character: the
+output that finishes the character shows it, and nothing after it is lost.
+
+Reference: the tokenizer's own decode of prompt and output together, less the decoded prompt up
+to its last whole character (what vLLM's incremental detokenizer shows). Before, "a" + two of
+🤖's three byte-level tokens, then the third and "b", showed "b"; with a byte-fallback
+SentencePiece vocabulary the characters after the finished one were lost as well.
+"""
+
+from __future__ import annotations
+
+import pytest
+from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers
+
+from inferlab.engine.detokenizer import IncrementalDetokenizer
+from inferlab.models.tokenizer import TextTokenizer, TokenizerInfo
+
+SP = "\u2581"
+
+
+@pytest.fixture(scope="module")
+def embedded_tokenizer(embedded_gguf):
+    from inferlab.models.loader import load_tokenizer
+
+    return load_tokenizer(embedded_gguf)
+
+
+@pytest.fixture(scope="module")
+def byte_fallback_tokenizer() -> TextTokenizer:
+    """Llama 2's kind: "\u2581" for a space, <0xNN> for the bytes of a character with no token."""
+    vocab = {"<unk>": 0, "<s>": 1, "</s>": 2} | {f"<0x{b:02X}>": 3 + b for b in range(256)}
+    merges = [(SP, "h"), (f"{SP}h", "e"), ("l", "l"), (f"{SP}he", "ll"), (f"{SP}hell", "o"), (SP, SP)]
+    for piece in [*f"{SP}abcdehlow,!", *(a + b for a, b in merges)]:
+        vocab.setdefault(piece, len(vocab))
+    backend = Tokenizer(models.BPE(vocab=vocab, merges=merges, byte_fallback=True, unk_token="<unk>"))
+    backend.normalizer = normalizers.Sequence([normalizers.Prepend(SP), normalizers.Replace(" ", SP)])
+    backend.decoder = decoders.Sequence([decoders.Replace(SP, " "), decoders.ByteFallback(),
+                                         decoders.Fuse(), decoders.Strip(" ", 1, 0)])
+    backend.add_special_tokens([AddedToken("<s>", special=True), AddedToken("</s>", special=True)])
+    return TextTokenizer(backend, TokenizerInfo(bos_token="<s>", eos_token="</s>"))
+
+
+def reference(tokenizer: TextTokenizer, prompt: list[int], output: list[int], skip: bool) -> str:
+    """decode(prompt + output) after decode(prompt up to its last whole character); the texts
+    tested hold no U+FFFD of their own, so one at the end is a character not finished."""
+    whole = len(prompt)
+    while tokenizer.decode(prompt[:whole], skip).endswith("\ufffd"):
+        whole -= 1
+    return tokenizer.decode(prompt + output, skip)[len(tokenizer.decode(prompt[:whole], skip)):]
+
+
+def shown(tokenizer: TextTokenizer, prompt: list[int], output: list[int], skip: bool = True) -> str:
+    """The output's text as the detokenizer hands it out, one token at a time."""
+    detok = IncrementalDetokenizer(tokenizer, prompt, [], skip_special_tokens=skip)
+    return "".join(detok.add([t], finished=i == len(output) - 1)[0] for i, t in enumerate(output))
+
+
+def test_the_reported_prompt_ends_two_bytes_into_a_robot(embedded_tokenizer):
+    prompt, output = [81, 10813, 114], [240, 82]
+    assert embedded_tokenizer.decode(prompt + output) == "a\U0001f916b"
+    assert shown(embedded_tokenizer, prompt, output) == "\U0001f916b"
+
+
+@pytest.mark.parametrize("text", ["a\U0001f916b", "x \u65e5\u672c hello", "\u00e9, \U0001f916\U0001f916 y"])
+def test_every_prompt_split_of_a_byte_level_vocabulary(embedded_tokenizer, text):
+    ids = embedded_tokenizer.encode(text, add_special_tokens=False)
+    assert any(embedded_tokenizer.decode(ids[:k]).endswith("\ufffd") for k in range(len(ids)))
+    for k in range(len(ids)):
+        assert shown(embedded_tokenizer, ids[:k], ids[k:]) == reference(embedded_tokenizer, ids[:k], ids[k:], True), k
+
+
+@pytest.mark.parametrize("text", ["\U0001f916 hello a  b   c", "hello \U0001f916\U0001f916 world",
+                                  "\u00e9, hello! we"])
+def test_every_prompt_split_of_a_byte_fallback_vocabulary(byte_fallback_tokenizer, text):
+    """Two 🤖 take eight byte tokens: some splits also begin the last five prompt tokens (the
+    detokenizer's context) inside a character, which the byte fallback decodes to U+FFFDs."""
+    ids = byte_fallback_tokenizer.encode(text, add_special_tokens=False)
+    for k in range(len(ids)):
+        assert shown(byte_fallback_tokenizer, ids[:k], ids[k:]) == reference(
+            byte_fallback_tokenizer, ids[:k], ids[k:], True), k
+
+
+@pytest.mark.parametrize(("skip", "whole", "output_text"), [
+    (True, "\u00e9, we", "\u00e9, we"),
+    (False, "\ufffd</s>\ufffd, we", "\ufffd, we"),
+])
+def test_a_special_token_inside_a_character_splits_it_only_where_it_is_written(
+        byte_fallback_tokenizer, skip, whole, output_text):
+    """The prompt ends with "\u00e9"'s first byte, then </s>: skipped, </s> lets the bytes join;
+    written, it ends the prompt's text, and the byte after it is the output's U+FFFD."""
+    tok = byte_fallback_tokenizer
+    ids = tok.encode("\u00e9, we", add_special_tokens=False)
+    assert [tok.id_to_token(t) for t in ids[:3]] == [SP, "<0xC3>", "<0xA9>"]
+    prompt, output = [*ids[:2], tok.eos_token_id], ids[2:]
+    assert tok.decode(prompt + output, skip) == whole
+    assert shown(tok, prompt, output, skip) == reference(tok, prompt, output, skip) == output_text
