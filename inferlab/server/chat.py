@@ -21,7 +21,6 @@ from inferlab.server.errors import bad_request
 from inferlab.server.generation import Generation
 from inferlab.server.logprobs import chat_logprobs
 from inferlab.server.protocol import (
-    AssistantMessage,
     ChatChoice,
     ChatChunkChoice,
     ChatCompletion,
@@ -29,6 +28,7 @@ from inferlab.server.protocol import (
     ChatCompletionRequest,
     ChatLogprobs,
     ChatMessage,
+    ReplyMessage,
     usage_asked,
 )
 from inferlab.server.reasoning import REASONING_PARSERS
@@ -103,11 +103,17 @@ def _as_dict(message: ChatMessage) -> dict[str, Any]:
     return message.model_dump(exclude_none=True)
 
 
+def _reply_role(req: ChatCompletionRequest) -> str:
+    """vLLM's: the assistant's when the generation prompt opens its turn; without one the reply
+    goes on with the last message's turn, so it is in that message's role."""
+    return "assistant" if req.add_generation_prompt else req.messages[-1].role
+
+
 def _echoed(req: ChatCompletionRequest) -> str:
     """vLLM's chat echo: the last message's text goes before the reply when it is in the
-    reply's role (the assistant's; any role when no generation prompt opens a new turn)."""
+    reply's role."""
     last = req.messages[-1]
-    if not req.echo or (req.add_generation_prompt and last.role != "assistant"):
+    if not req.echo or last.role != _reply_role(req):
         return ""
     return message_text(_as_dict(last), len(req.messages) - 1)  # checked when the prompt was built
 
@@ -123,6 +129,7 @@ class _Formatter:
         self.created = int(time.time())
         self.num_top = req.top_logprobs or 0
         self.names = ctx.token_names(req.return_tokens_as_token_ids)
+        self.role = _reply_role(req)
         self.echo = _echoed(req)
         thinking = ctx.settings.reasoning_parser
         guided = gen.params.guide_after_thinking is not None
@@ -141,7 +148,8 @@ class _Formatter:
             # reads one, its text given back where a call cannot be read
             content = self.echo + (reply.drop_calls() if reply.calls_unreadable() else parsed.content)
             # vLLM's: a reply that is all thinking (shown or not), or all calls, has no content
-            message = AssistantMessage(
+            message = ReplyMessage(
+                role=self.role,
                 content=content if content or not (reply.names or reply.thought) else None,
                 reasoning=reasoning or None, reasoning_content=reasoning or None,
                 tool_calls=reply.calls)
@@ -157,7 +165,7 @@ class _Formatter:
         # continuous: each chunk counts its own choice's tokens so far (vLLM's)
         final_usage, continuous = usage_asked(self.req.stream_options)
         for i in range(self.gen.params.n):
-            yield self._chunk(ChatChunkChoice(index=i, delta={"role": "assistant", "content": ""}),
+            yield self._chunk(ChatChunkChoice(index=i, delta={"role": self.role, "content": ""}),
                               0 if continuous else None,
                               asked_ids(self.req, self.gen.prompt_token_ids(0)) if i == 0 else None)
         for i in range(self.gen.params.n if self.echo else 0):

@@ -245,8 +245,10 @@ class ChatLogprobs(BaseModel):
     content: list[TokenLogprob]
 
 
-class AssistantMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+class ReplyMessage(BaseModel):
+    # vLLM's: the assistant's, or with add_generation_prompt false the last message's (the turn
+    # the reply goes on with)
+    role: str
     content: str | None  # None: the reply is tool calls only, or thinking only
     refusal: str | None = None  # OpenAI requires it (null: no refusal), as vLLM sends; deltas have none
     # the thinking, with --reasoning-parser: vLLM's name since 0.11 and its first (DeepSeek's),
@@ -258,7 +260,7 @@ class AssistantMessage(BaseModel):
 
 class ChatChoice(BaseModel):
     index: int
-    message: AssistantMessage
+    message: ReplyMessage
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
@@ -278,7 +280,7 @@ class ChatCompletion(BaseModel):
 
 class ChatChunkChoice(BaseModel):
     index: int
-    # {"role": "assistant", "content": ""} first, then {"content": ...} and {"tool_calls": [...]}
+    # {"role": the reply's, "content": ""} first, then {"content": ...} and {"tool_calls": [...]}
     delta: dict[str, Any]
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None

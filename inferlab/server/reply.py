@@ -52,7 +52,7 @@ class ReplyReader:
     def delta(self, reasoning: str, parsed: ParsedDelta) -> dict[str, Any]:
         """A stream chunk's delta: the new reasoning and content and pieces of calls, a call's
         id, type and name in its first piece only."""
-        # both names, as AssistantMessage has them
+        # both names, as ReplyMessage has them
         out: dict[str, Any] = {"reasoning": reasoning, "reasoning_content": reasoning} if reasoning else {}
         if parsed.content:
             out["content"] = parsed.content

@@ -223,3 +223,27 @@ def test_a_well_formed_json_schema_header_is_served(server):
     for header in ({"name": "x" * 64}, {"name": "a-b_9", "strict": None}, {"name": "c", "strict": False}):
         r = chat(server, response_format={"type": "json_schema", "json_schema": {**header, "schema": SCHEMA}})
         assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize(("messages", "add_generation_prompt", "role"), [
+    (USER, True, "assistant"),
+    (USER, False, "user"),
+    ([{"role": "system", "content": "Be brief."}], False, "system"),
+    ([*USER, {"role": "assistant", "content": "Hi"}], False, "assistant"),
+])
+def test_the_reply_is_in_the_last_message_role_without_a_generation_prompt(
+        server, messages, add_generation_prompt, role):
+    """vLLM's get_chat_request_role: the assistant's when the generation prompt opens its turn,
+    else the last message's (the reply goes on with that turn), in the whole reply's message and
+    in each choice's first chunk; echo puts the last message first when it is in that role (it
+    was always the assistant's, so a user's message was echoed under role "assistant")."""
+    asked = {"messages": messages, "add_generation_prompt": add_generation_prompt, "echo": True}
+    echo = messages[-1]["content"] if messages[-1]["role"] == role else ""
+    message = chat(server, **asked).json()["choices"][0]["message"]
+    assert message["role"] == role and message["content"].startswith(echo)
+    chunks = stream_chunks(server, n=2, max_tokens=2, **asked)
+    deltas = [(chunk["choices"][0]["index"], chunk["choices"][0]["delta"]) for chunk in chunks]
+    assert deltas[:2] == [(0, {"role": role, "content": ""}), (1, {"role": role, "content": ""})]
+    assert not any("role" in delta for _, delta in deltas[2:])
+    streamed = "".join(delta.get("content", "") for index, delta in deltas if index == 0)
+    assert streamed.startswith(echo)
