@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from inferlab.engine.utf8_tokens import ends_inside_a_character
+from inferlab.engine.utf8_tokens import ends_inside_a_character, token_bytes, unfinished_character
 from inferlab.models.tokenizer import TextTokenizer
 
 # tokens decoded before the new ones, so merges across the boundary come out right
@@ -42,9 +42,15 @@ class IncrementalDetokenizer:
         self.ids.extend(token_ids)
         skip = self.skip_special_tokens
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip)
-        full = self.tokenizer.decode(self.ids[self.prefix_offset:], skip)
-        if finished and full.endswith("\ufffd") and ends_inside_a_character(self.tokenizer, self.ids[self.read_offset:]):
-            full = full[:-1]  # a character cut short: its bytes decode to one U+FFFD
+        # a reply cut partway through a character ends without it: the tokens holding only its
+        # bytes are left out (a byte fallback decodes each to a U+FFFD, and the whole characters
+        # in the same run of bytes as well)
+        end, straddled = len(self.ids), False
+        if finished:
+            end, straddled = _cut_character_start(self.tokenizer, self.ids, self.read_offset, skip)
+        full = self.tokenizer.decode(self.ids[self.prefix_offset:end], skip)
+        if straddled and full.endswith("\ufffd"):
+            full = full[:-1]  # its first bytes' U+FFFD, after the whole text of their token (" \xe6")
         if len(full) > len(prefix) and (finished or not full.endswith("\ufffd")):
             new_from = len(self.text)
             self.text += full[len(prefix):]
@@ -80,3 +86,26 @@ def _whole_text_end(tokenizer: TextTokenizer, ids: list[int], end: int, skip_spe
            and ends_inside_a_character(tokenizer, ids[:end])):
         end -= 1
     return end
+
+
+def _cut_character_start(tokenizer: TextTokenizer, ids: list[int], begin: int, skip_special_tokens: bool
+                         ) -> tuple[int, bool]:
+    """For a reply cut partway through a character: where the tokens at or after `begin` that hold
+    only its bytes begin (len(ids) for a reply that ends whole), and whether the token before them
+    holds its first bytes after whole text (a byte-level " \\xe6"), which decodes to that text
+    and one U+FFFD. A special token written out ends the character before it: bytes after it are
+    stray, not a character cut."""
+    left = len(unfinished_character(tokenizer, ids[begin:]))
+    end = len(ids)
+    while end > begin and left > 0:
+        token_id = ids[end - 1]
+        if token_id in tokenizer.all_special_ids:
+            if not skip_special_tokens:
+                return len(ids), False
+        else:
+            spelled = len(token_bytes(tokenizer, token_id, tokenizer.decode([token_id], False)))
+            if spelled > left:
+                break
+            left -= spelled
+        end -= 1
+    return end, left > 0

@@ -95,7 +95,12 @@ def byte_spellings(tokenizer: TextTokenizer, texts: list[str | None]) -> dict[in
 
 
 def ends_inside_a_character(tokenizer: TextTokenizer, token_ids: list[int]) -> bool:
-    """Whether the tokens' bytes end partway through a character (a reply cut inside one): their
+    """Whether the tokens' bytes end partway through a character (a reply cut inside one)."""
+    return bool(unfinished_character(tokenizer, token_ids))
+
+
+def unfinished_character(tokenizer: TextTokenizer, token_ids: list[int]) -> bytes:
+    """The bytes of the character the tokens end partway through, b"" where they end whole: their
     last lead byte, within the last three, begins a character not ended. Read back to the last
     token whose entry spells no bytes (its text is whole); special tokens write nothing. A text
     that decodes to U+FFFD otherwise (U+FFFD itself, bytes that are no UTF-8) is what the
@@ -110,10 +115,10 @@ def ends_inside_a_character(tokenizer: TextTokenizer, token_ids: list[int]) -> b
         raw = spelled + raw
     for start in range(len(raw) - 1, max(len(raw) - 4, -1), -1):
         if raw[start] < 0x80:  # ASCII: whole
-            return False
+            return b""
         if raw[start] >= 0xC0:  # a lead byte
-            return split_utf8(raw[start:]) == ("", raw[start:])
-    return False
+            return raw[start:] if split_utf8(raw[start:]) == ("", raw[start:]) else b""
+    return b""
 
 
 def split_utf8(data: bytes) -> tuple[str, bytes] | None:

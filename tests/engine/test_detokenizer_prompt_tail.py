@@ -5,6 +5,10 @@ Reference: the tokenizer's own decode of prompt and output together, less the de
 to its last whole character (what vLLM's incremental detokenizer shows). Before, "a" + two of
 🤖's three byte-level tokens, then the third and "b", showed "b"; with a byte-fallback
 SentencePiece vocabulary the characters after the finished one were lost as well.
+
+A reply that finishes cut partway through a character ends before it: the reference is decode of
+the tokens less the cut character's. A byte fallback once left one U+FFFD per byte of it, and the
+whole characters before it in the same run of bytes came out as U+FFFDs too.
 """
 
 from __future__ import annotations
@@ -94,3 +98,46 @@ def test_a_special_token_inside_a_character_splits_it_only_where_it_is_written(
     prompt, output = [*ids[:2], tok.eos_token_id], ids[2:]
     assert tok.decode(prompt + output, skip) == whole
     assert shown(tok, prompt, output, skip) == reference(tok, prompt, output, skip) == output_text
+
+
+@pytest.mark.parametrize("text", ["hello \U0001f916", "hello \u00e9\U0001f916", "\U0001f916\U0001f916"])
+def test_a_reply_cut_inside_a_character_of_byte_tokens_ends_before_it(byte_fallback_tokenizer, text):
+    """The last 🤖's four byte tokens, cut after one to three, at every prompt split (the prompt
+    may hold some of them): the reply is its tokens' text up to the cut character, shown one token
+    at a time and all at once alike."""
+    tok = byte_fallback_tokenizer
+    ids = tok.encode(text, add_special_tokens=False)
+    robot = len(ids) - 4
+    assert [tok.id_to_token(t) for t in ids[robot:]] == ["<0xF0>", "<0x9F>", "<0xA4>", "<0x96>"]
+    for cut in range(robot + 1, len(ids)):
+        for k in range(cut):
+            whole = min(k, robot)
+            expected = reference(tok, ids[:whole], ids[whole:robot], True)
+            assert "\ufffd" not in expected
+            assert shown(tok, ids[:k], ids[k:cut]) == expected, (cut, k)
+            at_once = IncrementalDetokenizer(tok, ids[:k], []).add(ids[k:cut], finished=True)
+            assert at_once == (expected, None), (cut, k)
+
+
+def test_the_reported_cut_replies(byte_fallback_tokenizer):
+    tok = byte_fallback_tokenizer
+    hello, f0, x9f = (tok.backend.token_to_id(e) for e in (f"{SP}hello", "<0xF0>", "<0x9F>"))
+    assert tok.decode([hello, hello, f0, x9f]) == "hello hello\ufffd\ufffd"
+    assert shown(tok, [hello], [hello, f0, x9f]) == " hello"
+    assert shown(tok, [hello, f0], [x9f]) == ""
+
+
+@pytest.mark.parametrize(("skip", "kept", "output_text"), [
+    (True, 1, " hello"),
+    (False, 4, " hello\ufffd</s>\ufffd"),
+])
+def test_a_special_token_inside_a_cut_character_ends_it_only_where_it_is_written(
+        byte_fallback_tokenizer, skip, kept, output_text):
+    """The reply is " hello", 🤖's first byte, </s>, its second: skipped, </s> leaves the
+    character cut, and the reply is " hello"; written, it ends the first byte, the second is a
+    stray byte, and the reply is all its tokens decode to."""
+    tok = byte_fallback_tokenizer
+    hello, f0, x9f = (tok.backend.token_to_id(e) for e in (f"{SP}hello", "<0xF0>", "<0x9F>"))
+    output = [hello, f0, tok.eos_token_id, x9f]
+    assert reference(tok, [hello], output[:kept], skip) == output_text
+    assert shown(tok, [hello], output, skip) == output_text

@@ -210,3 +210,20 @@ def test_streamed_chat_names_the_stop_string_in_its_last_chunk(server):
     last = chunks[-1]["choices"][0]
     assert (last["finish_reason"], last["stop_reason"]) == ("stop", "three")
     assert all(c["choices"][0]["stop_reason"] is None for c in chunks[:-1])
+
+
+def test_a_reply_cut_inside_a_character_of_byte_tokens_ends_before_it(sentencepiece_server):
+    """The prompt's ids end with " hello" and 🤖's first byte; the reply, forced, is two <0x9F>s,
+    cut by max_tokens three bytes into a four-byte character. Its text, whole and streamed, is
+    decode of the reply less that character's tokens: "" (it was two U+FFFDs)."""
+    server = sentencepiece_server
+    backend = server.engine.tokenizer.backend
+    hello, f0, x9f = (backend.token_to_id(e) for e in (f"{SP}hello", "<0xF0>", "<0x9F>"))
+    assert backend.decode([hello, f0, x9f, x9f]) == "hello" + "\ufffd" * 3
+    body = {"model": MODEL_NAME, "prompt": [1, hello, f0], "max_tokens": 2, "logit_bias": {str(x9f): 100}}
+    whole = _completion(server, **body)
+    assert (whole["text"], whole["finish_reason"]) == ("", "length")
+    with httpx.stream("POST", f"{server.url}/v1/completions", headers=server.headers, timeout=60,
+                      json={**body, "stream": True}) as r:
+        chunks = [json.loads(line[6:]) for line in r.iter_lines() if line.startswith("data: {")]
+    assert "".join(c["choices"][0]["text"] for c in chunks if c["choices"]) == ""
