@@ -10,7 +10,8 @@ TORCH_INDEX ?=
 
 .PHONY: install serve chat test lint browser clean
 
-$(STAMP): pyproject.toml
+# the Makefile too: it pins torch and the embedded model, which pyproject.toml does not name
+$(STAMP): pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
