@@ -324,11 +324,10 @@ class DataConfig:
         if self.default_output_tokens < 1:
             raise InferlabError("--max-tokens must be >= 1")
         # bad data fails here, before the server is contacted
-        from inferlab.bench.dataspec import SyntheticSpec, is_synthetic, resolve_corpus
+        from inferlab.bench.dataspec import SyntheticSpec, is_synthetic
 
         if is_synthetic(self.data):
             SyntheticSpec.parse(self.data)
-            resolve_corpus(self.data_file)
         else:
             found = stat_user_path(self.data)  # None for a name too long to be a file's
             if found is not None and stat.S_ISDIR(found.st_mode):
@@ -339,6 +338,13 @@ class DataConfig:
                                     "(prompt_tokens=N,output_tokens=N) nor an existing file")
         if self.tokenizer is not None and not is_user_file(self.tokenizer):
             raise InferlabError(f"tokenizer file not found: {self.tokenizer!r}")
+
+    def check_corpus(self) -> None:
+        """Synthetic prompts' text is there (--data-file, else the default corpus)."""
+        from inferlab.bench.dataspec import is_synthetic, resolve_corpus
+
+        if is_synthetic(self.data):
+            resolve_corpus(self.data_file)
 
 
 @dataclass(frozen=True)
@@ -375,3 +381,6 @@ class BenchConfig:
         for path in self.outputs:
             if Path(path).suffix not in REPORT_SUFFIXES:
                 raise InferlabError(f"--output {path}: use a .json, .csv or .html name")
+        # last, after every flag's own check: a missing default corpus is the setup's fault
+        # and once hid the user's actual mistake (--workers 0, a missing --tokenizer)
+        self.data.check_corpus()

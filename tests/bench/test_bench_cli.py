@@ -15,6 +15,7 @@ import urllib.request
 import pytest
 from bench_helpers import closed_stdout_exit_code
 
+from inferlab.bench import dataspec
 from inferlab.bench.report_csv import header
 from inferlab.cli import main
 
@@ -237,8 +238,10 @@ SYNC2 = ["bench", "--target", "http://127.0.0.1:9", "--profile", "synchronous",
     (["bench", "mock-server", "--port", "70000"], "port must be in [0, 65535], got 70000"),
     (["bench", "mock-server", "--port", "-1"], "port must be in [0, 65535], got -1"),
 ])
-def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypatch):
+def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypatch, corpus):
     monkeypatch.chdir(tmp_path)  # where argv's relative paths point
+    # the cases leave out --data-file: their own error, not a missing ../shared/data, is checked
+    monkeypatch.setattr(dataspec, "DEFAULT_CORPUS", corpus)
     (tmp_path / "folder.json").mkdir()
     (tmp_path / "folder.html").mkdir()
     (tmp_path / "latin1.json").write_bytes("{\"format\": \"é\"}".encode("latin-1"))
@@ -251,6 +254,23 @@ def test_bad_input_is_a_one_line_error(argv, message, capsys, tmp_path, monkeypa
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert sorted(tmp_path.iterdir()) == before  # nothing left behind
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--workers", "0"], "--workers must be in [1, 64], got 0"),
+    (["--scrape-interval", "nan"], "--scrape-interval must be > 0"),
+    (["--slo-search"], "--slo-search needs --slo"),
+    (["--output", "r.txt"], "--output r.txt: use a .json, .csv or .html name"),
+    # and still before the server is contacted: port 9 would say "cannot reach"
+    ([], "synthetic prompts are cut from real text, by default"),
+])
+def test_flag_errors_come_before_a_missing_default_corpus(flags, message, monkeypatch, tmp_path,
+                                                          one_line_error):
+    """A missing ../shared/data once hid each of these: the user was told to get text for
+    prompts, fixed that, and only then heard of the flag they had got wrong."""
+    monkeypatch.setattr(dataspec, "DEFAULT_CORPUS", tmp_path / "absent.raw")
+    err = one_line_error("bench", "--target", "http://127.0.0.1:9", "--max-seconds", "1", *flags)
+    assert message in err
 
 
 def test_a_closed_stdout_loses_no_report(mock_server, corpus, tmp_path):
@@ -285,10 +305,10 @@ def test_missing_data_file_is_named(mock_server, tmp_path, capsys):
     assert "--data-file not found" in capsys.readouterr().err
 
 
-def test_a_model_the_server_does_not_list_is_named(mock_server, capsys):
+def test_a_model_the_server_does_not_list_is_named(mock_server, corpus, capsys):
     # every request would fail with HTTP 404 and the run would still exit 0
     argv = ["bench", "--target", mock_server(), "--model", "nosuch", "--profile",
-            "synchronous", "--max-requests", "1", "--quiet"]
+            "synchronous", "--max-requests", "1", "--data-file", str(corpus), "--quiet"]
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err == "error: --model 'nosuch' is not served at " + argv[2] + "; it serves: " \

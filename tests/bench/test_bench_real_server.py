@@ -72,7 +72,7 @@ def inferlab_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.mark.slow
-def test_short_sweep_against_the_embedded_model(inferlab_server, tmp_path):
+def test_short_sweep_against_the_embedded_model(inferlab_server, corpus, tmp_path):
     outputs = {ext: tmp_path / f"sweep.{ext}" for ext in ("json", "csv", "html")}
     argv = [sys.executable, "-m", "inferlab.cli", "bench", "--target", inferlab_server,
             # stages end by count, not time: on a loaded machine 3 s once held no finished
@@ -80,8 +80,8 @@ def test_short_sweep_against_the_embedded_model(inferlab_server, tmp_path):
             "--profile", "sweep", "--sweep-size", "3", "--max-requests", "6",
             "--max-seconds", "30", "--sweep-sync-seconds", "30", "--max-concurrency", "4",
             "--drain-seconds", "8",
-            "--data", "prompt_tokens=32,output_tokens=8", "--calibration-seconds", "0.5",
-            "--scrape-interval", "0.5", "--quiet"]
+            "--data", "prompt_tokens=32,output_tokens=8", "--data-file", str(corpus),
+            "--calibration-seconds", "0.5", "--scrape-interval", "0.5", "--quiet"]
     for path in outputs.values():
         argv += ["--output", str(path)]
     done = subprocess.run(argv, capture_output=True, text=True, timeout=300)

@@ -228,7 +228,9 @@ def test_default_corpus_is_wikitext_beside_the_project():
     assert expected == dataspec.DEFAULT_CORPUS
 
 
-def test_bad_tokenizer_file_is_a_user_error(tmp_path):
+def test_bad_tokenizer_file_is_a_user_error(tmp_path, monkeypatch):
+    # named even where the default corpus is missing too, which once hid it
+    monkeypatch.setattr(dataspec, "DEFAULT_CORPUS", tmp_path / "absent.raw")
     with pytest.raises(InferlabError, match="tokenizer file not found"):  # before any request
         DataConfig(tokenizer=str(tmp_path / "missing.json"))
     with pytest.raises(InferlabError, match="cannot load tokenizer"):

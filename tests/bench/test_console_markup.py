@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -81,21 +82,23 @@ def rejecting_server() -> Iterator[str]:
     server.server_close()
 
 
-def bench_argv(url: str, tmp_path) -> list[str]:
+def bench_argv(url: str, corpus: Path, tmp_path: Path) -> list[str]:
     return ["bench", "--target", url, "--profile", "constant", "--rate", "5",
             "--max-seconds", "1", "--data", "prompt_tokens=8,output_tokens=2",
+            "--data-file", str(corpus),
             "--calibration-seconds", "0", "--scrape-interval", "0", "--workers", "1",
             "--quiet", "--output", str(tmp_path / "run.json")]
 
 
-def test_a_server_error_with_brackets_is_reported_not_a_crash(rejecting_server, tmp_path,
-                                                               capsys):
-    assert main(bench_argv(rejecting_server, tmp_path)) == 0
+def test_a_server_error_with_brackets_is_reported_not_a_crash(rejecting_server, corpus,
+                                                               tmp_path, capsys):
+    assert main(bench_argv(rejecting_server, corpus, tmp_path)) == 0
     out = capsys.readouterr().out
     assert f"the first: HTTP 400: {REJECTION}" in out
 
 
-def test_a_model_named_in_markup_is_reported_not_a_crash(mock_server, tmp_path, capsys):
+def test_a_model_named_in_markup_is_reported_not_a_crash(mock_server, corpus, tmp_path,
+                                                         capsys):
     url = mock_server(model=ODD_MODEL, itl_ms=1)
-    assert main(bench_argv(url, tmp_path)) == 0
+    assert main(bench_argv(url, corpus, tmp_path)) == 0
     assert f"{ODD_MODEL} at {url} (constant): load" in capsys.readouterr().out

@@ -95,14 +95,15 @@ def test_a_hanging_server_is_reported_in_the_run_warnings(mock_server, corpus):
                             "ended, 0.3 s") for w in result.warnings)
 
 
-def test_the_warning_is_printed_and_in_the_json(mock_server, tmp_path, capsys):
+def test_the_warning_is_printed_and_in_the_json(mock_server, corpus, tmp_path, capsys):
     # one slot: the first request hangs in it, so the other 9 sends are never made
     url = mock_server(hang_rate=1.0, itl_ms=1)
     out = tmp_path / "run.json"
     argv = ["bench", "--target", url, "--profile", "constant", "--rate", "10",
             "--max-seconds", "1", "--drain-seconds", "0.3", "--max-concurrency", "1",
-            "--data", "prompt_tokens=8,output_tokens=4", "--calibration-seconds", "0",
-            "--scrape-interval", "0", "--workers", "1", "--quiet", "--output", str(out)]
+            "--data", "prompt_tokens=8,output_tokens=4", "--data-file", str(corpus),
+            "--calibration-seconds", "0", "--scrape-interval", "0", "--workers", "1", "--quiet",
+            "--output", str(out)]
     assert main(argv) == 0
     expected = ("constant@10/s: 1 request was still unanswered when the drain ended, 0.3 s "
                 "(--drain-seconds) after --max-seconds: the server stopped answering them")

@@ -5,14 +5,14 @@ defaults (the runs themselves: test_quantize.py)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
 from inferlab.cli import build_parser, main
-from inferlab.quant.cli import build_recipe
+from inferlab.quant.cli import CALIBRATION_DEFAULTS, build_recipe
 from inferlab.quant.recipe import Recipe
 from inferlab.quant.scheme import make_scheme
-from inferlab.shared_data import WIKITEXT_VALID
 
 from .tiny import calibration_text, tiny_model_dir
 
@@ -176,19 +176,26 @@ def test_cli_refuses_bad_algorithm_settings_before_loading(source, tmp_path, one
 
 
 @pytest.mark.parametrize(("flags", "calibration"), [
-    (["--scheme", "W8A16"], {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512,
-                             "batch_size": 8, "seed": 0}),
+    (["--scheme", "W8A16"], {"num_samples": 128, "seq_len": 512, "batch_size": 8, "seed": 0}),
     (["--scheme", "FP8", "--num-samples", "4", "--seq-len", "16", "--batch-size", "2", "--seed", "3"],
-     {"calib": str(WIKITEXT_VALID), "num_samples": 4, "seq_len": 16, "batch_size": 2, "seed": 3}),
+     {"num_samples": 4, "seq_len": 16, "batch_size": 2, "seed": 3}),
     (["--scheme", "W8A16", "--method", "gptq", "--block-size", "6"],
-     {"calib": str(WIKITEXT_VALID), "num_samples": 128, "seq_len": 512, "batch_size": 8, "seed": 0}),
+     {"num_samples": 128, "seq_len": 512, "batch_size": 8, "seed": 0}),
 ], ids=["defaults", "static scales calibrate", "gptq takes any block"])
 def test_cli_passes_the_calibration_settings(source, tmp_path, monkeypatch, flags, calibration) -> None:
     """The documented defaults where a flag is left out; FP8's static input scales calibrate."""
+    # a stand-in for the default text, which runs that calibrate read first: no ../shared/data needed
+    monkeypatch.setitem(CALIBRATION_DEFAULTS, "calib", str(source[1]))
     ran = []
     monkeypatch.setattr("inferlab.quant.run.quantize_to_directory", lambda *a, **k: ran.append(k) or {})
     assert main(["quantize", str(source[0]), "--out", str(tmp_path / "q"), *flags]) == 0
-    assert {k: ran[0][k] for k in calibration} == calibration
+    assert {k: ran[0][k] for k in ["calib", *calibration]} == {"calib": str(source[1]), **calibration}
+
+
+def test_default_calibration_text_is_wikitext_valid_beside_the_project() -> None:
+    project_root = Path(__file__).resolve().parents[2]  # tests/quant/ -> the project
+    expected = project_root.parent / "shared" / "data" / "wikitext-2-valid" / "valid.txt"
+    assert CALIBRATION_DEFAULTS["calib"] == str(expected)
 
 
 @pytest.mark.parametrize("target", ["real", "nowhere"], ids=["to a directory", "dangling"])
