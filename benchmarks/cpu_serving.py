@@ -125,7 +125,8 @@ def tokenizer_json(model: str | None, directory: Path) -> Path:
     """The served model's tokenizer.json, for `inferlab bench --tokenizer`: prompts of exactly
     PROMPT_TOKENS tokens, as the transformers side's are (bench's word rule alone gave 282.7 on
     average, 243-338, on SmolLM2's tokenizer)."""
-    from inferlab.models.loader import load_tokenizer, resolve_model_path
+    from inferlab.models.loader import load_tokenizer
+    from inferlab.models.model_path import resolve_model_path
 
     path = directory / "tokenizer.json"
     load_tokenizer(resolve_model_path(model)).backend.save(str(path))
@@ -160,7 +161,8 @@ class Transformers:
     def __init__(self, dtype: torch.dtype, requests: int) -> None:
         from transformers import AutoModelForCausalLM
 
-        from inferlab.models.loader import embedded_model_path, load_tokenizer
+        from inferlab.models.embedded import embedded_model_path
+        from inferlab.models.loader import load_tokenizer
 
         path = embedded_model_path()
         self.tokenizer = load_tokenizer(path)  # the server's

@@ -47,7 +47,8 @@ def medians(dense: torch.nn.Linear, kernel: type[torch.nn.Module], x: torch.Tens
 
 def model_linears(dtype: torch.dtype) -> list[torch.nn.Linear]:
     """Random linears of the embedded model's shapes, in the order a forward pass calls them."""
-    from inferlab.models.loader import read_model_config, resolve_model_path
+    from inferlab.models.loader import read_model_config
+    from inferlab.models.model_path import resolve_model_path
 
     cfg = read_model_config(resolve_model_path(None))
     layer = [(cfg.hidden_size, cfg.q_size + 2 * cfg.kv_size), (cfg.q_size, cfg.hidden_size),

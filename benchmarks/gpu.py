@@ -30,7 +30,7 @@ model), the kernel tests compiled on the GPU, then this script:
 
 `--embedded-gguf PATH` points step 3 at the real file where one has been brought over. The
 file travels in two calls, since ignored files a call brought stay for the next one: here,
-`split -b 60M "$(.venv/bin/python -c 'from inferlab.models.loader import embedded_model_path
+`split -b 60M "$(.venv/bin/python -c 'from inferlab.models.embedded import embedded_model_path
 as p; print(p())')" build/gguf.` (build/ is ignored); a first
 call `true` carrying build/gguf.aa; then the line above carrying build/gguf.ab, led by
 `cat build/gguf.a? > /tmp/smollm2.gguf;` and with `--embedded-gguf /tmp/smollm2.gguf`.
@@ -92,7 +92,7 @@ from inferlab.planner.roofline import ModelCost, model_cost  # noqa: E402
 
 def installed_gguf() -> str | None:
     from inferlab.errors import ModelLoadError
-    from inferlab.models.loader import embedded_model_path
+    from inferlab.models.embedded import embedded_model_path
 
     try:
         path = embedded_model_path()

@@ -42,7 +42,8 @@ def main() -> None:
 
     script_parser(__doc__).parse_args()
 
-    from inferlab.models.loader import embedded_model_path, read_model_config
+    from inferlab.models.embedded import embedded_model_path
+    from inferlab.models.loader import read_model_config
 
     roof = machine_roofline()
     flops_per_token = prefill_flops_per_token(read_model_config(embedded_model_path()), 512)

@@ -23,7 +23,8 @@ from inferlab.config import DTYPES
 from inferlab.engine.llm import LLM
 from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.models.loader import read_model_config, resolve_model_path
+from inferlab.models.loader import read_model_config
+from inferlab.models.model_path import resolve_model_path
 
 PARTS = {  # part -> what it is, as printed
     "scheduler": "scheduler (schedule, update)",

@@ -28,7 +28,7 @@ from workloads import existing_file, exit_on_sigterm, positive_int, script_parse
 
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.models.loader import embedded_model_path
+from inferlab.models.embedded import embedded_model_path
 
 SCHEMES = {"W4A16": ["--scheme", "W4A16", "--group-size", "64"], "W8A8": ["--scheme", "W8A8"]}
 

@@ -85,7 +85,8 @@ def existing_file(text: str) -> str:
 def model_path(text: str) -> str:
     """An argparse type: a model directory or GGUF file whose config reads (no weights loaded),
     refused before any work rather than after the minutes before its load."""
-    from inferlab.models.loader import read_model_config, resolve_model_path
+    from inferlab.models.loader import read_model_config
+    from inferlab.models.model_path import resolve_model_path
 
     try:
         read_model_config(resolve_model_path(text))

@@ -26,7 +26,7 @@ def shared_file():
 
 @pytest.fixture(scope="session")
 def embedded_gguf() -> str:
-    from inferlab.models.loader import embedded_model_path
+    from inferlab.models.embedded import embedded_model_path
 
     return embedded_model_path()
 

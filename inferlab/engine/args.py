@@ -17,6 +17,7 @@ from inferlab.config import (
 from inferlab.engine.request_queue import SCHEDULING_POLICIES
 from inferlab.engine.spec_decode import SpeculativeConfig
 from inferlab.errors import InferlabError
+from inferlab.models.model_path import resolve_model_path
 
 _DEFAULTS = EngineConfig()
 # The server's default step: prefill in chunks of this many tokens between decode steps. When
@@ -108,6 +109,9 @@ def _speculative_config(text: str) -> SpeculativeConfig:
 
 
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """The engine's config; bad flags, and a model that is not there, fail here, before torch
+    and the model load."""
+    resolve_model_path(args.model)
     return EngineConfig(
         model=args.model, dtype=args.dtype, device=args.device,
         kv_cache_memory_bytes=(None if args.kv_cache_memory is None

@@ -83,9 +83,10 @@ def _sampling(args: argparse.Namespace, engine: LLMEngine | None = None) -> Samp
 
 
 def _engine(args: argparse.Namespace) -> LLMEngine:
+    config = engine_config_from_args(args)  # bad flags fail before torch loads (seconds)
     from inferlab.engine.llm_engine import LLMEngine
 
-    return LLMEngine(engine_config_from_args(args))
+    return LLMEngine(config)
 
 
 def _stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams) -> str:

@@ -36,7 +36,8 @@ from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, p
 from inferlab.errors import InferlabError
 from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
 from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
-from inferlab.models.loader import LoadedModel, load_model
+from inferlab.models.loader import LoadedModel, load_model, read_model_config
+from inferlab.models.model_path import resolve_model_path
 from inferlab.planner.memory import kv_cache_bytes_per_token
 from inferlab.planner.units import format_bytes
 
@@ -55,24 +56,27 @@ class LLMEngine:
         if self.device.type == "cpu":
             keep_freed_memory()
         self.dtype = resolve_dtype(config.dtype, self.device)
+        # what the model's config decides is refused before its weights load (up to minutes)
+        self.model_config = loaded.config if loaded else read_model_config(resolve_model_path(config.model))
+        self.max_model_len = self._context_length()
+        self.kv_bytes_per_token = kv_cache_bytes_per_token(
+            self.model_config.num_layers, self.model_config.num_kv_heads,
+            self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
+        budget = self._fixed_kv_cache_budget_bytes()
+        fixed_pool = None if budget is None else self._kv_pool(budget)
+        if fixed_pool is not None:
+            self._check_kv_cache_fits(fixed_pool, after_weights=False)
         self.loaded = (loaded.checked_for(self.dtype, self.device) if loaded
                        else load_model(config.model, self.dtype, self.device))
         if packed_linear_supported(self.device, self.dtype):
             use_packed_linears(self.loaded.model)
         elif onednn_linear_supported(self.device, self.dtype):
             use_onednn_linears(self.loaded.model)
-        self.model_config = self.loaded.config
         self.tokenizer = self.loaded.tokenizer
         self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)
-        self.max_model_len = self._context_length()
-        self.kv_bytes_per_token = kv_cache_bytes_per_token(
-            self.model_config.num_layers, self.model_config.num_kv_heads,
-            self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
-        self.kv_pool = KVPool.from_budget(self._kv_cache_budget_bytes(), config.block_size,
-                                          self.kv_bytes_per_token, config.kv_cache_memory_bytes)
+        self.kv_pool = fixed_pool or self._kv_pool(self._profiled_kv_cache_budget_bytes())
+        self._check_kv_cache_fits(self.kv_pool, after_weights=True)  # the weights took their share
         self.num_kv_blocks = self.kv_pool.num_blocks
-        self._check_kv_cache_fits(self.kv_pool.num_tokens * self.kv_bytes_per_token)
-        self.max_model_len = self.kv_pool.fit_context(self.max_model_len, config.max_model_len)
         logger.info(self.kv_pool.describe(self.max_model_len))
         cache_config = CacheConfig(block_size=config.block_size, num_blocks=self.num_kv_blocks,
                                    enable_prefix_caching=config.enable_prefix_caching)
@@ -118,12 +122,15 @@ class LLMEngine:
                         "capped there", cfg.sliding_window)
         return asked or limit
 
-    def _kv_cache_budget_bytes(self) -> int:
+    def _fixed_kv_cache_budget_bytes(self) -> int | None:
+        """--kv-cache-memory, else a CPU's default: known before the weights load. None on a
+        GPU, whose budget is what profiling a step leaves once they are in."""
+        if self.config.kv_cache_memory_bytes is not None:
+            return self.config.kv_cache_memory_bytes
+        return None if self.device.type == "cuda" else CPU_KV_CACHE_BYTES
+
+    def _profiled_kv_cache_budget_bytes(self) -> int:
         config = self.config
-        if config.kv_cache_memory_bytes is not None:
-            return config.kv_cache_memory_bytes
-        if self.device.type != "cuda":
-            return CPU_KV_CACHE_BYTES
         query_lens = profile_query_lens(config.step_token_budget(self.max_model_len), config.max_num_seqs,
                                         self.max_model_len)
         memory = profile_device_memory(self.loaded.model, query_lens, config.block_size,
@@ -135,15 +142,26 @@ class LLMEngine:
                     format_bytes(memory.non_torch_bytes))
         return kv_bytes
 
-    def _check_kv_cache_fits(self, kv_cache_bytes: int) -> None:
+    def _kv_pool(self, budget_bytes: int) -> KVPool:
+        """The pool the budget buys, refused if it holds no block or less than an asked
+        max_model_len; the model's own max_model_len is lowered to it."""
+        pool = KVPool.from_budget(budget_bytes, self.config.block_size, self.kv_bytes_per_token,
+                                  self.config.kv_cache_memory_bytes)
+        self.max_model_len = pool.fit_context(self.max_model_len, self.config.max_model_len)
+        return pool
+
+    def _check_kv_cache_fits(self, pool: KVPool, after_weights: bool) -> None:
         """Refuse a cache the device cannot hold: on a host, zeroing it would end in the OOM
-        killer (exit 137) rather than an error."""
+        killer (exit 137) rather than an error. Before the weights load, only a cache larger
+        than all the free memory is known not to fit."""
+        kv_cache_bytes = pool.num_tokens * pool.bytes_per_token
         available = available_memory_bytes(self.device)
         if available is not None and kv_cache_bytes > available:
+            when = " after the weights" if after_weights else ""
             raise InferlabError(
                 f"a KV cache of {format_bytes(kv_cache_bytes)} (--kv-cache-memory) does not fit in "
-                f"the {format_bytes(available)} this {self.device.type} has available after the "
-                "weights; choose a smaller --kv-cache-memory")
+                f"the {format_bytes(available)} this {self.device.type} has available{when}; "
+                "choose a smaller --kv-cache-memory")
 
     def tokenize_prompt(self, prompt: str | Sequence[int], truncating: bool = False,
                         add_special_tokens: bool = True) -> tuple[str | None, list[int]]:

@@ -33,7 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
     from inferlab.models.gguf import chat_template, open_gguf
-    from inferlab.models.loader import model_display_name, read_model_config, resolve_model_path
+    from inferlab.models.loader import read_model_config
+    from inferlab.models.model_path import model_display_name, resolve_model_path
 
     path = resolve_model_path(model)
     cfg = read_model_config(path)

@@ -1,4 +1,5 @@
-"""Find, validate and load a model: a Hugging Face directory, a GGUF file, or the embedded default."""
+"""Validate and load a model (model_path finds it): a Hugging Face directory, a GGUF file, or the
+embedded default."""
 
 from __future__ import annotations
 
@@ -11,29 +12,12 @@ import torch
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
-from inferlab.models.embedded import EMBEDDED_ALIAS, EMBEDDED_MODEL_NAME, embedded_model_path
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
 from inferlab.models.gguf_reader import is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
+from inferlab.models.model_path import model_display_name, resolve_model_path
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
-from inferlab.user_files import check_readable, is_user_file, stat_user_path
-
-
-def resolve_model_path(model: str | None) -> str:
-    embedded = model is None or (model == EMBEDDED_ALIAS and not os.path.exists(model))
-    path = embedded_model_path() if embedded else os.path.expanduser(model)
-    if not path:
-        raise ModelLoadError("the model path is empty: name a model directory or .gguf file, or "
-                             "leave it out for the embedded model")
-    if stat_user_path(path) is None:
-        raise ModelLoadError(f"{path}: no such file or directory")
-    return path
-
-
-def model_display_name(model: str | None) -> str:
-    if model is None or model == EMBEDDED_ALIAS:
-        return EMBEDDED_MODEL_NAME
-    return os.path.basename(os.path.normpath(model))
+from inferlab.user_files import check_readable, is_user_file
 
 
 def read_model_config(path: str) -> ModelConfig:

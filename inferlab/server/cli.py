@@ -85,7 +85,7 @@ def _origins(value: str) -> list[str]:
 
 def settings_from_args(args: argparse.Namespace) -> ServerSettings:
     from inferlab.models.chat_template import load_chat_template
-    from inferlab.models.loader import model_display_name
+    from inferlab.models.model_path import model_display_name
 
     names = list(dict.fromkeys(args.served_model_name or [model_display_name(args.model)]))
     if args.model is None and len(names) > 1 and _looks_like_a_model(names[-1]):
@@ -117,14 +117,17 @@ def _looks_like_a_model(name: str) -> bool:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from inferlab.engine.async_engine import AsyncEngine
-    from inferlab.models.loader import model_display_name
-    from inferlab.server.runner import bind, serve
+    from inferlab.models.model_path import model_display_name
+    from inferlab.server.listen import bind
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     settings = settings_from_args(args)
     bind(settings.host, settings.port).close()  # a taken port fails now, not after the model loads
     config = engine_config_from_args(args)  # bad engine flags fail before the model loads
+    # only now: torch takes seconds to import, more than the checks above (15 s on a busy host)
+    from inferlab.engine.async_engine import AsyncEngine
+    from inferlab.server.runner import serve
+
     print(f"inferlab: loading {model_display_name(args.model)}...", file=sys.stderr, flush=True)
     engine = AsyncEngine.from_config(config)
     asyncio.run(serve(engine, settings))

@@ -22,29 +22,15 @@ import uvicorn
 from fastapi import FastAPI
 
 from inferlab.engine.async_engine import AsyncEngine
-from inferlab.errors import InferlabError
 from inferlab.server.app import create_app
 from inferlab.server.context import ServerContext
+from inferlab.server.listen import bind
 from inferlab.server.settings import ServerSettings
 
 logger = logging.getLogger("inferlab.server")
 
 # uvicorn closes connections still open this long after the drain deadline
 _CLOSE_MARGIN_S = 5.0
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """The listening socket, with Nagle's algorithm off for the connections it accepts (Linux
-    passes TCP_NODELAY on to them). asyncio sets it only on sockets made with proto
-    IPPROTO_TCP, which create_server's are not: on a kept-alive connection, a stream's first
-    chunks then waited for the client's delayed ACK, ~40 ms, and came in one burst."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    try:
-        sock = socket.create_server((host, port), family=family)
-    except OSError as e:
-        raise InferlabError(f"cannot listen on {host}:{port}: {e.strerror}") from None
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
 
 
 def url_of(sock: socket.socket) -> str:

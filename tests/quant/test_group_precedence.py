@@ -42,7 +42,8 @@ def test_info_counts_each_layer_in_the_group_that_takes_it() -> None:
     default: bytes by hand for the embedded model's shapes (30 layers; q/o 576x576, k/v
     192x576, gate/up 1536x576, down 576x1536)."""
     from inferlab.models.cli import _weight_bytes
-    from inferlab.models.loader import read_model_config, resolve_model_path
+    from inferlab.models.loader import read_model_config
+    from inferlab.models.model_path import resolve_model_path
 
     cfg = read_model_config(resolve_model_path(None))
     parsed = parse_quantization_config(_config(("all", W8A16, ["Linear"]), ("mlp", W4A16, ["re:.*mlp.*"]),

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 
-from inferlab.server.runner import bind
+from inferlab.server.listen import bind
 
 
 def test_accepted_connections_have_nagle_off() -> None:
