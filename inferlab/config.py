@@ -119,6 +119,10 @@ class EngineConfig:
         if isinstance(self.speculative_config, dict):
             object.__setattr__(self, "speculative_config",
                                SpeculativeConfig.from_dict(self.speculative_config))
+        elif not isinstance(self.speculative_config, SpeculativeConfig | None):  # "ngram" once
+            raise InferlabError(  # failed at the engine's start, an AttributeError
+                f"speculative_config must be a dict (vLLM's), got "
+                f"{type(self.speculative_config).__name__} {self.speculative_config!r}")
         for name in _WHOLE_NUMBER_FIELDS:  # from Python: 2.5 once failed at the first step
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int)):

@@ -18,10 +18,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from inferlab.engine.context_room import output_room, over_context
 from inferlab.engine.field_types import check_field_types
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import ContextLengthError, InvalidParameterError
+from inferlab.errors import InvalidParameterError
 from inferlab.models.tokenizer import TextTokenizer
 
 
@@ -44,6 +45,8 @@ class BeamSearchOutput(RequestOutput):
     sequences: list[BeamSearchSequence] = field(default_factory=list)
 
 MAX_BEAM_WIDTH = 10  # a round asks for 2 x width logprobs, and the engine gives at most 20
+# beyond ~1e16 the penalty's term swamps the logprob's in a float64 score and every beam ties
+MAX_LENGTH_PENALTY = 1e6
 
 
 @dataclass(frozen=True)
@@ -51,7 +54,10 @@ class BeamSearchParams:
     beam_width: int
     max_tokens: int | None = None  # None: to the context's end
     ignore_eos: bool = False
+    # vLLM's: its rounds' candidates are the model's own top logprobs, whatever the temperature
+    temperature: float = 0.0
     length_penalty: float = 1.0
+    include_stop_str_in_output: bool = False  # a beam's text keeps the end token's own text
     logprobs: int | None = None  # each output token's top k alternatives too (k <= 20)
     # as a request's (SamplingParams'): the prompt's last k tokens only (-1: the context's);
     # the salt under which every round shares cached blocks; the text without special tokens
@@ -68,8 +74,11 @@ class BeamSearchParams:
              f"max_tokens must be at least 1, got {self.max_tokens}"),
             (self.logprobs is None or 0 <= self.logprobs <= 20,
              f"logprobs must be in [0, 20], got {self.logprobs}"),
-            (math.isfinite(self.length_penalty),
-             f"length_penalty must be a finite number, got {self.length_penalty}"),
+            (abs(self.length_penalty) <= MAX_LENGTH_PENALTY,
+             f"length_penalty must be a number from -{MAX_LENGTH_PENALTY:g} to "
+             f"{MAX_LENGTH_PENALTY:g}, got {self.length_penalty}"),
+            (self.temperature >= 0.0 and math.isfinite(self.temperature),
+             f"temperature must be a finite number >= 0, got {self.temperature}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -99,11 +108,10 @@ class BeamSearch:
 
     def __init__(self, prompt_ids: list[int], params: BeamSearchParams, end_ids: set[int],
                  max_model_len: int) -> None:
-        room = max_model_len - len(prompt_ids)
+        room = output_room(len(prompt_ids), max_model_len)
         max_tokens = params.max_tokens if params.max_tokens is not None else room
-        if max_tokens > room or room < 1:
-            raise ContextLengthError(f"the prompt has {len(prompt_ids)} tokens and max_tokens is "
-                                f"{max_tokens}: more than the context's {max_model_len}")
+        if max_tokens > room:
+            raise over_context(len(prompt_ids), max_tokens, max_model_len)
         self.params = params
         self.prompt_ids = list(prompt_ids)
         self.max_tokens = max_tokens
@@ -148,7 +156,8 @@ class BeamSearch:
             for entry in beam.logprobs:
                 entry.texts = texts
             token_ids = beam.tokens[len(self.prompt_ids):]
-            text = tokenizer.decode(token_ids[:len(token_ids) - beam.ended],  # not the end token
+            cut = beam.ended and not self.params.include_stop_str_in_output  # the end token's text
+            text = tokenizer.decode(token_ids[:len(token_ids) - cut],
                                     skip_special_tokens=self.params.skip_special_tokens)
             # the only output of the search: all of it is new (a stream sends it in one piece)
             completions.append(CompletionOutput(

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from inferlab.engine.bad_words import bad_words_token_ids
+from inferlab.engine.context_room import output_room, over_context
 from inferlab.engine.generation_defaults import GenerationDefaults
 from inferlab.engine.guided.guided_choice import ChoiceGuide, choice_token_ids
 from inferlab.engine.guided.token_filter import GrammarFilters
@@ -18,7 +19,7 @@ from inferlab.engine.guided.token_index import token_index
 from inferlab.engine.prompt_reader import PromptReader
 from inferlab.engine.request import Guide, Request
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import ContextLengthError, InferlabError, InvalidParameterError
+from inferlab.errors import InferlabError, InvalidParameterError
 
 
 class RequestBuilder:
@@ -97,16 +98,11 @@ class RequestBuilder:
                 params.allowed_token_ids):
             raise InvalidParameterError("allowed_token_ids leave nothing to sample: every one of them "
                                         "is a bad word, or a stop token or EOS before min_tokens")
-        room = self.max_model_len - len(ids)
-        if room < 1:
-            raise ContextLengthError(f"the prompt has {len(ids)} tokens, the context holds "
-                                f"{self.max_model_len}: no room for output")
+        room = output_room(len(ids), self.max_model_len)
         max_tokens = self.generation.max_tokens(params, room)
         if max_tokens <= room or cap_max_tokens:  # capped: the scheduler ends it at the context
             return min(max_tokens, room)  # with "length", as vLLM's offline engine ends it
-        raise ContextLengthError(  # as vLLM's OpenAI server refuses it
-            f"prompt ({len(ids)} tokens) + max_tokens ({max_tokens}) = {len(ids) + max_tokens} "
-            f"is over the context length {self.max_model_len}")
+        raise over_context(len(ids), max_tokens, self.max_model_len)  # as vLLM's server refuses it
 
 
 def _encoded(field: str, encode: Callable[..., list[list[int]]], *args: Any) -> list[list[int]]:

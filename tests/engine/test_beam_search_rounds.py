@@ -10,7 +10,7 @@ import pytest
 
 from inferlab.engine.beam_search import BeamSearch, BeamSearchParams
 from inferlab.engine.outputs import CompletionOutput, RequestOutput, TokenLogprobs
-from inferlab.errors import InvalidParameterError
+from inferlab.errors import ContextLengthError, InvalidParameterError
 
 EOS = 0
 
@@ -52,6 +52,33 @@ def test_end_tokens_finish_and_the_next_candidates_take_their_place():
     assert math.isclose(out.outputs[1].cumulative_logprob, -0.7)
 
 
+def test_include_stop_str_in_output_keeps_the_end_tokens_text():
+    """vLLM's field: the finished beam "a EOS" reads "a" without it and "a@" with it (EOS, token
+    0, spells chr(ord('a') - 1) = '`' here); temperature, vLLM's other field, is taken."""
+    def texts(include: bool) -> list[str]:
+        params = BeamSearchParams(beam_width=1, max_tokens=2, temperature=0.7,
+                                  include_stop_str_in_output=include)
+        search = BeamSearch([5], params, {EOS}, 64)
+        search.advance([answer([(1, -0.1), (2, -3.0)])])
+        search.advance([answer([(EOS, -0.1), (3, -3.0)])])
+        return [c.text for c in search.output("r", Letters(), None, Letters.text).outputs]
+
+    assert texts(False) == ["a"]
+    assert texts(True) == ["a`"]
+    with pytest.raises(InvalidParameterError, match="temperature must be a finite number >= 0"):
+        BeamSearchParams(beam_width=1, temperature=-1.0)
+
+
+def test_a_prompt_that_fills_the_context_is_refused_for_no_room_not_a_max_tokens_it_lacks():
+    """Without max_tokens it once said "max_tokens is -1", a value nobody gave."""
+    with pytest.raises(ContextLengthError) as e:
+        BeamSearch([5] * 9, BeamSearchParams(beam_width=2), {EOS}, 8)
+    assert str(e.value) == "the prompt has 9 tokens, the context holds 8: no room for output"
+    with pytest.raises(ContextLengthError) as e:
+        BeamSearch([5] * 6, BeamSearchParams(beam_width=2, max_tokens=3), {EOS}, 8)
+    assert str(e.value) == "prompt (6 tokens) + max_tokens (3) = 9 is over the context length 8"
+
+
 def test_length_penalty_decides_between_short_and_long():
     """One finished beam of 1 token (-0.4 + EOS -0.2 = -0.6, length 3 with the prompt) against a
     live one of 2 tokens (-0.4 - 0.5 = -0.9, length 4). Penalty 1: -0.2 against -0.225, the
@@ -69,8 +96,10 @@ def test_length_penalty_decides_between_short_and_long():
     # nearer 0 than -0.6 / 3**1000, the long one first; at -1000, -0.6 * 3**1000 is, the short
     assert ranked(1000.0) == [[1, 3]]
     assert ranked(-1000.0) == [[1, EOS]]
-    with pytest.raises(InvalidParameterError, match="length_penalty must be a finite number"):
-        BeamSearchParams(beam_width=1, length_penalty=math.inf)
+    for penalty in (math.inf, math.nan, 1e17, -2e6):  # 1e17 once ranked the beams by chance
+        with pytest.raises(InvalidParameterError, match=r"length_penalty must be a number from "
+                                                         r"-1e\+06 to 1e\+06"):
+            BeamSearchParams(beam_width=1, length_penalty=penalty)
 
 
 @pytest.mark.parametrize(("fields", "words"), [

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from inferlab.config import EngineConfig
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.outputs import ModelRunnerOutput, TokenLogprobs
 from inferlab.engine.request import RequestStatus
@@ -131,6 +132,17 @@ def test_the_command_line_reads_the_config_and_refuses_a_bad_one(capsys):
         parser.parse_args(["--speculative-config", '{"num_speculative_tokens": -1}'])
     assert exit_info.value.code == 2
     assert "positive integer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("value", ["ngram", '{"method": "ngram"}', 5, [1]])
+def test_a_speculative_config_that_is_no_dict_is_refused_by_name(value):
+    """LLM(speculative_config="ngram") once built an engine that failed to start with an
+    AttributeError ('str' object has no attribute 'num_speculative_tokens')."""
+    with pytest.raises(InferlabError, match=f"speculative_config must be a dict .vLLM's., got "
+                                            f"{type(value).__name__}"):
+        EngineConfig(speculative_config=value)
+    assert EngineConfig(speculative_config={"num_speculative_tokens": 3}).speculative_config == \
+        _ngram(5, 5, 3)
 
 
 def _decoding(scheduler, prompt, **kwargs):

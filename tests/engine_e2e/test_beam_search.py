@@ -69,7 +69,7 @@ def test_beam_search_refuses_what_cannot_run(make_llm):
     llm = make_llm()
     with pytest.raises(InvalidParameterError, match="beam_width must be in"):
         BeamSearchParams(beam_width=11)
-    with pytest.raises(InferlabError, match="more than the context"):
+    with pytest.raises(InferlabError, match="is over the context length"):
         llm.beam_search("Hello", BeamSearchParams(beam_width=2, max_tokens=llm.engine.max_model_len))
     assert llm.engine.scheduler.block_manager.num_free_blocks == llm.num_kv_blocks
     # vLLM's parameters as a dict: once an AttributeError from deep in the engine

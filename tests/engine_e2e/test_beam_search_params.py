@@ -55,7 +55,7 @@ def test_the_prompt_is_cut_to_its_last_tokens_as_a_request_is(llm):
     assert cut.prompt_token_ids == ids[-6:]
     assert [c.token_ids for c in cut.outputs] == [c.token_ids for c in expected.outputs]
     long_text = "one two three " * 60
-    with pytest.raises(InferlabError, match="more than the context"):
+    with pytest.raises(InferlabError, match="no room for output"):
         llm.beam_search(long_text, BeamSearchParams(beam_width=2, max_tokens=4))
     (long_cut,) = llm.beam_search(long_text, params)
     assert long_cut.prompt_token_ids == llm.tokenizer.encode(long_text)[-6:]

@@ -245,7 +245,10 @@ def test_token_ids_outside_the_vocabulary_are_400(server):
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000}, "prompt", "context_length_exceeded",
      "is over the context length 512"),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 100_000, "use_beam_search": True, "n": 2},
-     "prompt", "context_length_exceeded", "more than the context's 512"),
+     "prompt", "context_length_exceeded", "is over the context length 512"),
+    # no max_tokens: it once said "max_tokens is -1", a value the request never gave
+    ("/v1/completions", {"prompt": [1] * (MAX_MODEL_LEN + 1), "use_beam_search": True, "n": 2},
+     "prompt", "context_length_exceeded", f"has {MAX_MODEL_LEN + 1} tokens, the context holds 512: no room"),
     ("/v1/completions", {"prompt": [1, 2, 10**9]}, "prompt", "invalid_value", "outside the vocabulary"),
     ("/v1/completions", {"prompt": ""}, "prompt", "invalid_value", "the prompt is empty"),
 ])
