@@ -36,9 +36,11 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     group = parser.add_argument_group("engine")
     group.add_argument("--dtype", choices=(*DTYPES, *DTYPE_ALIASES), default=_DEFAULTS.dtype)
     group.add_argument("--device", choices=("auto", "cpu", "cuda"), default=_DEFAULTS.device)
-    group.add_argument("--kv-cache-memory", default=None,
+    group.add_argument("--kv-cache-memory", "--kv-cache-memory-bytes", dest="kv_cache_memory",
+                       default=None,
                        help="bytes for the KV cache, e.g. 2GiB, 512MiB (default: 2GiB on a CPU; "
-                            "on a GPU what --gpu-memory-utilization leaves)")
+                            "on a GPU what --gpu-memory-utilization leaves; "
+                            "--kv-cache-memory-bytes as newer vLLM names it)")
     group.add_argument("--gpu-memory-utilization", type=float,
                        default=_DEFAULTS.gpu_memory_utilization,
                        help="share of the GPU's memory for weights, activations and the KV cache, "
@@ -50,8 +52,9 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
     group.add_argument("--max-num-seqs", type=int, default=_DEFAULTS.max_num_seqs,
                        help="sequences a step runs at most (default: %(default)s)")
     step = SERVING_MAX_NUM_BATCHED_TOKENS if serving else DEFAULT_MAX_NUM_BATCHED_TOKENS
-    group.add_argument("--max-num-batched-tokens", type=int, default=None,
-                       help=f"tokens computed per step, all requests together (default: {step}; "
+    group.add_argument("--max-num-batched-tokens", type=human_readable_int, default=None,
+                       help=f"tokens computed per step, all requests together, e.g. 2048 or 8k "
+                            f"as --max-model-len reads it (default: {step}; "
                             f"without chunked prefill, the larger of {DEFAULT_MAX_NUM_BATCHED_TOKENS} and the "
                             f"context length)")
     parser.set_defaults(chunked_step_tokens=step)

@@ -13,17 +13,19 @@ from typing import TYPE_CHECKING
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.chat_prompt import chat_prompt_text
 from inferlab.engine.sampling_params import SamplingParams
-from inferlab.errors import InferlabError, ModelLoadError
+from inferlab.errors import ContextLengthError, InferlabError, ModelLoadError
 from inferlab.models.embedded import EMBEDDED_ALIAS
 
 if TYPE_CHECKING:  # the engine (and torch) load only once the flags are checked
     from inferlab.engine.llm_engine import LLMEngine
+    from inferlab.engine.outputs import RequestOutput, TokenLogprobs
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     gen = subparsers.add_parser("generate", help="complete one prompt and print the text")
     gen.add_argument("prompt")
     _add_sampling_args(gen)
+    _add_completion_args(gen)
     add_engine_args(gen)
     gen.set_defaults(func=run_generate)
     chat = subparsers.add_parser(
@@ -31,14 +33,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Chat with the model in the terminal, its replies streamed. At the > prompt: "
                     "/clear forgets the conversation (the system message stays), /exit or /quit "
                     "or Ctrl-D ends the session; Ctrl-C stops a reply and drops the turn, and at "
-                    "the prompt ends the session.")
+                    "the prompt ends the session. A turn the model cannot take (too long for the "
+                    "context, refused by the template) is dropped and the session goes on; the "
+                    "exit status is then 2 at the end, else 0.")
     chat.add_argument("--system", "--system-prompt", dest="system", default=None,
                       help="system message (--system-prompt as vllm chat names it)")
     chat.add_argument("--chat-template", default=None,
                       help="a Jinja chat template file, or the template itself, instead of the "
                            "model's own (as serve's --chat-template)")
-    chat.add_argument("--message", action="append", default=None,
-                      help="send this user message and exit (repeatable); without it, a REPL")
+    chat.add_argument("--message", "-q", "--quick", dest="message", action="append", default=None,
+                      help="send this user message, print the reply, and exit (repeatable: "
+                           "one turn each; -q/--quick as vllm chat names it); without it, a REPL")
     _add_sampling_args(chat)
     add_engine_args(chat)
     chat.set_defaults(func=run_chat)
@@ -65,17 +70,35 @@ def _add_sampling_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sampling-seed", type=int, default=None,
                         help="this command's own requests' seed (SamplingParams.seed; default: "
                              "none, the engine's --seed draws)")
+    parser.add_argument("--min-tokens", type=int, default=None,
+                        help="tokens before EOS, stop token ids or --stop may end the reply "
+                             "(default: 0)")
+    parser.add_argument("--ignore-eos", action="store_true",
+                        help="go on past EOS (and the model's eos_token_id list) up to --max-tokens")
 
 
+def _add_completion_args(parser: argparse.ArgumentParser) -> None:
+    """generate's alone: a chat's next turn takes one reply, and its replies stream as text."""
+    parser.add_argument("-n", "--n", type=int, default=None,
+                        help="completions of the prompt, each printed after a --- line once all "
+                             "are done (default: 1, streamed)")
+    parser.add_argument("--logprobs", type=int, default=None, metavar="K",
+                        help="after the text, each token's logprob and rank, and the K most "
+                             "likely tokens' (0 to 20; 0: the chosen token's alone)")
+
+
+# the flags of SamplingParams' fields, by their names; generate's alone are absent from chat's args
 _SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-                   "presence_penalty", "frequency_penalty", "stop")
+                   "presence_penalty", "frequency_penalty", "stop", "min_tokens", "ignore_eos",
+                   "n", "logprobs")
 
 
 def _sampling(args: argparse.Namespace, engine: LLMEngine | None = None) -> SamplingParams:
     """The flags given, over the engine's model's generation_config.json sampling fields (what
     --generation-config auto makes the defaults, as the server and LLM take them), over greedy.
     Without an engine, the flags alone: checked before the model loads."""
-    given = {name: getattr(args, name) for name in _SAMPLING_FLAGS if getattr(args, name) is not None}
+    given = {name: getattr(args, name, None) for name in _SAMPLING_FLAGS
+             if getattr(args, name, None) is not None}
     model = {} if engine is None else {k: v for k, v in engine.generation.sampling.items()
                                        if k != "max_tokens"}  # capped by the context: _stream
     return SamplingParams(max_tokens=args.max_tokens, seed=args.sampling_seed,
@@ -89,27 +112,55 @@ def _engine(args: argparse.Namespace) -> LLMEngine:
     return LLMEngine(config)
 
 
-def _stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams) -> str:
+def _stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams) -> RequestOutput:
+    """Run one request to its end, its text written as it comes where it has one completion;
+    its last output, every completion whole."""
     if params.max_tokens is None:  # not asked: the model's default, within what the context leaves
         room = engine.max_model_len - len(prompt_ids)
         wanted = engine.generation.sampling.get("max_tokens", DEFAULT_MAX_TOKENS)
         params = dataclasses.replace(params, max_tokens=max(1, min(wanted, room)))
     request_id = engine.add_request(prompt_ids, params)
-    text = ""
+    streamed = params.n == 1  # n replies side by side would interleave: they print at the end
+    last = None
     try:
         while engine.has_unfinished_requests():
             for out in engine.step():
                 if out.request_id == request_id:
-                    delta = out.outputs[0].text_delta
-                    text += delta
-                    sys.stdout.write(delta)
-                    sys.stdout.flush()
+                    last = out
+                    if streamed:
+                        sys.stdout.write(out.outputs[0].text_delta)
+                        sys.stdout.flush()
     except KeyboardInterrupt:  # Ctrl-C stops the reply: its KV blocks are free for the next one
         engine.abort_request(request_id)
         sys.stdout.write("\n")
         raise
-    sys.stdout.write("\n")
-    return text
+    if streamed:
+        sys.stdout.write("\n")
+    assert last is not None and last.finished  # the engine ran until the request finished
+    return last
+
+
+def _print_completions(output: RequestOutput) -> None:
+    """What _stream did not write: each of several completions after its --- line, and where
+    logprobs were asked for, each completion's table after its text."""
+    for completion in output.outputs:
+        if len(output.outputs) > 1:
+            print(f"--- completion {completion.index + 1} of {len(output.outputs)}")
+            print(completion.text)
+        if completion.logprobs is not None:
+            _print_logprobs(completion.logprobs)
+
+
+def _print_logprobs(entries: list[TokenLogprobs]) -> None:
+    """One line a token: its text (quoted: spaces and newlines show), logprob and rank, then
+    the most likely tokens'."""
+    for entry in entries:
+        chosen = entry[entry.token_id]
+        line = f"{chosen.decoded_token!r} {chosen.logprob:.4f} (rank {chosen.rank})"
+        if entry.top:
+            line += "  top: " + ", ".join(f"{entry[t].decoded_token!r} {logprob:.4f}"
+                                          for t, logprob in entry.top)
+        print(line)
 
 
 def run_generate(args: argparse.Namespace) -> int:
@@ -119,7 +170,7 @@ def run_generate(args: argparse.Namespace) -> int:
     _check_text(args.prompt, "the prompt")
     _check_argument_order(args.prompt, args.model)
     engine = _engine(args)
-    _stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args, engine))
+    _print_completions(_stream(engine, engine.tokenizer.encode(args.prompt), _sampling(args, engine)))
     return 0
 
 
@@ -155,13 +206,13 @@ def run_chat(args: argparse.Namespace) -> int:
             continue
         messages.append({"role": "user", "content": user})
         try:  # the template may refuse the turn too (roles out of order, raise_exception)
-            prompt = chat_prompt_text(engine.tokenizer, messages, template=template,
-                                      check_fits=engine.check_text_fits)
-            reply = _stream(engine, engine.tokenizer.encode(prompt, add_special_tokens=False), params)
+            reply = _stream(engine, _prompt_ids(engine, messages, template), params).outputs[0].text
         except ModelLoadError:  # no chat template: every turn would fail, so the session ends
             raise
         except InferlabError as e:  # the turn is dropped; the conversation so far goes on
-            print(f"error: {e}", file=sys.stderr)
+            hint = scripted is None and isinstance(e, ContextLengthError) and \
+                _fits_after_clear(engine, messages, template, params)
+            print(f"error: {e}{' (/clear starts over)' if hint else ''}", file=sys.stderr)
             messages.pop()
             failed = True
             continue
@@ -176,6 +227,33 @@ def run_chat(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
+def _prompt_ids(engine: LLMEngine, messages: list[dict[str, str]], template: str | None) -> list[int]:
+    prompt = chat_prompt_text(engine.tokenizer, messages, template=template,
+                              check_fits=engine.check_text_fits)
+    return engine.tokenizer.encode(prompt, add_special_tokens=False)
+
+
+def _fits_after_clear(engine: LLMEngine, messages: list[dict[str, str]], template: str | None,
+                      params: SamplingParams) -> bool:
+    """Whether the last message, refused for the context, would be taken after /clear: the
+    conversation, not the message, outgrew the context, and every later turn fails the same way
+    until it is cleared. Checked as the engine checks a request it is given."""
+    alone = [*messages[:_kept_by_clear(messages)], messages[-1]]
+    if len(alone) == len(messages):  # nothing earlier to forget
+        return False
+    try:
+        engine.requests.build("probe", _prompt_ids(engine, alone, template), None, params,
+                              arrival=0.0, priority=0, cap_max_tokens=False)
+    except InferlabError:
+        return False
+    return True
+
+
+def _kept_by_clear(messages: list[dict[str, str]]) -> int:
+    """How many of the first messages /clear keeps: the system message."""
+    return 1 if messages and messages[0]["role"] == "system" else 0
+
+
 def _typed_command(line: str, messages: list[dict[str, str]]) -> bool:
     """An empty line (nothing to send) or a one-word /command, done here, as llama.cpp's and
     ollama's REPLs take them: True; a message for the model: False. /clear forgets the
@@ -184,7 +262,7 @@ def _typed_command(line: str, messages: list[dict[str, str]]) -> bool:
     if word and (not word.startswith("/") or " " in word):
         return False
     if word == "/clear":
-        del messages[1 if messages and messages[0]["role"] == "system" else 0:]
+        del messages[_kept_by_clear(messages):]
         print("(the conversation is cleared)", file=sys.stderr)
     elif word:
         print("commands: /clear (forget the conversation), /exit or /quit", file=sys.stderr)

@@ -13,6 +13,7 @@ import sys
 from inferlab.config import parse_bytes
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.errors import InferlabError
+from inferlab.models.embedded import EMBEDDED_ALIAS
 from inferlab.server.reasoning import REASONING_PARSERS
 from inferlab.server.settings import ServerSettings
 from inferlab.server.tool_call_formats import AUTO_PARSERS
@@ -109,11 +110,13 @@ def settings_from_args(args: argparse.Namespace) -> ServerSettings:
 
 
 def _looks_like_a_model(name: str) -> bool:
-    """A model folder (with config.json) or a GGUF file: what `serve NAME` would load."""
+    """A model folder (with config.json), a GGUF file or the embedded model's alias: what
+    `serve NAME` would load."""
     from inferlab.models.gguf_reader import is_gguf_file
 
     path = os.path.expanduser(name)
-    return os.path.isfile(os.path.join(path, "config.json")) or (os.path.isfile(path) and is_gguf_file(path))
+    return (name == EMBEDDED_ALIAS or os.path.isfile(os.path.join(path, "config.json"))
+            or (os.path.isfile(path) and is_gguf_file(path)))
 
 
 def run_serve(args: argparse.Namespace) -> int:

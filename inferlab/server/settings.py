@@ -49,7 +49,11 @@ class ServerSettings:
             (bool(self.served_model_name) and all(self.served_model_aliases),
              "a served model name must not be empty"),
             (0 <= self.port <= 65535, f"port must be in [0, 65535], got {self.port}"),
-            (self.api_key is None or bool(self.api_key), "the API key must not be empty"),
+            (self.api_key is None or bool(self.api_key.strip()), "the API key must not be empty "
+             "or blank"),
+            # the server strips the key a request sends (so do HTTP parsers, of a header's ends)
+            (self.api_key is None or self.api_key == self.api_key.strip(), "the API key must not "
+             "start or end with whitespace: no request's key could match it"),
             (self.max_queued_requests >= 1,
              f"max queued requests must be at least 1, got {self.max_queued_requests}"),
             (self.max_request_body_bytes > 0,

@@ -76,9 +76,9 @@ def test_chat_repl_reports_a_turn_its_template_refuses_and_goes_on(capsys, monke
     tokenizer = _tokenizer(REFUSING_TEMPLATE)
     prompts = []
 
-    def reply(engine, prompt_ids, params) -> str:
+    def reply(engine, prompt_ids, params) -> SimpleNamespace:  # a RequestOutput's part chat reads
         prompts.append(prompt_ids)
-        return "w9"
+        return SimpleNamespace(outputs=[SimpleNamespace(text="w9")])
 
     monkeypatch.setattr(cli, "_engine", lambda args: SimpleNamespace(tokenizer=tokenizer, generation=NO_DEFAULTS, check_text_fits=_fits))
     monkeypatch.setattr(cli, "_stream", reply)

@@ -38,6 +38,22 @@ def test_a_model_path_after_the_names_is_refused_not_served_as_a_name(tmp_path, 
     assert (twice.served_model_name, twice.served_model_aliases) == ("a", ("b",))
 
 
+def test_embedded_after_the_names_is_refused_as_a_model_path_is():
+    """`serve --served-model-name foo embedded` once served the embedded model as foo and
+    embedded, though the refusal of a path there says that `embedded` names that model."""
+    import pytest
+
+    from inferlab.errors import InferlabError
+
+    with pytest.raises(InferlabError) as refused:
+        settings_from_args(parse_command_line(["serve", "--served-model-name", "foo", "embedded"]))
+    assert str(refused.value) == (
+        "--served-model-name takes every name after it, embedded too: put the model before the "
+        "flag (inferlab serve embedded --served-model-name ...; `embedded` names the default model)")
+    named = settings_from_args(parse_command_line(["serve", "embedded", "--served-model-name", "foo", "bar"]))
+    assert (named.served_model_name, named.served_model_aliases) == ("foo", ("bar",))
+
+
 def test_every_served_name_is_listed_answered_and_echoed(engine):
     servers = start_server(engine, served_model_aliases=("org/alias",))
     server = next(servers)

@@ -72,6 +72,29 @@ def _serving(*flags: str, env: dict[str, str] | None = None) -> Iterator[tuple[s
             reader.join(timeout=5)
 
 
+@pytest.mark.parametrize(("key", "words"), [
+    (" ", "the API key must not be empty or blank"),  # "" was refused, whitespace taken
+    ("\t", "the API key must not be empty or blank"),
+    (" sk-1", "the API key must not start or end with whitespace: no request's key could match it"),
+    ("sk-1 ", "the API key must not start or end with whitespace: no request's key could match it"),
+])
+@pytest.mark.parametrize("given", ["flag", "env"])
+def test_an_api_key_no_request_can_send_is_refused(capsys, monkeypatch, key, words, given):
+    """A server with such a key answers every request 401: the key a request sends is read
+    without the spaces around it (as HTTP servers read a header's value)."""
+    import inferlab.engine.llm_engine as llm_engine
+    from inferlab.cli import main
+
+    monkeypatch.setattr(llm_engine.LLMEngine, "__init__", _no_model)
+    monkeypatch.setenv("INFERLAB_API_KEY", key if given == "env" else "")
+    assert main(["serve", *(["--api-key", key] if given == "flag" else []), "--port", "0"]) == 2
+    assert capsys.readouterr().err == f"error: {words}\n"
+
+
+def _no_model(*args) -> None:
+    raise AssertionError("the model was loaded before the settings were checked")
+
+
 def test_serve_prints_its_url_and_drains_on_sigterm():
     env = {**os.environ, "INFERLAB_API_KEY": "sk-from-env"}
     with _serving("--shutdown-timeout", "2", env=env) as (proc, url, err):
