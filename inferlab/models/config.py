@@ -75,6 +75,9 @@ class ModelConfig:
     rms_norm_eps: float = 1e-6
     rope_theta: float = 10000.0
     rope_scaling: dict[str, Any] | None = None  # HF's dict: rope_type "linear", "llama3" or "yarn"
+    # per pair of head dimensions, a divisor of its scaled frequency: llama.cpp's rope_freqs
+    # tensor, how a GGUF of Llama 3.1 and later carries its llama3 scaling
+    rope_freq_factors: tuple[float, ...] | None = None
     tie_word_embeddings: bool = False
     attention_bias: bool = False  # bias on q, k, v (Qwen2's, or attention_bias)
     o_bias: bool = False  # and on o_proj: transformers' Llama and Qwen3 with attention_bias

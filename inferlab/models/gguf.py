@@ -7,6 +7,7 @@ so the model sees Hugging Face's rotate-half layout.
 
 from __future__ import annotations
 
+import math
 import re
 import reprlib
 import stat
@@ -33,6 +34,7 @@ _LAYER_NAMES = {
     "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+ROPE_FREQS = "rope_freqs.weight"
 _LAYER_TENSOR = re.compile(r"blk\.([0-9]+)\.")
 
 
@@ -122,6 +124,7 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
             rms_norm_eps=meta("attention.layer_norm_rms_epsilon", cast=float),
             rope_theta=meta("rope.freq_base", 10000.0, float),
             rope_scaling=rope_scaling,
+            rope_freq_factors=_rope_freq_factors(reader, path, head_dim),
             tie_word_embeddings="output.weight" not in names,
             attention_bias="blk.0.attn_q.bias" in names,
             o_bias="blk.0.attn_output.bias" in names,
@@ -164,6 +167,23 @@ def _rope_scaling(reader: GGUFFile, arch: str, meta: Callable[..., Any]) -> dict
     return {"rope_type": kind}
 
 
+def _rope_freq_factors(reader: GGUFFile, path: str, head_dim: int) -> tuple[float, ...] | None:
+    """The rope_freqs tensor's divisors, one per pair of head dimensions (llama.cpp's shape for
+    it), or None where the file has none."""
+    tensor = next((t for t in reader.tensors if t.name == ROPE_FREQS), None)
+    if tensor is None:
+        return None
+    if tensor.shape != (head_dim // 2,):
+        raise ModelLoadError(f"{path}: tensor {ROPE_FREQS} has shape {tensor.shape}, not "
+                             f"({head_dim // 2},): a factor per pair of the {head_dim} head "
+                             "dimensions")
+    factors = tensor.f32_values()
+    bad = next((f for f in factors if not (0 < f < math.inf)), None)  # NaN fails both
+    if bad is not None:  # each divides a frequency
+        raise ModelLoadError(f"{path}: tensor {ROPE_FREQS} holds {bad}, not a positive factor")
+    return tuple(factors)
+
+
 def hf_name(gguf_name: str) -> str | None:
     """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None for unknown tensors."""
     base, _, suffix = gguf_name.rpartition(".")
@@ -184,9 +204,7 @@ def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: G
     reader = reader or open_gguf(path)
     for tensor in reader.checked_tensors():
         name = hf_name(tensor.name)
-        if name is None:
-            if tensor.name == "rope_freqs.weight":
-                raise ModelLoadError(f"{path}: rope_freqs (llama3 RoPE scaling in GGUF) is not supported")
+        if name is None:  # rope_freqs among them: read_gguf_config took it
             continue
         kind = tensor.type_name
         if kind not in SUPPORTED_TYPES:

@@ -23,6 +23,7 @@ _STRING, _ARRAY = 8, 9
 
 
 GGUF_MAGIC = b"GGUF"
+F32_TYPE = 0  # GGMLQuantizationType.F32
 MAX_ARRAY_VALUES = 1 << 23  # the largest vocabularies hold ~262k tokens and ~500k merges
 
 
@@ -55,6 +56,11 @@ DEFAULT_ALIGNMENT = 32
 
 def _align_up(offset: int, alignment: int) -> int:
     return -(-offset // alignment) * alignment
+
+
+def _past_end(tensor: GGUFTensor) -> ModelLoadError:
+    return ModelLoadError(f"{tensor.path}: tensor {tensor.name} runs past the end of the file "
+                          "(truncated?)")
 
 
 @dataclass
@@ -95,6 +101,17 @@ class GGUFTensor:
 
     def nbytes(self) -> int:
         return math.prod(self.shape[1:]) * self.row_bytes()
+
+    def f32_values(self) -> list[float]:
+        """An F32 tensor's values as Python floats, read without numpy or gguf (the planner
+        reads configs without them): for the few small tensors a config holds."""
+        if self.type_id != F32_TYPE:
+            raise ModelLoadError(f"{self.path}: tensor {self.name} has type {self.type_name}, "
+                                 "not F32")
+        count = math.prod(self.shape)
+        if self.offset + 4 * count > len(self.buffer):
+            raise _past_end(self)
+        return list(struct.unpack_from(f"<{count}f", self.buffer, self.offset))
 
     def raw(self) -> np.ndarray:
         """The tensor's bytes as numpy: [rows, row bytes] for quantized types, typed otherwise.
@@ -218,8 +235,7 @@ class GGUFFile:
                     "(tensor data overlapping or out of order)")
             end = tensor.offset + tensor.nbytes()
             if end > len(self.buffer):
-                raise ModelLoadError(f"{self.path}: tensor {tensor.name} runs past the end of "
-                                     "the file (truncated?)")
+                raise _past_end(tensor)
             expected = _align_up(end, self.alignment)
         return self.tensors
 

@@ -25,9 +25,21 @@ class RMSNorm(nn.Module):
 
 
 def rope_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
-                     max_position_embeddings: int) -> tuple[torch.Tensor, float]:
-    """Inverse frequencies [head_dim/2] of default, linear, llama3 or YaRN RoPE, and the factor
-    YaRN scales cos and sin by (1 for the others)."""
+                     max_position_embeddings: int, freq_factors: tuple[float, ...] | None = None
+                     ) -> tuple[torch.Tensor, float]:
+    """Inverse frequencies [head_dim/2] of default, linear, llama3 or YaRN RoPE, each divided by
+    its pair's freq_factors where given, and the factor YaRN scales cos and sin by (1 for the
+    others)."""
+    inv_freq, attention = _scaled_frequencies(head_dim, theta, scaling, max_position_embeddings)
+    if freq_factors is None:
+        return inv_freq, attention
+    # ggml's rope divides each pair's angle by its factor before its own scaling, which is
+    # linear in the angle: dividing after it is the same
+    return (inv_freq / torch.tensor(freq_factors, dtype=torch.float32)).float(), attention
+
+
+def _scaled_frequencies(head_dim: int, theta: float, scaling: dict[str, Any] | None,
+                        max_position_embeddings: int) -> tuple[torch.Tensor, float]:
     exponents = torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim
     inv_freq = 1.0 / theta ** exponents
     kind = rope_kind(scaling)
@@ -84,12 +96,14 @@ class RotaryEmbedding(nn.Module):
     """Neox-style (rotate-half) RoPE with a precomputed cos/sin table indexed by position."""
 
     def __init__(self, head_dim: int, max_position_embeddings: int, theta: float,
-                 scaling: dict[str, Any] | None, table_positions: int | None = None) -> None:
+                 scaling: dict[str, Any] | None, table_positions: int | None = None,
+                 freq_factors: tuple[float, ...] | None = None) -> None:
         """max_position_embeddings: the config's (YaRN's defaults derive from it);
-        table_positions: the rows of the tables, past it where scaling stretches the context."""
+        table_positions: the rows of the tables, past it where scaling stretches the context;
+        freq_factors: ModelConfig.rope_freq_factors."""
         super().__init__()
         self.head_dim, self.max_position_embeddings = head_dim, max_position_embeddings
-        self.theta, self.scaling = theta, scaling
+        self.theta, self.scaling, self.freq_factors = theta, scaling, freq_factors
         rows = table_positions or max_position_embeddings
         self.register_buffer("cos", torch.empty(rows, head_dim), persistent=False)
         self.register_buffer("sin", torch.empty(rows, head_dim), persistent=False)
@@ -99,7 +113,7 @@ class RotaryEmbedding(nn.Module):
     def reset_buffers(self) -> None:
         """Fill the cos/sin tables (also after the model is materialized from the meta device)."""
         inv_freq, attention = rope_frequencies(self.head_dim, self.theta, self.scaling,
-                                               self.max_position_embeddings)
+                                               self.max_position_embeddings, self.freq_factors)
         positions = torch.arange(len(self.cos), dtype=torch.float32, device=self.cos.device)
         freqs = torch.outer(positions, inv_freq.to(self.cos.device))
         emb = torch.cat([freqs, freqs], dim=-1)  # [rows, head_dim]

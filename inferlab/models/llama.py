@@ -97,7 +97,8 @@ class LlamaModel(nn.Module):
             cfg.vocab_size, cfg.hidden_size,
             _weight=torch.empty(cfg.vocab_size, cfg.hidden_size) if meta else None)
         self.rotary = RotaryEmbedding(cfg.head_dim, cfg.max_position_embeddings, cfg.rope_theta,
-                                      cfg.rope_scaling, table_positions=cfg.max_positions)
+                                      cfg.rope_scaling, table_positions=cfg.max_positions,
+                                      freq_factors=cfg.rope_freq_factors)
         self.layers = nn.ModuleList(LlamaDecoderLayer(cfg) for _ in range(cfg.num_layers))
         self.norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
 

@@ -38,11 +38,11 @@ ARCHITECTURES = {
 
 def make_tiny_model(name: str, directory: Path, seed: int = 0, **overrides):
     """Build, save (config.json + model.safetensors) and return the transformers model, fp32;
-    overrides: config fields over the architecture's."""
+    overrides: config fields over COMMON's and the architecture's."""
     import transformers
 
     config_cls, model_cls, extra = ARCHITECTURES[name]
-    config = getattr(transformers, config_cls)(**COMMON, **{**extra, **overrides})
+    config = getattr(transformers, config_cls)(**{**COMMON, **extra, **overrides})
     torch.manual_seed(seed)
     model = getattr(transformers, model_cls)(config).eval()
     with torch.no_grad():  # random biases and norms, so those code paths are exercised
