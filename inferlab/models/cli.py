@@ -32,9 +32,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
-    from inferlab.models.gguf import chat_template, open_gguf
+    from inferlab.models.gguf import check_gguf_tensors, open_gguf
     from inferlab.models.loader import read_model_config
     from inferlab.models.model_path import model_display_name, resolve_model_path
+    from inferlab.models.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 
     path = resolve_model_path(model)
     cfg = read_model_config(path)
@@ -44,12 +45,13 @@ def model_info(model: str | None, dtype: str) -> dict:
     groups = parsed.groups if parsed else ()
     quantization = _quantization(config, parsed)
     if is_gguf_file(path):
+        # checked as loading checks them, in its order (weights, then tokenizer): `info` once
+        # gave every figure for a file whose tensors or tokenizer `generate` refuses
         gguf_file = open_gguf(path)
-        template = chat_template(gguf_file, path)
+        check_gguf_tensors(path, gguf_file)
+        template = load_gguf_tokenizer(gguf_file, path).chat_template
         quantization = [_gguf_types(gguf_file)]
     else:
-        from inferlab.models.tokenizer import load_hf_tokenizer
-
         template = load_hf_tokenizer(path).chat_template
         generation = read_generation_config(path)
     nbytes = _DTYPE_BYTES[dtype]

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from inferlab.errors import ModelLoadError
 from inferlab.models.config import ModelConfig, config_error_in
-from inferlab.models.gguf_reader import GGUFFile
+from inferlab.models.gguf_reader import GGUFFile, GGUFTensor
 from inferlab.user_files import stat_user_path
 
 if TYPE_CHECKING:  # annotations only: reading the config needs no torch
@@ -35,6 +35,7 @@ _LAYER_NAMES = {
 }
 _GLOBAL_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 ROPE_FREQS = "rope_freqs.weight"
+_BIASED = ("attn_q", "attn_k", "attn_v", "attn_output")  # the model has no other biases
 _LAYER_TENSOR = re.compile(r"blk\.([0-9]+)\.")
 
 
@@ -83,6 +84,7 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     if arch not in ARCHITECTURES:
         raise ModelLoadError(f"{path}: GGUF architecture {arch!r} is not supported "
                              f"(supported: {', '.join(ARCHITECTURES)})")
+    _check_dense(reader, path, arch)
     names = {t.name for t in reader.tensors}
 
     def meta(key: str, default: Any = None, cast: type = int) -> Any:
@@ -138,6 +140,15 @@ def read_gguf_config(path: str, reader: GGUFFile | None = None) -> ModelConfig:
     return cfg
 
 
+def _check_dense(reader: GGUFFile, path: str, arch: str) -> None:
+    """Refuse a mixture of experts by its metadata, before its expert tensors (which no
+    parameter takes) read as a dense model missing its MLP."""
+    experts = field(reader, f"{arch}.expert_count")
+    if isinstance(experts, int) and experts > 0:
+        raise ModelLoadError(f"{path}: mixture-of-experts GGUF ({arch}.expert_count {experts}) "
+                             "is not supported")
+
+
 def _check_layers(reader: GGUFFile, path: str, key: str, count: int, names: set[str]) -> None:
     """The declared layers are those the tensors number, blk.0 to blk.{count - 1}, as llama.cpp
     loads them: checked before anything builds a list per layer (a block_count of 1e12 hung
@@ -185,14 +196,39 @@ def _rope_freq_factors(reader: GGUFFile, path: str, head_dim: int) -> tuple[floa
 
 
 def hf_name(gguf_name: str) -> str | None:
-    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None for unknown tensors."""
+    """blk.3.attn_q.weight -> model.layers.3.self_attn.q_proj.weight; None for a tensor no
+    parameter of the model takes (a bias but on attention's projections among them)."""
     base, _, suffix = gguf_name.rpartition(".")
     parts = base.split(".")
     if parts[0] == "blk" and len(parts) == 3 and parts[2] in _LAYER_NAMES:
-        return f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}.{suffix}"
-    if base in _GLOBAL_NAMES:
-        return f"{_GLOBAL_NAMES[base]}.{suffix}"
+        kind, name = parts[2], f"model.layers.{parts[1]}.{_LAYER_NAMES[parts[2]]}"
+    elif base in _GLOBAL_NAMES:
+        kind, name = base, _GLOBAL_NAMES[base]
+    else:
+        return None
+    if suffix == "weight" or (suffix == "bias" and kind in _BIASED):
+        return f"{name}.{suffix}"
     return None
+
+
+def check_gguf_tensors(path: str, reader: GGUFFile) -> list[tuple[str, GGUFTensor]]:
+    """(HF name, tensor) for each tensor, refused as loading refuses it: data outside the file
+    or out of order, a tensor no parameter takes (llama.cpp refuses a file with a tensor it
+    does not load), a type not dequantized here. `info` calls it too, so it refuses what
+    loading refuses."""
+    named = []
+    for tensor in reader.checked_tensors():
+        name = hf_name(tensor.name)
+        if tensor.name == ROPE_FREQS:  # no parameter: read_gguf_config took it into the config
+            continue
+        if name is None:
+            raise ModelLoadError(f"{path}: tensor {tensor.name} is not supported (no parameter of "
+                                 "the model takes it)")
+        if tensor.type_name not in SUPPORTED_TYPES:
+            raise ModelLoadError(f"{path}: tensor {tensor.name} has type {tensor.type_name} "
+                                 f"(supported: {', '.join(SUPPORTED_TYPES)})")
+        named.append((name, tensor))
+    return named
 
 
 def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: GGUFFile | None = None
@@ -202,14 +238,7 @@ def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: G
     import torch
 
     reader = reader or open_gguf(path)
-    for tensor in reader.checked_tensors():
-        name = hf_name(tensor.name)
-        if name is None:  # rope_freqs among them: read_gguf_config took it
-            continue
-        kind = tensor.type_name
-        if kind not in SUPPORTED_TYPES:
-            raise ModelLoadError(f"{path}: tensor {tensor.name} has type {kind} "
-                                 f"(supported: {', '.join(SUPPORTED_TYPES)})")
+    for name, tensor in check_gguf_tensors(path, reader):
         array = gguf.quants.dequantize(tensor.raw(), gguf.GGMLQuantizationType(tensor.type_id))
         if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping
             array = array.copy()

@@ -20,6 +20,9 @@ if TYPE_CHECKING:  # annotations only: numpy is imported where tensors are read
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?",
             10: "<Q", 11: "<q", 12: "<d"}
 _STRING, _ARRAY = 8, 9
+# the fewest bytes a metadata field (key length, type, a uint8) and a tensor's info (name length,
+# dimension count, type, offset) take: a count of more than the file holds is refused up front
+_FIELD_MIN_BYTES, _TENSOR_INFO_MIN_BYTES = 8 + 4 + 1, 8 + 4 + 4 + 8
 
 
 GGUF_MAGIC = b"GGUF"
@@ -136,16 +139,32 @@ class GGUFFile:
         except (struct.error, UnicodeDecodeError, IndexError, RecursionError) as e:
             raise ModelLoadError(f"{path}: not a readable GGUF file ({e})") from None
 
+    def _need(self, nbytes: int) -> None:
+        """Refuse reading past the end before struct does: its error speaks of buffers and
+        unpack_from, not of the file."""
+        if self._pos + nbytes > len(self.buffer):
+            raise ModelLoadError(f"{self.path}: the file ends inside its GGUF header "
+                                 f"({len(self.buffer)} bytes; truncated?)")
+
     def _read(self, fmt: str) -> Any:
+        self._need(struct.calcsize(fmt))
         value = struct.unpack_from(fmt, self.buffer, self._pos)[0]
         self._pos += struct.calcsize(fmt)
         return value
 
+    def _count(self, what: str, min_bytes: int) -> int:
+        """A count of `what`s, refused where even the smallest of them would not fit in what
+        is left of the file (a count of 2**62 read on, into 'string past end of file')."""
+        count = self._read("<Q")
+        if count * min_bytes > len(self.buffer) - self._pos:
+            raise ModelLoadError(f"{self.path}: {what} count {count} is more than a file of "
+                                 f"{len(self.buffer)} bytes can hold")
+        return count
+
     def _string(self) -> str:
         n = self._read("<Q")
+        self._need(n)  # before slicing: a length read from tensor data is huge
         end = self._pos + n
-        if end > len(self.buffer):  # before slicing: a length read from tensor data is huge
-            raise struct.error("string past end of file")
         value = self.buffer[self._pos:end].decode("utf-8", errors="replace")
         self._pos = end
         return value
@@ -184,7 +203,8 @@ class GGUFFile:
             hint = " (a big-endian file?)" if swapped in GGUF_VERSIONS else ""
             raise ModelLoadError(f"{self.path}: GGUF version {self.version} is not supported "
                                  f"(supported: 2, 3){hint}")
-        num_tensors, num_fields = self._read("<Q"), self._read("<Q")
+        num_tensors = self._count("tensor", _TENSOR_INFO_MIN_BYTES)
+        num_fields = self._count("metadata field", _FIELD_MIN_BYTES)
         self.fields: dict[str, Any] = {}
         for _ in range(num_fields):
             key = self._string()

@@ -13,7 +13,7 @@ import numpy as np
 HIDDEN, FFN, HEADS, KV_HEADS = 64, 96, 4, 2
 HEAD_DIM = HIDDEN // HEADS
 TOKENS = [chr(c) for c in range(ord("a"), ord("p"))] + ["ab"]  # 16, and the merge's result
-F32, Q4_0, Q8_0, Q4_K = 0, 2, 8, 12  # ggml type ids
+F32, Q4_0, Q8_0, Q3_K, Q4_K = 0, 2, 8, 11, 12  # ggml type ids
 _UINT32, _INT32, _FLOAT32, _BOOL, _STRING, _ARRAY, _UINT64 = 4, 5, 6, 7, 8, 9, 10
 
 

@@ -32,7 +32,7 @@ def _lying(tmp_path, value: Raw):
 
 
 @pytest.mark.parametrize(("value", "words"), [
-    (Raw(struct.pack("<IQ", STRING, 2**40)), "string past end of file"),
+    (Raw(struct.pack("<IQ", STRING, 2**40)), "the file ends inside its GGUF header"),
     (Raw(struct.pack("<IIQ", ARRAY, STRING, 2**40)), f"array of {2**40} values past end of file"),
     (Raw(struct.pack("<IIQ", ARRAY, ARRAY, 2**40)), f"array of {2**40} values past end of file"),
 ])
@@ -40,12 +40,45 @@ def test_a_length_or_count_past_the_file_fails_before_allocating(tmp_path, value
     path = _lying(tmp_path, value)
     tracemalloc.start()
     try:
-        with pytest.raises(ModelLoadError, match=f"{path}: not a readable GGUF file .*{words}"):
+        with pytest.raises(ModelLoadError, match=f"{path}: .*{words}"):
             GGUFFile(str(path))
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
     assert peak < TAIL // 8, f"{peak} bytes allocated for a {os.path.getsize(path)}-byte file"
+
+
+def _header_cut(tmp_path, size: int):
+    path = write_gguf(tmp_path / "m.gguf")
+    path.write_bytes(path.read_bytes()[:size])
+    return path
+
+
+def _counting(tmp_path, at: int, count: int):
+    """The tiny model with the header's tensor count (at 8) or field count (at 16) replaced."""
+    path = write_gguf(tmp_path / "m.gguf")
+    blob = path.read_bytes()
+    path.write_bytes(blob[:at] + struct.pack("<Q", count) + blob[at + 8:])
+    return path
+
+
+# 8 bytes: magic and version; 300 and 400: inside the metadata (past what its counts need, so
+# those are not what is refused)
+@pytest.mark.parametrize("size", [8, 300, 400])
+def test_a_file_cut_inside_its_header_says_so(tmp_path, size, one_line_error):
+    """It was "not a readable GGUF file (unpack_from requires a buffer of at least 16 bytes
+    ...)", or "(string past end of file)": Python's words, not the file's."""
+    path = _header_cut(tmp_path, size)
+    words = f"{path}: the file ends inside its GGUF header ({size} bytes; truncated?)"
+    assert words in one_line_error("info", path)
+
+
+@pytest.mark.parametrize(("at", "what"), [(8, "tensor"), (16, "metadata field")])
+@pytest.mark.parametrize("count", [2**62, 10**7])
+def test_a_count_past_what_the_file_holds_says_so(tmp_path, at, what, count, one_line_error):
+    path = _counting(tmp_path, at, count)
+    words = f"{path}: {what} count {count} is more than a file of {path.stat().st_size} bytes can hold"
+    assert words in one_line_error("info", path)
 
 
 def test_an_array_of_more_values_than_a_tokenizer_needs_is_refused(tmp_path):
@@ -93,6 +126,8 @@ WRONG_TYPES = {
     "token type 7": ({"tokenizer.ggml.token_type": ALL_CONTROL},
                      "tokenizer.ggml.token_type holds 7, not a list of token types (whole "
                      "numbers 0 to 6)"),
+    "eos past the vocabulary": ({"tokenizer.ggml.eos_token_id": 5000},
+                                f"tokenizer.ggml.eos_token_id is 5000, outside the {len(TOKENS)} tokens"),
     "chat template as a number": ({"tokenizer.chat_template": 5},
                                   "tokenizer.chat_template is 5, not a chat template"),
     "block_count as text": ({"llama.block_count": "1"}, "llama.block_count is '1', not a whole number"),
@@ -126,6 +161,7 @@ def test_metadata_of_the_wrong_type_or_value_is_named(tmp_path, case):
 
 
 @pytest.mark.parametrize("case", ["architecture as a list", "chat template as a number",
+                                  "eos past the vocabulary",
                                   "block_count 1e12", "block_count -1"])
 def test_info_on_such_a_file_is_one_line(tmp_path, case, one_line_error):
     change, words = WRONG_TYPES[case]

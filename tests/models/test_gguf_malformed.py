@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import math
 import os
 import sys
 import weakref
@@ -17,11 +18,16 @@ from inferlab.errors import ModelLoadError
 from inferlab.models.loader import load_model, load_network, load_tokenizer
 
 from .raw_gguf import (
+    F32,
+    FFN,
     HEAD_DIM,
     HEADS,
+    HIDDEN,
+    Q3_K,
     Q4_0,
     Q4_K,
     Q8_0,
+    TOKENS,
     Tensor,
     llama_metadata,
     llama_tensors,
@@ -44,6 +50,22 @@ def _quantized_q(type_id: int, row: int, block: int, block_bytes: int) -> list[T
                  data=bytes(-(-row // block) * block_bytes * rows))
 
 
+def _plus(name: str, dims: tuple[int, ...]) -> list[Tensor]:
+    """The model's tensors and one more, F32 (an extra layer tensor, a bias it has no place for)."""
+    return [*llama_tensors(), Tensor(name, dims, F32, bytes(4 * math.prod(dims)))]
+
+
+def _mixture_of_experts() -> list[Tensor]:
+    """llama.cpp's layout of a Mixtral-style layer: a router and 8 experts' MLPs in place of
+    the dense one."""
+    dense = ("blk.0.ffn_gate.weight", "blk.0.ffn_up.weight", "blk.0.ffn_down.weight")
+    experts = [Tensor("blk.0.ffn_gate_inp.weight", (HIDDEN, 8), F32, bytes(4 * HIDDEN * 8))]
+    experts += [Tensor(f"blk.0.{name}_exps.weight", dims, F32, bytes(4 * math.prod(dims)))
+                for name, dims in (("ffn_gate", (HIDDEN, FFN, 8)), ("ffn_up", (HIDDEN, FFN, 8)),
+                                   ("ffn_down", (FFN, HIDDEN, 8)))]
+    return [t for t in llama_tensors() if t.name not in dense] + experts
+
+
 def _twice(index: int) -> list[Tensor]:
     tensors = llama_tensors()
     tensors.append(dataclasses.replace(tensors[index], data=bytes(len(tensors[index].data))))
@@ -57,6 +79,11 @@ BAD_FILES = {
                                "not a multiple of its block size 32"),
     "rows of 40 Q8_0 values": (dict(tensors=_quantized_q(Q8_0, 40, 32, 34)),
                                "blk.0.attn_q.weight of type Q8_0 has rows of 40 values"),
+    # Q3_K: 256 values in 110 bytes, a type ggml has that is not dequantized here
+    "a Q3_K tensor": (dict(tensors=_quantized_q(Q3_K, 256, 256, 110)),
+                      "tensor blk.0.attn_q.weight has type Q3_K (supported: F32, F16, BF16"),
+    "type id 99": (dict(tensors=_with(Q_PROJ, type_id=99)),
+                   "tensor blk.0.attn_q.weight has unknown type 99"),
     "rows of 128 Q4_K values": (dict(tensors=_quantized_q(Q4_K, 128, 256, 144)),
                                 "blk.0.attn_q.weight of type Q4_K has rows of 128 values, not a "
                                 "multiple of its block size 256"),
@@ -70,6 +97,22 @@ BAD_FILES = {
     # attn_k's info points at token_embd's bytes; its own follow attn_q's
     "overlapping data": (dict(tensors=_with(Q_PROJ + 1, offset=0)),
                          "tensor blk.0.attn_k.weight has its data at offset 0, not "),
+    "data past the end": (dict(tensors=_with(len(llama_tensors()) - 1, data=b"")),
+                          "tensor blk.0.ffn_down.weight runs past the end of the file"),
+    "rope_freqs of zeros": (dict(tensors=_plus("rope_freqs.weight", (HEAD_DIM // 2,))),
+                            "tensor rope_freqs.weight holds 0.0, not a positive factor"),
+    # llama.cpp refuses a file with a tensor it does not load; these were dropped silently, or
+    # refused by the name of a fused parameter the file does not hold
+    "an unknown tensor": (dict(tensors=_plus("blk.0.attn_sinks.weight", (HEADS,))),
+                          "tensor blk.0.attn_sinks.weight is not supported (no parameter of"),
+    "an MLP bias": (dict(tensors=_plus("blk.0.ffn_up.bias", (FFN,))),
+                    "tensor blk.0.ffn_up.bias is not supported (no parameter of"),
+    "an output bias": (dict(tensors=_plus("output.bias", (len(TOKENS),))),
+                       "tensor output.bias is not supported (no parameter of"),
+    "mixture of experts": (dict(tensors=_mixture_of_experts(),
+                                metadata=llama_metadata(**{"llama.expert_count": 8,
+                                                           "llama.expert_used_count": 2})),
+                           "mixture-of-experts GGUF (llama.expert_count 8) is not supported"),
     "a dimension of 0": (dict(tensors=_with(Q_PROJ, dims=(64, 0), data=b"")),
                          "tensor blk.0.attn_q.weight has shape (64, 0), with a dimension of 0"),
     "5 dimensions": (dict(tensors=_with(Q_PROJ, dims=(64, 64, 1, 1, 1))),
@@ -100,6 +143,18 @@ def test_generate_on_a_refused_file_exits_2_with_one_line(tmp_path, case, one_li
     layout, words = BAD_FILES[case]
     path = write_gguf(tmp_path / "bad.gguf", **layout)
     assert words in one_line_error("generate", "Hello", path, "--max-tokens", "1")
+
+
+# found only as the weights are dequantized, which `info` does not do
+FOUND_AT_DEQUANTIZING = {"q rows not whole heads"}
+
+
+@pytest.mark.parametrize("case", sorted(set(BAD_FILES) - FOUND_AT_DEQUANTIZING))
+def test_info_refuses_what_loading_refuses(tmp_path, case, one_line_error):
+    """`info` printed every figure, exit 0, for a file `generate` refuses (a tester's find)."""
+    layout, words = BAD_FILES[case]
+    path = write_gguf(tmp_path / "bad.gguf", **layout)
+    assert f"error: {path}: " in (line := one_line_error("info", path)) and words in line
 
 
 def _state(path) -> dict[str, torch.Tensor]:
