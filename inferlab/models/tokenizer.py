@@ -9,7 +9,7 @@ import reprlib
 from collections.abc import Mapping
 from typing import Any
 
-from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models.chat_template import read_template_file, render_chat
@@ -23,6 +23,9 @@ _LLAMA3_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1
                  r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
 _QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+# tokenizer.ggml.model values, as llama.cpp names its tokenizers
+GGUF_TOKENIZER_MODELS = ("gpt2", "llama")
+SPM_SPACE = "\u2581"  # how SentencePiece spells a space inside its tokens
 GGUF_PRE_SPLITS = {
     "default": (False, _GPT2_SPLIT), "gpt2": (False, _GPT2_SPLIT),
     "smollm": (True, _GPT2_SPLIT),  # digits split one by one before the GPT-2 pattern
@@ -53,7 +56,9 @@ class TokenizerInfo:
     tool_use_template: str | None = None  # the one for a chat given tools, where there is one
     # special tokens besides BOS and EOS by the name templates know them by (unk_token, ...)
     template_tokens: dict[str, str] = dataclasses.field(default_factory=dict)
-    add_bos_token: bool = False  # only for GGUF; tokenizer.json carries its own post-processor
+    # only for GGUF; tokenizer.json carries its own post-processor
+    add_bos_token: bool = False
+    add_eos_token: bool = False
 
 
 class TextTokenizer:
@@ -105,6 +110,8 @@ class TextTokenizer:
         wants_bos = add_special_tokens and self.info.add_bos_token and self.bos_token_id is not None
         if wants_bos and (not ids or ids[0] != self.bos_token_id):
             ids = [self.bos_token_id, *ids]
+        if add_special_tokens and self.info.add_eos_token and self.eos_token_id is not None:
+            ids = [*ids, self.eos_token_id]
         return ids
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
@@ -202,39 +209,71 @@ def load_hf_tokenizer(model_dir: str) -> TextTokenizer:
 
 def load_gguf_tokenizer(reader: GGUFFile, path: str) -> TextTokenizer:
     kind = field(reader, "tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in GGUF_TOKENIZER_MODELS:
         raise ModelLoadError(f"{path}: GGUF tokenizer model {kind!r} is not supported (only "
-                             "byte-level BPE 'gpt2'); load the Hugging Face directory instead")
-    pre = typed_field(reader, path, "tokenizer.ggml.pre", str, "a pre-tokenizer name", "default")
-    if pre not in GGUF_PRE_SPLITS:
-        raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
-                             f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
-    tokens, types, merges = _gguf_vocabulary(reader, path)
-    tokenizer = _gguf_bpe(tokens, types, merges, pre)
-    return TextTokenizer(tokenizer, _gguf_info(reader, path, tokens, pre in GGUF_LLAMA3_PRES))
+                             "byte-level BPE 'gpt2' and SentencePiece 'llama'); load the Hugging "
+                             "Face directory instead")
+    tokens, types = _gguf_tokens(reader, path)
+    if kind == "llama":
+        # llama.cpp adds BOS to a SentencePiece vocabulary unless the file says otherwise
+        info = _gguf_info(reader, path, tokens, add_bos_default=True)
+        space_prefix = typed_field(reader, path, "tokenizer.ggml.add_space_prefix", bool,
+                                   "true or false", True)
+        tokenizer = _gguf_spm(tokens, _gguf_scores(reader, path, len(tokens)),
+                              info.template_tokens.get("unk_token"), space_prefix)
+    else:
+        pre = typed_field(reader, path, "tokenizer.ggml.pre", str, "a pre-tokenizer name", "default")
+        if pre not in GGUF_PRE_SPLITS:
+            raise ModelLoadError(f"{path}: GGUF pre-tokenizer {pre!r} is not supported "
+                                 f"(supported: {', '.join(GGUF_PRE_SPLITS)})")
+        info = _gguf_info(reader, path, tokens, add_bos_default=pre in GGUF_LLAMA3_PRES)
+        tokenizer = _gguf_bpe(tokens, _gguf_merges(reader, path, tokens), pre)
+    _add_gguf_special_tokens(tokenizer, tokens, types)
+    return TextTokenizer(tokenizer, info)
 
 
-def _gguf_vocabulary(reader: GGUFFile, path: str) -> tuple[list[str], list[int], list[tuple[str, ...]]]:
-    """The GGUF's tokens, their types and its merges, checked against one another: the
-    tokenizers library panics mid-encode on a merge whose parts or result it lacks."""
-    def strings(name: str) -> list[str]:  # a list the tokenizer cannot do without
-        value = field(reader, f"tokenizer.ggml.{name}")
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.{name} is missing or not "
-                                 "a list of strings")
-        return value
+def _gguf_strings(reader: GGUFFile, path: str, name: str) -> list[str]:
+    """tokenizer.ggml.NAME, a list of strings the tokenizer cannot do without."""
+    value = field(reader, f"tokenizer.ggml.{name}")
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.{name} is missing or not "
+                             "a list of strings")
+    return value
 
-    tokens, merges = strings("tokens"), [tuple(m.split(" ", 1)) for m in strings("merges")]
+
+def _gguf_tokens(reader: GGUFFile, path: str) -> tuple[list[str], list[int]]:
+    """The GGUF's tokens and their types, one each."""
+    tokens = _gguf_strings(reader, path, "tokens")
     types = _gguf_token_types(reader, path) or [1] * len(tokens)
     if len(types) != len(tokens):
         raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.token_type has {len(types)} "
                              f"entries for {len(tokens)} tokens")
+    return tokens, types
+
+
+def _gguf_merges(reader: GGUFFile, path: str, tokens: list[str]) -> list[tuple[str, ...]]:
+    """The GGUF's merges, checked against its tokens: the tokenizers library panics mid-encode
+    on a merge whose parts or result it lacks."""
+    merges = [tuple(m.split(" ", 1)) for m in _gguf_strings(reader, path, "merges")]
     known = set(tokens)
     broken = next((m for m in merges if len(m) != 2 or not {*m, "".join(m)} <= known), None)
     if broken is not None:
         raise ModelLoadError(f"{path}: GGUF merge {' '.join(broken)!r} joins tokens into one that "
                              "tokenizer.ggml.tokens lacks")
-    return tokens, types, merges
+    return merges
+
+
+def _gguf_scores(reader: GGUFFile, path: str, count: int) -> list[float]:
+    """tokenizer.ggml.scores, one number a token: a SentencePiece vocabulary's merge order."""
+    scores = field(reader, "tokenizer.ggml.scores")
+    if not isinstance(scores, list) or not all(
+            isinstance(s, (int, float)) and not isinstance(s, bool) for s in scores):
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.scores is missing or not a "
+                             "list of numbers (a SentencePiece vocabulary needs its scores)")
+    if len(scores) != count:
+        raise ModelLoadError(f"{path}: GGUF metadata tokenizer.ggml.scores has {len(scores)} "
+                             f"entries for {count} tokens")
+    return scores
 
 
 def _gguf_token_types(reader: GGUFFile, path: str) -> list[int]:
@@ -250,7 +289,7 @@ def _gguf_token_types(reader: GGUFFile, path: str) -> list[int]:
     return types
 
 
-def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]], pre: str) -> Tokenizer:
+def _gguf_bpe(tokens: list[str], merges: list[tuple[str, ...]], pre: str) -> Tokenizer:
     """Byte-level BPE as llama.cpp runs the GGUF's pre-tokenizer `pre`."""
     vocab = {tok: i for i, tok in enumerate(tokens)}
     tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=merges, ignore_merges=pre in GGUF_LLAMA3_PRES))
@@ -260,15 +299,51 @@ def _gguf_bpe(tokens: list[str], types: list[int], merges: list[tuple[str, ...]]
               pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)]
     tokenizer.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tokenizer.decoder = decoders.ByteLevel()
-    # 3 = CONTROL (special, never split), 4 = USER_DEFINED (matched whole, not special)
-    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
-                                  for t, kind in zip(tokens, types, strict=True) if kind == 3])
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
-                          for t, kind in zip(tokens, types, strict=True) if kind == 4])
     return tokenizer
 
 
-def _gguf_info(reader: GGUFFile, path: str, tokens: list[str], llama3: bool) -> TokenizerInfo:
+def _gguf_spm(tokens: list[str], scores: list[float], unk_token: str | None,
+              space_prefix: bool) -> Tokenizer:
+    """SentencePiece BPE as llama.cpp runs it: spaces spelled "▁", one more before the text and
+    after each special token when `space_prefix` (sentencepiece's dummy prefix, taken off
+    again by the decoder), then the best-scored joins of adjacent pieces, and a character no
+    token spells as its UTF-8 bytes' <0xXX> tokens. Like Llama 2's own tokenizer.json, not
+    transformers' GGUF reader, which adds no space to a text that starts with one, so that
+    " hi" decodes to "hi"."""
+    vocab = {tok: i for i, tok in enumerate(tokens)}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=_spm_merges(vocab, scores),
+                                     unk_token=unk_token, byte_fallback=True, fuse_unk=True))
+    spaces = normalizers.Replace(" ", SPM_SPACE)
+    # a normalizer, not a pre-tokenizer, prepends to every stretch between added tokens
+    tokenizer.normalizer = (normalizers.Sequence([normalizers.Prepend(SPM_SPACE), spaces])
+                            if space_prefix else spaces)
+    steps = [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
+    tokenizer.decoder = decoders.Sequence(
+        steps + [decoders.Strip(" ", 1, 0)] if space_prefix else steps)
+    return tokenizer
+
+
+def _spm_merges(vocab: dict[str, int], scores: list[float]) -> list[tuple[str, str]]:
+    """llama.cpp's SentencePiece tokenizer joins, of all adjacent pieces, the pair whose join
+    is the best-scored token; as BPE merges: every split of every token into two tokens,
+    ranked by the whole token's score, best first (ties in vocabulary order)."""
+    ranked = sorted((-scores[i], i, token[:cut], token[cut:])
+                    for token, i in vocab.items() for cut in range(1, len(token))
+                    if token[:cut] in vocab and token[cut:] in vocab)
+    return [(left, right) for _, _, left, right in ranked]
+
+
+def _add_gguf_special_tokens(tokenizer: Tokenizer, tokens: list[str], types: list[int]) -> None:
+    """llama.cpp's UNKNOWN (2) and CONTROL (3) tokens as special tokens, never split (llama.cpp
+    reads both in a text that may hold special tokens), and its USER_DEFINED ones (4) as added
+    tokens, matched whole but not special."""
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False)
+                                  for t, kind in zip(tokens, types, strict=True) if kind in (2, 3)])
+    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False)
+                          for t, kind in zip(tokens, types, strict=True) if kind == 4])
+
+
+def _gguf_info(reader: GGUFFile, path: str, tokens: list[str], add_bos_default: bool) -> TokenizerInfo:
     """The special tokens and chat templates of the GGUF's metadata."""
     def token_at(key: str) -> str | None:
         index = token_id(reader, path, key)
@@ -290,4 +365,6 @@ def _gguf_info(reader: GGUFFile, path: str, tokens: list[str], llama3: bool) -> 
                                                          "tokenizer.chat_template.tool_use"),
                          template_tokens={k: t for k, t in template_tokens.items() if t is not None},
                          add_bos_token=typed_field(reader, path, "tokenizer.ggml.add_bos_token",
-                                                   bool, "true or false", llama3))
+                                                   bool, "true or false", add_bos_default),
+                         add_eos_token=typed_field(reader, path, "tokenizer.ggml.add_eos_token",
+                                                   bool, "true or false", False))

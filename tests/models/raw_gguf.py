@@ -33,9 +33,9 @@ class Tensor:
     offset: int | None = None  # from the data section's start; None: after the previous one
 
 
-def llama_tensors(seed: int = 0) -> list[Tensor]:
+def llama_tensors(seed: int = 0, vocab_size: int = len(TOKENS)) -> list[Tensor]:
     """One layer's F32 tensors, in llama.cpp's names."""
-    shapes = {"token_embd.weight": (len(TOKENS), HIDDEN), "output_norm.weight": (HIDDEN,),
+    shapes = {"token_embd.weight": (vocab_size, HIDDEN), "output_norm.weight": (HIDDEN,),
               "blk.0.attn_norm.weight": (HIDDEN,), "blk.0.ffn_norm.weight": (HIDDEN,),
               "blk.0.attn_q.weight": (HIDDEN, HIDDEN),
               "blk.0.attn_k.weight": (KV_HEADS * HEAD_DIM, HIDDEN),
