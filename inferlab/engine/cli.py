@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.chat_prompt import chat_prompt_text
+from inferlab.engine.context_room import output_room, over_context
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import ContextLengthError, InferlabError, ModelLoadError
 from inferlab.models.embedded import EMBEDDED_ALIAS
@@ -116,9 +117,11 @@ def _stream(engine: LLMEngine, prompt_ids: list[int], params: SamplingParams) ->
     """Run one request to its end, its text written as it comes where it has one completion;
     its last output, every completion whole."""
     if params.max_tokens is None:  # not asked: the model's default, within what the context leaves
-        room = engine.max_model_len - len(prompt_ids)
-        wanted = engine.generation.sampling.get("max_tokens", DEFAULT_MAX_TOKENS)
-        params = dataclasses.replace(params, max_tokens=max(1, min(wanted, room)))
+        room = output_room(len(prompt_ids), engine.max_model_len)
+        if params.min_tokens > room:  # once "min_tokens must not exceed max_tokens", one not given
+            raise over_context(len(prompt_ids), params.min_tokens, engine.max_model_len, "min_tokens")
+        wanted = max(engine.generation.sampling.get("max_tokens", DEFAULT_MAX_TOKENS), params.min_tokens)
+        params = dataclasses.replace(params, max_tokens=min(wanted, room))
     request_id = engine.add_request(prompt_ids, params)
     streamed = params.n == 1  # n replies side by side would interleave: they print at the end
     last = None

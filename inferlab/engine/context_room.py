@@ -15,8 +15,10 @@ def output_room(prompt_tokens: int, max_model_len: int) -> int:
     return room
 
 
-def over_context(prompt_tokens: int, max_tokens: int, max_model_len: int) -> ContextLengthError:
-    """An asked max_tokens the context cannot hold after the prompt, as vLLM's server words it."""
+def over_context(prompt_tokens: int, max_tokens: int, max_model_len: int,
+                 field: str = "max_tokens") -> ContextLengthError:
+    """An asked max_tokens (or min_tokens, `field`) the context cannot hold after the prompt, as
+    vLLM's server words it."""
     return ContextLengthError(
-        f"prompt ({prompt_tokens} tokens) + max_tokens ({max_tokens}) = {prompt_tokens + max_tokens} "
+        f"prompt ({prompt_tokens} tokens) + {field} ({max_tokens}) = {prompt_tokens + max_tokens} "
         f"is over the context length {max_model_len}")

@@ -63,7 +63,7 @@ class LLMEngine:
             self.model_config.num_layers, self.model_config.num_kv_heads,
             self.model_config.head_dim, torch.tensor([], dtype=self.dtype).element_size())
         budget = self._fixed_kv_cache_budget_bytes()
-        fixed_pool = None if budget is None else self._kv_pool(budget)
+        fixed_pool = None if budget is None else self._fit_kv_pool(budget)
         if fixed_pool is not None:
             self._check_kv_cache_fits(fixed_pool, after_weights=False)
         self.loaded = (loaded.checked_for(self.dtype, self.device) if loaded
@@ -74,7 +74,8 @@ class LLMEngine:
             use_onednn_linears(self.loaded.model)
         self.tokenizer = self.loaded.tokenizer
         self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)
-        self.kv_pool = fixed_pool or self._kv_pool(self._profiled_kv_cache_budget_bytes())
+        self.kv_pool = (fixed_pool if fixed_pool is not None
+                        else self._fit_kv_pool(self._profiled_kv_cache_budget_bytes()))
         self._check_kv_cache_fits(self.kv_pool, after_weights=True)  # the weights took their share
         self.num_kv_blocks = self.kv_pool.num_blocks
         logger.info(self.kv_pool.describe(self.max_model_len))
@@ -142,7 +143,7 @@ class LLMEngine:
                     format_bytes(memory.non_torch_bytes))
         return kv_bytes
 
-    def _kv_pool(self, budget_bytes: int) -> KVPool:
+    def _fit_kv_pool(self, budget_bytes: int) -> KVPool:
         """The pool the budget buys, refused if it holds no block or less than an asked
         max_model_len; the model's own max_model_len is lowered to it."""
         pool = KVPool.from_budget(budget_bytes, self.config.block_size, self.kv_bytes_per_token,

@@ -214,13 +214,13 @@ def hf_name(gguf_name: str) -> str | None:
 def check_gguf_tensors(path: str, reader: GGUFFile) -> list[tuple[str, GGUFTensor]]:
     """(HF name, tensor) for each tensor, refused as loading refuses it: data outside the file
     or out of order, a tensor no parameter takes (llama.cpp refuses a file with a tensor it
-    does not load), a type not dequantized here. `info` calls it too, so it refuses what
-    loading refuses."""
+    does not load), a type not dequantized here. `info` calls it too; what only the weights'
+    load finds (a tensor missing, a shape the config contradicts) it does not."""
     named = []
     for tensor in reader.checked_tensors():
-        name = hf_name(tensor.name)
         if tensor.name == ROPE_FREQS:  # no parameter: read_gguf_config took it into the config
             continue
+        name = hf_name(tensor.name)
         if name is None:
             raise ModelLoadError(f"{path}: tensor {tensor.name} is not supported (no parameter of "
                                  "the model takes it)")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 
@@ -52,10 +53,14 @@ def test_logprobs_are_the_engines_own(model, capsys):
     [completion] = llm.generate(["w2 w3"], SamplingParams(temperature=0, max_tokens=3, logprobs=2),
                                 use_tqdm=False)[0].outputs
     word = {token_id: text for text, token_id in VOCAB.items()}
-    expected = [f"'w3' {entry.logprob:.4f} (rank {entry.rank})  top: "
-                + ", ".join(f"{word[t]!r} {logprob:.4f}" for t, logprob in entry.top)
-                for entry in completion.logprobs]
-    assert table == expected
+    line = re.compile(r"'(\w+)' (-?\d+\.\d{4}) \(rank (\d+)\)  top: '(\w+)' (-?\d+\.\d{4}), "
+                      r"'([<>\w]+)' (-?\d+\.\d{4})")
+    for row, entry in zip(table, completion.logprobs, strict=True):
+        chosen, logprob, rank, first, first_lp, second, second_lp = line.fullmatch(row).groups()
+        assert (chosen, int(rank)) == ("w3", entry.rank)
+        assert float(logprob) == pytest.approx(entry.logprob, abs=5e-5)
+        assert [(first, float(first_lp)), (second, float(second_lp))] == [
+            (word[t], pytest.approx(lp, abs=5e-5)) for t, lp in entry.top]
     assert [(entry.token_id, entry.rank, len(entry.top)) for entry in completion.logprobs] == [(W3, 1, 2)] * 3
 
 
@@ -75,6 +80,21 @@ def test_min_tokens_bars_eos_before_them(w3_ends, capsys):
     first, second = capsys.readouterr().out.splitlines()[1:3]
     assert "(rank 2)  top: 'w3' " in first
     assert not first.startswith("'w3'") and not second.startswith("'w3'")
+
+
+def test_min_tokens_over_the_default_max_tokens_raises_it(tmp_path, capsys):
+    """--min-tokens 6 with no --max-tokens, where the model's default is 4: once refused after
+    the load for a max_tokens (4) the user never gave; now it runs 6 tokens. Past the context it
+    is refused for min_tokens, as a context error."""
+    directory = save_tiny_llama(tmp_path)
+    (tmp_path / "generation_config.json").write_text(json.dumps({"max_new_tokens": 4}))
+    assert main(["generate", "w2 w3", directory, *FLAGS]) == 0
+    assert capsys.readouterr().out == " w3" * 4 + "\n"
+    assert main(["generate", "w2 w3", directory, *FLAGS, "--min-tokens", "6"]) == 0
+    assert capsys.readouterr().out == " w3" * 6 + "\n"
+    assert main(["generate", "w2 w3", directory, *FLAGS, "--min-tokens", "200"]) == 2
+    err = capsys.readouterr().err
+    assert "+ min_tokens (200) = " in err and "is over the context length 128" in err, err
 
 
 @pytest.mark.parametrize("flag", ["-q", "--quick"])
