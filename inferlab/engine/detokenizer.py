@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from inferlab.engine.utf8_tokens import ends_inside_a_character, token_bytes, unfinished_character
+from inferlab.engine.utf8_tokens import (
+    ends_inside_a_character,
+    split_utf8,
+    token_bytes,
+    unfinished_character,
+)
 from inferlab.models.tokenizer import TextTokenizer
 
 # tokens decoded before the new ones, so merges across the boundary come out right
@@ -21,12 +26,15 @@ class IncrementalDetokenizer:
         self.tokenizer = tokenizer
         # a prompt may begin the window, or end, partway through a character: the window starts
         # where one begins, and the bytes of one not ended are read as new text, so the output
-        # that ends it shows it
+        # that ends it shows it (until the output shows it does not: _settle_prompt_tail)
         start = _whole_text_end(tokenizer, prompt_ids, max(len(prompt_ids) - _CONTEXT_TOKENS, 0),
                                 skip_special_tokens)
         self.ids = list(prompt_ids[start:])
         self.prefix_offset = 0
         self.read_offset = _whole_text_end(tokenizer, self.ids, len(self.ids), skip_special_tokens)
+        # the window's end while its unfinished character's bytes are read as new text and the
+        # output has not yet said whether it goes on with them; None once it has
+        self.prompt_end: int | None = len(self.ids) if self.read_offset < len(self.ids) else None
         self.stop = stop
         self.include_stop = include_stop
         self.skip_special_tokens = skip_special_tokens
@@ -40,6 +48,8 @@ class IncrementalDetokenizer:
         """Append tokens; return (new text safe to show, the stop string hit or None). With
         find_stops False (min_tokens not reached) the new text is not searched, then or later."""
         self.ids.extend(token_ids)
+        if self.prompt_end is not None:
+            self._settle_prompt_tail()
         skip = self.skip_special_tokens
         prefix = self.tokenizer.decode(self.ids[self.prefix_offset:self.read_offset], skip)
         # a reply cut partway through a character ends without it: the tokens holding only its
@@ -60,6 +70,28 @@ class IncrementalDetokenizer:
                 return self._delta(len(self.text)), hit
         end = len(self.text) if finished else max(len(self.text) - self.hold, self.emitted)
         return self._delta(end), None
+
+    def _settle_prompt_tail(self) -> None:
+        """The prompt's unfinished character is the output's to show only if the output's first
+        byte goes on with it; an output that begins otherwise leaves those bytes, and their
+        U+FFFD, in the prompt (as vLLM does). A special token skipped writes no byte, so the
+        next decides; one written out ends the character."""
+        tokenizer, prompt_end = self.tokenizer, self.prompt_end
+        tail = unfinished_character(tokenizer, self.ids[self.read_offset:prompt_end])
+        for token_id in self.ids[prompt_end:]:
+            if token_id in tokenizer.all_special_ids:
+                if self.skip_special_tokens:
+                    continue
+                continues = False
+            else:
+                first = token_bytes(tokenizer, token_id, tokenizer.decode([token_id], False))[:1]
+                if not first:
+                    continue
+                continues = split_utf8(tail + first) is not None
+            if not continues:
+                self.read_offset = prompt_end
+            self.prompt_end = None
+            return
 
     def _find_stop(self, new_from: int) -> str | None:
         """The first stop string, in the order of the list, that ends in the text from

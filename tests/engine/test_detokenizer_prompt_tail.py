@@ -6,6 +6,10 @@ to its last whole character (what vLLM's incremental detokenizer shows). Before,
 🤖's three byte-level tokens, then the third and "b", showed "b"; with a byte-fallback
 SentencePiece vocabulary the characters after the finished one were lost as well.
 
+An output that does not go on with the prompt's unfinished character leaves its bytes, and their
+U+FFFD, in the prompt: "a" + two of 🤖's tokens, then " hello", showed "\ufffd hello" (vLLM shows
+" hello").
+
 A reply that finishes cut partway through a character ends before it: the reference is decode of
 the tokens less the cut character's. A byte fallback once left one U+FFFD per byte of it, and the
 whole characters before it in the same run of bytes came out as U+FFFDs too.
@@ -45,12 +49,17 @@ def byte_fallback_tokenizer() -> TextTokenizer:
 
 
 def reference(tokenizer: TextTokenizer, prompt: list[int], output: list[int], skip: bool) -> str:
-    """decode(prompt + output) after decode(prompt up to its last whole character); the texts
-    tested hold no U+FFFD of their own, so one at the end is a character not finished."""
+    """decode(prompt + output) after decode(prompt) where the output leaves that as it was (it
+    does not go on with a character the prompt leaves unfinished), else after decode(prompt up
+    to its last whole character); the texts tested hold no U+FFFD of their own, so one at the
+    end is a character not finished."""
+    whole_text = tokenizer.decode(prompt + output, skip)
+    if whole_text.startswith(prompt_text := tokenizer.decode(prompt, skip)):
+        return whole_text[len(prompt_text):]
     whole = len(prompt)
     while tokenizer.decode(prompt[:whole], skip).endswith("\ufffd"):
         whole -= 1
-    return tokenizer.decode(prompt + output, skip)[len(tokenizer.decode(prompt[:whole], skip)):]
+    return whole_text[len(tokenizer.decode(prompt[:whole], skip)):]
 
 
 def shown(tokenizer: TextTokenizer, prompt: list[int], output: list[int], skip: bool = True) -> str:
@@ -141,3 +150,51 @@ def test_a_special_token_inside_a_cut_character_ends_it_only_where_it_is_written
     output = [hello, f0, tok.eos_token_id, x9f]
     assert reference(tok, [hello], output[:kept], skip) == output_text
     assert shown(tok, [hello], output, skip) == output_text
+
+
+def robot_and_hello(tokenizer: TextTokenizer) -> tuple[list[int], list[int], int]:
+    """"a", 🤖's tokens, " hello"; the prompt splits that end inside 🤖; the end-of-text token."""
+    ids = tokenizer.encode("a\U0001f916 hello", add_special_tokens=False)
+    splits = [k for k in range(len(ids)) if tokenizer.decode(ids[:k]).endswith("\ufffd")]
+    assert tokenizer.decode(ids[:splits[-1] + 1]) == "a\U0001f916"
+    return ids, splits, tokenizer.eos_token_id
+
+
+@pytest.mark.parametrize("tokenizer_name", ["embedded_tokenizer", "byte_fallback_tokenizer"])
+def test_a_prompt_cut_inside_a_character_keeps_it_when_the_output_goes_on_otherwise(request, tokenizer_name):
+    """The prompt is "a" and some of 🤖's tokens, the output " hello": " hello", one token at a
+    time and all at once, finished or not, with no U+FFFD for the prompt's bytes."""
+    tok = request.getfixturevalue(tokenizer_name)
+    ids, splits, _ = robot_and_hello(tok)
+    hello = ids[splits[-1] + 1:]
+    assert len(splits) == {"embedded_tokenizer": 2, "byte_fallback_tokenizer": 3}[tokenizer_name]
+    for k in splits:
+        assert shown(tok, ids[:k], hello) == reference(tok, ids[:k], hello, True) == " hello", k
+        for finished in (False, True):
+            at_once = IncrementalDetokenizer(tok, ids[:k], []).add(hello, finished=finished)
+            assert at_once == (" hello", None), (k, finished)
+
+
+@pytest.mark.parametrize("tokenizer_name", ["embedded_tokenizer", "byte_fallback_tokenizer"])
+def test_a_special_token_between_a_prompt_cut_inside_a_character_and_the_output(request, tokenizer_name):
+    """The end-of-text token skipped writes nothing: the token after it goes on with 🤖 or not;
+    written out, it ends the prompt's character, which stays the prompt's."""
+    tok = request.getfixturevalue(tokenizer_name)
+    ids, splits, eos = robot_and_hello(tok)
+    k, hello = splits[-1], ids[splits[-1] + 1:]
+    cases = [([eos, *ids[k:]], True, "\U0001f916 hello"), ([eos, *hello], True, " hello"),
+             ([eos, *hello], False, tok.decode([eos], False) + " hello")]
+    for output, skip, expected in cases:
+        assert shown(tok, ids[:k], output, skip) == reference(tok, ids[:k], output, skip) == expected
+
+
+@pytest.mark.parametrize("tokenizer_name", ["embedded_tokenizer", "byte_fallback_tokenizer"])
+def test_a_reply_that_goes_on_with_the_prompts_character_and_is_cut_shows_nothing(request, tokenizer_name):
+    """The prompt ends inside 🤖, the reply holds more of its bytes but not the last: the cut
+    character is dropped, prompt bytes and all."""
+    tok = request.getfixturevalue(tokenizer_name)
+    ids, splits, _ = robot_and_hello(tok)
+    for k in splits:
+        for cut in range(k + 1, splits[-1] + 1):
+            assert shown(tok, ids[:k], ids[k:cut]) == "", (k, cut)
+            assert IncrementalDetokenizer(tok, ids[:k], []).add(ids[k:cut], finished=True) == ("", None)
