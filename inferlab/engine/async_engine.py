@@ -147,6 +147,9 @@ class AsyncEngine:
         and checked before any request is added, so one refused prompt leaves no request of
         the others running nor counted. Returns each prompt's token ids as its requests run
         them (truncate_prompt_tokens cut)."""
+        # here, as vLLM's frontend stamps it before encoding: stamped on the engine thread, it
+        # began after the step under way ended, and TTFT and e2e left that wait out
+        arrival = time.monotonic()
         if self._closing.is_set():
             raise _shutting_down()
         if self.error is not None:
@@ -161,7 +164,7 @@ class AsyncEngine:
         batch = [(request_id, ids, prompt if isinstance(prompt, str) else None)
                  for (request_id, prompt, _), (_, ids) in zip(requests, encoded, strict=True)]
         sinks = [sink for _, _, sink in requests]
-        return await self._call(lambda: self._add(batch, sinks, params, loop, priority))
+        return await self._call(lambda: self._add(batch, sinks, params, loop, priority, arrival))
 
     async def abort(self, request_id: str) -> None:
         self._post(lambda: self._abort(request_id))
@@ -242,10 +245,10 @@ class AsyncEngine:
 
     def _add(self, batch: list[tuple[str, list[int], str | None]], sinks: list[_Sink],
              params: SamplingParams, loop: asyncio.AbstractEventLoop,
-             priority: int) -> list[list[int]]:
+             priority: int, arrival: float) -> list[list[int]]:
         if self._closing.is_set():
             raise _shutting_down()
-        prompt_ids = self.engine.add_requests(batch, params, priority=priority)
+        prompt_ids = self.engine.add_requests(batch, params, arrival, priority)
         self._unstepped.update(request_id for request_id, _, _ in batch)
         for (request_id, _, _), sink in zip(batch, sinks, strict=True):
             self._streams[request_id] = (loop, sink)

@@ -30,9 +30,13 @@ class EngineCounters:
                 self.prompt_tokens += request.num_prompt_tokens
 
     def count_finished(self, output: RequestOutput) -> None:
+        """The completions of a finished request, by finish reason, but for those aborted:
+        only a caller aborts (a client gone, a shutdown's deadline), and vLLM's frontend drops
+        an aborted request unrecorded. A sibling that ended before the abort counts."""
         for completion in output.outputs:
-            reason = completion.finish_reason or "abort"
-            self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
+            reason = completion.finish_reason
+            if reason is not None and reason != "abort":
+                self.requests_finished[reason] = self.requests_finished.get(reason, 0) + 1
 
 
 @dataclass(frozen=True)
@@ -44,5 +48,5 @@ class EngineStats:
     scheduler: SchedulerStats
     prompt_tokens_total: int
     generation_tokens_total: int
-    requests_finished: dict[str, int]  # by finish reason: stop, length, abort
+    requests_finished: dict[str, int]  # by finish reason: stop, length, error (never abort)
     spec_decode: SpecDecodeCounters | None = None  # with speculative decoding on

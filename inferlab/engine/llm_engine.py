@@ -200,7 +200,9 @@ class LLMEngine:
         """Queue a request per (request id, prompt, prompt text) as add_request does, all or
         none: every one is checked before any is queued, so a request of many prompts refused
         for one of them leaves nothing running nor counted (vLLM checks them all first).
-        Returns each prompt's token ids as its requests run them (truncate_prompt_tokens cut)."""
+        Returns each prompt's token ids as its requests run them (truncate_prompt_tokens cut).
+        arrival_time: when the caller got the request (AsyncEngine's, before encoding it); now
+        if None, as for LLM, whose adds wait for no step."""
         self.requests.check_priority(priority)
         arrival = arrival_time if arrival_time is not None else time.monotonic()
         ready = [(rid, *self.requests.build(rid, prompt, text, params, arrival, priority, cap_max_tokens))
@@ -234,7 +236,7 @@ class LLMEngine:
         children = self.outputs.child_ids(request_id)
         self.scheduler.finish_requests(children, RequestStatus.FINISHED_ABORTED)
         output = self.outputs.abort(request_id)
-        if output is not None:
+        if output is not None:  # copies that had ended count; the aborted ones do not
             self.counters.count_finished(output)
         return output
 

@@ -248,6 +248,7 @@ def _metrics(children: list[_Completion]) -> RequestMetrics:
 
     return RequestMetrics(
         arrival_time=first.arrival_time,
+        queued_time=earliest(r.queued_time for r in requests),
         first_scheduled_time=earliest(r.first_scheduled_time for r in requests),
         first_token_time=earliest(r.first_token_time for r in requests),
         last_token_time=latest(r.last_token_time for r in requests),

@@ -185,7 +185,10 @@ class CompletionOutput:
 
 @dataclass
 class RequestMetrics:
-    """Per-request timestamps (time.monotonic seconds) and derived latencies."""
+    """Per-request timestamps (time.monotonic seconds) and derived latencies. arrival_time is
+    when the request reached the engine's frontend (AsyncEngine, or LLMEngine's add), before
+    its prompt was encoded; queued_time when the scheduler queued it, as in vLLM, whose queue
+    time starts at its engine core's QUEUED event and its TTFT and e2e at the arrival."""
 
     arrival_time: float
     first_scheduled_time: float | None = None
@@ -194,10 +197,11 @@ class RequestMetrics:
     finished_time: float | None = None
     num_generation_tokens: int = 0  # all n completions'
     longest_completion_tokens: int = 0
+    queued_time: float | None = None
 
     @property
     def queue_time_s(self) -> float | None:
-        return _span(self.arrival_time, self.first_scheduled_time)
+        return _span(self.queued_time, self.first_scheduled_time)
 
     @property
     def ttft_s(self) -> float | None:

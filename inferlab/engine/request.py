@@ -89,6 +89,9 @@ class Request:
     # they are not output tokens until a step accepts them.
     spec_token_ids: list[int] = field(default_factory=list)
 
+    # when the scheduler queued it (vLLM's QUEUED event), on the engine thread: the queue time
+    # starts here, not at arrival, which the frontend stamps before the prompt is encoded
+    queued_time: float | None = None
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     last_token_time: float | None = None

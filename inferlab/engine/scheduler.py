@@ -71,6 +71,7 @@ class Scheduler:
         if request.request_id in self._requests:
             raise InferlabError(f"request id {request.request_id!r} is already in use")
         request.status = RequestStatus.WAITING
+        request.queued_time = time.monotonic()
         self._requests[request.request_id] = request
         self.waiting.add(request)
 

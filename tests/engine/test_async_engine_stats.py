@@ -7,7 +7,6 @@ Steps are held one at a time, so each case reads the stats while a step is under
 from __future__ import annotations
 
 import asyncio
-import threading
 
 import pytest
 
@@ -15,6 +14,7 @@ from inferlab.config import EngineConfig
 from inferlab.engine.async_engine import AsyncEngine
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.server.admission import Admission
+from tests.engine.held_steps import HeldSteps, posted
 from tests.models.tiny_tokenizer import save_tiny_llama
 
 LONG = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)
@@ -23,39 +23,6 @@ LONG = SamplingParams(max_tokens=100, ignore_eos=True, temperature=0)
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> str:
     return save_tiny_llama(tmp_path_factory.mktemp("async-stats"))
-
-
-class HeldSteps:
-    """Holds each of the engine's steps until let go; `held` is set while one is held."""
-
-    def __init__(self, engine: AsyncEngine) -> None:
-        self.engine = engine
-        self.held = threading.Event()
-        self._permits = threading.Semaphore(0)
-        self._holding = True
-        self._step = engine.engine.step
-        engine.engine.step = self._held_step
-
-    def _held_step(self, *args, **kwargs):
-        if self._holding:
-            self.held.set()
-            self._permits.acquire(timeout=10)
-        return self._step(*args, **kwargs)
-
-    async def wait_held(self) -> None:
-        assert await asyncio.to_thread(self.held.wait, 10), "no step was held"
-
-    async def next_step(self) -> None:
-        """Let the held step end and wait until the next one is held: the stats are those
-        of the step let go, and the operations posted meanwhile have run."""
-        self.held.clear()
-        self._permits.release()
-        await self.wait_held()
-
-    async def close(self) -> None:
-        self._holding = False
-        self._permits.release()
-        await self.engine.shutdown(0)
 
 
 def _engine(model_dir: str, max_num_seqs: int) -> AsyncEngine:
@@ -80,19 +47,11 @@ async def _one_running_one_queued(engine: AsyncEngine, steps: HeldSteps) -> list
     tasks = [asyncio.create_task(_read(engine, "running"))]
     await steps.wait_held()
     tasks.append(asyncio.create_task(_read(engine, "queued")))
-    await _posted(engine)  # its prompt is encoded first, off the loop: slow on a busy machine
+    await posted(engine)  # its prompt is encoded first, off the loop: slow on a busy machine
     for _ in range(2):  # the held step ends, the add runs, and the step after it counts it
         await steps.next_step()
     assert _counts(engine) == (1, 1)
     return tasks
-
-
-async def _posted(engine: AsyncEngine, timeout_s: float = 60.0) -> None:
-    """Wait until an operation (an add, an abort) is posted to the engine thread."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while engine._ops.empty():
-        assert asyncio.get_running_loop().time() < deadline, "nothing was posted"
-        await asyncio.sleep(0.01)
 
 
 def test_a_queued_request_aborted_leaves_the_waiting_count_while_the_next_step_runs(model_dir):
@@ -126,7 +85,7 @@ def test_a_request_added_and_aborted_between_two_steps_leaves_the_waiting_count(
     async def main() -> None:
         tasks = await _one_running_one_queued(engine, steps)
         gone = asyncio.create_task(_read(engine, "gone"))
-        await _posted(engine)  # its add: the step held, it waits there
+        await posted(engine)  # its add: the step held, it waits there
         gone.cancel()  # its abort is posted after its add
         await steps.next_step()  # that step ends, the add and the abort run, the next is held
         assert _counts(engine) == (1, 1)

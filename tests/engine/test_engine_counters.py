@@ -46,7 +46,21 @@ def test_a_request_aborted_while_waiting_counts_no_prompt_token(model_dir):
     engine.add_request(PROMPT, PARAMS, "gone")
     engine.abort_request("gone")
     assert engine.counters.prompt_tokens == 0
-    assert engine.counters.requests_finished == {"abort": 1}
+    assert engine.counters.requests_finished == {}
+
+
+def test_an_aborted_request_counts_as_no_finished_request(model_dir):
+    """Aborted after its first token, as a client that leaves mid-stream: vLLM's frontend
+    drops its state unrecorded, so request_success counts nothing for it (it counted 1 under
+    finished_reason "abort"). Its prompt and token were computed: they count."""
+    llm = LLM(model_dir, dtype="float32", kv_cache_memory="1MiB")
+    engine = llm.engine
+    engine.add_request(PROMPT, PARAMS, "left")
+    engine.step()
+    out = engine.abort_request("left")
+    assert out is not None and out.outputs[0].finish_reason == "abort"
+    assert engine.counters.requests_finished == {}
+    assert (engine.counters.prompt_tokens, engine.counters.generation_tokens) == (10, 1)
 
 
 def test_n_copies_each_count_the_prompt(model_dir):

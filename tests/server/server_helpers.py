@@ -98,6 +98,12 @@ def token_counts(usage) -> tuple[int, int, int]:
     return usage.prompt_tokens, usage.completion_tokens, usage.total_tokens
 
 
+def requests_finished(server) -> float:
+    """vllm:request_success_total summed over its finish reasons."""
+    return sum(value for series, value in server.metrics().items()
+               if series.startswith("vllm:request_success_total{"))
+
+
 def engine_idle(server) -> bool:
     """No request running or queued, every KV block free, nothing admitted."""
     m = server.metrics()

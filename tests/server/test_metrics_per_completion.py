@@ -103,8 +103,8 @@ def _samples(hist) -> dict[str, float]:
 
 
 def test_a_completion_that_ended_counts_though_its_sibling_is_aborted():
-    """n = 2, 4 prompt tokens. Completion 0 ends ("length") after 3 tokens: arrived at 0 s,
-    scheduled at 0.1, first token at 0.3, last at 0.7, finished at 0.7 (by hand: e2e 0.7,
+    """n = 2, 4 prompt tokens. Completion 0 ends ("length") after 3 tokens: arrived and
+    queued at 0 s, scheduled at 0.1, first token at 0.3, last at 0.7, finished at 0.7 (by hand: e2e 0.7,
     queue 0.1, prefill 0.2, decode 0.4, inference 0.6, 0.2 s per token after the first). It is
     counted when its end arrives, once, however often later outputs repeat it. Completion 1
     had its first token at 0.4 (time to first token 0.4) and is then aborted: not counted as
@@ -113,7 +113,7 @@ def test_a_completion_that_ended_counts_though_its_sibling_is_aborted():
     observer = OutputObserver(metrics)
     ended = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.3,
                            last_token_time=0.7, finished_time=0.7, num_generation_tokens=3,
-                           longest_completion_tokens=3)
+                           longest_completion_tokens=3, queued_time=0.0)
     running = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.4,
                              last_token_time=0.8, num_generation_tokens=2, longest_completion_tokens=2)
     whole = RequestMetrics(arrival_time=0.0)
