@@ -256,4 +256,5 @@ def _metrics(children: list[_Completion]) -> RequestMetrics:
         if all(c.finish_reason for c in children) else None,
         num_generation_tokens=sum(r.num_output_tokens for r in requests),
         longest_completion_tokens=max(r.num_output_tokens for r in requests),
+        max_tokens=first.max_tokens,
     )

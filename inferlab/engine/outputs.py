@@ -198,6 +198,7 @@ class RequestMetrics:
     num_generation_tokens: int = 0  # all n completions'
     longest_completion_tokens: int = 0
     queued_time: float | None = None
+    max_tokens: int | None = None  # as the engine resolved it, fitted to the context (vLLM's max_tokens_param)
 
     @property
     def queue_time_s(self) -> float | None:

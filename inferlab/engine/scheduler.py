@@ -36,6 +36,8 @@ class SchedulerStats:
     num_waiting: int  # requests queued, preempted ones included
     kv_cache_usage: float  # fraction of KV blocks held by running requests, in [0, 1]
     num_blocks: int  # KV blocks in the cache
+    block_size: int  # tokens per KV block
+    enable_prefix_caching: bool
     num_free_blocks: int  # free KV blocks (cached ones included: they can be evicted)
     prefix_cache_queried_tokens: int  # tokens of admitted requests looked up, since start
     prefix_cache_hit_tokens: int  # of which served from the prefix cache, since start
@@ -153,6 +155,8 @@ class Scheduler:
             num_waiting=len(self.waiting),
             kv_cache_usage=bm.usage,
             num_blocks=bm.num_blocks,
+            block_size=self.cache_config.block_size,
+            enable_prefix_caching=self.cache_config.enable_prefix_caching,
             num_free_blocks=bm.num_free_blocks,
             prefix_cache_queried_tokens=bm.prefix_cache_queried_tokens,
             prefix_cache_hit_tokens=bm.prefix_cache_hit_tokens,

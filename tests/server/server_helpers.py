@@ -15,13 +15,30 @@ from inferlab.engine.scheduler import SchedulerStats
 API_KEY = "sk-inferlab-test"
 MODEL_NAME = "smollm2-test"
 MAX_MODEL_LEN = 512
+# the labels of vLLM's series as /metrics prints them (sorted), and of our own
+VLLM_LABELS = f'engine="0",model_name="{MODEL_NAME}"'
+OWN_LABELS = f'model_name="{MODEL_NAME}"'
 # what a fake engine's stats() gives: nothing running, waiting or counted, one free KV block
 IDLE_STATS = EngineStats(SchedulerStats(num_running=0, num_waiting=0, kv_cache_usage=0.0,
-                                        num_blocks=1, num_free_blocks=1,
+                                        num_blocks=1, block_size=16, enable_prefix_caching=True,
+                                        num_free_blocks=1,
                                         prefix_cache_queried_tokens=0, prefix_cache_hit_tokens=0,
                                         num_preemptions_total=0),
                          prompt_tokens_total=0, generation_tokens_total=0, requests_finished={})
 
+
+class IdleEngine:
+    """What ServerMetrics reads of an engine, with nothing running: tests feed it outputs by
+    hand."""
+
+    heartbeat = 0.0
+    max_model_len = MAX_MODEL_LEN
+
+    def observe_steps(self, method) -> None:
+        """No engine steps to report."""
+
+    def stats(self) -> EngineStats:
+        return IDLE_STATS
 
 @dataclass
 class RunningServer:
@@ -45,6 +62,8 @@ class RunningServer:
 
     def metric(self, name: str, **labels: str) -> float:
         wanted = {"model_name": MODEL_NAME, **labels}
+        if name.startswith("vllm:"):
+            wanted["engine"] = "0"  # vLLM's engine index: one engine
         label_text = ",".join(f'{k}="{v}"' for k, v in sorted(wanted.items()))
         return self.metrics()[f"{name}{{{label_text}}}"]
 
@@ -107,9 +126,9 @@ def requests_finished(server) -> float:
 def engine_idle(server) -> bool:
     """No request running or queued, every KV block free, nothing admitted."""
     m = server.metrics()
-    label = f'{{model_name="{MODEL_NAME}"}}'
-    return (m[f"vllm:num_requests_running{label}"] == 0
-            and m[f"vllm:num_requests_waiting{label}"] == 0
-            and m[f"vllm:kv_cache_usage_perc{label}"] == 0
-            and m[f"inferlab:kv_cache_free_blocks{label}"] == m[f"inferlab:kv_cache_blocks{label}"]
-            and m[f"inferlab:num_requests_in_flight{label}"] == 0)
+    vllm, own = f"{{{VLLM_LABELS}}}", f"{{{OWN_LABELS}}}"
+    return (m[f"vllm:num_requests_running{vllm}"] == 0
+            and m[f"vllm:num_requests_waiting{vllm}"] == 0
+            and m[f"vllm:kv_cache_usage_perc{vllm}"] == 0
+            and m[f"inferlab:kv_cache_free_blocks{own}"] == m[f"inferlab:kv_cache_blocks{own}"]
+            and m[f"inferlab:num_requests_in_flight{own}"] == 0)

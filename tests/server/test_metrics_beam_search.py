@@ -19,7 +19,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, engine_idle, wait_until
+from server_helpers import MODEL_NAME, VLLM_LABELS, engine_idle, wait_until
 
 from inferlab.config import EngineConfig
 from inferlab.engine.async_engine import AsyncEngine
@@ -40,11 +40,11 @@ _HISTOGRAMS = ["time_to_first_token_seconds", "e2e_request_latency_seconds",
 
 def _read(server) -> dict[str, float]:
     m = server.metrics()
-    label = f'model_name="{MODEL_NAME}"'
+    label = VLLM_LABELS
     values = {name: m[f"vllm:{name}_count{{{label}}}"] for name in _HISTOGRAMS}
     for name in ("request_prompt_tokens", "request_generation_tokens", "request_params_n"):
         values[name + "_sum"] = m[f"vllm:{name}_sum{{{label}}}"]
-    values["success"] = m[f'vllm:request_success_total{{finished_reason="length",{label}}}']
+    values["success"] = m[f'vllm:request_success_total{{engine="0",finished_reason="length",model_name="{MODEL_NAME}"}}']
     values["prompt_total"] = m[f"vllm:prompt_tokens_total{{{label}}}"]
     return values
 

@@ -12,8 +12,7 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME
-from test_metrics_per_completion import _IdleEngine
+from server_helpers import MODEL_NAME, VLLM_LABELS, IdleEngine
 from test_server_spec_decode import PROMPT
 
 from inferlab.engine.outputs import CompletionOutput, RequestOutput
@@ -36,7 +35,7 @@ def test_an_output_of_several_tokens_is_one_gap(monkeypatch):
     """Outputs of 1, 3 and 2 tokens (drafts kept) reach the server at 10, 10.25 and 10.75 s,
     then one without tokens: vLLM's two gaps, 0.25 and 0.5 s, summing to the 0.75 s from the
     first token to the last (not five samples, three of 0.25 / 3 and two of 0.5 / 2)."""
-    metrics = ServerMetrics(_IdleEngine(), "m", lambda: 0)  # type: ignore[arg-type]
+    metrics = ServerMetrics(IdleEngine(), "m", lambda: 0)  # type: ignore[arg-type]
     clock = iter([10.0, 10.25, 10.75, 11.0])  # the server's clock as each output arrives
     monkeypatch.setattr(metrics_module, "time", SimpleNamespace(monotonic=lambda: next(clock)))
     observer = OutputObserver(metrics)
@@ -49,7 +48,7 @@ def test_an_output_of_several_tokens_is_one_gap(monkeypatch):
 
 def _read(server) -> dict[str, float]:
     m = server.metrics()
-    label = f'{{model_name="{MODEL_NAME}"}}'
+    label = f"{{{VLLM_LABELS}}}"
     return {key: m[f"vllm:{name}{label}"] for key, name in (
         ("itl_n", "inter_token_latency_seconds_count"), ("itl", "inter_token_latency_seconds_sum"),
         ("decode", "request_decode_time_seconds_sum"), ("tokens", "generation_tokens_total"))}

@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from server_helpers import IDLE_STATS
+from server_helpers import IDLE_STATS, MAX_MODEL_LEN
 
 from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -27,6 +27,7 @@ class _Engine:
     """Takes the prompts and keeps each one's sink; the test hands out the outputs."""
 
     heartbeat = 0.0
+    max_model_len = MAX_MODEL_LEN
 
     def __init__(self) -> None:
         self.sinks: list = []

@@ -14,9 +14,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from server_helpers import IDLE_STATS, MODEL_NAME, engine_idle, wait_until
+from server_helpers import MODEL_NAME, VLLM_LABELS, IdleEngine, engine_idle, wait_until
 
-from inferlab.engine.engine_counters import EngineStats
 from inferlab.engine.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from inferlab.server.metrics import OutputObserver, ServerMetrics
 
@@ -32,7 +31,7 @@ _HISTOGRAMS = {
 
 def _read(server) -> dict[str, float]:
     m = server.metrics()
-    label = f'{{model_name="{MODEL_NAME}"}}'
+    label = f"{{{VLLM_LABELS}}}"
     values = {"prompt_total": m[f"vllm:prompt_tokens_total{label}"]}
     for key, name in _HISTOGRAMS.items():
         values[key + "_n"] = m[f"{name}_count{label}"]
@@ -85,18 +84,6 @@ def _completion(index: int, tokens: int, finish_reason: str | None, m: RequestMe
                             finish_reason=finish_reason, metrics=m)
 
 
-class _IdleEngine:
-    """What ServerMetrics reads of an engine, with nothing running."""
-
-    heartbeat = 0.0
-
-    def observe_steps(self, method) -> None:
-        """No engine steps to report: the tests feed outputs by hand."""
-
-    def stats(self) -> EngineStats:
-        return IDLE_STATS
-
-
 def _samples(hist) -> dict[str, float]:
     return {s.name.rsplit("_", 1)[-1]: s.value for family in hist.collect() for s in family.samples
             if not s.name.endswith(("_bucket", "_created"))}
@@ -109,7 +96,7 @@ def test_a_completion_that_ended_counts_though_its_sibling_is_aborted():
     counted when its end arrives, once, however often later outputs repeat it. Completion 1
     had its first token at 0.4 (time to first token 0.4) and is then aborted: not counted as
     finished, and the request's n and longest completion are not counted either."""
-    metrics = ServerMetrics(_IdleEngine(), "m", lambda: 0)
+    metrics = ServerMetrics(IdleEngine(), "m", lambda: 0)
     observer = OutputObserver(metrics)
     ended = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1, first_token_time=0.3,
                            last_token_time=0.7, finished_time=0.7, num_generation_tokens=3,

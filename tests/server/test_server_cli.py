@@ -220,7 +220,7 @@ def test_a_whole_answer_aborted_before_its_first_token_is_a_503_to_retry():
             timeout=60))) for stream in (False, True)]
         for thread in queued:
             thread.start()
-        assert wait_until(lambda: 'vllm:num_requests_waiting{model_name="cli-model"} 2.0' in
+        assert wait_until(lambda: 'vllm:num_requests_waiting{engine="0",model_name="cli-model"} 2.0' in
                           httpx.get(f"{url}/metrics", timeout=30).text, timeout_s=30)
         proc.send_signal(signal.SIGTERM)
         for thread in queued:

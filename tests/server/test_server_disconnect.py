@@ -14,7 +14,7 @@ import time
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME, engine_idle, requests_finished, wait_until
+from server_helpers import VLLM_LABELS, engine_idle, requests_finished, wait_until
 
 from inferlab.engine.sampling_params import SamplingParams
 
@@ -41,7 +41,7 @@ def test_client_killed_mid_stream_frees_its_request_and_blocks(server):
                               stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert client.stdout.readline().strip() == "streaming"
-        label = f'{{model_name="{MODEL_NAME}"}}'
+        label = f"{{{VLLM_LABELS}}}"
         assert server.metrics()[f"vllm:num_requests_running{label}"] == 1
         assert server.metrics()[f"vllm:kv_cache_usage_perc{label}"] > 0
     finally:

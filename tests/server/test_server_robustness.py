@@ -15,6 +15,8 @@ import pytest
 from server_helpers import (
     MAX_MODEL_LEN,
     MODEL_NAME,
+    OWN_LABELS,
+    VLLM_LABELS,
     async_client,
     engine_idle,
     start_server,
@@ -129,10 +131,9 @@ def test_metrics_count_every_engine_step(server):
 
     def totals() -> tuple[float, float, float]:
         m = server.metrics()
-        label = f'{{model_name="{MODEL_NAME}"}}'
-        return (m[f"vllm:iteration_tokens_total_count{label}"],
-                m[f"vllm:iteration_tokens_total_sum{label}"],
-                m[f"inferlab:engine_step_duration_seconds_count{label}"])
+        return (m[f"vllm:iteration_tokens_total_count{{{VLLM_LABELS}}}"],
+                m[f"vllm:iteration_tokens_total_sum{{{VLLM_LABELS}}}"],
+                m[f"inferlab:engine_step_duration_seconds_count{{{OWN_LABELS}}}"])
 
     before = totals()
     r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,
@@ -169,7 +170,7 @@ def test_metrics_add_up_for_one_request_by_hand(server):
 
     def read() -> dict[str, float]:
         m = server.metrics()
-        label = f'{{model_name="{MODEL_NAME}"}}'
+        label = f"{{{VLLM_LABELS}}}"
         values = {key: m[name + label] for key, name in names.items()}
         values["length"] = server.metric("vllm:request_success_total", finished_reason="length")
         return values
@@ -208,7 +209,7 @@ def test_a_scrape_after_a_reply_finds_it_counted(server, monkeypatch):
         time.sleep(0.3)
         return snapshot()
 
-    label = f'{{model_name="{MODEL_NAME}"}}'
+    label = f"{{{VLLM_LABELS}}}"
     before = server.metrics()[f"vllm:generation_tokens_total{label}"]
     monkeypatch.setattr(server.engine, "_snapshot", slow_snapshot)
     r = httpx.post(f"{server.url}/v1/completions", headers=server.headers, timeout=60,

@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from server_helpers import MODEL_NAME
+from server_helpers import MODEL_NAME, VLLM_LABELS
 
 PROMPT = ("Repeat this list exactly: apple, banana, cherry, date, elderberry, fig, grape, honeydew. "
           "Again: apple, banana,")
@@ -44,17 +44,17 @@ def test_answers_equal_the_plain_servers_and_metrics_count_the_drafts(fp32_serve
     assert most > 1  # drafts kept: a step's chunk carried several tokens
 
     metrics = speculating.metrics()
-    drafts = metrics[f'vllm:spec_decode_num_draft_tokens_total{{model_name="{MODEL_NAME}"}}']
-    accepted = metrics[f'vllm:spec_decode_num_accepted_tokens_total{{model_name="{MODEL_NAME}"}}']
-    first = metrics[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{model_name="{MODEL_NAME}",position="0"}}']
+    drafts = metrics[f'vllm:spec_decode_num_draft_tokens_total{{{VLLM_LABELS}}}']
+    accepted = metrics[f'vllm:spec_decode_num_accepted_tokens_total{{{VLLM_LABELS}}}']
+    first = metrics[f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL_NAME}",position="0"}}']
     assert 0 < accepted <= drafts and 0 < first <= accepted
-    assert metrics[f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'] == 48  # two answers
+    assert metrics[f'vllm:generation_tokens_total{{{VLLM_LABELS}}}'] == 48  # two answers
     assert not any(name.startswith("vllm:spec_decode") for name in fp32_server.metrics())
 
 
 @pytest.mark.parametrize("stop", [" date", "elder"])
 def test_drafts_cut_by_a_stop_string_are_not_counted(speculating, stop):
-    key = f'vllm:generation_tokens_total{{model_name="{MODEL_NAME}"}}'
+    key = f'vllm:generation_tokens_total{{{VLLM_LABELS}}}'
     before = speculating.metrics()[key]
     out = httpx.post(f"{speculating.url}/v1/completions", json={**BODY, "stop": [stop]}, timeout=60).json()
     assert out["choices"][0]["finish_reason"] == "stop"
