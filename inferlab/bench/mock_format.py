@@ -91,8 +91,8 @@ def token_text(count: int, offset: int = 0) -> str:
 
 def prometheus_text(running: int, waiting: int, kv_usage: float, prefix_queries: int,
                     prefix_hits: int, model: str) -> bytes:
-    """The mock's /metrics page, with vLLM's metric names."""
-    label = f'{{model_name="{model}"}}'
+    """The mock's /metrics page, with vLLM's metric names and labels."""
+    label = f'{{model_name="{model}",engine="0"}}'
     lines = [
         "# TYPE vllm:num_requests_running gauge",
         f"vllm:num_requests_running{label} {running}",
