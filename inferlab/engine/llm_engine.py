@@ -250,6 +250,9 @@ class LLMEngine:
         (vLLM's FINAL_ONLY output kind) only for the requests it finished."""
         sched = self.scheduler.schedule()
         self.last_step_tokens = sched.total_num_scheduled_tokens
+        # before an empty step returns: its finished ids are given once (an idle step once kept
+        # a finished request's seeded draws, which its id, reused with the seed, then went on with)
+        self.runner.forget(sched.finished_request_ids)
         if sched.is_empty:
             return []
         runner_output = self.runner.execute(sched)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import torch
@@ -71,10 +72,14 @@ class ModelRunner:
                                          cdiv(config.max_model_len, config.block_size), config.device)
             self.graphed.capture()
 
+    def forget(self, finished_request_ids: Iterable[str]) -> None:
+        """Drop what the runner keeps for requests that finished (their seeded draws), every
+        step, whether or not it computes anything."""
+        for request_id in finished_request_ids:
+            self.seeded_uniforms.forget(request_id)
+
     @torch.inference_mode()
     def execute(self, sched: SchedulerOutput) -> ModelRunnerOutput:
-        for request_id in sched.finished_request_ids:
-            self.seeded_uniforms.forget(request_id)
         chunks = sched.chunks
         if (self.graphed is not None and fits_graph(chunks)
                 and self.graphed.covers(sum(c.num_new_tokens for c in chunks))):

@@ -145,3 +145,21 @@ def test_a_generate_cancelled_before_its_add_leaves_the_ids_holder_running(make_
 
     last = asyncio.run(run())
     assert last.outputs[0].finish_reason == "length" and len(last.outputs[0].token_ids) == 12
+
+
+def test_an_idle_step_forgets_a_finished_seeded_request(make_llm):
+    """A request's id reused with its seed draws its tokens again. An idle step once took the
+    finished ids without handing them to the runner, whose seeded draws for the first "x" then
+    went on for the second (the reference: a fresh id with the same seed)."""
+    engine = make_llm().engine
+    params = SamplingParams(temperature=1.0, seed=1234, max_tokens=8)
+
+    def run(request_id: str) -> list[int]:
+        engine.add_request("The capital of France is", params, request_id=request_id)
+        final = [o for _ in iter(engine.has_unfinished_requests, False) for o in engine.step()
+                 if o.finished]
+        engine.step()  # idle: a serving loop may step once more
+        return final[0].outputs[0].token_ids
+
+    first = run("x")
+    assert run("x") == first == run("y")
