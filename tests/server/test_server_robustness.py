@@ -152,7 +152,7 @@ def test_metrics_add_up_for_one_request_by_hand(server):
     request: the totals gain 2P prompt and 2T generated tokens and two "length" finishes; the
     prompt and output length histograms two observations each, of P and of T; each latency
     histogram two observations, queue <= TTFT <= end to end <= the client's wall time, queue +
-    prefill = TTFT and prefill + decode = inference <= end to end; the inter-token histogram
+    prefill <= TTFT and prefill + decode = inference <= end to end; the inter-token histogram
     2 (T - 1) gaps, one per token after each completion's first; one request of n = 2 and a
     longest completion of T."""
     assert wait_until(lambda: engine_idle(server), 10)
@@ -189,8 +189,9 @@ def test_metrics_add_up_for_one_request_by_hand(server):
     assert delta["time_to_first_token_n"] == delta["e2e_request_latency_n"] == delta["request_queue_time_n"] == 2
     assert 0 <= delta["request_queue_time"] <= delta["time_to_first_token"] <= delta["e2e_request_latency"] <= 2 * wall_s
     assert (delta["n"], delta["longest"], delta["request_time_per_output_token_n"]) == (2, max_tokens, 2)
-    assert delta["request_queue_time"] + delta["request_prefill_time"] == pytest.approx(
-        delta["time_to_first_token"], abs=1e-6)
+    # TTFT runs from arrival at the server's engine, before encoding, and queue time from the
+    # scheduler's queue (as vLLM's from its frontend and its engine core): the encoding between
+    assert delta["request_queue_time"] + delta["request_prefill_time"] <= delta["time_to_first_token"]
     assert delta["request_prefill_time"] + delta["request_decode_time"] == pytest.approx(
         delta["request_inference_time"], abs=1e-6)
     assert delta["request_inference_time"] <= delta["e2e_request_latency"]
