@@ -145,7 +145,7 @@ class _Formatter:
             reply = self.replies[c.index]
             reasoning, parsed = reply.read(c.text, finished=True)
             # a stream has sent its calls' pieces as they came; a whole reply is read as vLLM
-            # reads one, its text given back where a call cannot be read
+            # reads one: no calls where they cannot be read (its text given back, unforced)
             content = self.echo + (reply.drop_calls() if reply.calls_unreadable() else parsed.content)
             # vLLM's: a reply that is all thinking (shown or not), or all calls, has no content
             message = ReplyMessage(

@@ -65,10 +65,13 @@ class ReplyReader:
         return out
 
     def calls_unreadable(self) -> bool:
-        """Whether a call the model wrote unforced has arguments that are no JSON (a reply cut
-        short by max_tokens in the middle of one)."""
-        if self.tools is None or self.tools.forced:
+        """Whether vLLM reads no calls of the whole reply: one cut short by max_tokens in the
+        middle of a call the model wrote unforced (arguments that are no JSON), or of a required
+        call's array (vLLM validates the array as a whole)."""
+        if self.tools is None:
             return False
+        if self.tools.forced:
+            return self.tools.cut_short
         try:
             for arguments in self.arguments:
                 json.loads(arguments)
@@ -77,10 +80,10 @@ class ReplyReader:
         return False
 
     def drop_calls(self) -> str:
-        """No calls, and the reply's text as its content: what vLLM's tool parsers give for a
-        whole reply whose calls they cannot read. Returns that text."""
+        """No calls, and the content vLLM gives a whole reply whose calls it cannot read: the
+        reply's text from a tool parser, none for a forced reply (it was all calls). Returns it."""
         self.names, self.arguments, self.ids = [], [], []
-        return self.text
+        return "" if self.tools is not None and self.tools.forced else self.text
 
     @property
     def calls(self) -> list[ToolCall]:

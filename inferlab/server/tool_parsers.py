@@ -56,6 +56,11 @@ class ToolParser(ABC):
     def finish(self) -> ParsedDelta:
         return ParsedDelta()
 
+    @property
+    def cut_short(self) -> bool:
+        """Whether a forced reply ended before vLLM could read its calls (read after finish)."""
+        return False
+
 
 class NamedCall(ToolParser):
     reports_calls = False  # OpenAI finishes a forced call with "stop", as any reply
@@ -172,6 +177,12 @@ class RequiredCalls(ToolParser):
         start = self.used or (text.find("[") + 1 if self.num_calls else 0)
         rest = self._text(start, self.objects.ends.start if self.objects.in_call else None)
         return ParsedDelta(content=rest if rest.strip(" \t\r\n,") else "")
+
+    @property
+    def cut_short(self) -> bool:
+        # vLLM validates the whole array at once: one never closed gives no calls, even those
+        # complete in it (the stream has sent them as they came)
+        return self.objects.ends.array_end is None
 
     def _text(self, begin: int, end: int | None) -> str:
         """The array's text from begin to end as content: from its start, after the lead."""

@@ -110,15 +110,18 @@ def test_a_named_function_answers_with_its_arguments(client):
     assert without_ids(streamed(client, **request)) == without_ids(reply)
 
 
+REQUIRED = {"messages": [{"role": "user", "content": "Search for cheap flights, then tell me the "
+                                                   "weather in Rome."}],
+            "tools": [SEARCH, WEATHER], "tool_choice": "required", **GREEDY}
+
+
 def test_required_answers_with_calls_of_the_given_tools(client):
     """tool_choice "required": one or more calls, each of a given tool with valid arguments;
     parallel_tool_calls false: one call; streamed, the same calls."""
-    request = {"messages": [{"role": "user", "content": "Search for cheap flights, then tell me "
-                                                        "the weather in Rome."}],
-               "tools": [SEARCH, WEATHER], "tool_choice": "required", "max_tokens": 120, **GREEDY}
+    request = {**REQUIRED, "max_tokens": 120}
     content, calls, finish = reply = whole(client, **request)
-    # this small model may go on calling until max_tokens: then the calls made so far
-    assert content is None and finish in ("tool_calls", "length") and calls
+    # greedy closes its array at 49 tokens (one cut by max_tokens has no calls: below)
+    assert content is None and finish == "tool_calls" and calls
     for _, name, arguments in calls:
         jsonschema.validate(json.loads(arguments), SCHEMAS[name])
     assert len({call_id for call_id, _, _ in calls}) == len(calls)
@@ -129,6 +132,20 @@ def test_required_answers_with_calls_of_the_given_tools(client):
                                                   "parallel_tool_calls": False})
         assert content is None and len(calls) == 1 and finish == "tool_calls"
         jsonschema.validate(json.loads(calls[0][2]), SCHEMAS[calls[0][1]])
+
+
+@pytest.mark.parametrize(("max_tokens", "sent"), [
+    (22, ""), (34, '{\n        "city": "Rome",\n        "un'),
+    (46, '{\n        "city": "Rome",\n        "unit": "celsius"\n    }'),  # the array left open
+])
+def test_a_whole_required_reply_cut_short_has_no_calls(client, max_tokens, sent):
+    """max_tokens ends greedy's array (one get_weather call, closed at 49 tokens) before it
+    closes: the whole reply has no calls and empty content, as vLLM validates the array whole (it
+    once held a call whose arguments were no JSON, '' at 22 tokens); the stream has sent the
+    call's pieces as they came."""
+    assert whole(client, **REQUIRED, max_tokens=max_tokens) == ("", [], "length")
+    assert without_ids(streamed(client, **REQUIRED, max_tokens=max_tokens)) == (
+        None, [("get_weather", sent)], "length")
 
 
 def test_tool_choice_none_answers_in_text(client):

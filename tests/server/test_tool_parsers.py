@@ -50,7 +50,8 @@ CASES = [
                     '{"parameters": {"q": "a}b\\"]"}, "name": "search"}]', "",
      [("get_weather", {"city": "Paris"}), ("search", {"q": 'a}b"]'})]),
     (RequiredCalls, '[{"name": "f", "parameters": {}}, {"name": "g", "par', "",
-     [("f", {}), ("g", "")]),  # cut short by max_tokens: a call is whatever came of it
+     [("f", {}), ("g", "")]),  # cut short by max_tokens: a stream sends whatever came of a call
+    # (a whole reply has none of them: test_a_whole_required_reply_cut_short_has_no_calls)
     (RequiredCalls, '[ {"name" : "f" ,"parameters":\n {"q": ["}"]} } ,{"parameters": {"q": "ab',
      "", [("f", {"q": ["}"]})]),  # the second call's name never came: the guide's framing
     (RequiredCalls, '[\n    {"name": "f", "parameters": {"cit', "", [("f", '{"cit')]),  # no "[" as content
@@ -221,3 +222,23 @@ def test_a_whole_reply_whose_call_cannot_be_read_is_its_text(make, reply, unread
     if unreadable:
         assert parsed.calls and reader.drop_calls() == reply
         assert (reader.calls, reader.finish_reason("length")) == ([], "length")
+
+
+@pytest.mark.parametrize(("reply", "calls", "finish"), [
+    ('[{"name": "f", "parameters": {}}, {"name": "g", "parameters": ', [], "length"),
+    ('[{"name": "f", "parameters": {"q": [1]}}, {"name": "g", "parameters": {}}', [], "length"),
+    ('[{"name": "f", "parameters": {"q": [1]}}, {"name": "g", "parameters": {}}]',
+     [("f", '{"q": [1]}'), ("g", "{}")], "tool_calls"),
+])
+def test_a_whole_required_reply_cut_short_has_no_calls(reply, calls, finish):
+    """vLLM validates a required reply's array whole (TypeAdapter(list[FunctionDefinition])) and
+    gives one that never closed no calls and empty content, even its complete calls: a call
+    whose arguments are no JSON (once '') never reaches a client that json.loads them."""
+    from inferlab.server.reply import ReplyReader
+
+    reader = ReplyReader(RequiredCalls(), None)
+    _, parsed = reader.read(reply, finished=True)
+    content = reader.drop_calls() if reader.calls_unreadable() else parsed.content
+    assert content == ""
+    assert [(c.function.name, c.function.arguments) for c in reader.calls] == calls
+    assert reader.finish_reason("stop" if calls else "length") == finish
