@@ -4,8 +4,8 @@ any, are then read).
 
 - deepseek_r1: DeepSeek-R1 and its distills (Llama ones among them). Their chat template opens
   the thinking in the prompt, so the reply starts inside it: everything up to `</think>` is
-  reasoning (a `<think>` the model writes itself is dropped); a reply with no `</think>` is
-  all reasoning.
+  reasoning (a `<think>` the model writes itself, wherever it comes before `</think>`, is
+  dropped, as vLLM's stream skips its token); a reply with no `</think>` is all reasoning.
 - qwen3: Qwen3 and models that think in `<think>...</think>` only when asked: a reply that
   opens with `<think>` is reasoning up to `</think>`; any other reply is all content.
 
@@ -39,7 +39,9 @@ class Split:
 
 class ReasoningParser:
     markers = (OPEN, CLOSE)
-    starts_inside = True  # deepseek_r1: the prompt opened the thinking
+    # deepseek_r1: the prompt opened the thinking, so a `<think>` the model writes before
+    # `</think>` opens nothing and is dropped
+    starts_inside = True
     # (opener, closer) a guide (structured outputs) starts after: opener None, the reply starts
     # inside the thinking
     guide_markers: tuple[str | None, str] = (None, CLOSE)
@@ -68,10 +70,18 @@ class ReasoningParser:
                 self.state, self.gap_left = "answer", MAX_GAP if self.guided else 0
             else:
                 out.reasoning, self.pending = ((self.pending, "") if finished else
-                                               held_back(self.pending, CLOSE))
+                                               self._held_back_thinking(self.pending))
+            if self.starts_inside:  # one pass, as a stream drops each <think> it settles
+                out.reasoning = out.reasoning.replace(OPEN, "")
         if self.state == "answer":
             out.content, self.pending = out.content + self._after_gap(self.pending), ""
         return out
+
+    def _held_back_thinking(self, text: str) -> tuple[str, str]:
+        """held_back for the markers the thinking may hold: `</think>`, and `<think>` where it is
+        dropped (held whole, so that a stream drops it as a whole reply does)."""
+        markers = (CLOSE, OPEN) if self.starts_inside else (CLOSE,)
+        return min((held_back(text, marker) for marker in markers), key=lambda split: len(split[0]))
 
     def _after_gap(self, text: str) -> str:
         """`text` without the gap's characters in it, the gap read across deltas as the guide

@@ -20,11 +20,17 @@ def read(parser: ReasoningParser, pieces: list[str]) -> tuple[str, str]:
     (ReasoningParser, "<think>\nHm, </thin or </think>4", "\nHm, </thin or ", "4"),
     (ReasoningParser, "Still thinking </thi", "Still thinking </thi", ""),  # cut short
     (ReasoningParser, "<thi", "<thi", ""),
+    # a <think> the model writes opens nothing: dropped wherever it comes in the thinking ...
+    (ReasoningParser, "pre<think>a</think>b", "prea", "b"),
+    (ReasoningParser, "a <think>b<think>c", "a bc", ""),
+    # ... but kept in the answer
+    (ReasoningParser, "a</think>b<think>c", "a", "b<think>c"),
     # qwen3: only a reply that opens with <think> thinks
     (Qwen3Reasoning, "<think>a < b</think>Yes.", "a < b", "Yes."),
     (Qwen3Reasoning, "\n<think></think>\n\nYes.", "", "\n\nYes."),
     (Qwen3Reasoning, "Yes, </think> is a tag.", "", "Yes, </think> is a tag."),
     (Qwen3Reasoning, "<thin", "", "<thin"),
+    (Qwen3Reasoning, "<think>a<think>b</think>c", "a<think>b", "c"),
 ])
 def test_replies_split_as_read_by_hand_however_they_are_fed(make, reply, reasoning, content):
     for pieces in splits(reply):
