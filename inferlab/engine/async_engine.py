@@ -147,8 +147,7 @@ class AsyncEngine:
         and checked before any request is added, so one refused prompt leaves no request of
         the others running nor counted. Returns each prompt's token ids as its requests run
         them (truncate_prompt_tokens cut)."""
-        # here, as vLLM's frontend stamps it before encoding: stamped on the engine thread, it
-        # began after the step under way ended, and TTFT and e2e left that wait out
+        # here, before encoding, as vLLM's frontend: on the engine thread TTFT missed the step's wait
         arrival = time.monotonic()
         if self._closing.is_set():
             raise _shutting_down()

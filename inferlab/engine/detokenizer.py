@@ -84,7 +84,7 @@ class IncrementalDetokenizer:
                     continue
                 continues = False
             else:
-                first = token_bytes(tokenizer, token_id, tokenizer.decode([token_id], False))[:1]
+                first = _spelled(tokenizer, token_id)[:1]
                 if not first:
                     continue
                 continues = split_utf8(tail + first) is not None
@@ -135,9 +135,14 @@ def _cut_character_start(tokenizer: TextTokenizer, ids: list[int], begin: int, s
             if not skip_special_tokens:
                 return len(ids), False
         else:
-            spelled = len(token_bytes(tokenizer, token_id, tokenizer.decode([token_id], False)))
+            spelled = len(_spelled(tokenizer, token_id))
             if spelled > left:
                 break
             left -= spelled
         end -= 1
     return end, left > 0
+
+
+def _spelled(tokenizer: TextTokenizer, token_id: int) -> bytes:
+    """The bytes a token writes (one of a byte-fallback vocabulary's <0xXX> its byte)."""
+    return token_bytes(tokenizer, token_id, tokenizer.decode([token_id], False))
