@@ -149,7 +149,10 @@ def make_engine(loaded: LoadedModel, dtype: str, device: torch.device, kv_bytes:
                           max_model_len=max_model_len, enable_prefix_caching=False,
                           enforce_eager=enforce_eager, speculative_config=speculative_config)
     if device.type == "cpu":  # (smoke run) a CPU engine packs bf16 linears in place, and later
-        loaded = copy.deepcopy(loaded)  # sections need the model's nn.Linear layers
+        # sections need the model's nn.Linear layers; oneDNN's prepacked int8 weights (W8A8 on
+        # an Intel Xeon) have no storage to copy, and nothing writes them: shared
+        prepacked = {id(t): t for t in loaded.model.buffers() if t.is_mkldnn}
+        loaded = copy.deepcopy(loaded, prepacked)
     return LLMEngine(config, loaded)
 
 

@@ -81,17 +81,18 @@ ONEDNN_SLOWER_LIMIT = 4.0  # oneDNN's int8 linear is used unless this many times
 
 @functools.cache
 def onednn_int8_available() -> bool:
-    """Whether this torch has oneDNN's int8 linear, it computes a small product exactly, and it
-    is not far slower than torch._int_mm here. oneDNN takes its reference path on CPUs it has no
-    int8 kernel for: on an AMD EPYC (Zen 4, AVX512-VNNI) a 512x576 @ 576x960 product took
+    """Whether this torch has oneDNN's int8 linear, it computes a full-range product exactly, and
+    it is not far slower than torch._int_mm here. oneDNN takes its reference path on CPUs it has
+    no int8 kernel for: on an AMD EPYC (Zen 4, AVX512-VNNI) a 512x576 @ 576x960 product took
     3.2 s against 0.93 ms for torch._int_mm, and a W8A8 SmoothQuant run of the embedded model
-    ran past 10 minutes (W8A8 RTN: 11 s)."""
+    ran past 10 minutes (W8A8 RTN: 11 s). On a CPU without VNNI (AMD EPYC Zen 3, AVX2) its
+    kernel multiplies byte pairs into saturating 16-bit sums: exact for small codes, off by up to
+    1.1e5 of sums near 2e6 on the probe's full-range ones."""
     if not hasattr(torch.ops.onednn, "qlinear_pointwise"):
         return False
     try:
-        w = torch.tensor([[1, -2, 3, 127], [-127, 5, 0, 7]], dtype=torch.int8)
-        x = torch.tensor([[2, 1, -1, 1]], dtype=torch.int8)
-        exact = _onednn_int8(x, w).tolist() == [[124.0, -242.0]]
+        x, w = _probe_operands()
+        exact = torch.equal(_onednn_int8(x, w), x.double().mm(w.double().t()).float())
         return exact and _onednn_int8_seconds() <= ONEDNN_SLOWER_LIMIT * _int_mm_seconds()
     except RuntimeError:
         return False
@@ -106,7 +107,8 @@ def _onednn_int8(x: torch.Tensor, w: torch.Tensor, packed: torch.Tensor | None =
                                               torch.float32, "none", [], "")
 
 
-_PROBE_SHAPE = (32, 512, 512)  # M, K, N: ~0.1 ms on torch._int_mm, ~0.1 s on oneDNN's slow path
+# M, K, N: ~0.1 ms on torch._int_mm, ~0.1 s on oneDNN's slow path; sums below 2^24, exact in fp32
+_PROBE_SHAPE = (32, 512, 512)
 
 
 def _probe_operands() -> tuple[torch.Tensor, torch.Tensor]:

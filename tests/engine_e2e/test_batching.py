@@ -12,6 +12,7 @@ from inferlab.engine.args import add_engine_args, engine_config_from_args
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.errors import InferlabError, InvalidParameterError
+from tests.markers import bf16_kernels
 
 
 def _prompts(llm, text: str, count: int, min_len: int, max_len: int) -> list[list[int]]:
@@ -147,8 +148,9 @@ def test_priority_needs_the_priority_policy(make_llm):
     assert not llm.engine.has_unfinished_requests()
 
 
+@bf16_kernels
 def test_seeded_bf16_sampling_and_logprobs_ignore_the_batch():
-    """bf16, the default dtype on this CPU: the same request alone and beside copies of itself
+    """bf16, the default dtype on a CPU with AVX512-BF16: the same request alone and beside copies of itself
     and other prompts (decode batches of 1 and of 6, prefills of 4 and of ~20 rows) samples the
     same tokens with the same logprobs, bit for bit."""
     llm = LLM(dtype="bfloat16", kv_cache_memory="64MiB")
@@ -162,6 +164,7 @@ def test_seeded_bf16_sampling_and_logprobs_ignore_the_batch():
         assert [e.logprob for e in out.logprobs] == [e.logprob for e in alone.logprobs]
 
 
+@bf16_kernels
 def test_seeded_bf16_sampling_ignores_where_the_prompt_is_cut():
     """bf16: a prompt prefilled whole, in chunks of 7, and in one of 60 tokens whose last token
     then runs alone as a decode-shaped step (what a busy batch's token budget does to it):

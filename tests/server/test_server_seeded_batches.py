@@ -9,15 +9,12 @@ import asyncio
 import random
 
 import pytest
-import torch
 from server_helpers import MAX_MODEL_LEN, MODEL_NAME, async_client, start_server
 
 from inferlab.config import EngineConfig
-from inferlab.kernels import cpu_ops
+from tests.markers import bf16_kernels
 
-pytestmark = pytest.mark.skipif(not cpu_ops.available(torch.zeros(1, dtype=torch.bfloat16))
-                                or not cpu_ops.bf16_linear_available(),
-                                reason="bf16 runs on torch's kernels here, which promise no batch invariance")
+pytestmark = bf16_kernels
 
 
 @pytest.fixture(scope="module")
