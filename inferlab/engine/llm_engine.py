@@ -34,8 +34,7 @@ from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
 from inferlab.errors import InferlabError
-from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
-from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
+from inferlab.kernels.linear_choice import use_engine_linears
 from inferlab.models.loader import LoadedModel, load_model, read_model_config
 from inferlab.models.model_path import resolve_model_path
 from inferlab.planner.memory import kv_cache_bytes_per_token
@@ -68,10 +67,7 @@ class LLMEngine:
             self._check_kv_cache_fits(fixed_pool, after_weights=False)
         self.loaded = (loaded.checked_for(self.dtype, self.device) if loaded
                        else load_model(config.model, self.dtype, self.device))
-        if packed_linear_supported(self.device, self.dtype):
-            use_packed_linears(self.loaded.model)
-        elif onednn_linear_supported(self.device, self.dtype):
-            use_onednn_linears(self.loaded.model)
+        use_engine_linears(self.loaded.model, self.device, self.dtype)
         self.tokenizer = self.loaded.tokenizer
         self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)
         self.kv_pool = (fixed_pool if fixed_pool is not None

@@ -3,8 +3,9 @@ short PyTorch micro-benchmark and cached as JSON. The only planner module that t
 and only inside `measure_cpu`.
 
 Three things set a CPU decode step, so three are measured:
-- the rate the engine's bf16 linears (the packed C kernels where the CPU has AVX512-BF16)
-  stream weights from DRAM with 1 and 16 rows, through Llama-shaped layers of several widths:
+- the rate the engine's linears stream weights from DRAM with 1 and 16 rows, in the dtype its
+  --dtype auto runs here (bf16 through the packed C kernels where the CPU has AVX512-BF16 or
+  AMX, else fp32 through oneDNN), through Llama-shaped layers of several widths:
   decode's memory roof (a plain copy is measured too, and shown, but the matmul kernel is what
   decode waits on, and on a CPU it is slower per byte on narrow layers);
 - the square-matmul rate in bf16 and fp32: the compute roof (prefill);
@@ -52,6 +53,10 @@ STREAM_ROWS = (1, 16)
 NEIGHBOUR_TOLERANCE = 4.0
 REMEASURE_TRIES = 3  # re-measurements of such a width before its rate is used as it is
 MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms each
+# Smaller squares first, doubling until one product takes this long: without AVX512-BF16 torch's
+# bf16 matmul runs ~0.3 GFLOP/s (AMD EPYC Zen 3: 58 s for the 2048^3 product)
+MATMUL_MIN_S = 0.02
+MATMUL_FIRST_N = 256
 MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s", "peak_flops",
                  "layer_overhead_s", "memory_bytes")
 CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
@@ -72,27 +77,38 @@ def layer_linear_shapes(width: int) -> list[tuple[int, int]]:
     return [(width, 2 * width), (width, width), (width, 2 * mlp), (mlp, width)]
 
 
-def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
-    """Weight bytes per second bf16 matmuls of 1 and 16 rows read through layers of this width."""
+def engine_dtype() -> Any:
+    """The torch dtype the engine's --dtype auto runs on this CPU."""
     import torch
 
-    from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+    from inferlab.engine.platform import resolve_dtype
 
+    return resolve_dtype("auto", torch.device("cpu"))
+
+
+def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
+    """Weight bytes per second the engine's matmuls of 1 and 16 rows read through layers of
+    this width."""
+    import torch
+
+    from inferlab.kernels.linear_choice import use_engine_linears
+
+    dtype = engine_dtype()
     shapes = layer_linear_shapes(width)
-    layers = max(1, STREAM_BYTES // (2 * sum(i * o for i, o in shapes)))
+    total = dtype.itemsize * sum(i * o for i, o in shapes)  # bytes a layer
+    layers = max(1, STREAM_BYTES // total)
     linears = torch.nn.ModuleList()
     for _ in range(layers):
         for i, o in shapes:  # constant weights: random ones take seconds to draw
             linear = torch.nn.Linear(i, o, bias=False, device="meta")
-            linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=torch.bfloat16))
+            linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=dtype))
             linears.append(linear)
-    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
-        use_packed_linears(linears)  # the kernels the engine runs
-    total = 2 * sum(i * o for i, o in shapes) * layers
+    use_engine_linears(linears, torch.device("cpu"), dtype)
+    total *= layers
     rates = {}
     with torch.inference_mode():
         for n in STREAM_ROWS:
-            x = {i: torch.randn(n, i, dtype=torch.bfloat16) for i, _ in shapes}  # [rows, in]
+            x = {i: torch.randn(n, i, dtype=dtype) for i, _ in shapes}  # [rows, in]
             rates[str(n)] = total / best_seconds(
                 lambda x=x: [m(x[m.in_features]) for m in linears], repeats)
     return rates
@@ -156,26 +172,26 @@ def _best_rate(grid: dict[str, dict[str, float]]) -> float:
 
 
 def _tiny_model_forward(num_layers: int) -> Callable[[], None]:  # runs one decode forward
-    """The engine's own Llama layers at width 128 (bf16, linears as the engine runs them),
+    """The engine's own Llama layers at width 128 (its dtype and linears),
     one decode token over a 4-token paged context. Their data is tiny, so their time is the
     host's cost of running a layer: Python and operator launches, or the C model forward's
     per-layer share of its one call where the engine has it."""
     import torch
 
     from inferlab.kernels.attention.metadata import AttentionMetadata
-    from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+    from inferlab.kernels.linear_choice import use_engine_linears
     from inferlab.models.config import ModelConfig
     from inferlab.models.llama import LlamaForCausalLM
 
     cfg = ModelConfig(architecture="LlamaForCausalLM", vocab_size=256, hidden_size=128,
                       intermediate_size=256, num_layers=num_layers, num_heads=2, num_kv_heads=1,
                       head_dim=64, max_position_embeddings=64)
-    model = LlamaForCausalLM(cfg).to(torch.bfloat16).eval()
-    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
-        use_packed_linears(model)
+    dtype = engine_dtype()
+    model = LlamaForCausalLM(cfg).to(dtype).eval()
+    use_engine_linears(model, torch.device("cpu"), dtype)
     block = 16
-    caches = [(torch.zeros(2, block, 1, 64, dtype=torch.bfloat16),
-               torch.zeros(2, block, 1, 64, dtype=torch.bfloat16)) for _ in range(num_layers)]
+    caches = [(torch.zeros(2, block, 1, 64, dtype=dtype), torch.zeros(2, block, 1, 64, dtype=dtype))
+              for _ in range(num_layers)]
     ids, positions = torch.tensor([5]), torch.tensor([3])
 
     def run() -> None:
@@ -207,6 +223,20 @@ def _matmuls(dtype: Any) -> list[Callable[[Any, Any], Any]]:
     return [torch.mm, onednn_linear] if fp32_onednn else [torch.mm]
 
 
+def _matmul_flops(dtype: Any, largest_n: int, repeats: int) -> float:
+    """FLOP/s of the fastest square product in `dtype`, sides doubling from MATMUL_FIRST_N until
+    one product takes MATMUL_MIN_S or the side reaches largest_n."""
+    import torch
+
+    n = MATMUL_FIRST_N
+    while True:
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        seconds = min(best_seconds(lambda a=a, b=b, mm=mm: mm(a, b), repeats) for mm in _matmuls(dtype))
+        if seconds >= MATMUL_MIN_S or n >= largest_n:
+            return 2 * n**3 / seconds
+        n *= 2
+
+
 def measure_cpu(repeats: int = 3) -> dict[str, Any]:
     """Best of `repeats`: the rate the hardware can reach, as datasheets quote it."""
     import torch
@@ -214,15 +244,12 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
     src = torch.ones(COPY_BYTES // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     copy_s = best_seconds(lambda: dst.copy_(src), repeats)
-    flops = {}
-    for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32)):
-        n = MATMUL_N[name]
-        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
-        flops[name] = 2 * n**3 / min(best_seconds(lambda a=a, b=b, mm=mm: mm(a, b), repeats)
-                                     for mm in _matmuls(dtype))
+    flops = {name: _matmul_flops(dtype, MATMUL_N[name], repeats)
+             for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     figures = {
         "cpu": cpu_name(),
         "threads": torch.get_num_threads(),
+        "linear_dtype": str(engine_dtype()).removeprefix("torch."),  # the stream grid's
         "torch": torch.__version__,
         "stream_bytes_per_s": _checked_stream_grid(repeats),
         "copy_bandwidth_bytes_per_s": 2 * COPY_BYTES / copy_s,  # a copy reads and writes each byte

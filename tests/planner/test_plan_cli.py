@@ -29,13 +29,20 @@ def cache(tmp_path: Path) -> Path:
     return path
 
 
+@pytest.fixture
+def bf16_cpu(monkeypatch):
+    """A CPU whose engine runs bf16 (--dtype auto), as the hand-computed figures below assume;
+    test_cpu_local_plans_the_dtype_the_engine_runs_here covers one without."""
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx512_bf16"}))
+
+
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
     code = main(["plan", *argv])
     out, err = capsys.readouterr()
     return code, out, err
 
 
-def test_default_is_the_embedded_model_on_cpu_local(capsys, cache):
+def test_default_is_the_embedded_model_on_cpu_local(capsys, cache, bf16_cpu):
     code, out, _ = _run(capsys, "--cache", str(cache), "--json")
     plan = json.loads(out)
     assert code == 0
@@ -48,7 +55,7 @@ def test_default_is_the_embedded_model_on_cpu_local(capsys, cache):
     assert plan["decode_batch1"]["time_ms"] == pytest.approx(11.8238 + 3.0, abs=1e-3)
 
 
-def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache):
+def test_cpu_local_plans_the_engines_cpu_kv_cache(capsys, cache, bf16_cpu):
     """Once 0.9 × the machine's memory (~20 GiB, 739 sequences), not the engine's CPU default."""
     code, out, _ = _run(capsys, "--cache", str(cache), "--json")
     memory = json.loads(out)["memory"]
@@ -76,7 +83,7 @@ def test_a_sequence_of_one_block_is_said_so(capsys, cache):
     assert code == 0 and "(1 block each) at once" in out  # once "(1 blocks each)"
 
 
-def test_the_default_step_is_the_servers(capsys, cache):
+def test_the_default_step_is_the_servers(capsys, cache, bf16_cpu):
     """A plan is for serving: `inferlab serve`'s max_num_batched_tokens (768) sets the
     activation peak and the prefill's chunks, not the offline commands' 2048."""
     serve = engine_config_from_args(parse_command_line(["serve"])).max_num_batched_tokens

@@ -9,7 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
+import torch
 
+from inferlab.engine.platform import cpu_has_fast_bf16
 from inferlab.errors import InferlabError
 from inferlab.planner import measure
 from inferlab.planner.hardware import Hardware
@@ -39,12 +41,29 @@ def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     for dtype in ("bf16", "fp32"):
         assert 0 < figures["peak_flops"][dtype] < 1e14
     assert figures["memory_bytes"] == physical_memory_bytes() and figures["cpu"] == cpu_name()
+    # the grid streams the weights in the dtype the engine runs here (fp32 without fast bf16)
+    assert figures["linear_dtype"] == ("bfloat16" if cpu_has_fast_bf16() else "float32")
     assert json.loads(cache.read_text()) == figures
     # a second call returns the cached figures as they were written, without measuring
     assert load_or_measure(cache) == figures
     hw = cpu_local_hardware(figures)
     assert hw.measured and hw.bandwidth_efficiency == 1.0 and hw.flops_for("fp8") == (
         figures["peak_flops"]["bf16"], "bf16")
+
+
+@pytest.mark.parametrize("seconds_by_side, largest, side", [
+    ({256: 0.001, 512: 0.008, 1024: 0.064, 2048: 0.5}, 2048, 1024),  # stops at 20 ms or more
+    ({256: 1e-5, 512: 1e-4, 1024: 1e-3}, 1024, 1024),  # fast: up to the largest side, no further
+    ({256: 0.11}, 2048, 256),  # bf16 without AVX512-BF16: one small product (2048^3 took 58 s)
+])
+def test_the_matmul_rate_grows_the_square_until_a_product_takes_20_ms(monkeypatch, seconds_by_side,
+                                                                       largest, side):
+    sides = []
+    monkeypatch.setattr(measure, "_matmuls", lambda dtype: [lambda a, b: sides.append(a.shape[0])])
+    monkeypatch.setattr(measure, "best_seconds", lambda fn, repeats: (fn(), seconds_by_side[sides[-1]])[1])
+    rate = measure._matmul_flops(torch.float32, largest, repeats=1)
+    assert sides[-1] == side and sides == [256 * 2**i for i in range(len(sides))]
+    assert rate == pytest.approx(2 * side**3 / seconds_by_side[side])
 
 
 def test_a_cache_from_another_cpu_is_not_used(tmp_path, monkeypatch):

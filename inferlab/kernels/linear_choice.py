@@ -1,0 +1,19 @@
+"""Which kernels a model's dense linears run on, chosen once for its device and dtype: the engine
+and the planner's measurements (planner/measure.py) take the same ones."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from inferlab.kernels.cpu_linear import packed_linear_supported, use_packed_linears
+from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_linears
+
+
+def use_engine_linears(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
+    """In place: bf16 on a CPU with AVX512-BF16, the packed C kernels; fp32 on a CPU, oneDNN's
+    matmul; elsewhere torch's own."""
+    if packed_linear_supported(device, dtype):
+        use_packed_linears(model)
+    elif onednn_linear_supported(device, dtype):
+        use_onednn_linears(model)
