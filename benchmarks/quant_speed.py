@@ -1,6 +1,8 @@
-"""Quantized linears vs bf16 on this CPU: decode at batch 1, a 512-token prefill, resident bytes.
+"""Quantized linears vs the dense model on this CPU: decode at batch 1, a 512-token prefill,
+resident bytes.
 
-One model (default: the embedded SmolLM2-135M) is loaded in bf16; each scheme's linear layers
+One model (default: the embedded SmolLM2-135M) is loaded in --dtype (default: what the
+engine's --dtype auto runs here: bf16 on a CPU with AVX512-BF16 or AMX, else fp32); each scheme's linear layers
 are built from round-to-nearest codes (speed does not depend on how the codes were chosen) and
 put into a copy of the model, so every variant has the same embeddings, norms and attention.
 
@@ -9,8 +11,8 @@ steps in turns of a few steps per variant (interleaved_decode_ms), each variant 
 cache, so that every phase weighs on all of them alike; prefills round-robin for `--rounds`
 rounds. Medians are taken: compare the ratios, not the absolute times.
 
-Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--lm-head] [--layer-sweep]
-     [--json out.json]
+Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--dtype bfloat16|float32]
+     [--lm-head] [--layer-sweep] [--json out.json]
 (The linears alone against a plain read of their bytes: benchmarks/linear_floor.py.)
 Targets (issue 7): W8A16 decode >= 1.5x bf16, W4A16 decode >= 2x, W8A8 prefill >= 1.2x;
 resident linear bytes <= 0.55x (int8) and <= 0.35x (int4) of bf16.
@@ -37,8 +39,10 @@ from workloads import (
     thread_count,
 )
 
+from inferlab.engine.platform import resolve_dtype
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported, use_packed_linears
+from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported
+from inferlab.kernels.linear_choice import use_engine_linears
 from inferlab.models.loader import load_model
 from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear, build_quant_linear
@@ -50,6 +54,7 @@ BLOCK_SIZE = 16
 TURN_STEPS = 4  # consecutive decode steps of a variant in interleaved_decode_ms
 # static FP8 needs the input scales a calibration finds, which round-to-nearest codes lack
 RTN_SCHEMES = tuple(name for name in SCHEME_NAMES if name != "FP8")
+DENSE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
 
 
 def largest_group(net: nn.Module, wanted: int) -> int:
@@ -74,7 +79,7 @@ def quantized_modules(net: nn.Module, scheme_name: str, group: int,
     for name, module in net.named_modules():
         if measured(name, with_lm_head):
             qw = quantize_rtn(module.weight.data.float(), scheme.weights)
-            out[name] = build_quant_linear(qw, scheme.activations, None, torch.bfloat16)
+            out[name] = build_quant_linear(qw, scheme.activations, None, module.weight.dtype)
     return out
 
 
@@ -96,8 +101,8 @@ def linear_bytes(modules: dict[str, nn.Module]) -> int:
 def _caches(net: nn.Module, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cfg = net.config
     shape = (-(-tokens // BLOCK_SIZE), BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    return [(torch.zeros(shape, dtype=torch.bfloat16), torch.zeros(shape, dtype=torch.bfloat16))
-            for _ in range(cfg.num_layers)]
+    dtype = net.model.embed_tokens.weight.dtype
+    return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
 
 
 @torch.no_grad()
@@ -194,29 +199,34 @@ def main() -> None:
                         help="tokens before the timed decode steps, the first of the prefill's")
     parser.add_argument("--rounds", type=positive_int, default=3)
     parser.add_argument("--threads", type=thread_count, default=None)
+    parser.add_argument("--dtype", choices=("bfloat16", "float32"), default=None,
+                        help="the dense model's and the activations' dtype (default: the engine's "
+                             "--dtype auto here)")
     parser.add_argument("--json", type=output_file, default=None)
     parser.add_argument("--lm-head", action="store_true",
                         help="quantize the lm_head too (as `inferlab quantize --ignore` with no "
-                             "names does); by default it stays bf16 in every variant")
+                             "names does); by default it stays dense in every variant")
     parser.add_argument("--layer-sweep", action="store_true",
-                        help="also time each kernel path on the model's linear shapes by row count")
+                        help="also time each kernel path on the model's linear shapes by row count "
+                             "(bf16)")
     args = parser.parse_args()
     if args.decode_prompt > args.prefill_tokens:
         parser.error(f"argument --decode-prompt: at most --prefill-tokens ({args.prefill_tokens}), "
                      f"got {args.decode_prompt}")
     if args.threads:
         torch.set_num_threads(args.threads)
-    loaded = load_model(args.model, torch.bfloat16)
+    dtype = resolve_dtype(args.dtype or "auto", torch.device("cpu"))
+    base_name = DENSE_NAMES[dtype]
+    loaded = load_model(args.model, dtype)
     net = loaded.model
     group = largest_group(net, args.group_size)
-    sweep = layer_sweep(net, group, reps=20) if args.layer_sweep else None
+    sweep = layer_sweep(net, group, reps=20) if args.layer_sweep and dtype == torch.bfloat16 else None
     quantized = {name: quantized_modules(net, name, group, args.lm_head)
                  for name in args.schemes}
-    if packed_linear_supported(torch.device("cpu"), torch.bfloat16):
-        use_packed_linears(net)  # what the engine runs bf16 with (the lm_head too)
+    use_engine_linears(net, torch.device("cpu"), dtype)  # what the engine runs (the lm_head too)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
-    variants = {"bf16": dense, **quantized}
-    nets = {"bf16": net, **{name: variant_net(net, modules) for name, modules in quantized.items()}}
+    variants = {base_name: dense, **quantized}
+    nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in quantized.items()}}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate
     atexit.register(gc.unfreeze)  # triton (imported by torch) checks for leaks at exit
     ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),
@@ -228,14 +238,14 @@ def main() -> None:
         steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps)
         for name, times in steps.items():
             results[name]["decode_ms"] += times
-    base = {k: statistics.median(v) for k, v in results["bf16"].items()}
+    base = {k: statistics.median(v) for k, v in results[base_name].items()}
     dense_bytes = linear_bytes(dense)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.1f}, group size {group}; medians of {args.rounds} prefills and "
           f"{args.rounds * args.decode_steps} interleaved decode steps each, "
-          f"lm_head {'quantized' if args.lm_head else 'bf16'}")
-    print(f"{'scheme':12} {'decode ms':>10} {'x bf16':>7} {'prefill ms':>11} {'x bf16':>7} "
-          f"{'linear MB':>10} {'x bf16':>7}")
+          f"lm_head {'quantized' if args.lm_head else base_name}")
+    vs = f"x {base_name}"
+    print(f"{'scheme':12} {'decode ms':>10} {vs:>7} {'prefill ms':>11} {vs:>7} {'linear MB':>10} {vs:>7}")
     table = {}
     for name, modules in variants.items():
         dec = statistics.median(results[name]["decode_ms"])
@@ -249,7 +259,8 @@ def main() -> None:
               f"{row['prefill_speedup']:7.2f} {nbytes / 1e6:10.1f} {row['linear_bytes_ratio']:7.2f}")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"model": loaded.name, "threads": torch.get_num_threads(), "group_size": group,
+            json.dump({"model": loaded.name, "dtype": base_name, "threads": torch.get_num_threads(),
+                       "group_size": group,
                        "lm_head_quantized": args.lm_head,
                        "load_average": os.getloadavg()[0], "results": table, "layer_sweep": sweep},
                       f, indent=2)
