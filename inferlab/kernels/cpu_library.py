@@ -26,7 +26,7 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
-                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "dynamic_linear.c",
+                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
@@ -46,6 +46,7 @@ _SIGNATURES = {
     "sample_rows": (ctypes.c_int, [_P, _I64, _I64, _I64, _P, _P, _P, _P]),
     "has_bf16_linear": (ctypes.c_int, []),
     "has_quant_linear": (ctypes.c_int, []),
+    "has_avx2_quant_linear": (ctypes.c_int, []),
     "has_dynamic_linear": (ctypes.c_int, []),
     "has_model_forward": (ctypes.c_int, []),
     "release_openmp_threads": (ctypes.c_int, []),
@@ -56,6 +57,8 @@ _BF16_LINEAR_SIGNATURES = {
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
                             "glu_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P, _P])}
+_AVX2_QUANT_LINEAR_SIGNATURES = {"avx2_quant_linear": (None, [_P, _P, _I64, _I64, _P]),
+                                 "avx2_quant_dequantize": (None, [_P, _P])}
 _MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
@@ -66,6 +69,13 @@ class LinearDesc(ctypes.Structure):
     _fields_ = [*((name, _I64) for name in ("kind", "n_out", "k_in", "group")),
                 *((name, _P) for name in ("weight", "scale", "group_scale", "group_zero", "bias",
                                           "weight_sums", "input_scale"))]
+
+
+class Avx2QuantDesc(ctypes.Structure):
+    """avx2_quant_linear.c's avx2_qlinear_t: a W8A16 or W4A16 layer in its layout."""
+
+    _fields_ = [*((name, _I64) for name in ("n_out", "k_in", "group", "bits")),
+                *((name, _P) for name in ("codes", "scale", "offset", "bias"))]
 
 
 def tensor_ptr(t: torch.Tensor | None) -> int | None:
@@ -124,6 +134,7 @@ def library() -> ctypes.CDLL | None:
         fn.restype, fn.argtypes = restype, argtypes
     optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
                 (lib.has_quant_linear(), _QUANT_LINEAR_SIGNATURES),
+                (lib.has_avx2_quant_linear(), _AVX2_QUANT_LINEAR_SIGNATURES),
                 (lib.has_model_forward(), _MODEL_FORWARD_SIGNATURES)]
     for present, signatures in optional:
         for name, (restype, argtypes) in signatures.items() if present else ():

@@ -15,6 +15,7 @@ import torch
 
 from inferlab.kernels import host_memory
 from inferlab.kernels.cpu_library import (
+    Avx2QuantDesc,
     LinearDesc,
 )
 from inferlab.kernels.cpu_library import library as _library
@@ -297,6 +298,28 @@ def bf16_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None
 def quant_linear_available() -> bool:
     """The weight-only int8/int4 kernels (quant_linear.c)."""
     return _built_with("quant_linear")
+
+
+def avx2_quant_linear_available() -> bool:
+    """The weight-only int8/int4 kernels for fp32 on AVX2 + FMA (avx2_quant_linear.c)."""
+    return _built_with("avx2_quant_linear")
+
+
+def avx2_quant_linear(x: torch.Tensor, desc: Avx2QuantDesc) -> torch.Tensor:
+    """x [M, K] fp32 (unit stride along K) -> fp32 [M, N] (+ the bias) through the layer `desc`
+    describes; the caller keeps the tensors behind desc's pointers alive."""
+    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
+        raise ValueError(f"avx2_quant_linear takes fp32 [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+    y = torch.empty(x.shape[0], desc.n_out, dtype=torch.float32)
+    _library().avx2_quant_linear(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr())
+    return y
+
+
+def avx2_quant_dequantize(desc: Avx2QuantDesc) -> torch.Tensor:
+    """The fp32 weight [N, K] of the layer `desc` describes."""
+    w = torch.empty(desc.n_out, desc.k_in, dtype=torch.float32)
+    _library().avx2_quant_dequantize(ctypes.byref(desc), w.data_ptr())
+    return w
 
 
 def dynamic_linear_available() -> bool:

@@ -41,7 +41,7 @@ from torch import nn
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.cpu_linear import CLinear
 from inferlab.kernels.host_memory import in_huge_pages
-from inferlab.quant.formats import int4_cpu, vnni
+from inferlab.quant.formats import avx2_blocks, int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
@@ -49,6 +49,8 @@ from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 # Largest row count that takes the weight-only kernels (the table in the module docstring).
 INT8_KERNEL_MAX_ROWS = 12
 INT4_KERNEL_MAX_ROWS = 128
+# Largest row count that takes avx2_quant_linear.c's kernel; more dequantize and take oneDNN's GEMM
+AVX2_KERNEL_MAX_ROWS = 64
 
 
 class QuantLinear(nn.Module, abc.ABC):
@@ -196,6 +198,45 @@ class PackedQuantLinear(CKernelLinear):
         return ((q - zero) * scale).to(self.dtype)
 
 
+class Avx2QuantLinear(QuantLinear):
+    """W8A16 or W4A16 for fp32 on a CPU with AVX2 + FMA, in avx2_quant_linear.c's layout
+    (inferlab.quant.formats.avx2_blocks): decode rows read the codes once and share each
+    dequantized vector between the rows; more rows dequantize the whole weight for F.linear."""
+
+    bias_in_matmul = True
+
+    def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
+        n, k = qw.shape
+        super().__init__(k, n, bias, dtype)
+        self.bits, self.group_size = qw.args.num_bits, _group_of(qw)
+        self.register_buffer("packed", in_huge_pages(avx2_blocks.pack_codes(qw.codes, self.bits)))
+        scale, offset = avx2_blocks.pack_group_params(qw.scale, qw.zero_point, self.bits)
+        self.register_buffer("scale", scale)  # fp32 [N/8, G, 8]
+        self.register_buffer("offset", offset)  # fp32 [N/8, G, 8]
+
+    @staticmethod
+    def fits(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> bool:
+        n, k = qw.shape
+        return (device.type == "cpu" and dtype == torch.float32 and qw.args.kind == INT
+                and qw.args.num_bits in (4, 8) and avx2_blocks.fits(n, k, _group_of(qw))
+                and cpu_ops.avx2_quant_linear_available())
+
+    def c_desc(self) -> cpu_library.Avx2QuantDesc:
+        return cpu_library.Avx2QuantDesc(
+            n_out=self.out_features, k_in=self.in_features, group=self.group_size, bits=self.bits,
+            codes=self.packed.data_ptr(), scale=self.scale.data_ptr(), offset=self.offset.data_ptr(),
+            bias=cpu_library.tensor_ptr(self.bias))
+
+    def _matmul(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] <= AVX2_KERNEL_MAX_ROWS:
+            return cpu_ops.avx2_quant_linear(x, self.c_desc())  # [M, N]
+        return F.linear(x, self.dequantized_weight(), self.bias)
+
+    def dequantized_weight(self) -> torch.Tensor:
+        """[N, K] fp32: (q - zero point) * scale, as the kernel computes it."""
+        return cpu_ops.avx2_quant_dequantize(self.c_desc())
+
+
 class PackedInt4Linear(QuantLinear):
     """W4A16 on a GPU: compressed-tensors' own layout (int32 words [N, K/8]) read by the Triton
     kernel in inferlab.kernels, which dequantizes tile by tile."""
@@ -272,6 +313,8 @@ def build_quant_linear(qw: QuantizedWeight, activations: ActivationArgs | None,
     on_cpu = device.type == "cpu"
     if PackedQuantLinear.fits(qw, dtype, device):
         return PackedQuantLinear(qw, bias, dtype)
+    if Avx2QuantLinear.fits(qw, dtype, device):
+        return Avx2QuantLinear(qw, bias, dtype)
     if args.kind == INT and args.num_bits == 8 and args.strategy not in GROUPED and on_cpu:
         return Int8WeightOnlyLinear(qw, bias, dtype)
     n, k = qw.shape

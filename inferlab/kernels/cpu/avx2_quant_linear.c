@@ -1,0 +1,168 @@
+/* Weight-only int8 and int4 linears (W8A16, W4A16) for fp32 activations on AVX2 + FMA CPUs
+ * without AVX512-BF16 (quant_linear.c's kernels need it), e.g. AMD EPYC Zen 3.
+ *
+ * FIGURES
+ *
+ * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
+ * each, so that a code vector widens straight into the 8 lanes an FMA adds to and no
+ * horizontal sums are needed; the block's codes for 8 inputs sit in 64 bytes (int8: [8 inputs]
+ * [8 outputs], one vpmovsxbd per input) or 32 bytes (int4: one 32-bit lane per output holding
+ * its 8 inputs' u = q + 8 as nibbles, input i at bits 4i: a shift and a mask per input). A block
+ * of 8 outputs is one contiguous stream of K * 8 or K * 4 bytes, read by one thread.
+ * scale and offset fp32 [N/8][K/group][8]: w = u * scale + offset, offset = -(zero [+ 8]) * scale,
+ * one FMA per 8 weights whatever the zero point, and the dequantized vector is then shared by
+ * all the rows of the tile.
+ *
+ * Each block takes its rows TILE_ROWS at a time (one accumulator register a row); the codes come
+ * from memory for the first tile and from L1/L2 for the next. Every row sums its products in the
+ * same order whatever the tile holds, so a row's output does not depend on the rows beside it.
+ */
+#include <stdint.h>
+
+#include "kernels.h"
+
+/* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
+ * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes. */
+typedef struct {
+    int64_t n_out, k_in, group, bits;
+    const uint8_t *codes;
+    const float *scale, *offset, *bias;  /* bias [n_out] or NULL */
+} avx2_qlinear_t;
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+#define TILE_ROWS 8 /* rows a block takes at once: 8 accumulators + dequantizing, of 16 registers */
+
+/* Bytes of one block's codes for 8 inputs. */
+static inline int64_t step_bytes(const int BITS) { return BITS == 8 ? 64 : 32; }
+
+/* Input i (0..7) of the 8-input step at `step`, for the block's 8 outputs: w = u * scale + offset. */
+static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *step, int i, __m256 scale,
+                                                               __m256 offset, const int BITS) {
+    __m256i u;
+    if (BITS == 8) {
+        u = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(step + 8 * i)));
+    } else {
+        const __m256i lanes = _mm256_loadu_si256((const __m256i *)step);
+        u = _mm256_and_si256(_mm256_srli_epi32(lanes, 4 * i), _mm256_set1_epi32(15));
+    }
+    return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), scale, offset);
+}
+
+/* The first `count` (1..8) lanes of v (+ bias) to dst. */
+static inline void store_outputs(float *dst, __m256 v, const float *bias, int64_t count) {
+    float lanes[8];
+    _mm256_storeu_ps(lanes, v);
+    for (int64_t j = 0; j < count; j++) dst[j] = lanes[j] + (bias ? bias[j] : 0.0f);
+}
+
+/* y [ROWS, 8 outputs of block b] = x [ROWS, K] (row stride x_stride) @ the block's weights^T. */
+static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_t *l, int64_t b,
+                                                             const float *x, int64_t x_stride,
+                                                             float *y, const int BITS, const int ROWS) {
+    const int64_t groups = l->k_in / l->group, steps = l->group / 8;
+    const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
+    __m256 acc[TILE_ROWS];
+    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
+        const __m256 offset = _mm256_loadu_ps(l->offset + (b * groups + g) * 8);
+        for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
+            const float *xk = x + (g * steps + s) * 8;
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m256 w = weights_at(step, i, scale, offset, BITS);
+#pragma GCC unroll 8
+                for (int r = 0; r < ROWS; r++)
+                    acc[r] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i), acc[r]);
+            }
+        }
+    }
+    const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
+    for (int r = 0; r < ROWS; r++)
+        store_outputs(y + r * l->n_out + b * 8, acc[r], l->bias ? l->bias + b * 8 : NULL, count);
+}
+
+typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, float *);
+#define TILE(BITS, ROWS)                                                                      \
+    static void tile_##BITS##_##ROWS(const avx2_qlinear_t *l, int64_t b, const float *x,      \
+                                     int64_t x_stride, float *y) {                            \
+        block_rows(l, b, x, x_stride, y, BITS, ROWS);                                         \
+    }
+#define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4) TILE(BITS, 5) \
+    TILE(BITS, 6) TILE(BITS, 7) TILE(BITS, 8)
+TILES(8)
+TILES(4)
+/* [bits == 8][rows - 1]: the row count and code width fixed at compile time keep the
+ * accumulators in registers and the loops unrolled. */
+static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
+    {tile_4_1, tile_4_2, tile_4_3, tile_4_4, tile_4_5, tile_4_6, tile_4_7, tile_4_8},
+    {tile_8_1, tile_8_2, tile_8_3, tile_8_4, tile_8_5, tile_8_6, tile_8_7, tile_8_8},
+};
+
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). */
+void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
+                       float *y) {
+    const int64_t blocks = (l->n_out + 7) / 8;
+    tile_fn *const *kernels = TILE_KERNELS[l->bits == 8];
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++)
+        for (int64_t r = 0; r < rows; r += TILE_ROWS) {
+            const int64_t tile = rows - r < TILE_ROWS ? rows - r : TILE_ROWS;
+            kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
+        }
+}
+
+/* w[8 vectors: input i, 8 outputs] -> t[8 vectors: output j, 8 inputs]. */
+static inline void transpose8(const __m256 w[8], __m256 t[8]) {
+    __m256 lo[4], hi[4], q[8];
+    for (int p = 0; p < 4; p++) {
+        lo[p] = _mm256_unpacklo_ps(w[2 * p], w[2 * p + 1]);
+        hi[p] = _mm256_unpackhi_ps(w[2 * p], w[2 * p + 1]);
+    }
+    for (int p = 0; p < 2; p++) {
+        q[4 * p + 0] = _mm256_shuffle_ps(lo[2 * p], lo[2 * p + 1], 0x44);
+        q[4 * p + 1] = _mm256_shuffle_ps(lo[2 * p], lo[2 * p + 1], 0xee);
+        q[4 * p + 2] = _mm256_shuffle_ps(hi[2 * p], hi[2 * p + 1], 0x44);
+        q[4 * p + 3] = _mm256_shuffle_ps(hi[2 * p], hi[2 * p + 1], 0xee);
+    }
+    for (int j = 0; j < 4; j++) {
+        t[j] = _mm256_permute2f128_ps(q[j], q[4 + j], 0x20);
+        t[4 + j] = _mm256_permute2f128_ps(q[j], q[4 + j], 0x31);
+    }
+}
+
+/* Block b's weights into w [its outputs, K] (row stride k_in). */
+static inline __attribute__((always_inline)) void dequantize_block(const avx2_qlinear_t *l, int64_t b,
+                                                                   float *w, const int BITS) {
+    const int64_t groups = l->k_in / l->group, steps = l->group / 8;
+    const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
+    const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
+    for (int64_t g = 0; g < groups; g++) {
+        const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
+        const __m256 offset = _mm256_loadu_ps(l->offset + (b * groups + g) * 8);
+        for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
+            __m256 inputs[8], outputs[8];
+            for (int i = 0; i < 8; i++) inputs[i] = weights_at(step, i, scale, offset, BITS);
+            transpose8(inputs, outputs);
+            for (int64_t j = 0; j < count; j++)
+                _mm256_storeu_ps(w + (b * 8 + j) * l->k_in + (g * steps + s) * 8, outputs[j]);
+        }
+    }
+}
+
+/* w [N, K] fp32 = the layer's weights, for a GEMM on many rows (and for inspection). */
+void avx2_quant_dequantize(const avx2_qlinear_t *l, float *w) {
+    const int64_t blocks = (l->n_out + 7) / 8;
+#pragma omp parallel for schedule(static)
+    for (int64_t b = 0; b < blocks; b++) {
+        if (l->bits == 8) dequantize_block(l, b, w, 8);
+        else dequantize_block(l, b, w, 4);
+    }
+}
+
+int has_avx2_quant_linear(void) { return 1; }
+#else
+int has_avx2_quant_linear(void) { return 0; } /* callers keep torch's weight-only kernels */
+#endif
