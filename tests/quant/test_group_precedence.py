@@ -67,7 +67,7 @@ def test_a_library_mixed_checkpoint_loads_each_layer_in_its_groups_format(tmp_pa
     from safetensors.torch import load_file
 
     from inferlab.models.loader import load_network
-    from inferlab.quant.linear import Int4WeightOnlyLinear, Int8WeightOnlyLinear
+    from inferlab.quant.linear import Avx2QuantLinear, Int4WeightOnlyLinear, Int8WeightOnlyLinear
 
     from .tiny import library_compressed
 
@@ -89,12 +89,13 @@ def test_a_library_mixed_checkpoint_loads_each_layer_in_its_groups_format(tmp_pa
     checked = 0
     for name, module in net.named_modules():  # our q/k/v and gate/up are fused
         if isinstance(module, Int8WeightOnlyLinear):
-            held = module.qweight.float() * module.scale.float()[:, None]
-        elif isinstance(module, Int4WeightOnlyLinear):
+            held, bits = module.qweight.float() * module.scale.float()[:, None], 8
+        elif isinstance(module, (Int4WeightOnlyLinear, Avx2QuantLinear)):  # fp32 on AVX2: the latter
             held = module.dequantized_weight().float()
+            bits = getattr(module, "bits", 4)
         else:
             continue
-        assert isinstance(module, Int4WeightOnlyLinear) == (".mlp." in name), name
+        assert (bits == 4) == (".mlp." in name), name
         prefix, _, leaf = name.rpartition(".")
         want = torch.cat([library_weight(f"{prefix}.{p}") for p in parts.get(leaf, (leaf,))])
         torch.testing.assert_close(held, want.float(), rtol=1e-6, atol=0, msg=name)

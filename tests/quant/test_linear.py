@@ -23,6 +23,8 @@ WEIGHT_ONLY = [("W8A16", 128, False, "Int8WeightOnlyLinear"), ("W8A16", 128, Tru
 # bf16 on a CPU with AVX512-BF16 takes the C kernels of quant_linear.c instead of torch's
 BF16_WEIGHT_ONLY = "PackedQuantLinear" if cpu_ops.quant_linear_available() else None
 needs_quant_kernels = pytest.mark.skipif(BF16_WEIGHT_ONLY is None, reason="no AVX512-BF16 here")
+# fp32 on a CPU with AVX2 + FMA takes avx2_quant_linear.c's (tests/quant/test_avx2_linear.py)
+FP32_WEIGHT_ONLY = "Avx2QuantLinear" if cpu_ops.avx2_quant_linear_available() else None
 
 
 def library_dequantize(qw) -> torch.Tensor:
@@ -46,7 +48,7 @@ def test_weight_only_matches_library_dequantization(name, group, asym, cls, rows
     expected = x.double() @ library_dequantize(qw).T + bias.double()
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         layer = build_quant_linear(qw, None, bias, dtype)
-        assert type(layer).__name__ == (BF16_WEIGHT_ONLY or cls if dtype == torch.bfloat16 else cls)
+        assert type(layer).__name__ == ((BF16_WEIGHT_ONLY if dtype == torch.bfloat16 else FP32_WEIGHT_ONLY) or cls)
         out = layer(x.to(dtype))
         assert out.shape == (2, rows, 96) and out.dtype == dtype
         torch.testing.assert_close(out.double(), expected, rtol=tol, atol=tol * expected.abs().max().item())
