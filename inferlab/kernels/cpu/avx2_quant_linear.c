@@ -26,13 +26,14 @@
 typedef struct {
     int64_t n_out, k_in, group, bits;
     const uint8_t *codes;
-    const float *scale, *offset, *bias;  /* bias [n_out] or NULL */
+    const float *scale, *offset, *bias;  /* offset NULL for symmetric weights, bias [n_out] or NULL */
 } avx2_qlinear_t;
 
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-#define TILE_ROWS 8 /* rows a block takes at once: 8 accumulators + dequantizing, of 16 registers */
+#define CHAINS 2 /* accumulators a row: FMA latency bounds one chain at one row */
+#define TILE_ROWS (8 / CHAINS) /* rows a block takes at once: 8 accumulators + dequantizing, of 16 registers */
 
 /* Bytes of one block's codes for 8 inputs. */
 static inline int64_t step_bytes(const int BITS) { return BITS == 8 ? 64 : 32; }
@@ -50,6 +51,14 @@ static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *st
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), scale, offset);
 }
 
+/* Group `at`'s offset (block-major, as the scales): stored with zero points; without, -8 * scale
+ * for int4 (exact) and 0 for int8, so that symmetric weights stream no offsets. */
+static inline __attribute__((always_inline)) __m256 group_offset(const avx2_qlinear_t *l, __m256 scale,
+                                                                 int64_t at, const int BITS) {
+    if (l->offset) return _mm256_loadu_ps(l->offset + at * 8);
+    return BITS == 8 ? _mm256_setzero_ps() : _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
+}
+
 /* The first `count` (1..8) lanes of v (+ bias) to dst. */
 static inline void store_outputs(float *dst, __m256 v, const float *bias, int64_t count) {
     float lanes[8];
@@ -63,11 +72,12 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                                                              float *y, const int BITS, const int ROWS) {
     const int64_t groups = l->k_in / l->group, steps = l->group / 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
-    __m256 acc[TILE_ROWS];
-    for (int r = 0; r < ROWS; r++) acc[r] = _mm256_setzero_ps();
+    __m256 acc[TILE_ROWS][CHAINS];
+    for (int r = 0; r < ROWS; r++)
+        for (int c = 0; c < CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
-        const __m256 offset = _mm256_loadu_ps(l->offset + (b * groups + g) * 8);
+        const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
         for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
             const float *xk = x + (g * steps + s) * 8;
 #pragma GCC unroll 8
@@ -75,13 +85,17 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                 const __m256 w = weights_at(step, i, scale, offset, BITS);
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++)
-                    acc[r] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i), acc[r]);
+                    acc[r][i % CHAINS] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i),
+                                                         acc[r][i % CHAINS]);
             }
         }
     }
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
-    for (int r = 0; r < ROWS; r++)
-        store_outputs(y + r * l->n_out + b * 8, acc[r], l->bias ? l->bias + b * 8 : NULL, count);
+    for (int r = 0; r < ROWS; r++) {
+        __m256 sum = acc[r][0];
+        for (int c = 1; c < CHAINS; c++) sum = _mm256_add_ps(sum, acc[r][c]);
+        store_outputs(y + r * l->n_out + b * 8, sum, l->bias ? l->bias + b * 8 : NULL, count);
+    }
 }
 
 typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, float *);
@@ -90,15 +104,14 @@ typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, fl
                                      int64_t x_stride, float *y) {                            \
         block_rows(l, b, x, x_stride, y, BITS, ROWS);                                         \
     }
-#define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4) TILE(BITS, 5) \
-    TILE(BITS, 6) TILE(BITS, 7) TILE(BITS, 8)
+#define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4)
 TILES(8)
 TILES(4)
 /* [bits == 8][rows - 1]: the row count and code width fixed at compile time keep the
  * accumulators in registers and the loops unrolled. */
 static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
-    {tile_4_1, tile_4_2, tile_4_3, tile_4_4, tile_4_5, tile_4_6, tile_4_7, tile_4_8},
-    {tile_8_1, tile_8_2, tile_8_3, tile_8_4, tile_8_5, tile_8_6, tile_8_7, tile_8_8},
+    {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
+    {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
 };
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). */
@@ -141,7 +154,7 @@ static inline __attribute__((always_inline)) void dequantize_block(const avx2_ql
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
-        const __m256 offset = _mm256_loadu_ps(l->offset + (b * groups + g) * 8);
+        const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
         for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
             __m256 inputs[8], outputs[8];
             for (int i = 0; i < 8; i++) inputs[i] = weights_at(step, i, scale, offset, BITS);

@@ -8,7 +8,8 @@ scales); per block and 8 inputs:
   input i in bits 4i..4i+3 (a shift and a mask per input).
 
 Scales and offsets fp32 [N/8, K/G, 8] (a block's groups in the order it reads them), the
-weight being u * scale + offset: offset = -zero * scale for int8, -(zero + 8) * scale for int4.
+weight being u * scale + offset: offset = -zero * scale for int8, -(zero + 8) * scale for int4;
+symmetric weights store no offsets.
 """
 
 from __future__ import annotations
@@ -46,9 +47,11 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
 
 
 def pack_group_params(scale: torch.Tensor, zero: torch.Tensor | None, bits: int
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """scale, zero point [N, G] -> (scale, offset) fp32 [N/8, G, 8]."""
-    scale = scale.float()
-    shift = (torch.zeros_like(scale) if zero is None else zero.float()) + (8 if bits == 4 else 0)
-    offset = (-shift.double() * scale.double()).float()  # one rounding
-    return _outputs_last(scale), _outputs_last(offset)
+                      ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """scale, zero point [N, G] -> (scale, offset) fp32 [N/8, G, 8]; no offset without zero
+    points (the kernel takes -8 * scale for int4, 0 for int8)."""
+    if zero is None:
+        return _outputs_last(scale.float()), None
+    shift = zero.double() + (8 if bits == 4 else 0)
+    offset = (-shift * scale.double()).float()  # one rounding
+    return _outputs_last(scale.float()), _outputs_last(offset)
