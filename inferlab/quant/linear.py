@@ -10,7 +10,10 @@ and picks its arithmetic by the number of rows in the call:
   bytes and each row gets the bits it gets alone; more rows dequantize the weight to bf16 (on
   AMX a chunk at a time, in each thread's L2) and take the GEMM, which a prefill is bound by the
   arithmetic of.
-* weight-only elsewhere (fp32 models, CPUs without AVX512-BF16): torch's CPU kernels
+* weight-only int8/int4 for fp32 on a CPU with AVX2 + FMA: avx2_quant_linear.c (Avx2QuantLinear),
+  whose decode rows read each code once and widen it for all of them; more rows than
+  AVX2_KERNEL_MAX_ROWS dequantize the weight to fp32 and take oneDNN's GEMM.
+* weight-only elsewhere (bf16 without AVX512-BF16, shapes the kernels refuse): torch's CPU kernels
   (`_weight_int8pack_mm`, `_weight_int4pack_mm_for_cpu`). They read few bytes but do not tile
   well; measured on this 2-core AMX CPU with `benchmarks/quant_speed.py --layer-sweep`
   (SmolLM2-135M's four linear shapes, bf16, best of 20; speed as a multiple of bf16

@@ -35,7 +35,7 @@ def by_hand(qw: QuantizedWeight) -> torch.Tensor:
 
 
 @pytest.mark.parametrize(("bits", "group", "asym"), WEIGHTS)
-# 1 and 3: partial row tiles; 16: two full tiles of 8; 100: the dequantizing path (past 64)
+# 1 and 3: partial row tiles; 16: four full tiles of 4; 100: the dequantizing path
 @pytest.mark.parametrize("rows", [1, 3, 16, 100])
 def test_matches_the_float64_product_of_the_weight_dequantized_by_hand(bits, group, asym, rows) -> None:
     """203 outputs (25 blocks of 8 and a partial one) by 320 inputs, with a bias: every output
@@ -76,15 +76,16 @@ def test_hand_checked_int4_codes_and_zero_point() -> None:
 
 @pytest.mark.parametrize(("bits", "group", "asym"), [(8, None, True), (4, 32, True), (4, None, False)])
 def test_a_row_gets_the_bits_it_gets_alone(bits, group, asym) -> None:
-    """Each row sums its products in one order whatever tile of up to 8 rows it shares: a
-    request's outputs do not depend on the decode batch around it (M = 1 against the same row
-    among 7, 8, 9 and 64 rows: partial and full tiles)."""
+    """Each row sums its products in one order whatever tile of 4 rows it shares: a request's
+    outputs do not depend on the decode batch around it (M = 1 against the same row among 7, 8,
+    9 and all AVX2_KERNEL_MAX_ROWS rows: partial and full tiles)."""
     qw = quantized(72, 256, bits, group, asym, seed=7)
     layer = build_quant_linear(qw, None, torch.randn(72), torch.float32)
     gen = torch.Generator().manual_seed(3)
-    x = torch.randn(64, 256, generator=gen) * torch.rand(64, 1, generator=gen) * 8  # [64, 256]
-    alone = torch.cat([layer(row[None]) for row in x])  # [64, 72]
-    for rows in (7, 8, 9, 64):
+    most = linear.AVX2_KERNEL_MAX_ROWS
+    x = torch.randn(most, 256, generator=gen) * torch.rand(most, 1, generator=gen) * 8  # [most, 256]
+    alone = torch.cat([layer(row[None]) for row in x])  # [most, 72]
+    for rows in (7, 8, 9, most):
         assert torch.equal(layer(x[:rows]), alone[:rows]), rows
 
 
