@@ -52,8 +52,10 @@ from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 # Largest row count that takes the weight-only kernels (the table in the module docstring).
 INT8_KERNEL_MAX_ROWS = 12
 INT4_KERNEL_MAX_ROWS = 128
-# Largest row count that takes avx2_quant_linear.c's kernel; more dequantize and take oneDNN's GEMM
-AVX2_KERNEL_MAX_ROWS = 64
+# Largest row count that takes avx2_quant_linear.c's kernel; more dequantize and take oneDNN's
+# GEMM (on one Zen 3 core the kernel took 0.65-0.7x the time of dequantizing + F.linear at 16 rows,
+# 0.9-1.2x at 24, 1.1-1.25x at 32)
+AVX2_KERNEL_MAX_ROWS = 16
 
 
 class QuantLinear(nn.Module, abc.ABC):
