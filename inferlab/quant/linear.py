@@ -53,9 +53,10 @@ from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
 INT8_KERNEL_MAX_ROWS = 12
 INT4_KERNEL_MAX_ROWS = 128
 # Largest row count that takes avx2_quant_linear.c's kernel; more dequantize and take oneDNN's
-# GEMM (on one Zen 3 core the kernel took 0.65-0.7x the time of dequantizing + F.linear at 16 rows,
-# 0.9-1.2x at 24, 1.1-1.25x at 32)
-AVX2_KERNEL_MAX_ROWS = 16
+# GEMM. The model's linears on an AMD EPYC Zen 3, the kernel's time against that path's: 2 cores,
+# 0.78-0.85x at 32 rows, 0.83-0.88x at 48, 0.88-1.0x at 64; 1 core, 0.65-0.7x at 16, 0.9-1.2x
+# at 24, 1.1-1.25x at 32
+AVX2_KERNEL_MAX_ROWS = 32
 
 
 class QuantLinear(nn.Module, abc.ABC):
