@@ -219,13 +219,21 @@ class Avx2QuantLinear(QuantLinear):
         scale, offset = avx2_blocks.pack_group_params(qw.scale, qw.zero_point, self.bits)
         self.register_buffer("scale", scale)  # fp32 [N/8, G, 8]
         self.register_buffer("offset", offset)  # fp32 [N/8, G, 8], None when symmetric
-        self._desc = self.c_desc()  # built once: ctypes takes ~7 us, a tenth of a small layer's call
+        self._desc: cpu_library.Avx2QuantDesc | None = None  # c_desc(), kept: ctypes takes ~7 us
 
     def _apply(self, fn, recurse: bool = True) -> Avx2QuantLinear:
-        """Moving the buffers (.to, .share_memory_) moves the pointers the kernel reads."""
-        moved = super()._apply(fn, recurse)
-        self._desc = self.c_desc()
-        return moved
+        """Moving the buffers (.to, .share_memory) moves the pointers the kernel reads."""
+        self._desc = None
+        return super()._apply(fn, recurse)
+
+    def __getstate__(self) -> dict:
+        """A copy (deepcopy, pickle) describes its own buffers; ctypes refuses to copy pointers."""
+        return {**self.__dict__, "_desc": None}
+
+    def _kept_desc(self) -> cpu_library.Avx2QuantDesc:
+        if self._desc is None:
+            self._desc = self.c_desc()
+        return self._desc
 
     @staticmethod
     def fits(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> bool:
@@ -242,12 +250,12 @@ class Avx2QuantLinear(QuantLinear):
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[0] <= AVX2_KERNEL_MAX_ROWS:
-            return cpu_ops.avx2_quant_linear(x, self._desc)  # [M, N]
+            return cpu_ops.avx2_quant_linear(x, self._kept_desc())  # [M, N]
         return F.linear(x, self.dequantized_weight(), self.bias)
 
     def dequantized_weight(self) -> torch.Tensor:
         """[N, K] fp32: (q - zero point) * scale, as the kernel computes it."""
-        return cpu_ops.avx2_quant_dequantize(self._desc)
+        return cpu_ops.avx2_quant_dequantize(self._kept_desc())
 
 
 class PackedInt4Linear(QuantLinear):

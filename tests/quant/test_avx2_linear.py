@@ -4,6 +4,8 @@ points."""
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
@@ -106,3 +108,19 @@ def test_bf16_is_not_taken() -> None:
     """The kernel computes in fp32 only; bf16 keeps its own layers."""
     layer = build_quant_linear(quantized(16, 64, 8, None, False, seed=0), None, None, torch.bfloat16)
     assert not isinstance(layer, linear.Avx2QuantLinear)
+
+
+def test_a_copy_or_a_moved_layer_reads_its_own_buffers() -> None:
+    """The layer keeps its ctypes description (pointers into its buffers) between calls: a deep
+    copy must describe the copy's buffers (the original is then freed), and share_memory(),
+    which moves the buffers, must not leave the kernel reading the old ones."""
+    gen = torch.Generator().manual_seed(11)
+    layer = build_quant_linear(quantized(40, 64, 4, 32, True, seed=11), None, torch.randn(40, generator=gen),
+                               torch.float32)
+    x = torch.randn(2, 64, generator=gen)
+    expected = layer(x)
+    copied = copy.deepcopy(layer)
+    del layer
+    assert torch.equal(copied(x), expected)
+    copied.share_memory()
+    assert torch.equal(copied(x), expected)
