@@ -12,6 +12,7 @@ from inferlab.quant import linear
 from inferlab.quant.checkpoint import cat_rows
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.linear_dynamic import Avx2W8A8Linear, Int8DynamicLinear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import GROUP, INT, ActivationArgs, WeightArgs, make_scheme
 
@@ -309,9 +310,30 @@ def test_w8a8_is_exact_when_activations_are_integer_codes() -> None:
     w = torch.randint(-127, 128, (32, 64), generator=gen).float() * 2.0 ** -6
     w[:, 0] = 127 * 2.0 ** -6  # per-channel scale 2^-6 exactly
     qw = quantize_rtn(w, make_scheme("W8A8").weights)
-    layer = build_quant_linear(qw, make_scheme("W8A8").activations, None, torch.float32)
-    assert type(layer).__name__ == "Int8DynamicLinear"
-    torch.testing.assert_close(layer(x), x @ w.T, rtol=0, atol=0)
+    activations = make_scheme("W8A8").activations
+    layer = build_quant_linear(qw, activations, None, torch.float32)
+    on_avx2 = Avx2W8A8Linear.fits(qw, activations, torch.float32, torch.device("cpu"))
+    assert type(layer) is (Avx2W8A8Linear if on_avx2 else Int8DynamicLinear)
+    for each in (layer, Int8DynamicLinear(qw, None, torch.float32)):  # the int8 GEMM's too
+        torch.testing.assert_close(each(x), x @ w.T, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: past the AVX2 kernel's rows, a dequantized GEMM
+@pytest.mark.parametrize("static", [False, True])
+def test_w8a8_on_avx2_gives_the_int8_gemms_outputs(rows: int, static: bool) -> None:
+    """The AVX2 layer sums the same products as torch._int_mm in fp32; with a bias and a
+    static input scale (values past it clamp) as well."""
+    gen = torch.Generator().manual_seed(3)
+    w, bias = torch.randn(40, 96, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(rows, 96, generator=gen) * 3
+    qw = quantize_rtn(w, make_scheme("W8A8").weights)
+    if static:
+        qw = dataclasses.replace(qw, input_scale=torch.tensor(4.0 / 127))
+    if not Avx2W8A8Linear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
+        pytest.skip("no AVX2 kernel here, or an exact int8 GEMM that takes precedence")
+    want = Int8DynamicLinear(qw, bias, torch.float32)(x)  # torch._int_mm here: exact int32 sums
+    got = Avx2W8A8Linear(qw, bias, torch.float32)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
 
 
 def test_fp8_dynamic_is_exact_on_fp8_representable_values() -> None:
