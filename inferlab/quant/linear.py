@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_library, cpu_ops
+from inferlab.kernels.avx2_fp32_linear import KeptAvx2Desc
 from inferlab.kernels.cpu_linear import CLinear
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.quant.formats import avx2_blocks, int4_cpu, vnni
@@ -204,7 +205,7 @@ class PackedQuantLinear(CKernelLinear):
         return ((q - zero) * scale).to(self.dtype)
 
 
-class Avx2QuantLinear(QuantLinear):
+class Avx2QuantLinear(KeptAvx2Desc, QuantLinear):
     """W8A16 or W4A16 for fp32 on a CPU with AVX2 + FMA, in avx2_quant_linear.c's layout
     (inferlab.quant.formats.avx2_blocks): decode rows read the codes once and share each
     dequantized vector between the rows; more rows dequantize the whole weight for F.linear."""
@@ -219,21 +220,6 @@ class Avx2QuantLinear(QuantLinear):
         scale, offset = avx2_blocks.pack_group_params(qw.scale, qw.zero_point, self.bits)
         self.register_buffer("scale", scale)  # fp32 [N/8, G, 8]
         self.register_buffer("offset", offset)  # fp32 [N/8, G, 8], None when symmetric
-        self._desc: cpu_library.Avx2QuantDesc | None = None  # c_desc(), kept: ctypes takes ~7 us
-
-    def _apply(self, fn, recurse: bool = True) -> Avx2QuantLinear:
-        """Moving the buffers (.to, .share_memory) moves the pointers the kernel reads."""
-        self._desc = None
-        return super()._apply(fn, recurse)
-
-    def __getstate__(self) -> dict:
-        """A copy (deepcopy, pickle) describes its own buffers; ctypes refuses to copy pointers."""
-        return {**self.__dict__, "_desc": None}
-
-    def _kept_desc(self) -> cpu_library.Avx2QuantDesc:
-        if self._desc is None:
-            self._desc = self.c_desc()
-        return self._desc
 
     @staticmethod
     def fits(qw: QuantizedWeight, dtype: torch.dtype, device: torch.device) -> bool:

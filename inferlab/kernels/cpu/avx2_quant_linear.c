@@ -5,7 +5,12 @@
  * (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu) do not keep up with memory here: streaming
  * SmolLM2-135M's 30 layers of linears at one row on an AMD EPYC Zen 3 (2 cores) took 59.8 ms
  * (W8A16) and 112 ms (W4A16, groups of 64) against 34.6 ms for fp32 nn.Linear, and 518 and 964
- * against 68 at 8 rows. The codes must turn into fp32 products in a few instructions per 8
+ * against 68 at 8 rows.
+ *
+ * bits 32 runs dense fp32 weights through the same tiles (inferlab/kernels/avx2_fp32_linear.py):
+ * oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here, these tiles at ~25 (the
+ * machine's read bandwidth); the same 30 layers from DRAM, median of 7 rounds: 16.6 ms against
+ * oneDNN's 24.7 at one row (1.49x), 20.6 / 44.5 at 4, 51.6 / 59.4 at 16, 80.9 / 74.8 at 24 (0.92x). The codes must turn into fp32 products in a few instructions per 8
  * weights, and each code must be read once per call, not once per row.
  *
  * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
@@ -51,7 +56,8 @@
 #include "kernels.h"
 
 /* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
- * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes. */
+ * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
+ * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). */
 typedef struct {
     int64_t n_out, k_in, group, bits;
     const uint8_t *codes;
@@ -65,12 +71,13 @@ typedef struct {
 #define TILE_ROWS (8 / CHAINS) /* rows a block takes at once: 8 accumulators + dequantizing, of 16 registers */
 
 /* Bytes of one block's codes for 8 inputs. */
-static inline int64_t step_bytes(const int BITS) { return BITS == 8 ? 64 : 32; }
+static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
 
 /* Input i (0..7) of the 8-input step at `step`, for the block's 8 outputs: w = u * scale + offset. */
 static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *step, int i, __m256 scale,
                                                                __m256 offset, const int BITS) {
     __m256i u;
+    if (BITS == 32) return _mm256_loadu_ps((const float *)step + 8 * i);
     if (BITS == 8) {
         u = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(step + 8 * i)));
     } else {
@@ -80,10 +87,17 @@ static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *st
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), scale, offset);
 }
 
+/* Group `at`'s scale (unused for fp32 weights). */
+static inline __attribute__((always_inline)) __m256 group_scale(const avx2_qlinear_t *l, int64_t at,
+                                                                const int BITS) {
+    return BITS == 32 ? _mm256_setzero_ps() : _mm256_loadu_ps(l->scale + at * 8);
+}
+
 /* Group `at`'s offset (block-major, as the scales): stored with zero points; without, -8 * scale
  * for int4 (exact) and 0 for int8, so that symmetric weights stream no offsets. */
 static inline __attribute__((always_inline)) __m256 group_offset(const avx2_qlinear_t *l, __m256 scale,
                                                                  int64_t at, const int BITS) {
+    if (BITS == 32) return _mm256_setzero_ps();
     if (l->offset) return _mm256_loadu_ps(l->offset + at * 8);
     return BITS == 8 ? _mm256_setzero_ps() : _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
 }
@@ -105,7 +119,7 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
     for (int r = 0; r < ROWS; r++)
         for (int c = 0; c < CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
-        const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
+        const __m256 scale = group_scale(l, b * groups + g, BITS);
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
         for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
             const float *xk = x + (g * steps + s) * 8;
@@ -134,20 +148,25 @@ typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, fl
         block_rows(l, b, x, x_stride, y, BITS, ROWS);                                         \
     }
 #define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4)
+TILES(32)
 TILES(8)
 TILES(4)
-/* [bits == 8][rows - 1]: the row count and code width fixed at compile time keep the
+/* [width_of(bits)][rows - 1]: the row count and code width fixed at compile time keep the
  * accumulators in registers and the loops unrolled. */
-static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
+static tile_fn *const TILE_KERNELS[3][TILE_ROWS] = {
     {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
+    {tile_32_1, tile_32_2, tile_32_3, tile_32_4},
 };
+
+/* TILE_KERNELS' first index. */
+static inline int width_of(int64_t bits) { return bits == 32 ? 2 : bits == 8; }
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). */
 void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                        float *y) {
     const int64_t blocks = (l->n_out + 7) / 8;
-    tile_fn *const *kernels = TILE_KERNELS[l->bits == 8];
+    tile_fn *const *kernels = TILE_KERNELS[width_of(l->bits)];
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
         for (int64_t r = 0; r < rows; r += TILE_ROWS) {
@@ -182,7 +201,7 @@ static inline __attribute__((always_inline)) void dequantize_block(const avx2_ql
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
     for (int64_t g = 0; g < groups; g++) {
-        const __m256 scale = _mm256_loadu_ps(l->scale + (b * groups + g) * 8);
+        const __m256 scale = group_scale(l, b * groups + g, BITS);
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
         for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
             __m256 inputs[8], outputs[8];
@@ -199,7 +218,8 @@ void avx2_quant_dequantize(const avx2_qlinear_t *l, float *w) {
     const int64_t blocks = (l->n_out + 7) / 8;
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
-        if (l->bits == 8) dequantize_block(l, b, w, 8);
+        if (l->bits == 32) dequantize_block(l, b, w, 32);
+        else if (l->bits == 8) dequantize_block(l, b, w, 8);
         else dequantize_block(l, b, w, 4);
     }
 }

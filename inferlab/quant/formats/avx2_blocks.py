@@ -15,9 +15,8 @@ symmetric weights store no offsets.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
-BLOCK = 8  # outputs a block (an AVX2 register of fp32)
+from inferlab.kernels.avx2_fp32_linear import BLOCK, blocked, outputs_last
 
 
 def fits(n: int, k: int, group: int) -> bool:
@@ -25,22 +24,11 @@ def fits(n: int, k: int, group: int) -> bool:
     return n > 0 and k % 8 == 0 and group % 8 == 0 and k % group == 0
 
 
-def _blocked(t: torch.Tensor) -> torch.Tensor:
-    """[N, C] -> [N/8, 8, C], zero rows added up to a whole block."""
-    padded = F.pad(t, (0, 0, 0, -t.shape[0] % BLOCK))  # [N8, C]
-    return padded.view(-1, BLOCK, t.shape[1])
-
-
-def _outputs_last(t: torch.Tensor) -> torch.Tensor:
-    """[N, C] -> [N/8, C, 8]: a block's 8 outputs side by side."""
-    return _blocked(t).transpose(1, 2).contiguous()
-
-
 def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     """int8 codes [N, K] -> uint8 in the kernel's layout (above)."""
     if bits == 8:
-        return _outputs_last(codes).view(torch.uint8)  # [N/8, K, 8]
-    u = _blocked(codes.to(torch.int16) + 8)  # [N/8, 8, K]; padding u = 0
+        return outputs_last(codes).view(torch.uint8)  # [N/8, K, 8]
+    u = blocked(codes.to(torch.int16) + 8)  # [N/8, 8, K]; padding u = 0
     u = u.view(u.shape[0], BLOCK, -1, 4, 2)  # [N/8, 8 outputs, K/8, 4 bytes, 2 nibbles]
     pairs = (u[..., 0] | (u[..., 1] << 4)).to(torch.uint8)  # [N/8, 8, K/8, 4]
     return pairs.transpose(1, 2).contiguous()  # [N/8, K/8, 8, 4]
@@ -51,7 +39,7 @@ def pack_group_params(scale: torch.Tensor, zero: torch.Tensor | None, bits: int
     """scale, zero point [N, G] -> (scale, offset) fp32 [N/8, G, 8]; no offset without zero
     points (the kernel takes -8 * scale for int4, 0 for int8)."""
     if zero is None:
-        return _outputs_last(scale.float()), None
+        return outputs_last(scale.float()), None
     shift = zero.double() + (8 if bits == 4 else 0)
     offset = (-shift * scale.double()).float()  # one rounding
-    return _outputs_last(scale.float()), _outputs_last(offset)
+    return outputs_last(scale.float()), outputs_last(offset)
