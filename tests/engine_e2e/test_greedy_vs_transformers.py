@@ -6,6 +6,8 @@ import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
 from inferlab.engine.sampling_params import SamplingParams
+from inferlab.kernels import cpu_ops
+from inferlab.kernels.avx2_fp32_linear import Avx2Fp32Linear
 from inferlab.kernels.onednn_linear import OneDnnLinear
 
 PROMPTS = [
@@ -22,8 +24,11 @@ PROMPTS = [
 
 def test_eight_prompts_token_identical(make_llm, hf_smollm):
     llm = make_llm()
-    # fp32 linears run on oneDNN, not on torch's F.linear as in transformers
-    assert isinstance(llm.engine.loaded.model.lm_head, OneDnnLinear)
+    # fp32 linears run on oneDNN or the AVX2 kernel, not on torch's F.linear as in transformers
+    model = llm.engine.loaded.model
+    assert isinstance(model.lm_head, OneDnnLinear)
+    decoder = (Avx2Fp32Linear if cpu_ops.avx2_quant_linear_available() else OneDnnLinear)
+    assert isinstance(model.model.layers[0].mlp.down_proj, decoder)
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32))
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         ids = llm.tokenizer.encode(prompt)
