@@ -1,24 +1,25 @@
-/* Weight-only int8 and int4 linears (W8A16, W4A16) for fp32 activations on AVX2 + FMA CPUs
- * without AVX512-BF16 (quant_linear.c's kernels need it), e.g. AMD EPYC Zen 3.
+/* Weight-only int8 and int4 linears (W8A16, W4A16), and dense fp32 ones, for fp32 activations on
+ * AVX2 + FMA CPUs without AVX512-BF16 (quant_linear.c's kernels need it), e.g. AMD EPYC Zen 3.
  *
  * Why: a decode step is bound by reading the weights, and torch's weight-only kernels for fp32
  * (_weight_int8pack_mm, _weight_int4pack_mm_for_cpu) do not keep up with memory here: streaming
  * SmolLM2-135M's 30 layers of linears at one row on an AMD EPYC Zen 3 (2 cores) took 59.8 ms
  * (W8A16) and 112 ms (W4A16, groups of 64) against 34.6 ms for fp32 nn.Linear, and 518 and 964
- * against 68 at 8 rows.
+ * against 68 at 8 rows. The codes must turn into fp32 products in a few instructions per 8
+ * weights, and each code must be read once per call, not once per row.
  *
  * bits 32 runs dense fp32 weights through the same tiles (inferlab/kernels/avx2_fp32_linear.py):
  * oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here, these tiles at ~25 (the
  * machine's read bandwidth); the same 30 layers from DRAM, median of 7 rounds: 16.6 ms against
- * oneDNN's 24.7 at one row (1.49x), 20.6 / 44.5 at 4, 51.6 / 59.4 at 16, 80.9 / 74.8 at 24 (0.92x). The codes must turn into fp32 products in a few instructions per 8
- * weights, and each code must be read once per call, not once per row.
+ * oneDNN's 24.7 at one row (1.49x), 20.6 / 44.5 at 4, 51.6 / 59.4 at 16, 80.9 / 74.8 at 24 (0.92x).
  *
  * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
  * each, so that a code vector widens straight into the 8 lanes an FMA adds to and no
  * horizontal sums are needed; the block's codes for 8 inputs sit in 64 bytes (int8: [8 inputs]
- * [8 outputs], one vpmovsxbd per input) or 32 bytes (int4: one 32-bit lane per output holding
- * its 8 inputs' u = q + 8 as nibbles, input i at bits 4i: a shift and a mask per input). A block
- * of 8 outputs is one contiguous stream of K * 8 or K * 4 bytes, read by one thread.
+ * [8 outputs], one vpmovsxbd per input; fp32 likewise in 256 bytes, one load per input) or 32
+ * bytes (int4: one 32-bit lane per output holding its 8 inputs' u = q + 8 as nibbles, input i at
+ * bits 4i: a shift and a mask per input). A block of 8 outputs is one contiguous stream of
+ * K * 32, K * 8 or K * 4 bytes, read by one thread.
  * scale and offset fp32 [N/8][K/group][8]: w = u * scale + offset, offset = -(zero [+ 8]) * scale
  * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream), one FMA per 8
  * weights whatever the zero point, the dequantized vector then shared by all the rows of a tile.
@@ -73,7 +74,8 @@ typedef struct {
 /* Bytes of one block's codes for 8 inputs. */
 static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
 
-/* Input i (0..7) of the 8-input step at `step`, for the block's 8 outputs: w = u * scale + offset. */
+/* Input i (0..7) of the 8-input step at `step`, for the block's 8 outputs: w = u * scale + offset
+ * (fp32 weights as stored). */
 static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *step, int i, __m256 scale,
                                                                __m256 offset, const int BITS) {
     __m256i u;
