@@ -2,24 +2,24 @@
 avx2_quant_linear.c's kernel with fp32 weights (bits 32), in its layout of blocks of 8 outputs.
 
 oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here; the kernel, which reads
-each weight vector once for up to 4 rows, at ~25 GB/s (the machine's read bandwidth). Streaming
+each weight vector once for up to 8 rows, at ~25 GB/s (the machine's read bandwidth). Streaming
 SmolLM2-135M's 30 layers' linears from DRAM (2 cores, median of 7 rounds, ms):
 
   | rows | oneDNN | kernel        | unpack + oneDNN |
   |------|--------|---------------|-----------------|
-  | 1    | 24.7   | 16.6 (1.49x)  | 35.0 (0.70x)    |
-  | 4    | 44.5   | 20.6 (2.17x)  | 54.8 (0.81x)    |
-  | 8    | 47.7   | 32.8 (1.45x)  | 62.4 (0.76x)    |
-  | 16   | 59.4   | 51.6 (1.15x)  | 68.4 (0.87x)    |
-  | 24   | 74.8   | 80.9 (0.92x)  | 90.8 (0.82x)    |
-  | 64   | 152    | 206 (0.74x)   | 185 (0.82x)     |
-  | 512  | 799    | 1704 (0.47x)  | 808 (0.99x)     |
+  | 1    | 28.0   | 18.1 (1.55x)  | 38.8 (0.72x)    |
+  | 4    | 41.5   | 20.5 (2.02x)  | 51.3 (0.81x)    |
+  | 8    | 47.6   | 24.4 (1.95x)  | 60.8 (0.78x)    |
+  | 16   | 68.4   | 51.5 (1.33x)  | 83.0 (0.82x)    |
+  | 32   | 86.1   | 78.0 (1.10x)  | 98.1 (0.88x)    |
+  | 64   | 118    | 124 (0.95x)   | 130 (0.90x)     |
+  | 512  | 695    | 1002 (0.69x)  | 723 (0.96x)     |
 
 So the kernel takes up to AVX2_FP32_MAX_ROWS rows; more unpack the weight to [N, K] into a
-temporary for oneDNN's GEMM (the layer holds the packed copy only): its cost is that of writing
-and reading the weight once more, lost in a prefill's arithmetic at 512 rows, not at 24-64
-(0.82-0.85x there). Unpacking into one kept scratch buffer gained little (0.80x at 24 rows, 0.91x
-at 64), and unpacking 128 or 384 outputs at a time for L2 lost (0.43-0.81x at 24-64 rows).
+temporary for oneDNN's GEMM (the layer holds the packed copy only), whose cost, writing and
+reading the weight once more, a prefill's arithmetic hides at 512 rows. Unpacking 128 or 384
+outputs at a time, to stay in L2, lost (0.43-0.81x at 24-64 rows: oneDNN's calls on narrow
+weights).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.onednn_linear import onednn_linear
 
 BLOCK = 8  # outputs a block (an AVX2 register of fp32)
-AVX2_FP32_MAX_ROWS = 16  # the table above: the kernel is slower than oneDNN from ~20 rows
+AVX2_FP32_MAX_ROWS = 64  # the table above: past it, unpacking for oneDNN costs less than the kernel
 
 
 def blocked(t: torch.Tensor) -> torch.Tensor:

@@ -10,8 +10,10 @@
  *
  * bits 32 runs dense fp32 weights through the same tiles (inferlab/kernels/avx2_fp32_linear.py):
  * oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here, these tiles at ~25 (the
- * machine's read bandwidth); the same 30 layers from DRAM, median of 7 rounds: 16.6 ms against
- * oneDNN's 24.7 at one row (1.49x), 20.6 / 44.5 at 4, 51.6 / 59.4 at 16, 80.9 / 74.8 at 24 (0.92x).
+ * machine's read bandwidth); the same 30 layers from DRAM, median of 7 rounds: 18.1 ms against
+ * oneDNN's 28.0 at one row (1.55x), 24.4 / 47.6 at 8, 78.0 / 86.1 at 32, 124 / 118 at 64. With
+ * one chain and tiles of 8 rows, not 2 and 4 (below): 8 rows 43.4 ms against 54.9, 24 rows
+ * 59.8 against 96.4, one row the same (memory-bound, unlike the codes).
  *
  * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
  * each, so that a code vector widens straight into the 8 lanes an FMA adds to and no
@@ -24,8 +26,8 @@
  * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream), one FMA per 8
  * weights whatever the zero point, the dequantized vector then shared by all the rows of a tile.
  *
- * Each block takes its rows TILE_ROWS (4) at a time, the codes read from memory for the first
- * tile and from L1/L2 for the next. A row sums into CHAINS (2) accumulators, alternate inputs,
+ * Each block takes its rows tile_rows (4; fp32 8) at a time, the codes read from memory for the first
+ * tile and from L1/L2 for the next. A row sums into chains (2; fp32 1) accumulators, alternate inputs,
  * added at the end: one chain is bound by the FMA's latency at one row (2 cores, the layers
  * below at one row: 12.1 ms W8A16 and 11.5 W4A16 with one chain and tiles of 8 rows, 9.0 and 8.0
  * with two), and four cost more at 16 rows (twice the tiles) than they gain at one. The order is
@@ -68,8 +70,12 @@ typedef struct {
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-#define CHAINS 2 /* accumulators a row: FMA latency bounds one chain at one row */
-#define TILE_ROWS (8 / CHAINS) /* rows a block takes at once: 8 accumulators + dequantizing, of 16 registers */
+/* Accumulators a row: FMA latency bounds one chain at one row for codes; fp32 weights are bound
+ * by memory there, and one chain lets a tile take twice the rows. */
+static inline int chains(const int BITS) { return BITS == 32 ? 1 : 2; }
+/* Rows a block takes at once: 8 accumulators (+ dequantizing) of 16 registers. */
+static inline int tile_rows(const int BITS) { return 8 / chains(BITS); }
+#define MAX_TILE_ROWS 8
 
 /* Bytes of one block's codes for 8 inputs. */
 static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
@@ -117,9 +123,9 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                                                              float *y, const int BITS, const int ROWS) {
     const int64_t groups = l->k_in / l->group, steps = l->group / 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
-    __m256 acc[TILE_ROWS][CHAINS];
+    __m256 acc[MAX_TILE_ROWS][2];
     for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < chains(BITS); c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = group_scale(l, b * groups + g, BITS);
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
@@ -130,15 +136,15 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                 const __m256 w = weights_at(step, i, scale, offset, BITS);
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++)
-                    acc[r][i % CHAINS] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i),
-                                                         acc[r][i % CHAINS]);
+                    acc[r][i % chains(BITS)] = _mm256_fmadd_ps(
+                        w, _mm256_broadcast_ss(xk + r * x_stride + i), acc[r][i % chains(BITS)]);
             }
         }
     }
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     for (int r = 0; r < ROWS; r++) {
         __m256 sum = acc[r][0];
-        for (int c = 1; c < CHAINS; c++) sum = _mm256_add_ps(sum, acc[r][c]);
+        for (int c = 1; c < chains(BITS); c++) sum = _mm256_add_ps(sum, acc[r][c]);
         store_outputs(y + r * l->n_out + b * 8, sum, l->bias ? l->bias + b * 8 : NULL, count);
     }
 }
@@ -151,14 +157,15 @@ typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, fl
     }
 #define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4)
 TILES(32)
+TILE(32, 5) TILE(32, 6) TILE(32, 7) TILE(32, 8)
 TILES(8)
 TILES(4)
 /* [width_of(bits)][rows - 1]: the row count and code width fixed at compile time keep the
  * accumulators in registers and the loops unrolled. */
-static tile_fn *const TILE_KERNELS[3][TILE_ROWS] = {
+static tile_fn *const TILE_KERNELS[3][MAX_TILE_ROWS] = {
     {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
-    {tile_32_1, tile_32_2, tile_32_3, tile_32_4},
+    {tile_32_1, tile_32_2, tile_32_3, tile_32_4, tile_32_5, tile_32_6, tile_32_7, tile_32_8},
 };
 
 /* TILE_KERNELS' first index. */
@@ -169,10 +176,11 @@ void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride
                        float *y) {
     const int64_t blocks = (l->n_out + 7) / 8;
     tile_fn *const *kernels = TILE_KERNELS[width_of(l->bits)];
+    const int64_t most = l->bits == 32 ? tile_rows(32) : tile_rows(8);
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++)
-        for (int64_t r = 0; r < rows; r += TILE_ROWS) {
-            const int64_t tile = rows - r < TILE_ROWS ? rows - r : TILE_ROWS;
+        for (int64_t r = 0; r < rows; r += most) {
+            const int64_t tile = rows - r < most ? rows - r : most;
             kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
         }
 }
