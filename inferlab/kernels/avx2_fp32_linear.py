@@ -15,11 +15,14 @@ SmolLM2-135M's 30 layers' linears from DRAM (2 cores, median of 7 rounds, ms):
   | 64   | 118    | 124 (0.95x)   | 130 (0.90x)     |
   | 512  | 695    | 1002 (0.69x)  | 723 (0.96x)     |
 
+and in a second run: 64 rows 160 / 148 (1.09x) / 194 (0.83x), 96 rows 186 / 202 (0.92x) / 211
+(0.88x), 128 rows 230 / 270 (0.85x) / 267 (0.86x), 256 rows 428 / 558 (0.77x) / 455 (0.94x).
+
 So the kernel takes up to AVX2_FP32_MAX_ROWS rows; more unpack the weight to [N, K] into a
 temporary for oneDNN's GEMM (the layer holds the packed copy only), whose cost, writing and
-reading the weight once more, a prefill's arithmetic hides at 512 rows. Unpacking 128 or 384
-outputs at a time, to stay in L2, lost (0.43-0.81x at 24-64 rows: oneDNN's calls on narrow
-weights).
+reading the weight once more, a prefill's arithmetic hides at 256-512 rows; from 65 to ~200 rows
+both cost 8-15% more than oneDNN on an [N, K] weight. Unpacking 128 or 384 outputs at a time,
+to stay in L2, lost (0.43-0.81x at 24-64 rows: oneDNN's calls on narrow weights).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.onednn_linear import onednn_linear
 
 BLOCK = 8  # outputs a block (an AVX2 register of fp32)
-AVX2_FP32_MAX_ROWS = 64  # the table above: past it, unpacking for oneDNN costs less than the kernel
+AVX2_FP32_MAX_ROWS = 96  # the table above: past ~100 rows, unpacking for oneDNN costs less than the kernel
 
 
 def blocked(t: torch.Tensor) -> torch.Tensor:
