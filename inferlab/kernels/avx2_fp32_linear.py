@@ -61,13 +61,10 @@ def avx2_fp32_fits(linear: nn.Linear) -> bool:
 
 
 class KeptAvx2Desc:
-    """For an nn.Module run by avx2_quant_linear.c: its c_desc() built once (ctypes takes ~7 us)
-    and dropped when its buffers move or it is copied."""
+    """For an nn.Module run by avx2_quant_linear.c, which defines c_desc(): its description
+    built once (ctypes takes ~7 us) and dropped when its buffers move or it is copied."""
 
     _desc: cpu_library.Avx2QuantDesc | None = None
-
-    def c_desc(self) -> cpu_library.Avx2QuantDesc:
-        raise NotImplementedError
 
     def _apply(self, fn, recurse: bool = True) -> nn.Module:
         """Moving the buffers (.to, .share_memory) moves the pointers the kernel reads."""

@@ -1,10 +1,11 @@
-"""W8A16 and W4A16 for fp32 on AVX2 + FMA CPUs (avx2_quant_linear.c, Avx2QuantLinear) against
-the product in float64 with the weight dequantized by hand from the codes, scales and zero
-points."""
+"""W8A16 and W4A16 for fp32 on AVX2 + FMA CPUs (avx2_quant_linear.c, Avx2QuantLinear), and
+W8A8's activation codes through it (Avx2W8A8Linear), against the product in float64 with the
+weight dequantized by hand from the codes, scales and zero points."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -13,8 +14,9 @@ from inferlab.kernels import cpu_ops
 from inferlab.quant import linear
 from inferlab.quant.formats import avx2_blocks
 from inferlab.quant.linear import build_quant_linear
+from inferlab.quant.linear_dynamic import Avx2W8A8Linear, Int8DynamicLinear
 from inferlab.quant.qparams import QuantizedWeight, dequantize, quantize_rtn
-from inferlab.quant.scheme import CHANNEL, GROUP, INT, WeightArgs
+from inferlab.quant.scheme import CHANNEL, GROUP, INT, WeightArgs, make_scheme
 
 pytestmark = pytest.mark.skipif(not cpu_ops.avx2_quant_linear_available(),
                                 reason="avx2_quant_linear.c is not built here (no AVX2 + FMA, or no compiler)")
@@ -124,3 +126,21 @@ def test_a_copy_or_a_moved_layer_reads_its_own_buffers() -> None:
     assert torch.equal(copied(x), expected)
     copied.share_memory()
     assert torch.equal(copied(x), expected)
+
+
+@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: past the AVX2 kernel's rows, a dequantized GEMM
+@pytest.mark.parametrize("static", [False, True])
+def test_w8a8_on_avx2_gives_the_int8_gemms_outputs(rows: int, static: bool) -> None:
+    """The AVX2 layer sums the same products as torch._int_mm in fp32; with a bias and a
+    static input scale (values past it clamp) as well."""
+    gen = torch.Generator().manual_seed(3)
+    w, bias = torch.randn(40, 96, generator=gen), torch.randn(40, generator=gen)
+    x = torch.randn(rows, 96, generator=gen) * 3
+    qw = quantize_rtn(w, make_scheme("W8A8").weights)
+    if static:
+        qw = dataclasses.replace(qw, input_scale=torch.tensor(4.0 / 127))
+    if not Avx2W8A8Linear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
+        pytest.skip("no AVX2 kernel here, or an exact int8 GEMM that takes precedence")
+    want = Int8DynamicLinear(qw, bias, torch.float32)(x)  # torch._int_mm here: exact int32 sums
+    got = Avx2W8A8Linear(qw, bias, torch.float32)(x)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())

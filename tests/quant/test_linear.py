@@ -318,24 +318,6 @@ def test_w8a8_is_exact_when_activations_are_integer_codes() -> None:
         torch.testing.assert_close(each(x), x @ w.T, rtol=0, atol=0)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: past the AVX2 kernel's rows, a dequantized GEMM
-@pytest.mark.parametrize("static", [False, True])
-def test_w8a8_on_avx2_gives_the_int8_gemms_outputs(rows: int, static: bool) -> None:
-    """The AVX2 layer sums the same products as torch._int_mm in fp32; with a bias and a
-    static input scale (values past it clamp) as well."""
-    gen = torch.Generator().manual_seed(3)
-    w, bias = torch.randn(40, 96, generator=gen), torch.randn(40, generator=gen)
-    x = torch.randn(rows, 96, generator=gen) * 3
-    qw = quantize_rtn(w, make_scheme("W8A8").weights)
-    if static:
-        qw = dataclasses.replace(qw, input_scale=torch.tensor(4.0 / 127))
-    if not Avx2W8A8Linear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
-        pytest.skip("no AVX2 kernel here, or an exact int8 GEMM that takes precedence")
-    want = Int8DynamicLinear(qw, bias, torch.float32)(x)  # torch._int_mm here: exact int32 sums
-    got = Avx2W8A8Linear(qw, bias, torch.float32)(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
-
-
 def test_fp8_dynamic_is_exact_on_fp8_representable_values() -> None:
     gen = torch.Generator().manual_seed(1)
     values = torch.tensor([-448.0, -96.0, -3.5, -0.5, 0.0, 0.25, 1.0, 13.0, 240.0, 448.0])
