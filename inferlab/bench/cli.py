@@ -10,6 +10,7 @@ import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from inferlab.bench.config import (
     PROFILES,
@@ -26,6 +27,9 @@ from inferlab.bench.mock import MockConfig
 from inferlab.errors import InferlabError
 from inferlab.key_values import key_value_items
 from inferlab.user_files import is_user_file, parse_user_json, stat_user_path
+
+if TYPE_CHECKING:
+    from inferlab.bench.session import RunResult
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -247,8 +251,20 @@ def run_bench(args: argparse.Namespace) -> int:
     with Interrupts().installed() as interrupts:  # a Ctrl-C from here on still writes the results
         result = run_benchmark(config, progress, interrupts)
         failed = _report_writes(write_outputs(result, config.outputs))  # first: stdout may close
-        return _printed(lambda: print_summary(result, stdout_console()),
-                        130 if result.interrupted else 2 if failed else 0)
+        code = 130 if result.interrupted else 2 if failed else 1 if _none_succeeded(result) else 0
+        return _printed(lambda: print_summary(result, stdout_console()), code)
+
+
+def _none_succeeded(result: RunResult) -> bool:
+    """Whether requests failed and none succeeded, said on stderr: a script or a CI job that
+    only reads the exit code would take a run against a broken server for a measurement."""
+    records = [r for stage in result.stages for r in stage.records]
+    failed = [r for r in records if r.outcome == "error"]
+    if not failed or any(r.outcome == "ok" for r in records):
+        return False
+    print(f"error: every request failed ({len(failed)}); the first: {failed[0].error}",
+          file=sys.stderr)
+    return True
 
 
 def _report_writes(written: list[tuple[str, str | None]]) -> bool:

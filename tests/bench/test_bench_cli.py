@@ -319,3 +319,22 @@ def test_mock_server_port_in_use_is_a_user_error(mock_server, capsys):
     port = mock_server().rsplit(":", 1)[1]
     assert main(["bench", "mock-server", "--port", port]) == 2
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
+
+
+def test_a_run_where_every_request_failed_exits_1_and_keeps_its_report(mock_server, corpus,
+                                                                       tmp_path, capsys):
+    out = tmp_path / "r.json"
+    argv = ["bench", "--target", mock_server(error_rate=1.0), "--profile", "synchronous",
+            "--max-requests", "3", "--data-file", str(corpus), "--quiet", "--output", str(out)]
+    assert main(argv) == 1
+    assert "error: every request failed (3); the first: HTTP 500: injected error\n" \
+        in capsys.readouterr().err
+    assert [r["outcome"] for r in json.loads(out.read_text())["stages"][0]["requests"]] \
+        == ["error"] * 3
+
+
+def test_a_run_with_one_request_through_exits_0(mock_server, corpus, capsys):
+    argv = ["bench", "--target", mock_server(error_rate=0.5, seed=3), "--profile",
+            "synchronous", "--max-requests", "8", "--data-file", str(corpus), "--quiet"]
+    assert main(argv) == 0
+    assert "every request failed" not in capsys.readouterr().err
