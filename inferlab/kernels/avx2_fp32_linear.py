@@ -32,7 +32,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_library, cpu_ops
-from inferlab.kernels.cpu_linear import replace_linears
+from inferlab.kernels.cpu_linear import replace_linears_keeping_ties
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.onednn_linear import onednn_linear
 
@@ -112,7 +112,6 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
 
 def use_avx2_fp32_linears(model: nn.Module) -> int:
-    """Replace the fp32 nn.Linear layers of `model` the kernel fits by Avx2Fp32Linear, in place,
-    except its lm_head (tied to the embedding, which reads its [V, H] weight); returns how many."""
-    head = getattr(model, "lm_head", None)
-    return replace_linears(model, Avx2Fp32Linear, lambda child: child is not head and avx2_fp32_fits(child))
+    """Replace the fp32 nn.Linear layers of `model` the kernel fits by Avx2Fp32Linear, in place
+    (a tied embedding then reads the head's packed weight); returns how many."""
+    return replace_linears_keeping_ties(model, Avx2Fp32Linear, avx2_fp32_fits)

@@ -68,21 +68,23 @@ class PackedLinear(CLinear):
 
 
 class PackedEmbedding(nn.Module):
-    """A tied embedding read from its lm_head's packed weight (PackedLinear), so the table is held
-    once: 56.6 MB less for the embedded model, whose embedding is 28% of its bf16 weights. Token
-    t's row is block t / 16's row t % 16, its input pairs 16 pairs apart; a step gathers a few
-    rows, which costs microseconds."""
+    """A tied embedding read from its lm_head's packed weight, so the table is held once: 56.6 MB
+    less for the embedded model in bf16 (28% of its weights), 113 MB in fp32. The head's layout
+    keeps a block's outputs side by side (PackedLinear's [V/16, H/2, 16, 2], Avx2Fp32Linear's
+    [V/8, H, 8]): token t's row is block t / B's lane t % B, its inputs B lanes apart; a step
+    gathers a few rows, which costs microseconds."""
 
-    def __init__(self, head: PackedLinear) -> None:
+    def __init__(self, head: nn.Module) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
-        self.register_buffer("packed", head.packed)  # [V/16, H/2, 16, 2], the head's own
+        self.register_buffer("packed", head.packed)  # the head's own
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., H]
         ids = input_ids.to(torch.int64)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
             raise IndexError(f"a token id outside the embedding table (0..{self.num_embeddings - 1})")
-        rows = self.packed[ids // 16, :, ids % 16]  # [..., H/2, 2]
+        lanes = self.packed.shape[2]  # outputs a block
+        rows = self.packed[ids // lanes, :, ids % lanes]  # [..., H/2, 2] or [..., H]
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
@@ -91,13 +93,20 @@ class PackedEmbedding(nn.Module):
 
 def use_packed_linears(model: nn.Module) -> int:
     """Replace every bf16 nn.Linear of `model` whose shape the kernels take by a PackedLinear, in
-    place; returns how many. The row-major weights are released: an embedding tied to a packed
-    head reads the head's packed weight instead (PackedEmbedding)."""
-    tied = _tied_embedding_owner(model)
-    count = replace_linears(model, PackedLinear, lambda child: (
+    place; returns how many."""
+    return replace_linears_keeping_ties(model, PackedLinear, lambda child: (
         child.weight.dtype == torch.bfloat16
         and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)))
-    if tied is not None and isinstance(model.lm_head, PackedLinear):
+
+
+def replace_linears_keeping_ties(model: nn.Module, kernel: type[nn.Module],
+                                 takes: Callable[[nn.Linear], bool]) -> int:
+    """replace_linears, whose layers hold their weight only in a packed layout: the row-major
+    weights are released, and an embedding tied to a packed head reads the head's packed weight
+    instead (PackedEmbedding)."""
+    tied = _tied_embedding_owner(model)
+    count = replace_linears(model, kernel, takes)
+    if tied is not None and isinstance(model.lm_head, kernel):
         tied.embed_tokens = PackedEmbedding(model.lm_head)
     return count
 

@@ -13,8 +13,8 @@ from inferlab.kernels.onednn_linear import onednn_linear_supported, use_onednn_l
 
 def use_engine_linears(model: nn.Module, device: torch.device, dtype: torch.dtype) -> None:
     """In place: bf16 on a CPU with AVX512-BF16, the packed C kernels; fp32 on a CPU, the AVX2
-    kernel where built (all but the lm_head) and oneDNN's matmul for the rest; elsewhere torch's
-    own."""
+    kernel where built (a tied embedding reading the packed lm_head) and oneDNN's matmul for the
+    rest; elsewhere torch's own."""
     if packed_linear_supported(device, dtype):
         use_packed_linears(model)
         return

@@ -26,9 +26,8 @@ def test_eight_prompts_token_identical(make_llm, hf_smollm):
     llm = make_llm()
     # fp32 linears run on oneDNN or the AVX2 kernel, not on torch's F.linear as in transformers
     model = llm.engine.loaded.model
-    assert isinstance(model.lm_head, OneDnnLinear)
-    decoder = (Avx2Fp32Linear if cpu_ops.avx2_quant_linear_available() else OneDnnLinear)
-    assert isinstance(model.model.layers[0].mlp.down_proj, decoder)
+    kernel = (Avx2Fp32Linear if cpu_ops.avx2_quant_linear_available() else OneDnnLinear)
+    assert isinstance(model.lm_head, kernel) and isinstance(model.model.layers[0].mlp.down_proj, kernel)
     outputs = llm.generate(PROMPTS, SamplingParams(temperature=0, max_tokens=32))
     for prompt, out in zip(PROMPTS, outputs, strict=True):
         ids = llm.tokenizer.encode(prompt)

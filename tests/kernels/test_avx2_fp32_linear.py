@@ -8,6 +8,7 @@ from torch import nn
 
 from inferlab.kernels import cpu_ops
 from inferlab.kernels.avx2_fp32_linear import AVX2_FP32_MAX_ROWS, Avx2Fp32Linear
+from inferlab.kernels.cpu_linear import PackedEmbedding
 from inferlab.kernels.linear_choice import use_engine_linears
 
 pytestmark = pytest.mark.skipif(not cpu_ops.avx2_quant_linear_available(),
@@ -47,9 +48,20 @@ def test_holds_only_the_packed_weight() -> None:
     assert torch.equal(layer.unpacked_weight(), linear.weight.detach())
 
 
-def test_engine_keeps_the_head() -> None:
-    model = nn.Module()
-    model.proj, model.lm_head = nn.Linear(64, 32), nn.Linear(64, 100, bias=False)
+def test_a_tied_embedding_reads_the_packed_head() -> None:
+    torch.manual_seed(0)
+    model, model.model = nn.Module(), nn.Module()
+    model.model.embed_tokens = nn.Embedding(100, 64)  # 100: a partial last block of 8
+    model.lm_head = nn.Linear(64, 100, bias=False)
+    model.lm_head.weight = model.model.embed_tokens.weight
+    table = model.lm_head.weight.detach().clone()
     use_engine_linears(model, torch.device("cpu"), torch.float32)
-    assert isinstance(model.proj, Avx2Fp32Linear)
-    assert model.lm_head.weight.shape == (100, 64)
+    head, embedding = model.lm_head, model.model.embed_tokens
+    assert isinstance(head, Avx2Fp32Linear) and isinstance(embedding, PackedEmbedding)
+    assert embedding.packed is head.packed  # the table held once
+    ids = torch.tensor([[0, 7, 8, 99], [42, 42, 1, 63]])
+    assert torch.equal(embedding(ids), table[ids])
+    x = torch.randn(3, 64)
+    assert (head(x).double() - x.double() @ table.double().T).abs().max() < 1e-5
+    with pytest.raises(IndexError, match="outside the embedding table"):
+        embedding(torch.tensor([100]))
