@@ -81,27 +81,50 @@ def _decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
         out[plan.token_idx] = attn.to(out.dtype)
 
 
+@dataclass
+class _PrefillSeq:
+    """A sequence with several new tokens, as every layer of a forward attends it."""
+
+    start: int  # its first row in q
+    end: int
+    seq_len: int
+    blocks: torch.Tensor  # [nb] int64, its blocks in order
+    mask: torch.Tensor | None  # [q_len, seq_len], 0 or -inf; None: causal from position 0
+
+
+def _prefill_plan(meta: AttentionMetadata, block_size: int, dtype: torch.dtype) -> list[_PrefillSeq]:
+    """Built once a forward: the masks and block ids are the same in every layer, and a bool
+    mask SDPA turns into an additive one at each call (on fp32 CPU steps, building and turning
+    the masks cost a third of the attention)."""
+    plan = meta.backend_cache.get("torch_prefill")
+    if plan is None:
+        plan, start = [], 0
+        device = meta.block_tables.device
+        for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
+            if q_len > 1:
+                context, mask = seq_len - q_len, None
+                if context:  # new token i sees cache positions <= context + i
+                    seen = (torch.arange(seq_len, device=device)[None, :]
+                            <= context + torch.arange(q_len, device=device)[:, None])
+                    mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, -torch.inf)
+                blocks = meta.block_tables[b, : -(-seq_len // block_size)].long()
+                plan.append(_PrefillSeq(start, start + q_len, seq_len, blocks, mask))
+            start += q_len
+        meta.backend_cache["torch_prefill"] = plan
+    return plan
+
+
 def prefill_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                       meta: AttentionMetadata, scale: float, out: torch.Tensor) -> None:
     """Sequences with several new tokens, one at a time: causal over cache + new tokens."""
-    block_size = k_cache.shape[1]
     num_kv_heads, head_dim = k_cache.shape[2], k_cache.shape[3]
-    start = 0
-    for b, (q_len, seq_len) in enumerate(zip(meta.query_lens_cpu, meta.seq_lens_cpu, strict=True)):
-        end = start + q_len
-        if q_len > 1:
-            blocks = meta.block_tables[b, : -(-seq_len // block_size)].long()
-            keys = k_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]  # [S, Hkv, D]
-            values = v_cache[blocks].reshape(-1, num_kv_heads, head_dim)[:seq_len]
-            context = seq_len - q_len
-            mask = None
-            if context:  # new token i sees cache positions <= context + i
-                mask = (torch.arange(seq_len, device=q.device)[None, :]
-                        <= context + torch.arange(q_len, device=q.device)[:, None])
-            attn = F.scaled_dot_product_attention(
-                q[start:end].transpose(0, 1).unsqueeze(0).to(keys.dtype),  # [1, Hq, q_len, D]
-                keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
-                attn_mask=mask, is_causal=not context, scale=scale, enable_gqa=True,
-            )  # [1, Hq, q_len, D]
-            out[start:end] = attn[0].transpose(0, 1).to(out.dtype)
-        start = end
+    for seq in _prefill_plan(meta, k_cache.shape[1], k_cache.dtype):
+        # index_select copies whole blocks; indexing (aten::index) went element by element
+        keys = k_cache.index_select(0, seq.blocks).view(-1, num_kv_heads, head_dim)[:seq.seq_len]  # [S, Hkv, D]
+        values = v_cache.index_select(0, seq.blocks).view(-1, num_kv_heads, head_dim)[:seq.seq_len]
+        attn = F.scaled_dot_product_attention(
+            q[seq.start:seq.end].transpose(0, 1).unsqueeze(0).to(keys.dtype),  # [1, Hq, q_len, D]
+            keys.transpose(0, 1).unsqueeze(0), values.transpose(0, 1).unsqueeze(0),
+            attn_mask=seq.mask, is_causal=seq.mask is None, scale=scale, enable_gqa=True,
+        )  # [1, Hq, q_len, D]
+        out[seq.start:seq.end] = attn[0].transpose(0, 1).to(out.dtype)
