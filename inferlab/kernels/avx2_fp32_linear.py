@@ -1,28 +1,52 @@
 """Dense fp32 linear layers on an AVX2 + FMA CPU (no AVX-512, e.g. AMD EPYC Zen 3) through
 avx2_quant_linear.c's kernel with fp32 weights (bits 32), in its layout of blocks of 8 outputs.
 
-oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here; the kernel, which reads
-each weight vector once for up to 8 rows, at ~25 GB/s (the machine's read bandwidth). Streaming
-SmolLM2-135M's 30 layers' linears from DRAM (2 cores, median of 7 rounds, ms):
+oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here; the kernel, whose tiles
+of 24 outputs by 4 rows read each weight vector once for 4 rows and each input once for 24
+outputs, at the machine's read bandwidth, and from ~64 rows on near the FMAs' peak. SmolLM2-135M's
+linears (qkv 960x576, o 576x576, gate_up 3072x576, down 576x1536) on 2 cores, oneDNN, the
+kernel's old tiles (a block of 8 outputs by up to 8 rows), the kernel, and unpacking the weight
+for oneDNN, in turn in one process, median of 7 rounds; CPU time (OMP_WAIT_POLICY=passive,
+process CPU time / 2): other jobs kept the 2 cores busy (load average ~5), and wall times
+measured their preemptions (70 ms for a one-row call); 2026-12-06. Streaming 30 layers from
+DRAM, ms, and the speed as a multiple of oneDNN's:
 
-  | rows | oneDNN | kernel        | unpack + oneDNN |
-  |------|--------|---------------|-----------------|
-  | 1    | 28.0   | 18.1 (1.55x)  | 38.8 (0.72x)    |
-  | 4    | 41.5   | 20.5 (2.02x)  | 51.3 (0.81x)    |
-  | 8    | 47.6   | 24.4 (1.95x)  | 60.8 (0.78x)    |
-  | 16   | 68.4   | 51.5 (1.33x)  | 83.0 (0.82x)    |
-  | 32   | 86.1   | 78.0 (1.10x)  | 98.1 (0.88x)    |
-  | 64   | 118    | 124 (0.95x)   | 130 (0.90x)     |
-  | 512  | 695    | 1002 (0.69x)  | 723 (0.96x)     |
+  | rows | oneDNN | old tiles | kernel        | unpack + oneDNN |
+  |------|--------|-----------|---------------|-----------------|
+  | 1    | 23.8   | 17.7      | 14.6 (1.63x)  | 49.1 (0.48x)    |
+  | 4    | 54.5   | 28.0      | 18.5 (2.95x)  | 89.9 (0.61x)    |
+  | 8    | 56.9   | 33.7      | 24.6 (2.31x)  | 88.9 (0.64x)    |
+  | 16   | 76.7   | 62.9      | 38.2 (2.00x)  | 115 (0.67x)     |
+  | 32   | 96.1   | 96.9      | 59.6 (1.61x)  | 133 (0.72x)     |
+  | 64   | 157    | 173       | 106 (1.49x)   | 188 (0.84x)     |
+  | 96   | 194    | 241       | 140 (1.39x)   | 224 (0.87x)     |
+  | 128  | 247    | 305       | 194 (1.27x)   | 278 (0.89x)     |
+  | 256  | 416    | 801       | 338 (1.23x)   | 435 (0.96x)     |
+  | 512  | 834    | 1401      | 715 (1.17x)   | 891 (0.94x)     |
+  | 1024 | 1758   | 3436      | 1605 (1.10x)  | 1874 (0.94x)    |
+  | 2048 | 3216   | 6170      | 3535 (0.91x)  | 3254 (0.99x)    |
 
-and in a second run: 64 rows 160 / 148 (1.09x) / 194 (0.83x), 96 rows 186 / 202 (0.92x) / 211
-(0.88x), 128 rows 230 / 270 (0.85x) / 267 (0.86x), 256 rows 428 / 558 (0.77x) / 455 (0.94x).
+One copy of the 4 layers (from L3; "hot", 9 rounds), GFLOP/s:
 
-So the kernel takes up to AVX2_FP32_MAX_ROWS rows; more unpack the weight to [N, K] into a
-temporary for oneDNN's GEMM (the layer holds the packed copy only), whose cost, writing and
-reading the weight once more, a prefill's arithmetic hides at 256-512 rows; from 65 to ~200 rows
-both cost 8-15% more than oneDNN on an [N, K] weight. Unpacking 128 or 384 outputs at a time,
-to stay in L2, lost (0.43-0.81x at 24-64 rows: oneDNN's calls on narrow weights).
+  | rows | oneDNN | old tiles | kernel       | unpack + oneDNN |
+  |------|--------|-----------|--------------|-----------------|
+  | 1    | 8.5    | 13.5      | 22.4 (2.63x) | 3.5             |
+  | 8    | 30.0   | 65.3      | 88.1 (2.93x) | 21.1            |
+  | 32   | 65.0   | 85.4      | 126 (1.94x)  | 48.1            |
+  | 96   | 102    | 91.3      | 146 (1.43x)  | 51.2            |
+  | 256  | 117    | 92.2      | 153 (1.30x)  | 85.3            |
+  | 512  | 121    | 65.5      | 134 (1.11x)  | 116             |
+  | 1024 | 128    | 77.0      | 154 (1.21x)  | 125             |
+  | 2048 | 124    | 58.4      | 115 (0.93x)  | 122             |
+
+One thread, CPU time, the kernel's speed over oneDNN's: streamed 1.79x at 1 row, 1.49x at 64,
+1.21x at 512; hot 2.54x, 1.46x, 1.17x, and 1.05x at 2048.
+
+So the kernel takes up to AVX2_FP32_MAX_ROWS rows; more (a long prefill step) unpack the
+weight to [N, K] into a temporary for oneDNN's GEMM (the layer holds the packed copy only),
+whose cost, writing and reading the weight once more, is 1-7% of oneDNN's at 1024-2048 rows.
+Unpacking 128 or 384 outputs at a time, to stay in L2, lost (0.43-0.81x at 24-64 rows:
+oneDNN's calls on narrow weights).
 """
 
 from __future__ import annotations
@@ -37,7 +61,7 @@ from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.onednn_linear import onednn_linear
 
 BLOCK = 8  # outputs a block (an AVX2 register of fp32)
-AVX2_FP32_MAX_ROWS = 96  # the table above: past ~100 rows, unpacking for oneDNN costs less than the kernel
+AVX2_FP32_MAX_ROWS = 1024  # the tables above: the kernel is faster up to 1024 rows, 0.91-0.93x at 2048
 
 
 def blocked(t: torch.Tensor) -> torch.Tensor:

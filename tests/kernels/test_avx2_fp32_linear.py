@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from inferlab.kernels import cpu_ops
@@ -21,25 +22,73 @@ def _layer(n: int, k: int, bias: bool) -> tuple[nn.Linear, Avx2Fp32Linear]:
     return linear, Avx2Fp32Linear(linear)
 
 
-@pytest.mark.parametrize("rows", [1, 3, 16, 33, 100])
+# every remainder of the kernel's tiles (3 blocks of 8 outputs by 4 rows) and the limit's edges
+ROWS = [*range(1, 21), 63, 64, 65, 96, AVX2_FP32_MAX_ROWS - 1, AVX2_FP32_MAX_ROWS, AVX2_FP32_MAX_ROWS + 1]
+# 96 and 72: whole groups of 3 blocks; 40 and 56: a last group of 2 and 1; 45: a partial last block
+OUTPUTS = [96, 72, 40, 56, 45]
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 16, 33, 100, AVX2_FP32_MAX_ROWS + 3])
 @pytest.mark.parametrize("bias", [False, True])
-@pytest.mark.parametrize("n", [96, 45])  # 45: a partial last block
+@pytest.mark.parametrize("n", OUTPUTS)
 def test_matches_float64(rows: int, bias: bool, n: int) -> None:
     linear, layer = _layer(n, 64, bias)
     x = torch.randn(rows, 64)  # [M, K]
-    want = x.double() @ linear.weight.detach().double().T  # [M, N]
-    if bias:
-        want += linear.bias.detach().double()
+    want = F.linear(x.double(), linear.weight.detach().double(),
+                    linear.bias.detach().double() if bias else None)  # [M, N]
     got = layer(x).double()
     assert (got - want).abs().max() <= 1e-5 * want.abs().max()
 
 
-def test_rows_do_not_change_each_other() -> None:
-    _, layer = _layer(40, 128, True)
-    x = torch.randn(AVX2_FP32_MAX_ROWS, 128)  # [M, K]
-    alone = torch.cat([layer(x[i:i + 1]) for i in range(x.shape[0])])
-    for rows in range(2, AVX2_FP32_MAX_ROWS + 1):
-        assert torch.equal(layer(x[:rows]), alone[:rows])
+def _exact_products(shape: tuple[int, ...], gen: torch.Generator) -> torch.Tensor:
+    """Normal values rounded to 12 significant bits, so that the product of two is exact in fp32
+    and an FMA rounds as an add does; magnitudes spread over 2^-4..2^4, so that sums round."""
+    v = torch.randn(shape, generator=gen) * 2.0 ** torch.randint(-4, 5, shape, generator=gen)
+    mantissa, exponent = torch.frexp(v)
+    return torch.ldexp(torch.round(mantissa * 4096) / 4096, exponent.float())
+
+
+def _one_chain(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """y = ((x_0 w_0 + x_1 w_1) + ...) + bias in fp32, inputs in order: the kernel's sum."""
+    acc = torch.zeros(x.shape[0], w.shape[0])  # [M, N]
+    for k in range(x.shape[1]):
+        acc = acc + x[:, k:k + 1] * w[:, k]
+    return acc + bias
+
+
+@pytest.mark.parametrize("n", OUTPUTS)
+def test_each_output_is_one_chain_in_input_order(n: int) -> None:
+    """Bit for bit the fp32 sum of one chain, k = 0..K-1, then the bias, for every row of every
+    tile: a tile that split a row's sum (two chains, inputs out of order) fails."""
+    gen = torch.Generator().manual_seed(n)
+    linear = nn.Linear(96, n)
+    with torch.no_grad():
+        linear.weight.copy_(_exact_products((n, 96), gen))
+        linear.bias.copy_(_exact_products((n,), gen))
+    layer = Avx2Fp32Linear(linear)
+    x = _exact_products((AVX2_FP32_MAX_ROWS, 96), gen)  # [M, K]
+    want = _one_chain(x, linear.weight.detach(), linear.bias.detach())  # the order shows in the bits:
+    assert not torch.equal(want, _one_chain(x.flip(1), linear.weight.detach().flip(1), linear.bias.detach()))
+    for rows in (1, 2, 3, 4, 5, 7, 12, AVX2_FP32_MAX_ROWS):
+        assert torch.equal(layer(x[:rows]), want[:rows]), rows
+
+
+@pytest.mark.parametrize("n", OUTPUTS)
+def test_rows_do_not_change_each_other(n: int) -> None:
+    """A row gets the bits it gets alone in batches of every tile remainder, at every place in
+    its tile, its inputs a slice of wider rows (a row stride past K)."""
+    _, layer = _layer(n, 128, True)
+    gen = torch.Generator().manual_seed(n)
+    most = max(ROWS)
+    wide = torch.randn(most, 136, generator=gen) * torch.rand(most, 1, generator=gen) * 8  # [M, K + 8]
+    x = wide[:, 8:]  # [M, K], row stride 136
+    alone = torch.cat([layer(x[i:i + 1]) for i in range(most)])
+    for rows in ROWS:
+        got = layer(x[:rows])
+        if rows <= AVX2_FP32_MAX_ROWS:
+            assert torch.equal(got, alone[:rows]), rows
+        else:  # oneDNN's GEMM: its own order
+            torch.testing.assert_close(got, alone[:rows], rtol=1e-5, atol=1e-5 * alone.abs().max().item())
 
 
 def test_holds_only_the_packed_weight() -> None:

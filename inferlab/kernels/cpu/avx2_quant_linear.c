@@ -8,12 +8,16 @@
  * against 68 at 8 rows. The codes must turn into fp32 products in a few instructions per 8
  * weights, and each code must be read once per call, not once per row.
  *
- * bits 32 runs dense fp32 weights through the same tiles (inferlab/kernels/avx2_fp32_linear.py):
- * oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here, these tiles at ~25 (the
- * machine's read bandwidth); the same 30 layers from DRAM, median of 7 rounds: 18.1 ms against
- * oneDNN's 28.0 at one row (1.55x), 24.4 / 47.6 at 8, 78.0 / 86.1 at 32, 124 / 118 at 64. With
- * one chain and tiles of 8 rows, not 2 and 4 (below): 8 rows 43.4 ms against 54.9, 24 rows
- * 59.8 against 96.4, one row the same (memory-bound, unlike the codes).
+ * bits 32 runs dense fp32 weights (inferlab/kernels/avx2_fp32_linear.py) through tiles of their
+ * own, 3 blocks (24 outputs) by 4 rows (fp32_tile): each broadcast input feeds 3 FMAs and each
+ * weight vector 4. Tiles of one block by up to 8 rows, a load and 8 broadcasts per 8 FMAs, were
+ * bound by issuing them: ~45-50 GFLOP/s a core from 16 rows on, the 3 x 4 tiles ~80 (about a
+ * core's FMA peak).
+ * oneDNN's fp32 matmul reads a decode step's weights at 12-17 GB/s here, the tiles at the
+ * machine's read bandwidth. SmolLM2-135M's 30 layers' linears from DRAM, 2 cores, median of 7
+ * rounds, CPU time (other jobs kept the 2 cores busy, so wall times measured the scheduler):
+ * 14.6 ms against oneDNN's 23.8 at one row (1.63x; 17.7 with the old tiles), 24.6 / 56.9 at 8,
+ * 105.8 / 157 at 64, 715 / 834 at 512 (the old tiles 1401); the table is avx2_fp32_linear.py's.
  *
  * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
  * each, so that a code vector widens straight into the 8 lanes an FMA adds to and no
@@ -26,13 +30,15 @@
  * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream), one FMA per 8
  * weights whatever the zero point, the dequantized vector then shared by all the rows of a tile.
  *
- * Each block takes its rows tile_rows (4; fp32 8) at a time, the codes read from memory for the first
- * tile and from L1/L2 for the next. A row sums into chains (2; fp32 1) accumulators, alternate inputs,
- * added at the end: one chain is bound by the FMA's latency at one row (2 cores, the layers
- * below at one row: 12.1 ms W8A16 and 11.5 W4A16 with one chain and tiles of 8 rows, 9.0 and 8.0
- * with two), and four cost more at 16 rows (twice the tiles) than they gain at one. The order is
- * the same whatever the tile holds, so a row's output does not depend on the rows beside it (up
- * to AVX2_KERNEL_MAX_ROWS; past it, oneDNN's GEMM sums in its own order).
+ * Each block of codes takes its rows TILE_ROWS (4) at a time, each group of 3 fp32 blocks its
+ * rows 4 at a time, the weights read from memory for the first tile and from L1/L2 for the next.
+ * A row of codes sums into CHAINS (2) accumulators, alternate inputs, added at the end: one
+ * chain is bound by the FMA's latency at one row (2 cores, the layers below at one row: 12.1 ms
+ * W8A16 and 11.5 W4A16 with one chain and tiles of 8 rows, 9.0 and 8.0 with two), and four cost
+ * more at 16 rows (twice the tiles) than they gain at one. fp32 sums in one chain, inputs in
+ * order (its 3 blocks give a row 3 chains). The order is the same whatever the tile holds, so a
+ * row's output does not depend on the rows beside it (up to AVX2_KERNEL_MAX_ROWS and
+ * AVX2_FP32_MAX_ROWS; past them, oneDNN's GEMM sums in its own order).
  *
  * More rows (past AVX2_KERNEL_MAX_ROWS, inferlab/quant/linear.py) dequantize the whole weight
  * (avx2_quant_dequantize) for oneDNN's fp32 GEMM: the weight lands in L2/L3 and is read back at
@@ -70,12 +76,10 @@ typedef struct {
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-/* Accumulators a row: FMA latency bounds one chain at one row for codes; fp32 weights are bound
- * by memory there, and one chain lets a tile take twice the rows. */
-static inline int chains(const int BITS) { return BITS == 32 ? 1 : 2; }
-/* Rows a block takes at once: 8 accumulators (+ dequantizing) of 16 registers. */
-static inline int tile_rows(const int BITS) { return 8 / chains(BITS); }
-#define MAX_TILE_ROWS 8
+/* int8/int4 codes: accumulators a row (FMA latency bounds one chain at one row), and rows a
+ * block takes at once: 8 accumulators (+ dequantizing) of 16 registers. */
+#define CHAINS 2
+#define TILE_ROWS 4
 
 /* Bytes of one block's codes for 8 inputs. */
 static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
@@ -123,9 +127,9 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                                                              float *y, const int BITS, const int ROWS) {
     const int64_t groups = l->k_in / l->group, steps = l->group / 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
-    __m256 acc[MAX_TILE_ROWS][2];
+    __m256 acc[TILE_ROWS][CHAINS];
     for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < chains(BITS); c++) acc[r][c] = _mm256_setzero_ps();
+        for (int c = 0; c < CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = group_scale(l, b * groups + g, BITS);
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
@@ -136,53 +140,114 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
                 const __m256 w = weights_at(step, i, scale, offset, BITS);
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++)
-                    acc[r][i % chains(BITS)] = _mm256_fmadd_ps(
-                        w, _mm256_broadcast_ss(xk + r * x_stride + i), acc[r][i % chains(BITS)]);
+                    acc[r][i % CHAINS] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i),
+                                                         acc[r][i % CHAINS]);
             }
         }
     }
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     for (int r = 0; r < ROWS; r++) {
         __m256 sum = acc[r][0];
-        for (int c = 1; c < chains(BITS); c++) sum = _mm256_add_ps(sum, acc[r][c]);
+        for (int c = 1; c < CHAINS; c++) sum = _mm256_add_ps(sum, acc[r][c]);
         store_outputs(y + r * l->n_out + b * 8, sum, l->bias ? l->bias + b * 8 : NULL, count);
     }
 }
 
 typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, float *);
-#define TILE(BITS, ROWS)                                                                      \
-    static void tile_##BITS##_##ROWS(const avx2_qlinear_t *l, int64_t b, const float *x,      \
-                                     int64_t x_stride, float *y) {                            \
-        block_rows(l, b, x, x_stride, y, BITS, ROWS);                                         \
+/* A tile_fn NAME that runs BODY, its row count and widths fixed at compile time. */
+#define TILE_FN(NAME, BODY)                                                                       \
+    static void NAME(const avx2_qlinear_t *l, int64_t b, const float *x, int64_t x_stride, float *y) { \
+        BODY;                                                                                     \
     }
+#define TILE(BITS, ROWS) TILE_FN(tile_##BITS##_##ROWS, block_rows(l, b, x, x_stride, y, BITS, ROWS))
 #define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4)
-TILES(32)
-TILE(32, 5) TILE(32, 6) TILE(32, 7) TILE(32, 8)
 TILES(8)
 TILES(4)
-/* [width_of(bits)][rows - 1]: the row count and code width fixed at compile time keep the
+/* [bits == 8][rows - 1]: the row count and code width fixed at compile time keep the
  * accumulators in registers and the loops unrolled. */
-static tile_fn *const TILE_KERNELS[3][MAX_TILE_ROWS] = {
+static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
     {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
-    {tile_32_1, tile_32_2, tile_32_3, tile_32_4, tile_32_5, tile_32_6, tile_32_7, tile_32_8},
 };
 
-/* TILE_KERNELS' first index. */
-static inline int width_of(int64_t bits) { return bits == 32 ? 2 : bits == 8; }
+/* Dense fp32 weights (bits 32): a tile is FP32_BLOCKS adjacent blocks by FP32_ROWS rows, 12
+ * accumulators, 3 weight vectors and a broadcast: all 16 registers. Each broadcast feeds 3 FMAs
+ * and each weight load 4 (one block by 8 rows took a load and 8 broadcasts for 8 FMAs, bound by
+ * issuing them). 3 blocks by 4 rows beat 2 by 6 by 1.3x at 1 row and 1.2x at 8 (more chains a
+ * row, whole tiles) and matched it from 16 rows on (one thread, hot, 11 rounds, CPU time). */
+#define FP32_BLOCKS 3
+#define FP32_ROWS 4
 
-/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). */
+/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their weights^T. Each output is
+ * one chain over k = 0..K-1, then + bias, whatever the tile: a row's sums do not depend on the
+ * rows beside it. */
+static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t *l, int64_t b,
+                                                            const float *x, int64_t x_stride,
+                                                            float *y, const int BLOCKS, const int ROWS) {
+    const int64_t k_in = l->k_in;
+    const float *w = (const float *)l->codes + b * k_in * 8;
+    __m256 acc[FP32_ROWS][FP32_BLOCKS];
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_setzero_ps();
+    /* unrolled by 4, not 8: at 8 GCC folds the weight loads into the FMAs (12 loads an input,
+     * not 3), 0.8x */
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < k_in; k++) {
+        __m256 wk[FP32_BLOCKS];
+#pragma GCC unroll 3
+        for (int c = 0; c < BLOCKS; c++) wk[c] = _mm256_loadu_ps(w + (c * k_in + k) * 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
+#pragma GCC unroll 3
+            for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_fmadd_ps(wk[c], xr, acc[r][c]);
+        }
+    }
+#pragma GCC unroll 3
+    for (int c = 0; c < BLOCKS; c++) {
+        const int64_t first = (b + c) * 8, count = l->n_out - first < 8 ? l->n_out - first : 8;
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++)
+            store_outputs(y + r * l->n_out + first, acc[r][c], l->bias ? l->bias + first : NULL, count);
+    }
+}
+
+#define FP32_TILE(BLOCKS, ROWS) \
+    TILE_FN(fp32_tile_##BLOCKS##_##ROWS, fp32_tile(l, b, x, x_stride, y, BLOCKS, ROWS))
+#define FP32_TILES(BLOCKS) FP32_TILE(BLOCKS, 1) FP32_TILE(BLOCKS, 2) FP32_TILE(BLOCKS, 3) FP32_TILE(BLOCKS, 4)
+FP32_TILES(1)
+FP32_TILES(2)
+FP32_TILES(3)
+/* [blocks - 1][rows - 1]: fewer blocks for the last group of a layer (N/8 not a multiple of 3),
+ * fewer rows for the last tile. */
+static tile_fn *const FP32_TILE_KERNELS[FP32_BLOCKS][FP32_ROWS] = {
+    {fp32_tile_1_1, fp32_tile_1_2, fp32_tile_1_3, fp32_tile_1_4},
+    {fp32_tile_2_1, fp32_tile_2_2, fp32_tile_2_3, fp32_tile_2_4},
+    {fp32_tile_3_1, fp32_tile_3_2, fp32_tile_3_3, fp32_tile_3_4},
+};
+
+/* The tiles for `width` blocks (fp32: FP32_BLOCKS or the last blocks of a layer) of `bits`. */
+static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
+    return bits == 32 ? FP32_TILE_KERNELS[width - 1] : TILE_KERNELS[bits == 8];
+}
+
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes groups of
+ * blocks (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
+ * read from memory for the first tile and from L1/L2 for the next. */
 void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                        float *y) {
     const int64_t blocks = (l->n_out + 7) / 8;
-    tile_fn *const *kernels = TILE_KERNELS[width_of(l->bits)];
-    const int64_t most = l->bits == 32 ? tile_rows(32) : tile_rows(8);
+    const int64_t group = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++)
+    for (int64_t b = 0; b < blocks; b += group) {
+        tile_fn *const *kernels = tiles_for(l->bits, blocks - b < group ? blocks - b : group);
         for (int64_t r = 0; r < rows; r += most) {
             const int64_t tile = rows - r < most ? rows - r : most;
             kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
         }
+    }
 }
 
 /* w[8 vectors: input i, 8 outputs] -> t[8 vectors: output j, 8 inputs]. */
