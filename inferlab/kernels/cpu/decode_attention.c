@@ -28,7 +28,10 @@
  *
  * (two threads' slowest rows: the other jobs took a core, and a thread waited at the barrier.)
  * One thread reads ~13.5 GB/s streaming here, so the new kernels are still half bound by their
- * arithmetic (~35 ns a position and KV head from cache, ~80 from memory).
+ * arithmetic (~35 ns a position and KV head from cache, ~80 from memory). The engine's fp32 step
+ * (benchmarks/profile_decode.py --context 320 --dtype float32, load ~1.5-1.9, old and new runs
+ * alternating): batch 64, 463 / 405 ms old, 420 / 403 ms new (--steps 10); batch 1, 46.2 / 40.9
+ * / 35.4 / 41.8 ms old, 43.0 / 40.2 / 36.6 / 42.1 ms new: no change beyond the noise there.
  *
  * Why C: torch's path gathered each sequence's K/V out of the blocks and ran SDPA per
  * sequence; here one call covers the batch (inferlab/kernels/cpu_ops.py builds and calls it).
