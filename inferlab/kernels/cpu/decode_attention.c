@@ -11,22 +11,22 @@
  * one transpose of hadds), the softmax 8 positions at a time, and the values with each row's
  * sums of 32 dims in registers over 16 positions, every key and value read once for the group.
  * Against the generic loops (the committed build), one process, alternate rounds, medians of 7,
- * on a 2-core AMD EPYC (Zen 3) VM shared with other jobs (load 4-5: noisy, two threads most of
- * all): paged_decode_attention on an fp32 cache of the embedded model's shape (9 / 3 heads, dim
- * 64, blocks of 16 in random order, 64 MB of caches cycled so that reads come from memory); ms
- * a call, and GB/s of K and V read:
+ * on a 2-core AMD EPYC (Zen 3) VM shared with other jobs (noisy; load ~1.5 for two threads, ~4.5
+ * for one): paged_decode_attention on an fp32 cache of the embedded model's shape (9 / 3 heads,
+ * dim 64, blocks of 16 in random order, 64 MB of caches cycled so that reads come from memory);
+ * ms a call, and GB/s of K and V read:
  *
- *   batch x context   1 thread: old        new          ratio   2 threads: old    new     ratio
- *     1 x  128          0.060 (3.3)   0.041 (4.8)   1.46      0.203         0.177   1.15
- *     1 x  330          0.132 (3.8)   0.090 (5.6)   1.47      0.868         0.736   1.18
- *     1 x 1024          0.335 (4.7)   0.241 (6.5)   1.39      17.7          17.5    1.01
- *     8 x  330          0.997 (4.1)   0.635 (6.4)   1.57      0.619 (6.6)   0.417 (9.7)   1.48
- *     8 x 1024          3.088 (4.1)   1.843 (6.8)   1.68      2.648 (4.8)   1.398 (9.0)   1.89
- *    64 x  128          3.349 (3.8)   1.906 (6.6)   1.76      1.826 (6.9)   1.243 (10.1)  1.47
- *    64 x  330          8.432 (3.8)   5.193 (6.2)   1.62      12.0          11.1    1.09
- *    64 x 1024         40.2   (2.5)  24.5   (4.1)   1.64      37.3          30.4    1.23
+ *   batch x context   one thread: old    new          ratio   two threads: old   new          ratio
+ *     1 x  128          0.060 (3.3)   0.041 (4.8)   1.46      0.062 (3.2)   0.053 (3.7)   1.18
+ *     1 x  330          0.132 (3.8)   0.090 (5.6)   1.47      0.132 (3.9)   0.107 (4.8)   1.23
+ *     1 x 1024          0.335 (4.7)   0.241 (6.5)   1.39      0.343 (4.6)   0.278 (5.7)   1.23
+ *     8 x  128          0.371 (4.2)   0.238 (6.6)   1.56      0.245 (6.4)   0.190 (8.3)   1.29
+ *     8 x  330          0.997 (4.1)   0.635 (6.4)   1.57      0.805 (5.0)   0.500 (8.1)   1.61
+ *     8 x 1024          3.088 (4.1)   1.843 (6.8)   1.68      2.071 (6.1)   1.487 (8.5)   1.39
+ *    64 x  128          3.349 (3.8)   1.906 (6.6)   1.76      2.031 (6.2)   1.412 (8.9)   1.44
+ *    64 x  330          8.432 (3.8)   5.193 (6.2)   1.62      5.890 (5.5)   4.166 (7.8)   1.41
+ *    64 x 1024         40.2   (2.5)  24.5   (4.1)   1.64     21.7   (4.6)  14.6   (6.9)   1.49
  *
- * (two threads' slowest rows: the other jobs took a core, and a thread waited at the barrier.)
  * One thread reads ~13.5 GB/s streaming here, so the new kernels are still half bound by their
  * arithmetic (~35 ns a position and KV head from cache, ~80 from memory). The engine's fp32 step
  * (benchmarks/profile_decode.py --context 320 --dtype float32, load ~1.5-1.9, old and new runs
