@@ -92,9 +92,10 @@ def bench_argv(url: str, corpus: Path, tmp_path: Path) -> list[str]:
 
 def test_a_server_error_with_brackets_is_reported_not_a_crash(rejecting_server, corpus,
                                                                tmp_path, capsys):
-    assert main(bench_argv(rejecting_server, corpus, tmp_path)) == 0
-    out = capsys.readouterr().out
-    assert f"the first: HTTP 400: {REJECTION}" in out
+    assert main(bench_argv(rejecting_server, corpus, tmp_path)) == 1  # every request failed
+    captured = capsys.readouterr()
+    assert f"the first: HTTP 400: {REJECTION}" in captured.out
+    assert f"the first: HTTP 400: {REJECTION}\n" in captured.err
 
 
 def test_a_model_named_in_markup_is_reported_not_a_crash(mock_server, corpus, tmp_path,
