@@ -11,6 +11,15 @@ PROJECT_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = PROJECT_ROOT.parent / "shared" / "data"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """Under xdist, the workers' OpenMP teams (torch's and the C kernels') share the cores:
+    each may use them all while the other waits on Python or a subprocess, and its threads
+    sleep at a barrier rather than spin, or two spinning teams on 2 cores run steps up to 10x
+    slower. Set before torch loads libgomp; the servers and CLIs the tests start inherit it."""
+    if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        os.environ["OMP_WAIT_POLICY"] = "passive"
+
+
 def _shared_file(relative: str) -> Path:
     path = SHARED_DATA / relative
     if not path.is_file():
