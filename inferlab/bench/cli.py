@@ -251,20 +251,22 @@ def run_bench(args: argparse.Namespace) -> int:
     with Interrupts().installed() as interrupts:  # a Ctrl-C from here on still writes the results
         result = run_benchmark(config, progress, interrupts)
         failed = _report_writes(write_outputs(result, config.outputs))  # first: stdout may close
-        code = 130 if result.interrupted else 2 if failed else 1 if _none_succeeded(result) else 0
+        all_failed = _all_failed(result)
+        if all_failed:
+            print(f"error: {all_failed}", file=sys.stderr)
+        code = 130 if result.interrupted else 2 if failed else 1 if all_failed else 0
         return _printed(lambda: print_summary(result, stdout_console()), code)
 
 
-def _none_succeeded(result: RunResult) -> bool:
-    """Whether requests failed and none succeeded, said on stderr: a script or a CI job that
-    only reads the exit code would take a run against a broken server for a measurement."""
+def _all_failed(result: RunResult) -> str | None:
+    """Why the run measured nothing, when requests failed and none succeeded: a script or a CI
+    job that only reads the exit code would take a run against a broken server for a
+    measurement."""
     records = [r for stage in result.stages for r in stage.records]
     failed = [r for r in records if r.outcome == "error"]
     if not failed or any(r.outcome == "ok" for r in records):
-        return False
-    print(f"error: every request failed ({len(failed)}); the first: {failed[0].error}",
-          file=sys.stderr)
-    return True
+        return None
+    return f"every request failed ({len(failed)}); the first: {failed[0].error}"
 
 
 def _report_writes(written: list[tuple[str, str | None]]) -> bool:

@@ -26,18 +26,9 @@ DRAM, ms, and the speed as a multiple of oneDNN's:
   | 1024 | 1758   | 3436      | 1605 (1.10x)  | 1874 (0.94x)    |
   | 2048 | 3216   | 6170      | 3535 (0.91x)  | 3254 (0.99x)    |
 
-One copy of the 4 layers (from L3; "hot", 9 rounds), GFLOP/s:
-
-  | rows | oneDNN | old tiles | kernel       | unpack + oneDNN |
-  |------|--------|-----------|--------------|-----------------|
-  | 1    | 8.5    | 13.5      | 22.4 (2.63x) | 3.5             |
-  | 8    | 30.0   | 65.3      | 88.1 (2.93x) | 21.1            |
-  | 32   | 65.0   | 85.4      | 126 (1.94x)  | 48.1            |
-  | 96   | 102    | 91.3      | 146 (1.43x)  | 51.2            |
-  | 256  | 117    | 92.2      | 153 (1.30x)  | 85.3            |
-  | 512  | 121    | 65.5      | 134 (1.11x)  | 116             |
-  | 1024 | 128    | 77.0      | 154 (1.21x)  | 125             |
-  | 2048 | 124    | 58.4      | 115 (0.93x)  | 122             |
+One copy of the 4 layers (from L3; "hot", 9 rounds), the kernel against oneDNN in GFLOP/s:
+22.4 / 8.5 at 1 row, 88.1 / 30.0 at 8, 126 / 65.0 at 32, 146 / 102 at 96, 153 / 117 at 256,
+134 / 121 at 512, 154 / 128 at 1024, 115 / 124 at 2048 (the old tiles 13.5-92.2).
 
 One thread, CPU time, the kernel's speed over oneDNN's: streamed 1.79x at 1 row, 1.49x at 64,
 1.21x at 512; hot 2.54x, 1.46x, 1.17x, and 1.05x at 2048.

@@ -233,16 +233,16 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
     return bits == 32 ? FP32_TILE_KERNELS[width - 1] : TILE_KERNELS[bits == 8];
 }
 
-/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes groups of
- * blocks (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
+/* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
+ * blocks at a time (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
  * read from memory for the first tile and from L1/L2 for the next. */
 void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                        float *y) {
     const int64_t blocks = (l->n_out + 7) / 8;
-    const int64_t group = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
+    const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b += group) {
-        tile_fn *const *kernels = tiles_for(l->bits, blocks - b < group ? blocks - b : group);
+    for (int64_t b = 0; b < blocks; b += width) {
+        tile_fn *const *kernels = tiles_for(l->bits, blocks - b < width ? blocks - b : width);
         for (int64_t r = 0; r < rows; r += most) {
             const int64_t tile = rows - r < most ? rows - r : most;
             kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
