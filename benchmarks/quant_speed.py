@@ -101,7 +101,7 @@ def linear_bytes(modules: dict[str, nn.Module]) -> int:
 def _caches(net: nn.Module, tokens: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     cfg = net.config
     shape = (-(-tokens // BLOCK_SIZE), BLOCK_SIZE, cfg.num_kv_heads, cfg.head_dim)
-    dtype = net.model.embed_tokens.weight.dtype
+    dtype = net.model.norm.weight.dtype  # the embedding may be read from a packed head
     return [(torch.zeros(shape, dtype=dtype), torch.zeros(shape, dtype=dtype)) for _ in range(cfg.num_layers)]
 
 
