@@ -42,6 +42,7 @@ def main() -> None:
 
     script_parser(__doc__).parse_args()
 
+    from inferlab.engine.platform import cpu_has_fast_bf16
     from inferlab.models.embedded import embedded_model_path
     from inferlab.models.loader import read_model_config
 
@@ -54,9 +55,13 @@ def main() -> None:
         peak = roof["peak_flops"]["bf16" if dtype == "bfloat16" else "fp32"]
         tps = 512 / r["prefill_512_s"]
         label = f"{dtype} (file cached)" if run == 2 else dtype
+        # without AMX or AVX512-BF16 torch's bf16 matmul is emulated: its rate is no roof
+        roof_share = (f"{tps * flops_per_token / peak:.0%} of the {dtype} matmul roofline"
+                      if dtype == "float32" or cpu_has_fast_bf16()
+                      else "no roofline: this CPU has no native bf16 (--dtype auto runs fp32)")
         print(f"{label:8s}: load {r['load_s']:.1f} s (torch import included), peak RSS "
               f"{r['rss_mib']:.0f} MiB, 512-token prefill {r['prefill_512_s'] * 1e3:.0f} ms = "
-              f"{tps:.0f} tok/s = {tps * flops_per_token / peak:.0%} of the {dtype} matmul roofline")
+              f"{tps:.0f} tok/s = {roof_share}")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Predicted vs measured decode step time of the embedded model on this machine.
 
 In each of a few rounds, measures this CPU (the `cpu-local` micro-benchmark: one-row bf16 matmul
-streaming, matmul rate, eager layer launch overhead) and times the engine's decode steps (bf16,
-all sequences decoding) at batch 1 and 16, so both see the same machine. The planner's roofline
+streaming, matmul rate, eager layer launch overhead) and times the engine's decode steps (in the
+dtype its --dtype auto runs here: bf16 on CPUs with AVX512-BF16 or AMX, else fp32; all sequences
+decoding) at batch 1 and 16, so both see the same machine. The planner's roofline
 then predicts the step time from the best hardware figures of all rounds (what the machine can
 do, as a datasheet would say), beside the engine's best and median step. The goal: the best step
 within ±30% of the prediction. This machine is shared with other work: the median shows what
@@ -25,7 +26,7 @@ from workloads import positive_int, script_parser, thread_count
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.planner.budget import MemoryConfig, plan_memory
-from inferlab.planner.measure import cpu_local_hardware, measure_cpu
+from inferlab.planner.measure import cpu_local_hardware, engine_dtype, measure_cpu
 from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
 from inferlab.planner.roofline import decode_step, model_cost
@@ -79,7 +80,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    llm = LLM(model=None, dtype="bfloat16", kv_cache_memory="64MiB", max_num_seqs=max(args.batches),
+    dtype = engine_dtype()  # the planner's weight format and the engine's run must agree
+    fmt_name = "bf16" if dtype == torch.bfloat16 else "fp32"
+    llm = LLM(model=None, dtype=str(dtype).removeprefix("torch."), kv_cache_memory="64MiB", max_num_seqs=max(args.batches),
               num_threads=args.threads)
     load_before = os.getloadavg()[0]
     rounds, steps = [], {b: [] for b in args.batches}
@@ -91,7 +94,7 @@ def main() -> None:
 
     hw = cpu_local_hardware(figures)
     spec = resolve_model(None)
-    fmt = weight_format("bf16")
+    fmt = weight_format(fmt_name)
     weights = weight_bytes(spec.config, fmt)
     memory = plan_memory(spec.config, weights, MemoryConfig(hw.memory_bytes, kv_cache_bytes=64 * 2**20))
     cost = model_cost(spec.config, weights, fmt, memory, tp=1)
@@ -107,7 +110,7 @@ def main() -> None:
           f"{figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f}), bf16 matmul "
           f"{figures['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s, fp32 {figures['peak_flops']['fp32'] / 1e9:.0f}"
           f", layer launch {figures['layer_overhead_s'] * 1e6:.0f} µs")
-    print(f"embedded SmolLM2-135M, bf16, {weights.total_bytes:,} weight bytes; prompt {args.prompt_len} "
+    print(f"embedded SmolLM2-135M, {fmt_name}, {weights.total_bytes:,} weight bytes; prompt {args.prompt_len} "
           f"tokens, {args.rounds} × {args.steps} timed steps per batch, mean context {context}")
     print(f"{'batch':>6} {'predicted ms':>13} {'(memory':>8} {'compute':>8} {'launch)':>8} "
           f"{'best ms':>8} {'median ms':>10} {'ratio best':>11} {'ratio median':>13}")

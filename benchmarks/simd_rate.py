@@ -23,6 +23,10 @@ from pathlib import Path
 
 from workloads import exit_on_sigterm, script_parser
 
+from inferlab.engine.platform import cpu_flags
+
+NEEDED_FLAGS = {"avx512_bf16", "avx512_vnni"}  # the instructions SOURCE times
+
 SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
@@ -94,6 +98,10 @@ int main(void) {
 
 def main() -> None:
     script_parser(__doc__).parse_args()
+    missing = NEEDED_FLAGS - cpu_flags()
+    if missing:
+        raise SystemExit(f"simd_rate: this CPU lacks {', '.join(sorted(missing))} (the 512-bit "
+                         "instructions this script times); nothing to measure here")
     exit_on_sigterm()  # the compiled program's temporary folder removed
     with tempfile.TemporaryDirectory() as tmp:
         src, exe = Path(tmp) / "rate.c", Path(tmp) / "rate"

@@ -343,8 +343,8 @@ def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:
         peak_flops={k: float(v) for k, v in figures["peak_flops"].items()},
         interconnect_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         source=(f"measured on {figures['cpu']} with {figures['threads']} threads, "
-                f"torch {figures['torch']}, {figures['measured_at']}; bandwidth: bf16 matmuls "
-                f"streaming weights, by layer width and rows (a plain copy: "
+                f"torch {figures['torch']}, {figures['measured_at']}; bandwidth: "
+                f"{figures.get('linear_dtype', 'bfloat16')} matmuls streaming weights, by layer width and rows (a plain copy: "
                 f"{figures.get('copy_bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s)"),
         runtime_overhead_bytes=CPU_RUNTIME_OVERHEAD_BYTES,
         bandwidth_efficiency=1.0,
