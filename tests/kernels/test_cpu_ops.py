@@ -91,9 +91,12 @@ def test_rotary_matches_transformers(dtype, fused_qk):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_silu_and_mul_matches_the_mlp_activation(dtype):
+@pytest.mark.parametrize(("rows", "width"), [(6, 1536), (64, 1536), (3, 36)])
+def test_silu_and_mul_matches_the_mlp_activation(dtype, rows, width):
+    # 1536: the vector paths (AVX2 fp32, AVX512-BF16), 64 rows of them threaded; 36: the loop
     torch.manual_seed(3)
-    gate_up = torch.randn(6, 2 * 1536, dtype=dtype) * 8  # wide range: exp's far tails too
+    gate_up = torch.randn(rows, 2 * width, dtype=dtype) * 8  # wide range: exp's far tails too
+    gate_up[0, :4] = torch.tensor([0.0, -0.0, 100.0, -30.0])  # both zeros, sigmoids near 1 and 0
     gate, up = gate_up.chunk(2, dim=-1)
     ref = F.silu(gate) * up
     assert_rounding_close(cpu_ops.silu_and_mul(gate_up), ref, bf16_ulps=1)

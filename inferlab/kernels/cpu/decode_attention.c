@@ -247,21 +247,6 @@ static inline __attribute__((always_inline)) void values_f32(const float *v_cach
     }
 }
 
-/* exp_nonpositive, 8 lanes at a time (the same reduction and polynomial; 2^n built in the
- * exponent bits, n >= -126 after the clamp). */
-static inline __attribute__((always_inline)) __m256 exp_nonpositive_avx2(__m256 x) {
-    const __m256 shifter = _mm256_set1_ps(12582912.0f);
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504f), shifter), shifter);
-    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
-    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-06f), r);
-    static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
-    __m256 p = _mm256_set1_ps(0.00138873165f);
-    for (int i = 0; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(poly[i]));
-    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
-
 /* Lanes [0, left) of 8 set (all for left >= 8), as a mask for blends. */
 static inline __m256 live_lanes(int64_t left) {
     const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);

@@ -65,6 +65,36 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+
+/* exp_nonpositive, 8 lanes at a time (the same reduction and polynomial; 2^n built in the
+ * exponent bits, n >= -126 after the clamp). */
+static inline __attribute__((always_inline)) __m256 exp_nonpositive_avx2(__m256 x) {
+    const __m256 shifter = _mm256_set1_ps(12582912.0f);
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504f), shifter), shifter);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-06f), r);
+    static const float poly[] = {0.00833338592f, 0.0416666418f, 0.166666672f, 0.5f, 1.0f, 1.0f};
+    __m256 p = _mm256_set1_ps(0.00138873165f);
+    for (int i = 0; i < 6; i++) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(poly[i]));
+    const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+
+/* silu(g) * u for 8 fp32 lanes, the same operations as silu_and_mul's scalar loop (e = exp(-|g|);
+ * sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below): GCC does not vectorise that loop's
+ * exp, and at 64 rows of 1,536 it was 3.7% of an fp32 decode step here (AMD EPYC Zen 3). */
+static inline __m256 silu_mul_avx2(__m256 gate, __m256 up) {
+    const __m256 e = exp_nonpositive_avx2(_mm256_or_ps(gate, _mm256_set1_ps(-0.0f)));
+    const __m256 inv = _mm256_div_ps(_mm256_set1_ps(1.0f), _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+    const __m256 negative = _mm256_cmp_ps(gate, _mm256_setzero_ps(), _CMP_LT_OQ);
+    const __m256 sigmoid = _mm256_blendv_ps(inv, _mm256_mul_ps(e, inv), negative);
+    return _mm256_mul_ps(_mm256_mul_ps(gate, sigmoid), up);
+}
+#endif
+
 /* The decode linears stream a task of NB blocks of outputs (b0 .. b0 + NB - 1), each block's
  * weights `block_bytes` long and laid out one after another, and a thread takes the next task
  * (b0 + NB ..) after. Where a prefetch `offset` bytes into block b of the task points: past the

@@ -216,6 +216,14 @@ static void silu_and_mul_row(const void *x, void *out, int64_t inter, int elem, 
         return;
     }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+    if (elem == 4 && inter % 8 == 0) {
+        const float *g = (const float *)gate, *u = (const float *)up;
+        for (int64_t i = 0; i < inter; i += 8)
+            _mm256_storeu_ps((float *)o + i, silu_mul_avx2(_mm256_loadu_ps(g + i), _mm256_loadu_ps(u + i)));
+        return;
+    }
+#endif
     for (int64_t c = 0; c < inter; c += CHUNK) {
         int64_t n = inter - c < CHUNK ? inter - c : CHUNK;
         float g[CHUNK], u[CHUNK], e[CHUNK];
