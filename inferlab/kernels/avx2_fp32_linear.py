@@ -80,6 +80,7 @@ class KeptAvx2Desc:
     built once (ctypes takes ~7 us) and dropped when its buffers move or it is copied."""
 
     _desc: cpu_library.Avx2QuantDesc | None = None
+    kernel_max_rows: int  # the most rows a call gives the kernel; more go through oneDNN
 
     def _apply(self, fn, recurse: bool = True) -> nn.Module:
         """Moving the buffers (.to, .share_memory) moves the pointers the kernel reads."""
@@ -99,6 +100,8 @@ class KeptAvx2Desc:
 class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
     """An fp32 nn.Linear whose weight lives only in the kernel's layout [N/8, K, 8]."""
 
+    kernel_max_rows = AVX2_FP32_MAX_ROWS
+
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
@@ -112,7 +115,7 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
         x2 = x.reshape(-1, self.in_features)  # [M, K]
-        if x2.shape[0] > AVX2_FP32_MAX_ROWS:
+        if x2.shape[0] > self.kernel_max_rows:
             y = onednn_linear(x2, self.unpacked_weight(), self.bias)
         else:
             y = cpu_ops.avx2_quant_linear(x2 if x2.stride(1) == 1 else x2.contiguous(), self._kept_desc())

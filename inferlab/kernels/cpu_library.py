@@ -27,7 +27,7 @@ logger = logging.getLogger("inferlab.kernels")
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
                                          "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "dynamic_linear.c",
-                                         "prefill_attention.c", "decode_amx.c", "model_forward.c",
+                                         "prefill_attention.c", "decode_amx.c", "model_forward.c", "model_forward_f32.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
 
@@ -49,6 +49,7 @@ _SIGNATURES = {
     "has_avx2_quant_linear": (ctypes.c_int, []),
     "has_dynamic_linear": (ctypes.c_int, []),
     "has_model_forward": (ctypes.c_int, []),
+    "has_model_forward_f32": (ctypes.c_int, []),
     "release_openmp_threads": (ctypes.c_int, []),
 }
 _BF16_LINEAR_SIGNATURES = {
@@ -60,6 +61,7 @@ _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64
 _AVX2_QUANT_LINEAR_SIGNATURES = {"avx2_quant_linear": (None, [_P, _P, _I64, _I64, _P]),
                                  "avx2_quant_dequantize": (None, [_P, _P])}
 _MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
+_MODEL_FORWARD_F32_SIGNATURES = {"model_forward_f32": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)
 
 
@@ -135,7 +137,8 @@ def library() -> ctypes.CDLL | None:
     optional = [(lib.has_bf16_linear(), _BF16_LINEAR_SIGNATURES),
                 (lib.has_quant_linear(), _QUANT_LINEAR_SIGNATURES),
                 (lib.has_avx2_quant_linear(), _AVX2_QUANT_LINEAR_SIGNATURES),
-                (lib.has_model_forward(), _MODEL_FORWARD_SIGNATURES)]
+                (lib.has_model_forward(), _MODEL_FORWARD_SIGNATURES),
+                (lib.has_model_forward_f32(), _MODEL_FORWARD_F32_SIGNATURES)]
     for present, signatures in optional:
         for name, (restype, argtypes) in signatures.items() if present else ():
             fn = getattr(lib, name)

@@ -1,16 +1,19 @@
-"""The whole model's forward on CPU in one C call (inferlab/kernels/cpu/model_forward.c).
+"""The whole model's forward on CPU in one C call (inferlab/kernels/cpu/model_forward.c,
+model_forward_f32.c).
 
 When the model is bf16 and its linears are packed for the C kernels (bf16, W8A16, W4A16, W8A8 or
 FP8), a layer is about ten kernel calls with nothing to decide between them, whatever mix of
 prompts and decode tokens the batch holds; the C function makes them in the order the Python
 layer does, so outputs are identical, and the ~200 us per layer of Python, tensor views and
-ctypes between them go away.
+ctypes between them go away. So too for fp32 models whose linears avx2_quant_linear.c runs (dense
+fp32, W8A16, W4A16) on decode batches within those kernels' row limits.
 """
 
 from __future__ import annotations
 
 import ctypes
 import operator
+import sys
 import weakref
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -21,6 +24,7 @@ from torch import nn
 from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.attention.cpu_paged import decode_rows, prefill_seqs
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.avx2_fp32_linear import KeptAvx2Desc
 from inferlab.kernels.cpu_library import tensor_ptr
 from inferlab.kernels.cpu_linear import CLinear, PackedEmbedding
 
@@ -49,8 +53,18 @@ for _register in (torch.nn.modules.module.register_module_module_registration_ho
 
 
 class _LayerWeights(ctypes.Structure):
+    """model_forward.c's layer_weights_t (bf16)."""
+
     _fields_ = [("input_norm", _P), ("post_norm", _P),
                 *((name, cpu_library.LinearDesc) for name in _LINEARS),
+                ("k_cache", _P), ("v_cache", _P)]
+
+
+class _F32LayerWeights(ctypes.Structure):
+    """model_forward_f32.c's f32_layer_t."""
+
+    _fields_ = [("input_norm", _P), ("post_norm", _P),
+                *((name, cpu_library.Avx2QuantDesc) for name in _LINEARS),
                 ("k_cache", _P), ("v_cache", _P)]
 
 
@@ -69,38 +83,51 @@ class _ForwardBatch(ctypes.Structure):
 class _Plan(NamedTuple):
     registrations: int  # _registrations when it was built
     kv_caches: tuple  # the (k, v) pairs it was built for
-    layers: ctypes.Array  # each layer's _LayerWeights, in order
+    layers: ctypes.Array  # each layer's _LayerWeights or _F32LayerWeights, in order
     model_fields: dict  # the model's fields of _ForwardBatch (sizes, eps, scale, tables)
+    max_rows: int  # the most rows every linear's C kernel takes (the Python layer's own limit)
+    takes_prompts: bool  # whether the C function runs prompts' attention too
+
+
+def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
+    """qkv, o, gate_up, down, read from `_modules` directly: nn.Module's attribute lookup costs
+    about a microsecond."""
+    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
+    return (attn._modules["qkv_proj"], attn._modules["o_proj"], mlp._modules["gate_up_proj"],
+            mlp._modules["down_proj"])
 
 
 def _layer_weights(layer: nn.Module, k_cache: torch.Tensor, v_cache: torch.Tensor
                    ) -> _LayerWeights | None:
     """The layer's tensors for the C call, or None when the layer does not fit the C path.
     Built once per layer and reused while the same modules, norm weights and caches are in
-    place (building costs ~25 us a layer, ~0.8 ms a step). Submodules are read from `_modules`
-    directly: nn.Module's attribute lookup costs about a microsecond."""
-    attn, mlp = layer._modules["self_attn"], layer._modules["mlp"]
-    parts = (attn._modules["qkv_proj"], attn._modules["o_proj"], mlp._modules["gate_up_proj"],
-             mlp._modules["down_proj"], layer._modules["input_layernorm"]._parameters["weight"],
+    place (building costs ~25 us a layer, ~0.8 ms a step)."""
+    parts = (*_linears(layer), layer._modules["input_layernorm"]._parameters["weight"],
              layer._modules["post_attention_layernorm"]._parameters["weight"], k_cache, v_cache)
     cached = _BUILT.get(layer)
     if cached is not None and all(map(operator.is_, cached[0], parts)):
         return cached[1]
-    weights = _build_layer_weights(attn, parts)
+    weights = _build_layer_weights(layer._modules["self_attn"], parts)
     _BUILT[layer] = (parts, weights)
     return weights
 
 
-def _build_layer_weights(attn: nn.Module, parts: tuple) -> _LayerWeights | None:
+def _build_layer_weights(attn: nn.Module, parts: tuple) -> ctypes.Structure | None:
+    """bf16 layers whose linears are CLinear, fp32 ones whose linears avx2_quant_linear.c runs."""
     *linears, norm, post_norm, k_cache, v_cache = parts
-    if not (all(isinstance(m, CLinear) for m in linears)
-            and attn.q_norm is None
-            and cpu_ops.rotary_fits(attn.head_dim)
+    dtype = k_cache.dtype
+    if not (attn.q_norm is None and cpu_ops.rotary_fits(attn.head_dim)
             and k_cache.is_contiguous() and v_cache.is_contiguous()
-            and k_cache.dtype == torch.bfloat16):
+            and v_cache.dtype == norm.dtype == post_norm.dtype == dtype):
         return None
-    return _LayerWeights(tensor_ptr(norm), tensor_ptr(post_norm), *(m.c_desc() for m in linears),
-                         tensor_ptr(k_cache), tensor_ptr(v_cache))
+    if dtype == torch.bfloat16 and all(isinstance(m, CLinear) for m in linears):
+        layer_type = _LayerWeights
+    elif dtype == torch.float32 and all(isinstance(m, KeptAvx2Desc) for m in linears):
+        layer_type = _F32LayerWeights
+    else:
+        return None
+    return layer_type(tensor_ptr(norm), tensor_ptr(post_norm), *(m.c_desc() for m in linears),
+                      tensor_ptr(k_cache), tensor_ptr(v_cache))
 
 
 def run_model(model: nn.Module, input_ids: torch.Tensor,
@@ -108,24 +135,24 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
               kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]],
               meta: AttentionMetadata) -> torch.Tensor | None:
     """The LlamaModel's forward for input_ids [M] -> final hidden states [M, H], or None when
-    this forward does not fit the C path (not CPU bf16, a layer the C function does not
-    implement, prompts whose head dim the C prefill attention does not take): the caller then
-    runs its Python layers."""
+    this forward does not fit the C path (not CPU bf16 or fp32, a layer the C function does not
+    implement, more rows than a linear's kernel takes, prompts the C function does not take):
+    the caller then runs its Python layers."""
     block_size = meta.block_size
-    if not (input_ids.device.type == "cpu" and _embedding_table(model).dtype == torch.bfloat16
-            and input_ids.dim() == 1 and block_size & (block_size - 1) == 0
-            and cpu_ops.model_forward_available()):
+    dtype = _embedding_table(model).dtype
+    if not (input_ids.device.type == "cpu" and input_ids.dim() == 1
+            and block_size & (block_size - 1) == 0 and cpu_ops.model_forward_available(dtype)):
         return None
     plan = _plan(model, kv_caches)
     all_decodes = len(meta.decode_seqs) == meta.num_seqs == input_ids.shape[0]
-    if plan is None or not (all_decodes or cpu_ops.prefill_head_dim_fits(plan.model_fields["head_dim"])):
+    if plan is None or input_ids.shape[0] > plan.max_rows or not (all_decodes or plan.takes_prompts):
         return None
     positions, cos, sin = rope
     ids, positions = input_ids.to(torch.int64).contiguous(), positions.to(torch.int64).contiguous()
     slots = meta.slot_mapping.contiguous()
-    out = torch.empty(ids.shape[0], plan.model_fields["hidden"], dtype=torch.bfloat16)
+    out = torch.empty(ids.shape[0], plan.model_fields["hidden"], dtype=dtype)
     residual = torch.empty_like(out)
-    rows, seqs = (None, None) if all_decodes else decode_rows(meta)
+    rows, seqs = decode_rows(meta)
     prompts = None if all_decodes else prefill_seqs(meta)
     batch = _ForwardBatch(
         **plan.model_fields, block_size=block_size, table_stride=meta.block_tables.stride(0),
@@ -135,10 +162,12 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
         query_start_loc=tensor_ptr(meta.query_start_loc), decode_rows=tensor_ptr(rows),
         decode_seqs=tensor_ptr(seqs), prefill_seqs=tensor_ptr(prompts), num_decodes=len(meta.decode_seqs),
         num_prefills=meta.num_seqs - len(meta.decode_seqs))
-    status = cpu_ops.model_forward_function()(out.data_ptr(), residual.data_ptr(), out.shape[0],
-                                              plan.layers, len(plan.layers), ctypes.byref(batch))
+    status = cpu_ops.model_forward_function(dtype)(out.data_ptr(), residual.data_ptr(), out.shape[0],
+                                                   plan.layers, len(plan.layers), ctypes.byref(batch))
     if status == -3:
         raise IndexError(f"a token id outside the embedding table (0..{plan.model_fields['vocab'] - 1})")
+    if status == -4:  # run_model sends the fp32 function decode rows only
+        raise RuntimeError("the fp32 C model forward was given prompt rows")
     if status:
         raise MemoryError("the C model forward could not allocate its scratch memory")
     return out
@@ -161,7 +190,9 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
     layers, embedding, norm = model.layers, model.embed_tokens, model.norm
     table = _embedding_table(model)
     weights = [_layer_weights(layer, k, v) for layer, (k, v) in zip(layers, kv_caches, strict=True)]
-    if any(w is None for w in weights) or not (table.is_contiguous() and norm.weight.dtype == torch.bfloat16):
+    layer_type = _LayerWeights if table.dtype == torch.bfloat16 else _F32LayerWeights
+    if not (all(isinstance(w, layer_type) for w in weights) and table.is_contiguous()
+            and norm.weight.dtype == table.dtype):
         return None
     first = layers[0]
     attn = first.self_attn
@@ -171,6 +202,9 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
                   embed_packed=int(isinstance(embedding, PackedEmbedding)), eps=first.input_layernorm.eps,
                   final_eps=norm.eps, scale=attn.scale, embed=tensor_ptr(table),
                   final_norm=tensor_ptr(norm.weight))
-    plan = _Plan(_registrations, tuple(kv_caches), (_LayerWeights * len(weights))(*weights), fields)
+    max_rows = min(getattr(m, "kernel_max_rows", sys.maxsize) for layer in layers for m in _linears(layer))
+    takes_prompts = table.dtype == torch.bfloat16 and cpu_ops.prefill_head_dim_fits(attn.head_dim)
+    plan = _Plan(_registrations, tuple(kv_caches), (layer_type * len(weights))(*weights), fields,
+                 max_rows, takes_prompts)
     _PLANS[model] = plan
     return plan

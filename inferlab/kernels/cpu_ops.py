@@ -356,11 +356,16 @@ def glu_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     return y
 
 
-def model_forward_available() -> bool:
-    """The whole-model forward function (model_forward.c)."""
-    return _built_with("model_forward")
+# the whole-model forward of each activation dtype
+_MODEL_FORWARDS = {torch.bfloat16: "model_forward", torch.float32: "model_forward_f32"}
 
 
-def model_forward_function() -> ctypes._CFuncPtr:
-    """model_forward(out, residual, rows, layers, num_layers, &batch); see cpu_model.py."""
-    return _library().model_forward
+def model_forward_available(dtype: torch.dtype = torch.bfloat16) -> bool:
+    """The whole-model forward function for `dtype` (model_forward.c, model_forward_f32.c)."""
+    name = _MODEL_FORWARDS.get(dtype)
+    return name is not None and _built_with(name)
+
+
+def model_forward_function(dtype: torch.dtype) -> ctypes._CFuncPtr:
+    """model_forward[_f32](out, residual, rows, layers, num_layers, &batch); see cpu_model.py."""
+    return getattr(_library(), _MODEL_FORWARDS[dtype])

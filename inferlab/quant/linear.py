@@ -211,6 +211,7 @@ class Avx2QuantLinear(KeptAvx2Desc, QuantLinear):
     dequantized vector between the rows; more rows dequantize the whole weight for F.linear."""
 
     bias_in_matmul = True
+    kernel_max_rows = AVX2_KERNEL_MAX_ROWS
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
@@ -235,7 +236,7 @@ class Avx2QuantLinear(KeptAvx2Desc, QuantLinear):
             bias=cpu_library.tensor_ptr(self.bias))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape[0] <= AVX2_KERNEL_MAX_ROWS:
+        if x.shape[0] <= self.kernel_max_rows:
             return cpu_ops.avx2_quant_linear(x, self._kept_desc())  # [M, N]
         return F.linear(x, self.dequantized_weight(), self.bias)
 

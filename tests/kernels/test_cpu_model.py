@@ -1,5 +1,6 @@
-"""The one-call C model forward gives exactly what the Python layers give, for decode tokens,
-prompts, chunks of prompts after cached positions, and batches mixing them."""
+"""The one-call C model forward gives exactly what the Python layers give: in bf16 for decode
+tokens, prompts, chunks of prompts after cached positions, and batches mixing them; in fp32
+(AVX2 linears) for decode batches, the others left to the Python layers."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from inferlab.kernels import cpu_model, cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.avx2_fp32_linear import avx2_fp32_linear_supported, use_avx2_fp32_linears
 from inferlab.kernels.cpu_linear import PackedEmbedding, packed_linear_supported, use_packed_linears
 from inferlab.models.config import ModelConfig
 from inferlab.models.llama import LlamaForCausalLM
@@ -16,15 +18,20 @@ from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import INT, ActivationArgs, QuantScheme, WeightArgs, make_scheme
 
-pytestmark = pytest.mark.skipif(
-    not (packed_linear_supported(torch.device("cpu"), torch.bfloat16)
-         and cpu_ops.model_forward_available()),
+CPU = torch.device("cpu")
+BF16 = pytest.mark.skipif(
+    not (packed_linear_supported(CPU, torch.bfloat16) and cpu_ops.model_forward_available(torch.bfloat16)),
     reason="this CPU (or its compiler) has no AVX512-BF16 kernels")
+F32 = pytest.mark.skipif(
+    not (avx2_fp32_linear_supported(CPU, torch.float32) and cpu_ops.model_forward_available(torch.float32)),
+    reason="this CPU (or its compiler) has no AVX2 + FMA kernels")
+DTYPES = [pytest.param(torch.bfloat16, marks=BF16, id="bf16"), pytest.param(torch.float32, marks=F32, id="fp32")]
 
 BLOCK = 16
 
 
-def tiny_model(head_dim: int, bias: bool, pack: bool = True, tied: bool = False) -> LlamaForCausalLM:
+def tiny_model(head_dim: int, bias: bool, pack: bool = True, tied: bool = False,
+               dtype: torch.dtype = torch.bfloat16) -> LlamaForCausalLM:
     cfg = ModelConfig(architecture="Qwen2ForCausalLM" if bias else "LlamaForCausalLM",
                       vocab_size=256, hidden_size=128, intermediate_size=192, num_layers=3,
                       num_heads=128 // head_dim * 2, num_kv_heads=128 // head_dim,
@@ -36,9 +43,9 @@ def tiny_model(head_dim: int, bias: bool, pack: bool = True, tied: bool = False)
         for name, p in model.named_parameters():
             if "norm" in name or name.endswith("bias"):
                 p.add_(torch.randn_like(p) * 0.1)
-    model = model.to(torch.bfloat16).eval()
+    model = model.to(dtype).eval()
     if pack:
-        use_packed_linears(model)
+        (use_packed_linears if dtype == torch.bfloat16 else use_avx2_fp32_linears)(model)
     return model
 
 
@@ -57,8 +64,9 @@ def random_batch(model, context_lens: list[int], query_lens: list[int] | None, s
     seq_lens = [c + q for c, q in zip(context_lens, query_lens, strict=True)]
     meta = AttentionMetadata.build(query_lens, seq_lens, tables, BLOCK)
     shape = (len(order), BLOCK, cfg.num_kv_heads, cfg.head_dim)
-    caches = [(torch.randn(shape, generator=gen).to(torch.bfloat16),
-               torch.randn(shape, generator=gen).to(torch.bfloat16)) for _ in range(cfg.num_layers)]
+    dtype = model.model.norm.weight.dtype
+    caches = [(torch.randn(shape, generator=gen).to(dtype), torch.randn(shape, generator=gen).to(dtype))
+              for _ in range(cfg.num_layers)]
     ids = torch.randint(0, cfg.vocab_size, (sum(query_lens),), generator=gen)
     positions = torch.cat([torch.arange(c, c + q) for c, q in zip(context_lens, query_lens, strict=True)])
     return ids, positions, caches, meta
@@ -85,18 +93,20 @@ def forward_both_ways(model, batch, seed, monkeypatch):
     return (ours, c_caches, took[0] is not None), (reference, caches)
 
 
-@pytest.mark.parametrize(("head_dim", "bias"), [(64, False), (32, True), (16, False)])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("head_dim", "bias"), [(64, False), (32, True), (16, False), (12, False)])
 @pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
-def test_c_layers_equal_the_python_layers(head_dim, bias, batch, monkeypatch):
-    model = tiny_model(head_dim, bias)
+def test_c_layers_equal_the_python_layers(dtype, head_dim, bias, batch, monkeypatch):
+    model = tiny_model(head_dim, bias, dtype=dtype)  # head dim 12: fp32's generic attention loops
     (ours, c_caches, in_c), (reference, caches) = forward_both_ways(model, batch, len(batch[0]), monkeypatch)
-    if batch[1] is None or head_dim % 32 == 0:  # the C path took it (prefill tiles: dims of 32s)
-        assert in_c
+    # the C path takes decode batches; prompts in bf16 where the prefill tiles fit (dims of 32s)
+    assert in_c == (batch[1] is None or (dtype == torch.bfloat16 and head_dim % 32 == 0))
     assert torch.equal(ours, reference)
     assert all(torch.equal(a, b) for pair, ref in zip(c_caches, caches, strict=True)
                for a, b in zip(pair, ref, strict=True))
 
 
+@BF16
 def test_what_the_c_forward_does_not_take_keeps_the_python_layers():
     model = tiny_model(16, False)  # head dim 16: no prefill tiles
     ids, positions, caches, meta = random_batch(model, [9, 0], [1, 5], seed=1)
@@ -111,7 +121,7 @@ def test_what_the_c_forward_does_not_take_keeps_the_python_layers():
 STATIC_W8A8 = QuantScheme("W8A8-static", WeightArgs(8), ActivationArgs(INT, static=True))
 
 
-def quantize_linears(model, scheme_name: str) -> None:
+def quantize_linears(model, scheme_name: str, dtype: torch.dtype = torch.bfloat16) -> None:
     """Each decoder linear replaced by the CPU layer its scheme builds from RTN codes; static
     input scales small enough that some inputs lie past them and clamp."""
     scheme = STATIC_W8A8 if scheme_name == STATIC_W8A8.name else make_scheme(scheme_name, 32)
@@ -123,9 +133,37 @@ def quantize_linears(model, scheme_name: str) -> None:
             qw = quantize_rtn(dense.weight.detach().float(), scheme.weights)
             if scheme.activations is not None and scheme.activations.static:
                 qw.input_scale = torch.tensor([0.004])
-            setattr(owner, leaf, build_quant_linear(qw, scheme.activations, dense.bias, torch.bfloat16))
+            setattr(owner, leaf, build_quant_linear(qw, scheme.activations, dense.bias, dtype))
 
 
+@F32
+def test_fp32_prompts_and_linears_the_kernels_do_not_run_keep_the_python_layers():
+    model = tiny_model(64, False, dtype=torch.float32)
+    ids, positions, caches, meta = random_batch(model, [9, 0], [1, 5], seed=1)
+    rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+    assert cpu_model.run_model(model.model, ids, rope, caches, meta) is None  # a prompt
+    ids, positions, caches, decodes = random_batch(model, [9, 4], None, seed=1)
+    rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
+    assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is not None
+    model.model.layers[2].mlp.down_proj = torch.nn.Linear(192, 128)  # a plain fp32 linear
+    assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is None
+
+
+@F32
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16"])
+@pytest.mark.parametrize("contexts", [[40], [3, 130, 17, 0, 64], [5] * 33], ids=["1", "5", "33"])
+def test_fp32_c_layers_with_quantized_linears_equal_the_python_layers(scheme, contexts, monkeypatch):
+    """Up to the quantized kernels' row limit (32) in C; past it the layers dequantize for
+    oneDNN, so the whole batch keeps the Python layers."""
+    model = tiny_model(64, True, pack=False, dtype=torch.float32)
+    quantize_linears(model, scheme, torch.float32)
+    assert all(m.kernel_max_rows == 32 for layer in model.model.layers for m in cpu_model._linears(layer))
+    (ours, _, in_c), (reference, _) = forward_both_ways(model, (contexts, None), 7, monkeypatch)
+    assert in_c == (len(contexts) <= 32)
+    assert torch.equal(ours, reference)
+
+
+@BF16
 @pytest.mark.skipif(not cpu_ops.dynamic_linear_available(), reason="no AVX512-VNNI kernels here")
 @pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "FP8_DYNAMIC", "FP8", "W8A8-static"])
 @pytest.mark.parametrize("batch_name", ["one decode", "decodes", "decodes, chunks and prompts"])  # the kernels, > 4 rows, > 16
@@ -137,6 +175,7 @@ def test_c_layers_with_quantized_linears_equal_the_python_layers(scheme, batch_n
     assert torch.equal(ours, reference)
 
 
+@BF16
 def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatch):
     model = tiny_model(64, False)
     ids, positions, caches, meta = random_batch(model, [40, 7], None, seed=3)
@@ -153,8 +192,9 @@ def test_a_linear_set_anew_after_a_step_is_the_one_the_next_step_runs(monkeypatc
     assert torch.equal(ours, reference)
 
 
-def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read():
-    model = tiny_model(64, False)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read(dtype):
+    model = tiny_model(64, False, dtype=dtype)
     ids, positions, caches, meta = random_batch(model, [40, 7], None, seed=5)
     ids[1] = model.config.vocab_size  # one past the table
     rope = (positions, model.model.rotary.cos, model.model.rotary.sin)
@@ -162,29 +202,31 @@ def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read():
         cpu_model.run_model(model.model, ids, rope, caches, meta)
 
 
-def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(monkeypatch):
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(dtype, monkeypatch):
     """Its rows are the embedding's, through the Python lookup and the C forward's alike (the C
     forward of the same model with a row-major table in its place gives the same bits)."""
-    model = tiny_model(64, False, pack=False, tied=True)
+    model = tiny_model(64, False, pack=False, tied=True, dtype=dtype)
     table = model.model.embed_tokens.weight.detach().clone()
-    use_packed_linears(model)
+    (use_packed_linears if dtype == torch.bfloat16 else use_avx2_fp32_linears)(model)
     embedding = model.model.embed_tokens
     assert isinstance(embedding, PackedEmbedding)
     assert embedding.packed.data_ptr() == model.lm_head.packed.data_ptr()
     assert not any(t.shape == table.shape for t in [*model.parameters(), *model.buffers()])
     ids = torch.tensor([[0, 17, 255], [16, 15, 31]])
     assert torch.equal(embedding(ids), table[ids])
-    batch = BATCHES["decodes, chunks and prompts"]
-    ids, positions, caches, meta = random_batch(model, *batch, seed=3)
-    with torch.no_grad():
-        packed = model(ids, positions, [(k.clone(), v.clone()) for k, v in caches], meta)
-        model.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
-        row_major = model(ids, positions, caches, meta)
+    batch = BATCHES["decodes, chunks and prompts" if dtype == torch.bfloat16 else "decodes"]
+    (packed, _, in_c), _ = forward_both_ways(model, batch, 3, monkeypatch)
+    assert in_c
+    model.model.embed_tokens = torch.nn.Embedding.from_pretrained(table)
+    (row_major, _, in_c), _ = forward_both_ways(model, batch, 3, monkeypatch)
+    assert in_c
     assert torch.equal(packed, row_major)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("token", [-1, 256])
-def test_a_packed_embedding_refuses_a_token_outside_its_table(token):
-    model = tiny_model(64, False, tied=True)
+def test_a_packed_embedding_refuses_a_token_outside_its_table(dtype, token):
+    model = tiny_model(64, False, tied=True, dtype=dtype)
     with pytest.raises(IndexError, match=r"outside the embedding table \(0\.\.255\)"):
         model.model.embed_tokens(torch.tensor([3, token]))

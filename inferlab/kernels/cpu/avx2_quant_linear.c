@@ -64,15 +64,6 @@
 
 #include "kernels.h"
 
-/* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
- * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
- * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). */
-typedef struct {
-    int64_t n_out, k_in, group, bits;
-    const uint8_t *codes;
-    const float *scale, *offset, *bias;  /* offset NULL for symmetric weights, bias [n_out] or NULL */
-} avx2_qlinear_t;
-
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 

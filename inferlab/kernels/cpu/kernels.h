@@ -372,4 +372,34 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
                    uint16_t *y);
 int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *both,
                 uint16_t *y);
+
+/* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
+ * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
+ * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). */
+typedef struct {  /* avx2_quant_linear.c */
+    int64_t n_out, k_in, group, bits;
+    const uint8_t *codes;
+    const float *scale, *offset, *bias;  /* offset NULL for symmetric weights, bias [n_out] or NULL */
+} avx2_qlinear_t;
+
+void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
+                       float *y);
+
+/* The batch of one whole-model forward (model_forward.c for bf16, model_forward_f32.c for fp32):
+ * M new tokens of B sequences: sequence b's are rows query_start_loc[b] .. query_start_loc[b + 1]
+ * and end at position seq_lens[b] - 1. Sequences of one new token attend as decode rows
+ * (decode_rows[i] of sequence decode_seqs[i]), the others (prefill_seqs) as prompts, which needs
+ * prefill_attention_fits(head_dim) (bf16 only). */
+typedef struct {
+    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride, vocab;
+    int64_t embed_packed;  /* embed is a tied lm_head's packed weight */
+    float eps, final_eps, scale;
+    const int64_t *token_ids, *positions, *slots;  /* [M] */
+    const float *cos_table, *sin_table;  /* [P, D] */
+    const int32_t *block_tables, *seq_lens, *query_start_loc;  /* [B, W], [B], [B + 1] */
+    const int32_t *decode_rows, *decode_seqs, *prefill_seqs;  /* [Bd], [Bd], [Bp] */
+    int64_t num_decodes, num_prefills;
+    const void *embed, *final_norm;  /* the model's dtype: [vocab, H] or a tied head's packed
+                                        weight (bf16 [vocab/16, H/2, 16, 2], fp32 [vocab/8, H, 8]), [H] */
+} forward_batch_t;
 #endif

@@ -18,33 +18,18 @@ typedef struct {
     void *k_cache, *v_cache;  /* [blocks, block_size, Hkv, D] */
 } layer_weights_t;
 
-/* M new tokens of B sequences: sequence b's are rows query_start_loc[b] .. query_start_loc[b + 1]
- * and end at position seq_lens[b] - 1. Sequences of one new token attend as decode rows
- * (decode_rows[i] of sequence decode_seqs[i]; both NULL when every sequence is one, row b of
- * sequence b), the others (prefill_seqs) as prompts, which needs prefill_attention_fits(head_dim). */
-typedef struct {
-    int64_t hidden, num_heads, num_kv_heads, head_dim, intermediate, block_size, table_stride, vocab;
-    int64_t embed_packed;  /* embed is a tied lm_head's packed weight (see embed_rows) */
-    float eps, final_eps, scale;
-    const int64_t *token_ids, *positions, *slots;  /* [M] */
-    const float *cos_table, *sin_table;  /* [P, D] */
-    const int32_t *block_tables, *seq_lens, *query_start_loc;  /* [B, W], [B], [B + 1] */
-    const int32_t *decode_rows, *decode_seqs, *prefill_seqs;  /* [Bd], [Bd], [Bp] */
-    int64_t num_decodes, num_prefills;
-    const uint16_t *embed, *final_norm;  /* [vocab, H] or packed [vocab/16, H/2, 16, 2], [H] */
-} forward_batch_t;
-
 /* out [M, H] = the token ids' embeddings. A packed table (matmul.c's layout of the tied head)
  * holds token t in block t / 16 as row t % 16, its input pairs 16 pairs apart. */
 static void embed_rows(const forward_batch_t *b, int64_t rows, uint16_t *out) {
     const int64_t hidden = b->hidden;
+    const uint16_t *embed = b->embed;
     for (int64_t m = 0; m < rows; m++) {
         const int64_t t = b->token_ids[m];
         if (!b->embed_packed) {
-            memcpy(out + m * hidden, b->embed + t * hidden, (size_t)hidden * 2);
+            memcpy(out + m * hidden, embed + t * hidden, (size_t)hidden * 2);
             continue;
         }
-        const uint16_t *row = b->embed + (t / 16) * 16 * hidden + (t % 16) * 2;
+        const uint16_t *row = embed + (t / 16) * 16 * hidden + (t % 16) * 2;
         for (int64_t p = 0; p < hidden / 2; p++) memcpy(out + m * hidden + 2 * p, row + p * 32, 4);
     }
 }
@@ -108,19 +93,13 @@ int model_forward(uint16_t *out, uint16_t *residual, int64_t rows, const layer_w
     const int64_t kv_size = batch->num_kv_heads * batch->head_dim;
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * batch->intermediate);
     uint16_t *qkv = alloc_lines(elems * 2);
-    forward_batch_t b = *batch;
-    int32_t *index = b.decode_rows || !b.num_decodes ? NULL : malloc(sizeof(int32_t) * (size_t)b.num_decodes);
-    int status = qkv && (b.decode_rows || index || !b.num_decodes) ? 0 : -2;
-    if (index) {  /* every sequence one token: row i is sequence i */
-        for (int64_t i = 0; i < b.num_decodes; i++) index[i] = (int32_t)i;
-        b.decode_rows = b.decode_seqs = index;
-    }
+    int status = qkv ? 0 : -2;
     for (int64_t layer = 0; layer < num_layers && !status; layer++)
-        status = one_layer(out, residual, layer == 0, rows, layers + layer, &b, qkv);
+        status = one_layer(out, residual, layer == 0, rows, layers + layer, batch, qkv);
     free(qkv);
-    free(index);
     if (!status)
-        rms_norm(out, b.hidden, residual, b.final_norm, out, rows, b.hidden, b.final_eps, 2);
+        rms_norm(out, batch->hidden, residual, batch->final_norm, out, rows, batch->hidden,
+                 batch->final_eps, 2);
     return status;
 }
 
