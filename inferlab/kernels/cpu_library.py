@@ -26,7 +26,7 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
-                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "dynamic_linear.c",
+                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "avx2_w8a8_linear.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c", "model_forward_f32.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
@@ -58,7 +58,7 @@ _BF16_LINEAR_SIGNATURES = {
 }
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
                             "glu_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P, _P])}
-_AVX2_QUANT_LINEAR_SIGNATURES = {"avx2_quant_linear": (None, [_P, _P, _I64, _I64, _P]),
+_AVX2_QUANT_LINEAR_SIGNATURES = {"avx2_quant_linear": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
                                  "avx2_quant_dequantize": (None, [_P, _P])}
 _MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 _MODEL_FORWARD_F32_SIGNATURES = {"model_forward_f32": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
@@ -74,10 +74,11 @@ class LinearDesc(ctypes.Structure):
 
 
 class Avx2QuantDesc(ctypes.Structure):
-    """avx2_quant_linear.c's avx2_qlinear_t: a W8A16 or W4A16 layer in its layout."""
+    """kernels.h's avx2_qlinear_t: a dense fp32, W8A16, W4A16 or W8A8 layer in its layout."""
 
     _fields_ = [*((name, _I64) for name in ("n_out", "k_in", "group", "bits")),
-                *((name, _P) for name in ("codes", "scale", "offset", "bias"))]
+                *((name, _P) for name in ("codes", "scale", "offset", "bias")),
+                ("act_bits", _I64), ("input_scale", _P)]
 
 
 def tensor_ptr(t: torch.Tensor | None) -> int | None:

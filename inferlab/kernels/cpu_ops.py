@@ -311,7 +311,8 @@ def avx2_quant_linear(x: torch.Tensor, desc: Avx2QuantDesc) -> torch.Tensor:
     if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
         raise ValueError(f"avx2_quant_linear takes fp32 [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
     y = torch.empty(x.shape[0], desc.n_out, dtype=torch.float32)
-    _library().avx2_quant_linear(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr())
+    if _library().avx2_quant_linear(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()):
+        raise MemoryError("avx2_quant_linear could not allocate its scratch memory")
     return y
 
 

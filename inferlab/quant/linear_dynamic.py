@@ -5,8 +5,8 @@
   multiply with vpdpbusd up to 4 rows, AMX int8 tiles above. Elsewhere an int8 GEMM at every
   size (oneDNN's, see Int8DynamicLinear), the activations quantized with in-place ops, because
   fresh allocations (page faults) cost more than the arithmetic on this machine. fp32 on a CPU
-  with AVX2 where that GEMM is inexact (no VNNI): the weight-only AVX2 kernel on the activations'
-  codes (Avx2W8A8Linear).
+  with AVX2 where that GEMM is inexact (no VNNI): avx2_w8a8_linear.c, exact int32 sums with
+  vpmaddwd (Avx2W8A8Linear).
 * FP8_DYNAMIC: this CPU has no fp8 arithmetic (`torch._scaled_mm` measured at ~0.02x bf16), but
   e4m3 values are exact in bf16. bf16 models on a CPU with AVX512-BF16 take the C kernels of
   inferlab/kernels/cpu/dynamic_linear.c (PackedFp8Linear): x rounded to fp8 per token in C, the
@@ -23,15 +23,17 @@
 from __future__ import annotations
 
 import functools
+import sys
 
 import torch
 import torch.nn.functional as F
 
 from inferlab.kernels import cpu_library, cpu_ops, scaled_mm
+from inferlab.kernels.avx2_fp32_linear import KeptAvx2Desc
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.scaled_mm import FP8_MAX, INT8_MAX
-from inferlab.quant.formats import vnni
-from inferlab.quant.linear import Avx2QuantLinear, CKernelLinear, DequantLinear, QuantLinear
+from inferlab.quant.formats import avx2_blocks, vnni
+from inferlab.quant.linear import CKernelLinear, DequantLinear, QuantLinear
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import INT, ActivationArgs
 from inferlab.timing import best_seconds
@@ -85,30 +87,40 @@ def _int8_codes(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torc
     return xq, x_scale
 
 
-class Avx2W8A8Linear(QuantLinear):
+class Avx2W8A8Linear(KeptAvx2Desc, QuantLinear):
     """W8A8 for fp32 on a CPU with AVX2 and no int8 GEMM that is both exact and fast (oneDNN's
     saturates 16-bit sums without VNNI, see onednn_int8_available; torch._int_mm took 4.4 s for
-    the embedded model's 64-token prefill on an AMD EPYC Zen 3, against 0.3 s in fp32): x is
-    quantized per token as Int8DynamicLinear does, and its codes go through the weight-only
-    kernel (avx2_quant_linear.c, Avx2QuantLinear) as fp32. The products are the same; they are
-    summed in fp32, exactly while a sum of codes stays under 2^24, and the weight's scale comes
-    in before the sum rather than after (a relative 2^-24 apart)."""
+    the embedded model's 64-token prefill on an AMD EPYC Zen 3, against 0.3 s in fp32):
+    avx2_w8a8_linear.c quantizes x per token as Int8DynamicLinear does and sums the int8
+    products exactly with vpmaddwd, at any row count: Int8DynamicLinear's bits on torch._int_mm."""
+
+    bias_in_matmul = True
+    kernel_max_rows = sys.maxsize  # the kernel takes every row count
 
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
-        self.weights = Avx2QuantLinear(qw, None, dtype)  # the bias comes after the token's scale
+        self.register_buffer("packed", in_huge_pages(avx2_blocks.pack_pairs(qw.codes)))  # int8 [N/8, K/2, 8, 2]
+        self.register_buffer("scale", F.pad(qw.scale.reshape(n).float(), (0, -n % 8)))  # fp32 [N/8 * 8]
         self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
 
     @staticmethod
     def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
              device: torch.device) -> bool:
-        return (activations.kind == INT and Avx2QuantLinear.fits(qw, dtype, device)
-                and not onednn_int8_available())
+        n, k = qw.shape
+        return (activations.kind == INT and qw.args.kind == INT and qw.args.num_bits == 8
+                and qw.scale.numel() == n and qw.zero_point is None and device.type == "cpu" and dtype == torch.float32
+                and k % 8 == 0 and cpu_ops.avx2_quant_linear_available() and not onednn_int8_available())
+
+    def c_desc(self) -> cpu_library.Avx2QuantDesc:
+        return cpu_library.Avx2QuantDesc(
+            n_out=self.out_features, k_in=self.in_features, group=self.in_features, bits=8,
+            codes=self.packed.data_ptr(), scale=self.scale.data_ptr(), offset=None,
+            bias=cpu_library.tensor_ptr(self.bias), act_bits=8,
+            input_scale=cpu_library.tensor_ptr(self.input_scale))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
-        xq, x_scale = _int8_codes(x, self.input_scale)  # fp32 [M, K], [M, 1]
-        return self.weights(xq).mul_(x_scale)  # [M, N]
+        return cpu_ops.avx2_quant_linear(x, self._kept_desc())  # [M, N]
 
 
 ONEDNN_SLOWER_LIMIT = 4.0  # oneDNN's int8 linear is used unless this many times torch._int_mm's time

@@ -4,6 +4,8 @@ tokens, prompts, chunks of prompts after cached positions, and batches mixing th
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 
@@ -150,16 +152,17 @@ def test_fp32_prompts_and_linears_the_kernels_do_not_run_keep_the_python_layers(
 
 
 @F32
-@pytest.mark.parametrize("scheme", ["W8A16", "W4A16"])
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "W8A8-static"])
 @pytest.mark.parametrize("contexts", [[40], [3, 130, 17, 0, 64], [5] * 33], ids=["1", "5", "33"])
 def test_fp32_c_layers_with_quantized_linears_equal_the_python_layers(scheme, contexts, monkeypatch):
-    """Up to the quantized kernels' row limit (32) in C; past it the layers dequantize for
-    oneDNN, so the whole batch keeps the Python layers."""
+    """Up to the weight-only kernels' row limit (32) in C; past it those layers dequantize for
+    oneDNN, so the whole batch keeps the Python layers. W8A8's kernel takes any rows."""
     model = tiny_model(64, True, pack=False, dtype=torch.float32)
     quantize_linears(model, scheme, torch.float32)
-    assert all(m.kernel_max_rows == 32 for layer in model.model.layers for m in cpu_model._linears(layer))
+    limit = 32 if scheme.startswith("W8A16") or scheme == "W4A16" else sys.maxsize
+    assert all(m.kernel_max_rows == limit for layer in model.model.layers for m in cpu_model._linears(layer))
     (ours, _, in_c), (reference, _) = forward_both_ways(model, (contexts, None), 7, monkeypatch)
-    assert in_c == (len(contexts) <= 32)
+    assert in_c == (len(contexts) <= limit)
     assert torch.equal(ours, reference)
 
 

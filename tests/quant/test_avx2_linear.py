@@ -1,6 +1,6 @@
-"""W8A16 and W4A16 for fp32 on AVX2 + FMA CPUs (avx2_quant_linear.c, Avx2QuantLinear), and
-W8A8's activation codes through it (Avx2W8A8Linear), against the product in float64 with the
-weight dequantized by hand from the codes, scales and zero points."""
+"""W8A16 and W4A16 for fp32 on AVX2 + FMA CPUs (avx2_quant_linear.c, Avx2QuantLinear) against
+the product in float64 with the weight dequantized by hand from the codes, scales and zero
+points; W8A8 (avx2_w8a8_linear.c, Avx2W8A8Linear) against the int8 GEMM's bits."""
 
 from __future__ import annotations
 
@@ -128,19 +128,25 @@ def test_a_copy_or_a_moved_layer_reads_its_own_buffers() -> None:
     assert torch.equal(copied(x), expected)
 
 
-@pytest.mark.parametrize("rows", [1, 5, 40])  # 40: past the AVX2 kernel's rows, a dequantized GEMM
+@pytest.mark.parametrize("rows", [1, 5, 40, 70])  # tiles of 4 rows and their remainders
 @pytest.mark.parametrize("static", [False, True])
-def test_w8a8_on_avx2_gives_the_int8_gemms_outputs(rows: int, static: bool) -> None:
-    """The AVX2 layer sums the same products as torch._int_mm in fp32; with a bias and a
-    static input scale (values past it clamp) as well."""
+@pytest.mark.parametrize("outputs", [40, 75])  # 75: a last block of 3 outputs, a last tile of 1 block
+def test_w8a8_on_avx2_gives_the_int8_gemms_bits(rows: int, static: bool, outputs: int) -> None:
+    """The AVX2 kernel quantizes each row as Int8DynamicLinear does and sums the int8 products
+    exactly, as torch._int_mm does: the same bits, with a bias and with a static input scale
+    (values past it clamp); each row's whatever rows are beside it."""
     gen = torch.Generator().manual_seed(3)
-    w, bias = torch.randn(40, 96, generator=gen), torch.randn(40, generator=gen)
+    w, bias = torch.randn(outputs, 96, generator=gen), torch.randn(outputs, generator=gen)
     x = torch.randn(rows, 96, generator=gen) * 3
+    x[0, :3] = 0.0
     qw = quantize_rtn(w, make_scheme("W8A8").weights)
     if static:
         qw = dataclasses.replace(qw, input_scale=torch.tensor(4.0 / 127))
     if not Avx2W8A8Linear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
         pytest.skip("no AVX2 kernel here, or an exact int8 GEMM that takes precedence")
     want = Int8DynamicLinear(qw, bias, torch.float32)(x)  # torch._int_mm here: exact int32 sums
-    got = Avx2W8A8Linear(qw, bias, torch.float32)(x)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5 * want.abs().max().item())
+    layer = Avx2W8A8Linear(qw, bias, torch.float32)
+    got = layer(x)
+    assert torch.equal(got, want)
+    assert torch.equal(layer(x[-1:]), want[-1:])
+    assert torch.equal(layer(torch.zeros(2, 96)), bias.expand(2, -1))  # an all-zero row: scale 1e-12 / 127

@@ -226,9 +226,11 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
  * blocks at a time (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
- * read from memory for the first tile and from L1/L2 for the next. */
-void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
-                       float *y) {
+ * read from memory for the first tile and from L1/L2 for the next. W8A8 layers go to
+ * avx2_w8a8_linear.c. Returns 0, or -1 when W8A8 scratch memory could not be allocated. */
+int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
+                      float *y) {
+    if (l->act_bits == 8) return avx2_w8a8_linear(l, x, x_stride, rows, y);
     const int64_t blocks = (l->n_out + 7) / 8;
     const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
 #pragma omp parallel for schedule(static)
@@ -239,6 +241,7 @@ void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride
             kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
         }
     }
+    return 0;
 }
 
 /* w[8 vectors: input i, 8 outputs] -> t[8 vectors: output j, 8 inputs]. */

@@ -375,15 +375,20 @@ int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t 
 
 /* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
  * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
- * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). */
-typedef struct {  /* avx2_quant_linear.c */
+ * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). act_bits 8:
+ * W8A8, the activations quantized per token (or with the static input_scale), codes in
+ * avx2_w8a8_linear.c's layout, scale fp32 per output. */
+typedef struct {  /* avx2_quant_linear.c, avx2_w8a8_linear.c */
     int64_t n_out, k_in, group, bits;
     const uint8_t *codes;
     const float *scale, *offset, *bias;  /* offset NULL for symmetric weights, bias [n_out] or NULL */
+    int64_t act_bits;  /* 0: fp32 activations; 8: int8 per token */
+    const float *input_scale;  /* W8A8: one static activation scale, or NULL: per token */
 } avx2_qlinear_t;
 
-void avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
-                       float *y);
+int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
+                      float *y);
+int avx2_w8a8_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *y);
 
 /* The batch of one whole-model forward (model_forward.c for bf16, model_forward_f32.c for fp32):
  * M new tokens of B sequences: sequence b's are rows query_start_loc[b] .. query_start_loc[b + 1]

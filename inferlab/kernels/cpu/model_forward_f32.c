@@ -1,5 +1,5 @@
 /* A Llama model's forward in one call for fp32 decode batches on AVX2 + FMA, its linears run by
- * avx2_quant_linear.c (dense fp32, W8A16, W4A16): the kernels the Python layer
+ * avx2_quant_linear.c (dense fp32, W8A16, W4A16, W8A8): the kernels the Python layer
  * (inferlab/models/llama.py) calls, in its order, so the outputs are identical, without the
  * Python, tensor views and ctypes between them: ~0.2-0.5 ms a layer on an AMD EPYC Zen 3, a
  * quarter or more of a single-sequence step of the embedded model. Prompts are not taken: their
@@ -36,8 +36,8 @@ static void embed_rows_f32(const forward_batch_t *b, int64_t rows, float *out) {
 
 /* One layer over decode rows. x [M, H]: in, the previous layer's MLP output (layer 0: the
  * embeddings); out, this layer's. residual [M, H]: the stream before x, in and out (layer 0:
- * written). qkv: scratch for the layer's activations. Returns 0, or -1 when attention could not
- * allocate its scratch memory. */
+ * written). qkv: scratch for the layer's activations. Returns 0, or -1 / -2 when attention / a
+ * W8A8 linear could not allocate its scratch memory. */
 static int one_layer_f32(float *x, float *residual, int first_layer, int64_t rows,
                          const f32_layer_t *w, const forward_batch_t *b, float *qkv) {
     const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
@@ -47,7 +47,7 @@ static int one_layer_f32(float *x, float *residual, int first_layer, int64_t row
 
     if (first_layer) memcpy(residual, x, (size_t)rows * hidden * 4);
     rms_norm(x, hidden, first_layer ? NULL : residual, w->input_norm, x, rows, hidden, b->eps, 4);
-    avx2_quant_linear(&w->qkv, x, hidden, rows, qkv);
+    int failed = avx2_quant_linear(&w->qkv, x, hidden, rows, qkv) != 0;
     rotary(qkv, qkv_width, b->num_heads + b->num_kv_heads, b->positions, b->cos_table,
            b->sin_table, rows, b->head_dim, 4);  /* q and k side by side */
     write_kv(qkv + q_size, qkv_width, qkv + q_size + kv_size, qkv_width, b->slots, w->k_cache,
@@ -56,18 +56,18 @@ static int one_layer_f32(float *x, float *residual, int first_layer, int64_t row
         qkv, qkv_width, w->k_cache, w->v_cache, b->block_tables, b->table_stride, b->seq_lens,
         b->decode_rows, b->decode_seqs, b->num_decodes, attn, b->num_heads, b->num_kv_heads,
         b->head_dim, b->block_size, b->scale, 4);
-    avx2_quant_linear(&w->o, attn, q_size, rows, x);
+    failed |= avx2_quant_linear(&w->o, attn, q_size, rows, x) != 0;
     rms_norm(x, hidden, residual, w->post_norm, x, rows, hidden, b->eps, 4);
-    avx2_quant_linear(&w->gate_up, x, hidden, rows, gate_up);
+    failed |= avx2_quant_linear(&w->gate_up, x, hidden, rows, gate_up) != 0;
     silu_and_mul(gate_up, act, rows, b->intermediate, 4);
-    avx2_quant_linear(&w->down, act, b->intermediate, rows, x);
-    return status ? -1 : 0;
+    failed |= avx2_quant_linear(&w->down, act, b->intermediate, rows, x) != 0;
+    return failed ? -2 : status ? -1 : 0;
 }
 
 /* model_forward for fp32 rows that are all decode tokens (num_prefills 0, decode_rows and
  * decode_seqs given). out [M, H]: the final hidden states; residual [M, H]: scratch. Returns 0;
- * -1 / -2 when attention / this function could not allocate its scratch memory (the layers after
- * it are then not run); -3 for a token id outside the embedding table, -4 for a batch with
+ * -1 / -2 when attention / a linear or this function could not allocate its scratch memory (the
+ * layers after it are then not run); -3 for a token id outside the embedding table, -4 for a batch with
  * prompts (nothing run either way). */
 int model_forward_f32(float *out, float *residual, int64_t rows, const f32_layer_t *layers,
                       int64_t num_layers, const forward_batch_t *b) {

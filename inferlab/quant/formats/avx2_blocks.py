@@ -7,6 +7,9 @@ scales); per block and 8 inputs:
 * int4 [N/8, K/8, 8, 4] bytes: a 32-bit lane per output holding u = q + 8 of its 8 inputs,
   input i in bits 4i..4i+3 (a shift and a mask per input).
 
+* W8A8 int8 [N/8, K/2, 8, 2] (pack_pairs): per pair of inputs the 8 outputs' two codes side by
+  side, for avx2_w8a8_linear.c's vpmaddwd.
+
 Scales and offsets fp32 [N/8, K/G, 8] (a block's groups in the order it reads them), the
 weight being u * scale + offset: offset = -zero * scale for int8, -(zero + 8) * scale for int4;
 symmetric weights store no offsets.
@@ -32,6 +35,12 @@ def pack_codes(codes: torch.Tensor, bits: int) -> torch.Tensor:
     u = u.view(u.shape[0], BLOCK, -1, 4, 2)  # [N/8, 8 outputs, K/8, 4 bytes, 2 nibbles]
     pairs = (u[..., 0] | (u[..., 1] << 4)).to(torch.uint8)  # [N/8, 8, K/8, 4]
     return pairs.transpose(1, 2).contiguous()  # [N/8, K/8, 8, 4]
+
+
+def pack_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """int8 codes [N, K] (K even) -> int8 [N/8, K/2, 8, 2], zero codes past N."""
+    b = blocked(codes)  # [N/8, 8, K]
+    return b.view(b.shape[0], BLOCK, -1, 2).transpose(1, 2).contiguous()
 
 
 def pack_group_params(scale: torch.Tensor, zero: torch.Tensor | None, bits: int
