@@ -71,6 +71,12 @@
  * block takes at once: 8 accumulators (+ dequantizing) of 16 registers. */
 #define CHAINS 2
 #define TILE_ROWS 4
+/* How far ahead (bytes, 16 steps) a block of int8 codes asks L1 for its stream: at one row the
+ * hardware prefetcher left W8A16's 30 layers at 1.35x their time from cache. The linears at one
+ * row, two builds alternating in one process (AMD EPYC Zen 3, 2 cores): 512 ahead 1.10-1.16x,
+ * 1024 1.13-1.21x, 2048 1.14x; 4 and 16 rows 0.98-1.01x; int4 (bound by its arithmetic at one
+ * row: as fast from cache as from memory) 1.01-1.02x, so it asks nothing. */
+#define CODE_AHEAD 1024
 
 /* Bytes of one block's codes for 8 inputs. */
 static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
@@ -126,6 +132,7 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
         for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
             const float *xk = x + (g * steps + s) * 8;
+            if (BITS == 8) _mm_prefetch((const char *)step + CODE_AHEAD, _MM_HINT_T0);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
                 const __m256 w = weights_at(step, i, scale, offset, BITS);
