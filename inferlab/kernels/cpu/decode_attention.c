@@ -153,12 +153,8 @@ static inline __attribute__((always_inline)) void position_rows(const float *cac
 static inline __attribute__((always_inline)) void prefetch_positions(const float *cache, span_t s,
                                                                      int64_t p0, int64_t n) {
     const int64_t bytes = (s.h1 - s.h0) * s.dim * 4;
-    for (int64_t p = p0; p < p0 + n && p < s.len; p++) {
-        const uintptr_t at = (uintptr_t)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads,
-                                                           s.h0, s.dim));
-        for (uintptr_t line = at & ~(uintptr_t)63; line < at + bytes; line += 64)
-            _mm_prefetch((const char *)line, _MM_HINT_T0);
-    }
+    for (int64_t p = p0; p < p0 + n && p < s.len; p++)
+        prefetch_lines(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim), bytes);
 }
 
 /* scores[(h * group + g) * stride + p] = scale * q . k_p for fp32 q (the range's rows,

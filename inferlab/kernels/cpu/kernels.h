@@ -83,6 +83,14 @@ static inline __attribute__((always_inline)) __m256 exp_nonpositive_avx2(__m256 
     return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
 }
 
+/* The lines of [at, at + bytes) asked for into L1: a row a kernel reads a step or two later (one
+ * just written by the kernel before it, in part on the other core; a KV chunk of paged decode
+ * attention). always_inline: a plain inline function holding only prefetches counts as having
+ * no effect, and GCC 12 dropped its calls. */
+static inline __attribute__((always_inline)) void prefetch_lines(const void *at, int64_t bytes) {
+    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)at + b, _MM_HINT_T0);
+}
+
 /* silu(g) * u for 8 fp32 lanes, the same operations as silu_and_mul's scalar loop (e = exp(-|g|);
  * sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below): GCC does not vectorise that loop's
  * exp, and at 64 rows of 1,536 it was 3.7% of an fp32 decode step here (AMD EPYC Zen 3). */
@@ -246,14 +254,6 @@ static inline __attribute__((always_inline)) void prefetch_share(prefetch_t pf, 
         _mm_prefetch(pf.at + i * 64, _MM_HINT_T1);
 }
 
-/* The lines of [at, at + bytes) asked for into L1: a row a kernel reads a step or two later (one
- * just written by the kernel before it, in part on the other core; a KV chunk of paged decode
- * attention). always_inline: a plain inline function holding only prefetches counts as having
- * no effect, and GCC 12 dropped its calls. */
-static inline __attribute__((always_inline)) void prefetch_lines(const void *at, int64_t bytes) {
-    for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)at + b, _MM_HINT_T0);
-}
-
 /* acc[r][j] = sum over k-pairs kp of row r of a (bf16, a_stride elements apart) times output
  * block j of b, in VNNI pairs: block j's pair kp (16 lanes x 2) at b + j * b_step + kp / 16 *
  * b_group + kp % 16 * b_pair. R <= 6 and NB <= 4 are constants, so the sums stay in registers;
@@ -407,4 +407,25 @@ typedef struct {
     const void *embed, *final_norm;  /* the model's dtype: [vocab, H] or a tied head's packed
                                         weight (bf16 [vocab/16, H/2, 16, 2], fp32 [vocab/8, H, 8]), [H] */
 } forward_batch_t;
+
+/* out [M, H] = the token ids' embeddings, elements of `elem` bytes. A packed table (a tied head's
+ * layout: matmul.c's bf16 [vocab/16, H/2, 16, 2], avx2_quant_linear.c's fp32 [vocab/8, H, 8])
+ * holds token t in block t / lanes as lane t % lanes, its inputs in runs of `run` elements, lanes
+ * runs apart. */
+static inline void embed_rows(const forward_batch_t *b, int64_t rows, void *out, int elem,
+                              int64_t lanes, int64_t run) {
+    const int64_t hidden = b->hidden, row_bytes = hidden * elem, run_bytes = run * elem;
+    const char *embed = b->embed;
+    for (int64_t m = 0; m < rows; m++) {
+        const int64_t t = b->token_ids[m];
+        char *dst = (char *)out + m * row_bytes;
+        if (!b->embed_packed) {
+            memcpy(dst, embed + t * row_bytes, (size_t)row_bytes);
+            continue;
+        }
+        const char *lane = embed + ((t / lanes) * lanes * hidden + (t % lanes) * run) * elem;
+        for (int64_t p = 0; p < hidden / run; p++)
+            memcpy(dst + p * run_bytes, lane + p * lanes * run_bytes, (size_t)run_bytes);
+    }
+}
 #endif

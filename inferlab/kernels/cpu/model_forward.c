@@ -18,22 +18,6 @@ typedef struct {
     void *k_cache, *v_cache;  /* [blocks, block_size, Hkv, D] */
 } layer_weights_t;
 
-/* out [M, H] = the token ids' embeddings. A packed table (matmul.c's layout of the tied head)
- * holds token t in block t / 16 as row t % 16, its input pairs 16 pairs apart. */
-static void embed_rows(const forward_batch_t *b, int64_t rows, uint16_t *out) {
-    const int64_t hidden = b->hidden;
-    const uint16_t *embed = b->embed;
-    for (int64_t m = 0; m < rows; m++) {
-        const int64_t t = b->token_ids[m];
-        if (!b->embed_packed) {
-            memcpy(out + m * hidden, embed + t * hidden, (size_t)hidden * 2);
-            continue;
-        }
-        const uint16_t *row = embed + (t / 16) * 16 * hidden + (t % 16) * 2;
-        for (int64_t p = 0; p < hidden / 2; p++) memcpy(out + m * hidden + 2 * p, row + p * 32, 4);
-    }
-}
-
 /* The layer's attention over qkv's rows (q and k roped, k and v written to the cache) into attn
  * [M, Hq * D]: the decode rows, then the prompts. Returns 0, or -1 out of memory. */
 static int attention(const uint16_t *qkv, int64_t qkv_width, const layer_weights_t *w,
@@ -88,7 +72,7 @@ int model_forward(uint16_t *out, uint16_t *residual, int64_t rows, const layer_w
                   int64_t num_layers, const forward_batch_t *batch) {
     for (int64_t m = 0; m < rows; m++)
         if (batch->token_ids[m] < 0 || batch->token_ids[m] >= batch->vocab) return -3;
-    embed_rows(batch, rows, out);
+    embed_rows(batch, rows, out, 2, 16, 2);
     const int64_t q_size = batch->num_heads * batch->head_dim;
     const int64_t kv_size = batch->num_kv_heads * batch->head_dim;
     size_t elems = (size_t)rows * (q_size + 2 * kv_size + q_size + 3 * batch->intermediate);

@@ -19,22 +19,6 @@ typedef struct {
     float *k_cache, *v_cache;  /* [blocks, block_size, Hkv, D] */
 } f32_layer_t;
 
-/* out [M, H] = the token ids' embeddings. A packed table (avx2_quant_linear.c's layout of the
- * tied head, [vocab/8, H, 8]) holds token t in block t / 8 as lane t % 8, its inputs 8 apart. */
-static void embed_rows_f32(const forward_batch_t *b, int64_t rows, float *out) {
-    const int64_t hidden = b->hidden;
-    const float *embed = b->embed;
-    for (int64_t m = 0; m < rows; m++) {
-        const int64_t t = b->token_ids[m];
-        if (!b->embed_packed) {
-            memcpy(out + m * hidden, embed + t * hidden, (size_t)hidden * 4);
-            continue;
-        }
-        const float *lane = embed + (t / 8) * 8 * hidden + t % 8;
-        for (int64_t i = 0; i < hidden; i++) out[m * hidden + i] = lane[8 * i];
-    }
-}
-
 /* One layer over decode rows. x [M, H]: in, the previous layer's MLP output (layer 0: the
  * embeddings); out, this layer's. residual [M, H]: the stream before x, in and out (layer 0:
  * written). qkv: scratch for the layer's activations. Returns 0, or -1 / -2 when attention / a
@@ -75,7 +59,7 @@ int model_forward_f32(float *out, float *residual, int64_t rows, const f32_layer
     if (b->num_prefills || b->num_decodes != rows || !b->decode_rows || !b->decode_seqs) return -4;
     for (int64_t m = 0; m < rows; m++)
         if (b->token_ids[m] < 0 || b->token_ids[m] >= b->vocab) return -3;
-    embed_rows_f32(b, rows, out);
+    embed_rows(b, rows, out, 4, 8, 1);
     const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
     float *qkv = alloc_lines(sizeof(float) * (size_t)rows * (2 * q_size + 2 * kv_size + 3 * b->intermediate));
     int status = qkv ? 0 : -2;
