@@ -26,7 +26,7 @@ logger = logging.getLogger("inferlab.kernels")
 
 _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
-                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "avx2_w8a8_linear.c", "dynamic_linear.c",
+                                         "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "avx2_dynamic_linear.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c", "model_forward_f32.c",
                                          "sampling.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
@@ -74,11 +74,11 @@ class LinearDesc(ctypes.Structure):
 
 
 class Avx2QuantDesc(ctypes.Structure):
-    """kernels.h's avx2_qlinear_t: a dense fp32, W8A16, W4A16 or W8A8 layer in its layout."""
+    """kernels.h's avx2_qlinear_t: a dense fp32, W8A16, W4A16, W8A8 or FP8 layer in its layout."""
 
     _fields_ = [*((name, _I64) for name in ("n_out", "k_in", "group", "bits")),
                 *((name, _P) for name in ("codes", "scale", "offset", "bias")),
-                ("act_bits", _I64), ("input_scale", _P)]
+                ("act_bits", _I64), ("input_scale", _P), ("fp8", _I64)]
 
 
 def tensor_ptr(t: torch.Tensor | None) -> int | None:

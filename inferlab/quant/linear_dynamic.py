@@ -5,15 +5,17 @@
   multiply with vpdpbusd up to 4 rows, AMX int8 tiles above. Elsewhere an int8 GEMM at every
   size (oneDNN's, see Int8DynamicLinear), the activations quantized with in-place ops, because
   fresh allocations (page faults) cost more than the arithmetic on this machine. fp32 on a CPU
-  with AVX2 where that GEMM is inexact (no VNNI): avx2_w8a8_linear.c, exact int32 sums with
-  vpmaddwd (Avx2W8A8Linear).
+  with AVX2 where that GEMM is inexact (no VNNI): avx2_dynamic_linear.c, exact int32 sums with
+  vpmaddwd (Avx2DynamicLinear).
 * FP8_DYNAMIC: this CPU has no fp8 arithmetic (`torch._scaled_mm` measured at ~0.02x bf16), but
   e4m3 values are exact in bf16. bf16 models on a CPU with AVX512-BF16 take the C kernels of
   inferlab/kernels/cpu/dynamic_linear.c (PackedFp8Linear): x rounded to fp8 per token in C, the
   codes widened in registers for `vdpbf16ps` up to 4 rows, a chunk at a time into each thread's
   L2 for AMX tiles above.
-  Elsewhere (fp32 models) torch rounds x and both operands go through `F.linear`, the fp8 weight
-  widened per call, never kept wide (Fp8DynamicLinear).
+  fp32 models on a CPU with AVX2: avx2_dynamic_linear.c (Avx2DynamicLinear), x rounded to fp8 in
+  C, the codes widened in registers, the exact products summed in fp32. Elsewhere torch rounds x
+  and both operands go through `F.linear`, the fp8 weight widened per call, never kept wide
+  (Fp8DynamicLinear).
 * Static activations (FP8, or a W8A8 checkpoint with `input_scale`s) take the same layers with
   the one calibrated scale in place of each row's; values past it clamp, as in vLLM.
 * FP8_BLOCK (weights in blocks, activations in groups of a row): GroupDynamicLinear, torch
@@ -87,12 +89,16 @@ def _int8_codes(x: torch.Tensor, input_scale: torch.Tensor | None) -> tuple[torc
     return xq, x_scale
 
 
-class Avx2W8A8Linear(KeptAvx2Desc, QuantLinear):
-    """W8A8 for fp32 on a CPU with AVX2 and no int8 GEMM that is both exact and fast (oneDNN's
-    saturates 16-bit sums without VNNI, see onednn_int8_available; torch._int_mm took 4.4 s for
-    the embedded model's 64-token prefill on an AMD EPYC Zen 3, against 0.3 s in fp32):
-    avx2_w8a8_linear.c quantizes x per token as Int8DynamicLinear does and sums the int8
-    products exactly with vpmaddwd, at any row count: Int8DynamicLinear's bits on torch._int_mm."""
+class Avx2DynamicLinear(KeptAvx2Desc, QuantLinear):
+    """W8A8, FP8_DYNAMIC and FP8 for fp32 on a CPU with AVX2 (avx2_dynamic_linear.c), x quantized
+    per token (or with the static scale) in C at any row count.
+
+    W8A8 where no int8 GEMM is both exact and fast (oneDNN's saturates 16-bit sums without VNNI,
+    see onednn_int8_available; torch._int_mm took 4.4 s for the embedded model's 64-token prefill
+    on an AMD EPYC Zen 3, against 0.3 s in fp32): x quantized as Int8DynamicLinear does, the int8
+    products summed exactly with vpmaddwd: Int8DynamicLinear's bits on torch._int_mm.
+    FP8: x rounded as Fp8DynamicLinear does, the exact products of the fp8 values summed in fp32
+    (Fp8DynamicLinear widened the whole weight to fp32 in every call)."""
 
     bias_in_matmul = True
     kernel_max_rows = sys.maxsize  # the kernel takes every row count
@@ -100,7 +106,10 @@ class Avx2W8A8Linear(KeptAvx2Desc, QuantLinear):
     def __init__(self, qw: QuantizedWeight, bias: torch.Tensor | None, dtype: torch.dtype) -> None:
         n, k = qw.shape
         super().__init__(k, n, bias, dtype)
-        self.register_buffer("packed", in_huge_pages(avx2_blocks.pack_pairs(qw.codes)))  # int8 [N/8, K/2, 8, 2]
+        self.fp8 = qw.codes.dtype == torch.float8_e4m3fn
+        packed = (avx2_blocks.pack_codes(qw.codes.view(torch.int8), 8) if self.fp8  # uint8 [N/8, K, 8]
+                  else avx2_blocks.pack_pairs(qw.codes))  # int8 [N/8, K/2, 8, 2]
+        self.register_buffer("packed", in_huge_pages(packed))
         self.register_buffer("scale", F.pad(qw.scale.reshape(n).float(), (0, -n % 8)))  # fp32 [N/8 * 8]
         self.register_buffer("input_scale", _input_scale(qw))  # fp32 [1] (static) or None
 
@@ -108,16 +117,20 @@ class Avx2W8A8Linear(KeptAvx2Desc, QuantLinear):
     def fits(qw: QuantizedWeight, activations: ActivationArgs, dtype: torch.dtype,
              device: torch.device) -> bool:
         n, k = qw.shape
+        if not (device.type == "cpu" and dtype == torch.float32 and k % 8 == 0 and qw.scale.numel() == n
+                and qw.zero_point is None and cpu_ops.avx2_quant_linear_available()):
+            return False
+        if qw.codes.dtype == torch.float8_e4m3fn:
+            return activations.kind != INT
         return (activations.kind == INT and qw.args.kind == INT and qw.args.num_bits == 8
-                and qw.scale.numel() == n and qw.zero_point is None and device.type == "cpu" and dtype == torch.float32
-                and k % 8 == 0 and cpu_ops.avx2_quant_linear_available() and not onednn_int8_available())
+                and not onednn_int8_available())
 
     def c_desc(self) -> cpu_library.Avx2QuantDesc:
         return cpu_library.Avx2QuantDesc(
             n_out=self.out_features, k_in=self.in_features, group=self.in_features, bits=8,
             codes=self.packed.data_ptr(), scale=self.scale.data_ptr(), offset=None,
             bias=cpu_library.tensor_ptr(self.bias), act_bits=8,
-            input_scale=cpu_library.tensor_ptr(self.input_scale))
+            input_scale=cpu_library.tensor_ptr(self.input_scale), fp8=int(self.fp8))
 
     def _matmul(self, x: torch.Tensor) -> torch.Tensor:
         return cpu_ops.avx2_quant_linear(x, self._kept_desc())  # [M, N]
@@ -292,7 +305,7 @@ def build_dynamic_linear(qw: QuantizedWeight, activations: ActivationArgs, bias:
         return PackedW8A8Linear(qw, bias, dtype)
     if PackedFp8Linear.fits(qw, activations, dtype, device):
         return PackedFp8Linear(qw, bias, dtype)
-    if Avx2W8A8Linear.fits(qw, activations, dtype, device):
-        return Avx2W8A8Linear(qw, bias, dtype)
+    if Avx2DynamicLinear.fits(qw, activations, dtype, device):
+        return Avx2DynamicLinear(qw, bias, dtype)
     cls = Int8DynamicLinear if activations.kind == INT else Fp8DynamicLinear
     return cls(qw, bias, dtype)

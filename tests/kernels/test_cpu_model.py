@@ -152,11 +152,11 @@ def test_fp32_prompts_and_linears_the_kernels_do_not_run_keep_the_python_layers(
 
 
 @F32
-@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "W8A8-static"])
+@pytest.mark.parametrize("scheme", ["W8A16", "W4A16", "W8A8", "W8A8-static", "FP8_DYNAMIC", "FP8"])
 @pytest.mark.parametrize("contexts", [[40], [3, 130, 17, 0, 64], [5] * 33], ids=["1", "5", "33"])
 def test_fp32_c_layers_with_quantized_linears_equal_the_python_layers(scheme, contexts, monkeypatch):
     """Up to the weight-only kernels' row limit (32) in C; past it those layers dequantize for
-    oneDNN, so the whole batch keeps the Python layers. W8A8's kernel takes any rows."""
+    oneDNN, so the whole batch keeps the Python layers. W8A8's and FP8's kernel takes any rows."""
     model = tiny_model(64, True, pack=False, dtype=torch.float32)
     quantize_linears(model, scheme, torch.float32)
     limit = 32 if scheme.startswith("W8A16") or scheme == "W4A16" else sys.maxsize

@@ -1,6 +1,6 @@
 """W8A16 and W4A16 for fp32 on AVX2 + FMA CPUs (avx2_quant_linear.c, Avx2QuantLinear) against
 the product in float64 with the weight dequantized by hand from the codes, scales and zero
-points; W8A8 (avx2_w8a8_linear.c, Avx2W8A8Linear) against the int8 GEMM's bits."""
+points; W8A8 (avx2_dynamic_linear.c, Avx2DynamicLinear) against the int8 GEMM's bits."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from inferlab.kernels import cpu_ops
 from inferlab.quant import linear
 from inferlab.quant.formats import avx2_blocks
 from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.linear_dynamic import Avx2W8A8Linear, Int8DynamicLinear
+from inferlab.quant.linear_dynamic import Avx2DynamicLinear, Int8DynamicLinear
 from inferlab.quant.qparams import QuantizedWeight, dequantize, quantize_rtn
 from inferlab.quant.scheme import CHANNEL, GROUP, INT, WeightArgs, make_scheme
 
@@ -142,10 +142,10 @@ def test_w8a8_on_avx2_gives_the_int8_gemms_bits(rows: int, static: bool, outputs
     qw = quantize_rtn(w, make_scheme("W8A8").weights)
     if static:
         qw = dataclasses.replace(qw, input_scale=torch.tensor(4.0 / 127))
-    if not Avx2W8A8Linear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
+    if not Avx2DynamicLinear.fits(qw, make_scheme("W8A8").activations, torch.float32, torch.device("cpu")):
         pytest.skip("no AVX2 kernel here, or an exact int8 GEMM that takes precedence")
     want = Int8DynamicLinear(qw, bias, torch.float32)(x)  # torch._int_mm here: exact int32 sums
-    layer = Avx2W8A8Linear(qw, bias, torch.float32)
+    layer = Avx2DynamicLinear(qw, bias, torch.float32)
     got = layer(x)
     assert torch.equal(got, want)
     assert torch.equal(layer(x[-1:]), want[-1:])

@@ -12,9 +12,10 @@ from inferlab.quant import linear
 from inferlab.quant.checkpoint import cat_rows
 from inferlab.quant.formats import vnni
 from inferlab.quant.linear import build_quant_linear
-from inferlab.quant.linear_dynamic import Avx2W8A8Linear, Int8DynamicLinear
+from inferlab.quant.linear_dynamic import Avx2DynamicLinear, Int8DynamicLinear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import GROUP, INT, ActivationArgs, WeightArgs, make_scheme
+from tests.quant.fp8_reference import fp8_reference_round
 
 ct_forward = pytest.importorskip("compressed_tensors.quantization.lifecycle.forward")
 ct_args = pytest.importorskip("compressed_tensors.quantization")
@@ -217,12 +218,6 @@ def test_c_w8a8_with_a_static_scale_clamps_the_codes_it_exceeds(rows: int) -> No
     assert bool(((layer(x).double() - exact).abs() <= half_ulp * 1.001).all())
 
 
-def fp8_reference_round(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """torch's per-token fp8 rounding, as Fp8DynamicLinear does it: (fp8 values, scales)."""
-    x_scale = x.abs().amax(-1, keepdim=True).float().clamp(min=1e-12) / 448.0
-    return (x.float() / x_scale).clamp(-448, 448).to(torch.float8_e4m3fn).float(), x_scale
-
-
 needs_fp8_kernels = pytest.mark.skipif(not cpu_ops.dynamic_linear_available(),
                                        reason="no AVX512-BF16 kernels here")
 
@@ -312,8 +307,8 @@ def test_w8a8_is_exact_when_activations_are_integer_codes() -> None:
     qw = quantize_rtn(w, make_scheme("W8A8").weights)
     activations = make_scheme("W8A8").activations
     layer = build_quant_linear(qw, activations, None, torch.float32)
-    on_avx2 = Avx2W8A8Linear.fits(qw, activations, torch.float32, torch.device("cpu"))
-    assert type(layer) is (Avx2W8A8Linear if on_avx2 else Int8DynamicLinear)
+    on_avx2 = Avx2DynamicLinear.fits(qw, activations, torch.float32, torch.device("cpu"))
+    assert type(layer) is (Avx2DynamicLinear if on_avx2 else Int8DynamicLinear)
     for each in (layer, Int8DynamicLinear(qw, None, torch.float32)):  # the int8 GEMM's too
         torch.testing.assert_close(each(x), x @ w.T, rtol=0, atol=0)
 

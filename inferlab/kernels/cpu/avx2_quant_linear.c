@@ -168,41 +168,13 @@ static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
 };
 
-/* Dense fp32 weights (bits 32): a tile is FP32_BLOCKS adjacent blocks by FP32_ROWS rows, 12
- * accumulators, 3 weight vectors and a broadcast: all 16 registers. Each broadcast feeds 3 FMAs
- * and each weight load 4 (one block by 8 rows took a load and 8 broadcasts for 8 FMAs, bound by
- * issuing them). 3 blocks by 4 rows beat 2 by 6 by 1.3x at 1 row and 1.2x at 8 (more chains a
- * row, whole tiles) and matched it from 16 rows on (one thread, hot, 11 rounds, CPU time). */
-#define FP32_BLOCKS 3
-#define FP32_ROWS 4
-
-/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their weights^T. Each output is
- * one chain over k = 0..K-1, then + bias, whatever the tile: a row's sums do not depend on the
- * rows beside it. */
+/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their dense fp32 weights^T (bits
+ * 32; FP32_BLOCKS by FP32_ROWS tiles, see kernels.h), + bias. */
 static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t *l, int64_t b,
                                                             const float *x, int64_t x_stride,
                                                             float *y, const int BLOCKS, const int ROWS) {
-    const int64_t k_in = l->k_in;
-    const float *w = (const float *)l->codes + b * k_in * 8;
     __m256 acc[FP32_ROWS][FP32_BLOCKS];
-#pragma GCC unroll 4
-    for (int r = 0; r < ROWS; r++)
-#pragma GCC unroll 3
-        for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_setzero_ps();
-    /* unrolled by 4, not 8: at 8 GCC folds the weight loads into the FMAs (12 loads an input,
-     * not 3), 0.8x */
-#pragma GCC unroll 4
-    for (int64_t k = 0; k < k_in; k++) {
-        __m256 wk[FP32_BLOCKS];
-#pragma GCC unroll 3
-        for (int c = 0; c < BLOCKS; c++) wk[c] = _mm256_loadu_ps(w + (c * k_in + k) * 8);
-#pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) {
-            const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
-#pragma GCC unroll 3
-            for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_fmadd_ps(wk[c], xr, acc[r][c]);
-        }
-    }
+    fp32_tile_sums((const float *)l->codes + b * l->k_in * 8, l->k_in, x, x_stride, acc, BLOCKS, ROWS);
 #pragma GCC unroll 3
     for (int c = 0; c < BLOCKS; c++) {
         const int64_t first = (b + c) * 8, count = l->n_out - first < 8 ? l->n_out - first : 8;
@@ -233,11 +205,11 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
  * blocks at a time (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
- * read from memory for the first tile and from L1/L2 for the next. W8A8 layers go to
- * avx2_w8a8_linear.c. Returns 0, or -1 when W8A8 scratch memory could not be allocated. */
+ * read from memory for the first tile and from L1/L2 for the next. W8A8 and FP8 layers go to
+ * avx2_dynamic_linear.c. Returns 0, or -1 when their scratch memory could not be allocated. */
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                       float *y) {
-    if (l->act_bits == 8) return avx2_w8a8_linear(l, x, x_stride, rows, y);
+    if (l->act_bits == 8) return avx2_dynamic_linear(l, x, x_stride, rows, y);
     const int64_t blocks = (l->n_out + 7) / 8;
     const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
 #pragma omp parallel for schedule(static)

@@ -91,6 +91,41 @@ static inline __attribute__((always_inline)) void prefetch_lines(const void *at,
     for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch((const char *)at + b, _MM_HINT_T0);
 }
 
+/* Dense fp32 register tiles (avx2_quant_linear.c, avx2_dynamic_linear.c): FP32_BLOCKS adjacent
+ * blocks of 8 outputs by FP32_ROWS rows, 12 accumulators, 3 weight vectors and a broadcast: all
+ * 16 registers. Each broadcast feeds 3 FMAs and each weight load 4 (one block by 8 rows took a
+ * load and 8 broadcasts for 8 FMAs, bound by issuing them). 3 blocks by 4 rows beat 2 by 6 by
+ * 1.3x at 1 row and 1.2x at 8 (more chains a row, whole tiles) and matched it from 16 rows on
+ * (one thread, hot, 11 rounds, CPU time). */
+#define FP32_BLOCKS 3
+#define FP32_ROWS 4
+
+/* acc[r][c] = sum over k of w_c[k] * x_r[k]: BLOCKS blocks of fp32 weights [K][8 outputs], k_in * 8
+ * floats apart from w, and ROWS rows of x (x_stride apart). Each output is one chain over k = 0..K-1,
+ * whatever the tile: a row's sums do not depend on the rows beside it. */
+static inline __attribute__((always_inline)) void fp32_tile_sums(const float *w, int64_t k_in, const float *x,
+                                                                 int64_t x_stride, __m256 acc[FP32_ROWS][FP32_BLOCKS],
+                                                                 const int BLOCKS, const int ROWS) {
+#pragma GCC unroll 4
+    for (int r = 0; r < ROWS; r++)
+#pragma GCC unroll 3
+        for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_setzero_ps();
+    /* unrolled by 4, not 8: at 8 GCC folds the weight loads into the FMAs (12 loads an input,
+     * not 3), 0.8x */
+#pragma GCC unroll 4
+    for (int64_t k = 0; k < k_in; k++) {
+        __m256 wk[FP32_BLOCKS];
+#pragma GCC unroll 3
+        for (int c = 0; c < BLOCKS; c++) wk[c] = _mm256_loadu_ps(w + (c * k_in + k) * 8);
+#pragma GCC unroll 4
+        for (int r = 0; r < ROWS; r++) {
+            const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
+#pragma GCC unroll 3
+            for (int c = 0; c < BLOCKS; c++) acc[r][c] = _mm256_fmadd_ps(wk[c], xr, acc[r][c]);
+        }
+    }
+}
+
 /* silu(g) * u for 8 fp32 lanes, the same operations as silu_and_mul's scalar loop (e = exp(-|g|);
  * sigmoid(g) = 1 / (1 + e) for g >= 0, e / (1 + e) below): GCC does not vectorise that loop's
  * exp, and at 64 rows of 1,536 it was 3.7% of an fp32 decode step here (AMD EPYC Zen 3). */
@@ -376,19 +411,21 @@ int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t 
 /* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
  * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
  * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). act_bits 8:
- * W8A8, the activations quantized per token (or with the static input_scale), codes in
- * avx2_w8a8_linear.c's layout, scale fp32 per output. */
-typedef struct {  /* avx2_quant_linear.c, avx2_w8a8_linear.c */
+ * the activations quantized per token (or with the static input_scale), scale fp32 per output,
+ * codes in avx2_dynamic_linear.c's layouts: W8A8 (int8), or FP8 (fp8 1: e4m3 weights and
+ * activations). */
+typedef struct {  /* avx2_quant_linear.c, avx2_dynamic_linear.c */
     int64_t n_out, k_in, group, bits;
     const uint8_t *codes;
     const float *scale, *offset, *bias;  /* offset NULL for symmetric weights, bias [n_out] or NULL */
-    int64_t act_bits;  /* 0: fp32 activations; 8: int8 per token */
-    const float *input_scale;  /* W8A8: one static activation scale, or NULL: per token */
+    int64_t act_bits;  /* 0: fp32 activations; 8: int8 or fp8 per token */
+    const float *input_scale;  /* act_bits 8: one static activation scale, or NULL: per token */
+    int64_t fp8;  /* act_bits 8: 1 for fp8 e4m3, 0 for int8 */
 } avx2_qlinear_t;
 
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                       float *y);
-int avx2_w8a8_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *y);
+int avx2_dynamic_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *y);
 
 /* The batch of one whole-model forward (model_forward.c for bf16, model_forward_f32.c for fp32):
  * M new tokens of B sequences: sequence b's are rows query_start_loc[b] .. query_start_loc[b + 1]

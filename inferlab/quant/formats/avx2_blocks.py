@@ -8,7 +8,7 @@ scales); per block and 8 inputs:
   input i in bits 4i..4i+3 (a shift and a mask per input).
 
 * W8A8 int8 [N/8, K/2, 8, 2] (pack_pairs): per pair of inputs the 8 outputs' two codes side by
-  side, for avx2_w8a8_linear.c's vpmaddwd.
+  side, for avx2_dynamic_linear.c's vpmaddwd (its FP8 codes take the int8 layout above).
 
 Scales and offsets fp32 [N/8, K/G, 8] (a block's groups in the order it reads them), the
 weight being u * scale + offset: offset = -zero * scale for int8, -(zero + 8) * scale for int4;
