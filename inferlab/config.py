@@ -79,7 +79,8 @@ def check_threads(name: str, threads: int) -> None:
 
 
 _WHOLE_NUMBER_FIELDS = ("kv_cache_memory_bytes", "block_size", "max_num_seqs",
-                        "max_num_batched_tokens", "max_model_len", "num_threads", "seed")
+                        "max_num_batched_tokens", "max_model_len", "long_prefill_token_threshold",
+                        "num_threads", "seed")
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,7 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's context length
     enable_prefix_caching: bool = True
     enable_chunked_prefill: bool = True  # off: a prompt is computed in one step, or waits
+    long_prefill_token_threshold: int = 0  # a prompt's tokens a step at most (0: no cap)
     scheduling_policy: str = "fcfs"  # or "priority": requests' priority orders the queue
     # "auto": the model's generation_config.json sets the defaults of what requests leave out
     # (vLLM's default); "vllm": it does not; or a folder holding the generation_config.json to use
@@ -148,7 +150,8 @@ class EngineConfig:
         context = 1 if self.max_model_len is None else self.max_model_len
         SchedulerConfig(max_model_len=context, max_num_seqs=self.max_num_seqs,
                         max_num_batched_tokens=self.step_token_budget(context),
-                        enable_chunked_prefill=self.enable_chunked_prefill)
+                        enable_chunked_prefill=self.enable_chunked_prefill,
+                        long_prefill_token_threshold=self.long_prefill_token_threshold)
         if self.generation_config not in ("auto", "vllm") and not os.path.isdir(self.generation_config):
             raise InferlabError(f"generation_config must be auto, vllm or a folder, got "
                                 f"{self.generation_config!r}")

@@ -68,6 +68,11 @@ def add_engine_args(parser: argparse.ArgumentParser, serving: bool = False) -> N
                        help="split long prompts across steps, beside the running decodes; off, a "
                             "prompt is computed in one step, whose budget then defaults to the "
                             "context length (default: on)")
+    group.add_argument("--long-prefill-token-threshold", type=human_readable_int,
+                       default=_DEFAULTS.long_prefill_token_threshold,
+                       help="a prompt longer than this takes at most this many tokens a step, "
+                            "leaving the rest of the budget to shorter prompts queued with it "
+                            "(default: 0, no cap)")
     group.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES,
                        default=_DEFAULTS.scheduling_policy,
                        help="fcfs: first come first served; priority: by each request's "
@@ -124,6 +129,7 @@ def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
         max_num_seqs=args.max_num_seqs, max_num_batched_tokens=_step_tokens(args),
         max_model_len=args.max_model_len, enable_prefix_caching=args.enable_prefix_caching,
         enable_chunked_prefill=args.enable_chunked_prefill,
+        long_prefill_token_threshold=args.long_prefill_token_threshold,
         scheduling_policy=args.scheduling_policy, generation_config=args.generation_config,
         num_threads=args.num_threads, seed=args.seed, speculative_config=args.speculative_config,
     )

@@ -81,6 +81,7 @@ class LLMEngine:
             SchedulerConfig(max_model_len=self.max_model_len, max_num_seqs=config.max_num_seqs,
                             max_num_batched_tokens=config.step_token_budget(self.max_model_len),
                             enable_chunked_prefill=config.enable_chunked_prefill,
+                            long_prefill_token_threshold=config.long_prefill_token_threshold,
                             policy=config.scheduling_policy),
             cache_config)
         graphs = self.device.type == "cuda" and not config.enforce_eager

@@ -3,7 +3,8 @@
 The rule: each step, within max_num_batched_tokens tokens and max_num_seqs requests, every
 request is given tokens toward its num_tokens. Running requests go first, in admission
 order (a decode costs 1 token and its drafts if any, as many drafts as the budget leaves
-room for; an unfinished prompt takes a chunk of what budget is left);
+room for; an unfinished prompt takes a chunk of what budget is left, at most
+long_prefill_token_threshold tokens when that is set);
 a running request that cannot get KV blocks preempts a running request, which is freed and
 queued again: under "fcfs" the most recently admitted (itself if it is that one), under
 "priority" the lowest priority (its chunk taken back if it had one this step). Preempting
@@ -191,7 +192,7 @@ class Scheduler:
         while i < len(self.running) and budget > 0:
             request = self.running[i]
             remaining = request.num_tokens - request.num_computed_tokens
-            num_new = min(remaining + len(request.spec_token_ids), budget)
+            num_new = min(self._chunk_cap(remaining) + len(request.spec_token_ids), budget)
             if not self.config.enable_chunked_prefill and num_new < remaining:
                 i += 1  # a whole prompt or nothing
                 continue
@@ -210,6 +211,11 @@ class Scheduler:
             budget -= num_new
             i += 1
         return budget
+
+    def _chunk_cap(self, remaining: int) -> int:
+        """The tokens of `remaining` a request may take this step before the budget's share."""
+        cap = self.config.long_prefill_token_threshold
+        return cap if 0 < cap < remaining else remaining
 
     def _preempt_one(self, preempted: list[str]) -> tuple[Request, int]:
         """Preempt the policy's victim; returns it and where it was in running."""
@@ -236,7 +242,7 @@ class Scheduler:
             request = self.waiting.peek()
             prefix = bm.get_computed_blocks(request)
             remaining = request.num_tokens - prefix.num_tokens
-            num_new = min(remaining, budget)
+            num_new = min(self._chunk_cap(remaining), budget)
             if not self.config.enable_chunked_prefill and num_new < remaining:
                 break
             # The whole remaining prompt must fit, not only this chunk: admitting a request

@@ -17,11 +17,20 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 2048  # tokens computed in one step, all requests together
     enable_chunked_prefill: bool = True  # split long prompts across steps
     policy: str = "fcfs"  # the waiting queue's order and the preemption victim (request_queue.py)
+    # a prompt longer than this takes at most this many tokens a step (0: no cap), so that one
+    # long prompt leaves budget to the shorter ones queued behind it (vLLM's name)
+    long_prefill_token_threshold: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_model_len", "max_num_seqs", "max_num_batched_tokens"):
             if getattr(self, name) < 1:
                 raise InferlabError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.long_prefill_token_threshold < 0:
+            raise InferlabError(f"long_prefill_token_threshold must be at least 0 (0: no cap), got "
+                                f"{self.long_prefill_token_threshold}")
+        if self.long_prefill_token_threshold and not self.enable_chunked_prefill:
+            raise InferlabError("long_prefill_token_threshold caps a prompt's chunks: it needs "
+                                "chunked prefill")
         if self.policy not in SCHEDULING_POLICIES:
             raise InferlabError(f"scheduling policy must be one of {', '.join(SCHEDULING_POLICIES)}, "
                                 f"got {self.policy!r}")

@@ -28,14 +28,16 @@ def make_request(request_id: str, prompt_token_ids: list[int] | int, max_tokens:
 def make_scheduler(num_blocks: int = 64, block_size: int = 4, max_num_seqs: int | None = None,
                    max_num_batched_tokens: int = 64, max_model_len: int = 256,
                    enable_chunked_prefill: bool = True,
-                   enable_prefix_caching: bool = True, policy: str = "fcfs") -> Scheduler:
+                   enable_prefix_caching: bool = True, policy: str = "fcfs",
+                   long_prefill_token_threshold: int = 0) -> Scheduler:
     """max_num_seqs: by default 16, or the step budget where that is smaller."""
     if max_num_seqs is None:
         max_num_seqs = min(16, max_num_batched_tokens)
     return Scheduler(
         SchedulerConfig(max_model_len=max_model_len, max_num_seqs=max_num_seqs,
                         max_num_batched_tokens=max_num_batched_tokens,
-                        enable_chunked_prefill=enable_chunked_prefill, policy=policy),
+                        enable_chunked_prefill=enable_chunked_prefill, policy=policy,
+                        long_prefill_token_threshold=long_prefill_token_threshold),
         CacheConfig(block_size=block_size, num_blocks=num_blocks,
                     enable_prefix_caching=enable_prefix_caching),
     )

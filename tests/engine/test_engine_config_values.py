@@ -39,6 +39,19 @@ def test_the_dtype_flag_takes_them(flag, name):
     assert engine_config_from_args(parser.parse_args(["--dtype", flag])).dtype == name
 
 
+def test_the_long_prefill_flag_reaches_the_config_and_a_bad_one_is_refused_before_loading():
+    parser = argparse.ArgumentParser()
+    add_engine_args(parser)
+    args = parser.parse_args(["--long-prefill-token-threshold", "1k"])
+    assert engine_config_from_args(args).long_prefill_token_threshold == 1000
+    assert EngineConfig().long_prefill_token_threshold == 0
+    with pytest.raises(InferlabError, match="needs chunked prefill"):
+        engine_config_from_args(parser.parse_args(["--long-prefill-token-threshold", "64",
+                                                   "--no-enable-chunked-prefill"]))
+    with pytest.raises(InferlabError, match="must be a whole number"):
+        EngineConfig(long_prefill_token_threshold=2.5)
+
+
 def test_user_errors_are_value_errors():
     for error in (InferlabError, InvalidParameterError, ModelLoadError):
         assert issubclass(error, ValueError)

@@ -57,6 +57,37 @@ def test_max_num_seqs_caps_the_batch() -> None:
     assert chunk_sizes(step(s)[0]) == {"c": 3}
 
 
+def test_long_prefill_token_threshold_caps_a_long_prompt_and_leaves_budget_to_a_short_one() -> None:
+    """Budget 32: a 40-token prompt took the whole first step and the 10-token one behind it
+    waited; capped at 16 a step, the long prompt takes 16, 16, then its last 8, and the short
+    one runs from the first step (decodes, 1 token, are below any cap)."""
+    plain, capped = make_scheduler(max_num_batched_tokens=32), make_scheduler(max_num_batched_tokens=32,
+                                                                              long_prefill_token_threshold=16)
+    for s in (plain, capped):
+        s.add_request(make_request("long", 40, max_tokens=3))
+        s.add_request(make_request("short", 10, max_tokens=3))
+    assert [chunk_sizes(step(plain)[0]) for _ in range(2)] == [{"long": 32}, {"long": 8, "short": 10}]
+    assert [chunk_sizes(step(capped)[0]) for _ in range(4)] == [
+        {"long": 16, "short": 10}, {"long": 16, "short": 1}, {"long": 8, "short": 1}, {"long": 1}]
+
+
+def test_a_prompt_no_longer_than_the_threshold_is_not_cut() -> None:
+    s = make_scheduler(max_num_batched_tokens=64, long_prefill_token_threshold=12)
+    s.add_request(make_request("a", 12, max_tokens=2))
+    s.add_request(make_request("b", 13, max_tokens=2))
+    assert chunk_sizes(step(s)[0]) == {"a": 12, "b": 12}
+    assert chunk_sizes(step(s)[0]) == {"a": 1, "b": 1}
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"long_prefill_token_threshold": -1}, "must be at least 0"),
+    ({"long_prefill_token_threshold": 8, "enable_chunked_prefill": False, "max_num_batched_tokens": 256},
+     "needs chunked prefill")])
+def test_a_threshold_out_of_range_is_refused(fields, message) -> None:
+    with pytest.raises(InferlabError, match=message):
+        SchedulerConfig(**{"max_model_len": 256, **fields})
+
+
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room() -> None:
     s = make_scheduler(max_num_batched_tokens=16, max_model_len=16,
                        enable_chunked_prefill=False)

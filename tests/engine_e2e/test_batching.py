@@ -60,6 +60,27 @@ def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     assert_as_unconstrained(roomy, prompts, params, together)
 
 
+def test_capped_long_prefills_keep_the_tokens(make_llm, wiki_text):
+    """long_prefill_token_threshold 24: prompts of 20-90 tokens go in chunks of at most 24, beside
+    each other, and every request gets the tokens it gets uncapped."""
+    capped = make_llm(kv_cache_memory="256MiB", long_prefill_token_threshold=24)
+    roomy = make_llm(kv_cache_memory="256MiB")
+    prompts = _prompts(capped, wiki_text, 8, 20, 90)
+    params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    schedule, prompt_chunks = capped.engine.scheduler.schedule, []
+
+    def watched_schedule():
+        out = schedule()
+        prompt_chunks.extend(c.num_new_tokens for c in out.chunks
+                             if c.num_computed_tokens < c.request.num_prompt_tokens)
+        return out
+
+    capped.engine.scheduler.schedule = watched_schedule
+    together = capped.generate(prompts, params)
+    assert max(prompt_chunks) == 24 and max(len(p) for p in prompts) > 24
+    assert_as_unconstrained(roomy, prompts, params, together)
+
+
 def test_without_chunked_prefill_each_prompt_is_computed_in_one_step(make_llm, wiki_text):
     parser = argparse.ArgumentParser()
     add_engine_args(parser)
