@@ -37,21 +37,27 @@ def assert_as_unconstrained(roomy: LLM, prompts: list[list[int]], params: Sampli
             assert out.outputs[0].token_ids == roomy.generate([prompt], params)[0].outputs[0].token_ids
 
 
+def watch_chunks(llm: LLM, keep) -> list:
+    """The scheduled chunks `keep` accepts, from every step `llm` runs after this call."""
+    schedule, kept = llm.engine.scheduler.schedule, []
+
+    def watched_schedule():
+        out = schedule()
+        kept.extend(c for c in out.chunks if keep(c))
+        return out
+
+    llm.engine.scheduler.schedule = watched_schedule
+    return kept
+
+
 def test_batch_invariance_under_chunking_and_preemption(make_llm, wiki_text):
     # 24 blocks of 16 tokens cannot hold 32 requests of 20-60 tokens: preemption must happen
     small = make_llm(kv_cache_memory=24 * 16 * 46080, max_num_batched_tokens=64)
     roomy = make_llm(kv_cache_memory="256MiB")
     prompts = _prompts(small, wiki_text, 32, 20, 60)
     params = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
-    schedule, partial_prefills = small.engine.scheduler.schedule, []
-
-    def watched_schedule():
-        out = schedule()
-        partial_prefills.extend(c for c in out.chunks if c.num_computed_tokens == 0
-                                and c.num_new_tokens < c.request.num_prompt_tokens)
-        return out
-
-    small.engine.scheduler.schedule = watched_schedule
+    partial_prefills = watch_chunks(small, lambda c: c.num_computed_tokens == 0
+                                    and c.num_new_tokens < c.request.num_prompt_tokens)
     together = small.generate(prompts, params)
     stats = small.engine.scheduler.stats()
     assert stats.num_preemptions_total > 0
@@ -67,17 +73,9 @@ def test_capped_long_prefills_keep_the_tokens(make_llm, wiki_text):
     roomy = make_llm(kv_cache_memory="256MiB")
     prompts = _prompts(capped, wiki_text, 8, 20, 90)
     params = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
-    schedule, prompt_chunks = capped.engine.scheduler.schedule, []
-
-    def watched_schedule():
-        out = schedule()
-        prompt_chunks.extend(c.num_new_tokens for c in out.chunks
-                             if c.num_computed_tokens < c.request.num_prompt_tokens)
-        return out
-
-    capped.engine.scheduler.schedule = watched_schedule
+    prompt_chunks = watch_chunks(capped, lambda c: c.num_computed_tokens < c.request.num_prompt_tokens)
     together = capped.generate(prompts, params)
-    assert max(prompt_chunks) == 24 and max(len(p) for p in prompts) > 24
+    assert max(c.num_new_tokens for c in prompt_chunks) == 24 and max(len(p) for p in prompts) > 24
     assert_as_unconstrained(roomy, prompts, params, together)
 
 
