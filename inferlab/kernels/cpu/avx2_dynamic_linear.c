@@ -41,6 +41,12 @@
 #define DYNAMIC_BLOCKS 3
 #define DYNAMIC_ROWS 4
 #define FP8_MAX 448.0f
+/* fp8_values reads a code's value times 2^-120 (FP8_BITS_SCALE); the rounded activations are
+ * kept times 2^64 (FP8_X_SCALE), so that each product is the exact one times 2^-56, within fp32's
+ * normal range for every pair of e4m3 values (down to 2^-18 * 2^-56), and the sums are exactly
+ * 2^-56 times what they would be: FP8_SUM_SCALE takes them back. */
+#define FP8_X_SCALE 0x1p64f
+#define FP8_SUM_SCALE 0x1p56f
 
 /* Row r's codes (int16, the pairs read as int32) and its scale: absmax / 127 (at least 1e-12 /
  * 127) and round(x / scale) to nearest even, or the static scale and codes clamped to [-128,
@@ -117,19 +123,19 @@ static void quantize_row_fp8(const float *x, int64_t k_in, const float *static_s
     for (int64_t k = 0; k < k_in; k += 8) {
         const __m256 v = _mm256_div_ps(_mm256_loadu_ps(x + k), sv);
         nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-        _mm256_storeu_ps(values + k, round_to_e4m3(v));
+        _mm256_storeu_ps(values + k, _mm256_mul_ps(round_to_e4m3(v), _mm256_set1_ps(FP8_X_SCALE)));
     }
     *scale = unordered || _mm256_movemask_ps(nan) ? NAN : s;
 }
 
-/* The 8 e4m3 codes at `codes` -> their values in fp32, exactly: the sign-extended byte shifted
- * so that its exponent and mantissa land in fp32's (the sign bit kept, the copies of it between
- * masked off), read with fp32's bias (127, not 7) and scaled by 2^120, which also turns exponent
- * 0 (an fp32 denormal here) into e4m3's subnormals, m * 2^-9. */
+/* The 8 e4m3 codes at `codes` -> their values times 2^-120 in fp32, exactly: the sign-extended
+ * byte shifted so that its exponent and mantissa land in fp32's (the sign bit kept, the copies of
+ * it between masked off) and read with fp32's bias (127, not 7); exponent 0, e4m3's subnormals
+ * m * 2^-9, reads as the fp32 denormal m * 2^-129. Three instructions, as int8's widening takes
+ * (0x1p120 times it, exact, was a fourth: FP8_X_SCALE makes up for it). */
 static inline __attribute__((always_inline)) __m256 fp8_values(const uint8_t *codes) {
     const __m256i c = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes));
-    const __m256i bits = _mm256_and_si256(_mm256_slli_epi32(c, 20), _mm256_set1_epi32((int)0x87f00000u));
-    return _mm256_mul_ps(_mm256_castsi256_ps(bits), _mm256_set1_ps(0x1p120f));
+    return _mm256_castsi256_ps(_mm256_and_si256(_mm256_slli_epi32(c, 20), _mm256_set1_epi32((int)0x87f00000u)));
 }
 
 /* Outputs [first, first + 8) of a row (those below n_out): (sum * x_scale) * w_scale + bias. */
@@ -195,7 +201,9 @@ static inline __attribute__((always_inline)) void fp8_tile(const avx2_qlinear_t 
 #pragma GCC unroll 3
     for (int c = 0; c < BLOCKS; c++)
 #pragma GCC unroll 4
-        for (int r = 0; r < ROWS; r++) store_scaled(l, (b + c) * 8, acc[r][c], x_scale[r], y + r * l->n_out);
+        for (int r = 0; r < ROWS; r++)
+            store_scaled(l, (b + c) * 8, _mm256_mul_ps(acc[r][c], _mm256_set1_ps(FP8_SUM_SCALE)), x_scale[r],
+                         y + r * l->n_out);
 }
 
 /* The values of `blocks` blocks' codes from block b, to wide [blocks][K][8] fp32 (fp32_tile_sums'
