@@ -32,8 +32,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def model_info(model: str | None, dtype: str) -> dict:
     from inferlab.models.generation_config import GenerationConfig, read_generation_config
-    from inferlab.models.gguf import check_gguf_tensors, open_gguf
-    from inferlab.models.loader import read_model_config
+    from inferlab.models.gguf import open_gguf
+    from inferlab.models.loader import check_gguf_weights, read_model_config
     from inferlab.models.model_path import model_display_name, resolve_model_path
     from inferlab.models.tokenizer import load_gguf_tokenizer, load_hf_tokenizer
 
@@ -48,7 +48,7 @@ def model_info(model: str | None, dtype: str) -> dict:
         # checked as loading checks them, in its order (weights, then tokenizer): `info` once
         # gave every figure for a file whose tensors or tokenizer `generate` refuses
         gguf_file = open_gguf(path)
-        check_gguf_tensors(path, gguf_file)
+        check_gguf_weights(path, gguf_file, cfg)
         template = load_gguf_tokenizer(gguf_file, path).chat_template
         quantization = [_gguf_types(gguf_file)]
     else:

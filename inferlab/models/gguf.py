@@ -214,8 +214,7 @@ def hf_name(gguf_name: str) -> str | None:
 def check_gguf_tensors(path: str, reader: GGUFFile) -> list[tuple[str, GGUFTensor]]:
     """(HF name, tensor) for each tensor, refused as loading refuses it: data outside the file
     or out of order, a tensor no parameter takes (llama.cpp refuses a file with a tensor it
-    does not load), a type not dequantized here. `info` calls it too; what only the weights'
-    load finds (a tensor missing, a shape the config contradicts) it does not."""
+    does not load), a type not dequantized here."""
     named = []
     for tensor in reader.checked_tensors():
         if tensor.name == ROPE_FREQS:  # no parameter: read_gguf_config took it into the config
@@ -231,18 +230,23 @@ def check_gguf_tensors(path: str, reader: GGUFFile) -> list[tuple[str, GGUFTenso
     return named
 
 
-def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: GGUFFile | None = None
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (HF name, tensor in `dtype`) for every weight, Q/K rows un-permuted."""
+def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: GGUFFile | None = None,
+                      shapes_only: bool = False) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (HF name, tensor in `dtype`) for every weight, Q/K rows un-permuted; shapes_only:
+    tensors on the meta device, none of the data read (what `info` checks)."""
     import gguf
     import torch
 
     reader = reader or open_gguf(path)
     for name, tensor in check_gguf_tensors(path, reader):
-        array = gguf.quants.dequantize(tensor.raw(), gguf.GGMLQuantizationType(tensor.type_id))
-        if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping
-            array = array.copy()
-        weight = torch.from_numpy(array.reshape(tuple(reversed(tensor.shape))))
+        shape = tuple(reversed(tensor.shape))
+        if shapes_only:
+            weight = torch.empty(shape, device="meta")
+        else:
+            array = gguf.quants.dequantize(tensor.raw(), gguf.GGMLQuantizationType(tensor.type_id))
+            if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping
+                array = array.copy()
+            weight = torch.from_numpy(array.reshape(shape))
         heads = _permuted_heads(cfg, name)
         if heads is not None:
             if weight.shape[0] != heads * cfg.head_dim:  # else the un-permuting reshape fails

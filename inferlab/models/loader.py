@@ -13,7 +13,7 @@ from inferlab.errors import InferlabError, ModelLoadError
 from inferlab.models import gguf
 from inferlab.models.config import ModelConfig, read_json_object
 from inferlab.models.generation_config import GenerationConfig, read_generation_config
-from inferlab.models.gguf_reader import is_gguf_file
+from inferlab.models.gguf_reader import GGUFFile, is_gguf_file
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.model_path import model_display_name, resolve_model_path
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
@@ -95,6 +95,14 @@ def load_network(path: str, dtype: torch.dtype = torch.float32,
     else:
         net = _materialize(cfg, weights, path, dtype, device)
     return net.eval(), cfg
+
+
+def check_gguf_weights(path: str, reader: GGUFFile, cfg: ModelConfig) -> None:
+    """What loading the file's weights refuses (a tensor unexpected, missing or of a shape the
+    config contradicts, q/k rows not whole heads), found on meta tensors: no data read."""
+    with torch.device("meta"):
+        net = LlamaForCausalLM(cfg)
+    net.load_weights(gguf.iter_gguf_weights(path, cfg, torch.float32, reader, shapes_only=True), path)
 
 
 def _materialize(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], path: str,
