@@ -24,18 +24,23 @@
  * horizontal sums are needed; the block's codes for 8 inputs sit in 64 bytes (int8: [8 inputs]
  * [8 outputs], one vpmovsxbd per input; fp32 likewise in 256 bytes, one load per input) or 32
  * bytes (int4: one 32-bit lane per output holding its 8 inputs' u = q + 8 as nibbles, input i at
- * bits 4i: a shift and a mask per input). A block of 8 outputs is one contiguous stream of
+ * bits 4i: masked in place, see int4_at). A block of 8 outputs is one contiguous stream of
  * K * 32, K * 8 or K * 4 bytes, read by one thread.
  * scale and offset fp32 [N/8][K/group][8]: w = u * scale + offset, offset = -(zero [+ 8]) * scale
- * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream), one FMA per 8
+ * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream). int8: one FMA per 8
  * weights whatever the zero point, the dequantized vector then shared by all the rows of a tile.
+ * int4: a group's sums of u * x, then sum * scale + offset * (the group's sum of x) once a group
+ * (int4_rows prepares the rows): 1.05-1.28x the linears at one row, the same at 4 (two builds
+ * alternating, 30 layers from memory, this VM's noise); a decode step of the embedded model went
+ * from ~1.02x W8A16's time to 0.86x (benchmarks/quant_speed.py).
  *
- * Each block of codes takes its rows TILE_ROWS (4) at a time, each group of 3 fp32 blocks its
- * rows 4 at a time, the weights read from memory for the first tile and from L1/L2 for the next.
- * A row of codes sums into CHAINS (2) accumulators, alternate inputs, added at the end: one
- * chain is bound by the FMA's latency at one row (2 cores, the layers below at one row: 12.1 ms
- * W8A16 and 11.5 W4A16 with one chain and tiles of 8 rows, 9.0 and 8.0 with two), and four cost
- * more at 16 rows (twice the tiles) than they gain at one. fp32 sums in one chain, inputs in
+ * Each block of codes takes its rows TILE_ROWS (4) at a time (int4: INT4_TILE_ROWS, 2), each
+ * group of 3 fp32 blocks its rows 4 at a time, the weights read from memory for the first tile and
+ * from L1/L2 for the next. A row of codes sums into CHAINS (2) accumulators (int4: INT4_CHAINS,
+ * 4), alternate inputs, added at the end: one chain is bound by the FMA's latency at one row (2
+ * cores, the layers below at one row: 12.1 ms W8A16 and 11.5 W4A16 with one chain and tiles of 8
+ * rows, 9.0 and 8.0 with two), and four cost more at 16 rows (twice the tiles) than they gain at
+ * one for int8. fp32 sums in one chain, inputs in
  * order (its 3 blocks give a row 3 chains). The order is the same whatever the tile holds, so a
  * row's output does not depend on the rows beside it (up to AVX2_KERNEL_MAX_ROWS and
  * AVX2_FP32_MAX_ROWS; past them, oneDNN's GEMM sums in its own order).
@@ -57,8 +62,9 @@
  *   | 64   | 146     | 158 (0.93x)  | 157 (0.93x)  | 0.96x       | 0.02x       |
  *   | 512  | 733     | 757 (0.97x)  | 772 (0.95x)  | 0.86x       | 0.76x       |
  *
- * At one row W8A16 streams ~12 GB/s of codes and W4A16 ~7.5: still bound by the arithmetic
- * (a shift, a mask, a conversion and two FMAs per 8 int4 weights), not by memory.
+ * At one row W8A16 streams ~12 GB/s of codes and W4A16 ~7.5 (the table's code: a shift, a mask,
+ * a conversion and two FMAs per 8 int4 weights, two chains): bound by the arithmetic and the
+ * FMA's latency, not by memory; ~10-12.5 GB/s with int4_at and 4 chains.
  */
 #include <stdint.h>
 
@@ -71,6 +77,10 @@
  * block takes at once: 8 accumulators (+ dequantizing) of 16 registers. */
 #define CHAINS 2
 #define TILE_ROWS 4
+/* int4 (its codes now widen in two instructions): at one row, two chains of 4 FMAs a step each
+ * bound it by the FMA's latency, so 4 chains, and tiles of 2 rows to keep the sums in registers */
+#define INT4_CHAINS 4
+#define INT4_TILE_ROWS 2
 /* How far ahead (bytes, 16 steps) a block of int8 codes asks L1 for its stream: at one row the
  * hardware prefetcher left W8A16's 30 layers at 1.35x their time from cache. The linears at one
  * row, two builds alternating in one process (AMD EPYC Zen 3, 2 cores): 512 ahead 1.10-1.16x,
@@ -96,6 +106,18 @@ static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *st
     return _mm256_fmadd_ps(_mm256_cvtepi32_ps(u), scale, offset);
 }
 
+/* int4: input i (0..7) of the 8-input step at `step` as u * 2^(4i) (u * 2^24 for i = 7), the
+ * nibble masked in place, not shifted down: the rows it multiplies come scaled by 2^-4i
+ * (int4_rows), exactly, so the products are u * x. An AND and a conversion per 8 weights,
+ * against a shift, an AND, a conversion and the FMA of u * scale + offset; the scale and the
+ * offset apply once a group (block_rows). */
+static inline __attribute__((always_inline)) __m256 int4_at(const uint8_t *step, int i) {
+    const __m256i lanes = _mm256_loadu_si256((const __m256i *)step);
+    if (i == 7)  /* u * 2^28 would reach the sign bit */
+        return _mm256_cvtepi32_ps(_mm256_and_si256(_mm256_srli_epi32(lanes, 4), _mm256_set1_epi32(15 << 24)));
+    return _mm256_cvtepi32_ps(_mm256_and_si256(lanes, _mm256_set1_epi32(15 << (4 * i))));
+}
+
 /* Group `at`'s scale (unused for fp32 weights). */
 static inline __attribute__((always_inline)) __m256 group_scale(const avx2_qlinear_t *l, int64_t at,
                                                                 const int BITS) {
@@ -118,15 +140,21 @@ static inline void store_outputs(float *dst, __m256 v, const float *bias, int64_
     for (int64_t j = 0; j < count; j++) dst[j] = lanes[j] + (bias ? bias[j] : 0.0f);
 }
 
-/* y [ROWS, 8 outputs of block b] = x [ROWS, K] (row stride x_stride) @ the block's weights^T. */
+/* y [ROWS, 8 outputs of block b] = x [ROWS, K] (row stride x_stride) @ the block's weights^T.
+ * int8: each weight dequantized (u * scale + offset), then its products. int4: x holds
+ * int4_rows' rows (scaled inputs, then each group's input sum); a group's sums of u * x start
+ * afresh and end in the output's as sum * scale + offset * (the group's input sum). */
 static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_t *l, int64_t b,
                                                              const float *x, int64_t x_stride,
                                                              float *y, const int BITS, const int ROWS) {
     const int64_t groups = l->k_in / l->group, steps = l->group / 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
-    __m256 acc[TILE_ROWS][CHAINS];
-    for (int r = 0; r < ROWS; r++)
-        for (int c = 0; c < CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
+    const int CH = BITS == 4 ? INT4_CHAINS : CHAINS;
+    __m256 acc[TILE_ROWS][INT4_CHAINS], total[TILE_ROWS];
+    for (int r = 0; r < ROWS; r++) {
+        total[r] = _mm256_setzero_ps();
+        for (int c = 0; c < CH; c++) acc[r][c] = _mm256_setzero_ps();
+    }
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = group_scale(l, b * groups + g, BITS);
         const __m256 offset = group_offset(l, scale, b * groups + g, BITS);
@@ -135,19 +163,47 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
             if (BITS == 8) _mm_prefetch((const char *)step + CODE_AHEAD, _MM_HINT_T0);
 #pragma GCC unroll 8
             for (int i = 0; i < 8; i++) {
-                const __m256 w = weights_at(step, i, scale, offset, BITS);
+                const __m256 w = BITS == 4 ? int4_at(step, i) : weights_at(step, i, scale, offset, BITS);
 #pragma GCC unroll 8
                 for (int r = 0; r < ROWS; r++)
-                    acc[r][i % CHAINS] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i),
-                                                         acc[r][i % CHAINS]);
+                    acc[r][i % CH] = _mm256_fmadd_ps(w, _mm256_broadcast_ss(xk + r * x_stride + i), acc[r][i % CH]);
             }
         }
+        if (BITS == 4)
+#pragma GCC unroll 4
+            for (int r = 0; r < ROWS; r++) {
+                const __m256 sum = _mm256_add_ps(_mm256_add_ps(acc[r][0], acc[r][1]), _mm256_add_ps(acc[r][2], acc[r][3]));
+                total[r] = _mm256_fmadd_ps(sum, scale, total[r]);
+                total[r] = _mm256_fmadd_ps(offset, _mm256_broadcast_ss(x + r * x_stride + l->k_in + g), total[r]);
+                for (int c = 0; c < INT4_CHAINS; c++) acc[r][c] = _mm256_setzero_ps();
+            }
     }
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     for (int r = 0; r < ROWS; r++) {
         __m256 sum = acc[r][0];
-        for (int c = 1; c < CHAINS; c++) sum = _mm256_add_ps(sum, acc[r][c]);
-        store_outputs(y + r * l->n_out + b * 8, sum, l->bias ? l->bias + b * 8 : NULL, count);
+        for (int c = 1; c < CH; c++) sum = _mm256_add_ps(sum, acc[r][c]);
+        store_outputs(y + r * l->n_out + b * 8, BITS == 4 ? total[r] : sum, l->bias ? l->bias + b * 8 : NULL, count);
+    }
+}
+
+/* The rows int4 tiles read, INT4_LANE_SCALE apart by input: x [rows, K] scaled by 2^-4i at input
+ * i of each 8 (2^-24 at i = 7, see int4_at), then each group's sum of the unscaled inputs;
+ * K + K / group floats a row. */
+static const float INT4_LANE_SCALE[8] = {1.0f, 0x1p-4f, 0x1p-8f, 0x1p-12f, 0x1p-16f, 0x1p-20f, 0x1p-24f, 0x1p-24f};
+
+static void int4_rows(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *out) {
+    const int64_t k_in = l->k_in, stride = k_in + k_in / l->group;
+    const __m256 lane_scale = _mm256_loadu_ps(INT4_LANE_SCALE);
+#pragma omp for schedule(static)
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * x_stride;
+        float *o = out + r * stride;
+        for (int64_t k = 0; k < k_in; k += 8) _mm256_storeu_ps(o + k, _mm256_mul_ps(_mm256_loadu_ps(xr + k), lane_scale));
+        for (int64_t g = 0; g < k_in / l->group; g++) {
+            float sum = 0.0f;
+            for (int64_t k = g * l->group; k < (g + 1) * l->group; k++) sum += xr[k];
+            o[k_in + g] = sum;
+        }
     }
 }
 
@@ -158,13 +214,12 @@ typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, fl
         BODY;                                                                                     \
     }
 #define TILE(BITS, ROWS) TILE_FN(tile_##BITS##_##ROWS, block_rows(l, b, x, x_stride, y, BITS, ROWS))
-#define TILES(BITS) TILE(BITS, 1) TILE(BITS, 2) TILE(BITS, 3) TILE(BITS, 4)
-TILES(8)
-TILES(4)
+TILE(8, 1) TILE(8, 2) TILE(8, 3) TILE(8, 4)
+TILE(4, 1) TILE(4, 2)
 /* [bits == 8][rows - 1]: the row count and code width fixed at compile time keep the
- * accumulators in registers and the loops unrolled. */
+ * accumulators in registers and the loops unrolled (int4 up to INT4_TILE_ROWS). */
 static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
-    {tile_4_1, tile_4_2, tile_4_3, tile_4_4},
+    {tile_4_1, tile_4_2, NULL, NULL},
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
 };
 
@@ -206,20 +261,30 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
  * blocks at a time (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
  * read from memory for the first tile and from L1/L2 for the next. W8A8 and FP8 layers go to
- * avx2_dynamic_linear.c. Returns 0, or -1 when their scratch memory could not be allocated. */
+ * avx2_dynamic_linear.c. Returns 0, or -1 when scratch memory (int4_rows', W8A8's and FP8's) could not be allocated. */
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                       float *y) {
     if (l->act_bits == 8) return avx2_dynamic_linear(l, x, x_stride, rows, y);
     const int64_t blocks = (l->n_out + 7) / 8;
-    const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1, most = l->bits == 32 ? FP32_ROWS : TILE_ROWS;
-#pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b += width) {
-        tile_fn *const *kernels = tiles_for(l->bits, blocks - b < width ? blocks - b : width);
-        for (int64_t r = 0; r < rows; r += most) {
-            const int64_t tile = rows - r < most ? rows - r : most;
-            kernels[tile - 1](l, b, x + r * x_stride, x_stride, y + r * l->n_out);
+    const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1;
+    const int64_t most = l->bits == 32 ? FP32_ROWS : l->bits == 4 ? INT4_TILE_ROWS : TILE_ROWS;
+    const int64_t tile_stride = l->bits == 4 ? l->k_in + l->k_in / l->group : x_stride;
+    float *scaled = l->bits == 4 ? alloc_lines(sizeof(float) * (size_t)(rows * tile_stride)) : NULL;
+    if (l->bits == 4 && !scaled) return -1;
+    const float *tile_rows = scaled ? scaled : x;
+#pragma omp parallel
+    {
+        if (scaled) int4_rows(l, x, x_stride, rows, scaled);
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b += width) {
+            tile_fn *const *kernels = tiles_for(l->bits, blocks - b < width ? blocks - b : width);
+            for (int64_t r = 0; r < rows; r += most) {
+                const int64_t tile = rows - r < most ? rows - r : most;
+                kernels[tile - 1](l, b, tile_rows + r * tile_stride, tile_stride, y + r * l->n_out);
+            }
         }
     }
+    free(scaled);
     return 0;
 }
 
