@@ -30,7 +30,7 @@
  * (absent for symmetric weights: 0 or -8 * scale, so only the scales stream). int8: one FMA per 8
  * weights whatever the zero point, the dequantized vector then shared by all the rows of a tile.
  * int4: a group's sums of u * x, then sum * scale + offset * (the group's sum of x) once a group
- * (int4_rows prepares the rows): 1.05-1.28x the linears at one row, the same at 4 (two builds
+ * (int4_rows prepares the rows): 1.00-1.28x the linears at one row, the same at 4 (two builds
  * alternating, 30 layers from memory, this VM's noise); a decode step of the embedded model went
  * from ~1.02x W8A16's time to 0.86x (benchmarks/quant_speed.py).
  *
@@ -108,9 +108,9 @@ static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *st
 
 /* int4: input i (0..7) of the 8-input step at `step` as u * 2^(4i) (u * 2^24 for i = 7), the
  * nibble masked in place, not shifted down: the rows it multiplies come scaled by 2^-4i
- * (int4_rows), exactly, so the products are u * x. An AND and a conversion per 8 weights,
- * against a shift, an AND, a conversion and the FMA of u * scale + offset; the scale and the
- * offset apply once a group (block_rows). */
+ * (int4_rows), exactly in fp32's normal range, so the products are u * x. An AND and a
+ * conversion per 8 weights, against a shift, an AND, a conversion and the FMA of u * scale +
+ * offset; the scale and the offset apply once a group (block_rows). */
 static inline __attribute__((always_inline)) __m256 int4_at(const uint8_t *step, int i) {
     const __m256i lanes = _mm256_loadu_si256((const __m256i *)step);
     if (i == 7)  /* u * 2^28 would reach the sign bit */
