@@ -23,6 +23,7 @@ from inferlab.engine.outputs import ModelRunnerOutput, RequestOutput, SchedulerO
 from inferlab.engine.platform import (
     available_memory_bytes,
     keep_freed_memory,
+    release_freed_memory,
     resolve_device,
     resolve_dtype,
 )
@@ -103,6 +104,8 @@ class LLMEngine:
         # (no cycles). Collected first: frozen cyclic garbage (once a GGUF's mmap) is never freed.
         gc.collect()
         gc.freeze()
+        if self.device.type == "cpu":
+            release_freed_memory()  # the load's garbage, kept by keep_freed_memory's threshold
 
     # -- requests -------------------------------------------------------------------------------
 
