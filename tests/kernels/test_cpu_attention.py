@@ -105,16 +105,24 @@ def test_decode_head_layouts_match_the_oracle_alone_or_together(heads):
         assert torch.equal(alone[0], together[b])
 
 
-def test_a_few_tokens_through_the_whole_team_in_turn_match_the_oracle():
+@pytest.mark.parametrize(("dtype", "tolerance"), [(torch.bfloat16, 1.6e-2), (torch.float32, 5e-6)])
+def test_a_few_tokens_through_the_whole_team_in_turn_match_the_oracle(dtype, tolerance):
     """Three tokens of a one-KV-head model: too few (token, KV head) tasks for two threads, so
     the team takes them one after another in a shared scratch (decode_together), each waiting
-    for the one before."""
+    for the one before; fp32 (attend_together_f32) gives each token the bits of the one-head
+    tasks of a batch large enough for them (the same token among 12 copies of the batch)."""
     query_lens, context_lens = [1] * 3, [300, 77, 140]
-    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, torch.bfloat16, seed=11,
+    (q, k, v), (kc, vc), meta = _random_batch(query_lens, context_lens, dtype, seed=11,
                                               d=64, heads=(16, 1))
     together = cpu_paged.paged_attention(q, k, v, kc, vc, meta, 0.125)
     ref = torch_paged.paged_attention(q, k, v, kc.clone(), vc.clone(), meta, 0.125)
-    torch.testing.assert_close(together, ref, atol=1.6e-2, rtol=1.6e-2)
+    torch.testing.assert_close(together, ref, atol=tolerance, rtol=tolerance)
+    if dtype == torch.float32:
+        many = [i % 3 for i in range(12)]
+        tables = [meta.block_tables[b, : -(-meta.seq_lens_cpu[b] // 16)].tolist() for b in many]
+        many_meta = AttentionMetadata.build([1] * 12, [meta.seq_lens_cpu[b] for b in many], tables, 16)
+        apart = cpu_paged.paged_attention(q[many], k[many], v[many], kc, vc, many_meta, 0.125)
+        assert torch.equal(apart[:3], together)
 
 
 def test_decode_result_does_not_depend_on_the_batch():
@@ -136,7 +144,9 @@ def test_fp32_decodes_match_the_oracle_and_the_bits_alone(head_dim, block_size, 
     of 8: 64 and 128 as constants, 80 not; 36 the generic loops) over contexts that end inside a
     block, within a first block and across blocks smaller than the 16-position value chunks;
     GQA groups of 3, 1 and 7 (register tiles of 3 + 3 + 1 rows). Against the oracle, and each
-    token alone (one KV head a task) giving the bits it gives among 12 (all its heads a task)."""
+    token alone giving the bits it gives among 12 (all its heads a task): alone, the whole team
+    takes it where its KV heads are fewer than twice the threads (attend_together_f32), else a
+    KV head a task."""
     context_lens = [5, 77, 300, 16, 1, 140, 33, 64, 200, 15, 129, 48]
     (q, k, v), (kc, vc), meta = _random_batch([1] * len(context_lens), context_lens, torch.float32,
                                               seed=13, d=head_dim, heads=heads, block_size=block_size)
