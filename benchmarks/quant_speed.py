@@ -5,6 +5,9 @@ One model (default: the embedded SmolLM2-135M) is loaded in --dtype (default: wh
 engine's --dtype auto runs here: bf16 on a CPU with AVX512-BF16 or AMX, else fp32); each scheme's linear layers
 are built from round-to-nearest codes (speed does not depend on how the codes were chosen) and
 put into a copy of the model, so every variant has the same embeddings, norms and attention.
+In fp32 on a CPU with the AVX2 kernels, "bf16-held" is the dense model with its decoder linears'
+weights rounded to bf16 and held so (what a bf16 checkpoint run in fp32 gets: Avx2Fp32Linear's
+narrow_to_bf16), the fp32 arithmetic unchanged.
 
 This machine's speed moves in phases of seconds, so variants are measured interleaved: decode
 steps in turns of a few steps per variant (interleaved_decode_ms), each variant with its own KV
@@ -41,6 +44,7 @@ from workloads import (
 
 from inferlab.engine.platform import resolve_dtype
 from inferlab.kernels.attention.metadata import AttentionMetadata
+from inferlab.kernels.avx2_fp32_linear import Avx2Fp32Linear
 from inferlab.kernels.cpu_linear import PackedLinear, packed_linear_supported
 from inferlab.kernels.linear_choice import use_engine_linears
 from inferlab.models.loader import load_model
@@ -81,6 +85,18 @@ def quantized_modules(net: nn.Module, scheme_name: str, group: int,
             qw = quantize_rtn(module.weight.data.float(), scheme.weights)
             out[name] = build_quant_linear(qw, scheme.activations, None, module.weight.dtype)
     return out
+
+
+def bf16_held(dense: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """Copies of the fp32 kernel layers with their weights rounded to bf16 and held in bf16."""
+    held = {}
+    for name, module in dense.items():
+        if isinstance(module, Avx2Fp32Linear) and name != "lm_head":
+            copied = copy.deepcopy(module)
+            copied.packed.copy_(copied.packed.to(torch.bfloat16).float())
+            if copied.narrow_to_bf16():
+                held[name] = copied
+    return held
 
 
 def variant_net(net: nn.Module, modules: dict[str, nn.Module]) -> nn.Module:
@@ -226,6 +242,9 @@ def main() -> None:
     use_engine_linears(net, torch.device("cpu"), dtype)  # what the engine runs (the lm_head too)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
     variants = {base_name: dense, **quantized}
+    if held := bf16_held(dense):
+        variants["bf16-held"] = held
+        quantized["bf16-held"] = held
     nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in quantized.items()}}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate
     atexit.register(gc.unfreeze)  # triton (imported by torch) checks for leaks at exit

@@ -98,7 +98,8 @@ class KeptAvx2Desc:
 
 
 class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
-    """An fp32 nn.Linear whose weight lives only in the kernel's layout [N/8, K, 8]."""
+    """An fp32 nn.Linear whose weight lives only in the kernel's layout [N/8, K, 8]: fp32, or bf16
+    where every value is a bf16 number (narrow_to_bf16)."""
 
     kernel_max_rows = AVX2_FP32_MAX_ROWS
 
@@ -108,9 +109,26 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
         self.register_buffer("packed", in_huge_pages(outputs_last(linear.weight.detach())))  # [N/8, K, 8]
         self.bias = linear.bias
 
+    def narrow_to_bf16(self) -> bool:
+        """Keep the weight as bf16 if that is exact (a bf16 checkpoint run in fp32): half the
+        bytes a decode step reads, the same products (the kernel widens them as it reads), so
+        the same outputs. Returns whether it did."""
+        if self.packed.dtype == torch.bfloat16:
+            return True
+        first = self.packed[:1]  # a block: most fp32 checkpoints fail here, before a full copy
+        if not torch.equal(first.to(torch.bfloat16).float(), first):
+            return False
+        narrow = self.packed.to(torch.bfloat16)
+        if not torch.equal(narrow.float(), self.packed):
+            return False
+        self.packed = in_huge_pages(narrow)
+        self._desc = None
+        return True
+
     def c_desc(self) -> cpu_library.Avx2QuantDesc:
+        bits = 16 if self.packed.dtype == torch.bfloat16 else 32
         return cpu_library.Avx2QuantDesc(
-            n_out=self.out_features, k_in=self.in_features, group=self.in_features, bits=32,
+            n_out=self.out_features, k_in=self.in_features, group=self.in_features, bits=bits,
             codes=self.packed.data_ptr(), scale=None, offset=None, bias=cpu_library.tensor_ptr(self.bias))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:  # [..., K] -> [..., N]
@@ -131,5 +149,11 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
 def use_avx2_fp32_linears(model: nn.Module) -> int:
     """Replace the fp32 nn.Linear layers of `model` the kernel fits by Avx2Fp32Linear, in place
-    (a tied embedding then reads the head's packed weight); returns how many."""
-    return replace_linears_keeping_ties(model, Avx2Fp32Linear, avx2_fp32_fits)
+    (a tied embedding then reads the head's packed weight), those of the decoder in bf16 where
+    that is exact (the head, which an embedding may read, stays fp32); returns how many."""
+    count = replace_linears_keeping_ties(model, Avx2Fp32Linear, avx2_fp32_fits)
+    head = getattr(model, "lm_head", None)
+    for module in model.modules():
+        if isinstance(module, Avx2Fp32Linear) and module is not head:
+            module.narrow_to_bf16()
+    return count

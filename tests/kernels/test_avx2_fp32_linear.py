@@ -114,3 +114,48 @@ def test_a_tied_embedding_reads_the_packed_head() -> None:
     assert (head(x).double() - x.double() @ table.double().T).abs().max() < 1e-5
     with pytest.raises(IndexError, match="outside the embedding table"):
         embedding(torch.tensor([100]))
+
+
+def _bf16_exact(n: int, k: int, bias: bool) -> nn.Linear:
+    """A layer of a bf16 checkpoint run in fp32: every weight a bf16 number."""
+    linear, _ = _layer(n, k, bias)
+    with torch.no_grad():
+        linear.weight.copy_(linear.weight.to(torch.bfloat16).float())
+    return linear
+
+
+@pytest.mark.parametrize("n", [96, 45])
+def test_bf16_exact_weights_are_kept_in_bf16_with_the_same_outputs(n: int) -> None:
+    """Half the bytes, the same bits as the fp32-stored layer at every path: one row, tiles of
+    1 to 4 rows, and past AVX2_FP32_MAX_ROWS (the weight unpacked for oneDNN)."""
+    linear = _bf16_exact(n, 64, bias=True)
+    wide, narrow = Avx2Fp32Linear(linear), Avx2Fp32Linear(linear)
+    assert narrow.narrow_to_bf16() and narrow.packed.dtype == torch.bfloat16
+    assert narrow.packed.nbytes * 2 == wide.packed.nbytes
+    for rows in [1, 2, 3, 4, 5, 40, AVX2_FP32_MAX_ROWS + 1]:
+        x = torch.randn(rows, 64)
+        assert torch.equal(narrow(x), wide(x)), rows
+    assert torch.equal(narrow.unpacked_weight(), linear.weight.detach())
+
+
+def test_weights_bf16_cannot_hold_stay_fp32() -> None:
+    _, layer = _layer(40, 64, False)
+    assert not layer.narrow_to_bf16() and layer.packed.dtype == torch.float32
+
+
+def test_a_bf16_checkpoint_keeps_its_decoder_in_bf16_and_its_tied_head_in_fp32() -> None:
+    """use_engine_linears on an fp32 model whose weights are all bf16 numbers: the decoder's
+    linears narrow; the head, which the tied embedding reads rows from, stays fp32."""
+    model = nn.Module()
+    model.model = nn.Module()
+    model.model.embed_tokens = nn.Embedding(48, 64)
+    model.model.proj = _bf16_exact(96, 64, bias=False)
+    model.lm_head = nn.Linear(64, 48, bias=False)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.copy_(model.model.embed_tokens.weight.to(torch.bfloat16).float())
+    model.lm_head.weight = model.model.embed_tokens.weight
+    use_engine_linears(model, torch.device("cpu"), torch.float32)
+    assert model.model.proj.packed.dtype == torch.bfloat16
+    assert model.lm_head.packed.dtype == torch.float32
+    assert isinstance(model.model.embed_tokens, PackedEmbedding)
+    assert model.model.embed_tokens(torch.tensor([3])).dtype == torch.float32

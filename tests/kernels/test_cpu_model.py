@@ -11,8 +11,18 @@ import torch
 
 from inferlab.kernels import cpu_model, cpu_ops
 from inferlab.kernels.attention.metadata import AttentionMetadata
-from inferlab.kernels.avx2_fp32_linear import avx2_fp32_linear_supported, use_avx2_fp32_linears
-from inferlab.kernels.cpu_linear import PackedEmbedding, packed_linear_supported, use_packed_linears
+from inferlab.kernels.avx2_fp32_linear import (
+    Avx2Fp32Linear,
+    avx2_fp32_fits,
+    avx2_fp32_linear_supported,
+    use_avx2_fp32_linears,
+)
+from inferlab.kernels.cpu_linear import (
+    PackedEmbedding,
+    packed_linear_supported,
+    replace_linears_keeping_ties,
+    use_packed_linears,
+)
 from inferlab.models.config import ModelConfig
 from inferlab.models.llama import LlamaForCausalLM
 from inferlab.quant.layer import LINEARS
@@ -149,6 +159,25 @@ def test_fp32_prompts_and_linears_the_kernels_do_not_run_keep_the_python_layers(
     assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is not None
     model.model.layers[2].mlp.down_proj = torch.nn.Linear(192, 128)  # a plain fp32 linear
     assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is None
+
+
+@F32
+@pytest.mark.parametrize("batch_name", ["one decode", "decodes", "decodes, chunks and prompts"])
+def test_an_fp32_model_of_bf16_weights_kept_in_bf16_gives_the_fp32_storage_bits(batch_name, monkeypatch):
+    """A bf16 checkpoint run in fp32: its decoder linears narrow to bf16 (exact), and the C
+    forward and the Python layers give the bits the fp32-stored linears give."""
+    narrow, wide = (tiny_model(64, True, pack=False, dtype=torch.float32) for _ in range(2))
+    for model in (narrow, wide):
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(param.to(torch.bfloat16).float())
+    use_avx2_fp32_linears(narrow)
+    replace_linears_keeping_ties(wide, Avx2Fp32Linear, avx2_fp32_fits)  # without narrowing
+    assert narrow.model.layers[0].mlp.down_proj.packed.dtype == torch.bfloat16
+    assert wide.model.layers[0].mlp.down_proj.packed.dtype == torch.float32
+    (ours, _, _), (python_layers, _) = forward_both_ways(narrow, BATCHES[batch_name], 5, monkeypatch)
+    (reference, _, _), _ = forward_both_ways(wide, BATCHES[batch_name], 5, monkeypatch)
+    assert torch.equal(ours, reference) and torch.equal(python_layers, reference)
 
 
 @F32

@@ -186,7 +186,7 @@ static inline __attribute__((always_inline)) void fp8_tile(const avx2_qlinear_t 
     const float *values = xq;
     __m256 acc[FP32_ROWS][FP32_BLOCKS];
     if (ROWS > 1) {
-        fp32_tile_sums(wide, k_in, values, k_in, acc, BLOCKS, ROWS);
+        fp32_tile_sums(wide, k_in, values, k_in, acc, BLOCKS, ROWS, 0);
     } else {
         const uint8_t *w = l->codes + b * k_in * 8;
         for (int c = 0; c < BLOCKS; c++) acc[0][c] = _mm256_setzero_ps();

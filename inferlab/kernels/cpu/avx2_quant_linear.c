@@ -96,7 +96,7 @@ static inline int64_t step_bytes(const int BITS) { return BITS * 8; }
 static inline __attribute__((always_inline)) __m256 weights_at(const uint8_t *step, int i, __m256 scale,
                                                                __m256 offset, const int BITS) {
     __m256i u;
-    if (BITS == 32) return _mm256_loadu_ps((const float *)step + 8 * i);
+    if (BITS == 32 || BITS == 16) return dense_weights(step, 8 * i, BITS == 16);
     if (BITS == 8) {
         u = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(step + 8 * i)));
     } else {
@@ -121,14 +121,14 @@ static inline __attribute__((always_inline)) __m256 int4_at(const uint8_t *step,
 /* Group `at`'s scale (unused for fp32 weights). */
 static inline __attribute__((always_inline)) __m256 group_scale(const avx2_qlinear_t *l, int64_t at,
                                                                 const int BITS) {
-    return BITS == 32 ? _mm256_setzero_ps() : _mm256_loadu_ps(l->scale + at * 8);
+    return BITS >= 16 ? _mm256_setzero_ps() : _mm256_loadu_ps(l->scale + at * 8);
 }
 
 /* Group `at`'s offset (block-major, as the scales): stored with zero points; without, -8 * scale
  * for int4 (exact) and 0 for int8, so that symmetric weights stream no offsets. */
 static inline __attribute__((always_inline)) __m256 group_offset(const avx2_qlinear_t *l, __m256 scale,
                                                                  int64_t at, const int BITS) {
-    if (BITS == 32) return _mm256_setzero_ps();
+    if (BITS >= 16) return _mm256_setzero_ps();
     if (l->offset) return _mm256_loadu_ps(l->offset + at * 8);
     return BITS == 8 ? _mm256_setzero_ps() : _mm256_mul_ps(scale, _mm256_set1_ps(-8.0f));
 }
@@ -223,13 +223,14 @@ static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
 };
 
-/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their dense fp32 weights^T (bits
- * 32; FP32_BLOCKS by FP32_ROWS tiles, see kernels.h), + bias. */
+/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their dense weights^T (bits 32,
+ * or 16: bf16 bits widened as read; FP32_BLOCKS by FP32_ROWS tiles, see kernels.h), + bias. */
 static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t *l, int64_t b,
                                                             const float *x, int64_t x_stride,
-                                                            float *y, const int BLOCKS, const int ROWS) {
+                                                            float *y, const int BLOCKS, const int ROWS,
+                                                            const int BF16) {
     __m256 acc[FP32_ROWS][FP32_BLOCKS];
-    fp32_tile_sums((const float *)l->codes + b * l->k_in * 8, l->k_in, x, x_stride, acc, BLOCKS, ROWS);
+    fp32_tile_sums(l->codes + b * l->k_in * 8 * (BF16 ? 2 : 4), l->k_in, x, x_stride, acc, BLOCKS, ROWS, BF16);
 #pragma GCC unroll 3
     for (int c = 0; c < BLOCKS; c++) {
         const int64_t first = (b + c) * 8, count = l->n_out - first < 8 ? l->n_out - first : 8;
@@ -239,23 +240,30 @@ static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t
     }
 }
 
-#define FP32_TILE(BLOCKS, ROWS) \
-    TILE_FN(fp32_tile_##BLOCKS##_##ROWS, fp32_tile(l, b, x, x_stride, y, BLOCKS, ROWS))
-#define FP32_TILES(BLOCKS) FP32_TILE(BLOCKS, 1) FP32_TILE(BLOCKS, 2) FP32_TILE(BLOCKS, 3) FP32_TILE(BLOCKS, 4)
-FP32_TILES(1)
-FP32_TILES(2)
-FP32_TILES(3)
-/* [blocks - 1][rows - 1]: fewer blocks for the last group of a layer (N/8 not a multiple of 3),
- * fewer rows for the last tile. */
-static tile_fn *const FP32_TILE_KERNELS[FP32_BLOCKS][FP32_ROWS] = {
-    {fp32_tile_1_1, fp32_tile_1_2, fp32_tile_1_3, fp32_tile_1_4},
-    {fp32_tile_2_1, fp32_tile_2_2, fp32_tile_2_3, fp32_tile_2_4},
-    {fp32_tile_3_1, fp32_tile_3_2, fp32_tile_3_3, fp32_tile_3_4},
+#define FP32_TILE(W, BLOCKS, ROWS) \
+    TILE_FN(fp32_tile_##W##_##BLOCKS##_##ROWS, fp32_tile(l, b, x, x_stride, y, BLOCKS, ROWS, W == 16))
+#define FP32_TILES(W, BLOCKS) FP32_TILE(W, BLOCKS, 1) FP32_TILE(W, BLOCKS, 2) FP32_TILE(W, BLOCKS, 3) \
+    FP32_TILE(W, BLOCKS, 4)
+FP32_TILES(32, 1)
+FP32_TILES(32, 2)
+FP32_TILES(32, 3)
+FP32_TILES(16, 1)
+FP32_TILES(16, 2)
+FP32_TILES(16, 3)
+/* [bf16][blocks - 1][rows - 1]: fewer blocks for the last group of a layer (N/8 not a multiple
+ * of 3), fewer rows for the last tile. */
+static tile_fn *const FP32_TILE_KERNELS[2][FP32_BLOCKS][FP32_ROWS] = {
+    {{fp32_tile_32_1_1, fp32_tile_32_1_2, fp32_tile_32_1_3, fp32_tile_32_1_4},
+     {fp32_tile_32_2_1, fp32_tile_32_2_2, fp32_tile_32_2_3, fp32_tile_32_2_4},
+     {fp32_tile_32_3_1, fp32_tile_32_3_2, fp32_tile_32_3_3, fp32_tile_32_3_4}},
+    {{fp32_tile_16_1_1, fp32_tile_16_1_2, fp32_tile_16_1_3, fp32_tile_16_1_4},
+     {fp32_tile_16_2_1, fp32_tile_16_2_2, fp32_tile_16_2_3, fp32_tile_16_2_4},
+     {fp32_tile_16_3_1, fp32_tile_16_3_2, fp32_tile_16_3_3, fp32_tile_16_3_4}},
 };
 
-/* The tiles for `width` blocks (fp32: FP32_BLOCKS or the last blocks of a layer) of `bits`. */
+/* The tiles for `width` blocks (dense: FP32_BLOCKS or the last blocks of a layer) of `bits`. */
 static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
-    return bits == 32 ? FP32_TILE_KERNELS[width - 1] : TILE_KERNELS[bits == 8];
+    return bits >= 16 ? FP32_TILE_KERNELS[bits == 16][width - 1] : TILE_KERNELS[bits == 8];
 }
 
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
@@ -266,8 +274,8 @@ int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride,
                       float *y) {
     if (l->act_bits == 8) return avx2_dynamic_linear(l, x, x_stride, rows, y);
     const int64_t blocks = (l->n_out + 7) / 8;
-    const int64_t width = l->bits == 32 ? FP32_BLOCKS : 1;
-    const int64_t most = l->bits == 32 ? FP32_ROWS : l->bits == 4 ? INT4_TILE_ROWS : TILE_ROWS;
+    const int64_t width = l->bits >= 16 ? FP32_BLOCKS : 1;
+    const int64_t most = l->bits >= 16 ? FP32_ROWS : l->bits == 4 ? INT4_TILE_ROWS : TILE_ROWS;
     const int64_t tile_stride = l->bits == 4 ? l->k_in + l->k_in / l->group : x_stride;
     float *scaled = l->bits == 4 ? alloc_lines(sizeof(float) * (size_t)(rows * tile_stride)) : NULL;
     if (l->bits == 4 && !scaled) return -1;
@@ -332,6 +340,7 @@ void avx2_quant_dequantize(const avx2_qlinear_t *l, float *w) {
 #pragma omp parallel for schedule(static)
     for (int64_t b = 0; b < blocks; b++) {
         if (l->bits == 32) dequantize_block(l, b, w, 32);
+        else if (l->bits == 16) dequantize_block(l, b, w, 16);
         else if (l->bits == 8) dequantize_block(l, b, w, 8);
         else dequantize_block(l, b, w, 4);
     }

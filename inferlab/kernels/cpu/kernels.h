@@ -100,12 +100,22 @@ static inline __attribute__((always_inline)) void prefetch_lines(const void *at,
 #define FP32_BLOCKS 3
 #define FP32_ROWS 4
 
-/* acc[r][c] = sum over k of w_c[k] * x_r[k]: BLOCKS blocks of fp32 weights [K][8 outputs], k_in * 8
- * floats apart from w, and ROWS rows of x (x_stride apart). Each output is one chain over k = 0..K-1,
- * whatever the tile: a row's sums do not depend on the rows beside it. */
-static inline __attribute__((always_inline)) void fp32_tile_sums(const float *w, int64_t k_in, const float *x,
+/* 8 weights of a dense tile: fp32, or bf16 bits (BF16: a bf16 checkpoint's weights, exact in
+ * both) widened by a shift, so that both give the same products. */
+static inline __attribute__((always_inline)) __m256 dense_weights(const void *w, int64_t at, const int BF16) {
+    if (BF16)
+        return _mm256_castsi256_ps(_mm256_slli_epi32(
+            _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)w + at))), 16));
+    return _mm256_loadu_ps((const float *)w + at);
+}
+
+/* acc[r][c] = sum over k of w_c[k] * x_r[k]: BLOCKS blocks of weights [K][8 outputs] (fp32, or
+ * bf16 with BF16), k_in * 8 apart from w, and ROWS rows of x (x_stride apart). Each output is one
+ * chain over k = 0..K-1, whatever the tile or the weights' storage: a row's sums do not depend on
+ * the rows beside it. */
+static inline __attribute__((always_inline)) void fp32_tile_sums(const void *w, int64_t k_in, const float *x,
                                                                  int64_t x_stride, __m256 acc[FP32_ROWS][FP32_BLOCKS],
-                                                                 const int BLOCKS, const int ROWS) {
+                                                                 const int BLOCKS, const int ROWS, const int BF16) {
 #pragma GCC unroll 4
     for (int r = 0; r < ROWS; r++)
 #pragma GCC unroll 3
@@ -116,7 +126,7 @@ static inline __attribute__((always_inline)) void fp32_tile_sums(const float *w,
     for (int64_t k = 0; k < k_in; k++) {
         __m256 wk[FP32_BLOCKS];
 #pragma GCC unroll 3
-        for (int c = 0; c < BLOCKS; c++) wk[c] = _mm256_loadu_ps(w + (c * k_in + k) * 8);
+        for (int c = 0; c < BLOCKS; c++) wk[c] = dense_weights(w, (c * k_in + k) * 8, BF16);
 #pragma GCC unroll 4
         for (int r = 0; r < ROWS; r++) {
             const __m256 xr = _mm256_broadcast_ss(x + r * x_stride + k);
@@ -410,7 +420,8 @@ int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t 
 
 /* One layer: n_out outputs (the codes padded to whole blocks of 8), k_in inputs (a multiple of
  * 8), scales per `group` inputs (a multiple of 8 dividing k_in), 8- or 4-bit codes; or bits 32:
- * dense fp32 weights [N/8, K, 8] as the codes, no scales or offsets (group = k_in). act_bits 8:
+ * dense fp32 weights [N/8, K, 8] as the codes (bits 16: their bf16 bits, exact weights of a bf16
+ * checkpoint), no scales or offsets (group = k_in). act_bits 8:
  * the activations quantized per token (or with the static input_scale), scale fp32 per output,
  * codes in avx2_dynamic_linear.c's layouts: W8A8 (int8), or FP8 (fp8 1: e4m3 weights and
  * activations). */
