@@ -241,11 +241,10 @@ def main() -> None:
                  for name in args.schemes}
     use_engine_linears(net, torch.device("cpu"), dtype)  # what the engine runs (the lm_head too)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
-    variants = {base_name: dense, **quantized}
-    if held := bf16_held(dense):
-        variants["bf16-held"] = held
-        quantized["bf16-held"] = held
-    nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in quantized.items()}}
+    held = bf16_held(dense)
+    others = {**quantized, **({"bf16-held": held} if held else {})}
+    variants = {base_name: dense, **others}
+    nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in others.items()}}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate
     atexit.register(gc.unfreeze)  # triton (imported by torch) checks for leaks at exit
     ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),

@@ -38,10 +38,11 @@
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 
-#define DYNAMIC_BLOCKS 3
-#define DYNAMIC_ROWS 4
+/* the dense tiles' shape (kernels.h): FP8's tiles run their loop, W8A8's take the same */
+#define DYNAMIC_BLOCKS FP32_BLOCKS
+#define DYNAMIC_ROWS FP32_ROWS
 #define FP8_MAX 448.0f
-/* fp8_values reads a code's value times 2^-120 (FP8_BITS_SCALE); the rounded activations are
+/* fp8_values reads a code's value times 2^-120; the rounded activations are
  * kept times 2^64 (FP8_X_SCALE), so that each product is the exact one times 2^-56, within fp32's
  * normal range for every pair of e4m3 values (down to 2^-18 * 2^-56), and the sums are exactly
  * 2^-56 times what they would be: FP8_SUM_SCALE takes them back. */

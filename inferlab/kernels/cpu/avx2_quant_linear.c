@@ -180,9 +180,12 @@ static inline __attribute__((always_inline)) void block_rows(const avx2_qlinear_
     }
     const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     for (int r = 0; r < ROWS; r++) {
-        __m256 sum = acc[r][0];
-        for (int c = 1; c < CH; c++) sum = _mm256_add_ps(sum, acc[r][c]);
-        store_outputs(y + r * l->n_out + b * 8, BITS == 4 ? total[r] : sum, l->bias ? l->bias + b * 8 : NULL, count);
+        __m256 sum = total[r];  /* int4: the groups' totals; int8: its chains added */
+        if (BITS != 4) {
+            sum = acc[r][0];
+            for (int c = 1; c < CH; c++) sum = _mm256_add_ps(sum, acc[r][c]);
+        }
+        store_outputs(y + r * l->n_out + b * 8, sum, l->bias ? l->bias + b * 8 : NULL, count);
     }
 }
 
