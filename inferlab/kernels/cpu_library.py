@@ -78,7 +78,7 @@ class Avx2QuantDesc(ctypes.Structure):
 
     _fields_ = [*((name, _I64) for name in ("n_out", "k_in", "group", "bits")),
                 *((name, _P) for name in ("codes", "scale", "offset", "bias")),
-                ("act_bits", _I64), ("input_scale", _P), ("fp8", _I64)]
+                ("act_bits", _I64), ("input_scale", _P), ("fp8", _I64), ("dense_order", _I64)]
 
 
 def tensor_ptr(t: torch.Tensor | None) -> int | None:

@@ -41,11 +41,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from inferlab.kernels import cpu_library, cpu_ops
+from inferlab.kernels import avx2_blocks, cpu_library, cpu_ops
 from inferlab.kernels.avx2_fp32_linear import KeptAvx2Desc
 from inferlab.kernels.cpu_linear import CLinear
 from inferlab.kernels.host_memory import in_huge_pages
-from inferlab.quant.formats import avx2_blocks, int4_cpu, vnni
+from inferlab.quant.formats import int4_cpu, vnni
 from inferlab.quant.formats.int_pack import pack_int32
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import GROUPED, INT, ActivationArgs
@@ -207,7 +207,7 @@ class PackedQuantLinear(CKernelLinear):
 
 class Avx2QuantLinear(KeptAvx2Desc, QuantLinear):
     """W8A16 or W4A16 for fp32 on a CPU with AVX2 + FMA, in avx2_quant_linear.c's layout
-    (inferlab.quant.formats.avx2_blocks): decode rows read the codes once and share each
+    (inferlab.kernels.avx2_blocks): decode rows read the codes once and share each
     dequantized vector between the rows; more rows dequantize the whole weight for F.linear."""
 
     bias_in_matmul = True

@@ -30,11 +30,11 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from inferlab.kernels import cpu_library, cpu_ops, scaled_mm
+from inferlab.kernels import avx2_blocks, cpu_library, cpu_ops, scaled_mm
 from inferlab.kernels.avx2_fp32_linear import KeptAvx2Desc
 from inferlab.kernels.host_memory import in_huge_pages
 from inferlab.kernels.scaled_mm import FP8_MAX, INT8_MAX
-from inferlab.quant.formats import avx2_blocks, vnni
+from inferlab.quant.formats import vnni
 from inferlab.quant.linear import CKernelLinear, DequantLinear, QuantLinear
 from inferlab.quant.qparams import QuantizedWeight
 from inferlab.quant.scheme import INT, ActivationArgs

@@ -29,6 +29,7 @@ from inferlab.quant.layer import LINEARS
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.qparams import quantize_rtn
 from inferlab.quant.scheme import INT, ActivationArgs, QuantScheme, WeightArgs, make_scheme
+from tests.kernels.gguf_values import gguf_file_blocks
 
 CPU = torch.device("cpu")
 BF16 = pytest.mark.skipif(
@@ -161,19 +162,29 @@ def test_fp32_prompts_and_linears_the_kernels_do_not_run_keep_the_python_layers(
     assert cpu_model.run_model(model.model, ids, rope, caches, decodes) is None
 
 
+def _stored_as(param: torch.Tensor, storage: str) -> torch.Tensor:
+    """The values a checkpoint stored in `storage` (bf16, or a GGUF's Q4_1 / Q8_0 blocks for
+    matrices) loads as in fp32."""
+    if storage == "bf16":
+        return param.to(torch.bfloat16).float()
+    return gguf_file_blocks(param, storage)[1] if param.dim() == 2 else param
+
+
 @F32
+@pytest.mark.parametrize(("storage", "held"), [("bf16", torch.bfloat16), ("Q4_1", torch.uint8), ("Q8_0", torch.uint8)])
 @pytest.mark.parametrize("batch_name", ["one decode", "decodes", "decodes, chunks and prompts"])
-def test_an_fp32_model_of_bf16_weights_kept_in_bf16_gives_the_fp32_storage_bits(batch_name, monkeypatch):
-    """A bf16 checkpoint run in fp32: its decoder linears narrow to bf16 (exact), and the C
-    forward and the Python layers give the bits the fp32-stored linears give."""
+def test_an_fp32_model_held_in_fewer_bytes_gives_the_fp32_storage_bits(storage, held, batch_name, monkeypatch):
+    """A bf16 checkpoint or a GGUF of Q4_1 / Q8_0 blocks run in fp32: its decoder linears narrow
+    to bf16 or to the blocks' codes (exact), and the C forward and the Python layers give the
+    bits the fp32-stored linears give."""
     narrow, wide = (tiny_model(64, True, pack=False, dtype=torch.float32) for _ in range(2))
     for model in (narrow, wide):
         with torch.no_grad():
             for param in model.parameters():
-                param.copy_(param.to(torch.bfloat16).float())
+                param.copy_(_stored_as(param, storage))
     use_avx2_fp32_linears(narrow)
     replace_linears_keeping_ties(wide, Avx2Fp32Linear, avx2_fp32_fits)  # without narrowing
-    assert narrow.model.layers[0].mlp.down_proj.packed.dtype == torch.bfloat16
+    assert narrow.model.layers[0].mlp.down_proj.packed.dtype == held
     assert wide.model.layers[0].mlp.down_proj.packed.dtype == torch.float32
     (ours, _, _), (python_layers, _) = forward_both_ways(narrow, BATCHES[batch_name], 5, monkeypatch)
     (reference, _, _), _ = forward_both_ways(wide, BATCHES[batch_name], 5, monkeypatch)

@@ -10,9 +10,8 @@ import dataclasses
 import pytest
 import torch
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import avx2_blocks, cpu_ops
 from inferlab.quant import linear
-from inferlab.quant.formats import avx2_blocks
 from inferlab.quant.linear import build_quant_linear
 from inferlab.quant.linear_dynamic import Avx2DynamicLinear, Int8DynamicLinear
 from inferlab.quant.qparams import QuantizedWeight, dequantize, quantize_rtn

@@ -11,7 +11,7 @@
  * vpaddd chains retire one pair per 0.255 ns (16 products) against 0.20 ns for an fp32 FMA (8):
  * 1.6x the products a cycle, with no dequantizing on the way.
  *
- * Layout (inferlab/quant/formats/avx2_blocks.py pack_pairs): blocks of 8 outputs, and in a
+ * Layout (inferlab/kernels/avx2_blocks.py pack_pairs): blocks of 8 outputs, and in a
  * block, per pair of inputs, the 8 outputs' two codes side by side, [N/8, K/2, 8, 2] int8: 16
  * bytes a pair that one vpmovsxbw widens to the 16 int16 a vpmaddwd takes against the pair
  * (x[2p], x[2p + 1]) of a row broadcast as one 32-bit lane. A tile is 3 blocks by 4 rows, 12

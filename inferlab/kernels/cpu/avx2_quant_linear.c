@@ -19,7 +19,11 @@
  * 14.6 ms against oneDNN's 23.8 at one row (1.63x; 17.7 with the old tiles), 24.6 / 56.9 at 8,
  * 105.8 / 157 at 64, 715 / 834 at 512 (the old tiles 1401); the table is avx2_fp32_linear.py's.
  *
- * Layout (inferlab/quant/formats/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
+ * dense_order int8 / int4 codes are dense fp32 weights held as the GGUF blocks they came from
+ * (widened_linear, below): the embedded SmolLM2's 30 layers of Q4_1 linears at one row in 7.9-8.4
+ * ms against 16.9 fp32-held (2.0x), 1.5x at 2 and 4 rows, 1.2x at 16, 1.05x at 64, the same bits.
+ *
+ * Layout (inferlab/kernels/avx2_blocks.py packs it): blocks of 8 outputs, one fp32 lane
  * each, so that a code vector widens straight into the 8 lanes an FMA adds to and no
  * horizontal sums are needed; the block's codes for 8 inputs sit in 64 bytes (int8: [8 inputs]
  * [8 outputs], one vpmovsxbd per input; fp32 likewise in 256 bytes, one load per input) or 32
@@ -66,7 +70,9 @@
  * a conversion and two FMAs per 8 int4 weights, two chains): bound by the arithmetic and the
  * FMA's latency, not by memory; ~10-12.5 GB/s with int4_at and 4 chains.
  */
+#include <omp.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include "kernels.h"
 
@@ -210,10 +216,13 @@ static void int4_rows(const avx2_qlinear_t *l, const float *x, int64_t x_stride,
     }
 }
 
-typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, int64_t, float *);
+/* (layer, first block, its weights widened or NULL, x, x_stride, y) */
+typedef void tile_fn(const avx2_qlinear_t *, int64_t, const float *, const float *, int64_t, float *);
 /* A tile_fn NAME that runs BODY, its row count and widths fixed at compile time. */
 #define TILE_FN(NAME, BODY)                                                                       \
-    static void NAME(const avx2_qlinear_t *l, int64_t b, const float *x, int64_t x_stride, float *y) { \
+    static void NAME(const avx2_qlinear_t *l, int64_t b, const float *w, const float *x, int64_t x_stride, \
+                     float *y) {                                                                  \
+        (void)w;                                                                                  \
         BODY;                                                                                     \
     }
 #define TILE(BITS, ROWS) TILE_FN(tile_##BITS##_##ROWS, block_rows(l, b, x, x_stride, y, BITS, ROWS))
@@ -226,14 +235,10 @@ static tile_fn *const TILE_KERNELS[2][TILE_ROWS] = {
     {tile_8_1, tile_8_2, tile_8_3, tile_8_4},
 };
 
-/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their dense weights^T (bits 32,
- * or 16: bf16 bits widened as read; FP32_BLOCKS by FP32_ROWS tiles, see kernels.h), + bias. */
-static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t *l, int64_t b,
-                                                            const float *x, int64_t x_stride,
-                                                            float *y, const int BLOCKS, const int ROWS,
-                                                            const int BF16) {
-    __m256 acc[FP32_ROWS][FP32_BLOCKS];
-    fp32_tile_sums(l->codes + b * l->k_in * 8 * (BF16 ? 2 : 4), l->k_in, x, x_stride, acc, BLOCKS, ROWS, BF16);
+/* Outputs of blocks b.. b + BLOCKS - 1 for ROWS rows (+ bias) to y [ROWS, N]. */
+static inline __attribute__((always_inline)) void store_tile(const avx2_qlinear_t *l, int64_t b,
+                                                             __m256 acc[FP32_ROWS][FP32_BLOCKS], float *y,
+                                                             const int BLOCKS, const int ROWS) {
 #pragma GCC unroll 3
     for (int c = 0; c < BLOCKS; c++) {
         const int64_t first = (b + c) * 8, count = l->n_out - first < 8 ? l->n_out - first : 8;
@@ -243,8 +248,21 @@ static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t
     }
 }
 
+/* y [ROWS, the 8 * BLOCKS outputs from block b] = x [ROWS, K] @ their dense weights^T (bits 32,
+ * or 16: bf16 bits widened as read; FP32_BLOCKS by FP32_ROWS tiles, see kernels.h), + bias; w
+ * NULL: the layer's own, else the blocks' weights widened there (fp32, dense_order codes). */
+static inline __attribute__((always_inline)) void fp32_tile(const avx2_qlinear_t *l, int64_t b, const float *w,
+                                                            const float *x, int64_t x_stride,
+                                                            float *y, const int BLOCKS, const int ROWS,
+                                                            const int BF16) {
+    __m256 acc[FP32_ROWS][FP32_BLOCKS];
+    const void *weights = w ? (const void *)w : l->codes + b * l->k_in * 8 * (BF16 ? 2 : 4);
+    fp32_tile_sums(weights, l->k_in, x, x_stride, acc, BLOCKS, ROWS, BF16);
+    store_tile(l, b, acc, y, BLOCKS, ROWS);
+}
+
 #define FP32_TILE(W, BLOCKS, ROWS) \
-    TILE_FN(fp32_tile_##W##_##BLOCKS##_##ROWS, fp32_tile(l, b, x, x_stride, y, BLOCKS, ROWS, W == 16))
+    TILE_FN(fp32_tile_##W##_##BLOCKS##_##ROWS, fp32_tile(l, b, w, x, x_stride, y, BLOCKS, ROWS, W == 16))
 #define FP32_TILES(W, BLOCKS) FP32_TILE(W, BLOCKS, 1) FP32_TILE(W, BLOCKS, 2) FP32_TILE(W, BLOCKS, 3) \
     FP32_TILE(W, BLOCKS, 4)
 FP32_TILES(32, 1)
@@ -269,6 +287,96 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
     return bits >= 16 ? FP32_TILE_KERNELS[bits == 16][width - 1] : TILE_KERNELS[bits == 8];
 }
 
+/* dense_order codes: a layer whose fp32 weights are the values of int8 or int4 codes (a GGUF's
+ * Q8_0 and Q4_1 blocks: d * q (+ m), the product exact), held as those codes (1/4 and 1/6.4 of
+ * the fp32 bytes) and summed in the dense tiles' order: each output one chain over k in order
+ * of the products weights_at's values make, so that the outputs are the fp32 layer's bits. One
+ * row decodes the codes as it reads them; more widen each group of FP32_BLOCKS blocks once, to
+ * the thread's scratch, for the dense tiles of all the rows. */
+
+/* y [1, the 8 * BLOCKS outputs from block b] = x [1, K] @ the blocks' weights^T, + bias. */
+static inline __attribute__((always_inline)) void widened_row(const avx2_qlinear_t *l, int64_t b, const float *x,
+                                                              float *y, const int BITS, const int BLOCKS) {
+    const int64_t groups = l->k_in / l->group, steps = l->group / 8;
+    const int64_t stride = l->k_in / 8 * step_bytes(BITS);  /* a block's codes */
+    const uint8_t *step = l->codes + b * stride;
+    __m256 acc[FP32_ROWS][FP32_BLOCKS];
+#pragma GCC unroll 3
+    for (int c = 0; c < BLOCKS; c++) acc[0][c] = _mm256_setzero_ps();
+    for (int64_t g = 0; g < groups; g++) {
+        __m256 scale[FP32_BLOCKS], offset[FP32_BLOCKS];
+#pragma GCC unroll 3
+        for (int c = 0; c < BLOCKS; c++) {
+            scale[c] = group_scale(l, (b + c) * groups + g, BITS);
+            offset[c] = group_offset(l, scale[c], (b + c) * groups + g, BITS);
+        }
+        for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS)) {
+            const float *xk = x + (g * steps + s) * 8;
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) {
+                const __m256 xi = _mm256_broadcast_ss(xk + i);
+#pragma GCC unroll 3
+                for (int c = 0; c < BLOCKS; c++)
+                    acc[0][c] = _mm256_fmadd_ps(weights_at(step + c * stride, i, scale[c], offset[c], BITS), xi,
+                                                acc[0][c]);
+            }
+        }
+    }
+    store_tile(l, b, acc, y, BLOCKS, 1);
+}
+
+/* Blocks b .. b + blocks - 1 widened to wide [blocks][K][8] fp32 (fp32_tile_sums' layout). */
+static inline __attribute__((always_inline)) void widen_blocks(const avx2_qlinear_t *l, int64_t b, int64_t blocks,
+                                                               float *wide, const int BITS) {
+    const int64_t groups = l->k_in / l->group, steps = l->group / 8;
+    const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
+    for (int64_t g = b * groups; g < (b + blocks) * groups; g++) {  /* a block's groups, then the next's */
+        const __m256 scale = group_scale(l, g, BITS), offset = group_offset(l, scale, g, BITS);
+        for (int64_t s = 0; s < steps; s++, step += step_bytes(BITS), wide += 64)
+#pragma GCC unroll 8
+            for (int i = 0; i < 8; i++) _mm256_storeu_ps(wide + i * 8, weights_at(step, i, scale, offset, BITS));
+    }
+}
+
+#define WIDENED_ROW(BITS, BLOCKS) \
+    TILE_FN(widened_row_##BITS##_##BLOCKS, widened_row(l, b, x, y, BITS, BLOCKS); (void)x_stride)
+WIDENED_ROW(8, 1) WIDENED_ROW(8, 2) WIDENED_ROW(8, 3)
+WIDENED_ROW(4, 1) WIDENED_ROW(4, 2) WIDENED_ROW(4, 3)
+/* [bits == 8][blocks - 1] */
+static tile_fn *const WIDENED_ROW_KERNELS[2][FP32_BLOCKS] = {
+    {widened_row_4_1, widened_row_4_2, widened_row_4_3},
+    {widened_row_8_1, widened_row_8_2, widened_row_8_3},
+};
+
+/* avx2_quant_linear for dense_order codes; -1 when the scratch could not be allocated. */
+static int widened_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *y) {
+    const int64_t blocks = (l->n_out + 7) / 8, wide_floats = rows > 1 ? FP32_BLOCKS * l->k_in * 8 : 0;
+    const int int8 = l->bits == 8;
+    float *wide = wide_floats ? alloc_lines(sizeof(float) * (size_t)(omp_get_max_threads() * wide_floats)) : NULL;
+    if (wide_floats && !wide) return -1;
+#pragma omp parallel
+    {
+        float *mine = wide ? wide + omp_get_thread_num() * wide_floats : NULL;
+#pragma omp for schedule(static)
+        for (int64_t b = 0; b < blocks; b += FP32_BLOCKS) {
+            const int64_t width = blocks - b < FP32_BLOCKS ? blocks - b : FP32_BLOCKS;
+            if (!mine) {
+                WIDENED_ROW_KERNELS[int8][width - 1](l, b, NULL, x, x_stride, y);
+                continue;
+            }
+            if (int8) widen_blocks(l, b, width, mine, 8);
+            else widen_blocks(l, b, width, mine, 4);
+            tile_fn *const *kernels = FP32_TILE_KERNELS[0][width - 1];
+            for (int64_t r = 0; r < rows; r += FP32_ROWS) {
+                const int64_t tile = rows - r < FP32_ROWS ? rows - r : FP32_ROWS;
+                kernels[tile - 1](l, b, mine, x + r * x_stride, x_stride, y + r * l->n_out);
+            }
+        }
+    }
+    free(wide);
+    return 0;
+}
+
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias). A thread takes `width`
  * blocks at a time (fp32: FP32_BLOCKS, codes: 1), and each group its rows a tile at a time, the weights
  * read from memory for the first tile and from L1/L2 for the next. W8A8 and FP8 layers go to
@@ -276,6 +384,7 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                       float *y) {
     if (l->act_bits == 8) return avx2_dynamic_linear(l, x, x_stride, rows, y);
+    if (l->dense_order && l->bits <= 8) return widened_linear(l, x, x_stride, rows, y);
     const int64_t blocks = (l->n_out + 7) / 8;
     const int64_t width = l->bits >= 16 ? FP32_BLOCKS : 1;
     const int64_t most = l->bits >= 16 ? FP32_ROWS : l->bits == 4 ? INT4_TILE_ROWS : TILE_ROWS;
@@ -291,7 +400,7 @@ int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride,
             tile_fn *const *kernels = tiles_for(l->bits, blocks - b < width ? blocks - b : width);
             for (int64_t r = 0; r < rows; r += most) {
                 const int64_t tile = rows - r < most ? rows - r : most;
-                kernels[tile - 1](l, b, tile_rows + r * tile_stride, tile_stride, y + r * l->n_out);
+                kernels[tile - 1](l, b, NULL, tile_rows + r * tile_stride, tile_stride, y + r * l->n_out);
             }
         }
     }

@@ -432,6 +432,10 @@ typedef struct {  /* avx2_quant_linear.c, avx2_dynamic_linear.c */
     int64_t act_bits;  /* 0: fp32 activations; 8: int8 or fp8 per token */
     const float *input_scale;  /* act_bits 8: one static activation scale, or NULL: per token */
     int64_t fp8;  /* act_bits 8: 1 for fp8 e4m3, 0 for int8 */
+    /* bits 8 or 4: 1 when the codes' values (u * scale + offset, rounded once) are an fp32
+     * layer's weights (a GGUF's Q8_0 or Q4_1 blocks), summed as the dense tiles sum them: that
+     * layer's bits */
+    int64_t dense_order;
 } avx2_qlinear_t;
 
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,

@@ -1,4 +1,5 @@
-"""The layout of inferlab/kernels/cpu/avx2_quant_linear.c (W8A16, W4A16 for fp32 on AVX2 CPUs).
+"""The layout of inferlab/kernels/cpu/avx2_quant_linear.c (dense fp32, W8A16, W4A16 for fp32 on
+AVX2 CPUs).
 
 Blocks of 8 outputs, one fp32 lane each, the outputs padded to whole blocks (zero codes and
 scales); per block and 8 inputs:
@@ -18,8 +19,21 @@ symmetric weights store no offsets.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 
-from inferlab.kernels.avx2_fp32_linear import BLOCK, blocked, outputs_last
+BLOCK = 8  # outputs a block (an AVX2 register of fp32)
+
+
+def blocked(t: torch.Tensor) -> torch.Tensor:
+    """[N, C] -> [N/8, 8, C], zero rows added up to a whole block."""
+    padded = F.pad(t, (0, 0, 0, -t.shape[0] % BLOCK))  # [N8, C]
+    return padded.view(-1, BLOCK, t.shape[1])
+
+
+def outputs_last(t: torch.Tensor) -> torch.Tensor:
+    """[N, C] -> [N/8, C, 8]: a block's 8 outputs side by side (dense fp32 weights, int8 codes,
+    scales)."""
+    return blocked(t).transpose(1, 2).contiguous()
 
 
 def fits(n: int, k: int, group: int) -> bool:
