@@ -237,11 +237,15 @@ def iter_gguf_weights(path: str, cfg: ModelConfig, dtype: torch.dtype, reader: G
     import gguf
     import torch
 
+    from inferlab.models import gguf_blocks
+
     reader = reader or open_gguf(path)
     for name, tensor in check_gguf_tensors(path, reader):
         shape = tuple(reversed(tensor.shape))
         if shapes_only:
             weight = torch.empty(shape, device="meta")
+        elif tensor.type_name in gguf_blocks.TYPES:
+            weight = gguf_blocks.dequantize_blocks(tensor.raw(), tensor.type_name).reshape(shape)
         else:
             array = gguf.quants.dequantize(tensor.raw(), gguf.GGMLQuantizationType(tensor.type_id))
             if not array.flags.writeable:  # F32 tensors are views of the read-only file mapping

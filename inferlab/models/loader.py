@@ -68,25 +68,34 @@ def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu") -> LoadedModel:
     path = resolve_model_path(model)
     generation = read_generation_config(path) if os.path.isdir(path) else GenerationConfig()
-    net, cfg = load_network(path, dtype, device)
-    return LoadedModel(net, cfg, load_tokenizer(path), model_display_name(model), path, generation)
+    reader = None if os.path.isdir(path) else _open_gguf_model(path)  # parsed once: 98k strings
+    net, cfg = load_network(path, dtype, device, reader)
+    return LoadedModel(net, cfg, load_tokenizer(path, reader), model_display_name(model), path, generation)
 
 
-def load_tokenizer(path: str) -> TextTokenizer:
-    """The tokenizer of a resolved model path (a directory or a .gguf file), without its weights."""
-    return load_hf_tokenizer(path) if os.path.isdir(path) else load_gguf_tokenizer(gguf.open_gguf(path), path)
+def load_tokenizer(path: str, reader: GGUFFile | None = None) -> TextTokenizer:
+    """The tokenizer of a resolved model path (a directory or a .gguf file, `reader` if open),
+    without its weights."""
+    if os.path.isdir(path):
+        return load_hf_tokenizer(path)
+    return load_gguf_tokenizer(reader or gguf.open_gguf(path), path)
 
 
-def load_network(path: str, dtype: torch.dtype = torch.float32,
-                 device: str | torch.device = "cpu") -> tuple[LlamaForCausalLM, ModelConfig]:
-    """The network alone (no tokenizer), from a model directory or a GGUF file."""
+def _open_gguf_model(path: str) -> GGUFFile:
+    _check_gguf_name(path)
+    return gguf.open_gguf(path)
+
+
+def load_network(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 reader: GGUFFile | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+    """The network alone (no tokenizer), from a model directory or a GGUF file (`reader` if
+    open)."""
     if os.path.isdir(path):
         cfg = read_model_config(path)
         weights = _iter_safetensors(path)
         quant_config = cfg.extra.get("quantization_config")
     else:
-        _check_gguf_name(path)
-        reader = gguf.open_gguf(path)
+        reader = reader or _open_gguf_model(path)
         cfg = gguf.read_gguf_config(path, reader)
         weights = gguf.iter_gguf_weights(path, cfg, dtype, reader)
         quant_config = None
