@@ -5,9 +5,12 @@ One model (default: the embedded SmolLM2-135M) is loaded in --dtype (default: wh
 engine's --dtype auto runs here: bf16 on a CPU with AVX512-BF16 or AMX, else fp32); each scheme's linear layers
 are built from round-to-nearest codes (speed does not depend on how the codes were chosen) and
 put into a copy of the model, so every variant has the same embeddings, norms and attention.
-In fp32 on a CPU with the AVX2 kernels, "bf16-held" is the dense model with its decoder linears'
-weights rounded to bf16 and held so (what a bf16 checkpoint run in fp32 gets: Avx2Fp32Linear's
-narrow_to_bf16), the fp32 arithmetic unchanged.
+In fp32 on a CPU with the AVX2 kernels, the dense model's weights are held in fp32 ("fp32"), and
+two variants hold the same arithmetic in fewer bytes: "bf16-held", the decoder linears' weights
+rounded to bf16 and held so (what a bf16 checkpoint run in fp32 gets: Avx2Fp32Linear's
+narrow_to_bf16), and "gguf-held", for a GGUF model of Q4_1 / Q8_0 blocks (the embedded one),
+its decoder linears held as those codes, the weights and outputs unchanged (narrow_to_codes: what
+the engine runs such a model with).
 
 This machine's speed moves in phases of seconds, so variants are measured interleaved: decode
 steps in turns of a few steps per variant (interleaved_decode_ms), each variant with its own KV
@@ -96,6 +99,19 @@ def bf16_held(dense: dict[str, nn.Module]) -> dict[str, nn.Module]:
             copied.packed.copy_(copied.packed.to(torch.bfloat16).float())
             if copied.narrow_to_bf16():
                 held[name] = copied
+    return held
+
+
+def gguf_held(dense: dict[str, nn.Module]) -> dict[str, nn.Module]:
+    """Copies of the fp32 kernel layers of the decoder held as their GGUF blocks' codes, or {}
+    when one is not such blocks."""
+    held = {}
+    for name, module in dense.items():
+        if isinstance(module, Avx2Fp32Linear) and name != "lm_head":
+            copied = copy.deepcopy(module)
+            if not copied.narrow_to_codes():
+                return {}
+            held[name] = copied
     return held
 
 
@@ -239,10 +255,12 @@ def main() -> None:
     sweep = layer_sweep(net, group, reps=20) if args.layer_sweep and dtype == torch.bfloat16 else None
     quantized = {name: quantized_modules(net, name, group, args.lm_head)
                  for name in args.schemes}
-    use_engine_linears(net, torch.device("cpu"), dtype)  # what the engine runs (the lm_head too)
+    # what the engine runs (the lm_head too), the weights held in fp32
+    use_engine_linears(net, torch.device("cpu"), dtype, narrow=False)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
-    held = bf16_held(dense)
-    others = {**quantized, **({"bf16-held": held} if held else {})}
+    held = {name: modules for name, modules in (("bf16-held", bf16_held(dense)), ("gguf-held", gguf_held(dense)))
+            if modules}
+    others = {**quantized, **held}
     variants = {base_name: dense, **others}
     nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in others.items()}}
     gc.freeze()  # as the engine does once built: full collections would otherwise dominate

@@ -51,7 +51,7 @@ import torch
 from torch import nn
 
 from inferlab.kernels import cpu_library, cpu_ops
-from inferlab.kernels.avx2_blocks import outputs_last, pack_codes
+from inferlab.kernels.avx2_blocks import BLOCK, outputs_last, pack_codes
 from inferlab.kernels.block_codes import GGUF_BLOCK, block_codes
 from inferlab.kernels.cpu_linear import replace_linears_keeping_ties
 from inferlab.kernels.host_memory import in_huge_pages
@@ -98,14 +98,20 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
     kernel_max_rows = AVX2_FP32_MAX_ROWS
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, narrow: bool = False) -> None:
+        """narrow: hold the weight in the fewest bytes that keep its values (see narrow)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.register_buffer("packed", in_huge_pages(outputs_last(linear.weight.detach())))  # [N/8, K, 8]
+        self.register_buffer("packed", None)  # [N/8, K, 8] fp32 or bf16, or the codes
         self.register_buffer("scale", None)  # codes: fp32 [N/8, K/32, 8], and the offsets (4 bits)
         self.register_buffer("offset", None)
         self.code_bits = 0  # 0: dense weights in `packed`; 4 or 8: codes there
         self.bias = linear.bias
+        weight = linear.weight.detach()  # [N, K]
+        if not (narrow and self._hold_codes(weight)):  # codes straight from it: no fp32 copy
+            self.packed = in_huge_pages(outputs_last(weight))
+            if narrow:
+                self.narrow_to_bf16()
 
     def narrow(self) -> None:
         """Hold the weight in the fewest bytes that keep its values: codes, else bf16, else fp32."""
@@ -119,9 +125,12 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
         did."""
         if self.code_bits:
             return True
-        if self.packed.dtype != torch.float32 or block_codes(self.packed[0].T) is None:
-            return False  # most fp32 checkpoints fail on their first 8 outputs
-        weight = self.unpacked_weight()  # [N, K]
+        return self.packed.dtype == torch.float32 and self._hold_codes(self.unpacked_weight())
+
+    def _hold_codes(self, weight: torch.Tensor) -> bool:
+        """Hold `weight` [N, K] as its blocks' codes if the kernel's values of those are it."""
+        if block_codes(weight[:BLOCK]) is None:  # most fp32 checkpoints fail on their first outputs
+            return False
         found = block_codes(weight)
         if found is None:
             return False
@@ -185,14 +194,11 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, AVX2 fp32 ({held})"
 
 
-def use_avx2_fp32_linears(model: nn.Module) -> int:
+def use_avx2_fp32_linears(model: nn.Module, narrow: bool = True) -> int:
     """Replace the fp32 nn.Linear layers of `model` the kernel fits by Avx2Fp32Linear, in place
     (a tied embedding then reads the head's packed weight), those of the decoder as GGUF blocks'
-    codes or bf16 where that is exact (the head, which an embedding may read, stays fp32);
-    returns how many."""
-    count = replace_linears_keeping_ties(model, Avx2Fp32Linear, avx2_fp32_fits)
+    codes or bf16 where that is exact unless not `narrow` (the head, which an embedding may read,
+    stays fp32); returns how many."""
     head = getattr(model, "lm_head", None)
-    for module in model.modules():
-        if isinstance(module, Avx2Fp32Linear) and module is not head:
-            module.narrow()
-    return count
+    return replace_linears_keeping_ties(
+        model, lambda linear: Avx2Fp32Linear(linear, narrow=narrow and linear is not head), avx2_fp32_fits)

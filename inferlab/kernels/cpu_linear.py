@@ -99,14 +99,14 @@ def use_packed_linears(model: nn.Module) -> int:
         and cpu_ops.bf16_linear_fits(child.out_features, child.in_features)))
 
 
-def replace_linears_keeping_ties(model: nn.Module, kernel: type[nn.Module],
+def replace_linears_keeping_ties(model: nn.Module, kernel: Callable[[nn.Linear], nn.Module],
                                  takes: Callable[[nn.Linear], bool]) -> int:
     """replace_linears, whose layers hold their weight only in a packed layout: the row-major
     weights are released, and an embedding tied to a packed head reads the head's packed weight
     instead (PackedEmbedding)."""
     tied = _tied_embedding_owner(model)
     count = replace_linears(model, kernel, takes)
-    if tied is not None and isinstance(model.lm_head, kernel):
+    if tied is not None and type(model.lm_head) is not nn.Linear:  # the head was replaced
         tied.embed_tokens = PackedEmbedding(model.lm_head)
     return count
 
