@@ -104,7 +104,7 @@ def installed_gguf() -> str | None:
 def greedy_section(s: Settings, report: Report) -> None:
     from inferlab.models.loader import load_model
 
-    gguf = s.embedded_gguf or installed_gguf()
+    gguf = s.embedded_gguf or (None if s.smoke else installed_gguf())  # smoke: the tiny model (half the run)
     if gguf:
         loaded = load_model(gguf, torch.float32, s.device)
         label = "embedded SmolLM2-135M (GGUF)"
@@ -114,7 +114,7 @@ def greedy_section(s: Settings, report: Report) -> None:
     else:
         loaded = random_model(TINY if s.device.type == "cpu" else SMOLLM_135M, torch.float32,
                               s.device)
-        label = "random SmolLM2-135M-shaped model (no GGUF here)"
+        label = "random tiny model (smoke run)" if s.smoke else "random SmolLM2-135M-shaped model (no GGUF here)"
         prompts = random_workload(4, (5, 40), (1, 1), loaded.config.vocab_size, 7).prompts
     work = Workload(prompts, [s.greedy_tokens] * len(prompts))
     engine = make_engine(loaded, "float32", s.device, 2**28, 16, 1024)

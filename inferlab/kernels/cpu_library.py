@@ -86,7 +86,8 @@ def tensor_ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _cache_dir() -> Path:
+def cache_dir() -> Path:
+    """Where built kernels (and the tests' converted references) are kept across runs."""
     return Path(os.environ.get("INFERLAB_CACHE_DIR") or Path.home() / ".cache" / "inferlab")
 
 
@@ -106,7 +107,7 @@ def _build(sources: tuple[Path, ...]) -> Path:
     kind of CPU exists."""
     text = b"".join(s.read_bytes() for s in (*sources, *HEADERS))
     digest = hashlib.sha256(text + b"-march=native" + _cpu_features()).hexdigest()[:16]
-    target = _cache_dir() / f"cpu_ops-{digest}.so"
+    target = cache_dir() / f"cpu_ops-{digest}.so"
     if target.is_file():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
