@@ -288,11 +288,11 @@ static inline tile_fn *const *tiles_for(int64_t bits, int64_t width) {
 }
 
 /* dense_order codes: a layer whose fp32 weights are the values of int8 or int4 codes (a GGUF's
- * Q8_0 and Q4_1 blocks: d * q (+ m), the product exact), held as those codes (1/4 and 1/6.4 of
- * the fp32 bytes) and summed in the dense tiles' order: each output one chain over k in order
- * of the products weights_at's values make, so that the outputs are the fp32 layer's bits. One
- * row decodes the codes as it reads them; more widen each group of FP32_BLOCKS blocks once, to
- * the thread's scratch, for the dense tiles of all the rows. */
+ * Q8_0 and Q4_1 blocks: d * q (+ m), the product exact), held as those codes (0.28x and 0.19x
+ * the fp32 bytes, fp32 scales included) and summed in the dense tiles' order: each output one
+ * chain over k in order of the products weights_at's values make, so that the outputs are the
+ * fp32 layer's bits. One row decodes the codes as it reads them; more widen each group of
+ * FP32_BLOCKS blocks once, to the thread's scratch, for the dense tiles of all the rows. */
 
 /* y [1, the 8 * BLOCKS outputs from block b] = x [1, K] @ the blocks' weights^T, + bias. */
 static inline __attribute__((always_inline)) void widened_row(const avx2_qlinear_t *l, int64_t b, const float *x,
