@@ -101,9 +101,10 @@ def test_codes_hold_a_fraction_of_the_fp32_bytes(kind: str, most: float) -> None
 
 
 @KERNELS
-def test_a_gguf_model_keeps_its_decoder_as_codes_bf16_or_fp32_where_exact() -> None:
+def test_a_gguf_model_keeps_its_linears_as_codes_bf16_or_fp32_where_exact() -> None:
     """use_engine_linears narrows each decoder linear to the fewest bytes that keep its values
-    (codes, else bf16, else fp32); the head, whose rows a tied embedding reads, stays fp32."""
+    (codes, else bf16, else fp32); the tied head (Q8_0, the embedded model's) to codes only, its
+    embedding keeping the fp32 rows."""
     model = nn.Module()
     model.model = nn.Module()
     model.model.embed_tokens = nn.Embedding(48, 96)
@@ -115,9 +116,12 @@ def test_a_gguf_model_keeps_its_decoder_as_codes_bf16_or_fp32_where_exact() -> N
         model.model.q4.weight.copy_(gguf_blocks(64, 96, "Q4_1")[1])
         model.model.bf16.weight.copy_(model.model.bf16.weight.to(torch.bfloat16).float())
         model.model.embed_tokens.weight.copy_(gguf_blocks(48, 96, "Q8_0")[1])
+    table = model.model.embed_tokens.weight.detach().clone()
     model.lm_head.weight = model.model.embed_tokens.weight
     use_engine_linears(model, torch.device("cpu"), torch.float32)
     assert model.model.q4.code_bits == 4
     assert model.model.bf16.code_bits == 0 and model.model.bf16.packed.dtype == torch.bfloat16
     assert model.model.fp32.code_bits == 0 and model.model.fp32.packed.dtype == torch.float32
-    assert model.lm_head.code_bits == 0 and model.lm_head.packed.dtype == torch.float32
+    assert model.lm_head.code_bits == 8 and torch.equal(model.lm_head.unpacked_weight(), table)
+    ids = torch.tensor([0, 7, 8, 47])
+    assert torch.equal(model.model.embed_tokens(ids), table[ids])
