@@ -33,6 +33,7 @@ import json
 import os
 import statistics
 import time
+from collections.abc import Callable
 
 import torch
 from torch import nn
@@ -90,29 +91,23 @@ def quantized_modules(net: nn.Module, scheme_name: str, group: int,
     return out
 
 
-def bf16_held(dense: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """Copies of the fp32 kernel layers with their weights rounded to bf16 and held in bf16."""
+def held_copies(dense: dict[str, nn.Module], hold: Callable[[Avx2Fp32Linear], bool]) -> dict[str, nn.Module]:
+    """Copies of the decoder's fp32 kernel layers, each held as hold(copy) holds it in place, or
+    {} when one cannot be."""
     held = {}
     for name, module in dense.items():
         if isinstance(module, Avx2Fp32Linear) and name != "lm_head":
             copied = copy.deepcopy(module)
-            copied.packed.copy_(copied.packed.to(torch.bfloat16).float())
-            if copied.narrow_to_bf16():
-                held[name] = copied
-    return held
-
-
-def gguf_held(dense: dict[str, nn.Module]) -> dict[str, nn.Module]:
-    """Copies of the fp32 kernel layers of the decoder held as their GGUF blocks' codes, or {}
-    when one is not such blocks."""
-    held = {}
-    for name, module in dense.items():
-        if isinstance(module, Avx2Fp32Linear) and name != "lm_head":
-            copied = copy.deepcopy(module)
-            if not copied.narrow_to_codes():
+            if not hold(copied):
                 return {}
             held[name] = copied
     return held
+
+
+def rounded_to_bf16(layer: Avx2Fp32Linear) -> bool:
+    """The layer's weights rounded to bf16, then held in bf16."""
+    layer.packed.copy_(layer.packed.to(torch.bfloat16).float())
+    return layer.narrow_to_bf16()
 
 
 def variant_net(net: nn.Module, modules: dict[str, nn.Module]) -> nn.Module:
@@ -258,8 +253,8 @@ def main() -> None:
     # what the engine runs (the lm_head too), the weights held in fp32
     use_engine_linears(net, torch.device("cpu"), dtype, narrow=False)
     dense = {n: m for n, m in net.named_modules() if measured(n, args.lm_head)}
-    held = {name: modules for name, modules in (("bf16-held", bf16_held(dense)), ("gguf-held", gguf_held(dense)))
-            if modules}
+    held = {name: modules for name, hold in (("bf16-held", rounded_to_bf16), ("gguf-held", Avx2Fp32Linear.narrow_to_codes))
+            if (modules := held_copies(dense, hold))}
     others = {**quantized, **held}
     variants = {base_name: dense, **others}
     nets = {base_name: net, **{name: variant_net(net, modules) for name, modules in others.items()}}

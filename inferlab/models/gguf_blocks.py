@@ -19,7 +19,7 @@ TYPES = tuple(_BLOCK_BYTES)
 def dequantize_blocks(raw: np.ndarray, type_name: str) -> torch.Tensor:
     """raw: the tensor's bytes (any shape, whole blocks of `type_name`) -> fp32 [blocks * 32],
     block after block."""
-    blocks = torch.from_numpy(np.ascontiguousarray(raw).reshape(-1, _BLOCK_BYTES[type_name]).copy())  # [B, bytes]
+    blocks = torch.from_numpy(raw.reshape(-1, _BLOCK_BYTES[type_name]).copy())  # [B, bytes]: out of the read-only map
     d = blocks[:, :2].contiguous().view(torch.float16).float()  # [B, 1]
     if type_name == "Q8_0":
         return (blocks[:, 2:].view(torch.int8).float() * d).flatten()
