@@ -20,6 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
+from inferlab.kernels.cpu_library import library
+
 GGUF_BLOCK = 32  # inputs a Q4_1 or Q8_0 block scales
 
 
@@ -36,46 +38,18 @@ class BlockCodes:
 
 def block_codes(weight: torch.Tensor) -> BlockCodes | None:
     """The 4-bit (Q4_1-like) or else 8-bit (Q8_0-like) codes whose values are `weight` [N, K]
-    (fp32) exactly, or None when neither holds it (or K is not whole blocks)."""
-    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % GGUF_BLOCK:
+    (fp32) exactly, or None when neither holds it, K is not whole blocks, or the C kernels (which
+    find them, cpu/block_codes.c, and which run them) are not built."""
+    lib = library()
+    if weight.dtype != torch.float32 or weight.dim() != 2 or weight.shape[1] % GGUF_BLOCK or lib is None:
         return None
-    blocks = weight.detach().reshape(weight.shape[0], -1, GGUF_BLOCK)  # [N, G, 32]
-    return _asymmetric_4bit(blocks) or _symmetric_8bit(blocks)
-
-
-def _asymmetric_4bit(blocks: torch.Tensor) -> BlockCodes | None:
-    low, high = blocks.amin(-1, keepdim=True), blocks.amax(-1, keepdim=True)  # [N, G, 1]
-    nearest = ((high - low) / 15).to(torch.float16)
-    if not torch.isfinite(nearest).all():
-        return None
-    scale = nearest.float()
-    codes, fits = _4bit_codes(blocks, low, scale)
-    misses = ~fits  # [N, G]: the few blocks whose d is a neighbour of the nearest fp16
-    for step in (-1, 1):
-        if not misses.any():
-            break
-        d = (nearest[misses].view(torch.int16) + step).clamp(min=0).view(torch.float16).float()  # [M, 1]
-        q, now = _4bit_codes(blocks[misses], low[misses], d)
-        at = misses.nonzero(as_tuple=True)
-        codes[at] = torch.where(now[:, None], q, codes[at])
-        scale[at] = torch.where(now[:, None], d, scale[at])
-        misses[at] = ~now
-    if misses.any():
-        return None
-    return BlockCodes(4, codes.flatten(1), scale.flatten(1), low.flatten(1))
-
-
-def _4bit_codes(blocks: torch.Tensor, low: torch.Tensor, d: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """blocks [..., 32], their minimum and a scale [..., 1] -> codes q [..., 32] int8 and whether
-    d * q + low is every value [...]."""
-    q = torch.nan_to_num((blocks - low) / d).round_().clamp_(0, 15)  # d = 0: one value, q = 0
-    fits = (torch.addcmul(low, d, q) == blocks).all(-1)
-    return q.to(torch.int8), fits
-
-
-def _symmetric_8bit(blocks: torch.Tensor) -> BlockCodes | None:
-    d = blocks.abs().amax(-1, keepdim=True) / 127  # [N, G, 1]
-    q = torch.nan_to_num(blocks / d).round()  # d = 0: every value 0
-    if not ((d * q) == blocks).all():
-        return None
-    return BlockCodes(8, q.to(torch.int8).flatten(1), d.flatten(1), None)
+    w = weight.detach().contiguous()
+    codes = torch.empty(w.shape, dtype=torch.int8)
+    scale = torch.empty(w.shape[0], w.shape[1] // GGUF_BLOCK)
+    offset = torch.empty_like(scale)
+    blocks = scale.numel()
+    if not lib.q4_1_block_codes(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr(), offset.data_ptr()):
+        return BlockCodes(4, codes, scale, offset)
+    if not lib.q8_0_block_codes(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr()):
+        return BlockCodes(8, codes, scale, None)
+    return None

@@ -28,7 +28,7 @@ _DIR = Path(__file__).with_name("cpu")
 SOURCES = tuple(_DIR / name for name in ("ops.c", "decode_attention.c", "decode_prefix.c", "matmul.c",
                                          "amx_gemm.c", "vnni_gemm.c", "quant_linear.c", "quant_tiles.c", "avx2_quant_linear.c", "avx2_dynamic_linear.c", "dynamic_linear.c",
                                          "prefill_attention.c", "decode_amx.c", "model_forward.c", "model_forward_f32.c",
-                                         "sampling.c"))
+                                         "sampling.c", "block_codes.c"))
 HEADERS = (_DIR / "kernels.h", _DIR / "decode_tiles.h", _DIR / "attention_tiles.h", _DIR / "quant_linear.h")
 
 _P, _I64, _I32, _F32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
@@ -51,6 +51,8 @@ _SIGNATURES = {
     "has_model_forward": (ctypes.c_int, []),
     "has_model_forward_f32": (ctypes.c_int, []),
     "release_openmp_threads": (ctypes.c_int, []),
+    "q4_1_block_codes": (_I64, [_P, _I64, _P, _P, _P]),
+    "q8_0_block_codes": (_I64, [_P, _I64, _P, _P]),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),

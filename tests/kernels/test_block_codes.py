@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch import nn
 
-from inferlab.kernels import cpu_ops
+from inferlab.kernels import cpu_library, cpu_ops
 from inferlab.kernels.avx2_fp32_linear import AVX2_FP32_MAX_ROWS, Avx2Fp32Linear
 from inferlab.kernels.block_codes import block_codes
 from inferlab.kernels.linear_choice import use_engine_linears
@@ -17,6 +17,7 @@ from tests.kernels.gguf_values import gguf_blocks
 
 KERNELS = pytest.mark.skipif(not cpu_ops.avx2_quant_linear_available(),
                              reason="the AVX2 + FMA kernels are not built on this CPU")
+BUILT = pytest.mark.skipif(cpu_library.library() is None, reason="the C kernels (which find the codes) are not built")
 KINDS = [("Q4_1", 4), ("Q8_0", 8)]
 
 
@@ -34,6 +35,7 @@ def file_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, 
     return codes.reshape(n, -1), d, m
 
 
+@BUILT
 @pytest.mark.parametrize(("kind", "bits"), KINDS)
 def test_the_codes_found_are_the_file_s(kind: str, bits: int) -> None:
     raw, weight = gguf_blocks(40, 96, kind)
@@ -44,6 +46,7 @@ def test_the_codes_found_are_the_file_s(kind: str, bits: int) -> None:
     assert (found.offset is None) == (m is None) and (m is None or torch.equal(found.offset, m))
 
 
+@BUILT
 def test_a_scale_the_rounding_hides_is_found_beside_the_nearest() -> None:
     """A block whose offset dwarfs its scale: 15d + m rounds so that (max - min) / 15 is nearest
     the fp16 beside d."""
@@ -55,6 +58,7 @@ def test_a_scale_the_rounding_hides_is_found_beside_the_nearest() -> None:
     assert torch.equal(found.scale, d.reshape(1, 1)) and torch.equal(found.codes, q.to(torch.int8).reshape(1, 32))
 
 
+@BUILT
 def test_weights_no_block_codes_give_are_refused() -> None:
     _, weight = gguf_blocks(8, 64, "Q4_1")
     nudged = weight.clone()
@@ -62,7 +66,12 @@ def test_weights_no_block_codes_give_are_refused() -> None:
     assert block_codes(nudged) is None
     assert block_codes(torch.randn(8, 64)) is None
     assert block_codes(weight[:, :48]) is None  # not whole blocks of 32
-    assert block_codes(torch.zeros(8, 64)).bits == 4  # one value a block: d = 0
+    constant = block_codes(torch.zeros(8, 64))  # one value a block: d = 0, codes 0 (gguf's)
+    assert constant.bits == 4 and not constant.codes.any() and not constant.scale.any()
+    for bad in (float("nan"), float("inf")):
+        broken = weight.clone()
+        broken[5, 7] = bad
+        assert block_codes(broken) is None, bad
 
 
 def _layers(kind: str, n: int, bias: bool) -> tuple[Avx2Fp32Linear, Avx2Fp32Linear, torch.Tensor]:
