@@ -98,8 +98,9 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
     kernel_max_rows = AVX2_FP32_MAX_ROWS
 
-    def __init__(self, linear: nn.Linear, narrow: bool = False) -> None:
-        """narrow: hold the weight in the fewest bytes that keep its values (see narrow)."""
+    def __init__(self, linear: nn.Linear, narrow: bool = False, codes_only: bool = False) -> None:
+        """narrow: hold the weight in the fewest bytes that keep its values: codes, else bf16
+        unless codes_only (a tied head: its embedding reads fp32 rows, or the codes' values)."""
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.register_buffer("packed", None)  # [N/8, K, 8] fp32 or bf16, or the codes
@@ -110,13 +111,8 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
         weight = linear.weight.detach()  # [N, K]
         if not (narrow and self._hold_codes(weight)):  # codes straight from it: no fp32 copy
             self.packed = in_huge_pages(outputs_last(weight))
-            if narrow:
+            if narrow and not codes_only:
                 self.narrow_to_bf16()
-
-    def narrow(self) -> None:
-        """Hold the weight in the fewest bytes that keep its values: codes, else bf16, else fp32."""
-        if not self.narrow_to_codes():
-            self.narrow_to_bf16()
 
     def narrow_to_codes(self) -> bool:
         """Keep the weight as the codes of Q4_1 or Q8_0 blocks (a GGUF model run in fp32) when
@@ -196,13 +192,9 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
 
 def use_avx2_fp32_linears(model: nn.Module, narrow: bool = True) -> int:
     """Replace the fp32 nn.Linear layers of `model` the kernel fits by Avx2Fp32Linear, in place
-    (a tied embedding then reads the head's packed weight), those of the decoder as GGUF blocks'
-    codes or bf16 where that is exact unless not `narrow`; returns how many. The head narrows
-    only to codes, after a tied embedding took its fp32 rows (PackedEmbedding keeps them: a step
-    reads the head's codes, 0.28x its bytes for Q8_0, and a few fp32 rows)."""
+    (a tied embedding then reads the head's packed weight), held as GGUF blocks' codes or bf16
+    where that is exact unless not `narrow`; returns how many. The head narrows only to codes,
+    whose rows a tied embedding reads through the kernel."""
     head = getattr(model, "lm_head", None)
-    count = replace_linears_keeping_ties(
-        model, lambda linear: Avx2Fp32Linear(linear, narrow=narrow and linear is not head), avx2_fp32_fits)
-    if narrow and isinstance(getattr(model, "lm_head", None), Avx2Fp32Linear):
-        model.lm_head.narrow_to_codes()
-    return count
+    return replace_linears_keeping_ties(
+        model, lambda linear: Avx2Fp32Linear(linear, narrow=narrow, codes_only=linear is head), avx2_fp32_fits)

@@ -61,7 +61,8 @@ _BF16_LINEAR_SIGNATURES = {
 _QUANT_LINEAR_SIGNATURES = {"linear_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
                             "glu_forward": (ctypes.c_int, [_P, _P, _I64, _I64, _P, _P])}
 _AVX2_QUANT_LINEAR_SIGNATURES = {"avx2_quant_linear": (ctypes.c_int, [_P, _P, _I64, _I64, _P]),
-                                 "avx2_quant_dequantize": (None, [_P, _P])}
+                                 "avx2_quant_dequantize": (None, [_P, _P]),
+                                 "avx2_quant_rows": (None, [_P, _P, _I64, _P])}
 _MODEL_FORWARD_SIGNATURES = {"model_forward": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 _MODEL_FORWARD_F32_SIGNATURES = {"model_forward_f32": (ctypes.c_int, [_P, _P, _I64, _P, _I64, _P])}
 LINEAR_BF16, LINEAR_INT8, LINEAR_INT4, LINEAR_W8A8, LINEAR_FP8 = range(5)  # linear_t.kind (kernels.h)

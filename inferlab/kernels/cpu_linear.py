@@ -72,23 +72,30 @@ class PackedEmbedding(nn.Module):
     less for the embedded model in bf16 (28% of its weights), 113 MB in fp32. The head's layout
     keeps a block's outputs side by side (PackedLinear's [V/16, H/2, 16, 2], Avx2Fp32Linear's
     [V/8, H, 8]): token t's row is block t / B's lane t % B, its inputs B lanes apart; a step
-    gathers a few rows, which costs microseconds."""
+    gathers a few rows, which costs microseconds. A head held as GGUF blocks' codes
+    (Avx2Fp32Linear.code_bits) has its rows decoded by its kernel: the same fp32 values."""
 
     def __init__(self, head: nn.Module) -> None:
         super().__init__()
         self.num_embeddings, self.embedding_dim = head.out_features, head.in_features
         self.register_buffer("packed", head.packed)  # the head's own
+        # the head's C description (a bound method, not a submodule: the head is the model's)
+        self.codes_desc = head._kept_desc if getattr(head, "code_bits", 0) else None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:  # [...] -> [..., H]
         ids = input_ids.to(torch.int64)
         if ids.numel() and (int(ids.min()) < 0 or int(ids.max()) >= self.num_embeddings):
             raise IndexError(f"a token id outside the embedding table (0..{self.num_embeddings - 1})")
-        lanes = self.packed.shape[2]  # outputs a block
-        rows = self.packed[ids // lanes, :, ids % lanes]  # [..., H/2, 2] or [..., H]
+        if self.codes_desc is not None:
+            rows = cpu_ops.avx2_quant_rows(self.codes_desc(), ids.reshape(-1))  # [n, H]
+        else:
+            lanes = self.packed.shape[2]  # outputs a block
+            rows = self.packed[ids // lanes, :, ids % lanes]  # [..., H/2, 2] or [..., H]
         return rows.reshape(*ids.shape, self.embedding_dim)
 
     def extra_repr(self) -> str:
-        return f"{self.num_embeddings}, {self.embedding_dim}, read from the packed lm_head"
+        held = "codes of the" if self.codes_desc is not None else "the packed"
+        return f"{self.num_embeddings}, {self.embedding_dim}, read from {held} lm_head"
 
 
 def use_packed_linears(model: nn.Module) -> int:

@@ -77,7 +77,7 @@ class _ForwardBatch(ctypes.Structure):
                                           "block_tables", "seq_lens", "query_start_loc",
                                           "decode_rows", "decode_seqs", "prefill_seqs")),
                 ("num_decodes", _I64), ("num_prefills", _I64),
-                *((name, _P) for name in ("embed", "final_norm"))]
+                *((name, _P) for name in ("embed", "final_norm", "embed_codes"))]
 
 
 class _Plan(NamedTuple):
@@ -87,6 +87,7 @@ class _Plan(NamedTuple):
     model_fields: dict  # the model's fields of _ForwardBatch (sizes, eps, scale, tables)
     max_rows: int  # the most rows every linear's C kernel takes (the Python layer's own limit)
     takes_prompts: bool  # whether the C function runs prompts' attention too
+    embed_desc: object  # the tied head's codes' description embed_codes points at (kept alive), or None
 
 
 def _linears(layer: nn.Module) -> tuple[nn.Module, ...]:
@@ -139,7 +140,7 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     implement, more rows than a linear's kernel takes, prompts the C function does not take):
     the caller then runs its Python layers."""
     block_size = meta.block_size
-    dtype = _embedding_table(model).dtype
+    dtype = model.norm.weight.dtype
     if not (input_ids.device.type == "cpu" and input_ids.dim() == 1
             and block_size & (block_size - 1) == 0 and cpu_ops.model_forward_available(dtype)):
         return None
@@ -173,10 +174,27 @@ def run_model(model: nn.Module, input_ids: torch.Tensor,
     return out
 
 
-def _embedding_table(model: nn.Module) -> torch.Tensor:
-    """The tensor the embedding's rows are read from: its weight, or a tied head's packed one."""
-    embedding = model.embed_tokens
-    return embedding.packed if isinstance(embedding, PackedEmbedding) else embedding.weight
+class _EmbeddingRows(NamedTuple):
+    """Where the C path reads the embedding's rows."""
+
+    fields: dict  # _ForwardBatch's embed, embed_packed and embed_codes
+    dtype: torch.dtype  # the rows'
+    desc: object  # the tied head's codes' description embed_codes points at, or None
+
+
+def _embedding_rows(embedding: nn.Module) -> _EmbeddingRows | None:
+    """Its weight, a tied head's packed weight, or a tied head's codes (fp32, through the
+    head's C description); None when the C path cannot read them."""
+    if isinstance(embedding, PackedEmbedding) and embedding.codes_desc is not None:
+        desc = embedding.codes_desc()
+        return _EmbeddingRows(dict(embed=None, embed_packed=0, embed_codes=ctypes.addressof(desc)),
+                              torch.float32, desc)
+    packed = isinstance(embedding, PackedEmbedding)
+    table = embedding.packed if packed else embedding.weight
+    if not table.is_contiguous():
+        return None
+    return _EmbeddingRows(dict(embed=tensor_ptr(table), embed_packed=int(packed), embed_codes=None),
+                          table.dtype, None)
 
 
 def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> _Plan | None:
@@ -188,23 +206,22 @@ def _plan(model: nn.Module, kv_caches: Sequence[tuple[torch.Tensor, torch.Tensor
             and len(plan.kv_caches) == len(kv_caches) and all(map(operator.is_, plan.kv_caches, kv_caches))):
         return plan
     layers, embedding, norm = model.layers, model.embed_tokens, model.norm
-    table = _embedding_table(model)
+    embed = _embedding_rows(embedding)
     weights = [_layer_weights(layer, k, v) for layer, (k, v) in zip(layers, kv_caches, strict=True)]
-    layer_type = _LayerWeights if table.dtype == torch.bfloat16 else _F32LayerWeights
-    if not (all(isinstance(w, layer_type) for w in weights) and table.is_contiguous()
-            and norm.weight.dtype == table.dtype):
+    layer_type = _LayerWeights if norm.weight.dtype == torch.bfloat16 else _F32LayerWeights
+    if not (embed is not None and embed.dtype == norm.weight.dtype
+            and all(isinstance(w, layer_type) for w in weights)):
         return None
     first = layers[0]
     attn = first.self_attn
     fields = dict(hidden=embedding.embedding_dim, num_heads=attn.num_heads,
                   num_kv_heads=attn.num_kv_heads, head_dim=attn.head_dim,
                   intermediate=first.mlp.down_proj.in_features, vocab=embedding.num_embeddings,
-                  embed_packed=int(isinstance(embedding, PackedEmbedding)), eps=first.input_layernorm.eps,
-                  final_eps=norm.eps, scale=attn.scale, embed=tensor_ptr(table),
-                  final_norm=tensor_ptr(norm.weight))
+                  eps=first.input_layernorm.eps, final_eps=norm.eps, scale=attn.scale,
+                  final_norm=tensor_ptr(norm.weight), **embed.fields)
     max_rows = min(getattr(m, "kernel_max_rows", sys.maxsize) for layer in layers for m in _linears(layer))
-    takes_prompts = table.dtype == torch.bfloat16 and cpu_ops.prefill_head_dim_fits(attn.head_dim)
+    takes_prompts = norm.weight.dtype == torch.bfloat16 and cpu_ops.prefill_head_dim_fits(attn.head_dim)
     plan = _Plan(_registrations, tuple(kv_caches), (layer_type * len(weights))(*weights), fields,
-                 max_rows, takes_prompts)
+                 max_rows, takes_prompts, embed.desc)
     _PLANS[model] = plan
     return plan

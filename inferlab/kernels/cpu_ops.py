@@ -323,6 +323,15 @@ def avx2_quant_dequantize(desc: Avx2QuantDesc) -> torch.Tensor:
     return w
 
 
+def avx2_quant_rows(desc: Avx2QuantDesc, ids: torch.Tensor) -> torch.Tensor:
+    """The fp32 rows [len(ids), K] of the weight `desc` describes; ids int64 [n], each in
+    0 .. N - 1 (the caller checks: the kernel does not)."""
+    ids = ids.contiguous()
+    rows = torch.empty(ids.shape[0], desc.k_in, dtype=torch.float32)
+    _library().avx2_quant_rows(ctypes.byref(desc), ids.data_ptr(), ids.shape[0], rows.data_ptr())
+    return rows
+
+
 def dynamic_linear_available() -> bool:
     """The W8A8 and FP8_DYNAMIC kernels (dynamic_linear.c: AVX512-BF16 and -VNNI, and AMX where
     the CPU has it)."""

@@ -245,16 +245,24 @@ def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read(dtype):
         cpu_model.run_model(model.model, ids, rope, caches, meta)
 
 
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(dtype, monkeypatch):
+@pytest.mark.parametrize(("dtype", "storage"), [pytest.param(torch.bfloat16, None, marks=BF16, id="bf16"),
+                                               pytest.param(torch.float32, None, marks=F32, id="fp32"),
+                                               pytest.param(torch.float32, "Q8_0", marks=F32, id="fp32-Q8_0")])
+def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(dtype, storage, monkeypatch):
     """Its rows are the embedding's, through the Python lookup and the C forward's alike (the C
-    forward of the same model with a row-major table in its place gives the same bits)."""
+    forward of the same model with a row-major table in its place gives the same bits); a
+    GGUF's Q8_0 table (the embedded model's) run in fp32 is held once, as the head's codes."""
     model = tiny_model(64, False, pack=False, tied=True, dtype=dtype)
+    if storage:
+        with torch.no_grad():
+            for param in model.parameters():
+                param.copy_(_stored_as(param, storage))
     table = model.model.embed_tokens.weight.detach().clone()
     (use_packed_linears if dtype == torch.bfloat16 else use_avx2_fp32_linears)(model)
     embedding = model.model.embed_tokens
     assert isinstance(embedding, PackedEmbedding)
     assert embedding.packed.data_ptr() == model.lm_head.packed.data_ptr()
+    assert model.lm_head.packed.dtype == (torch.uint8 if storage else dtype)  # codes, or the table
     assert not any(t.shape == table.shape for t in [*model.parameters(), *model.buffers()])
     ids = torch.tensor([[0, 17, 255], [16, 15, 31]])
     assert torch.equal(embedding(ids), table[ids])

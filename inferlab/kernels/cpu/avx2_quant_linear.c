@@ -427,11 +427,12 @@ static inline void transpose8(const __m256 w[8], __m256 t[8]) {
     }
 }
 
-/* Block b's weights into w [its outputs, K] (row stride k_in). */
-static inline __attribute__((always_inline)) void dequantize_block(const avx2_qlinear_t *l, int64_t b,
-                                                                   float *w, const int BITS) {
+/* Outputs first .. first + count - 1 of block b (count <= 8 - first): their weights into rows
+ * [count, K] (row stride k_in). */
+static inline __attribute__((always_inline)) void dequantize_lanes(const avx2_qlinear_t *l, int64_t b,
+                                                                   int64_t first, int64_t count,
+                                                                   float *rows, const int BITS) {
     const int64_t groups = l->k_in / l->group, steps = l->group / 8;
-    const int64_t count = l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8;
     const uint8_t *step = l->codes + b * (l->k_in / 8) * step_bytes(BITS);
     for (int64_t g = 0; g < groups; g++) {
         const __m256 scale = group_scale(l, b * groups + g, BITS);
@@ -441,21 +442,31 @@ static inline __attribute__((always_inline)) void dequantize_block(const avx2_ql
             for (int i = 0; i < 8; i++) inputs[i] = weights_at(step, i, scale, offset, BITS);
             transpose8(inputs, outputs);
             for (int64_t j = 0; j < count; j++)
-                _mm256_storeu_ps(w + (b * 8 + j) * l->k_in + (g * steps + s) * 8, outputs[j]);
+                _mm256_storeu_ps(rows + j * l->k_in + (g * steps + s) * 8, outputs[first + j]);
         }
     }
+}
+
+static void dequantize_any(const avx2_qlinear_t *l, int64_t b, int64_t first, int64_t count, float *rows) {
+    if (l->bits == 32) dequantize_lanes(l, b, first, count, rows, 32);
+    else if (l->bits == 16) dequantize_lanes(l, b, first, count, rows, 16);
+    else if (l->bits == 8) dequantize_lanes(l, b, first, count, rows, 8);
+    else dequantize_lanes(l, b, first, count, rows, 4);
 }
 
 /* w [N, K] fp32 = the layer's weights, for a GEMM on many rows (and for inspection). */
 void avx2_quant_dequantize(const avx2_qlinear_t *l, float *w) {
     const int64_t blocks = (l->n_out + 7) / 8;
 #pragma omp parallel for schedule(static)
-    for (int64_t b = 0; b < blocks; b++) {
-        if (l->bits == 32) dequantize_block(l, b, w, 32);
-        else if (l->bits == 16) dequantize_block(l, b, w, 16);
-        else if (l->bits == 8) dequantize_block(l, b, w, 8);
-        else dequantize_block(l, b, w, 4);
-    }
+    for (int64_t b = 0; b < blocks; b++)
+        dequantize_any(l, b, 0, l->n_out - b * 8 < 8 ? l->n_out - b * 8 : 8, w + b * 8 * l->k_in);
+}
+
+/* out [count, K] = the weight's rows ids[0 .. count) (each in 0 .. n_out - 1, which the caller
+ * checks): a tied embedding read from its head's codes. A row decodes its block's 8 outputs and
+ * keeps one, a few microseconds, once per token a step. */
+void avx2_quant_rows(const avx2_qlinear_t *l, const int64_t *ids, int64_t count, float *out) {
+    for (int64_t m = 0; m < count; m++) dequantize_any(l, ids[m] / 8, ids[m] % 8, 1, out + m * l->k_in);
 }
 
 int has_avx2_quant_linear(void) { return 1; }

@@ -441,6 +441,7 @@ typedef struct {  /* avx2_quant_linear.c, avx2_dynamic_linear.c */
 int avx2_quant_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows,
                       float *y);
 int avx2_dynamic_linear(const avx2_qlinear_t *l, const float *x, int64_t x_stride, int64_t rows, float *y);
+void avx2_quant_rows(const avx2_qlinear_t *l, const int64_t *ids, int64_t count, float *out);
 
 /* The batch of one whole-model forward (model_forward.c for bf16, model_forward_f32.c for fp32):
  * M new tokens of B sequences: sequence b's are rows query_start_loc[b] .. query_start_loc[b + 1]
@@ -458,6 +459,7 @@ typedef struct {
     int64_t num_decodes, num_prefills;
     const void *embed, *final_norm;  /* the model's dtype: [vocab, H] or a tied head's packed
                                         weight (bf16 [vocab/16, H/2, 16, 2], fp32 [vocab/8, H, 8]), [H] */
+    const avx2_qlinear_t *embed_codes;  /* fp32: a tied head held as codes (embed NULL), or NULL */
 } forward_batch_t;
 
 /* out [M, H] = the token ids' embeddings, elements of `elem` bytes. A packed table (a tied head's

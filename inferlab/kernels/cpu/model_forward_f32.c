@@ -59,7 +59,8 @@ int model_forward_f32(float *out, float *residual, int64_t rows, const f32_layer
     if (b->num_prefills || b->num_decodes != rows || !b->decode_rows || !b->decode_seqs) return -4;
     for (int64_t m = 0; m < rows; m++)
         if (b->token_ids[m] < 0 || b->token_ids[m] >= b->vocab) return -3;
-    embed_rows(b, rows, out, 4, 8, 1);
+    if (b->embed_codes) avx2_quant_rows(b->embed_codes, b->token_ids, rows, out);
+    else embed_rows(b, rows, out, 4, 8, 1);
     const int64_t q_size = b->num_heads * b->head_dim, kv_size = b->num_kv_heads * b->head_dim;
     float *qkv = alloc_lines(sizeof(float) * (size_t)rows * (2 * q_size + 2 * kv_size + 3 * b->intermediate));
     int status = qkv ? 0 : -2;
