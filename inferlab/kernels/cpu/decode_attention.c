@@ -141,20 +141,29 @@ static inline __attribute__((always_inline)) void position_rows(const float *cac
                                     s.num_kv_heads, s.h0, s.dim);
 }
 
-/* How far ahead (positions) scores_f32 and values_f32 ask L1 for their rows: the blocks are
- * scattered, so the hardware prefetchers do not see the next one coming. One thread, 64 tokens
- * x 330 positions over blocks in random order (the embedded model, from memory, 7 interleaved
- * rounds on a busy AMD EPYC Zen 3): 176 ns a (position, KV head) without, 137 at 16 ahead, 144
- * at 32; into L2 only (16, 32, 64 ahead): 149, 153, 140. */
-#define AVX2_AHEAD 16
+/* How far ahead (positions) scores_f32 and values_f32 ask L1 for their rows, and L2 further on:
+ * the blocks are scattered, so the hardware prefetchers do not see the next one coming. One
+ * thread, 64 tokens x 330 positions over blocks in random order (the embedded model, from memory,
+ * 7 interleaved rounds on a busy AMD EPYC Zen 3): 176 ns a (position, KV head) without, 137 at 16
+ * ahead into L1, 144 at 32; into L2 only (16, 32, 64 ahead): 149, 153, 140. Both, 8 into L1 and
+ * 32 into L2 (2 threads, the 30 layers' caches, best of 9-11 alternating rounds, against 16 into
+ * L1 alone): 64 tokens x 300 positions 0.84-0.94x the time, x 1000 0.87x, x 128 0.95x; 8 x 330
+ * 0.91x; one token x 1000 0.91x, x 330 (from L3) 1.08x. Still 1.2-1.5x the time of a plain
+ * read of the same bytes (torch's sum, 2 threads). */
+#define AVX2_AHEAD 8
+#define AVX2_L2_AHEAD 32
 
 /* An ask into L1 for positions [p0, p0 + n) of the range's heads (each position's heads one
- * contiguous run). */
+ * contiguous run), and into L2 for those AVX2_L2_AHEAD - AVX2_AHEAD after them. */
 static inline __attribute__((always_inline)) void prefetch_positions(const float *cache, span_t s,
                                                                      int64_t p0, int64_t n) {
-    const int64_t bytes = (s.h1 - s.h0) * s.dim * 4;
+    const int64_t bytes = (s.h1 - s.h0) * s.dim * 4, l2 = AVX2_L2_AHEAD - AVX2_AHEAD;
     for (int64_t p = p0; p < p0 + n && p < s.len; p++)
         prefetch_lines(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim), bytes);
+    for (int64_t p = p0 + l2; p < p0 + l2 + n && p < s.len; p++) {
+        const char *at = (const char *)(cache + kv_offset(s.table, p, s.block_size, s.num_kv_heads, s.h0, s.dim));
+        for (int64_t b = 0; b < bytes; b += 64) _mm_prefetch(at + b, _MM_HINT_T1);
+    }
 }
 
 /* scores[(h * group + g) * stride + p] = scale * q . k_p for fp32 q (the range's rows,
