@@ -18,19 +18,23 @@ from tests.kernels.gguf_values import gguf_blocks
 KERNELS = pytest.mark.skipif(not cpu_ops.avx2_quant_linear_available(),
                              reason="the AVX2 + FMA kernels are not built on this CPU")
 BUILT = pytest.mark.skipif(cpu_library.library() is None, reason="the C kernels (which find the codes) are not built")
-KINDS = [("Q4_1", 4), ("Q8_0", 8)]
+KINDS = [("Q4_1", 4), ("Q4_0", 4), ("Q8_0", 8)]
 
 
 def file_codes(raw: np.ndarray, kind: str) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """ggml's block layouts: Q4_1 20 bytes (d, m fp16; 16 bytes, element j's nibble low in byte j,
-    element 16 + j's high), Q8_0 34 bytes (d fp16; 32 int8)."""
+    element 16 + j's high), Q4_0 18 (d fp16; the nibbles, the value d (q - 8), so m = -8d), Q8_0
+    34 bytes (d fp16; 32 int8)."""
     n = raw.shape[0]
-    blocks = raw.reshape(n, -1, 20 if kind == "Q4_1" else 34)
+    blocks = raw.reshape(n, -1, {"Q4_1": 20, "Q4_0": 18, "Q8_0": 34}[kind])
     d = torch.from_numpy(blocks[..., :2].copy().view(np.float16)[..., 0].astype(np.float32))
     if kind == "Q8_0":
         return torch.from_numpy(blocks[..., 2:].copy().view(np.int8)).reshape(n, -1), d, None
-    m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
-    qs = torch.from_numpy(blocks[..., 4:].astype(np.int16))
+    if kind == "Q4_1":
+        m = torch.from_numpy(blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32))
+    else:
+        m = -8 * d
+    qs = torch.from_numpy(blocks[..., -16:].astype(np.int16))
     codes = torch.cat([qs & 15, qs >> 4], dim=-1).to(torch.int8)  # [n, G, 32]
     return codes.reshape(n, -1), d, m
 
@@ -41,6 +45,11 @@ def test_the_codes_found_are_the_file_s(kind: str, bits: int) -> None:
     raw, weight = gguf_blocks(40, 96, kind)
     found = block_codes(weight)
     codes, d, m = file_codes(raw, kind)
+    if kind == "Q4_0":  # a block holding q = 0 and 15 with d < 0 reads as Q4_1's 15 - q, -d, 7d
+        flipped = (found.scale == -d) & (d < 0)  # [N, G]
+        assert flipped.any() and not flipped.all()  # both ways occur in this weight
+        codes = torch.where(flipped.repeat_interleave(32, dim=1), 15 - codes, codes)
+        d, m = torch.where(flipped, -d, d), torch.where(flipped, 7 * d, m)
     assert found.bits == bits
     assert torch.equal(found.codes, codes) and torch.equal(found.scale, d)
     assert (found.offset is None) == (m is None) and (m is None or torch.equal(found.offset, m))
@@ -102,7 +111,7 @@ def test_codes_give_the_fp32_layer_s_bits(kind: str, bits: int, n: int) -> None:
 
 
 @KERNELS
-@pytest.mark.parametrize(("kind", "most"), [("Q4_1", 0.19), ("Q8_0", 0.29)])
+@pytest.mark.parametrize(("kind", "most"), [("Q4_1", 0.19), ("Q4_0", 0.19), ("Q8_0", 0.29)])
 def test_codes_hold_a_fraction_of_the_fp32_bytes(kind: str, most: float) -> None:
     wide, narrow, _ = _layers(kind, 96, bias=False)
     held = sum(t.nbytes for t in (narrow.packed, narrow.scale, narrow.offset) if t is not None)

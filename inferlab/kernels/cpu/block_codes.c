@@ -1,5 +1,5 @@
-/* The codes of fp32 weights that are a GGUF's Q4_1 or Q8_0 blocks, found from the weights alone
- * (inferlab/kernels/block_codes.py says why and what; this is its arithmetic).
+/* The codes of fp32 weights that are a GGUF's Q4_1, Q4_0 or Q8_0 blocks, found from the weights
+ * alone (inferlab/kernels/block_codes.py says why and what; this is its arithmetic).
  *
  * Why C: torch took ~12 passes over the weights (minimum, maximum, scale, codes, the check),
  * 2.0-2.3 s of the embedded model's ~6 s fp32 load on 2 cores of an AMD EPYC Zen 3; here each
@@ -7,7 +7,8 @@
  *
  * Bits as block_codes.py defines them: Q4_1's d is the fp16 nearest (max - min) / 15 or one of
  * its two fp16 neighbours (the first whose codes give every value), q = clamp(round((w - min) /
- * d), 0, 15) with NaN (d = 0: one value) as 0; Q8_0's d = amax / 127 in fp32, q = round(w / d).
+ * d), 0, 15) with NaN (d = 0: one value) as 0; else Q4_0's, offset the largest magnitude m and
+ * d = -m / 8; Q8_0's d = amax / 127 in fp32, q = round(w / d).
  * A block fits when every d * q (+ min) equals its weight; d * q is exact either way (an fp16
  * times a small integer), so one rounding, whether or not the compiler fuses the add.
  */
@@ -52,14 +53,18 @@ static inline int block_4bit(const float *w, int8_t *q, float *scale, float *off
         high = w[i] > high ? w[i] : high;
     }
     const float nearest = fp16_nearest((high - low) / 15.0f);
-    if (!isfinite(nearest)) return 0;
-    *offset = low;
     static const int steps[3] = {0, -1, 1};
-    for (int s = 0; s < 3; s++) {
+    for (int s = 0; s < 3 && isfinite(nearest); s++) {
+        *offset = low;
         *scale = fp16_beside(nearest, steps[s]);
         if (codes_4bit(w, low, *scale, q)) return 1;
     }
-    return 0;
+    /* Q4_0: d (q - 8), ggml's quantizer giving the largest magnitude q = 0, so the offset -8 d is
+     * that weight and d = -it / 8 (exact); d q + -8 d is then exact, as the file's d (q - 8). */
+    const float big = -low > high ? low : high;
+    *offset = big;
+    *scale = -big / 8.0f;
+    return codes_4bit(w, big, *scale, q);
 }
 
 static inline int block_8bit(const float *w, int8_t *q, float *scale) {
