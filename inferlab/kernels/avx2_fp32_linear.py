@@ -40,7 +40,7 @@ Unpacking 128 or 384 outputs at a time, to stay in L2, lost (0.43-0.81x at 24-64
 oneDNN's calls on narrow weights).
 
 A layer holds its weight in fewer bytes where that keeps every value (narrow): a GGUF model's
-Q4_1 / Q8_0 blocks as their codes (block_codes.py; the kernel sums their values in the fp32
+Q4_1 / Q4_0 / Q8_0 blocks as their codes (block_codes.py; the kernel sums their values in the fp32
 order), a bf16 checkpoint's as bf16. The embedded model's decoder, 30 layers at one row: 7.9-8.4
 ms as codes against 16.9 held in fp32, 2.0x (2 cores, two builds in one process, best of 9).
 """
@@ -115,7 +115,7 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
                 self.narrow_to_bf16()
 
     def narrow_to_codes(self) -> bool:
-        """Keep the weight as the codes of Q4_1 or Q8_0 blocks (a GGUF model run in fp32) when
+        """Keep the weight as the codes of Q4_1, Q4_0 or Q8_0 blocks (a GGUF model run in fp32) when
         the kernel's values of them are every weight exactly: 0.19x or 0.28x the bytes a decode
         step reads, the same outputs (the kernel sums them in the fp32 order). Returns whether it
         did."""

@@ -24,7 +24,7 @@ import torch
 
 from inferlab.kernels.cpu_library import library
 
-GGUF_BLOCK = 32  # inputs a Q4_1 or Q8_0 block scales
+GGUF_BLOCK = 32  # inputs a Q4_1, Q4_0 or Q8_0 block scales
 
 
 @dataclass(frozen=True)
