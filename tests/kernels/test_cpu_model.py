@@ -247,11 +247,13 @@ def test_a_token_id_outside_the_embedding_table_is_an_error_not_a_read(dtype):
 
 @pytest.mark.parametrize(("dtype", "storage"), [pytest.param(torch.bfloat16, None, marks=BF16, id="bf16"),
                                                pytest.param(torch.float32, None, marks=F32, id="fp32"),
-                                               pytest.param(torch.float32, "Q8_0", marks=F32, id="fp32-Q8_0")])
+                                               pytest.param(torch.float32, "Q8_0", marks=F32, id="fp32-Q8_0"),
+                                               pytest.param(torch.float32, "Q4_1", marks=F32, id="fp32-Q4_1")])
 def test_a_tied_embedding_is_read_from_the_packed_head_and_held_once(dtype, storage, monkeypatch):
     """Its rows are the embedding's, through the Python lookup and the C forward's alike (the C
     forward of the same model with a row-major table in its place gives the same bits); a
-    GGUF's Q8_0 table (the embedded model's) run in fp32 is held once, as the head's codes."""
+    GGUF's Q8_0 table (the embedded model's) or Q4_1 one run in fp32 is held once, as the head's
+    codes."""
     model = tiny_model(64, False, pack=False, tied=True, dtype=dtype)
     if storage:
         with torch.no_grad():
