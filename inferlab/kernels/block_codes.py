@@ -50,8 +50,8 @@ def block_codes(weight: torch.Tensor) -> BlockCodes | None:
     scale = torch.empty(w.shape[0], w.shape[1] // GGUF_BLOCK)
     offset = torch.empty_like(scale)
     blocks = scale.numel()
-    if not lib.q4_1_block_codes(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr(), offset.data_ptr()):
+    if not lib.block_codes_4bit(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr(), offset.data_ptr()):
         return BlockCodes(4, codes, scale, offset)
-    if not lib.q8_0_block_codes(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr()):
+    if not lib.block_codes_8bit(w.data_ptr(), blocks, codes.data_ptr(), scale.data_ptr()):
         return BlockCodes(8, codes, scale, None)
     return None

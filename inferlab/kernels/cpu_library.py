@@ -51,8 +51,8 @@ _SIGNATURES = {
     "has_model_forward": (ctypes.c_int, []),
     "has_model_forward_f32": (ctypes.c_int, []),
     "release_openmp_threads": (ctypes.c_int, []),
-    "q4_1_block_codes": (_I64, [_P, _I64, _P, _P, _P]),
-    "q8_0_block_codes": (_I64, [_P, _I64, _P, _P]),
+    "block_codes_4bit": (_I64, [_P, _I64, _P, _P, _P]),
+    "block_codes_8bit": (_I64, [_P, _I64, _P, _P]),
 }
 _BF16_LINEAR_SIGNATURES = {
     "pack_bf16_vnni": (None, [_P, _P, _I64, _I64]),

@@ -82,9 +82,10 @@ static inline int block_8bit(const float *w, int8_t *q, float *scale) {
     return fits;
 }
 
-/* w: `blocks` blocks of 32 fp32 weights, one after another; codes: 32 a block (0..15), scale
- * and offset: one a block. Returns how many blocks no such codes give (0: all found). */
-int64_t q4_1_block_codes(const float *w, int64_t blocks, int8_t *codes, float *scale, float *offset) {
+/* Q4_1's or Q4_0's codes. w: `blocks` blocks of 32 fp32 weights, one after another; codes: 32 a
+ * block (0..15), scale and offset: one a block. Returns how many blocks no such codes give (0:
+ * all found). */
+int64_t block_codes_4bit(const float *w, int64_t blocks, int8_t *codes, float *scale, float *offset) {
     int64_t misses = 0;
 #pragma omp parallel for schedule(static) reduction(+ : misses)
     for (int64_t b = 0; b < blocks; b++)
@@ -92,8 +93,8 @@ int64_t q4_1_block_codes(const float *w, int64_t blocks, int8_t *codes, float *s
     return misses;
 }
 
-/* As q4_1_block_codes for Q8_0's symmetric codes (-127..127), no offset. */
-int64_t q8_0_block_codes(const float *w, int64_t blocks, int8_t *codes, float *scale) {
+/* As block_codes_4bit for Q8_0's symmetric codes (-127..127), no offset. */
+int64_t block_codes_8bit(const float *w, int64_t blocks, int8_t *codes, float *scale) {
     int64_t misses = 0;
 #pragma omp parallel for schedule(static) reduction(+ : misses)
     for (int64_t b = 0; b < blocks; b++)
