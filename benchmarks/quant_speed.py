@@ -8,7 +8,7 @@ put into a copy of the model, so every variant has the same embeddings, norms an
 In fp32 on a CPU with the AVX2 kernels, the dense model's weights are held in fp32 ("fp32"), and
 two variants hold the same arithmetic in fewer bytes: "bf16-held", the decoder linears' weights
 rounded to bf16 and held so (what a bf16 checkpoint run in fp32 gets: Avx2Fp32Linear's
-narrow_to_bf16), and "gguf-held", for a GGUF model of Q4_1 / Q8_0 blocks (the embedded one),
+narrow_to_bf16), and "gguf-held", for a GGUF model of Q4_1 / Q4_0 / Q8_0 blocks (the embedded one),
 its decoder linears held as those codes, the weights and outputs unchanged (narrow_to_codes: what
 the engine runs such a model with).
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-BLOCK = 32  # weights a block
 _BLOCK_BYTES = {"Q8_0": 34, "Q4_0": 18, "Q4_1": 20}
 TYPES = tuple(_BLOCK_BYTES)
 
