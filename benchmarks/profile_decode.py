@@ -25,7 +25,9 @@ from inferlab.engine.llm_engine import LLMEngine
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.models.loader import read_model_config
 from inferlab.models.model_path import resolve_model_path
+from inferlab.planner.memory import kv_cache_bytes_per_token
 
+BLOCK_SIZE = 16
 PARTS = {  # part -> what it is, as printed
     "scheduler": "scheduler (schedule, update)",
     "forward": "forward (the model, in C)",
@@ -72,11 +74,14 @@ def main() -> None:
     parser.add_argument("--steps", type=positive_int, default=20)
     args = parser.parse_args()
     output_tokens = 4 * args.steps + 8  # past every step below: no request ends while timed
-    limit = read_model_config(resolve_model_path(None)).max_context
-    if args.context + output_tokens > limit:
-        parser.error(f"argument --context: the model's context holds {limit} tokens, {output_tokens} "
-                     f"of them output: at most {limit - output_tokens}, got {args.context}")
-    engine = LLM(dtype=args.dtype, kv_cache_memory="2GiB").engine
+    cfg = read_model_config(resolve_model_path(None))
+    if args.context + output_tokens > cfg.max_context:
+        parser.error(f"argument --context: the model's context holds {cfg.max_context} tokens, "
+                     f"{output_tokens} of them output: at most {cfg.max_context - output_tokens}, got {args.context}")
+    # every request's blocks at once (fp32's 4 bytes, the widest), else the batch would run smaller
+    per_sequence = -(-(args.context + output_tokens) // BLOCK_SIZE) * BLOCK_SIZE
+    kv_bytes = args.batch * per_sequence * kv_cache_bytes_per_token(cfg.num_layers, cfg.num_kv_heads, cfg.head_dim, 4)
+    engine = LLM(dtype=args.dtype, kv_cache_memory=max(kv_bytes, 2 << 30), block_size=BLOCK_SIZE).engine
     params = SamplingParams(temperature=0, max_tokens=output_tokens, ignore_eos=True)
     for i in range(args.batch):
         engine.add_request([(7 * i + j) % 40000 + 100 for j in range(args.context)], params)
@@ -85,6 +90,8 @@ def main() -> None:
         engine.step()
     for _ in range(3):
         engine.step()
+    if len(engine.scheduler.running) != args.batch:
+        raise SystemExit(f"error: {len(engine.scheduler.running)} of the {args.batch} requests run together")
     start = time.perf_counter()
     for _ in range(args.steps):
         engine.step()
