@@ -57,6 +57,10 @@ MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms eac
 # bf16 matmul runs ~0.3 GFLOP/s (AMD EPYC Zen 3: 58 s for the 2048^3 product)
 MATMUL_MIN_S = 0.02
 MATMUL_FIRST_N = 256
+# 2: the stream grid's rates count the bytes its layers hold, held dense (version 1 narrowed them
+# to codes on AVX2 CPUs and counted fp32 bytes: 2.7-3x the memory's rate); an older cache is
+# measured again
+MEASUREMENT_VERSION = 2
 MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s", "peak_flops",
                  "layer_overhead_s", "memory_bytes")
 CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
@@ -86,31 +90,41 @@ def engine_dtype() -> Any:
     return resolve_dtype("auto", torch.device("cpu"))
 
 
-def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
-    """Weight bytes per second the engine's matmuls of 1 and 16 rows read through layers of
-    this width."""
+def _stream_layers(width: int) -> tuple[Any, int]:
+    """Llama-shaped layers of this width, the engine's linears in the dtype it runs here, about
+    STREAM_BYTES of weights in all, and the bytes their tensors hold. Held dense (narrow=False):
+    their constant weights are exact Q4_1 codes, and narrowed to them the layers held 0.19x the
+    bytes that the rate was counted for (an AVX2 machine's 21-27 GB/s measured as 57-77)."""
     import torch
 
     from inferlab.kernels.linear_choice import use_engine_linears
 
     dtype = engine_dtype()
     shapes = layer_linear_shapes(width)
-    total = dtype.itemsize * sum(i * o for i, o in shapes)  # bytes a layer
-    layers = max(1, STREAM_BYTES // total)
+    layers = max(1, STREAM_BYTES // (dtype.itemsize * sum(i * o for i, o in shapes)))
     linears = torch.nn.ModuleList()
     for _ in range(layers):
         for i, o in shapes:  # constant weights: random ones take seconds to draw
             linear = torch.nn.Linear(i, o, bias=False, device="meta")
             linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=dtype))
             linears.append(linear)
-    use_engine_linears(linears, torch.device("cpu"), dtype)
-    total *= layers
+    use_engine_linears(linears, torch.device("cpu"), dtype, narrow=False)
+    held = sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers()))
+    return linears, held
+
+
+def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
+    """Weight bytes per second the engine's matmuls of 1 and 16 rows read through layers of
+    this width."""
+    import torch
+
+    linears, held = _stream_layers(width)
+    dtype = engine_dtype()
     rates = {}
     with torch.inference_mode():
         for n in STREAM_ROWS:
-            x = {i: torch.randn(n, i, dtype=dtype) for i, _ in shapes}  # [rows, in]
-            rates[str(n)] = total / best_seconds(
-                lambda x=x: [m(x[m.in_features]) for m in linears], repeats)
+            x = {m.in_features: torch.randn(n, m.in_features, dtype=dtype) for m in linears}  # [rows, in]
+            rates[str(n)] = held / best_seconds(lambda x=x: [m(x[m.in_features]) for m in linears], repeats)
     return rates
 
 
@@ -248,6 +262,7 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
              for name, dtype in (("bf16", torch.bfloat16), ("fp32", torch.float32))}
     figures = {
         "cpu": cpu_name(),
+        "measurement_version": MEASUREMENT_VERSION,
         "threads": torch.get_num_threads(),
         "linear_dtype": str(engine_dtype()).removeprefix("torch."),  # the stream grid's
         "torch": torch.__version__,
@@ -269,10 +284,14 @@ def load_or_measure(cache_path: Path, remeasure: bool = False, repeats: int = 3)
         cached = _read_cache(cache_path)  # read under --measure too: a file that is no cache stays
         if not remeasure and cached.get("cpu") == cpu_name() and _well_formed(cached):
             slow = slow_stream_points(cached["stream_bytes_per_s"])
-            if not slow:
+            if cached.get("measurement_version") != MEASUREMENT_VERSION:
+                print(f"note: --cache {cache_path}: measured by an older inferlab, whose weight "
+                      "streaming rates could be too high; measuring again", file=sys.stderr)
+            elif not slow:
                 return cached
-            print(f"note: --cache {cache_path}: {describe_slow_point(cached['stream_bytes_per_s'], slow[0])}"
-                  f", so the machine was busy then; measuring again", file=sys.stderr)
+            else:
+                print(f"note: --cache {cache_path}: {describe_slow_point(cached['stream_bytes_per_s'], slow[0])}"
+                      f", so the machine was busy then; measuring again", file=sys.stderr)
     _prepare_cache(cache_path)
     figures = measure_cpu(repeats)
     try:

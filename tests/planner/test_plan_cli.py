@@ -13,10 +13,11 @@ import pytest
 
 from inferlab.cli import main, parse_command_line
 from inferlab.engine.args import engine_config_from_args
-from inferlab.planner.measure import cpu_name
+from inferlab.planner.measure import MEASUREMENT_VERSION, cpu_name
 
 # what `--measure` writes, with round figures, so these tests need no micro-benchmark
-FIGURES = {"cpu": "", "threads": 2, "torch": "test", "memory_bandwidth_bytes_per_s": 25e9,
+FIGURES = {"cpu": "", "measurement_version": MEASUREMENT_VERSION, "threads": 2, "torch": "test",
+           "memory_bandwidth_bytes_per_s": 25e9,
            "stream_bytes_per_s": {"1": {"512": 25e9, "4096": 25e9}, "16": {"512": 25e9}},
            "peak_flops": {"bf16": 1.5e12, "fp32": 3e11}, "layer_overhead_s": 100e-6, "memory_bytes": 24 * 2**30,
            "measured_at": "2026-01-01T00:00:00+00:00"}

@@ -147,7 +147,7 @@ def test_a_failed_cache_write_names_the_reason_not_the_errno(tmp_path, monkeypat
     assert str(caught.value) == f"--cache {cache}: cannot write (No space left on device)"
 
 
-GOOD = {"cpu": None, "peak_flops": {"bf16": 4e11, "fp32": 1e11}, "layer_overhead_s": 1e-5,
+GOOD = {"cpu": None, "measurement_version": measure.MEASUREMENT_VERSION, "peak_flops": {"bf16": 4e11, "fp32": 1e11}, "layer_overhead_s": 1e-5,
         "memory_bandwidth_bytes_per_s": 3e10, "memory_bytes": 2**34, "threads": 2, "torch": "x",
         "measured_at": "2026-12-05T00:00:00+00:00",
         "stream_bytes_per_s": {"1": {"512": 2e10, "4096": 3e10}, "16": {"512": 2e10, "4096": 3e10}}}
@@ -173,6 +173,26 @@ def test_a_cache_with_a_broken_figure_is_measured_again(tmp_path, monkeypatch, e
     assert json.loads(cache.read_text()) == fresh  # rewritten, as an unreadable cache is
 
 
+def test_a_cache_from_an_older_measurement_is_measured_again(tmp_path, monkeypatch, capsys):
+    """Version 1's stream rates were 2.7-3x the memory's on an AVX2 CPU (see _stream_layers)."""
+    cache = tmp_path / "cpu-local.json"
+    old = {key: value for key, value in GOOD.items() if key != "measurement_version"} | {"cpu": cpu_name()}
+    cache.write_text(json.dumps(old))
+    fresh = GOOD | {"cpu": cpu_name()}
+    monkeypatch.setattr("inferlab.planner.measure.measure_cpu", lambda repeats: fresh)
+    assert load_or_measure(cache) == fresh and json.loads(cache.read_text()) == fresh
+    assert capsys.readouterr().err == (f"note: --cache {cache}: measured by an older inferlab, whose "
+                                       "weight streaming rates could be too high; measuring again\n")
+
+
+def test_the_streamed_layers_hold_every_weight_their_rate_counts():
+    """The rate is bytes held over seconds: layers narrowed to codes (their constant weights are
+    exact Q4_1 blocks) read 0.19x the bytes, and the rate came out 2.7-3x the memory's."""
+    linears, held = measure._stream_layers(512)
+    weights = sum(m.in_features * m.out_features for m in linears)
+    assert held == weights * measure.engine_dtype().itemsize
+
+
 def test_a_well_formed_cache_is_read_as_it_is(tmp_path, monkeypatch):
     cache = tmp_path / "cpu-local.json"
     cache.write_text(json.dumps(GOOD | {"cpu": cpu_name()}))
@@ -190,7 +210,8 @@ IDLE_GRID = {"1": {"512": 47074976404.9, "1024": 64332419516.0, "2048": 70e9, "4
 
 
 def _figures(grid: dict) -> dict:
-    return {"cpu": cpu_name(), "threads": 2, "torch": "test", "stream_bytes_per_s": grid,
+    return {"cpu": cpu_name(), "measurement_version": measure.MEASUREMENT_VERSION, "threads": 2,
+            "torch": "test", "stream_bytes_per_s": grid,
             "copy_bandwidth_bytes_per_s": 80e9, "peak_flops": {"bf16": 9e11, "fp32": 4.8e11},
             "layer_overhead_s": 1.4e-5, "memory_bytes": 24 * 2**30,
             "measured_at": "2026-12-05T17:40:42+00:00",
