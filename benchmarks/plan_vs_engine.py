@@ -26,6 +26,7 @@ from workloads import positive_int, script_parser, thread_count
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.planner.budget import MemoryConfig, plan_memory
+from inferlab.planner.gguf_held import held_format
 from inferlab.planner.measure import cpu_local_hardware, engine_dtype, measure_cpu
 from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
@@ -94,7 +95,7 @@ def main() -> None:
 
     hw = cpu_local_hardware(figures)
     spec = resolve_model(None)
-    fmt = weight_format(fmt_name)
+    fmt = held_format(spec.source, fmt_name) or weight_format(fmt_name)  # as `inferlab plan` takes it
     weights = weight_bytes(spec.config, fmt)
     memory = plan_memory(spec.config, weights, MemoryConfig(hw.memory_bytes, kv_cache_bytes=64 * 2**20))
     cost = model_cost(spec.config, weights, fmt, memory, tp=1)
@@ -110,7 +111,7 @@ def main() -> None:
           f"{figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f}), bf16 matmul "
           f"{figures['peak_flops']['bf16'] / 1e9:.0f} GFLOP/s, fp32 {figures['peak_flops']['fp32'] / 1e9:.0f}"
           f", layer launch {figures['layer_overhead_s'] * 1e6:.0f} µs")
-    print(f"embedded SmolLM2-135M, {fmt_name}, {weights.total_bytes:,} weight bytes; prompt {args.prompt_len} "
+    print(f"embedded SmolLM2-135M, {fmt_name} ({fmt.name} weights), {weights.total_bytes:,} weight bytes; prompt {args.prompt_len} "
           f"tokens, {args.rounds} × {args.steps} timed steps per batch, mean context {context}")
     print(f"{'batch':>6} {'predicted ms':>13} {'(memory':>8} {'compute':>8} {'launch)':>8} "
           f"{'best ms':>8} {'median ms':>10} {'ratio best':>11} {'ratio median':>13}")

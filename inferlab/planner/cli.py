@@ -13,6 +13,7 @@ from inferlab.errors import InferlabError
 from inferlab.planner.budget import KV_DTYPES, MemoryConfig
 from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
 from inferlab.planner.capacity import SLO, Workload
+from inferlab.planner.gguf_held import held_format
 from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
 from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
 from inferlab.planner.memory import WeightFormat, weight_format
@@ -112,7 +113,8 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
     model = resolve_model(args.model)
     dense = _dense_default(cpu_local)
     fmt = (weight_format(args.weight_format) if args.weight_format is not None
-           else checkpoint_weight_format(model) or weight_format(dense))
+           else checkpoint_weight_format(model) or (cpu_local and held_format(model.source, dense))
+           or weight_format(dense))
     if cpu_local and fmt.name not in ("bf16", "fp16", "fp32"):  # its dense layers: --dtype auto's
         fmt = dataclasses.replace(fmt, dense_dtype=dense)
     if cpu_local and args.kv_dtype is not None and args.kv_dtype.lower() != fmt.dense_dtype:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from inferlab.engine.block_manager import cdiv
 from inferlab.errors import InferlabError
@@ -55,6 +55,9 @@ class WeightFormat:
     input_scales: bool = False  # static activations: one more scale per layer, for its input
     targets: tuple[str, ...] = ("Linear",)
     ignore: tuple[str, ...] = ("lm_head",)
+    # (parameter name, GGUF type) of each weight of a GGUF file the engine holds as its blocks'
+    # codes (gguf_held.py); the fields above then go unused
+    gguf_types: tuple[tuple[str, str], ...] = field(default=(), repr=False)
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8, 16, 32):
@@ -158,6 +161,9 @@ class WeightBytes:
     # of total_bytes, the k_proj and v_proj weights (scales, zero points, biases too): a device
     # holds whole KV heads, so tensor parallel past the KV heads replicates these
     kv_proj_bytes: int
+    # a GGUF file's weights as held (gguf_held.py): (how, params, bytes) for each way, the
+    # zero points above then the 4-bit codes' fp32 offsets
+    held: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def total_bytes(self) -> int:
@@ -207,6 +213,10 @@ def _kv_proj_bytes(model: ModelConfig, fmt: WeightFormat) -> int:
 
 
 def weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes:
+    if fmt.gguf_types:
+        from inferlab.planner.gguf_held import gguf_held_weight_bytes
+
+        return gguf_held_weight_bytes(model, fmt)
     stored = [(n_in, n_out) for name, n_in, n_out in linear_layers(model) if fmt.stores(name)]
     _check_groups(fmt, {n_in for n_in, _ in stored})
     quantized = sum(n_in * n_out for n_in, n_out in stored)

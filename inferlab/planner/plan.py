@@ -76,7 +76,7 @@ class Plan:
             "model": {"name": inputs.model.name, "source": inputs.model.source,
                       "config": {k: v for k, v in asdict(inputs.model.config).items() if k != "extra"}},
             "hardware": asdict(inputs.hardware),
-            "weight_format": asdict(inputs.weight_format),
+            "weight_format": {k: v for k, v in asdict(inputs.weight_format).items() if k != "gguf_types"},
             "memory_config": asdict(inputs.memory),
             "workload": asdict(inputs.workload),
             "slo": asdict(inputs.slo),

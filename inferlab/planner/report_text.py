@@ -38,6 +38,10 @@ def _kv_source(plan: Plan) -> str:
     return "fixed by --kv-cache-memory"
 
 
+# how gguf_held.py's ways of holding a weight read in the weights line
+_HELD_AS = {"Q4_0": "Q4_0 codes", "Q4_1": "Q4_1 codes", "Q8_0": "Q8_0 codes"}
+
+
 def _memory(plan: Plan) -> list[str]:
     i, w, mem = plan.inputs, plan.weights, plan.memory
     m, cfg, fmt = i.model.config, i.memory, i.weight_format
@@ -52,11 +56,13 @@ def _memory(plan: Plan) -> list[str]:
              else f" (blocks of {fmt.scale_rows} × {fmt.group_size})" if fmt.scale_rows > 1
              else f" (group {fmt.group_size})" if fmt.group_size else "")
     ctx_blocks = mem.blocks_for(plan.context_len)
+    split = (" + ".join(f"{params:,} params as {_HELD_AS.get(how, how)} ({nbytes / params:.4g} B each)"
+                        for how, params, nbytes in w.held) if w.held else
+             f"{w.quantized_params:,} linear params × {fmt.bits} bits{group}{scales}{zeros} + "
+             f"{w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B")
     lines = [
         "Memory (per device)",
-        f"  weights           {format_bytes(mem.weight_bytes):>12}   {w.quantized_params:,} linear params × "
-        f"{fmt.bits} bits{group}{scales}{zeros} + {w.dense_params:,} other params × {DTYPE_BYTES[fmt.dense_dtype]} B"
-        f"{replicated}{tp}",
+        f"  weights           {format_bytes(mem.weight_bytes):>12}   {split}{replicated}{tp}",
         f"  activations       {format_bytes(mem.activation_bytes):>12}   {cfg.max_num_batched_tokens} tokens × "
         f"(2 × {m.hidden_size} + 3 × {m.intermediate_size}{tp and f' / {cfg.tensor_parallel}'}) × "
         f"{DTYPE_BYTES[fmt.dense_dtype]} B + 2 × {cfg.max_num_seqs} seqs × {m.vocab_size} vocab × {LOGITS_BYTES} B",
