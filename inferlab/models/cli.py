@@ -10,7 +10,13 @@ import os
 from inferlab.config import DTYPE_ALIASES, canonical_dtype
 from inferlab.models.config import ModelConfig
 from inferlab.models.gguf_reader import GGUFFile, is_gguf_file
-from inferlab.planner.memory import kv_cache_bytes_per_token, linear_layers, weight_bytes
+from inferlab.planner.gguf_held import CODE_BITS, held_format
+from inferlab.planner.memory import (
+    WeightFormat,
+    kv_cache_bytes_per_token,
+    linear_layers,
+    weight_bytes,
+)
 from inferlab.planner.model_shapes import scheme_weight_format
 from inferlab.quant.ct_config import ParsedConfig, parse_quantization_config
 
@@ -44,13 +50,15 @@ def model_info(model: str | None, dtype: str) -> dict:
     parsed = _parsed_quantization(config, path)
     groups = parsed.groups if parsed else ()
     quantization = _quantization(config, parsed)
+    held = None  # a GGUF's weights as the engine holds them in fp32 on this CPU, if as codes
     if is_gguf_file(path):
         # checked as loading checks them, in its order (weights, then tokenizer): `info` once
         # gave every figure for a file whose tensors or tokenizer `generate` refuses
         gguf_file = open_gguf(path)
         check_gguf_weights(path, gguf_file, cfg)
         template = load_gguf_tokenizer(gguf_file, path).chat_template
-        quantization = [_gguf_types(gguf_file)]
+        held = held_format(path, "fp32") if dtype == "float32" else None
+        quantization = [_gguf_types(gguf_file, held)]
     else:
         template = load_hf_tokenizer(path).chat_template
         generation = read_generation_config(path)
@@ -58,7 +66,8 @@ def model_info(model: str | None, dtype: str) -> dict:
     params = cfg.num_parameters()
     return {
         "name": model_display_name(model), "path": path, "architecture": cfg.architecture,
-        "parameters": params, "dtype": dtype, "weight_bytes": _weight_bytes(cfg, dtype, parsed),
+        "parameters": params, "dtype": dtype,
+        "weight_bytes": weight_bytes(cfg, held).total_bytes if held else _weight_bytes(cfg, dtype, parsed),
         "linears_as_stored": bool(groups),
         "layers": cfg.num_layers, "hidden_size": cfg.hidden_size, "attention_heads": cfg.num_heads,
         "kv_heads": cfg.num_kv_heads, "head_dim": cfg.head_dim, "vocab_size": cfg.vocab_size,
@@ -114,14 +123,17 @@ def _quantization(config: dict | None, parsed: ParsedConfig | None) -> list[str]
     return lines
 
 
-def _gguf_types(gguf_file: GGUFFile) -> str:
+def _gguf_types(gguf_file: GGUFFile, held: WeightFormat | None) -> str:
     """The GGUF's tensor types by count ('Q4_1 x 211, F32 x 61'): the engine dequantizes them
-    to the serving dtype at load."""
+    to the serving dtype at load, and in fp32 on an AVX2 CPU (`held`) keeps the linears whose
+    blocks it can as their codes (inferlab/planner/gguf_held.py)."""
     counts: dict[str, int] = {}
     for tensor in gguf_file.tensors:
         counts[tensor.type_name] = counts.get(tensor.type_name, 0) + 1
     kinds = ", ".join(f"{name} x {n}" for name, n in sorted(counts.items(), key=lambda kv: -kv[1]))
-    return f"GGUF tensors {kinds} (dequantized at load)"
+    coded = sorted({kind for _, kind in held.gguf_types if kind in CODE_BITS}) if held else []
+    how = f"linears held as their {', '.join(coded)} codes" if coded else "dequantized at load"
+    return f"GGUF tensors {kinds} ({how})"
 
 
 def _checkpoint_bytes(path: str) -> int:

@@ -102,3 +102,16 @@ def test_plan_takes_it_where_the_engine_holds_codes(capsys, tmp_path, monkeypatc
         plan = json.loads(capsys.readouterr().out)
         formats[" ".join(sorted(flags))] = (plan["weights"]["format"], plan["weights"]["total_bytes"] // 2**20)
     assert formats == {"avx2 fma": ("gguf", 106), "sse4_2": ("fp32", 513), "avx2 avx512_bf16 fma": ("bf16", 256)}
+
+
+def test_info_gives_the_bytes_fp32_serving_holds(capsys, monkeypatch):
+    """`inferlab info --dtype float32`: the embedded model as the engine holds it in fp32 on an
+    AVX2 CPU (test_the_embedded_model_as_the_engine_holds_it: 111,617,280 B), all fp32 elsewhere."""
+    seen = {}
+    for flags in ({"avx2", "fma"}, {"sse4_2"}):
+        monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda flags=flags: frozenset(flags))
+        assert main(["info", "--dtype", "float32", "--json"]) == 0
+        info = json.loads(capsys.readouterr().out)
+        seen[" ".join(sorted(flags))] = (info["weight_bytes"], info["quantization"][0].rpartition(" (")[2])
+    assert seen == {"avx2 fma": (111_617_280, "linears held as their Q4_1, Q8_0 codes)"),
+                    "sse4_2": (4 * 134_515_008, "dequantized at load)")}
