@@ -61,8 +61,9 @@ def best_figures(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return rounds[0] | {
         "memory_bandwidth_bytes_per_s": max(r["memory_bandwidth_bytes_per_s"] for r in rounds),
         "copy_bandwidth_bytes_per_s": max(r["copy_bandwidth_bytes_per_s"] for r in rounds),
-        "stream_bytes_per_s": {n: {w: max(r["stream_bytes_per_s"][n][w] for r in rounds) for w in by_width}
-                               for n, by_width in rounds[0]["stream_bytes_per_s"].items()},
+        **{grid: {n: {w: max(r[grid][n][w] for r in rounds) for w in by_width}
+                  for n, by_width in rounds[0][grid].items()}
+           for grid in ("stream_bytes_per_s", "codes_stream_bytes_per_s") if grid in rounds[0]},
         "peak_flops": {k: max(r["peak_flops"][k] for r in rounds) for k in rounds[0]["peak_flops"]},
         "layer_overhead_s": min(r["layer_overhead_s"] for r in rounds),
     }
@@ -93,9 +94,9 @@ def main() -> None:
             steps[b] += time_decode_steps(llm, b, args.prompt_len, args.steps, seed=r * 1000 + b)
     figures = best_figures(rounds)
 
-    hw = cpu_local_hardware(figures)
     spec = resolve_model(None)
     fmt = held_format(spec.source, fmt_name) or weight_format(fmt_name)  # as `inferlab plan` takes it
+    hw = cpu_local_hardware(figures, codes=bool(fmt.gguf_types))
     weights = weight_bytes(spec.config, fmt)
     memory = plan_memory(spec.config, weights, MemoryConfig(hw.memory_bytes, kv_cache_bytes=64 * 2**20))
     cost = model_cost(spec.config, weights, fmt, memory, tp=1)
@@ -103,9 +104,12 @@ def main() -> None:
 
     print(f"cpu-local: {figures['cpu']}, {figures['threads']} threads, load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; best of {args.rounds} rounds:")
-    for rows, by_width in figures["stream_bytes_per_s"].items():
+    grid = "codes_stream_bytes_per_s" if fmt.gguf_types and "codes_stream_bytes_per_s" in figures \
+        else "stream_bytes_per_s"  # the rates hw plans with
+    for rows, by_width in figures[grid].items():
         curve = ", ".join(f"{w}: {b / 1e9:.1f}" for w, b in by_width.items())
-        print(f"  {rows:>2}-row matmul stream GB/s by width {curve}; at {spec.config.hidden_size}: "
+        print(f"  {rows:>2}-row {'codes' if grid.startswith('codes') else 'matmul'} stream GB/s by width {curve}; "
+              f"at {spec.config.hidden_size}: "
               f"{hw.bandwidth_for(spec.config.hidden_size, int(rows)) / 1e9:.1f}")
     print(f"  (copy "
           f"{figures['copy_bandwidth_bytes_per_s'] / 1e9:.1f}), bf16 matmul "

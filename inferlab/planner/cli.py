@@ -82,9 +82,10 @@ def _size(text: str, flag: str) -> int:
     return size
 
 
-def resolve_hardware(args: argparse.Namespace, stand_in: bool = False) -> Hardware:
+def resolve_hardware(args: argparse.Namespace, stand_in: bool = False, codes: bool = False) -> Hardware:
     """--hardware with its overrides; `stand_in`: a datasheet device in place of cpu-local, to
-    check the other settings before this machine is measured."""
+    check the other settings before this machine is measured; `codes`: cpu-local's rates for
+    weights held as GGUF codes."""
     cpu_local = _is_cpu_local(args)
     if args.measure and not cpu_local:
         raise InferlabError(f"--measure measures this machine; it goes with --hardware {CPU_LOCAL}, "
@@ -95,7 +96,7 @@ def resolve_hardware(args: argparse.Namespace, stand_in: bool = False) -> Hardwa
                                                                      "--runtime-overhead")
     if datasheet is None:
         datasheet = (next(iter(HARDWARE.values())) if stand_in
-                     else cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure)))
+                     else cpu_local_hardware(load_or_measure(args.cache or DEFAULT_CACHE_PATH, args.measure), codes))
     return datasheet.with_overrides(memory_bytes=memory, runtime_overhead_bytes=overhead,
                              bandwidth_efficiency=args.bandwidth_efficiency,
                              compute_efficiency=args.compute_efficiency)
@@ -126,7 +127,7 @@ def build_inputs(args: argparse.Namespace) -> PlanInputs:
                                SLO.parse(args.slo), kv_bytes)
     if cpu_local:  # every setting checked before measuring (15-45 s)
         inputs(resolve_hardware(args, stand_in=True))
-    return inputs(resolve_hardware(args))
+    return inputs(resolve_hardware(args, codes=bool(fmt.gguf_types)))
 
 
 def _dense_default(cpu_local: bool) -> str:

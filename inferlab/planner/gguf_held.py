@@ -46,7 +46,7 @@ def _held(types: list[str], head: bool) -> str:
     return BF16 if kinds == {"BF16"} and not head else FP32
 
 
-def _bytes(held: str, n_in: int, n_out: int) -> tuple[int, int, int]:
+def layer_bytes(held: str, n_in: int, n_out: int) -> tuple[int, int, int]:
     """(code bytes, scales, offset bytes) of a layer held as a code type; (dense bytes, 0, 0)
     else."""
     if held not in CODE_BITS:
@@ -85,7 +85,7 @@ def gguf_held_weight_bytes(model: ModelConfig, fmt: WeightFormat) -> WeightBytes
     by_kind: Counter[str] = Counter()
     by_kind_bytes: Counter[str] = Counter()
     for name, held, n_in, n_out in layers:
-        main, layer_scales, layer_offsets = _bytes(held, n_in, n_out)
+        main, layer_scales, layer_offsets = layer_bytes(held, n_in, n_out)
         total = main + 4 * layer_scales + layer_offsets
         by_kind[held] += n_in * n_out
         by_kind_bytes[held] += total

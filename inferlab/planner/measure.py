@@ -58,9 +58,9 @@ MATMUL_N = {"bf16": 2048, "fp32": 1024}  # square sizes that take tens of ms eac
 MATMUL_MIN_S = 0.02
 MATMUL_FIRST_N = 256
 # 2: the stream grid's rates count the bytes its layers hold, held dense (version 1 narrowed them
-# to codes on AVX2 CPUs and counted fp32 bytes: 2.7-3x the memory's rate); an older cache is
-# measured again
-MEASUREMENT_VERSION = 2
+# to codes on AVX2 CPUs and counted fp32 bytes: 2.7-3x the memory's rate); 3: and a grid of the
+# layers held as codes where the engine holds GGUF blocks so. An older cache is measured again.
+MEASUREMENT_VERSION = 3
 MEASURED_KEYS = ("memory_bandwidth_bytes_per_s", "stream_bytes_per_s", "peak_flops",
                  "layer_overhead_s", "memory_bytes")
 CPU_RUNTIME_OVERHEAD_BYTES = 2**29  # the Python process with torch loaded
@@ -90,11 +90,12 @@ def engine_dtype() -> Any:
     return resolve_dtype("auto", torch.device("cpu"))
 
 
-def _stream_layers(width: int) -> tuple[Any, int]:
+def _stream_layers(width: int, narrow: bool = False) -> tuple[Any, int]:
     """Llama-shaped layers of this width, the engine's linears in the dtype it runs here, about
-    STREAM_BYTES of weights in all, and the bytes their tensors hold. Held dense (narrow=False):
-    their constant weights are exact Q4_1 codes, and narrowed to them the layers held 0.19x the
-    bytes that the rate was counted for (an AVX2 machine's 21-27 GB/s measured as 57-77)."""
+    STREAM_BYTES of weights in all, and the bytes their tensors hold. Their constant weights are
+    exact Q4_1 blocks: held dense unless `narrow`, where the engine holds such blocks as their
+    codes (the AVX2 linears in fp32). Narrowed, the layers hold 0.19x the fp32 bytes, which the
+    rate once counted (an AVX2 machine's 21-27 GB/s measured as 57-77)."""
     import torch
 
     from inferlab.kernels.linear_choice import use_engine_linears
@@ -108,17 +109,17 @@ def _stream_layers(width: int) -> tuple[Any, int]:
             linear = torch.nn.Linear(i, o, bias=False, device="meta")
             linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=dtype))
             linears.append(linear)
-    use_engine_linears(linears, torch.device("cpu"), dtype, narrow=False)
+    use_engine_linears(linears, torch.device("cpu"), dtype, narrow=narrow)
     held = sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers()))
     return linears, held
 
 
-def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
+def _stream_bytes_per_s(width: int, repeats: int, narrow: bool = False) -> dict[str, float]:
     """Weight bytes per second the engine's matmuls of 1 and 16 rows read through layers of
-    this width."""
+    this width (held as codes if `narrow` and the engine holds them so)."""
     import torch
 
-    linears, held = _stream_layers(width)
+    linears, held = _stream_layers(width, narrow)
     dtype = engine_dtype()
     rates = {}
     with torch.inference_mode():
@@ -128,22 +129,36 @@ def _stream_bytes_per_s(width: int, repeats: int) -> dict[str, float]:
     return rates
 
 
-def _stream_grid(repeats: int) -> dict[str, dict[str, float]]:
+def engine_holds_codes() -> bool:
+    """Whether the engine's linears here hold exact GGUF blocks as their codes: one small layer
+    of them, narrowed, holds fewer bytes than its weights."""
+    import torch
+
+    from inferlab.kernels.linear_choice import use_engine_linears
+
+    dtype = engine_dtype()
+    linears = torch.nn.ModuleList([torch.nn.Linear(256, 64, bias=False, dtype=dtype)])
+    linears[0].weight.data.fill_(0.01)
+    use_engine_linears(linears, torch.device("cpu"), dtype)
+    return sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers())) < 256 * 64 * dtype.itemsize
+
+
+def _stream_grid(repeats: int, narrow: bool = False) -> dict[str, dict[str, float]]:
     """rows -> width -> bytes/s, with JSON's string keys."""
-    by_width = {str(w): _stream_bytes_per_s(w, repeats) for w in STREAM_WIDTHS}
+    by_width = {str(w): _stream_bytes_per_s(w, repeats, narrow) for w in STREAM_WIDTHS}
     return {str(n): {w: rates[str(n)] for w, rates in by_width.items()} for n in STREAM_ROWS}
 
 
-def _checked_stream_grid(repeats: int) -> dict[str, dict[str, float]]:
+def _checked_stream_grid(repeats: int, narrow: bool = False) -> dict[str, dict[str, float]]:
     """The grid a plan interpolates in: a rate far below its neighbours' is measured again a
     few times, keeping the best, and warned of if it stays so."""
-    grid = _stream_grid(repeats)
+    grid = _stream_grid(repeats, narrow)
     slow = slow_stream_points(grid)
     for _ in range(REMEASURE_TRIES):
         if not slow:
             break
         for width in sorted({width for _, width, _ in slow}, key=int):
-            for rows, rate in _stream_bytes_per_s(int(width), repeats).items():
+            for rows, rate in _stream_bytes_per_s(int(width), repeats, narrow).items():
                 grid[rows][width] = max(grid[rows][width], rate)  # best of all tries
         slow = slow_stream_points(grid)
     if slow:
@@ -274,6 +289,8 @@ def measure_cpu(repeats: int = 3) -> dict[str, Any]:
         "measured_at": datetime.now(UTC).isoformat(timespec="seconds"),
     }
     figures["memory_bandwidth_bytes_per_s"] = _best_rate(figures["stream_bytes_per_s"])
+    if engine_holds_codes():  # GGUF files are planned with it (gguf_held.py)
+        figures["codes_stream_bytes_per_s"] = _checked_stream_grid(repeats, narrow=True)
     return figures
 
 
@@ -341,29 +358,34 @@ def _well_formed(cached: dict[str, Any]) -> bool:
     def rates(table: Any) -> bool:
         return isinstance(table, dict) and bool(table) and all(positive(v) for v in table.values())
 
-    grid = cached.get("stream_bytes_per_s")
+    def grid_of_rates(grid: Any) -> bool:
+        return isinstance(grid, dict) and bool(grid) and all(
+            str(rows).isdecimal() and isinstance(by_width, dict) and rates(by_width)
+            and all(str(width).isdecimal() for width in by_width) for rows, by_width in grid.items())
+
     return (all(k in cached for k in (*MEASURED_KEYS, "threads", "torch", "measured_at"))
             and positive(cached["memory_bytes"]) and positive(cached["memory_bandwidth_bytes_per_s"])
             and positive(cached["layer_overhead_s"], allow_zero=True) and rates(cached["peak_flops"])
-            and isinstance(grid, dict) and bool(grid) and all(
-                str(rows).isdecimal() and isinstance(by_width, dict) and rates(by_width)
-                and all(str(width).isdecimal() for width in by_width)
-                for rows, by_width in grid.items()))
+            and grid_of_rates(cached["stream_bytes_per_s"])
+            and ("codes_stream_bytes_per_s" not in cached or grid_of_rates(cached["codes_stream_bytes_per_s"])))
 
 
-def cpu_local_hardware(figures: dict[str, Any]) -> Hardware:
-    """Measured rates are reachable ones: efficiencies are 1."""
+def cpu_local_hardware(figures: dict[str, Any], codes: bool = False) -> Hardware:
+    """Measured rates are reachable ones: efficiencies are 1. `codes`: weights streamed at the
+    rates of layers held as GGUF codes, where measured (a GGUF file the engine holds so)."""
+    key = "codes_stream_bytes_per_s" if codes and "codes_stream_bytes_per_s" in figures else "stream_bytes_per_s"
     return Hardware(
         name=CPU_LOCAL,
         memory_bytes=int(figures["memory_bytes"]),
         memory_bandwidth_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         stream_rates={int(n): {int(w): float(b) for w, b in by_width.items()}
-                      for n, by_width in figures["stream_bytes_per_s"].items()},
+                      for n, by_width in figures[key].items()},
         peak_flops={k: float(v) for k, v in figures["peak_flops"].items()},
         interconnect_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         source=(f"measured on {figures['cpu']} with {figures['threads']} threads, "
                 f"torch {figures['torch']}, {figures['measured_at']}; bandwidth: "
-                f"{figures.get('linear_dtype', 'bfloat16')} matmuls streaming weights, by layer width and rows (a plain copy: "
+                f"{figures.get('linear_dtype', 'bfloat16')} matmuls streaming weights"
+                f"{' held as Q4_1 codes' if key.startswith('codes') else ''}, by layer width and rows (a plain copy: "
                 f"{figures.get('copy_bandwidth_bytes_per_s', 0) / 1e9:.1f} GB/s)"),
         runtime_overhead_bytes=CPU_RUNTIME_OVERHEAD_BYTES,
         bandwidth_efficiency=1.0,

@@ -14,6 +14,7 @@ import torch
 from inferlab.engine.platform import cpu_has_fast_bf16
 from inferlab.errors import InferlabError
 from inferlab.planner import measure
+from inferlab.planner.gguf_held import layer_bytes
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.measure import (
     _checked_stream_grid,
@@ -43,6 +44,11 @@ def test_measures_once_then_reads_the_cache(tmp_path, monkeypatch):
     assert figures["memory_bytes"] == physical_memory_bytes() and figures["cpu"] == cpu_name()
     # the grid streams the weights in the dtype the engine runs here (fp32 without fast bf16)
     assert figures["linear_dtype"] == ("bfloat16" if cpu_has_fast_bf16() else "float32")
+    # and, where the engine holds GGUF blocks as codes, a grid of layers held so
+    codes = figures.get("codes_stream_bytes_per_s")
+    assert (codes is not None) == measure.engine_holds_codes()
+    assert codes is None or {rows: list(by_width) for rows, by_width in codes.items()} == {
+        rows: list(by_width) for rows, by_width in grid.items()}
     assert json.loads(cache.read_text()) == figures
     # a second call returns the cached figures as they were written, without measuring
     assert load_or_measure(cache) == figures
@@ -160,6 +166,7 @@ GOOD = {"cpu": None, "measurement_version": measure.MEASUREMENT_VERSION, "peak_f
     {"memory_bandwidth_bytes_per_s": None},  # once a TypeError
     {"peak_flops": {"bf16": float("nan")}},  # once planned, with nan in the ITL column
     {"stream_bytes_per_s": {"1": {"wide": 3e10}}},
+    {"codes_stream_bytes_per_s": {"1": {"512": 0}}},
     {"layer_overhead_s": -1},
 ])
 def test_a_cache_with_a_broken_figure_is_measured_again(tmp_path, monkeypatch, edit):
@@ -183,6 +190,21 @@ def test_a_cache_from_an_older_measurement_is_measured_again(tmp_path, monkeypat
     assert load_or_measure(cache) == fresh and json.loads(cache.read_text()) == fresh
     assert capsys.readouterr().err == (f"note: --cache {cache}: measured by an older inferlab, whose "
                                        "weight streaming rates could be too high; measuring again\n")
+
+
+def test_cpu_local_plans_codes_at_their_own_rates():
+    figures = GOOD | {"cpu": cpu_name(), "codes_stream_bytes_per_s": {"1": {"512": 1e10}, "16": {"512": 2e9}}}
+    assert measure.cpu_local_hardware(figures).bandwidth_for(512, 1) == 2e10
+    assert measure.cpu_local_hardware(figures, codes=True).bandwidth_for(512, 16) == pytest.approx(2e9)
+    assert measure.cpu_local_hardware(GOOD | {"cpu": cpu_name()}, codes=True).bandwidth_for(512, 1) == 2e10
+
+
+@pytest.mark.skipif(not measure.engine_holds_codes(), reason="the engine holds no GGUF codes here")
+def test_the_codes_layers_hold_what_the_planner_costs_q4_1_at():
+    """Their constant weights narrow to Q4_1 codes: 4 bits, an fp32 scale and offset per 32."""
+    linears, held = measure._stream_layers(512, narrow=True)
+    planned = [layer_bytes("Q4_1", m.in_features, m.out_features) for m in linears]  # (codes, scales, offsets)
+    assert held == sum(codes + 4 * scales + offsets for codes, scales, offsets in planned)
 
 
 def test_the_streamed_layers_hold_every_weight_their_rate_counts():
@@ -258,7 +280,7 @@ def _fake_widths(monkeypatch, rates: dict[int, list[float]]) -> list[int]:
     widths measured, in order."""
     measured = []
 
-    def fake(width, repeats):
+    def fake(width, repeats, narrow=False):
         measured.append(width)
         rate = rates[width].pop(0) if len(rates[width]) > 1 else rates[width][0]
         return {"1": rate, "16": rate / 2}
