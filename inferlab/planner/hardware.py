@@ -39,6 +39,9 @@ class Hardware:
     layer_overhead_s: float = 0.0  # host time to launch one layer's operators; 0: CUDA graphs
     # measured hardware: bytes/s matmuls stream weights at, by rows (tokens) then layer width
     stream_rates: dict[int, dict[int, float]] | None = None
+    # the KV cache's rates where they are not the weights' (weights held as GGUF codes stream
+    # slower than the dense fp32 layers whose rates the cache's plain reads are given); None: the same
+    kv_stream_rates: dict[int, dict[int, float]] | None = None
     measured: bool = False
     # the KV budget inferlab's engine takes here unless told (--kv-cache-memory); None: what
     # --gpu-memory-utilization leaves after weights and activations
@@ -67,9 +70,17 @@ class Hardware:
         """Bytes/s a step reads weights at, for layers of hidden size `width` and `rows` tokens:
         the measured grid, interpolated on log scales and clamped at its edges, else the
         datasheet figure."""
-        if not self.stream_rates:
+        return self._rate(self.stream_rates, width, rows)
+
+    def kv_bandwidth_for(self, width: int, rows: int = 1) -> float:
+        """Bytes/s a step reads the KV cache at: kv_stream_rates' grid as bandwidth_for reads
+        the weights', else the weights' own."""
+        return self._rate(self.kv_stream_rates or self.stream_rates, width, rows)
+
+    def _rate(self, grid: dict[int, dict[int, float]] | None, width: int, rows: int) -> float:
+        if not grid:
             return self.memory_bandwidth_bytes_per_s
-        by_rows = {r: interpolate_log(by_width, width) for r, by_width in self.stream_rates.items()}
+        by_rows = {r: interpolate_log(by_width, width) for r, by_width in grid.items()}
         # never faster with more rows: a step of more tokens could always be run as fewer
         return min(interpolate_log(by_rows, n) for n in [rows, *(r for r in by_rows if r <= rows)])
 

@@ -374,12 +374,16 @@ def cpu_local_hardware(figures: dict[str, Any], codes: bool = False) -> Hardware
     """Measured rates are reachable ones: efficiencies are 1. `codes`: weights streamed at the
     rates of layers held as GGUF codes, where measured (a GGUF file the engine holds so)."""
     key = "codes_stream_bytes_per_s" if codes and "codes_stream_bytes_per_s" in figures else "stream_bytes_per_s"
+
+    def grid(name: str) -> dict[int, dict[int, float]]:
+        return {int(n): {int(w): float(b) for w, b in by_width.items()} for n, by_width in figures[name].items()}
+
     return Hardware(
         name=CPU_LOCAL,
         memory_bytes=int(figures["memory_bytes"]),
         memory_bandwidth_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
-        stream_rates={int(n): {int(w): float(b) for w, b in by_width.items()}
-                      for n, by_width in figures[key].items()},
+        stream_rates=grid(key),
+        kv_stream_rates=grid("stream_bytes_per_s") if key != "stream_bytes_per_s" else None,  # plain reads
         peak_flops={k: float(v) for k, v in figures["peak_flops"].items()},
         interconnect_bytes_per_s=float(figures["memory_bandwidth_bytes_per_s"]),
         source=(f"measured on {figures['cpu']} with {figures['threads']} threads, "

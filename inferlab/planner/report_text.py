@@ -111,8 +111,13 @@ def _step_factors(step: StepEstimate, plan: Plan) -> str:
         bandwidth = hw.bandwidth_for(plan.cost.hidden_size, step.tokens_per_step)
         rows = f"{step.tokens_per_step} row{'s' if step.tokens_per_step > 1 else ''}"
         width = f" at width {plan.cost.hidden_size}, {rows}" if hw.stream_rates else ""
-        why = (f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(bandwidth, 'B/s')}{width}"
-               f" × {hw.bandwidth_efficiency:g})")
+        efficiency = f" × {hw.bandwidth_efficiency:g}"
+        why = f"{format_rate(step.bytes_moved, 'B')} / ({format_rate(bandwidth, 'B/s')}{width}{efficiency})"
+        if hw.kv_stream_rates:  # the weights and the KV cache at their own rates
+            kv_rate = hw.kv_bandwidth_for(plan.cost.hidden_size, step.tokens_per_step)
+            why = (f"{format_rate(step.bytes_moved - step.kv_bytes, 'B')} of weights / ({format_rate(bandwidth, 'B/s')}"
+                   f"{width}{efficiency}) + {format_rate(step.kv_bytes, 'B')} of KV cache / "
+                   f"({format_rate(kv_rate, 'B/s')}{efficiency})")
     comm = f" + {step.comm_s * 1e3:.2f} ms all-reduce" if step.comm_s else ""
     steps = f"{step.steps} steps × " if step.steps > 1 else ""
     ops = (f" + {steps}{plan.cost.num_layers} layers × {hw.layer_overhead_s * 1e6:.0f} µs launch overhead"

@@ -82,6 +82,7 @@ class StepEstimate:
     flops_dtype: str  # whose peak the block linears' FLOPs were costed at
     dense_flops_dtype: str  # whose peak the dense FLOPs were costed at
     steps: int = 1
+    kv_bytes: int = 0  # of bytes_moved, the KV cache's: at the hardware's KV rate
 
     @property
     def linear_flops(self) -> int:
@@ -110,8 +111,17 @@ def _compute_s(cost: ModelCost, hw: Hardware, linear_flops: float, dense_flops: 
     return (linear_flops / linear_peak + dense_flops / dense_peak) / hw.compute_efficiency
 
 
+def _memory_s(cost: ModelCost, hw: Hardware, bytes_moved: int, kv_bytes: int, rows: int) -> float:
+    """Weights at the rate they stream at, the KV cache at its own where the hardware has one."""
+    weights_rate = hw.bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency
+    if not hw.kv_stream_rates:
+        return bytes_moved / weights_rate
+    kv_rate = hw.kv_bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency
+    return (bytes_moved - kv_bytes) / weights_rate + kv_bytes / kv_rate
+
+
 def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flops: tuple[int, int],
-              tp: int, steps: int = 1, own_steps: bool = True) -> StepEstimate:
+              tp: int, steps: int = 1, own_steps: bool = True, kv_bytes: int = 0) -> StepEstimate:
     """`flops`: (block linears', dense). `own_steps` False: the work rides in steps that others
     launch, so it pays no per-step latency (all-reduce round trips, layer launches), only its
     own bytes, FLOPs and traffic."""
@@ -124,11 +134,11 @@ def _estimate(cost: ModelCost, hw: Hardware, tokens: int, bytes_moved: int, flop
     return StepEstimate(
         tokens=tokens, bytes_moved=bytes_moved, flops=linear_flops + dense_flops,
         dense_flops=dense_flops,
-        memory_s=bytes_moved / (hw.bandwidth_for(cost.hidden_size, rows) * hw.bandwidth_efficiency),
+        memory_s=_memory_s(cost, hw, bytes_moved, kv_bytes, rows),
         compute_s=_compute_s(cost, hw, linear_flops, dense_flops),
         comm_s=comm, overhead_s=steps * cost.num_layers * hw.layer_overhead_s if own_steps else 0.0,
         flops_dtype=hw.flops_for(cost.compute_dtype)[1], dense_flops_dtype=hw.flops_for(cost.dense_dtype)[1],
-        steps=steps,
+        steps=steps, kv_bytes=kv_bytes,
     )
 
 
@@ -145,7 +155,7 @@ def decode_step(cost: ModelCost, hw: Hardware, batch: int, context_len: int, tp:
     """One token for each of `batch` sequences holding `context_len` tokens: weights read once,
     every sequence's KV read and one new KV entry written."""
     kv, flops = _decode_work(cost, batch, context_len)
-    return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp)
+    return _estimate(cost, hw, batch, cost.weight_bytes_per_step + kv, flops, tp, kv_bytes=kv)
 
 
 def _prefill_work(cost: ModelCost, prompt_len: int,
@@ -167,7 +177,7 @@ def prefill(cost: ModelCost, hw: Hardware, prompt_len: int, tp: int = 1,
     """A prompt alone, in chunks of at most `step_tokens` (None: one step): each step reads the
     weights again."""
     steps, kv, flops = _prefill_work(cost, prompt_len, step_tokens)
-    return _estimate(cost, hw, prompt_len, steps * cost.weight_bytes_per_step + kv, flops, tp, steps)
+    return _estimate(cost, hw, prompt_len, steps * cost.weight_bytes_per_step + kv, flops, tp, steps, kv_bytes=kv)
 
 
 def prefill_riding(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int, tp: int,
@@ -177,7 +187,7 @@ def prefill_riding(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int
     weights once for all their tokens, so the prompt adds only its FLOPs and K/V traffic. Its
     time is what it adds to them: a short prompt's is its few tokens' FLOPs, not a weight read."""
     steps, kv, flops = _prefill_work(cost, prompt_len, step_tokens - decoding)
-    return _estimate(cost, hw, prompt_len, kv, flops, tp, steps, own_steps=False)
+    return _estimate(cost, hw, prompt_len, kv, flops, tp, steps, own_steps=False, kv_bytes=kv)
 
 
 def time_to_first_token(cost: ModelCost, hw: Hardware, prompt_len: int, decoding: int,
@@ -190,7 +200,7 @@ def time_to_first_token(cost: ModelCost, hw: Hardware, prompt_len: int, decoding
     kv, (linear, dense) = _decode_work(cost, decoding, context_len)
     return _estimate(cost, hw, alone.tokens + alone.steps * decoding, alone.bytes_moved + alone.steps * kv,
                      (alone.linear_flops + alone.steps * linear, alone.dense_flops + alone.steps * dense),
-                     tp, alone.steps)
+                     tp, alone.steps, kv_bytes=alone.kv_bytes + alone.steps * kv)
 
 
 def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | None:
@@ -198,9 +208,10 @@ def crossover_batch(cost: ModelCost, hw: Hardware, context_len: int) -> float | 
     (when each sequence's KV reads grow faster than its FLOPs). Measured streaming rates that
     vary with the batch are taken at their largest-batch value."""
     bw = hw.bandwidth_for(cost.hidden_size, rows=2**20) * hw.bandwidth_efficiency
+    kv_bw = hw.kv_bandwidth_for(cost.hidden_size, rows=2**20) * hw.bandwidth_efficiency
     _, flops = _decode_work(cost, 1, context_len)
     compute_per_seq = _compute_s(cost, hw, *flops)
-    memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / bw
+    memory_per_seq = (context_len + 1) * cost.kv_bytes_per_token / kv_bw
     if compute_per_seq <= memory_per_seq:
         return None
     return cost.weight_bytes_per_step / bw / (compute_per_seq - memory_per_seq)

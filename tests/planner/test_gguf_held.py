@@ -94,7 +94,8 @@ def test_plan_takes_it_where_the_engine_holds_codes(capsys, tmp_path, monkeypatc
     """`inferlab plan` on the embedded model: the GGUF's codes on an AVX2 CPU without fast
     bf16, fp32 on one without AVX2, bf16 with AVX512-BF16."""
     cache = tmp_path / "cpu-local.json"
-    cache.write_text(json.dumps(FIGURES | {"cpu": cpu_name()}))
+    codes = {"1": {"512": 5e9, "4096": 5e9}, "16": {"512": 1e9}}  # the dense grid: 25 GB/s
+    cache.write_text(json.dumps(FIGURES | {"cpu": cpu_name(), "codes_stream_bytes_per_s": codes}))
     formats = {}
     for flags in ({"avx2", "fma"}, {"sse4_2"}, {"avx2", "fma", "avx512_bf16"}):
         monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda flags=flags: frozenset(flags))
@@ -102,6 +103,11 @@ def test_plan_takes_it_where_the_engine_holds_codes(capsys, tmp_path, monkeypatc
         plan = json.loads(capsys.readouterr().out)
         formats[" ".join(sorted(flags))] = (plan["weights"]["format"], plan["weights"]["total_bytes"] // 2**20)
     assert formats == {"avx2 fma": ("gguf", 106), "sse4_2": ("fp32", 513), "avx2 avx512_bf16 fma": ("bf16", 256)}
+    # the codes at their own rate, the KV cache (1,153 tokens x 46,080 B) at the dense layers'
+    monkeypatch.setattr("inferlab.engine.platform.cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    assert main(["plan", "--cache", str(cache)]) == 0
+    assert ("memory-bound: 112 MB of weights / (5 GB/s at width 576, 1 row × 1) + 53.1 MB of KV cache "
+            "/ (25 GB/s × 1)") in capsys.readouterr().out
 
 
 def test_info_gives_the_bytes_fp32_serving_holds(capsys, monkeypatch):

@@ -42,6 +42,16 @@ def test_decode_step_llama2_7b_hand_count():
     assert step.time_s == pytest.approx(13.751558144e-3)
 
 
+def test_the_kv_cache_at_its_own_rate_hand_count():
+    """Weights held as GGUF codes stream slower than the cache's plain reads (cpu-local's two
+    grids): the step of test_decode_step_llama2_7b_hand_count with weights at 0.5 TB/s and the
+    KV cache at 2 TB/s: 13,214,687,232 B / 0.5e12 + 1,024 × 524,288 B / 2e12 = 26.6982 ms."""
+    hw = dataclasses.replace(ROUND, stream_rates={1: {4096: 5e11}}, kv_stream_rates={1: {4096: 2e12}})
+    step = decode_step(_plan("Llama-2-7B").cost, hw, batch=1, context_len=1023)
+    assert (step.bytes_moved, step.kv_bytes) == (13_751_558_144, 536_870_912)
+    assert step.time_s == pytest.approx(13_214_687_232 / 5e11 + 536_870_912 / 2e12)
+
+
 def test_prefill_llama2_7b_hand_count():
     # FLOPs: 4,000 × 2 × 6,476,005,376 block linears + 2 × 131,072,000 lm_head once (logits for
     # the last token only) + 524,288 × (4,000 × 4,001 / 2) = 56,003,657,728,000
