@@ -5,9 +5,10 @@ and only inside `measure_cpu`.
 Three things set a CPU decode step, so three are measured:
 - the rate the engine's linears stream weights from DRAM with 1 and 16 rows, in the dtype its
   --dtype auto runs here (bf16 through the packed C kernels where the CPU has AVX512-BF16 or
-  AMX, else fp32 through oneDNN), through Llama-shaped layers of several widths:
-  decode's memory roof (a plain copy is measured too, and shown, but the matmul kernel is what
-  decode waits on, and on a CPU it is slower per byte on narrow layers);
+  AMX, else fp32 through the AVX2 kernels or oneDNN), through Llama-shaped layers of several
+  widths: decode's memory roof (a plain copy is measured too, and shown, but the matmul kernel is
+  what decode waits on, and on a CPU it is slower per byte on narrow layers); where the engine
+  holds GGUF blocks as their codes, the same grid again with the layers held so (gguf_held.py);
 - the square-matmul rate in bf16 and fp32: the compute roof (prefill);
 - the host time of one of the engine's decoder layers with tiny data: each operator launch or
   Python call has a fixed cost (GPU servers hide it with CUDA graphs), and for a small model
