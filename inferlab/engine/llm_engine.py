@@ -35,6 +35,7 @@ from inferlab.engine.scheduler import Scheduler
 from inferlab.engine.scheduler_config import SchedulerConfig
 from inferlab.engine.spec_decode import SpecDecodeCounters, SpeculativeConfig, propose_ngram
 from inferlab.errors import InferlabError
+from inferlab.kernels.host_memory import return_freed_memory
 from inferlab.kernels.linear_choice import use_engine_linears
 from inferlab.models.loader import LoadedModel, load_model, read_model_config
 from inferlab.models.model_path import resolve_model_path
@@ -67,8 +68,9 @@ class LLMEngine:
         if fixed_pool is not None:
             self._check_kv_cache_fits(fixed_pool, after_weights=False)
         self.loaded = (loaded.checked_for(self.dtype, self.device) if loaded
-                       else load_model(config.model, self.dtype, self.device))
-        use_engine_linears(self.loaded.model, self.device, self.dtype)
+                       else load_model(config.model, self.dtype, self.device, self._prepare_layer))
+        use_engine_linears(self.loaded.model, self.device, self.dtype)  # the rest, and the head
+        return_freed_memory()
         self.tokenizer = self.loaded.tokenizer
         self.generation = GenerationDefaults.resolve(self.loaded, config.generation_config)
         self.kv_pool = (fixed_pool if fixed_pool is not None
@@ -108,6 +110,13 @@ class LLMEngine:
             release_freed_memory()  # the load's garbage, kept by keep_freed_memory's threshold
 
     # -- requests -------------------------------------------------------------------------------
+
+    def _prepare_layer(self, layer: torch.nn.Module) -> None:
+        """A decoder layer just loaded: its linears take the engine's kernels (and narrow) at
+        once, and the weights they freed go back to the OS, so that the load holds one layer at
+        the checkpoint's width, not all of them."""
+        use_engine_linears(layer, self.device, self.dtype)
+        return_freed_memory()
 
     def _context_length(self) -> int:
         """max_model_len, within what the model computes as itself (ModelConfig.max_context);

@@ -20,11 +20,12 @@ def dequantize_blocks(raw: np.ndarray, type_name: str) -> torch.Tensor:
     block after block."""
     blocks = torch.from_numpy(raw.reshape(-1, _BLOCK_BYTES[type_name]).copy())  # [B, bytes]: out of the read-only map
     d = blocks[:, :2].contiguous().view(torch.float16).float()  # [B, 1]
+    # in place: one fp32 copy of the weights at a time (a tied embedding's is 113 MB here)
     if type_name == "Q8_0":
-        return (blocks[:, 2:].view(torch.int8).float() * d).flatten()
+        return blocks[:, 2:].view(torch.int8).float().mul_(d).flatten()
     nibbles = blocks[:, -16:]  # [B, 16]: weight j in the low half of byte j, weight 16 + j the high
     q = torch.cat([nibbles & 15, nibbles >> 4], dim=1)  # [B, 32] uint8
     if type_name == "Q4_0":
-        return (d * (q.to(torch.int8) - 8).float()).flatten()
+        return q.to(torch.int8).sub_(8).float().mul_(d).flatten()
     m = blocks[:, 2:4].contiguous().view(torch.float16).float()
-    return (d * q.float() + m).flatten()
+    return q.float().mul_(d).add_(m).flatten()

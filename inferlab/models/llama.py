@@ -6,7 +6,7 @@ Parameters carry Hugging Face names, except that q/k/v are fused into `qkv_proj`
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -137,67 +137,82 @@ class LlamaForCausalLM(nn.Module):
             return self.lm_head.forward_fp32(hidden)
         return self.lm_head(hidden).float()
 
-    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str) -> None:
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], source: str,
+                     prepare_layer: Callable[[nn.Module], object] | None = None) -> None:
         """Take checkpoint tensors (HF names) as the parameters, fusing q/k/v and gate/up.
 
         The model may live on the meta device: tensors are assigned, not copied, so loading costs
-        one copy of the weights. Errors (unexpected, missing or misshapen tensors) name `source`.
+        one copy of the weights. Each goes in as soon as it is fused, and a decoder layer whose
+        parameters are all in goes to `prepare_layer` at once (the engine narrows its linears
+        there), so that the load holds the checkpoint's width for one layer, not all of them.
+        Errors (unexpected, missing or misshapen tensors) name `source`.
         """
-        state = fuse_checkpoint(weights, self.config, source)
-        if self.config.tie_word_embeddings:  # one parameter, listed as the embedding only
-            _tie_head_to_embedding(state)
-        params = dict(self.named_parameters())
-        unexpected = sorted(set(state) - set(params))
-        if unexpected:
-            raise ModelLoadError(f"{source}: unexpected tensor {unexpected[0]!r} for "
-                                 f"{self.config.architecture}")
-        for name, tensor in state.items():
-            if tensor.shape != params[name].shape:
-                raise ModelLoadError(f"{source}: {name} has shape {tuple(tensor.shape)}, the "
-                                     f"config implies {tuple(params[name].shape)}")
-        missing = sorted(set(params) - set(state))
+        params = dict(self.named_parameters())  # a tied head is listed as the embedding only
+        waiting = {i: {n for n in params if n.startswith(f"model.layers.{i}.")} for i in range(self.config.num_layers)}
+        tied_head, loaded = None, set()
+        for name, tensor in fused_tensors(weights, self.config, source):
+            if self.config.tie_word_embeddings and name == "lm_head.weight":
+                tied_head = tensor  # the embedding where the checkpoint has none (as vLLM)
+                continue
+            self._assign(params, name, tensor, source)
+            loaded.add(name)
+            layer = _layer_index(name)
+            if layer is not None and name in waiting[layer]:
+                waiting[layer].remove(name)
+                if not waiting[layer] and prepare_layer is not None:
+                    prepare_layer(self.model.layers[layer])
+        if tied_head is not None and "model.embed_tokens.weight" not in loaded:
+            self._assign(params, "model.embed_tokens.weight", tied_head, source)
+            loaded.add("model.embed_tokens.weight")
+        missing = sorted(set(params) - loaded)
         if missing:
             more = f" (and {len(missing) - 3} more)" if len(missing) > 3 else ""
             raise ModelLoadError(f"{source}: missing tensors {', '.join(missing[:3])}{more}")
-        self.load_state_dict(state, strict=False, assign=True)
         if self.config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    def _assign(self, params: dict[str, nn.Parameter], name: str, tensor: torch.Tensor, source: str) -> None:
+        """Parameter `name` becomes `tensor`, after the checks load_state_dict would not make."""
+        if name not in params:
+            raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {self.config.architecture}")
+        if tensor.shape != params[name].shape:
+            raise ModelLoadError(f"{source}: {name} has shape {tuple(tensor.shape)}, the config "
+                                 f"implies {tuple(params[name].shape)}")
+        parent, _, leaf = name.rpartition(".")
+        setattr(self.get_submodule(parent), leaf, nn.Parameter(tensor, requires_grad=params[name].requires_grad))
 
-def _tie_head_to_embedding(state: dict[str, torch.Tensor]) -> None:
-    """A tied checkpoint may store the head beside the embedding, or instead of it (transformers
-    and vLLM load both): the embedding is taken where present, as vLLM skips lm_head.* then."""
-    head = state.pop("lm_head.weight", None)
-    if head is not None:
-        state.setdefault("model.embed_tokens.weight", head)
+
+def _layer_index(name: str) -> int | None:
+    """'model.layers.3.mlp.down_proj.weight' -> 3; None for a tensor outside the decoder layers."""
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 3 and parts[:2] == ["model", "layers"] else None
 
 
-def fuse_checkpoint(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
-                    source: str) -> dict[str, torch.Tensor]:
-    """HF-named tensors -> this model's parameter names, shards concatenated along rows as soon
-    as a layer's are all there: held to the end, every layer's parts beside the fused copies
-    were the load's peak (the embedded model in fp32: 1.28 -> 1.00-1.13 GB)."""
-    state: dict[str, torch.Tensor] = {}
+def fused_tensors(weights: Iterable[tuple[str, torch.Tensor]], cfg: ModelConfig,
+                  source: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """HF-named tensors -> this model's parameter names and tensors, shards concatenated along
+    rows as soon as a layer's are all there: held to the end, every layer's parts beside the
+    fused copies were the load's peak (the embedded model in fp32: 1.28 -> 1.00-1.13 GB)."""
     shards: dict[str, dict[int, torch.Tensor]] = {}
     for name, tensor in weights:
         if "rotary_emb.inv_freq" in name:
             continue
         target, shard = _resolve(name)
         if shard is None:
-            state[target] = tensor
+            yield target, tensor
         elif target.endswith("qkv_proj.bias") and not cfg.attention_bias:  # named as stored
             raise ModelLoadError(f"{source}: unexpected tensor {name!r} for {cfg.architecture}")
         else:
             _check_part_shape(name, tensor, _part_shape(cfg, target, shard), source)
             parts = shards.setdefault(target, {})
             parts[shard] = tensor
+            del tensor  # the fused copy alone outlives the parts
             if len(parts) == len(FUSED_SHARDS[_fused_name(target)]):
-                state[target] = _fuse(target, shards.pop(target), source)
+                yield target, _fuse(target, shards.pop(target), source)
     for target, parts in shards.items():  # a part missing
         fused = _fused_name(target)
         absent = [target.replace(fused, name) for i, name in enumerate(FUSED_SHARDS[fused]) if i not in parts]
         raise ModelLoadError(f"{source}: missing tensors {', '.join(absent)}")
-    return state
 
 
 def _fuse(target: str, parts: dict[int, torch.Tensor], source: str) -> torch.Tensor:

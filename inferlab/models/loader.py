@@ -4,7 +4,7 @@ embedded default."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +18,8 @@ from inferlab.models.llama import LlamaForCausalLM
 from inferlab.models.model_path import model_display_name, resolve_model_path
 from inferlab.models.tokenizer import TextTokenizer, load_gguf_tokenizer, load_hf_tokenizer
 from inferlab.user_files import check_readable, is_user_file
+
+PrepareLayer = Callable[[torch.nn.Module], object]  # a decoder layer, its weights all in
 
 
 def read_model_config(path: str) -> ModelConfig:
@@ -65,11 +67,13 @@ class LoadedModel:
 
 
 def load_model(model: str | None = None, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> LoadedModel:
+               device: str | torch.device = "cpu", prepare_layer: PrepareLayer | None = None) -> LoadedModel:
+    """`prepare_layer`: called on each decoder layer as soon as its weights are in (see
+    LlamaForCausalLM.load_weights)."""
     path = resolve_model_path(model)
     generation = read_generation_config(path) if os.path.isdir(path) else GenerationConfig()
     reader = None if os.path.isdir(path) else _open_gguf_model(path)  # parsed once: 98k strings
-    net, cfg = load_network(path, dtype, device, reader)
+    net, cfg = load_network(path, dtype, device, reader, prepare_layer)
     return LoadedModel(net, cfg, load_tokenizer(path, reader), model_display_name(model), path, generation)
 
 
@@ -87,7 +91,8 @@ def _open_gguf_model(path: str) -> GGUFFile:
 
 
 def load_network(path: str, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 reader: GGUFFile | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
+                 reader: GGUFFile | None = None,
+                 prepare_layer: PrepareLayer | None = None) -> tuple[LlamaForCausalLM, ModelConfig]:
     """The network alone (no tokenizer), from a model directory or a GGUF file (`reader` if
     open)."""
     if os.path.isdir(path):
@@ -102,7 +107,7 @@ def load_network(path: str, dtype: torch.dtype = torch.float32, device: str | to
     if quant_config:
         net = _load_quantized(cfg, quant_config, weights, path, dtype, device)
     else:
-        net = _materialize(cfg, weights, path, dtype, device)
+        net = _materialize(cfg, weights, path, dtype, device, prepare_layer)
     return net.eval(), cfg
 
 
@@ -115,11 +120,12 @@ def check_gguf_weights(path: str, reader: GGUFFile, cfg: ModelConfig) -> None:
 
 
 def _materialize(cfg: ModelConfig, weights: Iterator[tuple[str, torch.Tensor]], path: str,
-                 dtype: torch.dtype, device: str | torch.device) -> LlamaForCausalLM:
+                 dtype: torch.dtype, device: str | torch.device,
+                 prepare_layer: PrepareLayer | None = None) -> LlamaForCausalLM:
     """Build on the meta device (no random init), then take the checkpoint's tensors as parameters."""
     with torch.device("meta"):
         net = LlamaForCausalLM(cfg)
-    net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in weights), path)
+    net.load_weights(((name, t.to(device=device, dtype=dtype)) for name, t in weights), path, prepare_layer)
     materialize_buffers(net, device)
     return net
 

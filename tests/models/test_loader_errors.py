@@ -58,8 +58,9 @@ def test_config_contradicting_weights(tiny_dir, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["intermediate_size"] = 128
     (d / "config.json").write_text(json.dumps(cfg))
-    # the first one met: gate_proj, checked before it is fused with up_proj into gate_up_proj
-    with pytest.raises(ModelLoadError, match=r"m: model.layers.0.mlp.gate_proj.weight has shape \(96, 64\), the config implies \(128, 64\)"):
+    # the first one met in the file's order (down_proj; gate_proj is checked before it is fused
+    # with up_proj, so a misshapen part is named as the checkpoint names it)
+    with pytest.raises(ModelLoadError, match=r"m: model.layers.0.mlp.down_proj.weight has shape \(64, 96\), the config implies \(64, 128\)"):
         load_network(str(d))
 
 
