@@ -40,7 +40,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="bf16, fp16, fp32, fp8, int8 (W8A8), int8-wo, int4-g128 (any group size); "
                         "-asym after int8-wo or int4-g… adds zero points "
                         f"(default: a compressed-tensors checkpoint's own, else bf16; on {CPU_LOCAL} "
-                        "fp32 where the CPU has no fast bf16, as the engine's --dtype auto)")
+                        "fp32 where the CPU has no fast bf16, as the engine's --dtype auto, and there a "
+                        "GGUF's Q4_0/Q4_1/Q8_0 linears as the codes the engine holds them in)")
     p.add_argument("--kv-dtype", default=None,
                    help=f"one of {', '.join(KV_DTYPES)} (default: the weights' dense dtype, as "
                         f"vLLM's kv_cache_dtype auto and the engine take it; on {CPU_LOCAL} only "
