@@ -69,6 +69,20 @@ def avx2_fp32_fits(linear: nn.Linear) -> bool:
     return linear.weight.dtype == torch.float32 and linear.in_features % 8 == 0
 
 
+# rows the kernel decodes at a time to check a layer's codes: a tied head's whole weight decoded
+# at once was a second fp32 copy of it (113 MB) at the load's peak
+CHECK_ROWS = 4096
+
+
+def _decodes_to(desc: cpu_library.Avx2QuantDesc, weight: torch.Tensor) -> bool:
+    """Whether the codes `desc` describes decode, in the kernel, to `weight` [N, K] exactly."""
+    for first in range(0, weight.shape[0], CHECK_ROWS):
+        ids = torch.arange(first, min(first + CHECK_ROWS, weight.shape[0]))
+        if not torch.equal(cpu_ops.avx2_quant_rows(desc, ids), weight[first:first + CHECK_ROWS]):
+            return False
+    return True
+
+
 class KeptAvx2Desc:
     """For an nn.Module run by avx2_quant_linear.c, which defines c_desc(): its description
     built once (ctypes takes ~7 us) and dropped when its buffers move or it is copied."""
@@ -133,8 +147,7 @@ class Avx2Fp32Linear(KeptAvx2Desc, nn.Module):
         codes = pack_codes(found.codes - 8 if found.bits == 4 else found.codes, found.bits)
         scale = outputs_last(found.scale)
         offset = None if found.offset is None else outputs_last(found.offset)
-        desc = self._codes_desc(found.bits, codes, scale, offset)
-        if not torch.equal(cpu_ops.avx2_quant_dequantize(desc), weight):
+        if not _decodes_to(self._codes_desc(found.bits, codes, scale, offset), weight):
             return False
         self.packed, self.scale, self.offset = in_huge_pages(codes), scale, offset
         self.code_bits, self._desc = found.bits, None

@@ -143,3 +143,21 @@ def test_a_gguf_model_keeps_its_linears_as_codes_bf16_or_fp32_where_exact() -> N
     assert model.lm_head.code_bits == 8 and torch.equal(model.lm_head.unpacked_weight(), table)
     ids = torch.tensor([0, 7, 8, 47])
     assert torch.equal(model.model.embed_tokens(ids), table[ids])
+
+
+@KERNELS
+@pytest.mark.parametrize("wrong_row", [0, 4100])
+def test_codes_the_kernel_does_not_decode_to_the_weights_are_not_kept(monkeypatch, wrong_row: int) -> None:
+    """The layer keeps codes only where the kernel's own values of them are every weight, checked
+    CHECK_ROWS rows at a time (4,160 rows: the second check holds row 4,100)."""
+    from inferlab.kernels import avx2_fp32_linear
+
+    raw, weight = gguf_blocks(4160, 64, "Q8_0")
+    found = block_codes(weight)
+    found.codes[wrong_row, 5] += 1  # codes whose values are one weight off
+    monkeypatch.setattr(avx2_fp32_linear, "block_codes", lambda w: found)
+    linear = nn.Linear(64, 4160, bias=False)
+    linear.weight.data = weight
+    assert Avx2Fp32Linear(linear, narrow=True).code_bits == 0
+    monkeypatch.setattr(avx2_fp32_linear, "block_codes", block_codes)
+    assert Avx2Fp32Linear(linear, narrow=True).code_bits == 8
