@@ -27,7 +27,7 @@ from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.planner.budget import MemoryConfig, plan_memory
 from inferlab.planner.gguf_held import held_format
-from inferlab.planner.measure import cpu_local_hardware, engine_dtype, measure_cpu
+from inferlab.planner.measure import cpu_local_hardware, engine_dtype, measure_cpu, planning_grid
 from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
 from inferlab.planner.roofline import decode_step, model_cost
@@ -104,8 +104,7 @@ def main() -> None:
 
     print(f"cpu-local: {figures['cpu']}, {figures['threads']} threads, load average "
           f"{load_before:.1f} before, {os.getloadavg()[0]:.1f} after; best of {args.rounds} rounds:")
-    grid = "codes_stream_bytes_per_s" if fmt.gguf_types and "codes_stream_bytes_per_s" in figures \
-        else "stream_bytes_per_s"  # the rates hw plans with
+    grid = planning_grid(figures, bool(fmt.gguf_types))  # the rates hw plans with
     for rows, by_width in figures[grid].items():
         curve = ", ".join(f"{w}: {b / 1e9:.1f}" for w, b in by_width.items())
         print(f"  {rows:>2}-row {'codes' if grid.startswith('codes') else 'matmul'} stream GB/s by width {curve}; "

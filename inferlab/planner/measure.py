@@ -92,27 +92,29 @@ def engine_dtype() -> Any:
 
 
 def _stream_layers(width: int, narrow: bool = False) -> tuple[Any, int]:
-    """Llama-shaped layers of this width, the engine's linears in the dtype it runs here, about
-    STREAM_BYTES of weights in all, and the bytes their tensors hold. Their constant weights are
-    exact Q4_1 blocks: held dense unless `narrow`, where the engine holds such blocks as their
-    codes (the AVX2 linears in fp32). Narrowed, the layers hold 0.19x the fp32 bytes, which the
-    rate once counted (an AVX2 machine's 21-27 GB/s measured as 57-77)."""
+    """Llama-shaped layers of this width, STREAM_BYTES of weights or one layer, as _constant_linears."""
+    shapes = layer_linear_shapes(width)
+    layers = max(1, STREAM_BYTES // (engine_dtype().itemsize * sum(i * o for i, o in shapes)))
+    return _constant_linears(shapes * layers, narrow)
+
+
+def _constant_linears(shapes: list[tuple[int, int]], narrow: bool) -> tuple[Any, int]:
+    """Linears of these (in, out) shapes as the engine's, in the dtype it runs here, and the bytes
+    their tensors hold. Their constant weights are exact Q4_1 blocks: held dense unless `narrow`,
+    where the engine holds such blocks as codes (0.19x the fp32 bytes, which the rate once
+    counted: an AVX2 machine's 21-27 GB/s measured as 57-77)."""
     import torch
 
     from inferlab.kernels.linear_choice import use_engine_linears
 
     dtype = engine_dtype()
-    shapes = layer_linear_shapes(width)
-    layers = max(1, STREAM_BYTES // (dtype.itemsize * sum(i * o for i, o in shapes)))
     linears = torch.nn.ModuleList()
-    for _ in range(layers):
-        for i, o in shapes:  # constant weights: random ones take seconds to draw
-            linear = torch.nn.Linear(i, o, bias=False, device="meta")
-            linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=dtype))
-            linears.append(linear)
+    for i, o in shapes:  # constant weights: random ones take seconds to draw
+        linear = torch.nn.Linear(i, o, bias=False, device="meta")
+        linear.weight = torch.nn.Parameter(torch.full((o, i), 0.01, dtype=dtype))
+        linears.append(linear)
     use_engine_linears(linears, torch.device("cpu"), dtype, narrow=narrow)
-    held = sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers()))
-    return linears, held
+    return linears, sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers()))
 
 
 def _stream_bytes_per_s(width: int, repeats: int, narrow: bool = False) -> dict[str, float]:
@@ -131,17 +133,9 @@ def _stream_bytes_per_s(width: int, repeats: int, narrow: bool = False) -> dict[
 
 
 def engine_holds_codes() -> bool:
-    """Whether the engine's linears here hold exact GGUF blocks as their codes: one small layer
-    of them, narrowed, holds fewer bytes than its weights."""
-    import torch
-
-    from inferlab.kernels.linear_choice import use_engine_linears
-
-    dtype = engine_dtype()
-    linears = torch.nn.ModuleList([torch.nn.Linear(256, 64, bias=False, dtype=dtype)])
-    linears[0].weight.data.fill_(0.01)
-    use_engine_linears(linears, torch.device("cpu"), dtype)
-    return sum(t.nbytes for t in itertools.chain(linears.parameters(), linears.buffers())) < 256 * 64 * dtype.itemsize
+    """Whether the engine's linears here hold exact GGUF blocks as codes: one small layer narrows."""
+    _, held = _constant_linears([(256, 64)], narrow=True)
+    return held < 256 * 64 * engine_dtype().itemsize
 
 
 def _stream_grid(repeats: int, narrow: bool = False) -> dict[str, dict[str, float]]:
@@ -371,10 +365,15 @@ def _well_formed(cached: dict[str, Any]) -> bool:
             and ("codes_stream_bytes_per_s" not in cached or grid_of_rates(cached["codes_stream_bytes_per_s"])))
 
 
+def planning_grid(figures: dict[str, Any], codes: bool) -> str:
+    """The stream grid a plan's weights stream at: the codes' where `codes` and measured."""
+    return "codes_stream_bytes_per_s" if codes and "codes_stream_bytes_per_s" in figures else "stream_bytes_per_s"
+
+
 def cpu_local_hardware(figures: dict[str, Any], codes: bool = False) -> Hardware:
     """Measured rates are reachable ones: efficiencies are 1. `codes`: weights streamed at the
     rates of layers held as GGUF codes, where measured (a GGUF file the engine holds so)."""
-    key = "codes_stream_bytes_per_s" if codes and "codes_stream_bytes_per_s" in figures else "stream_bytes_per_s"
+    key = planning_grid(figures, codes)
 
     def grid(name: str) -> dict[int, dict[int, float]]:
         return {int(n): {int(w): float(b) for w, b in by_width.items()} for n, by_width in figures[name].items()}

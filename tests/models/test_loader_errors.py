@@ -58,8 +58,7 @@ def test_config_contradicting_weights(tiny_dir, tmp_path):
     cfg = json.loads((d / "config.json").read_text())
     cfg["intermediate_size"] = 128
     (d / "config.json").write_text(json.dumps(cfg))
-    # the first one met in the file's order (down_proj; gate_proj is checked before it is fused
-    # with up_proj, so a misshapen part is named as the checkpoint names it)
+    # the first one met in the file's order (a misshapen part: test_a_misshapen_part_of_...)
     with pytest.raises(ModelLoadError, match=r"m: model.layers.0.mlp.down_proj.weight has shape \(64, 96\), the config implies \(64, 128\)"):
         load_network(str(d))
 
