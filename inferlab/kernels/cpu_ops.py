@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -352,6 +352,27 @@ def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
                                  y.data_ptr()):
         raise MemoryError("linear_forward could not allocate its scratch memory")
     return y
+
+
+def bound_kernel_call(desc: LinearDesc | Avx2QuantDesc,
+                      x: torch.Tensor) -> tuple[Callable[[], int], torch.Tensor]:
+    """desc's kernel on x [M, K] (bf16 for a LinearDesc, fp32 for an Avx2QuantDesc) into an
+    output allocated once, its arguments bound: a linear as the C model forward calls it, without
+    a module call's Python (checks, an output tensor: ~15 us on an Intel Xeon, a fifth of a
+    576-wide layer's time at one row). Returns the call, which returns the kernel's status, and
+    the output it writes; the caller keeps the module behind desc alive."""
+    bf16 = isinstance(desc, LinearDesc)
+    if (x.dtype != (torch.bfloat16 if bf16 else torch.float32) or x.dim() != 2 or x.shape[1] != desc.k_in
+            or x.stride(1) != 1):
+        raise ValueError(f"the kernel takes [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+    y = torch.empty(x.shape[0], desc.n_out, dtype=x.dtype)
+    kernel = _library().linear_forward if bf16 else _library().avx2_quant_linear
+    args = (ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr())
+
+    def call(_alive: tuple = (x, y)) -> int:  # the tensors behind the pointers live with it
+        return kernel(*args)
+
+    return call, y
 
 
 def glu_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:

@@ -159,3 +159,17 @@ def test_a_bf16_checkpoint_keeps_its_decoder_in_bf16_and_its_tied_head_in_fp32()
     assert model.lm_head.packed.dtype == torch.float32
     assert isinstance(model.model.embed_tokens, PackedEmbedding)
     assert model.model.embed_tokens(torch.tensor([3])).dtype == torch.float32
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_bound_kernel_call_writes_what_the_layer_returns(rows: int) -> None:
+    """What the planner times a linear by: the C forward's kernel call, arguments bound."""
+    linear, layer = _layer(72, 64, True)
+    x = torch.randn(rows, 64)  # [M, K]
+    call, y = cpu_ops.bound_kernel_call(layer.c_desc(), x)
+    assert call() == 0
+    want = F.linear(x.double(), linear.weight.detach().double(), linear.bias.detach().double())
+    assert (y.double() - want).abs().max() <= 1e-5 * want.abs().max()
+    assert torch.equal(y, layer(x))
+    with pytest.raises(ValueError, match="64"):
+        cpu_ops.bound_kernel_call(layer.c_desc(), x.to(torch.bfloat16))

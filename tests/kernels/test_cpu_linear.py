@@ -152,3 +152,19 @@ def test_the_fused_glu_gives_the_bits_of_the_linear_then_silu_and_mul(scheme, ro
     fused = cpu_ops.glu_forward(x, desc)
     assert fused.shape == (rows, 1536)
     assert torch.equal(fused, cpu_ops.silu_and_mul(cpu_ops.linear_forward(x, desc)))
+
+
+@pytest.mark.parametrize("rows", [1, 16, 40])
+def test_a_bound_kernel_call_writes_what_the_layer_returns(rows):
+    """What the planner times a linear by: the C forward's kernel call, arguments bound."""
+    torch.manual_seed(rows)
+    linear = nn.Linear(576, 960).to(torch.bfloat16)
+    layer, x = PackedLinear(linear), torch.randn(rows, 576, dtype=torch.bfloat16)
+    call, y = cpu_ops.bound_kernel_call(layer.c_desc(), x)
+    assert call() == 0
+    assert_rounded_once(y, exact_product(linear, x))
+    assert torch.equal(y, layer(x))
+    with pytest.raises(ValueError, match="576"):
+        cpu_ops.bound_kernel_call(layer.c_desc(), x.float())
+    with pytest.raises(ValueError, match="576"):
+        cpu_ops.bound_kernel_call(layer.c_desc(), torch.randn(rows, 1152, dtype=torch.bfloat16)[:, ::2])

@@ -13,6 +13,7 @@ import torch
 
 from inferlab.engine.platform import cpu_has_fast_bf16
 from inferlab.errors import InferlabError
+from inferlab.kernels import cpu_ops
 from inferlab.planner import measure
 from inferlab.planner.gguf_held import layer_bytes
 from inferlab.planner.hardware import Hardware
@@ -213,6 +214,23 @@ def test_the_streamed_layers_hold_every_weight_their_rate_counts():
     linears, held = measure._stream_layers(512)
     weights = sum(m.in_features * m.out_features for m in linears)
     assert held == weights * measure.engine_dtype().itemsize
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_the_stream_runs_each_linear_as_the_c_forward_does(rows):
+    """A linear with a C kernel is timed by that kernel's call alone (its status back, its output
+    the module's); one without runs as the module."""
+    linears, _ = measure._constant_linears([(256, 64), (64, 256)], narrow=False)
+    linears.append(torch.nn.Linear(64, 32, bias=False).to(measure.engine_dtype()))  # no C kernel
+    for linear in linears:
+        x = torch.randn(rows, linear.in_features, dtype=measure.engine_dtype())
+        out = measure._as_the_engine_calls(linear, x)()
+        if hasattr(linear, "c_desc"):
+            assert out == 0
+        else:
+            assert torch.equal(out, linear(x))
+    assert any(hasattr(m, "c_desc") for m in linears) == (cpu_ops.quant_linear_available()
+                                                         or cpu_ops.avx2_quant_linear_available())
 
 
 def test_a_well_formed_cache_is_read_as_it_is(tmp_path, monkeypatch):
