@@ -59,17 +59,19 @@
 #define KERNEL_MAX_ROWS 64 /* more rows: the weight dequantized, then the bf16 GEMM */
 /* Lines ahead that block_sums asks for into L1 and, where L2_AHEAD is not 0, into L2: memory
  * time and arithmetic then overlap better on two of the three CPUs measured, whose L1 alone does
- * not keep enough lines in flight (benchmarks/linear_floor.py, settings interleaved in one
- * process, the model's linears at one row). The AMD EPYC Zen 4 (512-bit VNNI on 256-bit units,
- * no AMX, no AVX-VNNI), W8A16: 1.10-1.13x of a plain read of the codes with 32 ahead into L1
- * alone, 1.09x adding 160 into L2, 1.05-1.07x with 48 and 160 (W4A16 1.16-1.19x with any of the
- * three). The Intel Xeon (AMX) took 32 and 96 for int4 alone until 2026-12-07, when 48 and 160
- * for both widths measured W8A16 4.54-4.71 -> 4.08-4.10 ms (1.25-1.34x -> 1.13-1.16x of the
- * read) and W4A16 2.63-2.66 -> 2.44-2.50 ms (1.36-1.39x -> 1.27-1.29x); 96 and 192 into L2
- * alike, and int8's L2 ask had gained nothing there in an earlier month. On the Zen 5, the one
- * with AVX-VNNI and no AMX, the L2 ask cost (W4A16: 1.18x of the read without it, 1.26-1.27x
- * with). */
-#if defined(__AMX_TILE__) || !defined(__AVXVNNI__)
+ * not keep enough lines in flight (benchmarks/linear_floor.py, the model's linears at one row,
+ * settings interleaved in one process, their order rotated: the first after a flush ran ~5%
+ * slower). The Intel Xeon (AMX), W4A16 with 96 into L2: 2.48-2.52 -> 2.21-2.26 ms (64 to 160
+ * alike); W8A16 4.36-4.45 -> 4.11-4.23 ms with it (1.20-1.23x -> 1.13-1.17x of a plain read of
+ * the codes; an earlier month's run had found no gain), and 48 into L1 cost W4A16 2-4%. The AMD
+ * EPYC Zen 4 (512-bit VNNI on 256-bit units, no AMX, no AVX-VNNI), W8A16: 1.10-1.13x of the read
+ * with 32 ahead into L1 alone, 1.09x adding 160 into L2, 1.05-1.07x with 48 and 160 (W4A16
+ * 1.16-1.19x with any of the three). On the Zen 5, the one with AVX-VNNI and no AMX, the L2 ask
+ * cost (W4A16: 1.18x of the read without it, 1.26-1.27x with). */
+#if defined(__AMX_TILE__)
+#define L1_AHEAD 32
+#define L2_AHEAD 96
+#elif !defined(__AVXVNNI__)
 #define L1_AHEAD 48
 #define L2_AHEAD 160
 #else
