@@ -330,12 +330,15 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     g.chunk_blocks = g.by_cols ? (even < cap ? even : cap) : g.col_blocks;
     g.chunks = g.by_cols ? (g.col_blocks + g.chunk_blocks - 1) / g.chunk_blocks : g.threads;
     /* a chunk goes rows outer (each row block's A tiles stay in L1 while the chunk's weights
-     * come from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks with bf16
-     * outputs, outputs outer: a block's weights come from memory once for all its rows, and the
-     * next block's are fetched to L2 over its k-steps (the 121 linears from memory at 32 / 48 /
-     * 64 rows: 11.6 / 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The fp32 logits of
-     * 64 rows were slower that way (3.5 -> 4.5 ms). */
-    g.cols_outer = g.by_cols && g.row_blocks <= COLS_OUTER_ROW_BLOCKS && y_elem == 2;
+     * come from L2), or for a decode batch of up to COLS_OUTER_ROW_BLOCKS row blocks, outputs
+     * outer: a block's weights come from memory once for all its rows, and the next block's are
+     * fetched to L2 over its k-steps (the 121 linears from memory at 32 / 48 / 64 rows: 11.6 /
+     * 15.1 / 16.4-16.6 -> 11.1 / 14.1-14.2 / 15.7-15.9 ms). The embedded model's fp32 logits
+     * once measured slower so (64 rows: 3.5 -> 4.5 ms) and were kept rows outer until
+     * 2026-12-07, when outputs outer measured faster at every decode batch (builds alternated,
+     * from memory: 17 / 48 / 64 rows 3.52 / 4.34 / 4.32 -> 2.62 / 3.48 / 3.56 ms; from the
+     * caches 2.00 / 2.80 at 17 / 64 -> 1.29 / 2.41). */
+    g.cols_outer = g.by_cols && g.row_blocks <= COLS_OUTER_ROW_BLOCKS;
     g.stream = streams_sums(y, y_elem, n_out);
     /* The rows' epilogue (scaling, rounding, stores) weighs more on int8 blocks, whose tile
      * products take half the time of bf16's: with it skipped (results wrong), a W8A8 512-token
