@@ -218,19 +218,18 @@ def test_the_streamed_layers_hold_every_weight_their_rate_counts():
 
 @pytest.mark.parametrize("rows", [1, 16])
 def test_the_stream_runs_each_linear_as_the_c_forward_does(rows):
-    """A linear with a C kernel is timed by that kernel's call alone (its status back, its output
-    the module's); one without runs as the module."""
+    """Where the C forward runs, a linear with a C kernel is timed by that kernel's call alone
+    (its status back); elsewhere, and for a linear without one, the module runs (its output)."""
     linears, _ = measure._constant_linears([(256, 64), (64, 256)], narrow=False)
     linears.append(torch.nn.Linear(64, 32, bias=False).to(measure.engine_dtype()))  # no C kernel
+    in_c = cpu_ops.model_forward_available(measure.engine_dtype())
     for linear in linears:
         x = torch.randn(rows, linear.in_features, dtype=measure.engine_dtype())
         out = measure._as_the_engine_calls(linear, x)()
-        if hasattr(linear, "c_desc"):
+        if in_c and hasattr(linear, "c_desc"):
             assert out == 0
         else:
             assert torch.equal(out, linear(x))
-    assert any(hasattr(m, "c_desc") for m in linears) == (cpu_ops.quant_linear_available()
-                                                         or cpu_ops.avx2_quant_linear_available())
 
 
 def test_a_well_formed_cache_is_read_as_it_is(tmp_path, monkeypatch):
