@@ -308,8 +308,7 @@ def avx2_quant_linear_available() -> bool:
 def avx2_quant_linear(x: torch.Tensor, desc: Avx2QuantDesc) -> torch.Tensor:
     """x [M, K] fp32 (unit stride along K) -> fp32 [M, N] (+ the bias) through the layer `desc`
     describes; the caller keeps the tensors behind desc's pointers alive."""
-    if x.dtype != torch.float32 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
-        raise ValueError(f"avx2_quant_linear takes fp32 [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+    _check_rows("avx2_quant_linear", x, desc, torch.float32)
     y = torch.empty(x.shape[0], desc.n_out, dtype=torch.float32)
     if _library().avx2_quant_linear(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()):
         raise MemoryError("avx2_quant_linear could not allocate its scratch memory")
@@ -338,9 +337,11 @@ def dynamic_linear_available() -> bool:
     return _built_with("dynamic_linear") and quant_linear_available()
 
 
-def _check_rows(name: str, x: torch.Tensor, desc: LinearDesc) -> None:
-    if x.dtype != torch.bfloat16 or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
-        raise ValueError(f"{name} takes bf16 [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+def _check_rows(name: str, x: torch.Tensor, desc: LinearDesc | Avx2QuantDesc,
+                dtype: torch.dtype = torch.bfloat16) -> None:
+    if x.dtype != dtype or x.dim() != 2 or x.shape[1] != desc.k_in or x.stride(1) != 1:
+        raise ValueError(f"{name} takes {str(dtype).removeprefix('torch.')} [M, {desc.k_in}] rows, "
+                         f"not {x.dtype} {list(x.shape)}")
 
 
 def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
@@ -362,9 +363,7 @@ def bound_kernel_call(desc: LinearDesc | Avx2QuantDesc,
     576-wide layer's time at one row). Returns the call, which returns the kernel's status, and
     the output it writes; the caller keeps the module behind desc alive."""
     bf16 = isinstance(desc, LinearDesc)
-    if (x.dtype != (torch.bfloat16 if bf16 else torch.float32) or x.dim() != 2 or x.shape[1] != desc.k_in
-            or x.stride(1) != 1):
-        raise ValueError(f"the kernel takes [M, {desc.k_in}] rows, not {x.dtype} {list(x.shape)}")
+    _check_rows("the kernel", x, desc, torch.bfloat16 if bf16 else torch.float32)
     y = torch.empty(x.shape[0], desc.n_out, dtype=x.dtype)
     kernel = _library().linear_forward if bf16 else _library().avx2_quant_linear
     args = (ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr())
