@@ -26,8 +26,9 @@ from workloads import positive_int, script_parser, thread_count
 from inferlab.engine.llm import LLM
 from inferlab.engine.sampling_params import SamplingParams
 from inferlab.planner.budget import MemoryConfig, plan_memory
+from inferlab.planner.cpu_local import cpu_local_hardware, planning_grid
 from inferlab.planner.gguf_held import held_format
-from inferlab.planner.measure import cpu_local_hardware, engine_dtype, measure_cpu, planning_grid
+from inferlab.planner.measure import engine_dtype, measure_cpu
 from inferlab.planner.memory import weight_bytes, weight_format
 from inferlab.planner.model_shapes import resolve_model
 from inferlab.planner.roofline import decode_step, model_cost

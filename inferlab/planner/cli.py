@@ -13,9 +13,9 @@ from inferlab.errors import InferlabError
 from inferlab.planner.budget import KV_DTYPES, MemoryConfig
 from inferlab.planner.calibration import compare, load_bench_result, render_comparisons
 from inferlab.planner.capacity import SLO, Workload
+from inferlab.planner.cpu_local import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
 from inferlab.planner.gguf_held import held_format
 from inferlab.planner.hardware import CPU_LOCAL, HARDWARE, Hardware, datasheet_hardware
-from inferlab.planner.measure import DEFAULT_CACHE_PATH, cpu_local_hardware, load_or_measure
 from inferlab.planner.memory import WeightFormat, weight_format
 from inferlab.planner.model_shapes import ModelSpec, checkpoint_weight_format, resolve_model
 from inferlab.planner.plan import PlanInputs, build_plan

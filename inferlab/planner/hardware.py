@@ -188,7 +188,7 @@ def hardware_names() -> list[str]:
 
 
 def datasheet_hardware(name: str) -> Hardware:
-    """A table entry by name (case-insensitive); cpu-local is built by `measure.cpu_local_hardware`."""
+    """A table entry by name (case-insensitive); cpu-local is built by `cpu_local.cpu_local_hardware`."""
     for key, hardware in HARDWARE.items():
         if key.lower() == name.lower():
             return hardware

@@ -15,14 +15,13 @@ from inferlab.engine.platform import cpu_has_fast_bf16
 from inferlab.errors import InferlabError
 from inferlab.kernels import cpu_ops
 from inferlab.planner import measure
+from inferlab.planner.cpu_local import cpu_local_hardware, load_or_measure
 from inferlab.planner.gguf_held import layer_bytes
 from inferlab.planner.hardware import Hardware
 from inferlab.planner.measure import (
     _checked_stream_grid,
-    cpu_local_hardware,
     cpu_name,
     layer_linear_shapes,
-    load_or_measure,
     physical_memory_bytes,
 )
 
@@ -195,9 +194,9 @@ def test_a_cache_from_an_older_measurement_is_measured_again(tmp_path, monkeypat
 
 def test_cpu_local_plans_codes_at_their_own_rates():
     figures = GOOD | {"cpu": cpu_name(), "codes_stream_bytes_per_s": {"1": {"512": 1e10}, "16": {"512": 2e9}}}
-    assert measure.cpu_local_hardware(figures).bandwidth_for(512, 1) == 2e10
-    assert measure.cpu_local_hardware(figures, codes=True).bandwidth_for(512, 16) == pytest.approx(2e9)
-    assert measure.cpu_local_hardware(GOOD | {"cpu": cpu_name()}, codes=True).bandwidth_for(512, 1) == 2e10
+    assert cpu_local_hardware(figures).bandwidth_for(512, 1) == 2e10
+    assert cpu_local_hardware(figures, codes=True).bandwidth_for(512, 16) == pytest.approx(2e9)
+    assert cpu_local_hardware(GOOD | {"cpu": cpu_name()}, codes=True).bandwidth_for(512, 1) == 2e10
 
 
 @pytest.mark.skipif(not measure.engine_holds_codes(), reason="the engine holds no GGUF codes here")
