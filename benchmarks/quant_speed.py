@@ -12,10 +12,12 @@ narrow_to_bf16), and "gguf-held", for a GGUF model of Q4_1 / Q4_0 / Q8_0 blocks 
 its decoder linears held as those codes, the weights and outputs unchanged (narrow_to_codes: what
 the engine runs such a model with).
 
-This machine's speed moves in phases of seconds, so variants are measured interleaved: decode
-steps in turns of a few steps per variant (interleaved_decode_ms), each variant with its own KV
-cache, so that every phase weighs on all of them alike; prefills round-robin for `--rounds`
-rounds. Medians are taken: compare the ratios, not the absolute times.
+This machine's speed moves in phases of seconds, so variants are measured interleaved: in each
+of `--rounds` rounds every variant prefills, then decodes in a turn of its own (the first of the
+round rotating), each in its own KV cache, so that every phase weighs on all of them alike. A
+turn times its steps after `--warm-steps` untimed ones, the steady state of a model that decodes
+on (interleaved_decode_ms; `--warm-steps 1` gives the older figures, nearer a step that finds the
+weights in memory). Medians are taken: compare the ratios, not the absolute times.
 
 Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--dtype bfloat16|float32]
      [--lm-head] [--layer-sweep] [--json out.json]
@@ -38,6 +40,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 from workloads import (
+    bounded_int,
     model_path,
     output_file,
     positive_int,
@@ -59,7 +62,6 @@ from inferlab.quant.scheme import SCHEME_NAMES, make_scheme
 from inferlab.timing import best_seconds
 
 BLOCK_SIZE = 16
-TURN_STEPS = 4  # consecutive decode steps of a variant in interleaved_decode_ms
 # static FP8 needs the input scales a calibration finds, which round-to-nearest codes lack
 RTN_SCHEMES = tuple(name for name in SCHEME_NAMES if name != "FP8")
 DENSE_NAMES = {torch.bfloat16: "bf16", torch.float32: "fp32"}
@@ -166,21 +168,21 @@ class DecodeStepper:
         return elapsed_ms
 
 
-def interleaved_decode_ms(nets: dict[str, nn.Module], prompt: torch.Tensor,
-                          steps: int) -> dict[str, list[float]]:
-    """`steps` decode step times of each variant, the variants taking turns (the first of each
-    turn rotating) of TURN_STEPS consecutive steps, so a slow second of the machine falls on all
-    of them. A turn's first step is not kept: it finds the caches full of the previous
-    variant's weights, where a decode step finds some of its own model's from the step before
-    (this VM holds tens of MB beyond its L3, more of a small model's weights)."""
-    turns = -(-steps // (TURN_STEPS - 1))
-    steppers = {name: DecodeStepper(net, prompt, turns * TURN_STEPS) for name, net in nets.items()}
-    names, times = list(steppers), {name: [] for name in steppers}
-    for turn in range(turns):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
-            turn_ms = [steppers[name].step_ms() for _ in range(TURN_STEPS)]
-            times[name] += turn_ms[1:]
-    return {name: kept[:steps] for name, kept in times.items()}
+def interleaved_decode_ms(nets: dict[str, nn.Module], prompt: torch.Tensor, steps: int,
+                          warm_steps: int, first: int) -> dict[str, list[float]]:
+    """`steps` consecutive decode step times of each variant, the variants in turn from the
+    `first`-th (callers rotate it), so that a slow second of the machine falls on all of them.
+    Each turn's first `warm_steps` are not kept: they find the caches full of the previous
+    variant's weights, where a model that decodes on finds some of its own in the L3 from the
+    steps before, more of a smaller model's. On the Intel Xeon of session 70 (480 MiB of L3
+    reported) W8A16's and W4A16's steps kept getting faster for ~12 steps after a turn's first
+    (W8A16 7.96 -> 6.4-6.6 ms, W4A16 5.93 -> 3.8-4.0; bf16 ~10.2 throughout): 16 by default."""
+    names = list(nets)
+    times = {}
+    for name in names[first % len(names):] + names[:first % len(names)]:
+        stepper = DecodeStepper(nets[name], prompt, warm_steps + steps)
+        times[name] = [stepper.step_ms() for _ in range(warm_steps + steps)][warm_steps:]
+    return times
 
 
 def _paths_ms(x: torch.Tensor, layers: dict[str, nn.Module], reps: int) -> dict[str, float]:
@@ -221,7 +223,11 @@ def main() -> None:
     parser.add_argument("--schemes", type=scheme_list(RTN_SCHEMES), default="W8A16,W4A16,W8A8,FP8_DYNAMIC")
     parser.add_argument("--group-size", type=positive_int, default=128)
     parser.add_argument("--prefill-tokens", type=positive_int, default=512)
-    parser.add_argument("--decode-steps", type=positive_int, default=16)
+    parser.add_argument("--decode-steps", type=positive_int, default=16,
+                        help="decode steps a variant is timed for in each round")
+    parser.add_argument("--warm-steps", type=bounded_int(0), default=16,
+                        help="decode steps a variant runs untimed before them, each round "
+                             "(see interleaved_decode_ms)")
     parser.add_argument("--decode-prompt", type=positive_int, default=128,
                         help="tokens before the timed decode steps, the first of the prefill's")
     parser.add_argument("--rounds", type=positive_int, default=3)
@@ -263,17 +269,19 @@ def main() -> None:
     ids = torch.randint(100, loaded.config.vocab_size, (args.prefill_tokens,),
                         generator=torch.Generator().manual_seed(0))
     results = {name: {"prefill_ms": [], "decode_ms": []} for name in variants}
-    for _ in range(args.rounds):
+    for round_index in range(args.rounds):
         for name, variant in nets.items():
             results[name]["prefill_ms"].append(prefill_ms(variant, ids))
-        steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps)
+        steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps,
+                                      args.warm_steps, first=round_index)
         for name, times in steps.items():
             results[name]["decode_ms"] += times
     base = {k: statistics.median(v) for k, v in results[base_name].items()}
     dense_bytes = linear_bytes(dense)
     print(f"{loaded.name}, {torch.get_num_threads()} threads, load average "
           f"{os.getloadavg()[0]:.1f}, group size {group}; medians of {args.rounds} prefills and "
-          f"{args.rounds * args.decode_steps} interleaved decode steps each, "
+          f"{args.rounds * args.decode_steps} decode steps each after {args.warm_steps} "
+          f"untimed a round, "
           f"lm_head {'quantized' if args.lm_head else base_name}")
     vs = f"x {base_name}"
     print(f"{'scheme':12} {'decode ms':>10} {vs:>7} {'prefill ms':>11} {vs:>7} {'linear MB':>10} {vs:>7}")

@@ -60,6 +60,7 @@ REFUSED = [  # script, arguments, what the error line says
     ("kv_steady_state.py", ["--waves", "1"], "argument --waves: must be an integer >= 2, got 1"),
     ("quant_speed.py", ["--schemes", "W8A16,BOGUS"], "argument --schemes: 'BOGUS' is not one of"),
     ("quant_speed.py", ["--schemes", "FP8"], "argument --schemes: 'FP8' is not one of"),
+    ("quant_speed.py", ["--warm-steps", "-1"], "argument --warm-steps: must be an integer >= 0, got -1"),
     ("linear_floor.py", ["--schemes", "W4A17"], "argument --schemes: 'W4A17' is not one of"),
     ("linear_floor.py", ["/nonexistent"], "argument model: /nonexistent: no such file or directory"),
     ("cpu_serving.py", ["--model", "/nonexistent"], "argument --model: /nonexistent: no such file"),
