@@ -72,18 +72,22 @@ typedef struct {
 /* The B side of amx_gemm: the packed weights, and where a block's two B tiles of 16 outputs
  * each lie. A block of outputs [col, col + 32) takes weight rows col .. col + 31. A GLU's
  * weights are its gate's n_out rows and then its up projection's, and its block of outputs
- * [col, col + 16) takes gate rows col .. col + 15 and the up rows n_out further. */
+ * [col, col + 16) takes gate rows col .. col + 15 and the up rows up_rows further in packed:
+ * n_out, or in a widened chunk (gate rows, then up rows) the chunk's width. */
 typedef struct {
     const uint8_t *packed;
-    int64_t row_bytes, n_out;  /* n_out: outputs of y */
+    int64_t row_bytes, n_out, up_rows;  /* n_out: outputs of y */
     int glu;
     const widen_t *widen;  /* GEMM_WIDEN: the weight, widened a chunk at a time to packed */
 } b_side_t;
 
 static inline int64_t block_outputs(const b_side_t *b) { return b->glu ? 16 : 32; }
 
-/* Weight rows (outputs, their scales and biases) from a block's first B tile to its second. */
-static inline int64_t second_tile(const b_side_t *b) { return b->glu ? b->n_out : 16; }
+/* Outputs (their scales and biases) from a block's first B tile to its second. */
+static inline int64_t second_output(const b_side_t *b) { return b->glu ? b->n_out : 16; }
+
+/* Rows of packed from a block's first B tile to its second. */
+static inline int64_t second_tile(const b_side_t *b) { return b->glu ? b->up_rows : 16; }
 
 /* Lines to fetch to L2 over a run of blocks' k-steps: this block's k-step k takes share
  * step0 + k of per_step lines. */
@@ -122,7 +126,7 @@ static inline __attribute__((always_inline)) pending_t pending_block(float c[4][
     pending_t s = {.c = c, .o = o, .cs = {_mm512_setzero_ps(), _mm512_setzero_ps()}};
     for (int half = 0; half < 2; half++) {
         const int has = half == 0 || o.two_cols;
-        const int64_t at = o.col + half * second_tile(&g->b);
+        const int64_t at = o.col + half * second_output(&g->b);
         s.bv[half] = bias_f32(g->bias && has ? g->bias + at : NULL);
         if (g->row_scale && has) s.cs[half] = _mm512_loadu_ps(g->col_scale + at);
     }
@@ -265,8 +269,12 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
         const int64_t w0 = c0 * block_outputs(&g->b);
         const int64_t w1 = c1 * block_outputs(&g->b) < g->b.n_out ? c1 * block_outputs(&g->b) : g->b.n_out;
         g->b.widen->blocks(g->b.widen->weight, w0 / 16, (w1 - w0) / 16, wide);
+        if (g->b.glu)  /* the up projection's rows of the chunk after its gate's */
+            g->b.widen->blocks(g->b.widen->weight, (g->b.n_out + w0) / 16, (w1 - w0) / 16,
+                               (uint16_t *)((uint8_t *)wide + (w1 - w0) * g->b.row_bytes));
         widened = *g;
         widened.b.packed = (const uint8_t *)wide - w0 * g->b.row_bytes;
+        widened.b.up_rows = w1 - w0;
         g = &widened;
     }
     const b_side_t *b = &g->b;
@@ -315,9 +323,9 @@ static inline __attribute__((always_inline)) void gemm_chunk(const gemm_plan_t *
 /* y [rows, N] (bf16; fp32 with y_elem 4) = x @ W^T on AMX tiles, for bf16 x and weights
  * (packed as pack_bf16_vnni) or int8 ones (flags GEMM_INT8; dynamic_linear.c's
  * [N/16][K/4][16][4]): both are 64 bytes per row of a k-step and per output of a B tile row.
- * GEMM_WIDEN (not with GEMM_GLU, whose blocks take rows N apart): packed is a widen_t, whose
- * weight each thread widens (row_bytes: the bf16 rows') a chunk at a time into a buffer of its
- * own; returns -2 when a thread's buffer could not be allocated.
+ * GEMM_WIDEN: packed is a widen_t, whose weight each thread widens (row_bytes: the bf16 rows')
+ * a chunk at a time into a buffer of its own (a GLU's gate rows, then its up rows); returns -2
+ * when a thread's buffer could not be allocated.
  * int8 sums are exact int32. With row_scale (and col_scale) given, y = sum * row_scale[r] *
  * col_scale[c] (W8A8, FP8_DYNAMIC). Blocks of 32 rows (two A tiles) by 32 outputs (two B
  * tiles), four C tiles each. With GEMM_GLU, W (col_scale, bias) holds 2N rows, a gate's and an
@@ -338,7 +346,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
              void *y, int y_elem, int64_t n_out) {
     gemm_plan_t g = {.a = {(const uint8_t *)x, NULL, x_stride, 0, row_bytes},
                      .b = {flags & GEMM_WIDEN ? NULL : (const uint8_t *)packed, row_bytes, n_out,
-                           flags & GEMM_GLU, flags & GEMM_WIDEN ? (const widen_t *)packed : NULL},
+                           n_out, flags & GEMM_GLU, flags & GEMM_WIDEN ? (const widen_t *)packed : NULL},
                      .rows = rows, .k_steps = row_bytes / 64, .threads = omp_get_max_threads(),
                      .int8 = flags & GEMM_INT8, .y_elem = y_elem, .row_scale = row_scale,
                      .col_scale = col_scale, .bias = bias, .y = y};
@@ -374,7 +382,7 @@ int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, 
     int failed = 0;
 #pragma omp parallel
     {
-        uint16_t *wide = g.b.widen ? alloc_lines((size_t)(g.chunk_blocks * block_outputs(&g.b) * row_bytes)) : NULL;
+        uint16_t *wide = g.b.widen ? alloc_lines((size_t)(g.chunk_blocks * 32 * row_bytes)) : NULL;  /* a GLU's too */
         if (g.b.widen && !wide) __atomic_store_n(&failed, 1, __ATOMIC_RELAXED);
         amx_configure_tiles();
         gemm_pipe_t pipe;

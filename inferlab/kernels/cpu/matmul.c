@@ -241,6 +241,21 @@ int widened_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_
     return status;
 }
 
+/* bf16_glu for a compressed gate_up weight w (2N rows, the gate's first), widened as
+ * widened_gemm widens it, on AMX: the same bits as widened_gemm and then silu_and_mul, without
+ * the [rows, 2N] products stored and read back. Returns 0, -2 when out of memory, or 1 (nothing
+ * done) without AMX. */
+int widened_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_t *w, int64_t k_in,
+                const uint16_t *bias, uint16_t *y, int64_t inter) {
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (inter % 16 == 0 && has_amx())
+        return amx_gemm(x, x_stride * 2, rows, w, k_in * 2, GEMM_WIDEN | GEMM_GLU, NULL, NULL, bias,
+                        y, 2, inter);
+#endif
+    (void)x; (void)x_stride; (void)rows; (void)w; (void)k_in; (void)bias; (void)y; (void)inter;
+    return 1;
+}
+
 /* y [rows, N] = x [rows, K] (row stride x_stride) @ W^T (+ bias), W packed by pack_bf16_vnni;
  * y bf16 (y_elem 2) or the fp32 sums unrounded (y_elem 4: logits). Returns 0, or -2 when out of
  * memory. */
