@@ -273,8 +273,8 @@ static void fp8_blocks_widened(const void *weight, int64_t first, int64_t count,
 /* More than TILE_ROWS rows: int8 tiles on the codes (AMX, or AVX512 register tiles), or bf16
  * tiles (the same) on the fp8 codes widened: on AMX a chunk at a time into each thread's L2
  * (widened_gemm; the model's linears at 16 rows 13.0 -> 10.7 ms, at 512 rows 54.5 ->
- * 52.8), else the whole weight once. glu (W8A8 on AMX only, see dynamic_glu): y gets silu(gate)
- * * up of the N outputs. Returns 0, or -2 when out of memory. */
+ * 52.8), else the whole weight once. glu (on AMX only, see dynamic_glu): y gets silu(gate) * up
+ * of the N outputs. Returns 0, or -2 when out of memory. */
 static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, int64_t rows,
                      uint16_t *y, int glu) {
     const int64_t k = l->k_in;
@@ -290,6 +290,11 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         return 0;
     }
     const widen_t widen = {fp8_blocks_widened, l};
+#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
+    if (glu)  /* dynamic_glu asks on AMX only */
+        return amx_gemm(xq, k * 2, rows, &widen, k * 2, GEMM_WIDEN | GEMM_GLU, x_scale, l->scale,
+                        l->bias, y, 2, l->n_out / 2);
+#endif
     return widened_gemm(xq, k, rows, &widen, k, x_scale, l->scale, l->bias, y, l->n_out);
 }
 
@@ -318,11 +323,12 @@ int dynamic_linear(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
     return dynamic_product(l, x, x_stride, rows, y, 0);
 }
 
-/* y [rows, N/2] = silu(gate) * up of a W8A8 gate_up layer's outputs (the gate's first), as
- * dynamic_linear and silu_and_mul give them, where amx_gemm takes the rows (see bf16_glu).
+/* y [rows, N/2] = silu(gate) * up of a W8A8 or FP8 gate_up layer's outputs (the gate's first),
+ * as dynamic_linear and silu_and_mul give them, where amx_gemm takes the rows (see bf16_glu).
  * Returns 0, -2 when out of memory, or 1 (nothing done) where it does not. */
 int dynamic_glu(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *y) {
-    if (l->kind != LINEAR_W8A8 || rows <= TILE_ROWS || !has_amx() || l->n_out % 32) return 1;
+    if ((l->kind != LINEAR_W8A8 && l->kind != LINEAR_FP8) || rows <= TILE_ROWS || !has_amx() || l->n_out % 32)
+        return 1;
     return dynamic_product(l, x, x_stride, rows, y, 1);
 }
 

@@ -397,13 +397,14 @@ int linear_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64
 
 /* y [rows, N/2] = silu(gate) * up of a gate_up layer's outputs [rows, N] (the gate's first), as
  * linear_forward and then silu_and_mul give them: both [rows, N] is their scratch, which
- * bf16_glu, dynamic_glu and widened_glu do not need where they fuse the two. Returns 0, or -2 when out of memory. */
+ * bf16_glu, dynamic_glu and widened_glu do not need where they fuse the two. Returns 0, or -2
+ * when out of memory. */
 int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t rows, uint16_t *both,
                 uint16_t *y) {
     const int64_t inter = l->n_out / 2;
     int status = 1;  /* fused where amx_gemm takes the rows */
     if (l->kind == LINEAR_BF16) status = bf16_glu(x, x_stride, rows, l->weight, l->bias, y, inter, l->k_in);
-    if (l->kind == LINEAR_W8A8) status = dynamic_glu(l, x, x_stride, rows, y);
+    if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) status = dynamic_glu(l, x, x_stride, rows, y);
     if ((l->kind == LINEAR_INT8 || l->kind == LINEAR_INT4) && rows > KERNEL_MAX_ROWS) {
         const widen_t widen = {dequantized_blocks, l};
         status = widened_glu(x, x_stride, rows, &widen, l->k_in, l->bias, y, inter);
