@@ -20,7 +20,7 @@ on (interleaved_decode_ms; `--warm-steps 1` gives the older figures, nearer a st
 weights in memory). Medians are taken: compare the ratios, not the absolute times.
 
 Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--dtype bfloat16|float32]
-     [--lm-head] [--layer-sweep] [--json out.json]
+     [--warm-steps 16] [--lm-head] [--layer-sweep] [--json out.json]
 (The linears alone against a plain read of their bytes: benchmarks/linear_floor.py.)
 Targets (issue 7): W8A16 decode >= 1.5x bf16, W4A16 decode >= 2x, W8A8 prefill >= 1.2x;
 resident linear bytes <= 0.55x (int8) and <= 0.35x (int4) of bf16.
