@@ -13,11 +13,12 @@ its decoder linears held as those codes, the weights and outputs unchanged (narr
 the engine runs such a model with).
 
 This machine's speed moves in phases of seconds, so variants are measured interleaved: in each
-of `--rounds` rounds every variant prefills, then decodes in a turn of its own (the first of the
-round rotating), each in its own KV cache, so that every phase weighs on all of them alike. A
-turn times its steps after `--warm-steps` untimed ones, the steady state of a model that decodes
-on (interleaved_decode_ms; `--warm-steps 1` gives the older figures, nearer a step that finds the
-weights in memory). Medians are taken: compare the ratios, not the absolute times.
+of `--rounds` rounds every variant prefills, then decodes in a turn of its own (the first of
+either series rotating from round to round), each in its own KV cache, so that every phase
+weighs on all of them alike. A turn times its steps after `--warm-steps` untimed ones, the
+steady state of a model that decodes on (interleaved_decode_ms; `--warm-steps 1` gives the
+older figures, nearer a step that finds the weights in memory). Medians are taken: compare the
+ratios, not the absolute times.
 
 Run: .venv/bin/python benchmarks/quant_speed.py [MODEL] [--rounds 3] [--dtype bfloat16|float32]
      [--warm-steps 16] [--lm-head] [--layer-sweep] [--json out.json]
@@ -168,6 +169,12 @@ class DecodeStepper:
         return elapsed_ms
 
 
+def in_turn(names: list[str], first: int) -> list[str]:
+    """names from the `first`-th (modulo their number), then the ones before it: the first of a
+    series after the decode turns finds the caches full of another variant's weights."""
+    return names[first % len(names):] + names[:first % len(names)]
+
+
 def interleaved_decode_ms(nets: dict[str, nn.Module], prompt: torch.Tensor, steps: int,
                           warm_steps: int, first: int) -> dict[str, list[float]]:
     """`steps` consecutive decode step times of each variant, the variants in turn from the
@@ -177,9 +184,8 @@ def interleaved_decode_ms(nets: dict[str, nn.Module], prompt: torch.Tensor, step
     steps before, more of a smaller model's. On the Intel Xeon of session 70 (480 MiB of L3
     reported) W8A16's and W4A16's steps kept getting faster for ~12 steps after a turn's first
     (W8A16 7.96 -> 6.4-6.6 ms, W4A16 5.93 -> 3.8-4.0; bf16 ~10.2 throughout): 16 by default."""
-    names = list(nets)
     times = {}
-    for name in names[first % len(names):] + names[:first % len(names)]:
+    for name in in_turn(list(nets), first):
         stepper = DecodeStepper(nets[name], prompt, warm_steps + steps)
         times[name] = [stepper.step_ms() for _ in range(warm_steps + steps)][warm_steps:]
     return times
@@ -270,8 +276,8 @@ def main() -> None:
                         generator=torch.Generator().manual_seed(0))
     results = {name: {"prefill_ms": [], "decode_ms": []} for name in variants}
     for round_index in range(args.rounds):
-        for name, variant in nets.items():
-            results[name]["prefill_ms"].append(prefill_ms(variant, ids))
+        for name in in_turn(list(nets), round_index):
+            results[name]["prefill_ms"].append(prefill_ms(nets[name], ids))
         steps = interleaved_decode_ms(nets, ids[: args.decode_prompt], args.decode_steps,
                                       args.warm_steps, first=round_index)
         for name, times in steps.items():
