@@ -25,7 +25,7 @@ def test_kernels_pass_on_their_avx512_paths() -> None:
                           check=True).stdout.strip() == "False"
     tests = ["tests/kernels/test_cpu_ops.py", "tests/kernels/test_cpu_attention.py",
              "tests/kernels/test_cpu_model.py", "tests/kernels/test_cpu_linear.py",
-             "tests/quant/test_linear.py"]
+             "tests/quant/test_linear.py", "tests/quant/test_dynamic_linear.py"]
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *tests],
                          env=env, cwd=ROOT, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
