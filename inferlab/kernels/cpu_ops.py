@@ -14,10 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from inferlab.kernels import host_memory
-from inferlab.kernels.cpu_library import (
-    Avx2QuantDesc,
-    LinearDesc,
-)
+from inferlab.kernels.cpu_library import Avx2QuantDesc, LinearDesc
 from inferlab.kernels.cpu_library import library as _library
 
 _ELEM = {torch.bfloat16: 2, torch.float32: 4}
@@ -161,8 +158,7 @@ def release_openmp_threads() -> bool:
 
 
 def amx_available() -> bool:
-    """The kernels may use AMX tiles here: the CPU has them, Linux grants them, INFERLAB_CPU_AMX
-    is not 0."""
+    """The kernels may use AMX here: the CPU has it, Linux grants it, INFERLAB_CPU_AMX is not 0."""
     lib = _library()
     return lib is not None and bool(lib.has_amx())
 
@@ -308,11 +304,7 @@ def avx2_quant_linear_available() -> bool:
 def avx2_quant_linear(x: torch.Tensor, desc: Avx2QuantDesc) -> torch.Tensor:
     """x [M, K] fp32 (unit stride along K) -> fp32 [M, N] (+ the bias) through the layer `desc`
     describes; the caller keeps the tensors behind desc's pointers alive."""
-    _check_rows("avx2_quant_linear", x, desc, torch.float32)
-    y = torch.empty(x.shape[0], desc.n_out, dtype=torch.float32)
-    if _library().avx2_quant_linear(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()):
-        raise MemoryError("avx2_quant_linear could not allocate its scratch memory")
-    return y
+    return _run_kernel("avx2_quant_linear", desc, x)
 
 
 def avx2_quant_dequantize(desc: Avx2QuantDesc) -> torch.Tensor:
@@ -344,29 +336,36 @@ def _check_rows(name: str, x: torch.Tensor, desc: LinearDesc | Avx2QuantDesc,
                          f"not {x.dtype} {list(x.shape)}")
 
 
+def _kernel_args(name: str, desc: LinearDesc | Avx2QuantDesc,
+                 x: torch.Tensor) -> tuple[ctypes._CFuncPtr, tuple, torch.Tensor]:
+    """desc's kernel (bf16 rows for a LinearDesc, fp32 for an Avx2QuantDesc), its arguments on x
+    [M, K], and the output they write."""
+    bf16 = isinstance(desc, LinearDesc)
+    _check_rows(name, x, desc, torch.bfloat16 if bf16 else torch.float32)
+    y = torch.empty(x.shape[0], desc.n_out, dtype=x.dtype)
+    kernel = _library().linear_forward if bf16 else _library().avx2_quant_linear
+    return kernel, (ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr()), y
+
+
+def _run_kernel(name: str, desc: LinearDesc | Avx2QuantDesc, x: torch.Tensor) -> torch.Tensor:
+    kernel, args, y = _kernel_args(name, desc, x)
+    if x.shape[0] and kernel(*args):
+        raise MemoryError(f"{name} could not allocate its scratch memory")
+    return y
+
+
 def linear_forward(x: torch.Tensor, desc: LinearDesc) -> torch.Tensor:
     """x [M, K] bf16 (unit stride along K) -> bf16 [M, N] through the layer `desc` describes;
     the caller keeps the tensors behind desc's pointers alive."""
-    _check_rows("linear_forward", x, desc)
-    y = torch.empty(x.shape[0], desc.n_out, dtype=torch.bfloat16)
-    if x.shape[0] and _library().linear_forward(ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0],
-                                 y.data_ptr()):
-        raise MemoryError("linear_forward could not allocate its scratch memory")
-    return y
+    return _run_kernel("linear_forward", desc, x)
 
 
 def bound_kernel_call(desc: LinearDesc | Avx2QuantDesc,
                       x: torch.Tensor) -> tuple[Callable[[], int], torch.Tensor]:
-    """desc's kernel on x [M, K] (bf16 for a LinearDesc, fp32 for an Avx2QuantDesc) into an
-    output allocated once, its arguments bound: a linear as the C model forward calls it, without
-    a module call's Python (checks, an output tensor: ~15 us on an Intel Xeon, a fifth of a
-    576-wide layer's time at one row). Returns the call, which returns the kernel's status, and
-    the output it writes; the caller keeps the module behind desc alive."""
-    bf16 = isinstance(desc, LinearDesc)
-    _check_rows("the kernel", x, desc, torch.bfloat16 if bf16 else torch.float32)
-    y = torch.empty(x.shape[0], desc.n_out, dtype=x.dtype)
-    kernel = _library().linear_forward if bf16 else _library().avx2_quant_linear
-    args = (ctypes.byref(desc), x.data_ptr(), x.stride(0), x.shape[0], y.data_ptr())
+    """desc's kernel on x [M, K] with its arguments bound, as the C model forward calls it: no
+    module call's Python (~15 us on an Intel Xeon, a fifth of a 576-wide layer at one row).
+    Returns the call (the kernel's status) and its output; the caller keeps desc's module alive."""
+    kernel, args, y = _kernel_args("the kernel", desc, x)
 
     def call(_alive: tuple = (x, y)) -> int:  # the tensors behind the pointers live with it
         return kernel(*args)
