@@ -290,11 +290,8 @@ static int gemm_rows(const linear_t *l, const void *xq, const float *x_scale, in
         return 0;
     }
     const widen_t widen = {fp8_blocks_widened, l};
-#if defined(__AMX_BF16__) && defined(__AMX_INT8__)
     if (glu)  /* dynamic_glu asks on AMX only */
-        return amx_gemm(xq, k * 2, rows, &widen, k * 2, GEMM_WIDEN | GEMM_GLU, x_scale, l->scale,
-                        l->bias, y, 2, l->n_out / 2);
-#endif
+        return widened_glu(xq, k, rows, &widen, k, x_scale, l->scale, l->bias, y, l->n_out / 2);
     return widened_gemm(xq, k, rows, &widen, k, x_scale, l->scale, l->bias, y, l->n_out);
 }
 

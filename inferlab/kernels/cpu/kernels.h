@@ -378,7 +378,8 @@ int widened_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_
                  const float *row_scale, const float *col_scale, const uint16_t *bias, uint16_t *y,
                  int64_t n_out);
 int widened_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_t *w, int64_t k_in,
-                const uint16_t *bias, uint16_t *y, int64_t inter);
+                const float *row_scale, const float *col_scale, const uint16_t *bias, uint16_t *y,
+                int64_t inter);
 int amx_gemm(const void *x, int64_t x_stride, int64_t rows, const void *packed, int64_t row_bytes,
              int flags, const float *row_scale, const float *col_scale, const uint16_t *bias,
              void *y, int y_elem, int64_t n_out);

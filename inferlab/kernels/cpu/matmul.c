@@ -241,18 +241,20 @@ int widened_gemm(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_
     return status;
 }
 
-/* bf16_glu for a compressed gate_up weight w (2N rows, the gate's first), widened as
- * widened_gemm widens it, on AMX: the same bits as widened_gemm and then silu_and_mul, without
- * the [rows, 2N] products stored and read back. Returns 0, -2 when out of memory, or 1 (nothing
- * done) without AMX. */
+/* bf16_glu for a compressed gate_up weight w (2N rows, the gate's first), widened and scaled as
+ * widened_gemm widens and scales it, on AMX: the same bits as widened_gemm and then
+ * silu_and_mul, without the [rows, 2N] products stored and read back. Returns 0, -2 when out of
+ * memory, or 1 (nothing done) without AMX. */
 int widened_glu(const uint16_t *x, int64_t x_stride, int64_t rows, const widen_t *w, int64_t k_in,
-                const uint16_t *bias, uint16_t *y, int64_t inter) {
+                const float *row_scale, const float *col_scale, const uint16_t *bias, uint16_t *y,
+                int64_t inter) {
 #if defined(__AMX_BF16__) && defined(__AMX_INT8__)
     if (inter % 16 == 0 && has_amx())
-        return amx_gemm(x, x_stride * 2, rows, w, k_in * 2, GEMM_WIDEN | GEMM_GLU, NULL, NULL, bias,
-                        y, 2, inter);
+        return amx_gemm(x, x_stride * 2, rows, w, k_in * 2, GEMM_WIDEN | GEMM_GLU, row_scale,
+                        col_scale, bias, y, 2, inter);
 #endif
-    (void)x; (void)x_stride; (void)rows; (void)w; (void)k_in; (void)bias; (void)y; (void)inter;
+    (void)x; (void)x_stride; (void)rows; (void)w; (void)k_in; (void)row_scale; (void)col_scale;
+    (void)bias; (void)y; (void)inter;
     return 1;
 }
 

@@ -407,7 +407,7 @@ int glu_forward(const linear_t *l, const uint16_t *x, int64_t x_stride, int64_t 
     if (l->kind == LINEAR_W8A8 || l->kind == LINEAR_FP8) status = dynamic_glu(l, x, x_stride, rows, y);
     if ((l->kind == LINEAR_INT8 || l->kind == LINEAR_INT4) && rows > KERNEL_MAX_ROWS) {
         const widen_t widen = {dequantized_blocks, l};
-        status = widened_glu(x, x_stride, rows, &widen, l->k_in, l->bias, y, inter);
+        status = widened_glu(x, x_stride, rows, &widen, l->k_in, NULL, NULL, l->bias, y, inter);
     }
     if (status != 1) return status;
     status = linear_forward(l, x, x_stride, rows, both);
